@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates .venv with bsops and its test dependencies. Idempotent: a second run with an unchanged
+# pyproject.toml returns at once. Usage: bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=.venv
+stamp=$venv/.setup-stamp
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [[ -x $venv/bin/bsops && -f $stamp && $(cat "$stamp") == "$want" ]]; then
+    exit 0
+fi
+echo "setup: creating $venv and installing bigscience-ops (first run takes a few minutes)" >&2
+python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet --upgrade pip
+# torch first and pinned: it is the large one, and the pin keeps pip on the local CPU wheel.
+"$venv/bin/pip" install --quiet torch==2.13.0
+"$venv/bin/pip" install --quiet -e '.[test]'
+echo "$want" > "$stamp"
+echo "setup: done ($("$venv/bin/python" -c 'import torch, deepspeed; print("torch", torch.__version__, "deepspeed", deepspeed.__version__)' 2>/dev/null))" >&2
