@@ -1,0 +1,624 @@
+"""The experiment config: typed, frozen dataclasses loaded from trainings/<name>.yaml.
+
+An experiment may start with `base: <other>` and list only what differs. Values are coerced to
+the declared types (`10e6` for an int, `6e-5` for a float), unknown keys are rejected with the
+valid ones, and every error names the file, the field path, the value and what is allowed.
+Values left out that follow from others (ffn size, paths, job name, exit duration) are derived
+once here and recorded in `Experiment.derived`, so nothing derived is typed twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from bigscience_ops.errors import ConfigError
+
+
+def _doc(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None) -> Any:
+    if factory is not None:
+        return field(default_factory=factory, metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    num_layers: int = _doc(doc="transformer blocks")
+    hidden_size: int = _doc(doc="model width h")
+    num_attention_heads: int = _doc(doc="attention heads; must divide hidden_size")
+    seq_length: int = _doc(doc="tokens per sample")
+    ffn_hidden_size: int | None = _doc(None, "MLP width; derived as 4 * hidden_size when left out")
+    max_position_embeddings: int | None = _doc(None, "learned positions; derived as seq_length")
+    vocab_size: int = _doc(50257, "tokenizer vocabulary before padding")
+    make_vocab_size_divisible_by: int = _doc(128, "the vocabulary is padded to a multiple of this x TP")
+    embed_layernorm: bool = _doc(False, "LayerNorm after the embedding (tr8's stability fix)")
+    init_method_std: float = _doc(0.02, "std of the normal initialisation")
+    hidden_dropout: float = _doc(0.1, "dropout on residual branches")
+    attention_dropout: float = _doc(0.1, "dropout on attention probabilities")
+    layernorm_epsilon: float = _doc(1e-5, "LayerNorm epsilon")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor: int = _doc(1, "tensor-parallel size (TP); must divide the attention heads")
+    pipeline: int = _doc(1, "pipeline-parallel size (PP); must divide num_layers")
+    zero_stage: Literal[0, 1] = _doc(1, "DeepSpeed ZeRO stage for data parallelism")
+    activation_checkpointing: bool = _doc(False, "recompute transformer blocks in the backward pass")
+
+
+@dataclass(frozen=True)
+class RampupConfig:
+    start: int = _doc(doc="global batch size at the first step")
+    increment: int = _doc(doc="batch size added at each increment")
+    samples: int = _doc(doc="samples over which the batch size ramps up to global_batch_size")
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    global_batch_size: int = _doc(doc="samples per optimizer step (GBS)")
+    micro_batch_size: int = _doc(1, "samples per GPU per micro-step (MBS)")
+    rampup: RampupConfig | None = _doc(None, "Megatron's --rampup-batch-size start increment samples")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    samples: int | None = _doc(None, "training length in samples (exclusive with iters)")
+    iters: int | None = _doc(None, "training length in steps (exclusive with samples; no rampup)")
+    seed: int = _doc(42, "seed for initialisation, dropout and data order")
+    precision: Literal["fp32", "fp16", "bf16"] = _doc("fp16", "training precision")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = _doc(doc="peak learning rate")
+    min_lr: float = _doc(0.0, "learning rate at the end of decay")
+    beta1: float = _doc(0.9, "AdamW beta1")
+    beta2: float = _doc(0.999, "AdamW beta2")
+    eps: float = _doc(1e-8, "AdamW epsilon")
+    weight_decay: float = _doc(0.01, "AdamW weight decay")
+    clip_grad: float = _doc(1.0, "global gradient-norm clipping; 0 disables")
+
+
+@dataclass(frozen=True)
+class LRScheduleConfig:
+    style: Literal["cosine", "linear", "constant"] = _doc("cosine", "decay shape after warmup")
+    warmup_samples: int | None = _doc(None, "warmup length in samples")
+    warmup_tokens: int | None = _doc(None, "warmup length in tokens (converted to samples)")
+    warmup_iters: int | None = _doc(None, "warmup length in steps (converted to samples)")
+    decay_samples: int | None = _doc(None, "decay length in samples; default: the whole training")
+    decay_tokens: int | None = _doc(None, "decay length in tokens (converted to samples)")
+    decay_iters: int | None = _doc(None, "decay length in steps (converted to samples)")
+    override_on_resume: bool = _doc(False, "on resume, take the schedule from this config, not the checkpoint")
+
+
+@dataclass(frozen=True)
+class SaveRange:
+    until: int = _doc(doc="last step (inclusive) this interval applies to")
+    interval: int = _doc(doc="save every this many steps")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    save_interval: int | None = _doc(None, "save every this many steps after the save_schedule ranges")
+    save_schedule: list[SaveRange] = _doc(factory=list, doc="step ranges with their own save intervals")
+    exit_interval: int | None = _doc(None, "save and exit once the step is a multiple of this")
+    exit_duration_in_mins: int | None = _doc(None, "save and exit after this long; derived from slurm.time")
+    exit_margin_mins: int | None = _doc(None, "minutes kept free before the time limit; derived from model size")
+    kill_switch_path: str | None = _doc(None, "if this file exists, save and exit; derived under paths.output")
+
+
+@dataclass(frozen=True)
+class DataSource:
+    prefix: str = _doc(doc="indexed dataset prefix (without .bin/.idx)")
+    weight: float = _doc(1.0, "blending weight")
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    kind: Literal["gpt2-bpe", "json"] = _doc("json", "gpt2-bpe: vocab_file + merges_file; json: json_file")
+    vocab_file: str | None = _doc(None, "GPT-2 vocab.json")
+    merges_file: str | None = _doc(None, "GPT-2 merges.txt")
+    json_file: str | None = _doc(None, "a tokenizers tokenizer.json")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    blend: list[DataSource] = _doc(factory=list, doc="datasets and their weights")
+    split: str = _doc("949,50,1", "train,valid,test proportions")
+    tokenizer: TokenizerConfig = _doc(factory=TokenizerConfig, doc="tokenizer files")
+    num_workers: int = _doc(2, "data loader workers")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    log_interval: int = _doc(1, "steps between iteration lines")
+    eval_interval: int = _doc(1000, "steps between validation runs")
+    eval_iters: int = _doc(5, "validation steps per run; 0 disables validation")
+    tensorboard: bool = _doc(True, "write TensorBoard events")
+    tensorboard_queue_size: int = _doc(5, "TensorBoard writer queue size")
+    log_timers: bool = _doc(True, "timers to TensorBoard")
+    log_batch_size: bool = _doc(True, "batch size to TensorBoard")
+    log_validation_ppl: bool = _doc(True, "validation perplexity to TensorBoard")
+    codecarbon: bool = _doc(False, "record energy with codecarbon")
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    job_name: str | None = _doc(None, "Slurm job name; derived as the experiment name")
+    partition: str | None = _doc(None, "--partition")
+    account: str | None = _doc(None, "--account")
+    constraint: str | None = _doc(None, "--constraint")
+    qos: str | None = _doc(None, "--qos")
+    time: str = _doc("20:00:00", "--time of each array task")
+    nodes: int = _doc(1, "--nodes")
+    gpus_per_node: int = _doc(1, "training processes per node (GPUs, or CPU processes when device: cpu)")
+    device: Literal["gpu", "cpu"] = _doc("gpu", "gpu: NCCL and --gres; cpu: gloo")
+    cpus_per_task: int = _doc(1, "--cpus-per-task of the per-node launcher")
+    array: int = _doc(1, "array length: tasks run one at a time (--array=1-N%1)")
+    group: str | None = _doc(None, "watch jobs of every user in this Unix group")
+    exclude: list[str] = _doc(factory=list, doc="nodes to keep the job off (--exclude)")
+    env_setup: list[str] = _doc(factory=list, doc="shell lines run before training (trusted shell code)")
+    master_port: int = _doc(6000, "rendezvous port on the first node")
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    output: str | None = _doc(None, "run folder; derived as runs/<name>")
+    checkpoints: str | None = _doc(None, "derived as <output>/checkpoints")
+    tensorboard: str | None = _doc(None, "derived as <output>/tensorboard")
+    logs: str | None = _doc(None, "derived as <output>/logs")
+    codecarbon: str | None = _doc(None, "derived as <output>/codecarbon")
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    logs_repo: str | None = _doc(None, "Hub repo for logs/main_log.txt")
+    tensorboard_repo: str | None = _doc(None, "Hub repo for TensorBoard events")
+    codecarbon_repo: str | None = _doc(None, "Hub repo for codecarbon records")
+    checkpoints_repo: str | None = _doc(None, "Hub repo for converted checkpoints")
+    token_env: str = _doc("HF_TOKEN", "environment variable holding the Hub token")
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    email_to: list[str] = _doc(factory=list, doc="alert recipients")
+    email_from: str | None = _doc(None, "sender address")
+    smtp_host: str = _doc("localhost", "SMTP server")
+    smtp_port: int = _doc(25, "SMTP port")
+    smtp_security: Literal["none", "starttls", "ssl"] = _doc("none", "SMTP transport security")
+    smtp_user: str | None = _doc(None, "SMTP login")
+    smtp_password_env: str = _doc("BSOPS_SMTP_PASSWORD", "environment variable holding the SMTP password")
+    stall_minutes: int = _doc(60, "alert when no iteration line was logged for this long")
+    cooldown_minutes: int = _doc(240, "minimum minutes between two emails about one condition")
+
+
+@dataclass(frozen=True)
+class EstimateConfig:
+    tflops_per_gpu: float = _doc(45.0, "achieved TFLOPs per GPU used for the duration estimate")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    model: ModelConfig = _doc(doc="GPT shape")
+    batch: BatchConfig = _doc(doc="batch size and rampup")
+    train: TrainConfig = _doc(doc="training length, seed, precision")
+    optimizer: OptimizerConfig = _doc(doc="AdamW")
+    name: str = _doc("", "experiment name: the file name")
+    description: str = _doc("", "one line on what this experiment is")
+    parallel: ParallelConfig = _doc(factory=ParallelConfig, doc="TP, PP, ZeRO")
+    lr_schedule: LRScheduleConfig = _doc(factory=LRScheduleConfig, doc="warmup and decay")
+    checkpoint: CheckpointConfig = _doc(factory=CheckpointConfig, doc="saving and exiting")
+    data: DataConfig = _doc(factory=DataConfig, doc="datasets and tokenizer")
+    logging: LoggingConfig = _doc(factory=LoggingConfig, doc="log lines and TensorBoard")
+    slurm: SlurmConfig = _doc(factory=SlurmConfig, doc="resources of each array task")
+    paths: PathsConfig = _doc(factory=PathsConfig, doc="output folders")
+    hub: HubConfig = _doc(factory=HubConfig, doc="Hub repos to sync to")
+    alerts: AlertsConfig = _doc(factory=AlertsConfig, doc="who is told, and how")
+    estimate: EstimateConfig = _doc(factory=EstimateConfig, doc="assumptions of the plan")
+    derived: tuple[str, ...] = field(default=(), metadata={"doc": "field paths computed, not written", "internal": True})
+
+    @property
+    def world_size(self) -> int:
+        return self.slurm.nodes * self.slurm.gpus_per_node
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.parallel.tensor * self.parallel.pipeline
+
+
+# ----------------------------------------------------------------------------- loading
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1's base-60 integers, so `time: 20:00:00` stays a string."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    key: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:int"]
+    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+
+_INT_TEXT = re.compile(r"[-+]?\d[\d_]*(?:[eE]\+?\d+)?")
+_FLOAT_TEXT = re.compile(r"[-+]?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][-+]?\d+)?")
+
+
+def default_trainings_dir() -> Path:
+    """--trainings-dir, else $BSOPS_TRAININGS, else ./trainings, else the bundled trainings/."""
+    env = os.environ.get("BSOPS_TRAININGS")
+    if env:
+        return Path(env)
+    here = Path.cwd() / "trainings"
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parents[1] / "trainings"
+
+
+def list_experiments(trainings_dir: Path | None = None) -> list[str]:
+    directory = trainings_dir or default_trainings_dir()
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+def experiment_path(name: str, trainings_dir: Path | None = None) -> Path:
+    """The file of an experiment given by name or by path."""
+    if name.endswith((".yaml", ".yml", ".json")) or os.sep in name:
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError(str(path), "", name, "no such experiment file")
+        return path
+    directory = trainings_dir or default_trainings_dir()
+    path = directory / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(list_experiments(directory)) or "none"
+        raise ConfigError(str(directory), "", name, f"no such experiment; known: {known}")
+    return path
+
+
+def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
+    """Load, merge `base:` chains, coerce, validate and derive one experiment."""
+    path = experiment_path(name, trainings_dir)
+    raw, origins = _read_with_bases(path, trainings_dir or path.parent, chain=())
+    raw.pop("base", None)
+    root = path.resolve().parent.parent
+    return _build(path.stem, raw, origins, str(path), root)
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), "", "<file>", f"not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", type(data).__name__, "the top level must be a mapping of sections")
+    return data
+
+
+def _read_with_bases(path: Path, trainings_dir: Path, chain: tuple[str, ...]) -> tuple[dict, dict]:
+    """The merged mapping and, for each field path, the file that set it."""
+    if path.stem in chain:
+        raise ConfigError(str(path), "base", " -> ".join(chain + (path.stem,)), "base chains must not loop")
+    data = _read_yaml(path)
+    base = data.get("base")
+    merged: dict = {}
+    origins: dict = {}
+    if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(str(path), "base", base, "the name of another experiment in the same folder")
+        base_path = trainings_dir / f"{base}.yaml"
+        if not base_path.is_file():
+            known = ", ".join(list_experiments(trainings_dir))
+            raise ConfigError(str(path), "base", base, f"no such experiment; known: {known}")
+        merged, origins = _read_with_bases(base_path, trainings_dir, chain + (path.stem,))
+    _merge(merged, data, origins, str(path), "")
+    return merged, origins
+
+
+def _merge(into: dict, data: dict, origins: dict, source: str, prefix: str) -> None:
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value, origins, source, dotted + ".")
+        else:
+            into[key] = value
+        origins[dotted] = source
+
+
+def _source_of(origins: dict, dotted: str, default: str) -> str:
+    while dotted:
+        if dotted in origins:
+            return origins[dotted]
+        dotted = dotted.rpartition(".")[0]
+    return default
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is int:
+        return "an integer such as 5_000_000 or 10e6 (no decimal point)"
+    if tp is float:
+        return "a number such as 6e-5 or 0.1"
+    if tp is bool:
+        return "true or false"
+    if tp is str:
+        return "a string"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is list:
+        return "a list of " + _describe(typing.get_args(tp)[0]).removeprefix("a ")
+    if dataclasses.is_dataclass(tp):
+        return "a mapping with keys " + ", ".join(_public_fields(tp))
+    return str(tp)
+
+
+def _public_fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
+
+
+def _coerce(tp: Any, value: Any, dotted: str, origins: dict, default_source: str) -> Any:
+    def fail(allowed: str | None = None) -> ConfigError:
+        return ConfigError(_source_of(origins, dotted, default_source), dotted, value, allowed or f"expected {_describe(tp)}")
+
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(args[0], value, dotted, origins, default_source)
+    if value is None:
+        raise fail(f"a value is required: expected {_describe(tp)}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise fail()
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
+            mantissa, _, exponent = value.strip().replace("_", "").lower().partition("e")
+            return int(mantissa) * 10 ** int(exponent or 0)
+        raise fail()
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            return float(value.strip().replace("_", ""))
+        raise fail()
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        raise fail()
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value in allowed and type(value) in {type(a) for a in allowed}:
+            return value
+        raise fail()
+    if origin is list:
+        if not isinstance(value, list):
+            raise fail()
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(item_tp, item, f"{dotted}[{i}]", origins, default_source) for i, item in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise fail()
+        return _dataclass_from(tp, value, dotted, origins, default_source)
+    raise TypeError(f"unsupported config type {tp!r} at {dotted}")
+
+
+def _dataclass_from(cls: type, data: dict, prefix: str, origins: dict, default_source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    valid = _public_fields(cls)
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in valid:
+            raise ConfigError(_source_of(origins, dotted, default_source), dotted, value,
+                              f"unknown key; valid keys{' of ' + prefix if prefix else ''}: {', '.join(valid)}")
+        kwargs[key] = _coerce(hints[key], value, dotted, origins, default_source)
+    for f in dataclasses.fields(cls):
+        if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            dotted = f"{prefix}.{f.name}" if prefix else f.name
+            raise ConfigError(default_source, dotted, None, f"required: {f.metadata.get('doc', '')} ({_describe(hints[f.name])})")
+    return cls(**kwargs)
+
+
+# ----------------------------------------------------------------------------- validation and derivation
+
+def _check(condition: bool, source: str, dotted: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ConfigError(source, dotted, value, allowed)
+
+
+def _validate(exp: Experiment, src: str) -> None:
+    m, p, b, t = exp.model, exp.parallel, exp.batch, exp.train
+    for dotted, value in [
+        ("model.num_layers", m.num_layers), ("model.hidden_size", m.hidden_size),
+        ("model.num_attention_heads", m.num_attention_heads), ("model.seq_length", m.seq_length),
+        ("model.vocab_size", m.vocab_size), ("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by),
+        ("parallel.tensor", p.tensor), ("parallel.pipeline", p.pipeline),
+        ("batch.global_batch_size", b.global_batch_size), ("batch.micro_batch_size", b.micro_batch_size),
+        ("slurm.nodes", exp.slurm.nodes), ("slurm.gpus_per_node", exp.slurm.gpus_per_node),
+        ("slurm.cpus_per_task", exp.slurm.cpus_per_task), ("slurm.array", exp.slurm.array),
+        ("logging.log_interval", exp.logging.log_interval), ("logging.eval_interval", exp.logging.eval_interval),
+    ]:
+        _check(value >= 1, src, dotted, value, "must be a positive integer")
+    _check(m.hidden_size % m.num_attention_heads == 0, src, "model.hidden_size", m.hidden_size,
+           f"must be divisible by model.num_attention_heads ({m.num_attention_heads})")
+    _check(m.num_layers % p.pipeline == 0, src, "model.num_layers", m.num_layers,
+           f"must be divisible by parallel.pipeline ({p.pipeline}): each stage holds the same number of blocks")
+    _check(m.num_attention_heads % p.tensor == 0, src, "parallel.tensor", p.tensor,
+           f"must divide model.num_attention_heads ({m.num_attention_heads})")
+    if m.ffn_hidden_size is not None:
+        _check(m.ffn_hidden_size % p.tensor == 0, src, "model.ffn_hidden_size", m.ffn_hidden_size,
+               f"must be divisible by parallel.tensor ({p.tensor})")
+    if m.max_position_embeddings is not None:
+        _check(m.max_position_embeddings >= m.seq_length, src, "model.max_position_embeddings",
+               m.max_position_embeddings, f"must be at least model.seq_length ({m.seq_length})")
+    for dotted, value in [("model.hidden_dropout", m.hidden_dropout), ("model.attention_dropout", m.attention_dropout)]:
+        _check(0.0 <= value < 1.0, src, dotted, value, "must be in [0, 1)")
+
+    _check((t.samples is None) != (t.iters is None), src, "train", {"samples": t.samples, "iters": t.iters},
+           "set exactly one of train.samples and train.iters")
+    for dotted, value in [("train.samples", t.samples), ("train.iters", t.iters)]:
+        _check(value is None or value >= 1, src, dotted, value, "must be a positive integer")
+    if b.rampup is not None:
+        r = b.rampup
+        _check(t.iters is None, src, "batch.rampup", _asdict(r),
+               "a batch-size rampup needs train.samples, not train.iters (Megatron rejects the pair)")
+        for dotted, value in [("batch.rampup.start", r.start), ("batch.rampup.increment", r.increment),
+                              ("batch.rampup.samples", r.samples)]:
+            _check(value >= 1, src, dotted, value, "must be a positive integer")
+        _check(r.start < b.global_batch_size, src, "batch.rampup.start", r.start,
+               f"must be below batch.global_batch_size ({b.global_batch_size})")
+        _check((b.global_batch_size - r.start) % r.increment == 0, src, "batch.rampup.increment", r.increment,
+               f"must divide global_batch_size - start = {b.global_batch_size} - {r.start} = {b.global_batch_size - r.start}")
+
+    lr = exp.lr_schedule
+    for kind in ("warmup", "decay"):
+        given = [u for u in ("samples", "tokens", "iters") if getattr(lr, f"{kind}_{u}") is not None]
+        _check(len(given) <= 1, src, f"lr_schedule.{kind}_{given[-1] if given else 'samples'}",
+               {f"{kind}_{u}": getattr(lr, f"{kind}_{u}") for u in given},
+               f"set at most one of {kind}_samples, {kind}_tokens, {kind}_iters")
+        for u in given:
+            value = getattr(lr, f"{kind}_{u}")
+            _check(value >= 0, src, f"lr_schedule.{kind}_{u}", value, "must not be negative")
+    opt = exp.optimizer
+    _check(opt.lr > 0, src, "optimizer.lr", opt.lr, "must be positive")
+    _check(0 <= opt.min_lr <= opt.lr, src, "optimizer.min_lr", opt.min_lr, f"must be in [0, optimizer.lr = {opt.lr}]")
+    for dotted, value in [("optimizer.beta1", opt.beta1), ("optimizer.beta2", opt.beta2)]:
+        _check(0 <= value < 1, src, dotted, value, "must be in [0, 1)")
+    _check(opt.clip_grad >= 0, src, "optimizer.clip_grad", opt.clip_grad, "must not be negative (0 disables)")
+
+    ck = exp.checkpoint
+    last = 0
+    for i, rng in enumerate(ck.save_schedule):
+        _check(rng.interval >= 1, src, f"checkpoint.save_schedule[{i}].interval", rng.interval, "must be a positive integer")
+        _check(rng.until > last, src, f"checkpoint.save_schedule[{i}].until", rng.until,
+               f"ranges must end in increasing order (previous ends at {last})")
+        last = rng.until
+    for dotted, value in [("checkpoint.save_interval", ck.save_interval), ("checkpoint.exit_interval", ck.exit_interval),
+                          ("checkpoint.exit_duration_in_mins", ck.exit_duration_in_mins)]:
+        _check(value is None or value >= 1, src, dotted, value, "must be a positive integer")
+
+    if exp.slurm.device == "cpu":
+        _check(t.precision != "fp16", src, "train.precision", t.precision,
+               "fp16 needs a GPU; with slurm.device: cpu use fp32 or bf16")
+    split = exp.data.split.split(",")
+    _check(len(split) == 3 and all(re.fullmatch(r"\d+(\.\d+)?", s.strip()) for s in split)
+           and sum(float(s) for s in split) > 0, src, "data.split", exp.data.split,
+           "three non-negative numbers such as '949,50,1' (train,valid,test)")
+    tok = exp.data.tokenizer
+    if tok.kind == "gpt2-bpe":
+        _check(tok.vocab_file is not None and tok.merges_file is not None, src, "data.tokenizer", _asdict(tok),
+               "kind gpt2-bpe needs vocab_file and merges_file")
+    for i, ds in enumerate(exp.data.blend):
+        _check(ds.weight > 0, src, f"data.blend[{i}].weight", ds.weight, "must be positive")
+    for dotted, value in [("alerts.stall_minutes", exp.alerts.stall_minutes),
+                          ("alerts.cooldown_minutes", exp.alerts.cooldown_minutes),
+                          ("alerts.smtp_port", exp.alerts.smtp_port)]:
+        _check(value >= 1, src, dotted, value, "must be a positive integer")
+    _check(exp.estimate.tflops_per_gpu > 0, src, "estimate.tflops_per_gpu", exp.estimate.tflops_per_gpu, "must be positive")
+
+
+def exit_margin_minutes(num_params: float) -> int:
+    """Minutes kept free before the time limit to finish an iteration and write a checkpoint.
+
+    Seed 003 kept 10 minutes for 13B and warned that bigger models need more; the margin grows
+    with the square root of the size (about 29 minutes at 104B) and is never below 5 minutes.
+    """
+    return max(5, math.ceil(10 * math.sqrt(num_params / 13e9)))
+
+
+def _resolve_path(value: str, root: Path) -> str:
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else root / path)
+
+
+def _build(name: str, raw: dict, origins: dict, source: str, root: Path) -> Experiment:
+    if "name" in raw and raw["name"] != name:
+        raise ConfigError(source, "name", raw["name"], f"the name is the file name ({name!r}); remove the key")
+    raw = {**raw, "name": name}
+    if "derived" in raw:
+        raise ConfigError(source, "derived", raw["derived"], "computed by bsops; remove the key")
+    exp: Experiment = _dataclass_from(Experiment, raw, "", origins, source)
+    _validate(exp, source)
+    return derive(exp, root, source)
+
+
+def derive(exp: Experiment, root: Path, source: str = "") -> Experiment:
+    """Fill every field left out that follows from others, and record which were filled."""
+    from bigscience_ops.slurm import parse_time_limit  # light module: no torch
+    from bigscience_ops import plan
+
+    derived: list[str] = []
+
+    def fill(obj: Any, section: str, **values: Any) -> Any:
+        changes = {k: v for k, v in values.items() if getattr(obj, k) is None}
+        derived.extend(f"{section}.{k}" for k in changes)
+        return dataclasses.replace(obj, **changes) if changes else obj
+
+    m = fill(exp.model, "model", ffn_hidden_size=4 * exp.model.hidden_size,
+             max_position_embeddings=exp.model.seq_length)
+    output = _resolve_path(exp.paths.output or f"runs/{exp.name}", root)
+    if exp.paths.output is None:
+        derived.append("paths.output")
+    paths = dataclasses.replace(exp.paths, output=output)
+    paths = fill(paths, "paths", checkpoints=f"{output}/checkpoints", tensorboard=f"{output}/tensorboard",
+                 logs=f"{output}/logs", codecarbon=f"{output}/codecarbon")
+    paths = dataclasses.replace(paths, **{k: _resolve_path(getattr(paths, k), root)
+                                          for k in ("checkpoints", "tensorboard", "logs", "codecarbon")})
+    data = dataclasses.replace(
+        exp.data,
+        blend=[dataclasses.replace(d, prefix=_resolve_path(d.prefix, root)) for d in exp.data.blend],
+        tokenizer=dataclasses.replace(exp.data.tokenizer, **{
+            k: _resolve_path(v, root) for k in ("vocab_file", "merges_file", "json_file")
+            if (v := getattr(exp.data.tokenizer, k)) is not None}),
+    )
+    slurm = fill(exp.slurm, "slurm", job_name=exp.name)
+    try:
+        limit = parse_time_limit(slurm.time)
+    except ValueError as exc:
+        raise ConfigError(source, "slurm.time", slurm.time, str(exc)) from None
+    exp = dataclasses.replace(exp, model=m, paths=paths, data=data, slurm=slurm)
+    params = plan.count_parameters(exp.model, exp.parallel.tensor).total
+    ck = fill(exp.checkpoint, "checkpoint", exit_margin_mins=exit_margin_minutes(params),
+              kill_switch_path=f"{output}/kill-switch")
+    if ck.exit_duration_in_mins is None:
+        _check(limit > ck.exit_margin_mins, source, "slurm.time", slurm.time,
+               f"must be longer than the exit margin of {ck.exit_margin_mins} minutes")
+        ck = fill(ck, "checkpoint", exit_duration_in_mins=limit - ck.exit_margin_mins)
+    ck = dataclasses.replace(ck, kill_switch_path=_resolve_path(ck.kill_switch_path, root))
+    return dataclasses.replace(exp, checkpoint=ck, derived=tuple(exp.derived) + tuple(derived))
+
+
+def _asdict(obj: Any) -> Any:
+    return dataclasses.asdict(obj)
+
+
+def to_dict(exp: Experiment) -> dict:
+    """The resolved experiment as plain data (what `bsops show` prints and run records keep)."""
+    data = dataclasses.asdict(exp)
+    data.pop("derived")
+    return data
+
+
+def from_dict(data: dict, source: str = "<resolved config>") -> Experiment:
+    """Rebuild an experiment from `to_dict` output (a run record) without re-deriving anything."""
+    exp: Experiment = _dataclass_from(Experiment, data, "", {}, source)
+    _validate(exp, source)
+    return exp

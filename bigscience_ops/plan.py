@@ -1,0 +1,340 @@
+"""Calculators for `bsops plan`: parameters, memory, DP size, rampup, steps, tokens, days, node counts.
+
+Every number the seeds computed by hand is computed here from the config, and every rule that
+would fail or mislead a run is checked before a GPU hour is spent. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from bigscience_ops.schedules import BatchSchedule, Increment, LRSchedule
+
+if TYPE_CHECKING:
+    from bigscience_ops.config import Experiment, ModelConfig
+
+GB = 10**9
+
+
+# ----------------------------------------------------------------------------- parameters
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP."""
+    multiple = divisible_by * tensor_parallel
+    return math.ceil(vocab_size / multiple) * multiple
+
+
+def seed_formula_parameters(model: ModelConfig) -> int:
+    """Seed 003's sanity check: l*(12h^2 + 13h) + v*h + s*h (unpadded vocab, ffn = 4h)."""
+    h, l, v, s = model.hidden_size, model.num_layers, model.vocab_size, model.seq_length
+    return l * (12 * h**2 + 13 * h) + v * h + s * h
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    padded_vocab: int
+    seed_formula: int  # seed 003's formula, for comparison with the seeds' "13B", "104B"
+    total: int  # unique parameters of the model
+    per_stage: tuple[int, ...]  # on each pipeline stage, per tensor rank, as Megatron reports them
+
+    @property
+    def max_per_gpu(self) -> int:
+        return max(self.per_stage)
+
+
+def _ffn(model: ModelConfig) -> int:
+    return model.ffn_hidden_size if model.ffn_hidden_size is not None else 4 * model.hidden_size
+
+
+def _positions(model: ModelConfig) -> int:
+    return model.max_position_embeddings or model.seq_length
+
+
+def count_parameters(model: ModelConfig, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> ParamCount:
+    """Exact counts: padded vocab, the real ffn size, LayerNorms and biases.
+
+    Per stage follows Megatron's `number of parameters on (tensor, pipeline) model parallel rank`:
+    matrices split over TP, biases of row-parallel layers and LayerNorms replicated; the first
+    stage holds the embeddings, the last the final LayerNorm and, when PP > 1, a copy of the word
+    embedding for the tied output head.
+    """
+    h, f, tp = model.hidden_size, _ffn(model), tensor_parallel
+    vocab = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
+    layer = (2 * h  # input LayerNorm
+             + 3 * h * h // tp + 3 * h // tp  # fused QKV, column parallel
+             + h * h // tp + h  # attention output, row parallel (bias replicated)
+             + 2 * h  # post-attention LayerNorm
+             + h * f // tp + f // tp  # h -> ffn, column parallel
+             + f * h // tp + h)  # ffn -> h, row parallel
+    word = vocab * h // tp
+    embed = word + _positions(model) * h + (2 * h if model.embed_layernorm else 0)
+    layers_per_stage = model.num_layers // pipeline_parallel
+    stages = [layers_per_stage * layer for _ in range(pipeline_parallel)]
+    stages[0] += embed
+    stages[-1] += 2 * h + (word if pipeline_parallel > 1 else 0)
+    total_layer = 4 * h * h + 2 * h * f + 9 * h + f
+    total = model.num_layers * total_layer + vocab * h + _positions(model) * h + 2 * h
+    total += 2 * h if model.embed_layernorm else 0
+    return ParamCount(vocab, seed_formula_parameters(model), total, tuple(stages))
+
+
+# ----------------------------------------------------------------------------- memory and time
+
+# Bytes per parameter while training, as seed 003 breaks them down for mixed precision.
+TRAIN_BYTES = {
+    "mixed": {"fp32 weights": 4, "half weights": 2, "optimizer states": 8, "gradients": 4},
+    "fp32": {"fp32 weights": 4, "optimizer states": 8, "gradients": 4},
+}
+# What a checkpoint holds per parameter: half (or fp32) weights, and optionally fp32 master + Adam.
+CHECKPOINT_BYTES = {"mixed": (2, 2 + 4 + 8), "fp32": (4, 4 + 8)}
+
+
+@dataclass(frozen=True)
+class Memory:
+    bytes_per_param: int
+    training_total: int  # bytes per model replica (TP x PP GPUs)
+    training_seed_rounded: int  # bytes_per_param x size rounded to whole billions, as the seeds write it
+    per_gpu: int  # the largest stage, ZeRO sharding included
+    checkpoint_with_optimizer: int
+    checkpoint_without_optimizer: int
+
+
+def memory(exp: Experiment, params: ParamCount, dp: int) -> Memory:
+    kind = "fp32" if exp.train.precision == "fp32" else "mixed"
+    parts = TRAIN_BYTES[kind]
+    per_param = sum(parts.values())
+    sharded = parts["optimizer states"] + (parts["fp32 weights"] if kind == "mixed" else 0)
+    shard = max(dp, 1) if exp.parallel.zero_stage >= 1 else 1
+    per_gpu = math.ceil(params.max_per_gpu * ((per_param - sharded) + sharded / shard))
+    without, with_optim = CHECKPOINT_BYTES[kind]
+    return Memory(per_param, per_param * params.total, per_param * round(params.total / GB) * GB, per_gpu,
+                  with_optim * params.total, without * params.total)
+
+
+def estimate_days(tokens: float, params: float, gpus: int, tflops_per_gpu: float) -> float:
+    """Seed 003's estimate: 8 * tokens * params / (gpus * TFLOPs), in days."""
+    return 8 * tokens * params / (gpus * tflops_per_gpu * 1e12 * 86400)
+
+
+def model_flops_per_token(model: ModelConfig, params: int) -> int:
+    """Training FLOPs per token: 6N plus attention's 12 * layers * hidden * seq."""
+    return 6 * params + 12 * model.num_layers * model.hidden_size * model.seq_length
+
+
+# ----------------------------------------------------------------------------- batch, steps, LR
+
+def batch_schedule(exp: Experiment) -> BatchSchedule:
+    r = exp.batch.rampup
+    if r is None:
+        return BatchSchedule(exp.batch.global_batch_size)
+    return BatchSchedule(exp.batch.global_batch_size, r.start, r.increment, r.samples)
+
+
+def train_iters(exp: Experiment) -> int:
+    schedule = batch_schedule(exp)
+    return exp.train.iters if exp.train.iters is not None else schedule.train_iters(exp.train.samples)
+
+
+def train_samples(exp: Experiment) -> int:
+    """Samples the run will consume: train.samples less the partial last batch Megatron drops."""
+    return batch_schedule(exp).consumed_after(train_iters(exp))
+
+
+def _to_samples(exp: Experiment, kind: str, default: int) -> int:
+    lr = exp.lr_schedule
+    samples, tokens, iters = (getattr(lr, f"{kind}_{u}") for u in ("samples", "tokens", "iters"))
+    if samples is not None:
+        return samples
+    if tokens is not None:
+        return tokens // exp.model.seq_length
+    if iters is not None:
+        return batch_schedule(exp).consumed_after(iters)
+    return default
+
+
+def lr_schedule(exp: Experiment) -> LRSchedule:
+    """The LR schedule in samples, whatever unit the config used."""
+    warmup = _to_samples(exp, "warmup", 0)
+    requested = exp.train.samples if exp.train.samples is not None else train_samples(exp)
+    decay = _to_samples(exp, "decay", requested)
+    return LRSchedule(exp.optimizer.lr, exp.optimizer.min_lr, warmup, decay, exp.lr_schedule.style)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+@dataclass(frozen=True)
+class Problem:
+    """A rule the experiment breaks; `severity` is error (blocks launching) or warning."""
+
+    field: str
+    value: object
+    message: str
+    severity: str = "error"
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.value!r}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    params: ParamCount
+    dp: float
+    world_size: int
+    memory: Memory
+    increments: list[Increment]
+    rampup_steps: int
+    rampup_samples_consumed: int
+    train_iters: int
+    train_samples: int
+    tokens: int
+    warmup_samples: int
+    warmup_steps: int
+    decay_samples: int
+    decay_steps: int
+    days: float
+    days_seed_rounded: float
+    nodes_during_rampup: list[int]
+    nodes_after_rampup: list[int]
+    dataset_sizes: tuple[int, int, int]
+    exit_duration_in_mins: int
+    exit_margin_mins: int
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "warning"]
+
+
+def valid_node_counts(exp: Experiment, batch_sizes: list[int], limit: int = 4096) -> list[int]:
+    """Node counts whose DP size divides every batch size / MBS and fills whole nodes."""
+    mp, gpn, mbs = exp.model_parallel_size, exp.slurm.gpus_per_node, exp.batch.micro_batch_size
+    common = 0
+    for b in batch_sizes:
+        common = math.gcd(common, b)
+    if common % mbs:
+        return []
+    nodes = []
+    for dp in range(1, common // mbs + 1):
+        if (common // mbs) % dp == 0 and (dp * mp) % gpn == 0 and dp * mp // gpn <= limit:
+            nodes.append(dp * mp // gpn)
+    return nodes
+
+
+def _check(exp: Experiment, schedule: BatchSchedule, dp: float, lr: LRSchedule) -> list[Problem]:
+    problems: list[Problem] = []
+    mp = exp.model_parallel_size
+    if exp.world_size % mp:
+        problems.append(Problem("slurm.nodes", exp.slurm.nodes,
+                                f"nodes x gpus_per_node = {exp.world_size} GPUs is not a multiple of TP x PP = {mp}"))
+        return problems
+    dp = int(dp)
+    mbs = exp.batch.micro_batch_size
+    sizes = [inc.global_batch_size for inc in schedule.increments()] + [schedule.global_batch_size]
+    for gbs in sizes:
+        if gbs % (mbs * dp):
+            where = "batch.global_batch_size" if gbs == schedule.global_batch_size else "batch.rampup"
+            during = "" if gbs == schedule.global_batch_size else " during the rampup"
+            problems.append(Problem(where, gbs,
+                                    f"global batch size {gbs}{during} is not divisible by MBS x DP = {mbs} x {dp} = {mbs * dp}; "
+                                    f"valid node counts: {valid_node_counts(exp, sizes)[:12]}"))
+            break
+    if exp.parallel.tensor > exp.slurm.gpus_per_node and exp.slurm.device == "gpu":
+        problems.append(Problem("parallel.tensor", exp.parallel.tensor,
+                                f"TP spans nodes (gpus_per_node = {exp.slurm.gpus_per_node}): tensor parallelism across nodes is very slow",
+                                "warning"))
+    ffn, h = _ffn(exp.model), exp.model.hidden_size
+    if ffn != 4 * h:
+        problems.append(Problem("model.ffn_hidden_size", ffn,
+                                f"differs from 4 x hidden_size = {4 * h}: tr8-104B copied tr1-13B's 20480 and trained a 58B "
+                                "model believing it was 104B; leave the key out to derive it", "warning"))
+    if schedule.has_rampup and exp.train.samples is not None and exp.train.samples <= schedule.rampup_samples:
+        problems.append(Problem("train.samples", exp.train.samples,
+                                f"must exceed batch.rampup.samples ({schedule.rampup_samples})"))
+    if lr.warmup_samples > lr.decay_samples and exp.lr_schedule.style != "constant":
+        problems.append(Problem("lr_schedule", {"warmup_samples": lr.warmup_samples, "decay_samples": lr.decay_samples},
+                                "warmup must end before decay ends"))
+    if exp.checkpoint.save_interval is None and not exp.checkpoint.save_schedule:
+        problems.append(Problem("checkpoint.save_interval", None,
+                                "no checkpoints will be saved before exit; set save_interval", "warning"))
+    from bigscience_ops.slurm import parse_time_limit
+    limit = parse_time_limit(exp.slurm.time)
+    if exp.checkpoint.exit_duration_in_mins >= limit:
+        problems.append(Problem("checkpoint.exit_duration_in_mins", exp.checkpoint.exit_duration_in_mins,
+                                f"must be below the time limit slurm.time = {exp.slurm.time} ({limit} min), "
+                                "or Slurm kills the job before it saves"))
+    return problems
+
+
+def _notes(exp: Experiment, schedule: BatchSchedule, lr: LRSchedule, warmup_steps: int) -> list[str]:
+    notes = []
+    if schedule.has_rampup:
+        table = schedule.increments()
+        off = [inc for inc in table if inc.steps != inc.naive_steps]
+        if off:
+            first = off[0]
+            notes.append(
+                f"rampup steps per increment are exact, not samples/GBS: Megatron changes the batch size when consumed "
+                f"samples pass k x {schedule.samples_per_increment:.2f}, so the last step of an increment overshoots "
+                f"(GBS {first.global_batch_size}: {first.steps} steps, not {first.naive_steps})")
+        notes.append(
+            f"the rampup lasts {schedule.rampup_steps} steps ({schedule.consumed_after(schedule.rampup_steps)} samples): "
+            f"steps per increment shrink as the batch grows, so a constant steps-per-increment guess is wrong "
+            f"(seed 000 assumed 160 per increment, seed 003 '5k steps')")
+        if 0 < lr.warmup_samples <= schedule.rampup_samples:
+            gbs = schedule.batch_size_of_step(warmup_steps)
+            notes.append(
+                f"LR warmup of {lr.warmup_samples} samples ends inside the rampup, at step {warmup_steps} (GBS {gbs}): "
+                f"samples and steps convert only through the rampup schedule, never at a fixed steps-per-increment "
+                f"rate (seed 003 did that and took its 216_320 warmup samples for 2000 steps)")
+    return notes
+
+
+def make_plan(exp: Experiment) -> Plan:
+    params = count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline)
+    mp = exp.model_parallel_size
+    dp = exp.world_size / mp
+    schedule = batch_schedule(exp)
+    iters = train_iters(exp)
+    samples = schedule.consumed_after(iters)
+    lr = lr_schedule(exp)
+    warmup_steps = schedule.steps_to_consume(lr.warmup_samples)
+    rampup_sizes = [inc.global_batch_size for inc in schedule.increments()] + [schedule.global_batch_size]
+    tokens = samples * exp.model.seq_length
+    gbs, ev = schedule.global_batch_size, exp.logging
+    valid = (iters // ev.eval_interval + 1) * ev.eval_iters * gbs
+    return Plan(
+        name=exp.name,
+        params=params,
+        dp=dp,
+        world_size=exp.world_size,
+        memory=memory(exp, params, int(dp) if dp == int(dp) else 1),
+        increments=schedule.increments(),
+        rampup_steps=schedule.rampup_steps,
+        rampup_samples_consumed=schedule.consumed_after(schedule.rampup_steps),
+        train_iters=iters,
+        train_samples=samples,
+        tokens=tokens,
+        warmup_samples=lr.warmup_samples,
+        warmup_steps=warmup_steps,
+        decay_samples=lr.decay_samples,
+        decay_steps=schedule.steps_to_consume(lr.decay_samples),
+        days=estimate_days(tokens, params.total, exp.world_size, exp.estimate.tflops_per_gpu),
+        days_seed_rounded=estimate_days(tokens, round(params.seed_formula / GB) * GB, exp.world_size,
+                                        exp.estimate.tflops_per_gpu),
+        nodes_during_rampup=valid_node_counts(exp, rampup_sizes) if schedule.has_rampup else [],
+        nodes_after_rampup=valid_node_counts(exp, [gbs]),
+        # Megatron's dataset targets: train.samples as written (or iters x GBS), then eval and test.
+        dataset_sizes=(exp.train.samples or iters * gbs, valid, ev.eval_iters * gbs),
+        exit_duration_in_mins=exp.checkpoint.exit_duration_in_mins,
+        exit_margin_mins=exp.checkpoint.exit_margin_mins,
+        problems=_check(exp, schedule, dp, lr),
+        notes=_notes(exp, schedule, lr, warmup_steps),
+    )

@@ -1,0 +1,142 @@
+"""Experiment -> the Slurm job script (Jinja) and the DeepSpeed JSON, written into one folder.
+
+Every `{{ value }}` in a template is shell-quoted by the environment itself (its `finalize`), so
+a template cannot forget to quote; only values wrapped with the `raw` filter (the experiment's
+own env_setup shell lines, and `#`-comment text) go through unquoted.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from bigscience_ops import __version__
+from bigscience_ops.config import Experiment, to_dict
+from bigscience_ops.errors import PlanError
+from bigscience_ops.plan import make_plan
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+EXPERIMENT_JSON = "experiment.json"
+DEEPSPEED_JSON = "ds_config.json"
+
+
+class Raw(str):
+    """Text a template may emit unquoted: trusted shell code or comment text."""
+
+
+def _finalize(value: object) -> str:
+    if isinstance(value, Raw):
+        return str(value)
+    if isinstance(value, bool) or value is None:
+        raise TypeError(f"refusing to render {value!r} into a shell script: convert it explicitly")
+    return shlex.quote(str(value))
+
+
+def _comment(value: object) -> Raw:
+    """One-line text safe inside a `#` comment."""
+    return Raw(" ".join(str(value).split()))
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        finalize=_finalize,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["raw"] = Raw
+    env.filters["comment"] = _comment
+    return env
+
+
+def deepspeed_config(exp: Experiment) -> dict:
+    """The DeepSpeed JSON, generated from the config (the optimizer and schedules live in the trainer)."""
+    precision = exp.train.precision
+    config: dict = {
+        "train_micro_batch_size_per_gpu": exp.batch.micro_batch_size,
+        "train_batch_size": exp.batch.global_batch_size,
+        "gradient_clipping": exp.optimizer.clip_grad,
+        "zero_optimization": {"stage": exp.parallel.zero_stage},
+        "fp16": {"enabled": precision == "fp16"},
+        "bf16": {"enabled": precision == "bf16"},
+        "steps_per_print": 2**31 - 1,  # the trainer prints Megatron's iteration lines itself
+        "wall_clock_breakdown": False,
+    }
+    if precision == "fp16":
+        # Dynamic loss scaling as in the tr1-13B DeepSpeed config.
+        config["fp16"].update(loss_scale=0, loss_scale_window=500, hysteresis=2, min_loss_scale=1,
+                              initial_scale_power=12)
+    if exp.parallel.activation_checkpointing:
+        config["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+    return config
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The files of one rendering: name -> text, and the script's name."""
+
+    files: dict[str, str]
+    script: str
+
+
+def script_name(exp: Experiment) -> str:
+    return f"{exp.name}.slurm"
+
+
+def render(exp: Experiment, out_dir: Path) -> Rendered:
+    """Render the job script for `out_dir`, where it will find experiment.json and ds_config.json.
+
+    Raises PlanError when the plan finds errors: nothing invalid is rendered.
+    """
+    plan = make_plan(exp)
+    if plan.errors:
+        raise PlanError(plan.errors)
+    out_dir = Path(out_dir).resolve()
+    s = exp.slurm
+    optional = [(opt, getattr(s, opt)) for opt in ("partition", "account", "constraint", "qos") if getattr(s, opt)]
+    if s.exclude:
+        optional.append(("exclude", ",".join(s.exclude)))
+    context = {
+        "version": __version__,
+        "exp": exp,
+        "plan": plan,
+        "gpu": s.device == "gpu",
+        "array": f"1-{s.array}%1",
+        "output_pattern": f"{exp.paths.logs}/%x-%A_%a.out",
+        "optional": optional,
+        "env_setup": [Raw(line) for line in s.env_setup],
+        "run_dir": str(out_dir),
+        "experiment_json": str(out_dir / EXPERIMENT_JSON),
+        "deepspeed_json": str(out_dir / DEEPSPEED_JSON),
+    }
+    script = environment().get_template("train.slurm.j2").render(context)
+    files = {
+        script_name(exp): script,
+        EXPERIMENT_JSON: json.dumps(to_dict(exp), indent=2) + "\n",
+        DEEPSPEED_JSON: json.dumps(deepspeed_config(exp), indent=2) + "\n",
+    }
+    return Rendered(files, script_name(exp))
+
+
+def write(rendered: Rendered, out_dir: Path) -> Path:
+    """Write the files; returns the script's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in rendered.files.items():
+        (out_dir / name).write_text(text, encoding="utf-8")
+    script = out_dir / rendered.script
+    script.chmod(0o755)
+    return script
