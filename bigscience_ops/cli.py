@@ -5,18 +5,132 @@ Heavy modules (torch, deepspeed) are never imported here or by the ops commands.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
 import click
 
 from bigscience_ops import __version__
+from bigscience_ops.errors import BsopsError
+
+EXIT_PROBLEMS = 1  # the command ran and found problems (plan errors, alerts)
+EXIT_ERROR = 2  # the command could not do its work (bad input, a tool failed)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Turns library errors into one clear message and an exit code, with no traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except BsopsError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(EXIT_ERROR)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="bsops")
 def main() -> None:
     """Run GPT pretraining on Slurm: plan, render, launch and watch experiments.
 
-    Experiments are YAML files in trainings/ (or --trainings-dir / $BSOPS_TRAININGS).
+    An experiment is a YAML file trainings/NAME.yaml (found in --trainings-dir, $BSOPS_TRAININGS,
+    ./trainings, or the bundled trainings/); EXP is its NAME or a path to the file.
+
+    \b
+    First steps:
+      bsops list                 the experiments
+      bsops plan tiny            sizes, memory, batch rampup, steps, days; every rule checked
+      bsops render tiny          the Slurm job script and DeepSpeed JSON
+      bsops launch tiny --local  train it on this machine
     """
+
+
+def trainings_option(func):
+    return click.option(
+        "--trainings-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+        help="Folder of experiment YAML files (default: $BSOPS_TRAININGS, ./trainings, or the bundled one).",
+    )(func)
+
+
+def _load(name: str, trainings_dir: Path | None):
+    from bigscience_ops.config import load_experiment
+
+    return load_experiment(name, trainings_dir)
+
+
+@main.command("list")
+@trainings_option
+def list_command(trainings_dir: Path | None) -> None:
+    """List the experiments and their one-line descriptions."""
+    from bigscience_ops.config import default_trainings_dir, list_experiments
+
+    directory = trainings_dir or default_trainings_dir()
+    for name in list_experiments(directory):
+        try:
+            description = _load(name, directory).description
+        except BsopsError as exc:
+            description = f"INVALID: {exc}"
+        click.echo(f"{name:<20} {description}")
+
+
+@main.command()
+@click.argument("exp")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of YAML.")
+@trainings_option
+def show(exp: str, as_json: bool, trainings_dir: Path | None) -> None:
+    """Show EXP's resolved config: base: merged, derived values filled in and marked."""
+    from bigscience_ops.config import to_dict
+    from bigscience_ops.planview import show_text
+
+    experiment = _load(exp, trainings_dir)
+    if as_json:
+        click.echo(json.dumps(to_dict(experiment) | {"derived": list(experiment.derived)}, indent=2))
+    else:
+        click.echo(show_text(experiment), nl=False)
+
+
+@main.command()
+@click.argument("exp")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="Plan for this many nodes instead of slurm.nodes (e.g. after the rampup).")
+@trainings_option
+def plan(exp: str, as_json: bool, nodes: int | None, trainings_dir: Path | None) -> None:
+    """Plan EXP: parameters, memory, DP size, batch rampup, iterations, LR, tokens, days.
+
+    Every rule that would fail or mislead the run is checked; exits 1 when any error is found.
+    """
+    from bigscience_ops.plan import make_plan
+    from bigscience_ops.planview import plan_data, plan_text
+
+    experiment = _load(exp, trainings_dir)
+    if nodes is not None:
+        experiment = dataclasses.replace(experiment, slurm=dataclasses.replace(experiment.slurm, nodes=nodes))
+    result = make_plan(experiment)
+    if as_json:
+        click.echo(json.dumps(plan_data(result), indent=2))
+    else:
+        click.echo(plan_text(result, experiment), nl=False)
+    if result.errors:
+        sys.exit(EXIT_PROBLEMS)
+
+
+@main.command()
+@click.argument("exp")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for the script, experiment.json and ds_config.json (default: rendered/EXP).")
+@trainings_option
+def render(exp: str, out: Path | None, trainings_dir: Path | None) -> None:
+    """Render EXP's Slurm job-array script and DeepSpeed JSON (refused if the plan finds errors)."""
+    from bigscience_ops import render as rendering
+
+    experiment = _load(exp, trainings_dir)
+    out = out or Path("rendered") / experiment.name
+    script = rendering.write(rendering.render(experiment, out), out)
+    click.echo(f"rendered {script}")
+    click.echo(f"submit with: sbatch {script}   (or: bsops launch {exp})")
 
 
 # --- data commands ---

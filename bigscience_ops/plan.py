@@ -253,7 +253,7 @@ def _check(exp: Experiment, schedule: BatchSchedule, dp: float, lr: LRSchedule) 
     ffn, h = _ffn(exp.model), exp.model.hidden_size
     if ffn != 4 * h:
         problems.append(Problem("model.ffn_hidden_size", ffn,
-                                f"differs from 4 x hidden_size = {4 * h}: tr8-104B copied tr1-13B's 20480 and trained a 58B "
+                                f"differs from 4 x hidden_size = {4 * h}: tr8-104B copied tr1-13B's 20480 and trained a 57B "
                                 "model believing it was 104B; leave the key out to derive it", "warning"))
     if schedule.has_rampup and exp.train.samples is not None and exp.train.samples <= schedule.rampup_samples:
         problems.append(Problem("train.samples", exp.train.samples,

@@ -1,0 +1,120 @@
+"""Plans and resolved experiments as text and JSON-ready data, for `bsops plan` and `bsops show`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import yaml
+
+from bigscience_ops.config import Experiment, to_dict
+from bigscience_ops.plan import GB, Plan, TRAIN_BYTES
+
+
+
+def _b(n: float) -> str:
+    return f"{n / GB:,.2f}B"
+
+
+def _gb(n: float) -> str:
+    return f"{n / GB:,.1f} GB"
+
+
+def plan_data(plan: Plan) -> dict[str, Any]:
+    data = dataclasses.asdict(plan)
+    data["params"]["max_per_gpu"] = plan.params.max_per_gpu
+    data["problems"] = [dataclasses.asdict(p) | {"text": str(p)} for p in plan.problems]
+    return data
+
+
+def plan_text(plan: Plan, exp: Experiment) -> str:
+    m, p, b = exp.model, exp.parallel, exp.batch
+    lines = [f"plan for {plan.name}: {exp.description}".rstrip(": "), ""]
+    add = lines.append
+    pc = plan.params
+    add("model")
+    add(f"  layers {m.num_layers}, hidden {m.hidden_size}, heads {m.num_attention_heads}, ffn {m.ffn_hidden_size}, "
+        f"seq {m.seq_length}, vocab {m.vocab_size} padded to {pc.padded_vocab} "
+        f"(multiple of {m.make_vocab_size_divisible_by} x TP {p.tensor})")
+    add(f"  parameters: {pc.total:,} ({_b(pc.total)}); seed formula l*(12h^2+13h)+v*h+s*h: "
+        f"{pc.seed_formula:,} ({pc.seed_formula / GB:.0f}B)")
+    for stage, count in enumerate(pc.per_stage):
+        add(f"  number of parameters on (tensor, pipeline) model parallel rank (0..{p.tensor - 1}, {stage}): {count}")
+    add("")
+    add("parallelism")
+    dp = f"{plan.dp:g}"
+    add(f"  {exp.slurm.nodes} nodes x {exp.slurm.gpus_per_node} {'GPUs' if exp.slurm.device == 'gpu' else 'CPU processes'}"
+        f" = {plan.world_size}; TP {p.tensor} x PP {p.pipeline} = {exp.model_parallel_size} per replica; DP {dp}; ZeRO {p.zero_stage}")
+    if plan.nodes_during_rampup:
+        add(f"  valid node counts during the rampup: {_list(plan.nodes_during_rampup)}")
+    add(f"  valid node counts{' after the rampup' if plan.nodes_during_rampup else ''}: {_list(plan.nodes_after_rampup)}")
+    add("")
+    mem = plan.memory
+    kind = "fp32" if exp.train.precision == "fp32" else "mixed"
+    parts = " + ".join(f"{v} {k}" for k, v in TRAIN_BYTES[kind].items())
+    add(f"memory ({exp.train.precision}: {parts} = {mem.bytes_per_param} bytes/param, activations not included)")
+    add(f"  training, per replica: {_gb(mem.training_total)} exact; "
+        f"{mem.bytes_per_param} x {round(pc.total / GB)}B = {_gb(mem.training_seed_rounded)} with the size rounded as the seeds write it")
+    add(f"  training, per GPU (largest stage{', ZeRO-1 shards optimizer states over DP' if p.zero_stage else ''}): {_gb(mem.per_gpu)}")
+    add(f"  checkpoint: {_gb(mem.checkpoint_with_optimizer)} with optimizer states, {_gb(mem.checkpoint_without_optimizer)} without")
+    add("")
+    add("batch")
+    if b.rampup:
+        r = b.rampup
+        add(f"  rampup {r.start} {r.increment} {r.samples:_} to {b.global_batch_size}: {len(plan.increments)} increments of "
+            f"{r.samples / len(plan.increments):.2f} samples; {plan.rampup_steps} steps, {plan.rampup_samples_consumed:,} samples")
+        add("   GBS     first step   steps (exact)   steps (samples/GBS)   samples")
+        shown = plan.increments if len(plan.increments) <= 12 else plan.increments[:8] + plan.increments[-2:]
+        for i, inc in enumerate(shown):
+            if len(plan.increments) > 12 and i == 8:
+                add("   ...")
+            add(f"  {inc.global_batch_size:>5} {inc.first_step:>12} {inc.steps:>15} {inc.naive_steps:>21} {inc.samples:>10}")
+    add(f"  global batch {b.global_batch_size}, micro batch {b.micro_batch_size}, "
+        f"{b.global_batch_size // max(1, b.micro_batch_size * int(plan.dp or 1))} micro-batches per step per replica at full size")
+    add("")
+    add("training")
+    given = f"train.samples {exp.train.samples:,}" if exp.train.samples else f"train.iters {exp.train.iters:,}"
+    add(f"  {given}: {plan.train_iters:,} iterations, {plan.train_samples:,} samples, {plan.tokens:,} tokens ({plan.tokens / 1e9:.1f}B)")
+    add(f"  LR {exp.optimizer.lr:g} -> {exp.optimizer.min_lr:g} ({exp.lr_schedule.style}); "
+        f"warmup {plan.warmup_samples:,} samples = {plan.warmup_steps:,} steps; "
+        f"decay until {plan.decay_samples:,} samples = step {plan.decay_steps:,}")
+    tr, va, te = plan.dataset_sizes
+    add(f"  dataset target sizes: train {tr}, validation {va}, test {te}")
+    add(f"  exit after {plan.exit_duration_in_mins} min of each {exp.slurm.time} task (margin {plan.exit_margin_mins} min)")
+    add(f"  estimated time at {exp.estimate.tflops_per_gpu:g} TFLOPs/GPU on {plan.world_size} GPUs: {plan.days:.2f} days "
+        f"({plan.days_seed_rounded:.2f} with the size rounded); 8 x tokens x params / (GPUs x FLOPs)")
+    if plan.notes:
+        add("")
+        add("notes")
+        lines.extend(f"  - {n}" for n in plan.notes)
+    if plan.problems:
+        add("")
+        add("problems")
+        lines.extend(f"  - {pr.severity}: {pr}" for pr in plan.problems)
+    return "\n".join(lines) + "\n"
+
+
+def _list(nodes: list[int], limit: int = 14) -> str:
+    if not nodes:
+        return "none"
+    shown = ", ".join(str(n) for n in nodes[:limit])
+    return shown + (f", ... {nodes[-1]}" if len(nodes) > limit else "")
+
+
+def show_text(exp: Experiment) -> str:
+    """The resolved config as YAML; derived values are marked `# derived`."""
+    data = to_dict(exp)
+    head = {key: data.pop(key) for key in ("name", "description")}
+    text = yaml.safe_dump(head | data, sort_keys=False, width=120)
+    derived = set(exp.derived)
+    out, stack = [], []
+    for line in text.splitlines():
+        stripped = line.lstrip(" ")
+        depth = (len(line) - len(stripped)) // 2
+        key = stripped.split(":", 1)[0] if ":" in stripped and not stripped.startswith("- ") else None
+        if key is not None:
+            stack[depth:] = [key]
+            if ".".join(stack) in derived:
+                line += "  # derived"
+        out.append(line)
+    return "\n".join(out) + "\n"

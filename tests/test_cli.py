@@ -1,0 +1,82 @@
+"""The `bsops` commands: exit codes, JSON output, and no heavy imports on the ops paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from bigscience_ops.cli import main
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_light_commands_import_neither_torch_nor_deepspeed(tmp_path: Path) -> None:
+    code = f"""
+import sys
+from click.testing import CliRunner
+from bigscience_ops.cli import main
+for args in (["--help"], ["list"], ["show", "tr1-13B"], ["plan", "tr8-104B"], ["plan", "tiny", "--json"],
+             ["render", "tr1-13B", "--out", {str(tmp_path)!r}]):
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, (args, result.output)
+heavy = sorted(m for m in ("torch", "deepspeed", "triton", "transformers", "numpy") if m in sys.modules)
+print(heavy)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_plan_json_has_the_numbers() -> None:
+    result = run("plan", "tr1-13B", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert data["train_iters"] == 311541
+    assert data["params"]["padded_vocab"] == 50432
+    assert data["increments"][0]["steps"] == 4961
+    assert data["problems"] == []
+
+
+def test_plan_with_errors_exits_1_and_names_the_field() -> None:
+    result = run("plan", "tr1-13B", "--nodes", "64")
+    assert result.exit_code == 1
+    assert "batch.rampup" in result.output
+
+
+def test_config_error_exits_2_with_the_field(tmp_path: Path) -> None:
+    (tmp_path / "x.yaml").write_text("model: {num_layers: 1.5}\n")
+    result = CliRunner().invoke(main, ["plan", "x", "--trainings-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "model.num_layers" in result.output and "x.yaml" in result.output
+
+
+def test_render_writes_three_files(tmp_path: Path) -> None:
+    result = run("render", "tiny", "--out", str(tmp_path / "r"))
+    assert result.exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["ds_config.json", "experiment.json", "tiny.slurm"]
+
+
+def test_show_marks_derived_values() -> None:
+    result = run("show", "tr8-104B")
+    assert result.exit_code == 0
+    assert "ffn_hidden_size: 65536  # derived" in result.output
+    assert result.output.startswith("name: tr8-104B")
+    data = json.loads(run("show", "tr8-104B", "--json").output)
+    assert data["model"]["ffn_hidden_size"] == 65536 and "model.ffn_hidden_size" in data["derived"]
+
+
+def test_list_shows_every_experiment() -> None:
+    names = [line.split()[0] for line in run("list").output.splitlines()]
+    assert {"tiny", "tr1-13B", "tr8-104B", "megatron-7.5B", "gpt-760M", "tr1-13B-short"} <= set(names)
+
+
+def test_console_script_help_is_fast(repo_root: Path) -> None:
+    bsops = Path(sys.executable).parent / "bsops"
+    out = subprocess.run([str(bsops), "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "plan" in out.stdout

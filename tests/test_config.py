@@ -1,0 +1,182 @@
+"""Experiment loading: number coercion, base: merging, unknown keys, one bad file per rule."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops.config import exit_margin_minutes, list_experiments, load_experiment, to_dict, from_dict
+from bigscience_ops.errors import ConfigError
+
+
+@pytest.fixture
+def trainings(tmp_path: Path, repo_root: Path) -> Path:
+    """A copy of the bundled experiments, so tests can add files next to them."""
+    directory = tmp_path / "trainings"
+    shutil.copytree(repo_root / "trainings", directory)
+    return directory
+
+
+def write(directory: Path, name: str, text: str) -> str:
+    (directory / f"{name}.yaml").write_text(textwrap.dedent(text))
+    return name
+
+
+def test_every_bundled_experiment_loads(repo_root: Path) -> None:
+    names = list_experiments(repo_root / "trainings")
+    assert {"tr1-13B", "tr1-13B-short", "tr8-104B", "megatron-7.5B", "gpt-760M", "tiny"} <= set(names)
+    for name in names:
+        exp = load_experiment(name, repo_root / "trainings")
+        assert exp.name == name
+
+
+def test_numbers_are_coerced_to_declared_types(trainings: Path) -> None:
+    write(trainings, "x", """
+        base: tiny
+        train: {samples: 10e3}
+        batch: {rampup: {start: 8, increment: 4, samples: 1_000}}
+        optimizer: {lr: 6e-5, min_lr: 1e-6, eps: 1.0e-8}
+    """)
+    exp = load_experiment("x", trainings)
+    assert exp.train.samples == 10_000 and isinstance(exp.train.samples, int)
+    assert exp.batch.rampup.samples == 1000
+    assert exp.optimizer.lr == pytest.approx(6e-5) and isinstance(exp.optimizer.lr, float)
+    assert exp.optimizer.eps == pytest.approx(1e-8)
+
+
+@pytest.mark.parametrize("value", ["10.5e6", "1.5", "ten", "true"])
+def test_integer_fields_reject_non_integers(trainings: Path, value: str) -> None:
+    write(trainings, "x", f"base: tiny\ntrain: {{samples: {value}}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment("x", trainings)
+    assert err.value.field == "train.samples"
+    assert err.value.source.endswith("x.yaml")
+    assert "integer" in err.value.allowed
+
+
+def test_unknown_key_lists_valid_keys(trainings: Path) -> None:
+    write(trainings, "x", "base: tiny\nmodel: {hiden_size: 64}\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment("x", trainings)
+    assert err.value.field == "model.hiden_size"
+    assert "hidden_size" in err.value.allowed and "num_layers" in err.value.allowed
+
+
+def test_unknown_section_is_rejected(trainings: Path) -> None:
+    write(trainings, "x", "base: tiny\noptimiser: {lr: 1}\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment("x", trainings)
+    assert err.value.field == "optimiser" and "optimizer" in err.value.allowed
+
+
+def test_base_merges_deeply_and_child_wins(trainings: Path) -> None:
+    exp = load_experiment("tr8-104B", trainings)
+    base = load_experiment("tr1-13B", trainings)
+    assert exp.model.hidden_size == 16384 and exp.model.seq_length == base.model.seq_length == 2048
+    assert exp.optimizer.beta2 == 0.95 and exp.optimizer.beta1 == base.optimizer.beta1
+    assert exp.slurm.partition == base.slurm.partition == "gpu_p13"
+    assert exp.checkpoint.save_schedule == [] and base.checkpoint.save_schedule
+    assert exp.hub.tensorboard_repo is None and exp.hub.logs_repo == "bigscience/tr8-104B-logs"
+
+
+def test_derived_values_follow_their_sources(trainings: Path) -> None:
+    exp = load_experiment("tr8-104B", trainings)
+    # Not copied from tr1-13B's 20480: derived from this experiment's own hidden size.
+    assert exp.model.ffn_hidden_size == 4 * 16384
+    assert "model.ffn_hidden_size" in exp.derived
+    assert exp.slurm.job_name == "tr8-104B"
+    assert exp.paths.logs == "/gpfsscratch/rech/six/commun/checkpoints/tr8-104B/logs"
+    assert exp.checkpoint.exit_duration_in_mins == 20 * 60 - exit_margin_minutes(104e9)
+
+
+def test_exit_margin_grows_with_model_size() -> None:
+    assert exit_margin_minutes(13e9) == 10  # seed 003's 1190 = 20h - 10 min
+    assert exit_margin_minutes(1e6) == 5
+    assert exit_margin_minutes(104e9) > exit_margin_minutes(13e9)
+
+
+def test_time_limit_is_a_string_not_base_60(trainings: Path) -> None:
+    exp = load_experiment("tr1-13B", trainings)
+    assert exp.slurm.time == "20:00:00"
+    assert exp.checkpoint.exit_duration_in_mins == 1190
+
+
+def test_resolved_round_trip(trainings: Path) -> None:
+    exp = load_experiment("tr1-13B", trainings)
+    again = from_dict(to_dict(exp))
+    assert to_dict(again) == to_dict(exp)
+
+
+def test_base_loop_and_missing_base(trainings: Path) -> None:
+    write(trainings, "a", "base: b\n")
+    write(trainings, "b", "base: a\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment("a", trainings)
+    assert err.value.field == "base"
+    write(trainings, "c", "base: nope\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment("c", trainings)
+    assert err.value.field == "base" and "tiny" in err.value.allowed
+
+
+def test_unknown_experiment_lists_known(trainings: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_experiment("tr9", trainings)
+    assert "tr1-13B" in err.value.allowed
+
+
+def test_error_names_the_file_that_set_the_value(trainings: Path) -> None:
+    write(trainings, "parent", "base: tiny\nmodel: {num_layers: 5}\n")
+    write(trainings, "child", "base: parent\nmodel: {hidden_size: 128}\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment("child", trainings)
+    assert err.value.field == "model.num_layers"
+    assert err.value.value == 5
+
+
+# One bad file per rule: the YAML delta on top of `tiny`, and the field path the error must name.
+BAD = [
+    ("model: {hidden_size: 250}", "model.hidden_size"),  # not divisible by 4 heads
+    ("model: {num_layers: 3}", "model.num_layers"),  # not divisible by PP=2
+    ("parallel: {tensor: 3}", "parallel.tensor"),  # does not divide 4 heads
+    ("model: {ffn_hidden_size: 1023}\nparallel: {tensor: 2}", "model.ffn_hidden_size"),
+    ("model: {max_position_embeddings: 64}", "model.max_position_embeddings"),
+    ("model: {hidden_dropout: 1.5}", "model.hidden_dropout"),
+    ("model: {num_layers: 0}", "model.num_layers"),
+    ("batch: {rampup: {start: 8, increment: 3, samples: 1000}}", "batch.rampup.increment"),
+    ("batch: {rampup: {start: 32, increment: 4, samples: 1000}}", "batch.rampup.start"),
+    ("train: {samples: null, iters: 100}", "batch.rampup"),  # rampup needs samples
+    ("train: {samples: 100, iters: 100}", "train"),  # mutually exclusive
+    ("train: {samples: null}", "train"),  # one is required
+    ("train: {precision: fp16}", "train.precision"),  # fp16 on a cpu experiment
+    ("train: {precision: fp64}", "train.precision"),
+    ("lr_schedule: {warmup_samples: 10, warmup_iters: 2}", "lr_schedule.warmup_iters"),
+    ("lr_schedule: {style: exponential}", "lr_schedule.style"),
+    ("optimizer: {min_lr: 1.0}", "optimizer.min_lr"),
+    ("optimizer: {beta2: 1.0}", "optimizer.beta2"),
+    ("checkpoint: {save_schedule: [{until: 100, interval: 10}, {until: 50, interval: 5}]}", "checkpoint.save_schedule[1].until"),
+    ("checkpoint: {save_schedule: [{until: 100, interval: 0}]}", "checkpoint.save_schedule[0].interval"),
+    ("checkpoint: {save_schedule: [{until: 100}]}", "checkpoint.save_schedule[0].interval"),
+    ("data: {split: '90,10'}", "data.split"),
+    ("data: {tokenizer: {kind: gpt2-bpe, vocab_file: v.json}}", "data.tokenizer"),
+    ("data: {blend: [{prefix: x, weight: 0}]}", "data.blend[0].weight"),
+    ("slurm: {time: '20h'}", "slurm.time"),
+    ("slurm: {time: '00:04:00'}", "slurm.time"),  # shorter than the exit margin
+    ("slurm: {nodes: 0}", "slurm.nodes"),
+    ("slurm: {device: tpu}", "slurm.device"),
+    ("slurm: {env_setup: module load x}", "slurm.env_setup"),
+    ("name: other", "name"),
+]
+
+
+@pytest.mark.parametrize("delta, field", BAD, ids=[f for _, f in BAD])
+def test_each_rule_names_its_field(trainings: Path, delta: str, field: str) -> None:
+    write(trainings, "bad", "base: tiny\n" + delta + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment("bad", trainings)
+    assert err.value.field == field, str(err.value)
+    assert err.value.source.endswith(".yaml")
+    assert err.value.allowed

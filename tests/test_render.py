@@ -1,0 +1,135 @@
+"""`bsops render`: golden job scripts, the DeepSpeed JSON, and quoting of hostile values.
+
+Regenerate the goldens after an intended template change: BSOPS_REGENERATE=1 pytest tests/test_render.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import render as rendering
+from bigscience_ops.config import load_experiment
+from bigscience_ops.errors import PlanError
+
+GOLDEN = Path(__file__).parent / "assets" / "golden"
+
+
+@pytest.mark.parametrize("name", ["tr1-13B", "tr8-104B"])
+def test_golden_scripts(name: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rendered = rendering.render(load_experiment(name), out)
+    text = {k: v.replace(str(out.resolve()), "<OUT>") for k, v in rendered.files.items()}
+    golden = {f"{name}.slurm": GOLDEN / f"{name}.slurm", "ds_config.json": GOLDEN / f"{name}.ds_config.json"}
+    if os.environ.get("BSOPS_REGENERATE"):
+        for key, path in golden.items():
+            path.write_text(text[key])
+    for key, path in golden.items():
+        assert text[key] == path.read_text(), f"{path} differs; regenerate: BSOPS_REGENERATE=1 pytest {__file__}"
+
+
+def test_script_has_array_resources_and_derived_exit(tmp_path: Path) -> None:
+    exp = load_experiment("tr1-13B")
+    script = rendering.render(exp, tmp_path).files["tr1-13B.slurm"]
+    assert "#SBATCH --array=1-10%1\n" in script
+    assert "#SBATCH --nodes=16\n" in script and "#SBATCH --gres=gpu:4\n" in script
+    assert "#SBATCH --partition=gpu_p13\n" in script and "#SBATCH --account=six@gpu\n" in script
+    assert "saves then exits after 1190 minutes" in script
+    assert 'tee -a "$LOGS_PATH/main_log.txt"' in script
+    assert "source $six_ALL_CCFRWORK/code/tr1-13B/bigscience/train/tr1-13B-base/start-tr1-13B\n" in script
+
+
+def test_deepspeed_json_from_config(tmp_path: Path) -> None:
+    exp = load_experiment("tr1-13B")
+    ds = json.loads(rendering.render(exp, tmp_path).files["ds_config.json"])
+    assert ds["train_micro_batch_size_per_gpu"] == 1 and ds["train_batch_size"] == 1024
+    assert ds["zero_optimization"] == {"stage": 1}
+    assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0 and not ds["bf16"]["enabled"]
+    assert ds["gradient_clipping"] == 1.0
+    assert "activation_checkpointing" in ds
+    tiny = json.loads(rendering.render(load_experiment("tiny"), tmp_path).files["ds_config.json"])
+    assert not tiny["fp16"]["enabled"] and not tiny["bf16"]["enabled"]
+    assert "activation_checkpointing" not in tiny
+
+
+def test_experiment_json_reloads(tmp_path: Path) -> None:
+    from bigscience_ops.config import from_dict, to_dict
+
+    exp = load_experiment("tr8-104B")
+    data = json.loads(rendering.render(exp, tmp_path).files["experiment.json"])
+    assert to_dict(from_dict(data)) == to_dict(exp)
+
+
+def test_invalid_plan_is_not_rendered(tmp_path: Path) -> None:
+    import dataclasses
+
+    exp = load_experiment("tr1-13B")
+    exp = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, nodes=64))
+    with pytest.raises(PlanError) as err:
+        rendering.render(exp, tmp_path)
+    assert err.value.problems[0].field == "batch.rampup"
+
+
+def test_unquoted_none_or_bool_cannot_reach_the_script() -> None:
+    env = rendering.environment()
+    with pytest.raises(TypeError):
+        env.from_string("X={{ v }}").render(v=None)
+
+
+HOSTILE = "it's a \"job\" $(touch PWNED) `touch PWNED2` ; rm -rf x"
+
+
+SHIMS = {
+    # Emulate just what the job script uses; each shim records its argv, one JSON list per line.
+    "scontrol": 'printf "%s\\n" node-a node-b\n',
+    "srun": textwrap.dedent("""\
+        while [[ $1 == --* ]]; do shift; done
+        SLURM_PROCID=0 "$@"
+        """),
+    "torchrun": 'python3 -c \'import json, sys; print(json.dumps(sys.argv[1:]))\' "$@" >> "$SHIM_LOG"\n',
+}
+
+
+def test_hostile_values_pass_through_unchanged(tmp_path: Path, repo_root: Path) -> None:
+    trainings = tmp_path / "trainings"
+    shutil.copytree(repo_root / "trainings", trainings)
+    weird = tmp_path / f"runs {HOSTILE}"
+    (trainings / "evil.yaml").write_text(
+        "base: tiny\n"
+        f"slurm: {{job_name: {json.dumps(HOSTILE)}, partition: {json.dumps(HOSTILE)}}}\n"
+        f"paths: {{output: {json.dumps(str(weird))}}}\n")
+    exp = load_experiment("evil", trainings)
+    assert exp.slurm.job_name == HOSTILE
+    out = tmp_path / f"out {HOSTILE}"
+    script = rendering.write(rendering.render(exp, out), out)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, timeout=30).returncode == 0
+
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    for name, body in SHIMS.items():
+        (shims / name).write_text("#!/bin/bash\n" + body)
+        (shims / name).chmod(0o755)
+    log = tmp_path / "argv.jsonl"
+    env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "SHIM_LOG": str(log),
+           "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1"}
+    run = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    argv = json.loads(log.read_text())
+    assert argv[argv.index("--experiment") + 1] == str(out.resolve() / "experiment.json")
+    assert argv[argv.index("--deepspeed-config") + 1] == str(out.resolve() / "ds_config.json")
+    assert argv[argv.index("--node_rank") + 1] == "0"
+    assert argv[argv.index("--master_addr") + 1] == "node-a"
+    assert argv[argv.index("--nnodes") + 1] == "2"
+    assert (weird / "logs" / "main_log.txt").is_file()
+    assert not list(tmp_path.rglob("PWNED*")), "a value was executed by the shell"
+    # sbatch reads #SBATCH values with shell-like quoting: each hostile value is one quoted word.
+    import shlex
+
+    sbatch_lines = [line for line in script.read_text().splitlines() if line.startswith("#SBATCH --job-name=")]
+    assert shlex.split(sbatch_lines[0].removeprefix("#SBATCH --job-name=")) == [HOSTILE]
