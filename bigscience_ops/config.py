@@ -13,217 +13,208 @@ import dataclasses
 import math
 import os
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from bigscience_ops.errors import ConfigError
-
-
-def _doc(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None) -> Any:
-    if factory is not None:
-        return field(default_factory=factory, metadata={"doc": doc})
-    return field(default=default, metadata={"doc": doc})
+from bigscience_ops.typedyaml import build, documented, merge, read_yaml
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    num_layers: int = _doc(doc="transformer blocks")
-    hidden_size: int = _doc(doc="model width h")
-    num_attention_heads: int = _doc(doc="attention heads; must divide hidden_size")
-    seq_length: int = _doc(doc="tokens per sample")
-    ffn_hidden_size: int | None = _doc(None, "MLP width; derived as 4 * hidden_size when left out")
-    max_position_embeddings: int | None = _doc(None, "learned positions; derived as seq_length")
-    vocab_size: int = _doc(50257, "tokenizer vocabulary before padding")
-    make_vocab_size_divisible_by: int = _doc(128, "the vocabulary is padded to a multiple of this x TP")
-    embed_layernorm: bool = _doc(False, "LayerNorm after the embedding (tr8's stability fix)")
-    init_method_std: float = _doc(0.02, "std of the normal initialisation")
-    hidden_dropout: float = _doc(0.1, "dropout on residual branches")
-    attention_dropout: float = _doc(0.1, "dropout on attention probabilities")
-    layernorm_epsilon: float = _doc(1e-5, "LayerNorm epsilon")
+    num_layers: int = documented(doc="transformer blocks")
+    hidden_size: int = documented(doc="model width h")
+    num_attention_heads: int = documented(doc="attention heads; must divide hidden_size")
+    seq_length: int = documented(doc="tokens per sample")
+    ffn_hidden_size: int | None = documented(None, "MLP width; derived as 4 * hidden_size when left out")
+    max_position_embeddings: int | None = documented(None, "learned positions; derived as seq_length")
+    vocab_size: int = documented(50257, "tokenizer vocabulary before padding")
+    make_vocab_size_divisible_by: int = documented(128, "the vocabulary is padded to a multiple of this x TP")
+    embed_layernorm: bool = documented(False, "LayerNorm after the embedding (tr8's stability fix)")
+    init_method_std: float = documented(0.02, "std of the normal initialisation")
+    hidden_dropout: float = documented(0.1, "dropout on residual branches")
+    attention_dropout: float = documented(0.1, "dropout on attention probabilities")
+    layernorm_epsilon: float = documented(1e-5, "LayerNorm epsilon")
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    tensor: int = _doc(1, "tensor-parallel size (TP); must divide the attention heads")
-    pipeline: int = _doc(1, "pipeline-parallel size (PP); must divide num_layers")
-    zero_stage: Literal[0, 1] = _doc(1, "DeepSpeed ZeRO stage for data parallelism")
-    activation_checkpointing: bool = _doc(False, "recompute transformer blocks in the backward pass")
+    tensor: int = documented(1, "tensor-parallel size (TP); must divide the attention heads")
+    pipeline: int = documented(1, "pipeline-parallel size (PP); must divide num_layers")
+    zero_stage: Literal[0, 1] = documented(1, "DeepSpeed ZeRO stage for data parallelism")
+    activation_checkpointing: bool = documented(False, "recompute transformer blocks in the backward pass")
 
 
 @dataclass(frozen=True)
 class RampupConfig:
-    start: int = _doc(doc="global batch size at the first step")
-    increment: int = _doc(doc="batch size added at each increment")
-    samples: int = _doc(doc="samples over which the batch size ramps up to global_batch_size")
+    start: int = documented(doc="global batch size at the first step")
+    increment: int = documented(doc="batch size added at each increment")
+    samples: int = documented(doc="samples over which the batch size ramps up to global_batch_size")
 
 
 @dataclass(frozen=True)
 class BatchConfig:
-    global_batch_size: int = _doc(doc="samples per optimizer step (GBS)")
-    micro_batch_size: int = _doc(1, "samples per GPU per micro-step (MBS)")
-    rampup: RampupConfig | None = _doc(None, "Megatron's --rampup-batch-size start increment samples")
+    global_batch_size: int = documented(doc="samples per optimizer step (GBS)")
+    micro_batch_size: int = documented(1, "samples per GPU per micro-step (MBS)")
+    rampup: RampupConfig | None = documented(None, "Megatron's --rampup-batch-size start increment samples")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    samples: int | None = _doc(None, "training length in samples (exclusive with iters)")
-    iters: int | None = _doc(None, "training length in steps (exclusive with samples; no rampup)")
-    seed: int = _doc(42, "seed for initialisation, dropout and data order")
-    precision: Literal["fp32", "fp16", "bf16"] = _doc("fp16", "training precision")
+    samples: int | None = documented(None, "training length in samples (exclusive with iters)")
+    iters: int | None = documented(None, "training length in steps (exclusive with samples; no rampup)")
+    seed: int = documented(42, "seed for initialisation, dropout and data order")
+    precision: Literal["fp32", "fp16", "bf16"] = documented("fp16", "training precision")
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    lr: float = _doc(doc="peak learning rate")
-    min_lr: float = _doc(0.0, "learning rate at the end of decay")
-    beta1: float = _doc(0.9, "AdamW beta1")
-    beta2: float = _doc(0.999, "AdamW beta2")
-    eps: float = _doc(1e-8, "AdamW epsilon")
-    weight_decay: float = _doc(0.01, "AdamW weight decay")
-    clip_grad: float = _doc(1.0, "global gradient-norm clipping; 0 disables")
+    lr: float = documented(doc="peak learning rate")
+    min_lr: float = documented(0.0, "learning rate at the end of decay")
+    beta1: float = documented(0.9, "AdamW beta1")
+    beta2: float = documented(0.999, "AdamW beta2")
+    eps: float = documented(1e-8, "AdamW epsilon")
+    weight_decay: float = documented(0.01, "AdamW weight decay")
+    clip_grad: float = documented(1.0, "global gradient-norm clipping; 0 disables")
 
 
 @dataclass(frozen=True)
 class LRScheduleConfig:
-    style: Literal["cosine", "linear", "constant"] = _doc("cosine", "decay shape after warmup")
-    warmup_samples: int | None = _doc(None, "warmup length in samples")
-    warmup_tokens: int | None = _doc(None, "warmup length in tokens (converted to samples)")
-    warmup_iters: int | None = _doc(None, "warmup length in steps (converted to samples)")
-    decay_samples: int | None = _doc(None, "decay length in samples; default: the whole training")
-    decay_tokens: int | None = _doc(None, "decay length in tokens (converted to samples)")
-    decay_iters: int | None = _doc(None, "decay length in steps (converted to samples)")
-    override_on_resume: bool = _doc(False, "on resume, take the schedule from this config, not the checkpoint")
+    style: Literal["cosine", "linear", "constant"] = documented("cosine", "decay shape after warmup")
+    warmup_samples: int | None = documented(None, "warmup length in samples")
+    warmup_tokens: int | None = documented(None, "warmup length in tokens (converted to samples)")
+    warmup_iters: int | None = documented(None, "warmup length in steps (converted to samples)")
+    decay_samples: int | None = documented(None, "decay length in samples; default: the whole training")
+    decay_tokens: int | None = documented(None, "decay length in tokens (converted to samples)")
+    decay_iters: int | None = documented(None, "decay length in steps (converted to samples)")
+    override_on_resume: bool = documented(False, "on resume, take the schedule from this config, not the checkpoint")
 
 
 @dataclass(frozen=True)
 class SaveRange:
-    until: int = _doc(doc="last step (inclusive) this interval applies to")
-    interval: int = _doc(doc="save every this many steps")
+    until: int = documented(doc="last step (inclusive) this interval applies to")
+    interval: int = documented(doc="save every this many steps")
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    save_interval: int | None = _doc(None, "save every this many steps after the save_schedule ranges")
-    save_schedule: list[SaveRange] = _doc(factory=list, doc="step ranges with their own save intervals")
-    exit_interval: int | None = _doc(None, "save and exit once the step is a multiple of this")
-    exit_duration_in_mins: int | None = _doc(None, "save and exit after this long; derived from slurm.time")
-    exit_margin_mins: int | None = _doc(None, "minutes kept free before the time limit; derived from model size")
-    kill_switch_path: str | None = _doc(None, "if this file exists, save and exit; derived under paths.output")
+    save_interval: int | None = documented(None, "save every this many steps after the save_schedule ranges")
+    save_schedule: list[SaveRange] = documented(factory=list, doc="step ranges with their own save intervals")
+    exit_interval: int | None = documented(None, "save and exit once the step is a multiple of this")
+    exit_duration_in_mins: int | None = documented(None, "save and exit after this long; derived from slurm.time")
+    exit_margin_mins: int | None = documented(None, "minutes kept free before the time limit; derived from model size")
+    kill_switch_path: str | None = documented(None, "if this file exists, save and exit; derived under paths.output")
 
 
 @dataclass(frozen=True)
 class DataSource:
-    prefix: str = _doc(doc="indexed dataset prefix (without .bin/.idx)")
-    weight: float = _doc(1.0, "blending weight")
+    prefix: str = documented(doc="indexed dataset prefix (without .bin/.idx)")
+    weight: float = documented(1.0, "blending weight")
 
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    kind: Literal["gpt2-bpe", "json"] = _doc("json", "gpt2-bpe: vocab_file + merges_file; json: json_file")
-    vocab_file: str | None = _doc(None, "GPT-2 vocab.json")
-    merges_file: str | None = _doc(None, "GPT-2 merges.txt")
-    json_file: str | None = _doc(None, "a tokenizers tokenizer.json")
+    kind: Literal["gpt2-bpe", "json"] = documented("json", "gpt2-bpe: vocab_file + merges_file; json: json_file")
+    vocab_file: str | None = documented(None, "GPT-2 vocab.json")
+    merges_file: str | None = documented(None, "GPT-2 merges.txt")
+    json_file: str | None = documented(None, "a tokenizers tokenizer.json")
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    blend: list[DataSource] = _doc(factory=list, doc="datasets and their weights")
-    split: str = _doc("949,50,1", "train,valid,test proportions")
-    tokenizer: TokenizerConfig = _doc(factory=TokenizerConfig, doc="tokenizer files")
-    num_workers: int = _doc(2, "data loader workers")
+    blend: list[DataSource] = documented(factory=list, doc="datasets and their weights")
+    split: str = documented("949,50,1", "train,valid,test proportions")
+    tokenizer: TokenizerConfig = documented(factory=TokenizerConfig, doc="tokenizer files")
+    num_workers: int = documented(2, "data loader workers")
 
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    log_interval: int = _doc(1, "steps between iteration lines")
-    eval_interval: int = _doc(1000, "steps between validation runs")
-    eval_iters: int = _doc(5, "validation steps per run; 0 disables validation")
-    tensorboard: bool = _doc(True, "write TensorBoard events")
-    tensorboard_queue_size: int = _doc(5, "TensorBoard writer queue size")
-    log_timers: bool = _doc(True, "timers to TensorBoard")
-    log_batch_size: bool = _doc(True, "batch size to TensorBoard")
-    log_validation_ppl: bool = _doc(True, "validation perplexity to TensorBoard")
-    codecarbon: bool = _doc(False, "record energy with codecarbon")
+    log_interval: int = documented(1, "steps between iteration lines")
+    eval_interval: int = documented(1000, "steps between validation runs")
+    eval_iters: int = documented(5, "validation steps per run; 0 disables validation")
+    tensorboard: bool = documented(True, "write TensorBoard events")
+    tensorboard_queue_size: int = documented(5, "TensorBoard writer queue size")
+    log_timers: bool = documented(True, "timers to TensorBoard")
+    log_batch_size: bool = documented(True, "batch size to TensorBoard")
+    log_validation_ppl: bool = documented(True, "validation perplexity to TensorBoard")
+    codecarbon: bool = documented(False, "record energy with codecarbon")
 
 
 @dataclass(frozen=True)
 class SlurmConfig:
-    job_name: str | None = _doc(None, "Slurm job name; derived as the experiment name")
-    partition: str | None = _doc(None, "--partition")
-    account: str | None = _doc(None, "--account")
-    constraint: str | None = _doc(None, "--constraint")
-    qos: str | None = _doc(None, "--qos")
-    time: str = _doc("20:00:00", "--time of each array task")
-    nodes: int = _doc(1, "--nodes")
-    gpus_per_node: int = _doc(1, "training processes per node (GPUs, or CPU processes when device: cpu)")
-    device: Literal["gpu", "cpu"] = _doc("gpu", "gpu: NCCL and --gres; cpu: gloo")
-    cpus_per_task: int = _doc(1, "--cpus-per-task of the per-node launcher")
-    array: int = _doc(1, "array length: tasks run one at a time (--array=1-N%1)")
-    group: str | None = _doc(None, "watch jobs of every user in this Unix group")
-    exclude: list[str] = _doc(factory=list, doc="nodes to keep the job off (--exclude)")
-    env_setup: list[str] = _doc(factory=list, doc="shell lines run before training (trusted shell code)")
-    master_port: int = _doc(6000, "rendezvous port on the first node")
+    job_name: str | None = documented(None, "Slurm job name; derived as the experiment name")
+    partition: str | None = documented(None, "--partition")
+    account: str | None = documented(None, "--account")
+    constraint: str | None = documented(None, "--constraint")
+    qos: str | None = documented(None, "--qos")
+    time: str = documented("20:00:00", "--time of each array task")
+    nodes: int = documented(1, "--nodes")
+    gpus_per_node: int = documented(1, "training processes per node (GPUs, or CPU processes when device: cpu)")
+    device: Literal["gpu", "cpu"] = documented("gpu", "gpu: NCCL and --gres; cpu: gloo")
+    cpus_per_task: int = documented(1, "--cpus-per-task of the per-node launcher")
+    array: int = documented(1, "array length: tasks run one at a time (--array=1-N%1)")
+    group: str | None = documented(None, "watch jobs of every user in this Unix group")
+    exclude: list[str] = documented(factory=list, doc="nodes to keep the job off (--exclude)")
+    env_setup: list[str] = documented(factory=list, doc="shell lines run before training (trusted shell code)")
+    master_port: int = documented(6000, "rendezvous port on the first node")
 
 
 @dataclass(frozen=True)
 class PathsConfig:
-    output: str | None = _doc(None, "run folder; derived as runs/<name>")
-    checkpoints: str | None = _doc(None, "derived as <output>/checkpoints")
-    tensorboard: str | None = _doc(None, "derived as <output>/tensorboard")
-    logs: str | None = _doc(None, "derived as <output>/logs")
-    codecarbon: str | None = _doc(None, "derived as <output>/codecarbon")
+    output: str | None = documented(None, "run folder; derived as runs/<name>")
+    checkpoints: str | None = documented(None, "derived as <output>/checkpoints")
+    tensorboard: str | None = documented(None, "derived as <output>/tensorboard")
+    logs: str | None = documented(None, "derived as <output>/logs")
+    codecarbon: str | None = documented(None, "derived as <output>/codecarbon")
 
 
 @dataclass(frozen=True)
 class HubConfig:
-    logs_repo: str | None = _doc(None, "Hub repo for logs/main_log.txt")
-    tensorboard_repo: str | None = _doc(None, "Hub repo for TensorBoard events")
-    codecarbon_repo: str | None = _doc(None, "Hub repo for codecarbon records")
-    checkpoints_repo: str | None = _doc(None, "Hub repo for converted checkpoints")
-    token_env: str = _doc("HF_TOKEN", "environment variable holding the Hub token")
+    logs_repo: str | None = documented(None, "Hub repo for logs/main_log.txt")
+    tensorboard_repo: str | None = documented(None, "Hub repo for TensorBoard events")
+    codecarbon_repo: str | None = documented(None, "Hub repo for codecarbon records")
+    checkpoints_repo: str | None = documented(None, "Hub repo for converted checkpoints")
+    token_env: str = documented("HF_TOKEN", "environment variable holding the Hub token")
 
 
 @dataclass(frozen=True)
 class AlertsConfig:
-    email_to: list[str] = _doc(factory=list, doc="alert recipients")
-    email_from: str | None = _doc(None, "sender address")
-    smtp_host: str = _doc("localhost", "SMTP server")
-    smtp_port: int = _doc(25, "SMTP port")
-    smtp_security: Literal["none", "starttls", "ssl"] = _doc("none", "SMTP transport security")
-    smtp_user: str | None = _doc(None, "SMTP login")
-    smtp_password_env: str = _doc("BSOPS_SMTP_PASSWORD", "environment variable holding the SMTP password")
-    stall_minutes: int = _doc(60, "alert when no iteration line was logged for this long")
-    cooldown_minutes: int = _doc(240, "minimum minutes between two emails about one condition")
+    email_to: list[str] = documented(factory=list, doc="alert recipients")
+    email_from: str | None = documented(None, "sender address")
+    smtp_host: str = documented("localhost", "SMTP server")
+    smtp_port: int = documented(25, "SMTP port")
+    smtp_security: Literal["none", "starttls", "ssl"] = documented("none", "SMTP transport security")
+    smtp_user: str | None = documented(None, "SMTP login")
+    smtp_password_env: str = documented("BSOPS_SMTP_PASSWORD", "environment variable holding the SMTP password")
+    stall_minutes: int = documented(60, "alert when no iteration line was logged for this long")
+    cooldown_minutes: int = documented(240, "minimum minutes between two emails about one condition")
 
 
 @dataclass(frozen=True)
 class EstimateConfig:
-    tflops_per_gpu: float = _doc(45.0, "achieved TFLOPs per GPU used for the duration estimate")
+    tflops_per_gpu: float = documented(45.0, "achieved TFLOPs per GPU used for the duration estimate")
 
 
 @dataclass(frozen=True)
 class Experiment:
-    model: ModelConfig = _doc(doc="GPT shape")
-    batch: BatchConfig = _doc(doc="batch size and rampup")
-    train: TrainConfig = _doc(doc="training length, seed, precision")
-    optimizer: OptimizerConfig = _doc(doc="AdamW")
-    name: str = _doc("", "experiment name: the file name")
-    description: str = _doc("", "one line on what this experiment is")
-    parallel: ParallelConfig = _doc(factory=ParallelConfig, doc="TP, PP, ZeRO")
-    lr_schedule: LRScheduleConfig = _doc(factory=LRScheduleConfig, doc="warmup and decay")
-    checkpoint: CheckpointConfig = _doc(factory=CheckpointConfig, doc="saving and exiting")
-    data: DataConfig = _doc(factory=DataConfig, doc="datasets and tokenizer")
-    logging: LoggingConfig = _doc(factory=LoggingConfig, doc="log lines and TensorBoard")
-    slurm: SlurmConfig = _doc(factory=SlurmConfig, doc="resources of each array task")
-    paths: PathsConfig = _doc(factory=PathsConfig, doc="output folders")
-    hub: HubConfig = _doc(factory=HubConfig, doc="Hub repos to sync to")
-    alerts: AlertsConfig = _doc(factory=AlertsConfig, doc="who is told, and how")
-    estimate: EstimateConfig = _doc(factory=EstimateConfig, doc="assumptions of the plan")
+    model: ModelConfig = documented(doc="GPT shape")
+    batch: BatchConfig = documented(doc="batch size and rampup")
+    train: TrainConfig = documented(doc="training length, seed, precision")
+    optimizer: OptimizerConfig = documented(doc="AdamW")
+    name: str = documented("", "experiment name: the file name")
+    description: str = documented("", "one line on what this experiment is")
+    parallel: ParallelConfig = documented(factory=ParallelConfig, doc="TP, PP, ZeRO")
+    lr_schedule: LRScheduleConfig = documented(factory=LRScheduleConfig, doc="warmup and decay")
+    checkpoint: CheckpointConfig = documented(factory=CheckpointConfig, doc="saving and exiting")
+    data: DataConfig = documented(factory=DataConfig, doc="datasets and tokenizer")
+    logging: LoggingConfig = documented(factory=LoggingConfig, doc="log lines and TensorBoard")
+    slurm: SlurmConfig = documented(factory=SlurmConfig, doc="resources of each array task")
+    paths: PathsConfig = documented(factory=PathsConfig, doc="output folders")
+    hub: HubConfig = documented(factory=HubConfig, doc="Hub repos to sync to")
+    alerts: AlertsConfig = documented(factory=AlertsConfig, doc="who is told, and how")
+    estimate: EstimateConfig = documented(factory=EstimateConfig, doc="assumptions of the plan")
     derived: tuple[str, ...] = field(default=(), metadata={"doc": "field paths computed, not written", "internal": True})
 
     @property
@@ -236,24 +227,6 @@ class Experiment:
 
 
 # ----------------------------------------------------------------------------- loading
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader without YAML 1.1's base-60 integers, so `time: 20:00:00` stays a string."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    key: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:int"]
-    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
-    list("-+0123456789"),
-)
-
-_INT_TEXT = re.compile(r"[-+]?\d[\d_]*(?:[eE]\+?\d+)?")
-_FLOAT_TEXT = re.compile(r"[-+]?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][-+]?\d+)?")
-
 
 def default_trainings_dir() -> Path:
     """--trainings-dir, else $BSOPS_TRAININGS, else ./trainings, else the bundled trainings/."""
@@ -295,23 +268,11 @@ def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
     return _build(path.stem, raw, origins, str(path), root)
 
 
-def _read_yaml(path: Path) -> dict:
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), "", "<file>", f"not valid YAML: {exc}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(str(path), "", type(data).__name__, "the top level must be a mapping of sections")
-    return data
-
-
 def _read_with_bases(path: Path, trainings_dir: Path, chain: tuple[str, ...]) -> tuple[dict, dict]:
     """The merged mapping and, for each field path, the file that set it."""
     if path.stem in chain:
         raise ConfigError(str(path), "base", " -> ".join(chain + (path.stem,)), "base chains must not loop")
-    data = _read_yaml(path)
+    data = read_yaml(path)
     base = data.get("base")
     merged: dict = {}
     origins: dict = {}
@@ -323,118 +284,8 @@ def _read_with_bases(path: Path, trainings_dir: Path, chain: tuple[str, ...]) ->
             known = ", ".join(list_experiments(trainings_dir))
             raise ConfigError(str(path), "base", base, f"no such experiment; known: {known}")
         merged, origins = _read_with_bases(base_path, trainings_dir, chain + (path.stem,))
-    _merge(merged, data, origins, str(path), "")
+    merge(merged, data, origins, str(path), "")
     return merged, origins
-
-
-def _merge(into: dict, data: dict, origins: dict, source: str, prefix: str) -> None:
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value, origins, source, dotted + ".")
-        else:
-            into[key] = value
-        origins[dotted] = source
-
-
-def _source_of(origins: dict, dotted: str, default: str) -> str:
-    while dotted:
-        if dotted in origins:
-            return origins[dotted]
-        dotted = dotted.rpartition(".")[0]
-    return default
-
-
-def _describe(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if tp is int:
-        return "an integer such as 5_000_000 or 10e6 (no decimal point)"
-    if tp is float:
-        return "a number such as 6e-5 or 0.1"
-    if tp is bool:
-        return "true or false"
-    if tp is str:
-        return "a string"
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin is list:
-        return "a list of " + _describe(typing.get_args(tp)[0]).removeprefix("a ")
-    if dataclasses.is_dataclass(tp):
-        return "a mapping with keys " + ", ".join(_public_fields(tp))
-    return str(tp)
-
-
-def _public_fields(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
-
-
-def _coerce(tp: Any, value: Any, dotted: str, origins: dict, default_source: str) -> Any:
-    def fail(allowed: str | None = None) -> ConfigError:
-        return ConfigError(_source_of(origins, dotted, default_source), dotted, value, allowed or f"expected {_describe(tp)}")
-
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(args[0], value, dotted, origins, default_source)
-    if value is None:
-        raise fail(f"a value is required: expected {_describe(tp)}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise fail()
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
-            mantissa, _, exponent = value.strip().replace("_", "").lower().partition("e")
-            return int(mantissa) * 10 ** int(exponent or 0)
-        raise fail()
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
-            return float(value.strip().replace("_", ""))
-        raise fail()
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        raise fail()
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value in allowed and type(value) in {type(a) for a in allowed}:
-            return value
-        raise fail()
-    if origin is list:
-        if not isinstance(value, list):
-            raise fail()
-        (item_tp,) = typing.get_args(tp)
-        return [_coerce(item_tp, item, f"{dotted}[{i}]", origins, default_source) for i, item in enumerate(value)]
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise fail()
-        return _dataclass_from(tp, value, dotted, origins, default_source)
-    raise TypeError(f"unsupported config type {tp!r} at {dotted}")
-
-
-def _dataclass_from(cls: type, data: dict, prefix: str, origins: dict, default_source: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    valid = _public_fields(cls)
-    kwargs = {}
-    for key, value in data.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if key not in valid:
-            raise ConfigError(_source_of(origins, dotted, default_source), dotted, value,
-                              f"unknown key; valid keys{' of ' + prefix if prefix else ''}: {', '.join(valid)}")
-        kwargs[key] = _coerce(hints[key], value, dotted, origins, default_source)
-    for f in dataclasses.fields(cls):
-        if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            dotted = f"{prefix}.{f.name}" if prefix else f.name
-            raise ConfigError(default_source, dotted, None, f"required: {f.metadata.get('doc', '')} ({_describe(hints[f.name])})")
-    return cls(**kwargs)
 
 
 # ----------------------------------------------------------------------------- validation and derivation
@@ -555,7 +406,7 @@ def _build(name: str, raw: dict, origins: dict, source: str, root: Path) -> Expe
     raw = {**raw, "name": name}
     if "derived" in raw:
         raise ConfigError(source, "derived", raw["derived"], "computed by bsops; remove the key")
-    exp: Experiment = _dataclass_from(Experiment, raw, "", origins, source)
+    exp: Experiment = build(Experiment, raw, "", origins, source)
     _validate(exp, source)
     return derive(exp, root, source)
 
@@ -619,6 +470,6 @@ def to_dict(exp: Experiment) -> dict:
 
 def from_dict(data: dict, source: str = "<resolved config>") -> Experiment:
     """Rebuild an experiment from `to_dict` output (a run record) without re-deriving anything."""
-    exp: Experiment = _dataclass_from(Experiment, data, "", {}, source)
+    exp: Experiment = build(Experiment, data, "", {}, source)
     _validate(exp, source)
     return exp

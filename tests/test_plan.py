@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
-from pathlib import Path
-
 import pytest
 
 from bigscience_ops.config import load_experiment

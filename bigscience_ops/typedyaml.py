@@ -1,0 +1,167 @@
+"""Typed YAML: mappings -> frozen dataclasses, with number coercion and errors that name the field.
+
+Generic: knows nothing of experiments. Values are coerced to the declared types (`10e6` for an
+int, `6e-5` for a float), unknown keys are rejected with the valid ones, and each error names the
+file that set the value, its field path, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from bigscience_ops.errors import ConfigError
+
+
+def documented(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None) -> Any:
+    if factory is not None:
+        return field(default_factory=factory, metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1's base-60 integers, so `time: 20:00:00` stays a string."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    key: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:int"]
+    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+
+_INT_TEXT = re.compile(r"[-+]?\d[\d_]*(?:[eE]\+?\d+)?")
+_FLOAT_TEXT = re.compile(r"[-+]?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][-+]?\d+)?")
+
+
+def read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), "", "<file>", f"not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", type(data).__name__, "the top level must be a mapping of sections")
+    return data
+
+
+def merge(into: dict, data: dict, origins: dict, source: str, prefix: str) -> None:
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            merge(into[key], value, origins, source, dotted + ".")
+        else:
+            into[key] = value
+        origins[dotted] = source
+
+
+def _source_of(origins: dict, dotted: str, default: str) -> str:
+    while dotted:
+        if dotted in origins:
+            return origins[dotted]
+        dotted = dotted.rpartition(".")[0]
+    return default
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is int:
+        return "an integer such as 5_000_000 or 10e6 (no decimal point)"
+    if tp is float:
+        return "a number such as 6e-5 or 0.1"
+    if tp is bool:
+        return "true or false"
+    if tp is str:
+        return "a string"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is list:
+        return "a list of " + _describe(typing.get_args(tp)[0]).removeprefix("a ")
+    if dataclasses.is_dataclass(tp):
+        return "a mapping with keys " + ", ".join(_public_fields(tp))
+    return str(tp)
+
+
+def _public_fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
+
+
+def _coerce(tp: Any, value: Any, dotted: str, origins: dict, default_source: str) -> Any:
+    def fail(allowed: str | None = None) -> ConfigError:
+        return ConfigError(_source_of(origins, dotted, default_source), dotted, value, allowed or f"expected {_describe(tp)}")
+
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(args[0], value, dotted, origins, default_source)
+    if value is None:
+        raise fail(f"a value is required: expected {_describe(tp)}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise fail()
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
+            mantissa, _, exponent = value.strip().replace("_", "").lower().partition("e")
+            return int(mantissa) * 10 ** int(exponent or 0)
+        raise fail()
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            return float(value.strip().replace("_", ""))
+        raise fail()
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        raise fail()
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value in allowed and type(value) in {type(a) for a in allowed}:
+            return value
+        raise fail()
+    if origin is list:
+        if not isinstance(value, list):
+            raise fail()
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(item_tp, item, f"{dotted}[{i}]", origins, default_source) for i, item in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise fail()
+        return build(tp, value, dotted, origins, default_source)
+    raise TypeError(f"unsupported config type {tp!r} at {dotted}")
+
+
+def build(cls: type, data: dict, prefix: str, origins: dict, default_source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    valid = _public_fields(cls)
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in valid:
+            raise ConfigError(_source_of(origins, dotted, default_source), dotted, value,
+                              f"unknown key; valid keys{' of ' + prefix if prefix else ''}: {', '.join(valid)}")
+        kwargs[key] = _coerce(hints[key], value, dotted, origins, default_source)
+    for f in dataclasses.fields(cls):
+        if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            dotted = f"{prefix}.{f.name}" if prefix else f.name
+            raise ConfigError(default_source, dotted, None, f"required: {f.metadata.get('doc', '')} ({_describe(hints[f.name])})")
+    return cls(**kwargs)
