@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Installs (Debian packages) and starts a real single-node Slurm as root: munged, slurmctld, slurmd,
+# with config, state, spool and logs under $BSOPS_SLURM_DIR (default /tmp/bsops-slurm).
+# Idempotent: when the cluster already answers, it only prints the environment to use.
+# Usage: bash scripts/slurm-up.sh    then: export SLURM_CONF=$BSOPS_SLURM_DIR/etc/slurm.conf
+# Settings are the ones known to work without systemd or cgroups (see the project's FACTS notes).
+set -euo pipefail
+
+dir=${BSOPS_SLURM_DIR:-/tmp/bsops-slurm}
+cpus=${BSOPS_SLURM_CPUS:-8}
+partition=${BSOPS_SLURM_PARTITION:-bsops}
+conf=$dir/etc/slurm.conf
+export SLURM_CONF=$conf
+
+say() { echo "slurm-up: $*" >&2; }
+die() { echo "slurm-up: error: $*" >&2; exit 1; }
+
+print_env() {
+    echo "export SLURM_CONF=$conf"
+}
+
+cluster_state() {
+    # One line per node state; empty when the controller does not answer.
+    timeout 10 sinfo -h -o %T 2>/dev/null | sort -u | tr '\n' ' ' || true
+}
+
+alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# Already up: our three daemons are alive and the node is usable. (Checking the pid files first
+# avoids sinfo's retries against a controller that is not there.)
+if [[ -f $conf ]] && command -v sinfo >/dev/null && alive "$dir/run/munged.pid" \
+    && alive "$dir/run/slurmctld.pid" && alive "$dir/run/slurmd.pid" \
+    && [[ $(cluster_state) =~ (idle|mixed|allocated) ]]; then
+    print_env
+    exit 0
+fi
+
+[[ $(id -u) == 0 ]] || die "must run as root to install packages and start munged/slurmctld/slurmd (uid is $(id -u))"
+
+# --- install -----------------------------------------------------------------------------------
+packages=(munge slurmctld slurmd slurm-client)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    say "installing ${missing[*]}"
+    # A policy-rc.d that exits 101 keeps the packages from starting daemons with stock configs.
+    policy=/usr/sbin/policy-rc.d
+    saved_policy=""
+    if [[ -e $policy ]]; then saved_policy=$(mktemp); cp -p "$policy" "$saved_policy"; fi
+    restore_policy() {
+        if [[ -n $saved_policy ]]; then mv -f "$saved_policy" "$policy"; else rm -f "$policy"; fi
+    }
+    trap restore_policy EXIT
+    printf '#!/bin/sh\nexit 101\n' > "$policy"
+    chmod 755 "$policy"
+    export DEBIAN_FRONTEND=noninteractive
+    mkdir -p "$dir/log"
+    aptlog=$dir/log/apt.log
+    if ! apt-get install -y -q --no-install-recommends "${missing[@]}" >"$aptlog" 2>&1; then
+        say "apt-get install failed; refreshing package lists and retrying"
+        apt-get update -q >>"$aptlog" 2>&1 || true
+        apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$aptlog" 2>&1 \
+            || die "apt-get install ${missing[*]} failed; see $aptlog"
+    fi
+    restore_policy
+    trap - EXIT
+fi
+
+# --- configure ---------------------------------------------------------------------------------
+# Stop whatever a previous, half-started run left behind (only our own pid files).
+for pidfile in "$dir"/run/slurmd.pid "$dir"/run/slurmctld.pid "$dir"/run/munged.pid; do
+    if [[ -f $pidfile ]]; then
+        pid=$(cat "$pidfile")
+        kill "$pid" 2>/dev/null || true
+    fi
+done
+sleep 0.2
+
+mkdir -p "$dir"/{etc,state,spool,log,run,munge}
+chmod 700 "$dir/munge"
+host=$(hostname -s)
+key=$dir/munge/munge.key
+if [[ ! -s $key ]]; then
+    head -c 1024 /dev/urandom > "$key"
+fi
+chmod 400 "$key"
+socket=$dir/munge/munge.socket
+
+cat > "$conf" <<EOF
+# Single-node Slurm for bigscience-ops tests; written by scripts/slurm-up.sh.
+ClusterName=bsops
+SlurmctldHost=$host(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$socket
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/slurmd-%n
+SlurmctldPidFile=$dir/run/slurmctld.pid
+SlurmdPidFile=$dir/run/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$dir/log/jobcomp.txt
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=2
+SlurmdParameters=config_overrides
+ScronParameters=enable
+ReturnToService=2
+MinJobAge=300
+KillWait=5
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+PartitionName=$partition Nodes=$host Default=YES MaxTime=INFINITE State=UP
+# A partition that is always down: jobs sent there pend with reason PartitionDown.
+PartitionName=$partition-down Nodes=$host Default=NO MaxTime=INFINITE State=DOWN
+EOF
+
+# --- start -------------------------------------------------------------------------------------
+started=$(date +%s%N)
+munged --key-file="$key" --socket="$socket" --pid-file="$dir/run/munged.pid" \
+    --log-file="$dir/log/munged.log" --seed-file="$dir/munge/munge.seed" --force \
+    || die "munged did not start; see $dir/log/munged.log"
+slurmctld -f "$conf" || die "slurmctld did not start; see $dir/log/slurmctld.log"
+slurmd -f "$conf" || die "slurmd did not start; see $dir/log/slurmd.log"
+
+for _ in $(seq 1 120); do
+    state=$(cluster_state)
+    if [[ $state =~ (idle|mixed|allocated) ]]; then
+        say "up in $(( ($(date +%s%N) - started) / 1000000 )) ms (node state: ${state% })"
+        print_env
+        exit 0
+    fi
+    # A node that was down in saved state is brought back explicitly.
+    if [[ $state =~ (down|drain) ]]; then
+        scontrol update NodeName="$host" State=RESUME >/dev/null 2>&1 || true
+    fi
+    sleep 0.25
+done
+die "the node did not become idle within 30 s (sinfo says '${state:-nothing}'); see $dir/log/slurmctld.log and $dir/log/slurmd.log"
