@@ -117,6 +117,56 @@ def plan(exp: str, as_json: bool, nodes: int | None, trainings_dir: Path | None)
         sys.exit(EXIT_PROBLEMS)
 
 
+@main.group(hidden=True)
+def task() -> None:
+    """Hooks the job script runs around each array task: the failure budget."""
+
+
+def _resolved(path: Path):
+    from bigscience_ops.config import from_dict
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise click.BadParameter(f"{path}: not JSON ({exc}); expected the experiment.json bsops render writes")
+    return from_dict(data, str(path))
+
+
+experiment_json_option = click.option(
+    "--experiment", "experiment_json", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The run's experiment.json, as rendered.")
+
+
+@task.command("begin")
+@experiment_json_option
+def task_begin(experiment_json: Path) -> None:
+    """Record a task start; exit 1 without training when the failure budget is spent."""
+    from bigscience_ops import ledger
+
+    exp = _resolved(experiment_json)
+    failing = ledger.begin(Path(exp.paths.output), Path(exp.paths.checkpoints), exp.slurm.failure_budget)
+    if failing is not None:
+        nodes = ", ".join(sorted({a.nodes for a in failing if a.nodes})) or "unknown"
+        click.echo(f"***ALERT: {exp.slurm.job_name}: the last {len(failing)} array tasks made no progress "
+                   f"(iteration {failing[-1].start_iteration}; nodes {nodes}); not training. "
+                   f"Check the nodes, add bad ones to slurm.exclude, then relaunch***")
+        sys.exit(EXIT_PROBLEMS)
+    click.echo(f"task {ledger.slurm_job_id()} begins at iteration {ledger.latest_iteration(Path(exp.paths.checkpoints))}")
+
+
+@task.command("end")
+@experiment_json_option
+@click.option("--exit-code", type=int, required=True, help="The training's exit code.")
+def task_end(experiment_json: Path, exit_code: int) -> None:
+    """Record a task end and whether it made progress."""
+    from bigscience_ops import ledger
+
+    exp = _resolved(experiment_json)
+    attempt = ledger.end(Path(exp.paths.output), Path(exp.paths.checkpoints), exit_code)
+    verdict = "made progress" if attempt.progressed else "made NO progress"
+    click.echo(f"task {attempt.job_id} ended with exit code {exit_code} at iteration {attempt.end_iteration}: {verdict}")
+
+
 @main.command()
 @click.argument("exp")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,

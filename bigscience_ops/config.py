@@ -159,6 +159,7 @@ class SlurmConfig:
     exclude: list[str] = documented(factory=list, doc="nodes to keep the job off (--exclude)")
     env_setup: list[str] = documented(factory=list, doc="shell lines run before training (trusted shell code)")
     master_port: int = documented(6000, "rendezvous port on the first node")
+    failure_budget: int = documented(3, "array tasks in a row without progress before the next one stops; 0: never")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -96,6 +97,20 @@ SHIMS = {
 }
 
 
+def install_shims(tmp_path: Path, torchrun_exit: int = 0) -> dict[str, str]:
+    """Shims for srun/scontrol/torchrun on PATH, with bsops of this interpreter; returns the env."""
+    shims = tmp_path / "shims"
+    shims.mkdir(exist_ok=True)
+    for name, body in SHIMS.items():
+        if name == "torchrun":
+            body += f"exit {torchrun_exit}\n"
+        (shims / name).write_text("#!/bin/bash\n" + body)
+        (shims / name).chmod(0o755)
+    path = f"{shims}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+    return {**os.environ, "PATH": path, "SHIM_LOG": str(tmp_path / "argv.jsonl"),
+            "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1"}
+
+
 def test_hostile_values_pass_through_unchanged(tmp_path: Path, repo_root: Path) -> None:
     trainings = tmp_path / "trainings"
     shutil.copytree(repo_root / "trainings", trainings)
@@ -110,14 +125,8 @@ def test_hostile_values_pass_through_unchanged(tmp_path: Path, repo_root: Path) 
     script = rendering.write(rendering.render(exp, out), out)
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True, timeout=30).returncode == 0
 
-    shims = tmp_path / "shims"
-    shims.mkdir()
-    for name, body in SHIMS.items():
-        (shims / name).write_text("#!/bin/bash\n" + body)
-        (shims / name).chmod(0o755)
+    env = install_shims(tmp_path)
     log = tmp_path / "argv.jsonl"
-    env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "SHIM_LOG": str(log),
-           "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1"}
     run = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     argv = json.loads(log.read_text())

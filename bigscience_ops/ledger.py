@@ -1,0 +1,145 @@
+"""The task ledger: one line per array task start and end, and the failure budget it enforces.
+
+A bad node crashes a training again and again when Slurm keeps handing it to the next array
+task, burning the whole array in minutes. Each task records where it ran and the checkpoint
+iteration it started and ended at; when the last `budget` finished tasks made no progress, the
+next task stops at once and the nodes involved are reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bigscience_ops.errors import BsopsError
+
+LEDGER_NAME = "task-ledger.jsonl"
+
+
+class LedgerError(BsopsError):
+    """The ledger or the checkpoint folder cannot be read."""
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    event: str  # "launch" (resets the budget), "begin" or "end"
+    job_id: str
+    nodes: str
+    iteration: int  # the latest checkpoint's iteration at that moment
+    time: float
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One array task, begin and end joined."""
+
+    job_id: str
+    nodes: str
+    start_iteration: int
+    end_iteration: int | None
+    exit_code: int | None
+
+    @property
+    def progressed(self) -> bool:
+        return self.end_iteration is not None and self.end_iteration > self.start_iteration
+
+
+def latest_iteration(checkpoints: Path) -> int:
+    """The iteration of `checkpoints/latest` (DeepSpeed writes `global_stepN`); 0 before the first save."""
+    latest = Path(checkpoints) / "latest"
+    if not latest.exists():
+        return 0
+    text = latest.read_text().strip()
+    match = re.fullmatch(r"global_step(\d+)", text)
+    if not match:
+        raise LedgerError(f"{latest}: got {text!r}; expected 'global_stepN' as DeepSpeed writes it")
+    return int(match.group(1))
+
+
+def append(ledger: Path, record: TaskRecord) -> None:
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(asdict(record)) + "\n"
+    with open(ledger, "a", encoding="utf-8") as handle:  # one short append: atomic on POSIX
+        handle.write(line)
+
+
+def read(ledger: Path) -> list[TaskRecord]:
+    if not ledger.exists():
+        return []
+    records = []
+    for number, line in enumerate(ledger.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(TaskRecord(**json.loads(line)))
+        except (ValueError, TypeError) as exc:
+            raise LedgerError(f"{ledger}:{number}: unreadable record {line!r}: {exc}") from None
+    return records
+
+
+def attempts(records: list[TaskRecord]) -> list[Attempt]:
+    """Begin/end pairs since the last launch, in order; a begin with no end (killed) made no progress."""
+    launches = [i for i, rec in enumerate(records) if rec.event == "launch"]
+    records = records[launches[-1] + 1:] if launches else records
+    out: list[Attempt] = []
+    open_begin: dict[str, TaskRecord] = {}
+    order: list[str] = []
+    ends: dict[str, TaskRecord] = {}
+    for rec in records:
+        if rec.event == "begin":
+            open_begin[rec.job_id] = rec
+            order.append(rec.job_id)
+        elif rec.event == "end":
+            ends[rec.job_id] = rec
+    for job_id in order:
+        begin, end = open_begin[job_id], ends.get(job_id)
+        out.append(Attempt(job_id, begin.nodes, begin.iteration, end.iteration if end else None,
+                           end.exit_code if end else None))
+    return out
+
+
+def exhausted(history: list[Attempt], budget: int) -> list[Attempt] | None:
+    """The last `budget` attempts if none of them progressed, else None. budget 0 disables the check."""
+    if budget <= 0 or len(history) < budget:
+        return None
+    recent = history[-budget:]
+    return None if any(a.progressed for a in recent) else recent
+
+
+def slurm_job_id(env: dict[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')}"
+    return env.get("SLURM_JOB_ID", f"local-{os.getpid()}")
+
+
+def begin(output: Path, checkpoints: Path, budget: int, env: dict[str, str] | None = None) -> list[Attempt] | None:
+    """Record a task start; returns the failing attempts when the budget is spent (do not train)."""
+    env = os.environ if env is None else env
+    ledger = Path(output) / LEDGER_NAME
+    failing = exhausted(attempts(read(ledger)), budget)
+    if failing is not None:
+        return failing
+    append(ledger, TaskRecord("begin", slurm_job_id(env), env.get("SLURM_JOB_NODELIST", ""),
+                              latest_iteration(checkpoints), time.time()))
+    return None
+
+
+def end(output: Path, checkpoints: Path, exit_code: int, env: dict[str, str] | None = None) -> Attempt:
+    """Record a task end; returns the joined attempt."""
+    env = os.environ if env is None else env
+    ledger = Path(output) / LEDGER_NAME
+    append(ledger, TaskRecord("end", slurm_job_id(env), env.get("SLURM_JOB_NODELIST", ""),
+                              latest_iteration(checkpoints), time.time(), exit_code))
+    job_id = slurm_job_id(env)
+    return next(a for a in reversed(attempts(read(ledger))) if a.job_id == job_id)
+
+
+def mark_launch(output: Path, job_id: str) -> None:
+    """A new launch starts a fresh budget: the on-call person has dealt with the failures."""
+    append(Path(output) / LEDGER_NAME, TaskRecord("launch", job_id, "", 0, time.time()))

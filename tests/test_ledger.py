@@ -1,0 +1,71 @@
+"""The failure budget: a crash loop stops after K tasks without progress, and a launch resets it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import ledger, render as rendering
+from bigscience_ops.config import load_experiment
+from bigscience_ops.errors import BsopsError
+from tests.test_render import install_shims
+
+
+def env_for(job: str, nodes: str) -> dict[str, str]:
+    return {"SLURM_ARRAY_JOB_ID": job, "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_NODELIST": nodes}
+
+
+def save(checkpoints: Path, step: int) -> None:
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    (checkpoints / "latest").write_text(f"global_step{step}")
+
+
+def test_budget_counts_only_tasks_without_progress(tmp_path: Path) -> None:
+    ck = tmp_path / "checkpoints"
+    assert ledger.begin(tmp_path, ck, 2, env_for("10", "n1")) is None
+    save(ck, 100)
+    assert ledger.end(tmp_path, ck, 0, env_for("10", "n1")).progressed
+    for job in ("11", "12"):
+        assert ledger.begin(tmp_path, ck, 2, env_for(job, f"n{job}")) is None
+        assert not ledger.end(tmp_path, ck, 1, env_for(job, f"n{job}")).progressed
+    failing = ledger.begin(tmp_path, ck, 2, env_for("13", "n13"))
+    assert [a.nodes for a in failing] == ["n11", "n12"]
+    assert [a.start_iteration for a in failing] == [100, 100]
+    ledger.mark_launch(tmp_path, "99")
+    assert ledger.begin(tmp_path, ck, 2, env_for("14", "n14")) is None
+
+
+def test_a_killed_task_counts_as_no_progress(tmp_path: Path) -> None:
+    ck = tmp_path / "checkpoints"
+    ledger.begin(tmp_path, ck, 1, env_for("1", "n1"))  # never ends: killed
+    assert ledger.begin(tmp_path, ck, 1, env_for("2", "n2")) is not None
+    assert ledger.begin(tmp_path, ck, 0, env_for("2", "n2")) is None  # 0 disables
+
+
+def test_unreadable_latest_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "latest").write_text("step12")
+    with pytest.raises(BsopsError, match="global_stepN"):
+        ledger.latest_iteration(tmp_path)
+
+
+def test_job_script_stops_a_crash_loop(tmp_path: Path, repo_root: Path) -> None:
+    trainings = tmp_path / "trainings"
+    shutil.copytree(repo_root / "trainings", trainings)
+    (trainings / "loop.yaml").write_text(f"base: tiny\nslurm: {{failure_budget: 2}}\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
+    exp = load_experiment("loop", trainings)
+    script = rendering.write(rendering.render(exp, tmp_path / "r"), tmp_path / "r")
+    env = install_shims(tmp_path, torchrun_exit=1)  # the trainer crashes at once, saving nothing
+    codes = []
+    for task in range(3):
+        env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"] = "500", str(task + 1)
+        codes.append(subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60).returncode)
+    assert codes == [1, 1, 1]
+    launches = (tmp_path / "argv.jsonl").read_text().splitlines()
+    assert len(launches) == 2, "the third task must not start the trainer"
+    log = (tmp_path / "run" / "logs" / "main_log.txt").read_text()
+    assert "***ALERT: loop: the last 2 array tasks made no progress" in log
+    assert "node-[a-b]" in log
