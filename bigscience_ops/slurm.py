@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import re
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
 from bigscience_ops.errors import BsopsError
 
@@ -34,3 +42,354 @@ def parse_time_limit(text: str) -> int:
     if total <= 0:
         raise ValueError(f"time limit {text!r} must be at least one minute")
     return total
+
+
+# --- running commands ----------------------------------------------------------------------------
+
+DEFAULT_TIMEOUT_S = 60.0
+"""Slurm clients retry an absent controller for about a minute; a hung one must not hang a cron job."""
+
+
+class SlurmCommandError(SlurmError):
+    """A Slurm command exited non-zero, timed out, or could not be started: carries argv, code, stderr."""
+
+    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str, problem: str) -> None:
+        self.argv, self.returncode, self.stderr = list(argv), returncode, stderr
+        # Unprintable characters (the squeue delimiter) are shown escaped, the rest shell-quoted.
+        command = " ".join(shlex.quote(a) if a.isprintable() else repr(a) for a in self.argv)
+        detail = stderr.strip() or "(no output on stderr)"
+        super().__init__(f"`{command}` {problem}: {detail}")
+
+
+def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm command; the only place in bsops that does. Raises SlurmCommandError on failure."""
+    argv = [str(a) for a in argv]
+    if not argv or argv[0] not in _COMMANDS:
+        raise ValueError(f"slurm.run runs only {', '.join(sorted(_COMMANDS))}; got argv {argv!r}")
+    if timeout is None or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=dict(env) if env is not None else None, check=False)
+    except FileNotFoundError as exc:
+        raise SlurmCommandError(argv, None, str(exc),
+                                f"could not start: {argv[0]} is not on PATH (install the Slurm client "
+                                f"or run scripts/slurm-up.sh)") from exc
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        raise SlurmCommandError(argv, None, stderr,
+                                f"did not answer within {timeout:g} s (is slurmctld reachable?)") from exc
+    if proc.returncode != 0:
+        raise SlurmCommandError(argv, proc.returncode, proc.stderr, f"exited with code {proc.returncode}")
+    return proc
+
+
+_COMMANDS = frozenset({"sbatch", "squeue", "scontrol", "scancel", "sinfo", "sacct", "srun"})
+
+
+# --- argv builders -------------------------------------------------------------------------------
+
+SQUEUE_DELIMITER = "\x1f"
+"""ASCII unit separator: no job name, partition or node list contains it, unlike spaces or '|'."""
+
+# (field, squeue --format code). The name is last so that even a name containing the delimiter parses.
+SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("job_id", "%i"),         # 711114_4, 682842_[1-5%1], 712
+    ("array_job_id", "%F"),   # 711114 (the job's own id when not an array)
+    ("array_task", "%K"),     # 4, [1-5%1] shown as 1-5%1, N/A
+    ("own_id", "%A"),         # the numeric id of this very record
+    ("user", "%u"),
+    ("state", "%T"),          # RUNNING, PENDING, COMPLETING, ...
+    ("reason", "%r"),         # None, Dependency, BeginTime, JobArrayTaskLimit, ...
+    ("partition", "%P"),
+    ("num_nodes", "%D"),
+    ("nodes", "%N"),          # r7i4n[1-7],r8i0n0 ; empty while pending
+    ("elapsed", "%M"),        # 18:15:59, 1-02:03:04
+    ("time_limit", "%l"),     # 20:00:00, UNLIMITED
+    ("start_time", "%S"),     # actual start, or the expected start of a pending job, or N/A
+    ("submit_time", "%V"),
+    ("dependency", "%E"),     # afterany:1_*(unfulfilled), (null)
+    ("name", "%j"),
+)
+SQUEUE_FORMAT = SQUEUE_DELIMITER.join(code for _, code in SQUEUE_FIELDS)
+
+
+def squeue_argv(*, users: Sequence[str] = (), name: str | None = None,
+                job_ids: Sequence[str] = ()) -> list[str]:
+    """One squeue query, delimited and headerless, so long names are never cut to a column width."""
+    argv = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}"]
+    if users:
+        argv.append("--user=" + ",".join(_checked_list("users", users)))
+    if name is not None:
+        argv.append("--name=" + _checked_item("name", name))
+    if job_ids:
+        argv.append("--jobs=" + ",".join(_checked_list("job_ids", job_ids)))
+    return argv
+
+
+def sbatch_argv(script: str | os.PathLike[str], *, job_name: str | None = None,
+                array_tasks: int | None = None, after_any: Sequence[str] = (),
+                after_ok: Sequence[str] = (), begin: str | None = None,
+                partition: str | None = None, time_limit: str | None = None,
+                exclude: Sequence[str] = (), hold: bool = False, test_only: bool = False,
+                extra: Sequence[str] = (), script_args: Sequence[str] = ()) -> list[str]:
+    """sbatch argv: `--array=1-N%1` (one task at a time), dependencies on whole jobs, --parsable.
+
+    `after_any`/`after_ok` take job ids; an array task id such as 711114_4 is refused, because a
+    dependency on one task lets the rest of the old array overlap the new one: pass 711114.
+    """
+    argv = ["sbatch"] if test_only else ["sbatch", "--parsable"]
+    if test_only:
+        argv.append("--test-only")
+    if job_name is not None:
+        argv.append("--job-name=" + _checked_item("job_name", job_name))
+    if array_tasks is not None:
+        if isinstance(array_tasks, bool) or not isinstance(array_tasks, int) or array_tasks < 1:
+            raise ValueError(f"array_tasks must be a whole number >= 1; got {array_tasks!r}")
+        argv.append(f"--array=1-{array_tasks}%1")
+    deps = [f"afterany:{':'.join(_whole_job_ids('after_any', after_any))}"] if after_any else []
+    deps += [f"afterok:{':'.join(_whole_job_ids('after_ok', after_ok))}"] if after_ok else []
+    if deps:
+        argv.append("--dependency=" + ",".join(deps))
+    if begin is not None:
+        argv.append("--begin=" + _checked_item("begin", begin))
+    if partition is not None:
+        argv.append("--partition=" + _checked_item("partition", partition))
+    if time_limit is not None:
+        parse_time_limit(time_limit)
+        argv.append(f"--time={time_limit}")
+    if exclude:
+        argv.append("--exclude=" + ",".join(_checked_list("exclude", exclude)))
+    if hold:
+        argv.append("--hold")
+    argv += [str(a) for a in extra]
+    argv.append(os.fspath(script))
+    argv += [str(a) for a in script_args]
+    return argv
+
+
+def scontrol_show_job_argv(job_id: str) -> list[str]:
+    """`scontrol --oneliner show job ID`: one line of Key=Value per job (per task for arrays)."""
+    return ["scontrol", "--oneliner", "show", "job", _checked_item("job_id", job_id)]
+
+
+def scancel_argv(job_ids: Sequence[str], *, signal: str | None = None, batch_only: bool = False) -> list[str]:
+    """scancel argv; with `signal` it only signals (e.g. USR1 to the batch shell with batch_only)."""
+    if not job_ids:
+        raise ValueError("scancel needs at least one job id; got none")
+    argv = ["scancel"]
+    if signal is not None:
+        argv.append("--signal=" + _checked_item("signal", signal))
+    if batch_only:
+        argv.append("--batch")
+    return argv + _checked_list("job_ids", job_ids)
+
+
+def _checked_item(what: str, value: str) -> str:
+    text = str(value)
+    if not text or "\n" in text or "," in text and what not in ("begin",):
+        raise ValueError(f"{what} must be a non-empty single value without ',' or newlines; got {value!r}")
+    return text
+
+
+def _checked_list(what: str, values: Sequence[str]) -> list[str]:
+    if isinstance(values, str):
+        raise ValueError(f"{what} must be a list of values, not the string {values!r}")
+    return [_checked_item(what, v) for v in values]
+
+
+def _whole_job_ids(what: str, ids: Sequence[str]) -> list[str]:
+    out = []
+    for job_id in _checked_list(what, ids):
+        if not re.fullmatch(r"\d+", job_id):
+            whole = job_id.split("_", 1)[0]
+            raise ValueError(
+                f"{what}: {job_id!r} is not a whole job id; a dependency on one array task lets the rest "
+                f"of that array overlap the new job. Use the array's id (e.g. {whole!r}).")
+        out.append(job_id)
+    return out
+
+
+# --- parsers of real output ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    """One line of squeue: a job, an array task, or the pending rest of an array (`682842_[2-5%1]`)."""
+
+    job_id: str
+    """The id as Slurm prints it: 712, 711114_4, 682842_[2-5%1]."""
+    array_job_id: str
+    """The whole array's id (a plain job's own id): what a dependency must name."""
+    array_task: str | None
+    """The task index or pending range (`4`, `2-5%1`); None for a plain job."""
+    name: str
+    user: str
+    state: str
+    reason: str
+    """Why it is pending (`Dependency`, `BeginTime`, ...); `None` when running."""
+    partition: str
+    num_nodes: int
+    nodes: str
+    """Node list in Slurm's compressed form (`r7i4n[1-7],r8i0n0`); empty while pending."""
+    elapsed_s: int
+    time_limit_min: int | None
+    """None when UNLIMITED."""
+    start_time: datetime | None
+    """Start of a running job; the scheduler's expected start of a pending one; None if unknown."""
+    submit_time: datetime | None
+    dependency: str | None
+    """Remaining dependency as squeue prints it (`afterany:682842_*(unfulfilled)`), None if none."""
+
+    @property
+    def is_array(self) -> bool:
+        return self.array_task is not None
+
+
+def parse_squeue(text: str) -> list[Job]:
+    """Parse the output of `squeue_argv()`; raises SlurmError quoting a line that does not fit."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split(SQUEUE_DELIMITER, len(SQUEUE_FIELDS) - 1)
+        if len(parts) != len(SQUEUE_FIELDS):
+            raise SlurmError(f"squeue line has {len(parts)} fields, expected {len(SQUEUE_FIELDS)} "
+                             f"separated by {SQUEUE_DELIMITER!r}: {line!r}")
+        f = dict(zip((name for name, _ in SQUEUE_FIELDS), parts))
+        try:
+            jobs.append(Job(
+                job_id=f["job_id"], array_job_id=f["array_job_id"],
+                array_task=None if f["array_task"] in ("N/A", "") else f["array_task"],
+                name=f["name"], user=f["user"], state=f["state"], reason=f["reason"],
+                partition=f["partition"], num_nodes=int(f["num_nodes"]), nodes=f["nodes"],
+                elapsed_s=parse_duration(f["elapsed"]),
+                time_limit_min=None if f["time_limit"] in ("UNLIMITED", "INFINITE", "NOT_SET")
+                else parse_time_limit(f["time_limit"]),
+                start_time=parse_timestamp(f["start_time"]), submit_time=parse_timestamp(f["submit_time"]),
+                dependency=None if f["dependency"] in ("(null)", "") else f["dependency"],
+            ))
+        except ValueError as exc:
+            raise SlurmError(f"squeue line does not parse ({exc}): {line!r}") from exc
+    return jobs
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in a squeue/scontrol duration: `0:05`, `18:15:59`, `1-02:03:04`."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if not match:
+        raise ValueError(f"duration {text!r} is not [D-][HH:]MM:SS")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Slurm's way of writing a duration: `18:15:59`, `1-02:03:04` (negative values clamp to 0)."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}" if days else clock
+
+
+def parse_timestamp(text: str) -> datetime | None:
+    """A Slurm local time `2021-08-16T03:52:02`; None for N/A, Unknown, None."""
+    value = text.strip()
+    if value in ("N/A", "Unknown", "None", "(null)", ""):
+        return None
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S")
+
+
+def parse_sbatch_parsable(stdout: str) -> str:
+    """The job id from `sbatch --parsable` (`712` or `712;cluster`)."""
+    first = stdout.strip().splitlines()[0] if stdout.strip() else ""
+    job_id = first.split(";", 1)[0]
+    if not re.fullmatch(r"\d+", job_id):
+        raise SlurmError(f"sbatch --parsable answered {stdout!r}; expected a job id such as '712'")
+    return job_id
+
+
+@dataclass(frozen=True)
+class TestOnlyAnswer:
+    """What `sbatch --test-only` predicts."""
+
+    job_id: str
+    start_time: datetime
+    processors: int
+    nodes: str
+    partition: str
+
+
+def parse_sbatch_test_only(stderr: str) -> TestOnlyAnswer:
+    """Parse `sbatch: Job 6 to start at 2026-11-22T03:46:42 using 1 processors on nodes vm in partition p`."""
+    match = re.search(r"Job (\d+) to start at (\S+) using (\d+) processors on nodes (\S+) in partition (\S+)",
+                      stderr)
+    if not match:
+        raise SlurmError(f"sbatch --test-only answered {stderr.strip()!r}; expected "
+                         f"'Job N to start at T using P processors on nodes L in partition P'")
+    job_id, start, procs, nodes, partition = match.groups()
+    when = parse_timestamp(start)
+    if when is None:
+        raise SlurmError(f"sbatch --test-only gave no start time: {stderr.strip()!r}")
+    return TestOnlyAnswer(job_id, when, int(procs), nodes, partition)
+
+
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][\w/:]*)=")
+
+
+def parse_scontrol_show_job(text: str) -> list[dict[str, str]]:
+    """`scontrol --oneliner show job` output -> one dict per job line (values may contain spaces)."""
+    records = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        keys = list(_KEY.finditer(line))
+        if not keys or keys[0].group(1) != "JobId":
+            raise SlurmError(f"scontrol show job line does not start with JobId=: {line[:200]!r}")
+        record = {}
+        for i, match in enumerate(keys):
+            end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
+            record[match.group(1)] = line[match.end():end].strip()
+        records.append(record)
+    return records
+
+
+# --- queries -------------------------------------------------------------------------------------
+
+def group_users(group: str) -> list[str]:
+    """Users of a Unix group (its members and those whose primary group it is), for squeue --user."""
+    try:
+        entry = grp.getgrnam(group)
+    except KeyError:
+        raise SlurmError(f"group {group!r} does not exist on this machine (getent group {group}); "
+                         f"set the experiment's slurm group to an existing group") from None
+    users = set(entry.gr_mem) | {p.pw_name for p in pwd.getpwall() if p.pw_gid == entry.gr_gid}
+    return sorted(users)
+
+
+def query_jobs(*, users: Sequence[str] = (), name: str | None = None,
+               timeout: float = DEFAULT_TIMEOUT_S) -> list[Job]:
+    """One squeue call for these users' jobs (all users when empty), parsed without truncation."""
+    argv = squeue_argv(users=users, name=name)
+    proc = run(argv, timeout=timeout)
+    if "error" in proc.stderr.lower():
+        # squeue exits 0 on e.g. an unknown --user; an empty answer would then read as "no job".
+        raise SlurmCommandError(argv, proc.returncode, proc.stderr, "reported an error")
+    return parse_squeue(proc.stdout)
+
+
+def submit(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S) -> str:
+    """Run an sbatch argv from `sbatch_argv()` and return the new job id."""
+    if "--parsable" not in argv:
+        raise ValueError(f"submit() needs an sbatch argv with --parsable; got {list(argv)!r}")
+    return parse_sbatch_parsable(run(argv, timeout=timeout).stdout)
+
+
+def show_job(job_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> list[dict[str, str]]:
+    """`scontrol show job` as dicts (one per array task); raises SlurmCommandError for unknown ids."""
+    return parse_scontrol_show_job(run(scontrol_show_job_argv(job_id), timeout=timeout).stdout)
+
+
+def cancel(job_ids: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    run(scancel_argv(job_ids), timeout=timeout)
