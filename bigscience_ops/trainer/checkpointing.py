@@ -1,0 +1,138 @@
+"""Checkpoint decisions and records: when to save, what to resume from, whether it fits this model.
+
+DeepSpeed writes the weights and optimizer states in its layout (`global_stepN/`, `latest`). Next
+to them each checkpoint holds `bsops.json` (iteration, consumed samples and tokens, the LR
+schedule, the model shape, TP/PP/DP, the resolved config) and `rng_state_<rank>.pt`, written
+before DeepSpeed updates `latest`: `latest` only ever names a complete checkpoint.
+
+This module is pure Python apart from the RNG helpers, so decisions are unit-testable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigscience_ops.errors import BsopsError
+
+META = "bsops.json"
+TAG = re.compile(r"global_step(\d+)")
+
+
+class CheckpointError(BsopsError):
+    """A checkpoint folder cannot be resumed from: names the folder, what is wrong, and what to do."""
+
+
+def save_due(step: int, save_schedule: list, save_interval: int | None) -> bool:
+    """Whether step `step` (1-based) is saved by the schedule.
+
+    Each range of `save_schedule` covers the steps after the previous range's `until` up to its own
+    `until`, and saves at previous_until + k * interval (seed 003's 10 to 100, then 18 to 1000 lands
+    on 1000). After the last range `save_interval` applies the same way, counted from that range's
+    end; with no ranges it is Megatron's `step % save_interval == 0`.
+    """
+    start = 0
+    for rng in save_schedule:
+        if step <= rng.until:
+            return (step - start) % rng.interval == 0
+        start = rng.until
+    return save_interval is not None and (step - start) % save_interval == 0
+
+
+def scheduled_saves(last_step: int, save_schedule: list, save_interval: int | None) -> list[int]:
+    """Every step the schedule saves, up to `last_step`, plus `last_step` itself (the final save)."""
+    steps = [s for s in range(1, last_step + 1) if save_due(s, save_schedule, save_interval)]
+    return steps if steps and steps[-1] == last_step else steps + [last_step]
+
+
+@dataclass(frozen=True)
+class Resume:
+    tag: str
+    path: Path
+    meta: dict
+
+
+def find_resume(checkpoints: Path) -> Resume | None:
+    """The checkpoint `latest` names, or None for a folder that holds no checkpoint yet."""
+    checkpoints = Path(checkpoints)
+    if not checkpoints.is_dir():
+        return None
+    tags = sorted(p.name for p in checkpoints.iterdir() if TAG.fullmatch(p.name))
+    latest = checkpoints / "latest"
+    if not latest.exists():
+        if tags:
+            raise CheckpointError(
+                f"{checkpoints}: holds {', '.join(tags[-3:])} but no 'latest' file; refusing to start from scratch. "
+                f"Write the tag to resume from into {latest} (e.g. {tags[-1]}), or move the folder away to start over")
+        return None
+    tag = latest.read_text(encoding="utf-8").strip()
+    path = checkpoints / tag
+    if not TAG.fullmatch(tag) or not path.is_dir():
+        raise CheckpointError(f"{latest}: names {tag!r}, which is not a checkpoint folder in {checkpoints}; "
+                              f"available: {', '.join(tags) or 'none'}")
+    meta_file = path / META
+    if not meta_file.is_file():
+        raise CheckpointError(f"{path}: no {META}: not written by bsops' trainer, or the save did not finish; "
+                              f"point {latest} at a complete checkpoint")
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{meta_file}: unreadable ({exc}); point {latest} at a complete checkpoint") from None
+    return Resume(tag, path, meta)
+
+
+def check_compatible(resume: Resume, shape: dict, tensor: int, pipeline: int) -> None:
+    """Refuse a checkpoint written with another model shape or model-parallel layout."""
+    saved_shape = resume.meta.get("model", {})
+    diffs = [f"model.{k}: checkpoint {saved_shape.get(k)!r}, config {v!r}" for k, v in shape.items()
+             if saved_shape.get(k) != v and k not in ("hidden_dropout", "attention_dropout")]
+    parallel = resume.meta.get("parallel", {})
+    for key, value in (("tensor", tensor), ("pipeline", pipeline)):
+        if parallel.get(key) != value:
+            diffs.append(f"parallel.{key}: checkpoint {parallel.get(key)!r}, config {value!r}")
+    if diffs:
+        raise CheckpointError(f"{resume.path} was written by a different model or TP/PP layout: " + "; ".join(diffs)
+                              + ". Resume with the config it was written with, or use a new checkpoints folder")
+
+
+def write_meta(path: Path, meta: dict) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / f".{META}.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path / META)
+
+
+def rng_file(path: Path, rank: int) -> Path:
+    return Path(path) / f"rng_state_{rank:03d}.pt"
+
+
+def save_rng(path: Path, rank: int) -> None:
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    Path(path).mkdir(parents=True, exist_ok=True)
+    torch.save(state, rng_file(path, rank))
+
+
+def load_rng(path: Path, rank: int) -> bool:
+    """Restore this rank's RNG state; False when the checkpoint has none for it (another world size)."""
+    import numpy as np
+    import torch
+
+    file = rng_file(path, rank)
+    if not file.is_file():
+        return False
+    state = torch.load(file, weights_only=False)
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    return True

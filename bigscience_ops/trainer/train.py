@@ -1,0 +1,428 @@
+"""The training loop: Megatron's pretrain() on DeepSpeed's PipelineEngine, configured by one Experiment.
+
+Per step: the global batch size comes from the rampup (`BatchSchedule.batch_size_at(consumed)`),
+which sets the number of micro-batches; the step's LR is `LRSchedule.lr_at(samples the scheduler
+has seen)`, advanced by the batch size after every applied step (Megatron's AnnealingLR.step);
+the step reads Megatron's sample order (data.step_micro_batches). Before every iteration the kill
+switch and SIGUSR1/SIGTERM are checked, and after every iteration the exit interval and the exit
+duration, measured from the Slurm job start (BSOPS_JOB_START_EPOCH); each saves, then exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from bigscience_ops import plan
+from bigscience_ops.config import Experiment, to_dict
+from bigscience_ops.errors import BsopsError
+from bigscience_ops.schedules import LRSchedule
+from bigscience_ops.trainer import checkpointing as ckpt
+from bigscience_ops.trainer.data import build_datasets, step_micro_batches
+from bigscience_ops.trainer.model import GPTShape, layer_specs, lm_loss, weight_decay_groups
+from bigscience_ops.trainer.report import Board, IterationStats, iteration_line, perplexity, validation_lines
+
+_IMPORT_TIME = time.time()
+
+
+class TrainerError(BsopsError):
+    """The experiment cannot be trained as configured: names the value and what is allowed."""
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint must restore besides weights, optimizer and RNG."""
+
+    iteration: int = 0
+    consumed_train_samples: int = 0
+    consumed_valid_samples: int = 0
+    lr_scheduler_samples: int = 0  # samples of applied steps: AnnealingLR's num_steps
+    skipped_iterations: int = 0
+
+
+class _Signals:
+    """SIGUSR1 (Slurm's warning signal) and SIGTERM set a flag; the loop saves and exits."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = signum
+
+
+def _print(*lines: str) -> None:
+    if dist.get_rank() == 0:
+        for line in lines:
+            print(line, flush=True)
+
+
+def init_distributed(device: str) -> None:
+    """gloo on CPU, NCCL on GPU; the CPU accelerator's shm op is not JIT-built (see shared FACTS)."""
+    import deepspeed
+
+    # DeepSpeed broadcasts tied weights inside autograd; torch warns about it on every backward.
+    warnings.filterwarnings("ignore", message="c10d::broadcast_: an autograd kernel was not registered")
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        comm_torch = importlib.import_module("deepspeed.comm.torch")
+        comm_torch.build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
+
+
+def _job_start_epoch() -> float:
+    value = os.environ.get("BSOPS_JOB_START_EPOCH")
+    if value:
+        try:
+            return float(value)
+        except ValueError:
+            raise TrainerError(f"BSOPS_JOB_START_EPOCH: got {value!r}; expected seconds since the epoch") from None
+    return _IMPORT_TIME
+
+
+def _lr_schedule_dict(s: LRSchedule) -> dict:
+    return dataclasses.asdict(s)
+
+
+def _set_lr(engine, lr: float) -> None:
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _record_fp32_grad_norm(engine) -> None:
+    """DeepSpeed's plain fp32 path clips without keeping the norm; keep it, as its ZeRO/bf16 paths do."""
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    def clip() -> None:
+        engine._global_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
+                                                   max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+
+    engine.clip_fp32_gradients = clip
+
+
+def _any_rank(*flags: bool) -> list[bool]:
+    t = torch.tensor([int(f) for f in flags], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]
+
+
+class Trainer:
+    def __init__(self, exp: Experiment, ds_config: dict, synthetic_data: bool = False) -> None:
+        self.exp = exp
+        self.ds_config = ds_config
+        self.synthetic_data = synthetic_data
+        self.schedule = plan.batch_schedule(exp)
+        self.lr = plan.lr_schedule(exp)
+        self.train_iters = plan.train_iters(exp)
+        self.shape = GPTShape.from_experiment(exp)
+        self.params = plan.count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline).total
+        self.flops_per_token = plan.model_flops_per_token(exp.model, self.params)
+        self.state = TrainState()
+        self.checkpoints = Path(exp.paths.checkpoints)
+        self.last_saved: int | None = None
+        self.job_start = _job_start_epoch()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _check_layout(self) -> None:
+        exp, world = self.exp, dist.get_world_size()
+        if exp.parallel.tensor != 1:
+            raise TrainerError(f"parallel.tensor: got {exp.parallel.tensor}; the bundled trainer runs TP=1 only "
+                               "(use pipeline and data parallelism)")
+        if world % exp.parallel.pipeline:
+            raise TrainerError(f"parallel.pipeline: got {exp.parallel.pipeline}; must divide the {world} processes")
+        self.dp = world // exp.parallel.pipeline
+        mbs = exp.batch.micro_batch_size
+        for step_gbs in sorted({inc.global_batch_size for inc in self.schedule.increments()} | {self.schedule.global_batch_size}):
+            if step_gbs % (mbs * self.dp):
+                raise TrainerError(f"batch: global batch size {step_gbs} is not divisible by micro_batch_size x DP = "
+                                   f"{mbs} x {self.dp}; run `bsops plan {exp.name}` for valid node counts")
+
+    def _build_engine(self) -> None:
+        import deepspeed
+        from deepspeed.pipe import PipelineModule
+
+        exp = self.exp
+        torch.manual_seed(exp.train.seed)
+        module = PipelineModule(
+            layers=layer_specs(self.shape, exp.train.seed),
+            loss_fn=lm_loss,
+            num_stages=exp.parallel.pipeline,
+            partition_method="type:TransformerBlock",
+            activation_checkpoint_interval=1 if exp.parallel.activation_checkpointing else 0,
+            checkpointable_layers=["TransformerBlock"],
+        )
+        o = exp.optimizer
+        optimizer = torch.optim.AdamW(weight_decay_groups(module, o.weight_decay), lr=0.0,
+                                      betas=(o.beta1, o.beta2), eps=o.eps)
+        config = dict(self.ds_config)
+        config["train_batch_size"] = self.schedule.batch_size_at(0)
+        self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+        _record_fp32_grad_norm(self.engine)
+        self.dp_rank = self.engine.grid.get_data_parallel_id()
+        self.stage = self.engine.stage_id
+
+    def _build_data(self) -> None:
+        exp = self.exp
+        gbs = self.schedule.global_batch_size
+        valid = (self.train_iters // exp.logging.eval_interval + 1) * exp.logging.eval_iters * gbs
+        train_samples = exp.train.samples if exp.train.samples is not None else self.train_iters * gbs
+        self.train_ds, self.valid_ds, _ = build_datasets(exp, (train_samples, valid, exp.logging.eval_iters * gbs),
+                                                         self.synthetic_data)
+        if self.train_ds is None:
+            raise TrainerError(f"data.split: got {exp.data.split!r}; the training split is empty")
+
+    def _resume(self) -> None:
+        resume = ckpt.find_resume(self.checkpoints)
+        if resume is None:
+            _print(f"> no checkpoint in {self.checkpoints}: starting from scratch")
+            return
+        ckpt.check_compatible(resume, dataclasses.asdict(self.shape), self.exp.parallel.tensor, self.exp.parallel.pipeline)
+        load_path, _ = self.engine.load_checkpoint(str(self.checkpoints), tag=resume.tag, load_optimizer_states=True,
+                                                   load_lr_scheduler_states=False)
+        if load_path is None:
+            raise ckpt.CheckpointError(f"{resume.path}: DeepSpeed could not load it")
+        meta = resume.meta
+        self.state = TrainState(**meta["state"])
+        saved_lr = LRSchedule(**meta["lr_schedule"])
+        if saved_lr != self.lr:
+            if self.exp.lr_schedule.override_on_resume:
+                _print(f"> lr schedule overridden on resume: checkpoint {saved_lr}, now {self.lr}")
+            else:
+                _print(f"> lr schedule from the checkpoint ({saved_lr}); the config's differs ({self.lr}); "
+                       "set lr_schedule.override_on_resume to use the config's")
+                self.lr = saved_lr
+        if not ckpt.load_rng(resume.path, dist.get_rank()):
+            _print(f"> {resume.path} has no RNG state for this rank (another world size): RNG reseeded")
+        self.last_saved = self.state.iteration
+        _print(f"> resumed from {resume.path}: iteration {self.state.iteration}, "
+               f"consumed samples {self.state.consumed_train_samples}")
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self) -> None:
+        if self.last_saved == self.state.iteration:
+            return
+        start = time.time()
+        tag = f"global_step{self.state.iteration}"
+        path = self.checkpoints / tag
+        ckpt.save_rng(path, dist.get_rank())
+        if dist.get_rank() == 0:
+            ckpt.write_meta(path, {
+                "iteration": self.state.iteration,
+                "consumed_train_samples": self.state.consumed_train_samples,
+                "consumed_tokens": self.state.consumed_train_samples * self.exp.model.seq_length,
+                "state": dataclasses.asdict(self.state),
+                "lr_schedule": _lr_schedule_dict(self.lr),
+                "model": dataclasses.asdict(self.shape),
+                "parallel": {"tensor": self.exp.parallel.tensor, "pipeline": self.exp.parallel.pipeline, "data": self.dp},
+                "experiment": to_dict(self.exp),
+            })
+        dist.barrier()
+        self.engine.save_checkpoint(str(self.checkpoints), tag=tag, client_state={"iteration": self.state.iteration})
+        dist.barrier()
+        self.last_saved = self.state.iteration
+        elapsed = time.time() - start
+        self.board.scalar("save-checkpoint-time", elapsed, self.state.iteration)
+        _print(f"  successfully saved checkpoint at iteration {self.state.iteration:7d} to {self.checkpoints} "
+               f"({elapsed * 1000:.1f} ms)")
+
+    # ------------------------------------------------------------------ steps
+
+    def train_step(self) -> tuple[float, bool, int]:
+        s, e = self.state, self.engine
+        gbs = self.schedule.batch_size_at(s.consumed_train_samples)
+        e.set_train_batch_size(gbs)
+        _set_lr(e, self.lr.lr_at(s.lr_scheduler_samples))
+        data = step_micro_batches(self.train_ds, s.consumed_train_samples, e.micro_batches,
+                                  self.exp.batch.micro_batch_size, self.dp_rank, self.dp)
+        loss = float(e.train_batch(data_iter=data))
+        applied = e.was_step_applied()
+        s.iteration += 1
+        s.consumed_train_samples += gbs
+        if applied:
+            s.lr_scheduler_samples += gbs
+        else:
+            s.skipped_iterations += 1
+        # Megatron's scheduler steps right after the optimizer: the LR logged is the next step's.
+        _set_lr(e, self.lr.lr_at(s.lr_scheduler_samples))
+        return loss, applied, gbs
+
+    def evaluate(self) -> float | None:
+        exp, e = self.exp, self.engine
+        if exp.logging.eval_iters == 0 or self.valid_ds is None:
+            return None
+        gbs = self.schedule.batch_size_at(self.state.consumed_train_samples)
+        micro = gbs // (exp.batch.micro_batch_size * self.dp)
+        losses = []
+        for _ in range(exp.logging.eval_iters):
+            data = step_micro_batches(self.valid_ds, self.state.consumed_valid_samples, micro,
+                                      exp.batch.micro_batch_size, self.dp_rank, self.dp)
+            losses.append(float(e.eval_batch(data, num_micro_batches=micro)))
+            self.state.consumed_valid_samples += gbs
+        return sum(losses) / len(losses)
+
+    def params_norm(self) -> float:
+        """L2 norm of all parameters, each counted once (the tied copy on the last stage is left out)."""
+        total = torch.zeros(1, dtype=torch.float64)
+        tied = set()
+        if self.exp.parallel.pipeline > 1 and self.engine.is_last_stage():
+            tied = {id(p) for m in self.engine.module.tied_modules.values() for p in m.parameters()}
+        for p in self.engine.module.parameters():
+            if id(p) not in tied:
+                total += p.detach().double().pow(2).sum()
+        if self.dp_rank != 0:  # data-parallel replicas hold the same parameters
+            total.zero_()
+        dist.all_reduce(total)
+        return float(total.sqrt())
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        exp = self.exp
+        kill_switch = Path(exp.checkpoint.kill_switch_path) if exp.checkpoint.kill_switch_path else None
+        if _any_rank(kill_switch is not None and kill_switch.exists())[0]:
+            _print(f"> kill switch {kill_switch} exists: exiting without training")
+            return 0
+        self._check_layout()
+        signals = _Signals()
+        self._build_engine()
+        self._build_data()
+        is_writer = dist.get_rank() == 0 and exp.logging.tensorboard
+        self.board = Board(exp.paths.tensorboard if is_writer else None, exp.logging.tensorboard_queue_size)
+        self._resume()
+        _print(f"> training {exp.name}: {self.params} parameters, TP={exp.parallel.tensor} PP={exp.parallel.pipeline} "
+               f"DP={self.dp}, {self.train_iters} iterations, starting at {self.state.iteration}")
+        reason = self._loop(kill_switch, signals)
+        self.save()
+        self.board.flush()
+        self.board.close()
+        _print(f"> {reason} at iteration {self.state.iteration}")
+        return 0
+
+    def _loop(self, kill_switch: Path | None, signals: _Signals) -> str:
+        exp, s = self.exp, self.state
+        log = exp.logging
+        ck = exp.checkpoint
+        window = {"loss": 0.0, "count": 0, "time": 0.0, "iters": 0, "nan": 0}
+        steps_this_run = 0
+        while s.iteration < self.train_iters:
+            over_time = steps_this_run > 0 and (time.time() - self.job_start) / 60.0 > ck.exit_duration_in_mins
+            killed, signalled, timed_out = _any_rank(kill_switch is not None and kill_switch.exists(),
+                                                     signals.received is not None, over_time)
+            if killed:
+                return f"kill switch {kill_switch} found: saved and exiting"
+            if signalled:
+                return "signal received: saved and exiting"
+            if timed_out:
+                return f"exit duration of {ck.exit_duration_in_mins} min since the job start reached: saved and exiting"
+
+            start = time.time()
+            loss, applied, gbs = self.train_step()
+            elapsed = time.time() - start
+            steps_this_run += 1
+            it = s.iteration
+            is_nan = not math.isfinite(loss)
+            if applied and not is_nan:
+                window["loss"] += loss
+                window["count"] += 1
+            window["nan"] += int(is_nan)
+            window["time"] += elapsed
+            window["iters"] += 1
+            self._record(it, loss, gbs, elapsed, window, log.log_interval)
+
+            if log.eval_iters > 0 and it % log.eval_interval == 0 and it < self.train_iters:
+                self._validate(it)
+            if ckpt.save_due(it, ck.save_schedule, ck.save_interval):
+                self.save()
+            if ck.exit_interval is not None and it % ck.exit_interval == 0:
+                return f"exit interval {ck.exit_interval} reached: saved and exiting"
+        if log.eval_iters > 0:
+            self._validate(s.iteration)
+        return "training finished"
+
+    def _validate(self, it: int) -> None:
+        start = time.time()
+        loss = self.evaluate()
+        if loss is None:
+            return
+        _print(*validation_lines(it, loss))
+        self.board.scalar("lm loss validation", loss, it, self.state.consumed_train_samples)
+        self.board.scalar("lm loss validation ppl", perplexity(loss), it, self.state.consumed_train_samples)
+        self.board.scalar("eval-time", time.time() - start, it)
+
+    def _record(self, it: int, loss: float, gbs: int, elapsed: float, window: dict, log_interval: int) -> None:
+        s, e, b = self.state, self.engine, self.board
+        consumed = s.consumed_train_samples
+        lr = e.optimizer.param_groups[0]["lr"]
+        grad_norm = e.get_global_grad_norm()
+        grad_norm = float(grad_norm) if grad_norm is not None else None
+        loss_scale = float(getattr(e.optimizer, "cur_scale", 1.0)) if self.exp.train.precision == "fp16" else 1.0
+        seq = self.exp.model.seq_length
+        world = dist.get_world_size()
+        b.scalar("learning-rate", lr, it, consumed)
+        b.scalar("batch-size", gbs, it, consumed)
+        b.scalar("lm loss", loss, it, consumed)
+        b.scalar("loss-scale", loss_scale, it, consumed)
+        b.scalar("grad-norm", grad_norm, it, consumed)
+        b.scalar("iteration-time", elapsed, it, consumed)
+        b.scalar("samples per second", gbs / elapsed, it, consumed)
+        b.scalar("TFLOPs per GPU", gbs * seq * self.flops_per_token / elapsed / world / 1e12, it, consumed)
+        if it % log_interval:
+            return
+        params_norm = self.params_norm()
+        b.scalar("params-norm", params_norm, it, consumed)
+        iters = max(window["iters"], 1)
+        per_iter = window["time"] / iters
+        tokens_per_s = gbs * seq / per_iter
+        stats = IterationStats(
+            iteration=it, train_iters=self.train_iters, consumed_samples=consumed, consumed_tokens=consumed * seq,
+            elapsed_ms=per_iter * 1000.0, learning_rate=lr, global_batch_size=gbs,
+            lm_loss=window["loss"] / window["count"] if window["count"] else None, loss_scale=loss_scale,
+            grad_norm=grad_norm, params_norm=params_norm, skipped=s.skipped_iterations, nan=window["nan"],
+            samples_per_second=gbs / per_iter, tflops=tokens_per_s * self.flops_per_token / world / 1e12)
+        _print(iteration_line(stats))
+        window.update(loss=0.0, count=0, time=0.0, iters=0, nan=0)
+
+
+def run(exp: Experiment, ds_config: dict, synthetic_data: bool = False) -> int:
+    init_distributed(exp.slurm.device if torch.cuda.is_available() else "cpu")
+    try:
+        return Trainer(exp, ds_config, synthetic_data).run()
+    finally:
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from bigscience_ops.config import from_dict
+
+    parser = argparse.ArgumentParser(prog="python -m bigscience_ops.trainer", description=__doc__.splitlines()[0])
+    parser.add_argument("--experiment", required=True, type=Path, help="the resolved experiment.json bsops render wrote")
+    parser.add_argument("--deepspeed-config", required=True, type=Path, help="the ds_config.json bsops render wrote")
+    parser.add_argument("--synthetic-data", action="store_true",
+                        help="train on generated token sequences instead of data.blend (tests and benchmarks)")
+    args = parser.parse_args(argv)
+    try:
+        exp = from_dict(json.loads(args.experiment.read_text(encoding="utf-8")), str(args.experiment))
+        ds_config = json.loads(args.deepspeed_config.read_text(encoding="utf-8"))
+        return run(exp, ds_config, args.synthetic_data)
+    except BsopsError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
