@@ -1,0 +1,9 @@
+"""Training data: jsonl -> Megatron-compatible .bin/.idx, tokenizers, GPT dataset indices, bundled corpus.
+
+Modules:
+  indexed.py      the MMapIndexedDataset file format: writer (atomic), reader, merge
+  tokenizer.py    GPT-2 BPE from vocab.json + merges.txt, any tokenizer.json; tiktoken fast path
+  preprocess.py   jsonl[.gz|.xz] -> tokens, with bad-line accounting and parallel workers
+  gpt_dataset.py  Megatron's GPT dataset: doc/sample/shuffle indices, split, blend, cache
+  corpus.py       the bundled real-text corpus, built into .bin/.idx on demand
+"""
