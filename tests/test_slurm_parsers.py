@@ -1,0 +1,243 @@
+"""Parsers and argv builders of bigscience_ops.slurm, on real output recorded from Slurm 22.05.
+
+The recordings are in tests/assets/slurm/ (re-record: see its README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import slurm
+from bigscience_ops.errors import BsopsError
+from bigscience_ops.slurm import SQUEUE_DELIMITER as D
+
+ASSETS = Path(__file__).parent / "assets" / "slurm"
+LONG_NAME = "tr1-13B-round3-a-job-name-longer-than-forty-characters"
+
+
+@pytest.fixture(scope="module")
+def recorded() -> list[slurm.Job]:
+    return slurm.parse_squeue((ASSETS / "squeue.txt").read_text())
+
+
+@pytest.fixture(scope="module")
+def ids() -> dict[str, str]:
+    return json.loads((ASSETS / "ids.json").read_text())
+
+
+def test_recording_matches_the_current_squeue_format() -> None:
+    # A changed SQUEUE_FIELDS needs a new recording: tests/assets/slurm/README.md says how.
+    assert (ASSETS / "squeue.format").read_text() == slurm.SQUEUE_FORMAT
+
+
+def test_every_pending_reason_is_parsed(recorded: list[slurm.Job], ids: dict[str, str]) -> None:
+    by_id = {j.job_id: j for j in recorded}
+    expect = {
+        "dependency": "Dependency", "begin": "BeginTime", "held_user": "JobHeldUser",
+        "held_admin": "JobHeldAdmin", "partition_down": "PartitionDown", "resources": "Resources",
+        "priority": "Priority", "never": "DependencyNeverSatisfied",
+    }
+    for key, reason in expect.items():
+        job = by_id[ids[key]]
+        assert (job.state, job.reason) == ("PENDING", reason), key
+    assert by_id[ids["partition_down"]].partition == "bsops-down"
+    assert by_id[ids["never"]].dependency == f"afterok:{ids['failed']}(failed)"
+    assert by_id[ids["begin"]].start_time is not None and by_id[ids["never"]].start_time is None
+
+
+def test_array_ids_and_long_names(recorded: list[slurm.Job], ids: dict[str, str]) -> None:
+    array = [j for j in recorded if j.array_job_id == ids["array"]]
+    running = [j for j in array if j.state == "RUNNING"]
+    rest = [j for j in array if j.state == "PENDING"]
+    assert len(running) == 1 and len(rest) == 1
+    assert running[0].job_id == f"{ids['array']}_1" and running[0].array_task == "1"
+    assert running[0].nodes and running[0].num_nodes == 1 and running[0].reason == "None"
+    assert rest[0].job_id == f"{ids['array']}_[2-5%1]" and rest[0].array_task == "2-5%1"
+    assert rest[0].reason == "JobArrayTaskLimit"
+    chained = next(j for j in recorded if j.array_job_id == ids["chained_array"])
+    assert chained.job_id == f"{ids['chained_array']}_[1-5%1]"
+    assert chained.reason == "Dependency" and chained.dependency == f"afterany:{ids['array']}_*(unfulfilled)"
+    assert {j.name for j in array} == {LONG_NAME} and len(LONG_NAME) > 40
+    assert chained.name == LONG_NAME
+
+
+def test_names_with_spaces_and_pipes_survive(recorded: list[slurm.Job], ids: dict[str, str]) -> None:
+    odd = next(j for j in recorded if j.job_id == ids["odd_name"])
+    assert odd.name == "rec name with spaces | and a pipe"
+
+
+def test_times_and_limits(recorded: list[slurm.Job]) -> None:
+    for job in recorded:
+        assert job.time_limit_min == 5
+        assert isinstance(job.submit_time, datetime)
+        assert job.elapsed_s >= 0
+
+
+def test_lines_shaped_like_the_seed_report() -> None:
+    # Values from the tr1-13B on-call report (Jean Zay): a long-running task of a bigger array.
+    nodes = "r7i4n[1-7],r7i7n[1-8],r8i0n0,r8i5n[3-8]"
+    line = D.join(["711114_4", "711114", "4", "711200", "stas", "RUNNING", "None", "gpu_p13", "48", nodes,
+                   "18:15:59", "20:00:00", "2021-08-16T03:52:02", "2021-08-12T10:00:00", "(null)",
+                   "tr1-13B-round3"])
+    pending = D.join(["682842_[1-5%1]", "682842", "1-5%1", "682842", "stas", "PENDING", "Dependency",
+                      "gpu_p13", "48", "", "0:00", "UNLIMITED", "N/A", "2021-08-16T20:00:00",
+                      "afterany:711114_*(unfulfilled)", "tr1-13B-round3"])
+    running, waiting = slurm.parse_squeue(line + "\n" + pending + "\n")
+    assert (running.job_id, running.array_job_id, running.array_task) == ("711114_4", "711114", "4")
+    assert running.elapsed_s == 18 * 3600 + 15 * 60 + 59 and running.nodes == nodes
+    assert running.start_time == datetime(2021, 8, 16, 3, 52, 2) and running.time_limit_min == 1200
+    assert waiting.job_id == "682842_[1-5%1]" and waiting.time_limit_min is None
+
+
+def test_a_name_containing_the_delimiter_still_parses() -> None:
+    fields = ["5", "5", "N/A", "5", "u", "PENDING", "Priority", "p", "1", "", "0:00", "1:00", "N/A",
+              "2026-01-01T00:00:00", "(null)", f"odd{D}name"]
+    assert slurm.parse_squeue(D.join(fields))[0].name == f"odd{D}name"
+
+
+def test_garbage_is_an_error_quoting_the_line() -> None:
+    with pytest.raises(slurm.SlurmError, match="JOBID PARTITION"):
+        slurm.parse_squeue("JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)\n")
+    bad = D.join(["5", "5", "N/A", "5", "u", "PENDING", "Priority", "p", "one", "", "0:00", "1:00",
+                  "N/A", "N/A", "(null)", "n"])
+    with pytest.raises(slurm.SlurmError, match="does not parse"):
+        slurm.parse_squeue(bad)
+    assert issubclass(slurm.SlurmError, BsopsError)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("0:00", 0), ("0:05", 5), ("59:59", 3599), ("18:15:59", 65759), ("1-02:03:04", 93784),
+    ("12-00:00:00", 12 * 86400),
+])
+def test_durations_round_trip(text: str, seconds: int) -> None:
+    assert slurm.parse_duration(text) == seconds
+    assert slurm.parse_duration(slurm.format_duration(seconds)) == seconds
+
+
+def test_duration_errors_and_negative_waits() -> None:
+    with pytest.raises(ValueError, match="duration"):
+        slurm.parse_duration("soon")
+    assert slurm.format_duration(-5) == "0:00:00"
+    assert slurm.format_duration(65759) == "18:15:59"
+
+
+def test_sbatch_answers() -> None:
+    assert slurm.parse_sbatch_parsable("712\n") == "712"
+    assert slurm.parse_sbatch_parsable("712;jeanzay\n") == "712"
+    with pytest.raises(slurm.SlurmError, match="expected a job id"):
+        slurm.parse_sbatch_parsable("sbatch: error: Batch job submission failed\n")
+    answer = slurm.parse_sbatch_test_only((ASSETS / "sbatch_test_only.stderr").read_text())
+    assert answer.partition == "bsops" and answer.processors == 1 and answer.nodes
+    assert isinstance(answer.start_time, datetime)
+    with pytest.raises(slurm.SlurmError, match="to start at"):
+        slurm.parse_sbatch_test_only("sbatch: error: invalid partition specified: nope\n")
+
+
+def test_scontrol_show_job(ids: dict[str, str]) -> None:
+    records = slurm.parse_scontrol_show_job((ASSETS / "scontrol_show_job.txt").read_text())
+    array = [r for r in records if r.get("ArrayJobId") == ids["array"]]
+    assert {r["JobName"] for r in array} == {LONG_NAME}
+    assert {r["JobState"] for r in array} == {"PENDING", "RUNNING"}
+    pending = next(r for r in array if r["JobState"] == "PENDING")
+    assert pending["ArrayTaskId"] == "2-5%1" and pending["Reason"] == "JobArrayTaskLimit"
+    never = next(r for r in records if r["JobId"] == ids["never"])
+    assert never["Reason"] == "DependencyNeverSatisfied"
+    assert never["Dependency"] == f"afterok:{ids['failed']}(failed)"
+    assert never["TRES"].startswith("cpu=1")  # values containing '=' stay whole
+    assert "Invalid job id" in (ASSETS / "scontrol_unknown_job.stderr").read_text()
+
+
+def test_sbatch_argv() -> None:
+    argv = slurm.sbatch_argv("run/tr1 13B.slurm", job_name="tr1-13B", array_tasks=5, after_any=["711114"],
+                             begin="now+2hours", exclude=["r7i5n2", "r7i5n6"], time_limit="20:00:00",
+                             partition="gpu_p13")
+    assert argv == ["sbatch", "--parsable", "--job-name=tr1-13B", "--array=1-5%1",
+                    "--dependency=afterany:711114", "--begin=now+2hours", "--partition=gpu_p13",
+                    "--time=20:00:00", "--exclude=r7i5n2,r7i5n6", "run/tr1 13B.slurm"]
+    test_only = slurm.sbatch_argv("x.slurm", test_only=True, hold=True, after_ok=["1", "2"])
+    assert test_only == ["sbatch", "--test-only", "--dependency=afterok:1:2", "--hold", "x.slurm"]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"after_any": ["711114_4"]}, "'711114'"),
+    ({"after_any": "711114"}, "list"),
+    ({"array_tasks": 0}, ">= 1"),
+    ({"array_tasks": True}, ">= 1"),
+    ({"time_limit": "forever"}, "not one of"),
+    ({"job_name": "a\nb"}, "newlines"),
+])
+def test_sbatch_argv_refuses(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        slurm.sbatch_argv("x.slurm", **kwargs)
+
+
+def test_squeue_scontrol_scancel_argv() -> None:
+    argv = slurm.squeue_argv(users=["stas", "teven"], name="tr1-13B")
+    assert argv[:2] == ["squeue", "--noheader"] and argv[2] == f"--format={slurm.SQUEUE_FORMAT}"
+    assert argv[3:] == ["--user=stas,teven", "--name=tr1-13B"]
+    assert slurm.scontrol_show_job_argv("711114_4") == ["scontrol", "--oneliner", "show", "job", "711114_4"]
+    assert slurm.scancel_argv(["12"], signal="USR1", batch_only=True) == [
+        "scancel", "--signal=USR1", "--batch", "12"]
+    with pytest.raises(ValueError, match="at least one"):
+        slurm.scancel_argv([])
+
+
+def test_run_refuses_other_commands_and_bad_timeouts() -> None:
+    with pytest.raises(ValueError, match="runs only"):
+        slurm.run(["rm", "-rf", "/"])
+    with pytest.raises(ValueError, match="positive"):
+        slurm.run(["sinfo"], timeout=0)
+
+
+def _fake_bin(tmp_path: Path, name: str, body: str) -> Path:
+    """A stand-in Slurm client at the subprocess edge, for failures a healthy cluster cannot show."""
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return tmp_path
+
+
+def test_run_errors_carry_argv_code_and_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stderr = (ASSETS / "scontrol_unknown_job.stderr").read_text()
+    bindir = _fake_bin(tmp_path, "scontrol", f"printf '%s' '{stderr}' >&2; exit 1")
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(slurm.SlurmCommandError) as info:
+        slurm.show_job("99999999")
+    err = info.value
+    assert err.argv == ["scontrol", "--oneliner", "show", "job", "99999999"]
+    assert err.returncode == 1 and "Invalid job id" in err.stderr
+    assert "scontrol --oneliner show job 99999999" in str(err) and "code 1" in str(err)
+
+
+def test_run_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bindir = _fake_bin(tmp_path, "squeue", "exec sleep 30")
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(slurm.SlurmCommandError, match="did not answer within 0.5 s") as info:
+        slurm.query_jobs(timeout=0.5)
+    assert info.value.returncode is None and info.value.argv[0] == "squeue"
+
+
+def test_missing_client_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(slurm.SlurmCommandError, match="squeue is not on PATH"):
+        slurm.query_jobs(timeout=5)
+
+
+def test_squeue_error_with_exit_code_zero_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Real squeue 22.05 exits 0 for an unknown --user and prints only this on stderr.
+    bindir = _fake_bin(tmp_path, "squeue", "echo 'squeue: error: Invalid user: nosuch' >&2; exit 0")
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(slurm.SlurmCommandError, match="Invalid user: nosuch"):
+        slurm.query_jobs(users=["nosuch"], timeout=5)
+
+
+def test_group_users() -> None:
+    assert "root" in slurm.group_users("root")
+    with pytest.raises(slurm.SlurmError, match="does not exist"):
+        slurm.group_users("no-such-group-bsops")
