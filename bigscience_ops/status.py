@@ -1,0 +1,230 @@
+"""The status watchdog: is a training running, scheduled, stuck or gone? Decisions over parsed jobs.
+
+`evaluate()` is pure (jobs, log progress and the clock in, a report out); `check()` adds the one
+Slurm query and turns a failing query into an alert instead of dying silently; `append_to_log()`
+writes the report's lines to the run's main_log.txt, where they also serve the stall check as
+timestamps that are known to come after the last iteration line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from bigscience_ops import slurm
+from bigscience_ops.slurm import Job, format_duration
+
+EXIT_HEALTHY = 0
+EXIT_ALERT = 1
+EXIT_ERROR = 2
+"""Exit codes: healthy; at least one alert; Slurm could not be asked (the state is unknown)."""
+
+# Pending reasons that will not clear on their own: a person has to act (release, cancel, fix).
+NEVER_STARTS = frozenset({
+    "DependencyNeverSatisfied", "JobHeldAdmin", "JobHeldUser", "PartitionDown", "PartitionInactive",
+    "BadConstraints", "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+    "PartitionNodeLimit", "PartitionTimeLimit",
+})
+ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"})
+WAITING_STATES = frozenset({"PENDING", "REQUEUED", "RESIZING"})
+
+# Megatron's per-iteration line: ` iteration      100/  311541 | consumed samples: ...`
+ITERATION_LINE = re.compile(r"\biteration\s+\d+\s*/\s*\d+")
+# A wall-clock stamp near the start of a line: `[2021-08-16 22:08:01]`, `[2021-08-16 22:08:01,123]`.
+STAMPED_LINE = re.compile(r"^.{0,40}?\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
+STAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One condition that needs a person. `condition` is a stable key for email cooldowns."""
+
+    condition: str
+    """not-scheduled, never-starts, stalled, overlap or slurm-error."""
+    message: str
+    """The `***ALERT: ...***` text, without the timestamp."""
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    job_name: str
+    checked_at: datetime
+    lines: tuple[str, ...]
+    """Every line with its `[YYYY-MM-DD HH:MM:SS]` prefix: one per job, then one per alert."""
+    alerts: tuple[Alert, ...] = ()
+    exit_code: int = EXIT_HEALTHY
+
+    @property
+    def healthy(self) -> bool:
+        return self.exit_code == EXIT_HEALTHY
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What main_log.txt says about training progress."""
+
+    exists: bool
+    last_iteration: str | None = None
+    """The last `iteration N/ M` line, stripped; None when there is none."""
+    seen_after: datetime | None = None
+    """The earliest time known to be after that line: a stamped line below it or the file's mtime."""
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    kind: str  # active, waiting, never, other
+    text: str
+
+
+def describe_job(job: Job, now: datetime) -> _Verdict:
+    """One job's status sentence (without name prefix and timestamp) and how it counts."""
+    where = f"{job.job_id} on '{job.partition}' partition"
+    if job.state in ACTIVE_STATES:
+        since = f"{job.start_time:%Y-%m-%dT%H:%M:%S}" if job.start_time else "an unknown time"
+        verb = "is running" if job.state == "RUNNING" else f"is {job.state.lower()}"
+        return _Verdict("active", f"{verb} for {format_duration(job.elapsed_s)} since {since} "
+                                  f"({where} ({job.nodes or 'no nodes listed'}))")
+    if job.state in WAITING_STATES:
+        reason = job.reason
+        if reason in ("JobHeldAdmin", "JobHeldUser"):
+            who = "an administrator" if reason == "JobHeldAdmin" else "a user"
+            return _Verdict("never", f"is held by {who} ({reason}) and will not start on its own; "
+                                     f"release it with `scontrol release {job.array_job_id}` ({where})")
+        if reason in NEVER_STARTS:
+            what = f" {job.dependency}" if job.dependency and "Dependency" in reason else ""
+            return _Verdict("never", f"will never start on its own ({reason}{what}); cancel it with "
+                                     f"`scancel {job.array_job_id}` and launch again ({where})")
+        if reason == "JobArrayTaskLimit":
+            return _Verdict("waiting", f"is waiting for the previous job array task to finish ({where})")
+        if reason == "Dependency":
+            return _Verdict("waiting", f"is waiting for its dependency to finish "
+                                       f"({job.dependency or 'unknown'}) ({where})")
+        if job.start_time is not None:
+            wait = format_duration((job.start_time - now).total_seconds())
+            return _Verdict("waiting", f"is scheduled to start in {wait} (at {job.start_time:%Y-%m-%dT%H:%M:%S}; "
+                                       f"reason: {reason}) ({where})")
+        return _Verdict("waiting", f"is waiting to be scheduled (reason: {reason}) ({where})")
+    return _Verdict("other", f"is in state {job.state} (reason: {job.reason}), neither running nor "
+                             f"scheduled ({where})")
+
+
+def read_progress(log_path: str | os.PathLike[str], max_bytes: int = 64 << 20) -> Progress:
+    """Find the last iteration line of a log, reading backwards so months of log cost nothing."""
+    path = Path(log_path)
+    try:
+        size = path.stat().st_size
+        mtime = datetime.fromtimestamp(path.stat().st_mtime)
+    except FileNotFoundError:
+        return Progress(exists=False)
+    stamps_after: list[datetime] = []
+    tail = b""
+    pos = size
+    block = 1 << 16
+    with path.open("rb") as fh:
+        while pos > 0 and size - pos < max_bytes:
+            step = min(block, pos)
+            pos -= step
+            fh.seek(pos)
+            tail = fh.read(step) + tail
+            lines = tail.split(b"\n")
+            # The first piece may be a cut line unless we reached the start of the file.
+            complete, tail = (lines, b"") if pos == 0 else (lines[1:], lines[0])
+            for raw in reversed(complete):
+                line = raw.decode("utf-8", errors="replace")
+                if ITERATION_LINE.search(line):
+                    candidates = [mtime, *stamps_after]
+                    return Progress(True, line.strip(), min(candidates))
+                stamp = STAMPED_LINE.match(line)
+                if stamp:
+                    stamps_after.append(datetime.strptime(stamp.group(1).replace("T", " "), STAMP_FORMAT))
+            if pos == 0:
+                break
+            # Nothing complete left unscanned: the lines just examined are dropped from memory.
+    return Progress(True, None, None)
+
+
+def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Progress | None = None,
+             log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
+             contact: str = "Eng WG") -> StatusReport:
+    """Decide from squeue's jobs (and the log's progress) whether `job_name` needs a person."""
+    stamp = f"[{now:{STAMP_FORMAT}}]"
+    matching = [j for j in jobs if j.name == job_name]
+    verdicts = [(job, describe_job(job, now)) for job in matching]
+    order = {"active": 0, "waiting": 1, "never": 2, "other": 3}
+    verdicts.sort(key=lambda jv: order[jv[1].kind])  # stable: running first, then squeue's order
+    lines = [f"{stamp} {job_name} {v.text}" for _, v in verdicts]
+    alerts: list[Alert] = []
+
+    def alert(condition: str, what: str) -> None:
+        alerts.append(Alert(condition, f"***ALERT: {job_name} {what}! Alert someone at {contact}***"))
+
+    active = [job for job, v in verdicts if v.kind == "active"]
+    waiting = [job for job, v in verdicts if v.kind == "waiting"]
+    never = [job for job, v in verdicts if v.kind == "never"]
+    if not active and not waiting:
+        alert("not-scheduled", "is not RUNNING or SCHEDULED")
+    if never:
+        ids = ", ".join(f"{j.job_id} ({j.reason})" for j in never)
+        alert("never-starts", f"has job(s) that will never start on their own: {ids}")
+    running = [job for job in active if job.state == "RUNNING"]
+    if len(running) > 1:
+        alert("overlap", f"has {len(running)} jobs RUNNING at once ({', '.join(j.job_id for j in running)}); "
+                         f"two trainings must never overlap")
+    if running and stall_minutes is not None and (progress is not None or log_path is not None):
+        progress = progress if progress is not None else read_progress(log_path)  # type: ignore[arg-type]
+        started = max((j.start_time for j in running if j.start_time), default=None)
+        stalled = _stalled_for(progress, started, now)
+        if stalled is not None and stalled > timedelta(minutes=stall_minutes):
+            where = str(log_path) if log_path is not None else "the log"
+            if not progress.exists:
+                what = f"{where} does not exist"
+            elif progress.last_iteration is None:
+                what = f"{where} has no iteration line"
+            else:
+                what = f"{where} has no new iteration line (last: {progress.last_iteration[:100]!r})"
+            alert("stalled", f"is RUNNING but {what} for {format_duration(stalled.total_seconds())} "
+                             f"(limit {stall_minutes:g} min)")
+    lines += [f"{stamp} {a.message}" for a in alerts]
+    return StatusReport(job_name, now, tuple(lines), tuple(alerts), EXIT_ALERT if alerts else EXIT_HEALTHY)
+
+
+def _stalled_for(progress: Progress, started: datetime | None, now: datetime) -> timedelta | None:
+    """How long there has certainly been no progress: since the later of the job's start and the
+    earliest moment known to follow the last iteration line. Errs towards no alarm."""
+    marks = [m for m in (started, progress.seen_after if progress.last_iteration else None) if m]
+    return now - max(marks) if marks else None
+
+
+def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
+          log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
+          now: datetime | None = None, contact: str = "Eng WG", timeout: float = slurm.DEFAULT_TIMEOUT_S,
+          query: Callable[..., list[Job]] = slurm.query_jobs) -> StatusReport:
+    """Query Slurm once (jobs of `users`, or of every user in `group`) and evaluate `job_name`.
+
+    A failing query is itself an alert (exit code EXIT_ERROR): the on-call person must hear about a
+    watchdog that cannot see the queue, not find a silent log.
+    """
+    now = now or datetime.now().replace(microsecond=0)
+    try:
+        who = list(users) + (slurm.group_users(group) if group else [])
+        jobs = query(users=sorted(set(who)), timeout=timeout)
+    except slurm.SlurmError as exc:
+        stamp = f"[{now:{STAMP_FORMAT}}]"
+        detail = " ".join(str(exc).split())
+        message = (f"***ALERT: cannot query Slurm for {job_name}, its state is unknown ({detail})! "
+                   f"Alert someone at {contact}***")
+        return StatusReport(job_name, now, (f"{stamp} {message}",), (Alert("slurm-error", message),),
+                            EXIT_ERROR)
+    return evaluate(job_name, jobs, now=now, log_path=log_path, stall_minutes=stall_minutes, contact=contact)
+
+
+def append_to_log(log_path: str | os.PathLike[str], lines: Sequence[str]) -> None:
+    """Append the report's lines to the run's main_log.txt (created with its folder if missing)."""
+    path = Path(log_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.writelines(line + "\n" for line in lines)

@@ -1,0 +1,227 @@
+"""Watchdog decisions in bigscience_ops.status, over recorded squeue output and real log files."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import slurm, status
+
+ASSETS = Path(__file__).parent / "assets" / "slurm"
+LONG_NAME = "tr1-13B-round3-a-job-name-longer-than-forty-characters"
+NOW = datetime(2026, 11, 22, 3, 42, 0)  # just after the recording was made
+
+
+@pytest.fixture(scope="module")
+def jobs() -> list[slurm.Job]:
+    return slurm.parse_squeue((ASSETS / "squeue.txt").read_text())
+
+
+@pytest.fixture(scope="module")
+def ids() -> dict[str, str]:
+    return json.loads((ASSETS / "ids.json").read_text())
+
+
+def seed_job(**changes: object) -> slurm.Job:
+    """The running task from the tr1-13B on-call report."""
+    job = slurm.Job(
+        job_id="711114_4", array_job_id="711114", array_task="4", name="tr1-13B-round3", user="stas",
+        state="RUNNING", reason="None", partition="gpu_p13", num_nodes=48,
+        nodes="r7i4n[1-7],r7i7n[1-8],r8i0n0", elapsed_s=65759, time_limit_min=1200,
+        start_time=datetime(2021, 8, 16, 3, 52, 2), submit_time=datetime(2021, 8, 12), dependency=None)
+    return replace(job, **changes)
+
+
+def test_running_line_has_the_seed_shape() -> None:
+    report = status.evaluate("tr1-13B-round3", [seed_job()], now=datetime(2021, 8, 16, 22, 8, 1))
+    assert report.exit_code == status.EXIT_HEALTHY and report.alerts == ()
+    assert report.lines == ("[2021-08-16 22:08:01] tr1-13B-round3 is running for 18:15:59 since "
+                            "2021-08-16T03:52:02 (711114_4 on 'gpu_p13' partition (r7i4n[1-7],r7i7n[1-8],r8i0n0))",)
+
+
+def test_missing_job_gives_the_seed_alert(jobs: list[slurm.Job]) -> None:
+    report = status.evaluate("tr1-13B-round3", jobs, now=NOW)
+    assert report.exit_code == status.EXIT_ALERT
+    assert [a.condition for a in report.alerts] == ["not-scheduled"]
+    assert report.lines == ("[2026-11-22 03:42:00] ***ALERT: tr1-13B-round3 is not RUNNING or SCHEDULED! "
+                            "Alert someone at Eng WG***",)
+    other = status.evaluate("x", [], now=NOW, contact="the on-call list")
+    assert other.alerts[0].message.endswith("Alert someone at the on-call list***")
+
+
+def test_long_named_array_running_and_waiting(jobs: list[slurm.Job], ids: dict[str, str]) -> None:
+    report = status.evaluate(LONG_NAME, jobs, now=NOW)
+    assert report.exit_code == 0 and len(report.lines) == 3
+    running, *waiting = report.lines
+    assert f"{LONG_NAME} is running for 0:00:01 since 2026-11-22T03:41:51 ({ids['array']}_1 on 'bsops'" in running
+    assert any("previous job array task" in line and f"{ids['array']}_[2-5%1]" in line for line in waiting)
+    assert any("dependency" in line and f"{ids['chained_array']}_[1-5%1]" in line for line in waiting)
+    # A prefix of the name is a different job: names are compared whole, never cut to a width.
+    assert status.evaluate(LONG_NAME[:40], jobs, now=NOW).exit_code == status.EXIT_ALERT
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("rec-dependency", "waiting for its dependency"),
+    ("rec-begin", "scheduled to start in 1:59:50 (at 2026-11-22T05:41:50; reason: BeginTime)"),
+    ("rec-resources", "scheduled to start in 0:04:51"),
+    ("rec-priority", "reason: Priority"),
+    ("rec name with spaces | and a pipe", "scheduled to start in 0:59:50"),
+])
+def test_scheduled_jobs_are_healthy(jobs: list[slurm.Job], name: str, words: str) -> None:
+    report = status.evaluate(name, jobs, now=NOW)
+    assert report.exit_code == status.EXIT_HEALTHY, report.lines
+    assert len(report.lines) == 1 and words in report.lines[0]
+    assert report.lines[0].startswith(f"[2026-11-22 03:42:00] {name} ")
+
+
+@pytest.mark.parametrize(("name", "reason", "advice"), [
+    ("rec-held-admin", "JobHeldAdmin", "scontrol release"),
+    ("rec-held-user", "JobHeldUser", "scontrol release"),
+    ("rec-never-satisfied", "DependencyNeverSatisfied", "scancel"),
+    ("rec-partition-down", "PartitionDown", "scancel"),
+])
+def test_never_starting_jobs_alert(jobs: list[slurm.Job], name: str, reason: str, advice: str) -> None:
+    report = status.evaluate(name, jobs, now=NOW)
+    assert report.exit_code == status.EXIT_ALERT
+    assert [a.condition for a in report.alerts] == ["not-scheduled", "never-starts"]
+    assert reason in report.lines[0] and advice in report.lines[0]
+    assert f"***ALERT: {name} is not RUNNING or SCHEDULED! Alert someone at Eng WG***" in report.lines[1]
+
+
+def test_a_broken_chain_behind_a_running_task_still_alerts() -> None:
+    chained = seed_job(job_id="720000_[1-5%1]", array_job_id="720000", array_task="1-5%1", state="PENDING",
+                       reason="DependencyNeverSatisfied", dependency="afterok:711114_4(failed)", nodes="",
+                       elapsed_s=0, start_time=None)
+    report = status.evaluate("tr1-13B-round3", [seed_job(), chained], now=datetime(2021, 8, 16, 22, 8, 1))
+    assert [a.condition for a in report.alerts] == ["never-starts"]
+    assert "720000_[1-5%1] (DependencyNeverSatisfied)" in report.alerts[0].message
+
+
+def test_two_running_trainings_alert_overlap() -> None:
+    other = seed_job(job_id="720001", array_job_id="720001", array_task=None)
+    report = status.evaluate("tr1-13B-round3", [seed_job(), other], now=datetime(2021, 8, 16, 22, 8, 1))
+    assert [a.condition for a in report.alerts] == ["overlap"]
+
+
+def test_other_states_are_not_scheduled() -> None:
+    report = status.evaluate("tr1-13B-round3", [seed_job(state="SUSPENDED")], now=datetime(2021, 8, 17))
+    assert [a.condition for a in report.alerts] == ["not-scheduled"]
+    assert "state SUSPENDED" in report.lines[0]
+
+
+# --- stall detection on real files ---------------------------------------------------------------
+
+ITERATION = (" iteration   168000/  311541 | consumed samples:    153013584 | elapsed time per iteration (ms): "
+             "42000.0 | learning rate: 5.997E-05 | global batch size:  2048 | lm loss: 2.291E+00 |")
+
+
+def write_log(path: Path, lines: list[str], mtime: datetime) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    os.utime(path, (mtime.timestamp(), mtime.timestamp()))
+    return path
+
+
+def running_since(minutes: float) -> slurm.Job:
+    return seed_job(start_time=NOW - timedelta(minutes=minutes), elapsed_s=int(minutes * 60))
+
+
+def test_recent_iteration_is_healthy(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "main_log.txt", ["loading", ITERATION], NOW - timedelta(minutes=10))
+    report = status.evaluate("tr1-13B-round3", [running_since(600)], now=NOW, log_path=log, stall_minutes=30)
+    assert report.exit_code == status.EXIT_HEALTHY
+
+
+def test_watchdog_lines_after_the_last_iteration_date_the_stall(tmp_path: Path) -> None:
+    # The watchdog's own lines are appended to the same log, so the mtime is recent; the first
+    # stamped line after the last iteration proves no progress since then.
+    earlier = NOW - timedelta(hours=2)
+    lines = [ITERATION, f"[{earlier:%Y-%m-%d %H:%M:%S}] tr1-13B-round3 is running for 9:00:00 ...",
+             "a traceback line with no stamp",
+             f"[{NOW - timedelta(hours=1):%Y-%m-%d %H:%M:%S}] tr1-13B-round3 is running for 10:00:00 ..."]
+    log = write_log(tmp_path / "main_log.txt", lines, NOW - timedelta(minutes=1))
+    progress = status.read_progress(log)
+    assert progress.last_iteration == ITERATION.strip() and progress.seen_after == earlier
+    report = status.evaluate("tr1-13B-round3", [running_since(600)], now=NOW, log_path=log, stall_minutes=60)
+    assert [a.condition for a in report.alerts] == ["stalled"]
+    assert "for 2:00:00 (limit 60 min)" in report.alerts[0].message
+    assert report.exit_code == status.EXIT_ALERT
+
+
+def test_a_new_task_is_not_stalled_by_the_previous_tasks_gap(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "main_log.txt", [ITERATION], NOW - timedelta(hours=5))
+    fresh = status.evaluate("tr1-13B-round3", [running_since(5)], now=NOW, log_path=log, stall_minutes=30)
+    assert fresh.exit_code == status.EXIT_HEALTHY
+    hung = status.evaluate("tr1-13B-round3", [running_since(45)], now=NOW, log_path=log, stall_minutes=30)
+    assert [a.condition for a in hung.alerts] == ["stalled"] and "0:45:00" in hung.alerts[0].message
+
+
+def test_missing_log_or_no_iteration_yet(tmp_path: Path) -> None:
+    gone = status.evaluate("tr1-13B-round3", [running_since(90)], now=NOW,
+                           log_path=tmp_path / "nope.txt", stall_minutes=60)
+    assert [a.condition for a in gone.alerts] == ["stalled"] and "does not exist" in gone.alerts[0].message
+    log = write_log(tmp_path / "main_log.txt", ["building indices"], NOW)
+    empty = status.evaluate("tr1-13B-round3", [running_since(90)], now=NOW, log_path=log, stall_minutes=60)
+    assert "has no iteration line" in empty.alerts[0].message
+    young = status.evaluate("tr1-13B-round3", [running_since(10)], now=NOW, log_path=log, stall_minutes=60)
+    assert young.exit_code == status.EXIT_HEALTHY
+
+
+def test_last_iteration_found_far_back_in_a_big_log(tmp_path: Path) -> None:
+    stamp = NOW - timedelta(hours=3)
+    filler = [f"[{stamp:%Y-%m-%d %H:%M:%S},123] [INFO] [stage] evaluating batch {i}" for i in range(20000)]
+    log = write_log(tmp_path / "main_log.txt", [ITERATION.replace("168000", "1"), ITERATION, *filler], NOW)
+    assert log.stat().st_size > 1 << 20
+    progress = status.read_progress(log)
+    assert progress.last_iteration == ITERATION.strip() and progress.seen_after == stamp
+
+
+def test_pending_jobs_are_not_checked_for_stalls(tmp_path: Path) -> None:
+    waiting = seed_job(state="PENDING", reason="Priority", start_time=None, nodes="")
+    report = status.evaluate("tr1-13B-round3", [waiting], now=NOW, log_path=tmp_path / "nope", stall_minutes=1)
+    assert report.exit_code == status.EXIT_HEALTHY
+
+
+# --- check(): the query, and a failing query ----------------------------------------------------
+
+def test_check_asks_for_the_groups_users_and_evaluates() -> None:
+    asked = {}
+
+    def query(*, users: list[str], timeout: float) -> list[slurm.Job]:
+        asked.update(users=users, timeout=timeout)
+        return [seed_job()]
+
+    report = status.check("tr1-13B-round3", group="root", users=["stas"], query=query, timeout=7,
+                          now=datetime(2021, 8, 16, 22, 8, 1))
+    assert report.exit_code == 0 and "root" in asked["users"] and "stas" in asked["users"]
+    assert asked["timeout"] == 7
+
+
+def test_a_slurm_that_cannot_be_asked_is_an_alert_with_exit_code_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Real squeue with a configuration it cannot read retries for a minute; the timeout ends it.
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
+    report = status.check("tr1-13B-round3", timeout=1, now=NOW)
+    assert report.exit_code == status.EXIT_ERROR
+    assert [a.condition for a in report.alerts] == ["slurm-error"]
+    assert report.lines[0].startswith("[2026-11-22 03:42:00] ***ALERT: cannot query Slurm for tr1-13B-round3")
+    assert "squeue" in report.lines[0] and "\n" not in report.lines[0]
+
+
+def test_an_unknown_group_is_reported_not_raised() -> None:
+    report = status.check("x", group="no-such-group-bsops", query=lambda **_: [], now=NOW)
+    assert report.exit_code == status.EXIT_ERROR and "no-such-group-bsops" in report.alerts[0].message
+
+
+def test_append_to_log_feeds_the_next_stall_check(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "main_log.txt"
+    status.append_to_log(log, [ITERATION])
+    earlier = NOW - timedelta(hours=2)
+    status.append_to_log(log, status.evaluate("tr1-13B-round3", [running_since(600)], now=earlier).lines)
+    status.append_to_log(log, ["[2026-11-22 03:00:00] another line"])
+    text = log.read_text()
+    assert text.count("\n") == 3 and text.startswith(ITERATION)
+    assert status.read_progress(log).seen_after == earlier
