@@ -1,0 +1,167 @@
+"""bsops preprocess: ids, bad lines with file and line numbers, --strict, compression, workers, CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import lzma
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from bigscience_ops.cli import main
+from bigscience_ops.data.errors import BadInputError
+from bigscience_ops.data.indexed import IndexedDataset
+from bigscience_ops.data.preprocess import preprocess
+from bigscience_ops.data.tokenizer import resolve_tokenizer
+
+GOOD = ["First document.", "Ünïcödé and emoji 😀 here", "  whitespace   runs\n\n\tend", "x"]
+
+# (raw line, problem kind) for each kind of unusable line
+BAD_LINES = [
+    (b'{"text": "unterminated}\n', "malformed-json"),
+    (b"\n", "malformed-json"),
+    (b'["a", "list"]\n', "not-an-object"),
+    (b'{"content": "wrong key"}\n', "missing-key"),
+    (b'{"text": 12}\n', "not-a-string"),
+    (b'{"text": null}\n', "not-a-string"),
+    (b'{"text": "bad \xc3\x28 bytes"}\n', "invalid-utf8"),
+    (b'{"text": "lone \\udc80 surrogate"}\n', "invalid-utf8"),
+    (b'{"text": ""}\n', "empty"),
+]
+
+
+def good_line(text: str) -> bytes:
+    return (json.dumps({"text": text, "meta": {"id": 1}}, ensure_ascii=False) + "\n").encode()
+
+
+def write_mixed(path: Path) -> dict[int, str]:
+    """GOOD documents with every BAD_LINES entry between them; returns {line number: kind}."""
+    expected = {}
+    with open(path, "wb") as f:
+        lineno = 0
+        for i, (raw, kind) in enumerate(BAD_LINES):
+            f.write(good_line(GOOD[i % len(GOOD)]))
+            f.write(raw)
+            lineno += 2
+            expected[lineno] = kind
+    return expected
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return resolve_tokenizer("gpt2")
+
+
+def test_ids_equal_gpt2tokenizerfast_plus_eod(tmp_path, spec, hf_gpt2):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(good_line(t) for t in GOOD))
+    result = preprocess([src], str(tmp_path / "out"), spec, append_eod=True)
+    ds = IndexedDataset(result.outputs["text"])
+    assert ds.dtype == np.uint16
+    assert [ds[i].tolist() for i in range(len(ds))] == [hf_gpt2(t)["input_ids"] + [50256] for t in GOOD]
+    assert result.docs_in == result.docs_out == len(GOOD)
+    assert result.tokens_out["text"] == ds.num_tokens
+    assert result.bytes_in == src.stat().st_size
+    assert result.problem_counts == {} and result.problems_file is None
+
+
+def test_each_bad_line_is_counted_with_file_and_line(tmp_path, spec):
+    src = tmp_path / "mixed.jsonl"
+    expected = write_mixed(src)
+    result = preprocess([src], str(tmp_path / "out"), spec, append_eod=True)
+    assert {p.line: p.kind for p in result.problems} == expected
+    assert all(p.path == str(src) for p in result.problems)
+    kinds = [k for _, k in BAD_LINES]
+    assert result.problem_counts == {k: kinds.count(k) for k in set(kinds)}
+    assert result.docs_in == 2 * len(BAD_LINES)
+    assert result.docs_out == len(BAD_LINES) == len(IndexedDataset(result.outputs["text"]))
+    assert result.docs_dropped + result.docs_out == result.docs_in
+    listed = [json.loads(line) for line in Path(result.problems_file).read_text().splitlines()]
+    assert [(p["line"], p["kind"]) for p in listed] == sorted(expected.items())
+
+
+@pytest.mark.parametrize("raw,kind", BAD_LINES)
+def test_strict_stops_at_first_bad_line(tmp_path, spec, raw, kind):
+    src = tmp_path / "one_bad.jsonl"
+    src.write_bytes(good_line("fine") + good_line("also fine") + raw + good_line("after"))
+    with pytest.raises(BadInputError) as err:
+        preprocess([src], str(tmp_path / "out"), spec, strict=True)
+    assert (err.value.path, err.value.line, err.value.kind) == (str(src), 3, kind)
+    assert not list(tmp_path.glob("out_*.idx")) and not list(tmp_path.glob("out_*.bin"))
+
+
+def test_compressed_inputs_and_workers_give_identical_output(tmp_path, spec):
+    lines = [good_line(f"document {i} " + "word " * (i % 50)) for i in range(3000)]
+    plain = tmp_path / "a.jsonl"
+    plain.write_bytes(b"".join(lines))
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    (tmp_path / "a.jsonl.xz").write_bytes(lzma.compress(plain.read_bytes()))
+    outputs = []
+    for name, workers in [("a.jsonl", 1), ("a.jsonl.gz", 1), ("a.jsonl.xz", 2)]:
+        r = preprocess([tmp_path / name], str(tmp_path / f"o_{workers}_{name}"), spec, append_eod=True,
+                       workers=workers)
+        outputs.append((Path(r.outputs["text"] + ".bin").read_bytes(), Path(r.outputs["text"] + ".idx").read_bytes()))
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_several_inputs_and_keys(tmp_path, spec):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps({"text": "alpha", "title": "A"}) + "\n")
+    b.write_text(json.dumps({"text": "beta", "title": "B"}) + "\n" + json.dumps({"text": "gamma"}) + "\n")
+    r = preprocess([a, b], str(tmp_path / "out"), spec, json_keys=("text", "title"))
+    assert set(r.outputs) == {"text", "title"} and r.docs_out == 2
+    assert [(p.path, p.line, p.kind) for p in r.problems] == [(str(b), 2, "missing-key")]
+    assert len(IndexedDataset(r.outputs["title"])) == 2
+
+
+def test_cli_preprocess_progress_and_merge(tmp_path):
+    src = tmp_path / "in.jsonl"
+    write_mixed(src)
+    with open(src, "ab") as f:
+        for i in range(250):
+            f.write(good_line(f"more text {i}"))
+    runner = CliRunner()
+    res = runner.invoke(main, ["preprocess", "--input", str(src), "--tokenizer", "gpt2", "--append-eod",
+                               "--output-prefix", str(tmp_path / "p"), "--log-interval", "100"])
+    assert res.exit_code == 0, res.output
+    assert re.search(r"^Processed \d+ documents \([\d.]+ docs/s, [\d.]+ MB/s\)\.$", res.stderr, re.M)
+    assert f"{src}:2: malformed-json" in res.stderr
+    assert "documents in 268, out 259, dropped 9" in res.stdout
+    res = runner.invoke(main, ["preprocess", "--input", str(src), "--tokenizer", "gpt2",
+                               "--output-prefix", str(tmp_path / "s"), "--strict"])
+    assert res.exit_code == 2 and f"{src}:2: malformed-json" in res.stderr
+    one = str(tmp_path / "p_text_document")
+    res = runner.invoke(main, ["merge-data", "--input-prefix", one, "--input-prefix", one,
+                               "--output-prefix", str(tmp_path / "m")])
+    assert res.exit_code == 0, res.output
+    assert len(IndexedDataset(tmp_path / "m")) == 2 * 259
+
+
+def test_ctrl_c_never_leaves_a_complete_looking_index(tmp_path):
+    src = tmp_path / "big.jsonl"
+    line = good_line("many words " * 400)
+    src.write_bytes(line * 6000)  # ~26 MB: several seconds of work
+    prefix = tmp_path / "out"
+    bsops = str(Path(sys.executable).with_name("bsops"))
+    proc = subprocess.Popen([bsops, "preprocess", "--input", str(src),
+                             "--tokenizer", "gpt2", "--output-prefix", str(prefix), "--append-eod"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob("out_text_document.bin.tmp-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert not (tmp_path / "out_text_document.idx").exists()
+    assert not (tmp_path / "out_text_document.bin").exists()
+    assert not list(tmp_path.glob("*.tmp-*"))

@@ -1,0 +1,88 @@
+"""Token ids equal transformers' GPT2TokenizerFast on varied text, on every backend and file kind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bigscience_ops.data.errors import TokenizerError
+from bigscience_ops.data.tokenizer import (PROBE_TEXT, HFTokenizer, TiktokenTokenizer, TokenizerSpec,
+                                           build_tokenizer, resolve_tokenizer)
+
+TEXTS = [
+    "Hello, world!",
+    "",
+    " ",
+    "    ",
+    "\n\n\n",
+    "trailing spaces   ",
+    "  two leading, tabs\t\tand\nnewlines\r\n\r\n end",
+    "It's we'll they're I'd you've I'M DON'T",
+    "naïve café résumé Straße façade Ærø",
+    "Ελληνικά русский язык 中文 日本語 한국어 العربية עברית हिन्दी ไทย",
+    "emoji 😀😃🎉 👩‍👩‍👧‍👦 family 🇫🇷🇯🇵 flags 👍🏽 skin",
+    "numbers 1234567890 3.14159 1,000,000 -42 1e-9 0x1F",
+    "def f(x):\n    return x ** 2  # comment\n\tif a&&b: c[0]={'k': 1}",
+    "\u00a0nbsp \u2003em-space \u3000ideographic \u200bzero-width \u2028line-sep",
+    "a" * 500,
+    "   " * 50 + "x",
+    "<|endoftext|> special in text <|endoftext|>",
+    "URL https://example.com/a?b=c&d=e#f mail x.y@z.org",
+    "ok\x00null\x01control\x7fdel",
+    PROBE_TEXT,
+]
+
+
+@pytest.mark.parametrize("backend", ["auto", "tiktoken", "tokenizers"])
+def test_gpt2_ids_equal_gpt2tokenizerfast(gpt2_files, hf_gpt2, backend):
+    tok = build_tokenizer(TokenizerSpec("gpt2-bpe", *gpt2_files, backend=backend))
+    if backend != "tokenizers":
+        assert isinstance(tok, TiktokenTokenizer)  # the fast path is taken for GPT-2
+    assert tok.vocab_size == 50257 and tok.eod == 50256
+    for text in TEXTS:
+        assert tok.encode(text) == hf_gpt2(text)["input_ids"], repr(text[:40])
+
+
+def test_tokenizer_json_of_gpt2_uses_fast_path(tmp_path, hf_gpt2):
+    path = tmp_path / "tokenizer.json"
+    hf_gpt2.backend_tokenizer.save(str(path))
+    tok = build_tokenizer(resolve_tokenizer(str(path)))
+    assert isinstance(tok, TiktokenTokenizer)
+    for text in TEXTS:
+        assert tok.encode(text) == hf_gpt2(text)["input_ids"]
+
+
+def test_tokenizer_json_with_normalizer_falls_back_to_tokenizers(tmp_path, hf_gpt2):
+    path = tmp_path / "tokenizer.json"
+    hf_gpt2.backend_tokenizer.save(str(path))
+    cfg = json.loads(path.read_text())
+    cfg["normalizer"] = {"type": "Lowercase"}
+    path.write_text(json.dumps(cfg))
+    tok = build_tokenizer(resolve_tokenizer(str(path)))
+    assert isinstance(tok, HFTokenizer)
+    assert tok.encode("Hello WORLD") == hf_gpt2("hello world")["input_ids"]
+    with pytest.raises(TokenizerError, match="normalizer"):
+        build_tokenizer(resolve_tokenizer(str(path), backend="tiktoken"))
+
+
+def test_bundled_tokenizer_backends_agree(repo_root):
+    path = repo_root / "corpus" / "tokenizer.json"
+    fast = build_tokenizer(resolve_tokenizer(str(path)))
+    slow = build_tokenizer(resolve_tokenizer(str(path), backend="tokenizers"))
+    assert isinstance(fast, TiktokenTokenizer) and isinstance(slow, HFTokenizer)
+    assert fast.eod == slow.eod is not None
+    for text in TEXTS:
+        assert fast.encode(text) == slow.encode(text)
+
+
+def test_resolve_tokenizer_forms(tmp_path, gpt2_dir, gpt2_files):
+    assert resolve_tokenizer("gpt2").kind == "gpt2-bpe"
+    assert resolve_tokenizer(str(gpt2_dir)).vocab_file == str(gpt2_dir / "vocab.json")
+    assert resolve_tokenizer(None, *gpt2_files).merges_file == gpt2_files[1]
+    with pytest.raises(TokenizerError, match="neither"):
+        resolve_tokenizer(str(tmp_path / "nope"))
+    with pytest.raises(TokenizerError, match="no tokenizer"):
+        resolve_tokenizer(None)
+    with pytest.raises(TokenizerError, match="backend"):
+        TokenizerSpec("gpt2-bpe", *gpt2_files, backend="fast")
