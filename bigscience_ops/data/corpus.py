@@ -1,0 +1,48 @@
+"""The bundled corpus (corpus/kjv.jsonl.xz + corpus/tokenizer.json) built into .bin/.idx on demand.
+
+The `tiny` experiment trains on `corpus/build/tiny_text_document`; `ensure_bundled_corpus` makes it
+with no download (about a second) and rebuilds it when the corpus or tokenizer file is newer.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from bigscience_ops.data.errors import DataError
+from bigscience_ops.data.indexed import exists, idx_path
+from bigscience_ops.data.preprocess import output_prefix_for, preprocess
+from bigscience_ops.data.tokenizer import TokenizerSpec
+
+CORPUS_DIR = Path(__file__).resolve().parents[2] / "corpus"
+CORPUS_FILE = CORPUS_DIR / "kjv.jsonl.xz"
+TOKENIZER_FILE = CORPUS_DIR / "tokenizer.json"
+NAME = "tiny"  # outputs tiny_text_document.bin/.idx
+
+
+def default_build_dir() -> Path:
+    return CORPUS_DIR / "build"
+
+
+def bundled_tokenizer() -> TokenizerSpec:
+    return TokenizerSpec("json", json_file=str(TOKENIZER_FILE))
+
+
+def ensure_bundled_corpus(out_dir: str | os.PathLike) -> str:
+    """Build OUT_DIR/tiny_text_document.bin/.idx from the bundled corpus if missing; return the prefix."""
+    for f in (CORPUS_FILE, TOKENIZER_FILE):
+        if not f.is_file():
+            raise DataError(f"bundled corpus file {f} is missing; it is part of the repository "
+                            "(regenerate with corpus/make_corpus.py and corpus/make_tokenizer.py)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = output_prefix_for(str(out / NAME), "text")
+    with open(out / f".{NAME}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # several ranks may ask at once; one builds
+        sources_mtime = max(CORPUS_FILE.stat().st_mtime, TOKENIZER_FILE.stat().st_mtime)
+        if not exists(prefix) or idx_path(prefix).stat().st_mtime < sources_mtime:
+            result = preprocess([CORPUS_FILE], str(out / NAME), bundled_tokenizer(), ("text",),
+                                append_eod=True, workers=1, strict=True)
+            prefix = result.outputs["text"]
+    return prefix
