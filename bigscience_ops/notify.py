@@ -1,0 +1,259 @@
+"""Alert emails for the watchdog: sent over SMTP, at most once per cooldown per condition, with a
+recovery email when the condition clears. The state between hourly runs is a small JSON file.
+
+The SMTP password is read from the environment variable the settings name; it is never stored,
+logged, or put into an error message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import smtplib
+import socket
+import ssl
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from email.message import EmailMessage
+from email.utils import format_datetime, make_msgid
+from pathlib import Path
+
+from bigscience_ops.errors import BsopsError
+from bigscience_ops.status import Alert, StatusReport
+
+SECURITY_CHOICES = ("starttls", "ssl", "none")
+
+
+class NotifyError(BsopsError):
+    """An alert email could not be sent, or the SMTP settings are unusable."""
+
+
+@dataclass(frozen=True)
+class SmtpSettings:
+    """Where alert emails go and how they get there."""
+
+    host: str
+    """SMTP server name or address."""
+    sender: str
+    """From address; its domain also names the Message-ID."""
+    recipients: tuple[str, ...]
+    """To addresses (the on-call list)."""
+    port: int = 587
+    """587 for starttls, 465 for ssl, 25 for none, usually."""
+    security: str = "starttls"
+    """starttls (upgrade a plain connection), ssl (TLS from the start) or none (trusted relay only)."""
+    user: str | None = None
+    """Login name; None to send without logging in."""
+    password_env: str | None = None
+    """Name of the environment variable that holds the password (never the password itself)."""
+    ca_file: str | None = None
+    """CA bundle to verify the server with, instead of the system's (a site CA, a test server)."""
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        recipients = (self.recipients,) if isinstance(self.recipients, str) else tuple(self.recipients)
+        object.__setattr__(self, "recipients", recipients)
+        if self.security not in SECURITY_CHOICES:
+            raise NotifyError(f"smtp.security: got {self.security!r}; allowed: {', '.join(SECURITY_CHOICES)}")
+        if not self.host:
+            raise NotifyError("smtp.host: got an empty host; give the SMTP server's name or address")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 < self.port < 65536:
+            raise NotifyError(f"smtp.port: got {self.port!r}; allowed: a port number 1-65535")
+        if not recipients or not all("@" in r for r in recipients):
+            raise NotifyError(f"smtp.recipients: got {list(recipients)!r}; allowed: one or more email addresses")
+        if "@" not in self.sender:
+            raise NotifyError(f"smtp.sender: got {self.sender!r}; allowed: an email address")
+        if self.user and not self.password_env:
+            raise NotifyError(f"smtp.password_env: got None while smtp.user is {self.user!r}; allowed: the "
+                              f"name of the environment variable that holds the password")
+
+
+# --- sending -------------------------------------------------------------------------------------
+
+def build_message(settings: SmtpSettings, subject: str, body: str, *, now: datetime | None = None) -> EmailMessage:
+    """A complete message: From, To, Subject, Date (RFC 5322, with zone) and a unique Message-ID."""
+    msg = EmailMessage()
+    msg["From"] = settings.sender
+    msg["To"] = ", ".join(settings.recipients)
+    msg["Subject"] = subject
+    when = (now or datetime.now()).astimezone()
+    msg["Date"] = format_datetime(when)
+    msg["Message-ID"] = make_msgid(idstring="bsops", domain=settings.sender.rpartition("@")[2])
+    msg.set_content(body)
+    return msg
+
+
+def send(settings: SmtpSettings, message: EmailMessage, *, env: Mapping[str, str] | None = None) -> str:
+    """Send one message; returns its Message-ID. Raises NotifyError naming the server and the cause."""
+    env = os.environ if env is None else env
+    password = None
+    if settings.user:
+        password = env.get(settings.password_env or "")
+        if password is None:
+            raise NotifyError(f"environment variable {settings.password_env} (smtp.password_env) is not set; "
+                              f"export the SMTP password for {settings.user!r} in it")
+    where = f"{settings.host}:{settings.port} ({settings.security})"
+    try:
+        context = ssl.create_default_context(cafile=settings.ca_file) if settings.security != "none" else None
+        if settings.security == "ssl":
+            client: smtplib.SMTP = smtplib.SMTP_SSL(settings.host, settings.port, timeout=settings.timeout_s,
+                                                    context=context)
+        else:
+            client = smtplib.SMTP(settings.host, settings.port, timeout=settings.timeout_s)
+        with client:
+            if settings.security == "starttls":
+                client.starttls(context=context)
+            if settings.user:
+                client.login(settings.user, password or "")
+            client.send_message(message)
+    except (smtplib.SMTPException, OSError, ssl.SSLError) as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+        if password:
+            detail = detail.replace(password, "***")
+        raise NotifyError(f"could not send email {message['Subject']!r} via {where}: {detail}") from None
+    return str(message["Message-ID"])
+
+
+# --- alerts with cooldown and recovery ------------------------------------------------------------
+
+ADVICE = {
+    "not-scheduled": "Nothing is running or queued: launch the training again (`bsops launch EXP`; add "
+                     "--after-current if a job of it is still queued).",
+    "never-starts": "A queued job will never start on its own: release it (`scontrol release ID`) if it is "
+                    "held, otherwise cancel it (`scancel ID`) and launch again.",
+    "stalled": "The job runs but the training makes no progress: read the end of the log; if it hangs, "
+               "`scancel` the running task (the next array task resumes from the last checkpoint) and, if "
+               "one node is to blame, exclude it.",
+    "overlap": "Two trainings run at once and write the same checkpoints: cancel the newer one now.",
+    "slurm-error": "The watchdog could not ask Slurm: check the controller (`sinfo`, `squeue`) from a login "
+                   "node; the training's state is unknown until it answers.",
+}
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One email the watchdog sent."""
+
+    kind: str
+    """alert or recovery."""
+    conditions: tuple[str, ...]
+    message_id: str
+    subject: str
+
+
+@dataclass
+class _State:
+    active: dict[str, dict] = field(default_factory=dict)
+
+
+def _load_state(path: Path) -> _State:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return _State()
+    except (OSError, ValueError) as exc:
+        raise NotifyError(f"alert state file {path} is unreadable ({exc}); delete it to start afresh") from None
+    return _State(active=dict(data.get("active", {})))
+
+
+def _save_state(path: Path, state: _State) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"version": 1, "active": state.active}, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def notify(report: StatusReport, settings: SmtpSettings, state_path: str | os.PathLike[str], *,
+           experiment: str | None = None, cooldown_minutes: float = 60.0, log_path: str | None = None,
+           now: datetime | None = None, env: Mapping[str, str] | None = None) -> list[Notice]:
+    """Email the report's alerts unless the same condition was emailed within the cooldown, and email
+    a recovery for conditions that were alerted and have cleared. Returns the emails sent.
+
+    While Slurm cannot be queried nothing is known to have cleared, so no recovery is sent then.
+    A failed send raises NotifyError after saving what did go out; the next run retries the rest.
+    """
+    if cooldown_minutes < 0:
+        raise NotifyError(f"cooldown_minutes: got {cooldown_minutes!r}; allowed: 0 or more minutes")
+    now = now or report.checked_at
+    path = Path(state_path)
+    state = _load_state(path)
+    experiment = experiment or report.job_name
+    prefix = f"{report.job_name}::"
+    current = {prefix + a.condition: a for a in report.alerts}
+    due: list[Alert] = []
+    for key, alert in current.items():
+        entry = state.active.setdefault(key, {"since": now.isoformat(), "last_sent": None})
+        entry["message"] = alert.message
+        last = entry.get("last_sent")
+        if last is None or now - datetime.fromisoformat(last) >= timedelta(minutes=cooldown_minutes):
+            due.append(alert)
+    unknown = any(a.condition == "slurm-error" for a in report.alerts)
+    cleared = [] if unknown else [k for k in state.active if k.startswith(prefix) and k not in current]
+    for key in [k for k in cleared if state.active[k].get("last_sent") is None]:
+        del state.active[key]  # never emailed, so there is nothing to recover from
+    cleared = [k for k in cleared if k in state.active]
+
+    sent: list[Notice] = []
+    try:
+        if due:
+            subject, body = _alert_email(experiment, report, due, cooldown_minutes, log_path)
+            message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
+            for alert in due:
+                state.active[prefix + alert.condition]["last_sent"] = now.isoformat()
+            sent.append(Notice("alert", tuple(a.condition for a in due), message_id, subject))
+        if cleared:
+            subject, body = _recovery_email(experiment, report, [state.active[k] for k in cleared], cleared, now)
+            message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
+            for key in cleared:
+                del state.active[key]
+            sent.append(Notice("recovery", tuple(k[len(prefix):] for k in cleared), message_id, subject))
+    finally:
+        _save_state(path, state)
+    return sent
+
+
+def _alert_email(experiment: str, report: StatusReport, due: Sequence[Alert], cooldown: float,
+                 log_path: str | None) -> tuple[str, str]:
+    first = due[0].message.removeprefix("***ALERT: ").split("! Alert someone", 1)[0]
+    more = f" (+{len(due) - 1} more)" if len(due) > 1 else ""
+    subject = f"[ALERT] {experiment}: {first}{more}"
+    advice = "\n".join(f"- {ADVICE.get(a.condition, 'Look at the status lines above.')}" for a in due)
+    body = "\n".join([
+        f"Experiment: {experiment}",
+        f"Slurm job name: {report.job_name}",
+        f"Checked at: {report.checked_at:%Y-%m-%d %H:%M:%S} on {socket.gethostname()}",
+        *( [f"Log: {log_path}"] if log_path else [] ),
+        "",
+        *(a.message for a in due),
+        "",
+        "What the watchdog saw:",
+        *report.lines,
+        "",
+        "What to do:",
+        advice.replace("EXP", experiment),
+        f"- Check again with: bsops status --job-name {report.job_name}",
+        "",
+        f"This alert repeats at most every {cooldown:g} minutes while the condition lasts; a recovery",
+        "email follows when it clears.",
+    ])
+    return subject, body + "\n"
+
+
+def _recovery_email(experiment: str, report: StatusReport, entries: Sequence[dict], keys: Sequence[str],
+                    now: datetime) -> tuple[str, str]:
+    conditions = ", ".join(k.split("::", 1)[1] for k in keys)
+    subject = f"[RECOVERED] {experiment}: {conditions} cleared"
+    lasted = [f"- {e.get('message', k)} (since {e.get('since', '?')})" for k, e in zip(keys, entries)]
+    body = "\n".join([
+        f"Experiment: {experiment}",
+        f"Slurm job name: {report.job_name}",
+        f"Checked at: {now:%Y-%m-%d %H:%M:%S} on {socket.gethostname()}",
+        "",
+        "These alerts have cleared; nothing more to do for them:",
+        *lasted,
+        "",
+        "What the watchdog sees now:",
+        *report.lines,
+    ])
+    return subject, body + "\n"

@@ -1,0 +1,225 @@
+"""Alert emails, received by a real SMTP server (aiosmtpd) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import json
+import socket
+import ssl
+import subprocess
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+
+import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
+
+from bigscience_ops import notify, status
+from bigscience_ops.notify import NotifyError, SmtpSettings
+
+PASSWORD = "s3cret-Pa55word"
+T0 = datetime(2026, 11, 22, 10, 0, 0)
+
+
+@dataclass
+class Inbox:
+    """The messages the server received, and who logged in."""
+
+    messages: list[email.message.EmailMessage] = field(default_factory=list)
+    envelopes: list[tuple[str, list[str]]] = field(default_factory=list)
+    logins: list[str] = field(default_factory=list)
+
+    async def handle_DATA(self, server, session, envelope):  # aiosmtpd handler hook
+        msg = email.message_from_bytes(envelope.original_content, policy=email.policy.default)
+        self.messages.append(msg)
+        self.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))
+        return "250 OK"
+
+    def authenticate(self, server, session, envelope, mechanism, auth_data):
+        ok = isinstance(auth_data, LoginPassword) and auth_data.password == PASSWORD.encode()
+        if ok:
+            self.logins.append(auth_data.login.decode())
+        return AuthResult(success=ok, handled=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    folder = tmp_path_factory.mktemp("tls")
+    key, crt = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-keyout", str(key), "-out", str(crt), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    return str(crt), str(key)
+
+
+def server_tls(cert: tuple[str, str]) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*cert)
+    return context
+
+
+@pytest.fixture
+def plain_server():
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    yield inbox, controller.port
+    controller.stop()
+
+
+@pytest.fixture
+def starttls_server(cert):
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port(), tls_context=server_tls(cert),
+                            require_starttls=True, authenticator=inbox.authenticate, auth_require_tls=True)
+    controller.start()
+    yield inbox, controller.port
+    controller.stop()
+
+
+def plain_settings(port: int, **changes) -> SmtpSettings:
+    values = dict(host="127.0.0.1", port=port, security="none", sender="bsops-bot@example.org",
+                  recipients=("oncall@example.org", "lead@example.org"))
+    values.update(changes)
+    return SmtpSettings(**values)
+
+
+def missing_report(now: datetime) -> status.StatusReport:
+    return status.evaluate("tr1-13B-round3", [], now=now)
+
+
+def test_alert_email_arrives_with_proper_headers(plain_server) -> None:
+    inbox, port = plain_server
+    settings = plain_settings(port)
+    message = notify.build_message(settings, "subject", "body", now=T0)
+    message_id = notify.send(settings, message)
+    got = inbox.messages[0]
+    assert got["Message-ID"] == message_id and message_id.startswith("<") and message_id.endswith("@example.org>")
+    assert parsedate_to_datetime(got["Date"]) == T0.astimezone()
+    assert got["From"] == "bsops-bot@example.org" and got["Subject"] == "subject"
+    assert inbox.envelopes[0] == ("bsops-bot@example.org", ["oncall@example.org", "lead@example.org"])
+
+
+def test_notify_cooldown_and_recovery(plain_server, tmp_path: Path) -> None:
+    inbox, port = plain_server
+    settings, state = plain_settings(port), tmp_path / "alerts.json"
+
+    def run(now: datetime, report: status.StatusReport) -> list[notify.Notice]:
+        return notify.notify(report, settings, state, experiment="tr1-13B", cooldown_minutes=60, now=now,
+                             log_path="/runs/tr1-13B/logs/main_log.txt")
+
+    first = run(T0, missing_report(T0))
+    assert [(n.kind, n.conditions) for n in first] == [("alert", ("not-scheduled",))]
+    msg = inbox.messages[0]
+    body = msg.get_content()
+    assert msg["Subject"] == "[ALERT] tr1-13B: tr1-13B-round3 is not RUNNING or SCHEDULED"
+    assert "***ALERT: tr1-13B-round3 is not RUNNING or SCHEDULED! Alert someone at Eng WG***" in body
+    assert "Experiment: tr1-13B" in body and "bsops launch tr1-13B" in body and "main_log.txt" in body
+    assert msg["Message-ID"] == first[0].message_id
+
+    assert run(T0 + timedelta(minutes=30), missing_report(T0 + timedelta(minutes=30))) == []
+    again = run(T0 + timedelta(minutes=61), missing_report(T0 + timedelta(minutes=61)))
+    assert [n.kind for n in again] == ["alert"] and len(inbox.messages) == 2
+
+    # Slurm unreachable: a new alert, but the old condition is not known to have cleared.
+    unreachable = status.StatusReport("tr1-13B-round3", T0 + timedelta(minutes=70), ("x",),
+                                      (status.Alert("slurm-error", "***ALERT: cannot query Slurm***"),), 2)
+    assert [n.conditions for n in run(T0 + timedelta(minutes=70), unreachable)] == [("slurm-error",)]
+
+    running = status.StatusReport("tr1-13B-round3", T0 + timedelta(minutes=80),
+                                  ("[2026-11-22 11:20:00] tr1-13B-round3 is running for 0:05:00",))
+    recovered = run(T0 + timedelta(minutes=80), running)
+    assert [(n.kind, set(n.conditions)) for n in recovered] == [("recovery", {"not-scheduled", "slurm-error"})]
+    last = inbox.messages[-1]
+    assert last["Subject"].startswith("[RECOVERED] tr1-13B:") and "is running" in last.get_content()
+    assert json.loads(state.read_text())["active"] == {}
+    assert run(T0 + timedelta(minutes=90), running) == [] and len(inbox.messages) == 4
+
+
+def test_conditions_of_other_jobs_are_left_alone(plain_server, tmp_path: Path) -> None:
+    inbox, port = plain_server
+    settings, state = plain_settings(port), tmp_path / "alerts.json"
+    notify.notify(status.evaluate("job-a", [], now=T0), settings, state, now=T0)
+    ok = status.StatusReport("job-b", T0, ())
+    assert notify.notify(ok, settings, state, now=T0) == []
+    assert list(json.loads(state.read_text())["active"]) == ["job-a::not-scheduled"]
+
+
+def test_starttls_login_with_password_from_the_environment(starttls_server, cert) -> None:
+    inbox, port = starttls_server
+    settings = plain_settings(port, security="starttls", user="bot", password_env="BSOPS_TEST_SMTP_PASSWORD",
+                              ca_file=cert[0])
+    notify.send(settings, notify.build_message(settings, "s", "b"), env={"BSOPS_TEST_SMTP_PASSWORD": PASSWORD})
+    assert inbox.logins == ["bot"] and len(inbox.messages) == 1
+
+
+def test_wrong_password_is_an_error_that_does_not_show_it(starttls_server, cert) -> None:
+    inbox, port = starttls_server
+    settings = plain_settings(port, security="starttls", user="bot", password_env="PW", ca_file=cert[0])
+    with pytest.raises(NotifyError, match=f"127.0.0.1:{port}") as info:
+        notify.send(settings, notify.build_message(settings, "s", "b"), env={"PW": "wrong-" + PASSWORD})
+    assert PASSWORD not in str(info.value) and inbox.messages == []
+
+
+def test_missing_password_variable_is_named(starttls_server, cert) -> None:
+    _, port = starttls_server
+    settings = plain_settings(port, security="starttls", user="bot", password_env="BSOPS_NO_SUCH_VAR")
+    with pytest.raises(NotifyError, match="BSOPS_NO_SUCH_VAR"):
+        notify.send(settings, notify.build_message(settings, "s", "b"), env={})
+
+
+def test_implicit_tls(cert) -> None:
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port(), ssl_context=server_tls(cert))
+    controller.start()
+    try:
+        settings = plain_settings(controller.port, security="ssl", ca_file=cert[0])
+        notify.send(settings, notify.build_message(settings, "s", "b"))
+    finally:
+        controller.stop()
+    assert len(inbox.messages) == 1
+
+
+def test_untrusted_certificate_is_refused(starttls_server) -> None:
+    _, port = starttls_server
+    settings = plain_settings(port, security="starttls")
+    with pytest.raises(NotifyError, match="CERTIFICATE_VERIFY_FAILED|certificate"):
+        notify.send(settings, notify.build_message(settings, "s", "b"))
+
+
+def test_failed_send_is_retried_on_the_next_run(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens here
+    state = tmp_path / "alerts.json"
+    with pytest.raises(NotifyError, match=f"127.0.0.1:{port}"):
+        notify.notify(missing_report(T0), plain_settings(port), state, now=T0)
+    assert json.loads(state.read_text())["active"]["tr1-13B-round3::not-scheduled"]["last_sent"] is None
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        sent = notify.notify(missing_report(T0), plain_settings(port), state, now=T0 + timedelta(minutes=1))
+    finally:
+        controller.stop()
+    assert [n.kind for n in sent] == ["alert"] and len(inbox.messages) == 1
+
+
+@pytest.mark.parametrize(("changes", "field_name"), [
+    ({"security": "tls"}, "smtp.security"),
+    ({"port": 0}, "smtp.port"),
+    ({"recipients": ()}, "smtp.recipients"),
+    ({"sender": "bot"}, "smtp.sender"),
+    ({"user": "bot"}, "smtp.password_env"),
+    ({"host": ""}, "smtp.host"),
+])
+def test_settings_are_validated(changes: dict, field_name: str) -> None:
+    with pytest.raises(NotifyError, match=field_name):
+        plain_settings(**{"port": 25, **changes})
