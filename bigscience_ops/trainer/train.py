@@ -185,12 +185,18 @@ class Trainer:
         if self.train_ds is None:
             raise TrainerError(f"data.split: got {exp.data.split!r}; the training split is empty")
 
-    def _resume(self) -> None:
+    def _find_resume(self) -> ckpt.Resume | None:
+        """The checkpoint to resume from, checked against this model before anything is built."""
         resume = ckpt.find_resume(self.checkpoints)
+        if resume is not None:
+            ckpt.check_compatible(resume, dataclasses.asdict(self.shape), self.exp.parallel.tensor,
+                                  self.exp.parallel.pipeline)
+        return resume
+
+    def _resume(self, resume: ckpt.Resume | None) -> None:
         if resume is None:
             _print(f"> no checkpoint in {self.checkpoints}: starting from scratch")
             return
-        ckpt.check_compatible(resume, dataclasses.asdict(self.shape), self.exp.parallel.tensor, self.exp.parallel.pipeline)
         load_path, _ = self.engine.load_checkpoint(str(self.checkpoints), tag=resume.tag, load_optimizer_states=True,
                                                    load_lr_scheduler_states=False)
         if load_path is None:
@@ -298,12 +304,13 @@ class Trainer:
             _print(f"> kill switch {kill_switch} exists: exiting without training")
             return 0
         self._check_layout()
+        resume = self._find_resume()
         signals = _Signals()
         self._build_engine()
         self._build_data()
         is_writer = dist.get_rank() == 0 and exp.logging.tensorboard
         self.board = Board(exp.paths.tensorboard if is_writer else None, exp.logging.tensorboard_queue_size)
-        self._resume()
+        self._resume(resume)
         _print(f"> training {exp.name}: {self.params} parameters, TP={exp.parallel.tensor} PP={exp.parallel.pipeline} "
                f"DP={self.dp}, {self.train_iters} iterations, starting at {self.state.iteration}")
         reason = self._loop(kill_switch, signals)

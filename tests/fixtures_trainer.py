@@ -1,0 +1,99 @@
+"""Fixtures for the trainer tests: a small experiment, a launcher for real torchrun runs, TensorBoard readers.
+
+Runs are launched the way the job script launches them (torchrun -m bigscience_ops.trainer) on
+generated data (--synthetic-data), so they do not depend on the bundled corpus being built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops.config import Experiment, SaveRange, load_experiment, to_dict
+from bigscience_ops.render import deepspeed_config
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+
+
+def small_experiment(out: Path, **sections: dict) -> Experiment:
+    """tiny, shrunk to a 2-layer 64-wide GPT that runs 28 steps with a rampup 4 -> 8 in seconds."""
+    exp = load_experiment("tiny", REPO / "trainings")
+    out = Path(out)
+    base = {
+        "model": dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, max_position_embeddings=32,
+                      vocab_size=256, ffn_hidden_size=256),
+        "batch": dict(global_batch_size=8, micro_batch_size=2,
+                      rampup=dataclasses.replace(exp.batch.rampup, start=4, increment=2, samples=40)),
+        "train": dict(samples=200, seed=1234, precision="fp32"),
+        "lr_schedule": dict(warmup_samples=40),
+        "logging": dict(log_interval=2, eval_interval=10, eval_iters=2),
+        "checkpoint": dict(save_interval=10, save_schedule=[], exit_interval=None, exit_duration_in_mins=25,
+                           kill_switch_path=str(out / "kill-switch")),
+        "paths": dict(output=str(out), checkpoints=str(out / "checkpoints"), tensorboard=str(out / "tensorboard"),
+                      logs=str(out / "logs")),
+    }
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values)
+    changes = {name: dataclasses.replace(getattr(exp, name), **values) for name, values in base.items()}
+    return dataclasses.replace(exp, **changes)
+
+
+def write_run(exp: Experiment, out: Path) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "experiment.json").write_text(json.dumps(to_dict(exp), indent=2))
+    (out / "ds_config.json").write_text(json.dumps(deepspeed_config(exp), indent=2))
+    return out
+
+
+def launch(out: Path, nproc: int, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """One torchrun launch of the trainer on the experiment written in `out`."""
+    argv = [TORCHRUN, "--standalone", "--nproc_per_node", str(nproc), "-m", "bigscience_ops.trainer",
+            "--experiment", str(Path(out) / "experiment.json"), "--deepspeed-config", str(Path(out) / "ds_config.json"),
+            "--synthetic-data"]
+    full_env = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
+    full_env.update({"DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", **(env or {})})
+    return subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_ok(out: Path, nproc: int, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = launch(out, nproc, env)
+    assert proc.returncode == 0, f"trainer exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def scalars(tensorboard_dir: Path, tag: str) -> dict[int, float]:
+    """step -> value of one TensorBoard tag over every event file of the folder (later files win)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[int, float] = {}
+    for path in sorted(glob.glob(str(Path(tensorboard_dir) / "events.out.tfevents.*")), key=os.path.getmtime):
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            out.update({e.step: e.value for e in acc.Scalars(tag)})
+    return out
+
+
+def checkpoint_steps(out: Path) -> list[int]:
+    return sorted(int(p.name.removeprefix("global_step")) for p in (Path(out) / "checkpoints").glob("global_step*"))
+
+
+GOLDEN_SAVE_SCHEDULE = [SaveRange(until=6, interval=2), SaveRange(until=20, interval=5)]
+
+
+@pytest.fixture(scope="session")
+def golden_run(tmp_path_factory) -> tuple[Experiment, Path, subprocess.CompletedProcess]:
+    """The fixed tiny config trained uninterrupted with PP=2 and a multi-range save schedule."""
+    out = tmp_path_factory.mktemp("golden")
+    exp = small_experiment(out, checkpoint=dict(save_schedule=GOLDEN_SAVE_SCHEDULE, save_interval=10))
+    write_run(exp, out)
+    return exp, out, run_ok(out, 2)

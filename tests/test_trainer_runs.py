@@ -1,0 +1,147 @@
+"""Real trainer runs (torchrun, gloo, CPU): goldens, schedules, checkpoints, exits, resume, PP and DP layouts.
+
+Each launch costs several seconds, so every launch is shared by several checks (session fixtures).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import plan
+from tests.fixtures_trainer import (checkpoint_steps, launch, run_ok, scalars, small_experiment, write_run)
+
+GOLDEN = Path(__file__).parent / "assets" / "losses" / "tiny.txt"
+REGENERATE = "BSOPS_REGENERATE_GOLDEN"
+
+
+def _read_golden() -> dict[int, float]:
+    rows = [line.split() for line in GOLDEN.read_text().splitlines() if line and not line.startswith("#")]
+    return {int(step): float(loss) for step, loss in rows}
+
+
+def test_golden_losses(golden_run):
+    exp, out, _ = golden_run
+    losses = scalars(out / "tensorboard", "lm loss")
+    assert sorted(losses) == list(range(1, plan.train_iters(exp) + 1))
+    if os.environ.get(REGENERATE):
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        lines = [f"# per-step lm loss of tests/fixtures_trainer.py's golden_run (PP=2, fp32, CPU). "
+                 f"Regenerate: {REGENERATE}=1 pytest tests/test_trainer_runs.py -k golden_losses"]
+        GOLDEN.write_text("\n".join(lines + [f"{s} {losses[s]!r}" for s in sorted(losses)]) + "\n")
+    golden = _read_golden()
+    assert sorted(golden) == sorted(losses)
+    for step, value in golden.items():
+        assert math.isclose(losses[step], value, rel_tol=2e-4), (step, losses[step], value)
+    assert losses[max(losses)] < losses[1] - 0.5, "the loss must clearly fall"
+
+
+def test_rampup_batch_sizes_and_lrs_equal_the_plan(golden_run):
+    exp, out, _ = golden_run
+    schedule, lr = plan.batch_schedule(exp), plan.lr_schedule(exp)
+    sizes = scalars(out / "tensorboard", "batch-size")
+    lrs = scalars(out / "tensorboard", "learning-rate")
+    steps = range(1, plan.train_iters(exp) + 1)
+    assert [sizes[s] for s in steps] == [schedule.batch_size_of_step(s) for s in steps]
+    assert {4, 6, 8} == set(sizes.values())
+    # Megatron logs the LR after its scheduler step: the one for consumed_after(step) samples.
+    for s in steps:
+        assert math.isclose(lrs[s], lr.lr_at(schedule.consumed_after(s)), rel_tol=1e-6, abs_tol=1e-12), s
+    by_samples = scalars(out / "tensorboard", "batch-size vs samples")
+    assert sorted(by_samples) == [schedule.consumed_after(s) for s in steps]
+
+
+def test_multi_range_save_schedule_folders(golden_run):
+    exp, out, _ = golden_run
+    # ranges: every 2 to 6, every 5 to 20 (11, 16), then save_interval 10 from 20 (30 > 28), and the final step
+    assert checkpoint_steps(out) == [2, 4, 6, 11, 16, 28]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "global_step28"
+
+
+def test_validation_and_tensorboard_scalars(golden_run):
+    exp, out, proc = golden_run
+    valid = scalars(out / "tensorboard", "lm loss validation")
+    assert sorted(valid) == [10, 20, 28]
+    assert valid[28] < valid[10]
+    ppl = scalars(out / "tensorboard", "lm loss validation ppl")
+    assert math.isclose(ppl[28], math.exp(valid[28]), rel_tol=1e-5)
+    for tag in ("grad-norm", "params-norm", "loss-scale", "iteration-time", "samples per second", "TFLOPs per GPU",
+                "lm loss vs samples", "learning-rate vs samples", "lm loss validation vs samples"):
+        assert scalars(out / "tensorboard", tag), tag
+    assert proc.stdout.count(" validation loss at iteration ") == 3
+    assert proc.stdout.count(" iteration ") >= plan.train_iters(exp) // 2
+
+
+@pytest.fixture(scope="session")
+def interrupted_run(tmp_path_factory, golden_run):
+    """The golden config, interrupted by exit interval, exit duration and kill switch, then resumed."""
+    gexp, _, _ = golden_run
+    out = tmp_path_factory.mktemp("interrupted")
+    exp = small_experiment(out, checkpoint=dict(save_schedule=gexp.checkpoint.save_schedule, save_interval=10,
+                                                exit_interval=7))
+    write_run(exp, out)
+    runs = {"interval": run_ok(out, 2)}
+    steps_after_interval = checkpoint_steps(out)
+    exp = small_experiment(out, checkpoint=dict(save_schedule=gexp.checkpoint.save_schedule, save_interval=10))
+    write_run(exp, out)
+    started = time.time() - (exp.checkpoint.exit_duration_in_mins * 60 + 5)
+    runs["duration"] = run_ok(out, 2, env={"BSOPS_JOB_START_EPOCH": str(int(started))})
+    steps_after_duration = checkpoint_steps(out)
+    Path(exp.checkpoint.kill_switch_path).touch()
+    runs["kill"] = run_ok(out, 2)
+    steps_after_kill = checkpoint_steps(out)
+    Path(exp.checkpoint.kill_switch_path).unlink()
+    runs["rest"] = run_ok(out, 2)
+    return out, runs, (steps_after_interval, steps_after_duration, steps_after_kill)
+
+
+def test_exit_interval_duration_and_kill_switch(interrupted_run):
+    out, runs, (after_interval, after_duration, after_kill) = interrupted_run
+    assert after_interval == [2, 4, 6, 7]  # exit interval 7: saved at 7, exited
+    assert after_duration == [2, 4, 6, 7, 8]  # job started long ago: one step, saved, exited
+    assert after_kill == after_duration  # kill switch at start: nothing trained, nothing saved
+    assert " iteration " not in runs["kill"].stdout
+    assert checkpoint_steps(out) == [2, 4, 6, 7, 8, 11, 16, 28]
+
+
+def test_resumed_losses_equal_uninterrupted_bitwise(interrupted_run, golden_run):
+    out, _, _ = interrupted_run
+    _, gout, _ = golden_run
+    assert scalars(out / "tensorboard", "lm loss") == scalars(gout / "tensorboard", "lm loss")
+    assert scalars(out / "tensorboard", "learning-rate") == scalars(gout / "tensorboard", "learning-rate")
+    assert scalars(out / "tensorboard", "lm loss validation") == scalars(gout / "tensorboard", "lm loss validation")
+
+
+def test_pp2_dp2_and_pp1_match_pp2(tmp_path, golden_run):
+    """PP=2 x DP=2 (4 processes, ZeRO-1, MBS 1) and PP=1 see the same samples per step: the same losses up to rounding."""
+    _, gout, _ = golden_run
+    golden = scalars(gout / "tensorboard", "lm loss")
+    for name, pipeline, nproc, zero in (("pp2dp2", 2, 4, 1), ("pp1", 1, 1, 0)):
+        out = tmp_path / name
+        exp = small_experiment(out, parallel=dict(pipeline=pipeline, zero_stage=zero), batch=dict(micro_batch_size=1),
+                               checkpoint=dict(save_interval=100, exit_interval=10))
+        write_run(exp, out)
+        run_ok(out, nproc)
+        losses = scalars(out / "tensorboard", "lm loss")
+        assert sorted(losses) == list(range(1, 11))
+        for step, value in losses.items():
+            assert math.isclose(value, golden[step], rel_tol=1e-3), (name, step, value, golden[step])
+        assert checkpoint_steps(out) == [10]
+
+
+def test_resume_with_another_shape_or_layout_is_rejected(tmp_path, golden_run):
+    _, gout, _ = golden_run
+    out = tmp_path / "mismatch"
+    shutil.copytree(gout / "checkpoints", out / "checkpoints")
+    exp = small_experiment(out, model=dict(hidden_size=128), parallel=dict(pipeline=1))
+    write_run(exp, out)
+    proc = launch(out, 1)
+    assert proc.returncode != 0, proc.stdout[-3000:]  # the trainer exits 2; torchrun reports a failed worker as 1
+    assert "hidden_size: checkpoint 64, config 128" in proc.stderr
+    assert "parallel.pipeline: checkpoint 2, config 1" in proc.stderr
+    assert not (out / "tensorboard").exists() or not scalars(out / "tensorboard", "lm loss")

@@ -1,0 +1,150 @@
+"""Trainer pieces without a distributed launch: save schedule, resume checks, data order, model, log lines."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+import torch
+
+from bigscience_ops.config import SaveRange
+from bigscience_ops.trainer import checkpointing as ckpt
+from bigscience_ops.trainer.data import SyntheticDataset, sample_indices, step_micro_batches
+from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock, build_sequential, lm_loss
+from bigscience_ops.trainer.report import IterationStats, iteration_line, validation_lines
+from tests.fixtures_trainer import small_experiment
+
+SEED_003 = [SaveRange(until=100, interval=10), SaveRange(until=1000, interval=18)]
+
+
+def test_seed_003_interpretability_schedule_in_one_run():
+    saves = ckpt.scheduled_saves(5500, SEED_003, 1500)
+    assert saves[:10] == list(range(10, 101, 10))
+    assert saves[10:12] == [118, 136] and 1000 in saves and 982 in saves
+    assert [s for s in saves if s > 1000] == [2500, 4000, 5500]
+    assert len([s for s in saves if 100 < s <= 1000]) == 50
+
+
+def test_plain_save_interval_is_megatrons_modulo():
+    assert ckpt.scheduled_saves(25, [], 10) == [10, 20, 25]
+    assert ckpt.scheduled_saves(20, [], None) == [20]
+
+
+def _fake_checkpoint(root, step, meta):
+    path = root / f"global_step{step}"
+    path.mkdir(parents=True)
+    ckpt.write_meta(path, meta)
+    (root / "latest").write_text(f"global_step{step}")
+    return path
+
+
+def test_find_resume_empty_and_complete(tmp_path):
+    assert ckpt.find_resume(tmp_path / "missing") is None
+    assert ckpt.find_resume(tmp_path) is None
+    _fake_checkpoint(tmp_path, 7, {"iteration": 7})
+    resume = ckpt.find_resume(tmp_path)
+    assert resume.tag == "global_step7" and resume.meta["iteration"] == 7
+
+
+def test_checkpoints_without_latest_are_an_error_not_a_fresh_start(tmp_path):
+    _fake_checkpoint(tmp_path, 7, {"iteration": 7})
+    (tmp_path / "latest").unlink()
+    with pytest.raises(ckpt.CheckpointError, match="global_step7"):
+        ckpt.find_resume(tmp_path)
+
+
+@pytest.mark.parametrize("content", ["global_step9", "garbage"])
+def test_latest_naming_a_missing_folder_is_an_error(tmp_path, content):
+    _fake_checkpoint(tmp_path, 7, {"iteration": 7})
+    (tmp_path / "latest").write_text(content)
+    with pytest.raises(ckpt.CheckpointError, match=content):
+        ckpt.find_resume(tmp_path)
+
+
+def test_checkpoint_without_meta_is_an_error(tmp_path):
+    (tmp_path / "global_step3").mkdir()
+    (tmp_path / "latest").write_text("global_step3")
+    with pytest.raises(ckpt.CheckpointError, match="bsops.json"):
+        ckpt.find_resume(tmp_path)
+
+
+def test_shape_and_layout_mismatch_rejected(tmp_path):
+    exp = small_experiment(tmp_path)
+    shape = dataclasses.asdict(GPTShape.from_experiment(exp))
+    _fake_checkpoint(tmp_path, 5, {"model": shape, "parallel": {"tensor": 1, "pipeline": 2}})
+    resume = ckpt.find_resume(tmp_path)
+    ckpt.check_compatible(resume, shape, 1, 2)
+    with pytest.raises(ckpt.CheckpointError, match="hidden_size: checkpoint 64, config 128"):
+        ckpt.check_compatible(resume, {**shape, "hidden_size": 128}, 1, 2)
+    with pytest.raises(ckpt.CheckpointError, match="parallel.pipeline: checkpoint 2, config 1"):
+        ckpt.check_compatible(resume, shape, 1, 1)
+
+
+def test_megatron_sample_order_depends_only_on_consumed():
+    # step after 12 consumed samples, 2 micro-batches of 2, DP=2: rank 0 reads 12,13 then 16,17
+    assert sample_indices(12, 2, 2, 0, 2) == [12, 13, 16, 17]
+    assert sample_indices(12, 2, 2, 1, 2) == [14, 15, 18, 19]
+    ds = SyntheticDataset(100, 8, 50, seed=3)
+    batches = list(step_micro_batches(ds, 12, 2, 2, 1, 2))
+    tokens, (labels, mask) = batches[1]
+    assert torch.equal(tokens[0], torch.from_numpy(ds[18][:-1])) and torch.equal(labels[1], torch.from_numpy(ds[19][1:]))
+    assert mask.shape == (2, 8) and tokens.shape == (2, 8)
+
+
+def test_model_init_does_not_depend_on_pipeline_split(tmp_path):
+    shape = GPTShape.from_experiment(small_experiment(tmp_path))
+    a, b = TransformerBlock(shape, 7, 2), TransformerBlock(shape, 7, 2)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(TransformerBlock(shape, 7, 1).mlp.dense_h_to_4h.weight, a.mlp.dense_h_to_4h.weight)
+    head_copy, embedding = EmbeddingPipe(shape, 7, with_positions=False), EmbeddingPipe(shape, 7)
+    assert torch.equal(head_copy.word_embeddings.weight, embedding.word_embeddings.weight)
+    assert not hasattr(head_copy, "position_embeddings")
+    assert shape.padded_vocab_size == 256 and shape.ffn_hidden_size == 256
+
+
+def test_parameter_count_matches_plan(tmp_path):
+    from bigscience_ops.plan import count_parameters
+
+    exp = small_experiment(tmp_path, model=dict(embed_layernorm=True))
+    model = build_sequential(GPTShape.from_experiment(exp), 1)
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(exp.model).total
+
+
+def test_causal_lm_trains_a_few_steps(tmp_path):
+    shape = GPTShape.from_experiment(small_experiment(tmp_path))
+    model = build_sequential(shape, 1)
+    ds = SyntheticDataset(64, shape.seq_length, 256, seed=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(15):
+        tokens, labels = next(step_micro_batches(ds, step * 4, 1, 4, 0, 1))
+        loss = lm_loss(model(tokens), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.3, losses
+
+
+def test_kernel_references_agree():
+    from kernels.softmax import causal_attention, causal_attention_reference
+
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    torch.testing.assert_close(causal_attention(q, k, v), causal_attention_reference(q, k, v))
+
+
+# Seed 003's iteration line, with Megatron-DeepSpeed's extra fields: the fields a parser reads.
+LINE = re.compile(r" iteration +(\d+)/ +(\d+) \| consumed samples: +(\d+) \| .*elapsed time per iteration \(ms\): ([\d.]+) \| "
+                  r"learning rate: ([\d.E+-]+) \| global batch size: +(\d+) \| lm loss: ([\d.E+-]+) \| loss scale: ([\d.]+) \| "
+                  r"grad norm: ([\d.]+) \| .*number of skipped iterations: +(\d+) \| number of nan iterations: +(\d+) \|")
+
+
+def test_iteration_line_has_megatrons_fields():
+    stats = IterationStats(168000, 311541, 153013584, 153013584 * 2048, 13248.2, 1e-5, 1024, 2.376641, 131072.0,
+                           19767.052, 1234.5, 0, 0, 77.3, 150.1)
+    m = LINE.match(iteration_line(stats))
+    assert m and m.group(1) == "168000" and m.group(3) == "153013584" and m.group(7) == "2.376641E+00"
+    assert " validation loss at iteration 5 | lm loss value: 2.000000E+00 | lm loss PPL: 7.389056E+00 | " in validation_lines(5, 2.0)
+
