@@ -1,0 +1,143 @@
+"""Cron emulation: runner scripts, scrontab entries, and self-respawning chains on the real cluster."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bigscience_ops import cron, slurm
+from bigscience_ops.cli import main
+from tests.fixtures_slurm import wait_until
+
+
+def test_next_boundary_is_on_the_hour() -> None:
+    now = dt.datetime(2026, 11, 22, 3, 41, 7, tzinfo=dt.timezone.utc)
+    assert cron.next_boundary(now, 3600) == dt.datetime(2026, 11, 22, 4, 0, 0, tzinfo=dt.timezone.utc)
+    assert cron.next_boundary(now, 86400) == dt.datetime(2026, 11, 23, 0, 0, 0, tzinfo=dt.timezone.utc)
+    on = dt.datetime(2026, 11, 22, 4, 0, 0, tzinfo=dt.timezone.utc)
+    assert cron.next_boundary(on, 3600) == dt.datetime(2026, 11, 22, 5, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def test_job_names_come_from_the_script(tmp_path: Path) -> None:
+    (tmp_path / "cron.hourly").mkdir()
+    (tmp_path / "cron.hourly" / "a.slurm").write_text("#!/bin/bash\n#SBATCH --job-name='a long name'\necho\n")
+    (tmp_path / "cron.hourly" / "b.slurm").write_text("#!/bin/bash\necho\n#SBATCH --job-name=ignored\n")
+    (tmp_path / "cron.hourly" / "notes.txt").write_text("not a job")
+    assert cron.folder_jobs(tmp_path, "hourly") == [
+        (tmp_path / "cron.hourly" / "a.slurm", "a long name"), (tmp_path / "cron.hourly" / "b.slurm", "b")]
+    assert cron.folder_jobs(tmp_path, "daily") == []
+
+
+def test_runner_and_status_job_scripts_are_valid_bash(tmp_path: Path) -> None:
+    settings = cron.CronSettings(partition="cpu p", env_setup=["source /opt/env.sh"])
+    runner = cron.write_runner(cron.render_runner(tmp_path, "hourly", settings, period_seconds=5))
+    text = runner.read_text()
+    assert "#SBATCH --job-name=bsops-cron-hourly\n" in text and "#SBATCH --partition='cpu p'\n" in text
+    assert "--period-seconds 5" in text and "source /opt/env.sh\n" in text
+    assert subprocess.run(["bash", "-n", str(runner)], timeout=30).returncode == 0
+    result = CliRunner().invoke(main, ["cron", "add", "tr1-13B", "--cron-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    status_job = tmp_path / "cron.hourly" / "tr1-13B-slurm-status.slurm"
+    assert "#SBATCH --job-name=tr1-13B-slurm-status\n" in status_job.read_text()
+    assert "bsops status tr1-13B --trainings-dir" in status_job.read_text()
+    assert subprocess.run(["bash", "-n", str(status_job)], timeout=30).returncode == 0
+
+
+def test_scrontab_entries(tmp_path: Path) -> None:
+    text = cron.scrontab_text(tmp_path, cron.CronSettings(account="six@cpu"))
+    lines = text.splitlines()
+    assert "#SCRON --job-name=bsops-cron-hourly" in lines and "#SCRON --account=six@cpu" in lines
+    hourly = [line for line in lines if line.startswith("0 * * * * ")]
+    assert hourly and hourly[0].endswith(f"bsops cron run hourly --cron-dir {tmp_path.resolve()} --no-rearm")
+    assert any(line.startswith("0 0 * * * ") for line in lines)
+
+
+def test_cron_settings_reject_unknown_keys(tmp_path: Path) -> None:
+    (tmp_path / "cron.yaml").write_text("partiton: cpu\n")
+    with pytest.raises(Exception) as err:
+        cron.load_settings(tmp_path)
+    assert "partition" in str(err.value)
+
+
+@pytest.fixture
+def cron_dir(tmp_path: Path, slurm_cluster, monkeypatch) -> Path:
+    """A cron folder whose runners carry this session's prefix, with bsops on the jobs' PATH."""
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    directory = tmp_path / "cron"
+    (directory / "cron.hourly").mkdir(parents=True)
+    (directory / "cron.yaml").write_text(f"name_prefix: {slurm_cluster.prefix}-cron\ntime: '2'\n")
+    yield directory
+    for period in cron.PERIODS:
+        name = cron.runner_name(period, f"{slurm_cluster.prefix}-cron")
+        subprocess.run(["scancel", f"--name={name}"], timeout=30, check=False)
+
+
+def _runner_jobs(prefix: str) -> list[slurm.Job]:
+    return [j for j in slurm.query_jobs() if j.name.startswith(f"{prefix}-cron-")]
+
+
+@pytest.mark.slurm
+def test_install_twice_leaves_one_chain(cron_dir: Path, slurm_cluster) -> None:
+    first = cron.install(cron_dir, period_seconds=3600)
+    assert all("submitted" in line for line in first)
+    second = cron.install(cron_dir, period_seconds=3600)
+    assert all("already queued" in line for line in second)
+    wait_until("both chains re-armed for the next hour", lambda: len([j for j in _runner_jobs(slurm_cluster.prefix)
+                                                                   if j.reason == "BeginTime"]) == 2, timeout=60)
+    time.sleep(1)
+    jobs = _runner_jobs(slurm_cluster.prefix)
+    assert sorted(j.name for j in jobs) == sorted(cron.runner_name(p, f"{slurm_cluster.prefix}-cron") for p in cron.PERIODS)
+    assert all(j.reason == "BeginTime" and j.start_time.minute == 0 and j.start_time.second == 0 for j in jobs)
+    states = cron.chains(cron_dir)
+    assert all(len(s.jobs) == 1 for s in states) and "next run" in states[0].describe()
+
+
+@pytest.mark.slurm
+def test_runner_respawns_and_submits_its_folder(cron_dir: Path, slurm_cluster, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    job_name = f"{slurm_cluster.prefix}-hourly-job"
+    (cron_dir / "cron.hourly" / "touch.slurm").write_text(
+        f"#!/bin/bash\n#SBATCH --job-name={job_name}\n#SBATCH --time=1\n#SBATCH --output=/dev/null\n"
+        f"touch {marks}/$SLURM_JOB_ID\n")
+    # A job whose previous instance is still queued is skipped: this one is held the whole test.
+    held = f"{slurm_cluster.prefix}-held"
+    (cron_dir / "cron.hourly" / "held.slurm").write_text(f"#!/bin/bash\n#SBATCH --job-name={held}\necho\n")
+    slurm_cluster.submit(cron_dir / "cron.hourly" / "held.slurm", name=held, hold=True)
+    cron.install(cron_dir, period_seconds=4, periods=("hourly",))
+    log = cron_dir / "logs" / "cron.hourly.log"
+    wait_until("three runner passes", lambda: log.exists() and log.read_text().count("re-armed") >= 3, timeout=90)
+    wait_until("the folder job ran twice", lambda: len(list(marks.iterdir())) >= 2, timeout=60)
+    text = log.read_text()
+    assert text.count(f"skipped held.slurm ({held}): previous instance") >= 3
+    assert "touch.slurm" in text
+    # Every pass re-armed on a 4-second boundary.
+    stamps = [line.rsplit(" for ", 1)[1] for line in text.splitlines() if "re-armed" in line]
+    assert all(int(s[-2:]) % 4 == 0 for s in stamps), stamps
+    # Exactly one runner is waiting: the chain never forks.
+    waiting = [j for j in _runner_jobs(slurm_cluster.prefix) if j.state == "PENDING"]
+    assert len(waiting) <= 1
+
+
+@pytest.mark.slurm
+def test_a_failed_submission_is_logged_as_alert(cron_dir: Path, slurm_cluster) -> None:
+    (cron_dir / "cron.hourly" / "bad.slurm").write_text("#!/bin/bash\n#SBATCH --partition=no-such-partition\necho\n")
+    report = cron.run_pass(cron_dir, "hourly", runner=None)
+    assert [Path(s).name for s, _ in report.failed] == ["bad.slurm"]
+    assert "***ALERT: cron.hourly: submitting" in (cron_dir / "logs" / "cron.hourly.log").read_text()
+
+
+def test_scrontab_client_absence_is_reported(tmp_path: Path, monkeypatch) -> None:
+    if shutil.which("scrontab"):
+        pytest.skip("this machine has a scrontab client")
+    result = CliRunner().invoke(main, ["cron", "install", "--scrontab", "--cron-dir", str(tmp_path)])
+    assert result.exit_code == 0 and "no scrontab client" in result.output
+    assert (tmp_path / "runners" / "bsops.scrontab").is_file()
