@@ -1,0 +1,123 @@
+"""The real single-node Slurm for tests marked `slurm`: started once per session by scripts/slurm-up.sh.
+
+Tests marked `@pytest.mark.slurm` get the `slurm_cluster` fixture automatically. The cluster is left
+running after the session (the next session finds it up at once); `bash scripts/slurm-down.sh` stops it.
+They are skipped only where starting it is impossible: not root, or no Debian packages and no Slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from bigscience_ops import slurm
+
+REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+@dataclass
+class SlurmCluster:
+    """The running test cluster and helpers to submit and wait; every job it submits is cancelled at the end."""
+
+    conf: Path
+    partition: str
+    down_partition: str
+    prefix: str
+    """Unique per session: start job names with it so sessions never see each other's jobs."""
+    submitted: list[str] = field(default_factory=list)
+
+    def script(self, folder: Path, name: str, body: str) -> Path:
+        path = folder / name
+        path.write_text("#!/bin/bash\nset -e\n" + body + "\n")
+        return path
+
+    def submit(self, script: Path, *, name: str, time_limit: str = "2", output: str = "/dev/null",
+               **options: object) -> str:
+        """sbatch through bigscience_ops.slurm, with a --time (the backfill scheduler wants one)."""
+        extra = [f"--output={output}", f"--chdir={script.parent}", *options.pop("extra", ())]  # type: ignore[misc]
+        argv = slurm.sbatch_argv(script, job_name=name, time_limit=time_limit, extra=extra, **options)  # type: ignore[arg-type]
+        job_id = slurm.submit(argv, timeout=30)
+        self.submitted.append(job_id)
+        return job_id
+
+    def jobs(self, job_id: str | None = None) -> list[slurm.Job]:
+        jobs = slurm.query_jobs(timeout=30)
+        return [j for j in jobs if job_id is None or j.array_job_id == job_id]
+
+    def cancel_all(self) -> None:
+        if self.submitted:
+            try:
+                slurm.cancel(self.submitted, timeout=30)
+            except slurm.SlurmError:
+                pass  # already gone
+            self.submitted.clear()
+
+
+def wait_until(what: str, probe: Callable[[], T], timeout: float = 60.0, interval: float = 0.3) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` and the last value."""
+    deadline = time.monotonic() + timeout
+    value = probe()
+    while not value:
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}; last value: {value!r}")
+        time.sleep(interval)
+        value = probe()
+    return value
+
+
+def _skip_reason() -> str | None:
+    if os.name != "posix" or not hasattr(os, "geteuid"):
+        return "real-Slurm tests need Linux: scripts/slurm-up.sh installs Debian's slurm packages"
+    if os.geteuid() != 0:
+        return (f"real-Slurm tests need root to install and start munged/slurmctld/slurmd "
+                f"(scripts/slurm-up.sh); running as uid {os.geteuid()}")
+    if not shutil.which("slurmctld") and not shutil.which("apt-get"):
+        return "real-Slurm tests need Slurm installed or apt-get to install it (Debian/Ubuntu)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    started = time.monotonic()
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm-up.sh")], capture_output=True, text=True,
+                          timeout=900, check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"scripts/slurm-up.sh failed with exit code {proc.returncode}:\n{proc.stderr[-3000:]}")
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in proc.stdout.splitlines()
+                   if line.startswith("export "))
+    if "SLURM_CONF" not in exports:
+        pytest.fail(f"scripts/slurm-up.sh printed no SLURM_CONF: {proc.stdout!r}")
+    saved = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = exports["SLURM_CONF"]
+    partition = os.environ.get("BSOPS_SLURM_PARTITION", "bsops")
+    cluster = SlurmCluster(Path(exports["SLURM_CONF"]), partition, f"{partition}-down",
+                           prefix=f"t{uuid.uuid4().hex[:6]}")
+    print(f"slurm cluster ready in {time.monotonic() - started:.1f} s ({exports['SLURM_CONF']})")
+    try:
+        yield cluster
+    finally:
+        cluster.cancel_all()
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give every test marked `slurm` the cluster, so the marker alone is enough."""
+    for item in items:
+        if item.get_closest_marker("slurm") and "slurm_cluster" not in getattr(item, "fixturenames", ["x"]):
+            item.fixturenames.insert(0, "slurm_cluster")  # type: ignore[attr-defined]

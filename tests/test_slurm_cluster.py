@@ -1,0 +1,139 @@
+"""Against the real single-node Slurm (tests/fixtures_slurm.py starts it): arrays, chains, and what
+the status watchdog reports for real running, pending, held, never-starting, missing and hung jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import slurm, status
+from tests.fixtures_slurm import SlurmCluster, wait_until
+
+pytestmark = pytest.mark.slurm
+
+
+def test_array_runs_one_task_at_a_time_and_a_chain_waits_for_all_of_it(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    cluster = slurm_cluster
+    name = f"{cluster.prefix}-array"
+    events = tmp_path / "events.txt"
+    task = cluster.script(tmp_path, "task.sh", f"""
+echo "$SLURM_ARRAY_JOB_ID $SLURM_ARRAY_TASK_ID start $(date +%s.%N)" >> {events}
+sleep 2
+echo "$SLURM_ARRAY_JOB_ID $SLURM_ARRAY_TASK_ID end $(date +%s.%N)" >> {events}""")
+    first = cluster.submit(task, name=name, array_tasks=3)
+    # What `bsops launch --after-current` does: depend on the whole array, never on one task.
+    second = cluster.submit(task, name=name, array_tasks=2, after_any=[first])
+
+    def seen_running_waiting_and_chained() -> status.StatusReport | None:
+        report = status.check(name, timeout=30)
+        text = "\n".join(report.lines)
+        ok = ("is running for" in text and "previous job array task" in text
+              and f"{second}_[1-2%1]" in text and "dependency" in text)
+        return report if ok else None
+
+    report = wait_until("a running task, the rest of its array and the chained array",
+                        seen_running_waiting_and_chained, timeout=30)
+    assert report.exit_code == status.EXIT_HEALTHY
+    wait_until("both arrays to finish", lambda: not cluster.jobs(first) and not cluster.jobs(second), timeout=90)
+
+    spans: dict[tuple[str, str], dict[str, float]] = {}
+    for line in events.read_text().splitlines():
+        job, index, what, when = line.split()
+        spans.setdefault((job, index), {})[what] = float(when)
+    order = sorted(spans.items(), key=lambda kv: kv[1]["start"])
+    assert [key for key, _ in order] == [(first, "1"), (first, "2"), (first, "3"), (second, "1"), (second, "2")]
+    for (_, before), (key, after) in zip(order, order[1:]):
+        assert after["start"] >= before["end"], f"{key} started before the previous task ended"
+
+
+def test_status_reports_real_jobs(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    cluster = slurm_cluster
+    p = cluster.prefix
+    sleeper = cluster.script(tmp_path, "sleep.sh", "sleep 100")
+    failing = cluster.script(tmp_path, "fail.sh", "exit 3")
+    long_name = f"{p}-tr1-13B-round3-a-training-name-longer-than-forty-characters"
+    assert len(long_name) > 40
+    running = cluster.submit(sleeper, name=long_name)
+    names = {
+        "dependency": cluster.submit(sleeper, name=f"{p}-dependency", after_any=[running]),
+        "begin": cluster.submit(sleeper, name=f"{p}-begin", begin="now+1hour"),
+        "held": cluster.submit(sleeper, name=f"{p}-held", hold=True),
+        "down": cluster.submit(sleeper, name=f"{p}-down", partition=cluster.down_partition),
+    }
+    failed = cluster.submit(failing, name=f"{p}-failed")
+    wait_until("the failing job to end", lambda: not cluster.jobs(failed), timeout=30)
+    never = cluster.submit(sleeper, name=f"{p}-never", after_ok=[failed])
+
+    want = {running: "None", names["dependency"]: "Dependency", names["begin"]: "BeginTime",
+            names["held"]: "JobHeldUser", names["down"]: "PartitionDown", never: "DependencyNeverSatisfied"}
+
+    def reasons_reached() -> dict[str, str] | None:
+        got = {j.array_job_id: j.reason for j in cluster.jobs() if j.array_job_id in want}
+        return got if got == want else None
+
+    wait_until(f"the reasons {want}", reasons_reached, timeout=30)
+
+    report = status.check(long_name, timeout=30)
+    assert report.exit_code == status.EXIT_HEALTHY, report.lines
+    assert len(report.lines) == 1
+    assert f"{long_name} is running for " in report.lines[0]
+    assert f"({running} on '{cluster.partition}' partition (" in report.lines[0]
+
+    report = status.check(f"{p}-dependency", timeout=30)
+    assert report.exit_code == status.EXIT_HEALTHY and f"afterany:{running}" in report.lines[0]
+    report = status.check(f"{p}-begin", timeout=30)
+    assert report.exit_code == status.EXIT_HEALTHY and "scheduled to start in 0:5" in report.lines[0]
+
+    for key, reason in (("held", "JobHeldUser"), ("down", "PartitionDown"), ("never", "DependencyNeverSatisfied")):
+        report = status.check(f"{p}-{key}", timeout=30)
+        assert report.exit_code == status.EXIT_ALERT, report.lines
+        assert [a.condition for a in report.alerts] == ["not-scheduled", "never-starts"]
+        assert reason in report.lines[0]
+
+    missing = status.check(f"{p}-no-such-job", timeout=30)
+    assert missing.exit_code == status.EXIT_ALERT
+    assert missing.lines[0].endswith(f"***ALERT: {p}-no-such-job is not RUNNING or SCHEDULED! "
+                                     f"Alert someone at Eng WG***")
+    # A prefix of the long name cut at squeue's old column width is not the job.
+    assert status.check(long_name[:40], timeout=30).exit_code == status.EXIT_ALERT
+
+    shown = slurm.show_job(running, timeout=30)
+    assert shown[0]["JobName"] == long_name and shown[0]["JobState"] == "RUNNING"
+    slurm.cancel([running], timeout=30)
+    wait_until("the dependent job to start once its dependency ended",
+               lambda: any(j.state == "RUNNING" for j in cluster.jobs(names["dependency"])), timeout=30)
+
+
+def test_status_tells_a_hung_training_from_a_progressing_one(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    cluster = slurm_cluster
+    line = "iteration {i}/ 100 | consumed samples: {i} | lm loss: 2.0 |"
+    hung_log, live_log = tmp_path / "hung.txt", tmp_path / "live.txt"
+    hung = cluster.script(tmp_path, "hung.sh", f'echo " {line.format(i=1)}" >> {hung_log}; sleep 100')
+    live = cluster.script(tmp_path, "live.sh",
+                          f'for i in $(seq 1 200); do echo " {line.format(i="$i")}" >> {live_log}; sleep 0.5; done')
+    hung_id = cluster.submit(hung, name=f"{cluster.prefix}-hung")
+    live_id = cluster.submit(live, name=f"{cluster.prefix}-live")
+
+    def both_running_for(seconds: int) -> bool:
+        jobs = cluster.jobs()
+        ages = [j.elapsed_s for j in jobs if j.array_job_id in (hung_id, live_id) and j.state == "RUNNING"]
+        return len(ages) == 2 and min(ages) >= seconds
+
+    wait_until("both jobs running for 5 s", lambda: both_running_for(5), timeout=30)
+    hung_report = status.check(f"{cluster.prefix}-hung", log_path=hung_log, stall_minutes=0.05, timeout=30)
+    assert [a.condition for a in hung_report.alerts] == ["stalled"], hung_report.lines
+    assert hung_report.exit_code == status.EXIT_ALERT and "iteration 1/ 100" in hung_report.alerts[0].message
+    live_report = status.check(f"{cluster.prefix}-live", log_path=live_log, stall_minutes=0.05, timeout=30)
+    assert live_report.exit_code == status.EXIT_HEALTHY, live_report.lines
+    slurm.cancel([hung_id, live_id], timeout=30)
+
+
+def test_test_only_predicts_a_start(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    script = slurm_cluster.script(tmp_path, "noop.sh", "true")
+    argv = slurm.sbatch_argv(script, job_name=f"{slurm_cluster.prefix}-test-only", array_tasks=4,
+                             time_limit="2", test_only=True)
+    answer = slurm.parse_sbatch_test_only(slurm.run(argv, timeout=30).stderr)
+    assert answer.partition == slurm_cluster.partition and answer.start_time is not None
+    assert not [j for j in slurm.query_jobs(timeout=30) if j.name == f"{slurm_cluster.prefix}-test-only"]
