@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 pytest_plugins: list[str] = [
     "tests.fixtures_data",
     "tests.fixtures_trainer",
+    "tests.fixtures_slurm",
 ]
 
 
