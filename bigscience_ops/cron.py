@@ -18,6 +18,7 @@ from pathlib import Path
 from bigscience_ops import render as rendering
 from bigscience_ops.config import AlertsConfig, Experiment
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.status import ACTIVE_STATES, WAITING_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
 PERIODS = {"hourly": 3600, "daily": 86400}
@@ -170,7 +171,7 @@ class RunReport:
     lines: list[str] = field(default_factory=list)
 
 
-QUEUED_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
+QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still holds its place
 
 
 def _me() -> str:

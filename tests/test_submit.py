@@ -1,0 +1,54 @@
+"""`bsops launch` on the real cluster: refuse an overlap, chain on the whole array, keep a run record."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import ledger, submit
+from bigscience_ops.config import load_experiment
+from tests.fixtures_slurm import wait_until
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def experiment(tmp_path: Path, repo_root: Path, slurm_cluster):
+    trainings = tmp_path / "trainings"
+    shutil.copytree(repo_root / "trainings", trainings)
+    name = f"{slurm_cluster.prefix}-a-job-name-longer-than-forty-characters-for-squeue"
+    (trainings / "exp.yaml").write_text(
+        f"base: tiny\nslurm: {{job_name: {name}, partition: {slurm_cluster.partition}}}\n"
+        f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
+    return load_experiment("exp", trainings)
+
+
+def test_launch_refuses_overlap_and_chains_on_the_whole_array(experiment, slurm_cluster, tmp_path: Path) -> None:
+    old = slurm_cluster.script(tmp_path, "old.sh", "sleep 1")
+    old_id = slurm_cluster.submit(old, name=experiment.slurm.job_name, array_tasks=3, hold=True)
+
+    with pytest.raises(submit.LaunchError) as err:
+        submit.plan_launch(experiment)
+    assert old_id in str(err.value) and "--after-current" in str(err.value)
+
+    plan = submit.plan_launch(experiment, after_current=True)
+    assert plan.after == [old_id]
+    assert f"--dependency=afterany:{old_id}" in plan.argv
+    assert not plan.run_dir.exists(), "planning writes nothing"
+    new_id = submit.submit(plan)
+    slurm_cluster.submitted.append(new_id)
+
+    record = json.loads((plan.run_dir / "sbatch.json").read_text())
+    assert record["job_id"] == new_id and record["argv"] == plan.argv
+    assert sorted(p.name for p in plan.run_dir.iterdir()) == ["ds_config.json", "exp.slurm", "experiment.json", "sbatch.json"]
+    assert ledger.read(Path(experiment.paths.output) / ledger.LEDGER_NAME)[-1].event == "launch"
+
+    jobs = wait_until("the new array waiting on its dependency",
+                      lambda: [j for j in slurm_cluster.jobs(new_id) if j.reason == "Dependency"])
+    assert all(j.state == "PENDING" for j in jobs)
+    # The dependency names the whole old array, never one of its tasks.
+    assert jobs[0].dependency.startswith(f"afterany:{old_id}_*"), jobs[0].dependency
+    assert jobs[0].array_task == "1-2%1"
