@@ -19,8 +19,9 @@ from email.message import EmailMessage
 from email.utils import format_datetime, make_msgid
 from pathlib import Path
 
+from bigscience_ops import status
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.status import Alert, StatusReport
+from bigscience_ops.status import EXIT_ERROR, Alert, StatusReport
 
 SECURITY_CHOICES = ("starttls", "ssl", "none")
 
@@ -257,3 +258,58 @@ def _recovery_email(experiment: str, report: StatusReport, entries: Sequence[dic
         *report.lines,
     ])
     return subject, body + "\n"
+
+
+# --- one watchdog run: check, email, log ------------------------------------------------------------
+
+DEFAULT_PORTS = {"starttls": 587, "ssl": 465, "none": 25}
+
+
+@dataclass(frozen=True)
+class WatchResult:
+    report: StatusReport
+    notices: tuple[Notice, ...] = ()
+    email_error: str | None = None
+    lines: tuple[str, ...] = ()
+    """The report's lines followed by a line per email sent or failed: what was printed and logged."""
+
+    @property
+    def exit_code(self) -> int:
+        """The report's code (0 healthy, 1 alert, 2 Slurm unreachable); 2 also when an email failed."""
+        return max(self.report.exit_code, EXIT_ERROR if self.email_error else 0)
+
+
+def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
+          log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
+          contact: str = "Eng WG", smtp: SmtpSettings | None = None,
+          state_path: str | os.PathLike[str] | None = None, cooldown_minutes: float = 60.0,
+          experiment: str | None = None, timeout: float = 60.0, now: datetime | None = None,
+          env: Mapping[str, str] | None = None) -> WatchResult:
+    """One watchdog run: query Slurm, decide, email alerts/recoveries (when `smtp` is given), and
+    append every line to `log_path` (the run's main_log.txt) when given.
+
+    The cooldown state lives in `state_path`, by default `.bsops-alerts.json` next to the log
+    (or in ~/.cache/bsops/ without a log).
+    """
+    report = status.check(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
+                          now=now, contact=contact, timeout=timeout)
+    notices: list[Notice] = []
+    error = None
+    if smtp is not None:
+        if state_path is None:
+            folder = Path(log_path).parent if log_path else Path.home() / ".cache" / "bsops"
+            state_path = folder / ".bsops-alerts.json"
+        try:
+            notices = notify(report, smtp, state_path, experiment=experiment, cooldown_minutes=cooldown_minutes,
+                             log_path=str(log_path) if log_path else None, env=env)
+        except NotifyError as exc:
+            error = str(exc)
+    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
+    extra = [f"{stamp} {n.kind} email sent to {', '.join(smtp.recipients)} {n.message_id}: {n.subject}"
+             for n in notices if smtp is not None]
+    if error:
+        extra.append(f"{stamp} ***ALERT: the alert email could not be sent: {error}***")
+    lines = (*report.lines, *extra)
+    if log_path is not None:
+        status.append_to_log(log_path, lines)
+    return WatchResult(report, tuple(notices), error, lines)

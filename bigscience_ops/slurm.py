@@ -85,7 +85,7 @@ def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[st
     return proc
 
 
-_COMMANDS = frozenset({"sbatch", "squeue", "scontrol", "scancel", "sinfo", "sacct", "srun"})
+_COMMANDS = frozenset({"sbatch", "squeue", "scontrol", "scancel", "sinfo", "sacct", "srun", "scrontab"})
 
 
 # --- argv builders -------------------------------------------------------------------------------

@@ -223,3 +223,39 @@ def test_failed_send_is_retried_on_the_next_run(tmp_path: Path) -> None:
 def test_settings_are_validated(changes: dict, field_name: str) -> None:
     with pytest.raises(NotifyError, match=field_name):
         plain_settings(**{"port": 25, **changes})
+
+
+# --- `bsops status`: one watchdog run end to end -----------------------------------------------------
+
+BSOPS = ("import sys\nfrom bigscience_ops.cli import main\ntry:\n    main()\nfinally:\n"
+         "    sys.stderr.write('heavy modules: %s' % sorted({'torch', 'deepspeed'} & set(sys.modules)))\n")
+
+
+def bsops(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    import os
+    import sys
+
+    return subprocess.run([sys.executable, "-c", BSOPS, *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env})
+
+
+def test_status_command_emails_once_when_slurm_cannot_be_queried(plain_server, tmp_path: Path) -> None:
+    inbox, port = plain_server
+    log = tmp_path / "logs" / "main_log.txt"
+    args = ("status", "--job-name", "tr1-13B-round3", "--log", str(log), "--timeout", "1",
+            "--email-to", "oncall@example.org", "--smtp-host", "127.0.0.1", "--smtp-port", str(port),
+            "--smtp-security", "none", "--email-from", "bot@example.org")
+    env = {"SLURM_CONF": "/nonexistent/slurm.conf"}
+    first = bsops(*args, env=env)
+    assert first.returncode == status.EXIT_ERROR, first.stderr
+    assert "heavy modules: []" in first.stderr
+    assert "***ALERT: cannot query Slurm for tr1-13B-round3" in first.stdout
+    assert len(inbox.messages) == 1 and "cannot query Slurm" in inbox.messages[0]["Subject"]
+    assert "alert email sent to oncall@example.org" in first.stdout
+    second = bsops(*args, env=env)
+    assert second.returncode == status.EXIT_ERROR and len(inbox.messages) == 1  # within the cooldown
+    logged = log.read_text()
+    assert logged.count("***ALERT: cannot query Slurm") == 2 and logged.count("email sent") == 1
+    assert (log.parent / ".bsops-alerts.json").exists()
+    quiet = bsops(*args, "--no-email", "--alert-state", str(tmp_path / "other.json"), env=env)
+    assert quiet.returncode == status.EXIT_ERROR and len(inbox.messages) == 1

@@ -3,6 +3,8 @@ the status watchdog reports for real running, pending, held, never-starting, mis
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,6 +100,13 @@ def test_status_reports_real_jobs(slurm_cluster: SlurmCluster, tmp_path: Path) -
                                      f"Alert someone at Eng WG***")
     # A prefix of the long name cut at squeue's old column width is not the job.
     assert status.check(long_name[:40], timeout=30).exit_code == status.EXIT_ALERT
+
+    log = tmp_path / "main_log.txt"
+    cli = subprocess.run([sys.executable, "-c", "from bigscience_ops.cli import main; main()", "status",
+                          "--job-name", long_name, "--log", str(log), "--no-email"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert cli.returncode == 0, cli.stderr
+    assert f"{long_name} is running for" in cli.stdout and log.read_text() == cli.stdout
 
     shown = slurm.show_job(running, timeout=30)
     assert shown[0]["JobName"] == long_name and shown[0]["JobState"] == "RUNNING"
