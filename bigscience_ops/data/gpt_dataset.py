@@ -100,24 +100,36 @@ def build_sample_idx(sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int, nu
     """
     num_samples = (num_epochs * tokens_per_epoch - 1) // seq_length
     dtype = np.int32 if len(doc_idx) < np.iinfo(np.int32).max else np.int64
-    sample_idx = np.zeros((num_samples + 1, 2), dtype=dtype)
-    next_k = 1  # sample_idx[0] is (0, 0)
+    sample_idx = np.zeros((num_samples + 1, 2), dtype=dtype)  # row 0 stays (0, 0)
+    L = seq_length
     base = 0  # tokens before the current chunk of doc_idx
+    # Buffers reused across chunks: fresh pages cost more than the arithmetic on them.
+    chunk = min(SAMPLE_CHUNK, len(doc_idx))
+    size_buf = np.empty(chunk, dtype=sizes.dtype)
+    ends_buf = np.empty(chunk, dtype=np.int64)
+    ceil_buf = np.empty(chunk, dtype=np.int64)
     for start in range(0, len(doc_idx), SAMPLE_CHUNK):
-        if next_k > num_samples:
+        first_k = -(-base // L)  # first sample start at or after this chunk's first token
+        if first_k > num_samples:
             break
-        doc_sizes = sizes[doc_idx[start:start + SAMPLE_CHUNK]].astype(np.int64)
-        ends = np.cumsum(doc_sizes)
+        n = min(SAMPLE_CHUNK, len(doc_idx) - start)
+        doc_sizes = np.take(sizes, doc_idx[start:start + n], out=size_buf[:n])
+        ends = np.cumsum(doc_sizes, dtype=np.int64, out=ends_buf[:n])
         ends += base
-        chunk_end = int(ends[-1]) if len(ends) else base
-        last_k = min(num_samples, (chunk_end - 1) // seq_length)  # last sample start inside this chunk
-        if last_k >= next_k:
-            positions = np.arange(next_k, last_k + 1, dtype=np.int64) * seq_length
-            j = np.searchsorted(ends, positions, side="right")
-            sample_idx[next_k:last_k + 1, 0] = j + start
-            sample_idx[next_k:last_k + 1, 1] = positions - (ends[j] - doc_sizes[j])
-            next_k = last_k + 1
-        base = chunk_end
+        # Sample starts k * L inside document j: ceil(start_j / L) <= k < ceil(end_j / L), and
+        # start_j is end_{j-1}, so the counts are differences of one ceil-divided array.
+        ceil_ends = np.add(ends, L - 1, out=ceil_buf[:n])
+        ceil_ends //= L
+        counts = np.diff(ceil_ends, prepend=first_k)
+        holder = np.repeat(np.arange(n, dtype=np.int64), counts)  # document of each k
+        ks = np.arange(first_k, first_k + len(holder), dtype=np.int64)
+        keep = slice(1 if first_k == 0 else 0, max(0, min(len(holder), num_samples + 1 - first_k)))
+        ks, holder = ks[keep], holder[keep]
+        if len(ks):
+            rows = slice(int(ks[0]), int(ks[0]) + len(ks))  # consecutive samples
+            sample_idx[rows, 0] = holder + start
+            sample_idx[rows, 1] = ks * L - (ends[holder] - doc_sizes[holder])
+        base = int(ends[-1]) if n else base
     return sample_idx
 
 
