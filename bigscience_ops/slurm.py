@@ -143,7 +143,7 @@ def sbatch_argv(script: str | os.PathLike[str], *, job_name: str | None = None,
     if test_only:
         argv.append("--test-only")
     if job_name is not None:
-        argv.append("--job-name=" + _checked_item("job_name", job_name))
+        argv.append("--job-name=" + _checked_item("job_name", job_name, comma=True))
     if array_tasks is not None:
         if isinstance(array_tasks, bool) or not isinstance(array_tasks, int) or array_tasks < 1:
             raise ValueError(f"array_tasks must be a whole number >= 1; got {array_tasks!r}")
@@ -186,10 +186,12 @@ def scancel_argv(job_ids: Sequence[str], *, signal: str | None = None, batch_onl
     return argv + _checked_list("job_ids", job_ids)
 
 
-def _checked_item(what: str, value: str) -> str:
+def _checked_item(what: str, value: str, *, comma: bool = False) -> str:
+    """One option value: non-empty, one line, and without ',' where Slurm would read a list."""
     text = str(value)
-    if not text or "\n" in text or "," in text and what not in ("begin",):
-        raise ValueError(f"{what} must be a non-empty single value without ',' or newlines; got {value!r}")
+    if not text or "\n" in text or ("," in text and not comma):
+        banned = "newlines" if comma else "',' or newlines"
+        raise ValueError(f"{what} must be a non-empty single value without {banned}; got {value!r}")
     return text
 
 

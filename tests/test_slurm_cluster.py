@@ -146,3 +146,16 @@ def test_test_only_predicts_a_start(slurm_cluster: SlurmCluster, tmp_path: Path)
     answer = slurm.parse_sbatch_test_only(slurm.run(argv, timeout=30).stderr)
     assert answer.partition == slurm_cluster.partition and answer.start_time is not None
     assert not [j for j in slurm.query_jobs(timeout=30) if j.name == f"{slurm_cluster.prefix}-test-only"]
+
+
+def test_slurm_up_returns_at_once_when_the_cluster_is_up(slurm_cluster: SlurmCluster) -> None:
+    import time
+
+    from tests.fixtures_slurm import REPO
+
+    started = time.monotonic()
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm-up.sh")], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"export SLURM_CONF={slurm_cluster.conf}"
+    assert time.monotonic() - started < 5
