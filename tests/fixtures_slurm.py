@@ -55,12 +55,16 @@ class SlurmCluster:
         return [j for j in jobs if job_id is None or j.array_job_id == job_id]
 
     def cancel_all(self) -> None:
-        if self.submitted:
-            try:
-                slurm.cancel(self.submitted, timeout=30)
-            except slurm.SlurmError:
-                pass  # already gone
-            self.submitted.clear()
+        """Cancel what this session submitted, and any job named with its prefix (submitted by code
+        under test, e.g. a launch), so no test job outlives the session."""
+        ids = set(self.submitted)
+        try:
+            ids |= {j.array_job_id for j in slurm.query_jobs(timeout=30) if j.name.startswith(self.prefix)}
+            if ids:
+                slurm.cancel(sorted(ids), timeout=30)
+        except slurm.SlurmError:
+            pass  # already gone, or the cluster is down: nothing left to cancel
+        self.submitted.clear()
 
 
 def wait_until(what: str, probe: Callable[[], T], timeout: float = 60.0, interval: float = 0.3) -> T:
