@@ -26,29 +26,37 @@ if [[ -f $SLURM_CONF && -f $dir/run/slurmctld.pid ]] && command -v squeue >/dev/
     fi
 fi
 
-stop() {  # stop NAME PIDFILE: TERM, wait up to 10 s, then KILL
-    local name=$1 pidfile=$2 pid
-    [[ -f $pidfile ]] || return 0
-    pid=$(cat "$pidfile")
-    if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
-        kill "$pid" 2>/dev/null || true
-        for _ in $(seq 1 40); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.25
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            say "$name ($pid) ignored TERM for 10 s; killing it"
-            kill -9 "$pid" 2>/dev/null || true
-        fi
-    fi
-    rm -f "$pidfile"
-    say "stopped $name in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
-}
 t0=$(date +%s%N)
+stop() {  # stop NAME=PIDFILE...: TERM them all at once, wait up to 10 s, then KILL what is left
+    local spec name pidfile pid
+    local -A pids=()
+    for spec in "$@"; do
+        name=${spec%%=*} pidfile=${spec#*=}
+        [[ -f $pidfile ]] || continue
+        pid=$(cat "$pidfile")
+        if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+            kill "$pid" 2>/dev/null || true
+            pids[$name]=$pid
+        fi
+        rm -f "$pidfile"
+    done
+    for _ in $(seq 1 100); do
+        local alive=0
+        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        ((alive)) || break
+        sleep 0.1
+    done
+    for name in "${!pids[@]}"; do
+        if kill -0 "${pids[$name]}" 2>/dev/null; then
+            say "$name (${pids[$name]}) ignored TERM for 10 s; killing it"
+            kill -9 "${pids[$name]}" 2>/dev/null || true
+        fi
+    done
+}
 
-stop slurmd "$dir/run/slurmd.pid"
-stop slurmctld "$dir/run/slurmctld.pid"
-stop munged "$dir/run/munged.pid"
+stop slurmd="$dir/run/slurmd.pid" slurmctld="$dir/run/slurmctld.pid"
+stop munged="$dir/run/munged.pid"
+say "daemons stopped in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 
 if ((purge)); then
     case "$dir" in
