@@ -270,6 +270,34 @@ def render(exp: str, out: Path | None, trainings_dir: Path | None) -> None:
     click.echo(f"submit with: sbatch {script}   (or: bsops launch {exp})")
 
 
+# --- launch commands ---
+
+
+@main.command()
+@click.argument("exp", default="tiny")
+@click.option("--local", "local", is_flag=True, required=True,
+              help="Run the rendered job array on this machine with Slurm's environment emulated.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run folder (default: the experiment's paths.output, runs/EXP).")
+@click.option("--tasks", type=click.IntRange(min=1), default=None,
+              help="Array tasks to run (default: slurm.array); later tasks resume from the last checkpoint.")
+@trainings_option
+def launch(exp: str, local: bool, out: Path | None, tasks: int | None, trainings_dir: Path | None) -> None:
+    """Launch EXP (default: tiny). With --local: render its job script and run the array here, task after task."""
+    from bigscience_ops.launch import launch_local
+
+    experiment = _load(exp, trainings_dir)
+    result = launch_local(experiment, out, tasks)
+    for task in result.tasks:
+        click.echo(f"array task {task.array_task_id}: exit {task.returncode} in {task.seconds:.0f} s ({task.output})")
+    click.echo(f"run folder: {result.run_dir}")
+    click.echo(f"  log:         {result.main_log}")
+    click.echo(f"  checkpoints: {result.checkpoints}")
+    click.echo(f"  tensorboard: {result.tensorboard}")
+    if not result.finished:
+        click.echo("training not finished: run the same command again to resume")
+
+
 # --- data commands ---
 
 
@@ -368,7 +396,9 @@ def prepare_corpus(out_dir: Path | None) -> None:
 
 
 @main.command("status")
-@click.option("--job-name", required=True, help="The Slurm job name to watch (compared whole, any length).")
+@click.argument("exp", required=False)
+@trainings_option
+@click.option("--job-name", default=None, help="The Slurm job name to watch (compared whole, any length).")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The run's main_log.txt: the lines are appended to it, and it is checked for progress.")
 @click.option("--stall-minutes", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -390,15 +420,17 @@ def prepare_corpus(out_dir: Path | None) -> None:
 @click.option("--smtp-password-env", default=None, help="Name of the environment variable holding the password.")
 @click.option("--alert-state", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Cooldown state file (default: .bsops-alerts.json next to --log).")
-@click.option("--cooldown-minutes", type=click.FloatRange(min=0), default=60.0, show_default=True,
-              help="Send the same alert at most once per this many minutes.")
-def status_command(job_name: str, log_path: Path | None, stall_minutes: float | None, group: str | None,
+@click.option("--cooldown-minutes", type=click.FloatRange(min=0), default=None,
+              help="Send the same alert at most once per this many minutes (default: alerts.cooldown_minutes, or 60).")
+def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | None, log_path: Path | None, stall_minutes: float | None, group: str | None,
                    users: tuple[str, ...], contact: str, timeout: float, no_email: bool, email_to: tuple[str, ...],
                    email_from: str | None, smtp_host: str, smtp_port: int | None, smtp_security: str,
                    smtp_user: str | None, smtp_password_env: str | None, alert_state: Path | None,
                    cooldown_minutes: float) -> None:
-    """Is JOB_NAME running or scheduled? Prints one line per job and ALERT lines.
+    """Is EXP (or --job-name) running or scheduled? Prints one line per job and ALERT lines.
 
+    With EXP, the job name, the run's main_log.txt, the stall limit, the group and the alert
+    emails come from the experiment's config; options given explicitly win.
     Exit code 0 healthy, 1 alert, 2 Slurm could not be queried or an alert email failed.
     """
     import socket
@@ -406,6 +438,19 @@ def status_command(job_name: str, log_path: Path | None, stall_minutes: float | 
     from bigscience_ops import notify
 
     smtp = None
+    experiment = None
+    if exp is not None:
+        experiment = _load(exp, trainings_dir)
+        job_name = job_name or experiment.slurm.job_name
+        log_path = log_path or Path(experiment.paths.logs) / "main_log.txt"
+        stall_minutes = stall_minutes or experiment.alerts.stall_minutes
+        group = group or experiment.slurm.group
+        if not email_to and not no_email:
+            smtp = notify.smtp_from_alerts(experiment.alerts)
+        cooldown_minutes = experiment.alerts.cooldown_minutes if cooldown_minutes is None else cooldown_minutes
+    if job_name is None:
+        raise click.UsageError("give an experiment (EXP) or --job-name")
+    cooldown_minutes = 60.0 if cooldown_minutes is None else cooldown_minutes
     if email_to and not no_email:
         smtp = notify.SmtpSettings(
             host=smtp_host, port=smtp_port or notify.DEFAULT_PORTS[smtp_security], security=smtp_security,
@@ -413,7 +458,7 @@ def status_command(job_name: str, log_path: Path | None, stall_minutes: float | 
             password_env=smtp_password_env)
     result = notify.watch(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
                           contact=contact, smtp=smtp, state_path=alert_state, cooldown_minutes=cooldown_minutes,
-                          timeout=timeout)
+                          experiment=experiment.name if experiment else None, timeout=timeout)
     for line in result.lines:
         click.echo(line)
     sys.exit(result.exit_code)

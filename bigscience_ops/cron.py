@@ -229,23 +229,10 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
     return report
 
 
-def smtp_settings(alerts: AlertsConfig):
-    """The notify module's SMTP settings from an alerts section; None when nobody is to be emailed."""
-    import socket
-
-    from bigscience_ops.notify import SmtpSettings
-
-    if not alerts.email_to:
-        return None
-    return SmtpSettings(host=alerts.smtp_host, sender=alerts.email_from or f"bsops@{socket.getfqdn()}",
-                        recipients=tuple(alerts.email_to), port=alerts.smtp_port, security=alerts.smtp_security,
-                        user=alerts.smtp_user, password_env=alerts.smtp_password_env if alerts.smtp_user else None)
-
-
 def _email_failures(alerts: AlertsConfig, period: str, report: RunReport) -> str:
     from bigscience_ops import notify
 
-    settings = smtp_settings(alerts)
+    settings = notify.smtp_from_alerts(alerts)
     if settings is None:
         return "no alert email: cron.yaml alerts.email_to is empty"
     failures = "\n".join(f"- {script}: {error}" for script, error in report.failed)

@@ -18,10 +18,14 @@ from datetime import datetime, timedelta
 from email.message import EmailMessage
 from email.utils import format_datetime, make_msgid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bigscience_ops import status
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.status import EXIT_ERROR, Alert, StatusReport
+
+if TYPE_CHECKING:
+    from bigscience_ops.config import AlertsConfig
 
 SECURITY_CHOICES = ("starttls", "ssl", "none")
 
@@ -68,6 +72,15 @@ class SmtpSettings:
         if self.user and not self.password_env:
             raise NotifyError(f"smtp.password_env: got None while smtp.user is {self.user!r}; allowed: the "
                               f"name of the environment variable that holds the password")
+
+
+def smtp_from_alerts(alerts: AlertsConfig) -> SmtpSettings | None:
+    """SMTP settings from an experiment's (or cron.yaml's) alerts section; None when nobody is to be emailed."""
+    if not alerts.email_to:
+        return None
+    return SmtpSettings(host=alerts.smtp_host, sender=alerts.email_from or f"bsops@{socket.getfqdn()}",
+                        recipients=tuple(alerts.email_to), port=alerts.smtp_port, security=alerts.smtp_security,
+                        user=alerts.smtp_user, password_env=alerts.smtp_password_env if alerts.smtp_user else None)
 
 
 # --- sending -------------------------------------------------------------------------------------
