@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stops the single-node Slurm that scripts/slurm-up.sh started: cancels its jobs, then stops
-# slurmd, slurmctld and munged by their pid files under $BSOPS_SLURM_DIR (default /tmp/bsops-slurm).
+# Stops the Slurm that scripts/slurm-up.sh started: cancels its jobs, then stops
+# the slurmds, slurmctld and munged by their pid files under $BSOPS_SLURM_DIR (default /tmp/bsops-slurm).
 # Usage: bash scripts/slurm-down.sh [--purge]   (--purge also deletes the directory: state, logs, key)
 set -euo pipefail
 
@@ -54,7 +54,9 @@ stop() {  # stop NAME=PIDFILE...: TERM them all at once, wait up to 10 s, then K
     done
 }
 
-stop slurmd="$dir/run/slurmd.pid" slurmctld="$dir/run/slurmctld.pid"
+specs=()
+for pidfile in "$dir"/run/slurmd*.pid; do [[ -e $pidfile ]] && specs+=("$(basename "$pidfile" .pid)=$pidfile"); done
+stop "${specs[@]}" slurmctld="$dir/run/slurmctld.pid"
 stop munged="$dir/run/munged.pid"
 say "daemons stopped in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs (Debian packages) and starts a real single-node Slurm as root: munged, slurmctld, slurmd,
+# Installs (Debian packages) and starts a real Slurm on this one machine as root: munged, slurmctld and
+# one slurmd per node (two nodes by default, both on this host, so multi-node jobs run here too),
 # with config, state, spool and logs under $BSOPS_SLURM_DIR (default /tmp/bsops-slurm).
 # Idempotent: when the cluster already answers, it only prints the environment to use.
 # Usage: bash scripts/slurm-up.sh    then: export SLURM_CONF=$BSOPS_SLURM_DIR/etc/slurm.conf
@@ -7,7 +8,8 @@
 set -euo pipefail
 
 dir=${BSOPS_SLURM_DIR:-/tmp/bsops-slurm}
-cpus=${BSOPS_SLURM_CPUS:-8}
+cpus=${BSOPS_SLURM_CPUS:-8}  # per node
+num_nodes=${BSOPS_SLURM_NODES:-2}
 partition=${BSOPS_SLURM_PARTITION:-bsops}
 conf=$dir/etc/slurm.conf
 export SLURM_CONF=$conf
@@ -26,10 +28,19 @@ cluster_state() {
 
 alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+host=$(hostname -s)
+nodes=()
+for ((i = 1; i <= num_nodes; i++)); do nodes+=("${host}n$i"); done
+node_list=$(IFS=,; echo "${nodes[*]}")
+all_slurmd_alive() {
+    local node
+    for node in "${nodes[@]}"; do alive "$dir/run/slurmd-$node.pid" || return 1; done
+}
+
 # Already up: our three daemons are alive and the node is usable. (Checking the pid files first
 # avoids sinfo's retries against a controller that is not there.)
 if [[ -f $conf ]] && command -v sinfo >/dev/null && alive "$dir/run/munged.pid" \
-    && alive "$dir/run/slurmctld.pid" && alive "$dir/run/slurmd.pid" \
+    && alive "$dir/run/slurmctld.pid" && all_slurmd_alive \
     && [[ $(cluster_state) =~ (idle|mixed|allocated) ]]; then
     print_env
     exit 0
@@ -70,7 +81,7 @@ fi
 
 # --- configure ---------------------------------------------------------------------------------
 # Stop whatever a previous, half-started run left behind (only our own pid files).
-for pidfile in "$dir"/run/slurmd.pid "$dir"/run/slurmctld.pid "$dir"/run/munged.pid; do
+for pidfile in "$dir"/run/slurmd*.pid "$dir"/run/slurmctld.pid "$dir"/run/munged.pid; do
     if [[ -f $pidfile ]]; then
         pid=$(cat "$pidfile")
         kill "$pid" 2>/dev/null || true
@@ -80,7 +91,6 @@ sleep 0.2
 
 mkdir -p "$dir"/{etc,state,spool,log,run,munge}
 chmod 700 "$dir/munge"
-host=$(hostname -s)
 key=$dir/munge/munge.key
 if [[ ! -s $key ]]; then
     head -c 1024 /dev/urandom > "$key"
@@ -89,7 +99,7 @@ chmod 400 "$key"
 socket=$dir/munge/munge.socket
 
 cat > "$conf" <<EOF
-# Single-node Slurm for bigscience-ops tests; written by scripts/slurm-up.sh.
+# Slurm on one machine for bigscience-ops tests; written by scripts/slurm-up.sh.
 ClusterName=bsops
 SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
@@ -100,9 +110,9 @@ AuthInfo=socket=$socket
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/slurmd-%n
 SlurmctldPidFile=$dir/run/slurmctld.pid
-SlurmdPidFile=$dir/run/slurmd.pid
+SlurmdPidFile=$dir/run/slurmd-%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -121,10 +131,13 @@ KillWait=5
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
-PartitionName=$partition Nodes=$host Default=YES MaxTime=INFINITE State=UP
+# Every node is this host: one slurmd each (slurmd -N NAME), on ports of their own.
+$(for ((i = 0; i < num_nodes; i++)); do
+    echo "NodeName=${nodes[i]} NodeHostname=$host NodeAddr=127.0.0.1 Port=$((17001 + i)) CPUs=$cpus State=UNKNOWN"
+done)
+PartitionName=$partition Nodes=$node_list Default=YES MaxTime=INFINITE State=UP
 # A partition that is always down: jobs sent there pend with reason PartitionDown.
-PartitionName=$partition-down Nodes=$host Default=NO MaxTime=INFINITE State=DOWN
+PartitionName=$partition-down Nodes=$node_list Default=NO MaxTime=INFINITE State=DOWN
 EOF
 
 # --- start -------------------------------------------------------------------------------------
@@ -133,19 +146,21 @@ munged --key-file="$key" --socket="$socket" --pid-file="$dir/run/munged.pid" \
     --log-file="$dir/log/munged.log" --seed-file="$dir/munge/munge.seed" --force \
     || die "munged did not start; see $dir/log/munged.log"
 slurmctld -f "$conf" || die "slurmctld did not start; see $dir/log/slurmctld.log"
-slurmd -f "$conf" || die "slurmd did not start; see $dir/log/slurmd.log"
+for node in "${nodes[@]}"; do
+    slurmd -f "$conf" -N "$node" || die "slurmd for $node did not start; see $dir/log/slurmd-$node.log"
+done
 
 for _ in $(seq 1 120); do
     state=$(cluster_state)
-    if [[ $state =~ (idle|mixed|allocated) ]]; then
+    if [[ $state =~ (idle|mixed|allocated) && ! $state =~ (down|drain|unknown|future) ]]; then
         say "up in $(( ($(date +%s%N) - started) / 1000000 )) ms (node state: ${state% })"
         print_env
         exit 0
     fi
     # A node that was down in saved state is brought back explicitly.
     if [[ $state =~ (down|drain) ]]; then
-        scontrol update NodeName="$host" State=RESUME >/dev/null 2>&1 || true
+        scontrol update NodeName="$node_list" State=RESUME >/dev/null 2>&1 || true
     fi
     sleep 0.25
 done
-die "the node did not become idle within 30 s (sinfo says '${state:-nothing}'); see $dir/log/slurmctld.log and $dir/log/slurmd.log"
+die "the nodes did not become idle within 30 s (sinfo says '${state:-nothing}'); see $dir/log/slurmctld.log and $dir/log/slurmd-*.log"
