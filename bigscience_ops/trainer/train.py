@@ -355,7 +355,7 @@ class Trainer:
                 self._validate(it)
             if ckpt.save_due(it, ck.save_schedule, ck.save_interval):
                 self.save()
-            if ck.exit_interval is not None and it % ck.exit_interval == 0:
+            if ck.exit_interval is not None and it % ck.exit_interval == 0 and it < self.train_iters:
                 return f"exit interval {ck.exit_interval} reached: saved and exiting"
         if log.eval_iters > 0:
             self._validate(s.iteration)

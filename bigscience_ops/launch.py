@@ -1,0 +1,201 @@
+"""Launching an experiment; here the local mode: the rendered job array run on this machine.
+
+`launch_local` renders the same job script `bsops render` makes into the run folder and runs it
+with Slurm's environment emulated: each array task gets SLURM_JOB_ID, SLURM_ARRAY_JOB_ID,
+SLURM_ARRAY_TASK_ID and a node list; small `srun` and `scontrol` shims (written into
+<run>/slurm-shims/) start one launcher per "node" with its SLURM_PROCID and expand the node list,
+which is all the script uses. The tasks run one after another, each resuming from the last
+checkpoint, as `--array=1-N%1` does; the output goes where `#SBATCH --output` says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigscience_ops.config import Experiment
+from bigscience_ops.errors import BsopsError
+
+
+class LaunchError(BsopsError):
+    """A local launch could not start or a task failed: names the task, its exit code and its log."""
+
+
+SRUN = '''#!{python}
+"""srun shim for bsops' local launches: starts the command once per node with SLURM_PROCID set."""
+import os, subprocess, sys
+
+args = sys.argv[1:]
+nodes = int(os.environ.get("SLURM_NNODES", "1"))
+while args and args[0].startswith("-"):
+    option = args.pop(0)
+    if option.startswith("--nodes="):
+        nodes = int(option.split("=", 1)[1])
+    elif option in ("-N", "--nodes"):
+        nodes = int(args.pop(0))
+procs = []
+for rank in range(nodes):
+    env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NODEID=str(rank), SLURM_LOCALID="0",
+               SLURM_STEP_NUM_NODES=str(nodes), SLURM_STEP_NUM_TASKS=str(nodes))
+    procs.append(subprocess.Popen(args, env=env))
+codes = [p.wait() for p in procs]
+sys.exit(max(codes, key=abs))
+'''
+
+SCONTROL = '''#!{python}
+"""scontrol shim for bsops' local launches: only `scontrol show hostnames LIST` (comma lists)."""
+import sys
+
+if sys.argv[1:3] != ["show", "hostnames"]:
+    sys.exit("scontrol shim: only 'show hostnames' is emulated, got " + " ".join(sys.argv[1:]))
+for name in " ".join(sys.argv[3:]).replace(",", " ").split():
+    print(name)
+'''
+
+
+@dataclass(frozen=True)
+class LocalTask:
+    array_task_id: int
+    returncode: int
+    seconds: float
+    output: Path
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    run_dir: Path
+    script: Path
+    tasks: list[LocalTask]
+    main_log: Path
+    checkpoints: Path
+    tensorboard: Path
+    finished: bool
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_shim(path: Path, text: str) -> None:
+    path.write_text(text.format(python=sys.executable), encoding="utf-8")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def local_experiment(exp: Experiment, run_dir: Path | None) -> Experiment:
+    """The experiment as run locally: paths under `run_dir` (when given) and a free rendezvous port."""
+    paths = exp.paths
+    if run_dir is not None:
+        out = Path(run_dir).resolve()
+        paths = dataclasses.replace(paths, output=str(out), checkpoints=str(out / "checkpoints"),
+                                    tensorboard=str(out / "tensorboard"), logs=str(out / "logs"),
+                                    codecarbon=str(out / "codecarbon"))
+        checkpoint = dataclasses.replace(exp.checkpoint, kill_switch_path=str(out / "kill-switch"))
+        exp = dataclasses.replace(exp, checkpoint=checkpoint)
+    return dataclasses.replace(exp, paths=paths, slurm=dataclasses.replace(exp.slurm, master_port=_free_port()))
+
+
+def ensure_data(exp: Experiment) -> None:
+    """Build the bundled corpus when the experiment trains on it; any other missing dataset is an error."""
+    from bigscience_ops.data.corpus import ensure_bundled_corpus
+
+    for i, source in enumerate(exp.data.blend):
+        prefix = Path(source.prefix)
+        if Path(f"{prefix}.bin").is_file() and Path(f"{prefix}.idx").is_file():
+            continue
+        if prefix.name == "tiny_text_document":
+            built = ensure_bundled_corpus(prefix.parent)
+            if Path(built) != prefix:
+                raise LaunchError(f"data.blend[{i}].prefix: got {source.prefix}; the bundled corpus builds {built}")
+            continue
+        raise LaunchError(f"data.blend[{i}].prefix: got {source.prefix}; no {prefix}.bin/.idx there "
+                          "(preprocess the data first)")
+
+
+def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None = None,
+                 timeout_s: float = 3600) -> LocalRun:
+    """Render the job script into the run folder and run its array tasks here, one after another."""
+    from bigscience_ops import plan as planning
+    from bigscience_ops import render as rendering
+
+    exp = local_experiment(exp, run_dir)
+    out = Path(exp.paths.output)
+    ensure_data(exp)
+    script = rendering.write(rendering.render(exp, out), out)
+    shims = out / "slurm-shims"
+    shims.mkdir(parents=True, exist_ok=True)
+    _write_shim(shims / "srun", SRUN)
+    _write_shim(shims / "scontrol", SCONTROL)
+    logs = Path(exp.paths.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    nodes = exp.slurm.nodes
+    node_list = ",".join(["localhost"] + ["127.0.0.1"] * (nodes - 1))
+    array_job_id = int(time.time()) % 1_000_000
+    repo = Path(__file__).resolve().parents[1]
+    train_iters = planning.train_iters(exp)
+    processes = nodes * exp.slurm.gpus_per_node
+    threads = max(1, min(exp.slurm.cpus_per_task, (os.cpu_count() or 1) // processes))
+    results: list[LocalTask] = []
+    for task in range(1, (tasks or exp.slurm.array) + 1):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "BSOPS_JOB_START_EPOCH"}
+        env.update({
+            "PATH": os.pathsep.join([str(shims), str(Path(sys.executable).parent), env.get("PATH", "")]),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")])),
+            "SLURM_JOB_ID": str(array_job_id + task), "SLURM_ARRAY_JOB_ID": str(array_job_id),
+            "SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": str(exp.slurm.array),
+            "SLURM_JOB_NAME": exp.slurm.job_name or exp.name, "SLURM_JOB_NODELIST": node_list,
+            "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_SUBMIT_DIR": str(out),
+            "SLURM_CPUS_PER_TASK": str(exp.slurm.cpus_per_task),
+            # Every "node" shares this machine: give each training process its share of the cores,
+            # as Slurm's --cpus-per-task would, instead of each using them all.
+            "OMP_NUM_THREADS": str(threads),
+        })
+        output = logs / f"{exp.slurm.job_name or exp.name}-{array_job_id}_{task}.out"
+        start = time.time()
+        with open(output, "wb") as sink:
+            proc = subprocess.Popen(["bash", str(script)], cwd=out, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+                raise LaunchError(f"array task {task} ran past {timeout_s:.0f} s; see {output}") from None
+            except BaseException:
+                _stop(proc)  # Ctrl-C: take the task's launchers and trainers down with it
+                raise
+        results.append(LocalTask(task, code, time.time() - start, output))
+        if code != 0:
+            raise LaunchError(f"array task {task}: {script} exited {code}; see {output} and {logs / 'main_log.txt'}")
+        if _latest_step(Path(exp.paths.checkpoints)) >= train_iters:
+            break
+    return LocalRun(out, script, results, logs / "main_log.txt", Path(exp.paths.checkpoints),
+                    Path(exp.paths.tensorboard), _latest_step(Path(exp.paths.checkpoints)) >= train_iters)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the task's process group (the trainers save on SIGTERM), then SIGKILL what is left."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+def _latest_step(checkpoints: Path) -> int:
+    latest = checkpoints / "latest"
+    if not latest.is_file():
+        return 0
+    return int(latest.read_text(encoding="utf-8").strip().removeprefix("global_step") or 0)
