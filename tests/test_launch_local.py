@@ -1,0 +1,49 @@
+"""`bsops launch EXP --local`: the rendered job array run here on the bundled corpus, task after task."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fixtures_trainer import checkpoint_steps, scalars
+
+REPO = Path(__file__).resolve().parents[1]
+BSOPS = str(Path(sys.executable).with_name("bsops"))
+
+# tiny's scripts, data and PP=2 x 2 "nodes", shrunk to seconds: 2 array tasks, the first exits at step 15.
+SMALL = f"""
+base: tiny
+description: tiny shrunk for the launch test
+model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 64}}
+batch: {{global_batch_size: 8, micro_batch_size: 2, rampup: {{start: 4, increment: 2, samples: 40}}}}
+train: {{samples: 200}}
+lr_schedule: {{warmup_samples: 40}}
+checkpoint: {{save_interval: 10, exit_interval: 15}}
+logging: {{log_interval: 5, eval_interval: 10, eval_iters: 1}}
+data:
+  blend: [{{prefix: {REPO}/corpus/build/tiny_text_document}}]
+  tokenizer: {{kind: json, json_file: {REPO}/corpus/tokenizer.json}}
+"""
+
+
+def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
+    trainings = tmp_path / "trainings"
+    trainings.mkdir()
+    (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
+    (trainings / "small.yaml").write_text(SMALL)
+    run = tmp_path / "run dir"  # a space: every path in the script must be quoted
+    proc = subprocess.run([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"run folder: {run}" in proc.stdout
+    assert proc.stdout.count("array task ") == 2
+    assert (run / "small.slurm").is_file() and (run / "experiment.json").is_file()
+    # 200 samples with the rampup: 28 steps; task 1 exits at 15, task 2 resumes and finishes
+    assert checkpoint_steps(run) == [10, 15, 20, 28]
+    log = (run / "logs" / "main_log.txt").read_text()
+    assert "resumed from" in log and "global_step15" in log
+    assert len(list((run / "logs").glob("small-*_1.out"))) == 1 and len(list((run / "logs").glob("small-*_2.out"))) == 1
+    losses = scalars(run / "tensorboard", "lm loss")
+    assert sorted(losses) == list(range(1, 29))
+    assert losses[28] < losses[1] - 0.5
