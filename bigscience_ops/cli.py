@@ -275,18 +275,44 @@ def render(exp: str, out: Path | None, trainings_dir: Path | None) -> None:
 
 @main.command()
 @click.argument("exp", default="tiny")
-@click.option("--local", "local", is_flag=True, required=True,
+@click.option("--local", "local", is_flag=True,
               help="Run the rendered job array on this machine with Slurm's environment emulated.")
+@click.option("--after-current", is_flag=True,
+              help="If a job of EXP is queued, start after its whole array (afterany) instead of refusing.")
+@click.option("--dry-run", is_flag=True, help="Show the run record, queue check and sbatch command; submit nothing.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run folder (default: the experiment's paths.output, runs/EXP).")
+              help="With --local: run folder (default: the experiment's paths.output, runs/EXP).")
 @click.option("--tasks", type=click.IntRange(min=1), default=None,
-              help="Array tasks to run (default: slurm.array); later tasks resume from the last checkpoint.")
+              help="With --local: array tasks to run (default: slurm.array); each resumes from the last checkpoint.")
 @trainings_option
-def launch(exp: str, local: bool, out: Path | None, tasks: int | None, trainings_dir: Path | None) -> None:
-    """Launch EXP (default: tiny). With --local: render its job script and run the array here, task after task."""
+def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path | None, tasks: int | None,
+           trainings_dir: Path | None) -> None:
+    """Launch EXP (default: tiny) as a Slurm job array, one task at a time, each resuming.
+
+    The plan is checked first and nothing invalid is submitted. A job of EXP already in the queue
+    (any user of slurm.group) makes the launch refuse, unless --after-current chains after it.
+    With --local the same job script runs here, its array tasks one after another.
+    """
     from bigscience_ops.launch import launch_local
 
     experiment = _load(exp, trainings_dir)
+    if not local:
+        from bigscience_ops import submit
+
+        if out is not None or tasks is not None:
+            raise click.UsageError("--out and --tasks apply to --local only")
+        launch_plan = submit.plan_launch(experiment, after_current=after_current)
+        for line in launch_plan.describe():
+            click.echo(line)
+        if dry_run:
+            click.echo(f"dry run: nothing submitted. The job script:\n\n{launch_plan.rendered.files[launch_plan.rendered.script]}")
+            return
+        job_id = submit.submit(launch_plan)
+        click.echo(f"submitted job array {job_id} ({experiment.slurm.array} tasks, one at a time)")
+        click.echo(f"watch it with: bsops status {exp}    log: {Path(experiment.paths.logs) / 'main_log.txt'}")
+        return
+    if after_current or dry_run:
+        raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
     result = launch_local(experiment, out, tasks)
     for task in result.tasks:
         click.echo(f"array task {task.array_task_id}: exit {task.returncode} in {task.seconds:.0f} s ({task.output})")

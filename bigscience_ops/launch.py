@@ -1,4 +1,4 @@
-"""Launching an experiment; here the local mode: the rendered job array run on this machine.
+"""Launching an experiment locally: the rendered job array run on this machine (submit.py sends it to Slurm).
 
 `launch_local` renders the same job script `bsops render` makes into the run folder and runs it
 with Slurm's environment emulated: each array task gets SLURM_JOB_ID, SLURM_ARRAY_JOB_ID,
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bigscience_ops.config import Experiment
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ledger import latest_iteration
 
 
 class LaunchError(BsopsError):
@@ -174,10 +175,10 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
         results.append(LocalTask(task, code, time.time() - start, output))
         if code != 0:
             raise LaunchError(f"array task {task}: {script} exited {code}; see {output} and {logs / 'main_log.txt'}")
-        if _latest_step(Path(exp.paths.checkpoints)) >= train_iters:
+        if latest_iteration(Path(exp.paths.checkpoints)) >= train_iters:
             break
     return LocalRun(out, script, results, logs / "main_log.txt", Path(exp.paths.checkpoints),
-                    Path(exp.paths.tensorboard), _latest_step(Path(exp.paths.checkpoints)) >= train_iters)
+                    Path(exp.paths.tensorboard), latest_iteration(Path(exp.paths.checkpoints)) >= train_iters)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -194,8 +195,3 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def _latest_step(checkpoints: Path) -> int:
-    latest = checkpoints / "latest"
-    if not latest.is_file():
-        return 0
-    return int(latest.read_text(encoding="utf-8").strip().removeprefix("global_step") or 0)

@@ -119,6 +119,7 @@ def render(exp: Experiment, out_dir: Path) -> Rendered:
         "optional": optional,
         "env_setup": [Raw(line) for line in s.env_setup],
         "run_dir": str(out_dir),
+        "threads_per_process": max(1, s.cpus_per_task // s.gpus_per_node),
         "experiment_json": str(out_dir / EXPERIMENT_JSON),
         "deepspeed_json": str(out_dir / DEEPSPEED_JSON),
     }

@@ -381,11 +381,11 @@ def query_jobs(*, users: Sequence[str] = (), name: str | None = None,
     return parse_squeue(proc.stdout)
 
 
-def submit(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S) -> str:
-    """Run an sbatch argv from `sbatch_argv()` and return the new job id."""
+def submit(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> str:
+    """Run an sbatch argv from `sbatch_argv()` and return the new job id (env: what the job inherits)."""
     if "--parsable" not in argv:
         raise ValueError(f"submit() needs an sbatch argv with --parsable; got {list(argv)!r}")
-    return parse_sbatch_parsable(run(argv, timeout=timeout).stdout)
+    return parse_sbatch_parsable(run(argv, timeout=timeout, env=env).stdout)
 
 
 def show_job(job_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> list[dict[str, str]]:

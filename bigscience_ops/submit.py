@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,11 +76,17 @@ def submit(plan: LaunchPlan) -> str:
     """Write the run record, submit, record Slurm's answer and start a fresh failure budget."""
     if plan.run_dir.exists():
         raise LaunchError(f"run record {plan.run_dir} already exists; launch again in a second")
+    from bigscience_ops.launch import ensure_data
+
+    ensure_data(plan.experiment)
     rendering.write(plan.rendered, plan.run_dir)
     Path(plan.experiment.paths.logs).mkdir(parents=True, exist_ok=True)  # sbatch --output needs it
     record = plan.run_dir / "sbatch.json"
+    # The job inherits this environment (sbatch --export=ALL): put this bsops and its Python first on
+    # PATH, so the job runs the same installation; the experiment's env_setup lines run after and win.
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     try:
-        job_id = slurm.submit(plan.argv)
+        job_id = slurm.submit(plan.argv, env=env)
     except slurm.SlurmError as exc:
         record.write_text(json.dumps({"argv": plan.argv, "error": str(exc)}, indent=2) + "\n")
         raise

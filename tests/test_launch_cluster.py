@@ -1,0 +1,46 @@
+"""`bsops launch tiny` on the real cluster: a two-node job, an array of two tasks, the second resuming."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import ledger, submit
+from bigscience_ops.config import load_experiment
+from bigscience_ops.plan import train_iters
+from tests.fixtures_slurm import wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def test_tiny_array_trains_on_two_nodes_and_resumes(tmp_path: Path, repo_root: Path, slurm_cluster) -> None:
+    trainings = tmp_path / "trainings"
+    shutil.copytree(repo_root / "trainings", trainings)
+    # A shorter tiny: the first task stops at step 50 (exit_interval), the second resumes and finishes.
+    (trainings / "tinycl.yaml").write_text(
+        f"base: tiny\ntrain: {{samples: 1200}}\ncheckpoint: {{exit_interval: 50, save_interval: 25}}\n"
+        f"slurm: {{job_name: {slurm_cluster.prefix}-tiny, partition: {slurm_cluster.partition}}}\n"
+        f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
+    exp = load_experiment("tinycl", trainings)
+    total = train_iters(exp)
+    assert 50 < total <= 100
+
+    job_id = submit.submit(submit.plan_launch(exp))
+    slurm_cluster.submitted.append(job_id)
+    wait_until("both array tasks to finish", lambda: not slurm_cluster.jobs(job_id), timeout=600, interval=2)
+
+    checkpoints = Path(exp.paths.checkpoints)
+    assert ledger.latest_iteration(checkpoints) == total
+    attempts = ledger.attempts(ledger.read(Path(exp.paths.output) / ledger.LEDGER_NAME))
+    assert [(a.start_iteration, a.end_iteration, a.exit_code) for a in attempts] == [(0, 50, 0), (50, total, 0)]
+    assert [a.job_id for a in attempts] == [f"{job_id}_1", f"{job_id}_2"]
+    assert all(re.fullmatch(r"\w+\[1-2\]|\w+,\w+", a.nodes) for a in attempts), [a.nodes for a in attempts]
+    log = (Path(exp.paths.logs) / "main_log.txt").read_text()
+    assert re.search(rf"iteration\s+50/\s+{total} \|", log) and re.search(rf"iteration\s+{total}/\s+{total} \|", log)
+    assert "resum" in log.lower()
+    outputs = sorted(p.name for p in Path(exp.paths.logs).glob("*.out"))
+    assert outputs == [f"{exp.slurm.job_name}-{job_id}_1.out", f"{exp.slurm.job_name}-{job_id}_2.out"]
