@@ -233,10 +233,19 @@ def task_begin(experiment_json: Path) -> None:
     exp = _resolved(experiment_json)
     failing = ledger.begin(Path(exp.paths.output), Path(exp.paths.checkpoints), exp.slurm.failure_budget)
     if failing is not None:
+        from bigscience_ops import notify
+
         nodes = ", ".join(sorted({a.nodes for a in failing if a.nodes})) or "unknown"
-        click.echo(f"***ALERT: {exp.slurm.job_name}: the last {len(failing)} array tasks made no progress "
-                   f"(iteration {failing[-1].start_iteration}; nodes {nodes}); not training. "
-                   f"Check the nodes, add bad ones to slurm.exclude, then relaunch***")
+        alert = (f"***ALERT: {exp.slurm.job_name}: the last {len(failing)} array tasks made no progress "
+                 f"(iteration {failing[-1].start_iteration}; nodes {nodes}); not training. "
+                 f"Check the nodes, add bad ones to slurm.exclude, then relaunch***")
+        click.echo(alert)
+        tasks = "\n".join(f"- {a.job_id} on {a.nodes or '?'}: iteration {a.start_iteration} -> "
+                          f"{a.end_iteration if a.end_iteration is not None else 'killed'}, exit code {a.exit_code}"
+                          for a in failing)
+        click.echo(notify.send_alert(exp.alerts, f"[bsops] {exp.name}: crash loop stopped, not training",
+                                     f"{alert}\n\nThe tasks:\n{tasks}\n\nThe remaining array tasks stop at once too. "
+                                     f"After fixing, `bsops launch {exp.name}` starts a fresh failure budget."))
         sys.exit(EXIT_PROBLEMS)
     click.echo(f"task {ledger.slurm_job_id()} begins at iteration {ledger.latest_iteration(Path(exp.paths.checkpoints))}")
 

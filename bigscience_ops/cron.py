@@ -232,17 +232,10 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
 def _email_failures(alerts: AlertsConfig, period: str, report: RunReport) -> str:
     from bigscience_ops import notify
 
-    settings = notify.smtp_from_alerts(alerts)
-    if settings is None:
-        return "no alert email: cron.yaml alerts.email_to is empty"
     failures = "\n".join(f"- {script}: {error}" for script, error in report.failed)
     body = (f"The {period} cron runner could not submit {len(report.failed)} job(s):\n{failures}\n\n"
             f"Fix the script or the cluster problem named above; the runner tries again next {period} run.")
-    try:
-        message_id = notify.send(settings, notify.build_message(settings, f"[bsops] cron.{period}: submission failed", body))
-    except notify.NotifyError as exc:
-        return f"***ALERT: the alert email could not be sent: {exc}***"
-    return f"alert email sent to {', '.join(settings.recipients)} ({message_id})"
+    return notify.send_alert(alerts, f"[bsops] cron.{period}: submission failed", body)
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,18 @@ def smtp_from_alerts(alerts: AlertsConfig) -> SmtpSettings | None:
                         user=alerts.smtp_user, password_env=alerts.smtp_password_env if alerts.smtp_user else None)
 
 
+def send_alert(alerts: AlertsConfig, subject: str, body: str) -> str:
+    """Email one alert to an alerts section's recipients; returns a line saying what happened (never raises)."""
+    settings = smtp_from_alerts(alerts)
+    if settings is None:
+        return "no alert email: alerts.email_to is empty"
+    try:
+        message_id = send(settings, build_message(settings, subject, body))
+    except NotifyError as exc:
+        return f"***ALERT: the alert email could not be sent: {exc}***"
+    return f"alert email sent to {', '.join(settings.recipients)} ({message_id})"
+
+
 # --- sending -------------------------------------------------------------------------------------
 
 def build_message(settings: SmtpSettings, subject: str, body: str, *, now: datetime | None = None) -> EmailMessage:

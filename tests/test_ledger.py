@@ -12,6 +12,7 @@ import pytest
 from bigscience_ops import ledger, render as rendering
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import BsopsError
+from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
 from tests.test_render import install_shims
 
 
@@ -52,10 +53,14 @@ def test_unreadable_latest_is_an_error(tmp_path: Path) -> None:
         ledger.latest_iteration(tmp_path)
 
 
-def test_job_script_stops_a_crash_loop(tmp_path: Path, repo_root: Path) -> None:
+def test_job_script_stops_a_crash_loop(tmp_path: Path, repo_root: Path, plain_server) -> None:  # noqa: F811
+    inbox, port = plain_server
     trainings = tmp_path / "trainings"
     shutil.copytree(repo_root / "trainings", trainings)
-    (trainings / "loop.yaml").write_text(f"base: tiny\nslurm: {{failure_budget: 2}}\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
+    (trainings / "loop.yaml").write_text(
+        f"base: tiny\nslurm: {{failure_budget: 2}}\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
+        f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
+        f"smtp_port: {port}, smtp_security: none}}\n")
     exp = load_experiment("loop", trainings)
     script = rendering.write(rendering.render(exp, tmp_path / "r"), tmp_path / "r")
     env = install_shims(tmp_path, torchrun_exit=1)  # the trainer crashes at once, saving nothing
@@ -69,3 +74,5 @@ def test_job_script_stops_a_crash_loop(tmp_path: Path, repo_root: Path) -> None:
     log = (tmp_path / "run" / "logs" / "main_log.txt").read_text()
     assert "***ALERT: loop: the last 2 array tasks made no progress" in log
     assert "node-[a-b]" in log
+    [mail] = inbox.messages
+    assert "crash loop" in mail["Subject"] and "500_1 on node-[a-b]" in mail.get_content()

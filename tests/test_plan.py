@@ -102,7 +102,9 @@ def test_warmup_in_iters_converts_through_the_rampup() -> None:
     exp = load_experiment("tiny")
     lr = dataclasses.replace(exp.lr_schedule, warmup_samples=None, warmup_iters=50)
     plan = make_plan(dataclasses.replace(exp, lr_schedule=lr))
-    schedule = BatchSchedule(16, 8, 4, 1000)
+    r = exp.batch.rampup
+    schedule = BatchSchedule(exp.batch.global_batch_size, r.start, r.increment, r.samples)
+    assert schedule.consumed_after(50) < 50 * exp.batch.global_batch_size  # the rampup is in those steps
     assert plan.warmup_samples == schedule.consumed_after(50)
     assert plan.warmup_steps == 50
 

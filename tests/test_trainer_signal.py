@@ -1,0 +1,64 @@
+"""SIGUSR1 (Slurm's warning before the time limit) makes a running trainer save and exit cleanly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from bigscience_ops.ledger import latest_iteration
+from tests.fixtures_trainer import REPO, TORCHRUN, small_experiment, write_run
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_sigusr1_saves_at_the_current_iteration_and_exits_0(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    exp = small_experiment(out, parallel=dict(pipeline=1, zero_stage=0), train=dict(samples=100_000),
+                           checkpoint=dict(save_interval=10_000),
+                           logging=dict(log_interval=1, eval_interval=10_000))
+    write_run(exp, out)
+    argv = [TORCHRUN, "--standalone", "--nproc_per_node", "1", "-m", "bigscience_ops.trainer",
+            "--experiment", str(out / "experiment.json"), "--deepspeed-config", str(out / "ds_config.json"),
+            "--synthetic-data"]
+    env = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
+    env.update(DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                raise AssertionError(f"the trainer exited {proc.returncode} early:\n" + "".join(lines[-40:]))
+            lines.append(line)
+            if re.match(r"\s*iteration\s+3/", line):
+                break
+        else:
+            raise AssertionError("no iteration line within 180 s:\n" + "".join(lines[-30:]))
+        [worker] = _children(proc.pid)
+        os.kill(worker, signal.SIGUSR1)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = "".join(lines) + rest
+    assert proc.returncode == 0, output[-3000:]
+    match = re.search(r"> signal received: saved and exiting at iteration (\d+)", output)
+    assert match, output[-3000:]
+    stopped = int(match.group(1))
+    assert 3 <= stopped < 100
+    assert latest_iteration(out / "checkpoints") == stopped
