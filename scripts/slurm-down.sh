@@ -34,7 +34,8 @@ stop() {  # stop NAME=PIDFILE...: TERM them all at once, wait up to 10 s, then K
         name=${spec%%=*} pidfile=${spec#*=}
         [[ -f $pidfile ]] || continue
         pid=$(cat "$pidfile")
-        if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+        # Only a process of the daemon's name: the pid may have been reused since.
+        if [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == "${name%%-*}" ]]; then
             kill "$pid" 2>/dev/null || true
             pids[$name]=$pid
         fi

@@ -81,10 +81,16 @@ fi
 
 # --- configure ---------------------------------------------------------------------------------
 # Stop whatever a previous, half-started run left behind (only our own pid files).
+# A pid file can outlive its daemon (a reboot, a new machine): kill only a process of that name.
 for pidfile in "$dir"/run/slurmd*.pid "$dir"/run/slurmctld.pid "$dir"/run/munged.pid; do
     if [[ -f $pidfile ]]; then
         pid=$(cat "$pidfile")
-        kill "$pid" 2>/dev/null || true
+        daemon=$(basename "$pidfile" .pid)
+        daemon=${daemon%%-*}
+        if [[ $pid =~ ^[0-9]+$ && $(cat "/proc/$pid/comm" 2>/dev/null) == "$daemon" ]]; then
+            kill "$pid" 2>/dev/null || true
+        fi
+        rm -f "$pidfile"
     fi
 done
 sleep 0.2
