@@ -390,7 +390,7 @@ def _validate(exp: Experiment, src: str) -> None:
 def exit_margin_minutes(num_params: float) -> int:
     """Minutes kept free before the time limit to finish an iteration and write a checkpoint.
 
-    Seed 003 kept 10 minutes for 13B and warned that bigger models need more; the margin grows
+    The tr1-13B notes kept 10 minutes for 13B and warned that bigger models need more; the margin grows
     with the square root of the size (about 29 minutes at 104B) and is never below 5 minutes.
     """
     return max(5, math.ceil(10 * math.sqrt(num_params / 13e9)))

@@ -1,6 +1,6 @@
 """Calculators for `bsops plan`: parameters, memory, DP size, rampup, steps, tokens, days, node counts.
 
-Every number the seeds computed by hand is computed here from the config, and every rule that
+Every number the training notes computed by hand is computed here from the config, and every rule that
 would fail or mislead a run is checked before a GPU hour is spent. Pure Python: no torch.
 """
 
@@ -27,7 +27,7 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) 
 
 
 def seed_formula_parameters(model: ModelConfig) -> int:
-    """Seed 003's sanity check: l*(12h^2 + 13h) + v*h + s*h (unpadded vocab, ffn = 4h)."""
+    """The tr1-13B notes' sanity check: l*(12h^2 + 13h) + v*h + s*h (unpadded vocab, ffn = 4h)."""
     h, l, v, s = model.hidden_size, model.num_layers, model.vocab_size, model.seq_length
     return l * (12 * h**2 + 13 * h) + v * h + s * h
 
@@ -35,7 +35,7 @@ def seed_formula_parameters(model: ModelConfig) -> int:
 @dataclass(frozen=True)
 class ParamCount:
     padded_vocab: int
-    seed_formula: int  # seed 003's formula, for comparison with the seeds' "13B", "104B"
+    seed_formula: int  # the tr1-13B notes' formula, for comparison with the training notes' "13B", "104B"
     total: int  # unique parameters of the model
     per_stage: tuple[int, ...]  # on each pipeline stage, per tensor rank, as Megatron reports them
 
@@ -82,7 +82,7 @@ def count_parameters(model: ModelConfig, tensor_parallel: int = 1, pipeline_para
 
 # ----------------------------------------------------------------------------- memory and time
 
-# Bytes per parameter while training, as seed 003 breaks them down for mixed precision.
+# Bytes per parameter while training, as the tr1-13B notes breaks them down for mixed precision.
 TRAIN_BYTES = {
     "mixed": {"fp32 weights": 4, "half weights": 2, "optimizer states": 8, "gradients": 4},
     "fp32": {"fp32 weights": 4, "optimizer states": 8, "gradients": 4},
@@ -95,7 +95,7 @@ CHECKPOINT_BYTES = {"mixed": (2, 2 + 4 + 8), "fp32": (4, 4 + 8)}
 class Memory:
     bytes_per_param: int
     training_total: int  # bytes per model replica (TP x PP GPUs)
-    training_seed_rounded: int  # bytes_per_param x size rounded to whole billions, as the seeds write it
+    training_seed_rounded: int  # bytes_per_param x size rounded to whole billions, as the training notes write it
     per_gpu: int  # the largest stage, ZeRO sharding included
     checkpoint_with_optimizer: int
     checkpoint_without_optimizer: int
@@ -114,7 +114,7 @@ def memory(exp: Experiment, params: ParamCount, dp: int) -> Memory:
 
 
 def estimate_days(tokens: float, params: float, gpus: int, tflops_per_gpu: float) -> float:
-    """Seed 003's estimate: 8 * tokens * params / (gpus * TFLOPs), in days."""
+    """The tr1-13B notes' estimate: 8 * tokens * params / (gpus * TFLOPs), in days."""
     return 8 * tokens * params / (gpus * tflops_per_gpu * 1e12 * 86400)
 
 
@@ -287,13 +287,13 @@ def _notes(exp: Experiment, schedule: BatchSchedule, lr: LRSchedule, warmup_step
         notes.append(
             f"the rampup lasts {schedule.rampup_steps} steps ({schedule.consumed_after(schedule.rampup_steps)} samples): "
             f"steps per increment shrink as the batch grows, so a constant steps-per-increment guess is wrong "
-            f"(seed 000 assumed 160 per increment, seed 003 '5k steps')")
+            f"(the tr1-13B draft assumed 160 per increment, the tr1-13B notes '5k steps')")
         if 0 < lr.warmup_samples <= schedule.rampup_samples:
             gbs = schedule.batch_size_of_step(warmup_steps)
             notes.append(
                 f"LR warmup of {lr.warmup_samples} samples ends inside the rampup, at step {warmup_steps} (GBS {gbs}): "
                 f"samples and steps convert only through the rampup schedule, never at a fixed steps-per-increment "
-                f"rate (seed 003 did that and took its 216_320 warmup samples for 2000 steps)")
+                f"rate (the tr1-13B notes did that and took its 216_320 warmup samples for 2000 steps)")
     return notes
 
 

@@ -54,7 +54,7 @@ def plan_text(plan: Plan, exp: Experiment) -> str:
     parts = " + ".join(f"{v} {k}" for k, v in TRAIN_BYTES[kind].items())
     add(f"memory ({exp.train.precision}: {parts} = {mem.bytes_per_param} bytes/param, activations not included)")
     add(f"  training, per replica: {_gb(mem.training_total)} exact; "
-        f"{mem.bytes_per_param} x {round(pc.total / GB)}B = {_gb(mem.training_seed_rounded)} with the size rounded as the seeds write it")
+        f"{mem.bytes_per_param} x {round(pc.total / GB)}B = {_gb(mem.training_seed_rounded)} with the size rounded as the training notes write it")
     add(f"  training, per GPU (largest stage{', ZeRO-1 shards optimizer states over DP' if p.zero_stage else ''}): {_gb(mem.per_gpu)}")
     add(f"  checkpoint: {_gb(mem.checkpoint_with_optimizer)} with optimizer states, {_gb(mem.checkpoint_without_optimizer)} without")
     add("")

@@ -17,7 +17,7 @@ class Increment:
     """One constant-batch-size stretch of the rampup."""
 
     global_batch_size: int
-    nominal_samples: float  # rampup samples / number of increments (seed 003's 79365)
+    nominal_samples: float  # rampup samples / number of increments (the tr1-13B notes' 79365)
     naive_steps: int  # int(nominal_samples) // GBS: the seed's hand estimate
     steps: int  # steps Megatron's scheduler really runs at this size
     samples: int  # samples those steps consume

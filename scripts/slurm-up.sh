@@ -4,7 +4,7 @@
 # with config, state, spool and logs under $BSOPS_SLURM_DIR (default /tmp/bsops-slurm).
 # Idempotent: when the cluster already answers, it only prints the environment to use.
 # Usage: bash scripts/slurm-up.sh    then: export SLURM_CONF=$BSOPS_SLURM_DIR/etc/slurm.conf
-# Settings are the ones known to work without systemd or cgroups (see the project's FACTS notes).
+# Settings are the ones known to work without systemd or cgroups.
 set -euo pipefail
 
 dir=${BSOPS_SLURM_DIR:-/tmp/bsops-slurm}

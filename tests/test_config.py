@@ -93,7 +93,7 @@ def test_derived_values_follow_their_sources(trainings: Path) -> None:
 
 
 def test_exit_margin_grows_with_model_size() -> None:
-    assert exit_margin_minutes(13e9) == 10  # seed 003's 1190 = 20h - 10 min
+    assert exit_margin_minutes(13e9) == 10  # the tr1-13B notes' 1190 = 20h - 10 min
     assert exit_margin_minutes(1e6) == 5
     assert exit_margin_minutes(104e9) > exit_margin_minutes(13e9)
 

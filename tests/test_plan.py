@@ -1,4 +1,4 @@
-"""`bsops plan` reproduces the seeds' numbers and checks every rule before launching."""
+"""`bsops plan` reproduces the training notes' numbers and checks every rule before launching."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_training_memory_seed_and_exact(tr1) -> None:
     assert plan.memory.training_total == 18 * plan.params.total
     tr8 = make_plan(load_experiment("tr8-104B"))
     assert tr8.memory.training_seed_rounded == 1872 * 10**9  # 18 x 104
-    # Seed 003's checkpoints without optimizer states are "26GB": 2 bytes per parameter.
+    # The tr1-13B notes' checkpoints without optimizer states are "26GB": 2 bytes per parameter.
     assert round(plan.memory.checkpoint_without_optimizer / 1e9) == 26
 
 
@@ -91,7 +91,7 @@ def test_tr1_iterations_and_consumed_samples(tr1) -> None:
 def test_warmup_shown_in_samples_and_steps_with_the_seed_mistake(tr1) -> None:
     plan = make_plan(tr1)
     assert plan.warmup_samples == 216_320
-    assert plan.warmup_steps == 8641  # not the 2000 steps seed 003 meant
+    assert plan.warmup_steps == 8641  # not the 2000 steps the tr1-13B notes meant
     assert plan.decay_samples == 126_953_125  # 260B tokens / 2048
     assert any("216_320" in n and "8641" in n for n in plan.notes)
     schedule = BatchSchedule(1024, 16, 16, 5_000_000)
@@ -131,7 +131,7 @@ def test_megatron_batch_schedule_matches_a_plain_loop() -> None:
 
 def test_lr_schedule_is_megatron_annealing() -> None:
     lr = LRSchedule(max_lr=6e-5, min_lr=6e-6, warmup_samples=183105, decay_samples=126953125)
-    assert f"{lr.lr_at(50):.3E}" == "1.638E-08"  # seed 002: iteration 25, 50 samples
+    assert f"{lr.lr_at(50):.3E}" == "1.638E-08"  # the Megatron-on-Slurm recipe: iteration 25, 50 samples
     assert lr.lr_at(183105) == pytest.approx(6e-5)
     assert lr.lr_at(126953125) == pytest.approx(6e-6)
     assert lr.lr_at(10**9) == 6e-6
@@ -141,7 +141,7 @@ def test_lr_schedule_is_megatron_annealing() -> None:
 
 def test_valid_node_counts_during_and_after_rampup(tr1) -> None:
     plan = make_plan(tr1)
-    # Seed 003: during the rampup DP can be at most 16, so at most 32 nodes.
+    # The tr1-13B notes: during the rampup DP can be at most 16, so at most 32 nodes.
     assert plan.nodes_during_rampup == [2, 4, 8, 16, 32]
     # After it: up to 8192 GPUs, powers of two only (96 nodes does not work).
     assert max(plan.nodes_after_rampup) * 4 == 8192

@@ -135,7 +135,7 @@ def test_kernel_references_agree():
     torch.testing.assert_close(causal_attention(q, k, v), causal_attention_reference(q, k, v))
 
 
-# Seed 003's iteration line, with Megatron-DeepSpeed's extra fields: the fields a parser reads.
+# The tr1-13B notes' iteration line, with Megatron-DeepSpeed's extra fields: the fields a parser reads.
 LINE = re.compile(r" iteration +(\d+)/ +(\d+) \| consumed samples: +(\d+) \| .*elapsed time per iteration \(ms\): ([\d.]+) \| "
                   r"learning rate: ([\d.E+-]+) \| global batch size: +(\d+) \| lm loss: ([\d.E+-]+) \| loss scale: ([\d.]+) \| "
                   r"grad norm: ([\d.]+) \| .*number of skipped iterations: +(\d+) \| number of nan iterations: +(\d+) \|")

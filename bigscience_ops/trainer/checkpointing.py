@@ -31,7 +31,7 @@ def save_due(step: int, save_schedule: list, save_interval: int | None) -> bool:
     """Whether step `step` (1-based) is saved by the schedule.
 
     Each range of `save_schedule` covers the steps after the previous range's `until` up to its own
-    `until`, and saves at previous_until + k * interval (seed 003's 10 to 100, then 18 to 1000 lands
+    `until`, and saves at previous_until + k * interval (the tr1-13B notes' 10 to 100, then 18 to 1000 lands
     on 1000). After the last range `save_interval` applies the same way, counted from that range's
     end; with no ranges it is Megatron's `step % save_interval == 0`.
     """

@@ -71,7 +71,7 @@ def _print(*lines: str) -> None:
 
 
 def init_distributed(device: str) -> None:
-    """gloo on CPU, NCCL on GPU; the CPU accelerator's shm op is not JIT-built (see shared FACTS)."""
+    """gloo on CPU, NCCL on GPU; the CPU accelerator's shm op is not JIT-built (it costs a minute of compilation on a fresh machine)."""
     import deepspeed
 
     # DeepSpeed broadcasts tied weights inside autograd; torch warns about it on every backward.
