@@ -322,7 +322,7 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
         return
     if after_current or dry_run:
         raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
-    result = launch_local(experiment, out, tasks)
+    result = launch_local(experiment, out, tasks, progress=click.echo)
     for task in result.tasks:
         click.echo(f"array task {task.array_task_id}: exit {task.returncode} in {task.seconds:.0f} s ({task.output})")
     click.echo(f"run folder: {result.run_dir}")

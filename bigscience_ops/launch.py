@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +123,36 @@ def ensure_data(exp: Experiment) -> None:
                           "(preprocess the data first)")
 
 
+# The lines of a task's output worth showing while it runs: training progress and what the run decides.
+PROGRESS = re.compile(r"^\s*(iteration\s|validation loss|> |task |\*\*\*ALERT)")
+
+
+def _follow(proc: subprocess.Popen, output: Path, progress: Callable[[str], None], timeout_s: float) -> int:
+    """Wait for the task, passing its progress lines to `progress` as they are written."""
+    deadline = time.monotonic() + timeout_s
+    pending = b""
+    with open(output, "rb") as reader:
+        while True:
+            code = proc.poll()
+            pending += reader.read()
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace").rstrip()
+                if PROGRESS.match(line):
+                    progress(line.strip())
+            if code is not None:
+                return code
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(proc.args, timeout_s)
+            time.sleep(0.5)
+
+
 def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None = None,
-                 timeout_s: float = 3600) -> LocalRun:
-    """Render the job script into the run folder and run its array tasks here, one after another."""
+                 timeout_s: float = 3600, progress: Callable[[str], None] = lambda line: None) -> LocalRun:
+    """Render the job script into the run folder and run its array tasks here, one after another.
+
+    `progress` receives the iteration, validation and decision lines of each task as they come.
+    """
     from bigscience_ops import plan as planning
     from bigscience_ops import render as rendering
 
@@ -161,11 +190,12 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
         })
         output = logs / f"{exp.slurm.job_name or exp.name}-{array_job_id}_{task}.out"
         start = time.time()
+        progress(f"array task {task}/{tasks or exp.slurm.array}: started, output in {output}")
         with open(output, "wb") as sink:
             proc = subprocess.Popen(["bash", str(script)], cwd=out, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             try:
-                code = proc.wait(timeout=timeout_s)
+                code = _follow(proc, output, progress, timeout_s)
             except subprocess.TimeoutExpired:
                 _stop(proc)
                 raise LaunchError(f"array task {task} ran past {timeout_s:.0f} s; see {output}") from None

@@ -16,4 +16,5 @@ python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet torch==2.13.0
 "$venv/bin/pip" install --quiet -e '.[test]'
 echo "$want" > "$stamp"
-echo "setup: done ($("$venv/bin/python" -c 'import torch, deepspeed; print("torch", torch.__version__, "deepspeed", deepspeed.__version__)' 2>/dev/null))" >&2
+versions=$("$venv/bin/python" -c 'from importlib.metadata import version as v; print("torch", v("torch"), "deepspeed", v("deepspeed"), "triton", v("triton"))')
+echo "setup: done ($versions)" >&2

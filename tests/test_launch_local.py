@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,9 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"run folder: {run}" in proc.stdout
-    assert proc.stdout.count("array task ") == 2
+    assert proc.stdout.count(": started, output in") == 2 and proc.stdout.count(": exit 0 in") == 2
+    # Progress while it runs: iteration lines and the resume, not only a summary at the end.
+    assert re.search(r"^iteration\s+15/\s+28 \|", proc.stdout, re.M) and "> resumed from" in proc.stdout
     assert (run / "small.slurm").is_file() and (run / "experiment.json").is_file()
     # 200 samples with the rampup: 28 steps; task 1 exits at 15, task 2 resumes and finishes
     assert checkpoint_steps(run) == [10, 15, 20, 28]
