@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,11 @@ pytest_plugins: list[str] = [
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture
+def trainings(tmp_path: Path) -> Path:
+    """A copy of the bundled experiments, so a test can add its own next to them (`base: tiny`)."""
+    directory = tmp_path / "trainings"
+    shutil.copytree(REPO / "trainings", directory)
+    return directory

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import textwrap
 from pathlib import Path
 
@@ -10,14 +9,6 @@ import pytest
 
 from bigscience_ops.config import exit_margin_minutes, list_experiments, load_experiment, to_dict, from_dict
 from bigscience_ops.errors import ConfigError
-
-
-@pytest.fixture
-def trainings(tmp_path: Path, repo_root: Path) -> Path:
-    """A copy of the bundled experiments, so tests can add files next to them."""
-    directory = tmp_path / "trainings"
-    shutil.copytree(repo_root / "trainings", directory)
-    return directory
 
 
 def write(directory: Path, name: str, text: str) -> str:

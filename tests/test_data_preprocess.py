@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
-import os
 import re
 import signal
 import subprocess

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,7 @@ from tests.fixtures_slurm import wait_until
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def test_tiny_array_trains_on_two_nodes_and_resumes(tmp_path: Path, repo_root: Path, slurm_cluster) -> None:
-    trainings = tmp_path / "trainings"
-    shutil.copytree(repo_root / "trainings", trainings)
+def test_tiny_array_trains_on_two_nodes_and_resumes(tmp_path: Path, trainings: Path, slurm_cluster) -> None:
     # A shorter tiny: the first task stops at step 50 (exit_interval), the second resumes and finishes.
     (trainings / "tinycl.yaml").write_text(
         f"base: tiny\ntrain: {{samples: 1200}}\ncheckpoint: {{exit_interval: 50, save_interval: 25}}\n"

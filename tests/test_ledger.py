@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -53,10 +52,8 @@ def test_unreadable_latest_is_an_error(tmp_path: Path) -> None:
         ledger.latest_iteration(tmp_path)
 
 
-def test_job_script_stops_a_crash_loop(tmp_path: Path, repo_root: Path, plain_server) -> None:  # noqa: F811
+def test_job_script_stops_a_crash_loop(tmp_path: Path, trainings: Path, plain_server) -> None:  # noqa: F811
     inbox, port = plain_server
-    trainings = tmp_path / "trainings"
-    shutil.copytree(repo_root / "trainings", trainings)
     (trainings / "loop.yaml").write_text(
         f"base: tiny\nslurm: {{failure_budget: 2}}\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
         f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -111,9 +110,7 @@ def install_shims(tmp_path: Path, torchrun_exit: int = 0) -> dict[str, str]:
             "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1"}
 
 
-def test_hostile_values_pass_through_unchanged(tmp_path: Path, repo_root: Path) -> None:
-    trainings = tmp_path / "trainings"
-    shutil.copytree(repo_root / "trainings", trainings)
+def test_hostile_values_pass_through_unchanged(tmp_path: Path, trainings: Path) -> None:
     weird = tmp_path / f"runs {HOSTILE}"
     (trainings / "evil.yaml").write_text(
         "base: tiny\n"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,37 +20,36 @@ pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture
-def trainings(tmp_path: Path, repo_root: Path, slurm_cluster, plain_server) -> Path:  # noqa: F811
+def watched(tmp_path: Path, trainings: Path, slurm_cluster, plain_server) -> Path:  # noqa: F811
+    """`trainings` with a tiny experiment whose alerts go to the test SMTP server."""
     _, port = plain_server
-    directory = tmp_path / "trainings"
-    shutil.copytree(repo_root / "trainings", directory)
-    (directory / "watched.yaml").write_text(
+    (trainings / "watched.yaml").write_text(
         f"base: tiny\nslurm: {{job_name: {slurm_cluster.prefix}-watched}}\n"
         f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
         f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
         f"smtp_port: {port}, smtp_security: none, cooldown_minutes: 60}}\n")
-    return directory
+    return trainings
 
 
-def status(trainings: Path) -> tuple[int, str]:
-    result = CliRunner().invoke(main, ["status", "watched", "--trainings-dir", str(trainings)])
+def status(folder: Path) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["status", "watched", "--trainings-dir", str(folder)])
     return result.exit_code, result.output
 
 
-def test_status_of_an_experiment_alerts_once_then_recovers(trainings: Path, slurm_cluster, plain_server,  # noqa: F811
+def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_cluster, plain_server,  # noqa: F811
                                                            tmp_path: Path) -> None:
     inbox, _ = plain_server
-    exp = load_experiment("watched", trainings)
-    code, out = status(trainings)
+    exp = load_experiment("watched", watched)
+    code, out = status(watched)
     assert code == 1 and f"***ALERT: {exp.slurm.job_name} is not RUNNING or SCHEDULED!" in out
     assert len(inbox.messages) == 1 and "watched" in inbox.messages[0].get_content()
-    assert status(trainings)[0] == 1 and len(inbox.messages) == 1  # within the cooldown
+    assert status(watched)[0] == 1 and len(inbox.messages) == 1  # within the cooldown
 
     job = slurm_cluster.script(tmp_path, "job.sh", "sleep 60")
     job_id = slurm_cluster.submit(job, name=exp.slurm.job_name)
     try:
         wait_until("the job running", lambda: [j for j in slurm_cluster.jobs(job_id) if j.state == "RUNNING"])
-        code, out = status(trainings)
+        code, out = status(watched)
     finally:
         slurm_cluster.cancel_all()
     assert code == 0 and "is running for" in out and job_id in out
@@ -60,11 +58,11 @@ def test_status_of_an_experiment_alerts_once_then_recovers(trainings: Path, slur
     assert log.read_text().count("***ALERT") == 2 and "is running for" in log.read_text()
 
 
-def test_cron_status_job_runs_the_watchdog(trainings: Path, tmp_path: Path, plain_server) -> None:  # noqa: F811
+def test_cron_status_job_runs_the_watchdog(watched: Path, tmp_path: Path, plain_server) -> None:  # noqa: F811
     inbox, _ = plain_server
     cron_dir = tmp_path / "cron"
     result = CliRunner().invoke(main, ["cron", "add", "watched", "--cron-dir", str(cron_dir),
-                                       "--trainings-dir", str(trainings)])
+                                       "--trainings-dir", str(watched)])
     assert result.exit_code == 0, result.output
     [script] = (cron_dir / "cron.hourly").glob("*.slurm")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,7 @@ pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture
-def experiment(tmp_path: Path, repo_root: Path, slurm_cluster):
-    trainings = tmp_path / "trainings"
-    shutil.copytree(repo_root / "trainings", trainings)
+def experiment(tmp_path: Path, trainings: Path, slurm_cluster):
     name = f"{slurm_cluster.prefix}-a-job-name-longer-than-forty-characters-for-squeue"
     (trainings / "exp.yaml").write_text(
         f"base: tiny\nslurm: {{job_name: {name}, partition: {slurm_cluster.partition}}}\n"
