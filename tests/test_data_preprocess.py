@@ -164,3 +164,34 @@ def test_ctrl_c_never_leaves_a_complete_looking_index(tmp_path):
     assert not (tmp_path / "out_text_document.idx").exists()
     assert not (tmp_path / "out_text_document.bin").exists()
     assert not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_progress_bar_on_a_terminal_and_megatron_lines_otherwise(tmp_path: Path, repo_root: Path) -> None:
+    import os
+    import pty
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(300)))
+    bsops = str(Path(sys.executable).with_name("bsops"))
+    argv = [bsops, "preprocess", "--input", str(source), "--tokenizer", str(repo_root / "corpus" / "tokenizer.json"),
+            "--append-eod", "--log-interval", "100"]
+    leader, follower = pty.openpty()
+    with open(leader, "rb", buffering=0, closefd=True) as terminal:
+        proc = subprocess.run(argv + ["--output-prefix", str(tmp_path / "tty")], stderr=follower,
+                              stdout=subprocess.PIPE, timeout=120)
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = terminal.read(4096)
+            except OSError:  # the terminal is closed once everything was read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    assert proc.returncode == 0
+    assert b"\r[" in shown and b"100.0%" in shown and b"Processed" not in shown
+    piped = subprocess.run(argv + ["--output-prefix", str(tmp_path / "pipe")], capture_output=True, text=True,
+                           timeout=120)
+    assert piped.returncode == 0 and "\r[" not in piped.stderr
+    assert re.search(r"Processed \d+ documents \([\d.]+ docs/s, [\d.]+ MB/s\)\.", piped.stderr), piped.stderr

@@ -196,10 +196,11 @@ def _read_chunks(paths: list[Path], on_position: Callable[[int], None]) -> Itera
                     on_position(done + raw.tell())
                     yield _Chunk(str(path), first, lines)
                     lines, size, first = [], 0, lineno + 1
-            if lines:
-                yield _Chunk(str(path), first, lines)
+            # The file is read to its end: count it as done before its last chunk is reported.
             done += os.fstat(raw.fileno()).st_size
             on_position(done)
+            if lines:
+                yield _Chunk(str(path), first, lines)
 
 
 def output_prefix_for(output_prefix: str, key: str) -> str:
