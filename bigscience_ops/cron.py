@@ -18,7 +18,7 @@ from pathlib import Path
 from bigscience_ops import render as rendering
 from bigscience_ops.config import AlertsConfig, Experiment
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.status import ACTIVE_STATES, WAITING_STATES
+from bigscience_ops.status import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
 PERIODS = {"hourly": 3600, "daily": 86400}
@@ -169,9 +169,6 @@ class RunReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (job name, why)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (script, error)
     lines: list[str] = field(default_factory=list)
-
-
-QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still holds its place
 
 
 def _me() -> str:

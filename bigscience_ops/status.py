@@ -31,6 +31,7 @@ NEVER_STARTS = frozenset({
 })
 ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"})
 WAITING_STATES = frozenset({"PENDING", "REQUEUED", "RESIZING"})
+QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still holds its place in the queue
 
 # Megatron's per-iteration line: ` iteration      100/  311541 | consumed samples: ...`
 ITERATION_LINE = re.compile(r"\biteration\s+\d+\s*/\s*\d+")

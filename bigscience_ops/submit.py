@@ -19,9 +19,7 @@ from pathlib import Path
 from bigscience_ops import ledger, render as rendering, slurm
 from bigscience_ops.config import Experiment
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.status import ACTIVE_STATES, WAITING_STATES
-
-QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still holds its place
+from bigscience_ops.status import QUEUED_STATES
 
 
 class LaunchError(BsopsError):
