@@ -293,7 +293,7 @@ def _notes(exp: Experiment, schedule: BatchSchedule, lr: LRSchedule, warmup_step
             notes.append(
                 f"LR warmup of {lr.warmup_samples} samples ends inside the rampup, at step {warmup_steps} (GBS {gbs}): "
                 f"samples and steps convert only through the rampup schedule, never at a fixed steps-per-increment "
-                f"rate (the tr1-13B notes did that and took its 216_320 warmup samples for 2000 steps)")
+                f"rate (the tr1-13B notes did that and took their 216_320 warmup samples for 2000 steps)")
     return notes
 
 

@@ -13,11 +13,19 @@ from bigscience_ops.plan import GB, Plan, TRAIN_BYTES
 
 
 def _b(n: float) -> str:
-    return f"{n / GB:,.2f}B"
+    """A count in B(illions) or M(illions), as model sizes are spoken of."""
+    return f"{n / GB:,.2f}B" if n >= GB else f"{n / 1e6:,.1f}M"
 
 
 def _gb(n: float) -> str:
-    return f"{n / GB:,.1f} GB"
+    return f"{n / GB:,.1f} GB" if n >= GB else f"{n / 1e6:,.1f} MB"
+
+
+def _duration(days: float) -> str:
+    for unit, scale in (("days", 1), ("hours", 24), ("minutes", 1440)):
+        if days * scale >= 1:
+            return f"{days * scale:.2f} {unit}"
+    return f"{days * 86400:.2f} seconds"
 
 
 def plan_data(plan: Plan) -> dict[str, Any]:
@@ -36,8 +44,9 @@ def plan_text(plan: Plan, exp: Experiment) -> str:
     add(f"  layers {m.num_layers}, hidden {m.hidden_size}, heads {m.num_attention_heads}, ffn {m.ffn_hidden_size}, "
         f"seq {m.seq_length}, vocab {m.vocab_size} padded to {pc.padded_vocab} "
         f"(multiple of {m.make_vocab_size_divisible_by} x TP {p.tensor})")
-    add(f"  parameters: {pc.total:,} ({_b(pc.total)}); seed formula l*(12h^2+13h)+v*h+s*h: "
-        f"{pc.seed_formula:,} ({pc.seed_formula / GB:.0f}B)")
+    rounded = f"{pc.seed_formula / GB:.0f}B" if pc.seed_formula >= GB else _b(pc.seed_formula)
+    add(f"  parameters: {pc.total:,} ({_b(pc.total)}); the notes' formula l*(12h^2+13h)+v*h+s*h: "
+        f"{pc.seed_formula:,} ({rounded})")
     for stage, count in enumerate(pc.per_stage):
         add(f"  number of parameters on (tensor, pipeline) model parallel rank (0..{p.tensor - 1}, {stage}): {count}")
     add("")
@@ -53,8 +62,9 @@ def plan_text(plan: Plan, exp: Experiment) -> str:
     kind = "fp32" if exp.train.precision == "fp32" else "mixed"
     parts = " + ".join(f"{v} {k}" for k, v in TRAIN_BYTES[kind].items())
     add(f"memory ({exp.train.precision}: {parts} = {mem.bytes_per_param} bytes/param, activations not included)")
-    add(f"  training, per replica: {_gb(mem.training_total)} exact; "
-        f"{mem.bytes_per_param} x {round(pc.total / GB)}B = {_gb(mem.training_seed_rounded)} with the size rounded as the training notes write it")
+    rounded = (f"; {mem.bytes_per_param} x {round(pc.total / GB)}B = {_gb(mem.training_seed_rounded)} with the size "
+               "rounded as the training notes write it") if pc.total >= GB else ""
+    add(f"  training, per replica: {_gb(mem.training_total)} exact{rounded}")
     add(f"  training, per GPU (largest stage{', ZeRO-1 shards optimizer states over DP' if p.zero_stage else ''}): {_gb(mem.per_gpu)}")
     add(f"  checkpoint: {_gb(mem.checkpoint_with_optimizer)} with optimizer states, {_gb(mem.checkpoint_without_optimizer)} without")
     add("")
@@ -74,15 +84,15 @@ def plan_text(plan: Plan, exp: Experiment) -> str:
     add("")
     add("training")
     given = f"train.samples {exp.train.samples:,}" if exp.train.samples else f"train.iters {exp.train.iters:,}"
-    add(f"  {given}: {plan.train_iters:,} iterations, {plan.train_samples:,} samples, {plan.tokens:,} tokens ({plan.tokens / 1e9:.1f}B)")
+    add(f"  {given}: {plan.train_iters:,} iterations, {plan.train_samples:,} samples, {plan.tokens:,} tokens ({_b(plan.tokens)})")
     add(f"  LR {exp.optimizer.lr:g} -> {exp.optimizer.min_lr:g} ({exp.lr_schedule.style}); "
         f"warmup {plan.warmup_samples:,} samples = {plan.warmup_steps:,} steps; "
         f"decay until {plan.decay_samples:,} samples = step {plan.decay_steps:,}")
     tr, va, te = plan.dataset_sizes
     add(f"  dataset target sizes: train {tr}, validation {va}, test {te}")
     add(f"  exit after {plan.exit_duration_in_mins} min of each {exp.slurm.time} task (margin {plan.exit_margin_mins} min)")
-    add(f"  estimated time at {exp.estimate.tflops_per_gpu:g} TFLOPs/GPU on {plan.world_size} GPUs: {plan.days:.2f} days "
-        f"({plan.days_seed_rounded:.2f} with the size rounded); 8 x tokens x params / (GPUs x FLOPs)")
+    add(f"  estimated time at {exp.estimate.tflops_per_gpu:g} TFLOPs/GPU on {plan.world_size} GPUs: {_duration(plan.days)} "
+        f"({_duration(plan.days_seed_rounded)} with the size rounded); 8 x tokens x params / (GPUs x FLOPs)")
     if plan.notes:
         add("")
         add("notes")
