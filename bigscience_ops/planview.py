@@ -91,8 +91,9 @@ def plan_text(plan: Plan, exp: Experiment) -> str:
     tr, va, te = plan.dataset_sizes
     add(f"  dataset target sizes: train {tr}, validation {va}, test {te}")
     add(f"  exit after {plan.exit_duration_in_mins} min of each {exp.slurm.time} task (margin {plan.exit_margin_mins} min)")
-    add(f"  estimated time at {exp.estimate.tflops_per_gpu:g} TFLOPs/GPU on {plan.world_size} GPUs: {_duration(plan.days)} "
-        f"({_duration(plan.days_seed_rounded)} with the size rounded); 8 x tokens x params / (GPUs x FLOPs)")
+    rounded = f" ({_duration(plan.days_seed_rounded)} with the size rounded)" if pc.total >= GB else ""
+    add(f"  estimated time at {exp.estimate.tflops_per_gpu:g} TFLOPs/GPU on {plan.world_size} GPUs: {_duration(plan.days)}"
+        f"{rounded}; 8 x tokens x params / (GPUs x FLOPs)")
     if plan.notes:
         add("")
         add("notes")
