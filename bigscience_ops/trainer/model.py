@@ -12,6 +12,15 @@ TiedLayerSpec keeps in sync (its gradients are all-reduced over the stages that 
 
 Every layer initialises its parameters from its own generator seeded with (seed, layer index), so
 the initial weights are the same whatever the pipeline split.
+
+Tensor parallelism (Megatron's, see tensor_parallel.py): fused QKV and h -> ffn are column-parallel
+(output rows split, attention heads split over TP ranks), the attention output and ffn -> h are
+row-parallel (input columns split, outputs all-reduced, then the replicated bias added), the word
+embedding is split over the (padded) vocabulary and the tied head produces vocab-split logits for
+the vocab-parallel cross entropy. Each sharded weight is initialised in full from the layer's
+generator, exactly as with TP=1, and then cut: TP=2 starts from the same model as TP=1.
+LayerNorms, row-parallel biases and position embeddings are replicated; they receive identical
+gradients on every TP rank and stay identical.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bigscience_ops.trainer.tensor_parallel import (SINGLE, TensorParallel, copy_to_tp, mark_tensor_parallel,
+                                                    reduce_from_tp, vocab_parallel_cross_entropy)
 from kernels.gelu import bias_gelu
 from kernels.layernorm import layer_norm
 from kernels.softmax import causal_attention
@@ -75,6 +86,20 @@ def _normal_(tensor: torch.Tensor, std: float, gen: torch.Generator) -> None:
         tensor.copy_(torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * std)
 
 
+def _sharded_normal(rows: int, cols: int, std: float, gen: torch.Generator, tp: TensorParallel,
+                    dim: int) -> nn.Parameter:
+    """The full (rows, cols) N(0, std) matrix drawn as with TP=1, then this rank's slice along `dim`."""
+    full = torch.randn((rows, cols), generator=gen, dtype=torch.float32) * std
+    param = nn.Parameter(tp.shard(full, dim))
+    return mark_tensor_parallel(param) if tp.size > 1 else param
+
+
+def _zeros(size: int, tp: TensorParallel) -> nn.Parameter:
+    """A zero bias split over TP (column-parallel layers)."""
+    param = nn.Parameter(torch.zeros(size // tp.size))
+    return mark_tensor_parallel(param) if tp.size > 1 else param
+
+
 class LayerNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -89,15 +114,18 @@ class LayerNorm(nn.Module):
 class EmbeddingPipe(nn.Module):
     """Word + learned position embeddings (+ optional LayerNorm), and the tied output head.
 
-    `with_positions=False` is the last stage's copy: only the word embedding the head needs.
+    `with_positions=False` is the last stage's copy: only the word embedding the head needs. With TP
+    the word embedding holds this rank's slice of the padded vocabulary (rows [rank V/tp, (rank+1) V/tp)).
     """
 
-    def __init__(self, shape: GPTShape, seed: int, with_positions: bool = True) -> None:
+    def __init__(self, shape: GPTShape, seed: int, with_positions: bool = True, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.shape = shape
+        self.tp = tp
         gen = _generator(seed, 0)
-        self.word_embeddings = nn.Embedding(shape.padded_vocab_size, shape.hidden_size)
-        _normal_(self.word_embeddings.weight, shape.init_method_std, gen)
+        self.word_embeddings = nn.Embedding(shape.padded_vocab_size // tp.size, shape.hidden_size)
+        self.word_embeddings.weight = _sharded_normal(shape.padded_vocab_size, shape.hidden_size,
+                                                      shape.init_method_std, gen, tp, dim=0)
         if with_positions:
             self.position_embeddings = nn.Embedding(shape.max_position_embeddings, shape.hidden_size)
             _normal_(self.position_embeddings.weight, shape.init_method_std, gen)
@@ -108,13 +136,24 @@ class EmbeddingPipe(nn.Module):
         B, T = tokens.shape
         assert T <= self.shape.max_position_embeddings, f"sequence {T} > max positions {self.shape.max_position_embeddings}"
         positions = torch.arange(T, device=tokens.device)
-        x = self.word_embeddings(tokens) + self.position_embeddings(positions)  # (B, T, h)
+        x = self._words(tokens) + self.position_embeddings(positions)  # (B, T, h)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         return self.drop(x)
 
+    def _words(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel lookup: ids outside this rank's slice give zeros; the all-reduce sums the slices."""
+        if self.tp.size == 1:
+            return self.word_embeddings(tokens)
+        per_rank = self.word_embeddings.num_embeddings
+        local = tokens - self.tp.rank * per_rank
+        outside = (local < 0) | (local >= per_rank)
+        x = self.word_embeddings(local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(x, self.tp)
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.word_embeddings.weight)  # (B, T, V)
+        """Logits (B, T, V/tp): this rank's slice of the vocabulary (all of it with TP=1)."""
+        return F.linear(copy_to_tp(hidden, self.tp), self.word_embeddings.weight)
 
 
 def head_forward(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
@@ -122,54 +161,72 @@ def head_forward(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor
     return embedding.head(hidden)
 
 
+def _row_parallel(linear: nn.Linear, x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """A row-parallel linear: partial products summed over TP, then the replicated bias added once."""
+    if tp.size == 1:
+        return linear(x)
+    return reduce_from_tp(F.linear(x, linear.weight), tp) + linear.bias
+
+
 class SelfAttention(nn.Module):
-    def __init__(self, shape: GPTShape, gen: torch.Generator) -> None:
+    """Fused QKV (column-parallel: this rank's heads), attention, output projection (row-parallel)."""
+
+    def __init__(self, shape: GPTShape, gen: torch.Generator, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         h = shape.hidden_size
-        self.n_head = shape.num_attention_heads
-        self.query_key_value = nn.Linear(h, 3 * h)  # fused QKV, Megatron's per-head [q k v] layout
-        self.dense = nn.Linear(h, h)
-        _normal_(self.query_key_value.weight, shape.init_method_std, gen)
-        _normal_(self.dense.weight, shape.init_method_std / math.sqrt(2.0 * shape.num_layers), gen)
-        nn.init.zeros_(self.query_key_value.bias)
+        self.tp = tp
+        self.n_head = shape.num_attention_heads // tp.size  # heads on this rank
+        self.head_size = h // shape.num_attention_heads
+        # fused QKV in Megatron's per-head [q k v] row layout: a contiguous row slice is whole heads
+        self.query_key_value = nn.Linear(h, 3 * h // tp.size)
+        self.dense = nn.Linear(h // tp.size, h)
+        self.query_key_value.weight = _sharded_normal(3 * h, h, shape.init_method_std, gen, tp, dim=0)
+        self.dense.weight = _sharded_normal(h, h, shape.init_method_std / math.sqrt(2.0 * shape.num_layers), gen,
+                                            tp, dim=1)
+        self.query_key_value.bias = _zeros(3 * h, tp)
         nn.init.zeros_(self.dense.bias)
         self.attention_dropout = shape.attention_dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        hs = C // self.n_head
-        qkv = self.query_key_value(x).view(B, T, self.n_head, 3 * hs)  # (B, T, nh, 3 hs)
-        q, k, v = qkv.transpose(1, 2).split(hs, dim=-1)  # (B, nh, T, hs)
+        B, T, _ = x.shape
+        hs = self.head_size
+        qkv = self.query_key_value(copy_to_tp(x, self.tp)).view(B, T, self.n_head, 3 * hs)  # (B, T, nh/tp, 3 hs)
+        q, k, v = qkv.transpose(1, 2).split(hs, dim=-1)  # (B, nh/tp, T, hs)
         dropout = self.attention_dropout if self.training else 0.0
-        y = causal_attention(q, k, v, dropout)  # (B, nh, T, hs)
-        return self.dense(y.transpose(1, 2).reshape(B, T, C))
+        y = causal_attention(q, k, v, dropout)  # (B, nh/tp, T, hs)
+        return _row_parallel(self.dense, y.transpose(1, 2).reshape(B, T, self.n_head * hs), self.tp)
 
 
 class MLP(nn.Module):
-    def __init__(self, shape: GPTShape, gen: torch.Generator) -> None:
+    """h -> ffn (column-parallel) with bias-GeLU, ffn -> h (row-parallel, bias after the all-reduce)."""
+
+    def __init__(self, shape: GPTShape, gen: torch.Generator, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         h, f = shape.hidden_size, shape.ffn_hidden_size
-        self.dense_h_to_4h = nn.Linear(h, f, bias=False)
-        self.bias_h_to_4h = nn.Parameter(torch.zeros(f))  # added inside bias_gelu, as Megatron fuses it
-        self.dense_4h_to_h = nn.Linear(f, h)
-        _normal_(self.dense_h_to_4h.weight, shape.init_method_std, gen)
-        _normal_(self.dense_4h_to_h.weight, shape.init_method_std / math.sqrt(2.0 * shape.num_layers), gen)
+        self.tp = tp
+        self.dense_h_to_4h = nn.Linear(h, f // tp.size, bias=False)
+        self.bias_h_to_4h = _zeros(f, tp)  # added inside bias_gelu, as Megatron fuses it
+        self.dense_4h_to_h = nn.Linear(f // tp.size, h)
+        self.dense_h_to_4h.weight = _sharded_normal(f, h, shape.init_method_std, gen, tp, dim=0)
+        self.dense_4h_to_h.weight = _sharded_normal(h, f, shape.init_method_std / math.sqrt(2.0 * shape.num_layers),
+                                                    gen, tp, dim=1)
         nn.init.zeros_(self.dense_4h_to_h.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dense_4h_to_h(bias_gelu(self.dense_h_to_4h(x), self.bias_h_to_4h))
+        y = bias_gelu(self.dense_h_to_4h(copy_to_tp(x, self.tp)), self.bias_h_to_4h)
+        return _row_parallel(self.dense_4h_to_h, y, self.tp)
 
 
 class TransformerBlock(nn.Module):
     """Pre-LayerNorm block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x)))."""
 
-    def __init__(self, shape: GPTShape, seed: int, layer_number: int) -> None:
+    def __init__(self, shape: GPTShape, seed: int, layer_number: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         gen = _generator(seed, layer_number)
         self.input_layernorm = LayerNorm(shape.hidden_size, shape.layernorm_epsilon)
-        self.self_attention = SelfAttention(shape, gen)
+        self.self_attention = SelfAttention(shape, gen, tp)
         self.post_attention_layernorm = LayerNorm(shape.hidden_size, shape.layernorm_epsilon)
-        self.mlp = MLP(shape, gen)
+        self.mlp = MLP(shape, gen, tp)
         self.drop = nn.Dropout(shape.hidden_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -190,14 +247,33 @@ def lm_loss(logits: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor]) -> 
     return (losses * mask).sum() / mask.sum()
 
 
-def layer_specs(shape: GPTShape, seed: int) -> list:
-    """The model as pipeline layer specs: embedding, blocks, final norm, tied head."""
+class VocabParallelLMLoss:
+    """`lm_loss` for logits split over TP along the vocabulary (B, T, V/tp): the vocab-parallel CE."""
+
+    def __init__(self, tp: TensorParallel) -> None:
+        self.tp = tp
+
+    def __call__(self, logits: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        targets, loss_mask = labels
+        losses = vocab_parallel_cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), self.tp)
+        mask = loss_mask.reshape(-1).float()
+        return (losses * mask).sum() / mask.sum()
+
+
+def loss_function(tp: TensorParallel = SINGLE):
+    """The pipeline's loss: plain `lm_loss` with TP=1, the vocab-parallel one otherwise."""
+    return lm_loss if tp.size == 1 else VocabParallelLMLoss(tp)
+
+
+def layer_specs(shape: GPTShape, seed: int, tp: TensorParallel = SINGLE) -> list:
+    """The model as pipeline layer specs: embedding, blocks, final norm, tied head (this TP rank's shards)."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
-    specs: list = [TiedLayerSpec("word_embeddings", EmbeddingPipe, shape, seed, tied_weight_attr="word_embeddings.weight")]
-    specs += [LayerSpec(TransformerBlock, shape, seed, i + 1) for i in range(shape.num_layers)]
+    specs: list = [TiedLayerSpec("word_embeddings", EmbeddingPipe, shape, seed, tp=tp,
+                                 tied_weight_attr="word_embeddings.weight")]
+    specs += [LayerSpec(TransformerBlock, shape, seed, i + 1, tp=tp) for i in range(shape.num_layers)]
     specs.append(LayerSpec(FinalNorm, shape))
-    specs.append(TiedLayerSpec("word_embeddings", EmbeddingPipe, shape, seed, with_positions=False,
+    specs.append(TiedLayerSpec("word_embeddings", EmbeddingPipe, shape, seed, with_positions=False, tp=tp,
                                forward_fn=head_forward, tied_weight_attr="word_embeddings.weight"))
     return specs
 

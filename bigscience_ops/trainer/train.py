@@ -6,6 +6,8 @@ has seen)`, advanced by the batch size after every applied step (Megatron's Anne
 the step reads Megatron's sample order (data.step_micro_batches). Before every iteration the kill
 switch and SIGUSR1/SIGTERM are checked, and after every iteration the exit interval and the exit
 duration, measured from the Slurm job start (BSOPS_JOB_START_EPOCH); each saves, then exits.
+With TP > 1 the pipeline runs on DeepSpeed's (pipe, data, model) topology and every layer holds
+this rank's Megatron shards (tensor_parallel.py).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from bigscience_ops.config import Experiment, to_dict
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.schedules import LRSchedule
 from bigscience_ops.trainer import checkpointing as ckpt
+from bigscience_ops.trainer import tensor_parallel
 from bigscience_ops.trainer.data import build_datasets, step_micro_batches
-from bigscience_ops.trainer.model import GPTShape, layer_specs, lm_loss, weight_decay_groups
+from bigscience_ops.trainer.model import GPTShape, layer_specs, loss_function, weight_decay_groups
 from bigscience_ops.trainer.report import Board, IterationStats, iteration_line, perplexity, validation_lines
 
 _IMPORT_TIME = time.time()
@@ -139,12 +142,11 @@ class Trainer:
 
     def _check_layout(self) -> None:
         exp, world = self.exp, dist.get_world_size()
-        if exp.parallel.tensor != 1:
-            raise TrainerError(f"parallel.tensor: got {exp.parallel.tensor}; the bundled trainer runs TP=1 only "
-                               "(use pipeline and data parallelism)")
-        if world % exp.parallel.pipeline:
-            raise TrainerError(f"parallel.pipeline: got {exp.parallel.pipeline}; must divide the {world} processes")
-        self.dp = world // exp.parallel.pipeline
+        model_parallel = exp.parallel.tensor * exp.parallel.pipeline
+        if world % model_parallel:
+            raise TrainerError(f"parallel: tensor x pipeline = {exp.parallel.tensor} x {exp.parallel.pipeline} = "
+                               f"{model_parallel}; must divide the {world} processes")
+        self.dp = world // model_parallel
         mbs = exp.batch.micro_batch_size
         for step_gbs in sorted({inc.global_batch_size for inc in self.schedule.increments()} | {self.schedule.global_batch_size}):
             if step_gbs % (mbs * self.dp):
@@ -157,10 +159,17 @@ class Trainer:
 
         exp = self.exp
         torch.manual_seed(exp.train.seed)
+        if exp.parallel.tensor == 1:  # DeepSpeed's 2-D (pipe, data) grid: TP=1 checkpoints keep their file names
+            layout: dict = {"num_stages": exp.parallel.pipeline}
+            self.tp = tensor_parallel.SINGLE
+        else:
+            topology = tensor_parallel.topology(exp.parallel.pipeline, exp.parallel.tensor, self.dp)
+            layout = {"topology": topology}
+            self.tp = tensor_parallel.from_topology(topology)
         module = PipelineModule(
-            layers=layer_specs(self.shape, exp.train.seed),
-            loss_fn=lm_loss,
-            num_stages=exp.parallel.pipeline,
+            layers=layer_specs(self.shape, exp.train.seed, self.tp),
+            loss_fn=loss_function(self.tp),
+            **layout,
             partition_method="type:TransformerBlock",
             activation_checkpoint_interval=1 if exp.parallel.activation_checkpointing else 0,
             checkpointable_layers=["TransformerBlock"],
@@ -174,6 +183,12 @@ class Trainer:
         _record_fp32_grad_norm(self.engine)
         self.dp_rank = self.engine.grid.get_data_parallel_id()
         self.stage = self.engine.stage_id
+        if self.dp_rank == 0:  # Megatron's line, from every (tensor, pipeline) rank of the first replica
+            count = sum(p.numel() for p in module.parameters())
+            line = (f" > number of parameters on (tensor, pipeline) model parallel rank ({self.tp.rank}, {self.stage}): "
+                    f"{count}")
+            sys.stdout.write(line + "\n")  # one write: lines of concurrent ranks do not interleave
+            sys.stdout.flush()
 
     def _build_data(self) -> None:
         exp = self.exp
@@ -282,13 +297,15 @@ class Trainer:
         return sum(losses) / len(losses)
 
     def params_norm(self) -> float:
-        """L2 norm of all parameters, each counted once (the tied copy on the last stage is left out)."""
+        """L2 norm of all parameters, each counted once: the tied copy on the last stage is left out, and
+        parameters replicated over TP count on TP rank 0 only."""
         total = torch.zeros(1, dtype=torch.float64)
         tied = set()
         if self.exp.parallel.pipeline > 1 and self.engine.is_last_stage():
             tied = {id(p) for m in self.engine.module.tied_modules.values() for p in m.parameters()}
         for p in self.engine.module.parameters():
-            if id(p) not in tied:
+            replica = self.tp.rank != 0 and not getattr(p, "tensor_model_parallel", False)
+            if id(p) not in tied and not replica:
                 total += p.detach().double().pow(2).sum()
         if self.dp_rank != 0:  # data-parallel replicas hold the same parameters
             total.zero_()

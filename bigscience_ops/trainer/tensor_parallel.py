@@ -1,0 +1,122 @@
+"""Megatron-style tensor parallelism (TP): the process layout, the f/g communication operators, the
+vocab-parallel cross entropy, and how a full initial weight is cut into this rank's shard.
+
+Layout: DeepSpeed's PipeModelDataParallelTopology (axes pipe, data, model; model varies fastest,
+so the TP ranks of one stage are neighbours, as Megatron places them on one node). PipelineModule
+builds its grid (the `mpu` DeepSpeed's engine uses for grad norm, ZeRO and checkpoint names) from
+the same topology; `TensorParallel` holds this rank's TP coordinate and group, built from it before
+the layers are, because the layers need their shard at construction.
+
+Operators (Megatron's mappings): `copy_to_tp` enters a TP region (forward identity, backward
+all-reduce), `reduce_from_tp` leaves it (forward all-reduce, backward identity). With TP=1 both
+are the identity and no process group is needed (plain PyTorch, unit tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """This rank's place in its TP group: rank in [0, size), and the group (None when size is 1)."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None
+
+    def shard(self, full: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's contiguous slice of `full` along `dim` (a copy: the full tensor can be freed)."""
+        if self.size == 1:
+            return full
+        return full.chunk(self.size, dim=dim)[self.rank].clone()
+
+
+SINGLE = TensorParallel()
+
+
+def topology(pipeline: int, tensor: int, data: int):
+    """The (pipe, data, model) process grid PipelineModule is built on."""
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    return PipeModelDataParallelTopology(num_pp=pipeline, num_mp=tensor, num_dp=data)
+
+
+def from_topology(topo) -> TensorParallel:
+    """This rank's TP group; every rank creates every group, in the same order, as torch requires."""
+    size = topo.get_dim("model")
+    if size == 1:
+        return SINGLE
+    rank = dist.get_rank()
+    mine = None
+    for ranks in topo.get_axis_comm_lists("model"):
+        group = dist.new_group(ranks=ranks)
+        if rank in ranks:
+            mine = group
+    return TensorParallel(rank=topo.get_coord(rank).model, size=size, group=mine)
+
+
+def mark_tensor_parallel(param: torch.nn.Parameter) -> torch.nn.Parameter:
+    """Flag a sharded parameter: DeepSpeed's grad norm counts it on every TP rank, replicated ones once."""
+    param.tensor_model_parallel = True
+    return param
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def copy_to_tp(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    return x if tp.size == 1 else _CopyToTP.apply(x, tp.group)
+
+
+def reduce_from_tp(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    return x if tp.size == 1 else _ReduceFromTP.apply(x, tp.group)
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """Per-token CE of logits split over TP along the vocabulary: (N, V/tp) shards, targets (N,) global ids.
+
+    loss = log(sum over all shards of exp(z - max)) - (z_target - max). The sums over shards use
+    `reduce_from_tp`: its backward is the identity, which is exact because every TP rank computes
+    the same loss from the reduced values; each rank's logits then get softmax - onehot for its slice.
+    """
+    logits = logits.float()
+    with torch.no_grad():
+        max_logit = logits.max(dim=-1).values
+        if tp.size > 1:
+            dist.all_reduce(max_logit, op=dist.ReduceOp.MAX, group=tp.group)
+    shifted = logits - max_logit.unsqueeze(-1)
+    per_shard = logits.size(-1)
+    start = tp.rank * per_shard
+    local = targets - start
+    in_shard = (local >= 0) & (local < per_shard)
+    picked = shifted.gather(-1, local.clamp(0, per_shard - 1).unsqueeze(-1)).squeeze(-1) * in_shard
+    target_logit = reduce_from_tp(picked, tp)
+    sum_exp = reduce_from_tp(shifted.exp().sum(dim=-1), tp)
+    return sum_exp.log() - target_logit

@@ -1,0 +1,120 @@
+"""Megatron-style tensor parallelism: TP=2 (2 processes) and TP=2 x PP=2 (4 processes) on CPU/gloo.
+
+TP=2 starts from the same full weights as TP=1 and sees the same samples, so its losses equal the
+TP=1 golden run's up to summation order; parameter counts per (tensor, pipeline) rank equal the
+plan's; checkpoints are written per TP rank and a TP=2 run resumes exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from bigscience_ops import plan
+from bigscience_ops.trainer import checkpointing as ckpt
+from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock
+from bigscience_ops.trainer.tensor_parallel import TensorParallel
+from tests.fixtures_trainer import checkpoint_steps, run_ok, scalars, small_experiment, write_run
+
+STEPS = 10
+PARAM_LINE = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank \((\d+), (\d+)\): (\d+)")
+
+
+def _train(out: Path, tensor: int, pipeline: int, exit_interval: int) -> subprocess.CompletedProcess:
+    exp = small_experiment(out, parallel=dict(tensor=tensor, pipeline=pipeline),
+                           checkpoint=dict(save_interval=100, exit_interval=exit_interval))
+    write_run(exp, out)
+    return run_ok(out, tensor * pipeline)
+
+
+@pytest.fixture(scope="module")
+def tp_runs(tmp_path_factory) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
+    """TP=2 for 10 steps; TP=2 interrupted at 6 and resumed to 10; TP=2 x PP=2 for 10 steps."""
+    runs: dict[str, tuple[Path, list[subprocess.CompletedProcess]]] = {}
+    out = tmp_path_factory.mktemp("tp2")
+    runs["tp2"] = (out, [_train(out, 2, 1, STEPS)])
+    out = tmp_path_factory.mktemp("tp2_resumed")
+    runs["tp2_resumed"] = (out, [_train(out, 2, 1, 6), _train(out, 2, 1, STEPS)])
+    out = tmp_path_factory.mktemp("tp2pp2")
+    runs["tp2pp2"] = (out, [_train(out, 2, 2, STEPS)])
+    return runs
+
+
+@pytest.mark.parametrize("name", ["tp2", "tp2_resumed", "tp2pp2"])
+def test_tp_losses_equal_tp1(tp_runs, golden_run, name):
+    _, gout, _ = golden_run
+    golden = scalars(gout / "tensorboard", "lm loss")
+    out, _ = tp_runs[name]
+    losses = scalars(out / "tensorboard", "lm loss")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, value in losses.items():
+        assert math.isclose(value, golden[step], rel_tol=1e-3), (name, step, value, golden[step])
+    assert losses[1] == pytest.approx(golden[1], rel=1e-6)  # the same initial model
+
+
+@pytest.mark.parametrize("name, pipeline", [("tp2", 1), ("tp2pp2", 2)])
+def test_parameters_per_rank_equal_the_plan(tp_runs, golden_run, name, pipeline):
+    exp, _, _ = golden_run
+    out, procs = tp_runs[name]
+    counts = {(int(t), int(p)): int(n) for t, p, n in PARAM_LINE.findall(procs[0].stdout)}
+    per_stage = plan.count_parameters(exp.model, 2, pipeline).per_stage
+    assert counts == {(t, p): per_stage[p] for t in range(2) for p in range(pipeline)}
+
+
+def test_tp2_resume_continues_exactly(tp_runs):
+    out, procs = tp_runs["tp2_resumed"]
+    assert "resumed from" in procs[1].stdout and "global_step6" in procs[1].stdout
+    assert checkpoint_steps(out) == [6, STEPS]
+    uninterrupted, _ = tp_runs["tp2"]
+    assert scalars(out / "tensorboard", "lm loss") == scalars(uninterrupted / "tensorboard", "lm loss")
+    assert ckpt.find_resume(out / "checkpoints").meta["parallel"]["tensor"] == 2
+
+
+def test_checkpoint_per_tp_rank_with_identical_replicated_parameters(tp_runs):
+    out, _ = tp_runs["tp2pp2"]
+    folder = out / "checkpoints" / f"global_step{STEPS}"
+    assert {p.name for p in folder.glob("mp_rank_*_model_states.pt")} == {f"mp_rank_{r:02d}_model_states.pt"
+                                                                          for r in range(4)}
+    for layer in range(4):  # embedding, 2 blocks, final norm
+        shards = [torch.load(folder / f"layer_{layer:02d}-model_{t:02d}-model_states.pt", weights_only=True)
+                  for t in range(2)]
+        assert shards[0].keys() == shards[1].keys()
+        for key in shards[0]:
+            sharded = key.endswith(("word_embeddings.weight", "query_key_value.weight", "query_key_value.bias",
+                                    "dense.weight", "dense_h_to_4h.weight", "bias_h_to_4h", "dense_4h_to_h.weight"))
+            if sharded:
+                assert not torch.equal(shards[0][key], shards[1][key]) or key.endswith("bias"), key
+            else:  # LayerNorms, row-parallel biases, position embeddings: the same on both TP ranks
+                assert torch.equal(shards[0][key], shards[1][key]), key
+
+
+def test_tp_shards_are_cut_from_the_tp1_weights(tmp_path):
+    shape = GPTShape.from_experiment(small_experiment(tmp_path, parallel=dict(tensor=2)))
+    full = TransformerBlock(shape, 7, 1)
+    ranks = [TransformerBlock(shape, 7, 1, tp=TensorParallel(rank=r, size=2)) for r in range(2)]
+    for name, param in full.named_parameters():
+        parts = [dict(block.named_parameters())[name] for block in ranks]
+        if getattr(parts[0], "tensor_model_parallel", False):
+            dim = 1 if name.endswith(("dense.weight", "dense_4h_to_h.weight")) else 0
+            assert torch.equal(torch.cat(parts, dim=dim), param), name
+        else:
+            assert all(torch.equal(p, param) for p in parts), name
+    words = [EmbeddingPipe(shape, 7, tp=TensorParallel(rank=r, size=2)).word_embeddings.weight for r in range(2)]
+    assert torch.equal(torch.cat(words), EmbeddingPipe(shape, 7).word_embeddings.weight)
+    assert words[0].shape == (shape.padded_vocab_size // 2, shape.hidden_size)
+
+
+def test_resume_with_another_tp_is_rejected(tmp_path):
+    exp = small_experiment(tmp_path)
+    shape = GPTShape.from_experiment(exp)
+    path = tmp_path / "global_step4"
+    ckpt.write_meta(path, {"model": dataclasses.asdict(shape), "parallel": {"tensor": 2, "pipeline": 1}})
+    (tmp_path / "latest").write_text("global_step4")
+    with pytest.raises(ckpt.CheckpointError, match="parallel.tensor: checkpoint 2, config 1"):
+        ckpt.check_compatible(ckpt.find_resume(tmp_path), dataclasses.asdict(shape), 1, 1)
