@@ -26,27 +26,34 @@ STEPS = 10
 PARAM_LINE = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank \((\d+), (\d+)\): (\d+)")
 
 
-def _train(out: Path, tensor: int, pipeline: int, exit_interval: int) -> subprocess.CompletedProcess:
-    exp = small_experiment(out, parallel=dict(tensor=tensor, pipeline=pipeline),
+def _train(out: Path, tensor: int, pipeline: int, exit_interval: int, data: int = 1) -> subprocess.CompletedProcess:
+    """DP=2 runs ZeRO-1 with micro-batches of 1: the same samples per step as DP=1 with micro-batches of 2."""
+    exp = small_experiment(out, parallel=dict(tensor=tensor, pipeline=pipeline, zero_stage=1 if data > 1 else 0),
+                           batch=dict(micro_batch_size=2 // data),
                            checkpoint=dict(save_interval=100, exit_interval=exit_interval))
     write_run(exp, out)
-    return run_ok(out, tensor * pipeline)
+    return run_ok(out, tensor * pipeline * data)
 
 
 @pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
-    """TP=2 for 10 steps; TP=2 interrupted at 6 and resumed to 10; TP=2 x PP=2 for 10 steps."""
+    """TP=2 for 10 steps; TP=2 interrupted at 6 and resumed to 10; TP=2 x PP=2 and TP=2 x DP=2 for 10 steps;
+    TP=1 on one process (its grad norm is over the whole model, as TP=2's must be)."""
     runs: dict[str, tuple[Path, list[subprocess.CompletedProcess]]] = {}
+    out = tmp_path_factory.mktemp("tp1")
+    runs["tp1"] = (out, [_train(out, 1, 1, STEPS)])
     out = tmp_path_factory.mktemp("tp2")
     runs["tp2"] = (out, [_train(out, 2, 1, STEPS)])
     out = tmp_path_factory.mktemp("tp2_resumed")
     runs["tp2_resumed"] = (out, [_train(out, 2, 1, 6), _train(out, 2, 1, STEPS)])
     out = tmp_path_factory.mktemp("tp2pp2")
     runs["tp2pp2"] = (out, [_train(out, 2, 2, STEPS)])
+    out = tmp_path_factory.mktemp("tp2dp2")
+    runs["tp2dp2_zero1"] = (out, [_train(out, 2, 1, STEPS, data=2)])
     return runs
 
 
-@pytest.mark.parametrize("name", ["tp2", "tp2_resumed", "tp2pp2"])
+@pytest.mark.parametrize("name", ["tp2", "tp2_resumed", "tp2pp2", "tp2dp2_zero1"])
 def test_tp_losses_equal_tp1(tp_runs, golden_run, name):
     _, gout, _ = golden_run
     golden = scalars(gout / "tensorboard", "lm loss")
@@ -65,6 +72,15 @@ def test_parameters_per_rank_equal_the_plan(tp_runs, golden_run, name, pipeline)
     counts = {(int(t), int(p)): int(n) for t, p, n in PARAM_LINE.findall(procs[0].stdout)}
     per_stage = plan.count_parameters(exp.model, 2, pipeline).per_stage
     assert counts == {(t, p): per_stage[p] for t in range(2) for p in range(pipeline)}
+
+
+def test_tp_grad_norm_counts_each_parameter_once(tp_runs):
+    """DeepSpeed's norm over the grid (the mpu): TP shards on every rank, replicated parameters on TP rank 0."""
+    norms = {name: scalars(tp_runs[name][0] / "tensorboard", "grad-norm") for name in ("tp1", "tp2", "tp2dp2_zero1")}
+    assert sorted(norms["tp1"]) == list(range(1, STEPS + 1))
+    for step, value in norms["tp1"].items():
+        for name in ("tp2", "tp2dp2_zero1"):
+            assert math.isclose(norms[name][step], value, rel_tol=1e-4), (name, step, norms[name][step], value)
 
 
 def test_tp2_resume_continues_exactly(tp_runs):
