@@ -330,7 +330,7 @@ def _validate(exp: Experiment, src: str) -> None:
         _check(value is None or value >= 1, src, dotted, value, "must be a positive integer")
     if b.rampup is not None:
         r = b.rampup
-        _check(t.iters is None, src, "batch.rampup", _asdict(r),
+        _check(t.iters is None, src, "batch.rampup", dataclasses.asdict(r),
                "a batch-size rampup needs train.samples, not train.iters (Megatron rejects the pair)")
         for dotted, value in [("batch.rampup.start", r.start), ("batch.rampup.increment", r.increment),
                               ("batch.rampup.samples", r.samples)]:
@@ -376,7 +376,7 @@ def _validate(exp: Experiment, src: str) -> None:
            "three non-negative numbers such as '949,50,1' (train,valid,test)")
     tok = exp.data.tokenizer
     if tok.kind == "gpt2-bpe":
-        _check(tok.vocab_file is not None and tok.merges_file is not None, src, "data.tokenizer", _asdict(tok),
+        _check(tok.vocab_file is not None and tok.merges_file is not None, src, "data.tokenizer", dataclasses.asdict(tok),
                "kind gpt2-bpe needs vocab_file and merges_file")
     for i, ds in enumerate(exp.data.blend):
         _check(ds.weight > 0, src, f"data.blend[{i}].weight", ds.weight, "must be positive")
@@ -456,10 +456,6 @@ def derive(exp: Experiment, root: Path, source: str = "") -> Experiment:
         ck = fill(ck, "checkpoint", exit_duration_in_mins=limit - ck.exit_margin_mins)
     ck = dataclasses.replace(ck, kill_switch_path=_resolve_path(ck.kill_switch_path, root))
     return dataclasses.replace(exp, checkpoint=ck, derived=tuple(exp.derived) + tuple(derived))
-
-
-def _asdict(obj: Any) -> Any:
-    return dataclasses.asdict(obj)
 
 
 def to_dict(exp: Experiment) -> dict:
