@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import cron, slurm
+from bigscience_ops import slurm
+from bigscience_ops.ops import cron
 from bigscience_ops.cli import main
 from tests.fixtures_slurm import wait_until
 

@@ -17,8 +17,8 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
-from bigscience_ops import notify, status
-from bigscience_ops.notify import NotifyError, SmtpSettings
+from bigscience_ops.ops import notify, status
+from bigscience_ops.ops.notify import NotifyError, SmtpSettings
 
 PASSWORD = "s3cret-Pa55word"
 T0 = datetime(2026, 11, 22, 10, 0, 0)

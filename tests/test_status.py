@@ -1,4 +1,4 @@
-"""Watchdog decisions in bigscience_ops.status, over recorded squeue output and real log files."""
+"""Watchdog decisions in bigscience_ops.ops.status, over recorded squeue output and real log files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import slurm, status
+from bigscience_ops import slurm
+from bigscience_ops.ops import status
 
 ASSETS = Path(__file__).parent / "assets" / "slurm"
 LONG_NAME = "tr1-13B-round3-a-job-name-longer-than-forty-characters"

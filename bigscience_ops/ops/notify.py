@@ -20,9 +20,9 @@ from email.utils import format_datetime, make_msgid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bigscience_ops import status
+from bigscience_ops.ops import status
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.status import EXIT_ERROR, Alert, StatusReport
+from bigscience_ops.ops.status import EXIT_ERROR, Alert, StatusReport
 
 if TYPE_CHECKING:
     from bigscience_ops.config import AlertsConfig

@@ -18,7 +18,7 @@ from pathlib import Path
 from bigscience_ops import render as rendering
 from bigscience_ops.config import AlertsConfig, Experiment
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.status import QUEUED_STATES
+from bigscience_ops.ops.status import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
 PERIODS = {"hourly": 3600, "daily": 86400}
@@ -227,7 +227,7 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
 
 
 def _email_failures(alerts: AlertsConfig, period: str, report: RunReport) -> str:
-    from bigscience_ops import notify
+    from bigscience_ops.ops import notify
 
     failures = "\n".join(f"- {script}: {error}" for script, error in report.failed)
     body = (f"The {period} cron runner could not submit {len(report.failed)} job(s):\n{failures}\n\n"

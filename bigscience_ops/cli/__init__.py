@@ -1,0 +1,10 @@
+"""The `bsops` command line: each command parses, calls one library function, prints, exits.
+
+Heavy modules (torch, deepspeed) are never imported here or by the ops commands. One module per
+command group; importing them registers their commands on `main`.
+"""
+
+from bigscience_ops.cli import cron, data, experiments, status, task  # noqa: F401  (registers the commands)
+from bigscience_ops.cli.base import EXIT_ERROR, EXIT_PROBLEMS, main
+
+__all__ = ["main", "EXIT_ERROR", "EXIT_PROBLEMS"]

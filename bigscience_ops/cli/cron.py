@@ -1,0 +1,92 @@
+"""`bsops cron ...`: the self-respawning runner chains and the jobs they run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from bigscience_ops.cli.base import (
+    EXIT_PROBLEMS,
+    cron_dir_option,
+    default_cron_dir,
+    load_experiment,
+    main,
+    trainings_option,
+)
+
+
+@main.group()
+def cron() -> None:
+    """Cron for clusters without crontab: self-respawning Slurm jobs over cron.hourly/ and cron.daily/."""
+
+
+@cron.command("install")
+@cron_dir_option
+@click.option("--period-seconds", type=click.IntRange(min=1), default=None,
+              help="Re-arm every N seconds instead of hourly/daily (for testing a chain).")
+@click.option("--scrontab", "use_scrontab", is_flag=True, help="Write scrontab entries instead of runner jobs.")
+def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab: bool) -> None:
+    """Submit the hourly and daily runner jobs, unless their chains are already queued."""
+    from bigscience_ops.ops import cron as cronlib
+
+    cron_dir = cron_dir or default_cron_dir()
+    if use_scrontab:
+        path, installed = cronlib.install_scrontab(cron_dir)
+        click.echo(f"wrote {path}" + ("; installed with scrontab" if installed else
+                                      f"; this machine has no scrontab client: run `scrontab {path}` on a login node"))
+        return
+    for line in cronlib.install(cron_dir, period_seconds):
+        click.echo(line)
+
+
+@cron.command("status")
+@cron_dir_option
+def cron_status(cron_dir: Path | None) -> None:
+    """Show each runner chain and its next run; exit 1 when a chain is missing."""
+    from bigscience_ops.ops import cron as cronlib
+
+    states = cronlib.chains(cron_dir or default_cron_dir())
+    for state in states:
+        click.echo(state.describe())
+    if any(not state.jobs for state in states):
+        sys.exit(EXIT_PROBLEMS)
+
+
+@cron.command("add")
+@click.argument("exp")
+@cron_dir_option
+@trainings_option
+def cron_add(exp: str, cron_dir: Path | None, trainings_dir: Path | None) -> None:
+    """Render EXP's hourly status watchdog job into cron.hourly/."""
+    from bigscience_ops.config import experiment_path
+    from bigscience_ops.ops import cron as cronlib
+
+    cron_dir = cron_dir or default_cron_dir()
+    experiment = load_experiment(exp, trainings_dir)
+    folder = experiment_path(exp, trainings_dir).parent
+    job = cronlib.render_status_job(cron_dir, experiment, folder, cronlib.load_settings(cron_dir))
+    path = cronlib.write_runner(job)
+    click.echo(f"wrote {path}")
+
+
+@cron.command("run", hidden=True)
+@click.argument("period", type=click.Choice(["hourly", "daily"]))
+@cron_dir_option
+@click.option("--runner", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="This runner's script, re-submitted for the next period first.")
+@click.option("--period-seconds", type=click.IntRange(min=1), default=None)
+@click.option("--no-rearm", is_flag=True, help="Do not re-arm (scrontab runs the schedule).")
+def cron_run(period: str, cron_dir: Path | None, runner: Path | None, period_seconds: int | None, no_rearm: bool) -> None:
+    """One runner pass: re-arm, then submit every job of the folder not already queued."""
+    import os
+
+    from bigscience_ops.ops import cron as cronlib
+
+    report = cronlib.run_pass(cron_dir or default_cron_dir(), period, None if no_rearm else runner,
+                              period_seconds, self_job_id=os.environ.get("SLURM_JOB_ID"))
+    for line in report.lines:
+        click.echo(line)
+    if report.failed:
+        sys.exit(EXIT_PROBLEMS)

@@ -1,0 +1,148 @@
+"""Experiment commands: list, show, plan, render, launch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from bigscience_ops.cli.base import (
+    EXIT_PROBLEMS,
+    load_experiment,
+    main,
+    trainings_option,
+)
+from bigscience_ops.errors import BsopsError
+
+
+@main.command("list")
+@trainings_option
+def list_command(trainings_dir: Path | None) -> None:
+    """List the experiments and their one-line descriptions."""
+    from bigscience_ops.config import default_trainings_dir, list_experiments
+
+    directory = trainings_dir or default_trainings_dir()
+    for name in list_experiments(directory):
+        try:
+            description = load_experiment(name, directory).description
+        except BsopsError as exc:
+            description = f"INVALID: {exc}"
+        click.echo(f"{name:<20} {description}")
+
+
+@main.command()
+@click.argument("exp")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of YAML.")
+@trainings_option
+def show(exp: str, as_json: bool, trainings_dir: Path | None) -> None:
+    """Show EXP's resolved config: base: merged, derived values filled in and marked."""
+    from bigscience_ops.config import to_dict
+    from bigscience_ops.planview import show_text
+
+    experiment = load_experiment(exp, trainings_dir)
+    if as_json:
+        click.echo(json.dumps(to_dict(experiment) | {"derived": list(experiment.derived)}, indent=2))
+    else:
+        click.echo(show_text(experiment), nl=False)
+
+
+@main.command()
+@click.argument("exp")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="Plan for this many nodes instead of slurm.nodes (e.g. after the rampup).")
+@trainings_option
+def plan(exp: str, as_json: bool, nodes: int | None, trainings_dir: Path | None) -> None:
+    """Plan EXP: parameters, memory, DP size, batch rampup, iterations, LR, tokens, days.
+
+    Every rule that would fail or mislead the run is checked; exits 1 when any error is found.
+    """
+    from bigscience_ops.plan import make_plan
+    from bigscience_ops.planview import plan_data, plan_text
+
+    experiment = load_experiment(exp, trainings_dir)
+    if nodes is not None:
+        experiment = dataclasses.replace(experiment, slurm=dataclasses.replace(experiment.slurm, nodes=nodes))
+    result = make_plan(experiment)
+    if as_json:
+        click.echo(json.dumps(plan_data(result), indent=2))
+    else:
+        click.echo(plan_text(result, experiment), nl=False)
+    if result.errors:
+        sys.exit(EXIT_PROBLEMS)
+
+
+
+
+@main.command()
+@click.argument("exp")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for the script, experiment.json and ds_config.json (default: rendered/EXP).")
+@trainings_option
+def render(exp: str, out: Path | None, trainings_dir: Path | None) -> None:
+    """Render EXP's Slurm job-array script and DeepSpeed JSON (refused if the plan finds errors)."""
+    from bigscience_ops import render as rendering
+
+    experiment = load_experiment(exp, trainings_dir)
+    out = out or Path("rendered") / experiment.name
+    script = rendering.write(rendering.render(experiment, out), out)
+    click.echo(f"rendered {script}")
+    click.echo(f"submit with: sbatch {script}   (or: bsops launch {exp})")
+
+
+
+
+
+
+@main.command()
+@click.argument("exp", default="tiny")
+@click.option("--local", "local", is_flag=True,
+              help="Run the rendered job array on this machine with Slurm's environment emulated.")
+@click.option("--after-current", is_flag=True,
+              help="If a job of EXP is queued, start after its whole array (afterany) instead of refusing.")
+@click.option("--dry-run", is_flag=True, help="Show the run record, queue check and sbatch command; submit nothing.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --local: run folder (default: the experiment's paths.output, runs/EXP).")
+@click.option("--tasks", type=click.IntRange(min=1), default=None,
+              help="With --local: array tasks to run (default: slurm.array); each resumes from the last checkpoint.")
+@trainings_option
+def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path | None, tasks: int | None,
+           trainings_dir: Path | None) -> None:
+    """Launch EXP (default: tiny) as a Slurm job array, one task at a time, each resuming.
+
+    The plan is checked first and nothing invalid is submitted. A job of EXP already in the queue
+    (any user of slurm.group) makes the launch refuse, unless --after-current chains after it.
+    With --local the same job script runs here, its array tasks one after another.
+    """
+    from bigscience_ops.launch import launch_local
+
+    experiment = load_experiment(exp, trainings_dir)
+    if not local:
+        from bigscience_ops import submit
+
+        if out is not None or tasks is not None:
+            raise click.UsageError("--out and --tasks apply to --local only")
+        launch_plan = submit.plan_launch(experiment, after_current=after_current)
+        for line in launch_plan.describe():
+            click.echo(line)
+        if dry_run:
+            click.echo(f"dry run: nothing submitted. The job script:\n\n{launch_plan.rendered.files[launch_plan.rendered.script]}")
+            return
+        job_id = submit.submit(launch_plan)
+        click.echo(f"submitted job array {job_id} ({experiment.slurm.array} tasks, one at a time)")
+        click.echo(f"watch it with: bsops status {exp}    log: {Path(experiment.paths.logs) / 'main_log.txt'}")
+        return
+    if after_current or dry_run:
+        raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
+    result = launch_local(experiment, out, tasks, progress=click.echo)
+    for task in result.tasks:
+        click.echo(f"array task {task.array_task_id}: exit {task.returncode} in {task.seconds:.0f} s ({task.output})")
+    click.echo(f"run folder: {result.run_dir}")
+    click.echo(f"  log:         {result.main_log}")
+    click.echo(f"  checkpoints: {result.checkpoints}")
+    click.echo(f"  tensorboard: {result.tensorboard}")
+    if not result.finished:
+        click.echo("training not finished: run the same command again to resume")

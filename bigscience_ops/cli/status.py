@@ -1,0 +1,79 @@
+"""`bsops status`: the on-call check."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from bigscience_ops.cli.base import load_experiment, main, trainings_option
+
+
+@main.command("status")
+@click.argument("exp", required=False)
+@trainings_option
+@click.option("--job-name", default=None, help="The Slurm job name to watch (compared whole, any length).")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The run's main_log.txt: the lines are appended to it, and it is checked for progress.")
+@click.option("--stall-minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Alert when a RUNNING job's log has had no new iteration line for this long (needs --log).")
+@click.option("--group", default=None, help="Watch the jobs of every user in this Unix group (default: all users).")
+@click.option("--user", "users", multiple=True, help="Watch this user's jobs (repeatable).")
+@click.option("--contact", default="Eng WG", show_default=True, help="Who the ALERT line says to alert.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="Seconds to wait for squeue before reporting Slurm as unreachable.")
+@click.option("--no-email", is_flag=True, help="Print (and log) only; send no email.")
+@click.option("--email-to", multiple=True, help="Alert recipient (repeatable); without one no email is sent.")
+@click.option("--email-from", default=None, help="Sender address (default: bsops@<this host>).")
+@click.option("--smtp-host", default="localhost", show_default=True)
+@click.option("--smtp-port", type=click.IntRange(1, 65535), default=None,
+              help="Default: 587 for starttls, 465 for ssl, 25 for none.")
+@click.option("--smtp-security", type=click.Choice(["starttls", "ssl", "none"]), default="starttls",
+              show_default=True)
+@click.option("--smtp-user", default=None, help="SMTP login; the password is read from --smtp-password-env.")
+@click.option("--smtp-password-env", default=None, help="Name of the environment variable holding the password.")
+@click.option("--alert-state", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Cooldown state file (default: .bsops-alerts.json next to --log).")
+@click.option("--cooldown-minutes", type=click.FloatRange(min=0), default=None,
+              help="Send the same alert at most once per this many minutes (default: alerts.cooldown_minutes, or 60).")
+def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | None, log_path: Path | None, stall_minutes: float | None, group: str | None,
+                   users: tuple[str, ...], contact: str, timeout: float, no_email: bool, email_to: tuple[str, ...],
+                   email_from: str | None, smtp_host: str, smtp_port: int | None, smtp_security: str,
+                   smtp_user: str | None, smtp_password_env: str | None, alert_state: Path | None,
+                   cooldown_minutes: float) -> None:
+    """Is EXP (or --job-name) running or scheduled? Prints one line per job and ALERT lines.
+
+    With EXP, the job name, the run's main_log.txt, the stall limit, the group and the alert
+    emails come from the experiment's config; options given explicitly win.
+    Exit code 0 healthy, 1 alert, 2 Slurm could not be queried or an alert email failed.
+    """
+    import socket
+
+    from bigscience_ops.ops import notify
+
+    smtp = None
+    experiment = None
+    if exp is not None:
+        experiment = load_experiment(exp, trainings_dir)
+        job_name = job_name or experiment.slurm.job_name
+        log_path = log_path or Path(experiment.paths.logs) / "main_log.txt"
+        stall_minutes = stall_minutes or experiment.alerts.stall_minutes
+        group = group or experiment.slurm.group
+        if not email_to and not no_email:
+            smtp = notify.smtp_from_alerts(experiment.alerts)
+        cooldown_minutes = experiment.alerts.cooldown_minutes if cooldown_minutes is None else cooldown_minutes
+    if job_name is None:
+        raise click.UsageError("give an experiment (EXP) or --job-name")
+    cooldown_minutes = 60.0 if cooldown_minutes is None else cooldown_minutes
+    if email_to and not no_email:
+        smtp = notify.SmtpSettings(
+            host=smtp_host, port=smtp_port or notify.DEFAULT_PORTS[smtp_security], security=smtp_security,
+            sender=email_from or f"bsops@{socket.getfqdn()}", recipients=email_to, user=smtp_user,
+            password_env=smtp_password_env)
+    result = notify.watch(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
+                          contact=contact, smtp=smtp, state_path=alert_state, cooldown_minutes=cooldown_minutes,
+                          experiment=experiment.name if experiment else None, timeout=timeout)
+    for line in result.lines:
+        click.echo(line)
+    sys.exit(result.exit_code)
