@@ -178,6 +178,21 @@ class HubConfig:
     codecarbon_repo: str | None = documented(None, "Hub repo for codecarbon records")
     checkpoints_repo: str | None = documented(None, "Hub repo for converted checkpoints")
     token_env: str = documented("HF_TOKEN", "environment variable holding the Hub token")
+    remote_template: str | None = documented(
+        None, "push to this git remote instead of the Hub, {repo} replaced by the repo name (file:///srv/mirror/{repo}.git)")
+    lfs_size_mb: float = documented(10.0, "files larger than this many MB are stored with git-lfs")
+    private: bool = documented(True, "repos bsops creates on the Hub are private")
+    push_attempts: int = documented(4, "tries of a failing push (waits 10 s, 20 s, 40 s ... between)")
+
+
+@dataclass(frozen=True)
+class BackupConfig:
+    dest: str | None = documented(None, "backup folder (a store outside the training's scratch); bsops backup --to overrides")
+    keep_last: int | None = documented(None, "on scratch keep the newest N checkpoints; none: delete nothing")
+    keep_every: int | None = documented(None, "on scratch also keep checkpoints whose step is a multiple of this")
+    keep_optimizer_every: int | None = documented(
+        None, "back up whole (with optimizer states) every checkpoint whose step is a multiple of this, beside the final one")
+    tar: bool = documented(False, "one tar file per checkpoint, for stores with few inodes")
 
 
 @dataclass(frozen=True)
@@ -214,6 +229,7 @@ class Experiment:
     slurm: SlurmConfig = documented(factory=SlurmConfig, doc="resources of each array task")
     paths: PathsConfig = documented(factory=PathsConfig, doc="output folders")
     hub: HubConfig = documented(factory=HubConfig, doc="Hub repos to sync to")
+    backup: BackupConfig = documented(factory=BackupConfig, doc="checkpoint backup and scratch retention")
     alerts: AlertsConfig = documented(factory=AlertsConfig, doc="who is told, and how")
     estimate: EstimateConfig = documented(factory=EstimateConfig, doc="assumptions of the plan")
     derived: tuple[str, ...] = field(default=(), metadata={"doc": "field paths computed, not written", "internal": True})
@@ -385,6 +401,16 @@ def _validate(exp: Experiment, src: str) -> None:
                           ("alerts.smtp_port", exp.alerts.smtp_port)]:
         _check(value >= 1, src, dotted, value, "must be a positive integer")
     _check(exp.estimate.tflops_per_gpu > 0, src, "estimate.tflops_per_gpu", exp.estimate.tflops_per_gpu, "must be positive")
+    template = exp.hub.remote_template
+    _check(template is None or template.count("{repo}") == 1 and "{" not in template.replace("{repo}", ""), src,
+           "hub.remote_template", template, "a git URL with {repo} exactly once, e.g. file:///srv/mirror/{repo}.git")
+    _check(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", exp.hub.token_env) is not None, src, "hub.token_env",
+           exp.hub.token_env, "the name of an environment variable (letters, digits, _)")
+    _check(exp.hub.lfs_size_mb > 0, src, "hub.lfs_size_mb", exp.hub.lfs_size_mb, "must be positive")
+    _check(exp.hub.push_attempts >= 1, src, "hub.push_attempts", exp.hub.push_attempts, "must be a positive integer")
+    for key in ("keep_last", "keep_every", "keep_optimizer_every"):
+        value = getattr(exp.backup, key)
+        _check(value is None or value >= 1, src, f"backup.{key}", value, "must be a positive integer (or left out)")
 
 
 def exit_margin_minutes(num_params: float) -> int:
@@ -446,7 +472,10 @@ def derive(exp: Experiment, root: Path, source: str = "") -> Experiment:
         limit = parse_time_limit(slurm.time)
     except ValueError as exc:
         raise ConfigError(source, "slurm.time", slurm.time, str(exc)) from None
-    exp = dataclasses.replace(exp, model=m, paths=paths, data=data, slurm=slurm)
+    backup = exp.backup
+    if backup.dest is not None:
+        backup = dataclasses.replace(backup, dest=_resolve_path(backup.dest, root))
+    exp = dataclasses.replace(exp, model=m, paths=paths, data=data, slurm=slurm, backup=backup)
     params = plan.count_parameters(exp.model, exp.parallel.tensor).total
     ck = fill(exp.checkpoint, "checkpoint", exit_margin_mins=exit_margin_minutes(params),
               kill_switch_path=f"{output}/kill-switch")
