@@ -2,7 +2,9 @@
 
 Every `{{ value }}` in a template is shell-quoted by the environment itself (its `finalize`), so
 a template cannot forget to quote; only values wrapped with the `raw` filter (the experiment's
-own env_setup shell lines, and `#`-comment text) go through unquoted.
+own env_setup shell lines, and `#`-comment text) go through unquoted. Quoting cannot save an
+`#SBATCH` line from a newline, so `finalize` also refuses every control character (a raw shell
+line may hold a tab): the second wall behind the config loader's check.
 """
 
 from __future__ import annotations
@@ -16,28 +18,42 @@ import jinja2
 
 from bigscience_ops import __version__
 from bigscience_ops.config import Experiment, to_dict
-from bigscience_ops.errors import PlanError
+from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.plan import make_plan
+from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, control_allowed, control_character
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 EXPERIMENT_JSON = "experiment.json"
 DEEPSPEED_JSON = "ds_config.json"
 
 
+class RenderError(BsopsError):
+    """A value cannot go into a job script: names the value, what is wrong and what is allowed."""
+
+
 class Raw(str):
     """Text a template may emit unquoted: trusted shell code or comment text."""
 
 
+def _refuse_control(text: str, kind: str) -> None:
+    bad = control_character(text, kind)
+    if bad is not None:
+        raise RenderError(f"refusing to render {text!r} into a job script: {bad}; {control_allowed(kind)}")
+
+
 def _finalize(value: object) -> str:
     if isinstance(value, Raw):
+        _refuse_control(str(value), SHELL_LINE)
         return str(value)
     if isinstance(value, bool) or value is None:
         raise TypeError(f"refusing to render {value!r} into a shell script: convert it explicitly")
+    _refuse_control(str(value), PLAIN)
     return shlex.quote(str(value))
 
 
 def _comment(value: object) -> Raw:
-    """One-line text safe inside a `#` comment."""
+    """One-line text safe inside a `#` comment (a control character is refused, not hidden)."""
+    _refuse_control(str(value), PLAIN)
     return Raw(" ".join(str(value).split()))
 
 

@@ -20,10 +20,38 @@ import yaml
 from bigscience_ops.errors import ConfigError
 
 
-def documented(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None) -> Any:
+def documented(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None, shell: bool = False) -> Any:
+    """A field with its doc. `shell=True` marks trusted shell lines: a tab is allowed there, a line break never."""
+    metadata = {"doc": doc, "text": SHELL_LINE if shell else PLAIN}
     if factory is not None:
-        return field(default_factory=factory, metadata={"doc": doc})
-    return field(default=default, metadata={"doc": doc})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# Every string may reach a job script, where a newline ends an `#SBATCH` comment and starts a
+# command, and a CR, NUL, ESC or DEL hides or garbles what a reader sees: none is allowed. Trusted
+# shell lines may hold a tab, still never a line break.
+PLAIN = "plain"
+SHELL_LINE = "shell-line"
+_CONTROL = {PLAIN: re.compile(r"[\x00-\x1f\x7f]"), SHELL_LINE: re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")}
+_NAMES = {0x00: "NUL", 0x09: "tab", 0x0A: "newline", 0x0D: "carriage return", 0x1B: "escape", 0x7F: "DEL"}
+
+
+def control_character(text: str, kind: str = PLAIN) -> str | None:
+    """'U+000A (newline) at position 3' for the first control character `kind` refuses, else None."""
+    found = _CONTROL[kind].search(text)
+    if found is None:
+        return None
+    code = ord(found.group())
+    name = _NAMES.get(code, "control character")
+    return f"U+{code:04X} ({name}) at position {found.start()}"
+
+
+def control_allowed(kind: str) -> str:
+    if kind == SHELL_LINE:
+        return ("one shell line per item: no line break or other control character (a tab is allowed); "
+                "split it into several items")
+    return "one line of printable text: no control characters (C0 range, DEL, tab), which could end an #SBATCH line"
 
 
 
@@ -98,7 +126,7 @@ def _public_fields(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
 
 
-def _coerce(tp: Any, value: Any, dotted: str, origins: dict, default_source: str) -> Any:
+def _coerce(tp: Any, value: Any, dotted: str, origins: dict, default_source: str, text: str = PLAIN) -> Any:
     def fail(allowed: str | None = None) -> ConfigError:
         return ConfigError(_source_of(origins, dotted, default_source), dotted, value, allowed or f"expected {_describe(tp)}")
 
@@ -107,7 +135,7 @@ def _coerce(tp: Any, value: Any, dotted: str, origins: dict, default_source: str
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _coerce(args[0], value, dotted, origins, default_source)
+        return _coerce(args[0], value, dotted, origins, default_source, text)
     if value is None:
         raise fail(f"a value is required: expected {_describe(tp)}")
     if tp is bool:
@@ -129,6 +157,9 @@ def _coerce(tp: Any, value: Any, dotted: str, origins: dict, default_source: str
         raise fail()
     if tp is str:
         if isinstance(value, str):
+            bad = control_character(value, text)
+            if bad is not None:
+                raise fail(f"{bad}; {control_allowed(text)}")
             return value
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
@@ -142,7 +173,7 @@ def _coerce(tp: Any, value: Any, dotted: str, origins: dict, default_source: str
         if not isinstance(value, list):
             raise fail()
         (item_tp,) = typing.get_args(tp)
-        return [_coerce(item_tp, item, f"{dotted}[{i}]", origins, default_source) for i, item in enumerate(value)]
+        return [_coerce(item_tp, item, f"{dotted}[{i}]", origins, default_source, text) for i, item in enumerate(value)]
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise fail()
@@ -159,7 +190,8 @@ def build(cls: type, data: dict, prefix: str, origins: dict, default_source: str
         if key not in valid:
             raise ConfigError(_source_of(origins, dotted, default_source), dotted, value,
                               f"unknown key; valid keys{' of ' + prefix if prefix else ''}: {', '.join(valid)}")
-        kwargs[key] = _coerce(hints[key], value, dotted, origins, default_source)
+        text = next(f.metadata.get("text", PLAIN) for f in dataclasses.fields(cls) if f.name == key)
+        kwargs[key] = _coerce(hints[key], value, dotted, origins, default_source, text)
     for f in dataclasses.fields(cls):
         if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             dotted = f"{prefix}.{f.name}" if prefix else f.name
