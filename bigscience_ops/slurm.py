@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import re
 import shlex
 import subprocess
@@ -61,17 +59,35 @@ class SlurmCommandError(SlurmError):
         super().__init__(f"`{command}` {problem}: {detail}")
 
 
+# Environment variables through which a user's shell changes what Slurm's clients print or select:
+# output formats, sort orders, default filters, time format, interactive prompts. bsops parses the
+# output, so it never lets them through.
+_USER_OUTPUT_PREFIXES = ("SQUEUE_", "SINFO_", "SACCT_", "SCONTROL_", "SCANCEL_", "SPRIO_", "SSHARE_", "SDIAG_")
+_USER_OUTPUT_VARIABLES = frozenset({"SLURM_TIME_FORMAT", "SLURM_BITSTR_LEN", "SLURM_CLUSTERS"})
+PINNED_ENV = {"SLURM_TIME_FORMAT": "standard"}
+"""What every Slurm command runs with: ISO timestamps (`2021-08-16T03:52:02`), as the parsers read."""
+
+
+def pinned_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) without the variables that change Slurm's output, plus PINNED_ENV."""
+    source = os.environ if env is None else env
+    clean = {k: v for k, v in source.items()
+             if not k.startswith(_USER_OUTPUT_PREFIXES) and k not in _USER_OUTPUT_VARIABLES}
+    return {**clean, **PINNED_ENV}
+
+
 def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None
         ) -> subprocess.CompletedProcess[str]:
-    """Run one Slurm command; the only place in bsops that does. Raises SlurmCommandError on failure."""
+    """Run one Slurm command with a pinned environment (`pinned_env(env)`); the only place in bsops
+    that does. Raises SlurmCommandError on failure."""
     argv = [str(a) for a in argv]
     if not argv or argv[0] not in _COMMANDS:
         raise ValueError(f"slurm.run runs only {', '.join(sorted(_COMMANDS))}; got argv {argv!r}")
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=dict(env) if env is not None else None, check=False)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=pinned_env(env),
+                              stdin=subprocess.DEVNULL, check=False)
     except FileNotFoundError as exc:
         raise SlurmCommandError(argv, None, str(exc),
                                 f"could not start: {argv[0]} is not on PATH (install the Slurm client "
@@ -359,14 +375,35 @@ def parse_scontrol_show_job(text: str) -> list[dict[str, str]]:
 
 # --- queries -------------------------------------------------------------------------------------
 
-def group_users(group: str) -> list[str]:
-    """Users of a Unix group (its members and those whose primary group it is), for squeue --user."""
+GETENT_TIMEOUT_S = 30.0
+
+
+def _getent(database: str, *keys: str, timeout: float = GETENT_TIMEOUT_S) -> list[list[str]]:
+    """`getent DATABASE [KEY]` as split records; [] when the key is unknown (exit code 2)."""
+    argv = ["getent", database, *keys]
     try:
-        entry = grp.getgrnam(group)
-    except KeyError:
-        raise SlurmError(f"group {group!r} does not exist on this machine (getent group {group}); "
-                         f"set the experiment's slurm group to an existing group") from None
-    users = set(entry.gr_mem) | {p.pw_name for p in pwd.getpwall() if p.pw_gid == entry.gr_gid}
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmCommandError(argv, None, str(exc), "could not run (is getent on PATH, is NSS answering?)") from exc
+    if proc.returncode == 2:
+        return []
+    if proc.returncode != 0:
+        raise SlurmCommandError(argv, proc.returncode, proc.stderr, f"exited with code {proc.returncode}")
+    return [line.split(":") for line in proc.stdout.splitlines() if line.strip()]
+
+
+def group_users(group: str, timeout: float = GETENT_TIMEOUT_S) -> list[str]:
+    """Users of a Unix group, for squeue --user: its members from `getent group NAME` (answered by
+    NSS, also where SSSD does not enumerate), and the users whose primary group it is among those
+    `getent passwd` lists (where enumeration is off, the local ones)."""
+    entries = [e for e in _getent("group", _checked_item("group", group), timeout=timeout) if len(e) >= 4]
+    if not entries:
+        raise SlurmError(f"group {group!r} does not exist on this machine (`getent group {group}` found "
+                         f"nothing); set the experiment's slurm.group to an existing group")
+    name, _, gid, members = entries[0][:4]
+    users = {m for m in members.split(",") if m}
+    users |= {e[0] for e in _getent("passwd", timeout=timeout) if len(e) >= 4 and e[3] == gid}
     return sorted(users)
 
 
