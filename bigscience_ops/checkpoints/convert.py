@@ -1,0 +1,341 @@
+"""A DeepSpeed checkpoint of the bundled trainer -> a transformers GPT-2 model folder.
+
+The trainer's GPT is GPT-2's architecture (learned positions, pre-LN blocks, tanh GeLU, final
+LayerNorm, head tied to the word embedding), so a checkpoint becomes a `GPT2LMHeadModel`:
+
+    model.safetensors      the weights, TP shards and pipeline stages merged, vocab padding removed
+    config.json            GPT2Config (activation "gelu_new", n_inner = ffn_hidden_size)
+    tokenizer files        the experiment's tokenizer, laid out so AutoTokenizer loads it
+    bsops_conversion.json  where the weights came from (experiment, step, consumed tokens, TP/PP)
+
+What DeepSpeed's pipeline engine writes per layer (`layer_XX-model_states.pt`, or with TP > 1
+`layer_XX-model_RR-model_states.pt` per TP rank RR): layer 0 the embedding (word + positions),
+layers 1..L the blocks, L+1 the final LayerNorm; the tied head is the word embedding and is not
+saved again. Layer numbers are global, so pipeline stages need no merging beyond reading every file.
+
+TP shards (see trainer/tensor_parallel.py) are merged by concatenation: column-parallel weights
+and biases (fused QKV, h -> ffn, the word embedding) along their output rows, row-parallel weights
+(attention output, ffn -> h) along their input columns; everything else is replicated and must be
+equal on every rank.
+
+QKV: the trainer fuses it per head, rows [head0: q k v, head1: q k v, ...] (B, T, nh, 3 hs); GPT-2's
+c_attn is a Conv1D (weight (in, out), y = x W + b) whose outputs are [q of all heads, k ..., v ...].
+So rows are regrouped (nh, 3, hs) -> (3, nh, hs), and every Linear weight is transposed for Conv1D.
+
+What GPT-2 cannot express is refused by name (embed_layernorm, and any model option this converter
+does not know).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigscience_ops.errors import BsopsError
+
+META = "bsops.json"  # written by the trainer next to DeepSpeed's files (trainer/checkpointing.py)
+TAG = re.compile(r"global_step(\d+)")
+DTYPES = ("float32", "bfloat16", "float16")
+EOD_TOKEN = "<|endoftext|>"
+
+# Model options the trainer records in bsops.json, and what each becomes in GPT-2.
+EXPRESSIBLE = {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length",
+               "max_position_embeddings", "padded_vocab_size", "init_method_std", "hidden_dropout",
+               "attention_dropout", "layernorm_epsilon"}
+REFUSED = {"embed_layernorm": "GPT-2 has no LayerNorm after the embedding"}
+
+# Per trainer parameter name: the TP split dimension (None: replicated on every TP rank).
+BLOCK_SPLIT = {
+    "input_layernorm.weight": None, "input_layernorm.bias": None,
+    "self_attention.query_key_value.weight": 0, "self_attention.query_key_value.bias": 0,
+    "self_attention.dense.weight": 1, "self_attention.dense.bias": None,
+    "post_attention_layernorm.weight": None, "post_attention_layernorm.bias": None,
+    "mlp.dense_h_to_4h.weight": 0, "mlp.bias_h_to_4h": 0,
+    "mlp.dense_4h_to_h.weight": 1, "mlp.dense_4h_to_h.bias": None,
+}
+EMBEDDING_SPLIT = {"word_embeddings.weight": 0, "position_embeddings.weight": None}
+FINAL_NORM_SPLIT = {"weight": None, "bias": None}
+
+
+class ConvertError(BsopsError):
+    """A checkpoint cannot be converted: names the checkpoint, what is wrong and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """What `convert` wrote."""
+
+    out: Path
+    tag: str
+    iteration: int
+    config: dict
+    files: list[str]
+    num_parameters: int
+
+
+# ---------------------------------------------------------------- which checkpoint
+
+
+def select_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[str, Path, dict]:
+    """(tag, folder, bsops.json) of `global_step<step>`, or of the one `latest` names when step is None."""
+    checkpoints = Path(checkpoints)
+    available = sorted(int(m.group(1)) for p in checkpoints.glob("global_step*")
+                       if (m := TAG.fullmatch(p.name))) if checkpoints.is_dir() else []
+    if step is None:
+        latest = checkpoints / "latest"
+        if not latest.is_file():
+            raise ConvertError(f"{checkpoints}: no 'latest' file, so no checkpoint to convert; "
+                               f"available steps: {', '.join(map(str, available)) or 'none'} (pick one with --step)")
+        tag = latest.read_text(encoding="utf-8").strip()
+    else:
+        tag = f"global_step{step}"
+    path = checkpoints / tag
+    if not path.is_dir():
+        raise ConvertError(f"{checkpoints}: no checkpoint {tag!r}; available steps: "
+                           f"{', '.join(map(str, available)) or 'none'}")
+    meta_file = path / META
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConvertError(f"{path}: no {META}: not written by bsops' trainer, or its save did not finish") from None
+    except json.JSONDecodeError as exc:
+        raise ConvertError(f"{meta_file}: unreadable ({exc})") from None
+    return tag, path, meta
+
+
+# ---------------------------------------------------------------- config
+
+
+def gpt2_config(model: dict, vocab_size: int, eod_id: int | None, dtype: str = "float32") -> dict:
+    """GPT2Config as a dict for the trainer's model options (bsops.json "model"); refuses what GPT-2 lacks."""
+    problems = [f"model.{k} = {model[k]!r}: {why}" for k, why in REFUSED.items() if model.get(k)]
+    unknown = sorted(set(model) - EXPRESSIBLE - set(REFUSED))
+    problems += [f"model.{k} = {model[k]!r}: an option this converter does not know how to express in GPT-2"
+                 for k in unknown]
+    if problems:
+        raise ConvertError("cannot convert to GPT-2: " + "; ".join(problems)
+                           + f". Convertible options: {', '.join(sorted(EXPRESSIBLE))}, with embed_layernorm false")
+    if dtype not in DTYPES:
+        raise ConvertError(f"dtype {dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+    if not 0 < vocab_size <= model["padded_vocab_size"]:
+        raise ConvertError(f"vocab_size {vocab_size} does not fit the checkpoint's padded vocabulary "
+                           f"{model['padded_vocab_size']}; allowed: 1 to {model['padded_vocab_size']}")
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": vocab_size,
+        "n_positions": model["max_position_embeddings"],
+        "n_embd": model["hidden_size"],
+        "n_layer": model["num_layers"],
+        "n_head": model["num_attention_heads"],
+        "n_inner": model["ffn_hidden_size"],
+        "activation_function": "gelu_new",  # the tanh approximation, as the trainer's bias_gelu
+        "resid_pdrop": model["hidden_dropout"],
+        "embd_pdrop": model["hidden_dropout"],
+        "attn_pdrop": model["attention_dropout"],
+        "layer_norm_epsilon": model["layernorm_epsilon"],
+        "initializer_range": model["init_method_std"],
+        "scale_attn_weights": True,  # 1/sqrt(head size), as the trainer's attention
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+        "bos_token_id": eod_id,
+        "eos_token_id": eod_id,
+        "torch_dtype": dtype,
+        "use_cache": True,
+    }
+
+
+# ---------------------------------------------------------------- weights
+
+
+def layer_files(path: Path, index: int, tensor: int) -> list[Path]:
+    """DeepSpeed's file(s) for pipeline layer `index`, one per TP rank."""
+    if tensor == 1:
+        return [Path(path) / f"layer_{index:02d}-model_states.pt"]
+    return [Path(path) / f"layer_{index:02d}-model_{rank:02d}-model_states.pt" for rank in range(tensor)]
+
+
+def _load_layer(path: Path, index: int, tensor: int, expected: dict) -> list[dict]:
+    import torch
+
+    shards = []
+    for file in layer_files(path, index, tensor):
+        if not file.is_file():
+            raise ConvertError(f"{path}: missing {file.name} (layer {index}, TP={tensor}); "
+                               "the checkpoint is incomplete or was not written by bsops' trainer")
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        if set(state) != set(expected):
+            raise ConvertError(f"{file}: holds {sorted(state)}; expected {sorted(expected)} "
+                               "(a model option GPT-2 cannot express, or another trainer's checkpoint)")
+        shards.append(state)
+    return shards
+
+
+def _merge(shards: list[dict], split: dict, where: str) -> dict:
+    """One full state dict from the TP ranks' shards: concatenated along the split dim, or the replicated copy."""
+    import torch
+
+    merged = {}
+    for name, dim in split.items():
+        parts = [s[name] for s in shards]
+        if dim is not None:
+            merged[name] = torch.cat(parts, dim=dim)
+            continue
+        for rank, part in enumerate(parts[1:], start=1):
+            if part.shape != parts[0].shape or not torch.allclose(part.float(), parts[0].float(), rtol=1e-3, atol=1e-5):
+                raise ConvertError(f"{where}: {name} should be replicated over TP ranks but rank {rank} differs "
+                                   "from rank 0; the checkpoint is inconsistent")
+        merged[name] = parts[0]
+    return merged
+
+
+def qkv_to_c_attn(weight, bias, num_heads: int) -> tuple:
+    """The trainer's fused QKV (3h, h) per-head [q k v] rows -> GPT-2's c_attn Conv1D weight (h, 3h) and bias (3h,)."""
+    three_h, h = weight.shape
+    head_size = three_h // (3 * num_heads)
+    w = weight.view(num_heads, 3, head_size, h).transpose(0, 1).reshape(three_h, h)  # [q heads, k heads, v heads]
+    b = bias.view(num_heads, 3, head_size).transpose(0, 1).reshape(three_h)
+    return w.t(), b
+
+
+def gpt2_tensors(path: Path, model: dict, tensor: int, vocab_size: int, dtype: str = "float32",
+                 progress: Callable[[int, int], None] | None = None) -> dict:
+    """The checkpoint at `path` (written with TP=`tensor`) as GPT2LMHeadModel's state dict, without the tied lm_head."""
+    import torch
+
+    target = getattr(torch, dtype)
+    layers = model["num_layers"]
+    total = layers + 2
+    out: dict = {}
+
+    def put(name: str, value) -> None:
+        out[name] = value.to(target).contiguous()
+
+    emb = _merge(_load_layer(path, 0, tensor, EMBEDDING_SPLIT), EMBEDDING_SPLIT, f"{path} layer 0")
+    words = emb["word_embeddings.weight"]
+    if words.shape[0] != model["padded_vocab_size"]:
+        raise ConvertError(f"{path}: word embedding has {words.shape[0]} rows; bsops.json says the padded "
+                           f"vocabulary is {model['padded_vocab_size']}")
+    put("transformer.wte.weight", words[:vocab_size])  # vocab padding removed
+    put("transformer.wpe.weight", emb["position_embeddings.weight"])
+    if progress:
+        progress(1, total)
+    for i in range(layers):
+        b = _merge(_load_layer(path, i + 1, tensor, BLOCK_SPLIT), BLOCK_SPLIT, f"{path} layer {i + 1}")
+        p = f"transformer.h.{i}."
+        put(p + "ln_1.weight", b["input_layernorm.weight"])
+        put(p + "ln_1.bias", b["input_layernorm.bias"])
+        c_attn_w, c_attn_b = qkv_to_c_attn(b["self_attention.query_key_value.weight"],
+                                           b["self_attention.query_key_value.bias"], model["num_attention_heads"])
+        put(p + "attn.c_attn.weight", c_attn_w)
+        put(p + "attn.c_attn.bias", c_attn_b)
+        put(p + "attn.c_proj.weight", b["self_attention.dense.weight"].t())
+        put(p + "attn.c_proj.bias", b["self_attention.dense.bias"])
+        put(p + "ln_2.weight", b["post_attention_layernorm.weight"])
+        put(p + "ln_2.bias", b["post_attention_layernorm.bias"])
+        put(p + "mlp.c_fc.weight", b["mlp.dense_h_to_4h.weight"].t())
+        put(p + "mlp.c_fc.bias", b["mlp.bias_h_to_4h"])
+        put(p + "mlp.c_proj.weight", b["mlp.dense_4h_to_h.weight"].t())
+        put(p + "mlp.c_proj.bias", b["mlp.dense_4h_to_h.bias"])
+        if progress:
+            progress(i + 2, total)
+    final = _merge(_load_layer(path, layers + 1, tensor, FINAL_NORM_SPLIT), FINAL_NORM_SPLIT, f"{path} layer {layers + 1}")
+    put("transformer.ln_f.weight", final["weight"])
+    put("transformer.ln_f.bias", final["bias"])
+    if progress:
+        progress(total, total)
+    return out
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def write_tokenizer(tokenizer, out: Path, model_max_length: int) -> tuple[list[str], int, int | None]:
+    """Copy the experiment's tokenizer (data.tokenizer) into `out` for AutoTokenizer: (files, size, EOD id)."""
+    out = Path(out)
+    if tokenizer.kind == "json":
+        src = Path(tokenizer.json_file)
+        _require_file(src, "data.tokenizer.json_file")
+        shutil.copyfile(src, out / "tokenizer.json")
+        data = json.loads(src.read_text(encoding="utf-8"))
+        vocab = dict(data.get("model", {}).get("vocab") or {})
+        vocab.update({t["content"]: t["id"] for t in data.get("added_tokens", [])})
+        files, cls = ["tokenizer.json"], "PreTrainedTokenizerFast"
+    else:
+        vocab_src, merges_src = Path(tokenizer.vocab_file), Path(tokenizer.merges_file)
+        _require_file(vocab_src, "data.tokenizer.vocab_file")
+        _require_file(merges_src, "data.tokenizer.merges_file")
+        shutil.copyfile(vocab_src, out / "vocab.json")
+        shutil.copyfile(merges_src, out / "merges.txt")
+        vocab = json.loads(vocab_src.read_text(encoding="utf-8"))
+        files, cls = ["vocab.json", "merges.txt"], "GPT2Tokenizer"
+    eod = vocab.get(EOD_TOKEN)
+    config = {"tokenizer_class": cls, "model_max_length": model_max_length, "add_prefix_space": False}
+    if eod is not None:
+        config.update(bos_token=EOD_TOKEN, eos_token=EOD_TOKEN, unk_token=EOD_TOKEN)
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    size = max(vocab.values(), default=-1) + 1
+    return files + ["tokenizer_config.json"], size, eod
+
+
+def _require_file(path: Path, field: str) -> None:
+    if not path.is_file():
+        raise ConvertError(f"{field}: {path} does not exist; the converted model needs the experiment's tokenizer")
+
+
+# ---------------------------------------------------------------- the whole conversion
+
+
+def convert(exp, out: Path, step: int | None = None, dtype: str = "float32", overwrite: bool = False,
+            progress: Callable[[int, int], None] | None = None) -> Conversion:
+    """Convert experiment `exp`'s checkpoint (`latest`, or `global_step<step>`) into the folder `out`."""
+    from safetensors.torch import save_file
+
+    tag, path, meta = select_checkpoint(Path(exp.paths.checkpoints), step)
+    model = meta.get("model")
+    trained = meta.get("experiment", {}).get("model", {})
+    tensor = meta.get("parallel", {}).get("tensor")
+    if not isinstance(model, dict) or "vocab_size" not in trained or not isinstance(tensor, int):
+        raise ConvertError(f"{path / META}: lacks model, experiment.model.vocab_size or parallel.tensor; "
+                           "not written by this version of bsops' trainer")
+    vocab_size = trained["vocab_size"]
+    gpt2_config(model, vocab_size, None, dtype)  # refuse what GPT-2 cannot express before reading any weights
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConvertError(f"output folder {out} is not empty; choose a new folder or allow overwriting")
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer_files, tokenizer_size, eod = write_tokenizer(exp.data.tokenizer, out, model["max_position_embeddings"])
+    if tokenizer_size > vocab_size:
+        raise ConvertError(f"data.tokenizer has {tokenizer_size} tokens but the checkpoint's model.vocab_size is "
+                           f"{vocab_size}; ids past {vocab_size - 1} would have no embedding. "
+                           "Use the tokenizer the model was trained with")
+    config = gpt2_config(model, vocab_size, eod, dtype)
+    tensors = gpt2_tensors(path, model, tensor, vocab_size, dtype, progress)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    source = {"experiment": getattr(exp, "name", None), "checkpoint": str(path), "iteration": meta.get("iteration"),
+              "consumed_tokens": meta.get("consumed_tokens"), "parallel": meta.get("parallel")}
+    (out / "bsops_conversion.json").write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
+    files = ["model.safetensors", "config.json", *tokenizer_files, "bsops_conversion.json"]
+    return Conversion(out=out, tag=tag, iteration=int(meta.get("iteration", TAG.fullmatch(tag).group(1))),
+                      config=config, files=files, num_parameters=sum(t.numel() for t in tensors.values()))
+
+
+def check_push(exp, remote: str | None = None) -> None:
+    """Refuse a push that has nowhere to go, before hours of conversion are spent."""
+    if not exp.hub.checkpoints_repo and remote is None:
+        raise ConvertError(f"{exp.name}: hub.checkpoints_repo is not set; set it in the experiment or give a remote URL")
+
+
+def push(exp, conversion: Conversion, remote: str | None = None) -> str:
+    """Upload the converted folder to hub.checkpoints_repo, one folder per step (global_stepN/): the commit sha,
+    or "unchanged"."""
+    check_push(exp, remote)
+    from bigscience_ops.ops.hubsync import publish_folder
+
+    return publish_folder(exp, conversion.out, conversion.tag, remote=remote)
