@@ -44,6 +44,9 @@ class ParallelConfig:
     pipeline: int = documented(1, "pipeline-parallel size (PP); must divide num_layers")
     zero_stage: Literal[0, 1] = documented(1, "DeepSpeed ZeRO stage for data parallelism")
     activation_checkpointing: bool = documented(False, "recompute transformer blocks in the backward pass")
+    collective_timeout_minutes: int = documented(
+        30, "a collective waiting this long aborts its process (a hung or dead peer ends the job instead of "
+            "holding it to the time limit); must exceed the longest checkpoint save or load a rank waits on")
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,8 @@ class AlertsConfig:
 @dataclass(frozen=True)
 class EstimateConfig:
     tflops_per_gpu: float = documented(45.0, "achieved TFLOPs per GPU used for the duration estimate")
+    peak_tflops: float | None = documented(
+        None, "dense bf16/fp16 peak TFLOPs of one GPU for MFU; detected for V100, A100, H100 and H200 when left out")
 
 
 @dataclass(frozen=True)
@@ -402,6 +407,10 @@ def _validate(exp: Experiment, src: str) -> None:
                           ("alerts.smtp_port", exp.alerts.smtp_port)]:
         _check(value >= 1, src, dotted, value, "must be a positive integer")
     _check(exp.estimate.tflops_per_gpu > 0, src, "estimate.tflops_per_gpu", exp.estimate.tflops_per_gpu, "must be positive")
+    _check(exp.estimate.peak_tflops is None or exp.estimate.peak_tflops > 0, src, "estimate.peak_tflops",
+           exp.estimate.peak_tflops, "must be positive, or left out to detect the GPU's peak")
+    _check(p.collective_timeout_minutes >= 1, src, "parallel.collective_timeout_minutes", p.collective_timeout_minutes,
+           "must be a positive integer")
     template = exp.hub.remote_template
     _check(template is None or template.count("{repo}") == 1 and "{" not in template.replace("{repo}", ""), src,
            "hub.remote_template", template, "a git URL with {repo} exactly once, e.g. file:///srv/mirror/{repo}.git")
@@ -442,7 +451,7 @@ def _build(name: str, raw: dict, origins: dict, source: str, root: Path) -> Expe
 def derive(exp: Experiment, root: Path, source: str = "") -> Experiment:
     """Fill every field left out that follows from others, and record which were filled."""
     from bigscience_ops.slurm import parse_time_limit  # light module: no torch
-    from bigscience_ops import plan
+    from bigscience_ops import sizing
 
     derived: list[str] = []
 
@@ -477,7 +486,7 @@ def derive(exp: Experiment, root: Path, source: str = "") -> Experiment:
     if backup.dest is not None:
         backup = dataclasses.replace(backup, dest=_resolve_path(backup.dest, root))
     exp = dataclasses.replace(exp, model=m, paths=paths, data=data, slurm=slurm, backup=backup)
-    params = plan.count_parameters(exp.model, exp.parallel.tensor).total
+    params = sizing.count_parameters(exp.model, exp.parallel.tensor).total
     ck = fill(exp.checkpoint, "checkpoint", exit_margin_mins=exit_margin_minutes(params),
               kill_switch_path=f"{output}/kill-switch")
     if ck.exit_duration_in_mins is None:
