@@ -1,0 +1,187 @@
+"""git and git-lfs for the Hub clones: one runner, the token passed per command, LFS tracking, pushes that retry.
+
+The token is never written anywhere and never appears in a process argument. Each git command
+gets, through its environment only, a credential helper (`GIT_CONFIG_KEY_n` / `GIT_CONFIG_VALUE_n`)
+that is a shell function printing `password=$<token_env>`: git and git-lfs ask it when the remote
+wants credentials, and the value stays in the environment of the git processes. The helpers
+configured elsewhere (a credential store that would save the token) are switched off the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigscience_ops.errors import BsopsError
+
+GIT_TIMEOUT_S = 1800  # a push of large LFS objects may take long; a hung one must still end
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+IDENTITY = {"GIT_AUTHOR_NAME": "bsops", "GIT_AUTHOR_EMAIL": "bsops@localhost",
+            "GIT_COMMITTER_NAME": "bsops", "GIT_COMMITTER_EMAIL": "bsops@localhost"}
+
+
+class GitError(BsopsError):
+    """A git or git-lfs command failed: carries argv, exit code and stderr (never the token)."""
+
+    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str, hint: str = "") -> None:
+        self.argv, self.returncode, self.stderr = list(argv), returncode, stderr
+        status = "timed out" if returncode is None else f"exited {returncode}"
+        text = f"`{' '.join(argv)}` {status}: {stderr.strip()[-2000:] or '(no stderr)'}"
+        super().__init__(text + (f". {hint}" if hint else ""))
+
+
+def credential_helper(token_env: str) -> str:
+    """The helper git runs as `sh -c`: answers `get` with the token read from the environment variable."""
+    if not _ENV_NAME.fullmatch(token_env):
+        raise GitError(["credential.helper"], 2, f"hub.token_env {token_env!r} is not an environment variable name")
+    return ('!f() { test "$1" = get || return 0; echo username=bsops; '
+            f'printf "password=%s\\n" "${{{token_env}}}"; }}; f')
+
+
+def git_env(token_env: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of every git command: identity, no prompts, and the token helper when a token is set."""
+    env = dict(os.environ if base is None else base)
+    env.update(IDENTITY)
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env["GCM_INTERACTIVE"] = "never"
+    # The clones only ever add files: LFS contents already pushed are never downloaded again.
+    env["GIT_LFS_SKIP_SMUDGE"] = "1"
+    pairs = [("credential.helper", "")]  # drops every helper configured elsewhere (a store would save the token)
+    if token_env and env.get(token_env):
+        pairs.append(("credential.helper", credential_helper(token_env)))
+    count = int(env.get("GIT_CONFIG_COUNT", "0") or 0)
+    for i, (key, value) in enumerate(pairs, start=count):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    env["GIT_CONFIG_COUNT"] = str(count + len(pairs))
+    return env
+
+
+@dataclass(frozen=True)
+class Git:
+    """git commands in one work tree, with the token helper in their environment."""
+
+    cwd: Path
+    token_env: str | None = None
+    timeout_s: float = GIT_TIMEOUT_S
+
+    def run(self, *args: str, check: bool = True, hint: str = "", extra_env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
+        argv = ["git", *args]
+        env = {**git_env(self.token_env), **(extra_env or {})}
+        token = env.get(self.token_env or "", "") if self.token_env else ""
+        try:
+            proc = subprocess.run(argv, cwd=self.cwd, env=env, capture_output=True, text=True, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise GitError(argv, None, _scrub(_text(exc.stderr), token), hint) from None
+        if check and proc.returncode != 0:
+            raise GitError(argv, proc.returncode, _scrub(proc.stderr, token), hint)
+        return proc
+
+    def out(self, *args: str) -> str:
+        return self.run(*args).stdout.strip()
+
+
+def _text(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
+def _scrub(text: str, token: str) -> str:
+    return text.replace(token, "<token>") if token else text
+
+
+def clone_or_open(remote: str, path: Path, token_env: str | None, branch: str = "main") -> Git:
+    """A clone of `remote` at `path` with LFS hooks and filters installed; an existing clone is reused as it is.
+
+    An empty remote gives a clone on `branch` with no commit yet.
+    """
+    path = Path(path)
+    if (path / ".git").is_dir():
+        git = Git(path, token_env)
+        url = git.out("remote", "get-url", "origin")
+        if url != remote:
+            raise GitError(["git", "remote", "get-url", "origin"], 0, f"the clone {path} pushes to {url!r}, not {remote!r}",
+                           "move the clone away (it is rebuilt from the remote) or pass the remote it was made for")
+        return git
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".cloning")
+    if tmp.exists():
+        _rmtree(tmp)
+    Git(path.parent, token_env).run("clone", "--quiet", "--", remote, str(tmp),
+                                    hint="check the remote URL and that the token in hub.token_env may read it")
+    git = Git(tmp, token_env)
+    git.run("lfs", "install", "--local", hint="install git-lfs (apt-get install git-lfs)")
+    if git.run("rev-parse", "--verify", "--quiet", "HEAD", check=False).returncode != 0:
+        git.run("symbolic-ref", "HEAD", f"refs/heads/{branch}")
+    tmp.rename(path)
+    return Git(path, token_env)
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
+
+
+def lfs_patterns(git: Git) -> set[str]:
+    """The patterns .gitattributes sends through the LFS filter."""
+    attributes = git.cwd / ".gitattributes"
+    if not attributes.is_file():
+        return set()
+    return {line.split()[0] for line in attributes.read_text(encoding="utf-8").splitlines()
+            if "filter=lfs" in line.split()[1:]}
+
+
+def track(git: Git, patterns: Sequence[str]) -> list[str]:
+    """`git lfs track` each pattern not tracked yet; returns the new ones."""
+    new = [p for p in patterns if p not in lfs_patterns(git)]
+    if new:
+        git.run("lfs", "track", "--", *new)
+    return new
+
+
+def lfs_pattern_for(relpath: str) -> str:
+    """A .gitattributes pattern matching exactly one file: rooted, with special characters escaped."""
+    return "/" + re.sub(r"([\[\]*?!\\ #])", r"\\\1", relpath)
+
+
+def has_changes(git: Git) -> bool:
+    return bool(git.out("status", "--porcelain", "--untracked-files=all"))
+
+
+def commit_all(git: Git, message: str) -> str | None:
+    """Stage everything (through the LFS filters) and commit; None when nothing changed."""
+    git.run("add", "--all")
+    if git.run("diff", "--cached", "--quiet", check=False).returncode == 0:
+        return None
+    git.run("commit", "--quiet", "--no-verify", "-m", message)
+    return git.out("rev-parse", "HEAD")
+
+
+def push(git: Git, attempts: int, backoff_s: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Push HEAD to origin's branch, rebasing onto what others pushed in between; returns the attempts used.
+
+    Waits backoff_s, 2 * backoff_s, ... between tries, and raises the last GitError after `attempts`.
+    """
+    branch = git.out("symbolic-ref", "--short", "HEAD")
+    for attempt in range(1, attempts + 1):
+        try:
+            git.run("push", "--quiet", "origin", f"HEAD:refs/heads/{branch}",
+                    hint="check the remote and that the token in hub.token_env may write to it")
+            return attempt
+        except GitError:
+            if attempt == attempts:
+                raise
+        sleep(backoff_s * 2 ** (attempt - 1))
+        if git.run("fetch", "--quiet", "origin", check=False).returncode == 0 and \
+                git.run("rev-parse", "--verify", "--quiet", f"refs/remotes/origin/{branch}", check=False).returncode == 0:
+            git.run("rebase", "--quiet", f"origin/{branch}", hint="the remote changed in a way that conflicts; "
+                    f"resolve it in the clone {git.cwd} or move the clone away")
+    raise AssertionError("unreachable")

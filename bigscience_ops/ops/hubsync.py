@@ -1,0 +1,266 @@
+"""Hub sync: keep a git clone per Hub repo under the run folder and push what the training wrote.
+
+`sync` mirrors the run's logs/, tensorboard/ and codecarbon/ folders into clones of hub.logs_repo,
+hub.tensorboard_repo and hub.codecarbon_repo (under <run>/hub/<what>/): it copies the files that
+changed, stores growing and large files with git-lfs (main_log.txt, TensorBoard event files,
+anything over hub.lfs_size_mb), commits only when something changed and pushes with retries. One
+flock per clone makes an overlapping run wait (up to wait_s) or skip; it never touches the clone
+while another run holds it. `publish_folder` puts one folder (a converted checkpoint) under a
+sub-folder of hub.checkpoints_repo's clone the same way: one folder per step, not one branch.
+
+The remote is the Hub (`$HF_ENDPOINT/<repo>`, created private when missing, with huggingface_hub),
+or any git remote: hub.remote_template with {repo}, or an explicit URL. The token comes from the
+environment variable hub.token_env and is handed to git per command (see gitlfs.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from bigscience_ops.config import Experiment
+from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops import gitlfs
+
+WHATS = ("logs", "tensorboard", "codecarbon")
+# Growing files go through LFS from the first byte, so history never holds their full copies.
+ALWAYS_LFS = {"logs": ("main_log.txt",), "tensorboard": ("*tfevents*",), "codecarbon": (),
+              "checkpoints": ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.h5", "*.msgpack", "*.onnx")}
+HUB_DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+class HubSyncError(BsopsError):
+    """A sync cannot run as asked: a missing repo setting, a bad --what, an unusable remote."""
+
+
+@dataclass
+class SyncResult:
+    """What one repo's sync did."""
+
+    what: str
+    repo: str
+    remote: str
+    clone: Path
+    copied: list[str] = field(default_factory=list)
+    lfs_patterns_added: list[str] = field(default_factory=list)
+    commit: str | None = None
+    push_attempts: int = 0
+    skipped: str | None = None
+
+    def describe(self) -> str:
+        if self.skipped:
+            return f"{self.what}: skipped: {self.skipped}"
+        pushed = f"; pushed ({self.push_attempts} attempt(s))" if self.push_attempts else ""
+        made = f"committed {self.commit[:12]}" if self.commit else "nothing new to commit"
+        return f"{self.what} -> {self.repo}: {len(self.copied)} file(s) copied, {made}{pushed}"
+
+
+def remote_for(exp: Experiment, repo: str, override: str | None = None) -> tuple[str, bool]:
+    """(git URL, whether it is the Hub) for one repo."""
+    if override:
+        return override, False
+    if exp.hub.remote_template:
+        return exp.hub.remote_template.replace("{repo}", repo), False
+    endpoint = os.environ.get("HF_ENDPOINT", HUB_DEFAULT_ENDPOINT).rstrip("/")
+    return f"{endpoint}/{repo}", True
+
+
+def ensure_hub_repo(exp: Experiment, repo: str) -> None:
+    """Create the repo on the Hub when missing (private unless hub.private is false)."""
+    from huggingface_hub import HfApi  # lazy: only Hub remotes need it
+
+    token = os.environ.get(exp.hub.token_env)
+    if not token:
+        raise HubSyncError(f"environment variable {exp.hub.token_env} (hub.token_env) is not set; export a Hub token "
+                           f"with write access to {repo!r} in it, or set hub.remote_template for another git remote")
+    try:
+        HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=token).create_repo(
+            repo, private=exp.hub.private, exist_ok=True)
+    except Exception as exc:  # huggingface_hub raises many types; the message matters here
+        raise HubSyncError(f"could not create or find Hub repo {repo!r}: {str(exc).replace(token, '<token>')}") from None
+
+
+def run_dir(exp: Experiment) -> Path:
+    if not exp.paths.output:
+        raise HubSyncError(f"experiment {exp.name!r} has no paths.output; load it through bsops so paths are derived")
+    return Path(exp.paths.output)
+
+
+def clone_path(exp: Experiment, what: str) -> Path:
+    return run_dir(exp) / "hub" / what
+
+
+@contextmanager
+def locked(lock_file: Path, wait_s: float) -> Iterator[bool]:
+    """flock on `lock_file`: yields True once held, False when another process held it for wait_s seconds."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a+") as handle:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def copy_changed(src: Path, dst: Path) -> list[str]:
+    """Copy each file of src whose size or mtime differs from its copy in dst; returns the relative paths."""
+    copied = []
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if not path.is_file() or path.is_symlink() or rel.parts[0] in (".git", ".gitattributes"):
+            continue
+        target = dst / rel
+        stat = path.stat()
+        if target.is_file():
+            have = target.stat()
+            if have.st_size == stat.st_size and have.st_mtime_ns == stat.st_mtime_ns:
+                continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.bsops-tmp")
+        shutil.copy2(path, tmp)
+        os.replace(tmp, target)
+        copied.append(rel.as_posix())
+    return copied
+
+
+def large_files(root: Path, limit_mb: float) -> list[str]:
+    limit = limit_mb * 1024 * 1024
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                  if p.is_file() and ".git" not in p.relative_to(root).parts and p.stat().st_size > limit)
+
+
+def _unpushed(git: gitlfs.Git) -> bool:
+    if git.run("rev-parse", "--verify", "--quiet", "HEAD", check=False).returncode != 0:
+        return False  # no commit at all
+    branch = git.out("symbolic-ref", "--short", "HEAD")
+    upstream = f"refs/remotes/origin/{branch}"
+    if git.run("rev-parse", "--verify", "--quiet", upstream, check=False).returncode != 0:
+        return True
+    return git.out("rev-list", "--count", f"{upstream}..HEAD") != "0"
+
+
+def _commit_and_push(exp: Experiment, git: gitlfs.Git, what: str, message: str, backoff_s: float,
+                     result: SyncResult) -> None:
+    patterns = list(ALWAYS_LFS[what]) + [gitlfs.lfs_pattern_for(p) for p in large_files(git.cwd, exp.hub.lfs_size_mb)]
+    result.lfs_patterns_added = gitlfs.track(git, patterns)
+    result.commit = gitlfs.commit_all(git, message)
+    if _unpushed(git):  # this commit, or one an earlier run could not push
+        result.push_attempts = gitlfs.push(git, exp.hub.push_attempts, backoff_s)
+
+
+def _open_clone(exp: Experiment, what: str, repo: str, remote: str | None) -> tuple[gitlfs.Git, str]:
+    url, is_hub = remote_for(exp, repo, remote)
+    path = clone_path(exp, what)
+    if is_hub and not (path / ".git").is_dir():
+        ensure_hub_repo(exp, repo)
+    return gitlfs.clone_or_open(url, path, exp.hub.token_env), url
+
+
+def _repo_name(exp: Experiment, what: str, remote: str | None) -> str:
+    repo = getattr(exp.hub, f"{what}_repo")
+    if repo:
+        return repo
+    if remote:
+        return f"{exp.name}-{what}"
+    raise HubSyncError(f"hub.{what}_repo is not set for {exp.name!r}; set it in the experiment, or pass --remote URL")
+
+
+def selected(exp: Experiment, what: Sequence[str] | None, remote: str | None) -> list[str]:
+    """The kinds to sync: those asked for, else every kind with a configured repo."""
+    if what:
+        unknown = [w for w in what if w not in WHATS]
+        if unknown:
+            raise HubSyncError(f"--what: got {', '.join(unknown)}; allowed: {', '.join(WHATS)}")
+        chosen = list(dict.fromkeys(what))
+    else:
+        chosen = [w for w in WHATS if getattr(exp.hub, f"{w}_repo")]
+        if not chosen:
+            raise HubSyncError(f"{exp.name!r} sets none of hub.logs_repo, hub.tensorboard_repo, hub.codecarbon_repo; "
+                               "set them, or pass --what with --remote URL")
+    if remote and len(chosen) != 1:
+        raise HubSyncError(f"--remote pushes one repo: got --what {','.join(chosen) or '(all)'}; pass exactly one of "
+                           f"{', '.join(WHATS)}")
+    return chosen
+
+
+def sync(exp: Experiment, what: Sequence[str] | None = None, remote: str | None = None, wait_s: float = 0.0,
+         backoff_s: float = 10.0) -> list[SyncResult]:
+    """Sync each selected kind; one result per repo."""
+    return [sync_one(exp, w, remote, wait_s, backoff_s) for w in selected(exp, what, remote)]
+
+
+def sync_one(exp: Experiment, what: str, remote: str | None = None, wait_s: float = 0.0,
+             backoff_s: float = 10.0) -> SyncResult:
+    repo = _repo_name(exp, what, remote)
+    src = Path(getattr(exp.paths, what))
+    path = clone_path(exp, what)
+    url = remote or remote_for(exp, repo)[0]
+    result = SyncResult(what, repo, url, path)
+    with locked(path.with_name(f"{what}.lock"), wait_s) as held:
+        if not held:
+            result.skipped = f"another sync of {path} has held its lock for {wait_s:g} s; this run leaves it alone"
+            return result
+        git, result.remote = _open_clone(exp, what, repo, remote)
+        if src.is_dir():
+            result.copied = copy_changed(src, path)
+        elif not _unpushed(git):
+            result.skipped = f"{src} does not exist yet"
+            return result
+        now = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
+        _commit_and_push(exp, git, what, f"{what} of {exp.name} at {now}: {len(result.copied)} file(s)",
+                         backoff_s, result)
+    return result
+
+
+def _check_subdir(dest_subdir: str) -> PurePosixPath:
+    sub = PurePosixPath(dest_subdir)
+    if not dest_subdir or sub.is_absolute() or any(part in ("..", ".", ".git", "") for part in sub.parts):
+        raise HubSyncError(f"dest_subdir: got {dest_subdir!r}; allowed: a relative folder such as 'global_step1000', "
+                           "without '..', '.' or '.git'")
+    return sub
+
+
+def publish_folder(experiment: Experiment, src: Path, dest_subdir: str, *, remote: str | None = None,
+                   wait_s: float = 600.0, backoff_s: float = 10.0) -> str:
+    """Put the files of `src` under `dest_subdir` of hub.checkpoints_repo and push.
+
+    The sub-folder is replaced as a whole (files no longer in src are removed); large files and
+    model weights go through git-lfs. Returns the new commit's sha, or "unchanged".
+    """
+    sub = _check_subdir(dest_subdir)
+    src = Path(src)
+    if not src.is_dir():
+        raise HubSyncError(f"publish: {src} is not a folder")
+    repo = _repo_name(experiment, "checkpoints", remote)
+    path = clone_path(experiment, "checkpoints")
+    with locked(path.with_name("checkpoints.lock"), wait_s) as held:
+        if not held:
+            raise HubSyncError(f"another upload has held the lock on {path} for {wait_s:g} s; try again when it is done")
+        git, _url = _open_clone(experiment, "checkpoints", repo, remote)
+        target = path.joinpath(*sub.parts)
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        copy_changed(src, target)
+        result = SyncResult("checkpoints", repo, _url, path)
+        _commit_and_push(experiment, git, "checkpoints", f"{sub} of {experiment.name}", backoff_s, result)
+    return result.commit or "unchanged"

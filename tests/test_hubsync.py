@@ -1,0 +1,242 @@
+"""Hub sync with real git and git-lfs against local bare remotes: LFS objects, retries, locking, the token."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops.errors import ConfigError
+from bigscience_ops.ops import gitlfs, hubsync
+from tests.fixtures_git import bare_remote, blob_at, git, git_lfs, hub_experiment, lfs_object, lfs_oid  # noqa: F401
+from tests.fixtures_slurm import wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_run(run: Path) -> None:
+    (run / "logs").mkdir(parents=True, exist_ok=True)
+    (run / "logs" / "main_log.txt").write_text("iteration 1/ 10 | lm loss: 9.1\n")
+    (run / "logs" / "notes.txt").write_text("a small file stays a plain git blob\n")
+    (run / "logs" / "big.dump").write_bytes(os.urandom(20_000))  # over lfs_size_mb = 0.01 (10 kB)
+    (run / "tensorboard").mkdir(parents=True, exist_ok=True)
+    (run / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"\x00event" * 10)
+
+
+def test_sync_pushes_lfs_objects_and_commits_only_changes(git_lfs, tmp_path: Path) -> None:
+    run, remotes = tmp_path / "run", tmp_path / "remotes"
+    logs, tb = bare_remote(remotes, "bs/tiny-logs"), bare_remote(remotes, "bs/tiny-tensorboard")
+    _write_run(run)
+    exp = hub_experiment(run, remotes)
+
+    results = hubsync.sync(exp)
+    assert [r.what for r in results] == ["logs", "tensorboard"]
+    assert sorted(results[0].copied) == ["big.dump", "main_log.txt", "notes.txt"]
+    assert all(r.commit and r.push_attempts == 1 for r in results)
+    for bare, name, source in [(logs, "main_log.txt", run / "logs" / "main_log.txt"),
+                               (logs, "big.dump", run / "logs" / "big.dump"),
+                               (tb, "events.out.tfevents.1.host", run / "tensorboard" / "events.out.tfevents.1.host")]:
+        oid = lfs_oid(blob_at(bare, name))
+        assert oid == _sha(source), name
+        assert lfs_object(bare, oid).read_bytes() == source.read_bytes()
+    assert blob_at(logs, "notes.txt") == (run / "logs" / "notes.txt").read_bytes()
+
+    again = hubsync.sync(exp)
+    assert [(r.copied, r.commit, r.push_attempts) for r in again] == [([], None, 0), ([], None, 0)]
+    assert git("--git-dir", str(logs), "rev-list", "--count", "main").strip() == "1"
+
+    with open(run / "logs" / "main_log.txt", "a") as handle:
+        handle.write("iteration 2/ 10 | lm loss: 8.7\n")
+    logs_only = hubsync.sync(exp, what=["logs"])
+    assert logs_only[0].copied == ["main_log.txt"] and logs_only[0].commit
+    assert git("--git-dir", str(logs), "rev-parse", "main").strip() == logs_only[0].commit
+    oid = lfs_oid(blob_at(logs, "main_log.txt"))
+    assert lfs_object(bare=logs, oid=oid).read_text().count("iteration") == 2
+
+
+def test_push_retries_and_an_unpushed_commit_goes_next_time(git_lfs, tmp_path: Path) -> None:
+    run, remotes = tmp_path / "run", tmp_path / "remotes"
+    bare = bare_remote(remotes, "bs/tiny-logs")
+    refusals = tmp_path / "refusals"
+    refusals.write_text("2")
+    hook = bare / "hooks" / "pre-receive"
+    # Refuses as many pushes as the counter file says, then accepts.
+    hook.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        n=$(cat {refusals})
+        if [ "$n" -gt 0 ]; then echo $((n - 1)) > {refusals}; echo "refused on purpose" >&2; exit 1; fi
+        cat > /dev/null
+        """))
+    hook.chmod(0o755)
+    _write_run(run)
+    exp = hub_experiment(run, remotes, push_attempts=2)
+
+    with pytest.raises(gitlfs.GitError) as failed:
+        hubsync.sync(exp, what=["logs"], backoff_s=0)
+    assert failed.value.returncode not in (0, None) and failed.value.argv[:2] == ["git", "push"]
+    assert "refused on purpose" in failed.value.stderr
+    assert subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "--verify", "-q", "main"],
+                          capture_output=True, timeout=60).returncode != 0
+
+    refusals.write_text("1")
+    result = hubsync.sync(exp, what=["logs"], backoff_s=0)[0]
+    assert result.copied == [] and result.commit is None and result.push_attempts == 2
+    clone_head = git("rev-parse", "HEAD", cwd=hubsync.clone_path(exp, "logs")).strip()
+    assert git("--git-dir", str(bare), "rev-parse", "main").strip() == clone_head
+
+
+def _gate_hook(bare: Path, gate: Path) -> None:
+    """A pre-receive hook that keeps the push running until the test creates gate/release."""
+    gate.mkdir()
+    hook = bare / "hooks" / "pre-receive"
+    hook.write_text(f"#!/bin/sh\ntouch {gate}/started\nwhile [ ! -e {gate}/release ]; do sleep 0.2; done\ncat >/dev/null\n")
+    hook.chmod(0o755)
+
+
+_SYNC = """
+import dataclasses, json, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from tests.fixtures_git import hub_experiment
+from bigscience_ops.ops import hubsync
+exp = hub_experiment(Path({run!r}), Path({remotes!r}))
+result = hubsync.sync(exp, what=["logs"], wait_s={wait})[0]
+print(json.dumps({{"skipped": result.skipped, "commit": result.commit, "copied": result.copied}}))
+"""
+
+
+def _start_sync(run: Path, remotes: Path, wait: float, env: dict) -> subprocess.Popen:
+    code = _SYNC.format(repo=str(REPO), run=str(run), remotes=str(remotes), wait=wait)
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO)
+
+
+def _argv_of_all_processes() -> list[bytes]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                out.append((entry / "cmdline").read_bytes())
+            except OSError:
+                pass
+    return out
+
+
+def test_overlapping_syncs_and_the_token_never_leaks(git_lfs, tmp_path: Path) -> None:
+    run, remotes, gate = tmp_path / "run", tmp_path / "remotes", tmp_path / "gate"
+    bare = bare_remote(remotes, "bs/tiny-logs")
+    _gate_hook(bare, gate)
+    _write_run(run)
+    token = "hf_" + os.urandom(12).hex()
+    env = {**os.environ, "HF_TOKEN": token}
+
+    first = _start_sync(run, remotes, wait=0, env=env)
+    try:
+        wait_until("the first sync's push to reach the remote", lambda: (gate / "started").exists(), timeout=120)
+        # While that push runs: no process carries the token in its arguments.
+        argvs = _argv_of_all_processes()
+        assert any(b"receive-pack" in a or b"pre-receive" in a for a in argvs)
+        assert not [a for a in argvs if token.encode() in a]
+        # A second run does not wait: it skips and leaves the clone alone; a third one waits its turn.
+        skipped = _start_sync(run, remotes, wait=0, env=env)
+        out, err = skipped.communicate(timeout=120)
+        assert skipped.returncode == 0, err
+        assert '"skipped": "another sync' in out and '"commit": null' in out
+        with open(run / "logs" / "main_log.txt", "a") as handle:
+            handle.write("iteration 2/ 10 | lm loss: 8.7\n")
+        third = _start_sync(run, remotes, wait=300, env=env)
+    finally:
+        (gate / "release").touch()
+    out1, err1 = first.communicate(timeout=300)
+    out3, err3 = third.communicate(timeout=300)
+    assert first.returncode == 0 and third.returncode == 0, err1 + err3
+    assert '"main_log.txt"' in out3 and '"commit": null' not in out3
+
+    clone = hubsync.clone_path(hub_experiment(run, remotes), "logs")
+    assert subprocess.run(["git", "fsck", "--strict"], cwd=clone, capture_output=True, timeout=120).returncode == 0
+    assert git("status", "--porcelain", cwd=clone) == ""
+    assert git("rev-parse", "HEAD", cwd=clone) == git("--git-dir", str(bare), "rev-parse", "main")
+    oid = lfs_oid(blob_at(bare, "main_log.txt"))
+    assert lfs_object(bare, oid).read_bytes() == (run / "logs" / "main_log.txt").read_bytes()
+
+    # The token is in no file under the clone, no commit, no file of the remote.
+    for root in (clone, bare, run / "hub"):
+        for path in Path(root).rglob("*"):
+            if path.is_file():
+                assert token.encode() not in path.read_bytes(), path
+    history = git("log", "--all", "-p", "--format=%H %an %ae %s %b", cwd=clone)
+    assert token not in history and token not in out1 + err1 + out3 + err3
+
+
+def test_the_credential_helper_hands_the_token_to_git_through_the_environment(git_lfs, tmp_path: Path) -> None:
+    token = "hf_" + os.urandom(12).hex()
+    env = gitlfs.git_env("MY_HUB_TOKEN", {**os.environ, "MY_HUB_TOKEN": token, "HOME": str(tmp_path)})
+    assert not any(token in value for key, value in env.items() if key != "MY_HUB_TOKEN")
+    proc = subprocess.run(["git", "credential", "fill"], input="protocol=https\nhost=hub.example\n\n", env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert f"password={token}" in proc.stdout.splitlines()
+    # Without the variable there is no helper: git would fail instead of prompting.
+    bare_env = gitlfs.git_env("MY_HUB_TOKEN", {**os.environ, "HOME": str(tmp_path)})
+    assert gitlfs.credential_helper("MY_HUB_TOKEN") not in bare_env.values()
+    with pytest.raises(gitlfs.GitError):
+        gitlfs.credential_helper("MY TOKEN; rm -rf /")
+
+
+def test_publish_folder_one_folder_per_step_on_one_branch(git_lfs, tmp_path: Path) -> None:
+    run, remotes = tmp_path / "run", tmp_path / "remotes"
+    bare = bare_remote(remotes, "bs/tiny-checkpoints")
+    exp = hub_experiment(run, remotes)
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "model.safetensors").write_bytes(os.urandom(3000))
+    (src / "config.json").write_text('{"n_layer": 2}\n')
+
+    sha = hubsync.publish_folder(exp, src, "global_step10")
+    assert sha == git("--git-dir", str(bare), "rev-parse", "main").strip()
+    oid = lfs_oid(blob_at(bare, "global_step10/model.safetensors"))
+    assert oid == _sha(src / "model.safetensors") and lfs_object(bare, oid).is_file()
+    assert blob_at(bare, "global_step10/config.json") == b'{"n_layer": 2}\n'
+    assert hubsync.publish_folder(exp, src, "global_step10") == "unchanged"
+
+    (src / "config.json").write_text('{"n_layer": 2, "step": 20}\n')
+    hubsync.publish_folder(exp, src, "global_step20")
+    tree = git("--git-dir", str(bare), "ls-tree", "-r", "--name-only", "main").split()
+    assert {"global_step10/config.json", "global_step20/config.json", "global_step20/model.safetensors"} <= set(tree)
+    assert git("--git-dir", str(bare), "for-each-ref", "--format=%(refname)").split() == ["refs/heads/main"]
+    with pytest.raises(hubsync.HubSyncError):
+        hubsync.publish_folder(exp, src, "../escape")
+
+
+def test_remote_choices_are_checked(tmp_path: Path) -> None:
+    exp = hub_experiment(tmp_path / "run", tmp_path / "remotes")
+    with pytest.raises(hubsync.HubSyncError):
+        hubsync.selected(exp, ["logs", "tensorboard"], "file:///srv/x.git")
+    with pytest.raises(hubsync.HubSyncError):
+        hubsync.selected(exp, ["weights"], None)
+    none = dataclasses.replace(exp, hub=dataclasses.replace(exp.hub, logs_repo=None, tensorboard_repo=None))
+    with pytest.raises(hubsync.HubSyncError):
+        hubsync.selected(none, None, None)
+    assert hubsync.selected(none, ["logs"], "file:///srv/x.git") == ["logs"]
+    assert hubsync.remote_for(exp, "bs/tiny-logs") == (f"file://{tmp_path / 'remotes'}/bs/tiny-logs.git", False)
+    hub = dataclasses.replace(exp, hub=dataclasses.replace(exp.hub, remote_template=None))
+    assert hubsync.remote_for(hub, "bs/tiny-logs")[1] is True
+
+
+def test_config_rejects_a_template_without_repo(trainings: Path) -> None:
+    from bigscience_ops.config import load_experiment
+
+    (trainings / "mirror.yaml").write_text("base: tiny\nhub: {remote_template: 'file:///srv/mirror.git'}\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment("mirror", trainings)
+    assert err.value.field == "hub.remote_template"
