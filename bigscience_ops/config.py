@@ -130,6 +130,8 @@ class DataConfig:
     split: str = documented("949,50,1", "train,valid,test proportions")
     tokenizer: TokenizerConfig = documented(factory=TokenizerConfig, doc="tokenizer files")
     num_workers: int = documented(2, "data loader workers")
+    cache_dir: str | None = documented(
+        None, "folder for the dataset index files (.npy); default: beside each dataset, which must then be writable")
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,8 @@ class SlurmConfig:
     partition: str | None = documented(None, "--partition")
     account: str | None = documented(None, "--account")
     constraint: str | None = documented(None, "--constraint")
+    gpu_memory_gb: float | None = documented(
+        None, "memory of one GPU in GB as sold (32 for a V100-32GB); default: known from constraint (v100-32g, a100-80g, h100, ...)")
     qos: str | None = documented(None, "--qos")
     time: str = documented("20:00:00", "--time of each array task")
     nodes: int = documented(1, "--nodes")
@@ -407,6 +411,8 @@ def _validate(exp: Experiment, src: str) -> None:
                           ("alerts.smtp_port", exp.alerts.smtp_port)]:
         _check(value >= 1, src, dotted, value, "must be a positive integer")
     _check(exp.estimate.tflops_per_gpu > 0, src, "estimate.tflops_per_gpu", exp.estimate.tflops_per_gpu, "must be positive")
+    _check(exp.slurm.gpu_memory_gb is None or exp.slurm.gpu_memory_gb > 0, src, "slurm.gpu_memory_gb",
+           exp.slurm.gpu_memory_gb, "must be positive (GB of one GPU), or left out")
     _check(exp.estimate.peak_tflops is None or exp.estimate.peak_tflops > 0, src, "estimate.peak_tflops",
            exp.estimate.peak_tflops, "must be positive, or left out to detect the GPU's peak")
     _check(p.collective_timeout_minutes >= 1, src, "parallel.collective_timeout_minutes", p.collective_timeout_minutes,
@@ -476,6 +482,7 @@ def derive(exp: Experiment, root: Path, source: str = "") -> Experiment:
         tokenizer=dataclasses.replace(exp.data.tokenizer, **{
             k: _resolve_path(v, root) for k in ("vocab_file", "merges_file", "json_file")
             if (v := getattr(exp.data.tokenizer, k)) is not None}),
+        cache_dir=None if exp.data.cache_dir is None else _resolve_path(exp.data.cache_dir, root),
     )
     slurm = fill(exp.slurm, "slurm", job_name=exp.name)
     try:
