@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import shutil
@@ -17,6 +18,7 @@ from bigscience_ops import slurm
 from bigscience_ops.ops import cron
 from bigscience_ops.cli import main
 from tests.fixtures_slurm import wait_until
+from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
 
 
 def test_next_boundary_is_on_the_hour() -> None:
@@ -50,15 +52,6 @@ def test_runner_and_status_job_scripts_are_valid_bash(tmp_path: Path) -> None:
     assert "#SBATCH --job-name=tr1-13B-slurm-status\n" in status_job.read_text()
     assert "bsops status tr1-13B --trainings-dir" in status_job.read_text()
     assert subprocess.run(["bash", "-n", str(status_job)], timeout=30).returncode == 0
-
-
-def test_scrontab_entries(tmp_path: Path) -> None:
-    text = cron.scrontab_text(tmp_path, cron.CronSettings(account="six@cpu"))
-    lines = text.splitlines()
-    assert "#SCRON --job-name=bsops-cron-hourly" in lines and "#SCRON --account=six@cpu" in lines
-    hourly = [line for line in lines if line.startswith("0 * * * * ")]
-    assert hourly and hourly[0].endswith(f"bsops cron run hourly --cron-dir {tmp_path.resolve()} --no-rearm")
-    assert any(line.startswith("0 0 * * * ") for line in lines)
 
 
 def test_cron_settings_reject_unknown_keys(tmp_path: Path) -> None:
@@ -136,9 +129,72 @@ def test_a_failed_submission_is_logged_as_alert(cron_dir: Path, slurm_cluster) -
     assert "***ALERT: cron.hourly: submitting" in (cron_dir / "logs" / "cron.hourly.log").read_text()
 
 
-def test_scrontab_client_absence_is_reported(tmp_path: Path, monkeypatch) -> None:
-    if shutil.which("scrontab"):
-        pytest.skip("this machine has a scrontab client")
-    result = CliRunner().invoke(main, ["cron", "install", "--scrontab", "--cron-dir", str(tmp_path)])
-    assert result.exit_code == 0 and "no scrontab client" in result.output
-    assert (tmp_path / "runners" / "bsops.scrontab").is_file()
+
+
+# squeue that fails on its first call, as a controller under load answers, then is the real one.
+FLAKY_SQUEUE = """#!/bin/bash
+if mkdir "$(dirname "$0")/failed-once" 2>/dev/null; then
+    echo "squeue: error: slurm_load_jobs error: Socket timed out on send/recv operation" >&2
+    exit 1
+fi
+exec {real} "$@"
+"""
+
+
+@pytest.mark.slurm
+def test_a_failing_squeue_is_emailed_and_the_chain_survives(cron_dir: Path, slurm_cluster, plain_server,  # noqa: F811
+                                                           tmp_path: Path) -> None:
+    inbox, port = plain_server
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "squeue").write_text(FLAKY_SQUEUE.format(real=shutil.which("squeue")))
+    (shims / "squeue").chmod(0o755)
+    with open(cron_dir / "cron.yaml", "a") as handle:
+        handle.write(f"env_setup: ['export PATH={shims}:$PATH']\n"
+                     f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
+                     f"smtp_port: {port}, smtp_security: none}}\n")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (cron_dir / "cron.hourly" / "touch.slurm").write_text(
+        f"#!/bin/bash\n#SBATCH --job-name={slurm_cluster.prefix}-touch\n#SBATCH --time=1\n#SBATCH --output=/dev/null\n"
+        f"touch {marks}/$SLURM_JOB_ID\n")
+    cron.install(cron_dir, period_seconds=4, periods=("hourly",))
+    log = cron.log_path(cron_dir, "hourly")
+    wait_until("three runner passes", lambda: log.exists() and log.read_text().count("pass done") >= 3, timeout=120)
+    text = log.read_text()
+    # The first pass could not ask Slurm: it said so and emailed, and the chain went on.
+    assert text.count("***ALERT: cron.hourly: squeue failed") == 1, text
+    assert text.count("re-armed") >= 3
+    [mail] = inbox.messages
+    assert "squeue" in mail["Subject"] and "Socket timed out" in mail.get_content()
+    wait_until("the folder job ran in a later pass", lambda: list(marks.iterdir()), timeout=60)
+    states = {s.name: s for s in cron.chains(cron_dir)}
+    assert states[cron.runner_name("hourly", f"{slurm_cluster.prefix}-cron")].jobs
+
+
+def test_cron_status_alerts_on_a_chain_that_missed_its_period(tmp_path: Path) -> None:
+    from bigscience_ops.slurm import Job
+
+    (tmp_path / "cron.yaml").write_text("name_prefix: c\n")
+    settings = cron.load_settings(tmp_path)
+    cron.write_runner(cron.render_runner(tmp_path, "hourly", settings, period_seconds=60))
+    cron.write_runner(cron.render_runner(tmp_path, "daily", settings))
+    now = dt.datetime(2026, 11, 22, 12, 0, 0).astimezone()
+    due = now - dt.timedelta(minutes=3)
+    late = Job(job_id="12", array_job_id="12", array_task=None, name="c-hourly", user="u", state="PENDING",
+               reason="Priority", partition="p", num_nodes=1, nodes="", elapsed_s=0, time_limit_min=20,
+               start_time=due.replace(tzinfo=None), submit_time=None, dependency=None)
+    on_time = dataclasses.replace(late, job_id="13", array_job_id="13", name="c-daily",
+                                  start_time=(now + dt.timedelta(hours=5)).replace(tzinfo=None))
+    states = {s.name: s for s in cron.chains(tmp_path, jobs=[late, on_time], now=now)}
+    assert [p for p in states["c-hourly"].problems if "missed its period" in p]
+    assert states["c-daily"].problems == ()
+    # The last pass logged long ago is a missed period too, and a missing chain is named.
+    log = cron.log_path(tmp_path, "daily")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("[2026-11-19 00:00:00] pass done\n")
+    old = (now - dt.timedelta(days=3)).timestamp()
+    os.utime(log, (old, old))
+    states = {s.name: s for s in cron.chains(tmp_path, jobs=[on_time], now=now)}
+    assert len(states["c-daily"].problems) == 1 and "last pass" in states["c-daily"].problems[0]
+    assert len(states["c-hourly"].problems) == 1 and "not queued" in states["c-hourly"].problems[0]

@@ -3,6 +3,7 @@ the status watchdog reports for real running, pending, held, never-starting, mis
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,7 +88,10 @@ def test_status_reports_real_jobs(slurm_cluster: SlurmCluster, tmp_path: Path) -
     report = status.check(f"{p}-dependency", timeout=30)
     assert report.exit_code == status.EXIT_HEALTHY and f"afterany:{running}" in report.lines[0]
     report = status.check(f"{p}-begin", timeout=30)
-    assert report.exit_code == status.EXIT_HEALTHY and "scheduled to start in 0:5" in report.lines[0]
+    assert report.exit_code == status.EXIT_HEALTHY, report.lines
+    # An hour from submission, less the seconds since: 1:00:00 when checked in the submission's second.
+    wait = re.search(r"scheduled to start in (\S+) ", report.lines[0])
+    assert wait and 3600 - 120 <= slurm.parse_duration(wait.group(1)) <= 3600, report.lines[0]
 
     for key, reason in (("held", "JobHeldUser"), ("down", "PartitionDown"), ("never", "DependencyNeverSatisfied")):
         report = status.check(f"{p}-{key}", timeout=30)

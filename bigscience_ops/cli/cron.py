@@ -26,16 +26,20 @@ def cron() -> None:
 @cron_dir_option
 @click.option("--period-seconds", type=click.IntRange(min=1), default=None,
               help="Re-arm every N seconds instead of hourly/daily (for testing a chain).")
-@click.option("--scrontab", "use_scrontab", is_flag=True, help="Write scrontab entries instead of runner jobs.")
+@click.option("--scrontab", "use_scrontab", is_flag=True,
+              help="Merge the runs into your scrontab as one marked block instead of runner jobs.")
 def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab: bool) -> None:
     """Submit the hourly and daily runner jobs, unless their chains are already queued."""
     from bigscience_ops.ops import cron as cronlib
 
     cron_dir = cron_dir or default_cron_dir()
     if use_scrontab:
-        path, installed = cronlib.install_scrontab(cron_dir)
-        click.echo(f"wrote {path}" + ("; installed with scrontab" if installed else
-                                      f"; this machine has no scrontab client: run `scrontab {path}` on a login node"))
+        from bigscience_ops.ops import scrontab
+
+        path, installed = scrontab.install(cron_dir)
+        click.echo(f"wrote {path}" + ("; merged into your scrontab (your other entries are kept)" if installed else
+                                      "; this machine has no scrontab client: on a login node, add this block "
+                                      "with `scrontab -e`"))
         return
     for line in cronlib.install(cron_dir, period_seconds):
         click.echo(line)
@@ -44,13 +48,13 @@ def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab
 @cron.command("status")
 @cron_dir_option
 def cron_status(cron_dir: Path | None) -> None:
-    """Show each runner chain and its next run; exit 1 when a chain is missing."""
+    """Show each runner chain and its next run; exit 1 when a chain is missing, forked or missed its period."""
     from bigscience_ops.ops import cron as cronlib
 
     states = cronlib.chains(cron_dir or default_cron_dir())
     for state in states:
         click.echo(state.describe())
-    if any(not state.jobs for state in states):
+    if any(state.problems for state in states):
         sys.exit(EXIT_PROBLEMS)
 
 
@@ -78,14 +82,19 @@ def cron_add(exp: str, cron_dir: Path | None, trainings_dir: Path | None) -> Non
               help="This runner's script, re-submitted for the next period first.")
 @click.option("--period-seconds", type=click.IntRange(min=1), default=None)
 @click.option("--no-rearm", is_flag=True, help="Do not re-arm (scrontab runs the schedule).")
-def cron_run(period: str, cron_dir: Path | None, runner: Path | None, period_seconds: int | None, no_rearm: bool) -> None:
-    """One runner pass: re-arm, then submit every job of the folder not already queued."""
+@click.option("--rearmed", default=None, help="The job id the runner script re-armed the chain as.")
+@click.option("--rearmed-for", default=None, help="The --begin of that job.")
+@click.option("--rearm-error", default=None, help="Why the runner script could not re-arm (logged and emailed).")
+def cron_run(period: str, cron_dir: Path | None, runner: Path | None, period_seconds: int | None, no_rearm: bool,
+             rearmed: str | None, rearmed_for: str | None, rearm_error: str | None) -> None:
+    """One runner pass after the script re-armed: submit every job of the folder not already queued."""
     import os
 
     from bigscience_ops.ops import cron as cronlib
 
     report = cronlib.run_pass(cron_dir or default_cron_dir(), period, None if no_rearm else runner,
-                              period_seconds, self_job_id=os.environ.get("SLURM_JOB_ID"))
+                              period_seconds, self_job_id=os.environ.get("SLURM_JOB_ID"), rearmed_job=rearmed,
+                              rearmed_for=rearmed_for, rearm_error=rearm_error)
     for line in report.lines:
         click.echo(line)
     if report.failed:

@@ -1,17 +1,19 @@
 """Cron on a cluster with no crontab: self-respawning Slurm runner jobs over cron.hourly/ and cron.daily/.
 
 `bsops cron install` submits one runner per period unless its chain is already queued. Each
-runner re-arms itself first, for the next period boundary (on the hour), so queue waits never
-accumulate; then it submits every job script of its folder whose previous instance is not still
-queued, logs what it did, and alerts when a submission fails. Where the cluster has `scrontab`,
-the same runs can be written as scrontab entries instead.
+runner's job script re-arms itself first, for the next period boundary (on the hour), before
+anything that can fail runs; then `bsops cron run` (run_pass) submits every job script of its
+folder whose previous instance is not still queued, checks that the other chains are alive, and
+logs and emails every failure: a failing query, sbatch or re-arm never ends a chain silently.
+Where the cluster has `scrontab`, the same runs can be entries of the user's scrontab instead
+(ops/scrontab.py).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import shlex
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +24,6 @@ from bigscience_ops.ops.status import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
 PERIODS = {"hourly": 3600, "daily": 86400}
-SCRON_SCHEDULES = {"hourly": "0 * * * *", "daily": "0 0 * * *"}
 
 
 class CronError(BsopsError):
@@ -134,27 +135,6 @@ def render_status_job(cron_dir: Path, exp: Experiment, trainings_dir: Path, sett
     return RunnerScript(path, text)
 
 
-def scrontab_text(cron_dir: Path, settings: CronSettings) -> str:
-    """scrontab entries doing what the self-respawning runners do (no re-arming needed there)."""
-    cron_dir = Path(cron_dir).resolve()
-    lines = ["# bsops cron: written by `bsops cron install --scrontab`; install with `scrontab FILE`"]
-    for period in PERIODS:
-        lines.append(f"#SCRON --job-name={shlex.quote(runner_name(period, settings.name_prefix))}")
-        lines.append(f"#SCRON --time={shlex.quote(settings.time)}")
-        for opt in ("partition", "account", "qos"):
-            if getattr(settings, opt):
-                lines.append(f"#SCRON --{opt}={shlex.quote(getattr(settings, opt))}")
-        command = ["bsops", "cron", "run", period, "--cron-dir", str(cron_dir), "--no-rearm"]
-        setup = "; ".join(settings.env_setup)
-        shell = (setup + "; " if setup else "") + shlex.join(command)
-        lines.append(f"{SCRON_SCHEDULES[period]} {shell}")
-    return "\n".join(lines) + "\n"
-
-
-def scrontab_available() -> bool:
-    return shutil.which("scrontab") is not None
-
-
 def log_line(now: dt.datetime, text: str) -> str:
     return f"[{now.strftime('%Y-%m-%d %H:%M:%S')}] {text}"
 
@@ -167,7 +147,7 @@ class RunReport:
     rearmed_job: str | None = None
     submitted: list[tuple[str, str]] = field(default_factory=list)  # (job name, job id)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (job name, why)
-    failed: list[tuple[str, str]] = field(default_factory=list)  # (script, error)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (what, error): a script, squeue, a chain
     lines: list[str] = field(default_factory=list)
 
 
@@ -182,25 +162,85 @@ def _queued(jobs: list, name: str, exclude_id: str | None = None) -> list:
 
 
 def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: int | None = None,
-             now: dt.datetime | None = None, self_job_id: str | None = None) -> RunReport:
-    """One runner pass: re-arm (unless runner is None), then submit the folder's jobs not already queued."""
+             now: dt.datetime | None = None, self_job_id: str | None = None, rearmed_job: str | None = None,
+             rearmed_for: str | None = None, rearm_error: str | None = None) -> RunReport:
+    """One runner pass, after the job script re-armed the chain (`rearmed_job`) or failed to
+    (`rearm_error`): submit the folder's jobs not already queued, keep exactly one next runner,
+    check the other chains, and log and email every failure (a failing squeue included).
+
+    `runner` None means scrontab runs the schedule: nothing is re-armed and no chain is checked.
+    """
     from bigscience_ops import slurm
 
     check_period(period)
     now = now or dt.datetime.now().astimezone()
-    seconds = period_seconds or PERIODS[period]
-    name = runner_name(period, load_settings(cron_dir).name_prefix)
-    report = RunReport(period)
-    jobs = slurm.query_jobs(users=[_me()])
-    if runner is not None:
-        waiting = _queued(jobs, name, exclude_id=self_job_id)
-        if waiting:
-            report.lines.append(log_line(now, f"{name} already re-armed as job {waiting[0].job_id}"))
-        else:
-            when = next_boundary(now, seconds)
-            report.rearmed_job = slurm.submit(slurm.sbatch_argv(runner, begin=begin_arg(when)))
-            report.lines.append(log_line(now, f"re-armed {name} as job {report.rearmed_job} for {begin_arg(when)}"))
-    for script, name in folder_jobs(cron_dir, period):
+    settings = load_settings(cron_dir)
+    name = runner_name(period, settings.name_prefix)
+    report = RunReport(period, rearmed_job=rearmed_job)
+
+    def fail(what: str, error: str) -> None:
+        report.failed.append((what, error))
+        report.lines.append(log_line(now, f"***ALERT: cron.{period}: {what} failed: {error}***"))
+
+    if rearmed_job:
+        report.lines.append(log_line(now, f"re-armed {name} as job {rearmed_job} for {rearmed_for or '?'}"))
+    if rearm_error:
+        fail("re-arming", " ".join(rearm_error.split()))
+    try:
+        jobs = slurm.query_jobs(users=[_me()])
+    except slurm.SlurmError as exc:
+        fail("squeue", " ".join(str(exc).split()))
+        jobs = None
+    if jobs is not None and runner is not None:
+        _keep_one_next_runner(report, jobs, name, runner, period_seconds or PERIODS[period], now, self_job_id, fail)
+    if jobs is not None:
+        _submit_folder(report, cron_dir, period, jobs, now, fail)
+        if runner is not None:
+            for state in chains(cron_dir, jobs=jobs, now=now):
+                if state.name != name and state.installed:
+                    for problem in state.problems:
+                        fail(f"chain {state.name}", problem)
+    if report.failed:
+        report.lines.append(log_line(now, _email_failures(settings.alerts, period, report)))
+    report.lines.append(log_line(now, f"pass done: {len(report.submitted)} submitted, {len(report.skipped)} "
+                                      f"skipped, {len(report.failed)} failed"))
+    log = log_path(cron_dir, period)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write("\n".join(report.lines) + "\n")
+    return report
+
+
+def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path, seconds: int,
+                          now: dt.datetime, self_job_id: str | None, fail) -> None:
+    """Exactly one runner waits for the next period: re-arm here when the script could not, cancel extras."""
+    from bigscience_ops import slurm
+
+    waiting = [j for j in _queued(jobs, name, exclude_id=self_job_id) if j.state != "RUNNING"]
+    if report.rearmed_job is None and not waiting:
+        when = begin_arg(next_boundary(now, seconds))
+        try:
+            report.rearmed_job = slurm.submit(slurm.sbatch_argv(runner, begin=when))
+        except (BsopsError, ValueError) as exc:
+            fail("re-arming again", " ".join(str(exc).split()))
+            return
+        report.lines.append(log_line(now, f"re-armed {name} as job {report.rearmed_job} for {when}"))
+        return
+    keep = report.rearmed_job or min(waiting, key=lambda j: int(j.array_job_id)).job_id
+    extras = [j.job_id for j in waiting if j.job_id != keep]
+    if extras:
+        try:
+            slurm.cancel(extras)
+            report.lines.append(log_line(now, f"cancelled extra {name} job(s) {', '.join(extras)}: one chain only"))
+        except slurm.SlurmError as exc:
+            fail("cancelling extra runners", " ".join(str(exc).split()))
+
+
+def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, now: dt.datetime, fail) -> None:
+    from bigscience_ops import slurm
+
+    scripts = folder_jobs(cron_dir, period)
+    for script, name in scripts:
         queued = _queued(jobs, name)
         if queued:
             why = f"previous instance {queued[0].job_id} still {queued[0].state.lower()}"
@@ -210,39 +250,38 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
         try:
             job_id = slurm.submit(slurm.sbatch_argv(script))
         except (BsopsError, ValueError) as exc:
-            report.failed.append((str(script), str(exc)))
-            report.lines.append(log_line(now, f"***ALERT: cron.{period}: submitting {script} failed: {exc}***"))
+            fail(f"submitting {script}", " ".join(str(exc).split()))
             continue
         report.submitted.append((name, job_id))
         report.lines.append(log_line(now, f"submitted {script.name} ({name}) as job {job_id}"))
-    if not folder_jobs(cron_dir, period):
+    if not scripts:
         report.lines.append(log_line(now, f"cron.{period}/ has no job scripts"))
-    if report.failed:
-        report.lines.append(log_line(now, _email_failures(load_settings(cron_dir).alerts, period, report)))
-    log = Path(cron_dir) / "logs" / f"cron.{period}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a", encoding="utf-8") as handle:
-        handle.write("\n".join(report.lines) + "\n")
-    return report
+
+
+def log_path(cron_dir: Path, period: str) -> Path:
+    return Path(cron_dir) / "logs" / f"cron.{period}.log"
 
 
 def _email_failures(alerts: AlertsConfig, period: str, report: RunReport) -> str:
     from bigscience_ops.ops import notify
 
-    failures = "\n".join(f"- {script}: {error}" for script, error in report.failed)
-    body = (f"The {period} cron runner could not submit {len(report.failed)} job(s):\n{failures}\n\n"
-            f"Fix the script or the cluster problem named above; the runner tries again next {period} run.")
-    return notify.send_alert(alerts, f"[bsops] cron.{period}: submission failed", body)
+    failures = "\n".join(f"- {what}: {error}" for what, error in report.failed)
+    body = (f"The {period} cron runner hit {len(report.failed)} problem(s):\n{failures}\n\n"
+            f"The runner was re-armed before anything else ran, so it tries again next {period} run; fix the "
+            f"script or the cluster problem named above. `bsops cron status` shows the chains.")
+    return notify.send_alert(alerts, f"[bsops] cron.{period}: {report.failed[0][0]} failed", body)
 
 
 @dataclass(frozen=True)
 class ChainState:
     name: str
     jobs: list  # queued runner jobs of this chain
+    problems: tuple[str, ...] = ()
+    """Why the chain needs a person: not queued, forked, or it missed its period."""
+    installed: bool = True
+    """Its runner script exists (`bsops cron install` wrote it)."""
 
     def describe(self) -> str:
-        if not self.jobs:
-            return f"{self.name}: NOT QUEUED (run `bsops cron install`)"
         parts = []
         for job in self.jobs:
             when = job.start_time.strftime("%Y-%m-%d %H:%M:%S") if job.start_time else "unknown"
@@ -250,16 +289,59 @@ class ChainState:
                 parts.append(f"job {job.job_id} running since {when}")
             else:
                 parts.append(f"job {job.job_id} {job.state.lower()} ({job.reason}), next run {when}")
-        extra = " (more than one chain: cancel the extras)" if len(self.jobs) > 1 else ""
-        return f"{self.name}: " + "; ".join(parts) + extra
+        text = f"{self.name}: " + ("; ".join(parts) if parts else "no runner queued")
+        return text + "".join(f" ***ALERT: {p}***" for p in self.problems)
 
 
-def chains(cron_dir: Path) -> list[ChainState]:
+def runner_period(cron_dir: Path, period: str, prefix: str) -> int:
+    """The period a chain was installed with (--period-seconds in its runner script), else the nominal one."""
+    path = Path(cron_dir) / "runners" / f"{runner_name(period, prefix)}.slurm"
+    try:
+        match = re.search(r"--period-seconds (\d+)", path.read_text(encoding="utf-8"))
+    except OSError:
+        match = None
+    return int(match.group(1)) if match else PERIODS[period]
+
+
+def chains(cron_dir: Path, jobs: list | None = None, now: dt.datetime | None = None) -> list[ChainState]:
+    """Each installed runner chain and what is wrong with it; queries Slurm when `jobs` is None.
+
+    A chain is in trouble when no runner is queued, when two are waiting (a fork), or when it
+    missed its period: its waiting runner is more than a period past its start time, or its last
+    pass (the log's time) is more than two periods old.
+    """
     from bigscience_ops import slurm
 
     prefix = load_settings(cron_dir).name_prefix
-    jobs = slurm.query_jobs(users=[_me()])
-    return [ChainState(runner_name(p, prefix), _queued(jobs, runner_name(p, prefix))) for p in PERIODS]
+    jobs = slurm.query_jobs(users=[_me()]) if jobs is None else jobs
+    now = (now or dt.datetime.now().astimezone()).astimezone()
+    states = []
+    for period in PERIODS:
+        name = runner_name(period, prefix)
+        installed = (Path(cron_dir) / "runners" / f"{name}.slurm").exists()
+        queued = _queued(jobs, name)
+        seconds = runner_period(cron_dir, period, prefix)
+        problems = []
+        if not queued:
+            problems.append(f"{name} is not queued: the {period} jobs no longer run (run `bsops cron install`)"
+                            if installed else f"{name} is not installed (run `bsops cron install`)")
+        waiting = [j for j in queued if j.state != "RUNNING"]
+        if len(waiting) > 1:
+            problems.append(f"{name} has {len(waiting)} runners waiting ({', '.join(j.job_id for j in waiting)}): "
+                            f"cancel all but one")
+        for job in waiting:
+            start = job.start_time.astimezone() if job.start_time else None
+            if start is not None and (now - start).total_seconds() > seconds:
+                problems.append(f"{name} missed its period: job {job.job_id} was due at {start:%Y-%m-%d %H:%M:%S} "
+                                f"and still waits ({job.reason})")
+        log = log_path(cron_dir, period)
+        if installed and log.exists():
+            last = dt.datetime.fromtimestamp(log.stat().st_mtime).astimezone()
+            if (now - last).total_seconds() > 2 * seconds:
+                problems.append(f"{name} missed its period: its last pass ended at {last:%Y-%m-%d %H:%M:%S} "
+                                f"({log}), more than two periods ago")
+        states.append(ChainState(name, queued, tuple(problems), installed))
+    return states
 
 
 def install(cron_dir: Path, period_seconds: int | None = None, periods: tuple[str, ...] = tuple(PERIODS)) -> list[str]:
@@ -281,16 +363,3 @@ def install(cron_dir: Path, period_seconds: int | None = None, periods: tuple[st
         job_id = slurm.submit(slurm.sbatch_argv(path))
         done.append(f"{name}: submitted {path} as job {job_id}")
     return done
-
-
-def install_scrontab(cron_dir: Path) -> tuple[Path, bool]:
-    """Write the scrontab file; install it with `scrontab` when the cluster has the client."""
-    from bigscience_ops import slurm
-
-    path = Path(cron_dir) / "runners" / "bsops.scrontab"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(scrontab_text(cron_dir, load_settings(cron_dir)), encoding="utf-8")
-    if scrontab_available():
-        slurm.run(["scrontab", str(path)])
-        return path, True
-    return path, False

@@ -1,0 +1,111 @@
+"""The runner chains as entries of the user's scrontab, merged into it as one marked block.
+
+Slurm's `scrontab` client has no file argument: it lists (`-l`; "no crontab for USER" and exit
+code 1 when there is none) and otherwise opens the crontab in $VISUAL/$EDITOR and installs what
+the editor leaves in the file. bsops reads the user's scrontab, replaces only the block between
+its markers (or appends the block), and installs the result with an "editor" that copies it in.
+Everything outside the block, the user's own entries and comments, is kept byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops.cron import PERIODS, CronSettings, load_settings, runner_name
+
+SCHEDULES = {"hourly": "0 * * * *", "daily": "0 0 * * *"}
+BEGIN = "# >>> bsops cron (managed by `bsops cron install --scrontab`; edit outside this block) >>>"
+END = "# <<< bsops cron <<<"
+TIMEOUT_S = 60.0
+
+
+class ScrontabError(BsopsError):
+    """The user's scrontab cannot be read, merged or installed."""
+
+
+def block(cron_dir: Path, settings: CronSettings) -> str:
+    """The marked block: one entry per period doing what the self-respawning runners do."""
+    cron_dir = Path(cron_dir).resolve()
+    lines = [BEGIN]
+    for period in PERIODS:
+        lines.append(f"#SCRON --job-name={shlex.quote(runner_name(period, settings.name_prefix))}")
+        lines.append(f"#SCRON --time={shlex.quote(settings.time)}")
+        for opt in ("partition", "account", "qos"):
+            if getattr(settings, opt):
+                lines.append(f"#SCRON --{opt}={shlex.quote(getattr(settings, opt))}")
+        command = ["bsops", "cron", "run", period, "--cron-dir", str(cron_dir), "--no-rearm"]
+        setup = "; ".join(settings.env_setup)
+        lines.append(f"{SCHEDULES[period]} " + (setup + "; " if setup else "") + shlex.join(command))
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def merge(existing: str, new_block: str) -> str:
+    """`existing` with its bsops block replaced by `new_block`, or with the block appended."""
+    lines = existing.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == BEGIN]
+    ends = [i for i, line in enumerate(lines) if line.rstrip("\n") == END]
+    if len(starts) > 1 or len(ends) > 1 or len(starts) != len(ends) or (starts and ends[0] < starts[0]):
+        raise ScrontabError(f"the scrontab has {len(starts)} begin and {len(ends)} end marker lines of the bsops "
+                            f"block ({BEGIN!r} ... {END!r}); expected one of each in order or none: fix it with "
+                            f"`scrontab -e`")
+    if starts:
+        return "".join(lines[:starts[0]]) + new_block + "".join(lines[ends[0] + 1:])
+    if existing and not existing.endswith("\n"):
+        existing += "\n"
+    return existing + ("\n" if existing.strip() else "") + new_block
+
+
+def read_current(client: str = "scrontab", timeout: float = TIMEOUT_S) -> str:
+    """The user's scrontab as `scrontab -l` prints it; '' when there is none."""
+    argv = [client, "-l"]
+    proc = _run(argv, timeout=timeout)
+    if proc.returncode == 0:
+        return proc.stdout
+    if proc.returncode == 1 and proc.stdout.startswith("no crontab for "):
+        return ""
+    raise ScrontabError(f"`{shlex.join(argv)}` exited with code {proc.returncode}: "
+                        f"{(proc.stderr or proc.stdout).strip() or '(no output)'}")
+
+
+def install(cron_dir: Path, client: str | None = None, timeout: float = TIMEOUT_S) -> tuple[Path, bool]:
+    """Write the merged scrontab to <cron>/runners/bsops.scrontab and install it when the client exists.
+
+    Returns (file, installed). Without a client the file holds the block alone, to paste on a login node.
+    """
+    client = client or shutil.which("scrontab")
+    folder = Path(cron_dir) / "runners"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "bsops.scrontab"
+    new_block = block(cron_dir, load_settings(cron_dir))
+    if client is None:
+        path.write_text(new_block, encoding="utf-8")
+        return path, False
+    path.write_text(merge(read_current(client, timeout), new_block), encoding="utf-8")
+    editor = folder / "scrontab-editor"
+    editor.write_text(f"#!/bin/sh\n# The 'editor' bsops gives scrontab: it puts the merged crontab in place.\n"
+                      f"exec cp -- {shlex.quote(str(path.resolve()))} \"$1\"\n", encoding="utf-8")
+    editor.chmod(0o755)
+    argv = [client, "-e"]
+    proc = _run(argv, timeout=timeout, env={**os.environ, "VISUAL": str(editor.resolve()),
+                                             "EDITOR": str(editor.resolve())})
+    if proc.returncode != 0 or "errors in your crontab" in proc.stdout or "issue with the job" in proc.stdout:
+        raise ScrontabError(f"`{shlex.join(argv)}` with the merged file {path} failed (exit code {proc.returncode}): "
+                            f"{(proc.stderr + proc.stdout).strip() or '(no output)'}")
+    return path, True
+
+
+def _run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    from bigscience_ops.slurm import pinned_env
+
+    try:
+        # stdin "n": scrontab asks "retry the edit? (y/n)" after an error instead of exiting.
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input="n\n",
+                              env=pinned_env(env), check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ScrontabError(f"`{shlex.join(argv)}` could not run: {exc}") from None
