@@ -1,0 +1,167 @@
+"""bsops logs (tail, follow through rotation) and bsops plot (the curves read back from real event files)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bigscience_ops.cli import EXIT_ERROR, main
+from bigscience_ops.config import load_experiment
+from bigscience_ops.views import logs, plot
+
+BSOPS = str(Path(sys.executable).with_name("bsops"))
+SEQ = 128  # tiny's seq_length
+
+
+@pytest.fixture
+def run_exp(trainings: Path, tmp_path: Path):
+    """An experiment `run` (tiny with its run folder under tmp_path) and its resolved config."""
+    (trainings / "run.yaml").write_text(f"base: tiny\npaths: {{output: {str(tmp_path / 'run')!r}}}\n")
+    return load_experiment("run", trainings)
+
+
+def _lines(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+# ---------------------------------------------------------------- tail and follow
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 5000, 7000])
+def test_tail_returns_the_last_complete_lines(tmp_path, n):
+    log = tmp_path / "main_log.txt"
+    text = [f" iteration {i:8d}/    5000 | lm loss: {i / 7:.6E} |" for i in range(1, 5001)]  # > one 64 KiB block
+    _lines(log, text)
+    with open(log, "a") as f:
+        f.write(" iteration     5001/")  # being written: not a line yet
+    lines, offset = logs.tail(log, n)
+    assert lines == (text[-n:] if n else [])
+    assert offset == log.stat().st_size - len(" iteration     5001/")
+
+
+def test_follow_sees_appends_rotation_and_truncation(tmp_path):
+    """The poll is driven by the sleep function: each 'sleep' changes the file, no clock involved."""
+    log = tmp_path / "main_log.txt"
+    _lines(log, ["old 1", "old 2"])
+    _, offset = logs.tail(log, 10)
+    actions = [
+        lambda: _lines(log, ["appended 1", "appended 2"]),
+        lambda: log.open("a").write("partial"),
+        lambda: log.open("a").write(" line\n"),
+        lambda: (log.rename(tmp_path / "main_log.txt.1"), None),  # rotated away: the new file is not there yet
+        lambda: _lines(log, ["new file 1"]),
+        lambda: log.write_text("short\n"),  # truncated and rewritten in place (same inode, smaller)
+    ]
+    def sleep(_):
+        if actions:
+            actions.pop(0)()
+    got = list(logs.follow(log, offset, interval=5.0, stop=lambda: not actions, sleep=sleep))
+    assert got == ["appended 1", "appended 2", "partial line", "new file 1", "short"]
+
+
+def test_find_log_prefers_the_run_folder_then_the_synced_clone(run_exp, tmp_path):
+    run = Path(run_exp.paths.output)
+    with pytest.raises(logs.LogError) as err:
+        logs.find_log(run_exp)
+    assert str(run / "logs" / "main_log.txt") in str(err.value) and str(run / "hub" / "logs") in str(err.value)
+    _lines(run / "hub" / "logs" / "main_log.txt", ["from the clone"])
+    assert logs.find_log(run_exp) == run / "hub" / "logs" / "main_log.txt"
+    _lines(run / "logs" / "main_log.txt", ["from the run"])
+    assert logs.find_log(run_exp) == run / "logs" / "main_log.txt"
+    other = tmp_path / "elsewhere"
+    _lines(other / "logs" / "main_log.txt", ["from another clone"])
+    assert logs.find_log(run_exp, other) == other / "logs" / "main_log.txt"
+
+
+def test_logs_command_prints_the_tail(run_exp, trainings):
+    _lines(Path(run_exp.paths.logs) / "main_log.txt", [f"line {i}" for i in range(10)])
+    result = CliRunner().invoke(main, ["logs", "run", "--trainings-dir", str(trainings), "-n", "3"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == ["line 7", "line 8", "line 9"]
+    missing = CliRunner().invoke(main, ["logs", "run", "--trainings-dir", str(trainings), "--from-clone", "/nonexistent"])
+    assert missing.exit_code == EXIT_ERROR
+
+
+def _reader(stream) -> queue.Queue:
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.rstrip("\n")) for line in stream], daemon=True).start()
+    return lines
+
+
+def test_logs_follow_prints_lines_appended_after_it_started(run_exp, trainings):
+    log = Path(run_exp.paths.logs) / "main_log.txt"
+    _lines(log, ["before 1", "before 2"])
+    proc = subprocess.Popen([BSOPS, "logs", "run", "--trainings-dir", str(trainings), "-n", "1", "--follow",
+                             "--interval", "0.2"], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        out = _reader(proc.stdout)
+        assert out.get(timeout=60) == "before 2"  # the tail is printed: following has started
+        _lines(log, ["after 1"])
+        assert out.get(timeout=60) == "after 1"
+        log.rename(log.with_name("main_log.txt.1"))  # rotated: a new file starts
+        _lines(log, ["rotated 1"])
+        assert out.get(timeout=60) == "rotated 1"
+        assert proc.poll() is None  # still following
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- plot
+
+
+def _write_events(directory: Path, points: dict[str, list[tuple[int, float]]], iteration_base: int = 0) -> None:
+    """Real event files, written by the trainer's own Board (scalars also against consumed samples)."""
+    from bigscience_ops.trainer.report import Board
+
+    board = Board(str(directory))
+    for tag, values in points.items():
+        for i, (samples, value) in enumerate(values):
+            board.scalar(tag, value, iteration_base + i + 1, samples)
+    board.close()
+
+
+def test_plot_draws_each_series_against_tokens(run_exp, tmp_path):
+    tb = Path(run_exp.paths.tensorboard)
+    first = {"lm loss": [(8, 9.0), (16, 8.5), (24, 8.1)], "learning-rate": [(8, 1e-4), (16, 2e-4), (24, 3e-4)],
+             "batch-size": [(8, 8), (16, 8), (24, 8)], "grad-norm": [(8, 3.0), (16, 2.5), (24, 2.0)],
+             "lm loss validation": [(16, 8.7)]}
+    _write_events(tb, first)
+    os.utime(next(tb.iterdir()), (1, 1))  # the first run's file is the older one, whatever the clock
+    # the resumed run logs again from samples 24 (a later value for the same point wins) and goes on
+    _write_events(tb, {"lm loss": [(24, 8.0), (36, 7.5)], "batch-size": [(24, 12), (36, 12)]}, iteration_base=2)
+    out = tmp_path / "curves.png"
+    result = plot.plot(run_exp, out)
+    s = result.series
+    assert list(s) == ["training loss", "validation loss", "learning rate", "batch size", "grad norm"]
+    assert s["training loss"].tokens == [8 * SEQ, 16 * SEQ, 24 * SEQ, 36 * SEQ]
+    assert s["training loss"].values == pytest.approx([9.0, 8.5, 8.0, 7.5])
+    assert s["batch size"].values == [8, 8, 12, 12]
+    assert s["validation loss"].tokens == [16 * SEQ] and s["validation loss"].values == pytest.approx([8.7])
+    assert s["learning rate"].values == pytest.approx([1e-4, 2e-4, 3e-4])
+    assert len(result.event_files) == 2
+    import matplotlib.image
+
+    image = matplotlib.image.imread(out)  # a valid PNG
+    assert image.shape[0] > 600 and image.shape[1] > 800 and image[..., :3].std() > 0
+
+
+def test_plot_command(run_exp, trainings, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "p.png"
+    empty = runner.invoke(main, ["plot", "run", "--trainings-dir", str(trainings), "--out", str(out)])
+    assert empty.exit_code == EXIT_ERROR and not out.exists()  # no event files yet
+    _write_events(Path(run_exp.paths.tensorboard), {"lm loss": [(8, 9.0)]})
+    result = runner.invoke(main, ["plot", "run", "--trainings-dir", str(trainings), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
