@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from bigscience_ops.schedules import BatchSchedule, Increment, LRSchedule
 from bigscience_ops.sizing import (  # noqa: F401  (re-exported: plan.count_parameters etc. are public)
     CHECKPOINT_BYTES, GB, TRAIN_BYTES, ParamCount, ffn_size, count_parameters, estimate_days, model_flops_per_token,
-    padded_vocab_size, seed_formula_parameters,
+    GIB, StageActivations, activation_bytes, gpu_memory_from_constraint, kept_on_scratch, padded_vocab_size,
+    save_steps, seed_formula_parameters,
 )
 
 if TYPE_CHECKING:
@@ -21,14 +22,56 @@ if TYPE_CHECKING:
 
 # ----------------------------------------------------------------------------- memory and time
 
+NEAR_LIMIT = 0.85  # above this share of a GPU's memory the plan warns: CUDA context, NCCL buffers, fragmentation
+
+
 @dataclass(frozen=True)
 class Memory:
     bytes_per_param: int
     training_total: int  # bytes per model replica (TP x PP GPUs)
     training_seed_rounded: int  # bytes_per_param x size rounded to whole billions, as the training notes write it
-    per_gpu: int  # the largest stage, ZeRO sharding included
+    per_gpu: int  # model states of the largest stage, ZeRO / bf16-optimizer sharding included
     checkpoint_with_optimizer: int
     checkpoint_without_optimizer: int
+    sharded_over: int  # DP ranks the fp32 master weights and Adam moments are split over (1: not sharded)
+    model_states_per_stage: tuple[int, ...]  # bytes per GPU of each stage: weights, gradients, optimizer
+    activations: tuple[StageActivations, ...]
+    gpu_limit: int | None  # bytes of one GPU, or None when unknown (or a CPU run)
+    gpu_limit_source: str  # "slurm.gpu_memory_gb", "slurm.constraint <feature>", or "" when unknown
+
+    @property
+    def total_per_stage(self) -> tuple[int, ...]:
+        return tuple(m + a.total for m, a in zip(self.model_states_per_stage, self.activations))
+
+    @property
+    def largest_stage(self) -> int:
+        totals = self.total_per_stage
+        return totals.index(max(totals))
+
+    @property
+    def largest_total(self) -> int:
+        return max(self.total_per_stage)
+
+
+def train_bytes(precision: str) -> dict[str, int]:
+    return TRAIN_BYTES["fp32" if precision == "fp32" else "mixed"]
+
+
+def sharded_over(exp: Experiment, dp: int) -> int:
+    """ZeRO-1 splits the fp32 master weights and Adam moments over DP; so does DeepSpeed's bf16
+    optimizer (BF16_Optimizer) even at ZeRO stage 0."""
+    return max(dp, 1) if exp.parallel.zero_stage >= 1 or exp.train.precision == "bf16" else 1
+
+
+def gpu_limit(exp: Experiment) -> tuple[int | None, str]:
+    if exp.slurm.device != "gpu":
+        return None, ""
+    if exp.slurm.gpu_memory_gb is not None:
+        return int(exp.slurm.gpu_memory_gb * GIB), "slurm.gpu_memory_gb"
+    known = gpu_memory_from_constraint(exp.slurm.constraint)
+    if known is None:
+        return None, ""
+    return int(known[1] * GIB), f"slurm.constraint {known[0]}"
 
 
 def memory(exp: Experiment, params: ParamCount, dp: int) -> Memory:
@@ -36,11 +79,44 @@ def memory(exp: Experiment, params: ParamCount, dp: int) -> Memory:
     parts = TRAIN_BYTES[kind]
     per_param = sum(parts.values())
     sharded = parts["optimizer states"] + (parts["fp32 weights"] if kind == "mixed" else 0)
-    shard = max(dp, 1) if exp.parallel.zero_stage >= 1 else 1
-    per_gpu = math.ceil(params.max_per_gpu * ((per_param - sharded) + sharded / shard))
+    shard = sharded_over(exp, dp)
+    states = tuple(math.ceil(n * ((per_param - sharded) + sharded / shard)) for n in params.per_stage)
     without, with_optim = CHECKPOINT_BYTES[kind]
-    return Memory(per_param, per_param * params.total, per_param * round(params.total / GB) * GB, per_gpu,
-                  with_optim * params.total, without * params.total)
+    b, p = exp.batch, exp.parallel
+    micro_batches = max(1, b.global_batch_size // max(1, b.micro_batch_size * max(dp, 1)))
+    activations = activation_bytes(exp.model, b.micro_batch_size, p.tensor, p.pipeline, micro_batches,
+                                   p.activation_checkpointing, params.padded_vocab,
+                                   4 if exp.train.precision == "fp32" else 2)
+    limit, source = gpu_limit(exp)
+    return Memory(per_param, per_param * params.total, per_param * round(params.total / GB) * GB, max(states),
+                  with_optim * params.total, without * params.total, shard, states, activations, limit, source)
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Checkpoints over the whole run: what the save schedule writes and what retention and backup keep."""
+
+    saves: int  # checkpoints the schedule writes, the final one included
+    checkpoint_bytes: int  # one checkpoint on scratch: weights and optimizer states
+    weights_bytes: int  # one checkpoint without optimizer states
+    written: int  # saves x checkpoint_bytes: scratch at the end with no retention
+    kept_on_scratch: int  # checkpoints retention leaves (backup.keep_last / keep_every); == saves without it
+    scratch: int  # bytes on scratch at the end of the run
+    backed_up_whole: int  # checkpoints the backup keeps with optimizer states (the last, every keep_optimizer_every-th)
+    backup: int  # bytes in the backup (0 without backup.dest)
+
+
+def storage(exp: Experiment, params: ParamCount, iters: int) -> Storage:
+    ck, bk = exp.checkpoint, exp.backup
+    steps = save_steps(iters, ck.save_schedule, ck.save_interval)
+    without, with_optim = CHECKPOINT_BYTES["fp32" if exp.train.precision == "fp32" else "mixed"]
+    whole, weights = with_optim * params.total, without * params.total
+    kept = kept_on_scratch(steps, bk.keep_last, bk.keep_every)
+    if bk.dest is None:
+        return Storage(len(steps), whole, weights, len(steps) * whole, len(kept), len(kept) * whole, 0, 0)
+    full = [s for s in steps if s == steps[-1] or (bk.keep_optimizer_every and s % bk.keep_optimizer_every == 0)]
+    backup = len(full) * whole + (len(steps) - len(full)) * weights
+    return Storage(len(steps), whole, weights, len(steps) * whole, len(kept), len(kept) * whole, len(full), backup)
 
 
 # ----------------------------------------------------------------------------- batch, steps, LR
@@ -104,6 +180,7 @@ class Plan:
     dp: float
     world_size: int
     memory: Memory
+    storage: Storage
     increments: list[Increment]
     rampup_steps: int
     rampup_samples_consumed: int
@@ -193,6 +270,25 @@ def _check(exp: Experiment, schedule: BatchSchedule, dp: float, lr: LRSchedule) 
     return problems
 
 
+def _check_memory(exp: Experiment, mem: Memory) -> list[Problem]:
+    if mem.gpu_limit is None:
+        return []
+    total, stage, limit = mem.largest_total, mem.largest_stage, mem.gpu_limit
+    where = "slurm.gpu_memory_gb" if mem.gpu_limit_source == "slurm.gpu_memory_gb" else "slurm.constraint"
+    value = exp.slurm.gpu_memory_gb if where == "slurm.gpu_memory_gb" else exp.slurm.constraint
+    what = (f"pipeline stage {stage} needs {total / GIB:.1f} GiB per GPU (model states {mem.model_states_per_stage[stage] / GIB:.1f}"
+            f" + activations {mem.activations[stage].total / GIB:.1f}) of the {limit / GIB:.0f} GiB GPU")
+    fixes = "more pipeline or tensor parallelism, a smaller micro batch, ZeRO-1 over more DP ranks"
+    if not exp.parallel.activation_checkpointing:
+        fixes = "parallel.activation_checkpointing: true, " + fixes
+    if total > limit:
+        return [Problem(where, value, f"{what}: it does not fit; try {fixes}")]
+    if total > NEAR_LIMIT * limit:
+        return [Problem(where, value, f"{what}: above {NEAR_LIMIT:.0%}, little is left for the CUDA context, "
+                                      "NCCL buffers and fragmentation", "warning")]
+    return []
+
+
 def _notes(exp: Experiment, schedule: BatchSchedule, lr: LRSchedule, warmup_steps: int) -> list[str]:
     notes = []
     if schedule.has_rampup:
@@ -230,12 +326,14 @@ def make_plan(exp: Experiment) -> Plan:
     tokens = samples * exp.model.seq_length
     gbs, ev = schedule.global_batch_size, exp.logging
     valid = (iters // ev.eval_interval + 1) * ev.eval_iters * gbs
+    mem = memory(exp, params, int(dp) if dp == int(dp) else 1)
     return Plan(
         name=exp.name,
         params=params,
         dp=dp,
         world_size=exp.world_size,
-        memory=memory(exp, params, int(dp) if dp == int(dp) else 1),
+        memory=mem,
+        storage=storage(exp, params, iters),
         increments=schedule.increments(),
         rampup_steps=schedule.rampup_steps,
         rampup_samples_consumed=schedule.consumed_after(schedule.rampup_steps),
@@ -255,6 +353,6 @@ def make_plan(exp: Experiment) -> Plan:
         dataset_sizes=(exp.train.samples or iters * gbs, valid, ev.eval_iters * gbs),
         exit_duration_in_mins=exp.checkpoint.exit_duration_in_mins,
         exit_margin_mins=exp.checkpoint.exit_margin_mins,
-        problems=_check(exp, schedule, dp, lr),
+        problems=_check(exp, schedule, dp, lr) + _check_memory(exp, mem),
         notes=_notes(exp, schedule, lr, warmup_steps),
     )

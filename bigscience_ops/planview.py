@@ -18,7 +18,14 @@ def _b(n: float) -> str:
 
 
 def _gb(n: float) -> str:
+    if n >= 1000 * GB:
+        return f"{n / (1000 * GB):,.1f} TB"
     return f"{n / GB:,.1f} GB" if n >= GB else f"{n / 1e6:,.1f} MB"
+
+
+def _gib(n: float) -> str:
+    """GPU memory in GiB, as nvidia-smi and the vendors' "32 GB" mean it."""
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
 def _duration(days: float) -> str:
@@ -31,6 +38,8 @@ def _duration(days: float) -> str:
 def plan_data(plan: Plan) -> dict[str, Any]:
     data = dataclasses.asdict(plan)
     data["params"]["max_per_gpu"] = plan.params.max_per_gpu
+    data["memory"].update(total_per_stage=list(plan.memory.total_per_stage), largest_stage=plan.memory.largest_stage,
+                          largest_total=plan.memory.largest_total)
     data["problems"] = [dataclasses.asdict(p) | {"text": str(p)} for p in plan.problems]
     return data
 
@@ -61,12 +70,35 @@ def plan_text(plan: Plan, exp: Experiment) -> str:
     mem = plan.memory
     kind = "fp32" if exp.train.precision == "fp32" else "mixed"
     parts = " + ".join(f"{v} {k}" for k, v in TRAIN_BYTES[kind].items())
-    add(f"memory ({exp.train.precision}: {parts} = {mem.bytes_per_param} bytes/param, activations not included)")
+    add(f"memory ({exp.train.precision}: {parts} = {mem.bytes_per_param} bytes/param, plus activations)")
     rounded = (f"; {mem.bytes_per_param} x {round(pc.total / GB)}B = {_gb(mem.training_seed_rounded)} with the size "
                "rounded as the training notes write it") if pc.total >= GB else ""
-    add(f"  training, per replica: {_gb(mem.training_total)} exact{rounded}")
-    add(f"  training, per GPU (largest stage{', ZeRO-1 shards optimizer states over DP' if p.zero_stage else ''}): {_gb(mem.per_gpu)}")
+    add(f"  model states, per replica: {_gb(mem.training_total)} exact{rounded}")
+    sharding = (f"fp32 weights and optimizer states sharded over DP {mem.sharded_over}"
+                + (" by ZeRO-1" if p.zero_stage else " by DeepSpeed's bf16 optimizer")) if mem.sharded_over > 1 else "not sharded"
+    recompute = "with activation checkpointing" if p.activation_checkpointing else "no activation checkpointing"
+    add(f"  per GPU and stage ({sharding}; activations {recompute}, 1F1B: stage i holds PP - i micro-batches):")
+    add("   stage   model states   in flight   activations      total")
+    for stage, (states, act) in enumerate(zip(mem.model_states_per_stage, mem.activations)):
+        add(f"  {stage:>6} {_gib(states):>14} {act.in_flight:>11} {_gib(act.total):>13} {_gib(states + act.total):>10}")
+    limit = (f" of {_gib(mem.gpu_limit)} ({mem.gpu_limit_source}): {mem.largest_total / mem.gpu_limit:.0%}"
+             if mem.gpu_limit else (" (no GPU limit known: set slurm.gpu_memory_gb)" if exp.slurm.device == "gpu" else ""))
+    add(f"  largest stage {mem.largest_stage}: {_gib(mem.largest_total)}{limit}")
     add(f"  checkpoint: {_gb(mem.checkpoint_with_optimizer)} with optimizer states, {_gb(mem.checkpoint_without_optimizer)} without")
+    add("")
+    st, bk = plan.storage, exp.backup
+    add("storage over the run")
+    add(f"  the save schedule writes {st.saves} checkpoints of {_gb(st.checkpoint_bytes)}: {_gb(st.written)}")
+    if bk.keep_last is not None:
+        every = f" and every step multiple of {bk.keep_every}" if bk.keep_every else ""
+        add(f"  on scratch, keeping the newest {bk.keep_last}{every}: {st.kept_on_scratch} checkpoints, {_gb(st.scratch)}")
+    else:
+        add(f"  on scratch: all {st.saves} stay ({_gb(st.scratch)}); backup.keep_last / keep_every would delete old ones")
+    if bk.dest is not None:
+        add(f"  in the backup ({bk.dest}): {st.saves - st.backed_up_whole} weights-only of {_gb(st.weights_bytes)} and "
+            f"{st.backed_up_whole} whole: {_gb(st.backup)}")
+    else:
+        add("  no backup (backup.dest is not set)")
     add("")
     add("batch")
     if b.rampup:

@@ -99,3 +99,112 @@ def estimate_days(tokens: float, params: float, gpus: int, tflops_per_gpu: float
 def model_flops_per_token(model: ModelConfig, params: int) -> int:
     """Training FLOPs per token: 6N plus attention's 12 * layers * hidden * seq."""
     return 6 * params + 12 * model.num_layers * model.hidden_size * model.seq_length
+
+
+# ----------------------------------------------------------------------------- activations
+
+def layer_activation_bytes(model: ModelConfig, micro_batch: int, tensor_parallel: int) -> int:
+    """Activations one transformer layer keeps for the backward pass of one micro-batch (16-bit).
+
+    Megatron's count (Korthikanti et al. 2022, "Reducing Activation Recomputation", table 2, no
+    sequence parallelism): s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes: LayerNorm inputs and dropout
+    masks are replicated over TP, the attention and MLP inner activations are split, and the
+    a*s*s attention scores (softmax output and its dropout mask) grow with the square of seq.
+    """
+    s, b, h, a, t = model.seq_length, micro_batch, model.hidden_size, model.num_attention_heads, tensor_parallel
+    return math.ceil(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
+
+
+def checkpointed_layer_bytes(model: ModelConfig, micro_batch: int) -> int:
+    """With full activation checkpointing a layer keeps only its 16-bit input: 2*s*b*h bytes."""
+    return 2 * model.seq_length * micro_batch * model.hidden_size
+
+
+def in_flight_micro_batches(stage: int, pipeline: int, micro_batches_per_step: int) -> int:
+    """1F1B: stage i runs PP - i forward passes before its first backward, so it holds that many."""
+    return max(1, min(pipeline - stage, micro_batches_per_step))
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    stage: int
+    in_flight: int  # micro-batches whose activations the stage holds at once
+    stored: int  # bytes kept between forward and backward for all of them
+    recompute: int  # bytes of one layer rebuilt in the backward pass (activation checkpointing), else 0
+    logits: int  # the last stage's fp32 logits for the cross entropy of one micro-batch
+
+    @property
+    def total(self) -> int:
+        return self.stored + self.recompute + self.logits
+
+
+def activation_bytes(model: ModelConfig, micro_batch: int, tensor_parallel: int, pipeline: int,
+                     micro_batches_per_step: int, checkpointing: bool, padded_vocab: int,
+                     bytes_per_value: int = 2) -> tuple[StageActivations, ...]:
+    """Activation memory of each pipeline stage under the 1F1B schedule.
+
+    `bytes_per_value` is 2 for fp16/bf16 and 4 for fp32 training (Megatron's count assumes 16 bits
+    and 1-byte dropout masks; fp32 doubles it, a slight overestimate of the masks).
+    """
+    scale = bytes_per_value / 2
+    layers = model.num_layers // pipeline
+    full = layer_activation_bytes(model, micro_batch, tensor_parallel)
+    per_layer = checkpointed_layer_bytes(model, micro_batch) if checkpointing else full
+    stages = []
+    for stage in range(pipeline):
+        flight = in_flight_micro_batches(stage, pipeline, micro_batches_per_step)
+        logits = 4 * model.seq_length * micro_batch * padded_vocab // tensor_parallel if stage == pipeline - 1 else 0
+        stages.append(StageActivations(stage, flight, math.ceil(scale * flight * layers * per_layer),
+                                       math.ceil(scale * full) if checkpointing else 0, logits))
+    return tuple(stages)
+
+
+# ----------------------------------------------------------------------------- GPU memory limits
+
+GIB = 2**30
+# Memory of one GPU by Slurm constraint as clusters name them; vendors' "GB" here are GiB.
+KNOWN_GPU_MEMORY_GB = {
+    "v100-16g": 16, "v100-32g": 32, "v100": 32, "a100-40g": 40, "a100-80g": 80, "a100": 80,
+    "h100": 80, "h100-80g": 80, "h100-94g": 94, "h200": 141, "a10": 24, "l40s": 48,
+}
+
+
+def gpu_memory_from_constraint(constraint: str | None) -> tuple[str, float] | None:
+    """(feature, GB) for the first feature of a Slurm --constraint this table knows, else None."""
+    if not constraint:
+        return None
+    import re
+
+    for feature in re.split(r"[&|,\[\]()*\s]+", constraint.lower()):
+        if feature in KNOWN_GPU_MEMORY_GB:
+            return feature, KNOWN_GPU_MEMORY_GB[feature]
+        sized = re.fullmatch(r"[a-z]+\d+[a-z]*-(\d+)gb?", feature)
+        if sized:
+            return feature, float(sized.group(1))
+    return None
+
+
+# ----------------------------------------------------------------------------- checkpoints over a run
+
+def save_steps(last_step: int, save_schedule: list, save_interval: int | None) -> list[int]:
+    """Every step the trainer saves, up to `last_step`, plus `last_step` itself (the final save).
+
+    The same rule as trainer/checkpointing.save_due, by ranges instead of step by step: each range
+    saves at previous_until + k * interval, then save_interval counts from the last range's end.
+    """
+    steps: list[int] = []
+    start = 0
+    for rng in save_schedule:
+        steps.extend(range(start + rng.interval, min(rng.until, last_step) + 1, rng.interval))
+        start = rng.until
+    if save_interval is not None and start < last_step:
+        steps.extend(range(start + save_interval, last_step + 1, save_interval))
+    return steps if steps and steps[-1] == last_step else steps + [last_step]
+
+
+def kept_on_scratch(steps: list[int], keep_last: int | None, keep_every: int | None) -> list[int]:
+    """The checkpoints retention leaves at the end: the newest keep_last and every keep_every-th step."""
+    if keep_last is None:
+        return list(steps)
+    newest = set(steps[-keep_last:])
+    return [s for s in steps if s in newest or (keep_every is not None and s % keep_every == 0)]

@@ -41,6 +41,10 @@ def test_plan_json_has_the_numbers() -> None:
     assert data["params"]["padded_vocab"] == 50432
     assert data["increments"][0]["steps"] == 4961
     assert data["problems"] == []
+    assert data["storage"]["saves"] == 268 and data["storage"]["written"] == 268 * data["storage"]["checkpoint_bytes"]
+    mem = data["memory"]
+    assert mem["largest_total"] == max(mem["total_per_stage"]) < mem["gpu_limit"]
+    assert [a["in_flight"] for a in mem["activations"]] == [4, 3, 2, 1]
 
 
 def test_plan_with_errors_exits_1_and_names_the_field() -> None:

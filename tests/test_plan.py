@@ -184,3 +184,115 @@ def test_bundled_experiments_plan_without_errors() -> None:
 
 def test_valid_node_counts_respect_gpus_per_node(tr1) -> None:
     assert valid_node_counts(tr1, [1024]) == [2 ** k for k in range(1, 12)]
+
+
+# ----------------------------------------------------------------------------- memory per GPU
+
+from bigscience_ops import sizing  # noqa: E402
+from bigscience_ops.trainer.checkpointing import scheduled_saves  # noqa: E402
+
+
+def with_parallel(exp, **changes):
+    return dataclasses.replace(exp, parallel=dataclasses.replace(exp.parallel, **changes))
+
+
+def test_layer_activations_follow_megatron_count(tr1) -> None:
+    m = tr1.model
+    s, h, a = m.seq_length, m.hidden_size, m.num_attention_heads
+    # Korthikanti et al. 2022: sbh(34 + 5as/h) without tensor parallelism, 10 + 24/t + 5as/(ht) with it.
+    assert sizing.layer_activation_bytes(m, 1, 1) == s * h * (34 + 5 * a * s / h)
+    assert sizing.layer_activation_bytes(m, 2, 2) == 2 * s * h * (10 + 12 + 5 * a * s / (2 * h))
+    assert sizing.checkpointed_layer_bytes(m, 1) == 2 * s * h
+
+
+def test_1f1b_stage_i_holds_pp_minus_i_micro_batches(tr1) -> None:
+    mem = make_plan(tr1).memory
+    assert [a.in_flight for a in mem.activations] == [4, 3, 2, 1]
+    assert [a.logits > 0 for a in mem.activations] == [False, False, False, True]
+    # Fewer micro-batches per step than stages: never more in flight than there are.
+    assert [sizing.in_flight_micro_batches(i, 4, 2) for i in range(4)] == [2, 2, 2, 1]
+
+
+def test_tr1_13B_fits_a_v100_32g_only_with_activation_checkpointing(tr1) -> None:
+    plan = make_plan(tr1)
+    mem = plan.memory
+    assert mem.gpu_limit == 32 * 2**30 and mem.gpu_limit_source == "slurm.constraint v100-32g"
+    assert mem.sharded_over == 8  # ZeRO-1 over DP 8
+    assert mem.largest_stage == 0 and mem.largest_total == max(mem.total_per_stage)
+    assert mem.largest_total < 0.85 * mem.gpu_limit and not plan.errors
+    plain = make_plan(with_parallel(tr1, activation_checkpointing=False))
+    assert plain.memory.activations[0].stored == 4 * 10 * sizing.layer_activation_bytes(tr1.model, 1, 2)
+    assert plain.memory.largest_total > plain.memory.gpu_limit
+    [error] = [p for p in plain.errors if p.field == "slurm.constraint"]
+    assert error.value == "v100-32g"
+
+
+def test_near_the_limit_warns_and_above_errors(tr1) -> None:
+    total = make_plan(tr1).memory.largest_total
+    near = make_plan(with_slurm(tr1, gpu_memory_gb=total / 2**30 / 0.95))
+    assert [p.field for p in near.warnings if p.field == "slurm.gpu_memory_gb"] == ["slurm.gpu_memory_gb"]
+    assert not near.errors
+    over = make_plan(with_slurm(tr1, gpu_memory_gb=total / 2**30 * 0.99))
+    assert [p.field for p in over.errors] == ["slurm.gpu_memory_gb"]
+    unknown = make_plan(with_slurm(tr1, constraint=None))
+    assert unknown.memory.gpu_limit is None and not unknown.errors
+
+
+def test_tr8_104B_stage_fits_its_32g_gpus() -> None:
+    """The tr8-104B notes: 128 GPUs of 32 GB per replica for 1872 GB of model states (18 x 104B)."""
+    plan = make_plan(load_experiment("tr8-104B"))
+    mem = plan.memory
+    assert mem.training_seed_rounded == 1872 * 10**9
+    assert mem.training_total < 128 * 32 * 2**30
+    assert mem.largest_total < mem.gpu_limit == 32 * 2**30
+
+
+def test_bf16_optimizer_shards_over_dp_even_at_zero_0(tr1) -> None:
+    bf16 = dataclasses.replace(tr1, train=dataclasses.replace(tr1.train, precision="bf16"))
+    assert make_plan(with_parallel(bf16, zero_stage=0)).memory.sharded_over == 8
+    assert make_plan(with_parallel(tr1, zero_stage=0)).memory.sharded_over == 1
+    zero0 = make_plan(with_parallel(tr1, zero_stage=0)).memory
+    # Unsharded, every GPU keeps the 12 bytes of fp32 weights and Adam moments per parameter.
+    assert zero0.model_states_per_stage[1] == 18 * make_plan(tr1).params.per_stage[1]
+
+
+@pytest.mark.parametrize("constraint, gb", [("v100-32g", 32), ("v100-16g", 16), ("a100", 80), ("h100&ib", 80),
+                                            ("a100-40g|a100-80g", 40), ("mi250-64g", 64), ("cpu", None), (None, None)])
+def test_gpu_memory_known_from_constraint(constraint, gb) -> None:
+    found = sizing.gpu_memory_from_constraint(constraint)
+    assert (found[1] if found else None) == gb
+
+
+# ----------------------------------------------------------------------------- storage over the run
+
+def test_tr1_13B_schedule_writes_268_checkpoints_of_180GB(tr1) -> None:
+    plan = make_plan(tr1)
+    st = plan.storage
+    expected = scheduled_saves(plan.train_iters, tr1.checkpoint.save_schedule, tr1.checkpoint.save_interval)
+    assert st.saves == len(expected) == 268
+    assert round(st.checkpoint_bytes / 1e9) == 180
+    assert 48e12 < st.written == 268 * st.checkpoint_bytes < 49e12
+    assert st.scratch == st.written and st.backup == 0
+
+
+def test_retention_and_backup_bring_it_down(tr1) -> None:
+    backup = dataclasses.replace(tr1.backup, dest="/store/tr1", keep_last=3, keep_every=10_000,
+                                 keep_optimizer_every=100_000)
+    plan = make_plan(dataclasses.replace(tr1, backup=backup))
+    st = plan.storage
+    steps = scheduled_saves(plan.train_iters, tr1.checkpoint.save_schedule, tr1.checkpoint.save_interval)
+    kept = set(steps[-3:]) | {s for s in steps if s % 10_000 == 0}
+    assert st.kept_on_scratch == len(kept) and st.scratch == len(kept) * st.checkpoint_bytes
+    whole = {steps[-1]} | {s for s in steps if s % 100_000 == 0}
+    assert st.backed_up_whole == len(whole)
+    assert st.backup == len(whole) * st.checkpoint_bytes + (268 - len(whole)) * st.weights_bytes
+    assert st.scratch < st.written / 10 and st.backup < st.written / 5
+
+
+def test_save_steps_match_the_trainer_for_every_experiment() -> None:
+    for name in ["tiny", "tr1-13B-short", "gpt-760M", "tr8-104B"]:
+        exp = load_experiment(name)
+        last = make_plan(exp).train_iters
+        ck = exp.checkpoint
+        assert sizing.save_steps(last, ck.save_schedule, ck.save_interval) == scheduled_saves(
+            last, ck.save_schedule, ck.save_interval), name
