@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bigscience_ops.errors import ConfigError
+from bigscience_ops.resources import bundled, is_installed_copy
 from bigscience_ops.typedyaml import build, documented, merge, read_yaml
 
 
@@ -263,7 +264,7 @@ def default_trainings_dir() -> Path:
     here = Path.cwd() / "trainings"
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parents[1] / "trainings"
+    return bundled("trainings")
 
 
 def list_experiments(trainings_dir: Path | None = None) -> list[str]:
@@ -292,7 +293,9 @@ def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
     raw, origins = _read_with_bases(path, trainings_dir or path.parent, chain=())
     raw.pop("base", None)
     root = path.resolve().parent.parent
-    return _build(path.stem, raw, origins, str(path), root)
+    # The bundled experiments of an installed bsops read the bundled corpus but write under ./ (runs/NAME).
+    output_root = Path.cwd() if is_installed_copy(path) else root
+    return _build(path.stem, raw, origins, str(path), root, output_root)
 
 
 def _read_with_bases(path: Path, trainings_dir: Path, chain: tuple[str, ...]) -> tuple[dict, dict]:
@@ -443,7 +446,7 @@ def _resolve_path(value: str, root: Path) -> str:
     return str(path if path.is_absolute() else root / path)
 
 
-def _build(name: str, raw: dict, origins: dict, source: str, root: Path) -> Experiment:
+def _build(name: str, raw: dict, origins: dict, source: str, root: Path, output_root: Path | None = None) -> Experiment:
     if "name" in raw and raw["name"] != name:
         raise ConfigError(source, "name", raw["name"], f"the name is the file name ({name!r}); remove the key")
     raw = {**raw, "name": name}
@@ -451,11 +454,16 @@ def _build(name: str, raw: dict, origins: dict, source: str, root: Path) -> Expe
         raise ConfigError(source, "derived", raw["derived"], "computed by bsops; remove the key")
     exp: Experiment = build(Experiment, raw, "", origins, source)
     _validate(exp, source)
-    return derive(exp, root, source)
+    return derive(exp, root, source, output_root)
 
 
-def derive(exp: Experiment, root: Path, source: str = "") -> Experiment:
-    """Fill every field left out that follows from others, and record which were filled."""
+def derive(exp: Experiment, root: Path, source: str = "", output_root: Path | None = None) -> Experiment:
+    """Fill every field left out that follows from others, and record which were filled.
+
+    Relative paths are resolved against `root` (the folder holding trainings/), those of outputs
+    (paths.*, the kill switch, the backup and index cache folders) against `output_root` when given.
+    """
+    out_root = output_root or root
     from bigscience_ops.slurm import parse_time_limit  # light module: no torch
     from bigscience_ops import sizing
 
@@ -468,13 +476,13 @@ def derive(exp: Experiment, root: Path, source: str = "") -> Experiment:
 
     m = fill(exp.model, "model", ffn_hidden_size=4 * exp.model.hidden_size,
              max_position_embeddings=exp.model.seq_length)
-    output = _resolve_path(exp.paths.output or f"runs/{exp.name}", root)
+    output = _resolve_path(exp.paths.output or f"runs/{exp.name}", out_root)
     if exp.paths.output is None:
         derived.append("paths.output")
     paths = dataclasses.replace(exp.paths, output=output)
     paths = fill(paths, "paths", checkpoints=f"{output}/checkpoints", tensorboard=f"{output}/tensorboard",
                  logs=f"{output}/logs", codecarbon=f"{output}/codecarbon")
-    paths = dataclasses.replace(paths, **{k: _resolve_path(getattr(paths, k), root)
+    paths = dataclasses.replace(paths, **{k: _resolve_path(getattr(paths, k), out_root)
                                           for k in ("checkpoints", "tensorboard", "logs", "codecarbon")})
     data = dataclasses.replace(
         exp.data,
@@ -482,7 +490,7 @@ def derive(exp: Experiment, root: Path, source: str = "") -> Experiment:
         tokenizer=dataclasses.replace(exp.data.tokenizer, **{
             k: _resolve_path(v, root) for k in ("vocab_file", "merges_file", "json_file")
             if (v := getattr(exp.data.tokenizer, k)) is not None}),
-        cache_dir=None if exp.data.cache_dir is None else _resolve_path(exp.data.cache_dir, root),
+        cache_dir=None if exp.data.cache_dir is None else _resolve_path(exp.data.cache_dir, out_root),
     )
     slurm = fill(exp.slurm, "slurm", job_name=exp.name)
     try:
@@ -491,7 +499,7 @@ def derive(exp: Experiment, root: Path, source: str = "") -> Experiment:
         raise ConfigError(source, "slurm.time", slurm.time, str(exc)) from None
     backup = exp.backup
     if backup.dest is not None:
-        backup = dataclasses.replace(backup, dest=_resolve_path(backup.dest, root))
+        backup = dataclasses.replace(backup, dest=_resolve_path(backup.dest, out_root))
     exp = dataclasses.replace(exp, model=m, paths=paths, data=data, slurm=slurm, backup=backup)
     params = sizing.count_parameters(exp.model, exp.parallel.tensor).total
     ck = fill(exp.checkpoint, "checkpoint", exit_margin_mins=exit_margin_minutes(params),
@@ -500,7 +508,7 @@ def derive(exp: Experiment, root: Path, source: str = "") -> Experiment:
         _check(limit > ck.exit_margin_mins, source, "slurm.time", slurm.time,
                f"must be longer than the exit margin of {ck.exit_margin_mins} minutes")
         ck = fill(ck, "checkpoint", exit_duration_in_mins=limit - ck.exit_margin_mins)
-    ck = dataclasses.replace(ck, kill_switch_path=_resolve_path(ck.kill_switch_path, root))
+    ck = dataclasses.replace(ck, kill_switch_path=_resolve_path(ck.kill_switch_path, out_root))
     return dataclasses.replace(exp, checkpoint=ck, derived=tuple(exp.derived) + tuple(derived))
 
 

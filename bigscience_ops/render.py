@@ -20,9 +20,10 @@ from bigscience_ops import __version__
 from bigscience_ops.config import Experiment, to_dict
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.plan import make_plan
+from bigscience_ops.resources import bundled
 from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, control_allowed, control_character
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+TEMPLATES = bundled("templates")
 EXPERIMENT_JSON = "experiment.json"
 DEEPSPEED_JSON = "ds_config.json"
 

@@ -59,7 +59,9 @@ def default_cron_dir() -> Path:
     import os
 
     env = os.environ.get("BSOPS_CRON_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "cron"
+    from bigscience_ops.resources import bundled
+
+    return Path(env) if env else bundled("cron")
 
 
 cron_dir_option = click.option(

@@ -14,8 +14,9 @@ from bigscience_ops.data.errors import DataError
 from bigscience_ops.data.indexed import exists, idx_path
 from bigscience_ops.data.preprocess import output_prefix_for, preprocess
 from bigscience_ops.data.tokenizer import TokenizerSpec
+from bigscience_ops.resources import bundled
 
-CORPUS_DIR = Path(__file__).resolve().parents[2] / "corpus"
+CORPUS_DIR = bundled("corpus")
 CORPUS_FILE = CORPUS_DIR / "kjv.jsonl.xz"
 TOKENIZER_FILE = CORPUS_DIR / "tokenizer.json"
 NAME = "tiny"  # outputs tiny_text_document.bin/.idx
