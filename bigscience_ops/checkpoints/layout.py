@@ -1,0 +1,88 @@
+"""The one reader of a run's checkpoint folder: tags, `latest`, bsops.json, what each global_stepN holds.
+
+DeepSpeed writes `global_stepN/` then names it in `latest`; the trainer writes bsops.json into the
+folder before `latest` moves (trainer/checkpointing.py). So a checkpoint is complete when it has
+bsops.json and its step is not after the one `latest` names: a newer folder is a save in progress.
+
+Inside a folder: `layer_XX-model_states.pt` (pipeline stages' weights), `mp_rank_XX_model_states.pt`
+(engine state; with ZeRO-0 it also holds the optimizer state), `*optim_states.pt` (ZeRO and bf16
+optimizer partitions), `rng_state_NNN.pt`, bsops.json. Pure Python: no torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigscience_ops.trainer.checkpointing import META, TAG, CheckpointError
+
+LATEST = "latest"
+OPTIMIZER_FILE = re.compile(r"(.*_)?optim_states\.pt")
+MODEL_STATES_FILE = re.compile(r"mp_rank_\d+_model_states\.pt")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One global_stepN folder."""
+
+    tag: str
+    step: int
+    path: Path
+
+    def files(self) -> list[str]:
+        """Every file below the folder, as sorted relative POSIX paths."""
+        return sorted(p.relative_to(self.path).as_posix() for p in self.path.rglob("*") if p.is_file())
+
+    def meta(self) -> dict:
+        file = self.path / META
+        try:
+            return json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{file}: unreadable ({exc})") from None
+
+
+def is_optimizer_file(relpath: str) -> bool:
+    """ZeRO / bf16 optimizer partitions: never part of a weights-only copy."""
+    return OPTIMIZER_FILE.fullmatch(Path(relpath).name) is not None
+
+
+def is_model_states_file(relpath: str) -> bool:
+    """DeepSpeed's engine state per model-parallel rank; holds the optimizer state under ZeRO-0."""
+    return MODEL_STATES_FILE.fullmatch(Path(relpath).name) is not None
+
+
+def step_of(tag: str) -> int | None:
+    match = TAG.fullmatch(tag)
+    return int(match.group(1)) if match else None
+
+
+def list_checkpoints(checkpoints: Path) -> list[Checkpoint]:
+    """Every global_stepN folder, oldest step first (complete or not)."""
+    checkpoints = Path(checkpoints)
+    if not checkpoints.is_dir():
+        return []
+    found = [Checkpoint(p.name, step, p) for p in checkpoints.iterdir()
+             if p.is_dir() and (step := step_of(p.name)) is not None]
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest_tag(checkpoints: Path) -> str | None:
+    """The tag `latest` names, None when there is no `latest` file."""
+    file = Path(checkpoints) / LATEST
+    if not file.is_file():
+        return None
+    tag = file.read_text(encoding="utf-8").strip()
+    if step_of(tag) is None:
+        raise CheckpointError(f"{file}: names {tag!r}, which is not a global_stepN tag")
+    return tag
+
+
+def complete_checkpoints(checkpoints: Path) -> list[Checkpoint]:
+    """The checkpoints a copy may read: with bsops.json and not newer than `latest` (a newer one is being saved)."""
+    tag = latest_tag(checkpoints)
+    if tag is None:
+        return []
+    last = step_of(tag)
+    return [c for c in list_checkpoints(checkpoints) if c.step <= last and (c.path / META).is_file()]

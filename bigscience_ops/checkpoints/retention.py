@@ -1,0 +1,51 @@
+"""Which checkpoints stay on the training's scratch space: a pure decision, then the deletion.
+
+Kept: the newest `keep_last`, every step that is a multiple of `keep_every`, the one `latest`
+names, and every checkpoint not verified in the backup. Everything else may go.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bigscience_ops.checkpoints.layout import Checkpoint
+
+
+@dataclass(frozen=True)
+class Decision:
+    keep: dict[int, str] = field(default_factory=dict)  # step -> why
+    delete: list[int] = field(default_factory=list)
+
+
+def decide(steps: Iterable[int], latest_step: int | None, verified: set[int], keep_last: int | None,
+           keep_every: int | None) -> Decision:
+    """Split `steps` into kept (with the reason) and deletable; keep_last None deletes nothing."""
+    steps = sorted(set(steps))
+    keep: dict[int, str] = {}
+    delete = []
+    newest = set(steps[-keep_last:]) if keep_last else set(steps)
+    for step in steps:
+        if step == latest_step:
+            keep[step] = "latest"
+        elif step not in verified:
+            keep[step] = "not verified in the backup"
+        elif step in newest:
+            keep[step] = "one of the newest" if keep_last else "no keep_last: nothing is deleted"
+        elif keep_every and step % keep_every == 0:
+            keep[step] = f"multiple of keep_every={keep_every}"
+        else:
+            delete.append(step)
+    return Decision(keep, delete)
+
+
+def apply(checkpoints: list[Checkpoint], decision: Decision, still_verified: Callable[[Checkpoint], bool]) -> list[str]:
+    """Delete the decided checkpoints, each only if `still_verified` confirms its backup right before; returns tags."""
+    deleted = []
+    for ckpt in checkpoints:
+        if ckpt.step in decision.delete and still_verified(ckpt):
+            shutil.rmtree(ckpt.path)
+            deleted.append(ckpt.tag)
+    return deleted
