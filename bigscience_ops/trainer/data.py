@@ -4,11 +4,17 @@ Megatron's pretraining sampler walks the dataset in order: the step that starts 
 samples reads samples consumed, consumed + 1, ...; micro-step k of data-parallel rank r reads
 [consumed + k * mbs * dp + r * mbs, + mbs). The order depends only on `consumed`, so a resumed run
 reads exactly what the uninterrupted run would have read.
+
+Because every global batch size is a multiple of micro_batch_size x DP, the micro-batches of one
+rank form one sequence whatever the rampup: micro-batch j reads [j * mbs * dp + r * mbs, + mbs).
+`MicroBatchFeed` walks that sequence with DataLoader workers (`data.num_workers`), pinned memory
+and non-blocking copies to the GPU, so the next micro-batches are ready before the step asks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import count
 from typing import Protocol
 
 import numpy as np
@@ -61,13 +67,20 @@ def build_datasets(exp, num_samples: tuple[int, int, int], synthetic: bool) -> t
     return build_train_valid_test_datasets(prefixes, exp.data.split, m.seq_length, exp.train.seed, num_samples)
 
 
-def _micro_batch(dataset: TokenDataset, start: int, size: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    n = len(dataset)
-    rows = np.stack([np.asarray(dataset[(start + i) % n], dtype=np.int64) for i in range(size)])
-    tokens = torch.from_numpy(rows)
+MicroBatch = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]  # tokens, (labels, loss mask): (mbs, seq) each
+
+
+def collate(samples: Sequence[np.ndarray]) -> MicroBatch:
+    """Samples of seq_length + 1 token ids -> (tokens, (labels, loss mask)); host tensors."""
+    tokens = torch.from_numpy(np.stack([np.asarray(sample, dtype=np.int64) for sample in samples]))
     labels = tokens[:, 1:].contiguous()
     loss_mask = torch.ones(labels.shape, dtype=torch.float32)
     return tokens[:, :-1].contiguous(), (labels, loss_mask)
+
+
+def _micro_batch(dataset: TokenDataset, start: int, size: int) -> MicroBatch:
+    n = len(dataset)
+    return collate([dataset[(start + i) % n] for i in range(size)])
 
 
 def step_micro_batches(dataset: TokenDataset, consumed: int, num_micro_batches: int, micro_batch_size: int,
@@ -81,3 +94,53 @@ def sample_indices(consumed: int, num_micro_batches: int, micro_batch_size: int,
     """The dataset indices `step_micro_batches` reads, in order (for tests)."""
     return [consumed + (k * dp_size + dp_rank) * micro_batch_size + i
             for k in range(num_micro_batches) for i in range(micro_batch_size)]
+
+
+class MicroBatchSampler:
+    """Index lists of one rank's micro-batches in Megatron's order, from micro-batch `first` on, forever."""
+
+    def __init__(self, num_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int, first: int) -> None:
+        self.n, self.mbs, self.rank, self.dp, self.first = num_samples, micro_batch_size, dp_rank, dp_size, first
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for j in count(self.first):
+            start = j * self.mbs * self.dp + self.rank * self.mbs
+            yield [(start + i) % self.n for i in range(self.mbs)]
+
+
+class MicroBatchFeed:
+    """One rank's micro-batches from `consumed` samples on, prepared off the critical path.
+
+    DataLoader workers (`num_workers`; 0 reads in this process) collate ahead of the step into
+    pinned memory on CUDA, and `take` copies them to `device` without blocking. A step takes exactly
+    its micro-batches: `finish` reads what the engine left, so the next step starts where Megatron's does.
+    """
+
+    def __init__(self, dataset: TokenDataset, consumed: int, micro_batch_size: int, dp_rank: int, dp_size: int,
+                 num_workers: int, device: torch.device) -> None:
+        per_micro_step = micro_batch_size * dp_size
+        if consumed % per_micro_step:
+            raise ValueError(f"consumed samples {consumed} is not a multiple of micro_batch_size x DP = {per_micro_step}")
+        self.device = device
+        sampler = MicroBatchSampler(len(dataset), micro_batch_size, dp_rank, dp_size, consumed // per_micro_step)
+        self.loader = torch.utils.data.DataLoader(
+            dataset, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
+            pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None)
+        self._batches = iter(self.loader)
+
+    def _to_device(self, batch: MicroBatch) -> MicroBatch:
+        if self.device.type == "cpu":
+            return batch
+        tokens, (labels, mask) = batch
+        return (tokens.to(self.device, non_blocking=True),
+                (labels.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)))
+
+    def take(self, num_micro_batches: int) -> Iterator[MicroBatch]:
+        """The next `num_micro_batches` micro-batches, on the device."""
+        for _ in range(num_micro_batches):
+            yield self._to_device(next(self._batches))
+
+    def finish(self, step: Iterator[MicroBatch]) -> None:
+        """Consume what the step did not read (the engine reads them all; this keeps the order if not)."""
+        for _ in step:
+            pass

@@ -28,6 +28,7 @@ class IterationStats:
     nan: int
     samples_per_second: float
     tflops: float
+    mfu: float | None = None  # model FLOPs utilisation in [0, 1]; None when the GPU's peak is unknown
 
 
 def iteration_line(s: IterationStats) -> str:
@@ -48,7 +49,48 @@ def iteration_line(s: IterationStats) -> str:
     line += f" number of nan iterations: {s.nan:3d} |"
     line += f" samples per second: {s.samples_per_second:.3f} |"
     line += f" TFLOPs: {s.tflops:.2f} |"
+    if s.mfu is not None:
+        line += f" MFU: {100 * s.mfu:.1f}% |"
     return line
+
+
+# Dense bf16/fp16 tensor-core peaks (TFLOPs, no sparsity) from NVIDIA's data sheets, matched in
+# order against torch.cuda.get_device_name(): the more specific names first.
+PEAK_TFLOPS: list[tuple[str, float]] = [
+    ("H200 NVL", 835.0),
+    ("H200", 989.0),
+    ("H100 NVL", 835.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("A100", 312.0),  # SXM and PCIe
+    ("V100S", 130.0),
+    ("V100-PCIE", 112.0),
+    ("V100", 125.0),  # SXM2; fp16 only
+]
+
+
+def peak_tflops_of(device_name: str) -> float | None:
+    """The table's peak for a GPU name, or None for a GPU it does not know."""
+    for key, peak in PEAK_TFLOPS:
+        if key.lower() in device_name.lower():
+            return peak
+    return None
+
+
+def peak_tflops(override: float | None, device) -> float | None:
+    """`estimate.peak_tflops` when set, else the table's peak of this CUDA device; None on CPU."""
+    if override is not None:
+        return override
+    if getattr(device, "type", "cpu") != "cuda":
+        return None
+    import torch
+
+    return peak_tflops_of(torch.cuda.get_device_name(device))
+
+
+def mfu(achieved_tflops: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved model TFLOPs per GPU over the peak (None when the peak is unknown)."""
+    return None if peak is None else achieved_tflops / peak
 
 
 def validation_lines(iteration: int, loss: float) -> list[str]:

@@ -8,6 +8,17 @@ switch and SIGUSR1/SIGTERM are checked, and after every iteration the exit inter
 duration, measured from the Slurm job start (BSOPS_JOB_START_EPOCH); each saves, then exits.
 With TP > 1 the pipeline runs on DeepSpeed's (pipe, data, model) topology and every layer holds
 this rank's Megatron shards (tensor_parallel.py).
+
+Devices: on GPUs the local GPU is selected before the process group exists, the group serves both
+devices (`cpu:gloo,cuda:nccl`), and every tensor the trainer hands to a collective is created on
+the engine's device (`self.device`). A collective that waits longer than
+`parallel.collective_timeout_minutes` aborts its process (NCCL async error handling).
+
+Failures: a rank that raises writes its error to stderr (the job script appends it to
+main_log.txt) and exits at once, without the final barrier its peers could never reach; the
+peers' collectives then fail (gloo: connection closed) or time out (NCCL), and srun
+--kill-on-bad-exit ends the other nodes. BSOPS_FAIL_AT="RANK:ITERATION" injects such a failure
+(tests and fire drills): that rank raises before training iteration ITERATION.
 """
 
 from __future__ import annotations
@@ -20,8 +31,10 @@ import os
 import signal
 import sys
 import time
+import traceback
 import warnings
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -33,15 +46,35 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.schedules import LRSchedule
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer import tensor_parallel
-from bigscience_ops.trainer.data import build_datasets, step_micro_batches
+from bigscience_ops.trainer.data import MicroBatchFeed, build_datasets
 from bigscience_ops.trainer.model import GPTShape, layer_specs, loss_function, weight_decay_groups
-from bigscience_ops.trainer.report import Board, IterationStats, iteration_line, perplexity, validation_lines
+from bigscience_ops.trainer.report import (Board, IterationStats, iteration_line, mfu, peak_tflops, perplexity,
+                                           validation_lines)
 
 _IMPORT_TIME = time.time()
 
 
 class TrainerError(BsopsError):
     """The experiment cannot be trained as configured: names the value and what is allowed."""
+
+
+class InjectedFault(RuntimeError):
+    """The failure BSOPS_FAIL_AT asked for."""
+
+
+FAIL_AT_ENV = "BSOPS_FAIL_AT"
+
+
+def fail_at(env: dict[str, str] | None = None) -> tuple[int, int] | None:
+    """(rank, iteration) from BSOPS_FAIL_AT="RANK:ITERATION", or None when unset."""
+    value = (os.environ if env is None else env).get(FAIL_AT_ENV, "").strip()
+    if not value:
+        return None
+    parts = value.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or int(parts[1]) < 1:
+        raise TrainerError(f"{FAIL_AT_ENV}: got {value!r}; expected RANK:ITERATION such as '1:5' "
+                           "(a global rank and a training iteration >= 1)")
+    return int(parts[0]), int(parts[1])
 
 
 @dataclass
@@ -73,17 +106,30 @@ def _print(*lines: str) -> None:
             print(line, flush=True)
 
 
-def init_distributed(device: str) -> None:
-    """gloo on CPU, NCCL on GPU; the CPU accelerator's shm op is not JIT-built (it costs a minute of compilation on a fresh machine)."""
+def init_distributed(device: str, timeout_minutes: int = 30) -> torch.device:
+    """The process group, and the device this process trains on.
+
+    CPU: gloo; the CPU accelerator's shm op is not JIT-built (a minute of compilation on a fresh
+    machine). GPU: the local GPU is selected first (before any group, collective or allocation), the
+    group serves CPU and CUDA tensors (`cpu:gloo,cuda:nccl`), and NCCL's async error handling turns
+    a collective stuck past `timeout_minutes` into an aborted process instead of a hang.
+    """
     import deepspeed
 
     # DeepSpeed broadcasts tied weights inside autograd; torch warns about it on every backward.
     warnings.filterwarnings("ignore", message="c10d::broadcast_: an autograd kernel was not registered")
+    timeout = timedelta(minutes=timeout_minutes)
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         comm_torch = importlib.import_module("deepspeed.comm.torch")
         comm_torch.build_shm_op = lambda: None
-    deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
+        deepspeed.init_distributed(dist_backend="gloo", timeout=timeout)
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # the name since torch 2.2 (was NCCL_...)
+    deepspeed.init_distributed(dist_backend="cpu:gloo,cuda:nccl", timeout=timeout)
+    return torch.device("cuda", local_rank)
 
 
 def _job_start_epoch() -> float:
@@ -116,17 +162,21 @@ def _record_fp32_grad_norm(engine) -> None:
     engine.clip_fp32_gradients = clip
 
 
-def _any_rank(*flags: bool) -> list[bool]:
-    t = torch.tensor([int(f) for f in flags], dtype=torch.int64)
+def _any_rank(device: torch.device, *flags: bool) -> list[bool]:
+    """Each flag OR-ed over all ranks (one all-reduce on the engine's device)."""
+    t = torch.tensor([int(f) for f in flags], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [bool(v) for v in t.tolist()]
 
 
 class Trainer:
-    def __init__(self, exp: Experiment, ds_config: dict, synthetic_data: bool = False) -> None:
+    def __init__(self, exp: Experiment, ds_config: dict, synthetic_data: bool = False,
+                 device: torch.device | None = None) -> None:
         self.exp = exp
         self.ds_config = ds_config
         self.synthetic_data = synthetic_data
+        self.device = device or torch.device("cpu")
+        self.peak_tflops = peak_tflops(exp.estimate.peak_tflops, self.device)
         self.schedule = plan.batch_schedule(exp)
         self.lr = plan.lr_schedule(exp)
         self.train_iters = plan.train_iters(exp)
@@ -175,8 +225,11 @@ class Trainer:
             checkpointable_layers=["TransformerBlock"],
         )
         o = exp.optimizer
+        fused = self.device.type == "cuda"
+        if fused:  # torch's fused AdamW kernel: one launch per step instead of several per parameter
+            module.to(self.device)
         optimizer = torch.optim.AdamW(weight_decay_groups(module, o.weight_decay), lr=0.0,
-                                      betas=(o.beta1, o.beta2), eps=o.eps)
+                                      betas=(o.beta1, o.beta2), eps=o.eps, fused=fused or None)
         config = dict(self.ds_config)
         config["train_batch_size"] = self.schedule.batch_size_at(0)
         self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
@@ -199,6 +252,20 @@ class Trainer:
                                                          self.synthetic_data)
         if self.train_ds is None:
             raise TrainerError(f"data.split: got {exp.data.split!r}; the training split is empty")
+
+    def _build_feeds(self) -> None:
+        """Micro-batch feeds from the resumed position; only the stages that read data (first, last) get one."""
+        e, exp = self.engine, self.exp
+        reads = e.is_first_stage() or e.is_last_stage()
+
+        def feed(dataset, consumed: int) -> MicroBatchFeed | None:
+            if not reads or dataset is None:
+                return None
+            return MicroBatchFeed(dataset, consumed, exp.batch.micro_batch_size, self.dp_rank, self.dp,
+                                  exp.data.num_workers, self.device)
+
+        self.train_feed = feed(self.train_ds, self.state.consumed_train_samples)
+        self.valid_feed = feed(self.valid_ds, self.state.consumed_valid_samples) if exp.logging.eval_iters else None
 
     def _find_resume(self) -> ckpt.Resume | None:
         """The checkpoint to resume from, checked against this model before anything is built."""
@@ -268,9 +335,10 @@ class Trainer:
         gbs = self.schedule.batch_size_at(s.consumed_train_samples)
         e.set_train_batch_size(gbs)
         _set_lr(e, self.lr.lr_at(s.lr_scheduler_samples))
-        data = step_micro_batches(self.train_ds, s.consumed_train_samples, e.micro_batches,
-                                  self.exp.batch.micro_batch_size, self.dp_rank, self.dp)
+        data = self.train_feed.take(e.micro_batches) if self.train_feed is not None else None
         loss = float(e.train_batch(data_iter=data))
+        if self.train_feed is not None:
+            self.train_feed.finish(data)
         applied = e.was_step_applied()
         s.iteration += 1
         s.consumed_train_samples += gbs
@@ -290,16 +358,17 @@ class Trainer:
         micro = gbs // (exp.batch.micro_batch_size * self.dp)
         losses = []
         for _ in range(exp.logging.eval_iters):
-            data = step_micro_batches(self.valid_ds, self.state.consumed_valid_samples, micro,
-                                      exp.batch.micro_batch_size, self.dp_rank, self.dp)
+            data = self.valid_feed.take(micro) if self.valid_feed is not None else None
             losses.append(float(e.eval_batch(data, num_micro_batches=micro)))
+            if self.valid_feed is not None:
+                self.valid_feed.finish(data)
             self.state.consumed_valid_samples += gbs
         return sum(losses) / len(losses)
 
     def params_norm(self) -> float:
         """L2 norm of all parameters, each counted once: the tied copy on the last stage is left out, and
         parameters replicated over TP count on TP rank 0 only."""
-        total = torch.zeros(1, dtype=torch.float64)
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
         tied = set()
         if self.exp.parallel.pipeline > 1 and self.engine.is_last_stage():
             tied = {id(p) for m in self.engine.module.tied_modules.values() for p in m.parameters()}
@@ -317,7 +386,7 @@ class Trainer:
     def run(self) -> int:
         exp = self.exp
         kill_switch = Path(exp.checkpoint.kill_switch_path) if exp.checkpoint.kill_switch_path else None
-        if _any_rank(kill_switch is not None and kill_switch.exists())[0]:
+        if _any_rank(self.device, kill_switch is not None and kill_switch.exists())[0]:
             _print(f"> kill switch {kill_switch} exists: exiting without training")
             return 0
         self._check_layout()
@@ -328,6 +397,7 @@ class Trainer:
         is_writer = dist.get_rank() == 0 and exp.logging.tensorboard
         self.board = Board(exp.paths.tensorboard if is_writer else None, exp.logging.tensorboard_queue_size)
         self._resume(resume)
+        self._build_feeds()
         _print(f"> training {exp.name}: {self.params} parameters, TP={exp.parallel.tensor} PP={exp.parallel.pipeline} "
                f"DP={self.dp}, {self.train_iters} iterations, starting at {self.state.iteration}")
         reason = self._loop(kill_switch, signals)
@@ -343,9 +413,10 @@ class Trainer:
         ck = exp.checkpoint
         window = {"loss": 0.0, "count": 0, "time": 0.0, "iters": 0, "nan": 0}
         steps_this_run = 0
+        fault = fail_at()
         while s.iteration < self.train_iters:
             over_time = steps_this_run > 0 and (time.time() - self.job_start) / 60.0 > ck.exit_duration_in_mins
-            killed, signalled, timed_out = _any_rank(kill_switch is not None and kill_switch.exists(),
+            killed, signalled, timed_out = _any_rank(self.device, kill_switch is not None and kill_switch.exists(),
                                                      signals.received is not None, over_time)
             if killed:
                 return f"kill switch {kill_switch} found: saved and exiting"
@@ -354,6 +425,9 @@ class Trainer:
             if timed_out:
                 return f"exit duration of {ck.exit_duration_in_mins} min since the job start reached: saved and exiting"
 
+            if fault is not None and fault == (dist.get_rank(), s.iteration + 1):
+                raise InjectedFault(f"{FAIL_AT_ENV}={fault[0]}:{fault[1]}: rank {fault[0]} fails before iteration "
+                                    f"{fault[1]}")
             start = time.time()
             loss, applied, gbs = self.train_step()
             elapsed = time.time() - start
@@ -404,7 +478,9 @@ class Trainer:
         b.scalar("grad-norm", grad_norm, it, consumed)
         b.scalar("iteration-time", elapsed, it, consumed)
         b.scalar("samples per second", gbs / elapsed, it, consumed)
-        b.scalar("TFLOPs per GPU", gbs * seq * self.flops_per_token / elapsed / world / 1e12, it, consumed)
+        step_tflops = gbs * seq * self.flops_per_token / elapsed / world / 1e12
+        b.scalar("TFLOPs per GPU", step_tflops, it, consumed)
+        b.scalar("MFU", mfu(step_tflops, self.peak_tflops), it, consumed)  # left out when the peak is unknown
         if it % log_interval:
             return
         params_norm = self.params_norm()
@@ -417,19 +493,31 @@ class Trainer:
             elapsed_ms=per_iter * 1000.0, learning_rate=lr, global_batch_size=gbs,
             lm_loss=window["loss"] / window["count"] if window["count"] else None, loss_scale=loss_scale,
             grad_norm=grad_norm, params_norm=params_norm, skipped=s.skipped_iterations, nan=window["nan"],
-            samples_per_second=gbs / per_iter, tflops=tokens_per_s * self.flops_per_token / world / 1e12)
+            samples_per_second=gbs / per_iter, tflops=tokens_per_s * self.flops_per_token / world / 1e12,
+            mfu=mfu(tokens_per_s * self.flops_per_token / world / 1e12, self.peak_tflops))
         _print(iteration_line(stats))
         window.update(loss=0.0, count=0, time=0.0, iters=0, nan=0)
 
 
+def _report_failure(exc: BaseException) -> None:
+    """The error of this rank as one write to stderr (the job script appends it to main_log.txt)."""
+    where = f"rank {dist.get_rank()}/{dist.get_world_size()}" if dist.is_initialized() else "rank ?"
+    text = "".join(traceback.format_exception(exc))
+    sys.stdout.flush()
+    sys.stderr.write(f"error: training failed on {where} (host {os.uname().nodename}, pid {os.getpid()}): "
+                     f"{type(exc).__name__}: {exc}\n{text}")
+    sys.stderr.flush()
+
+
 def run(exp: Experiment, ds_config: dict, synthetic_data: bool = False) -> int:
-    init_distributed(exp.slurm.device if torch.cuda.is_available() else "cpu")
-    try:
-        return Trainer(exp, ds_config, synthetic_data).run()
-    finally:
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
+    """Train on this rank. Success ends with a barrier so no rank tears the group down early; an error
+    propagates at once (no barrier in a `finally`: the peers of a failed rank could never reach it)."""
+    device = init_distributed(exp.slurm.device if torch.cuda.is_available() else "cpu",
+                              exp.parallel.collective_timeout_minutes)
+    code = Trainer(exp, ds_config, synthetic_data, device).run()
+    dist.barrier()
+    dist.destroy_process_group()
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -448,5 +536,14 @@ def main(argv: list[str] | None = None) -> int:
         ds_config = json.loads(args.deepspeed_config.read_text(encoding="utf-8"))
         return run(exp, ds_config, args.synthetic_data)
     except BsopsError as exc:
+        code = 2
+        sys.stdout.flush()
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+    except BaseException as exc:  # noqa: BLE001 - every failure must end this rank now, whatever it is
+        code = 1
+        _report_failure(exc)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        # Leave now: a normal interpreter exit tears down the process group, and with NCCL that can
+        # wait on the collectives of peers that will never come. torchrun sees the exit and stops the rest.
+        os._exit(code)
+    return code
