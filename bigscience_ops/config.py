@@ -169,6 +169,9 @@ class SlurmConfig:
                                       shell=True)
     master_port: int = documented(6000, "rendezvous port on the first node")
     failure_budget: int = documented(3, "array tasks in a row without progress before the next one stops; 0: never")
+    signal_seconds: int | None = documented(
+        None, "--signal=B:USR1@N: Slurm warns the job N s before its time limit and the trainer saves and exits; "
+              "derived from checkpoint.exit_margin_mins (the time an iteration and a save take)")
 
 
 @dataclass(frozen=True)
@@ -432,6 +435,9 @@ def _validate(exp: Experiment, src: str) -> None:
         _check(value is None or value >= 1, src, f"backup.{key}", value, "must be a positive integer (or left out)")
 
 
+SIGNAL_SECONDS_MAX = 65535
+
+
 def exit_margin_minutes(num_params: float) -> int:
     """Minutes kept free before the time limit to finish an iteration and write a checkpoint.
 
@@ -509,7 +515,10 @@ def derive(exp: Experiment, root: Path, source: str = "", output_root: Path | No
                f"must be longer than the exit margin of {ck.exit_margin_mins} minutes")
         ck = fill(ck, "checkpoint", exit_duration_in_mins=limit - ck.exit_margin_mins)
     ck = dataclasses.replace(ck, kill_switch_path=_resolve_path(ck.kill_switch_path, out_root))
-    return dataclasses.replace(exp, checkpoint=ck, derived=tuple(exp.derived) + tuple(derived))
+    slurm = fill(exp.slurm, "slurm", signal_seconds=min(SIGNAL_SECONDS_MAX, ck.exit_margin_mins * 60))
+    _check(1 <= slurm.signal_seconds <= SIGNAL_SECONDS_MAX, source, "slurm.signal_seconds", slurm.signal_seconds,
+           f"must be 1 to {SIGNAL_SECONDS_MAX} seconds (Slurm's limit for --signal)")
+    return dataclasses.replace(exp, checkpoint=ck, slurm=slurm, derived=tuple(exp.derived) + tuple(derived))
 
 
 def to_dict(exp: Experiment) -> dict:

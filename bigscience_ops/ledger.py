@@ -26,7 +26,7 @@ class LedgerError(BsopsError):
 
 @dataclass(frozen=True)
 class TaskRecord:
-    event: str  # "launch" (resets the budget), "begin" or "end"
+    event: str  # "launch" (resets the budget), "begin", "end", or "stop" (the budget stopped the array)
     job_id: str
     nodes: str
     iteration: int  # the latest checkpoint's iteration at that moment
@@ -138,6 +138,20 @@ def end(output: Path, checkpoints: Path, exit_code: int, env: dict[str, str] | N
                               latest_iteration(checkpoints), time.time(), exit_code))
     job_id = slurm_job_id(env)
     return next(a for a in reversed(attempts(read(ledger))) if a.job_id == job_id)
+
+
+def stopped(records: list[TaskRecord]) -> bool:
+    """Whether the failure budget already stopped this launch's array (and alerted about it)."""
+    launches = [i for i, rec in enumerate(records) if rec.event == "launch"]
+    since = records[launches[-1] + 1:] if launches else records
+    return any(rec.event == "stop" for rec in since)
+
+
+def mark_stop(output: Path, env: dict[str, str] | None = None) -> None:
+    """Record that the budget stopped the array: later tasks stop without alerting again."""
+    env = os.environ if env is None else env
+    append(Path(output) / LEDGER_NAME, TaskRecord("stop", slurm_job_id(env), env.get("SLURM_JOB_NODELIST", ""),
+                                                  0, time.time()))
 
 
 def mark_launch(output: Path, job_id: str) -> None:

@@ -432,3 +432,14 @@ def show_job(job_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> list[dict[str, 
 
 def cancel(job_ids: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S) -> None:
     run(scancel_argv(job_ids), timeout=timeout)
+
+
+def cancel_array(array_job_id: str, job_name: str, users: Sequence[str] = (),
+                 timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """Cancel the queued tasks of array `array_job_id`, but only when it is a job named `job_name`
+    (an id from the environment must never cancel someone else's job); returns the ids cancelled."""
+    ours = [j for j in query_jobs(users=users, name=job_name, timeout=timeout)
+            if j.array_job_id == array_job_id and j.name == job_name]
+    if ours:
+        cancel([array_job_id], timeout=timeout)
+    return [j.job_id for j in ours]

@@ -61,15 +61,17 @@ def test_job_script_stops_a_crash_loop(tmp_path: Path, trainings: Path, plain_se
     exp = load_experiment("loop", trainings)
     script = rendering.write(rendering.render(exp, tmp_path / "r"), tmp_path / "r")
     env = install_shims(tmp_path, torchrun_exit=1)  # the trainer crashes at once, saving nothing
+    env["BSOPS_LOCAL_LAUNCH"] = "1"  # made-up Slurm ids: nothing to scancel
     codes = []
-    for task in range(3):
+    for task in range(4):
         env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"] = "500", str(task + 1)
         codes.append(subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60).returncode)
-    assert codes == [1, 1, 1]
+    assert codes == [1, 1, 1, 1]
     launches = (tmp_path / "argv.jsonl").read_text().splitlines()
-    assert len(launches) == 2, "the third task must not start the trainer"
+    assert len(launches) == 2, "the third and fourth tasks must not start the trainer"
     log = (tmp_path / "run" / "logs" / "main_log.txt").read_text()
     assert "***ALERT: loop: the last 2 array tasks made no progress" in log
     assert "node-[a-b]" in log
-    [mail] = inbox.messages
+    [mail] = inbox.messages  # the fourth task stops without alerting again
+    assert ledger.stopped(ledger.read(tmp_path / "run" / ledger.LEDGER_NAME))
     assert "crash loop" in mail["Subject"] and "500_1 on node-[a-b]" in mail.get_content()

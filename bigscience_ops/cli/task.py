@@ -40,21 +40,52 @@ def task_begin(experiment_json: Path) -> None:
     exp = _resolved(experiment_json)
     failing = ledger.begin(Path(exp.paths.output), Path(exp.paths.checkpoints), exp.slurm.failure_budget)
     if failing is not None:
-        from bigscience_ops.ops import notify
-
-        nodes = ", ".join(sorted({a.nodes for a in failing if a.nodes})) or "unknown"
-        alert = (f"***ALERT: {exp.slurm.job_name}: the last {len(failing)} array tasks made no progress "
-                 f"(iteration {failing[-1].start_iteration}; nodes {nodes}); not training. "
-                 f"Check the nodes, add bad ones to slurm.exclude, then relaunch***")
-        click.echo(alert)
-        tasks = "\n".join(f"- {a.job_id} on {a.nodes or '?'}: iteration {a.start_iteration} -> "
-                          f"{a.end_iteration if a.end_iteration is not None else 'killed'}, exit code {a.exit_code}"
-                          for a in failing)
-        click.echo(notify.send_alert(exp.alerts, f"[bsops] {exp.name}: crash loop stopped, not training",
-                                     f"{alert}\n\nThe tasks:\n{tasks}\n\nThe remaining array tasks stop at once too. "
-                                     f"After fixing, `bsops launch {exp.name}` starts a fresh failure budget."))
+        _stop_crash_loop(exp, failing)
         sys.exit(EXIT_PROBLEMS)
     click.echo(f"task {ledger.slurm_job_id()} begins at iteration {ledger.latest_iteration(Path(exp.paths.checkpoints))}")
+
+
+def _stop_crash_loop(exp, failing: list) -> None:
+    """Alert once (email), then cancel the rest of the array so no task waits for nodes only to stop."""
+    import os
+
+    from bigscience_ops import ledger, slurm
+    from bigscience_ops.ops import notify
+
+    output = Path(exp.paths.output)
+    nodes = ", ".join(sorted({a.nodes for a in failing if a.nodes})) or "unknown"
+    alert = (f"***ALERT: {exp.slurm.job_name}: the last {len(failing)} array tasks made no progress "
+             f"(iteration {failing[-1].start_iteration}; nodes {nodes}); not training. "
+             f"Check the nodes, add bad ones to slurm.exclude, then relaunch***")
+    click.echo(alert)
+    if ledger.stopped(ledger.read(output / ledger.LEDGER_NAME)):
+        click.echo("the rest of the array was stopped and the alert sent already")
+        return
+    ledger.mark_stop(output)
+    tasks = "\n".join(f"- {a.job_id} on {a.nodes or '?'}: iteration {a.start_iteration} -> "
+                      f"{a.end_iteration if a.end_iteration is not None else 'killed'}, exit code {a.exit_code}"
+                      for a in failing)
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    in_slurm = bool(array) and not os.environ.get("BSOPS_LOCAL_LAUNCH")
+    then = (f"The rest of array {array} is cancelled now (scancel {array}), this task included, so no task waits "
+            f"for nodes only to stop." if in_slurm else "This task stops.")
+    subject = f"[bsops] {exp.name}: crash loop stopped, not training"
+    # Email first: cancelling the array ends this very process.
+    click.echo(notify.send_alert(exp.alerts, subject, f"{alert}\n\nThe tasks:\n{tasks}\n\n{then} After fixing, "
+                                                      f"`bsops launch {exp.name}` starts a fresh failure budget."))
+    if not in_slurm:
+        return
+    from bigscience_ops.submit import watched_users
+
+    try:
+        ids = slurm.cancel_array(array, exp.slurm.job_name, users=watched_users(exp))
+    except slurm.SlurmError as exc:
+        failure = f"***ALERT: the rest of array {array} could not be cancelled: {exc}; run `scancel {array}`***"
+        click.echo(failure)
+        click.echo(notify.send_alert(exp.alerts, f"[bsops] {exp.name}: cancel the crash-looping array", failure))
+        return
+    if not ids:
+        click.echo(f"array {array} of {exp.slurm.job_name!r} is not in the queue: nothing to cancel")
 
 
 @task.command("end")

@@ -1,0 +1,104 @@
+"""The rendered training job on the real cluster: the warning signal reaches every trainer, which
+saves and exits; one failing node ends the whole job; a spent failure budget cancels the array."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import ledger, slurm, submit
+from bigscience_ops.config import Experiment, load_experiment
+from tests.fixtures_slurm import SlurmCluster, wait_until
+from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
+
+pytestmark = pytest.mark.slurm
+
+
+def experiment(trainings: Path, run: Path, cluster: SlurmCluster, name: str, yaml: str) -> Experiment:
+    (trainings / f"{name}.yaml").write_text(
+        f"base: tiny\n{yaml}"
+        f"paths: {{output: {json.dumps(str(run))}}}\n")
+    exp = load_experiment(name, trainings)
+    assert exp.slurm.job_name.startswith(cluster.prefix)
+    return exp
+
+
+def torchrun_shim(folder: Path, body: str) -> str:
+    """A torchrun on the job's PATH that stands in for a trainer that fails (what a real cluster
+    cannot produce on demand); returns the env_setup line that puts it first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "torchrun").write_text("#!/bin/bash\n" + body)
+    (folder / "torchrun").chmod(0o755)
+    return f"export PATH={folder}:$PATH"
+
+
+def launch(exp: Experiment, cluster: SlurmCluster) -> str:
+    job_id = submit.submit(submit.plan_launch(exp))
+    cluster.submitted.append(job_id)
+    return job_id
+
+
+def attempts(exp: Experiment) -> list[ledger.Attempt]:
+    return ledger.attempts(ledger.read(Path(exp.paths.output) / ledger.LEDGER_NAME))
+
+
+@pytest.mark.slow
+def test_the_warning_signal_reaches_the_trainers_which_save_and_exit(
+        slurm_cluster: SlurmCluster, trainings: Path, tmp_path: Path) -> None:
+    exp = experiment(trainings, tmp_path / "run", slurm_cluster, "sig",
+                     f"slurm: {{job_name: {slurm_cluster.prefix}-sig, partition: {slurm_cluster.partition}, "
+                     f"array: 1, time: '10'}}\n"
+                     "train: {samples: 100_000}\nlogging: {log_interval: 1, eval_interval: 100_000}\n"
+                     "checkpoint: {save_interval: 100_000, exit_interval: 100_000}\n")
+    job_id = launch(exp, slurm_cluster)
+    main_log = Path(exp.paths.logs) / "main_log.txt"
+    wait_until("the third iteration line", lambda: main_log.exists()
+               and re.search(r"^\s*iteration\s+3/", main_log.read_text(), re.M), timeout=240, interval=1)
+    # What Slurm does --signal=B:USR1@N seconds before the time limit: signal the batch shell only.
+    slurm.run(slurm.scancel_argv([f"{job_id}_1"], signal="USR1", batch_only=True), timeout=30)
+    wait_until("the job to end", lambda: not slurm_cluster.jobs(job_id), timeout=180, interval=1)
+    log = main_log.read_text()
+    match = re.search(r"> signal received: saved and exiting at iteration (\d+)", log)
+    assert match, log[-3000:]
+    stopped = int(match.group(1))
+    assert stopped >= 3 and ledger.latest_iteration(Path(exp.paths.checkpoints)) == stopped
+    [attempt] = attempts(exp)
+    assert attempt.exit_code == 0 and attempt.end_iteration == stopped and attempt.progressed
+
+
+def test_one_failing_node_ends_the_job_and_counts_against_the_budget(
+        slurm_cluster: SlurmCluster, trainings: Path, tmp_path: Path) -> None:
+    # Node rank 1 fails at once; node rank 0 would otherwise wait in a collective until the time limit.
+    setup = torchrun_shim(tmp_path / "shims", 'if [[ $2 == 1 ]]; then echo "rank 1 failed" >&2; exit 3; fi\n'
+                                              "exec sleep 300\n")
+    exp = experiment(trainings, tmp_path / "run", slurm_cluster, "onefails",
+                     f"slurm: {{job_name: {slurm_cluster.prefix}-onefails, partition: {slurm_cluster.partition}, "
+                     f"array: 1, time: '10', env_setup: [{json.dumps(setup)}]}}\n")
+    job_id = launch(exp, slurm_cluster)
+    wait_until("the job to end", lambda: not slurm_cluster.jobs(job_id), timeout=90, interval=1)
+    [attempt] = attempts(exp)
+    assert attempt.exit_code not in (0, None) and not attempt.progressed
+    assert "rank 1 failed" in (Path(exp.paths.logs) / "main_log.txt").read_text()
+
+
+def test_a_spent_failure_budget_cancels_the_rest_of_the_array_and_alerts_once(
+        slurm_cluster: SlurmCluster, trainings: Path, tmp_path: Path, plain_server) -> None:  # noqa: F811
+    inbox, port = plain_server
+    setup = torchrun_shim(tmp_path / "shims", "exit 1\n")
+    exp = experiment(trainings, tmp_path / "run", slurm_cluster, "loop",
+                     f"slurm: {{job_name: {slurm_cluster.prefix}-loop, partition: {slurm_cluster.partition}, "
+                     f"array: 5, time: '10', failure_budget: 2, env_setup: [{json.dumps(setup)}]}}\n"
+                     f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
+                     f"smtp_port: {port}, smtp_security: none}}\n")
+    job_id = launch(exp, slurm_cluster)
+    wait_until("the array to leave the queue", lambda: not slurm_cluster.jobs(job_id), timeout=120, interval=1)
+    assert [(a.job_id, a.exit_code) for a in attempts(exp)] == [(f"{job_id}_1", 1), (f"{job_id}_2", 1)]
+    assert ledger.stopped(ledger.read(Path(exp.paths.output) / ledger.LEDGER_NAME))
+    [mail] = inbox.messages
+    assert "crash loop" in mail["Subject"] and f"scancel {job_id}" in mail.get_content()
+    # Tasks 4 and 5 never started: no output file, nothing waiting for nodes.
+    outputs = sorted(p.name for p in Path(exp.paths.logs).glob("*.out"))
+    assert outputs == [f"{exp.slurm.job_name}-{job_id}_{i}.out" for i in (1, 2, 3)], outputs
