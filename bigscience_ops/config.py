@@ -37,6 +37,9 @@ class ModelConfig:
     hidden_dropout: float = documented(0.1, "dropout on residual branches")
     attention_dropout: float = documented(0.1, "dropout on attention probabilities")
     layernorm_epsilon: float = documented(1e-5, "LayerNorm epsilon")
+    kernels: Literal["auto", "triton", "torch"] = documented(
+        "auto", "LayerNorm, bias-GeLU, attention and cross-entropy kernels: auto (Triton on CUDA, torch "
+                "elsewhere), triton (CUDA, or CPU under TRITON_INTERPRET=1) or torch (the references)")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
     layernorm.py      LayerNorm (fp32 statistics, fp32 weight/bias gradient reduction)
     gelu.py           bias + GeLU (tanh), Megatron's fused bias_gelu
     attention.py      causal flash attention with dropout (reference in softmax.py)
-    cross_entropy.py  chunked (vocab-parallel) cross-entropy: per-shard partials, no fp32 logits copy
+    crossentropy.py   chunked (vocab-parallel) cross-entropy: per-shard partials, no fp32 logits copy
 
 The model calls the functions below with its `model.kernels` choice:
     auto    Triton on CUDA tensors, the references elsewhere (the default);
@@ -86,8 +86,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, kernels: str = "a
     trainer/tensor_parallel.py). The torch path takes the whole vocabulary only (vocab_start 0, no combine).
     """
     if use_triton(kernels, logits):
-        from kernels.cross_entropy import cross_entropy_triton
+        from kernels.crossentropy import cross_entropy_triton
         return cross_entropy_triton(logits, targets, vocab_start, combine)
-    from kernels.cross_entropy import cross_entropy_reference
+    from kernels.crossentropy import cross_entropy_reference
     assert vocab_start == 0 and combine is None, "the torch cross-entropy takes the whole vocabulary"
     return cross_entropy_reference(logits, targets)

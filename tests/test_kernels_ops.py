@@ -16,7 +16,7 @@ import torch
 
 import kernels
 from kernels.attention import causal_attention_triton, dropout_keep_mask
-from kernels.cross_entropy import ce_partials, combine_partials, cross_entropy_reference, cross_entropy_triton
+from kernels.crossentropy import ce_partials, combine_partials, cross_entropy_reference, cross_entropy_triton
 from kernels.gelu import bias_gelu_reference, bias_gelu_triton
 from kernels.layernorm import layer_norm_reference, layer_norm_triton
 from kernels.softmax import causal_attention_reference, scaled_causal_softmax

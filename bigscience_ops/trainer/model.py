@@ -21,6 +21,11 @@ the vocab-parallel cross entropy. Each sharded weight is initialised in full fro
 generator, exactly as with TP=1, and then cut: TP=2 starts from the same model as TP=1.
 LayerNorms, row-parallel biases and position embeddings are replicated; they receive identical
 gradients on every TP rank and stay identical.
+
+Kernels: LayerNorm, bias-GeLU, attention and the LM cross-entropy go through kernels/ with the
+experiment's `model.kernels` choice (`kernels` below: auto, triton or torch), passed to every layer
+and to the loss. It is not part of GPTShape: it changes how the math runs, not the model, so a
+checkpoint resumes under any choice.
 """
 
 from __future__ import annotations
@@ -32,11 +37,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import kernels as fused
 from bigscience_ops.trainer.tensor_parallel import (SINGLE, TensorParallel, copy_to_tp, mark_tensor_parallel,
                                                     reduce_from_tp, vocab_parallel_cross_entropy)
-from kernels.gelu import bias_gelu
-from kernels.layernorm import layer_norm
-from kernels.softmax import causal_attention
 
 
 @dataclass(frozen=True)
@@ -101,14 +104,15 @@ def _zeros(size: int, tp: TensorParallel) -> nn.Parameter:
 
 
 class LayerNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, kernels: str = "auto") -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.bias = nn.Parameter(torch.zeros(size))
         self.eps = eps
+        self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.weight, self.bias, self.eps)
+        return fused.layer_norm(x, self.weight, self.bias, self.eps, self.kernels)
 
 
 class EmbeddingPipe(nn.Module):
@@ -118,7 +122,8 @@ class EmbeddingPipe(nn.Module):
     the word embedding holds this rank's slice of the padded vocabulary (rows [rank V/tp, (rank+1) V/tp)).
     """
 
-    def __init__(self, shape: GPTShape, seed: int, with_positions: bool = True, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, shape: GPTShape, seed: int, with_positions: bool = True, tp: TensorParallel = SINGLE,
+                 kernels: str = "auto") -> None:
         super().__init__()
         self.shape = shape
         self.tp = tp
@@ -129,7 +134,8 @@ class EmbeddingPipe(nn.Module):
         if with_positions:
             self.position_embeddings = nn.Embedding(shape.max_position_embeddings, shape.hidden_size)
             _normal_(self.position_embeddings.weight, shape.init_method_std, gen)
-            self.embed_norm = LayerNorm(shape.hidden_size, shape.layernorm_epsilon) if shape.embed_layernorm else None
+            self.embed_norm = (LayerNorm(shape.hidden_size, shape.layernorm_epsilon, kernels)
+                               if shape.embed_layernorm else None)
             self.drop = nn.Dropout(shape.hidden_dropout)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -171,10 +177,12 @@ def _row_parallel(linear: nn.Linear, x: torch.Tensor, tp: TensorParallel) -> tor
 class SelfAttention(nn.Module):
     """Fused QKV (column-parallel: this rank's heads), attention, output projection (row-parallel)."""
 
-    def __init__(self, shape: GPTShape, gen: torch.Generator, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, shape: GPTShape, gen: torch.Generator, tp: TensorParallel = SINGLE,
+                 kernels: str = "auto") -> None:
         super().__init__()
         h = shape.hidden_size
         self.tp = tp
+        self.kernels = kernels
         self.n_head = shape.num_attention_heads // tp.size  # heads on this rank
         self.head_size = h // shape.num_attention_heads
         # fused QKV in Megatron's per-head [q k v] row layout: a contiguous row slice is whole heads
@@ -193,17 +201,19 @@ class SelfAttention(nn.Module):
         qkv = self.query_key_value(copy_to_tp(x, self.tp)).view(B, T, self.n_head, 3 * hs)  # (B, T, nh/tp, 3 hs)
         q, k, v = qkv.transpose(1, 2).split(hs, dim=-1)  # (B, nh/tp, T, hs)
         dropout = self.attention_dropout if self.training else 0.0
-        y = causal_attention(q, k, v, dropout)  # (B, nh/tp, T, hs)
+        y = fused.causal_attention(q, k, v, dropout, self.kernels)  # (B, nh/tp, T, hs)
         return _row_parallel(self.dense, y.transpose(1, 2).reshape(B, T, self.n_head * hs), self.tp)
 
 
 class MLP(nn.Module):
     """h -> ffn (column-parallel) with bias-GeLU, ffn -> h (row-parallel, bias after the all-reduce)."""
 
-    def __init__(self, shape: GPTShape, gen: torch.Generator, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, shape: GPTShape, gen: torch.Generator, tp: TensorParallel = SINGLE,
+                 kernels: str = "auto") -> None:
         super().__init__()
         h, f = shape.hidden_size, shape.ffn_hidden_size
         self.tp = tp
+        self.kernels = kernels
         self.dense_h_to_4h = nn.Linear(h, f // tp.size, bias=False)
         self.bias_h_to_4h = _zeros(f, tp)  # added inside bias_gelu, as Megatron fuses it
         self.dense_4h_to_h = nn.Linear(f // tp.size, h)
@@ -213,20 +223,21 @@ class MLP(nn.Module):
         nn.init.zeros_(self.dense_4h_to_h.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = bias_gelu(self.dense_h_to_4h(copy_to_tp(x, self.tp)), self.bias_h_to_4h)
+        y = fused.bias_gelu(self.dense_h_to_4h(copy_to_tp(x, self.tp)), self.bias_h_to_4h, self.kernels)
         return _row_parallel(self.dense_4h_to_h, y, self.tp)
 
 
 class TransformerBlock(nn.Module):
     """Pre-LayerNorm block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x)))."""
 
-    def __init__(self, shape: GPTShape, seed: int, layer_number: int, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, shape: GPTShape, seed: int, layer_number: int, tp: TensorParallel = SINGLE,
+                 kernels: str = "auto") -> None:
         super().__init__()
         gen = _generator(seed, layer_number)
-        self.input_layernorm = LayerNorm(shape.hidden_size, shape.layernorm_epsilon)
-        self.self_attention = SelfAttention(shape, gen, tp)
-        self.post_attention_layernorm = LayerNorm(shape.hidden_size, shape.layernorm_epsilon)
-        self.mlp = MLP(shape, gen, tp)
+        self.input_layernorm = LayerNorm(shape.hidden_size, shape.layernorm_epsilon, kernels)
+        self.self_attention = SelfAttention(shape, gen, tp, kernels)
+        self.post_attention_layernorm = LayerNorm(shape.hidden_size, shape.layernorm_epsilon, kernels)
+        self.mlp = MLP(shape, gen, tp, kernels)
         self.drop = nn.Dropout(shape.hidden_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -235,58 +246,64 @@ class TransformerBlock(nn.Module):
 
 
 class FinalNorm(LayerNorm):
-    def __init__(self, shape: GPTShape) -> None:
-        super().__init__(shape.hidden_size, shape.layernorm_epsilon)
+    def __init__(self, shape: GPTShape, kernels: str = "auto") -> None:
+        super().__init__(shape.hidden_size, shape.layernorm_epsilon, kernels)
 
 
-def lm_loss(logits: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def lm_loss(logits: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor], kernels: str = "auto") -> torch.Tensor:
     """Megatron's masked LM loss: sum(CE * mask) / sum(mask), in fp32. logits (B, T, V)."""
     targets, loss_mask = labels
-    losses = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+    losses = fused.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), kernels)
     mask = loss_mask.reshape(-1).float()
     return (losses * mask).sum() / mask.sum()
 
 
-class VocabParallelLMLoss:
-    """`lm_loss` for logits split over TP along the vocabulary (B, T, V/tp): the vocab-parallel CE."""
+class LMLoss:
+    """`lm_loss` for logits split over TP along the vocabulary (B, T, V/tp) (the vocab-parallel CE),
+    or over the whole vocabulary with TP=1; `kernels` chooses the cross-entropy kernel."""
 
-    def __init__(self, tp: TensorParallel) -> None:
+    def __init__(self, tp: TensorParallel, kernels: str = "auto") -> None:
         self.tp = tp
+        self.kernels = kernels
 
     def __call__(self, logits: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if self.tp.size == 1:
+            return lm_loss(logits, labels, self.kernels)
         targets, loss_mask = labels
-        losses = vocab_parallel_cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), self.tp)
+        losses = vocab_parallel_cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), self.tp,
+                                              self.kernels)
         mask = loss_mask.reshape(-1).float()
         return (losses * mask).sum() / mask.sum()
 
 
-def loss_function(tp: TensorParallel = SINGLE):
-    """The pipeline's loss: plain `lm_loss` with TP=1, the vocab-parallel one otherwise."""
-    return lm_loss if tp.size == 1 else VocabParallelLMLoss(tp)
+def loss_function(tp: TensorParallel = SINGLE, kernels: str = "auto") -> LMLoss:
+    """The pipeline's loss: Megatron's masked LM loss, vocab-parallel when TP > 1."""
+    return LMLoss(tp, kernels)
 
 
-def layer_specs(shape: GPTShape, seed: int, tp: TensorParallel = SINGLE) -> list:
+def layer_specs(shape: GPTShape, seed: int, tp: TensorParallel = SINGLE, kernels: str = "auto") -> list:
     """The model as pipeline layer specs: embedding, blocks, final norm, tied head (this TP rank's shards)."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
-    specs: list = [TiedLayerSpec("word_embeddings", EmbeddingPipe, shape, seed, tp=tp,
+    specs: list = [TiedLayerSpec("word_embeddings", EmbeddingPipe, shape, seed, tp=tp, kernels=kernels,
                                  tied_weight_attr="word_embeddings.weight")]
-    specs += [LayerSpec(TransformerBlock, shape, seed, i + 1, tp=tp) for i in range(shape.num_layers)]
-    specs.append(LayerSpec(FinalNorm, shape))
+    specs += [LayerSpec(TransformerBlock, shape, seed, i + 1, tp=tp, kernels=kernels) for i in range(shape.num_layers)]
+    specs.append(LayerSpec(FinalNorm, shape, kernels))
     specs.append(TiedLayerSpec("word_embeddings", EmbeddingPipe, shape, seed, with_positions=False, tp=tp,
                                forward_fn=head_forward, tied_weight_attr="word_embeddings.weight"))
     return specs
 
 
-def build_sequential(shape: GPTShape, seed: int) -> nn.Module:
+def build_sequential(shape: GPTShape, seed: int, kernels: str = "auto") -> nn.Module:
     """The same layers as one plain nn.Module, for the plain-PyTorch baseline of the benchmark."""
 
     class GPT(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.embedding = EmbeddingPipe(shape, seed)
-            self.blocks = nn.ModuleList(TransformerBlock(shape, seed, i + 1) for i in range(shape.num_layers))
-            self.final_norm = FinalNorm(shape)
+            self.embedding = EmbeddingPipe(shape, seed, kernels=kernels)
+            self.blocks = nn.ModuleList(TransformerBlock(shape, seed, i + 1, kernels=kernels)
+                                        for i in range(shape.num_layers))
+            self.final_norm = FinalNorm(shape, kernels)
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
             x = self.embedding(tokens)

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import kernels as fused
+
 
 @dataclass(frozen=True)
 class TensorParallel:
@@ -99,13 +101,35 @@ def reduce_from_tp(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     return x if tp.size == 1 else _ReduceFromTP.apply(x, tp.group)
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+def all_reduce_ce_partials(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                           group: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Triton cross-entropy's per-shard (max, sum-exp, target logit) -> global ones, over the TP group.
+
+    Two collectives on the logits' device: MAX of the maxima, then one SUM of the rescaled sum-exp
+    and the target logits stacked together (the target is in exactly one shard, 0 elsewhere).
+    """
+    m, s, t = partials
+    global_max = m.clone()
+    dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
+    sums = torch.stack([s * torch.exp(m - global_max), t])
+    dist.all_reduce(sums, group=group)
+    return global_max, sums[0], sums[1]
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: TensorParallel,
+                                 kernels: str = "auto") -> torch.Tensor:
     """Per-token CE of logits split over TP along the vocabulary: (N, V/tp) shards, targets (N,) global ids.
 
     loss = log(sum over all shards of exp(z - max)) - (z_target - max). The sums over shards use
     `reduce_from_tp`: its backward is the identity, which is exact because every TP rank computes
     the same loss from the reduced values; each rank's logits then get softmax - onehot for its slice.
+    With the Triton kernel (`kernels`, see kernels/__init__.py) the logits are read in chunks in
+    their own dtype and only per-token partials meet the collectives (`all_reduce_ce_partials`).
     """
+    if fused.use_triton(kernels, logits):
+        group = tp.group
+        combine = None if tp.size == 1 else (lambda partials: all_reduce_ce_partials(partials, group))
+        return fused.cross_entropy(logits, targets, kernels, vocab_start=tp.rank * logits.size(-1), combine=combine)
     logits = logits.float()
     with torch.no_grad():
         max_logit = logits.max(dim=-1).values

@@ -1,0 +1,101 @@
+"""`model.kernels`: the tiny model trains to the same losses with the Triton kernels (interpreted on
+CPU) as with the torch references, and the vocab-parallel Triton cross-entropy over a real
+2-process gloo TP group equals the one-process loss and gradient."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from bigscience_ops.config import load_experiment
+from bigscience_ops.trainer.data import SyntheticDataset, step_micro_batches
+from bigscience_ops.trainer.model import GPTShape, build_sequential, loss_function
+from bigscience_ops.trainer.tensor_parallel import TensorParallel, vocab_parallel_cross_entropy
+from tests.fixtures_trainer import REPO, small_experiment
+
+
+def _train(shape: GPTShape, kernels: str, steps: int) -> list[float]:
+    torch.manual_seed(0)
+    model = build_sequential(shape, 1234, kernels)
+    loss_fn = loss_function(kernels=kernels)
+    ds = SyntheticDataset(64, shape.seq_length, 256, seed=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(steps):
+        tokens, (targets, mask) = next(step_micro_batches(ds, step * 4, 1, 4, 0, 1))
+        mask = mask.clone()
+        mask[0, : shape.seq_length // 2] = 0  # Megatron's loss mask: half a sample does not count
+        loss = loss_fn(model(tokens), (targets, mask))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_torch_and_triton_kernels_train_the_same_losses(tmp_path):
+    exp = small_experiment(tmp_path, model=dict(hidden_dropout=0.0, attention_dropout=0.0, kernels="triton"))
+    shape = GPTShape.from_experiment(exp)
+    steps = 6
+    reference = _train(shape, "torch", steps)
+    fused = _train(shape, exp.model.kernels, steps)
+    assert reference[-1] < reference[0] - 0.1, reference  # it trains
+    for step, (a, b) in enumerate(zip(reference, fused)):
+        assert abs(a - b) <= 1e-4 * abs(a), (step, a, b)
+
+
+def test_kernels_switch_is_read_from_the_experiment():
+    exp = load_experiment("tiny", REPO / "trainings")
+    assert exp.model.kernels == "auto"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tp_worker(rank: int, port: int, logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+               out: dict) -> None:
+    os.environ["TRITON_INTERPRET"] = "1"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        tp = TensorParallel(rank=rank, size=2, group=dist.group.WORLD)
+        shard = logits.chunk(2, dim=-1)[rank].clone().requires_grad_()
+        losses = vocab_parallel_cross_entropy(shard, targets, tp, "triton")
+        ((losses * mask).sum() / mask.sum()).backward()
+        out[rank] = (losses.detach(), shard.grad)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_vocab_parallel_triton_cross_entropy_over_two_gloo_ranks():
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(24, 256, generator=generator) * 3
+    targets = torch.randint(0, 256, (24,), generator=generator)
+    mask = (torch.arange(24) % 5 != 0).float()
+    full = logits.clone().requires_grad_()
+    expected = torch.nn.functional.cross_entropy(full, targets, reduction="none")
+    ((expected * mask).sum() / mask.sum()).backward()
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.start_processes(_tp_worker, args=(_free_port(), logits, targets, mask, out), nprocs=2, join=True,
+                           start_method="fork")
+        results = dict(out)
+    for rank in (0, 1):
+        torch.testing.assert_close(results[rank][0], expected.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat([results[0][1], results[1][1]], dim=-1), full.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("value", ["fast", "cuda"])
+def test_unknown_kernels_choice_is_rejected(trainings, value):
+    from bigscience_ops.errors import ConfigError
+
+    (trainings / "k.yaml").write_text(f"base: tiny\nmodel:\n  kernels: {value}\n")
+    with pytest.raises(ConfigError, match="model.kernels"):
+        load_experiment("k", trainings)
