@@ -316,12 +316,20 @@ def _read_with_bases(path: Path, trainings_dir: Path, chain: tuple[str, ...]) ->
         if not isinstance(base, str):
             raise ConfigError(str(path), "base", base, "the name of another experiment in the same folder")
         base_path = trainings_dir / f"{base}.yaml"
+        if not base_path.is_file() and (bundled("trainings") / f"{base}.yaml").is_file():
+            base_path = bundled("trainings") / f"{base}.yaml"  # a bundled experiment as a base, from any folder
         if not base_path.is_file():
             known = ", ".join(list_experiments(trainings_dir))
             raise ConfigError(str(path), "base", base, f"no such experiment; known: {known}")
         merged, origins = _read_with_bases(base_path, trainings_dir, chain + (path.stem,))
     merge(merged, data, origins, str(path), "")
     return merged, origins
+
+
+def field_origins(name: str, trainings_dir: Path | None = None) -> dict[str, str]:
+    """For each field path written in EXP's file or its bases, the file that set it (the last one wins)."""
+    path = experiment_path(name, trainings_dir)
+    return _read_with_bases(path, trainings_dir or path.parent, chain=())[1]
 
 
 # ----------------------------------------------------------------------------- validation and derivation

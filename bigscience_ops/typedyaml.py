@@ -92,7 +92,16 @@ def merge(into: dict, data: dict, origins: dict, source: str, prefix: str) -> No
             merge(into[key], value, origins, source, dotted + ".")
         else:
             into[key] = value
+            _record(value, origins, source, dotted + ".")
         origins[dotted] = source
+
+
+def _record(value: Any, origins: dict, source: str, prefix: str) -> None:
+    """Every key of a section set as a whole comes from `source` too (so a later file's sibling keys do not hide it)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            origins[f"{prefix}{key}"] = source
+            _record(item, origins, source, f"{prefix}{key}.")
 
 
 def _source_of(origins: dict, dotted: str, default: str) -> str:

@@ -84,3 +84,28 @@ def test_console_script_help_is_fast(repo_root: Path) -> None:
     bsops = Path(sys.executable).parent / "bsops"
     out = subprocess.run([str(bsops), "--help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "plan" in out.stdout
+
+
+def test_show_and_plan_list_site_values_inherited_from_a_base() -> None:
+    shown = json.loads(run("show", "tr8-104B", "--json").output)
+    inherited = shown["inherited_site_values"]
+    assert {"slurm.account", "slurm.partition", "alerts.email_to", "data.blend"} <= set(inherited)
+    assert all(Path(source).name == "tr1-13B.yaml" for source in inherited.values())
+    planned = json.loads(run("plan", "tr8-104B", "--json").output)
+    assert planned["inherited_site_values"] == inherited
+    assert json.loads(run("show", "tr1-13B", "--json").output)["inherited_site_values"] == {}
+
+
+def test_new_experiment_resets_every_site_value_of_its_base(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BSOPS_TRAININGS", raising=False)
+    result = run("new", "mine", "--base", "tr1-13B")
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "trainings" / "mine.yaml"
+    shown = json.loads(run("show", "mine", "--json").output)
+    assert shown["slurm"]["account"] is None and shown["slurm"]["partition"] is None
+    assert shown["alerts"]["email_to"] == [] and shown["data"]["blend"] == []
+    assert shown["paths"]["output"] == str(tmp_path / "runs" / "mine")
+    assert shown["model"]["hidden_size"] == 5120  # the model still comes from the base
+    assert list(shown["inherited_site_values"]) == ["data.tokenizer"]  # left for the user, and listed
+    assert run("new", "mine").exit_code == 2 and path.is_file()  # never overwritten

@@ -43,10 +43,28 @@ def show(exp: str, as_json: bool, trainings_dir: Path | None) -> None:
     from bigscience_ops.planview import show_text
 
     experiment = load_experiment(exp, trainings_dir)
+    inherited = inherited_site_values(exp, trainings_dir)
     if as_json:
-        click.echo(json.dumps(to_dict(experiment) | {"derived": list(experiment.derived)}, indent=2))
+        click.echo(json.dumps(to_dict(experiment) | {"derived": list(experiment.derived),
+                                                     "inherited_site_values": inherited}, indent=2))
     else:
         click.echo(show_text(experiment), nl=False)
+        for line in _inherited_lines(inherited):
+            click.echo(f"# {line}")
+
+
+def inherited_site_values(exp: str, trainings_dir: Path | None) -> dict[str, str]:
+    from bigscience_ops.site import inherited_site_values as inherited
+
+    return inherited(exp, trainings_dir)
+
+
+def _inherited_lines(inherited: dict[str, str]) -> list[str]:
+    if not inherited:
+        return []
+    lines = [f"site-specific values inherited from a base ({len(inherited)}): another cluster's or team's?"]
+    lines += [f"  {dotted:<22} from {Path(source).name}" for dotted, source in inherited.items()]
+    return lines + ["  set them in the experiment's own file (bsops new EXP --base BASE writes one that resets them)"]
 
 
 @main.command()
@@ -67,14 +85,53 @@ def plan(exp: str, as_json: bool, nodes: int | None, trainings_dir: Path | None)
     if nodes is not None:
         experiment = dataclasses.replace(experiment, slurm=dataclasses.replace(experiment.slurm, nodes=nodes))
     result = make_plan(experiment)
+    inherited = inherited_site_values(exp, trainings_dir)
     if as_json:
-        click.echo(json.dumps(plan_data(result), indent=2))
+        click.echo(json.dumps(plan_data(result) | {"inherited_site_values": inherited}, indent=2))
     else:
         click.echo(plan_text(result, experiment), nl=False)
+        lines = _inherited_lines(inherited)
+        if lines:
+            click.echo("")
+            click.echo("\n".join(lines))
     if result.errors:
         sys.exit(EXIT_PROBLEMS)
 
 
+
+
+@main.command("new")
+@click.argument("name")
+@click.option("--base", default="tr1-13B", show_default=True, help="The experiment to start from.")
+@click.option("--trainings-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder to write NAME.yaml into (default: $BSOPS_TRAININGS or ./trainings).")
+def new(name: str, base: str, trainings_dir: Path | None) -> None:
+    """Write trainings/NAME.yaml: BASE's model and schedule, with every site-specific value reset.
+
+    Account, partition, paths, data, Hub repos and alert addresses belong to a cluster and a team:
+    the new file sets them to empty so nothing of BASE's site is used without being written here.
+    """
+    import os
+
+    from bigscience_ops.site import new_experiment_text
+
+    # Never the bundled folder: a new experiment is the user's, beside their other files.
+    directory = trainings_dir or Path(os.environ.get("BSOPS_TRAININGS") or "trainings")
+    path = directory / f"{name}.yaml"
+    if path.exists():
+        raise click.UsageError(f"{path} exists; choose another NAME or edit it")
+    if not name or "/" in name or name.startswith(".") or not name.isprintable():
+        raise click.UsageError(f"NAME {name!r}: a file name without '/', not starting with '.'")
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(new_experiment_text(name, base), encoding="utf-8")
+    try:
+        load_experiment(str(path), None)
+    except BsopsError:
+        path.unlink()
+        raise
+    click.echo(f"wrote {path}: fill in the site-specific values, then: bsops plan {path}")
+    for line in _inherited_lines(inherited_site_values(str(path), None)):
+        click.echo(line)
 
 
 @main.command()
