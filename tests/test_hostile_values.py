@@ -71,11 +71,27 @@ def _render_status_job(where: str) -> Callable[[str, Path], str]:
     return render
 
 
+def _render_artifact_job(kind: str, where: str) -> Callable[[str, Path], str]:
+    def render(value: str, tmp_path: Path) -> str:
+        from bigscience_ops.ops import artifact_jobs
+
+        exp = load_experiment("tr1-13B")
+        settings = cron.CronSettings()
+        if where == "job_name":
+            exp = _replace(exp, "slurm.job_name", value)
+        else:
+            settings = dataclasses.replace(settings, **{where: value})
+        return artifact_jobs.render_job(kind, tmp_path, exp, tmp_path, settings).text
+    return render
+
+
 # template: field -> a function rendering that template with the hostile value in that field.
 RENDERERS: dict[str, Callable[[str, Path], str]] = {
     **{f"train.slurm.j2:{f}": _render_training(f) for f in EXPERIMENT_FIELDS},
     **{f"cron-runner.slurm.j2:{o}": _render_cron_runner(o) for o in ("partition", "account", "qos", "time", "name_prefix")},
     **{f"status-job.slurm.j2:{o}": _render_status_job(o) for o in ("job_name", "partition", "account", "qos")},
+    **{f"{k}-job.slurm.j2:{o}": _render_artifact_job(k, o) for k in ("hub-sync", "backup")
+       for o in ("job_name", "partition", "account", "qos")},
 }
 
 

@@ -1,0 +1,136 @@
+"""`bsops hub-sync` and `bsops backup`: what the hourly cron jobs run to get logs and checkpoints off the cluster."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from bigscience_ops.cli.base import EXIT_ERROR, load_experiment, main, trainings_option
+from bigscience_ops.errors import BsopsError
+
+alert_option = click.option(
+    "--alert", is_flag=True,
+    help="On failure, email the experiment's alerts recipients (as the status watchdog does); the cron jobs pass it.")
+
+
+def _run_alerting(exp, alert: bool, what: str, work: Callable[[], None]) -> None:
+    """Run `work`; on a failure print it, email it when --alert, and exit 2."""
+    try:
+        work()
+    except (BsopsError, OSError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        if alert:
+            from bigscience_ops.ops import notify
+
+            body = (f"{what} of {exp.name} failed:\n\n{exc}\n\n"
+                    f"The next hourly run tries again; run `bsops {what} {exp.name}` by hand to see it now.")
+            click.echo(notify.send_alert(exp.alerts, f"[bsops] {exp.name}: {what} failed", body), err=True)
+        sys.exit(EXIT_ERROR)
+
+
+@main.command("hub-sync")
+@click.argument("exp")
+@click.option("--what", default=None, metavar="LIST",
+              help="Comma-separated: logs, tensorboard, codecarbon (default: every kind with a hub.*_repo).")
+@click.option("--remote", default=None, metavar="URL",
+              help="Push to this git remote instead of the Hub or hub.remote_template (needs exactly one --what).")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="Seconds to wait for an overlapping sync of the same repo; 0 skips it at once.")
+@alert_option
+@trainings_option
+def hub_sync(exp: str, what: str | None, remote: str | None, wait_s: float, alert: bool,
+             trainings_dir: Path | None) -> None:
+    """Push EXP's logs, TensorBoard events and codecarbon records to their Hub repos.
+
+    Keeps one git clone per repo under the run folder (hub/<what>/), copies what changed, stores
+    main_log.txt, event files and files over hub.lfs_size_mb with git-lfs, commits only when
+    something changed and pushes with retries. The token is read from the environment variable
+    named by hub.token_env and never written anywhere.
+    """
+    from bigscience_ops.ops import hubsync
+
+    experiment = load_experiment(exp, trainings_dir)
+    kinds = [w.strip() for w in what.split(",") if w.strip()] if what else None
+
+    def work() -> None:
+        for result in hubsync.sync(experiment, kinds, remote, wait_s):
+            click.echo(result.describe())
+
+    _run_alerting(experiment, alert, "hub-sync", work)
+
+
+class _ShownProgress:
+    """A bar per checkpoint on a terminal, one line per checkpoint otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.bar = None
+
+    def begin(self, plan) -> None:
+        if self.tty:
+            self.bar = click.progressbar(length=max(plan.size, 1), label=plan.ckpt.tag, show_eta=True)
+            self.bar.__enter__()
+
+    def advance(self, nbytes: int) -> None:
+        if self.bar is not None:
+            self.bar.update(nbytes)
+
+    def end(self, plan, resumed: bool) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+        click.echo(f"{plan.ckpt.tag}: {_what(plan)}, {_mb(plan.size)} read, verified"
+                   + (" (finished an interrupted copy)" if resumed else ""))
+
+
+def _what(plan) -> str:
+    if plan.whole:
+        return f"whole ({len(plan.files)} files, optimizer state kept)"
+    return (f"weights only ({len(plan.files)} files; {len(plan.left_out)} optimizer file(s) left out, "
+            f"{len(plan.rewritten)} model-states file(s) written without the optimizer)")
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:,.1f} MB"
+
+
+@main.command("backup")
+@click.argument("exp")
+@click.option("--to", "dest", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Backup folder (default: backup.dest of the experiment).")
+@click.option("--dry-run", is_flag=True, help="Show what would be copied and deleted; change nothing.")
+@alert_option
+@trainings_option
+def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, trainings_dir: Path | None) -> None:
+    """Copy EXP's new checkpoints to the backup, verify them, then apply scratch retention.
+
+    Each checkpoint is copied without optimizer state except the final one (and every
+    backup.keep_optimizer_every-th step), with a manifest (size and sha256 per file) checked after
+    the copy; a copy interrupted earlier is finished. Retention (backup.keep_last, keep_every)
+    never deletes the checkpoint `latest` names or one not verified in the backup.
+    """
+    from bigscience_ops.ops import backup
+
+    experiment = load_experiment(exp, trainings_dir)
+
+    def work() -> None:
+        report = backup.run_backup(experiment, dest, dry_run=dry_run, progress=None if dry_run else _ShownProgress())
+        if dry_run:
+            for plan in report.planned:
+                click.echo(f"would copy {plan.ckpt.tag}: {_what(plan)}, {_mb(plan.size)}")
+        if report.already:
+            click.echo(f"already in {report.dest}: {len(report.already)} checkpoint(s), last {report.already[-1]}")
+        if not report.planned:
+            click.echo("no new checkpoint to back up")
+        decision = report.retention
+        if decision is not None:
+            gone = report.deleted if not dry_run else [f"global_step{s}" for s in decision.delete]
+            verb = "would delete" if dry_run else "deleted"
+            kept = ", ".join(f"global_step{s} ({why})" for s, why in sorted(decision.keep.items())
+                             if why not in ("one of the newest", "no keep_last: nothing is deleted"))
+            click.echo(f"scratch retention: {verb} {', '.join(gone) or 'nothing'}" + (f"; kept {kept}" if kept else ""))
+
+    _run_alerting(experiment, alert, "backup", work)
