@@ -36,9 +36,12 @@ import triton.language as tl
 
 @triton.jit
 def _mm(a, b, UPCAST: tl.constexpr):
-    """tl.dot, with both operands in fp32 under the interpreter (its dot multiplies bf16 bit patterns as ints)."""
+    """tl.dot. UPCAST: both operands in fp32, for the interpreter (its dot multiplies bf16 bit patterns
+    as integers). fp32 operands on a GPU use full precision ("ieee"), not TF32, like torch's matmul."""
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")
     return tl.dot(a, b)
 
 

@@ -1,0 +1,188 @@
+"""The fused kernels (kernels/) against torch eager, torch.compile and Liger-Kernel, forward + backward.
+
+Shapes: GPT-2 124M (micro-batch 8 x 1024 tokens, h 768, 12 heads, vocab 50304) and one TP rank of
+a 13B model at TP=4 (1 x 2048 tokens, h 5120, 40/4 heads of 128, ffn 20480/4, vocab 51200/4).
+For each op and implementation it prints the time of forward + backward (ms), the effective
+bandwidth over the op's minimum memory traffic (GB/s), the peak memory above the inputs (MiB) and
+the speed-up against eager measured in the same run (eager ms / ms: above 1 is faster).
+
+    pip install -e '.[bench]'          # liger-kernel, the Triton baseline
+    python benchmarks/kernels.py [--shapes gpt2,13b-tp4] [--ops layernorm,bias_gelu,attention,cross_entropy]
+                                 [--dtype bf16] [--reps 50] [--no-compile]
+
+Needs a CUDA GPU: on a machine without one it says so and exits 0. Liger has no bias-GeLU and no
+attention; those rows are left out. For attention, `sdpa` is torch's scaled_dot_product_attention
+(FlashAttention/cuDNN inside), and eager the explicit softmax(q k^T) v with the T x T matrix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    batch: int
+    seq: int
+    hidden: int
+    heads: int  # on this rank
+    head_size: int
+    ffn: int  # on this rank
+    vocab: int  # on this rank
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+
+SHAPES = {
+    "gpt2": Shape("gpt2-124M", batch=8, seq=1024, hidden=768, heads=12, head_size=64, ffn=3072,
+                  vocab=50304),
+    "13b-tp4": Shape("13B per TP rank (TP=4)", batch=1, seq=2048, hidden=5120, heads=10, head_size=128,
+                     ffn=5120, vocab=12800),
+}
+
+
+def _cases(op: str, shape: Shape, dtype, device) -> tuple[Callable[[], tuple], dict[str, Callable], int]:
+    """(make inputs, {implementation: fn(*inputs) -> output}, minimum bytes moved by forward + backward)."""
+    import torch
+
+    import kernels
+    from kernels.crossentropy import cross_entropy_reference
+    from kernels.gelu import bias_gelu_reference
+    from kernels.layernorm import layer_norm_reference
+    from kernels.softmax import causal_attention_reference
+
+    size = torch.tensor([], dtype=dtype).element_size()
+    liger = _liger()
+
+    def leaf(*dims, scale=1.0):
+        return (torch.randn(dims, device=device, dtype=torch.float32) * scale).to(dtype).requires_grad_()
+
+    if op == "layernorm":
+        h = shape.hidden
+        impls = {"eager": lambda x, w, b: layer_norm_reference(x, w, b, 1e-5),
+                 "triton (ours)": lambda x, w, b: kernels.layer_norm(x, w, b, 1e-5, "triton")}
+        if liger:
+            impls["liger"] = lambda x, w, b: liger.LigerLayerNormFunction.apply(x, w, b, 1e-5)
+        return (lambda: (leaf(shape.tokens, h), leaf(h), leaf(h))), impls, 5 * shape.tokens * h * size
+    if op == "bias_gelu":
+        f = shape.ffn
+        impls = {"eager": bias_gelu_reference, "triton (ours)": lambda x, b: kernels.bias_gelu(x, b, "triton")}
+        return (lambda: (leaf(shape.tokens, f), leaf(f))), impls, 5 * shape.tokens * f * size
+    if op == "attention":
+        d = shape.head_size
+        impls = {"eager": causal_attention_reference,
+                 "sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                 "triton (ours)": lambda q, k, v: kernels.causal_attention(q, k, v, 0.0, "triton")}
+        dims = (shape.batch, shape.heads, shape.seq, d)
+        return (lambda: (leaf(*dims), leaf(*dims), leaf(*dims))), impls, 12 * shape.tokens * shape.heads * d * size
+    if op == "cross_entropy":
+        impls = {"eager": cross_entropy_reference,
+                 "triton (ours)": lambda z, t: kernels.cross_entropy(z, t, "triton")}
+        if liger:
+            impls["liger"] = lambda z, t: liger.LigerCrossEntropyFunction.apply(z, t, None, -100, 0.0, 0.0, "none")
+
+        def inputs():
+            targets = torch.randint(0, shape.vocab, (shape.tokens,), device=device)
+            return leaf(shape.tokens, shape.vocab, scale=3.0), targets
+        return inputs, impls, 3 * shape.tokens * shape.vocab * size
+    raise SystemExit(f"unknown op {op!r}; allowed: layernorm, bias_gelu, attention, cross_entropy")
+
+
+def _liger():
+    """Liger-Kernel's autograd Functions, or None when the bench extra is not installed."""
+    try:
+        from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+    except ImportError:
+        return None
+    return argparse.Namespace(LigerCrossEntropyFunction=LigerCrossEntropyFunction,
+                              LigerLayerNormFunction=LigerLayerNormFunction)
+
+
+def _measure(fn: Callable, inputs: tuple, reps: int) -> tuple[float, float]:
+    """(ms per forward + backward, peak MiB allocated above the inputs)."""
+    import torch
+
+    def step():
+        for t in inputs:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.grad = None
+        out = fn(*inputs)
+        out.backward(torch.ones_like(out))
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps, peak
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="gpt2,13b-tp4", help=f"comma-separated: {', '.join(SHAPES)}")
+    parser.add_argument("--ops", default="layernorm,bias_gelu,attention,cross_entropy")
+    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    parser.add_argument("--reps", type=int, default=50, help="timed repetitions per implementation")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    args = parser.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("benchmarks/kernels.py needs a CUDA GPU (Triton kernels, CUDA timers and memory stats); "
+              "none is visible here, so nothing was measured. The kernels' correctness on CPU is tested "
+              "by tests/test_kernels_ops.py under TRITON_INTERPRET=1.")
+        return 0
+    unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shapes {unknown}; allowed: {', '.join(SHAPES)}")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    device = torch.device("cuda")
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  dtype {args.dtype}  "
+          f"liger: {'yes' if _liger() else 'not installed (pip install liger-kernel)'}")
+    print(f"{'shape':<24} {'op':<14} {'implementation':<16} {'ms':>9} {'GB/s':>8} {'peak MiB':>9} {'vs eager':>9}")
+    for shape_key in args.shapes.split(","):
+        shape = SHAPES[shape_key]
+        for op in args.ops.split(","):
+            make_inputs, impls, traffic = _cases(op, shape, dtype, device)
+            if not args.no_compile:
+                impls = {**impls, "torch.compile": torch.compile(impls["eager"])}
+            eager_ms = None
+            for name, fn in impls.items():
+                inputs = make_inputs()
+                try:
+                    ms, peak = _measure(fn, inputs, args.reps)
+                except Exception as exc:  # one failing baseline must not hide the other rows
+                    print(f"{shape.name:<24} {op:<14} {name:<16} failed: {type(exc).__name__}: {exc}"[:200])
+                    continue
+                finally:
+                    del inputs
+                    torch.cuda.empty_cache()
+                eager_ms = ms if name == "eager" else eager_ms
+                ratio = f"{eager_ms / ms:8.2f}x" if eager_ms else "        -"
+                print(f"{shape.name:<24} {op:<14} {name:<16} {ms:9.3f} {traffic / ms / 1e6:8.0f} {peak:9.1f} {ratio:>9}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
