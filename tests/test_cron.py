@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -84,10 +83,10 @@ def test_install_twice_leaves_one_chain(cron_dir: Path, slurm_cluster) -> None:
     assert all("submitted" in line for line in first)
     second = cron.install(cron_dir, period_seconds=3600)
     assert all("already queued" in line for line in second)
-    wait_until("both chains re-armed for the next hour", lambda: len([j for j in _runner_jobs(slurm_cluster.prefix)
-                                                                   if j.reason == "BeginTime"]) == 2, timeout=60)
-    time.sleep(1)
-    jobs = _runner_jobs(slurm_cluster.prefix)
+    # Done when the first runners have ended and only their re-armed successors wait for the hour.
+    jobs = wait_until("both chains re-armed for the next hour, the first runners gone",
+                      lambda: (found := _runner_jobs(slurm_cluster.prefix)) and len(found) == 2
+                      and all(j.reason == "BeginTime" for j in found) and found, timeout=60)
     assert sorted(j.name for j in jobs) == sorted(cron.runner_name(p, f"{slurm_cluster.prefix}-cron") for p in cron.PERIODS)
     assert all(j.reason == "BeginTime" and j.start_time.minute == 0 and j.start_time.second == 0 for j in jobs)
     states = cron.chains(cron_dir)

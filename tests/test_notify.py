@@ -254,8 +254,9 @@ def test_status_command_emails_once_when_slurm_cannot_be_queried(plain_server, t
     assert "alert email sent to oncall@example.org" in first.stdout
     second = bsops(*args, env=env)
     assert second.returncode == status.EXIT_ERROR and len(inbox.messages) == 1  # within the cooldown
-    logged = log.read_text()
+    logged = (log.parent / "watchdog.log").read_text()
     assert logged.count("***ALERT: cannot query Slurm") == 2 and logged.count("email sent") == 1
+    assert not log.exists(), "the watchdog writes nothing into the log it measures"
     assert (log.parent / ".bsops-alerts.json").exists()
     quiet = bsops(*args, "--no-email", "--alert-state", str(tmp_path / "other.json"), env=env)
     assert quiet.returncode == status.EXIT_ERROR and len(inbox.messages) == 1

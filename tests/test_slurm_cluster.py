@@ -111,7 +111,8 @@ def test_status_reports_real_jobs(slurm_cluster: SlurmCluster, tmp_path: Path) -
                           "--job-name", long_name, "--log", str(log), "--no-email"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert cli.returncode == 0, cli.stderr
-    assert f"{long_name} is running for" in cli.stdout and log.read_text() == cli.stdout
+    assert f"{long_name} is running for" in cli.stdout and (tmp_path / "watchdog.log").read_text() == cli.stdout
+    assert not log.exists()
 
     shown = slurm.show_job(running, timeout=30)
     assert shown[0]["JobName"] == long_name and shown[0]["JobState"] == "RUNNING"
@@ -135,11 +136,11 @@ def test_status_tells_a_hung_training_from_a_progressing_one(slurm_cluster: Slur
         ages = [j.elapsed_s for j in jobs if j.array_job_id in (hung_id, live_id) and j.state == "RUNNING"]
         return len(ages) == 2 and min(ages) >= seconds
 
-    wait_until("both jobs running for 5 s", lambda: both_running_for(5), timeout=30)
-    hung_report = status.check(f"{cluster.prefix}-hung", log_path=hung_log, stall_minutes=0.05, timeout=30)
+    wait_until("both jobs running for 8 s", lambda: both_running_for(8), timeout=30)
+    hung_report = status.check(f"{cluster.prefix}-hung", log_path=hung_log, stall_minutes=0.1, timeout=30)
     assert [a.condition for a in hung_report.alerts] == ["stalled"], hung_report.lines
     assert hung_report.exit_code == status.EXIT_ALERT and "iteration 1/ 100" in hung_report.alerts[0].message
-    live_report = status.check(f"{cluster.prefix}-live", log_path=live_log, stall_minutes=0.05, timeout=30)
+    live_report = status.check(f"{cluster.prefix}-live", log_path=live_log, stall_minutes=0.1, timeout=30)
     assert live_report.exit_code == status.EXIT_HEALTHY, live_report.lines
     slurm.cancel([hung_id, live_id], timeout=30)
 

@@ -41,7 +41,7 @@ def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_
     inbox, _ = plain_server
     exp = load_experiment("watched", watched)
     code, out = status(watched)
-    assert code == 1 and f"***ALERT: {exp.slurm.job_name} is not RUNNING or SCHEDULED!" in out
+    assert code == 1 and f"***ALERT: {exp.slurm.job_name} is not RUNNING or SCHEDULED: it stopped at iteration 0" in out
     assert len(inbox.messages) == 1 and "watched" in inbox.messages[0].get_content()
     assert status(watched)[0] == 1 and len(inbox.messages) == 1  # within the cooldown
 
@@ -54,18 +54,28 @@ def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_
         slurm_cluster.cancel_all()
     assert code == 0 and "is running for" in out and job_id in out
     assert len(inbox.messages) == 2 and "recover" in inbox.messages[1]["Subject"].lower()
-    log = Path(exp.paths.logs) / "main_log.txt"
+    log = Path(exp.paths.logs) / "watchdog.log"
     assert log.read_text().count("***ALERT") == 2 and "is running for" in log.read_text()
+    assert not (Path(exp.paths.logs) / "main_log.txt").exists()
 
 
-def test_cron_status_job_runs_the_watchdog(watched: Path, tmp_path: Path, plain_server) -> None:  # noqa: F811
+def test_cron_status_job_runs_the_watchdog(watched: Path, tmp_path: Path, plain_server,  # noqa: F811
+                                          slurm_cluster) -> None:
+    from bigscience_ops.ops import cron
+
     inbox, _ = plain_server
     cron_dir = tmp_path / "cron"
+    cron_dir.mkdir()
+    (cron_dir / "cron.yaml").write_text(f"name_prefix: {slurm_cluster.prefix}-wcron\n")
+    # The hourly chain was installed once and is gone: the watchdog watches the watchers too.
+    cron.write_runner(cron.render_runner(cron_dir, "hourly", cron.load_settings(cron_dir)))
     result = CliRunner().invoke(main, ["cron", "add", "watched", "--cron-dir", str(cron_dir),
                                        "--trainings-dir", str(watched)])
     assert result.exit_code == 0, result.output
-    [script] = (cron_dir / "cron.hourly").glob("*.slurm")
+    script = cron_dir / "cron.hourly" / "watched-slurm-status.slurm"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr  # an alert is the watchdog working, not the job failing
     assert "***ALERT" in run.stdout and len(inbox.messages) == 1
+    assert f"{slurm_cluster.prefix}-wcron-hourly is not queued" in run.stdout
+    assert f"{slurm_cluster.prefix}-wcron-daily" not in run.stdout  # never installed: not this watchdog's business

@@ -15,7 +15,9 @@ from bigscience_ops.cli.base import load_experiment, main, trainings_option
 @trainings_option
 @click.option("--job-name", default=None, help="The Slurm job name to watch (compared whole, any length).")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="The run's main_log.txt: the lines are appended to it, and it is checked for progress.")
+              help="The run's main_log.txt, checked for progress; the watchdog's lines go to watchdog.log beside it.")
+@click.option("--cron-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also check the cron runner chains of this folder (alert when one is gone or late).")
 @click.option("--stall-minutes", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Alert when a RUNNING job's log has had no new iteration line for this long (needs --log).")
 @click.option("--group", default=None, help="Watch the jobs of every user in this Unix group (default: all users).")
@@ -37,7 +39,8 @@ from bigscience_ops.cli.base import load_experiment, main, trainings_option
               help="Cooldown state file (default: .bsops-alerts.json next to --log).")
 @click.option("--cooldown-minutes", type=click.FloatRange(min=0), default=None,
               help="Send the same alert at most once per this many minutes (default: alerts.cooldown_minutes, or 60).")
-def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | None, log_path: Path | None, stall_minutes: float | None, group: str | None,
+def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | None, log_path: Path | None,
+                   cron_dir: Path | None, stall_minutes: float | None, group: str | None,
                    users: tuple[str, ...], contact: str, timeout: float, no_email: bool, email_to: tuple[str, ...],
                    email_from: str | None, smtp_host: str, smtp_port: int | None, smtp_security: str,
                    smtp_user: str | None, smtp_password_env: str | None, alert_state: Path | None,
@@ -45,7 +48,8 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
     """Is EXP (or --job-name) running or scheduled? Prints one line per job and ALERT lines.
 
     With EXP, the job name, the run's main_log.txt, the stall limit, the group and the alert
-    emails come from the experiment's config; options given explicitly win.
+    emails come from the experiment's config; options given explicitly win. With EXP the run folder
+    also tells a finished training (healthy, announced once) from one that ended without finishing.
     Exit code 0 healthy, 1 alert, 2 Slurm could not be queried or an alert email failed.
     """
     import socket
@@ -54,8 +58,12 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
 
     smtp = None
     experiment = None
+    run = None
     if exp is not None:
+        from bigscience_ops.ops import lifecycle
+
         experiment = load_experiment(exp, trainings_dir)
+        run = lifecycle.run_state(experiment)
         job_name = job_name or experiment.slurm.job_name
         log_path = log_path or Path(experiment.paths.logs) / "main_log.txt"
         stall_minutes = stall_minutes or experiment.alerts.stall_minutes
@@ -73,7 +81,8 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
             password_env=smtp_password_env)
     result = notify.watch(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
                           contact=contact, smtp=smtp, state_path=alert_state, cooldown_minutes=cooldown_minutes,
-                          experiment=experiment.name if experiment else None, timeout=timeout)
+                          experiment=experiment.name if experiment else None, timeout=timeout, run=run,
+                          cron_dir=cron_dir)
     for line in result.lines:
         click.echo(line)
     sys.exit(result.exit_code)

@@ -130,7 +130,7 @@ def render_status_job(cron_dir: Path, exp: Experiment, trainings_dir: Path, sett
     text = rendering.environment().get_template("status-job.slurm.j2").render(
         job_name=job_name, experiment=exp.name, trainings_dir=str(Path(trainings_dir).resolve()),
         optional=optional, env_setup=[rendering.Raw(line) for line in settings.env_setup],
-        logs=str(Path(cron_dir).resolve() / "logs"),
+        logs=str(Path(cron_dir).resolve() / "logs"), cron_dir=str(Path(cron_dir).resolve()),
     )
     return RunnerScript(path, text)
 

@@ -7,6 +7,7 @@ logged, or put into an error message.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import smtplib
@@ -26,6 +27,7 @@ from bigscience_ops.ops.status import EXIT_ERROR, Alert, StatusReport
 
 if TYPE_CHECKING:
     from bigscience_ops.config import AlertsConfig
+    from bigscience_ops.ops.lifecycle import RunState
 
 SECURITY_CHOICES = ("starttls", "ssl", "none")
 
@@ -152,6 +154,8 @@ ADVICE = {
                "`scancel` the running task (the next array task resumes from the last checkpoint) and, if "
                "one node is to blame, exclude it.",
     "overlap": "Two trainings run at once and write the same checkpoints: cancel the newer one now.",
+    "cron-chain": "A cron runner chain is gone or late, so the hourly jobs (this watchdog among them) may "
+                  "not run: `bsops cron status` shows the chains, `bsops cron install` re-submits a missing one.",
     "slurm-error": "The watchdog could not ask Slurm: check the controller (`sinfo`, `squeue`) from a login "
                    "node; the training's state is unknown until it answers.",
 }
@@ -171,6 +175,7 @@ class Notice:
 @dataclass
 class _State:
     active: dict[str, dict] = field(default_factory=dict)
+    finished: dict[str, int] = field(default_factory=dict)  # job name -> the final iteration announced
 
 
 def _load_state(path: Path) -> _State:
@@ -180,13 +185,14 @@ def _load_state(path: Path) -> _State:
         return _State()
     except (OSError, ValueError) as exc:
         raise NotifyError(f"alert state file {path} is unreadable ({exc}); delete it to start afresh") from None
-    return _State(active=dict(data.get("active", {})))
+    return _State(active=dict(data.get("active", {})), finished=dict(data.get("finished", {})))
 
 
 def _save_state(path: Path, state: _State) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"version": 1, "active": state.active}, indent=1, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps({"version": 1, "active": state.active, "finished": state.finished}, indent=1,
+                              sort_keys=True) + "\n")
     os.replace(tmp, path)
 
 
@@ -234,6 +240,14 @@ def notify(report: StatusReport, settings: SmtpSettings, state_path: str | os.Pa
             for key in cleared:
                 del state.active[key]
             sent.append(Notice("recovery", tuple(k[len(prefix):] for k in cleared), message_id, subject))
+        if report.finished_at is not None and state.finished.get(report.job_name) != report.finished_at:
+            subject = f"[FINISHED] {experiment}: training finished at iteration {report.finished_at}"
+            body = "\n".join([f"Experiment: {experiment}", f"Slurm job name: {report.job_name}", "",
+                              *report.lines, "", "Nothing is queued and none needs to be: remove its watchdog "
+                              "from cron.hourly/ when the checkpoints are safe."]) + "\n"
+            message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
+            state.finished[report.job_name] = report.finished_at
+            sent.append(Notice("finished", (), message_id, subject))
     finally:
         _save_state(path, state)
     return sent
@@ -309,15 +323,21 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
           contact: str = "Eng WG", smtp: SmtpSettings | None = None,
           state_path: str | os.PathLike[str] | None = None, cooldown_minutes: float = 60.0,
           experiment: str | None = None, timeout: float = 60.0, now: datetime | None = None,
-          env: Mapping[str, str] | None = None) -> WatchResult:
-    """One watchdog run: query Slurm, decide, email alerts/recoveries (when `smtp` is given), and
-    append every line to `log_path` (the run's main_log.txt) when given.
+          env: Mapping[str, str] | None = None, run: RunState | None = None,
+          cron_dir: str | os.PathLike[str] | None = None, query=None) -> WatchResult:
+    """One watchdog run: query Slurm, decide (with `run`, the run folder's state), check the cron
+    chains of `cron_dir` (the watchers are watched too), email alerts/recoveries/the finish (when
+    `smtp` is given), and append every line to watchdog.log beside `log_path`, never to the
+    main_log.txt whose progress it measures.
 
     The cooldown state lives in `state_path`, by default `.bsops-alerts.json` next to the log
     (or in ~/.cache/bsops/ without a log).
     """
     report = status.check(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
-                          now=now, contact=contact, timeout=timeout)
+                          now=now, contact=contact, timeout=timeout, run=run,
+                          **({"query": query} if query is not None else {}))
+    if cron_dir is not None:
+        report = _with_chain_alerts(report, Path(cron_dir), contact)
     notices: list[Notice] = []
     error = None
     if smtp is not None:
@@ -336,5 +356,22 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
         extra.append(f"{stamp} ***ALERT: the alert email could not be sent: {error}***")
     lines = (*report.lines, *extra)
     if log_path is not None:
-        status.append_to_log(log_path, lines)
+        status.append_to_log(status.watchdog_log(log_path), lines)
     return WatchResult(report, tuple(notices), error, lines)
+
+
+def _with_chain_alerts(report: StatusReport, cron_dir: Path, contact: str) -> StatusReport:
+    """The report plus an alert per problem of an installed cron chain (or one if Slurm cannot say)."""
+    from bigscience_ops import slurm
+    from bigscience_ops.ops import cron
+
+    try:
+        problems = [p for state in cron.chains(cron_dir) if state.installed for p in state.problems]
+    except (slurm.SlurmError, BsopsError) as exc:
+        problems = [f"the cron chains of {cron_dir} cannot be checked: {' '.join(str(exc).split())}"]
+    if not problems:
+        return report
+    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
+    alerts = [Alert("cron-chain", f"***ALERT: {p}! Alert someone at {contact}***") for p in problems]
+    return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
+                               alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))

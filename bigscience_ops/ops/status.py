@@ -1,9 +1,10 @@
 """The status watchdog: is a training running, scheduled, stuck or gone? Decisions over parsed jobs.
 
-`evaluate()` is pure (jobs, log progress and the clock in, a report out); `check()` adds the one
-Slurm query and turns a failing query into an alert instead of dying silently; `append_to_log()`
-writes the report's lines to the run's main_log.txt, where they also serve the stall check as
-timestamps that are known to come after the last iteration line.
+`evaluate()` is pure (jobs, log progress, the run folder's state and the clock in, a report out);
+`check()` adds the one Slurm query and turns a failing query into an alert instead of dying
+silently. The watchdog never writes into the main_log.txt it measures: its own lines go to
+watchdog.log beside it (`watchdog_log()`), so the log's time is the trainer's last write and a
+hang is measured from the last iteration line itself.
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from bigscience_ops import slurm
 from bigscience_ops.slurm import Job, format_duration
+
+if TYPE_CHECKING:
+    from bigscience_ops.ops.lifecycle import RunState
 
 EXIT_HEALTHY = 0
 EXIT_ALERT = 1
@@ -58,6 +64,8 @@ class StatusReport:
     """Every line with its `[YYYY-MM-DD HH:MM:SS]` prefix: one per job, then one per alert."""
     alerts: tuple[Alert, ...] = ()
     exit_code: int = EXIT_HEALTHY
+    finished_at: int | None = None
+    """The final iteration when the training is done (nothing queued, the last checkpoint is the end)."""
 
     @property
     def healthy(self) -> bool:
@@ -150,8 +158,9 @@ def read_progress(log_path: str | os.PathLike[str], max_bytes: int = 64 << 20) -
 
 def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Progress | None = None,
              log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
-             contact: str = "Eng WG") -> StatusReport:
-    """Decide from squeue's jobs (and the log's progress) whether `job_name` needs a person."""
+             contact: str = "Eng WG", run: RunState | None = None) -> StatusReport:
+    """Decide from squeue's jobs (the log's progress, and the run folder's state) whether `job_name`
+    needs a person. With `run`, nothing queued and the final iteration saved is a finished training."""
     stamp = f"[{now:{STAMP_FORMAT}}]"
     matching = [j for j in jobs if j.name == job_name]
     verdicts = [(job, describe_job(job, now)) for job in matching]
@@ -166,8 +175,16 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
     active = [job for job, v in verdicts if v.kind == "active"]
     waiting = [job for job, v in verdicts if v.kind == "waiting"]
     never = [job for job, v in verdicts if v.kind == "never"]
+    finished_at = None
     if not active and not waiting:
-        alert("not-scheduled", "is not RUNNING or SCHEDULED")
+        if run is not None and run.finished:
+            finished_at = run.iteration
+            lines.append(f"{stamp} {job_name} training finished at iteration {run.iteration}")
+        elif run is not None:
+            alert("not-scheduled", f"is not RUNNING or SCHEDULED: it stopped at iteration {run.iteration} of "
+                                   f"{run.train_iters}; {run.ended or 'no array task has run yet'}")
+        else:
+            alert("not-scheduled", "is not RUNNING or SCHEDULED")
     if never:
         ids = ", ".join(f"{j.job_id} ({j.reason})" for j in never)
         alert("never-starts", f"has job(s) that will never start on their own: {ids}")
@@ -190,7 +207,8 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
             alert("stalled", f"is RUNNING but {what} for {format_duration(stalled.total_seconds())} "
                              f"(limit {stall_minutes:g} min)")
     lines += [f"{stamp} {a.message}" for a in alerts]
-    return StatusReport(job_name, now, tuple(lines), tuple(alerts), EXIT_ALERT if alerts else EXIT_HEALTHY)
+    return StatusReport(job_name, now, tuple(lines), tuple(alerts), EXIT_ALERT if alerts else EXIT_HEALTHY,
+                        finished_at)
 
 
 def _stalled_for(progress: Progress, started: datetime | None, now: datetime) -> timedelta | None:
@@ -203,7 +221,7 @@ def _stalled_for(progress: Progress, started: datetime | None, now: datetime) ->
 def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
           log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
           now: datetime | None = None, contact: str = "Eng WG", timeout: float = slurm.DEFAULT_TIMEOUT_S,
-          query: Callable[..., list[Job]] = slurm.query_jobs) -> StatusReport:
+          query: Callable[..., list[Job]] = slurm.query_jobs, run: RunState | None = None) -> StatusReport:
     """Query Slurm once (jobs of `users`, or of every user in `group`) and evaluate `job_name`.
 
     A failing query is itself an alert (exit code EXIT_ERROR): the on-call person must hear about a
@@ -220,11 +238,17 @@ def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
                    f"Alert someone at {contact}***")
         return StatusReport(job_name, now, (f"{stamp} {message}",), (Alert("slurm-error", message),),
                             EXIT_ERROR)
-    return evaluate(job_name, jobs, now=now, log_path=log_path, stall_minutes=stall_minutes, contact=contact)
+    return evaluate(job_name, jobs, now=now, log_path=log_path, stall_minutes=stall_minutes, contact=contact,
+                    run=run)
+
+
+def watchdog_log(log_path: str | os.PathLike[str]) -> Path:
+    """Where the watchdog writes its lines: watchdog.log beside the main_log.txt it measures."""
+    return Path(log_path).with_name("watchdog.log")
 
 
 def append_to_log(log_path: str | os.PathLike[str], lines: Sequence[str]) -> None:
-    """Append the report's lines to the run's main_log.txt (created with its folder if missing)."""
+    """Append lines to a log (created with its folder if missing)."""
     path = Path(log_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as fh:

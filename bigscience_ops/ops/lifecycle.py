@@ -1,0 +1,80 @@
+"""Where a run stands, read from its run folder: finished, or how its last array task ended.
+
+The watchdog asks this when no job of the training is queued: a training that reached its final
+iteration is done (healthy, announced once), and one that did not is an alert that says how its
+last task ended: Slurm's accounting (sacct) where the cluster keeps it, else the task ledger and
+the end of Slurm's output file for that task (slurmstepd writes "CANCELLED ... DUE TO TIME LIMIT").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigscience_ops import ledger, slurm
+from bigscience_ops.config import Experiment
+
+# slurmstepd's line in the job's output file when Slurm ends a job.
+STEPD_END = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT (\S+)( DUE TO [A-Z ]+?)? \*\*\*")
+
+
+@dataclass(frozen=True)
+class RunState:
+    iteration: int
+    """The latest checkpoint's iteration."""
+    train_iters: int
+    last_task: ledger.Attempt | None
+    ended: str | None
+    """How the last task ended, in words (`exit code 1`, `TIMEOUT`, `CANCELLED DUE TO TIME LIMIT at ...`)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.iteration >= self.train_iters
+
+
+def run_state(exp: Experiment, timeout: float = 30.0) -> RunState:
+    from bigscience_ops.plan import train_iters
+
+    output = Path(exp.paths.output)
+    iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
+    history = ledger.attempts(ledger.read(output / ledger.LEDGER_NAME))
+    last = history[-1] if history else None
+    ended = None
+    if last is not None:
+        ended = _sacct_state(last.job_id, timeout) or _ledger_and_output_state(exp, last)
+    return RunState(iteration, train_iters(exp), last, ended)
+
+
+def _sacct_state(job_id: str, timeout: float) -> str | None:
+    """`sacct` State and ExitCode of the task; None where the cluster keeps no accounting."""
+    if job_id.startswith("local-"):
+        return None
+    try:
+        proc = slurm.run(["sacct", "--noheader", "--parsable2", "--format=JobID,State,ExitCode",
+                          f"--jobs={job_id}"], timeout=timeout)
+    except slurm.SlurmError:
+        return None
+    for line in proc.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3 and parts[0] == job_id:
+            return f"{parts[1]} (exit code {parts[2]}, from sacct)"
+    return None
+
+
+def _ledger_and_output_state(exp: Experiment, last: ledger.Attempt) -> str:
+    where = ""
+    out = Path(exp.paths.logs) / f"{exp.slurm.job_name}-{last.job_id}.out"
+    try:
+        match = None
+        with out.open("rb") as handle:
+            handle.seek(max(0, out.stat().st_size - 65536))
+            for line in handle.read().decode(errors="replace").splitlines():
+                match = STEPD_END.search(line) or match
+        if match:
+            where = f"; Slurm: CANCELLED{match.group(2) or ''} at {match.group(1)} ({out})"
+    except OSError:
+        pass
+    if last.exit_code is None:
+        return f"task {last.job_id} was killed before it recorded its end{where}"
+    return f"task {last.job_id} ended with exit code {last.exit_code}{where}"

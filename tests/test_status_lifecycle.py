@@ -1,0 +1,93 @@
+"""The watchdog reads the run folder: a finished training is healthy and announced once, one that
+ended early is an alert saying how, and stalls are measured from the trainer's own last write."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import ledger
+from bigscience_ops.config import load_experiment
+from bigscience_ops.ops import lifecycle, notify, status
+from bigscience_ops.plan import train_iters
+from tests.test_notify import plain_server, plain_settings  # noqa: F401  (the real SMTP server fixture)
+from tests.test_status import ITERATION, seed_job
+
+NOW = datetime(2026, 11, 22, 12, 0, 0)
+# What slurmstepd writes into the job's output file when the time limit ends it (Slurm 22.05).
+STEPD_TIMEOUT = "slurmstepd: error: *** JOB 4242 ON hostn1 CANCELLED AT 2026-11-22T11:20:00 DUE TO TIME LIMIT ***\n"
+
+
+@pytest.fixture
+def exp(trainings: Path, tmp_path: Path):
+    (trainings / "life.yaml").write_text(f"base: tiny\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
+    return load_experiment("life", trainings)
+
+
+def task(exp, job: str, start: int, end: int | None, code: int | None) -> None:
+    env = {"SLURM_ARRAY_JOB_ID": job.split("_")[0], "SLURM_ARRAY_TASK_ID": job.split("_")[1],
+           "SLURM_JOB_NODELIST": "hostn[1-2]"}
+    checkpoints = Path(exp.paths.checkpoints)
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    (checkpoints / "latest").write_text(f"global_step{start}")
+    ledger.begin(Path(exp.paths.output), checkpoints, 0, env)
+    if end is not None:
+        (checkpoints / "latest").write_text(f"global_step{end}")
+        ledger.end(Path(exp.paths.output), checkpoints, code, env)
+
+
+def test_a_finished_training_is_healthy_and_announced_once(exp, plain_server, tmp_path: Path) -> None:  # noqa: F811
+    inbox, port = plain_server
+    total = train_iters(exp)
+    task(exp, "100_1", 0, 120, 0)
+    task(exp, "100_2", 120, total, 0)
+    run = lifecycle.run_state(exp)
+    assert run.finished and run.iteration == total
+    log = Path(exp.paths.logs) / "main_log.txt"
+    for _ in range(2):
+        result = notify.watch(exp.slurm.job_name, query=lambda **_: [], run=run, log_path=log,
+                              smtp=plain_settings(port), now=NOW)
+        assert result.exit_code == status.EXIT_HEALTHY and result.report.finished_at == total
+        assert f"training finished at iteration {total}" in result.lines[0]
+    [mail] = inbox.messages
+    assert mail["Subject"].startswith("[FINISHED]") and str(total) in mail["Subject"]
+
+
+def test_a_training_that_stopped_early_says_how(exp) -> None:
+    task(exp, "100_1", 0, 120, 0)
+    task(exp, "100_2", 120, 120, 1)
+    stopped = status.evaluate(exp.slurm.job_name, [], now=NOW, run=lifecycle.run_state(exp))
+    [alert] = stopped.alerts
+    assert alert.condition == "not-scheduled" and stopped.exit_code == status.EXIT_ALERT
+    assert f"iteration 120 of {train_iters(exp)}" in alert.message and "exit code 1" in alert.message
+
+    task(exp, "100_3", 120, None, None)  # killed: no end record; Slurm's output file says why
+    logs = Path(exp.paths.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"{exp.slurm.job_name}-100_3.out").write_text("START TIME ...\n" + STEPD_TIMEOUT)
+    [alert] = status.evaluate(exp.slurm.job_name, [], now=NOW, run=lifecycle.run_state(exp)).alerts
+    assert "DUE TO TIME LIMIT" in alert.message and "100_3" in alert.message
+
+
+def test_a_hang_is_measured_from_the_last_iteration_line(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "main_log.txt"
+    log.parent.mkdir()
+    log.write_text(ITERATION + "\n")
+    written = NOW - timedelta(minutes=50)
+    os.utime(log, (written.timestamp(), written.timestamp()))
+    running = seed_job(start_time=NOW - timedelta(hours=10), elapsed_s=36000)
+
+    def watch(now: datetime) -> notify.WatchResult:
+        return notify.watch("tr1-13B-round3", query=lambda **_: [running], log_path=log, stall_minutes=60, now=now)
+
+    assert watch(NOW).exit_code == status.EXIT_HEALTHY
+    assert log.read_text() == ITERATION + "\n" and log.stat().st_mtime == written.timestamp()
+    # Eleven minutes later the line is 61 minutes old: reported now, not a watchdog period later.
+    late = watch(NOW + timedelta(minutes=11))
+    assert [a.condition for a in late.report.alerts] == ["stalled"]
+    assert "for 1:01:00" in late.report.alerts[0].message
+    assert (tmp_path / "logs" / "watchdog.log").read_text().count("is running for") == 2
