@@ -13,6 +13,8 @@ and non-blocking copies to the GPU, so the next micro-batches are ready before t
 
 from __future__ import annotations
 
+import signal
+import sys
 from collections.abc import Iterator, Sequence
 from itertools import count
 from typing import Protocol
@@ -108,6 +110,19 @@ class MicroBatchSampler:
             yield [(start + i) % self.n for i in range(self.mbs)]
 
 
+def _die_with_trainer(worker_id: int) -> None:
+    """DataLoader worker set-up: SIGKILL this worker when its trainer process ends, however it ends.
+
+    A failed rank leaves with os._exit (train.py); without this its workers would linger until their
+    next liveness check.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 class MicroBatchFeed:
     """One rank's micro-batches from `consumed` samples on, prepared off the critical path.
 
@@ -125,7 +140,8 @@ class MicroBatchFeed:
         sampler = MicroBatchSampler(len(dataset), micro_batch_size, dp_rank, dp_size, consumed // per_micro_step)
         self.loader = torch.utils.data.DataLoader(
             dataset, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
-            pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None)
+            pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None,
+            worker_init_fn=_die_with_trainer if num_workers else None)
         self._batches = iter(self.loader)
 
     def _to_device(self, batch: MicroBatch) -> MicroBatch:

@@ -1,0 +1,90 @@
+"""One failing rank ends the whole job promptly: every process exits, the launch fails, the error is in main_log.txt.
+
+The run goes through the real job script (`bsops launch --local`: srun shim, one torchrun per
+"node", PP=2 over the two nodes). BSOPS_FAIL_AT makes rank 1 raise before iteration 5. Before the
+fix, the failed rank waited in the final `dist.barrier()` its peer could never reach, and the job
+hung until the 30-minute collective timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import ledger
+from bigscience_ops.trainer.train import TrainerError, fail_at
+
+REPO = Path(__file__).resolve().parents[1]
+BSOPS = str(Path(sys.executable).with_name("bsops"))
+
+SMALL = f"""
+base: tiny
+description: tiny shrunk for the failure test
+model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 64}}
+batch: {{global_batch_size: 8, micro_batch_size: 2, rampup: {{start: 4, increment: 2, samples: 40}}}}
+train: {{samples: 200}}
+lr_schedule: {{warmup_samples: 40}}
+checkpoint: {{save_interval: 10, exit_interval: 15}}
+logging: {{log_interval: 1, eval_interval: 10, eval_iters: 1}}
+slurm: {{array: 1}}
+data:
+  blend: [{{prefix: {REPO}/corpus/build/tiny_text_document}}]
+  tokenizer: {{kind: json, json_file: {REPO}/corpus/tokenizer.json}}
+"""
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_one_failing_rank_ends_the_job_with_its_error_in_main_log(tmp_path: Path) -> None:
+    trainings = tmp_path / "trainings"
+    trainings.mkdir()
+    (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
+    (trainings / "small.yaml").write_text(SMALL)
+    run = tmp_path / "failing-run"
+    env = {**os.environ, "BSOPS_FAIL_AT": "1:5"}
+    env.pop("BSOPS_JOB_START_EPOCH", None)
+    start = time.monotonic()
+    proc = subprocess.run([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    deadline = time.monotonic() + 20  # processes being reaped right now get a moment
+    while _processes_mentioning(str(run)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not _processes_mentioning(str(run)), "training processes outlived the failed job"
+
+    log = (run / "logs" / "main_log.txt").read_text()
+    # rank 1 reports its own error; the iterations before the fault were trained and logged
+    assert "InjectedFault" in log and "rank 1/2" in log, log[-3000:]
+    trained = [line for line in log.splitlines() if line.lstrip().startswith("iteration ")]
+    assert len(trained) == 4, trained
+    # The whole launch (start-up, 4 iterations, the failure) ends well inside the collective timeout
+    # (30 minutes): no rank waited for its failed peer.
+    assert elapsed < 120, elapsed
+
+    # The job script recorded the nonzero exit, and the task made no progress: it counts against the budget.
+    history = ledger.attempts(ledger.read(run / ledger.LEDGER_NAME))
+    assert len(history) == 1
+    assert history[0].exit_code not in (None, 0) and not history[0].progressed
+
+
+def test_fail_at_parses_rank_and_iteration() -> None:
+    assert fail_at({}) is None
+    assert fail_at({"BSOPS_FAIL_AT": "1:5"}) == (1, 5)
+    for bad in ("1", "a:b", "1:0", "1:2:3", "-1:4"):
+        with pytest.raises(TrainerError, match="RANK:ITERATION"):
+            fail_at({"BSOPS_FAIL_AT": bad})
