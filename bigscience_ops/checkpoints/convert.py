@@ -22,6 +22,10 @@ QKV: the trainer fuses it per head, rows [head0: q k v, head1: q k v, ...] (B, T
 c_attn is a Conv1D (weight (in, out), y = x W + b) whose outputs are [q of all heads, k ..., v ...].
 So rows are regrouped (nh, 3, hs) -> (3, nh, hs), and every Linear weight is transposed for Conv1D.
 
+Vocab padding: the trainer's softmax spans the padded vocabulary (as Megatron's does); the converted
+model has only the tokenizer's vocab_size logits, so its loss is that of the trained model restricted
+to real tokens (lower by the probability mass the padding rows held, about 1e-3 nats when small).
+
 What GPT-2 cannot express is refused by name (embed_layernorm, and any model option this converter
 does not know).
 """
@@ -255,37 +259,46 @@ def gpt2_tensors(path: Path, model: dict, tensor: int, vocab_size: int, dtype: s
 # ---------------------------------------------------------------- tokenizer
 
 
-def write_tokenizer(tokenizer, out: Path, model_max_length: int) -> tuple[list[str], int, int | None]:
-    """Copy the experiment's tokenizer (data.tokenizer) into `out` for AutoTokenizer: (files, size, EOD id)."""
-    out = Path(out)
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """The experiment's tokenizer as transformers wants it: files to copy (source -> name), class, vocabulary."""
+
+    copies: dict[str, Path]
+    tokenizer_class: str
+    size: int
+    eod: int | None
+
+
+def tokenizer_files(tokenizer) -> TokenizerFiles:
+    """Read the experiment's tokenizer (data.tokenizer) without writing anything."""
     if tokenizer.kind == "json":
-        src = Path(tokenizer.json_file)
-        _require_file(src, "data.tokenizer.json_file")
-        shutil.copyfile(src, out / "tokenizer.json")
+        src = _require_file(tokenizer.json_file, "data.tokenizer.json_file")
         data = json.loads(src.read_text(encoding="utf-8"))
         vocab = dict(data.get("model", {}).get("vocab") or {})
         vocab.update({t["content"]: t["id"] for t in data.get("added_tokens", [])})
-        files, cls = ["tokenizer.json"], "PreTrainedTokenizerFast"
+        copies, cls = {"tokenizer.json": src}, "PreTrainedTokenizerFast"
     else:
-        vocab_src, merges_src = Path(tokenizer.vocab_file), Path(tokenizer.merges_file)
-        _require_file(vocab_src, "data.tokenizer.vocab_file")
-        _require_file(merges_src, "data.tokenizer.merges_file")
-        shutil.copyfile(vocab_src, out / "vocab.json")
-        shutil.copyfile(merges_src, out / "merges.txt")
-        vocab = json.loads(vocab_src.read_text(encoding="utf-8"))
-        files, cls = ["vocab.json", "merges.txt"], "GPT2Tokenizer"
-    eod = vocab.get(EOD_TOKEN)
-    config = {"tokenizer_class": cls, "model_max_length": model_max_length, "add_prefix_space": False}
-    if eod is not None:
+        vocab_src = _require_file(tokenizer.vocab_file, "data.tokenizer.vocab_file")
+        copies = {"vocab.json": vocab_src, "merges.txt": _require_file(tokenizer.merges_file, "data.tokenizer.merges_file")}
+        vocab, cls = json.loads(vocab_src.read_text(encoding="utf-8")), "GPT2Tokenizer"
+    return TokenizerFiles(copies, cls, max(vocab.values(), default=-1) + 1, vocab.get(EOD_TOKEN))
+
+
+def write_tokenizer(files: TokenizerFiles, out: Path, model_max_length: int) -> list[str]:
+    """Copy the tokenizer into `out` with a tokenizer_config.json, so AutoTokenizer loads it; the names written."""
+    for name, src in files.copies.items():
+        shutil.copyfile(src, Path(out) / name)
+    config = {"tokenizer_class": files.tokenizer_class, "model_max_length": model_max_length, "add_prefix_space": False}
+    if files.eod is not None:
         config.update(bos_token=EOD_TOKEN, eos_token=EOD_TOKEN, unk_token=EOD_TOKEN)
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    size = max(vocab.values(), default=-1) + 1
-    return files + ["tokenizer_config.json"], size, eod
+    (Path(out) / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return [*files.copies, "tokenizer_config.json"]
 
 
-def _require_file(path: Path, field: str) -> None:
-    if not path.is_file():
+def _require_file(path: str | None, field: str) -> Path:
+    if not path or not Path(path).is_file():
         raise ConvertError(f"{field}: {path} does not exist; the converted model needs the experiment's tokenizer")
+    return Path(path)
 
 
 # ---------------------------------------------------------------- the whole conversion
@@ -304,24 +317,24 @@ def convert(exp, out: Path, step: int | None = None, dtype: str = "float32", ove
         raise ConvertError(f"{path / META}: lacks model, experiment.model.vocab_size or parallel.tensor; "
                            "not written by this version of bsops' trainer")
     vocab_size = trained["vocab_size"]
-    gpt2_config(model, vocab_size, None, dtype)  # refuse what GPT-2 cannot express before reading any weights
+    tok = tokenizer_files(exp.data.tokenizer)
+    if tok.size > vocab_size:
+        raise ConvertError(f"data.tokenizer has {tok.size} tokens but the checkpoint's model.vocab_size is "
+                           f"{vocab_size}; ids past {vocab_size - 1} would have no embedding. "
+                           "Use the tokenizer the model was trained with")
+    config = gpt2_config(model, vocab_size, tok.eod, dtype)  # refuses what GPT-2 cannot express
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConvertError(f"output folder {out} is not empty; choose a new folder or allow overwriting")
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer_files, tokenizer_size, eod = write_tokenizer(exp.data.tokenizer, out, model["max_position_embeddings"])
-    if tokenizer_size > vocab_size:
-        raise ConvertError(f"data.tokenizer has {tokenizer_size} tokens but the checkpoint's model.vocab_size is "
-                           f"{vocab_size}; ids past {vocab_size - 1} would have no embedding. "
-                           "Use the tokenizer the model was trained with")
-    config = gpt2_config(model, vocab_size, eod, dtype)
     tensors = gpt2_tensors(path, model, tensor, vocab_size, dtype, progress)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer_written = write_tokenizer(tok, out, model["max_position_embeddings"])
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     source = {"experiment": getattr(exp, "name", None), "checkpoint": str(path), "iteration": meta.get("iteration"),
               "consumed_tokens": meta.get("consumed_tokens"), "parallel": meta.get("parallel")}
     (out / "bsops_conversion.json").write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
-    files = ["model.safetensors", "config.json", *tokenizer_files, "bsops_conversion.json"]
+    files = ["model.safetensors", "config.json", *tokenizer_written, "bsops_conversion.json"]
     return Conversion(out=out, tag=tag, iteration=int(meta.get("iteration", TAG.fullmatch(tag).group(1))),
                       config=config, files=files, num_parameters=sum(t.numel() for t in tensors.values()))
 

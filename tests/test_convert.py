@@ -1,0 +1,294 @@
+"""bsops convert: real PP=2 and TP=2 checkpoints of the trainer, on the bundled corpus, loaded with transformers.
+
+One run per layout (9 steps of a 2-layer GPT with the bundled tokenizer's 8192 tokens), several
+checks per run: transformers loads the folder; its logits equal the trainer's own forward (PP=2: the
+trainer's layers in one process; TP=2: the trainer's TP layers in two gloo processes, each loading
+its own shards, the vocab-split logits gathered); AutoTokenizer gives the project tokenizer's ids.
+The TP=2 run pads the vocabulary to 8200 (8 rows the converter removes). The PP=2 run has no
+padding, so its converted model's loss on the run's validation samples equals the trainer's logged
+validation loss exactly (with padding the trainer's softmax also spans the 8 padding logits, so
+a model without them scores about 1e-3 nats lower).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bigscience_ops import plan
+from bigscience_ops.checkpoints import convert
+from bigscience_ops.cli import EXIT_ERROR, main
+from bigscience_ops.config import DataSource
+from bigscience_ops.errors import BsopsError
+from tests.fixtures_trainer import REPO, TORCHRUN, scalars, small_experiment, write_run
+
+VOCAB = 8192  # the bundled tokenizer's size
+PADDED = 8200  # TP=2 run: make_vocab_size_divisible_by 100 (x TP 2 = 200): 8 padding rows to remove
+DIVISIBLE = {"pp2": 128, "tp2": 100}  # the PP=2 run has no padding (8192 = 64 x 128)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    from bigscience_ops.data.corpus import ensure_bundled_corpus
+
+    return ensure_bundled_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _train(out: Path, corpus: str, tensor: int, pipeline: int, divisible: int):
+    """A real run on the bundled corpus (no --synthetic-data), launched as the job script launches it."""
+    exp = small_experiment(out, model=dict(vocab_size=VOCAB, make_vocab_size_divisible_by=divisible),
+                           parallel=dict(tensor=tensor, pipeline=pipeline, zero_stage=0),
+                           train=dict(samples=48, seed=1234, precision="fp32"),
+                           checkpoint=dict(save_interval=100, exit_interval=None),
+                           data=dict(blend=[DataSource(prefix=corpus)]))
+    write_run(exp, out)
+    argv = [TORCHRUN, "--standalone", "--nproc_per_node", str(tensor * pipeline), "-m", "bigscience_ops.trainer",
+            "--experiment", str(out / "experiment.json"), "--deepspeed-config", str(out / "ds_config.json")]
+    env = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
+    env.update(DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"trainer exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return exp
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, corpus) -> dict:
+    """name -> (experiment, converted folder, Conversion) for PP=2 and TP=2."""
+    out = {}
+    for name, tensor, pipeline in (("pp2", 1, 2), ("tp2", 2, 1)):
+        run = tmp_path_factory.mktemp(name)
+        exp = _train(run, corpus, tensor, pipeline, DIVISIBLE[name])
+        folder = run / "hf"
+        out[name] = (exp, folder, convert.convert(exp, folder))
+    return out
+
+
+def _hf(folder: Path):
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(folder).eval()
+
+
+def _tokens(n: int = 3, t: int = 32) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n, t), generator=torch.Generator().manual_seed(7))
+
+
+def _meta(exp) -> dict:
+    path = Path(exp.paths.checkpoints)
+    return json.loads((path / (path / "latest").read_text().strip() / "bsops.json").read_text())
+
+
+# ---------------------------------------------------------------- the trainer's own forward
+
+
+def _pp_reference_logits(exp, tokens: torch.Tensor) -> torch.Tensor:
+    """The trainer's layers (TP=1) in one process, each loading its own DeepSpeed layer file."""
+    from bigscience_ops.trainer.model import GPTShape, build_sequential
+
+    meta = _meta(exp)
+    path = Path(exp.paths.checkpoints) / f"global_step{meta['iteration']}"
+    model = build_sequential(GPTShape(**meta["model"]), exp.train.seed).eval()
+    load = lambda i: torch.load(path / f"layer_{i:02d}-model_states.pt", weights_only=True)  # noqa: E731
+    model.embedding.load_state_dict(load(0))
+    for i, block in enumerate(model.blocks):
+        block.load_state_dict(load(i + 1))
+    model.final_norm.load_state_dict(load(len(model.blocks) + 1))
+    with torch.no_grad():
+        return model(tokens)
+
+
+def _tp_rank(rank: int, path: str, model: dict, seed: int, tokens: torch.Tensor, init: str, result: str) -> None:
+    """One TP rank: the trainer's TP layers with this rank's shards; rank 0 saves the gathered logits."""
+    import torch.distributed as dist
+
+    from bigscience_ops.trainer.model import EmbeddingPipe, FinalNorm, GPTShape, TransformerBlock
+    from bigscience_ops.trainer.tensor_parallel import TensorParallel
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        tp = TensorParallel(rank=rank, size=2, group=dist.group.WORLD)
+        shape = GPTShape(**model)
+        load = lambda i: torch.load(f"{path}/layer_{i:02d}-model_{rank:02d}-model_states.pt", weights_only=True)  # noqa: E731
+        emb = EmbeddingPipe(shape, seed, tp=tp)
+        emb.load_state_dict(load(0))
+        blocks = [TransformerBlock(shape, seed, i + 1, tp=tp) for i in range(shape.num_layers)]
+        for i, block in enumerate(blocks):
+            block.load_state_dict(load(i + 1))
+        final = FinalNorm(shape)
+        final.load_state_dict(load(shape.num_layers + 1))
+        with torch.no_grad():
+            x = emb(tokens)
+            for block in blocks:
+                x = block.eval()(x)
+            local = emb.head(final(x))  # (B, T, V/2): this rank's vocabulary slice
+            parts = [torch.empty_like(local) for _ in range(2)]
+            dist.all_gather(parts, local.contiguous())
+        if rank == 0:
+            torch.save(torch.cat(parts, dim=-1), result)
+    finally:
+        dist.destroy_process_group()
+
+
+def _tp_reference_logits(exp, tokens: torch.Tensor, tmp_path: Path) -> torch.Tensor:
+    import torch.multiprocessing as mp
+
+    meta = _meta(exp)
+    path = Path(exp.paths.checkpoints) / f"global_step{meta['iteration']}"
+    result = tmp_path / "tp_logits.pt"
+    mp.spawn(_tp_rank, args=(str(path), meta["model"], exp.train.seed, tokens, f"file://{tmp_path / 'store'}",
+                             str(result)), nprocs=2, join=True)
+    return torch.load(result, weights_only=True)
+
+
+def test_pp2_logits_equal_the_trainers(runs):
+    exp, folder, _ = runs["pp2"]
+    tokens = _tokens()
+    reference = _pp_reference_logits(exp, tokens)
+    assert reference.shape[-1] == VOCAB
+    with torch.no_grad():
+        logits = _hf(folder)(tokens).logits
+    assert logits.shape == (3, 32, VOCAB)  # vocab padding removed
+    torch.testing.assert_close(logits, reference[..., :VOCAB], rtol=1e-5, atol=1e-5)
+
+
+def test_tp2_logits_equal_the_trainers(runs, tmp_path):
+    exp, folder, _ = runs["tp2"]
+    tokens = _tokens()
+    reference = _tp_reference_logits(exp, tokens, tmp_path)
+    assert reference.shape == (3, 32, PADDED)
+    with torch.no_grad():
+        logits = _hf(folder)(tokens).logits
+    torch.testing.assert_close(logits, reference[..., :VOCAB], rtol=1e-5, atol=1e-5)
+
+
+def test_converted_model_gives_the_trainers_validation_loss(runs):
+    """The trainer's last validation (logged to TensorBoard) read the eval_iters x gbs samples before
+    consumed_valid_samples; the HF model's loss on the same samples, averaged the same way, equals it."""
+    from bigscience_ops.trainer.data import step_micro_batches
+    from bigscience_ops.trainer.train import Trainer
+
+    exp, folder, conversion = runs["pp2"]
+    meta = _meta(exp)
+    logged = scalars(Path(exp.paths.tensorboard), "lm loss validation")
+    assert list(logged) == [meta["iteration"]]
+    trainer = Trainer(exp, {})
+    trainer._build_data()  # the trainer's own validation dataset
+    gbs = plan.batch_schedule(exp).batch_size_at(meta["consumed_train_samples"])
+    eval_iters, mbs = exp.logging.eval_iters, exp.batch.micro_batch_size
+    start = meta["state"]["consumed_valid_samples"] - eval_iters * gbs
+    assert start == 0
+    model = _hf(folder)
+    losses = []
+    with torch.no_grad():
+        for it in range(eval_iters):
+            micro = []
+            for tokens, (labels, mask) in step_micro_batches(trainer.valid_ds, start + it * gbs, gbs // mbs, mbs, 0, 1):
+                logits = model(tokens).logits
+                ce = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1), reduction="none")
+                micro.append(float((ce * mask.reshape(-1)).sum() / mask.sum()))
+            losses.append(sum(micro) / len(micro))
+    assert sum(losses) / len(losses) == pytest.approx(logged[meta["iteration"]], rel=1e-6)
+    assert conversion.iteration == meta["iteration"]
+
+
+@pytest.mark.parametrize("name", ["pp2", "tp2"])
+def test_output_folder_loads_with_transformers(runs, name):
+    from transformers import AutoTokenizer
+
+    from bigscience_ops.data.tokenizer import HFTokenizer, TokenizerSpec
+
+    exp, folder, conversion = runs[name]
+    model = _hf(folder)
+    cfg = model.config
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_inner, cfg.vocab_size, cfg.n_positions) == (2, 64, 4, 256, VOCAB, 32)
+    assert cfg.activation_function == "gelu_new" and cfg.eos_token_id == 0
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()  # tied head
+    assert conversion.num_parameters == sum(p.numel() for p in model.parameters())
+    unpadded = dataclasses.replace(exp.model, make_vocab_size_divisible_by=1)
+    assert plan.count_parameters(unpadded, 1).total == conversion.num_parameters  # the plan's count, no padding
+    assert {p.name for p in folder.iterdir()} >= {"model.safetensors", "config.json", "tokenizer.json",
+                                                   "tokenizer_config.json"}
+    text = "In the beginning God created the heaven and the earth."
+    ours = HFTokenizer(TokenizerSpec("json", json_file=exp.data.tokenizer.json_file)).encode(text)
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert tok(text)["input_ids"] == ours and tok.eos_token_id == 0
+    assert tok.decode(ours) == text
+
+
+def test_bf16_output_and_step_selection(runs, tmp_path):
+    exp, folder, _ = runs["pp2"]
+    meta = _meta(exp)
+    out = tmp_path / "bf16"
+    conversion = convert.convert(exp, out, step=meta["iteration"], dtype="bfloat16")
+    model = _hf(out)
+    assert model.transformer.wte.weight.dtype == torch.bfloat16
+    fp32 = _hf(folder)
+    torch.testing.assert_close(model.transformer.wte.weight.float(), fp32.transformer.wte.weight, rtol=1e-2, atol=1e-3)
+    assert conversion.tag == f"global_step{meta['iteration']}"
+    with pytest.raises(convert.ConvertError) as err:
+        convert.convert(exp, tmp_path / "nope", step=meta["iteration"] + 1)
+    assert str(meta["iteration"]) in str(err.value)  # lists the steps that exist
+    with pytest.raises(convert.ConvertError):  # not empty
+        convert.convert(exp, out)
+
+
+def test_refuses_what_gpt2_cannot_express():
+    model = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96, seq_length=32,
+                 max_position_embeddings=32, padded_vocab_size=256, embed_layernorm=False, init_method_std=0.02,
+                 hidden_dropout=0.0, attention_dropout=0.0, layernorm_epsilon=1e-5)
+    assert convert.gpt2_config(model, 250, 0)["n_inner"] == 96  # a non-4h MLP is fine
+    with pytest.raises(convert.ConvertError) as err:
+        convert.gpt2_config({**model, "embed_layernorm": True}, 250, 0)
+    assert "embed_layernorm" in str(err.value)
+    with pytest.raises(convert.ConvertError) as err:
+        convert.gpt2_config({**model, "rotary_embeddings": True}, 250, 0)
+    assert "rotary_embeddings" in str(err.value)
+    with pytest.raises(convert.ConvertError):
+        convert.gpt2_config(model, 300, 0)  # more tokens than the padded vocabulary
+    assert issubclass(convert.ConvertError, BsopsError)
+
+
+def test_qkv_regrouping_matches_the_trainers_head_split():
+    """Rows [head: q k v] -> c_attn columns [q heads | k heads | v heads], checked on labelled rows."""
+    heads, hs, h = 3, 2, 6
+    weight = torch.arange(3 * h, dtype=torch.float32).unsqueeze(1).repeat(1, h)  # row r holds r
+    w, b = convert.qkv_to_c_attn(weight, torch.arange(3 * h, dtype=torch.float32), heads)
+    assert w.shape == (h, 3 * h)
+    for part in range(3):  # q, k, v
+        for head in range(heads):
+            for j in range(hs):
+                trainer_row = head * 3 * hs + part * hs + j
+                assert w[0, part * h + head * hs + j] == trainer_row and b[part * h + head * hs + j] == trainer_row
+
+
+def test_convert_command(runs, trainings, tmp_path, gpt2_files):
+    exp, _, _ = runs["pp2"]
+    src = Path(exp.paths.output)
+    (trainings / "conv.yaml").write_text(
+        "base: tiny\n"
+        f"model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: {VOCAB}, "
+        "ffn_hidden_size: 256, make_vocab_size_divisible_by: 128}\n"
+        f"paths: {{output: {str(src)!r}}}\n"
+        f"data: {{tokenizer: {{kind: json, json_file: {exp.data.tokenizer.json_file!r}}}}}\n")
+    out = tmp_path / "cli"
+    result = CliRunner().invoke(main, ["convert", "conv", "--trainings-dir", str(trainings), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "model.safetensors").is_file()
+    again = CliRunner().invoke(main, ["convert", "conv", "--trainings-dir", str(trainings), "--out", str(out),
+                                      "--step", "12345"])
+    assert again.exit_code == EXIT_ERROR
+    push = CliRunner().invoke(main, ["convert", "conv", "--trainings-dir", str(trainings), "--out", str(tmp_path / "p"),
+                                     "--push"])
+    assert push.exit_code == EXIT_ERROR and not (tmp_path / "p").exists()  # refused before converting: no repo
+    (trainings / "gpt2tok.yaml").write_text(
+        "base: conv\n"
+        f"data: {{tokenizer: {{kind: gpt2-bpe, vocab_file: {gpt2_files[0]!r}, merges_file: {gpt2_files[1]!r}}}}}\n")
+    wrong = CliRunner().invoke(main, ["convert", "gpt2tok", "--trainings-dir", str(trainings), "--out", str(tmp_path / "s")])
+    assert wrong.exit_code == EXIT_ERROR and not (tmp_path / "s").exists()  # GPT-2's 50257 tokens > the model's 8192
