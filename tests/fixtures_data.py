@@ -34,6 +34,22 @@ def hf_gpt2(gpt2_dir: Path):
     return GPT2TokenizerFast.from_pretrained(str(gpt2_dir))
 
 
+@pytest.fixture(scope="session")
+def hf_gpt2_plain(gpt2_dir: Path):
+    """GPT2TokenizerFast with special-token text encoded as plain text (Megatron's behaviour)."""
+    from transformers import GPT2TokenizerFast
+
+    return GPT2TokenizerFast.from_pretrained(str(gpt2_dir), split_special_tokens=True)
+
+
+@pytest.fixture(scope="session")
+def megatron_gpt2(gpt2_files: tuple[str, str]):
+    """Megatron's pure-Python GPT-2 BPE (the benchmark's baseline), the reference for plain text."""
+    from benchmarks.preprocess import MegatronGPT2BPE
+
+    return MegatronGPT2BPE(*gpt2_files)
+
+
 def write_indexed(prefix: Path, docs: list[list[int]], dtype=np.uint16) -> str:
     """An indexed dataset holding `docs`, written with the project's writer."""
     from bigscience_ops.data.indexed import IndexedDatasetWriter

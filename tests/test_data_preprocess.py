@@ -67,7 +67,7 @@ def test_ids_equal_gpt2tokenizerfast_plus_eod(tmp_path, spec, hf_gpt2):
     ds = IndexedDataset(result.outputs["text"])
     assert ds.dtype == np.uint16
     assert [ds[i].tolist() for i in range(len(ds))] == [hf_gpt2(t)["input_ids"] + [50256] for t in GOOD]
-    assert result.docs_in == result.docs_out == len(GOOD)
+    assert result.docs_in == len(GOOD) and result.docs_out == {"text": len(GOOD)}
     assert result.tokens_out["text"] == ds.num_tokens
     assert result.bytes_in == src.stat().st_size
     assert result.problem_counts == {} and result.problems_file is None
@@ -82,8 +82,9 @@ def test_each_bad_line_is_counted_with_file_and_line(tmp_path, spec):
     kinds = [k for _, k in BAD_LINES]
     assert result.problem_counts == {k: kinds.count(k) for k in set(kinds)}
     assert result.docs_in == 2 * len(BAD_LINES)
-    assert result.docs_out == len(BAD_LINES) == len(IndexedDataset(result.outputs["text"]))
-    assert result.docs_dropped + result.docs_out == result.docs_in
+    assert result.docs_out["text"] == len(BAD_LINES) == len(IndexedDataset(result.outputs["text"]))
+    assert result.lines_dropped == len(BAD_LINES) - kinds.count("empty")
+    assert result.lines_dropped + result.problem_counts["empty"] + result.docs_out["text"] == result.docs_in
     listed = [json.loads(line) for line in Path(result.problems_file).read_text().splitlines()]
     assert [(p["line"], p["kind"]) for p in listed] == sorted(expected.items())
 
@@ -117,7 +118,7 @@ def test_several_inputs_and_keys(tmp_path, spec):
     a.write_text(json.dumps({"text": "alpha", "title": "A"}) + "\n")
     b.write_text(json.dumps({"text": "beta", "title": "B"}) + "\n" + json.dumps({"text": "gamma"}) + "\n")
     r = preprocess([a, b], str(tmp_path / "out"), spec, json_keys=("text", "title"))
-    assert set(r.outputs) == {"text", "title"} and r.docs_out == 2
+    assert set(r.outputs) == {"text", "title"} and r.docs_out == {"text": 2, "title": 2}
     assert [(p.path, p.line, p.kind) for p in r.problems] == [(str(b), 2, "missing-key")]
     assert len(IndexedDataset(r.outputs["title"])) == 2
 
@@ -134,7 +135,7 @@ def test_cli_preprocess_progress_and_merge(tmp_path):
     assert res.exit_code == 0, res.output
     assert re.search(r"^Processed \d+ documents \([\d.]+ docs/s, [\d.]+ MB/s\)\.$", res.stderr, re.M)
     assert f"{src}:2: malformed-json" in res.stderr
-    assert "documents in 268, out 259, dropped 9" in res.stdout
+    assert "documents in 268, out 259, dropped 8" in res.stdout  # + 1 empty document
     res = runner.invoke(main, ["preprocess", "--input", str(src), "--tokenizer", "gpt2",
                                "--output-prefix", str(tmp_path / "s"), "--strict"])
     assert res.exit_code == 2 and f"{src}:2: malformed-json" in res.stderr
@@ -195,3 +196,29 @@ def test_progress_bar_on_a_terminal_and_megatron_lines_otherwise(tmp_path: Path,
                            timeout=120)
     assert piped.returncode == 0 and "\r[" not in piped.stderr
     assert re.search(r"Processed \d+ documents \([\d.]+ docs/s, [\d.]+ MB/s\)\.", piped.stderr), piped.stderr
+
+
+@pytest.mark.parametrize("name,workers", [("m.jsonl", 1), ("m.jsonl", 2), ("m.jsonl.gz", 2)])
+def test_small_chunks_keep_bytes_and_line_numbers(tmp_path, spec, monkeypatch, name, workers):
+    """Chunks cut mid-file (read by the workers for plain files) give the same output and line numbers."""
+    import bigscience_ops.data.preprocess as pp
+
+    src = tmp_path / "m.jsonl"
+    expected = write_mixed(src)
+    with open(src, "ab") as f:
+        for i in range(300):
+            f.write(good_line(f"line {i} " * (i % 7 + 1)))
+        f.write(b'{"text": "no newline at the end"}')
+    if name.endswith(".gz"):
+        (tmp_path / name).write_bytes(gzip.compress(src.read_bytes()))
+    whole = preprocess([src], str(tmp_path / "whole"), spec, append_eod=True)
+    monkeypatch.setattr(pp, "CHUNK_BYTES", 300)  # ~40 chunks; cut only in the main process
+    seen = []
+    cut = preprocess([tmp_path / name], str(tmp_path / "cut"), spec, append_eod=True, workers=workers,
+                     progress=seen.append)
+    assert {p.line: p.kind for p in cut.problems} == expected
+    assert cut.docs_in == whole.docs_in == 2 * len(BAD_LINES) + 301
+    for ext in (".bin", ".idx"):
+        assert Path(cut.outputs["text"] + ext).read_bytes() == Path(whole.outputs["text"] + ext).read_bytes()
+    assert len(seen) > 10 and seen[-1].fraction == 1.0
+    assert [p.fraction for p in seen] == sorted(p.fraction for p in seen)

@@ -1,4 +1,8 @@
-"""Token ids equal transformers' GPT2TokenizerFast on varied text, on every backend and file kind."""
+"""Token ids equal Megatron's GPT-2 BPE and transformers' GPT2TokenizerFast, on every backend and file kind.
+
+Special-token text (`<|endoftext|>` inside a document) is plain text by default, as Megatron's;
+with special_text="token" it is the EOD id, as GPT2TokenizerFast's default.
+"""
 
 from __future__ import annotations
 
@@ -34,23 +38,39 @@ TEXTS = [
 ]
 
 
+@pytest.mark.parametrize("special_text", ["plain", "token"])
 @pytest.mark.parametrize("backend", ["auto", "tiktoken", "tokenizers"])
-def test_gpt2_ids_equal_gpt2tokenizerfast(gpt2_files, hf_gpt2, backend):
-    tok = build_tokenizer(TokenizerSpec("gpt2-bpe", *gpt2_files, backend=backend))
+def test_gpt2_ids_equal_gpt2tokenizerfast(gpt2_files, hf_gpt2, hf_gpt2_plain, backend, special_text):
+    tok = build_tokenizer(TokenizerSpec("gpt2-bpe", *gpt2_files, backend=backend, special_text=special_text))
     if backend != "tokenizers":
         assert isinstance(tok, TiktokenTokenizer)  # the fast path is taken for GPT-2
     assert tok.vocab_size == 50257 and tok.eod == 50256
+    reference = hf_gpt2_plain if special_text == "plain" else hf_gpt2
     for text in TEXTS:
-        assert tok.encode(text) == hf_gpt2(text)["input_ids"], repr(text[:40])
+        assert tok.encode(text) == reference(text)["input_ids"], repr(text[:40])
+        assert tok.encode_array(text).tolist() == reference(text)["input_ids"]
 
 
-def test_tokenizer_json_of_gpt2_uses_fast_path(tmp_path, hf_gpt2):
+def test_plain_special_text_equals_megatrons_pure_python_bpe(gpt2_files, megatron_gpt2):
+    tok = build_tokenizer(TokenizerSpec("gpt2-bpe", *gpt2_files))
+    for text in TEXTS:
+        assert tok.encode(text) == megatron_gpt2.encode(text), repr(text[:40])
+    inside = tok.encode("a <|endoftext|> b")
+    assert tok.eod not in inside and len(inside) > 3  # plain text, not the EOD id
+    token = build_tokenizer(TokenizerSpec("gpt2-bpe", *gpt2_files, special_text="token"))
+    assert token.encode("a <|endoftext|> b").count(tok.eod) == 1
+
+
+@pytest.mark.parametrize("special_text", ["plain", "token"])
+def test_tokenizer_json_of_gpt2_uses_fast_path(tmp_path, hf_gpt2, hf_gpt2_plain, special_text):
     path = tmp_path / "tokenizer.json"
     hf_gpt2.backend_tokenizer.save(str(path))
-    tok = build_tokenizer(resolve_tokenizer(str(path)))
+    tok = build_tokenizer(resolve_tokenizer(str(path), special_text=special_text))
+    slow = build_tokenizer(resolve_tokenizer(str(path), backend="tokenizers", special_text=special_text))
     assert isinstance(tok, TiktokenTokenizer)
+    reference = hf_gpt2_plain if special_text == "plain" else hf_gpt2
     for text in TEXTS:
-        assert tok.encode(text) == hf_gpt2(text)["input_ids"]
+        assert tok.encode(text) == slow.encode(text) == reference(text)["input_ids"]
 
 
 def test_tokenizer_json_with_normalizer_falls_back_to_tokenizers(tmp_path, hf_gpt2):
@@ -66,10 +86,11 @@ def test_tokenizer_json_with_normalizer_falls_back_to_tokenizers(tmp_path, hf_gp
         build_tokenizer(resolve_tokenizer(str(path), backend="tiktoken"))
 
 
-def test_bundled_tokenizer_backends_agree(repo_root):
+@pytest.mark.parametrize("special_text", ["plain", "token"])
+def test_bundled_tokenizer_backends_agree(repo_root, special_text):
     path = repo_root / "corpus" / "tokenizer.json"
-    fast = build_tokenizer(resolve_tokenizer(str(path)))
-    slow = build_tokenizer(resolve_tokenizer(str(path), backend="tokenizers"))
+    fast = build_tokenizer(resolve_tokenizer(str(path), special_text=special_text))
+    slow = build_tokenizer(resolve_tokenizer(str(path), backend="tokenizers", special_text=special_text))
     assert isinstance(fast, TiktokenTokenizer) and isinstance(slow, HFTokenizer)
     assert fast.eod == slow.eod is not None
     for text in TEXTS:
@@ -86,3 +107,5 @@ def test_resolve_tokenizer_forms(tmp_path, gpt2_dir, gpt2_files):
         resolve_tokenizer(None)
     with pytest.raises(TokenizerError, match="backend"):
         TokenizerSpec("gpt2-bpe", *gpt2_files, backend="fast")
+    with pytest.raises(TokenizerError, match="special_text"):
+        TokenizerSpec("gpt2-bpe", *gpt2_files, special_text="eod")

@@ -10,22 +10,83 @@ import click
 from bigscience_ops.cli.base import main
 
 
+# Options that take several values, Megatron style (`--json-keys text title`).
+_GREEDY = ("--json-keys", "--datasets")
+# Megatron options accepted for compatibility that change nothing here, and why.
+_NO_MEANING = {
+    "keep_newlines": "--keep-newlines (only used with --split-sentences, which is not done here)",
+    "dataset_impl": "--dataset-impl (mmap, the only format written)",
+    "make_vocab_size_divisible_by": "--make-vocab-size-divisible-by (vocab padding is the trainer's; "
+                                    "the token dtype follows the tokenizer's own size, as Megatron's)",
+    "pad_vocab_size_to": "--pad-vocab-size-to (vocab padding is the trainer's)",
+    "datasets": "--datasets (unused by Megatron's preprocess_data.py too; use bsops merge-data)",
+}
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "PretrainedFromHF")
+
+
+class _MegatronCommand(click.Command):
+    """Accepts `--json-keys a b` (argparse nargs='+') by repeating the option for each value."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        out: list[str] = []
+        greedy = None
+        for arg in args:
+            if arg.startswith("-") and arg != "-":
+                greedy = arg.split("=", 1)[0] if arg.split("=", 1)[0] in _GREEDY else None
+                out.append(arg)
+            elif greedy is not None and out[-1] != greedy:
+                out += [greedy, arg]
+            else:
+                out.append(arg)
+        return super().parse_args(ctx, out)
+
+
 def _split_keys(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(k for v in values for k in v.replace(",", " ").split())
 
 
-@main.command()
+def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or_path: str | None,
+                      vocab_file: str | None, merges_file: str | None) -> str | None:
+    """The --tokenizer value Megatron's --tokenizer-type / --tokenizer-name-or-path stand for."""
+    if tokenizer_type == "PretrainedFromHF":
+        if vocab_file or merges_file:
+            raise click.UsageError("--tokenizer-type PretrainedFromHF reads --tokenizer-name-or-path; "
+                                   "--vocab-file and --merge-file belong to GPT2BPETokenizer")
+        if not (name_or_path or tokenizer):
+            raise click.UsageError("--tokenizer-type PretrainedFromHF needs --tokenizer-name-or-path: a local "
+                                   "tokenizer.json or a folder holding one (no download is done)")
+    if tokenizer_type == "GPT2BPETokenizer" and name_or_path:
+        raise click.UsageError("--tokenizer-name-or-path belongs to --tokenizer-type PretrainedFromHF; "
+                               "GPT2BPETokenizer reads --vocab-file and --merge-file")
+    if name_or_path and tokenizer and name_or_path != tokenizer:
+        raise click.UsageError(f"--tokenizer {tokenizer!r} and --tokenizer-name-or-path {name_or_path!r} "
+                               "disagree; give one")
+    return tokenizer or name_or_path
+
+
+@main.command(cls=_MegatronCommand)
 @click.option("--input", "inputs", multiple=True, required=True,
               type=click.Path(dir_okay=False, path_type=Path),
               help="jsonl file, optionally .gz or .xz compressed; repeat for several.")
 @click.option("--json-keys", multiple=True, default=("text",), show_default=True,
-              help="Keys whose strings are the documents; one output per key.")
+              help="Keys whose strings are the documents, one output per key: `--json-keys text title` "
+                   "(Megatron's spelling), repeated, or comma-separated.")
 @click.option("--tokenizer", default=None,
               help="A tokenizer.json, a folder with vocab.json + merges.txt, or 'gpt2' (packaged GPT-2 files).")
-@click.option("--vocab-file", default=None, help="GPT-2 style vocab.json (with --merge-file).")
-@click.option("--merge-file", "merges_file", default=None, help="GPT-2 style merges.txt (with --vocab-file).")
+@click.option("--tokenizer-type", type=click.Choice(TOKENIZER_TYPES), default=None,
+              help="Megatron's: GPT2BPETokenizer (with --vocab-file/--merge-file) or PretrainedFromHF "
+                   "(with --tokenizer-name-or-path, a local path). Optional here.")
+@click.option("--tokenizer-name-or-path", default=None,
+              help="Megatron's PretrainedFromHF source: a local tokenizer.json or a folder holding one.")
+@click.option("--vocab-file", "--vocab", "vocab_file", default=None,
+              help="GPT-2 style vocab.json (with --merge-file).")
+@click.option("--merge-file", "--merges-file", "merges_file", default=None,
+              help="GPT-2 style merges.txt (with --vocab-file).")
 @click.option("--tokenizer-backend", type=click.Choice(["auto", "tiktoken", "tokenizers"]), default="auto",
               show_default=True, help="auto: tiktoken when it gives the same ids, else tokenizers.")
+@click.option("--special-text", type=click.Choice(["plain", "token"]), default="plain", show_default=True,
+              help="What a literal <|endoftext|> inside a document becomes. plain: ordinary text, as "
+                   "Megatron's preprocess_data.py; token: the end-of-document id, as transformers' tokenizers.")
 @click.option("--append-eod", is_flag=True, help="End each document with <|endoftext|>.")
 @click.option("--output-prefix", required=True, help="Writes PREFIX_KEY_document.bin/.idx.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
@@ -33,15 +94,38 @@ def _split_keys(values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--strict", is_flag=True, help="Stop at the first unusable line instead of counting it.")
 @click.option("--log-interval", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Documents between progress lines (when stderr is not a terminal).")
+@click.option("--dataset-impl", type=click.Choice(["mmap"]), default=None,
+              help="Megatron's; mmap is the only format written (accepted, changes nothing).")
+@click.option("--keep-newlines", is_flag=True, help="Megatron's; accepted, changes nothing here.")
+@click.option("--split-sentences", is_flag=True, hidden=True)
+@click.option("--make-vocab-size-divisible-by", type=int, default=None, hidden=True)
+@click.option("--pad-vocab-size-to", type=int, default=None, hidden=True)
+@click.option("--datasets", multiple=True, hidden=True)
 def preprocess(inputs: tuple[Path, ...], json_keys: tuple[str, ...], tokenizer: str | None,
-               vocab_file: str | None, merges_file: str | None, tokenizer_backend: str, append_eod: bool,
-               output_prefix: str, workers: int, strict: bool, log_interval: int) -> None:
-    """Tokenize jsonl documents into Megatron's indexed format (.bin/.idx)."""
+               tokenizer_type: str | None, tokenizer_name_or_path: str | None, vocab_file: str | None,
+               merges_file: str | None, tokenizer_backend: str, special_text: str, append_eod: bool,
+               output_prefix: str, workers: int, strict: bool, log_interval: int, split_sentences: bool,
+               **megatron_only: object) -> None:
+    """Tokenize jsonl documents into Megatron's indexed format (.bin/.idx).
+
+    Megatron's tools/preprocess_data.py command lines work as they are (--tokenizer-type,
+    --vocab/--vocab-file, --merge-file, --json-keys text title, --dataset-impl mmap, --workers,
+    --log-interval, --keep-newlines, --append-eod) and give the same .bin/.idx bytes. Options that
+    change nothing here are named in a warning.
+    """
     from bigscience_ops.data.preprocess import Progress
     from bigscience_ops.data.preprocess import preprocess as run_preprocess
     from bigscience_ops.data.tokenizer import resolve_tokenizer
 
-    spec = resolve_tokenizer(tokenizer, vocab_file, merges_file, tokenizer_backend)
+    if split_sentences:
+        raise click.UsageError("--split-sentences (Megatron's NLTK sentence splitting, for BERT) is not "
+                               "supported; GPT pretraining data is one document per item")
+    ignored = [why for name, why in _NO_MEANING.items() if megatron_only.get(name)]
+    if ignored:
+        click.echo("warning: these options have no meaning here and are ignored: " + "; ".join(ignored),
+                   err=True)
+    source = _tokenizer_source(tokenizer_type, tokenizer, tokenizer_name_or_path, vocab_file, merges_file)
+    spec = resolve_tokenizer(source, vocab_file, merges_file, tokenizer_backend, special_text)
     on_terminal = sys.stderr.isatty()
     state = {"next_log": log_interval, "shown": 0}
 
@@ -60,19 +144,23 @@ def preprocess(inputs: tuple[Path, ...], json_keys: tuple[str, ...], tokenizer: 
                             workers, strict, report)
     if on_terminal:
         click.echo("", err=True)
-    for p in result.problems[:20]:
+    shown = result.problems[:20]
+    for p in shown:
         click.echo(f"skipped {p}", err=True)
-    if result.docs_dropped > len(result.problems[:20]):
-        click.echo(f"... {result.docs_dropped - len(result.problems[:20])} more in {result.problems_file}", err=True)
+    if sum(result.problem_counts.values()) > len(shown):
+        click.echo(f"... {sum(result.problem_counts.values()) - len(shown)} more in {result.problems_file}",
+                   err=True)
     click.echo(f"tokenizer {result.tokenizer}, tokens {result.dtype}")
-    click.echo(f"documents in {result.docs_in}, out {result.docs_out}, dropped {result.docs_dropped}"
+    outs = set(result.docs_out.values())
+    out = str(outs.pop()) if len(outs) == 1 else ", ".join(f"{k} {n}" for k, n in result.docs_out.items())
+    click.echo(f"documents in {result.docs_in}, out {out}, dropped {result.lines_dropped}"
                + (f" ({', '.join(f'{k} {n}' for k, n in result.problem_counts.items())})"
                   if result.problem_counts else ""))
     secs = max(result.seconds, 1e-9)
     click.echo(f"read {result.bytes_in / 1e6:.1f} MB in {result.seconds:.1f} s "
                f"({result.bytes_in / secs / 1024 / 1024:.2f} MB/s, {result.docs_in / secs:.0f} docs/s)")
     for key, prefix in result.outputs.items():
-        click.echo(f"wrote {prefix}.bin/.idx: {result.docs_out} documents, {result.tokens_out[key]} tokens")
+        click.echo(f"wrote {prefix}.bin/.idx: {result.docs_out[key]} documents, {result.tokens_out[key]} tokens")
     if result.problems_file:
         click.echo(f"problems listed in {result.problems_file}")
 

@@ -1,12 +1,18 @@
 """jsonl[.gz|.xz] -> Megatron indexed datasets `{prefix}_{key}_document.bin/.idx`.
 
 Each input line is one JSON object; each `--json-keys` key's string is one document. A line that
-cannot be used (invalid UTF-8, malformed JSON, not an object, a missing key, a non-string value,
-an empty document) is dropped for every key, counted by kind and recorded with its file and line
-number in `{prefix}_problems.jsonl`; with `strict=True` the first one stops the run instead.
+cannot be used (invalid UTF-8, malformed JSON, not an object, a missing key, a non-string value)
+is dropped for every key; a key whose text is empty gives no document for that key only, and the
+line's other keys still give theirs (as Megatron's tools/preprocess_data.py does). Each problem is
+counted by kind and recorded with its file and line number in `{prefix}_problems.jsonl`; with
+`strict=True` the first one stops the run instead.
 
-Lines are read in chunks by the main process, tokenized by `workers` processes (in order) and
-written by the main process. Outputs appear only when complete (see `indexed.IndexedDatasetWriter`).
+A literal special token (`<|endoftext|>`) inside a document is plain text unless the tokenizer spec
+says otherwise (see `tokenizer.py`), so the bytes equal Megatron's on any text.
+
+The main process cuts the inputs into chunks of whole lines; `workers` processes read (plain files)
+or receive (compressed ones) each chunk, parse and tokenize it, and the main process writes the
+results in order. Outputs appear only when complete (see `indexed.IndexedDatasetWriter`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from bigscience_ops.data.indexed import IndexedDatasetWriter, best_fitting_dtype
 from bigscience_ops.data.tokenizer import TokenizerSpec, build_tokenizer
 
 PROBLEM_KINDS = ("invalid-utf8", "malformed-json", "not-an-object", "missing-key", "not-a-string", "empty")
+LINE_PROBLEMS = PROBLEM_KINDS[:-1]  # these drop the whole line; "empty" drops one key's document
 CHUNK_BYTES = 1 << 20  # lines handed to a worker at a time
 KEEP_PROBLEMS = 100  # problems kept in the result; all of them go to the problems file
 
@@ -73,33 +80,38 @@ class PreprocessResult:
     tokenizer: str
     dtype: str
     docs_in: int  # lines read
-    docs_out: int  # documents written per key
+    docs_out: dict[str, int]  # documents written per key
     bytes_in: int
     tokens_out: dict[str, int]  # per key, EOD included
-    problem_counts: dict[str, int]
+    problem_counts: dict[str, int]  # per kind; "empty" counts documents, the others lines
     problems: list[Problem]  # the first KEEP_PROBLEMS
     problems_file: str | None
     seconds: float
 
     @property
-    def docs_dropped(self) -> int:
-        return sum(self.problem_counts.values())
+    def lines_dropped(self) -> int:
+        """Lines that gave no document for any key (an empty document drops only its own key's)."""
+        return sum(n for kind, n in self.problem_counts.items() if kind in LINE_PROBLEMS)
 
 
 @dataclasses.dataclass
 class _Chunk:
     path: str
-    first_line: int
-    lines: list[bytes]
+    offset: int  # of the chunk's first byte in the (decompressed) file
+    length: int
+    data: bytes | None  # None: the worker reads [offset, offset + length) of path itself
+    done_after: int  # bytes of the input files on disk done once this chunk is
 
 
 @dataclasses.dataclass
 class _Encoded:
     tokens: dict[str, np.ndarray]
     sizes: dict[str, np.ndarray]
-    problems: list[Problem]
-    docs_in: int
+    path: str
+    problems: list[Problem]  # line numbers counted from the chunk's first line (0-based)
+    lines: int
     bytes_in: int
+    done_after: int
 
 
 # --- worker side -----------------------------------------------------------------------------
@@ -112,95 +124,123 @@ def _init_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, d
     _worker.update(tok=tok, keys=keys, eod=tok.eod if append_eod else None, dtype=np.dtype(dtype))
 
 
+def _line_problem(line: bytes, keys: tuple[str, ...]) -> tuple[tuple[str, str] | None, dict | None]:
+    """(kind, detail) of why a line gives no document at all, else the decoded object."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return ("invalid-utf8", f"byte {exc.start} of the line is not valid UTF-8 ({exc.reason})"), None
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        return ("malformed-json", "blank line" if not text.strip() else str(exc)), None
+    if not isinstance(obj, dict):
+        return ("not-an-object", f"a JSON {type(obj).__name__}, expected an object"), None
+    for key in keys:
+        if key not in obj:
+            present = ", ".join(sorted(obj)[:10]) or "none"
+            return ("missing-key", f"no key {key!r}; keys present: {present}"), None
+        value = obj[key]
+        if not isinstance(value, str):
+            return ("not-a-string", f"{key!r} is a JSON {type(value).__name__}, expected a string"), None
+        if "\\ud" in text or "\\uD" in text:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return ("invalid-utf8", f"{key!r} has a lone surrogate escape at character {exc.start}"), None
+    return None, obj
+
+
+def _chunk_lines(chunk: _Chunk) -> list[bytes]:
+    data = chunk.data
+    if data is None:
+        with open(chunk.path, "rb") as f:
+            f.seek(chunk.offset)
+            data = f.read(chunk.length)
+    lines = data.split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()  # the chunk ends with a newline
+    return lines
+
+
 def _encode_chunk(chunk: _Chunk) -> _Encoded:
     tok, keys, eod, dtype = _worker["tok"], _worker["keys"], _worker["eod"], _worker["dtype"]
-    encode = tok.encode
-    flat: dict[str, list[int]] = {k: [] for k in keys}
+    encode = tok.encode_array
+    eod_part = None if eod is None else np.array([eod], dtype=np.uint32)
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     sizes: dict[str, list[int]] = {k: [] for k in keys}
     problems: list[Problem] = []
-    nbytes = 0
-    for lineno, raw in enumerate(chunk.lines, chunk.first_line):
-        nbytes += len(raw)
-        problem = None
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            problem = ("invalid-utf8", f"byte {exc.start} of the line is not valid UTF-8 ({exc.reason})")
-        if problem is None:
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                problem = ("malformed-json", "blank line" if not line.strip() else str(exc))
-        if problem is None and not isinstance(obj, dict):
-            problem = ("not-an-object", f"a JSON {type(obj).__name__}, expected an object")
-        if problem is None:
-            ids_of: dict[str, list[int]] = {}
-            for key in keys:
-                if key not in obj:
-                    present = ", ".join(sorted(obj)[:10]) or "none"
-                    problem = ("missing-key", f"no key {key!r}; keys present: {present}")
-                    break
-                text = obj[key]
-                if not isinstance(text, str):
-                    problem = ("not-a-string", f"{key!r} is a JSON {type(text).__name__}, expected a string")
-                    break
-                if "\\ud" in line or "\\uD" in line:
-                    try:
-                        text.encode("utf-8")
-                    except UnicodeEncodeError as exc:
-                        problem = ("invalid-utf8", f"{key!r} has a lone surrogate escape at character {exc.start}")
-                        break
-                ids = encode(text) if text else []
-                if not ids:
-                    problem = ("empty", f"{key!r} is an empty document")
-                    break
-                ids_of[key] = ids
+    lines = _chunk_lines(chunk)
+    for i, line in enumerate(lines):
+        problem, obj = _line_problem(line, keys)
         if problem is not None:
-            problems.append(Problem(chunk.path, lineno, *problem))
+            problems.append(Problem(chunk.path, i, *problem))
             continue
-        for key, ids in ids_of.items():
-            if eod is not None:
-                ids.append(eod)
-            flat[key].extend(ids)
-            sizes[key].append(len(ids))
+        for key in keys:
+            # As Megatron's: a key whose text gives no tokens has no document; the others still do.
+            ids = encode(obj[key])
+            if not len(ids):
+                problems.append(Problem(chunk.path, i, "empty", f"{key!r} is an empty document"))
+                continue
+            parts[key].append(ids)
+            if eod_part is not None:
+                parts[key].append(eod_part)
+            sizes[key].append(len(ids) + (eod_part is not None))
     return _Encoded(
-        tokens={k: np.array(v, dtype=dtype) for k, v in flat.items()},
+        tokens={k: np.concatenate(v).astype(dtype) if v else np.zeros(0, dtype) for k, v in parts.items()},
         sizes={k: np.array(v, dtype=np.int32) for k, v in sizes.items()},
-        problems=problems, docs_in=len(chunk.lines), bytes_in=nbytes)
+        path=chunk.path, problems=problems, lines=len(lines), bytes_in=chunk.length, done_after=chunk.done_after)
 
 
 # --- main side -------------------------------------------------------------------------------
 
-def _open(path: Path, raw: BinaryIO) -> BinaryIO:
+def _open(path: Path, raw: BinaryIO) -> BinaryIO | None:
+    """A decompressing reader for .gz/.xz; None for a plain file (workers read those themselves)."""
     name = path.name.lower()
     if name.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if name.endswith(".xz"):
         return lzma.LZMAFile(raw, mode="rb")
-    return raw
+    return None
 
 
-def _read_chunks(paths: list[Path], on_position: Callable[[int], None]) -> Iterator[_Chunk]:
-    """Chunks of about CHUNK_BYTES of whole lines; `on_position` gets bytes of input files done."""
+def _read_chunks(paths: list[Path]) -> Iterator[_Chunk]:
+    """Chunks of about CHUNK_BYTES of whole lines, in order.
+
+    A plain file is only cut at line ends here (one short read per chunk); its bytes are read by
+    whoever encodes the chunk, so the main process stays free to write. Compressed files are
+    decompressed here and the chunk carries its bytes.
+    """
     done = 0
     for path in paths:
-        with open(path, "rb") as raw, _open(path, raw) as f:
-            lines: list[bytes] = []
-            size = 0
-            first = 1
-            lineno = 0
-            for lineno, line in enumerate(f, 1):
-                lines.append(line)
-                size += len(line)
-                if size >= CHUNK_BYTES:
-                    on_position(done + raw.tell())
-                    yield _Chunk(str(path), first, lines)
-                    lines, size, first = [], 0, lineno + 1
-            # The file is read to its end: count it as done before its last chunk is reported.
-            done += os.fstat(raw.fileno()).st_size
-            on_position(done)
-            if lines:
-                yield _Chunk(str(path), first, lines)
+        size = path.stat().st_size
+        with open(path, "rb") as raw:
+            reader = _open(path, raw)
+            offset = 0
+            if reader is None:
+                while offset < size:
+                    end = offset + CHUNK_BYTES
+                    if end < size:
+                        raw.seek(end)
+                        end += len(raw.readline())
+                    end = min(end, size)
+                    yield _Chunk(str(path), offset, end - offset, None, done + end)
+                    offset = end
+            else:
+                pending: _Chunk | None = None  # held until we know whether it is the file's last
+                while True:
+                    data = reader.read(CHUNK_BYTES)
+                    if data and not data.endswith(b"\n"):
+                        data += reader.readline()
+                    if pending is not None:
+                        if not data:
+                            pending.done_after = done + size
+                        yield pending
+                    if not data:
+                        break
+                    pending = _Chunk(str(path), offset, len(data), data, done + min(raw.tell(), size))
+                    offset += len(data)
+        done += size
 
 
 def output_prefix_for(output_prefix: str, key: str) -> str:
@@ -239,22 +279,18 @@ def preprocess(
     dtype = best_fitting_dtype(tok.vocab_size)
     outputs = {key: output_prefix_for(output_prefix, key) for key in json_keys}
     total_size = sum(p.stat().st_size for p in paths)
-    position = [0]
-
-    def on_position(done: int) -> None:
-        position[0] = done
-
     counts: Counter[str] = Counter()
     kept: list[Problem] = []
     problems_path = Path(f"{output_prefix}_problems.jsonl")
     problems_path.unlink(missing_ok=True)
-    docs_in = bytes_in = docs_out = 0
+    docs_in = bytes_in = 0
+    lines_before: Counter[str] = Counter()  # lines of each file in the chunks already written
     init_args = (worker_spec, tuple(json_keys), append_eod, dtype.str)
 
     with ExitStack() as stack:
         writers = {key: stack.enter_context(IndexedDatasetWriter(prefix, dtype)) for key, prefix in outputs.items()}
         problems_file = None
-        chunks = _read_chunks(paths, on_position)
+        chunks = _read_chunks(paths)
         if workers == 1:
             _init_worker(*init_args)
             results: Iterator[_Encoded] = map(_encode_chunk, chunks)
@@ -281,25 +317,28 @@ def preprocess(
             if workers > 1:
                 slots.release()
             if encoded.problems:
+                base = lines_before[encoded.problems[0].path] + 1
+                problems = [dataclasses.replace(p, line=base + p.line) for p in encoded.problems]
                 if strict:
-                    p = encoded.problems[0]
+                    p = problems[0]
                     raise BadInputError(p.path, p.line, p.kind, p.detail)
                 if problems_file is None:
                     problems_file = stack.enter_context(open(problems_path, "w", encoding="utf-8"))
-                for p in encoded.problems:
+                for p in problems:
                     counts[p.kind] += 1
                     if len(kept) < KEEP_PROBLEMS:
                         kept.append(p)
                     problems_file.write(json.dumps(dataclasses.asdict(p)) + "\n")
             for key, writer in writers.items():
                 writer.add_documents(encoded.tokens[key], encoded.sizes[key])
-            docs_in += encoded.docs_in
+            lines_before[encoded.path] += encoded.lines
+            docs_in += encoded.lines
             bytes_in += encoded.bytes_in
-            docs_out = next(iter(writers.values())).num_docs
             if progress is not None:
                 progress(Progress(docs_in, bytes_in, time.monotonic() - proc_start,
-                                  min(1.0, position[0] / total_size) if total_size else None))
+                                  min(1.0, encoded.done_after / total_size) if total_size else None))
         tokens_out = {key: w.num_tokens for key, w in writers.items()}
+        docs_out = {key: w.num_docs for key, w in writers.items()}
         for writer in writers.values():
             writer.finalize()
 

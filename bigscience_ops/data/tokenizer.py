@@ -8,6 +8,11 @@ Two backends give the same ids:
     regex, no normalizer, every multi-byte token made by exactly one merge and merges ranked in id
     order. It is then checked against `tokenizers` on a probe text before use.
 
+Special-token text: by default a literal `<|endoftext|>` inside a document is ordinary text (it
+becomes `<|`, `endoftext`, `|>` as in Megatron's GPT2BPETokenizer, since web corpora contain that
+string); `special_text="token"` turns it into the end-of-document id instead, as transformers'
+tokenizers do.
+
 A `TokenizerSpec` is a small picklable description that worker processes turn into a tokenizer.
 """
 
@@ -20,12 +25,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Protocol
 
+import numpy as np
+
 from bigscience_ops.data.errors import TokenizerError
 
 # GPT-2's pre-tokenizer; `tokenizers`' ByteLevel pre-tokenizer (use_regex=True) uses the same one.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 EOD_TOKEN = "<|endoftext|>"
 BACKENDS = ("auto", "tiktoken", "tokenizers")
+SPECIAL_TEXT = ("plain", "token")
 
 # Text the fast backend must tokenize exactly as `tokenizers` does before it is trusted.
 PROBE_TEXT = (
@@ -47,6 +55,8 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_array(self, text: str) -> np.ndarray: ...
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerSpec:
@@ -57,8 +67,12 @@ class TokenizerSpec:
     merges_file: str | None = None
     json_file: str | None = None
     backend: Literal["auto", "tiktoken", "tokenizers"] = "auto"
+    special_text: Literal["plain", "token"] = "plain"  # what a literal special token in a document is
 
     def __post_init__(self) -> None:
+        if self.special_text not in SPECIAL_TEXT:
+            raise TokenizerError(f"special_text {self.special_text!r} is not supported; allowed: "
+                                 f"{', '.join(SPECIAL_TEXT)}")
         if self.kind not in ("gpt2-bpe", "json"):
             raise TokenizerError(f"tokenizer kind {self.kind!r} is not supported; allowed: gpt2-bpe, json")
         if self.backend not in BACKENDS:
@@ -103,6 +117,7 @@ class HFTokenizer:
                     tok.add_special_tokens([AddedToken(EOD_TOKEN, special=True)])
         except Exception as exc:  # tokenizers raises plain Exception subclasses for bad files
             raise TokenizerError(f"cannot load tokenizer from {spec}: {exc}") from exc
+        tok.encode_special_tokens = spec.special_text == "plain"
         self._tok = tok
         self.name = f"tokenizers:{Path(spec.json_file or spec.vocab_file).name}"
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
@@ -111,6 +126,9 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.array(self.encode(text), dtype=np.uint32)
+
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
 
@@ -118,21 +136,24 @@ class HFTokenizer:
 class TiktokenTokenizer:
     """Byte-level BPE run by tiktoken from ranks read out of local vocab/merges files."""
 
-    def __init__(self, name: str, ranks: dict[bytes, int], specials: dict[str, int]) -> None:
+    def __init__(self, name: str, ranks: dict[bytes, int], specials: dict[str, int],
+                 special_text: str = "plain") -> None:
         import tiktoken
 
         self._enc = tiktoken.Encoding(name=f"bsops-{name}", pat_str=GPT2_PATTERN,
                                       mergeable_ranks=ranks, special_tokens=specials)
-        self._specials = set(specials)
+        # Special tokens allowed to match in the text: none for plain text (Megatron's behaviour).
+        self._allowed = frozenset(specials) if special_text == "token" else frozenset()
         self.name = f"tiktoken:{name}"
         self.vocab_size = len(ranks) + len(specials)
         self.eod = specials.get(EOD_TOKEN)
 
     def encode(self, text: str) -> list[int]:
-        # Special tokens in the text become their ids, as transformers' tokenizers do.
-        if self._specials and "<" in text and any(s in text for s in self._specials):
-            return self._enc.encode(text, allowed_special="all")
-        return self._enc.encode_ordinary(text)
+        return self._enc.encode(text, allowed_special=self._allowed, disallowed_special=())
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """The ids as uint32, straight from tiktoken's buffer (no Python ints on the way)."""
+        return self._enc.encode_to_numpy(text, allowed_special=self._allowed, disallowed_special=())
 
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(ids)
@@ -223,7 +244,7 @@ def _tiktoken_for(spec: TokenizerSpec) -> TiktokenTokenizer | str:
     if isinstance(result, str):
         return result
     ranks, special_ids = result
-    return TiktokenTokenizer(name, ranks, special_ids)
+    return TiktokenTokenizer(name, ranks, special_ids, spec.special_text)
 
 
 @lru_cache(maxsize=8)
@@ -265,7 +286,8 @@ def gpt2_files_from_package() -> tuple[str, str]:
 
 
 def resolve_tokenizer(tokenizer: str | None = None, vocab_file: str | None = None,
-                      merges_file: str | None = None, backend: str = "auto") -> TokenizerSpec:
+                      merges_file: str | None = None, backend: str = "auto",
+                      special_text: str = "plain") -> TokenizerSpec:
     """A TokenizerSpec from command-line style arguments.
 
     `tokenizer` is a tokenizer.json file, a folder holding vocab.json + merges.txt, or `gpt2` for
@@ -275,19 +297,22 @@ def resolve_tokenizer(tokenizer: str | None = None, vocab_file: str | None = Non
         if tokenizer is not None or not (vocab_file and merges_file):
             raise TokenizerError("give either a tokenizer, or both a vocab file and a merges file; "
                                  f"got tokenizer={tokenizer!r} vocab={vocab_file!r} merges={merges_file!r}")
-        return TokenizerSpec("gpt2-bpe", vocab_file=vocab_file, merges_file=merges_file, backend=backend)
+        return TokenizerSpec("gpt2-bpe", vocab_file=vocab_file, merges_file=merges_file, backend=backend,
+                             special_text=special_text)
     if tokenizer is None:
         raise TokenizerError("no tokenizer given; allowed: a tokenizer.json, a folder with vocab.json "
                              "and merges.txt, or 'gpt2'")
     if tokenizer == "gpt2":
         vocab, merges = gpt2_files_from_package()
-        return TokenizerSpec("gpt2-bpe", vocab_file=vocab, merges_file=merges, backend=backend)
+        return TokenizerSpec("gpt2-bpe", vocab_file=vocab, merges_file=merges, backend=backend,
+                             special_text=special_text)
     path = Path(tokenizer)
     if path.is_dir():
         if (path / "tokenizer.json").is_file():
-            return TokenizerSpec("json", json_file=str(path / "tokenizer.json"), backend=backend)
+            return TokenizerSpec("json", json_file=str(path / "tokenizer.json"), backend=backend,
+                                 special_text=special_text)
         return TokenizerSpec("gpt2-bpe", vocab_file=str(path / "vocab.json"),
-                             merges_file=str(path / "merges.txt"), backend=backend)
+                             merges_file=str(path / "merges.txt"), backend=backend, special_text=special_text)
     if path.is_file():
-        return TokenizerSpec("json", json_file=str(path), backend=backend)
+        return TokenizerSpec("json", json_file=str(path), backend=backend, special_text=special_text)
     raise TokenizerError(f"tokenizer {tokenizer!r} is neither a file, a folder nor 'gpt2'")
