@@ -27,6 +27,7 @@ from bigscience_ops.checkpoints import convert
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.config import DataSource
 from bigscience_ops.errors import BsopsError
+from tests.fixtures_git import bare_remote, blob_at, git, git_lfs, lfs_object, lfs_oid  # noqa: F401
 from tests.fixtures_trainer import REPO, TORCHRUN, scalars, small_experiment, write_run
 
 VOCAB = 8192  # the bundled tokenizer's size
@@ -292,3 +293,26 @@ def test_convert_command(runs, trainings, tmp_path, gpt2_files):
         f"data: {{tokenizer: {{kind: gpt2-bpe, vocab_file: {gpt2_files[0]!r}, merges_file: {gpt2_files[1]!r}}}}}\n")
     wrong = CliRunner().invoke(main, ["convert", "gpt2tok", "--trainings-dir", str(trainings), "--out", str(tmp_path / "s")])
     assert wrong.exit_code == EXIT_ERROR and not (tmp_path / "s").exists()  # GPT-2's 50257 tokens > the model's 8192
+
+
+def test_convert_push_publishes_one_folder_per_step(runs, trainings, tmp_path, git_lfs):
+    """--push through hub-sync's publish_folder to a local bare remote with real git-lfs: global_stepN/ on main."""
+    exp, _, _ = runs["pp2"]
+    remotes = tmp_path / "remotes"
+    bare = bare_remote(remotes, "bs/conv-checkpoints")
+    (trainings / "pushed.yaml").write_text(
+        "base: tiny\n"
+        f"model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: {VOCAB}, "
+        "ffn_hidden_size: 256}\n"
+        f"paths: {{output: {str(Path(exp.paths.output))!r}}}\n"
+        f"data: {{tokenizer: {{kind: json, json_file: {exp.data.tokenizer.json_file!r}}}}}\n"
+        f"hub: {{checkpoints_repo: bs/conv-checkpoints, remote_template: 'file://{remotes}/{{repo}}.git'}}\n")
+    out = tmp_path / "pushed"
+    result = CliRunner().invoke(main, ["convert", "pushed", "--trainings-dir", str(trainings), "--out", str(out), "--push"])
+    assert result.exit_code == 0, result.output
+    tag = f"global_step{_meta(exp)['iteration']}"
+    tree = git("--git-dir", str(bare), "ls-tree", "-r", "--name-only", "main").split()
+    assert {f"{tag}/{name}" for name in ("model.safetensors", "config.json", "tokenizer.json")} <= set(tree)
+    oid = lfs_oid(blob_at(bare, f"{tag}/model.safetensors"))  # the weights travel as an LFS object
+    assert lfs_object(bare, oid).read_bytes() == (out / "model.safetensors").read_bytes()
+    assert json.loads(blob_at(bare, f"{tag}/config.json")) == json.loads((out / "config.json").read_text())
