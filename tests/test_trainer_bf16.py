@@ -12,7 +12,8 @@ def test_bf16_zero1_checkpointed_trains_and_resumes(tmp_path: Path, golden_run) 
     out = tmp_path / "bf16"
     exp = small_experiment(out, train=dict(precision="bf16", samples=80),
                            parallel=dict(zero_stage=1, activation_checkpointing=True),
-                           checkpoint=dict(save_interval=100, exit_interval=6))
+                           checkpoint=dict(save_interval=100, exit_interval=6),
+                           estimate=dict(peak_tflops=0.25))
     write_run(exp, out)
     first = run_ok(out, 2)
     assert "exit interval 6 reached" in first.stdout
@@ -29,3 +30,9 @@ def test_bf16_zero1_checkpointed_trains_and_resumes(tmp_path: Path, golden_run) 
     for step in range(1, total + 1):
         assert math.isclose(losses[step], golden[step], rel_tol=0.05), (step, losses[step], golden[step])
     assert losses[total] < losses[1]
+    # MFU beside TFLOPs, against estimate.peak_tflops (the override; a CPU has no table entry)
+    tflops, mfu = scalars(out / "tensorboard", "TFLOPs per GPU"), scalars(out / "tensorboard", "MFU")
+    assert sorted(mfu) == sorted(tflops) == list(range(1, total + 1))
+    for step in mfu:
+        assert math.isclose(mfu[step], tflops[step] / 0.25, rel_tol=1e-5), (step, mfu[step], tflops[step])
+    assert " MFU: " in first.stdout

@@ -73,6 +73,8 @@ def test_validation_and_tensorboard_scalars(golden_run):
     for tag in ("grad-norm", "params-norm", "loss-scale", "iteration-time", "samples per second", "TFLOPs per GPU",
                 "lm loss vs samples", "learning-rate vs samples", "lm loss validation vs samples"):
         assert scalars(out / "tensorboard", tag), tag
+    assert not scalars(out / "tensorboard", "MFU")  # a CPU's peak is unknown: no made-up MFU
+    assert " MFU: " not in proc.stdout
     assert proc.stdout.count(" validation loss at iteration ") == 3
     assert proc.stdout.count(" iteration ") >= plan.train_iters(exp) // 2
 

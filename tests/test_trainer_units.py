@@ -147,3 +147,36 @@ def test_iteration_line_has_megatrons_fields():
     assert m and m.group(1) == "168000" and m.group(3) == "153013584" and m.group(7) == "2.376641E+00"
     assert " validation loss at iteration 5 | lm loss value: 2.000000E+00 | lm loss PPL: 7.389056E+00 | " in validation_lines(5, 2.0)
 
+
+
+def test_mfu_against_the_gpu_peak_table_and_the_override():
+    from bigscience_ops.trainer.report import mfu, peak_tflops, peak_tflops_of
+
+    for name, peak in [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.0),
+                       ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0),
+                       ("Tesla V100-SXM2-32GB", 125.0), ("Tesla V100-PCIE-16GB", 112.0)]:
+        assert peak_tflops_of(name) == peak, name
+    assert peak_tflops_of("NVIDIA GeForce GTX 1080") is None
+    assert peak_tflops(None, torch.device("cpu")) is None  # no made-up number on CPU
+    assert peak_tflops(150.0, torch.device("cpu")) == 150.0
+    assert mfu(150.1, None) is None and mfu(150.0, 300.0) == 0.5
+    base = (1, 10, 4, 256, 100.0, 1e-4, 4, 2.0, 1.0, 0.5, 10.0, 0, 0, 40.0, 150.0)
+    assert "MFU: 50.0% |" in iteration_line(IterationStats(*base, mfu=0.5))
+    assert "MFU" not in iteration_line(IterationStats(*base))
+
+
+def test_micro_batch_feed_reads_megatrons_order_from_any_consumed_position():
+    from bigscience_ops.trainer.data import MicroBatchFeed
+
+    ds = SyntheticDataset(50, 8, 97, seed=3)
+    mbs, dp, rank = 2, 2, 1
+    for workers in (0, 2):
+        feed = MicroBatchFeed(ds, 8, mbs, rank, dp, workers, torch.device("cpu"))
+        for consumed, micro in ((8, 3), (20, 2), (28, 5)):  # steps of rampup sizes 12, 8, 20
+            got = list(feed.take(micro))
+            want = list(step_micro_batches(ds, consumed, micro, mbs, rank, dp))
+            assert len(got) == micro
+            for (tokens, (labels, mask)), (w_tokens, (w_labels, w_mask)) in zip(got, want):
+                assert torch.equal(tokens, w_tokens) and torch.equal(labels, w_labels) and torch.equal(mask, w_mask)
+    with pytest.raises(ValueError, match="multiple of"):
+        MicroBatchFeed(ds, 6, mbs, rank, dp, 0, torch.device("cpu"))
