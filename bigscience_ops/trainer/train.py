@@ -217,8 +217,8 @@ class Trainer:
             layout = {"topology": topology}
             self.tp = tensor_parallel.from_topology(topology)
         module = PipelineModule(
-            layers=layer_specs(self.shape, exp.train.seed, self.tp),
-            loss_fn=loss_function(self.tp),
+            layers=layer_specs(self.shape, exp.train.seed, self.tp, exp.model.kernels),
+            loss_fn=loss_function(self.tp, exp.model.kernels),
             **layout,
             partition_method="type:TransformerBlock",
             activation_checkpoint_interval=1 if exp.parallel.activation_checkpointing else 0,
