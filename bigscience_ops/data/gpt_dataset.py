@@ -14,18 +14,15 @@ w_i * n of them to within one sample.
 
 Index files are cached next to the data (or in `cache_dir`) and reused when the document range,
 the data's token count, num_samples, seq_length and seed all match; building is done by one
-process under a file lock, the others wait and load.
+process under a lock (flock, or a lock file where the filesystem lacks flock), straight into the
+files in bounded memory (see index_files.py); the others wait and load.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import math
-import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -145,16 +142,15 @@ def build_shuffle_idx(num_samples: int, total_size: int, rng: np.random.RandomSt
     return np.concatenate((first, last))
 
 
-def build_index_mappings(sizes: np.ndarray, first_doc: int, end_doc: int, num_samples: int,
-                         seq_length: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """doc_idx, sample_idx, shuffle_idx for documents [first_doc, end_doc), as Megatron builds them."""
+def index_plan(sizes: np.ndarray, first_doc: int, end_doc: int, num_samples: int,
+               seq_length: int) -> tuple[int, int, bool, int]:
+    """tokens_per_epoch, num_epochs, separate_last_epoch, samples from the full epochs (Megatron's)."""
     if seq_length < 1:
         raise DataError(f"seq_length must be >= 1; got {seq_length}")
     if num_samples < 0:
         raise DataError(f"num_samples must be >= 0; got {num_samples}")
     tokens_per_epoch = int(sizes[first_doc:end_doc].sum(dtype=np.int64))
     num_epochs = num_epochs_needed(tokens_per_epoch, seq_length, num_samples)
-    rng = np.random.RandomState(seed=seed)
     separate_last_epoch = False
     from_full_epochs = 0
     if num_epochs > 1:
@@ -162,6 +158,15 @@ def build_index_mappings(sizes: np.ndarray, first_doc: int, end_doc: int, num_sa
         last_epoch_samples = num_samples - from_full_epochs
         per_epoch = (tokens_per_epoch - 1) // seq_length
         separate_last_epoch = last_epoch_samples < int(CUTOFF_LAST_EPOCH * per_epoch)
+    return tokens_per_epoch, num_epochs, separate_last_epoch, from_full_epochs
+
+
+def build_index_mappings(sizes: np.ndarray, first_doc: int, end_doc: int, num_samples: int,
+                         seq_length: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """doc_idx, sample_idx, shuffle_idx for documents [first_doc, end_doc), as Megatron builds them."""
+    tokens_per_epoch, num_epochs, separate_last_epoch, from_full_epochs = index_plan(
+        sizes, first_doc, end_doc, num_samples, seq_length)
+    rng = np.random.RandomState(seed=seed)
     doc_idx = build_doc_idx(first_doc, end_doc, num_epochs, rng, separate_last_epoch)
     sample_idx = build_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch)
     total = sample_idx.shape[0] - 1
@@ -170,27 +175,6 @@ def build_index_mappings(sizes: np.ndarray, first_doc: int, end_doc: int, num_sa
 
 
 # --- caching ---------------------------------------------------------------------------------
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _save_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, array, allow_pickle=False)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
 
 def index_cache_base(prefix: str, name: str, first_doc: int, end_doc: int, num_docs: int, tokens: int,
                      num_samples: int, seq_length: int, seed: int, cache_dir: str | None) -> Path:
@@ -211,14 +195,13 @@ def load_or_build_index_mappings(indexed: IndexedDataset, name: str, first_doc: 
     paths = [Path(f"{base}_{part}_idx.npy") for part in ("doc", "sample", "shuffle")]
     built = False
     if not all(p.is_file() for p in paths):
-        with _locked(Path(f"{base}.lock")):
-            if not all(p.is_file() for p in paths):  # another process may have built them meanwhile
-                arrays = build_index_mappings(indexed.sizes, first_doc, end_doc, num_samples, seq_length, seed)
-                for p, a in zip(paths, arrays):
-                    _save_atomic(p, a)
-                del arrays
+        from bigscience_ops.data.index_files import build_lock, write_index_mappings
+
+        with build_lock(Path(f"{base}.lock"), lambda: all(p.is_file() for p in paths)) as build:
+            if build:  # else another process built them meanwhile
+                write_index_mappings(indexed.sizes, first_doc, end_doc, num_samples, seq_length, seed,
+                                     (paths[0], paths[1], paths[2]))
                 built = True
-        Path(f"{base}.lock").unlink(missing_ok=True)
     doc_idx, sample_idx, shuffle_idx = (np.load(p, mmap_mode="r", allow_pickle=False) for p in paths)
     return doc_idx, sample_idx, shuffle_idx, built
 
