@@ -109,3 +109,15 @@ def test_resolve_tokenizer_forms(tmp_path, gpt2_dir, gpt2_files):
         TokenizerSpec("gpt2-bpe", *gpt2_files, backend="fast")
     with pytest.raises(TokenizerError, match="special_text"):
         TokenizerSpec("gpt2-bpe", *gpt2_files, special_text="eod")
+
+
+def test_non_byte_level_tokens_keep_the_tiktoken_path_off():
+    from bigscience_ops.data.tokenizer import _ranks_from_vocab_merges, bytes_to_unicode
+
+    chars = list(bytes_to_unicode().values())
+    vocab = {c: i for i, c in enumerate(chars)}
+    ranks, _ = _ranks_from_vocab_merges(vocab, [], set())
+    assert sorted(ranks) == [bytes([b]) for b in range(256)] and ranks[b"!"] == vocab["!"]
+    for bad in ("a b", "中"):  # a raw space, a character outside the byte alphabet
+        reason = _ranks_from_vocab_merges({**vocab, bad: 256}, [], set())
+        assert isinstance(reason, str) and repr(bad) in reason

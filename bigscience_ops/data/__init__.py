@@ -3,7 +3,8 @@
 Modules:
   indexed.py      the MMapIndexedDataset file format: writer (atomic), reader, merge
   tokenizer.py    GPT-2 BPE from vocab.json + merges.txt, any tokenizer.json; tiktoken fast path
-  preprocess.py   jsonl[.gz|.xz] -> tokens, with bad-line accounting and parallel workers
+  preprocess.py   jsonl[.gz|.xz] -> tokens as Megatron's preprocess_data.py, bad-line accounting, workers
   gpt_dataset.py  Megatron's GPT dataset: doc/sample/shuffle indices, split, blend, cache
+  index_files.py  those indices built straight into their .npy files in bounded memory; build lock
   corpus.py       the bundled real-text corpus, built into .bin/.idx on demand
 """

@@ -162,7 +162,9 @@ class TiktokenTokenizer:
 def _ranks_from_vocab_merges(vocab: dict[str, int], merges: list[tuple[str, str]],
                              specials: set[str]) -> tuple[dict[bytes, int], dict[str, int]] | str:
     """tiktoken ranks for a byte-level BPE, or the reason tiktoken would not reproduce it."""
-    byte_decoder = {c: b for b, c in bytes_to_unicode().items()}
+    # Each byte-level character back to its byte, as a latin-1 character: translate + encode runs in C.
+    to_latin1 = {ord(c): b for b, c in bytes_to_unicode().items()}
+    to_latin1.update({o: 0x100 for o in range(0x100) if o not in to_latin1})  # not byte-level: fails below
     ranks: dict[bytes, int] = {}
     special_ids: dict[str, int] = {}
     for token, i in vocab.items():
@@ -170,8 +172,8 @@ def _ranks_from_vocab_merges(vocab: dict[str, int], merges: list[tuple[str, str]
             special_ids[token] = i
             continue
         try:
-            ranks[bytes(byte_decoder[c] for c in token)] = i
-        except KeyError:
+            ranks[token.translate(to_latin1).encode("latin-1")] = i
+        except UnicodeEncodeError:
             return f"token {token!r} is not byte-level"
     if len(ranks) != len(set(ranks.values())):
         return "two tokens share an id"
