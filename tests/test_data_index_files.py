@@ -13,6 +13,7 @@ import pytest
 
 from bigscience_ops.data import gpt_dataset as gd
 from bigscience_ops.data import index_files as ixf
+from bigscience_ops.data import locks
 from tests.fixtures_data import write_indexed
 
 
@@ -53,7 +54,7 @@ def test_separate_last_epoch_case_is_covered():
 
 
 def test_without_flock_a_lock_file_serializes_builds(tmp_path, monkeypatch):
-    monkeypatch.setattr(ixf, "_flock", lambda f: False)  # as on a filesystem without flock
+    monkeypatch.setattr(locks, "_flock", lambda f: False)  # as on a filesystem without flock
     prefix = write_indexed(tmp_path / "c", [[1, 2, 3, 4, 5, 50256]] * 30)
     ds = gd.GPTDataset("train", gd.IndexedDataset(prefix), 0, 30, 40, 8, 1)
     assert ds.built and len(ds) >= 40
@@ -63,19 +64,19 @@ def test_without_flock_a_lock_file_serializes_builds(tmp_path, monkeypatch):
 
 
 def test_lock_file_of_a_dead_process_is_taken_over(tmp_path, monkeypatch):
-    monkeypatch.setattr(ixf, "_flock", lambda f: False)
+    monkeypatch.setattr(locks, "_flock", lambda f: False)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True, timeout=60)
     lock = tmp_path / "x.lock"
     lock.write_text(f"{os.uname().nodename} {dead.stdout.strip()}\n")
-    with ixf.build_lock(lock, lambda: False) as build:
+    with locks.build_lock(lock, lambda: False) as build:
         assert build and lock.read_text().split()[1] == str(os.getpid())
     assert not lock.exists()
 
 
 def test_lock_file_of_a_live_process_waits_until_the_files_exist(tmp_path, monkeypatch):
-    monkeypatch.setattr(ixf, "_flock", lambda f: False)
-    monkeypatch.setattr(ixf, "POLL_S", 0.01)
+    monkeypatch.setattr(locks, "_flock", lambda f: False)
+    monkeypatch.setattr(locks, "POLL_S", 0.01)
     lock = tmp_path / "x.lock"
     lock.write_text(f"{os.uname().nodename} {os.getpid()}\n")  # held by a live process
     checks = []
@@ -84,6 +85,6 @@ def test_lock_file_of_a_live_process_waits_until_the_files_exist(tmp_path, monke
         checks.append(1)
         return len(checks) >= 3  # the other builder finishes after a few polls
 
-    with ixf.build_lock(lock, done) as build:
+    with locks.build_lock(lock, done) as build:
         assert not build
     assert lock.exists() and len(checks) >= 3  # the other process's lock is left alone

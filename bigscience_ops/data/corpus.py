@@ -6,12 +6,12 @@ with no download (about a second) and rebuilds it when the corpus or tokenizer f
 
 from __future__ import annotations
 
-import fcntl
 import os
 from pathlib import Path
 
 from bigscience_ops.data.errors import DataError
 from bigscience_ops.data.indexed import exists, idx_path
+from bigscience_ops.data.locks import build_lock
 from bigscience_ops.data.preprocess import output_prefix_for, preprocess
 from bigscience_ops.data.tokenizer import TokenizerSpec
 from bigscience_ops.resources import bundled
@@ -39,11 +39,13 @@ def ensure_bundled_corpus(out_dir: str | os.PathLike) -> str:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prefix = output_prefix_for(str(out / NAME), "text")
-    with open(out / f".{NAME}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # several ranks may ask at once; one builds
-        sources_mtime = max(CORPUS_FILE.stat().st_mtime, TOKENIZER_FILE.stat().st_mtime)
-        if not exists(prefix) or idx_path(prefix).stat().st_mtime < sources_mtime:
-            result = preprocess([CORPUS_FILE], str(out / NAME), bundled_tokenizer(), ("text",),
-                                append_eod=True, workers=1, strict=True)
-            prefix = result.outputs["text"]
+    sources_mtime = max(CORPUS_FILE.stat().st_mtime, TOKENIZER_FILE.stat().st_mtime)
+
+    def up_to_date() -> bool:
+        return exists(prefix) and idx_path(prefix).stat().st_mtime >= sources_mtime
+
+    with build_lock(out / f".{NAME}.lock", up_to_date) as build:  # several ranks may ask at once
+        if build:
+            preprocess([CORPUS_FILE], str(out / NAME), bundled_tokenizer(), ("text",),
+                       append_eod=True, workers=1, strict=True)
     return prefix

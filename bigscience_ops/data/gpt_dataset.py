@@ -195,7 +195,8 @@ def load_or_build_index_mappings(indexed: IndexedDataset, name: str, first_doc: 
     paths = [Path(f"{base}_{part}_idx.npy") for part in ("doc", "sample", "shuffle")]
     built = False
     if not all(p.is_file() for p in paths):
-        from bigscience_ops.data.index_files import build_lock, write_index_mappings
+        from bigscience_ops.data.index_files import write_index_mappings
+        from bigscience_ops.data.locks import build_lock
 
         with build_lock(Path(f"{base}.lock"), lambda: all(p.is_file() for p in paths)) as build:
             if build:  # else another process built them meanwhile

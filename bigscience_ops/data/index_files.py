@@ -13,22 +13,15 @@ RNG calls in the same order, same dtypes); only where the arrays live while they
                view of doc_idx's length: the same draws with no memory traffic.
 
 Every file is written under a temporary name and renamed into place, so a reader never sees a
-partial file. Builders take a lock: flock where the filesystem has it; elsewhere (some network
-filesystems) an O_EXCL lock file holding host and pid, removed when done and taken over when its
-owner is gone or it is older than STALE_LOCK_S.
+partial file; builders take `locks.build_lock` (works without flock too).
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import socket
 import threading
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -37,8 +30,6 @@ from bigscience_ops.data.errors import DataError
 from bigscience_ops.data.gpt_dataset import index_plan
 
 CHUNK = 1 << 21  # doc_idx entries handled at once for sample_idx
-STALE_LOCK_S = 6 * 3600  # a fallback lock file this old is taken over
-POLL_S = 1.0
 
 
 def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -181,81 +172,3 @@ def write_index_mappings(sizes: np.ndarray, first_doc: int, end_doc: int, num_sa
     finally:
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
-
-
-# --- one builder at a time -------------------------------------------------------------------
-
-_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
-
-
-def _flock(f) -> bool:
-    """Take an exclusive flock; False when the filesystem does not support it."""
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX)
-    except OSError as exc:
-        if exc.errno in _NO_FLOCK:
-            return False
-        raise
-    return True
-
-
-def _owner_gone(lock: Path) -> bool:
-    try:
-        host, pid = lock.read_text().split()
-        age = time.time() - lock.stat().st_mtime
-    except (OSError, ValueError):
-        return False  # being written or just removed: look again
-    if age > STALE_LOCK_S:
-        return True
-    if host != socket.gethostname():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-@contextmanager
-def _exclusive_file(lock: Path, done: Callable[[], bool]) -> Iterator[bool]:
-    """O_EXCL lock file; yields False when `done()` became true while waiting (nothing to build)."""
-    while True:
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            if done():
-                yield False
-                return
-            if _owner_gone(lock):
-                lock.unlink(missing_ok=True)
-                continue
-            time.sleep(POLL_S)
-            continue
-        try:
-            os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
-        finally:
-            os.close(fd)
-        try:
-            yield True
-        finally:
-            lock.unlink(missing_ok=True)
-        return
-
-
-@contextmanager
-def build_lock(lock: Path, done: Callable[[], bool]) -> Iterator[bool]:
-    """Exclusive right to build; yields whether to build (False: another process finished meanwhile)."""
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{lock}.flock", "a") as f:
-        if _flock(f):
-            try:
-                yield not done()
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-                Path(f"{lock}.flock").unlink(missing_ok=True)
-            return
-    Path(f"{lock}.flock").unlink(missing_ok=True)
-    with _exclusive_file(lock, done) as mine:
-        yield mine and not done()
