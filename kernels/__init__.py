@@ -2,7 +2,7 @@
 
     layernorm.py      LayerNorm (fp32 statistics, fp32 weight/bias gradient reduction)
     gelu.py           bias + GeLU (tanh), Megatron's fused bias_gelu
-    attention.py      causal flash attention with dropout (reference in softmax.py)
+    attention.py      causal flash attention with dropout and ALiBi (reference and slopes in softmax.py)
     crossentropy.py   chunked (vocab-parallel) cross-entropy: per-shard partials, no fp32 logits copy
 
 The model calls the functions below with its `model.kernels` choice:
@@ -64,13 +64,17 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, kernels: str = "auto") -> tor
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
-                     kernels: str = "auto") -> torch.Tensor:
-    """softmax(q k^T / sqrt(hs), causal) v with dropout on the probabilities. (B, nh, T, hs) x3 -> (B, nh, T, hs)."""
+                     kernels: str = "auto", alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hs) [+ ALiBi], causal) v with dropout on the probabilities.
+
+    (B, nh, T, hs) x3 -> (B, nh, T, hs); alibi_slopes (nh,): these heads' ALiBi slopes, or None.
+    Dropout draws from the default generator of q's device (see attention.py for the Triton seed).
+    """
     if use_triton(kernels, q):
         from kernels.attention import causal_attention_triton
-        return causal_attention_triton(q, k, v, dropout_p)
+        return causal_attention_triton(q, k, v, dropout_p, alibi_slopes)
     from kernels.softmax import causal_attention
-    return causal_attention(q, k, v, dropout_p)
+    return causal_attention(q, k, v, dropout_p, alibi_slopes)
 
 
 Partials = tuple[torch.Tensor, torch.Tensor, torch.Tensor]

@@ -9,9 +9,16 @@ a pure function of (seed, batch-head, query, key), so the backward regenerates e
 mask from the seed instead of storing it. This is why the fused flash design was chosen over a
 fused scale-mask-softmax: dropout costs no memory and no extra pass over a T x T matrix.
 
-The seed is drawn from torch's CPU generator at each forward, so `torch.manual_seed` makes runs
-repeatable and activation checkpointing (which restores the RNG state before recomputing) redraws
-the same masks.
+The seed is drawn at each forward from the default generator of the tensors' device (the CUDA
+generator on a GPU, the CPU one under the interpreter) into a one-element tensor on that device
+that the kernels load: no host synchronisation, and whatever governs that generator governs the
+masks. The model draws it inside the tensor-parallel RNG tracker's fork, so each TP rank draws its
+own masks for its own heads; activation checkpointing restores the generator and the tracker before
+recomputing, so the recomputed forward redraws the same masks.
+
+ALiBi: with per-head slopes, slope_h * (j - i) is added to the scaled score of query i and key j
+inside the tile, in the forward and both backward kernels (the reference, kernels/softmax.py,
+adds BLOOM's slope_h * j; the two differ by a per-row constant the softmax ignores).
 
 Backward (two kernels, no atomics, deterministic):
   dK, dV: one program per key block, looping over the query blocks that can see it;
@@ -46,14 +53,20 @@ def _mm(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-              H, T, D, scale, dropout_p, seed,
+def _attn_fwd(Q, K, V, O, LSE, SLOPES, SEED, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
+              H, T, D, scale, dropout_p,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr,
-              UPCAST: tl.constexpr):
+              ALIBI: tl.constexpr, UPCAST: tl.constexpr):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(SLOPES + h).to(tl.float32)
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
@@ -72,6 +85,8 @@ def _attn_fwd(Q, K, V, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob,
         k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dims[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + dims[None, :], mask=kv_mask, other=0.0)
         s = _mm(q, tl.trans(k), UPCAST) * scale  # (BLOCK_M, BLOCK_N) fp32
+        if ALIBI:
+            s += slope * (cols[None, :] - rows[:, None]).to(tl.float32)
         s = tl.where((rows[:, None] >= cols[None, :]) & col_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: key 0 is visible to every row
         alpha = tl.exp(m_i - m_new)
@@ -89,14 +104,20 @@ def _attn_fwd(Q, K, V, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob,
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
-                   sdob, sdoh, sdot, sdkb, sdkh, sdkt, sdvb, sdvh, sdvt, H, T, D, scale, dropout_p, seed,
+def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, SEED, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
+                   sdob, sdoh, sdot, sdkb, sdkh, sdkt, sdvb, sdvh, sdvt, H, T, D, scale, dropout_p,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr,
-              UPCAST: tl.constexpr):
+                   ALIBI: tl.constexpr, UPCAST: tl.constexpr):
     start_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(SLOPES + h).to(tl.float32)
     cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -116,6 +137,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, skb, skh, skt
         lse = tl.load(LSE + bh * T + rows, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + bh * T + rows, mask=row_ok, other=0.0)
         s = _mm(q, tl.trans(k), UPCAST) * scale
+        if ALIBI:
+            s += slope * (cols[None, :] - rows[:, None]).to(tl.float32)
         visible = (rows[:, None] >= cols[None, :]) & row_ok[:, None] & col_ok[None, :]
         p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)  # (BLOCK_M, BLOCK_N)
         dp = _mm(do, tl.trans(v), UPCAST)
@@ -133,14 +156,20 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, skb, skh, skt
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
-                 sdob, sdoh, sdot, sdqb, sdqh, sdqt, H, T, D, scale, dropout_p, seed,
+def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES, SEED, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
+                 sdob, sdoh, sdot, sdqb, sdqh, sdqt, H, T, D, scale, dropout_p,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr,
-              UPCAST: tl.constexpr):
+                 ALIBI: tl.constexpr, UPCAST: tl.constexpr):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(SLOPES + h).to(tl.float32)
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
@@ -160,6 +189,8 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sqb, sqh, sqt, skb, skh, skt, svb,
         k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dims[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + dims[None, :], mask=kv_mask, other=0.0)
         s = _mm(q, tl.trans(k), UPCAST) * scale
+        if ALIBI:
+            s += slope * (cols[None, :] - rows[:, None]).to(tl.float32)
         visible = (rows[:, None] >= cols[None, :]) & row_ok[:, None] & col_ok[None, :]
         p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
         dp = _mm(do, tl.trans(v), UPCAST)
@@ -189,25 +220,32 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
 
 class CausalAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                slopes: torch.Tensor | None) -> torch.Tensor:
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         B, H, T, D = q.shape
         block_m, block_n, block_d, warps = _blocks(T, D, q.device)
         out = torch.empty((B, T, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)  # (B, nh, T, hs) view
         lse = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
-        seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if dropout_p > 0.0 else 0
+        seed = draw_seed(q.device) if dropout_p > 0.0 else torch.zeros(1, dtype=torch.int64, device=q.device)
+        alibi = slopes is not None
+        if alibi:
+            assert slopes.shape == (H,), f"alibi slopes {tuple(slopes.shape)} for {H} heads"
+            slopes = slopes.to(device=q.device, dtype=torch.float32).contiguous()
+        else:
+            slopes = lse  # never read
         scale = 1.0 / math.sqrt(D)
         _attn_fwd[(triton.cdiv(T, block_m), B * H)](
-            q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, T, D, scale,
-            dropout_p, seed, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DROPOUT=dropout_p > 0.0,
-            UPCAST=not q.is_cuda, num_warps=warps)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.dropout_p, ctx.seed, ctx.scale = dropout_p, seed, scale
+            q, k, v, out, lse, slopes, seed, *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, T, D,
+            scale, dropout_p, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DROPOUT=dropout_p > 0.0,
+            ALIBI=alibi, UPCAST=not q.is_cuda, num_warps=warps)
+        ctx.save_for_backward(q, k, v, out, lse, slopes, seed)
+        ctx.dropout_p, ctx.scale, ctx.alibi = dropout_p, scale, alibi
         return out
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, slopes, seed = ctx.saved_tensors
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
         B, H, T, D = q.shape
@@ -215,21 +253,30 @@ class CausalAttentionFunction(torch.autograd.Function):
         delta = (dout.float() * out.float()).sum(-1)  # (B, nh, T): rowsum(dO * O)
         dq, dk, dv = (torch.empty((B, T, H, D), dtype=t.dtype, device=t.device).transpose(1, 2) for t in (q, k, v))
         common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DROPOUT=ctx.dropout_p > 0.0,
-                      UPCAST=not q.is_cuda, num_warps=warps)
+                      ALIBI=ctx.alibi, UPCAST=not q.is_cuda, num_warps=warps)
         _attn_bwd_dkdv[(triton.cdiv(T, block_n), B * H)](
-            q, k, v, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-            *_strides(dk), *_strides(dv), H, T, D, ctx.scale, ctx.dropout_p, ctx.seed, **common)
+            q, k, v, dout, lse, delta, dk, dv, slopes, seed, *_strides(q), *_strides(k), *_strides(v),
+            *_strides(dout), *_strides(dk), *_strides(dv), H, T, D, ctx.scale, ctx.dropout_p, **common)
         _attn_bwd_dq[(triton.cdiv(T, block_m), B * H)](
-            q, k, v, dout, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-            *_strides(dq), H, T, D, ctx.scale, ctx.dropout_p, ctx.seed, **common)
-        return dq, dk, dv, None
+            q, k, v, dout, lse, delta, dq, slopes, seed, *_strides(q), *_strides(k), *_strides(v),
+            *_strides(dout), *_strides(dq), H, T, D, ctx.scale, ctx.dropout_p, **common)
+        return dq, dk, dv, None, None
 
 
-def causal_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
-    """(B, nh, T, hs) x3 -> (B, nh, T, hs): softmax(q k^T / sqrt(hs), causal), dropout_p on it, times v."""
+def draw_seed(device: torch.device) -> torch.Tensor:
+    """The dropout seed of one forward: a one-element int64 tensor drawn from `device`'s default generator."""
+    return torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=device)
+
+
+def causal_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                            alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, nh, T, hs) x3 -> (B, nh, T, hs): softmax(q k^T / sqrt(hs) [+ ALiBi], causal), dropout_p on it, times v.
+
+    alibi_slopes: (nh,) slopes of these heads (see kernels/softmax.py alibi_slopes), or None.
+    """
     assert q.shape == k.shape == v.shape, f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
     assert 0.0 <= dropout_p < 1.0, f"dropout_p must be in [0, 1), got {dropout_p}"
-    return CausalAttentionFunction.apply(q, k, v, dropout_p)
+    return CausalAttentionFunction.apply(q, k, v, dropout_p, alibi_slopes)
 
 
 def dropout_keep_mask(seed: int, batch_heads: int, T: int, dropout_p: float, device: torch.device) -> torch.Tensor:
