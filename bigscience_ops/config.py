@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from bigscience_ops import sizing
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.resources import bundled, is_installed_copy
 from bigscience_ops.typedyaml import build, documented, merge, read_yaml
@@ -45,7 +46,11 @@ class ModelConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor: int = documented(1, "tensor-parallel size (TP); must divide the attention heads")
-    pipeline: int = documented(1, "pipeline-parallel size (PP); must divide num_layers")
+    pipeline: int = documented(1, "pipeline-parallel size (PP); at most num_layers")
+    partition_method: str = documented(
+        "type:transformer", "how DeepSpeed splits the layers over the PP stages, as Megatron-DeepSpeed's "
+                            "--pp-partition-method: type:transformer (balanced blocks), type:transformer|embedding "
+                            "(the embeddings count as layers), parameters (balanced parameter counts) or uniform")
     zero_stage: Literal[0, 1] = documented(1, "DeepSpeed ZeRO stage for data parallelism")
     activation_checkpointing: bool = documented(False, "recompute transformer blocks in the backward pass")
     collective_timeout_minutes: int = documented(
@@ -354,8 +359,12 @@ def _validate(exp: Experiment, src: str) -> None:
         _check(value >= 1, src, dotted, value, "must be a positive integer")
     _check(m.hidden_size % m.num_attention_heads == 0, src, "model.hidden_size", m.hidden_size,
            f"must be divisible by model.num_attention_heads ({m.num_attention_heads})")
-    _check(m.num_layers % p.pipeline == 0, src, "model.num_layers", m.num_layers,
-           f"must be divisible by parallel.pipeline ({p.pipeline}): each stage holds the same number of blocks")
+    _check(m.num_layers >= p.pipeline, src, "model.num_layers", m.num_layers,
+           f"must be at least parallel.pipeline ({p.pipeline}): every stage holds blocks")
+    try:
+        sizing.check_partition_method(p.partition_method)
+    except ValueError as exc:
+        raise ConfigError(src, "parallel.partition_method", p.partition_method, str(exc)) from None
     _check(m.num_attention_heads % p.tensor == 0, src, "parallel.tensor", p.tensor,
            f"must divide model.num_attention_heads ({m.num_attention_heads})")
     if m.ffn_hidden_size is not None:

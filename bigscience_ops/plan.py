@@ -86,7 +86,7 @@ def memory(exp: Experiment, params: ParamCount, dp: int) -> Memory:
     micro_batches = max(1, b.global_batch_size // max(1, b.micro_batch_size * max(dp, 1)))
     activations = activation_bytes(exp.model, b.micro_batch_size, p.tensor, p.pipeline, micro_batches,
                                    p.activation_checkpointing, params.padded_vocab,
-                                   4 if exp.train.precision == "fp32" else 2)
+                                   4 if exp.train.precision == "fp32" else 2, params.blocks_per_stage)
     limit, source = gpu_limit(exp)
     return Memory(per_param, per_param * params.total, per_param * round(params.total / GB) * GB, max(states),
                   with_optim * params.total, without * params.total, shard, states, activations, limit, source)
@@ -243,6 +243,12 @@ def _check(exp: Experiment, schedule: BatchSchedule, dp: float, lr: LRSchedule) 
                                     f"global batch size {gbs}{during} is not divisible by MBS x DP = {mbs} x {dp} = {mbs * dp}; "
                                     f"valid node counts: {valid_node_counts(exp, sizes)[:12]}"))
             break
+    params = count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline, exp.parallel.partition_method)
+    empty = [stage for stage, (start, stop) in enumerate(zip(params.parts, params.parts[1:])) if start == stop]
+    if empty:
+        problems.append(Problem("parallel.partition_method", exp.parallel.partition_method,
+                                f"leaves pipeline stage(s) {empty} without any layer (boundaries {list(params.parts)}); "
+                                "use fewer stages or another method"))
     if exp.parallel.tensor > exp.slurm.gpus_per_node and exp.slurm.device == "gpu":
         problems.append(Problem("parallel.tensor", exp.parallel.tensor,
                                 f"TP spans nodes (gpus_per_node = {exp.slurm.gpus_per_node}): tensor parallelism across nodes is very slow",
@@ -314,7 +320,7 @@ def _notes(exp: Experiment, schedule: BatchSchedule, lr: LRSchedule, warmup_step
 
 
 def make_plan(exp: Experiment) -> Plan:
-    params = count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline)
+    params = count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline, exp.parallel.partition_method)
     mp = exp.model_parallel_size
     dp = exp.world_size / mp
     schedule = batch_schedule(exp)

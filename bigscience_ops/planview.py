@@ -78,9 +78,10 @@ def plan_text(plan: Plan, exp: Experiment) -> str:
                 + (" by ZeRO-1" if p.zero_stage else " by DeepSpeed's bf16 optimizer")) if mem.sharded_over > 1 else "not sharded"
     recompute = "with activation checkpointing" if p.activation_checkpointing else "no activation checkpointing"
     add(f"  per GPU and stage ({sharding}; activations {recompute}, 1F1B: stage i holds PP - i micro-batches):")
-    add("   stage   model states   in flight   activations      total")
+    add(f"   stage   blocks   parameters   model states   in flight   activations      total   ({p.partition_method})")
     for stage, (states, act) in enumerate(zip(mem.model_states_per_stage, mem.activations)):
-        add(f"  {stage:>6} {_gib(states):>14} {act.in_flight:>11} {_gib(act.total):>13} {_gib(states + act.total):>10}")
+        add(f"  {stage:>6} {pc.blocks_per_stage[stage]:>8} {_b(pc.per_stage[stage]):>12} {_gib(states):>14} "
+            f"{act.in_flight:>11} {_gib(act.total):>13} {_gib(states + act.total):>10}")
     limit = (f" of {_gib(mem.gpu_limit)} ({mem.gpu_limit_source}): {mem.largest_total / mem.gpu_limit:.0%}"
              if mem.gpu_limit else (" (no GPU limit known: set slurm.gpu_memory_gb)" if exp.slurm.device == "gpu" else ""))
     add(f"  largest stage {mem.largest_stage}: {_gib(mem.largest_total)}{limit}")

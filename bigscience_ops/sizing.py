@@ -6,6 +6,7 @@ No torch and no config loading: functions take the config sections they need and
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,8 @@ class ParamCount:
     seed_formula: int  # the tr1-13B notes' formula, for comparison with the training notes' "13B", "104B"
     total: int  # unique parameters of the model
     per_stage: tuple[int, ...]  # on each pipeline stage, per tensor rank, as Megatron reports them
+    blocks_per_stage: tuple[int, ...] = ()  # transformer blocks on each stage
+    parts: tuple[int, ...] = ()  # stage boundaries over the pipeline layers (DeepSpeed's PipelineModule.parts)
 
     @property
     def max_per_gpu(self) -> int:
@@ -49,13 +52,12 @@ def _positions(model: ModelConfig) -> int:
     return model.max_position_embeddings or model.seq_length
 
 
-def count_parameters(model: ModelConfig, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> ParamCount:
-    """Exact counts: padded vocab, the real ffn size, LayerNorms and biases.
+def pipeline_layers(model: ModelConfig, tensor_parallel: int = 1) -> list[tuple[str, int]]:
+    """The trainer's pipeline layers in order (trainer/model.layer_specs): class name, parameters per TP rank.
 
-    Per stage follows Megatron's `number of parameters on (tensor, pipeline) model parallel rank`:
-    matrices split over TP, biases of row-parallel layers and LayerNorms replicated; the first
-    stage holds the embeddings, the last the final LayerNorm and, when PP > 1, a copy of the word
-    embedding for the tied output head.
+    The word embedding, with positions (and its LayerNorm), then the blocks, the final LayerNorm and the
+    tied output head (the word embedding again). These are the names and weights DeepSpeed's partition
+    methods see: `type:REGEX` matches the class names, `parameters` the counts.
     """
     h, f, tp = model.hidden_size, ffn_size(model), tensor_parallel
     vocab = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
@@ -67,14 +69,113 @@ def count_parameters(model: ModelConfig, tensor_parallel: int = 1, pipeline_para
              + f * h // tp + h)  # ffn -> h, row parallel
     word = vocab * h // tp
     embed = word + _positions(model) * h + (2 * h if model.embed_layernorm else 0)
-    layers_per_stage = model.num_layers // pipeline_parallel
-    stages = [layers_per_stage * layer for _ in range(pipeline_parallel)]
-    stages[0] += embed
-    stages[-1] += 2 * h + (word if pipeline_parallel > 1 else 0)
+    return [(EMBEDDING, embed)] + [(BLOCK, layer)] * model.num_layers + [("FinalNorm", 2 * h), (EMBEDDING, word)]
+
+
+EMBEDDING, BLOCK = "EmbeddingPipe", "TransformerBlock"
+PARTITION_METHODS = ("uniform: the same number of layers per stage; parameters: balanced parameter counts; "
+                     "type:REGEX: balanced counts of the layers whose class name matches REGEX (case-insensitive), "
+                     "e.g. type:transformer (the blocks) or type:transformer|embedding (the embeddings count as layers)")
+
+
+def partition_uniform(num_items: int, num_parts: int) -> list[int]:
+    """DeepSpeed's ds_utils.partition_uniform: stage boundaries, the first stages one item longer."""
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    chunk, residual = divmod(num_items, num_parts)
+    return [p * chunk + min(p, residual) for p in range(num_parts + 1)]
+
+
+def partition_balanced(weights: list[int], num_parts: int) -> list[int]:
+    """DeepSpeed's ds_utils.partition_balanced: the linear partition minimising max - min part weight.
+
+    The same dynamic programme, the same tie-breaking (the last split of equal cost wins), so the
+    boundaries are DeepSpeed's own.
+    """
+    n, m = len(weights), num_parts
+    if n <= m:
+        return partition_uniform(n, m)
+    inf = math.inf
+    dp_max = [[inf] * (m + 1) for _ in range(n + 1)]
+    dp_min = [[inf] * (m + 1) for _ in range(n + 1)]
+    dp_cost = [[inf] * (m + 1) for _ in range(n + 1)]
+    position = [[0] * (m + 1) for _ in range(n + 1)]
+    prefix = [0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    dp_max[0][0] = 0
+    dp_cost[0][0] = 0
+    for i in range(1, n + 1):
+        for j in range(1, min(i, m) + 1):
+            for k in range(i):
+                part = prefix[i] - prefix[k]
+                max_sum, min_sum = max(dp_max[k][j - 1], part), min(dp_min[k][j - 1], part)
+                cost = max_sum - min_sum
+                if dp_cost[i][j] >= cost:
+                    dp_cost[i][j], dp_max[i][j], dp_min[i][j], position[i][j] = cost, max_sum, min_sum, k
+    parts = [n]
+    for j in reversed(range(1, m + 1)):
+        parts.append(position[parts[-1]][j])
+    return parts[::-1]
+
+
+def check_partition_method(method: str) -> None:
+    """Raise ValueError unless DeepSpeed's PipelineModule accepts `method` for this model's layers."""
+    lowered = method.lower()
+    if lowered in ("uniform", "parameters"):
+        return
+    if not lowered.startswith("type:"):
+        raise ValueError(PARTITION_METHODS)
+    pattern = method.split(":")[1]
+    try:
+        regex = re.compile(pattern, re.IGNORECASE)
+    except re.error as exc:
+        raise ValueError(f"{pattern!r} is not a regular expression ({exc}); {PARTITION_METHODS}") from None
+    names = (EMBEDDING, BLOCK, "FinalNorm")
+    if not pattern or not any(regex.search(name) for name in names):
+        raise ValueError(f"{pattern!r} matches none of the layer classes {', '.join(names)}; {PARTITION_METHODS}")
+
+
+def partition(method: str, layers: list[tuple[str, int]], stages: int) -> list[int]:
+    """Stage boundaries over `layers` as DeepSpeed's PipelineModule._partition_layers computes them."""
+    check_partition_method(method)
+    lowered = method.lower()
+    if lowered == "uniform":
+        return partition_uniform(len(layers), stages)
+    if lowered == "parameters":
+        return partition_balanced([count for _, count in layers], stages)
+    regex = re.compile(lowered.split(":")[1], re.IGNORECASE)
+    return partition_balanced([1 if regex.search(name) else 0 for name, _ in layers], stages)
+
+
+def count_parameters(model: ModelConfig, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                     partition_method: str = "type:transformer") -> ParamCount:
+    """Exact counts: padded vocab, the real ffn size, LayerNorms and biases.
+
+    Per stage follows Megatron's `number of parameters on (tensor, pipeline) model parallel rank`:
+    matrices split over TP, biases of row-parallel layers and LayerNorms replicated. The stages hold
+    the layers DeepSpeed's partition gives them (`partition_method`); the tied word embedding is
+    built once on a stage holding the embedding, the head or both (a head-only stage holds the word
+    embedding without positions).
+    """
+    h, f = model.hidden_size, ffn_size(model)
+    layers = pipeline_layers(model, tensor_parallel)
+    parts = partition(partition_method, layers, pipeline_parallel)
+    stages, blocks = [], []
+    for start, stop in zip(parts, parts[1:]):
+        names = [name for name, _ in layers[start:stop]]
+        count = sum(c for name, c in layers[start:stop] if name != EMBEDDING)
+        if start == 0 and stop > 0:
+            count += layers[0][1]  # the embedding with positions (the tied module built from the first spec)
+        elif stop == len(layers) and stop > start:
+            count += layers[-1][1]  # the head's copy of the word embedding
+        stages.append(count)
+        blocks.append(names.count(BLOCK))
+    vocab = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tensor_parallel)
     total_layer = 4 * h * h + 2 * h * f + 9 * h + f
     total = model.num_layers * total_layer + vocab * h + _positions(model) * h + 2 * h
     total += 2 * h if model.embed_layernorm else 0
-    return ParamCount(vocab, seed_formula_parameters(model), total, tuple(stages))
+    return ParamCount(vocab, seed_formula_parameters(model), total, tuple(stages), tuple(blocks), tuple(parts))
 
 
 # ----------------------------------------------------------------------------- memory and time
@@ -140,21 +241,22 @@ class StageActivations:
 
 def activation_bytes(model: ModelConfig, micro_batch: int, tensor_parallel: int, pipeline: int,
                      micro_batches_per_step: int, checkpointing: bool, padded_vocab: int,
-                     bytes_per_value: int = 2) -> tuple[StageActivations, ...]:
+                     bytes_per_value: int = 2, blocks_per_stage: tuple[int, ...] = ()) -> tuple[StageActivations, ...]:
     """Activation memory of each pipeline stage under the 1F1B schedule.
 
     `bytes_per_value` is 2 for fp16/bf16 and 4 for fp32 training (Megatron's count assumes 16 bits
-    and 1-byte dropout masks; fp32 doubles it, a slight overestimate of the masks).
+    and 1-byte dropout masks; fp32 doubles it, a slight overestimate of the masks). `blocks_per_stage`
+    gives each stage's transformer blocks (an uneven partition); default: num_layers / pipeline each.
     """
     scale = bytes_per_value / 2
-    layers = model.num_layers // pipeline
+    blocks = blocks_per_stage or (model.num_layers // pipeline,) * pipeline
     full = layer_activation_bytes(model, micro_batch, tensor_parallel)
     per_layer = checkpointed_layer_bytes(model, micro_batch) if checkpointing else full
     stages = []
     for stage in range(pipeline):
         flight = in_flight_micro_batches(stage, pipeline, micro_batches_per_step)
         logits = 4 * model.seq_length * micro_batch * padded_vocab // tensor_parallel if stage == pipeline - 1 else 0
-        stages.append(StageActivations(stage, flight, math.ceil(scale * flight * layers * per_layer),
+        stages.append(StageActivations(stage, flight, math.ceil(scale * flight * blocks[stage] * per_layer),
                                        math.ceil(scale * full) if checkpointing else 0, logits))
     return tuple(stages)
 

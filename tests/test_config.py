@@ -120,18 +120,19 @@ def test_unknown_experiment_lists_known(trainings: Path) -> None:
 
 
 def test_error_names_the_file_that_set_the_value(trainings: Path) -> None:
-    write(trainings, "parent", "base: tiny\nmodel: {num_layers: 5}\n")
+    write(trainings, "parent", "base: tiny\nmodel: {num_layers: 1}\n")
     write(trainings, "child", "base: parent\nmodel: {hidden_size: 128}\n")
     with pytest.raises(ConfigError) as err:
         load_experiment("child", trainings)
     assert err.value.field == "model.num_layers"
-    assert err.value.value == 5
+    assert err.value.value == 1
 
 
 # One bad file per rule: the YAML delta on top of `tiny`, and the field path the error must name.
 BAD = [
     ("model: {hidden_size: 250}", "model.hidden_size"),  # not divisible by 4 heads
-    ("model: {num_layers: 3}", "model.num_layers"),  # not divisible by PP=2
+    ("model: {num_layers: 1}", "model.num_layers"),  # fewer blocks than PP=2 stages
+    ("parallel: {partition_method: 'type:attention'}", "parallel.partition_method"),  # matches no layer class
     ("parallel: {tensor: 3}", "parallel.tensor"),  # does not divide 4 heads
     ("model: {ffn_hidden_size: 1023}\nparallel: {tensor: 2}", "model.ffn_hidden_size"),
     ("model: {max_position_embeddings: 64}", "model.max_position_embeddings"),

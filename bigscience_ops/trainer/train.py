@@ -220,10 +220,16 @@ class Trainer:
             layers=layer_specs(self.shape, exp.train.seed, self.tp, exp.model.kernels),
             loss_fn=loss_function(self.tp, exp.model.kernels),
             **layout,
-            partition_method="type:TransformerBlock",
+            partition_method=exp.parallel.partition_method,
             activation_checkpoint_interval=1 if exp.parallel.activation_checkpointing else 0,
             checkpointable_layers=["TransformerBlock"],
         )
+        planned = plan.count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline,
+                                        exp.parallel.partition_method).parts
+        if list(module.parts) != list(planned):
+            raise TrainerError(f"parallel.partition_method {exp.parallel.partition_method!r}: DeepSpeed split the "
+                               f"layers at {list(module.parts)}, the plan at {list(planned)}; the plan's memory and "
+                               "parameter counts would be wrong")
         o = exp.optimizer
         fused = self.device.type == "cuda"
         if fused:  # torch's fused AdamW kernel: one launch per step instead of several per parameter
