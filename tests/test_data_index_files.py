@@ -6,7 +6,6 @@ import io
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
