@@ -39,7 +39,7 @@ from bigscience_ops.data.tokenizer import Tokenizer, TokenizerSpec, build_tokeni
 
 PROBLEM_KINDS = ("invalid-utf8", "malformed-json", "not-an-object", "missing-key", "not-a-string", "empty")
 LINE_PROBLEMS = PROBLEM_KINDS[:-1]  # these drop the whole line; "empty" drops one key's document
-CHUNK_BYTES = 1 << 20  # lines handed to a worker at a time
+CHUNK_BYTES = 1 << 18  # lines handed to a worker at a time (small: even load at the end of a run)
 KEEP_PROBLEMS = 100  # problems kept in the result; all of them go to the problems file
 
 
