@@ -31,6 +31,12 @@ def _sizes(num_docs: int) -> np.ndarray:
     return np.random.default_rng(0).integers(1, 2000, num_docs, dtype=np.int32)
 
 
+def _peak_kb() -> int:
+    """VmHWM: this process's peak RSS (ru_maxrss would start at the parent's RSS)."""
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM")).split()[1])
+
+
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -41,7 +47,7 @@ def _build(method: str, num_docs: int, num_samples: int, seq_length: int, out: s
     from bigscience_ops.data.index_files import write_index_mappings
 
     sizes = _sizes(num_docs)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = _peak_kb()
     paths = tuple(Path(out) / f"{method}_{name}_idx.npy" for name in NAMES)
     t0, c0 = time.perf_counter(), _cpu()
     if method == "previous":
@@ -54,7 +60,7 @@ def _build(method: str, num_docs: int, num_samples: int, seq_length: int, out: s
         write_index_mappings(sizes, 0, num_docs, num_samples, seq_length, 1234, paths)
         t_build = None
     total = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _peak_kb()
     doc_len = len(np.load(paths[0], mmap_mode="r"))
     q.put({"build_s": t_build, "total_s": total, "cpu_s": _cpu() - c0, "peak_gb": peak / 2**20,
            "extra_gb": (peak - base) / 2**20, "doc_idx": doc_len, "epochs": doc_len // num_docs})

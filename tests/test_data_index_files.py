@@ -87,3 +87,36 @@ def test_lock_file_of_a_live_process_waits_until_the_files_exist(tmp_path, monke
     with locks.build_lock(lock, done) as build:
         assert not build
     assert lock.exists() and len(checks) >= 3  # the other process's lock is left alone
+
+
+# Peak RSS from VmHWM: ru_maxrss of a child starts at its parent's (pytest's) RSS and hides small peaks.
+MEMORY_PROBE = """
+import sys, numpy as np
+from pathlib import Path
+from bigscience_ops.data import gpt_dataset as gd, index_files as ixf
+def peak_kb():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
+sizes = np.random.default_rng(0).integers(1, 2000, 500_000, dtype=np.int32)
+out = Path(sys.argv[2])
+before = peak_kb()
+if sys.argv[1] == "files":
+    ixf.CHUNK = 1 << 16  # chunk buffers well under doc_idx, as at pretraining scale
+    ixf.write_index_mappings(sizes, 0, len(sizes), 1_500_000, 2048, 1, tuple(out / n for n in "dsh"))
+else:
+    for n, a in zip("dsh", gd.build_index_mappings(sizes, 0, len(sizes), 1_500_000, 2048, 1)):
+        np.save(out / n, a)
+print(peak_kb() - before)
+"""
+
+
+def test_files_build_peaks_at_doc_idx_not_at_all_three_arrays(tmp_path):
+    """1.5M samples over 500k documents (7 epochs): doc_idx is 14 MB, the three arrays 32 MB in all."""
+    extra_kb = {}
+    for method in ("files", "memory"):
+        (tmp_path / method).mkdir()
+        done = subprocess.run([sys.executable, "-c", MEMORY_PROBE, method, str(tmp_path / method)],
+                              capture_output=True, text=True, timeout=300, check=True)
+        extra_kb[method] = int(done.stdout.split()[-1])
+    doc_idx_kb = 3_500_000 * 4 // 1024
+    assert extra_kb["files"] < 1.6 * doc_idx_kb, extra_kb
+    assert extra_kb["memory"] > 2 * extra_kb["files"], extra_kb
