@@ -157,6 +157,14 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class NodePhase:
+    nodes: int = documented(doc="--nodes of the array tasks of this phase")
+    from_samples: int | None = documented(
+        None, "the phase starts at the first step boundary where this many samples are consumed (not on the first phase)")
+    from_iteration: int | None = documented(None, "or: the phase starts after this iteration (not on the first phase)")
+
+
+@dataclass(frozen=True)
 class SlurmConfig:
     job_name: str | None = documented(None, "Slurm job name; derived as the experiment name")
     partition: str | None = documented(None, "--partition")
@@ -166,7 +174,11 @@ class SlurmConfig:
         None, "memory of one GPU in GB as sold (32 for a V100-32GB); default: known from constraint (v100-32g, a100-80g, h100, ...)")
     qos: str | None = documented(None, "--qos")
     time: str = documented("20:00:00", "--time of each array task")
-    nodes: int = documented(1, "--nodes")
+    nodes: int | None = documented(
+        None, "--nodes of a run on one node count; derived as 1, or from node_schedule (the phase being launched)")
+    node_schedule: list[NodePhase] = documented(
+        factory=list, doc="phases with their own node counts: [{nodes: 16}, {nodes: 64, from_samples: N}, ...]; "
+                          "bsops launch and each array task use the phase of the latest checkpoint")
     gpus_per_node: int = documented(1, "training processes per node (GPUs, or CPU processes when device: cpu)")
     device: Literal["gpu", "cpu"] = documented("gpu", "gpu: NCCL and --gres; cpu: gloo")
     cpus_per_task: int = documented(1, "--cpus-per-task of the per-node launcher")
@@ -327,6 +339,7 @@ def _read_with_bases(path: Path, trainings_dir: Path, chain: tuple[str, ...]) ->
             known = ", ".join(list_experiments(trainings_dir))
             raise ConfigError(str(path), "base", base, f"no such experiment; known: {known}")
         merged, origins = _read_with_bases(base_path, trainings_dir, chain + (path.stem,))
+    _one_node_plan(data, merged, str(path))
     merge(merged, data, origins, str(path), "")
     return merged, origins
 
@@ -335,6 +348,23 @@ def field_origins(name: str, trainings_dir: Path | None = None) -> dict[str, str
     """For each field path written in EXP's file or its bases, the file that set it (the last one wins)."""
     path = experiment_path(name, trainings_dir)
     return _read_with_bases(path, trainings_dir or path.parent, chain=())[1]
+
+
+def _one_node_plan(data: dict, merged: dict, source: str) -> None:
+    """slurm.nodes and slurm.node_schedule say one thing: a file sets one of them, and replaces an inherited other."""
+    slurm = data.get("slurm")
+    if not isinstance(slurm, dict):
+        return
+    if "nodes" in slurm and slurm.get("node_schedule"):
+        raise ConfigError(source, "slurm.node_schedule", slurm["node_schedule"],
+                          f"set slurm.nodes ({slurm['nodes']}) or slurm.node_schedule, not both: a schedule's "
+                          "first phase is the starting node count")
+    inherited = merged.get("slurm")
+    if isinstance(inherited, dict):
+        if "nodes" in slurm:
+            inherited.pop("node_schedule", None)
+        if "node_schedule" in slurm:
+            inherited.pop("nodes", None)
 
 
 # ----------------------------------------------------------------------------- validation and derivation
@@ -352,11 +382,12 @@ def _validate(exp: Experiment, src: str) -> None:
         ("model.vocab_size", m.vocab_size), ("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by),
         ("parallel.tensor", p.tensor), ("parallel.pipeline", p.pipeline),
         ("batch.global_batch_size", b.global_batch_size), ("batch.micro_batch_size", b.micro_batch_size),
-        ("slurm.nodes", exp.slurm.nodes), ("slurm.gpus_per_node", exp.slurm.gpus_per_node),
+        ("slurm.nodes", 1 if exp.slurm.nodes is None else exp.slurm.nodes), ("slurm.gpus_per_node", exp.slurm.gpus_per_node),
         ("slurm.cpus_per_task", exp.slurm.cpus_per_task), ("slurm.array", exp.slurm.array),
         ("logging.log_interval", exp.logging.log_interval), ("logging.eval_interval", exp.logging.eval_interval),
     ]:
         _check(value >= 1, src, dotted, value, "must be a positive integer")
+    _validate_node_schedule(exp.slurm.node_schedule, src)
     _check(m.hidden_size % m.num_attention_heads == 0, src, "model.hidden_size", m.hidden_size,
            f"must be divisible by model.num_attention_heads ({m.num_attention_heads})")
     _check(m.num_layers >= p.pipeline, src, "model.num_layers", m.num_layers,
@@ -455,6 +486,23 @@ def _validate(exp: Experiment, src: str) -> None:
         _check(value is None or value >= 1, src, f"backup.{key}", value, "must be a positive integer (or left out)")
 
 
+def _validate_node_schedule(schedule: list[NodePhase], src: str) -> None:
+    """Each phase's shape; whether the phases start in order (through the rampup) is the plan's check."""
+    for i, phase in enumerate(schedule):
+        where = f"slurm.node_schedule[{i}]"
+        _check(phase.nodes >= 1, src, f"{where}.nodes", phase.nodes, "must be a positive integer")
+        starts = {k: v for k in ("from_samples", "from_iteration") if (v := getattr(phase, k)) is not None}
+        if i == 0:
+            _check(not starts, src, where, starts,
+                   "the first phase starts the run: leave out from_samples and from_iteration")
+            continue
+        _check(len(starts) == 1, src, where, dataclasses.asdict(phase), "set exactly one of from_samples and from_iteration")
+        for key, value in starts.items():
+            _check(value >= 1, src, f"{where}.{key}", value, "must be a positive integer")
+        _check(phase.nodes != schedule[i - 1].nodes, src, f"{where}.nodes", phase.nodes,
+               f"must differ from the previous phase's {schedule[i - 1].nodes} nodes (or remove the phase)")
+
+
 SIGNAL_SECONDS_MAX = 65535
 
 
@@ -518,7 +566,8 @@ def derive(exp: Experiment, root: Path, source: str = "", output_root: Path | No
             if (v := getattr(exp.data.tokenizer, k)) is not None}),
         cache_dir=None if exp.data.cache_dir is None else _resolve_path(exp.data.cache_dir, out_root),
     )
-    slurm = fill(exp.slurm, "slurm", job_name=exp.name)
+    slurm = fill(exp.slurm, "slurm", job_name=exp.name,
+                 nodes=exp.slurm.node_schedule[0].nodes if exp.slurm.node_schedule else 1)
     try:
         limit = parse_time_limit(slurm.time)
     except ValueError as exc:

@@ -6,10 +6,12 @@ would fail or mislead a run is checked before a GPU hour is spent. Pure Python: 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from bigscience_ops.phases import PhasePlan, ScheduleError, plan_phases
 from bigscience_ops.schedules import BatchSchedule, Increment, LRSchedule
 from bigscience_ops.sizing import (  # noqa: F401  (re-exported: plan.count_parameters etc. are public)
     CHECKPOINT_BYTES, GB, TRAIN_BYTES, ParamCount, ffn_size, count_parameters, estimate_days, model_flops_per_token,
@@ -193,6 +195,7 @@ class Plan:
     decay_steps: int
     days: float
     days_seed_rounded: float
+    phases: list[PhasePlan]  # one per slurm.node_schedule phase (one without a schedule): steps, tokens, days
     nodes_during_rampup: list[int]
     nodes_after_rampup: list[int]
     dataset_sizes: tuple[int, int, int]
@@ -225,24 +228,45 @@ def valid_node_counts(exp: Experiment, batch_sizes: list[int], limit: int = 4096
     return nodes
 
 
-def _check(exp: Experiment, schedule: BatchSchedule, dp: float, lr: LRSchedule) -> list[Problem]:
+def _check_phases(exp: Experiment, schedule: BatchSchedule, phases: list[PhasePlan]) -> list[Problem]:
+    """Each phase's GPUs split into whole replicas whose DP divides every batch size of the phase's steps."""
     problems: list[Problem] = []
-    mp = exp.model_parallel_size
-    if exp.world_size % mp:
+    mp, mbs = exp.model_parallel_size, exp.batch.micro_batch_size
+    several = len(phases) > 1
+    if exp.slurm.node_schedule and exp.slurm.nodes not in [ph.phase.nodes for ph in phases]:
         problems.append(Problem("slurm.nodes", exp.slurm.nodes,
-                                f"nodes x gpus_per_node = {exp.world_size} GPUs is not a multiple of TP x PP = {mp}"))
-        return problems
-    dp = int(dp)
-    mbs = exp.batch.micro_batch_size
-    sizes = [inc.global_batch_size for inc in schedule.increments()] + [schedule.global_batch_size]
-    for gbs in sizes:
-        if gbs % (mbs * dp):
-            where = "batch.global_batch_size" if gbs == schedule.global_batch_size else "batch.rampup"
-            during = "" if gbs == schedule.global_batch_size else " during the rampup"
-            problems.append(Problem(where, gbs,
-                                    f"global batch size {gbs}{during} is not divisible by MBS x DP = {mbs} x {dp} = {mbs * dp}; "
-                                    f"valid node counts: {valid_node_counts(exp, sizes)[:12]}"))
-            break
+                                f"is the node count of the phase being launched: one of the node schedule's "
+                                f"{[ph.phase.nodes for ph in phases]}"))
+    for ph in phases:
+        where = ph.phase.field if several else "slurm.nodes"
+        label = f"{ph.phase.describe()}: " if several else ""
+        if ph.world_size % mp:
+            problems.append(Problem(where, ph.phase.nodes, f"{label}nodes x gpus_per_node = {ph.world_size} GPUs is not "
+                                                           f"a multiple of TP x PP = {mp}"))
+            continue
+        if several and ph.steps == 0:
+            problems.append(Problem(where, ph.phase.nodes, f"{label}starts after the training ends at step "
+                                                           f"{ph.last_step}: it never runs", "warning"))
+            continue
+        dp = int(ph.dp)
+        sizes = ph.batch_sizes if several else tuple(
+            [inc.global_batch_size for inc in schedule.increments()] + [schedule.global_batch_size])
+        for gbs in sizes:
+            if gbs % (mbs * dp):
+                field = where if several else ("batch.global_batch_size" if gbs == schedule.global_batch_size
+                                               else "batch.rampup")
+                value = ph.phase.nodes if several else gbs
+                during = "" if gbs == schedule.global_batch_size else " during the rampup"
+                problems.append(Problem(field, value,
+                                        f"{label}global batch size {gbs}{during} is not divisible by MBS x DP = "
+                                        f"{mbs} x {dp} = {mbs * dp}; valid node counts"
+                                        f"{' for this phase' if several else ''}: {valid_node_counts(exp, list(sizes))[:12]}"))
+                break
+    return problems
+
+
+def _check(exp: Experiment, schedule: BatchSchedule, phases: list[PhasePlan], lr: LRSchedule) -> list[Problem]:
+    problems = _check_phases(exp, schedule, phases)
     params = count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline, exp.parallel.partition_method)
     empty = [stage for stage, (start, stop) in enumerate(zip(params.parts, params.parts[1:])) if start == stop]
     if empty:
@@ -332,7 +356,17 @@ def make_plan(exp: Experiment) -> Plan:
     tokens = samples * exp.model.seq_length
     gbs, ev = schedule.global_batch_size, exp.logging
     valid = (iters // ev.eval_interval + 1) * ev.eval_iters * gbs
-    mem = memory(exp, params, int(dp) if dp == int(dp) else 1)
+    try:
+        phases = plan_phases(exp, schedule, iters, params.total, round(params.seed_formula / GB) * GB, mp)
+        schedule_problems = []
+    except ScheduleError as exc:
+        single = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, node_schedule=[]))
+        phases = plan_phases(single, schedule, iters, params.total, round(params.seed_formula / GB) * GB, mp)
+        schedule_problems = [Problem("slurm.node_schedule", [dataclasses.asdict(p) for p in exp.slurm.node_schedule],
+                                     str(exc))]
+    # The memory of the phase with the fewest DP ranks: ZeRO shards least and the most micro-batches are in flight.
+    fewest = min(ph.dp for ph in phases)
+    mem = memory(exp, params, int(fewest) if fewest == int(fewest) else 1)
     return Plan(
         name=exp.name,
         params=params,
@@ -350,15 +384,15 @@ def make_plan(exp: Experiment) -> Plan:
         warmup_steps=warmup_steps,
         decay_samples=lr.decay_samples,
         decay_steps=schedule.steps_to_consume(lr.decay_samples),
-        days=estimate_days(tokens, params.total, exp.world_size, exp.estimate.tflops_per_gpu),
-        days_seed_rounded=estimate_days(tokens, round(params.seed_formula / GB) * GB, exp.world_size,
-                                        exp.estimate.tflops_per_gpu),
+        days=sum(ph.days for ph in phases),
+        days_seed_rounded=sum(ph.days_seed_rounded for ph in phases),
+        phases=phases,
         nodes_during_rampup=valid_node_counts(exp, rampup_sizes) if schedule.has_rampup else [],
         nodes_after_rampup=valid_node_counts(exp, [gbs]),
         # Megatron's dataset targets: train.samples as written (or iters x GBS), then eval and test.
         dataset_sizes=(exp.train.samples or iters * gbs, valid, ev.eval_iters * gbs),
         exit_duration_in_mins=exp.checkpoint.exit_duration_in_mins,
         exit_margin_mins=exp.checkpoint.exit_margin_mins,
-        problems=_check(exp, schedule, dp, lr) + _check_memory(exp, mem),
+        problems=schedule_problems + _check(exp, schedule, phases, lr) + _check_memory(exp, mem),
         notes=_notes(exp, schedule, lr, warmup_steps),
     )

@@ -125,8 +125,21 @@ def plan_text(plan: Plan, exp: Experiment) -> str:
     add(f"  dataset target sizes: train {tr}, validation {va}, test {te}")
     add(f"  exit after {plan.exit_duration_in_mins} min of each {exp.slurm.time} task (margin {plan.exit_margin_mins} min)")
     rounded = f" ({_duration(plan.days_seed_rounded)} with the size rounded)" if pc.total >= GB else ""
-    add(f"  estimated time at {exp.estimate.tflops_per_gpu:g} TFLOPs/GPU on {plan.world_size} GPUs: {_duration(plan.days)}"
+    gpus = f"on {plan.world_size} GPUs" if len(plan.phases) == 1 else f"over the {len(plan.phases)} node phases"
+    add(f"  estimated time at {exp.estimate.tflops_per_gpu:g} TFLOPs/GPU {gpus}: {_duration(plan.days)}"
         f"{rounded}; 8 x tokens x params / (GPUs x FLOPs)")
+    if len(plan.phases) > 1:
+        add("")
+        add("node schedule (each array task trains in one phase; at a boundary it saves, exits and the array "
+            "continues at the next size)")
+        add("   phase   nodes    GPUs     DP          steps           samples      tokens        time   batch sizes")
+        for ph in plan.phases:
+            steps = f"{ph.first_step}-{ph.last_step}" if ph.steps else "none"
+            sizes = ph.batch_sizes if len(ph.batch_sizes) <= 3 else (ph.batch_sizes[0], "...", ph.batch_sizes[-1])
+            add(f"  {ph.phase.index:>6} {ph.phase.nodes:>7} {ph.world_size:>7} {ph.dp:>6g} {steps:>14} "
+                f"{ph.samples:>17,} {_b(ph.tokens):>11} {_duration(ph.days):>11}   {', '.join(map(str, sizes))}")
+        add(f"  {'total':>6} {'':>7} {'':>7} {'':>6} {plan.train_iters:>14} {plan.train_samples:>17,} "
+            f"{_b(plan.tokens):>11} {_duration(plan.days):>11}")
     if plan.notes:
         add("")
         add("notes")

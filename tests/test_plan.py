@@ -18,7 +18,9 @@ def tr1():
 
 
 def with_slurm(exp, **changes):
-    return dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, **changes))
+    """Slurm settings changed; a node count given replaces the experiment's node schedule (one phase)."""
+    single = {"node_schedule": []} if "nodes" in changes else {}
+    return dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, **single, **changes))
 
 
 def test_model_sizes_match_the_seeds(tr1) -> None:

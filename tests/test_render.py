@@ -70,7 +70,7 @@ def test_invalid_plan_is_not_rendered(tmp_path: Path) -> None:
     import dataclasses
 
     exp = load_experiment("tr1-13B")
-    exp = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, nodes=64))
+    exp = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, nodes=64, node_schedule=[]))  # one phase
     with pytest.raises(PlanError) as err:
         rendering.render(exp, tmp_path)
     assert err.value.problems[0].field == "batch.rampup"

@@ -71,7 +71,7 @@ def _inherited_lines(inherited: dict[str, str]) -> list[str]:
 @click.argument("exp")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--nodes", type=click.IntRange(min=1), default=None,
-              help="Plan for this many nodes instead of slurm.nodes (e.g. after the rampup).")
+              help="Plan for this many nodes all along, instead of slurm.nodes or slurm.node_schedule.")
 @trainings_option
 def plan(exp: str, as_json: bool, nodes: int | None, trainings_dir: Path | None) -> None:
     """Plan EXP: parameters, memory, DP size, batch rampup, iterations, LR, tokens, days.
@@ -83,7 +83,8 @@ def plan(exp: str, as_json: bool, nodes: int | None, trainings_dir: Path | None)
 
     experiment = load_experiment(exp, trainings_dir)
     if nodes is not None:
-        experiment = dataclasses.replace(experiment, slurm=dataclasses.replace(experiment.slurm, nodes=nodes))
+        experiment = dataclasses.replace(experiment, slurm=dataclasses.replace(experiment.slurm, nodes=nodes,
+                                                                                node_schedule=[]))
     result = make_plan(experiment)
     inherited = inherited_site_values(exp, trainings_dir)
     if as_json:
