@@ -31,6 +31,9 @@ class ModelConfig:
     seq_length: int = documented(doc="tokens per sample")
     ffn_hidden_size: int | None = documented(None, "MLP width; derived as 4 * hidden_size when left out")
     max_position_embeddings: int | None = documented(None, "learned positions; derived as seq_length")
+    position_embedding: Literal["learned", "alibi"] = documented(
+        "learned", "learned (a position table, GPT-2 and Megatron's default) or alibi (BLOOM's: no table, per-head "
+                   "linear biases on the attention scores)")
     vocab_size: int = documented(50257, "tokenizer vocabulary before padding")
     make_vocab_size_divisible_by: int = documented(128, "the vocabulary is padded to a multiple of this x TP")
     embed_layernorm: bool = documented(False, "LayerNorm after the embedding (tr8's stability fix)")

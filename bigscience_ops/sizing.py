@@ -49,6 +49,9 @@ def ffn_size(model: ModelConfig) -> int:
 
 
 def _positions(model: ModelConfig) -> int:
+    """Rows of the learned position table; ALiBi has none."""
+    if model.position_embedding == "alibi":
+        return 0
     return model.max_position_embeddings or model.seq_length
 
 

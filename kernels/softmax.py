@@ -6,8 +6,9 @@ scaled_dot_product_attention (the same math as the explicit softmax, fewer passe
 
 ALiBi (Press et al., "Train Short, Test Long"; BLOOM): no position embeddings; each head h adds
 slope_h * j to the score of key j, as BLOOM's build_alibi_tensor. Per query row that equals
-slope_h * (j - i) up to a constant, which the softmax ignores; the Triton kernel adds the
-relative form (never large, so no precision is lost at long sequences). `alibi_slopes` gives
+slope_h * (j - i) up to a constant, which the softmax ignores; the torch path and the Triton
+kernel add the relative form (small where the weight is, so no precision is lost at long
+sequences); the explicit reference adds BLOOM's form, and the tests compare the two. `alibi_slopes` gives
 the slopes for any head count; with TP each rank passes its own heads' slice.
 """
 
@@ -68,11 +69,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
                      alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """(B, nh, T, hs) x3 -> (B, nh, T, hs); dropout_p applies to the attention probabilities.
 
-    With alibi_slopes (nh,) the bias and the causal mask go in as one additive (nh, T, T) mask.
+    With alibi_slopes (nh,) the bias and the causal mask go in as one additive (nh, T, T) mask in q's
+    dtype, in the relative form slope * (j - i): near the diagonal, where the weight is, its values
+    stay small and keep their precision in bf16 (BLOOM's slope * j would not at long sequences).
     """
     if alibi_slopes is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     T = q.shape[-2]
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    mask = alibi_bias(alibi_slopes, T).expand(-1, T, T).masked_fill(causal, float("-inf")).to(q.dtype)
+    pos = torch.arange(T, device=q.device, dtype=torch.float32)
+    relative = pos.view(1, T) - pos.view(T, 1)  # (T, T): j - i
+    mask = alibi_slopes.float().view(-1, 1, 1) * relative  # (nh, T, T)
+    mask = mask.masked_fill(relative > 0, float("-inf")).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)

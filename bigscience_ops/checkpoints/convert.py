@@ -26,8 +26,8 @@ Vocab padding: the trainer's softmax spans the padded vocabulary (as Megatron's 
 model has only the tokenizer's vocab_size logits, so its loss is that of the trained model restricted
 to real tokens (lower by the probability mass the padding rows held, about 1e-3 nats when small).
 
-What GPT-2 cannot express is refused by name (embed_layernorm, and any model option this converter
-does not know).
+What GPT-2 cannot express is refused by name (embed_layernorm, position_embedding alibi, and any
+model option this converter does not know).
 """
 
 from __future__ import annotations
@@ -50,7 +50,11 @@ EOD_TOKEN = "<|endoftext|>"
 EXPRESSIBLE = {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length",
                "max_position_embeddings", "padded_vocab_size", "init_method_std", "hidden_dropout",
                "attention_dropout", "layernorm_epsilon"}
-REFUSED = {"embed_layernorm": "GPT-2 has no LayerNorm after the embedding"}
+# Model options GPT-2 can express only at one value: option -> (that value, why any other is refused).
+# A checkpoint whose bsops.json predates an option has its GPT-2 value.
+REFUSED = {"embed_layernorm": (False, "GPT-2 has no LayerNorm after the embedding"),
+           "position_embedding": ("learned", "GPT-2 has learned position embeddings only, no ALiBi; "
+                                             "position_embedding alibi cannot be converted to GPT-2")}
 
 # Per trainer parameter name: the TP split dimension (None: replicated on every TP rank).
 BLOCK_SPLIT = {
@@ -116,13 +120,14 @@ def select_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[str, 
 
 def gpt2_config(model: dict, vocab_size: int, eod_id: int | None, dtype: str = "float32") -> dict:
     """GPT2Config as a dict for the trainer's model options (bsops.json "model"); refuses what GPT-2 lacks."""
-    problems = [f"model.{k} = {model[k]!r}: {why}" for k, why in REFUSED.items() if model.get(k)]
+    problems = [f"model.{k} = {model[k]!r}: {why}" for k, (ok, why) in REFUSED.items() if model.get(k, ok) != ok]
     unknown = sorted(set(model) - EXPRESSIBLE - set(REFUSED))
     problems += [f"model.{k} = {model[k]!r}: an option this converter does not know how to express in GPT-2"
                  for k in unknown]
     if problems:
         raise ConvertError("cannot convert to GPT-2: " + "; ".join(problems)
-                           + f". Convertible options: {', '.join(sorted(EXPRESSIBLE))}, with embed_layernorm false")
+                           + f". Convertible options: {', '.join(sorted(EXPRESSIBLE))}, with "
+                           + ", ".join(f"{k} {json.dumps(ok)}" for k, (ok, _) in REFUSED.items()))
     if dtype not in DTYPES:
         raise ConvertError(f"dtype {dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
     if not 0 < vocab_size <= model["padded_vocab_size"]:

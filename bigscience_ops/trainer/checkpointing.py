@@ -114,7 +114,10 @@ def save_rng(path: Path, rank: int) -> None:
     import numpy as np
     import torch
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    from bigscience_ops.trainer.tensor_parallel import rng_tracker_states
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+             "tracker": rng_tracker_states()}  # this TP rank's attention-dropout generator
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     Path(path).mkdir(parents=True, exist_ok=True)
@@ -135,4 +138,8 @@ def load_rng(path: Path, rank: int) -> bool:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+    if state.get("tracker"):  # absent in checkpoints written before the tracker: it keeps its fresh seed
+        from bigscience_ops.trainer.tensor_parallel import set_rng_tracker_states
+
+        set_rng_tracker_states(state["tracker"])
     return True

@@ -20,7 +20,13 @@ embedding is split over the (padded) vocabulary and the tied head produces vocab
 the vocab-parallel cross entropy. Each sharded weight is initialised in full from the layer's
 generator, exactly as with TP=1, and then cut: TP=2 starts from the same model as TP=1.
 LayerNorms, row-parallel biases and position embeddings are replicated; they receive identical
-gradients on every TP rank and stay identical.
+gradients on every TP rank and stay identical. Dropout follows Megatron: attention dropout (on this
+rank's heads) draws from the rank's own TP-region generator, embedding and hidden dropout (on
+replicated activations) from the default one, the same on every TP rank (tensor_parallel.py).
+
+Positions (`position_embedding`): learned (a table added to the word embeddings) or alibi (BLOOM's:
+no table; each head adds slope * key position to its attention scores, kernels/softmax.py; with TP
+each rank uses the slopes of its own heads).
 
 Kernels: LayerNorm, bias-GeLU, attention and the LM cross-entropy go through kernels/ with the
 experiment's `model.kernels` choice (`kernels` below: auto, triton or torch), passed to every layer
@@ -30,6 +36,7 @@ checkpoint resumes under any choice.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -39,7 +46,8 @@ import torch.nn.functional as F
 
 import kernels as fused
 from bigscience_ops.trainer.tensor_parallel import (SINGLE, TensorParallel, copy_to_tp, mark_tensor_parallel,
-                                                    reduce_from_tp, vocab_parallel_cross_entropy)
+                                                    reduce_from_tp, tp_region_rng, vocab_parallel_cross_entropy)
+from kernels.softmax import alibi_slopes
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,7 @@ class GPTShape:
     hidden_dropout: float
     attention_dropout: float
     layernorm_epsilon: float
+    position_embedding: str = "learned"  # learned | alibi
 
     @classmethod
     def from_experiment(cls, exp) -> GPTShape:
@@ -77,6 +86,7 @@ class GPTShape:
             hidden_dropout=m.hidden_dropout,
             attention_dropout=m.attention_dropout,
             layernorm_epsilon=m.layernorm_epsilon,
+            position_embedding=m.position_embedding,
         )
 
 
@@ -118,6 +128,7 @@ class LayerNorm(nn.Module):
 class EmbeddingPipe(nn.Module):
     """Word + learned position embeddings (+ optional LayerNorm), and the tied output head.
 
+    With ALiBi there is no position table (the blocks' attention adds the positions).
     `with_positions=False` is the last stage's copy: only the word embedding the head needs. With TP
     the word embedding holds this rank's slice of the padded vocabulary (rows [rank V/tp, (rank+1) V/tp)).
     """
@@ -131,18 +142,22 @@ class EmbeddingPipe(nn.Module):
         self.word_embeddings = nn.Embedding(shape.padded_vocab_size // tp.size, shape.hidden_size)
         self.word_embeddings.weight = _sharded_normal(shape.padded_vocab_size, shape.hidden_size,
                                                       shape.init_method_std, gen, tp, dim=0)
+        self.learned_positions = with_positions and shape.position_embedding == "learned"
         if with_positions:
-            self.position_embeddings = nn.Embedding(shape.max_position_embeddings, shape.hidden_size)
-            _normal_(self.position_embeddings.weight, shape.init_method_std, gen)
+            if self.learned_positions:
+                self.position_embeddings = nn.Embedding(shape.max_position_embeddings, shape.hidden_size)
+                _normal_(self.position_embeddings.weight, shape.init_method_std, gen)
             self.embed_norm = (LayerNorm(shape.hidden_size, shape.layernorm_epsilon, kernels)
                                if shape.embed_layernorm else None)
             self.drop = nn.Dropout(shape.hidden_dropout)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         B, T = tokens.shape
-        assert T <= self.shape.max_position_embeddings, f"sequence {T} > max positions {self.shape.max_position_embeddings}"
-        positions = torch.arange(T, device=tokens.device)
-        x = self._words(tokens) + self.position_embeddings(positions)  # (B, T, h)
+        x = self._words(tokens)  # (B, T, h)
+        if self.learned_positions:
+            assert T <= self.shape.max_position_embeddings, \
+                f"sequence {T} > max positions {self.shape.max_position_embeddings}"
+            x = x + self.position_embeddings(torch.arange(T, device=tokens.device))
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         return self.drop(x)
@@ -194,6 +209,17 @@ class SelfAttention(nn.Module):
         self.query_key_value.bias = _zeros(3 * h, tp)
         nn.init.zeros_(self.dense.bias)
         self.attention_dropout = shape.attention_dropout
+        # ALiBi: this rank's heads are [rank * n_head, (rank + 1) * n_head) of the model's
+        self.slopes = (alibi_slopes(shape.num_attention_heads)[tp.rank * self.n_head:(tp.rank + 1) * self.n_head]
+                       if shape.position_embedding == "alibi" else None)
+        self._slopes_tensor: torch.Tensor | None = None  # on the activations' device, in fp32 (not a buffer: never cast)
+
+    def _alibi(self, device: torch.device) -> torch.Tensor | None:
+        if self.slopes is None:
+            return None
+        if self._slopes_tensor is None or self._slopes_tensor.device != device:
+            self._slopes_tensor = torch.tensor(self.slopes, dtype=torch.float32, device=device)
+        return self._slopes_tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -201,7 +227,8 @@ class SelfAttention(nn.Module):
         qkv = self.query_key_value(copy_to_tp(x, self.tp)).view(B, T, self.n_head, 3 * hs)  # (B, T, nh/tp, 3 hs)
         q, k, v = qkv.transpose(1, 2).split(hs, dim=-1)  # (B, nh/tp, T, hs)
         dropout = self.attention_dropout if self.training else 0.0
-        y = fused.causal_attention(q, k, v, dropout, self.kernels)  # (B, nh/tp, T, hs)
+        with tp_region_rng(self.tp) if dropout > 0.0 else contextlib.nullcontext():  # own heads, own masks
+            y = fused.causal_attention(q, k, v, dropout, self.kernels, self._alibi(x.device))  # (B, nh/tp, T, hs)
         return _row_parallel(self.dense, y.transpose(1, 2).reshape(B, T, self.n_head * hs), self.tp)
 
 

@@ -10,12 +10,23 @@ the layers are, because the layers need their shard at construction.
 Operators (Megatron's mappings): `copy_to_tp` enters a TP region (forward identity, backward
 all-reduce), `reduce_from_tp` leaves it (forward all-reduce, backward identity). With TP=1 both
 are the identity and no process group is needed (plain PyTorch, unit tests).
+
+Dropout RNG (Megatron's model-parallel RNG tracker): inside a TP region each rank holds other heads,
+so it must draw its own masks; in replicated regions (embedding dropout, hidden dropout after the
+row-parallel all-reduce) every TP rank must draw the same ones, or the replicas drift apart. The
+default generator (seeded with train.seed on every rank) serves the replicated regions; attention
+dropout runs inside `tp_region_rng(tp)`, a fork of the device's generator seeded with
+seed + 2718 + tp_rank. The forked state lives in DeepSpeed's tracker (`get_cuda_rng_tracker`,
+device-generic through DeepSpeed's accelerator: the CUDA generator on GPUs, the CPU one on CPUs),
+because DeepSpeed's activation checkpointing saves and restores exactly that tracker around the
+recomputed forward. Its state is saved with each checkpoint, per rank (`rng_tracker_states`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 import torch.distributed as dist
@@ -60,6 +71,48 @@ def from_topology(topo) -> TensorParallel:
         if rank in ranks:
             mine = group
     return TensorParallel(rank=topo.get_coord(rank).model, size=size, group=mine)
+
+
+RNG_TRACKER_NAME = "model-parallel-rng"  # Megatron's and DeepSpeed's name for the TP region's generator
+MODEL_PARALLEL_SEED_OFFSET = 2718  # Megatron's: the TP region's seed is seed + 2718 + tp_rank
+
+
+def _rng_tracker():
+    from deepspeed.runtime.activation_checkpointing.checkpointing import get_cuda_rng_tracker
+
+    return get_cuda_rng_tracker()
+
+
+def seed_model_parallel_rng(seed: int, tp: TensorParallel) -> None:
+    """Seed this rank's TP-region generator with seed + 2718 + tp_rank (the default generator is untouched)."""
+    tracker = _rng_tracker()
+    tracker.reset()
+    tracker.add(RNG_TRACKER_NAME, seed + MODEL_PARALLEL_SEED_OFFSET + tp.rank)
+
+
+def tp_region_rng(tp: TensorParallel) -> ContextManager:
+    """Run a TP region's random draws (attention dropout) on this rank's own generator.
+
+    Unseeded (a model used outside the trainer, TP=1) it draws from the default generator; with TP > 1
+    that would give every rank the same masks, so it is an error.
+    """
+    tracker = _rng_tracker()
+    if RNG_TRACKER_NAME in tracker.get_states():
+        return tracker.fork(RNG_TRACKER_NAME)
+    if tp.size > 1:
+        raise RuntimeError(f"tensor parallel size {tp.size}: the TP-region generator is not seeded; call "
+                           "seed_model_parallel_rng(seed, tp) before the first forward")
+    return contextlib.nullcontext()
+
+
+def rng_tracker_states() -> dict[str, torch.Tensor]:
+    """The tracker's generator states (name -> state tensor), copied: saved with this rank's checkpoint."""
+    return {name: state.clone() for name, state in _rng_tracker().get_states().items()}
+
+
+def set_rng_tracker_states(states: dict[str, torch.Tensor]) -> None:
+    """Restore what `rng_tracker_states` returned."""
+    _rng_tracker().set_states({name: state.clone() for name, state in states.items()})
 
 
 def mark_tensor_parallel(param: torch.nn.Parameter) -> torch.nn.Parameter:

@@ -216,6 +216,7 @@ class Trainer:
             topology = tensor_parallel.topology(exp.parallel.pipeline, exp.parallel.tensor, self.dp)
             layout = {"topology": topology}
             self.tp = tensor_parallel.from_topology(topology)
+        tensor_parallel.seed_model_parallel_rng(exp.train.seed, self.tp)  # attention dropout: per TP rank
         module = PipelineModule(
             layers=layer_specs(self.shape, exp.train.seed, self.tp, exp.model.kernels),
             loss_fn=loss_function(self.tp, exp.model.kernels),
@@ -267,8 +268,13 @@ class Trainer:
         def feed(dataset, consumed: int) -> MicroBatchFeed | None:
             if not reads or dataset is None:
                 return None
-            return MicroBatchFeed(dataset, consumed, exp.batch.micro_batch_size, self.dp_rank, self.dp,
-                                  exp.data.num_workers, self.device)
+            # A DataLoader iterator draws its base seed from the default generator, which dropout uses: keep
+            # that generator where the checkpoint (or the seed) left it, or a resumed run's masks would shift.
+            rng = torch.get_rng_state()
+            built = MicroBatchFeed(dataset, consumed, exp.batch.micro_batch_size, self.dp_rank, self.dp,
+                                   exp.data.num_workers, self.device)
+            torch.set_rng_state(rng)
+            return built
 
         self.train_feed = feed(self.train_ds, self.state.consumed_train_samples)
         self.valid_feed = feed(self.valid_ds, self.state.consumed_valid_samples) if exp.logging.eval_iters else None
