@@ -1,0 +1,171 @@
+"""Resume with another DP, TP or PP through DeepSpeed's universal checkpoint (real torchrun runs on CPU/gloo).
+
+One uninterrupted reference (TP=PP=DP=1, ZeRO-1) trains 10 steps. Each reshape run trains the same
+experiment to step 6 with one layout and resumes to step 10 with another: DP 1 -> 2, TP 2 -> 1 and
+PP 2 -> 1. The samples of a step depend only on the consumed samples, so every resumed step sees
+the reference's data and its loss must match the reference's; the optimizer state (Adam's moments)
+must have come along too, or steps 7-10 drift away.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from bigscience_ops.checkpoints import layout, universal
+from bigscience_ops.trainer import checkpointing as ckpt
+from bigscience_ops.trainer.model import GPTShape
+from tests.fixtures_trainer import launch, run_ok, scalars, small_experiment, write_run
+
+STEPS, SPLIT = 10, 6
+LAYOUTS = {  # name: (layout before step SPLIT, layout after): (tensor, pipeline, data)
+    "dp1_to_dp2": ((1, 1, 1), (1, 1, 2)),
+    "tp2_to_tp1": ((2, 1, 1), (1, 1, 1)),
+    "pp2_to_pp1": ((1, 2, 1), (1, 1, 1)),
+}
+
+
+def _experiment(out: Path, tensor: int, pipeline: int, data: int, exit_interval: int, zero_stage: int = 1):
+    """ZeRO-1; DP=2 runs micro-batches of 1, so every layout sees the same samples per step."""
+    return small_experiment(out, parallel=dict(tensor=tensor, pipeline=pipeline, zero_stage=zero_stage),
+                            batch=dict(micro_batch_size=2 // data),
+                            checkpoint=dict(save_interval=100, exit_interval=exit_interval))
+
+
+def _train(out: Path, layout: tuple[int, int, int], exit_interval: int) -> subprocess.CompletedProcess:
+    write_run(_experiment(out, *layout, exit_interval), out)
+    tensor, pipeline, data = layout
+    return run_ok(out, tensor * pipeline * data)
+
+
+@pytest.fixture(scope="module")
+def reshape_runs(tmp_path_factory) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
+    runs = {}
+    out = tmp_path_factory.mktemp("reference")
+    runs["reference"] = (out, [_train(out, (1, 1, 1), STEPS)])
+    for name, (before, after) in LAYOUTS.items():
+        out = tmp_path_factory.mktemp(name)
+        runs[name] = (out, [_train(out, before, SPLIT), _train(out, after, STEPS)])
+    return runs
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_reshaped_resume_continues_the_uninterrupted_run(reshape_runs, name):
+    reference = scalars(reshape_runs["reference"][0] / "tensorboard", "lm loss")
+    out, procs = reshape_runs[name]
+    losses = scalars(out / "tensorboard", "lm loss")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, value in losses.items():
+        assert math.isclose(value, reference[step], rel_tol=2e-5), (name, step, value, reference[step])
+    assert [c.step for c in layout.list_checkpoints(out / "checkpoints")] == [SPLIT, STEPS]
+    meta = ckpt.find_resume(out / "checkpoints").meta
+    tensor, pipeline, data = LAYOUTS[name][1]
+    assert meta["parallel"] == {"tensor": tensor, "pipeline": pipeline, "data": data}
+    assert (out / "checkpoints" / "latest_universal").read_text().strip() == f"global_step{SPLIT}_universal"
+
+
+def test_consumed_samples_and_lr_carry_over(reshape_runs):
+    reference = ckpt.find_resume(reshape_runs["reference"][0] / "checkpoints").meta
+    for name in LAYOUTS:
+        meta = ckpt.find_resume(reshape_runs[name][0] / "checkpoints").meta
+        assert meta["state"] == reference["state"], name
+        assert meta["lr_schedule"] == reference["lr_schedule"], name
+    ref_lr = scalars(reshape_runs["reference"][0] / "tensorboard", "learning-rate")
+    assert scalars(reshape_runs["dp1_to_dp2"][0] / "tensorboard", "learning-rate") == pytest.approx(ref_lr)
+
+
+def test_universal_copy_holds_full_parameters_and_adam_moments(reshape_runs, tmp_path):
+    out, _ = reshape_runs["tp2_to_tp1"]
+    zero = out / "checkpoints" / f"global_step{SPLIT}_universal" / "zero"
+    shape = GPTShape.from_experiment(_experiment(tmp_path, 2, 1, 1, SPLIT))
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    expected = {"tied_modules.word_embeddings.word_embeddings.weight": (shape.padded_vocab_size, h),
+                "1.self_attention.query_key_value.weight": (3 * h, h), "1.self_attention.dense.weight": (h, h),
+                "1.mlp.dense_h_to_4h.weight": (f, h), "1.mlp.dense_4h_to_h.weight": (h, f),
+                "1.input_layernorm.weight": (h,), f"{shape.num_layers + 1}.bias": (h,)}
+    for name, full in expected.items():
+        for state in ("fp32", "exp_avg", "exp_avg_sq"):
+            tensor = torch.load(zero / name / f"{state}.pt", weights_only=False)["param"]
+            assert tuple(tensor.shape) == full, (name, state)
+        assert torch.load(zero / name / "exp_avg_sq.pt", weights_only=False)["param"].abs().sum() > 0, name
+    # the row-parallel attention output was merged along its input dimension: TP rank 1's shard is the right half
+    shard = torch.load(out / "checkpoints" / f"global_step{SPLIT}" / "layer_01-model_01-model_states.pt",
+                       weights_only=True)["self_attention.dense.weight"]
+    full = torch.load(zero / "1.self_attention.dense.weight" / "fp32.pt", weights_only=False)["param"]
+    assert torch.equal(full[:, h // 2:], shard)
+
+
+def test_second_resume_does_not_convert_again(reshape_runs):
+    out, procs = reshape_runs["dp1_to_dp2"]
+    source = out / "checkpoints" / f"global_step{SPLIT}"
+    assert "converted global_step6" in procs[1].stdout
+    marker = universal.universal_path(source) / "bsops.json"
+    before = marker.stat().st_mtime_ns
+    assert universal.convert(source, 256) is False
+    assert marker.stat().st_mtime_ns == before
+
+
+def test_fit_vocabulary_cuts_only_surplus_padding(tmp_path):
+    folder = tmp_path / "global_step3_universal"
+    zero = folder / "zero" / universal.WORD_EMBEDDINGS
+    zero.mkdir(parents=True)
+    full = torch.arange(12.0).reshape(6, 2)
+    for state in ("fp32", "exp_avg", "exp_avg_sq"):
+        torch.save({"param": full, "vocab_tensor": True}, zero / f"{state}.pt")
+    ckpt.write_meta(folder, {"universal": {"source": "global_step3", "vocabulary_rows": 6}})
+    assert universal.fit_vocabulary(folder, 8) is False
+    assert universal.fit_vocabulary(folder, 4) is True
+    assert torch.equal(torch.load(zero / "exp_avg.pt", weights_only=False)["param"], full[:4])
+    assert universal.ready(tmp_path / "global_step3", 4) and not universal.ready(tmp_path / "global_step3", 3)
+
+
+def _checkpoint(tmp_path: Path, tensor: int, data: int, zero_stage: int) -> tuple[ckpt.Resume, dict]:
+    exp = _experiment(tmp_path, tensor, 1, data, SPLIT, zero_stage)
+    shape = dataclasses.asdict(GPTShape.from_experiment(exp))
+    ckpt.write_meta(tmp_path / "global_step4", {"model": shape, "parallel": {"tensor": tensor, "pipeline": 1,
+                                                                          "data": data},
+                                                 "experiment": {"model": {"vocab_size": 256},
+                                                                "parallel": {"zero_stage": zero_stage}}})
+    (tmp_path / "latest").write_text("global_step4")
+    return ckpt.find_resume(tmp_path), shape
+
+
+def test_reshape_plan_decisions(tmp_path):
+    resume, shape = _checkpoint(tmp_path, 1, 1, 1)
+    same = universal.Layout(1, 1, 1, 1)
+    assert universal.reshape_plan(resume.path, resume.meta, shape, same, 256) is None
+    plan = universal.reshape_plan(resume.path, resume.meta, shape, universal.Layout(1, 1, 2, 1), 256)
+    assert plan == universal.Reshape(universal.Layout(1, 1, 1, 1), universal.Layout(1, 1, 2, 1))
+
+
+def test_unconvertible_resume_is_refused_with_one_line_per_cause(tmp_path):
+    resume, shape = _checkpoint(tmp_path, 1, 1, 0)
+    with pytest.raises(universal.ReshapeError) as err:
+        universal.reshape_plan(resume.path, resume.meta, shape, universal.Layout(2, 1, 1, 0), 256)
+    lines = str(err.value).splitlines()
+    assert "TP=1 PP=1 DP=1 ZeRO-0" in lines[0] and "TP=2 PP=1 DP=1 ZeRO-0" in lines[0]
+    assert len([line for line in lines if line.startswith("  - ")]) == 2  # zero_stage of the checkpoint, and of the config
+    with pytest.raises(universal.ReshapeError, match="model.hidden_size: checkpoint 64, config 128"):
+        universal.reshape_plan(resume.path, resume.meta, {**shape, "hidden_size": 128}, universal.Layout(1, 1, 1, 0),
+                               256)
+    with pytest.raises(universal.ReshapeError, match="model.vocab_size: checkpoint 256, config 300"):
+        universal.reshape_plan(resume.path, resume.meta, shape, universal.Layout(2, 1, 1, 1), 300)
+
+
+def test_trainer_refuses_before_building_an_engine(reshape_runs, tmp_path):
+    """A ZeRO-0 resume of the DP=1 run with DP=2: exit 2, the causes on stderr, no engine built."""
+    source, _ = reshape_runs["reference"]
+    out = tmp_path / "refused"
+    exp = _experiment(out, 1, 1, 2, STEPS, zero_stage=0)
+    exp = dataclasses.replace(exp, paths=dataclasses.replace(exp.paths, checkpoints=str(source / "checkpoints")))
+    write_run(exp, out)
+    proc = launch(out, 2)
+    assert proc.returncode != 0
+    assert "parallel.zero_stage 0" in proc.stderr
+    assert "number of parameters" not in proc.stdout
+    assert not (source / "checkpoints" / f"global_step{STEPS}_universal").exists()
