@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from bigscience_ops import plan
+from bigscience_ops.checkpoints import universal
 from bigscience_ops.config import Experiment, to_dict
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.schedules import LRSchedule
@@ -280,18 +281,38 @@ class Trainer:
         self.valid_feed = feed(self.valid_ds, self.state.consumed_valid_samples) if exp.logging.eval_iters else None
 
     def _find_resume(self) -> ckpt.Resume | None:
-        """The checkpoint to resume from, checked against this model before anything is built."""
+        """The checkpoint to resume from, checked against this model before anything is built.
+
+        Written with another TP/PP/DP layout (its bsops.json says which), it is converted once to
+        DeepSpeed's universal checkpoint (rank 0 converts, the others wait) and the engine is configured
+        to load that; what cannot be converted is refused here, before any engine exists.
+        """
         resume = ckpt.find_resume(self.checkpoints)
-        if resume is not None:
-            ckpt.check_compatible(resume, dataclasses.asdict(self.shape), self.exp.parallel.tensor,
-                                  self.exp.parallel.pipeline)
+        self.reshape = None
+        if resume is None:
+            return None
+        p = self.exp.parallel
+        new = universal.Layout(p.tensor, p.pipeline, self.dp, p.zero_stage)
+        self.reshape = universal.reshape_plan(resume.path, resume.meta, dataclasses.asdict(self.shape), new,
+                                              self.exp.model.vocab_size)
+        if self.reshape is not None:
+            rows = self.shape.padded_vocab_size
+            _print(f"> {resume.path} was written with {self.reshape.old}; resuming with {self.reshape.new}")
+            if dist.get_rank() == 0:
+                universal.convert(resume.path, rows, workers=max(1, min(8, (os.cpu_count() or 2) // 2)), log=_print)
+                universal.fit_vocabulary(universal.universal_path(resume.path), rows)
+            else:
+                universal.wait_ready(resume.path, rows)
+            checkpoint = {**self.ds_config.get("checkpoint", {}), "load_universal": True}
+            self.ds_config = {**self.ds_config, "checkpoint": checkpoint}
         return resume
 
     def _resume(self, resume: ckpt.Resume | None) -> None:
         if resume is None:
             _print(f"> no checkpoint in {self.checkpoints}: starting from scratch")
             return
-        load_path, _ = self.engine.load_checkpoint(str(self.checkpoints), tag=resume.tag, load_optimizer_states=True,
+        tag = resume.tag if self.reshape is None else universal.universal_path(resume.path).name
+        load_path, _ = self.engine.load_checkpoint(str(self.checkpoints), tag=tag, load_optimizer_states=True,
                                                    load_lr_scheduler_states=False)
         if load_path is None:
             raise ckpt.CheckpointError(f"{resume.path}: DeepSpeed could not load it")
@@ -305,7 +326,9 @@ class Trainer:
                 _print(f"> lr schedule from the checkpoint ({saved_lr}); the config's differs ({self.lr}); "
                        "set lr_schedule.override_on_resume to use the config's")
                 self.lr = saved_lr
-        if not ckpt.load_rng(resume.path, dist.get_rank()):
+        if self.reshape is not None:  # rank r of another layout is another place in the grid
+            _print(f"> RNG states of {resume.path} not restored: written with {self.reshape.old}")
+        elif not ckpt.load_rng(resume.path, dist.get_rank()):
             _print(f"> {resume.path} has no RNG state for this rank (another world size): RNG reseeded")
         self.last_saved = self.state.iteration
         _print(f"> resumed from {resume.path}: iteration {self.state.iteration}, "
