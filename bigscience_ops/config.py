@@ -81,6 +81,18 @@ class TrainConfig:
     iters: int | None = documented(None, "training length in steps (exclusive with samples; no rampup)")
     seed: int = documented(42, "seed for initialisation, dropout and data order")
     precision: Literal["fp32", "fp16", "bf16"] = documented("fp16", "training precision")
+    skip_iterations: list[str] = documented(
+        factory=list, doc="iteration ranges to step over, e.g. ['100-120'] (1-based, inclusive; Megatron's "
+                          "--skip-train-iteration-range): their data is consumed, no update is made")
+
+
+@dataclass(frozen=True)
+class CurriculumConfig:
+    total_curriculum_step: int = documented(
+        doc="steps from min_difficulty to model.seq_length (seed 001: about train tokens / GBS / seq_length / 2)")
+    min_difficulty: int = documented(64, "sequence length of the first steps (a multiple of difficulty_step)")
+    difficulty_step: int = documented(8, "sequence lengths are multiples of this (8 for tensor cores)")
+    schedule_type: Literal["fixed_linear"] = documented("fixed_linear", "DeepSpeed's seqlen schedule")
 
 
 @dataclass(frozen=True)
@@ -260,6 +272,8 @@ class Experiment:
     description: str = documented("", "one line on what this experiment is")
     parallel: ParallelConfig = documented(factory=ParallelConfig, doc="TP, PP, ZeRO")
     lr_schedule: LRScheduleConfig = documented(factory=LRScheduleConfig, doc="warmup and decay")
+    curriculum: CurriculumConfig | None = documented(
+        None, "curriculum learning by sequence length; lr_schedule.*_tokens then count the tokens really trained on")
     checkpoint: CheckpointConfig = documented(factory=CheckpointConfig, doc="saving and exiting")
     data: DataConfig = documented(factory=DataConfig, doc="datasets and tokenizer")
     logging: LoggingConfig = documented(factory=LoggingConfig, doc="log lines and TensorBoard")
@@ -484,6 +498,7 @@ def _validate(exp: Experiment, src: str) -> None:
            exp.hub.token_env, "the name of an environment variable (letters, digits, _)")
     _check(exp.hub.lfs_size_mb > 0, src, "hub.lfs_size_mb", exp.hub.lfs_size_mb, "must be positive")
     _check(exp.hub.push_attempts >= 1, src, "hub.push_attempts", exp.hub.push_attempts, "must be a positive integer")
+    _validate_curriculum(exp, src)
     for key in ("keep_last", "keep_every", "keep_optimizer_every"):
         value = getattr(exp.backup, key)
         _check(value is None or value >= 1, src, f"backup.{key}", value, "must be a positive integer (or left out)")
@@ -504,6 +519,27 @@ def _validate_node_schedule(schedule: list[NodePhase], src: str) -> None:
             _check(value >= 1, src, f"{where}.{key}", value, "must be a positive integer")
         _check(phase.nodes != schedule[i - 1].nodes, src, f"{where}.nodes", phase.nodes,
                f"must differ from the previous phase's {schedule[i - 1].nodes} nodes (or remove the phase)")
+
+
+def _validate_curriculum(exp: Experiment, src: str) -> None:
+    from bigscience_ops.schedules import parse_skip_ranges
+
+    try:
+        parse_skip_ranges(exp.train.skip_iterations)
+    except ValueError as exc:
+        raise ConfigError(src, "train.skip_iterations", exp.train.skip_iterations, str(exc)) from None
+    c, seq = exp.curriculum, exp.model.seq_length
+    if c is None:
+        return
+    for dotted, value in [("curriculum.min_difficulty", c.min_difficulty), ("curriculum.difficulty_step", c.difficulty_step),
+                          ("curriculum.total_curriculum_step", c.total_curriculum_step)]:
+        _check(value >= 1, src, dotted, value, "must be a positive integer")
+    _check(c.min_difficulty % c.difficulty_step == 0, src, "curriculum.min_difficulty", c.min_difficulty,
+           f"must be a multiple of curriculum.difficulty_step ({c.difficulty_step})")
+    _check(c.min_difficulty <= seq, src, "curriculum.min_difficulty", c.min_difficulty,
+           f"must not exceed model.seq_length ({seq}), the curriculum's end")
+    _check(seq % c.difficulty_step == 0, src, "model.seq_length", seq,
+           f"must be a multiple of curriculum.difficulty_step ({c.difficulty_step}), or the curriculum never reaches it")
 
 
 SIGNAL_SECONDS_MAX = 65535

@@ -112,25 +112,114 @@ class BatchSchedule:
 
 @dataclass(frozen=True)
 class LRSchedule:
-    """Megatron's AnnealingLR with warmup and decay measured in consumed samples."""
+    """Megatron's AnnealingLR with warmup and decay measured in consumed samples, or in tokens.
+
+    With `decay_tokens` set (Megatron-DeepSpeed's --lr-decay-tokens, used with curriculum learning,
+    where a sample's length varies) the decay follows the tokens of the applied steps instead of their
+    samples: ratio = (tokens - warmup end) / (decay_tokens - warmup end). The warmup end is
+    `warmup_tokens` when set (--lr-warmup-tokens: the warmup itself then runs on tokens), else the
+    tokens consumed when the sample warmup ended (`warmup_end_tokens`, kept by the trainer).
+    Megatron records that count only when its sample counter lands exactly on the warmup length;
+    here it is the first step at or past it, so a warmup that ends inside a step does not restart
+    the decay from 0 tokens. Megatron also passes the tokens of the steps before the current one
+    while its sample counter includes it; here both include the current step.
+    """
 
     max_lr: float
     min_lr: float
     warmup_samples: int
     decay_samples: int
     style: str = "cosine"
+    warmup_tokens: int | None = None
+    decay_tokens: int | None = None
 
-    def lr_at(self, consumed_samples: int) -> float:
-        if self.warmup_samples > 0 and consumed_samples <= self.warmup_samples:
+    @property
+    def in_tokens(self) -> bool:
+        return self.decay_tokens is not None or self.warmup_tokens is not None
+
+    def lr_at(self, consumed_samples: int, consumed_tokens: int | None = None, warmup_end_tokens: int = 0) -> float:
+        if self.warmup_tokens is not None:
+            if self.warmup_tokens > 0 and consumed_tokens <= self.warmup_tokens:
+                return self.max_lr * consumed_tokens / self.warmup_tokens
+        elif self.warmup_samples > 0 and consumed_samples <= self.warmup_samples:
             return self.max_lr * consumed_samples / self.warmup_samples
         if self.style == "constant":
             return self.max_lr
-        if consumed_samples > self.decay_samples:
+        if self.decay_tokens is not None:
+            start = self.warmup_tokens if self.warmup_tokens is not None else warmup_end_tokens
+            done, end = consumed_tokens, self.decay_tokens
+        else:
+            start, done, end = self.warmup_samples, consumed_samples, self.decay_samples
+        if done > end:
             return self.min_lr
-        span = self.decay_samples - self.warmup_samples
-        ratio = (consumed_samples - self.warmup_samples) / span if span > 0 else 1.0
+        span = end - start
+        ratio = (done - start) / span if span > 0 else 1.0
         if self.style == "linear":
             coeff = 1.0 - ratio
         else:
             coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
         return self.min_lr + coeff * (self.max_lr - self.min_lr)
+
+
+@dataclass(frozen=True)
+class Curriculum:
+    """Curriculum learning by sequence length: DeepSpeed's `fixed_linear` seqlen schedule.
+
+    Step s (1-based, Megatron asks for `iteration + 1`) trains on samples truncated to
+    floor(min + (max - min) * s / total_steps), rounded down to a multiple of `difficulty_step`,
+    never below min nor above max (the model's seq_length). The schedule only grows, so this
+    stateless form equals DeepSpeed's stateful CurriculumScheduler, and a resumed run continues it.
+    """
+
+    min_difficulty: int
+    max_difficulty: int
+    difficulty_step: int
+    total_steps: int
+
+    def seqlen_at(self, step: int) -> int:
+        value = math.floor(step / self.total_steps * (self.max_difficulty - self.min_difficulty) + self.min_difficulty)
+        value -= value % self.difficulty_step
+        floor = -(-self.min_difficulty // self.difficulty_step) * self.difficulty_step
+        return min(max(value, floor), self.max_difficulty)
+
+    def phases(self, batch: BatchSchedule, train_iters: int) -> list[tuple[int, int, int, int]]:
+        """(seqlen, first step, last step, tokens) of each stretch at one length, over the whole run."""
+        out: list[list[int]] = []
+        consumed = 0
+        for step in range(1, train_iters + 1):
+            if step > self.total_steps and out and out[-1][0] == self.max_difficulty:  # the rest is at full length
+                rest = batch.consumed_after(train_iters) - consumed
+                out[-1][2], out[-1][3] = train_iters, out[-1][3] + rest * self.max_difficulty
+                break
+            seqlen, gbs = self.seqlen_at(step), batch.batch_size_at(consumed)
+            consumed += gbs
+            if out and out[-1][0] == seqlen:
+                out[-1][2], out[-1][3] = step, out[-1][3] + gbs * seqlen
+            else:
+                out.append([seqlen, step, step, gbs * seqlen])
+        return [tuple(p) for p in out]
+
+
+def parse_skip_ranges(values: list[str]) -> list[tuple[int, int]]:
+    """Megatron's --skip-train-iteration-range: "START-END" (or "N") strings, 1-based and inclusive,
+    sorted and merged where they overlap or touch. Raises ValueError naming the bad value."""
+    ranges = []
+    for value in values:
+        parts = str(value).replace(" ", "").split("-")
+        if len(parts) > 2 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"{value!r}: expected START-END such as '100-120' (iterations, inclusive), or one iteration")
+        start, end = int(parts[0]), int(parts[-1])
+        if start < 1 or end < start:
+            raise ValueError(f"{value!r}: iterations count from 1 and END must not be below START")
+        ranges.append((start, end))
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def in_skip_range(iteration: int, ranges: list[tuple[int, int]]) -> bool:
+    return any(start <= iteration <= end for start, end in ranges)

@@ -9,6 +9,10 @@ Because every global batch size is a multiple of micro_batch_size x DP, the micr
 rank form one sequence whatever the rampup: micro-batch j reads [j * mbs * dp + r * mbs, + mbs).
 `MicroBatchFeed` walks that sequence with DataLoader workers (`data.num_workers`), pinned memory
 and non-blocking copies to the GPU, so the next micro-batches are ready before the step asks.
+
+Curriculum learning truncates each sample to the step's sequence length (Megatron-DeepSpeed's
+get_batch: tokens, labels and loss mask cut to the first `seqlen` positions); the rest of the
+sample is not used, and the next step still starts at the next sample.
 """
 
 from __future__ import annotations
@@ -80,6 +84,14 @@ def collate(samples: Sequence[np.ndarray]) -> MicroBatch:
     return tokens[:, :-1].contiguous(), (labels, loss_mask)
 
 
+def truncate(batch: MicroBatch, seqlen: int | None) -> MicroBatch:
+    """The micro-batch cut to its first `seqlen` positions (curriculum learning); None or longer: unchanged."""
+    tokens, (labels, mask) = batch
+    if seqlen is None or seqlen >= tokens.shape[1]:
+        return batch
+    return (tokens[:, :seqlen].contiguous(), (labels[:, :seqlen].contiguous(), mask[:, :seqlen].contiguous()))
+
+
 def _micro_batch(dataset: TokenDataset, start: int, size: int) -> MicroBatch:
     n = len(dataset)
     return collate([dataset[(start + i) % n] for i in range(size)])
@@ -137,6 +149,7 @@ class MicroBatchFeed:
         if consumed % per_micro_step:
             raise ValueError(f"consumed samples {consumed} is not a multiple of micro_batch_size x DP = {per_micro_step}")
         self.device = device
+        self.seen_seqlen: int | None = None
         sampler = MicroBatchSampler(len(dataset), micro_batch_size, dp_rank, dp_size, consumed // per_micro_step)
         self.loader = torch.utils.data.DataLoader(
             dataset, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
@@ -151,10 +164,15 @@ class MicroBatchFeed:
         return (tokens.to(self.device, non_blocking=True),
                 (labels.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)))
 
-    def take(self, num_micro_batches: int) -> Iterator[MicroBatch]:
-        """The next `num_micro_batches` micro-batches, on the device."""
+    def take(self, num_micro_batches: int, seqlen: int | None = None) -> Iterator[MicroBatch]:
+        """The next `num_micro_batches` micro-batches, cut to `seqlen` positions when given, on the device.
+
+        `seen_seqlen` is the length of the last micro-batch handed out: what the model was fed.
+        """
         for _ in range(num_micro_batches):
-            yield self._to_device(next(self._batches))
+            batch = self._to_device(truncate(next(self._batches), seqlen))
+            self.seen_seqlen = batch[0].shape[1]
+            yield batch
 
     def finish(self, step: Iterator[MicroBatch]) -> None:
         """Consume what the step did not read (the engine reads them all; this keeps the order if not)."""

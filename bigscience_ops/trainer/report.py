@@ -29,6 +29,7 @@ class IterationStats:
     samples_per_second: float
     tflops: float
     mfu: float | None = None  # model FLOPs utilisation in [0, 1]; None when the GPU's peak is unknown
+    curriculum_seqlen: int | None = None  # the step's sequence length under curriculum learning
 
 
 def iteration_line(s: IterationStats) -> str:
@@ -47,6 +48,8 @@ def iteration_line(s: IterationStats) -> str:
         line += f" params norm: {s.params_norm:.3f} |"
     line += f" number of skipped iterations: {s.skipped:3d} |"
     line += f" number of nan iterations: {s.nan:3d} |"
+    if s.curriculum_seqlen is not None:
+        line += f" curriculum seqlen: {s.curriculum_seqlen:5d} |"
     line += f" samples per second: {s.samples_per_second:.3f} |"
     line += f" TFLOPs: {s.tflops:.2f} |"
     if s.mfu is not None:

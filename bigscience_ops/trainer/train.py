@@ -44,7 +44,7 @@ from bigscience_ops import plan
 from bigscience_ops.checkpoints import universal
 from bigscience_ops.config import Experiment, to_dict
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.schedules import LRSchedule
+from bigscience_ops.schedules import Curriculum, LRSchedule, in_skip_range, parse_skip_ranges
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer import tensor_parallel
 from bigscience_ops.trainer.data import MicroBatchFeed, build_datasets
@@ -87,6 +87,18 @@ class TrainState:
     consumed_valid_samples: int = 0
     lr_scheduler_samples: int = 0  # samples of applied steps: AnnealingLR's num_steps
     skipped_iterations: int = 0
+    consumed_train_tokens: int = 0  # at the length each step trained on (curriculum learning)
+    lr_scheduler_tokens: int = 0  # tokens of applied steps: AnnealingLR's num_tokens
+    lr_warmup_end_tokens: int | None = None  # tokens when the sample warmup ended (token-based decay)
+
+    @classmethod
+    def from_meta(cls, state: dict, seq_length: int) -> TrainState:
+        """The state a checkpoint recorded; one written before tokens were counted gets them at full length."""
+        out = cls(**state)
+        if "consumed_train_tokens" not in state:
+            out.consumed_train_tokens = out.consumed_train_samples * seq_length
+            out.lr_scheduler_tokens = out.lr_scheduler_samples * seq_length
+        return out
 
 
 class _Signals:
@@ -180,6 +192,16 @@ class Trainer:
         self.peak_tflops = peak_tflops(exp.estimate.peak_tflops, self.device)
         self.schedule = plan.batch_schedule(exp)
         self.lr = plan.lr_schedule(exp)
+        self.curriculum = None
+        if exp.curriculum is not None:  # token-based LR settings then count the tokens really trained on
+            c = exp.curriculum
+            self.curriculum = Curriculum(c.min_difficulty, exp.model.seq_length, c.difficulty_step,
+                                         c.total_curriculum_step)
+            self.lr = dataclasses.replace(self.lr, warmup_tokens=exp.lr_schedule.warmup_tokens,
+                                          decay_tokens=exp.lr_schedule.decay_tokens)
+        self.skip_ranges = parse_skip_ranges(exp.train.skip_iterations)
+        self._engine_seqlen: int | None = None  # the activation shape the pipeline engine last exchanged
+        self._feed_stale = False  # a skipped iteration moved the data position past the feed's
         self.train_iters = plan.train_iters(exp)
         self.shape = GPTShape.from_experiment(exp)
         self.params = plan.count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline).total
@@ -277,6 +299,7 @@ class Trainer:
             torch.set_rng_state(rng)
             return built
 
+        self._feed = feed
         self.train_feed = feed(self.train_ds, self.state.consumed_train_samples)
         self.valid_feed = feed(self.valid_ds, self.state.consumed_valid_samples) if exp.logging.eval_iters else None
 
@@ -317,7 +340,7 @@ class Trainer:
         if load_path is None:
             raise ckpt.CheckpointError(f"{resume.path}: DeepSpeed could not load it")
         meta = resume.meta
-        self.state = TrainState(**meta["state"])
+        self.state = TrainState.from_meta(meta["state"], self.exp.model.seq_length)
         saved_lr = LRSchedule(**meta["lr_schedule"])
         if saved_lr != self.lr:
             if self.exp.lr_schedule.override_on_resume:
@@ -347,7 +370,7 @@ class Trainer:
             ckpt.write_meta(path, {
                 "iteration": self.state.iteration,
                 "consumed_train_samples": self.state.consumed_train_samples,
-                "consumed_tokens": self.state.consumed_train_samples * self.exp.model.seq_length,
+                "consumed_tokens": self.state.consumed_train_tokens,
                 "state": dataclasses.asdict(self.state),
                 "lr_schedule": _lr_schedule_dict(self.lr),
                 "model": dataclasses.asdict(self.shape),
@@ -365,25 +388,61 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
 
-    def train_step(self) -> tuple[float, bool, int]:
+    def seqlen_at(self, step: int) -> int:
+        """Sequence length step `step` (1-based) trains on: the curriculum's, else model.seq_length."""
+        return self.curriculum.seqlen_at(step) if self.curriculum is not None else self.exp.model.seq_length
+
+    def _activation_shape(self, seqlen: int) -> None:
+        """The pipeline engine caches the activation shape it exchanges between stages; a new length resets it."""
+        if self._engine_seqlen is not None and self._engine_seqlen != seqlen:
+            self.engine.reset_activation_shape()
+        self._engine_seqlen = seqlen
+
+    def _scheduled_lr(self) -> float:
+        s = self.state
+        return self.lr.lr_at(s.lr_scheduler_samples, s.lr_scheduler_tokens, s.lr_warmup_end_tokens or 0)
+
+    def train_step(self) -> tuple[float, bool, int, int]:
+        """One optimizer step: (loss, applied, global batch size, sequence length)."""
         s, e = self.state, self.engine
         gbs = self.schedule.batch_size_at(s.consumed_train_samples)
+        seqlen = self.seqlen_at(s.iteration + 1)  # Megatron: update_difficulty(iteration + 1)
         e.set_train_batch_size(gbs)
-        _set_lr(e, self.lr.lr_at(s.lr_scheduler_samples))
-        data = self.train_feed.take(e.micro_batches) if self.train_feed is not None else None
+        self._activation_shape(seqlen)
+        _set_lr(e, self._scheduled_lr())
+        if self._feed_stale:  # after skipped iterations: read on from the consumed position
+            self.train_feed = self._feed(self.train_ds, s.consumed_train_samples)
+            self._feed_stale = False
+        data = self.train_feed.take(e.micro_batches, seqlen) if self.train_feed is not None else None
         loss = float(e.train_batch(data_iter=data))
         if self.train_feed is not None:
             self.train_feed.finish(data)
         applied = e.was_step_applied()
         s.iteration += 1
         s.consumed_train_samples += gbs
+        s.consumed_train_tokens += gbs * seqlen
         if applied:
             s.lr_scheduler_samples += gbs
+            s.lr_scheduler_tokens += gbs * seqlen
+            if s.lr_warmup_end_tokens is None and s.lr_scheduler_samples >= self.lr.warmup_samples:
+                s.lr_warmup_end_tokens = s.lr_scheduler_tokens
         else:
             s.skipped_iterations += 1
         # Megatron's scheduler steps right after the optimizer: the LR logged is the next step's.
-        _set_lr(e, self.lr.lr_at(s.lr_scheduler_samples))
-        return loss, applied, gbs
+        _set_lr(e, self._scheduled_lr())
+        return loss, applied, gbs, seqlen
+
+    def skip_step(self) -> None:
+        """An iteration of train.skip_iterations: its samples count as consumed (the next step reads on
+        after them), the model, optimizer and LR schedule do not move (Megatron's --skip-train-iteration-range;
+        unlike Megatron, the iteration and consumed-sample counters advance, so the run's length is unchanged)."""
+        s = self.state
+        gbs = self.schedule.batch_size_at(s.consumed_train_samples)
+        seqlen = self.seqlen_at(s.iteration + 1)
+        s.iteration += 1
+        s.consumed_train_samples += gbs
+        s.consumed_train_tokens += gbs * seqlen
+        self._feed_stale = True
 
     def evaluate(self) -> float | None:
         exp, e = self.exp, self.engine
@@ -391,6 +450,7 @@ class Trainer:
             return None
         gbs = self.schedule.batch_size_at(self.state.consumed_train_samples)
         micro = gbs // (exp.batch.micro_batch_size * self.dp)
+        self._activation_shape(exp.model.seq_length)  # validation reads whole samples, as Megatron's
         losses = []
         for _ in range(exp.logging.eval_iters):
             data = self.valid_feed.take(micro) if self.valid_feed is not None else None
@@ -463,19 +523,28 @@ class Trainer:
             if fault is not None and fault == (dist.get_rank(), s.iteration + 1):
                 raise InjectedFault(f"{FAIL_AT_ENV}={fault[0]}:{fault[1]}: rank {fault[0]} fails before iteration "
                                     f"{fault[1]}")
-            start = time.time()
-            loss, applied, gbs = self.train_step()
-            elapsed = time.time() - start
-            steps_this_run += 1
-            it = s.iteration
-            is_nan = not math.isfinite(loss)
-            if applied and not is_nan:
-                window["loss"] += loss
-                window["count"] += 1
-            window["nan"] += int(is_nan)
-            window["time"] += elapsed
-            window["iters"] += 1
-            self._record(it, loss, gbs, elapsed, window, log.log_interval)
+            if in_skip_range(s.iteration + 1, self.skip_ranges):
+                if not in_skip_range(s.iteration, self.skip_ranges):
+                    end = next(b for a, b in self.skip_ranges if a <= s.iteration + 1 <= b)
+                    _print(f"> skipping iterations {s.iteration + 1} to {end} (train.skip_iterations): "
+                           "their data is consumed, no update is made")
+                self.skip_step()
+                steps_this_run += 1
+                it = s.iteration
+            else:
+                start = time.time()
+                loss, applied, gbs, seqlen = self.train_step()
+                elapsed = time.time() - start
+                steps_this_run += 1
+                it = s.iteration
+                is_nan = not math.isfinite(loss)
+                if applied and not is_nan:
+                    window["loss"] += loss
+                    window["count"] += 1
+                window["nan"] += int(is_nan)
+                window["time"] += elapsed
+                window["iters"] += 1
+                self._record(it, loss, gbs, seqlen, elapsed, window, log.log_interval)
 
             if log.eval_iters > 0 and it % log.eval_interval == 0 and it < self.train_iters:
                 self._validate(it)
@@ -497,15 +566,21 @@ class Trainer:
         self.board.scalar("lm loss validation ppl", perplexity(loss), it, self.state.consumed_train_samples)
         self.board.scalar("eval-time", time.time() - start, it)
 
-    def _record(self, it: int, loss: float, gbs: int, elapsed: float, window: dict, log_interval: int) -> None:
+    def _record(self, it: int, loss: float, gbs: int, seqlen: int, elapsed: float, window: dict,
+                log_interval: int) -> None:
         s, e, b = self.state, self.engine, self.board
-        consumed = s.consumed_train_samples
+        consumed, tokens = s.consumed_train_samples, s.consumed_train_tokens
+        if self.train_feed is not None and self.train_feed.seen_seqlen is not None:
+            seqlen = self.train_feed.seen_seqlen  # the length the model was fed
         lr = e.optimizer.param_groups[0]["lr"]
         grad_norm = e.get_global_grad_norm()
         grad_norm = float(grad_norm) if grad_norm is not None else None
         loss_scale = float(getattr(e.optimizer, "cur_scale", 1.0)) if self.exp.train.precision == "fp16" else 1.0
-        seq = self.exp.model.seq_length
+        seq = seqlen
         world = dist.get_world_size()
+        b.scalar("consumed tokens", tokens, it, consumed)
+        if self.curriculum is not None:
+            b.scalar("curriculum seqlen", seqlen, it, consumed)
         b.scalar("learning-rate", lr, it, consumed)
         b.scalar("batch-size", gbs, it, consumed)
         b.scalar("lm loss", loss, it, consumed)
@@ -524,12 +599,13 @@ class Trainer:
         per_iter = window["time"] / iters
         tokens_per_s = gbs * seq / per_iter
         stats = IterationStats(
-            iteration=it, train_iters=self.train_iters, consumed_samples=consumed, consumed_tokens=consumed * seq,
+            iteration=it, train_iters=self.train_iters, consumed_samples=consumed, consumed_tokens=tokens,
             elapsed_ms=per_iter * 1000.0, learning_rate=lr, global_batch_size=gbs,
             lm_loss=window["loss"] / window["count"] if window["count"] else None, loss_scale=loss_scale,
             grad_norm=grad_norm, params_norm=params_norm, skipped=s.skipped_iterations, nan=window["nan"],
             samples_per_second=gbs / per_iter, tflops=tokens_per_s * self.flops_per_token / world / 1e12,
-            mfu=mfu(tokens_per_s * self.flops_per_token / world / 1e12, self.peak_tflops))
+            mfu=mfu(tokens_per_s * self.flops_per_token / world / 1e12, self.peak_tflops),
+            curriculum_seqlen=seqlen if self.curriculum is not None else None)
         _print(iteration_line(stats))
         window.update(loss=0.0, count=0, time=0.0, iters=0, nan=0)
 
