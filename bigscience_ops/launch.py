@@ -5,7 +5,9 @@ with Slurm's environment emulated: each array task gets SLURM_JOB_ID, SLURM_ARRA
 SLURM_ARRAY_TASK_ID and a node list; small `srun` and `scontrol` shims (written into
 <run>/slurm-shims/) start one launcher per "node" with its SLURM_PROCID and expand the node list,
 which is all the script uses. The tasks run one after another, each resuming from the last
-checkpoint, as `--array=1-N%1` does; the output goes where `#SBATCH --output` says.
+checkpoint, as `--array=1-N%1` does; the output goes where `#SBATCH --output` says. With a node
+schedule each task runs at the node count of the phase the latest checkpoint is in (the script is
+rendered again when that changes), as the resubmitted arrays do on a cluster.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bigscience_ops import phases
 from bigscience_ops.config import Experiment
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ledger import latest_iteration
@@ -159,22 +162,28 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
     exp = local_experiment(exp, run_dir)
     out = Path(exp.paths.output)
     ensure_data(exp)
-    script = rendering.write(rendering.render(exp, out), out)
     shims = out / "slurm-shims"
     shims.mkdir(parents=True, exist_ok=True)
     _write_shim(shims / "srun", SRUN)
     _write_shim(shims / "scontrol", SCONTROL)
     logs = Path(exp.paths.logs)
     logs.mkdir(parents=True, exist_ok=True)
-    nodes = exp.slurm.nodes
-    node_list = ",".join(["localhost"] + ["127.0.0.1"] * (nodes - 1))
     array_job_id = int(time.time()) % 1_000_000
     repo = Path(__file__).resolve().parents[1]
     train_iters = planning.train_iters(exp)
-    processes = nodes * exp.slurm.gpus_per_node
-    threads = max(1, min(exp.slurm.cpus_per_task, (os.cpu_count() or 1) // processes))
     results: list[LocalTask] = []
+    rendered_nodes = None
     for task in range(1, (tasks or exp.slurm.array) + 1):
+        if exp.slurm.node_schedule:
+            phase = phases.phase_of_iteration(exp, latest_iteration(Path(exp.paths.checkpoints)))
+            exp = phases.for_phase(exp, phase)
+        nodes = exp.slurm.nodes
+        if nodes != rendered_nodes:
+            script = rendering.write(rendering.render(exp, out), out)
+            rendered_nodes = nodes
+        node_list = ",".join(["localhost"] + ["127.0.0.1"] * (nodes - 1))
+        processes = nodes * exp.slurm.gpus_per_node
+        threads = max(1, min(exp.slurm.cpus_per_task, (os.cpu_count() or 1) // processes))
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "BSOPS_JOB_START_EPOCH"}
         env.update({
             "PATH": os.pathsep.join([str(shims), str(Path(sys.executable).parent), env.get("PATH", "")]),
@@ -192,7 +201,7 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
         })
         output = logs / f"{exp.slurm.job_name or exp.name}-{array_job_id}_{task}.out"
         start = time.time()
-        progress(f"array task {task}/{tasks or exp.slurm.array}: started, output in {output}")
+        progress(f"array task {task}/{tasks or exp.slurm.array}: started, output in {output} ({nodes} node(s))")
         with open(output, "wb") as sink:
             proc = subprocess.Popen(["bash", str(script)], cwd=out, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                     start_new_session=True)

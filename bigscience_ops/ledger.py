@@ -26,12 +26,14 @@ class LedgerError(BsopsError):
 
 @dataclass(frozen=True)
 class TaskRecord:
-    event: str  # "launch" (resets the budget), "begin", "end", or "stop" (the budget stopped the array)
+    event: str  # "launch" (resets the budget), "begin", "end", "stop" (the budget stopped the array), or
+    # "resize" (array job_id handed the run to next_job at another node count: a node schedule's next phase)
     job_id: str
     nodes: str
     iteration: int  # the latest checkpoint's iteration at that moment
     time: float
     exit_code: int | None = None
+    next_job: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,17 @@ def mark_stop(output: Path, env: dict[str, str] | None = None) -> None:
     env = os.environ if env is None else env
     append(Path(output) / LEDGER_NAME, TaskRecord("stop", slurm_job_id(env), env.get("SLURM_JOB_NODELIST", ""),
                                                   0, time.time()))
+
+
+def mark_resize(output: Path, array_job_id: str, nodes: int, iteration: int, next_job: str) -> None:
+    """Record that array `array_job_id` handed the run to `next_job`, submitted at `nodes` nodes."""
+    append(Path(output) / LEDGER_NAME, TaskRecord("resize", array_job_id, str(nodes), iteration, time.time(),
+                                                  next_job=next_job))
+
+
+def resized(records: list[TaskRecord], array_job_id: str) -> str | None:
+    """The job that array `array_job_id` handed the run to, if it did."""
+    return next((rec.next_job for rec in records if rec.event == "resize" and rec.job_id == array_job_id), None)
 
 
 def mark_launch(output: Path, job_id: str) -> None:

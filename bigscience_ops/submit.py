@@ -4,19 +4,26 @@ A launch renders the job into a run record (`<output>/launches/<time>/`: script,
 ds_config.json, and after submission sbatch.json with the argv and Slurm's answer), checks the
 queue for a job of the same name (for every user of the experiment's group), refuses if one is
 there or, with after_current, depends on its whole array with afterany, then submits.
+
+Node schedules: a launch runs at the node count of the phase the latest checkpoint is in. The
+tasks of one array share one node count, so when the run enters a phase of another size (the
+trainer saves and exits at the boundary), the task hooks cancel the array's pending tasks and
+submit the rest of the array at the new size, chained afterany on the old array (`resubmit_for_phase`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import getpass
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import ledger, render as rendering, slurm
+from bigscience_ops import ledger, phases, render as rendering, slurm
 from bigscience_ops.config import Experiment
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.status import QUEUED_STATES
@@ -34,6 +41,7 @@ class LaunchPlan:
     argv: list[str]
     queued: list[slurm.Job]  # jobs of this experiment already in the queue
     after: list[str]  # whole array ids the launch waits for
+    phase: phases.Phase | None = None  # the node schedule's phase the launch trains in (None without a schedule)
 
     @property
     def script(self) -> Path:
@@ -41,6 +49,9 @@ class LaunchPlan:
 
     def describe(self) -> list[str]:
         lines = [f"run record: {self.run_dir}"]
+        if self.phase is not None:
+            lines.append(f"node schedule: the latest checkpoint is in {self.phase.describe()}: "
+                         f"launching at {self.phase.nodes} nodes")
         for job in self.queued:
             lines.append(f"queued already: {job.job_id} {job.state.lower()} ({job.reason}) user {job.user}")
         if self.after:
@@ -55,8 +66,15 @@ def watched_users(exp: Experiment) -> list[str]:
 
 
 def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetime | None = None) -> LaunchPlan:
-    """Render into a new run-record folder (not yet written) and decide the sbatch argv."""
+    """Render into a new run-record folder (not yet written) and decide the sbatch argv.
+
+    With a node schedule the job asks for the node count of the phase the latest checkpoint is in.
+    """
     now = now or dt.datetime.now()
+    phase = None
+    if exp.slurm.node_schedule:
+        phase = phases.phase_of_iteration(exp, ledger.latest_iteration(Path(exp.paths.checkpoints)))
+        exp = phases.for_phase(exp, phase)
     run_dir = Path(exp.paths.output) / "launches" / now.strftime("%Y%m%d-%H%M%S")
     rendered = rendering.render(exp, run_dir)  # raises PlanError: nothing invalid is submitted
     jobs = slurm.query_jobs(users=watched_users(exp), name=exp.slurm.job_name)
@@ -67,11 +85,11 @@ def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetim
                           f"overlap: pass --after-current to start after the whole array, or scancel it first")
     after = sorted({j.array_job_id for j in queued}, key=int)
     argv = slurm.sbatch_argv(run_dir / rendered.script, after_any=after)
-    return LaunchPlan(exp, run_dir, rendered, argv, queued, after)
+    return LaunchPlan(exp, run_dir, rendered, argv, queued, after, phase)
 
 
-def submit(plan: LaunchPlan) -> str:
-    """Write the run record, submit, record Slurm's answer and start a fresh failure budget."""
+def submit(plan: LaunchPlan, *, fresh_budget: bool = True) -> str:
+    """Write the run record, submit, record Slurm's answer and (unless told not to) start a fresh failure budget."""
     if plan.run_dir.exists():
         raise LaunchError(f"run record {plan.run_dir} already exists; launch again in a second")
     from bigscience_ops.launch import ensure_data
@@ -90,5 +108,75 @@ def submit(plan: LaunchPlan) -> str:
         raise
     record.write_text(json.dumps({"argv": plan.argv, "job_id": job_id, "after": plan.after,
                                   "submitted": dt.datetime.now().isoformat(timespec="seconds")}, indent=2) + "\n")
-    ledger.mark_launch(Path(plan.experiment.paths.output), job_id)
+    if fresh_budget:
+        ledger.mark_launch(Path(plan.experiment.paths.output), job_id)
+    return job_id
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """An array task whose allocation is not the node count of the phase the run is in."""
+
+    allocated: int
+    phase: phases.Phase
+    iteration: int
+
+    def describe(self) -> str:
+        return (f"this task has {self.allocated} nodes, but the run (iteration {self.iteration}) is in "
+                f"{self.phase.describe()}")
+
+
+def allocated_nodes(env: Mapping[str, str], default: int) -> int:
+    """The job's node count as Slurm tells the batch script (SLURM_JOB_NUM_NODES, or SLURM_NNODES)."""
+    for key in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = env.get(key, "").strip()
+        if value.isdigit():
+            return int(value)
+    return default
+
+
+def check_allocation(exp: Experiment, env: Mapping[str, str] | None = None) -> Mismatch | None:
+    """A node-scheduled run's task with another node count than its phase's (a finished run never mismatches)."""
+    from bigscience_ops.plan import train_iters
+
+    env = os.environ if env is None else env
+    if not exp.slurm.node_schedule:
+        return None
+    iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
+    if iteration >= train_iters(exp):
+        return None
+    phase = phases.phase_of_iteration(exp, iteration)
+    allocated = allocated_nodes(env, exp.slurm.nodes)
+    return None if allocated == phase.nodes else Mismatch(allocated, phase, iteration)
+
+
+def resubmit_for_phase(exp: Experiment, mismatch: Mismatch, env: Mapping[str, str] | None = None) -> str:
+    """Hand the run to a new array at the phase's node count; returns its job id (the earlier one if done already).
+
+    Cancels the pending tasks of this task's array (they would start at the old size), then submits the
+    rest of the array (SLURM_ARRAY_TASK_MAX - SLURM_ARRAY_TASK_ID tasks, at least one) chained afterany on
+    this array, which this task still belongs to: the new array starts when this task ends.
+    """
+    env = os.environ if env is None else env
+    output = Path(exp.paths.output)
+    array = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID")
+    if not array:
+        raise LaunchError(f"{mismatch.describe()}; not inside a Slurm job (no SLURM_ARRAY_JOB_ID): run "
+                          f"`bsops launch {exp.name}`, which asks for the phase's node count")
+    done = ledger.resized(ledger.read(output / ledger.LEDGER_NAME), array)
+    if done is not None:
+        return done
+    users = watched_users(exp)
+    pending = [j for j in slurm.query_jobs(users=users, name=exp.slurm.job_name)
+               if j.array_job_id == array and j.name == exp.slurm.job_name and j.state == "PENDING"]
+    if pending:
+        slurm.cancel([j.job_id.split("%", 1)[0] for j in pending])
+    try:
+        last, this = int(env.get("SLURM_ARRAY_TASK_MAX", "")), int(env.get("SLURM_ARRAY_TASK_ID", ""))
+        remaining = max(1, last - this)
+    except ValueError:
+        remaining = exp.slurm.array
+    rest = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, array=remaining))
+    job_id = submit(plan_launch(rest, after_current=True), fresh_budget=False)
+    ledger.mark_resize(output, array, mismatch.phase.nodes, mismatch.iteration, job_id)
     return job_id

@@ -1,4 +1,4 @@
-"""Hidden hooks the job script runs around each array task: the failure budget."""
+"""Hidden hooks the job script runs around each array task: the failure budget and the node schedule."""
 
 from __future__ import annotations
 
@@ -9,11 +9,16 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import EXIT_PROBLEMS, main
+from bigscience_ops.errors import BsopsError
+
+# `task begin` exits with this when the task's allocation is not its node phase's: the job script then
+# ends without training and without counting a failure (the run goes on in the array at the new size).
+EXIT_OTHER_PHASE = 3
 
 
 @main.group(hidden=True)
 def task() -> None:
-    """Hooks the job script runs around each array task: the failure budget."""
+    """Hooks the job script runs around each array task: the failure budget and the node schedule."""
 
 
 def _resolved(path: Path):
@@ -34,10 +39,13 @@ experiment_json_option = click.option(
 @task.command("begin")
 @experiment_json_option
 def task_begin(experiment_json: Path) -> None:
-    """Record a task start; exit 1 without training when the failure budget is spent."""
+    """Record a task start; exit 1 without training when the failure budget is spent, 3 when the task's
+    allocation is not the node count of the run's phase (the run is handed to an array of that size)."""
     from bigscience_ops import ledger
 
     exp = _resolved(experiment_json)
+    if _other_phase(exp):
+        sys.exit(EXIT_OTHER_PHASE)
     failing = ledger.begin(Path(exp.paths.output), Path(exp.paths.checkpoints), exp.slurm.failure_budget)
     if failing is not None:
         _stop_crash_loop(exp, failing)
@@ -99,3 +107,33 @@ def task_end(experiment_json: Path, exit_code: int) -> None:
     attempt = ledger.end(Path(exp.paths.output), Path(exp.paths.checkpoints), exit_code)
     verdict = "made progress" if attempt.progressed else "made NO progress"
     click.echo(f"task {attempt.job_id} ended with exit code {exit_code} at iteration {attempt.end_iteration}: {verdict}")
+    if exit_code == 0:
+        _other_phase(exp)  # the training stopped at a node phase's boundary: the next task runs at the new size
+
+
+def _other_phase(exp) -> bool:
+    """Whether this task's allocation differs from the run's node phase; if so, the rest of the array is
+    resubmitted at the phase's size (once per array) and this says so."""
+    import os
+
+    from bigscience_ops import submit
+
+    mismatch = submit.check_allocation(exp)
+    if mismatch is None:
+        return False
+    if os.environ.get("BSOPS_LOCAL_LAUNCH"):  # the local launcher sizes each task itself
+        click.echo(f"node schedule: {mismatch.describe()}")
+        return True
+    try:
+        job_id = submit.resubmit_for_phase(exp, mismatch)
+    except BsopsError as exc:
+        alert = (f"***ALERT: {exp.slurm.job_name}: node schedule: {mismatch.describe()}, and the array could not be "
+                 f"resubmitted at {mismatch.phase.nodes} nodes: {exc}; run `bsops launch {exp.name}`***")
+        click.echo(alert)
+        from bigscience_ops.ops import notify
+
+        click.echo(notify.send_alert(exp.alerts, f"[bsops] {exp.name}: relaunch at {mismatch.phase.nodes} nodes", alert))
+        return True
+    click.echo(f"node schedule: {mismatch.describe()}: the rest of the array continues as job {job_id} at "
+               f"{mismatch.phase.nodes} nodes")
+    return True
