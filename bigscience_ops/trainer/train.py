@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bigscience_ops import plan
+from bigscience_ops import phases, plan
 from bigscience_ops.checkpoints import universal
 from bigscience_ops.config import Experiment, to_dict
 from bigscience_ops.errors import BsopsError
@@ -214,17 +214,32 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
 
     def _check_layout(self) -> None:
+        """Whole replicas; a DP that splits every batch size this task can still meet (from the resumed position
+        to the training's end or the next node phase); with a node schedule, the phase's number of processes."""
         exp, world = self.exp, dist.get_world_size()
         model_parallel = exp.parallel.tensor * exp.parallel.pipeline
         if world % model_parallel:
             raise TrainerError(f"parallel: tensor x pipeline = {exp.parallel.tensor} x {exp.parallel.pipeline} = "
                                f"{model_parallel}; must divide the {world} processes")
         self.dp = world // model_parallel
+        resume = ckpt.find_resume(self.checkpoints)
+        done = int(resume.meta["iteration"]) if resume is not None else 0
+        consumed = self.schedule.consumed_after(done)
+        node_phases = phases.node_phases(exp.slurm, self.schedule)
+        phase = phases.phase_at(node_phases, consumed)
+        self.next_phase = phases.next_boundary(node_phases, consumed)
+        gpn = exp.slurm.gpus_per_node
+        if exp.slurm.node_schedule and world != phase.nodes * gpn:
+            raise TrainerError(f"slurm.node_schedule: the run resumes at iteration {done} in {phase.describe()}: "
+                               f"{phase.nodes} x {gpn} = {phase.nodes * gpn} processes, but this task has {world}; "
+                               f"launch it at the phase's size (bsops launch and the array tasks pick it)")
+        last = min(self.train_iters, self.next_phase.first_step - 1 if self.next_phase else self.train_iters)
         mbs = exp.batch.micro_batch_size
-        for step_gbs in sorted({inc.global_batch_size for inc in self.schedule.increments()} | {self.schedule.global_batch_size}):
+        for step_gbs in phases.batch_sizes_of_steps(self.schedule, done + 1, last):
             if step_gbs % (mbs * self.dp):
-                raise TrainerError(f"batch: global batch size {step_gbs} is not divisible by micro_batch_size x DP = "
-                                   f"{mbs} x {self.dp}; run `bsops plan {exp.name}` for valid node counts")
+                raise TrainerError(f"batch: global batch size {step_gbs} (steps {done + 1} to {last}) is not divisible "
+                                   f"by micro_batch_size x DP = {mbs} x {self.dp}; run `bsops plan {exp.name}` for "
+                                   "valid node counts")
 
     def _build_engine(self) -> None:
         import deepspeed
@@ -552,6 +567,10 @@ class Trainer:
                 self.save()
             if ck.exit_interval is not None and it % ck.exit_interval == 0 and it < self.train_iters:
                 return f"exit interval {ck.exit_interval} reached: saved and exiting"
+            if (self.next_phase is not None and s.consumed_train_samples >= self.next_phase.start_samples
+                    and it < self.train_iters):
+                return (f"node schedule: {self.next_phase.describe()} begins: saved and exiting, the next array task "
+                        f"trains at {self.next_phase.nodes} nodes")
         if log.eval_iters > 0:
             self._validate(s.iteration)
         return "training finished"
