@@ -61,7 +61,7 @@ def test_reshaped_resume_continues_the_uninterrupted_run(reshape_runs, name):
     losses = scalars(out / "tensorboard", "lm loss")
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, value in losses.items():
-        assert math.isclose(value, reference[step], rel_tol=2e-5), (name, step, value, reference[step])
+        assert math.isclose(value, reference[step], rel_tol=1e-5), (name, step, value, reference[step])
     assert [c.step for c in layout.list_checkpoints(out / "checkpoints")] == [SPLIT, STEPS]
     meta = ckpt.find_resume(out / "checkpoints").meta
     tensor, pipeline, data = LAYOUTS[name][1]
