@@ -18,6 +18,7 @@ import datetime as dt
 import getpass
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -100,7 +101,11 @@ def submit(plan: LaunchPlan, *, fresh_budget: bool = True) -> str:
     record = plan.run_dir / "sbatch.json"
     # The job inherits this environment (sbatch --export=ALL): put this bsops and its Python first on
     # PATH, so the job runs the same installation; the experiment's env_setup lines run after and win.
-    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    # A job submitting the next array (a node schedule's next phase) passes on neither its start time nor
+    # its own SLURM_* job variables (sbatch reads some as options); SLURM_CONF names the cluster.
+    env = {k: v for k, v in os.environ.items()
+           if k != "BSOPS_JOB_START_EPOCH" and (not k.startswith("SLURM_") or k == "SLURM_CONF")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     try:
         job_id = slurm.submit(plan.argv, env=env)
     except slurm.SlurmError as exc:
@@ -169,8 +174,8 @@ def resubmit_for_phase(exp: Experiment, mismatch: Mismatch, env: Mapping[str, st
     users = watched_users(exp)
     pending = [j for j in slurm.query_jobs(users=users, name=exp.slurm.job_name)
                if j.array_job_id == array and j.name == exp.slurm.job_name and j.state == "PENDING"]
-    if pending:
-        slurm.cancel([j.job_id.split("%", 1)[0] for j in pending])
+    if pending:  # squeue names the pending rest `164_[2-4%1]`; scancel takes `164_[2-4]`
+        slurm.cancel([re.sub(r"%\d+\]$", "]", j.job_id) for j in pending])
     try:
         last, this = int(env.get("SLURM_ARRAY_TASK_MAX", "")), int(env.get("SLURM_ARRAY_TASK_ID", ""))
         remaining = max(1, last - this)

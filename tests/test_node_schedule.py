@@ -129,3 +129,17 @@ def test_launch_size_follows_the_latest_checkpoint():
     launched = phases.for_phase(exp, phases.phase_of_iteration(exp, last.first_step))
     assert launched.slurm.nodes == 128 and launched.slurm.node_schedule == exp.slurm.node_schedule
     assert plan.make_plan(launched).dp == 64 and not plan.make_plan(launched).errors
+
+
+def test_the_launched_node_count_must_be_a_phase_of_the_schedule():
+    exp = load_experiment("tr1-13B", REPO / "trainings")
+    stray = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, nodes=32))
+    assert [(e.field, e.value) for e in plan.make_plan(stray).errors] == [("slurm.nodes", 32)]
+
+
+def test_a_boundary_the_data_feed_cannot_start_from_is_warned():
+    """The trainer's feed starts at whole micro-steps of MBS x DP; tr1-13B's post-rampup boundaries are not."""
+    p = plan.make_plan(load_experiment("tr1-13B", REPO / "trainings"))
+    assert [w.field for w in p.warnings if "data feed" in w.message] == ["slurm.node_schedule[1].nodes",
+                                                                        "slurm.node_schedule[2].nodes"]
+    assert all(ph.phase.start_samples % int(ph.dp) for ph in p.phases[1:])
