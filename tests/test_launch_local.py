@@ -50,3 +50,31 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     losses = scalars(run / "tensorboard", "lm loss")
     assert sorted(losses) == list(range(1, 29))
     assert losses[28] < losses[1] - 0.5
+
+
+def test_local_launch_sizes_each_task_by_its_node_phase(tmp_path):
+    """1 "node" of 2 processes, then 2 once the rampup 4, 8 is over: task 2 runs the script rendered for 2 nodes."""
+    trainings = tmp_path / "trainings"
+    trainings.mkdir()
+    (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
+    (trainings / "small.yaml").write_text(SMALL.replace("increment: 2", "increment: 4").replace(
+        "exit_interval: 15", "exit_interval: null") + """
+parallel: {zero_stage: 1}
+slurm: {gpus_per_node: 2, node_schedule: [{nodes: 1}, {nodes: 2, from_iteration: 12}]}
+""")
+    run = tmp_path / "run"
+    proc = subprocess.run([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "(1 node(s))" in proc.stdout and "(2 node(s))" in proc.stdout
+    steps = checkpoint_steps_only(run)
+    assert 12 in steps and steps[-1] == max(scalars(run / "tensorboard", "lm loss"))
+    assert "--nodes=2" in (run / "small.slurm").read_text()
+    log = (run / "logs" / "main_log.txt").read_text()
+    assert "node schedule: phase 1 (2 nodes from step 13" in log and "global_step12" in log
+
+
+def checkpoint_steps_only(run: Path) -> list[int]:
+    """global_stepN checkpoints, not the universal copies beside them."""
+    return sorted(int(p.name.removeprefix("global_step")) for p in (run / "checkpoints").glob("global_step*")
+                  if p.name.removeprefix("global_step").isdigit())
