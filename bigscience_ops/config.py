@@ -504,23 +504,6 @@ def _validate(exp: Experiment, src: str) -> None:
         _check(value is None or value >= 1, src, f"backup.{key}", value, "must be a positive integer (or left out)")
 
 
-def _validate_node_schedule(schedule: list[NodePhase], src: str) -> None:
-    """Each phase's shape; whether the phases start in order (through the rampup) is the plan's check."""
-    for i, phase in enumerate(schedule):
-        where = f"slurm.node_schedule[{i}]"
-        _check(phase.nodes >= 1, src, f"{where}.nodes", phase.nodes, "must be a positive integer")
-        starts = {k: v for k in ("from_samples", "from_iteration") if (v := getattr(phase, k)) is not None}
-        if i == 0:
-            _check(not starts, src, where, starts,
-                   "the first phase starts the run: leave out from_samples and from_iteration")
-            continue
-        _check(len(starts) == 1, src, where, dataclasses.asdict(phase), "set exactly one of from_samples and from_iteration")
-        for key, value in starts.items():
-            _check(value >= 1, src, f"{where}.{key}", value, "must be a positive integer")
-        _check(phase.nodes != schedule[i - 1].nodes, src, f"{where}.nodes", phase.nodes,
-               f"must differ from the previous phase's {schedule[i - 1].nodes} nodes (or remove the phase)")
-
-
 def _validate_curriculum(exp: Experiment, src: str) -> None:
     from bigscience_ops.schedules import parse_skip_ranges
 
@@ -540,6 +523,23 @@ def _validate_curriculum(exp: Experiment, src: str) -> None:
            f"must not exceed model.seq_length ({seq}), the curriculum's end")
     _check(seq % c.difficulty_step == 0, src, "model.seq_length", seq,
            f"must be a multiple of curriculum.difficulty_step ({c.difficulty_step}), or the curriculum never reaches it")
+
+
+def _validate_node_schedule(schedule: list[NodePhase], src: str) -> None:
+    """Each phase's shape; whether the phases start in order (through the rampup) is the plan's check."""
+    for i, phase in enumerate(schedule):
+        where = f"slurm.node_schedule[{i}]"
+        _check(phase.nodes >= 1, src, f"{where}.nodes", phase.nodes, "must be a positive integer")
+        starts = {k: v for k in ("from_samples", "from_iteration") if (v := getattr(phase, k)) is not None}
+        if i == 0:
+            _check(not starts, src, where, starts,
+                   "the first phase starts the run: leave out from_samples and from_iteration")
+            continue
+        _check(len(starts) == 1, src, where, dataclasses.asdict(phase), "set exactly one of from_samples and from_iteration")
+        for key, value in starts.items():
+            _check(value >= 1, src, f"{where}.{key}", value, "must be a positive integer")
+        _check(phase.nodes != schedule[i - 1].nodes, src, f"{where}.nodes", phase.nodes,
+               f"must differ from the previous phase's {schedule[i - 1].nodes} nodes (or remove the phase)")
 
 
 SIGNAL_SECONDS_MAX = 65535
