@@ -249,11 +249,6 @@ def _check_phases(exp: Experiment, schedule: BatchSchedule, phases: list[PhasePl
                                                            f"{ph.last_step}: it never runs", "warning"))
             continue
         dp = int(ph.dp)
-        if ph.phase.index > 0 and ph.phase.start_samples % (mbs * dp):
-            problems.append(Problem(where, ph.phase.nodes,
-                                    f"{label}starts at consumed samples {ph.phase.start_samples}, not a multiple of "
-                                    f"MBS x DP = {mbs * dp}: the trainer's data feed cannot yet resume between its "
-                                    "micro-steps (Megatron's sampler can); it will refuse this phase", "warning"))
         sizes = ph.batch_sizes if several else tuple(
             [inc.global_batch_size for inc in schedule.increments()] + [schedule.global_batch_size])
         for gbs in sizes:

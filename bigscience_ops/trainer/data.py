@@ -6,7 +6,9 @@ samples reads samples consumed, consumed + 1, ...; micro-step k of data-parallel
 reads exactly what the uninterrupted run would have read.
 
 Because every global batch size is a multiple of micro_batch_size x DP, the micro-batches of one
-rank form one sequence whatever the rampup: micro-batch j reads [j * mbs * dp + r * mbs, + mbs).
+rank form one sequence whatever the rampup: after resuming at `consumed`, micro-batch j reads
+[consumed + j * mbs * dp + r * mbs, + mbs). `consumed` need not be a multiple of mbs x dp: a run
+that changes DP at a node-schedule phase resumes wherever the old layout stopped, as Megatron's does.
 `MicroBatchFeed` walks that sequence with DataLoader workers (`data.num_workers`), pinned memory
 and non-blocking copies to the GPU, so the next micro-batches are ready before the step asks.
 
@@ -111,14 +113,14 @@ def sample_indices(consumed: int, num_micro_batches: int, micro_batch_size: int,
 
 
 class MicroBatchSampler:
-    """Index lists of one rank's micro-batches in Megatron's order, from micro-batch `first` on, forever."""
+    """Index lists of one rank's micro-batches in Megatron's order, after `consumed` samples, forever."""
 
-    def __init__(self, num_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int, first: int) -> None:
-        self.n, self.mbs, self.rank, self.dp, self.first = num_samples, micro_batch_size, dp_rank, dp_size, first
+    def __init__(self, num_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int, consumed: int) -> None:
+        self.n, self.mbs, self.rank, self.dp, self.consumed = num_samples, micro_batch_size, dp_rank, dp_size, consumed
 
     def __iter__(self) -> Iterator[list[int]]:
-        for j in count(self.first):
-            start = j * self.mbs * self.dp + self.rank * self.mbs
+        for j in count():
+            start = self.consumed + j * self.mbs * self.dp + self.rank * self.mbs
             yield [(start + i) % self.n for i in range(self.mbs)]
 
 
@@ -145,12 +147,9 @@ class MicroBatchFeed:
 
     def __init__(self, dataset: TokenDataset, consumed: int, micro_batch_size: int, dp_rank: int, dp_size: int,
                  num_workers: int, device: torch.device) -> None:
-        per_micro_step = micro_batch_size * dp_size
-        if consumed % per_micro_step:
-            raise ValueError(f"consumed samples {consumed} is not a multiple of micro_batch_size x DP = {per_micro_step}")
         self.device = device
         self.seen_seqlen: int | None = None
-        sampler = MicroBatchSampler(len(dataset), micro_batch_size, dp_rank, dp_size, consumed // per_micro_step)
+        sampler = MicroBatchSampler(len(dataset), micro_batch_size, dp_rank, dp_size, consumed)
         self.loader = torch.utils.data.DataLoader(
             dataset, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
             pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None,
