@@ -169,3 +169,21 @@ def test_trainer_refuses_before_building_an_engine(reshape_runs, tmp_path):
     assert "parallel.zero_stage 0" in proc.stderr
     assert "number of parameters" not in proc.stdout
     assert not (source / "checkpoints" / f"global_step{STEPS}_universal").exists()
+
+
+def test_zero0_dp_change_loads_without_conversion(reshape_runs, tmp_path):
+    """ZeRO-0 in fp32 keeps the whole optimizer per TP/PP rank, so DP 1 -> 2 (a node-schedule phase of a
+    ZeRO-0 run) loads the checkpoint as it is, with Adam's moments, and continues the reference's losses."""
+    def train(layout, exit_interval):
+        write_run(_experiment(tmp_path, *layout, exit_interval, zero_stage=0), tmp_path)
+        return run_ok(tmp_path, layout[0] * layout[1] * layout[2])
+
+    train((1, 1, 1), SPLIT)
+    train((1, 1, 2), STEPS)
+    reference = scalars(reshape_runs["reference"][0] / "tensorboard", "lm loss")
+    losses = scalars(tmp_path / "tensorboard", "lm loss")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, value in losses.items():
+        assert math.isclose(value, reference[step], rel_tol=1e-5), (step, value, reference[step])
+    assert not (tmp_path / "checkpoints" / "latest_universal").exists()
+    assert ckpt.find_resume(tmp_path / "checkpoints").meta["parallel"]["data"] == 2

@@ -108,6 +108,8 @@ def reshape_plan(path: Path, meta: dict, shape: dict, new: Layout, vocab_size: i
                            + "\nResume with the model it was written with, or use a new checkpoints folder")
     if (old.tensor, old.pipeline, old.data) == (new.tensor, new.pipeline, new.data):
         return None
+    if dp_only_without_zero(meta, old, new):
+        return None
     if old.zero_stage == 0:
         causes.append(f"the checkpoint was written with parallel.zero_stage 0: Adam's moments are inside "
                       f"mp_rank_*_model_states.pt, not in the ZeRO partitions DeepSpeed's converter reads; resume it "
@@ -118,6 +120,16 @@ def reshape_plan(path: Path, meta: dict, shape: dict, new: Layout, vocab_size: i
     if causes:
         raise ReshapeError(f"cannot resume {path} ({old}) with {new}:\n  - " + "\n  - ".join(causes))
     return Reshape(old, new)
+
+
+def dp_only_without_zero(meta: dict, old: Layout, new: Layout) -> bool:
+    """Whether DeepSpeed loads the checkpoint as it is: only DP changes, and without ZeRO in fp32/fp16
+    every DP rank holds the whole optimizer inside mp_rank_*_model_states.pt, which is written per
+    TP/PP rank, not per DP rank. (bf16 at ZeRO-0 uses DeepSpeed's bf16 optimizer, which shards per DP rank.)
+    A node-schedule phase change of a ZeRO-0 run is exactly this case."""
+    precision = meta.get("experiment", {}).get("train", {}).get("precision", "fp32")
+    return (old.zero_stage == new.zero_stage == 0 and precision != "bf16"
+            and (old.tensor, old.pipeline) == (new.tensor, new.pipeline))
 
 
 def universal_info(parameter_names: set[str], padded_vocab_rows: int) -> dict:
