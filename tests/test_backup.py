@@ -187,3 +187,14 @@ def test_retention_decision() -> None:
     assert set(decision.keep) == {20, 30, 40, 50} and "verified" in decision.keep[30]
     assert retention.decide(steps, 50, set(steps), keep_last=None, keep_every=None).delete == []
     assert retention.decide(steps, 10, set(steps), keep_last=1, keep_every=None).delete == [20, 30, 40]
+
+
+def test_retention_deletes_a_checkpoints_universal_copy_with_it(tmp_path: Path) -> None:
+    for tag in ("global_step10", "global_step10_universal", "global_step20", "global_step20_universal"):
+        (tmp_path / tag).mkdir()
+        (tmp_path / tag / "f").write_text(tag)
+    checkpoints = layout.list_checkpoints(tmp_path)
+    assert [c.tag for c in checkpoints] == ["global_step10", "global_step20"]
+    decision = retention.decide([10, 20], latest_step=20, verified={10, 20}, keep_last=1, keep_every=None)
+    assert retention.apply(checkpoints, decision, lambda c: True) == ["global_step10"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step20", "global_step20_universal"]

@@ -19,6 +19,8 @@ from pathlib import Path
 from bigscience_ops.trainer.checkpointing import META, TAG, CheckpointError
 
 LATEST = "latest"
+UNIVERSAL_SUFFIX = "_universal"
+"""global_stepN_universal: DeepSpeed's universal copy of global_stepN, made when a run changes layout."""
 OPTIMIZER_FILE = re.compile(r"(.*_)?optim_states\.pt")
 MODEL_STATES_FILE = re.compile(r"mp_rank_\d+_model_states\.pt")
 

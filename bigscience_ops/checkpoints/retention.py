@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bigscience_ops.checkpoints.layout import Checkpoint
+from bigscience_ops.checkpoints.layout import UNIVERSAL_SUFFIX, Checkpoint
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,16 @@ def decide(steps: Iterable[int], latest_step: int | None, verified: set[int], ke
 
 
 def apply(checkpoints: list[Checkpoint], decision: Decision, still_verified: Callable[[Checkpoint], bool]) -> list[str]:
-    """Delete the decided checkpoints, each only if `still_verified` confirms its backup right before; returns tags."""
+    """Delete the decided checkpoints, each only if `still_verified` confirms its backup right before; returns tags.
+
+    A checkpoint's universal copy (global_stepN_universal, derived from it for a layout change) goes with it.
+    """
     deleted = []
     for ckpt in checkpoints:
         if ckpt.step in decision.delete and still_verified(ckpt):
             shutil.rmtree(ckpt.path)
+            universal_copy = ckpt.path.with_name(ckpt.path.name + UNIVERSAL_SUFFIX)
+            if universal_copy.is_dir():
+                shutil.rmtree(universal_copy)
             deleted.append(ckpt.tag)
     return deleted

@@ -36,10 +36,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bigscience_ops.checkpoints.layout import UNIVERSAL_SUFFIX
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.trainer.checkpointing import META, CheckpointError, write_meta
 
-SUFFIX = "_universal"
+SUFFIX = UNIVERSAL_SUFFIX
 LATEST_UNIVERSAL = "latest_universal"
 WORD_EMBEDDINGS = "tied_modules.word_embeddings.word_embeddings.weight"
 CONVERT_TIMEOUT_S = 6 * 3600
