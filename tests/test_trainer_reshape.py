@@ -141,6 +141,11 @@ def test_reshape_plan_decisions(tmp_path):
     assert universal.reshape_plan(resume.path, resume.meta, shape, same, 256) is None
     plan = universal.reshape_plan(resume.path, resume.meta, shape, universal.Layout(1, 1, 2, 1), 256)
     assert plan == universal.Reshape(universal.Layout(1, 1, 1, 1), universal.Layout(1, 1, 2, 1))
+    # A checkpoint written before model.position_embedding existed holds the learned table: it resumes.
+    older = {**resume.meta, "model": {k: v for k, v in resume.meta["model"].items() if k != "position_embedding"}}
+    assert universal.reshape_plan(resume.path, older, shape, same, 256) is None
+    with pytest.raises(universal.ReshapeError, match="model.position_embedding: checkpoint 'learned', config 'alibi'"):
+        universal.reshape_plan(resume.path, older, {**shape, "position_embedding": "alibi"}, same, 256)
 
 
 def test_unconvertible_resume_is_refused_with_one_line_per_cause(tmp_path):

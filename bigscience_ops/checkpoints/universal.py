@@ -81,6 +81,8 @@ def saved_layout(meta: dict) -> Layout:
 
 
 IGNORED_SHAPE_KEYS = ("hidden_dropout", "attention_dropout")
+SHAPE_DEFAULTS = {"position_embedding": "learned"}
+"""Model fields newer than the first checkpoints, with the value those checkpoints were written with."""
 
 
 def reshape_plan(path: Path, meta: dict, shape: dict, new: Layout, vocab_size: int) -> Reshape | None:
@@ -92,7 +94,9 @@ def reshape_plan(path: Path, meta: dict, shape: dict, new: Layout, vocab_size: i
     read), a new layout without ZeRO (DeepSpeed loads universal checkpoints through its ZeRO optimizer).
     """
     old = saved_layout(meta)
-    saved_shape = meta.get("model", {})
+    # A field added to the model after the checkpoint was written holds its default there
+    # (e.g. position_embedding: learned), so a bsops upgrade mid-run still resumes.
+    saved_shape = {**SHAPE_DEFAULTS, **meta.get("model", {})}
     causes = []
     for key, value in shape.items():
         if key in IGNORED_SHAPE_KEYS or saved_shape.get(key) == value:
