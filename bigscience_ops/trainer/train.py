@@ -330,6 +330,10 @@ class Trainer:
         if resume is None:
             return None
         p = self.exp.parallel
+        if resume.meta.get("weights_only"):  # a warm start: layer files numbered over the whole model, any PP/DP
+            ckpt.check_compatible(resume, dataclasses.asdict(self.shape), p.tensor,
+                                  resume.meta.get("parallel", {}).get("pipeline", p.pipeline))
+            return resume
         new = universal.Layout(p.tensor, p.pipeline, self.dp, p.zero_stage)
         self.reshape = universal.reshape_plan(resume.path, resume.meta, dataclasses.asdict(self.shape), new,
                                               self.exp.model.vocab_size)
@@ -348,6 +352,14 @@ class Trainer:
     def _resume(self, resume: ckpt.Resume | None) -> None:
         if resume is None:
             _print(f"> no checkpoint in {self.checkpoints}: starting from scratch")
+            return
+        if resume.meta.get("weights_only"):  # bsops warm-start: weights only, fresh schedules, optimizer and data
+            load_path, _ = self.engine.load_checkpoint(str(self.checkpoints), tag=resume.tag, load_module_only=True,
+                                                       load_optimizer_states=False, load_lr_scheduler_states=False)
+            if load_path is None:
+                raise ckpt.CheckpointError(f"{resume.path}: DeepSpeed could not load its weights")
+            self.last_saved = 0
+            _print(f"> warm start from {resume.path} (weights only): iteration 0, consumed samples 0")
             return
         tag = resume.tag if self.reshape is None else universal.universal_path(resume.path).name
         load_path, _ = self.engine.load_checkpoint(str(self.checkpoints), tag=tag, load_optimizer_states=True,
