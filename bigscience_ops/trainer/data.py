@@ -72,7 +72,8 @@ def build_datasets(exp, num_samples: tuple[int, int, int], synthetic: bool) -> t
     from bigscience_ops.data.gpt_dataset import build_train_valid_test_datasets
 
     prefixes = [(src.weight, src.prefix) for src in exp.data.blend]
-    return build_train_valid_test_datasets(prefixes, exp.data.split, m.seq_length, exp.train.seed, num_samples)
+    return build_train_valid_test_datasets(prefixes, exp.data.split, m.seq_length, exp.train.seed, num_samples,
+                                           cache_dir=exp.data.cache_dir)
 
 
 MicroBatch = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]  # tokens, (labels, loss mask): (mbs, seq) each
