@@ -130,3 +130,26 @@ def test_refuses_a_folder_with_checkpoints_and_unknown_steps(source_run, tmp_pat
     write_run(small_experiment(out, model=dict(num_layers=2), parallel=dict(pipeline=1)), out)
     result = CliRunner().invoke(main, ["warm-start", "--from", f"{src_out}:20", str(out / "experiment.json")])
     assert result.exit_code == 2 and not (out / "checkpoints").exists()
+
+
+def test_warm_start_with_tp2_copies_each_ranks_files(tmp_path):
+    """TP=2: every TP rank's layer file is mapped; a 3-block TP=2 target (blocks from 0, 0, 1) trains on."""
+    src_out = tmp_path / "source"
+    write_run(small_experiment(src_out, parallel=dict(tensor=2, pipeline=1)), src_out)
+    run_ok(src_out, 2)
+    src_valid = scalars(src_out / "tensorboard", "lm loss validation")
+    out = tmp_path / "warm"
+    exp = small_experiment(out, model=dict(num_layers=3), parallel=dict(tensor=2, pipeline=1),
+                           logging=dict(log_interval=2, eval_interval=2, eval_iters=2), train=dict(samples=24))
+    write_run(exp, out)
+    result = warm_start.build(exp, warm_start.find_source(src_out / "checkpoints", None, str(src_out)))
+    assert result.mapping == [0, 0, 1]
+    src_ckpt = src_out / "checkpoints" / "global_step28"
+    for new, old in {0: 0, 1: 1, 2: 1, 3: 2, 4: 3}.items():
+        for rank in (0, 1):
+            assert (result.target / f"layer_{new:02d}-model_{rank:02d}-model_states.pt").read_bytes() == \
+                (src_ckpt / f"layer_{old:02d}-model_{rank:02d}-model_states.pt").read_bytes()
+    run_ok(out, 2)
+    warm_valid = scalars(out / "tensorboard", "lm loss validation")
+    # measured: source 4.54 after 28 steps, warm 4.63 at step 2, a fresh model 5.57
+    assert abs(warm_valid[2] - src_valid[max(src_valid)]) < 0.4, (warm_valid, src_valid)
