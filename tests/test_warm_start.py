@@ -153,3 +153,21 @@ def test_warm_start_with_tp2_copies_each_ranks_files(tmp_path):
     warm_valid = scalars(out / "tensorboard", "lm loss validation")
     # measured: source 4.54 after 28 steps, warm 4.63 at step 2, a fresh model 5.57
     assert abs(warm_valid[2] - src_valid[max(src_valid)]) < 0.4, (warm_valid, src_valid)
+
+
+def test_from_an_experiment_name(source_run, tmp_path):
+    """--from NAME[:STEP] reads the checkpoints of the experiment's paths.output."""
+    _, src_out = source_run
+    trainings = tmp_path / "trainings"
+    trainings.mkdir()
+    (trainings / "shallow.yaml").write_text(f"base: tiny\npaths:\n  output: {src_out}\n")
+    assert warm_start.source_checkpoints("shallow", trainings) == src_out / "checkpoints"
+    out = tmp_path / "deep"
+    write_run(small_experiment(out, model=dict(num_layers=3), parallel=dict(pipeline=1)), out)
+    result = CliRunner().invoke(main, ["warm-start", "--from", "shallow:20", "--trainings-dir", str(trainings),
+                                       str(out / "experiment.json")])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / "checkpoints" / "global_step0" / "bsops.json").read_text())
+    assert meta["warm_start"]["source_iteration"] == 20 and meta["warm_start"]["block_from"] == [0, 0, 1]
+    with pytest.raises(WarmStartError, match="no-such-run"):
+        warm_start.source_checkpoints("no-such-run", trainings)

@@ -79,7 +79,8 @@ def source_checkpoints(run: str, trainings_dir: Path | None = None) -> Path:
             return folder
         if (folder / "experiment.json").is_file():
             try:
-                return Path(json.loads((folder / "experiment.json").read_text(encoding="utf-8"))["paths"]["checkpoints"])
+                rendered = json.loads((folder / "experiment.json").read_text(encoding="utf-8"))
+                return Path(rendered["paths"]["checkpoints"])
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise WarmStartError(f"--from {run}: {folder / 'experiment.json'} has no paths.checkpoints ({exc}); "
                                      "expected the experiment.json bsops render writes") from None
@@ -103,9 +104,10 @@ def find_source(checkpoints: Path, step: str | None, run: str) -> Source:
         raise WarmStartError(f"--from {run}: {checkpoints} holds no complete checkpoint (with 'latest' and {META})")
     if step is None:
         tag = latest_tag(checkpoints)
-        chosen = next(c for c in complete if c.tag == tag) if any(c.tag == tag for c in complete) else None
+        chosen = next((c for c in complete if c.tag == tag), None)
         if chosen is None:
-            raise WarmStartError(f"--from {run}: 'latest' names {tag}, which has no {META}")
+            raise WarmStartError(f"--from {run}: 'latest' in {checkpoints} names {tag}, which has no {META}; "
+                                 f"give a complete step: {', '.join(str(c.step) for c in complete)}")
     else:
         chosen = next((c for c in complete if c.step == int(step)), None)
         if chosen is None:
