@@ -53,6 +53,29 @@ def _mm(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _head_constants(SEED, SLOPES, h, DROPOUT: tl.constexpr, ALIBI: tl.constexpr):
+    """(dropout seed, ALiBi slope) of head h: the seed lives on the device, so no host sync draws it."""
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(SLOPES + h).to(tl.float32)
+    return seed, slope
+
+
+@triton.jit
+def _probs(q, k, lse, rows, cols, row_ok, col_ok, scale, slope, ALIBI: tl.constexpr, UPCAST: tl.constexpr):
+    """The backward's attention probabilities of one (BLOCK_M, BLOCK_N) tile, recomputed from the saved
+    log-sum-exp: causal, ALiBi-biased when asked, zero outside the sequence."""
+    s = _mm(q, tl.trans(k), UPCAST) * scale
+    if ALIBI:
+        s += slope * (cols[None, :] - rows[:, None]).to(tl.float32)
+    visible = (rows[:, None] >= cols[None, :]) & row_ok[:, None] & col_ok[None, :]
+    return tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+
+
+@triton.jit
 def _attn_fwd(Q, K, V, O, LSE, SLOPES, SEED, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
               H, T, D, scale, dropout_p,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr,
@@ -61,12 +84,7 @@ def _attn_fwd(Q, K, V, O, LSE, SLOPES, SEED, sqb, sqh, sqt, skb, skh, skt, svb, 
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    seed = 0
-    if DROPOUT:
-        seed = tl.load(SEED)
-    slope = 0.0
-    if ALIBI:
-        slope = tl.load(SLOPES + h).to(tl.float32)
+    seed, slope = _head_constants(SEED, SLOPES, h, DROPOUT, ALIBI)
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
@@ -112,12 +130,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, SEED, sqb, sqh, sqt,
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    seed = 0
-    if DROPOUT:
-        seed = tl.load(SEED)
-    slope = 0.0
-    if ALIBI:
-        slope = tl.load(SLOPES + h).to(tl.float32)
+    seed, slope = _head_constants(SEED, SLOPES, h, DROPOUT, ALIBI)
     cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -136,11 +149,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, SEED, sqb, sqh, sqt,
         do = tl.load(DO + b * sdob + h * sdoh + rows[:, None] * sdot + dims[None, :], mask=q_mask, other=0.0)
         lse = tl.load(LSE + bh * T + rows, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + bh * T + rows, mask=row_ok, other=0.0)
-        s = _mm(q, tl.trans(k), UPCAST) * scale
-        if ALIBI:
-            s += slope * (cols[None, :] - rows[:, None]).to(tl.float32)
-        visible = (rows[:, None] >= cols[None, :]) & row_ok[:, None] & col_ok[None, :]
-        p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)  # (BLOCK_M, BLOCK_N)
+        p = _probs(q, k, lse, rows, cols, row_ok, col_ok, scale, slope, ALIBI, UPCAST)  # (BLOCK_M, BLOCK_N)
         dp = _mm(do, tl.trans(v), UPCAST)
         if DROPOUT:
             keep = tl.rand(seed + bh, rows[:, None] * T + cols[None, :]) >= dropout_p
@@ -164,12 +173,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES, SEED, sqb, sqh, sqt, skb, 
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    seed = 0
-    if DROPOUT:
-        seed = tl.load(SEED)
-    slope = 0.0
-    if ALIBI:
-        slope = tl.load(SLOPES + h).to(tl.float32)
+    seed, slope = _head_constants(SEED, SLOPES, h, DROPOUT, ALIBI)
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
@@ -188,11 +192,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES, SEED, sqb, sqh, sqt, skb, 
         kv_mask = col_ok[:, None] & dim_ok[None, :]
         k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dims[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + dims[None, :], mask=kv_mask, other=0.0)
-        s = _mm(q, tl.trans(k), UPCAST) * scale
-        if ALIBI:
-            s += slope * (cols[None, :] - rows[:, None]).to(tl.float32)
-        visible = (rows[:, None] >= cols[None, :]) & row_ok[:, None] & col_ok[None, :]
-        p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+        p = _probs(q, k, lse, rows, cols, row_ok, col_ok, scale, slope, ALIBI, UPCAST)  # (BLOCK_M, BLOCK_N)
         dp = _mm(do, tl.trans(v), UPCAST)
         if DROPOUT:
             keep = tl.rand(seed + bh, rows[:, None] * T + cols[None, :]) >= dropout_p
