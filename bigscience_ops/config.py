@@ -201,7 +201,7 @@ class SlurmConfig:
     group: str | None = documented(None, "watch jobs of every user in this Unix group")
     exclude: list[str] = documented(factory=list, doc="nodes to keep the job off (--exclude)")
     env_setup: list[str] = documented(factory=list, doc="shell lines run before training (trusted shell code, one line per item)",
-                                      shell=True)
+                                      trusted_shell_line=True)
     master_port: int = documented(6000, "rendezvous port on the first node")
     failure_budget: int = documented(3, "array tasks in a row without progress before the next one stops; 0: never")
     signal_seconds: int | None = documented(

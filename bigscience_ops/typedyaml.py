@@ -20,9 +20,9 @@ import yaml
 from bigscience_ops.errors import ConfigError
 
 
-def documented(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None, shell: bool = False) -> Any:
-    """A field with its doc. `shell=True` marks trusted shell lines: a tab is allowed there, a line break never."""
-    metadata = {"doc": doc, "text": SHELL_LINE if shell else PLAIN}
+def documented(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None, trusted_shell_line: bool = False) -> Any:
+    """A field with its doc. `trusted_shell_line` marks trusted shell lines: a tab is allowed there, a line break never."""
+    metadata = {"doc": doc, "text": SHELL_LINE if trusted_shell_line else PLAIN}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
