@@ -7,25 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fixtures_trainer import checkpoint_steps, scalars
+from tests.fixtures_trainer import checkpoint_steps, scalars, shrunk_tiny_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BSOPS = str(Path(sys.executable).with_name("bsops"))
 
 # tiny's scripts, data and PP=2 x 2 "nodes", shrunk to seconds: 2 array tasks, the first exits at step 15.
-SMALL = f"""
-base: tiny
-description: tiny shrunk for the launch test
-model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 64}}
-batch: {{global_batch_size: 8, micro_batch_size: 2, rampup: {{start: 4, increment: 2, samples: 40}}}}
-train: {{samples: 200}}
-lr_schedule: {{warmup_samples: 40}}
-checkpoint: {{save_interval: 10, exit_interval: 15}}
-logging: {{log_interval: 5, eval_interval: 10, eval_iters: 1}}
-data:
-  blend: [{{prefix: {REPO}/corpus/build/tiny_text_document}}]
-  tokenizer: {{kind: json, json_file: {REPO}/corpus/tokenizer.json}}
-"""
+SMALL = shrunk_tiny_yaml("launch", 5)
 
 
 def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):

@@ -18,24 +18,12 @@ import pytest
 
 from bigscience_ops import ledger
 from bigscience_ops.trainer.train import TrainerError, fail_at
+from tests.fixtures_trainer import shrunk_tiny_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BSOPS = str(Path(sys.executable).with_name("bsops"))
 
-SMALL = f"""
-base: tiny
-description: tiny shrunk for the failure test
-model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 64}}
-batch: {{global_batch_size: 8, micro_batch_size: 2, rampup: {{start: 4, increment: 2, samples: 40}}}}
-train: {{samples: 200}}
-lr_schedule: {{warmup_samples: 40}}
-checkpoint: {{save_interval: 10, exit_interval: 15}}
-logging: {{log_interval: 1, eval_interval: 10, eval_iters: 1}}
-slurm: {{array: 1}}
-data:
-  blend: [{{prefix: {REPO}/corpus/build/tiny_text_document}}]
-  tokenizer: {{kind: json, json_file: {REPO}/corpus/tokenizer.json}}
-"""
+SMALL = shrunk_tiny_yaml("failure", 1, "slurm: {array: 1}\n")
 
 
 def _processes_mentioning(text: str) -> list[int]:
