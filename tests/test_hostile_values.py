@@ -2,7 +2,8 @@
 
 Two walls, each tested on its own: the config loader refuses the value with its field path, and
 rendering refuses it even when a value bypasses the loader (a hand-built config, a derived path).
-A job-script template joins the table by adding one renderer to RENDERERS.
+A job-script template joins the table by adding one renderer to RENDERERS. The scrontab block is
+built without templates and has a wall of its own, tested over the same HOSTILE table.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from bigscience_ops import render as rendering
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.config import Experiment, load_experiment
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.ops import cron
+from bigscience_ops.ops import cron, scrontab
 
 # A value that would end an #SBATCH line and run a command, and its cousins.
 HOSTILE = {
@@ -193,3 +194,49 @@ def test_cron_add_refuses_hostile_values_and_writes_nothing(trainings: Path, tmp
                                        "--trainings-dir", str(trainings)])
     assert result.exit_code == EXIT_ERROR, result.output
     assert list((cron_dir / "cron.hourly").iterdir()) == []
+
+
+# Where each scrontab field's value goes: a CronSettings built in code, bypassing cron.yaml's loader.
+SCRONTAB_FIELDS = ["name_prefix", "time", "partition", "account", "qos", "cron_dir", "env_setup"]
+
+
+def _scrontab_block(where: str, value: str, tmp_path: Path) -> str:
+    if where == "cron_dir":
+        return scrontab.block(tmp_path / value, cron.CronSettings())
+    settings = dataclasses.replace(cron.CronSettings(), **{where: [value] if where == "env_setup" else value})
+    return scrontab.block(tmp_path, settings)
+
+
+# A tab is allowed in a trusted shell line (tested below).
+@pytest.mark.parametrize(("where", "kind"), [(w, k) for w in SCRONTAB_FIELDS for k in HOSTILE
+                                             if (w, k) != ("env_setup", "tab")])
+def test_scrontab_block_refuses_control_characters(where: str, kind: str, tmp_path: Path) -> None:
+    with pytest.raises(scrontab.ScrontabError) as caught:
+        _scrontab_block(where, HOSTILE[kind], tmp_path)
+    assert repr(HOSTILE[kind])[1:-1] in str(caught.value)  # the message shows the value
+
+
+@pytest.mark.parametrize("where", SCRONTAB_FIELDS)
+def test_scrontab_block_carries_the_same_field_without_control_characters(where: str, tmp_path: Path) -> None:
+    """Each field really reaches a line of the block (else the refusal above proves nothing)."""
+    value = "00:17:00" if where == "time" else "abc-17"
+    assert value in _scrontab_block(where, value, tmp_path)
+
+
+def test_cron_env_setup_allows_a_tab_but_no_line_break(tmp_path: Path) -> None:
+    with_tab = "export A=1\t# aligned"
+    (tmp_path / "cron.yaml").write_text(yaml.safe_dump({"env_setup": ["module load cuda", with_tab]}),
+                                        encoding="utf-8")
+    settings = cron.load_settings(tmp_path)
+    assert settings.env_setup == ["module load cuda", with_tab]
+    assert f"\n{with_tab}\n" in cron.render_runner(tmp_path, "hourly", settings).text
+    assert f"; {with_tab}; bsops cron run hourly " in scrontab.block(tmp_path, settings)
+    for bad in ("export A=1\ntouch /tmp/pwned", "export A=1\r", "a\x00"):
+        (tmp_path / "cron.yaml").write_text(yaml.safe_dump({"env_setup": ["module load cuda", bad]}),
+                                            encoding="utf-8")
+        with pytest.raises(ConfigError) as caught:
+            cron.load_settings(tmp_path)
+        assert caught.value.field == "env_setup[1]"
+        # The renderer's wall, for settings built in code.
+        with pytest.raises(rendering.RenderError):
+            cron.render_runner(tmp_path, "hourly", dataclasses.replace(settings, env_setup=[bad]))

@@ -87,6 +87,17 @@ def test_a_broken_block_is_refused_and_nothing_installed(client: Path, tmp_path:
     assert client.read_text() == USERS_OWN + scrontab.BEGIN + "\n0 * * * * x\n"
 
 
+def test_a_cron_folder_resolving_to_a_name_with_a_newline_is_refused(client: Path, tmp_path: Path) -> None:
+    """The cron folder's path goes on the entry's line; a symlink can hide a newline in its target."""
+    target = tmp_path / "cron\n* * * * * touch pwned"
+    target.mkdir()
+    (tmp_path / "cron").symlink_to(target)
+    client.write_text(USERS_OWN)
+    result = CliRunner().invoke(main, ["cron", "install", "--scrontab", "--cron-dir", str(tmp_path / "cron")])
+    assert result.exit_code != 0 and repr(str(target)) in result.output
+    assert client.read_text() == USERS_OWN
+
+
 def test_without_a_client_the_block_is_written_for_a_login_node(tmp_path: Path, monkeypatch) -> None:
     if shutil.which("scrontab"):
         pytest.skip("this machine has a scrontab client")

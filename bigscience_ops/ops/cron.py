@@ -39,7 +39,8 @@ class CronSettings:
     qos: str | None = documented(None, "--qos of the runner jobs")
     time: str = documented("00:20:00", "--time of one runner job")
     name_prefix: str = documented("bsops-cron", "runner job names are <prefix>-hourly and <prefix>-daily")
-    env_setup: list[str] = documented(factory=list, doc="shell lines that put bsops on PATH")
+    env_setup: list[str] = documented(factory=list, doc="shell lines that put bsops on PATH (trusted shell code, "
+                                      "one line per item)", trusted_shell_line=True)
     alerts: AlertsConfig = documented(factory=AlertsConfig, doc="who is told when a submission fails")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.cron import PERIODS, CronSettings, load_settings, runner_name
+from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, control_allowed, control_character
 
 SCHEDULES = {"hourly": "0 * * * *", "daily": "0 0 * * *"}
 BEGIN = "# >>> bsops cron (managed by `bsops cron install --scrontab`; edit outside this block) >>>"
@@ -30,7 +31,9 @@ class ScrontabError(BsopsError):
 
 def block(cron_dir: Path, settings: CronSettings) -> str:
     """The marked block: one entry per period doing what the self-respawning runners do."""
+    _refuse_control("cron folder", str(cron_dir))  # before resolve(), which fails on a NUL
     cron_dir = Path(cron_dir).resolve()
+    _refuse_control_in_values(cron_dir, settings)
     lines = [BEGIN]
     for period in PERIODS:
         lines.append(f"#SCRON --job-name={shlex.quote(runner_name(period, settings.name_prefix))}")
@@ -43,6 +46,28 @@ def block(cron_dir: Path, settings: CronSettings) -> str:
         lines.append(f"{SCHEDULES[period]} " + (setup + "; " if setup else "") + shlex.join(command))
     lines.append(END)
     return "\n".join(lines) + "\n"
+
+
+def _refuse_control_in_values(cron_dir: Path, settings: CronSettings) -> None:
+    """Refuse any control character in a value the block puts on a line, before building anything.
+
+    The second wall behind cron.yaml's loader (settings built in code bypass it): a line break in a
+    value would start a new scrontab line, which cron runs as a command.
+    """
+    for period in PERIODS:
+        _refuse_control(f"job name of the {period} entry (name_prefix)", runner_name(period, settings.name_prefix))
+    for opt in ("time", "partition", "account", "qos"):
+        if getattr(settings, opt) is not None:
+            _refuse_control(opt, getattr(settings, opt))
+    _refuse_control("cron folder", str(cron_dir))  # resolved: a symlink's target may hold one
+    for i, line in enumerate(settings.env_setup):
+        _refuse_control(f"env_setup[{i}]", line, SHELL_LINE)
+
+
+def _refuse_control(field: str, value: str, kind: str = PLAIN) -> None:
+    bad = control_character(value, kind)
+    if bad is not None:
+        raise ScrontabError(f"refusing to put {field} {value!r} into the scrontab: {bad}; {control_allowed(kind)}")
 
 
 def merge(existing: str, new_block: str) -> str:
