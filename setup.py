@@ -1,14 +1,19 @@
-"""Build step: copy the bundled folders into the wheel as bigscience_ops/bundled/<name>/.
+"""Build steps: copy the bundled folders into the wheel; compile the shuffle helper.
 
 templates/, trainings/, corpus/ and cron/ stay at the top of the source tree; a non-editable
-`pip install .` gets a copy inside the package, where bigscience_ops/resources.py finds them.
+`pip install .` gets a copy inside the package as bigscience_ops/bundled/<name>/, where
+bigscience_ops/resources.py finds them.
+
+bigscience_ops/data/_shuffle.c (numpy's RandomState.shuffle with prefetch, for the GPT dataset
+index build) is compiled by `pip install .` and `pip install -e .` alike. It is optional: without a
+C compiler the install still succeeds and the index build uses numpy's own, slower shuffle.
 Everything else is configured in pyproject.toml.
 """
 
 import shutil
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 BUNDLED = ("templates", "trainings", "corpus", "cron")
@@ -28,4 +33,7 @@ class BuildPyWithBundled(build_py):
             shutil.copytree(root / name, dest, ignore=IGNORE)
 
 
-setup(cmdclass={"build_py": BuildPyWithBundled})
+SHUFFLE = Extension("bigscience_ops.data._shuffle", ["bigscience_ops/data/_shuffle.c"],
+                    extra_compile_args=["-O3"], optional=True)
+
+setup(cmdclass={"build_py": BuildPyWithBundled}, ext_modules=[SHUFFLE])

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Creates .venv with bsops and its test dependencies. Idempotent: a second run with an unchanged
-# pyproject.toml returns at once. Usage: bash scripts/setup.sh
+# Creates .venv with bsops and its test dependencies. Idempotent: a second run with unchanged
+# pyproject.toml, setup.py and C sources returns at once; a change to any of them reinstalls, which
+# also recompiles the C helper (bigscience_ops/data/_shuffle.c). Usage: bash scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
 stamp=$venv/.setup-stamp
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.py bigscience_ops/data/*.c | sha256sum | cut -d' ' -f1)
 if [[ -x $venv/bin/bsops && -f $stamp && $(cat "$stamp") == "$want" ]]; then
     exit 0
 fi
 echo "setup: creating $venv and installing bigscience-ops (first run takes a few minutes)" >&2
 python3 -m venv "$venv"
+# The install below rebuilds the C helper from its current source, whatever the timestamps (the
+# build skips an extension whose .so is newer than its source).
+rm -f bigscience_ops/data/_shuffle*.so
 "$venv/bin/pip" install --quiet --upgrade pip
 # torch first and pinned: it is the large one, and the pin keeps pip on the local CPU wheel.
 "$venv/bin/pip" install --quiet torch==2.13.0

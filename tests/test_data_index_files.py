@@ -35,9 +35,14 @@ CASES.append((_FULL, 0, 400, (3 * int(_FULL.sum()) - 1) // 16 - 2, 16, 2))  # 3 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("chunk", [7, 1 << 21])
-def test_files_equal_in_memory_build_saved_with_np_save(tmp_path, monkeypatch, case, chunk):
+@pytest.mark.parametrize("shuffle", ["compiled", "numpy"])
+def test_files_equal_in_memory_build_saved_with_np_save(tmp_path, monkeypatch, case, chunk, shuffle):
     sizes, first, end, num_samples, seq_length, seed = CASES[case]
     monkeypatch.setattr(ixf, "CHUNK", chunk)
+    if shuffle == "numpy":  # as where the C helper could not be compiled
+        monkeypatch.setattr(ixf, "_compiled", None)
+    else:
+        assert ixf._compiled is not None, "bigscience_ops/data/_shuffle.c is not built: pip install -e ."
     expected = gd.build_index_mappings(sizes, first, end, num_samples, seq_length, seed)
     paths = tuple(tmp_path / f"{name}.npy" for name in ("doc", "sample", "shuffle"))
     ixf.write_index_mappings(sizes, first, end, num_samples, seq_length, seed, paths)
