@@ -4,13 +4,15 @@ Baseline: what Megatron-DeepSpeed's tools/preprocess_data.py does per line with 
 text-mode jsonl reading, `json.loads`, OpenAI's byte-level BPE in pure Python (encoder.py's
 algorithm with its regex, as megatron/tokenizer/gpt2_tokenization.py runs it, with its lru caches),
 EOD appended, each document written to the .bin as a numpy array; the .idx in the same format.
-bsops: `preprocess()` with 1 worker, then with 2..N workers (N: the cores available).
+bsops: `preprocess()` with 1 worker, on tiktoken and on fastokens (the default backend, with its
+1% cross-check against tiktoken); then fastokens with 1..N workers (N: the cores available) on the
+corpus repeated to --scale-mb, where a run's fixed costs no longer decide the ratio.
 
 Corpora: the bundled KJV corpus (prose, 1189 documents of ~3.6 KB), and the Python
 standard library's sources (code: indentation runs, punctuation, documents from 0.1 to 300 KB).
 For each it prints MB/s, the ratio bsops 1 worker / baseline (per core), the ratio N workers /
-1 worker (and against N), checks that every run's .bin/.idx bytes equal the baseline's, and breaks
-bsops' single-worker time down by stage.
+1 worker (and against N), checks that every run's .bin/.idx bytes equal the baseline's (the
+workers' runs: 1 worker's), and breaks bsops' single-worker time down by stage.
 
     python benchmarks/preprocess.py                 # KJV (4.1 MB) and 10 MB of code
     python benchmarks/preprocess.py --mb 4          # quicker
@@ -171,25 +173,30 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run_bsops(src: Path, prefix: str, workers: int) -> tuple[float, float]:
-    """Wall and CPU seconds (all processes) of preprocess(); the tokenizer is built beforehand."""
+def run_bsops(src: Path, prefix: str, workers: int, backend: str = "auto") -> tuple[float, float]:
+    """Wall and CPU seconds (all processes) of preprocess() as `bsops preprocess` runs it (a fastokens
+    run cross-checks 1% of the text with tiktoken); the tokenizers are built beforehand."""
     from bigscience_ops.data.preprocess import preprocess
     from bigscience_ops.data.tokenizer import resolve_tokenizer
 
     t0, c0 = time.perf_counter(), cpu_seconds()
-    preprocess([src], prefix, resolve_tokenizer("gpt2"), ("text",), append_eod=True, workers=workers)
+    preprocess([src], prefix, resolve_tokenizer("gpt2", backend=backend), ("text",), append_eod=True,
+               workers=workers)
     return time.perf_counter() - t0, cpu_seconds() - c0
 
 
 def stage_profile(src: Path) -> dict[str, float]:
     """bsops' single-worker work split by stage, timed over the whole file."""
-    from bigscience_ops.data.preprocess import CHUNK_BYTES
-    from bigscience_ops.data.tokenizer import build_tokenizer, resolve_tokenizer
+    from bigscience_ops.data.preprocess import CHECK_FRACTION, CHUNK_BYTES
+    from bigscience_ops.data.tokenizer import CrossCheck, build_tokenizer, reference_tokenizer, resolve_tokenizer
 
-    tok = build_tokenizer(resolve_tokenizer("gpt2"))
-    eod = np.array([tok.eod], dtype=np.uint32)
-    t = dict.fromkeys(("read and split lines", "utf-8 decode + json.loads", "tokenize (tiktoken)",
-                       "join + uint16 + write"), 0.0)
+    spec = resolve_tokenizer("gpt2")
+    tok = build_tokenizer(spec)
+    check = CrossCheck(reference_tokenizer(spec), CHECK_FRACTION)
+    eod = tok.eod
+    t = dict.fromkeys(("read and split lines", "utf-8 decode + json.loads", f"tokenize ({tok.backend})",
+                       f"cross-check {CHECK_FRACTION:.0%} ({check.reference.backend})",
+                       "EOD + uint16 + write"), 0.0)
     with open(src, "rb") as f, open(os.devnull, "wb") as sink:
         while True:
             t0 = time.perf_counter()
@@ -201,13 +208,14 @@ def stage_profile(src: Path) -> dict[str, float]:
             t1 = time.perf_counter()
             texts = [json.loads(line.decode("utf-8"))["text"] for line in lines if line]
             t2 = time.perf_counter()
-            arrays = [tok.encode_array(x) for x in texts]
+            ids, lengths = tok.encode_batch(texts)
             t3 = time.perf_counter()
-            parts = [p for a in arrays for p in (a, eod)]
-            sink.write(np.concatenate(parts).astype(np.uint16).tobytes())
-            np.array([len(a) + 1 for a in arrays], dtype=np.int32)
+            assert check.first_mismatch(texts, ids, lengths) is None
             t4 = time.perf_counter()
-            for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            sink.write(np.insert(ids, np.cumsum(lengths), eod).astype(np.uint16).tobytes())
+            (lengths + 1).astype(np.int32)
+            t5 = time.perf_counter()
+            for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
                 t[k] += dt
     return t
 
@@ -216,7 +224,8 @@ def same_bytes(a: str, b: str) -> bool:
     return all(Path(a + ext).read_bytes() == Path(b + ext).read_bytes() for ext in (".bin", ".idx"))
 
 
-def bench(name: str, src: Path, tmp: Path, baseline_tok: MegatronGPT2BPE, max_workers: int, repeat: int) -> None:
+def bench(name: str, src: Path, tmp: Path, baseline_tok: MegatronGPT2BPE, max_workers: int, repeat: int,
+          scale_mb: float) -> None:
     mb = src.stat().st_size / 2**20
     with open(src, "rb") as f:
         docs = sum(1 for _ in f)
@@ -231,20 +240,42 @@ def bench(name: str, src: Path, tmp: Path, baseline_tok: MegatronGPT2BPE, max_wo
     base_s, base_cpu = min(r[0] for r in base_runs), min(r[1] for r in base_runs)
     print(f"  {'Megatron pure-Python GPT-2 BPE, 1 process':<40} {base_s:7.2f} s {mb / base_s:6.2f} MB/s "
           f"(CPU {base_cpu:5.2f} s)")
+    prefix = str(tmp / f"{name}_tiktoken")
+    runs = [run_bsops(src, prefix, 1, "tiktoken") for _ in range(repeat)]
+    secs, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
+    if not same_bytes(prefix + "_text_document", base_prefix):
+        raise SystemExit(f"{name}: bsops --tokenizer-backend tiktoken .bin/.idx bytes differ from the baseline's")
+    print(f"  {'bsops --tokenizer-backend tiktoken':<40} {secs:7.2f} s {mb / secs:6.2f} MB/s (CPU {cpu:5.2f} s)"
+          f"  {base_s / secs:5.2f}x baseline per core (CPU: {base_cpu / cpu:5.2f}x)")
+    prefix = str(tmp / f"{name}_fastokens")
+    runs = [run_bsops(src, prefix, 1) for _ in range(repeat)]
+    secs, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
+    if not same_bytes(prefix + "_text_document", base_prefix):
+        raise SystemExit(f"{name}: bsops (fastokens) .bin/.idx bytes differ from the baseline's")
+    print(f"  {'bsops (fastokens, 1% cross-checked)':<40} {secs:7.2f} s {mb / secs:6.2f} MB/s (CPU {cpu:5.2f} s)"
+          f"  {base_s / secs:5.2f}x baseline per core (CPU: {base_cpu / cpu:5.2f}x)")
+    # Workers: on the corpus repeated to scale_mb, so that a run's fixed costs (forking the pool,
+    # the last chunk) do not decide the ratio; the same bytes for every worker count.
+    big = tmp / f"{name}_x.jsonl"
+    copies = max(1, round(scale_mb / mb))
+    with open(big, "wb") as out:
+        for _ in range(copies):
+            out.write(src.read_bytes())
+    big_mb = mb * copies
+    print(f"  workers, on the corpus {copies} times over ({big_mb:.0f} MB):")
     one_s = one_cpu = None
     for workers in range(1, max_workers + 1):
-        prefix = str(tmp / f"{name}_w{workers}")
-        runs = [run_bsops(src, prefix, workers) for _ in range(repeat)]
+        prefix = str(tmp / f"{name}_x_w{workers}")
+        runs = [run_bsops(big, prefix, workers) for _ in range(repeat)]
         secs, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
-        if not same_bytes(prefix + "_text_document", base_prefix):
-            raise SystemExit(f"{name}: bsops --workers {workers} .bin/.idx bytes differ from the baseline's")
+        if workers > 1 and not same_bytes(prefix + "_text_document", str(tmp / f"{name}_x_w1_text_document")):
+            raise SystemExit(f"{name}: bsops --workers {workers} .bin/.idx bytes differ from --workers 1's")
         one_s, one_cpu = one_s or secs, one_cpu or cpu
-        extra = (f"{base_s / secs:5.2f}x baseline per core (CPU: {base_cpu / cpu:5.2f}x)" if workers == 1 else
-                 f"{one_s / secs:4.2f}x 1 worker = {one_s / secs / workers:4.2f} x N; "
-                 f"CPU {cpu / one_cpu:4.2f}x 1 worker's")
-        print(f"  {f'bsops preprocess --workers {workers}':<40} {secs:7.2f} s {mb / secs:6.2f} MB/s "
-              f"(CPU {cpu:5.2f} s)  {extra}")
-    print("  .bin/.idx bytes identical to the baseline's: yes")
+        extra = "" if workers == 1 else (f"  {one_s / secs:4.2f}x 1 worker = {one_s / secs / workers:4.2f} x N; "
+                                         f"CPU {cpu / one_cpu:4.2f}x 1 worker's")
+        print(f"  {f'bsops (fastokens) --workers {workers}':<40} {secs:7.2f} s {big_mb / secs:6.1f} MB/s "
+              f"(CPU {cpu:5.2f} s){extra}")
+    print("  .bin/.idx bytes identical to the baseline's: yes (every worker count: identical to 1 worker's)")
     stages = stage_profile(src)
     total = sum(stages.values())
     print(f"  bsops 1 worker by stage ({total:.2f} s, {mb / total:.1f} MB/s):")
@@ -258,13 +289,17 @@ def main() -> None:
     ap.add_argument("--input", type=Path, default=None, help="also this jsonl file (a 'text' key)")
     ap.add_argument("--max-workers", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--repeat", type=int, default=3, help="bsops runs per setting (best wall time kept)")
+    ap.add_argument("--scale-mb", type=float, default=100, help="size the workers are measured on")
     args = ap.parse_args()
-    from bigscience_ops.data.tokenizer import build_tokenizer, gpt2_files_from_package, resolve_tokenizer
+    from bigscience_ops.data.tokenizer import (build_tokenizer, gpt2_files_from_package, reference_tokenizer,
+                                               resolve_tokenizer)
 
     baseline_tok = MegatronGPT2BPE(*gpt2_files_from_package())  # loading not timed, as Megatron's rates
     t0 = time.perf_counter()
-    build_tokenizer(resolve_tokenizer("gpt2"))  # cached for the runs; forked workers inherit it
-    print(f"bsops tokenizer build + check against tokenizers: {time.perf_counter() - t0:.2f} s "
+    for backend in ("auto", "tiktoken"):  # cached for the runs; forked workers inherit them
+        build_tokenizer(resolve_tokenizer("gpt2", backend=backend))
+    reference_tokenizer(resolve_tokenizer("gpt2"))
+    print(f"bsops tokenizer builds + checks against tokenizers: {time.perf_counter() - t0:.2f} s "
           "(once per run, not in the figures below)")
     load = os.getloadavg()[0]
     print(f"{len(os.sched_getaffinity(0))} cores, load average {load:.1f} at start "
@@ -274,9 +309,9 @@ def main() -> None:
         corpora = [("kjv", make_kjv), ("python-stdlib", make_code)]
         for name, make in corpora:
             make(tmp / f"{name}.jsonl", args.mb)
-            bench(name, tmp / f"{name}.jsonl", tmp, baseline_tok, args.max_workers, args.repeat)
+            bench(name, tmp / f"{name}.jsonl", tmp, baseline_tok, args.max_workers, args.repeat, args.scale_mb)
         if args.input is not None:
-            bench(args.input.stem, args.input, tmp, baseline_tok, args.max_workers, args.repeat)
+            bench(args.input.stem, args.input, tmp, baseline_tok, args.max_workers, args.repeat, args.scale_mb)
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end", file=sys.stderr)
 
 

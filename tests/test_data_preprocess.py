@@ -136,6 +136,8 @@ def test_cli_preprocess_progress_and_merge(tmp_path):
     assert re.search(r"^Processed \d+ documents \([\d.]+ docs/s, [\d.]+ MB/s\)\.$", res.stderr, re.M)
     assert f"{src}:2: malformed-json" in res.stderr
     assert "documents in 268, out 259, dropped 8" in res.stdout  # + 1 empty document
+    assert re.search(r"^tokenizer fastokens:encoder.json, tokens uint16\ncross-checked [1-9]\d* documents "
+                     r"against tiktoken:encoder: identical ids$", res.stdout, re.M), res.stdout
     res = runner.invoke(main, ["preprocess", "--input", str(src), "--tokenizer", "gpt2",
                                "--output-prefix", str(tmp_path / "s"), "--strict"])
     assert res.exit_code == 2 and f"{src}:2: malformed-json" in res.stderr
@@ -149,10 +151,10 @@ def test_cli_preprocess_progress_and_merge(tmp_path):
 def test_ctrl_c_never_leaves_a_complete_looking_index(tmp_path):
     src = tmp_path / "big.jsonl"
     line = good_line("many words " * 400)
-    src.write_bytes(line * 6000)  # ~26 MB: several seconds of work
+    src.write_bytes(line * 6000)  # ~26 MB: several seconds of work for the slowest backend
     prefix = tmp_path / "out"
     bsops = str(Path(sys.executable).with_name("bsops"))
-    proc = subprocess.Popen([bsops, "preprocess", "--input", str(src),
+    proc = subprocess.Popen([bsops, "preprocess", "--input", str(src), "--tokenizer-backend", "tokenizers",
                              "--tokenizer", "gpt2", "--output-prefix", str(prefix), "--append-eod"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
@@ -222,3 +224,53 @@ def test_small_chunks_keep_bytes_and_line_numbers(tmp_path, spec, monkeypatch, n
         assert Path(cut.outputs["text"] + ext).read_bytes() == Path(whole.outputs["text"] + ext).read_bytes()
     assert len(seen) > 10 and seen[-1].fraction == 1.0
     assert [p.fraction for p in seen] == sorted(p.fraction for p in seen)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_backend_writes_the_same_bytes_and_fastokens_runs_are_cross_checked(tmp_path, workers):
+    src = tmp_path / "m.jsonl"
+    write_mixed(src)
+    with open(src, "ab") as f:
+        for i in range(400):
+            f.write(good_line(f"line {i} <|endoftext|> ünï " * (i % 9)))
+    written = {}
+    for backend in ("tokenizers", "tiktoken", "fastokens"):
+        r = preprocess([src], str(tmp_path / backend), resolve_tokenizer("gpt2", backend=backend),
+                       append_eod=True, workers=workers, check_fraction=0.2)
+        assert r.tokenizer.startswith(backend)
+        written[backend] = [Path(r.outputs["text"] + ext).read_bytes() for ext in (".bin", ".idx")]
+        assert r.problem_counts["empty"] == 1 + 400 // 9 + 1  # write_mixed's one, and i % 9 == 0
+        if backend == "fastokens":  # about a fifth of the text, in every worker, all identical
+            assert r.reference.startswith("tiktoken") and 60 < r.cross_checked < 200
+        else:
+            assert r.reference is None and r.cross_checked == 0
+    assert written["tokenizers"] == written["tiktoken"] == written["fastokens"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_cross_check_difference_stops_the_run_naming_the_line(tmp_path, monkeypatch, workers):
+    """A fastokens id that differs from the reference's (simulated) stops the run; nothing is written."""
+    from bigscience_ops.data.errors import TokenizerError
+    from bigscience_ops.data.tokenizer import FastokensTokenizer
+
+    real = FastokensTokenizer.encode_batch
+
+    def one_wrong_id(self, texts):
+        ids, lengths = real(self, texts)
+        ids = ids.copy()
+        for i, text in enumerate(texts):
+            if text.startswith("odd one"):
+                ids[int(lengths[:i + 1].sum()) - 1] += 1
+        return ids, lengths
+
+    monkeypatch.setattr(FastokensTokenizer, "encode_batch", one_wrong_id)
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(good_line(f"document {i}") for i in range(50)) + good_line("odd one out")
+                    + b"".join(good_line(f"document {i}") for i in range(50)))
+    with pytest.raises(TokenizerError, match=rf"{src}:51: the fastokens:\S+ tokenizer and the reference "
+                                             r"tiktoken:\S+ disagree .*first difference at id 2: \[\d+\] vs \[\d+\]"):
+        preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2"), workers=workers, check_fraction=1.0)
+    assert not list(tmp_path.glob("out_*.bin")) and not list(tmp_path.glob("out_*.idx"))
+    # Turned off, the same run goes through (and writes the wrong id: the check is what stands guard).
+    r = preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2"), workers=workers, check_fraction=0.0)
+    assert r.reference is None and r.docs_out == {"text": 101}

@@ -2,7 +2,7 @@
 
 Modules:
   indexed.py      the MMapIndexedDataset file format: writer (atomic), reader, merge
-  tokenizer.py    GPT-2 BPE from vocab.json + merges.txt, any tokenizer.json; tiktoken fast path
+  tokenizer.py    GPT-2 BPE from vocab.json + merges.txt, any tokenizer.json; fastokens and tiktoken fast paths
   preprocess.py   jsonl[.gz|.xz] -> tokens as Megatron's preprocess_data.py, bad-line accounting, workers
   gpt_dataset.py  Megatron's GPT dataset: doc/sample/shuffle indices, split, blend, cache
   index_files.py  those indices built straight into their .npy files in bounded memory

@@ -13,6 +13,10 @@ says otherwise (see `tokenizer.py`), so the bytes equal Megatron's on any text.
 The main process cuts the inputs into chunks of whole lines; `workers` processes read (plain files)
 or receive (compressed ones) each chunk, parse and tokenize it, and the main process writes the
 results in order. Outputs appear only when complete (see `indexed.IndexedDatasetWriter`).
+
+A chunk's documents are tokenized in one batch call. When the backend is fastokens, about
+`check_fraction` of the text is also encoded by the reference tokenizer (tiktoken, or tokenizers)
+and compared; a difference stops the run, naming the file and line, and writes nothing.
 """
 
 from __future__ import annotations
@@ -33,14 +37,16 @@ from typing import BinaryIO
 
 import numpy as np
 
-from bigscience_ops.data.errors import BadInputError, DataError
+from bigscience_ops.data.errors import BadInputError, DataError, TokenizerError
 from bigscience_ops.data.indexed import IndexedDatasetWriter, best_fitting_dtype
-from bigscience_ops.data.tokenizer import Tokenizer, TokenizerSpec, build_tokenizer
+from bigscience_ops.data.tokenizer import (CrossCheck, Tokenizer, TokenizerSpec, build_tokenizer,
+                                           reference_tokenizer)
 
 PROBLEM_KINDS = ("invalid-utf8", "malformed-json", "not-an-object", "missing-key", "not-a-string", "empty")
 LINE_PROBLEMS = PROBLEM_KINDS[:-1]  # these drop the whole line; "empty" drops one key's document
-CHUNK_BYTES = 1 << 18  # lines handed to a worker at a time (small: even load at the end of a run)
+CHUNK_BYTES = 1 << 22  # lines handed to a worker at a time: ~30 ms of fastokens work, even load at the end
 KEEP_PROBLEMS = 100  # problems kept in the result; all of them go to the problems file
+CHECK_FRACTION = 0.01  # of a fastokens run's text re-encoded with the reference tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +93,8 @@ class PreprocessResult:
     problems: list[Problem]  # the first KEEP_PROBLEMS
     problems_file: str | None
     seconds: float
+    cross_checked: int = 0  # documents re-encoded with the reference tokenizer, all identical
+    reference: str | None = None  # that tokenizer's name; None when the run was not cross-checked
 
     @property
     def lines_dropped(self) -> int:
@@ -112,6 +120,8 @@ class _Encoded:
     lines: int
     bytes_in: int
     done_after: int
+    checked: int = 0  # documents re-encoded by the cross-check
+    mismatch: Problem | None = None  # the cross-check's finding: the run stops
 
 
 # --- worker side -----------------------------------------------------------------------------
@@ -120,9 +130,15 @@ _worker: dict = {}
 
 
 def _init_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, dtype: str,
-                 tok: Tokenizer | None = None) -> None:
+                 check_fraction: float, tok: Tokenizer | None = None) -> None:
     tok = tok or build_tokenizer(spec, verify=False)
-    _worker.update(tok=tok, keys=keys, eod=tok.eod if append_eod else None, dtype=np.dtype(dtype))
+    check = CrossCheck(reference_tokenizer(spec), check_fraction) if _cross_checked(tok, check_fraction) else None
+    _worker.update(tok=tok, keys=keys, eod=tok.eod if append_eod else None, dtype=np.dtype(dtype), check=check)
+
+
+def _cross_checked(tok: Tokenizer, fraction: float) -> bool:
+    """Whether a run re-encodes a sample with the reference tokenizer: fastokens runs, unless turned off."""
+    return tok.backend == "fastokens" and fraction > 0
 
 
 def _line_problem(line: bytes, keys: tuple[str, ...]) -> tuple[tuple[str, str] | None, dict | None]:
@@ -165,32 +181,44 @@ def _chunk_lines(chunk: _Chunk) -> list[bytes]:
 
 
 def _encode_chunk(chunk: _Chunk) -> _Encoded:
-    tok, keys, eod, dtype = _worker["tok"], _worker["keys"], _worker["eod"], _worker["dtype"]
-    encode = tok.encode_array
-    eod_part = None if eod is None else np.array([eod], dtype=np.uint32)
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    sizes: dict[str, list[int]] = {k: [] for k in keys}
+    tok, keys, eod, dtype, check = (_worker[k] for k in ("tok", "keys", "eod", "dtype", "check"))
     problems: list[Problem] = []
     lines = _chunk_lines(chunk)
+    texts: dict[str, list[str]] = {k: [] for k in keys}
+    line_of: list[int] = []  # the chunk line of each usable line
     for i, line in enumerate(lines):
         problem, obj = _line_problem(line, keys)
         if problem is not None:
             problems.append(Problem(chunk.path, i, *problem))
             continue
+        line_of.append(i)
         for key in keys:
-            # As Megatron's: a key whose text gives no tokens has no document; the others still do.
-            ids = encode(obj[key])
-            if not len(ids):
-                problems.append(Problem(chunk.path, i, "empty", f"{key!r} is an empty document"))
-                continue
-            parts[key].append(ids)
-            if eod_part is not None:
-                parts[key].append(eod_part)
-            sizes[key].append(len(ids) + (eod_part is not None))
-    return _Encoded(
-        tokens={k: np.concatenate(v).astype(dtype) if v else np.zeros(0, dtype) for k, v in parts.items()},
-        sizes={k: np.array(v, dtype=np.int32) for k, v in sizes.items()},
-        path=chunk.path, problems=problems, lines=len(lines), bytes_in=chunk.length, done_after=chunk.done_after)
+            texts[key].append(obj[key])
+    tokens: dict[str, np.ndarray] = {}
+    sizes: dict[str, np.ndarray] = {}
+    checked = 0
+    for key in keys:
+        ids, lengths = tok.encode_batch(texts[key])
+        if check is not None:
+            before = check.documents
+            bad = check.first_mismatch(texts[key], ids, lengths)
+            checked += check.documents - before
+            if bad is not None:
+                mismatch = Problem(chunk.path, line_of[bad[0]], "tokenizer-mismatch", f"{key!r}: {bad[1]}")
+                return _Encoded({}, {}, chunk.path, [mismatch], len(lines), chunk.length, chunk.done_after,
+                                checked, mismatch)
+        # As Megatron's: a key whose text gives no tokens has no document; the others still do.
+        kept = lengths > 0
+        problems += [Problem(chunk.path, line_of[j], "empty", f"{key!r} is an empty document")
+                     for j in np.flatnonzero(~kept).tolist()]
+        lengths = lengths[kept]
+        if eod is not None:
+            ids = np.insert(ids, np.cumsum(lengths), eod)
+            lengths = lengths + 1
+        tokens[key] = ids.astype(dtype)
+        sizes[key] = lengths.astype(np.int32)
+    problems.sort(key=lambda p: p.line)  # stable: a line's keys stay in order
+    return _Encoded(tokens, sizes, chunk.path, problems, len(lines), chunk.length, chunk.done_after, checked)
 
 
 # --- main side -------------------------------------------------------------------------------
@@ -258,6 +286,7 @@ def preprocess(
     workers: int = 1,
     strict: bool = False,
     progress: Callable[[Progress], None] | None = None,
+    check_fraction: float = CHECK_FRACTION,
 ) -> PreprocessResult:
     """Tokenize jsonl files into one indexed dataset per json key; see the module docstring."""
     paths = [Path(p) for p in inputs]
@@ -275,8 +304,10 @@ def preprocess(
     if append_eod and tok.eod is None:
         raise DataError(f"--append-eod needs an end-of-document token {'<|endoftext|>'!r}, "
                         f"which tokenizer {tok.name} lacks")
-    backend = "tiktoken" if tok.name.startswith("tiktoken") else "tokenizers"
-    worker_spec = dataclasses.replace(tokenizer, backend=backend)
+    if not 0.0 <= check_fraction <= 1.0:
+        raise DataError(f"cross-check fraction must be between 0 and 1; got {check_fraction}")
+    reference = reference_tokenizer(tokenizer).name if _cross_checked(tok, check_fraction) else None
+    worker_spec = dataclasses.replace(tokenizer, backend=tok.backend)
     dtype = best_fitting_dtype(tok.vocab_size)
     outputs = {key: output_prefix_for(output_prefix, key) for key in json_keys}
     total_size = sum(p.stat().st_size for p in paths)
@@ -284,9 +315,9 @@ def preprocess(
     kept: list[Problem] = []
     problems_path = Path(f"{output_prefix}_problems.jsonl")
     problems_path.unlink(missing_ok=True)
-    docs_in = bytes_in = 0
+    docs_in = bytes_in = checked = 0
     lines_before: Counter[str] = Counter()  # lines of each file in the chunks already written
-    init_args = (worker_spec, tuple(json_keys), append_eod, dtype.str)
+    init_args = (worker_spec, tuple(json_keys), append_eod, dtype.str, check_fraction)
 
     with ExitStack() as stack:
         writers = {key: stack.enter_context(IndexedDatasetWriter(prefix, dtype)) for key, prefix in outputs.items()}
@@ -325,6 +356,13 @@ def preprocess(
         for encoded in results:
             if workers > 1:
                 slots.release()
+            if encoded.mismatch is not None:
+                p = encoded.mismatch
+                raise TokenizerError(
+                    f"{p.path}:{lines_before[p.path] + 1 + p.line}: the {tok.name} tokenizer and the reference "
+                    f"{reference} disagree on this document ({p.detail}); nothing was written. Rerun with "
+                    "--tokenizer-backend tiktoken or tokenizers, and report the line to fastokens.")
+            checked += encoded.checked
             if encoded.problems:
                 base = lines_before[encoded.problems[0].path] + 1
                 problems = [dataclasses.replace(p, line=base + p.line) for p in encoded.problems]
@@ -356,4 +394,4 @@ def preprocess(
         bytes_in=bytes_in, tokens_out=tokens_out,
         problem_counts={k: counts[k] for k in PROBLEM_KINDS if counts[k]},
         problems=kept, problems_file=str(problems_path) if counts else None,
-        seconds=time.monotonic() - start)
+        seconds=time.monotonic() - start, cross_checked=checked, reference=reference)
