@@ -104,52 +104,74 @@ def _skip_shuffle(rng: np.random.RandomState, n: int) -> None:
 
 
 def _fill_doc_idx(first_doc: int, end_doc: int, num_epochs: int) -> np.ndarray:
+    """first_doc..end_doc-1, num_epochs times: each chunk is one add to a cached ramp, no temporaries."""
     n = end_doc - first_doc
     doc_idx = np.empty(num_epochs * n, dtype=np.int32)
-    for s in range(0, n, CHUNK):
-        e = min(n, s + CHUNK)
-        doc_idx[s:e] = np.arange(first_doc + s, first_doc + e, dtype=np.int32)
-    for epoch in range(1, num_epochs):
-        doc_idx[epoch * n:(epoch + 1) * n] = doc_idx[:n]
+    ramp = np.arange(min(n, CHUNK), dtype=np.int32)
+    for epoch in range(num_epochs):
+        for s in range(0, n, CHUNK):
+            e = min(n, s + CHUNK)
+            np.add(ramp[:e - s], first_doc + s, out=doc_idx[epoch * n + s:epoch * n + e])
     return doc_idx
 
 
 def _write_sample_idx(path: Path, sizes: np.ndarray, doc_idx_path: Path, doc_idx_len: int,
                       seq_length: int, num_samples: int) -> None:
-    """Megatron's sample_idx (see gpt_dataset.build_sample_idx), appended to `path` chunk by chunk."""
+    """Megatron's sample_idx (see gpt_dataset.build_sample_idx), appended to `path` chunk by chunk.
+
+    Sample k starts at token k * seq_length of the documents laid end to end in doc_idx order; its
+    row is (the position in doc_idx of the document holding that token, the offset in it). Each
+    chunk's buffers are allocated once: at pretraining scale a fresh array per step costs page
+    faults comparable to the arithmetic.
+    """
     dtype = np.dtype(np.int32 if doc_idx_len < np.iinfo(np.int32).max else np.int64)
     # A compact copy of the sizes makes the random gather touch half the memory.
     small = sizes.astype(np.uint16) if len(sizes) and int(sizes.max()) < 1 << 16 else np.asarray(sizes)
     L = seq_length
     header = _npy_header(np.dtype(np.int32), (doc_idx_len,))
+    chunk = min(CHUNK, max(1, doc_idx_len))
+    docs_buf = np.empty(chunk, dtype=np.int32)
+    sizes_buf = np.empty(chunk, dtype=small.dtype)
+    ends_buf = np.empty(chunk, dtype=np.int64)
+    ceil_buf = np.empty(chunk + 1, dtype=np.int64)
+    counts_buf = np.empty(chunk, dtype=np.int64)
+    positions = np.arange(chunk, dtype=np.int64)
+    rows_buf = np.empty((0, 2), dtype=dtype)
     written = 0
-    base = 0
+    base = 0  # tokens before the chunk
     with open(doc_idx_path, "rb") as src, open(path, "wb") as out:
         out.write(_npy_header(dtype, (num_samples + 1, 2)))
         np.zeros((1, 2), dtype=dtype).tofile(out)  # sample 0 starts at (0, 0)
         written = 1
         src.seek(len(header))
-        ends_buf = np.empty(CHUNK, dtype=np.int64)
-        for start in range(0, doc_idx_len, CHUNK):
-            first_k = -(-base // L)
+        for start in range(0, doc_idx_len, chunk):
+            first_k = -(-base // L)  # the first sample starting at or after the chunk
             if first_k > num_samples:
                 break
-            docs = np.fromfile(src, dtype=np.int32, count=min(CHUNK, doc_idx_len - start))
-            doc_sizes = small[docs]
-            n = len(docs)
+            n = min(chunk, doc_idx_len - start)
+            docs = docs_buf[:n]
+            if src.readinto(memoryview(docs).cast("B")) != docs.nbytes:
+                raise DataError(f"{doc_idx_path}: doc_idx ended before its {doc_idx_len} entries")
+            doc_sizes = np.take(small, docs, out=sizes_buf[:n], mode="wrap")  # ids < len(sizes)
             ends = np.cumsum(doc_sizes, dtype=np.int64, out=ends_buf[:n])
             ends += base
-            ceil_ends = (ends + (L - 1)) // L
-            counts = np.diff(ceil_ends, prepend=first_k)
-            holder = np.repeat(np.arange(n, dtype=np.int64), counts)
+            ceil_buf[0] = first_k
+            ceil_ends = ceil_buf[1:n + 1]
+            np.add(ends, L - 1, out=ceil_ends)
+            ceil_ends //= L  # samples starting before each document's end
+            counts = np.subtract(ceil_ends, ceil_buf[:n], out=counts_buf[:n])
+            holder = np.repeat(positions[:n], counts)  # per sample from first_k: its document
             lo = 1 if first_k == 0 else 0
             hi = max(0, min(len(holder), num_samples + 1 - first_k))
             if hi > lo:
                 holder = holder[lo:hi]
-                rows = np.empty((len(holder), 2), dtype=dtype)
+                if len(rows_buf) < len(holder):
+                    rows_buf = np.empty((len(holder), 2), dtype=dtype)
+                rows = rows_buf[:len(holder)]
                 rows[:, 0] = holder + start
-                ks = np.arange(first_k + lo, first_k + hi, dtype=np.int64)
-                rows[:, 1] = ks * L - (ends[holder] - doc_sizes[holder])
+                # offset = k * L - (the document's first token) = k * L - (end - size)
+                doc_starts = np.take(ends, holder) - np.take(doc_sizes, holder)
+                rows[:, 1] = np.arange((first_k + lo) * L, (first_k + hi) * L, L, dtype=np.int64) - doc_starts
                 rows.tofile(out)
                 written += len(rows)
             base = int(ends[-1])
