@@ -5,7 +5,8 @@ fresh process, side by side:
   previous  the three arrays built in memory (`gpt_dataset.build_index_mappings`), then np.save;
   files     `index_files.write_index_mappings`: straight into the .npy files in bounded memory.
 It prints wall time, CPU time, peak RSS (whole process, and above the sizes array), the ratios,
-and checks that both methods wrote identical bytes.
+the seconds of each stage of the files method, whether its compiled shuffle helper
+(bigscience_ops/data/_shuffle.c) is built, and checks that both methods wrote identical bytes.
 
     python benchmarks/dataset_index.py                       # 30M docs, 100M samples of 2048
     python benchmarks/dataset_index.py --docs 1000000 --samples 3000000   # quick
@@ -44,11 +45,12 @@ def _cpu() -> float:
 
 def _build(method: str, num_docs: int, num_samples: int, seq_length: int, out: str, q: mp.Queue) -> None:
     from bigscience_ops.data.gpt_dataset import build_index_mappings
-    from bigscience_ops.data.index_files import write_index_mappings
+    from bigscience_ops.data import index_files
 
     sizes = _sizes(num_docs)
     base = _peak_kb()
     paths = tuple(Path(out) / f"{method}_{name}_idx.npy" for name in NAMES)
+    stages: dict[str, float] = {}
     t0, c0 = time.perf_counter(), _cpu()
     if method == "previous":
         arrays = build_index_mappings(sizes, 0, num_docs, num_samples, seq_length, seed=1234)
@@ -57,13 +59,14 @@ def _build(method: str, num_docs: int, num_samples: int, seq_length: int, out: s
             np.save(path, a)
         del arrays
     else:
-        write_index_mappings(sizes, 0, num_docs, num_samples, seq_length, 1234, paths)
+        index_files.write_index_mappings(sizes, 0, num_docs, num_samples, seq_length, 1234, paths, stages)
         t_build = None
     total = time.perf_counter() - t0
     peak = _peak_kb()
     doc_len = len(np.load(paths[0], mmap_mode="r"))
     q.put({"build_s": t_build, "total_s": total, "cpu_s": _cpu() - c0, "peak_gb": peak / 2**20,
-           "extra_gb": (peak - base) / 2**20, "doc_idx": doc_len, "epochs": doc_len // num_docs})
+           "extra_gb": (peak - base) / 2**20, "doc_idx": doc_len, "epochs": doc_len // num_docs,
+           "stages": stages, "helper": getattr(index_files._compiled, "__file__", None)})
 
 
 def _run(*args) -> dict:
@@ -97,6 +100,11 @@ def main() -> None:
     print(f"  previous: build alone {prev['build_s']:.1f} s, saving {prev['total_s'] - prev['build_s']:.1f} s")
     print(f"  ratio previous / files: wall {prev['total_s'] / files['total_s']:.2f}x, "
           f"CPU {prev['cpu_s'] / files['cpu_s']:.2f}x, peak RSS {prev['peak_gb'] / files['peak_gb']:.2f}x")
+    print("  files, per stage (s; the shuffle_idx thread's overlap the others):")
+    for stage, seconds in sorted(files["stages"].items(), key=lambda kv: kv[0].startswith("shuffle_idx:")):
+        print(f"    {stage:<34} {seconds:6.2f}")
+    helper = files["helper"]
+    print(f"  shuffle helper: {'compiled, ' + helper if helper else 'NOT BUILT: numpy shuffle (pip install -e .)'}")
     print(f"  identical bytes: {'yes' if same else 'NO'}")
     print(f"load average {os.getloadavg()[0]:.1f} at the end (the machine may be shared: compare ratios)")
     if not same:

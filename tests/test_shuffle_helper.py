@@ -32,7 +32,7 @@ def rng_pair(seed: int, warm: int) -> tuple[np.random.RandomState, np.random.Ran
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32])
-@pytest.mark.parametrize("n", [0, 1, 2, 3, 1000, 2**16 + 3, 3_000_017])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 64, 65, 1000, 2**16 + 3, 3_000_017])  # 64: the prefetch window
 @pytest.mark.parametrize("seed,warm", [(0, 0), (1234, 7), (2**32 - 1, 700)])
 def test_compiled_shuffle_equals_numpy(dtype, n, seed, warm):
     assert ixf._compiled is _shuffle  # else _shuffle below would be numpy's own

@@ -28,7 +28,9 @@
 #define MATRIX_A 0x9908b0dfUL
 #define UPPER_MASK 0x80000000UL
 #define LOWER_MASK 0x7fffffffUL
-#define WINDOW 32 /* draws ahead of the swap; a power of two */
+/* Draws ahead of the swap, a power of two. 210M int32 here: 3.7 s at 8, 2.0 s at 32, 1.75 s at 64,
+ * 1.85 s at 128. */
+#define WINDOW 64
 
 typedef struct {
     uint32_t key[MT_N];
