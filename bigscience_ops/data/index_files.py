@@ -70,7 +70,7 @@ def _fallback_notice() -> None:
     if not _told_fallback:
         _told_fallback = True
         print("bsops: the compiled shuffle helper (bigscience_ops/data/_shuffle.c) is not built; the index "
-              "build uses numpy's shuffle (same bytes, ~3x slower). Reinstall with a C compiler "
+              "build uses numpy's shuffle (same bytes, ~5x slower). Reinstall with a C compiler "
               "(pip install -e .) to build it.", file=sys.stderr)
 
 
