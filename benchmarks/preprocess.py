@@ -289,7 +289,7 @@ def main() -> None:
     ap.add_argument("--input", type=Path, default=None, help="also this jsonl file (a 'text' key)")
     ap.add_argument("--max-workers", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--repeat", type=int, default=3, help="bsops runs per setting (best wall time kept)")
-    ap.add_argument("--scale-mb", type=float, default=100, help="size the workers are measured on")
+    ap.add_argument("--scale-mb", type=float, default=400, help="size the workers are measured on")
     args = ap.parse_args()
     from bigscience_ops.data.tokenizer import (build_tokenizer, gpt2_files_from_package, reference_tokenizer,
                                                resolve_tokenizer)

@@ -102,3 +102,30 @@ def test_merge_concatenates_in_order(tmp_path):
         merge_datasets([a, c], str(tmp_path / "bad"))
     with pytest.raises(DataError, match="also an input"):
         merge_datasets([a, b], a)
+
+
+@pytest.mark.parametrize("copy", ["copy_file_range", "sendfile"])
+def test_writer_appends_token_files_in_the_kernel_between_arrays(tmp_path, monkeypatch, copy):
+    """add_file (the workers' chunks) and add_documents interleave into the same bytes as arrays alone."""
+    import os
+
+    if copy == "sendfile":  # a filesystem or kernel without copy_file_range: the fallback
+        def unsupported(*_args):
+            raise OSError(95, "Operation not supported")
+        monkeypatch.setattr(os, "copy_file_range", unsupported)
+    parts = [np.array(d, dtype=np.uint16) for d in DOCS]
+    with IndexedDatasetWriter(tmp_path / "arrays", np.uint16) as w:
+        for part in parts:
+            w.add_documents(part, [part.size])
+    with IndexedDatasetWriter(tmp_path / "mixed", np.uint16) as w:
+        for i, part in enumerate(parts):
+            if i % 2:
+                w.add_documents(part, [part.size])
+            else:
+                part.tofile(tmp_path / f"part{i}")
+                w.add_file(tmp_path / f"part{i}", [part.size])
+        assert w.num_docs == len(DOCS) and w.num_tokens == sum(map(len, DOCS))
+        with pytest.raises(DataError, match=r"part0 holds 6 bytes but the sizes add up to 4 uint16 tokens"):
+            w.add_file(tmp_path / "part0", [4])
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"mixed{ext}").read_bytes() == (tmp_path / f"arrays{ext}").read_bytes()

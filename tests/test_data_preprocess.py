@@ -274,3 +274,23 @@ def test_a_cross_check_difference_stops_the_run_naming_the_line(tmp_path, monkey
     # Turned off, the same run goes through (and writes the wrong id: the check is what stands guard).
     r = preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2"), workers=workers, check_fraction=0.0)
     assert r.reference is None and r.docs_out == {"text": 101}
+
+
+def test_workers_spill_folder_is_removed_after_a_run_and_after_a_failure(tmp_path, spec, monkeypatch):
+    import tempfile
+
+    spills = tmp_path / "tmp"
+    spills.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spills))
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(good_line(f"document {i} " * 50) for i in range(2000)))
+    monkeypatch.setattr("bigscience_ops.data.preprocess.CHUNK_BYTES", 4096)  # ~200 chunks, each a file
+    whole = preprocess([src], str(tmp_path / "one"), spec, append_eod=True)
+    two = preprocess([src], str(tmp_path / "two"), spec, append_eod=True, workers=2)
+    for ext in (".bin", ".idx"):
+        assert Path(two.outputs["text"] + ext).read_bytes() == Path(whole.outputs["text"] + ext).read_bytes()
+    assert list(spills.iterdir()) == []
+    src.write_bytes(src.read_bytes() + b"not json\n")
+    with pytest.raises(BadInputError):
+        preprocess([src], str(tmp_path / "bad"), spec, workers=2, strict=True)
+    assert list(spills.iterdir()) == [] and not list(tmp_path.glob("bad_*"))

@@ -100,6 +100,19 @@ def _publish(tmp_bin: Path, tmp_idx: Path, prefix: str | os.PathLike) -> None:
     os.replace(tmp_idx, final_idx)
 
 
+def _copy_fd(src: int, dst: int, nbytes: int) -> None:
+    """Copy nbytes from src's position to dst's position inside the kernel."""
+    left = nbytes
+    while left > 0:
+        try:
+            n = os.copy_file_range(src, dst, left)
+        except OSError:  # across filesystems on older kernels, or a filesystem without it
+            n = os.sendfile(dst, src, None, left)
+        if n == 0:
+            raise DataError(f"copying tokens stopped with {left} of {nbytes} bytes left (source shorter?)")
+        left -= n
+
+
 class IndexedDatasetWriter:
     """Appends documents to PREFIX.bin/.idx; nothing appears under the final names until `finalize`.
 
@@ -126,10 +139,28 @@ class IndexedDatasetWriter:
         sizes = np.asarray(sizes, dtype=np.int64)
         if int(sizes.sum()) != tokens.size:
             raise DataError(f"sizes add up to {int(sizes.sum())} tokens but {tokens.size} were given")
-        self._file.write(tokens.astype(self.dtype, copy=False).tobytes(order="C"))
+        self._file.write(memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)).cast("B"))
         self._sizes.append(sizes.astype(np.int32))
         self.num_docs += len(sizes)
         self.num_tokens += tokens.size
+
+    def add_file(self, path: str | os.PathLike, sizes: np.ndarray) -> None:
+        """Append documents whose tokens, in this writer's dtype, are the whole of file `path`.
+
+        The bytes are copied by the kernel (copy_file_range, else sendfile), never through Python.
+        """
+        sizes = np.asarray(sizes, dtype=np.int64)
+        nbytes = os.path.getsize(path)
+        if nbytes != int(sizes.sum()) * self.dtype.itemsize:
+            raise DataError(f"{path} holds {nbytes} bytes but the sizes add up to {int(sizes.sum())} "
+                            f"{self.dtype} tokens")
+        self._file.flush()
+        with open(path, "rb") as src:
+            _copy_fd(src.fileno(), self._file.fileno(), nbytes)
+        self._file.seek(0, os.SEEK_END)  # the buffered writer takes its position from the file again
+        self._sizes.append(sizes.astype(np.int32))
+        self.num_docs += len(sizes)
+        self.num_tokens += nbytes // self.dtype.itemsize
 
     def add_document(self, tokens: np.ndarray | list[int]) -> None:
         tokens = np.asarray(tokens, dtype=self.dtype)

@@ -12,7 +12,9 @@ says otherwise (see `tokenizer.py`), so the bytes equal Megatron's on any text.
 
 The main process cuts the inputs into chunks of whole lines; `workers` processes read (plain files)
 or receive (compressed ones) each chunk, parse and tokenize it, and the main process writes the
-results in order. Outputs appear only when complete (see `indexed.IndexedDatasetWriter`).
+results in order. A worker leaves a chunk's tokens in a file of a temporary folder and the main
+process appends it with a kernel copy, so it stays nearly idle and N workers use N cores. Outputs
+appear only when complete (see `indexed.IndexedDatasetWriter`).
 
 A chunk's documents are tokenized in one batch call. When the backend is fastokens, about
 `check_fraction` of the text is also encoded by the reference tokenizer (tiktoken, or tokenizers)
@@ -27,6 +29,8 @@ import json
 import lzma
 import multiprocessing
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -44,7 +48,7 @@ from bigscience_ops.data.tokenizer import (CrossCheck, Tokenizer, TokenizerSpec,
 
 PROBLEM_KINDS = ("invalid-utf8", "malformed-json", "not-an-object", "missing-key", "not-a-string", "empty")
 LINE_PROBLEMS = PROBLEM_KINDS[:-1]  # these drop the whole line; "empty" drops one key's document
-CHUNK_BYTES = 1 << 22  # lines handed to a worker at a time: ~30 ms of fastokens work, even load at the end
+CHUNK_BYTES = 1 << 21  # lines handed to a worker at a time: ~15 ms of fastokens work, even load at the end
 KEEP_PROBLEMS = 100  # problems kept in the result; all of them go to the problems file
 CHECK_FRACTION = 0.01  # of a fastokens run's text re-encoded with the reference tokenizer
 
@@ -113,7 +117,7 @@ class _Chunk:
 
 @dataclasses.dataclass
 class _Encoded:
-    tokens: dict[str, np.ndarray]
+    tokens: dict[str, np.ndarray | str]  # a str: the file holding them (workers > 1)
     sizes: dict[str, np.ndarray]
     path: str
     problems: list[Problem]  # line numbers counted from the chunk's first line (0-based)
@@ -130,10 +134,11 @@ _worker: dict = {}
 
 
 def _init_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, dtype: str,
-                 check_fraction: float, tok: Tokenizer | None = None) -> None:
+                 check_fraction: float, spill: str | None, tok: Tokenizer | None = None) -> None:
     tok = tok or build_tokenizer(spec, verify=False)
     check = CrossCheck(reference_tokenizer(spec), check_fraction) if _cross_checked(tok, check_fraction) else None
-    _worker.update(tok=tok, keys=keys, eod=tok.eod if append_eod else None, dtype=np.dtype(dtype), check=check)
+    _worker.update(tok=tok, keys=keys, eod=tok.eod if append_eod else None, dtype=np.dtype(dtype), check=check,
+                   spill=spill, spilled=0)
 
 
 def _cross_checked(tok: Tokenizer, fraction: float) -> bool:
@@ -217,6 +222,11 @@ def _encode_chunk(chunk: _Chunk) -> _Encoded:
             lengths = lengths + 1
         tokens[key] = ids.astype(dtype)
         sizes[key] = lengths.astype(np.int32)
+        if _worker["spill"] is not None:  # the main process copies the file in the kernel
+            _worker["spilled"] += 1
+            path = os.path.join(_worker["spill"], f"{os.getpid()}-{_worker['spilled']}.bin")
+            tokens[key].tofile(path)
+            tokens[key] = path
     problems.sort(key=lambda p: p.line)  # stable: a line's keys stay in order
     return _Encoded(tokens, sizes, chunk.path, problems, len(lines), chunk.length, chunk.done_after, checked)
 
@@ -317,11 +327,18 @@ def preprocess(
     problems_path.unlink(missing_ok=True)
     docs_in = bytes_in = checked = 0
     lines_before: Counter[str] = Counter()  # lines of each file in the chunks already written
-    init_args = (worker_spec, tuple(json_keys), append_eod, dtype.str, check_fraction)
+    init_args = (worker_spec, tuple(json_keys), append_eod, dtype.str, check_fraction, None)
 
     with ExitStack() as stack:
         writers = {key: stack.enter_context(IndexedDatasetWriter(prefix, dtype)) for key, prefix in outputs.items()}
         problems_file = None
+        if workers > 1:
+            # Workers leave each chunk's tokens in a file of the local temporary folder ($TMPDIR) for
+            # the main process to copy in the kernel, rather than pickle them through a pipe: the
+            # main process then stays nearly idle. At most the chunks in flight are there at once.
+            spill = tempfile.mkdtemp(prefix="bsops-preprocess-")
+            stack.callback(shutil.rmtree, spill, True)
+            init_args = (*init_args[:-1], spill)  # the spill folder
         chunks = _read_chunks(paths)
         if workers == 1:
             _init_worker(*init_args, tok)  # the tokenizer just built and verified
@@ -377,7 +394,12 @@ def preprocess(
                         kept.append(p)
                     problems_file.write(json.dumps(dataclasses.asdict(p)) + "\n")
             for key, writer in writers.items():
-                writer.add_documents(encoded.tokens[key], encoded.sizes[key])
+                tokens = encoded.tokens[key]
+                if isinstance(tokens, str):
+                    writer.add_file(tokens, encoded.sizes[key])
+                    os.unlink(tokens)
+                else:
+                    writer.add_documents(tokens, encoded.sizes[key])
             lines_before[encoded.path] += encoded.lines
             docs_in += encoded.lines
             bytes_in += encoded.bytes_in
