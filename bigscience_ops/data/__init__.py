@@ -6,6 +6,7 @@ Modules:
   preprocess.py   jsonl[.gz|.xz] -> tokens as Megatron's preprocess_data.py, bad-line accounting, workers
   gpt_dataset.py  Megatron's GPT dataset: doc/sample/shuffle indices, split, blend, cache
   index_files.py  those indices built straight into their .npy files in bounded memory
+  _shuffle.c      numpy's legacy RandomState.shuffle in C, prefetching (same draws, same bytes)
   locks.py        one builder at a time: flock, or an O_EXCL lock file where flock is missing
   corpus.py       the bundled real-text corpus, built into .bin/.idx on demand
 """
