@@ -13,6 +13,7 @@ Pure Python (no torch): the plan, the launch, the task hooks and the trainer sha
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -123,8 +124,12 @@ def batch_sizes_of_steps(schedule: BatchSchedule, first: int, last: int) -> tupl
 
 
 def plan_phases(exp: Experiment, schedule: BatchSchedule, train_iters: int, params: int, seed_rounded_params: int,
-                model_parallel: int) -> list[PhasePlan]:
-    """Steps, tokens and days of each phase (days at estimate.tflops_per_gpu on the phase's GPUs)."""
+                model_parallel: int, tokens_through: Callable[[int], int] | None = None) -> list[PhasePlan]:
+    """Steps, tokens and days of each phase (days at estimate.tflops_per_gpu on the phase's GPUs).
+
+    `tokens_through(step)`: tokens trained in steps 1..step when samples are not all full length
+    (curriculum learning); by default every sample has model.seq_length tokens.
+    """
     from bigscience_ops.sizing import estimate_days
 
     phases = node_phases(exp.slurm, schedule)
@@ -133,6 +138,8 @@ def plan_phases(exp: Experiment, schedule: BatchSchedule, train_iters: int, para
         last = min(train_iters, following.first_step - 1 if following else train_iters)
         samples = max(0, schedule.consumed_after(max(last, phase.first_step - 1)) - phase.start_samples)
         tokens = samples * exp.model.seq_length
+        if tokens_through is not None:
+            tokens = max(0, tokens_through(last) - tokens_through(phase.first_step - 1))
         world = phase.nodes * exp.slurm.gpus_per_node
         tflops = exp.estimate.tflops_per_gpu
         out.append(PhasePlan(phase, world, world / model_parallel, phase.first_step, last, samples, tokens,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bigscience_ops.phases import PhasePlan, ScheduleError, plan_phases
-from bigscience_ops.schedules import BatchSchedule, Increment, LRSchedule
+from bigscience_ops.schedules import BatchSchedule, Curriculum, CurriculumTokens, Increment, LRSchedule
 from bigscience_ops.sizing import (  # noqa: F401  (re-exported: plan.count_parameters etc. are public)
     CHECKPOINT_BYTES, GB, TRAIN_BYTES, ParamCount, ffn_size, count_parameters, estimate_days, model_flops_per_token,
     GIB, StageActivations, activation_bytes, gpu_memory_from_constraint, kept_on_scratch, padded_vocab_size,
@@ -152,6 +152,15 @@ def _to_samples(exp: Experiment, kind: str, default: int) -> int:
     return default
 
 
+def curriculum_tokens(exp: Experiment) -> CurriculumTokens | None:
+    """Tokens trained through each step under exp's curriculum; None without one."""
+    c = exp.curriculum
+    if c is None:
+        return None
+    return Curriculum(c.min_difficulty, exp.model.seq_length, c.difficulty_step,
+                      c.total_curriculum_step).token_counter(batch_schedule(exp))
+
+
 def lr_schedule(exp: Experiment) -> LRSchedule:
     """The LR schedule in samples, whatever unit the config used."""
     warmup = _to_samples(exp, "warmup", 0)
@@ -188,7 +197,9 @@ class Plan:
     rampup_samples_consumed: int
     train_iters: int
     train_samples: int
-    tokens: int
+    tokens: int  # trained: under a curriculum, each step's samples at its length
+    full_length_tokens: int  # train_samples x model.seq_length
+    curriculum_steps: int | None  # steps of the curriculum's ramp; None without a curriculum
     warmup_samples: int
     warmup_steps: int
     decay_samples: int
@@ -351,17 +362,24 @@ def make_plan(exp: Experiment) -> Plan:
     iters = train_iters(exp)
     samples = schedule.consumed_after(iters)
     lr = lr_schedule(exp)
+    counter = curriculum_tokens(exp)
+    through = counter.through if counter is not None else None
+    if counter is not None:  # token-based LR settings count trained tokens: convert them through the curriculum
+        for kind in ("warmup", "decay"):
+            given = getattr(exp.lr_schedule, f"{kind}_tokens")
+            if given is not None:
+                lr = dataclasses.replace(lr, **{f"{kind}_samples": schedule.consumed_after(counter.steps_to_reach(given))})
     warmup_steps = schedule.steps_to_consume(lr.warmup_samples)
     rampup_sizes = [inc.global_batch_size for inc in schedule.increments()] + [schedule.global_batch_size]
-    tokens = samples * exp.model.seq_length
+    tokens = counter.through(iters) if counter is not None else samples * exp.model.seq_length
     gbs, ev = schedule.global_batch_size, exp.logging
     valid = (iters // ev.eval_interval + 1) * ev.eval_iters * gbs
     try:
-        phases = plan_phases(exp, schedule, iters, params.total, round(params.seed_formula / GB) * GB, mp)
+        phases = plan_phases(exp, schedule, iters, params.total, round(params.seed_formula / GB) * GB, mp, through)
         schedule_problems = []
     except ScheduleError as exc:
         single = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, node_schedule=[]))
-        phases = plan_phases(single, schedule, iters, params.total, round(params.seed_formula / GB) * GB, mp)
+        phases = plan_phases(single, schedule, iters, params.total, round(params.seed_formula / GB) * GB, mp, through)
         schedule_problems = [Problem("slurm.node_schedule", [dataclasses.asdict(p) for p in exp.slurm.node_schedule],
                                      str(exc))]
     # The memory of the phase with the fewest DP ranks: ZeRO shards least and the most micro-batches are in flight.
@@ -380,6 +398,8 @@ def make_plan(exp: Experiment) -> Plan:
         train_iters=iters,
         train_samples=samples,
         tokens=tokens,
+        full_length_tokens=samples * exp.model.seq_length,
+        curriculum_steps=counter.ramp_steps if counter is not None else None,
         warmup_samples=lr.warmup_samples,
         warmup_steps=warmup_steps,
         decay_samples=lr.decay_samples,

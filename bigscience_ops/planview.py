@@ -118,6 +118,12 @@ def plan_text(plan: Plan, exp: Experiment) -> str:
     add("training")
     given = f"train.samples {exp.train.samples:,}" if exp.train.samples else f"train.iters {exp.train.iters:,}"
     add(f"  {given}: {plan.train_iters:,} iterations, {plan.train_samples:,} samples, {plan.tokens:,} tokens ({_b(plan.tokens)})")
+    if plan.curriculum_steps is not None:
+        c = exp.curriculum
+        add(f"  curriculum ({c.schedule_type}): steps 1-{plan.curriculum_steps:,} train samples cut to "
+            f"{c.min_difficulty} growing to {exp.model.seq_length} tokens; {_b(plan.tokens)} tokens trained of "
+            f"{_b(plan.full_length_tokens)} at full length ({plan.tokens / plan.full_length_tokens:.1%}); "
+            f"time and token-based LR settings count the tokens trained")
     add(f"  LR {exp.optimizer.lr:g} -> {exp.optimizer.min_lr:g} ({exp.lr_schedule.style}); "
         f"warmup {plan.warmup_samples:,} samples = {plan.warmup_steps:,} steps; "
         f"decay until {plan.decay_samples:,} samples = step {plan.decay_steps:,}")

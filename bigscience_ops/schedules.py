@@ -182,6 +182,9 @@ class Curriculum:
         floor = -(-self.min_difficulty // self.difficulty_step) * self.difficulty_step
         return min(max(value, floor), self.max_difficulty)
 
+    def token_counter(self, batch: BatchSchedule) -> CurriculumTokens:
+        return CurriculumTokens(self, batch)
+
     def phases(self, batch: BatchSchedule, train_iters: int) -> list[tuple[int, int, int, int]]:
         """(seqlen, first step, last step, tokens) of each stretch at one length, over the whole run."""
         out: list[list[int]] = []
@@ -223,3 +226,38 @@ def parse_skip_ranges(values: list[str]) -> list[tuple[int, int]]:
 
 def in_skip_range(iteration: int, ranges: list[tuple[int, int]]) -> bool:
     return any(start <= iteration <= end for start, end in ranges)
+
+
+class CurriculumTokens:
+    """Tokens trained through each step under a curriculum: the ramp step by step, then full length."""
+
+    def __init__(self, curriculum: Curriculum, batch: BatchSchedule) -> None:
+        self.curriculum = curriculum
+        self.batch = batch
+        total = 0
+        self._ramp: list[int] = []  # tokens trained after each step of the ramp
+        for step in range(1, curriculum.total_steps + 1):
+            total += (batch.consumed_after(step) - batch.consumed_after(step - 1)) * curriculum.seqlen_at(step)
+            self._ramp.append(total)
+
+    @property
+    def ramp_steps(self) -> int:
+        return len(self._ramp)
+
+    def through(self, step: int) -> int:
+        """Tokens trained in steps 1..step."""
+        if step <= 0:
+            return 0
+        if step <= len(self._ramp):
+            return self._ramp[step - 1]
+        full = self.batch.consumed_after(step) - self.batch.consumed_after(len(self._ramp))
+        return self._ramp[-1] + full * self.curriculum.max_difficulty
+
+    def steps_to_reach(self, tokens: int) -> int:
+        """The first step after which at least `tokens` tokens are trained."""
+        if tokens <= 0:
+            return 0
+        if tokens <= self._ramp[-1]:
+            return bisect.bisect_left(self._ramp, tokens) + 1
+        samples = math.ceil((tokens - self._ramp[-1]) / self.curriculum.max_difficulty)
+        return self.batch.steps_to_consume(self.batch.consumed_after(len(self._ramp)) + samples)
