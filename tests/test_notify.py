@@ -8,6 +8,7 @@ import json
 import socket
 import ssl
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -260,3 +261,96 @@ def test_status_command_emails_once_when_slurm_cannot_be_queried(plain_server, t
     assert (log.parent / ".bsops-alerts.json").exists()
     quiet = bsops(*args, "--no-email", "--alert-state", str(tmp_path / "other.json"), env=env)
     assert quiet.returncode == status.EXIT_ERROR and len(inbox.messages) == 1
+
+
+# --- the hourly jobs' failures: notify_job ------------------------------------------------------------
+
+def job(settings: SmtpSettings, state: Path, error: str | None, now: datetime) -> notify.JobNotice:
+    return notify.notify_job(settings, state, "hub-sync", error, experiment="tr1-13B",
+                             command="bsops hub-sync tr1-13B", cooldown_minutes=60, now=now)
+
+
+def test_job_failure_is_emailed_once_per_cooldown_then_one_recovery(plain_server, tmp_path: Path) -> None:
+    inbox, port = plain_server
+    settings, state = plain_settings(port), tmp_path / "logs" / ".bsops-alerts.json"
+    notify.notify(missing_report(T0), settings, state, now=T0)  # the watchdog shares the file
+    assert len(inbox.messages) == 1
+
+    assert job(settings, state, "push refused: quota exceeded", T0).kind == "alert"
+    msg = inbox.messages[1]
+    assert msg["Subject"] == "[bsops] tr1-13B: hub-sync failed"
+    body = msg.get_content()
+    assert "quota exceeded" in body and "bsops hub-sync tr1-13B" in body
+    assert "repeats at most every 60 minutes while it keeps failing; a recovery email" in body
+    held = [job(settings, state, "push refused: quota exceeded", T0 + timedelta(minutes=m)) for m in (20, 40)]
+    assert [h.kind for h in held] == ["held", "held"] and len(inbox.messages) == 2
+    assert "held back" in held[0].line and f"last sent {T0.isoformat()}" in held[0].line
+
+    again = job(settings, state, "push refused: disk full", T0 + timedelta(minutes=61))
+    assert again.kind == "alert" and len(inbox.messages) == 3
+    assert "failing since 2026-11-22 10:00 (1 h 01 min)" in inbox.messages[2].get_content()
+    assert job(settings, state, "push refused: disk full", T0 + timedelta(minutes=62)).kind == "held"
+
+    recovered = job(settings, state, None, T0 + timedelta(minutes=90))
+    assert recovered.kind == "recovery" and len(inbox.messages) == 4
+    last = inbox.messages[3]
+    assert last["Subject"] == "[RECOVERED] tr1-13B: hub-sync works again"
+    text = last.get_content()
+    assert "failed from 2026-11-22 10:00 for 1 h 30 min" in text and "disk full" in text
+    assert job(settings, state, None, T0 + timedelta(minutes=150)).kind == "quiet" and len(inbox.messages) == 4
+
+    saved = json.loads(state.read_text())
+    assert saved["jobs"] == {} and list(saved["active"]) == ["tr1-13B-round3::not-scheduled"]
+    assert notify.notify(missing_report(T0 + timedelta(minutes=30)), settings, state,
+                         now=T0 + timedelta(minutes=30)) == []  # the watchdog's cooldown survived the job's writes
+
+
+def test_job_failure_never_emailed_clears_silently_and_a_failed_send_is_retried(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens here yet
+    settings, state = plain_settings(port), tmp_path / "alerts.json"
+    with pytest.raises(NotifyError, match=f"127.0.0.1:{port}"):
+        job(settings, state, "backup store is full", T0)
+    assert json.loads(state.read_text())["jobs"]["hub-sync"]["last_sent"] is None
+    with pytest.raises(NotifyError):
+        job(settings, state, "backup store is full", T0 + timedelta(minutes=5))  # not held back: never sent
+    inbox = Inbox()
+    with serving(inbox, port):
+        assert job(settings, state, None, T0 + timedelta(minutes=10)).kind == "quiet"
+    assert json.loads(state.read_text())["jobs"] == {} and inbox.messages == []
+    with pytest.raises(NotifyError):
+        job(settings, state, "backup store is full", T0 + timedelta(minutes=20))
+    with serving(inbox, port):
+        assert job(settings, state, "backup store is full", T0 + timedelta(minutes=21)).kind == "alert"
+    assert len(inbox.messages) == 1 and "since 2026-11-22 10:20" in inbox.messages[0].get_content()
+
+
+@contextmanager
+def serving(inbox: Inbox, port: int):
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield
+    finally:
+        controller.stop()
+
+
+def test_job_cooldown_must_not_be_negative(tmp_path: Path) -> None:
+    with pytest.raises(NotifyError, match=r"cooldown_minutes: got -1; allowed: 0 or more"):
+        notify.notify_job(plain_settings(25), tmp_path / "a.json", "backup", "x", experiment="e", command="c",
+                          cooldown_minutes=-1, now=T0)
+
+
+COUNT = ("import sys\nfrom pathlib import Path\nfrom bigscience_ops.ops import notify\n"
+         "for _ in range(int(sys.argv[2])):\n"
+         "    with notify._state_file(Path(sys.argv[1])) as state:\n"
+         "        state.finished['count'] = state.finished.get('count', 0) + 1\n")
+
+
+def test_the_state_file_is_updated_under_a_lock_by_concurrent_writers(tmp_path: Path) -> None:
+    import sys
+
+    state = tmp_path / "alerts.json"
+    writers = [subprocess.Popen([sys.executable, "-c", COUNT, str(state), "150"]) for _ in range(3)]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0, 0]
+    assert json.loads(state.read_text())["finished"]["count"] == 450
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.json", "alerts.json.lock"]

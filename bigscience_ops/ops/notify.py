@@ -1,5 +1,7 @@
-"""Alert emails for the watchdog: sent over SMTP, at most once per cooldown per condition, with a
-recovery email when the condition clears. The state between hourly runs is a small JSON file.
+"""Alert emails for the watchdog and the hourly hub-sync and backup jobs: sent over SMTP, at most
+once per cooldown per condition, with a recovery email when the condition clears. The state between
+hourly runs is a small JSON file, `.bsops-alerts.json` beside the run's main_log.txt, which the
+watchdog and the jobs share: each read-modify-write holds an flock on `<state>.lock`.
 
 The SMTP password is read from the environment variable the settings name; it is never stored,
 logged, or put into an error message.
@@ -8,12 +10,15 @@ logged, or put into an error message.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import json
 import os
 import smtplib
 import socket
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from email.message import EmailMessage
@@ -174,8 +179,16 @@ class Notice:
 
 @dataclass
 class _State:
-    active: dict[str, dict] = field(default_factory=dict)
+    active: dict[str, dict] = field(default_factory=dict)  # watchdog condition ("job::condition") -> entry
     finished: dict[str, int] = field(default_factory=dict)  # job name -> the final iteration announced
+    jobs: dict[str, dict] = field(default_factory=dict)  # failing hourly job ("hub-sync", "backup") -> entry
+    # An entry: since (first seen), last_sent (None until emailed), message (the latest text).
+
+
+def default_state_path(log_path: str | os.PathLike[str] | None) -> Path:
+    """Where a run's alert state lives: `.bsops-alerts.json` next to its main_log.txt (~/.cache/bsops/ without one)."""
+    folder = Path(log_path).parent if log_path else Path.home() / ".cache" / "bsops"
+    return folder / ".bsops-alerts.json"
 
 
 def _load_state(path: Path) -> _State:
@@ -185,15 +198,64 @@ def _load_state(path: Path) -> _State:
         return _State()
     except (OSError, ValueError) as exc:
         raise NotifyError(f"alert state file {path} is unreadable ({exc}); delete it to start afresh") from None
-    return _State(active=dict(data.get("active", {})), finished=dict(data.get("finished", {})))
+    return _State(active=dict(data.get("active", {})), finished=dict(data.get("finished", {})),
+                  jobs=dict(data.get("jobs", {})))
 
 
 def _save_state(path: Path, state: _State) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"version": 1, "active": state.active, "finished": state.finished}, indent=1,
-                              sort_keys=True) + "\n")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"version": 1, "active": state.active, "finished": state.finished, "jobs": state.jobs},
+                              indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
+
+
+_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+@contextmanager
+def _state_file(path: Path) -> Iterator[_State]:
+    """The state of `path`, saved when the block ends (also when it raises), under an exclusive flock
+    on `<path>.lock` so the watchdog and the hourly jobs of one run never lose each other's updates.
+
+    The lock file stays (removing it would let a waiter and a newcomer hold two locks at once).
+    Where the filesystem has no flock the state is used unlocked: the save is still an atomic
+    rename, so two writers at once can only drop one update (one email too many), never corrupt it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK:
+                raise NotifyError(f"cannot lock alert state file {path}: {exc}") from None
+        state = _load_state(path)
+        try:
+            yield state
+        finally:
+            _save_state(path, state)  # closing the file releases the flock
+
+
+def _holds(entries: dict[str, dict], key: str, message: str, now: datetime, cooldown_minutes: float) -> bool:
+    """Record that condition `key` holds at `now` with `message`; True when an email about it is due
+    (never emailed, or last emailed at least `cooldown_minutes` ago)."""
+    entry = entries.setdefault(key, {"since": now.isoformat(), "last_sent": None})
+    entry["message"] = message
+    last = entry.get("last_sent")
+    return last is None or now - datetime.fromisoformat(last) >= timedelta(minutes=cooldown_minutes)
+
+
+def _cleared(entries: dict[str, dict], keys: Sequence[str]) -> list[str]:
+    """Forget those of the cleared `keys` never emailed (nothing to recover from); returns the rest,
+    each owed a recovery email (delete its entry once that is sent)."""
+    for key in [k for k in keys if entries[k].get("last_sent") is None]:
+        del entries[key]
+    return [k for k in keys if k in entries]
+
+
+def _check_cooldown(cooldown_minutes: float) -> None:
+    if cooldown_minutes < 0:
+        raise NotifyError(f"cooldown_minutes: got {cooldown_minutes!r}; allowed: 0 or more minutes")
 
 
 def notify(report: StatusReport, settings: SmtpSettings, state_path: str | os.PathLike[str], *,
@@ -205,51 +267,45 @@ def notify(report: StatusReport, settings: SmtpSettings, state_path: str | os.Pa
     While Slurm cannot be queried nothing is known to have cleared, so no recovery is sent then.
     A failed send raises NotifyError after saving what did go out; the next run retries the rest.
     """
-    if cooldown_minutes < 0:
-        raise NotifyError(f"cooldown_minutes: got {cooldown_minutes!r}; allowed: 0 or more minutes")
+    _check_cooldown(cooldown_minutes)
     now = now or report.checked_at
-    path = Path(state_path)
-    state = _load_state(path)
     experiment = experiment or report.job_name
     prefix = f"{report.job_name}::"
     current = {prefix + a.condition: a for a in report.alerts}
-    due: list[Alert] = []
-    for key, alert in current.items():
-        entry = state.active.setdefault(key, {"since": now.isoformat(), "last_sent": None})
-        entry["message"] = alert.message
-        last = entry.get("last_sent")
-        if last is None or now - datetime.fromisoformat(last) >= timedelta(minutes=cooldown_minutes):
-            due.append(alert)
-    unknown = any(a.condition == "slurm-error" for a in report.alerts)
-    cleared = [] if unknown else [k for k in state.active if k.startswith(prefix) and k not in current]
-    for key in [k for k in cleared if state.active[k].get("last_sent") is None]:
-        del state.active[key]  # never emailed, so there is nothing to recover from
-    cleared = [k for k in cleared if k in state.active]
+    with _state_file(Path(state_path)) as state:
+        due = [a for k, a in current.items() if _holds(state.active, k, a.message, now, cooldown_minutes)]
+        unknown = any(a.condition == "slurm-error" for a in report.alerts)
+        cleared = _cleared(state.active, [] if unknown else
+                           [k for k in state.active if k.startswith(prefix) and k not in current])
+        return _send_watchdog_emails(report, settings, state, experiment, prefix, due, cleared, cooldown_minutes,
+                                     log_path, now, env)
 
+
+def _send_watchdog_emails(report: StatusReport, settings: SmtpSettings, state: _State, experiment: str, prefix: str,
+                          due: Sequence[Alert], cleared: Sequence[str], cooldown_minutes: float, log_path: str | None,
+                          now: datetime, env: Mapping[str, str] | None) -> list[Notice]:
+    """Send what notify() decided, recording each email in `state` as it goes out."""
     sent: list[Notice] = []
-    try:
-        if due:
-            subject, body = _alert_email(experiment, report, due, cooldown_minutes, log_path)
-            message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
-            for alert in due:
-                state.active[prefix + alert.condition]["last_sent"] = now.isoformat()
-            sent.append(Notice("alert", tuple(a.condition for a in due), message_id, subject))
-        if cleared:
-            subject, body = _recovery_email(experiment, report, [state.active[k] for k in cleared], cleared, now)
-            message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
-            for key in cleared:
-                del state.active[key]
-            sent.append(Notice("recovery", tuple(k[len(prefix):] for k in cleared), message_id, subject))
-        if report.finished_at is not None and state.finished.get(report.job_name) != report.finished_at:
-            subject = f"[FINISHED] {experiment}: training finished at iteration {report.finished_at}"
-            body = "\n".join([f"Experiment: {experiment}", f"Slurm job name: {report.job_name}", "",
-                              *report.lines, "", "Nothing is queued and none needs to be: remove its watchdog "
-                              "from cron.hourly/ when the checkpoints are safe."]) + "\n"
-            message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
-            state.finished[report.job_name] = report.finished_at
-            sent.append(Notice("finished", (), message_id, subject))
-    finally:
-        _save_state(path, state)
+    if due:
+        subject, body = _alert_email(experiment, report, due, cooldown_minutes, log_path)
+        message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
+        for alert in due:
+            state.active[prefix + alert.condition]["last_sent"] = now.isoformat()
+        sent.append(Notice("alert", tuple(a.condition for a in due), message_id, subject))
+    if cleared:
+        subject, body = _recovery_email(experiment, report, [state.active[k] for k in cleared], cleared, now)
+        message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
+        for key in cleared:
+            del state.active[key]
+        sent.append(Notice("recovery", tuple(k[len(prefix):] for k in cleared), message_id, subject))
+    if report.finished_at is not None and state.finished.get(report.job_name) != report.finished_at:
+        subject = f"[FINISHED] {experiment}: training finished at iteration {report.finished_at}"
+        body = "\n".join([f"Experiment: {experiment}", f"Slurm job name: {report.job_name}", "",
+                          *report.lines, "", "Nothing is queued and none needs to be: remove its watchdog "
+                          "from cron.hourly/ when the checkpoints are safe."]) + "\n"
+        message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
+        state.finished[report.job_name] = report.finished_at
+        sent.append(Notice("finished", (), message_id, subject))
     return sent
 
 
@@ -299,6 +355,81 @@ def _recovery_email(experiment: str, report: StatusReport, entries: Sequence[dic
     return subject, body + "\n"
 
 
+# --- the hourly jobs' failures (hub-sync, backup) -------------------------------------------------
+
+@dataclass(frozen=True)
+class JobNotice:
+    """What notify_job did about one run of an hourly job."""
+
+    kind: str
+    """alert (emailed), held (a failure within the cooldown, not emailed), recovery (emailed), or
+    quiet (a success with no emailed failure before it)."""
+    line: str
+    """What happened, for the job's log; empty when quiet."""
+
+
+def _now() -> datetime:
+    """The clock of notify_job (local time, as the watchdog's reports); tests of the commands replace it."""
+    return datetime.now().replace(microsecond=0)
+
+
+def notify_job(settings: SmtpSettings, state_path: str | os.PathLike[str], job: str, error: str | None, *,
+               experiment: str, command: str, cooldown_minutes: float = 60.0, now: datetime | None = None,
+               env: Mapping[str, str] | None = None) -> JobNotice:
+    """Report one run of an hourly job (`job`: hub-sync, backup) that failed with `error` or, with
+    None, worked. A failure is emailed at once and then at most once per `cooldown_minutes` while it
+    lasts; the first success after an emailed failure sends one recovery email; a failure never
+    emailed clears silently. `command` is what to run by hand to see the failure.
+
+    A failed send raises NotifyError with the state saved, so the next run sends it (as notify() does).
+    """
+    _check_cooldown(cooldown_minutes)
+    now = now or _now()
+    with _state_file(Path(state_path)) as state:
+        if error is not None:
+            if not _holds(state.jobs, job, error, now, cooldown_minutes):
+                entry = state.jobs[job]
+                return JobNotice("held", f"{job} failed again (failing since {entry['since']}); the alert email was "
+                                         f"held back: last sent {entry['last_sent']}, it repeats at most every "
+                                         f"{cooldown_minutes:g} minutes while {job} keeps failing")
+            subject, body = _job_alert_email(experiment, job, error, command, state.jobs[job], cooldown_minutes, now)
+            message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
+            state.jobs[job]["last_sent"] = now.isoformat()
+            return JobNotice("alert", f"alert email sent to {', '.join(settings.recipients)} ({message_id}): {subject}")
+        if job not in state.jobs or not _cleared(state.jobs, [job]):  # no failure, or one never emailed
+            return JobNotice("quiet", "")
+        subject, body = _job_recovery_email(experiment, job, state.jobs[job], now)
+        message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
+        del state.jobs[job]
+        return JobNotice("recovery", f"recovery email sent to {', '.join(settings.recipients)} ({message_id}): "
+                                     f"{subject}")
+
+
+def _job_alert_email(experiment: str, job: str, error: str, command: str, entry: dict, cooldown: float,
+                     now: datetime) -> tuple[str, str]:
+    since = datetime.fromisoformat(entry["since"])
+    failing = f"\n\nIt has been failing since {since:%Y-%m-%d %H:%M} ({_lasted(now - since)})." if since < now else ""
+    body = (f"{job} of {experiment} failed:\n\n{error}{failing}\n\n"
+            f"The next hourly run tries again; run `{command}` by hand to see it now.\n\n"
+            f"This alert repeats at most every {cooldown:g} minutes while it keeps failing; a recovery email\n"
+            f"follows when {job} works again.\n")
+    return f"[bsops] {experiment}: {job} failed", body
+
+
+def _job_recovery_email(experiment: str, job: str, entry: dict, now: datetime) -> tuple[str, str]:
+    since = datetime.fromisoformat(entry["since"])
+    body = (f"{job} of {experiment} works again (checked at {now:%Y-%m-%d %H:%M:%S} on {socket.gethostname()}).\n\n"
+            f"It failed from {since:%Y-%m-%d %H:%M} for {_lasted(now - since)}. The last error was:\n\n"
+            f"{entry.get('message', '(not recorded)')}\n\nNothing more to do for it.\n")
+    return f"[RECOVERED] {experiment}: {job} works again", body
+
+
+def _lasted(span: timedelta) -> str:
+    minutes = max(0, round(span.total_seconds() / 60))
+    days, rest = divmod(minutes, 24 * 60)
+    return (f"{days} d " if days else "") + f"{rest // 60} h {rest % 60:02d} min"
+
+
 # --- one watchdog run: check, email, log ------------------------------------------------------------
 
 DEFAULT_PORTS = {"starttls": 587, "ssl": 465, "none": 25}
@@ -341,9 +472,7 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
     notices: list[Notice] = []
     error = None
     if smtp is not None:
-        if state_path is None:
-            folder = Path(log_path).parent if log_path else Path.home() / ".cache" / "bsops"
-            state_path = folder / ".bsops-alerts.json"
+        state_path = default_state_path(log_path) if state_path is None else state_path
         try:
             notices = notify(report, smtp, state_path, experiment=experiment, cooldown_minutes=cooldown_minutes,
                              log_path=str(log_path) if log_path else None, env=env)
