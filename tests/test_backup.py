@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from bigscience_ops.config import Experiment
 from bigscience_ops.ops import backup
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_trainer import run_ok, small_experiment, write_run
+from tests.test_notify import T0, plain_server  # noqa: F401  (the real SMTP server fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -198,3 +200,47 @@ def test_retention_deletes_a_checkpoints_universal_copy_with_it(tmp_path: Path) 
     decision = retention.decide([10, 20], latest_step=20, verified={10, 20}, keep_last=1, keep_every=None)
     assert retention.apply(checkpoints, decision, lambda c: True) == ["global_step10"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step20", "global_step20_universal"]
+
+
+def test_backup_alert_waits_out_the_cooldown_and_a_recovery_follows(trainings: Path, tmp_path: Path, plain_server,
+                                                                      monkeypatch) -> None:  # noqa: F811
+    """`bsops backup --alert` (what the hourly job runs) goes through notify_job as hub-sync does."""
+    from click.testing import CliRunner
+
+    from bigscience_ops.cli import main
+    from bigscience_ops.ops import notify
+
+    inbox, port = plain_server
+    run = tmp_path / "run"
+    (trainings / "saved.yaml").write_text(
+        f"base: tiny\npaths: {{output: {json.dumps(str(run))}}}\n"
+        f"backup: {{dest: {json.dumps(str(tmp_path / 'store'))}}}\n"
+        "alerts: {email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
+        f"smtp_port: {port}, smtp_security: none, cooldown_minutes: 90}}\n")
+    clock = [T0]
+    monkeypatch.setattr(notify, "_now", lambda: clock[0])
+
+    def backup_at(minutes: int):
+        clock[0] = T0 + timedelta(minutes=minutes)
+        return CliRunner().invoke(main, ["backup", "saved", "--alert", "--trainings-dir", str(trainings)])
+
+    failed = [backup_at(m) for m in (0, 60, 89)]  # no checkpoints folder yet: nothing to back up
+    assert [r.exit_code for r in failed] == [2, 2, 2] and len(inbox.messages) == 1
+    assert inbox.messages[0]["Subject"] == "[bsops] saved: backup failed"
+    assert "does not exist: nothing to back up" in inbox.messages[0].get_content()
+    assert "repeats at most every 90 minutes" in inbox.messages[0].get_content()
+    assert "alert email was held back" in failed[1].stderr and "alert email sent" in failed[0].stderr
+    assert backup_at(90).exit_code == 2 and len(inbox.messages) == 2
+
+    step = run / "checkpoints" / "global_step5"
+    step.mkdir(parents=True)
+    (step / "layer_00-model_states.pt").write_bytes(os.urandom(4000))
+    (step / "bsops.json").write_text(json.dumps({"iteration": 5}))
+    (run / "checkpoints" / "latest").write_text("global_step5")
+    worked = backup_at(125)
+    assert worked.exit_code == 0, worked.output
+    assert backup.verify(tmp_path / "store", "global_step5") == []
+    assert len(inbox.messages) == 3 and inbox.messages[2]["Subject"] == "[RECOVERED] saved: backup works again"
+    assert "for 2 h 05 min" in inbox.messages[2].get_content() and "recovery email sent" in worked.stderr
+    assert backup_at(185).exit_code == 0 and len(inbox.messages) == 3
+    assert (run / "logs" / ".bsops-alerts.json").is_file()  # the watchdog's state file, beside main_log.txt

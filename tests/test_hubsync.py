@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops import gitlfs, hubsync
 from tests.fixtures_git import bare_remote, blob_at, git, git_lfs, hub_experiment, lfs_object, lfs_oid  # noqa: F401
 from tests.fixtures_slurm import wait_until
+from tests.test_notify import T0, free_port, plain_server  # noqa: F401  (the real SMTP server fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -240,3 +243,96 @@ def test_config_rejects_a_template_without_repo(trainings: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_experiment("mirror", trainings)
     assert err.value.field == "hub.remote_template"
+
+
+# --- `bsops hub-sync --alert`, what the hourly job runs: cooldown and recovery emails -------------------
+
+def _alerting_experiment(trainings: Path, tmp_path: Path, smtp_port: int) -> None:
+    (trainings / "synced.yaml").write_text(
+        f"base: tiny\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
+        f"hub: {{logs_repo: bs/synced-logs, remote_template: {json.dumps(f'file://{tmp_path}/remotes/{{repo}}.git')}, "
+        "push_attempts: 1}\n"
+        "alerts: {email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
+        f"smtp_port: {smtp_port}, smtp_security: none, cooldown_minutes: 60}}\n")
+    (tmp_path / "run" / "logs").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "run" / "logs" / "main_log.txt").write_text("iteration 1/ 10 | lm loss: 9.1\n")
+
+
+def _refusing(bare: Path, refuse: bool) -> None:
+    hook = bare / "hooks" / "pre-receive"
+    if refuse:
+        hook.write_text("#!/bin/sh\necho 'quota exceeded' >&2\nexit 1\n")
+        hook.chmod(0o755)
+    else:
+        hook.unlink()
+
+
+def _sync_at(trainings: Path, clock: list, minutes: int):
+    from click.testing import CliRunner
+
+    from bigscience_ops.cli import main
+
+    clock[0] = T0 + timedelta(minutes=minutes)
+    return CliRunner().invoke(main, ["hub-sync", "synced", "--alert", "--trainings-dir", str(trainings)])
+
+
+def test_a_failing_sync_emails_once_per_cooldown_then_one_recovery(git_lfs, trainings: Path, tmp_path: Path,
+                                                                    plain_server, monkeypatch) -> None:  # noqa: F811
+    from bigscience_ops.ops import notify
+
+    inbox, port = plain_server
+    _alerting_experiment(trainings, tmp_path, port)
+    bare = bare_remote(tmp_path / "remotes", "bs/synced-logs")
+    _refusing(bare, True)
+    clock = [T0]
+    monkeypatch.setattr(notify, "_now", lambda: clock[0])
+
+    runs = [_sync_at(trainings, clock, m) for m in (0, 20, 40)]
+    assert [r.exit_code for r in runs] == [2, 2, 2] and len(inbox.messages) == 1
+    first = inbox.messages[0]
+    assert first["Subject"] == "[bsops] synced: hub-sync failed"
+    body = first.get_content()
+    assert "quota exceeded" in body and "`bsops hub-sync synced`" in body
+    assert "repeats at most every 60 minutes while it keeps failing; a recovery email" in body
+    assert "alert email sent to oncall@example.org" in runs[0].stderr
+    for held in runs[1:]:
+        assert "hub-sync failed again (failing since 2026-11-22T10:00:00); the alert email was held back" in held.stderr
+        assert "quota exceeded" in held.stderr  # the error itself is still printed for cron's log
+
+    assert _sync_at(trainings, clock, 60).exit_code == 2 and len(inbox.messages) == 2  # the cooldown is over
+    assert "failing since 2026-11-22 10:00 (1 h 00 min)" in inbox.messages[1].get_content()
+
+    _refusing(bare, False)
+    worked = _sync_at(trainings, clock, 75)
+    assert worked.exit_code == 0, worked.output
+    assert blob_at(bare, "main_log.txt")  # the commits the refused runs left went out
+    assert len(inbox.messages) == 3
+    recovery = inbox.messages[2]
+    assert recovery["Subject"] == "[RECOVERED] synced: hub-sync works again"
+    assert "failed from 2026-11-22 10:00 for 1 h 15 min" in recovery.get_content()
+    assert "quota exceeded" in recovery.get_content()
+    assert _sync_at(trainings, clock, 135).exit_code == 0 and len(inbox.messages) == 3
+
+
+def test_a_failure_never_emailed_clears_silently(git_lfs, trainings: Path, tmp_path: Path, plain_server,
+                                                 monkeypatch) -> None:  # noqa: F811
+    from bigscience_ops.ops import notify
+
+    inbox, port = plain_server
+    _alerting_experiment(trainings, tmp_path, free_port())  # the SMTP server is down
+    bare = bare_remote(tmp_path / "remotes", "bs/synced-logs")
+    _refusing(bare, True)
+    clock = [T0]
+    monkeypatch.setattr(notify, "_now", lambda: clock[0])
+
+    failed = _sync_at(trainings, clock, 0)
+    assert failed.exit_code == 2 and "***ALERT: the hub-sync alert email could not be sent" in failed.stderr
+    state = tmp_path / "run" / "logs" / ".bsops-alerts.json"
+    assert json.loads(state.read_text())["jobs"]["hub-sync"]["last_sent"] is None  # kept, so the next run retries
+
+    _alerting_experiment(trainings, tmp_path, port)  # the server is back, and so is the remote
+    _refusing(bare, False)
+    worked = _sync_at(trainings, clock, 10)
+    assert worked.exit_code == 0, worked.output
+    assert inbox.messages == [] and "email" not in worked.stderr
+    assert json.loads(state.read_text())["jobs"] == {}

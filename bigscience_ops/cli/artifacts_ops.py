@@ -13,22 +13,45 @@ from bigscience_ops.errors import BsopsError
 
 alert_option = click.option(
     "--alert", is_flag=True,
-    help="On failure, email the experiment's alerts recipients (as the status watchdog does); the cron jobs pass it.")
+    help="On failure, email the experiment's alerts recipients at once, then at most once per "
+         "alerts.cooldown_minutes while it keeps failing, and once more when it works again (as the status "
+         "watchdog does); the cron jobs pass it.")
 
 
-def _run_alerting(exp, alert: bool, what: str, work: Callable[[], None]) -> None:
-    """Run `work`; on a failure print it, email it when --alert, and exit 2."""
+def _run_alerting(exp, alert: bool, job: str, command: str, work: Callable[[], None]) -> None:
+    """Run `work`; print a failure and exit 2. With --alert, report the outcome (failed or worked) to
+    notify_job, whose cooldown state is the watchdog's `.bsops-alerts.json` beside the run's log."""
     try:
         work()
+        error = None
     except (BsopsError, OSError) as exc:
+        error = str(exc)
         click.echo(f"error: {exc}", err=True)
-        if alert:
-            from bigscience_ops.ops import notify
-
-            body = (f"{what} of {exp.name} failed:\n\n{exc}\n\n"
-                    f"The next hourly run tries again; run `bsops {what} {exp.name}` by hand to see it now.")
-            click.echo(notify.send_alert(exp.alerts, f"[bsops] {exp.name}: {what} failed", body), err=True)
+    email_failed = alert and not _notify(exp, job, command, error)
+    if error is not None or email_failed:
         sys.exit(EXIT_ERROR)
+
+
+def _notify(exp, job: str, command: str, error: str | None) -> bool:
+    """Email the failure or the recovery as notify_job decides; False when an email could not be sent."""
+    from bigscience_ops.ops import notify
+
+    try:
+        settings = notify.smtp_from_alerts(exp.alerts)
+        if settings is None:
+            if error is not None:
+                click.echo("no alert email: alerts.email_to is empty", err=True)
+            return True
+        log = Path(exp.paths.logs) / "main_log.txt" if exp.paths.logs else None
+        outcome = notify.notify_job(settings, notify.default_state_path(log), job, error, experiment=exp.name,
+                                    command=command, cooldown_minutes=exp.alerts.cooldown_minutes)
+    except notify.NotifyError as exc:
+        kind = "alert" if error is not None else "recovery"
+        click.echo(f"***ALERT: the {job} {kind} email could not be sent (the next run tries again): {exc}***", err=True)
+        return False
+    if outcome.line:
+        click.echo(outcome.line, err=True)
+    return True
 
 
 @main.command("hub-sync")
@@ -59,7 +82,9 @@ def hub_sync(exp: str, what: str | None, remote: str | None, wait_s: float, aler
         for result in hubsync.sync(experiment, kinds, remote, wait_s):
             click.echo(result.describe())
 
-    _run_alerting(experiment, alert, "hub-sync", work)
+    # A run of some kinds only neither clears nor repeats the alert of a full run.
+    job = f"hub-sync --what {','.join(sorted(set(kinds)))}" if kinds else "hub-sync"
+    _run_alerting(experiment, alert, job, f"bsops {job} {experiment.name}", work)
 
 
 class _ShownProgress:
@@ -133,4 +158,5 @@ def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, training
                              if why not in ("one of the newest", "no keep_last: nothing is deleted"))
             click.echo(f"scratch retention: {verb} {', '.join(gone) or 'nothing'}" + (f"; kept {kept}" if kept else ""))
 
-    _run_alerting(experiment, alert, "backup", work)
+    job = "backup --dry-run" if dry_run else "backup"  # a dry run that works says nothing of the backup
+    _run_alerting(experiment, alert, job, f"bsops {job} {experiment.name}", work)
