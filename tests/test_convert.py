@@ -316,3 +316,180 @@ def test_convert_push_publishes_one_folder_per_step(runs, trainings, tmp_path, g
     oid = lfs_oid(blob_at(bare, f"{tag}/model.safetensors"))  # the weights travel as an LFS object
     assert lfs_object(bare, oid).read_bytes() == (out / "model.safetensors").read_bytes()
     assert json.loads(blob_at(bare, f"{tag}/config.json")) == json.loads((out / "config.json").read_text())
+
+
+# ---------------------------------------------------------------- sharded weights
+
+SMALL_SHARD = 100_000  # bytes: the 2-layer model (2.2 MB, 2.1 MB of it the word embedding) takes >= 3 shards
+
+
+def _weight_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if "safetensors" in p.name)
+
+
+def _checkpoint(exp) -> tuple[Path, dict]:
+    meta = _meta(exp)
+    return Path(exp.paths.checkpoints) / f"global_step{meta['iteration']}", meta
+
+
+@pytest.mark.parametrize("name", ["pp2", "tp2"])
+def test_sharded_conversion_loads_and_equals_the_single_file(runs, tmp_path, name):
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors import safe_open
+
+    exp, single, conversion = runs[name]
+    out = tmp_path / "sharded"
+    sharded = convert.convert(exp, out, max_shard_size="100KB")
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    n = len(shards)
+    assert n >= 3
+    assert shards == [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+    assert _weight_files(out) == [*shards, "model.safetensors.index.json"]  # no model.safetensors, no partial shard
+    assert sorted(sharded.files) == sorted(p.name for p in out.iterdir())  # what a push uploads, all listed
+    seen = []
+    for shard in shards:
+        with safe_open(out / shard, "pt") as f:
+            assert f.metadata() == {"format": "pt"}
+            keys = list(f.keys())
+            size = sum(f.get_tensor(key).nbytes for key in keys)
+        seen += [(key, shard) for key in keys]
+        assert size <= SMALL_SHARD or len(keys) == 1, (shard, size)  # over the limit only when alone
+    assert len(seen) == len(dict(seen)) and dict(seen) == index["weight_map"]  # every tensor once, where indexed
+    with safe_open(single / "model.safetensors", "pt") as f:
+        assert set(f.keys()) == set(index["weight_map"])
+    # huggingface_hub's own split of the same state dict, in the same order, with the same limit
+    path, meta = _checkpoint(exp)
+    ordered = {k: v.clone() for k, v in convert.gpt2_tensors(path, meta["model"], meta["parallel"]["tensor"], VOCAB)}
+    split = split_torch_state_dict_into_shards(ordered, max_shard_size=SMALL_SHARD)
+    assert split.tensor_to_filename == index["weight_map"]
+    assert index["metadata"] == {"total_size": split.metadata["total_size"], "total_parameters": conversion.num_parameters}
+    assert sharded.num_parameters == conversion.num_parameters
+    tokens = _tokens()
+    with torch.no_grad():
+        assert torch.equal(_hf(out)(tokens).logits, _hf(single)(tokens).logits)
+
+
+def test_default_size_writes_one_file_and_the_limit_is_inclusive(runs, tmp_path):
+    exp, folder, conversion = runs["pp2"]
+    assert _weight_files(folder) == ["model.safetensors"]  # 5GB default: no index
+    assert conversion.files[0] == "model.safetensors"
+    assert sorted(conversion.files) == sorted(p.name for p in folder.iterdir())
+    path, meta = _checkpoint(exp)
+    total = sum(t.nbytes for _, t in convert.gpt2_tensors(path, meta["model"], 1, VOCAB))
+    exact = convert.convert(exp, tmp_path / "exact", max_shard_size=total)
+    assert _weight_files(exact.out) == ["model.safetensors"]  # a shard may hold exactly max_shard_size bytes
+    over = convert.convert(exp, tmp_path / "over", max_shard_size=total - 1)
+    assert _weight_files(over.out) == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                       "model.safetensors.index.json"]
+
+
+def test_overwrite_leaves_no_weights_of_the_earlier_conversion(runs, tmp_path):
+    """transformers loads model.safetensors before any index, and a push uploads every file of the folder."""
+    exp, single, _ = runs["pp2"]
+    out = tmp_path / "again"
+    convert.convert(exp, out)
+    convert.convert(exp, out, overwrite=True, max_shard_size=SMALL_SHARD)
+    assert "model.safetensors" not in _weight_files(out) and "model.safetensors.index.json" in _weight_files(out)
+    tokens = _tokens(1, 8)
+    with torch.no_grad():
+        assert torch.equal(_hf(out)(tokens).logits, _hf(single)(tokens).logits)
+    convert.convert(exp, out, overwrite=True)
+    assert _weight_files(out) == ["model.safetensors"]
+
+
+def _tensors(sizes: dict[str, int], on_yield=None):
+    for i, (name, numel) in enumerate(sizes.items()):
+        if on_yield:
+            on_yield(i)
+        yield name, torch.full((numel,), float(i))
+
+
+def test_write_weights_streams_shards_and_gives_a_large_tensor_its_own(tmp_path):
+    from safetensors.torch import load_file
+
+    sizes = {"a": 4, "b": 4, "big": 20, "d": 4, "e": 4, "f": 4}  # float32: 16, 16, 80 (> 40), 16, 16, 16 bytes
+    on_disk = {}
+    weights = convert.write_weights(_tensors(sizes, lambda i: on_disk.setdefault(i, len(list(tmp_path.iterdir())))),
+                                    tmp_path, 40)
+    assert on_disk == {0: 0, 1: 0, 2: 0, 3: 2, 4: 2, 5: 2}  # [a b] and [big] were written before d was produced
+    names = [f"model-{k:05d}-of-00004.safetensors" for k in range(1, 5)]
+    assert weights.files == [*names, "model.safetensors.index.json"]
+    assert [sorted(load_file(tmp_path / n)) for n in names] == [["a", "b"], ["big"], ["d", "e"], ["f"]]
+    assert torch.equal(load_file(tmp_path / names[1])["big"], torch.full((20,), 2.0))
+    assert (weights.total_size, weights.num_parameters) == (160, 40)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(weights.files)
+
+
+def test_write_weights_removes_its_shards_when_the_tensors_fail(tmp_path):
+    def failing():
+        yield from _tensors({"a": 8, "b": 8, "c": 8})
+        raise convert.ConvertError("layer 3 is missing")
+
+    with pytest.raises(convert.ConvertError, match="layer 3"):
+        convert.write_weights(failing(), tmp_path, 40)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", ["5XB", "0", "-1GB", "1.5", "GB", "5 G B", 0])
+def test_bad_shard_sizes_are_refused_before_anything_is_written(runs, tmp_path, bad):
+    exp, _, _ = runs["pp2"]
+    with pytest.raises(convert.ConvertError) as err:
+        convert.convert(exp, tmp_path / "out", max_shard_size=bad)
+    assert repr(bad) in str(err.value) and "5GB" in str(err.value)  # the value, and what is allowed
+    assert not (tmp_path / "out").exists()
+
+
+def test_shard_sizes_parse_as_transformers_reads_them():
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    for size in ("5GB", "500MB", "1.5GB", "100KB", "2TB"):
+        assert convert.parse_size(size) == parse_size_to_int(size)
+    assert convert.parse_size("2GiB") == 2 * 2**30 and convert.parse_size("12345") == convert.parse_size(12345) == 12345
+
+
+def _conv_yaml(trainings: Path, exp, name: str, output: Path, extra: str = "") -> None:
+    """An experiment whose checkpoints are `exp`'s, its run folder (and so hub-sync's clones) at `output`."""
+    (trainings / f"{name}.yaml").write_text(
+        "base: tiny\n"
+        f"model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: {VOCAB}, "
+        "ffn_hidden_size: 256, make_vocab_size_divisible_by: 128}\n"
+        f"paths: {{output: {str(output)!r}, checkpoints: {exp.paths.checkpoints!r}}}\n"
+        f"data: {{tokenizer: {{kind: json, json_file: {exp.data.tokenizer.json_file!r}}}}}\n" + extra)
+
+
+def test_convert_command_max_shard_size(runs, trainings, tmp_path):
+    exp, single, _ = runs["pp2"]
+    _conv_yaml(trainings, exp, "shards", tmp_path / "run")
+    cli = ["convert", "shards", "--trainings-dir", str(trainings)]
+    out = tmp_path / "cli"
+    result = CliRunner().invoke(main, [*cli, "--out", str(out), "--max-shard-size", "100KB"])
+    assert result.exit_code == 0, result.output
+    n = len(_weight_files(out)) - 1
+    assert n >= 3 and f"model-00001-of-{n:05d}.safetensors ... model-{n:05d}-of-{n:05d}" in result.output
+    bad = CliRunner().invoke(main, [*cli, "--out", str(tmp_path / "bad"), "--max-shard-size", "12QB"])
+    assert bad.exit_code == EXIT_ERROR and "'12QB'" in bad.output and not (tmp_path / "bad").exists()
+    hub = CliRunner().invoke(main, [*cli, "--out", str(tmp_path / "hub"), "--max-shard-size", "60GB", "--push",
+                                    "--remote", f"file://{tmp_path}/nowhere.git"])
+    assert hub.exit_code == EXIT_ERROR and "'60GB'" in hub.output and "50GB" in hub.output
+    assert not (tmp_path / "hub").exists()  # refused before converting
+
+
+def test_convert_push_uploads_every_shard_and_the_index(runs, trainings, tmp_path, git_lfs):
+    exp, _, _ = runs["pp2"]
+    remotes = tmp_path / "remotes"
+    bare = bare_remote(remotes, "bs/shard-checkpoints")
+    _conv_yaml(trainings, exp, "pushshards", tmp_path / "run",
+               f"hub: {{checkpoints_repo: bs/shard-checkpoints, remote_template: 'file://{remotes}/{{repo}}.git'}}\n")
+    out = tmp_path / "pushed"
+    result = CliRunner().invoke(main, ["convert", "pushshards", "--trainings-dir", str(trainings), "--out", str(out),
+                                       "--max-shard-size", "100KB", "--push"])
+    assert result.exit_code == 0, result.output
+    tag = f"global_step{_meta(exp)['iteration']}"
+    tree = git("--git-dir", str(bare), "ls-tree", "-r", "--name-only", "main").split()
+    assert {f"{tag}/{p.name}" for p in out.iterdir()} == {name for name in tree if name.startswith(f"{tag}/")}
+    for shard in _weight_files(out)[:-1]:
+        oid = lfs_oid(blob_at(bare, f"{tag}/{shard}"))
+        assert lfs_object(bare, oid).read_bytes() == (out / shard).read_bytes()
+    index = blob_at(bare, f"{tag}/model.safetensors.index.json")
+    assert json.loads(index) == json.loads((out / "model.safetensors.index.json").read_text())

@@ -3,10 +3,21 @@
 The trainer's GPT is GPT-2's architecture (learned positions, pre-LN blocks, tanh GeLU, final
 LayerNorm, head tied to the word embedding), so a checkpoint becomes a `GPT2LMHeadModel`:
 
-    model.safetensors      the weights, TP shards and pipeline stages merged, vocab padding removed
+    model.safetensors      the weights, TP shards and pipeline stages merged, vocab padding removed;
+                           past max_shard_size (default 5GB) model-00001-of-0000N.safetensors ...
+                           and model.safetensors.index.json instead, as transformers' save_pretrained
     config.json            GPT2Config (activation "gelu_new", n_inner = ffn_hidden_size)
     tokenizer files        the experiment's tokenizer, laid out so AutoTokenizer loads it
     bsops_conversion.json  where the weights came from (experiment, step, consumed tokens, TP/PP)
+
+Streaming: the weights are produced one pipeline layer at a time (`gpt2_tensors` is a generator)
+and written into a shard as soon as the next tensor would take it past max_shard_size, so memory
+holds about one shard plus one layer's TP pieces, never the model (tr8-104B is ~208 GB in bf16).
+How many shards there are is known only at the end, so they are written under temporary names
+(.model-00001.safetensors.partial) and renamed when the last one is closed; sizing them first from
+the shapes would repeat, in a second place, what every layer's tensors are. A tensor larger than
+max_shard_size gets a shard of its own. The Hub refuses files over 50 GB, so a push refuses a
+larger max_shard_size before converting, and any written file over it before uploading.
 
 What DeepSpeed's pipeline engine writes per layer (`layer_XX-model_states.pt`, or with TP > 1
 `layer_XX-model_RR-model_states.pt` per TP rank RR): layer 0 the embedding (word + positions),
@@ -33,18 +44,39 @@ model option this converter does not know).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bigscience_ops.errors import BsopsError
+
+if TYPE_CHECKING:
+    import torch
 
 META = "bsops.json"  # written by the trainer next to DeepSpeed's files (trainer/checkpointing.py)
 TAG = re.compile(r"global_step(\d+)")
 DTYPES = ("float32", "bfloat16", "float16")
 EOD_TOKEN = "<|endoftext|>"
+
+# Weight files, named as transformers names them (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, and
+# huggingface_hub's "model{suffix}.safetensors" with suffix -00001-of-00042).
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+SHARD = "model-{index:05d}-of-{count:05d}.safetensors"
+PARTIAL = ".model-{index:05d}.safetensors.partial"  # a shard while the number of shards is unknown
+# What an earlier conversion into the same folder may have left: removed before writing with overwrite,
+# since transformers loads a stale model.safetensors before any index, and a push uploads every file.
+WEIGHT_FILES = re.compile(r"model\.safetensors|model\.safetensors\.index\.json|model-\d{5}-of-\d{5}\.safetensors"
+                          r"|\.model-\d{5}\.safetensors\.partial")
+MAX_SHARD_SIZE = "5GB"  # transformers' default
+HUB_FILE_LIMIT = 50 * 10**9  # the Hugging Face Hub refuses larger files
+SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 
 # Model options the trainer records in bsops.json, and what each becomes in GPT-2.
 EXPRESSIBLE = {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length",
@@ -71,6 +103,26 @@ FINAL_NORM_SPLIT = {"weight": None, "bias": None}
 
 class ConvertError(BsopsError):
     """A checkpoint cannot be converted: names the checkpoint, what is wrong and what is allowed."""
+
+
+SIZE_ALLOWED = ("allowed: a positive whole number of bytes, or a number with a unit KB, MB, GB, TB "
+                "(powers of 1000, as transformers' max_shard_size) or KiB, MiB, GiB, TiB (powers of 1024), "
+                "e.g. 5GB or 500MB")
+
+
+def parse_size(size: int | str, field: str = "max_shard_size") -> int:
+    """Bytes in a transformers-style size: 5GB, 500MB, 1.5GB, 2GiB, or a whole number of bytes."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        value = size
+    else:
+        m = SIZE.fullmatch(size) if isinstance(size, str) else None
+        unit = m.group(2).upper() if m else ""
+        if m is None or (unit and unit not in SIZE_UNITS) or (not unit and not m.group(1).isdigit()):
+            raise ConvertError(f"{field} {size!r} is not a size; {SIZE_ALLOWED}")
+        value = int(float(m.group(1)) * SIZE_UNITS[unit]) if unit else int(m.group(1))
+    if value < 1:
+        raise ConvertError(f"{field} {size!r} is {value} bytes; {SIZE_ALLOWED}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -169,6 +221,15 @@ def layer_files(path: Path, index: int, tensor: int) -> list[Path]:
     return [Path(path) / f"layer_{index:02d}-model_{rank:02d}-model_states.pt" for rank in range(tensor)]
 
 
+def check_layer_files(path: Path, layers: int, tensor: int) -> None:
+    """Refuse a checkpoint missing any layer file before hours are spent converting the layers before it."""
+    missing = [f.name for i in range(layers + 2) for f in layer_files(path, i, tensor) if not f.is_file()]
+    if missing:
+        raise ConvertError(f"{path}: missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
+                           f"({len(missing)} of the {(layers + 2) * tensor} layer files for {layers} blocks, "
+                           f"TP={tensor}); the checkpoint is incomplete or was not written by bsops' trainer")
+
+
 def _load_layer(path: Path, index: int, tensor: int, expected: dict) -> list[dict]:
     import torch
 
@@ -213,52 +274,119 @@ def qkv_to_c_attn(weight, bias, num_heads: int) -> tuple:
 
 
 def gpt2_tensors(path: Path, model: dict, tensor: int, vocab_size: int, dtype: str = "float32",
-                 progress: Callable[[int, int], None] | None = None) -> dict:
-    """The checkpoint at `path` (written with TP=`tensor`) as GPT2LMHeadModel's state dict, without the tied lm_head."""
+                 progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint at `path` (written with TP=`tensor`) as GPT2LMHeadModel's state dict, without the tied
+    lm_head: (name, tensor) pairs in state-dict order, one pipeline layer read at a time; `progress(done, total)`
+    after each layer."""
     import torch
 
     target = getattr(torch, dtype)
     layers = model["num_layers"]
     total = layers + 2
-    out: dict = {}
 
-    def put(name: str, value) -> None:
-        out[name] = value.to(target).contiguous()
+    def put(name: str, value) -> tuple[str, torch.Tensor]:
+        return name, value.to(target).contiguous()
 
     emb = _merge(_load_layer(path, 0, tensor, EMBEDDING_SPLIT), EMBEDDING_SPLIT, f"{path} layer 0")
     words = emb["word_embeddings.weight"]
     if words.shape[0] != model["padded_vocab_size"]:
         raise ConvertError(f"{path}: word embedding has {words.shape[0]} rows; bsops.json says the padded "
                            f"vocabulary is {model['padded_vocab_size']}")
-    put("transformer.wte.weight", words[:vocab_size])  # vocab padding removed
-    put("transformer.wpe.weight", emb["position_embeddings.weight"])
+    yield put("transformer.wte.weight", words[:vocab_size])  # vocab padding removed
+    yield put("transformer.wpe.weight", emb["position_embeddings.weight"])
+    del emb, words  # the padded embedding is the largest tensor: hold it no longer than its shard does
     if progress:
         progress(1, total)
     for i in range(layers):
         b = _merge(_load_layer(path, i + 1, tensor, BLOCK_SPLIT), BLOCK_SPLIT, f"{path} layer {i + 1}")
         p = f"transformer.h.{i}."
-        put(p + "ln_1.weight", b["input_layernorm.weight"])
-        put(p + "ln_1.bias", b["input_layernorm.bias"])
+        yield put(p + "ln_1.weight", b["input_layernorm.weight"])
+        yield put(p + "ln_1.bias", b["input_layernorm.bias"])
         c_attn_w, c_attn_b = qkv_to_c_attn(b["self_attention.query_key_value.weight"],
                                            b["self_attention.query_key_value.bias"], model["num_attention_heads"])
-        put(p + "attn.c_attn.weight", c_attn_w)
-        put(p + "attn.c_attn.bias", c_attn_b)
-        put(p + "attn.c_proj.weight", b["self_attention.dense.weight"].t())
-        put(p + "attn.c_proj.bias", b["self_attention.dense.bias"])
-        put(p + "ln_2.weight", b["post_attention_layernorm.weight"])
-        put(p + "ln_2.bias", b["post_attention_layernorm.bias"])
-        put(p + "mlp.c_fc.weight", b["mlp.dense_h_to_4h.weight"].t())
-        put(p + "mlp.c_fc.bias", b["mlp.bias_h_to_4h"])
-        put(p + "mlp.c_proj.weight", b["mlp.dense_4h_to_h.weight"].t())
-        put(p + "mlp.c_proj.bias", b["mlp.dense_4h_to_h.bias"])
+        yield put(p + "attn.c_attn.weight", c_attn_w)
+        yield put(p + "attn.c_attn.bias", c_attn_b)
+        del c_attn_w, c_attn_b
+        yield put(p + "attn.c_proj.weight", b["self_attention.dense.weight"].t())
+        yield put(p + "attn.c_proj.bias", b["self_attention.dense.bias"])
+        yield put(p + "ln_2.weight", b["post_attention_layernorm.weight"])
+        yield put(p + "ln_2.bias", b["post_attention_layernorm.bias"])
+        yield put(p + "mlp.c_fc.weight", b["mlp.dense_h_to_4h.weight"].t())
+        yield put(p + "mlp.c_fc.bias", b["mlp.bias_h_to_4h"])
+        yield put(p + "mlp.c_proj.weight", b["mlp.dense_4h_to_h.weight"].t())
+        yield put(p + "mlp.c_proj.bias", b["mlp.dense_4h_to_h.bias"])
+        del b  # this layer's merged tensors go with its shard, not with the next layer
         if progress:
             progress(i + 2, total)
     final = _merge(_load_layer(path, layers + 1, tensor, FINAL_NORM_SPLIT), FINAL_NORM_SPLIT, f"{path} layer {layers + 1}")
-    put("transformer.ln_f.weight", final["weight"])
-    put("transformer.ln_f.bias", final["bias"])
+    yield put("transformer.ln_f.weight", final["weight"])
+    yield put("transformer.ln_f.bias", final["bias"])
     if progress:
         progress(total, total)
-    return out
+
+
+# ---------------------------------------------------------------- weight files
+
+
+@dataclass(frozen=True)
+class Weights:
+    """What `write_weights` wrote."""
+
+    files: list[str]  # model.safetensors, or the shards in order and then model.safetensors.index.json
+    total_size: int  # bytes of tensor data (the index's metadata.total_size)
+    num_parameters: int
+
+
+def write_weights(tensors: Iterable[tuple[str, torch.Tensor]], out: Path, max_shard_size: int) -> Weights:
+    """Write (name, tensor) pairs as they come into safetensors shards of at most `max_shard_size` bytes each
+    (a larger tensor gets a shard of its own), named and indexed as transformers' save_pretrained names them.
+
+    A shard is written as soon as the next tensor would take it past the limit, so memory holds one shard
+    at a time. Shards are written under temporary names and renamed once their number is known; on an
+    error the ones written so far are removed.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    partials: list[Path] = []
+    shard_of: dict[str, int] = {}  # tensor name -> shard number, from 0
+    shard: dict = {}
+    shard_bytes = total_size = num_parameters = 0
+
+    def close_shard() -> None:
+        nonlocal shard, shard_bytes
+        if shard:
+            partials.append(out / PARTIAL.format(index=len(partials) + 1))
+            save_file(shard, str(partials[-1]), metadata={"format": "pt"})
+            shard, shard_bytes = {}, 0
+
+    try:
+        for name, value in tensors:
+            size = value.numel() * value.element_size()
+            if shard and shard_bytes + size > max_shard_size:
+                close_shard()
+            shard[name], shard_of[name] = value, len(partials)
+            shard_bytes += size
+            total_size += size
+            num_parameters += value.numel()
+            del value
+            if shard_bytes > max_shard_size:  # one tensor past the limit: alone in its shard
+                close_shard()
+        close_shard()
+        count = len(partials)
+        names = [WEIGHTS] if count == 1 else [SHARD.format(index=k + 1, count=count) for k in range(count)]
+        for partial, name in zip(partials, names):
+            os.replace(partial, out / name)
+    except BaseException:
+        for partial in partials:
+            partial.unlink(missing_ok=True)
+        raise
+    if count == 1:
+        return Weights(names, total_size, num_parameters)
+    index = {"metadata": {"total_parameters": num_parameters, "total_size": total_size},
+             "weight_map": {name: names[k] for name, k in shard_of.items()}}
+    (out / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return Weights([*names, WEIGHTS_INDEX], total_size, num_parameters)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -310,10 +438,11 @@ def _require_file(path: str | None, field: str) -> Path:
 
 
 def convert(exp, out: Path, step: int | None = None, dtype: str = "float32", overwrite: bool = False,
-            progress: Callable[[int, int], None] | None = None) -> Conversion:
-    """Convert experiment `exp`'s checkpoint (`latest`, or `global_step<step>`) into the folder `out`."""
-    from safetensors.torch import save_file
-
+            progress: Callable[[int, int], None] | None = None,
+            max_shard_size: int | str = MAX_SHARD_SIZE) -> Conversion:
+    """Convert experiment `exp`'s checkpoint (`latest`, or `global_step<step>`) into the folder `out`, the weights
+    in safetensors shards of at most `max_shard_size` (bytes, or "5GB"/"500MB" as transformers takes it)."""
+    shard_bytes = parse_size(max_shard_size)
     tag, path, meta = select_checkpoint(Path(exp.paths.checkpoints), step)
     model = meta.get("model")
     trained = meta.get("experiment", {}).get("model", {})
@@ -328,32 +457,44 @@ def convert(exp, out: Path, step: int | None = None, dtype: str = "float32", ove
                            f"{vocab_size}; ids past {vocab_size - 1} would have no embedding. "
                            "Use the tokenizer the model was trained with")
     config = gpt2_config(model, vocab_size, tok.eod, dtype)  # refuses what GPT-2 cannot express
+    check_layer_files(path, model["num_layers"], tensor)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConvertError(f"output folder {out} is not empty; choose a new folder or allow overwriting")
-    tensors = gpt2_tensors(path, model, tensor, vocab_size, dtype, progress)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.iterdir():  # an earlier conversion's weights would shadow (model.safetensors) or join these
+        if WEIGHT_FILES.fullmatch(stale.name) and stale.is_file():
+            stale.unlink()
+    weights = write_weights(gpt2_tensors(path, model, tensor, vocab_size, dtype, progress), out, shard_bytes)
     tokenizer_written = write_tokenizer(tok, out, model["max_position_embeddings"])
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     source = {"experiment": getattr(exp, "name", None), "checkpoint": str(path), "iteration": meta.get("iteration"),
               "consumed_tokens": meta.get("consumed_tokens"), "parallel": meta.get("parallel")}
     (out / "bsops_conversion.json").write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
-    files = ["model.safetensors", "config.json", *tokenizer_written, "bsops_conversion.json"]
+    files = [*weights.files, "config.json", *tokenizer_written, "bsops_conversion.json"]
     return Conversion(out=out, tag=tag, iteration=int(meta.get("iteration", TAG.fullmatch(tag).group(1))),
-                      config=config, files=files, num_parameters=sum(t.numel() for t in tensors.values()))
+                      config=config, files=files, num_parameters=weights.num_parameters)
 
 
-def check_push(exp, remote: str | None = None) -> None:
-    """Refuse a push that has nowhere to go, before hours of conversion are spent."""
+def check_push(exp, remote: str | None = None, max_shard_size: int | str | None = None) -> None:
+    """Refuse a push that has nowhere to go, or shards the Hub would refuse, before hours of conversion are spent."""
     if not exp.hub.checkpoints_repo and remote is None:
         raise ConvertError(f"{exp.name}: hub.checkpoints_repo is not set; set it in the experiment or give a remote URL")
+    if max_shard_size is not None and (size := parse_size(max_shard_size)) > HUB_FILE_LIMIT:
+        raise ConvertError(f"max_shard_size {max_shard_size!r} is {size:,} bytes, over the Hugging Face Hub's limit "
+                           f"of 50GB per file, so the push would be refused; allowed with a push: up to 50GB "
+                           f"(default {MAX_SHARD_SIZE})")
 
 
 def push(exp, conversion: Conversion, remote: str | None = None) -> str:
-    """Upload the converted folder to hub.checkpoints_repo, one folder per step (global_stepN/): the commit sha,
-    or "unchanged"."""
+    """Upload the converted folder (every file in it: the shards and their index too) to hub.checkpoints_repo,
+    one folder per step (global_stepN/): the commit sha, or "unchanged"."""
     check_push(exp, remote)
+    too_big = [f"{name} ({size:,} bytes)" for name in conversion.files
+               if (size := (conversion.out / name).stat().st_size) > HUB_FILE_LIMIT]
+    if too_big:
+        raise ConvertError(f"{conversion.out}: {', '.join(too_big)} over the Hugging Face Hub's limit of 50GB per "
+                           f"file; convert again with a smaller max_shard_size (default {MAX_SHARD_SIZE})")
     from bigscience_ops.ops.hubsync import publish_folder
 
     return publish_folder(exp, conversion.out, conversion.tag, remote=remote)

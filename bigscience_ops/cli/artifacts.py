@@ -23,22 +23,27 @@ from bigscience_ops.cli.base import load_experiment, main, trainings_option
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
               help="Precision of the written weights.")
 @click.option("--overwrite", is_flag=True, help="Write into --out even when it is not empty.")
+@click.option("--max-shard-size", default="5GB", show_default=True,
+              help="Largest weight file, as transformers takes it (5GB, 500MB, 2GiB, or bytes): past it the "
+                   "weights are split into model-0000k-of-0000n.safetensors with model.safetensors.index.json. "
+                   "At most 50GB with --push (the Hub's limit per file).")
 @click.option("--push", is_flag=True,
               help="Upload the folder to hub.checkpoints_repo as global_stepN/ (one folder per step).")
 @click.option("--remote", default=None, help="With --push: any git remote URL instead of the Hub.")
 def convert_command(exp: str, trainings_dir: Path | None, step: int | None, out: Path, dtype: str, overwrite: bool,
-                    push: bool, remote: str | None) -> None:
+                    max_shard_size: str, push: bool, remote: str | None) -> None:
     """Convert EXP's DeepSpeed checkpoint into a transformers GPT-2 model.
 
-    TP shards and pipeline stages are merged and the vocabulary padding removed; the folder holds
-    model.safetensors, config.json and the experiment's tokenizer, and loads with
-    GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained.
+    TP shards and pipeline stages are merged and the vocabulary padding removed, one layer at a time;
+    the folder holds model.safetensors (or, past --max-shard-size, its shards and index),
+    config.json and the experiment's tokenizer, and loads with GPT2LMHeadModel.from_pretrained and
+    AutoTokenizer.from_pretrained.
     """
     from bigscience_ops.checkpoints import convert
 
     experiment = load_experiment(exp, trainings_dir)
     if push:
-        convert.check_push(experiment, remote)
+        convert.check_push(experiment, remote, max_shard_size)
     bar = click.progressbar(length=1, label="converting layers", file=sys.stderr) if sys.stderr.isatty() else None
 
     def progress(done: int, total: int) -> None:
@@ -46,12 +51,17 @@ def convert_command(exp: str, trainings_dir: Path | None, step: int | None, out:
             bar.length = total
             bar.update(done - bar.pos)
 
-    result = convert.convert(experiment, out, step=step, dtype=dtype, overwrite=overwrite, progress=progress)
+    result = convert.convert(experiment, out, step=step, dtype=dtype, overwrite=overwrite, progress=progress,
+                             max_shard_size=max_shard_size)
     if bar is not None:
         bar.render_finish()
     c = result.config
     click.echo(f"{result.tag} -> {result.out}: GPT-2 with {c['n_layer']} layers, hidden {c['n_embd']}, "
                f"{c['n_head']} heads, vocabulary {c['vocab_size']}, {result.num_parameters:,} parameters ({dtype})")
+    weights = [name for name in result.files if name.endswith(".safetensors")]
+    if len(weights) > 1:
+        click.echo(f"weights in {len(weights)} shards of at most {max_shard_size}: {weights[0]} ... {weights[-1]}, "
+                   f"indexed by {convert.WEIGHTS_INDEX}")
     if push:
         commit = convert.push(experiment, result, remote)
         click.echo(f"pushed {result.tag}/ to {experiment.hub.checkpoints_repo or remote}: {commit}")
