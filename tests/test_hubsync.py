@@ -40,6 +40,9 @@ def test_sync_pushes_lfs_objects_and_commits_only_changes(git_lfs, tmp_path: Pat
     run, remotes = tmp_path / "run", tmp_path / "remotes"
     logs, tb = bare_remote(remotes, "bs/tiny-logs"), bare_remote(remotes, "bs/tiny-tensorboard")
     _write_run(run)
+    # The alert state (with its error texts) and its lock stay on the cluster.
+    (run / "logs" / ".bsops-alerts.json").write_text('{"jobs": {"backup": {"error": "/private/path"}}}\n')
+    (run / "logs" / ".bsops-alerts.json.lock").write_text("")
     exp = hub_experiment(run, remotes)
 
     results = hubsync.sync(exp)

@@ -1,7 +1,9 @@
 """The experiment's hourly hub-sync and backup jobs for cron.hourly/, rendered like the status watchdog.
 
 Each job runs `bsops hub-sync EXP --alert` or `bsops backup EXP --alert`: on failure the command
-emails the experiment's alerts recipients (as the watchdog does) and exits non-zero.
+exits non-zero and emails the experiment's alerts recipients at most once per
+alerts.cooldown_minutes while it keeps failing, then once when it works again (ops/notify.py's
+cooldown state, shared with the watchdog).
 """
 
 from __future__ import annotations

@@ -121,12 +121,21 @@ def locked(lock_file: Path, wait_s: float) -> Iterator[bool]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+BOOKKEEPING = ".bsops-"  # prefix of the files bsops keeps beside the logs for itself
+
+
 def copy_changed(src: Path, dst: Path) -> list[str]:
-    """Copy each file of src whose size or mtime differs from its copy in dst; returns the relative paths."""
+    """Copy each file of src whose size or mtime differs from its copy in dst; returns the relative paths.
+
+    bsops' own bookkeeping beside the logs (`.bsops-*`: the alert state with its error texts, its
+    lock) stays on the cluster.
+    """
     copied = []
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         if not path.is_file() or path.is_symlink() or rel.parts[0] in (".git", ".gitattributes"):
+            continue
+        if path.name.startswith(BOOKKEEPING):
             continue
         target = dst / rel
         stat = path.stat()
