@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -493,3 +494,66 @@ def test_convert_push_uploads_every_shard_and_the_index(runs, trainings, tmp_pat
         assert lfs_object(bare, oid).read_bytes() == (out / shard).read_bytes()
     index = blob_at(bare, f"{tag}/model.safetensors.index.json")
     assert json.loads(index) == json.loads((out / "model.safetensors.index.json").read_text())
+
+
+# ---------------------------------------------------------------- memory: one shard, not the model
+
+PEAK_RSS = """
+import json, sys
+import torch, safetensors.torch
+from bigscience_ops.checkpoints import convert
+from bigscience_ops.config import from_dict
+
+def status(field):
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(field + ":"))
+
+exp = from_dict(json.loads(open(sys.argv[1]).read()))
+before = status("VmRSS")
+convert.convert(exp, sys.argv[2], max_shard_size=sys.argv[3], dtype=sys.argv[4])
+print(json.dumps({"before": before, "peak": status("VmHWM")}))
+"""
+
+
+def _large_checkpoint(exp, root: Path, layers: int, hidden: int) -> Path:
+    """`exp`'s run with its checkpoint replaced by a wider, deeper one (the trainer's own layers, TP=1, random
+    weights) in DeepSpeed's per-layer files under `root`; the experiment.json that points at it."""
+    from bigscience_ops.config import to_dict
+    from bigscience_ops.trainer.model import EmbeddingPipe, FinalNorm, GPTShape, TransformerBlock
+
+    meta = _meta(exp)
+    model = {**meta["model"], "num_layers": layers, "hidden_size": hidden, "ffn_hidden_size": 4 * hidden,
+             "num_attention_heads": hidden // 64, "padded_vocab_size": VOCAB}
+    shape = GPTShape(**model)
+    step = root / "checkpoints" / f"global_step{meta['iteration']}"
+    step.mkdir(parents=True)
+    with torch.no_grad():
+        torch.save(EmbeddingPipe(shape, 1).state_dict(), step / "layer_00-model_states.pt")
+        for i in range(layers):
+            torch.save(TransformerBlock(shape, 1, i + 1).state_dict(), step / f"layer_{i + 1:02d}-model_states.pt")
+        torch.save(FinalNorm(shape).state_dict(), step / f"layer_{layers + 1:02d}-model_states.pt")
+    (step / "bsops.json").write_text(json.dumps({**meta, "model": model, "parallel": {**meta["parallel"], "tensor": 1}}))
+    (step.parent / "latest").write_text(step.name)
+    big = dataclasses.replace(exp, paths=dataclasses.replace(exp.paths, checkpoints=str(step.parent)))
+    (root / "experiment.json").write_text(json.dumps(to_dict(big)))
+    return root / "experiment.json"
+
+
+def _peak_rss(experiment: Path, out: Path, max_shard_size: str, dtype: str = "float32") -> int:
+    """Bytes the conversion took on top of what the process held before it (VmHWM - VmRSS), in a fresh process."""
+    proc = subprocess.run([sys.executable, "-c", PEAK_RSS, str(experiment), str(out), max_shard_size,
+                           dtype], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rss = json.loads(proc.stdout.splitlines()[-1])
+    return rss["peak"] - rss["before"]
+
+
+def test_sharded_conversion_holds_a_shard_not_the_model(runs, tmp_path):
+    """A 16-layer 384-wide model (126 MB of fp32 weights): the single file holds all of them at once, 4MB shards
+    about one shard plus one layer (measured 158 MB and 32 MB over the process's size before converting)."""
+    exp, _, _ = runs["pp2"]
+    experiment = _large_checkpoint(exp, tmp_path / "large", layers=16, hidden=384)
+    single = _peak_rss(experiment, tmp_path / "single", "5GB")
+    weights = (tmp_path / "single" / "model.safetensors").stat().st_size
+    sharded = _peak_rss(experiment, tmp_path / "sharded", "4MB")
+    assert len(_weight_files(tmp_path / "sharded")) > 30
+    assert single >= weights and sharded < weights / 2, (single, sharded, weights)
