@@ -91,3 +91,28 @@ def test_a_hang_is_measured_from_the_last_iteration_line(tmp_path: Path) -> None
     assert [a.condition for a in late.report.alerts] == ["stalled"]
     assert "for 1:01:00" in late.report.alerts[0].message
     assert (tmp_path / "logs" / "watchdog.log").read_text().count("is running for") == 2
+
+
+# `sacct --noheader --parsable2 --format=JobID,State,ExitCode --jobs=100_3` for an array task the
+# time limit ended, in the layout sacct(1) documents for --parsable2 ('|' between fields, none at
+# the end; the task, then its steps). The test cluster keeps no accounting (no slurmdbd), so a
+# stand-in at the subprocess edge answers with it.
+SACCT_TIMEOUT = "100_3|TIMEOUT|0:0\n100_3.batch|CANCELLED|0:15\n100_3.extern|COMPLETED|0:0\n100_3.0|CANCELLED|0:15\n"
+
+
+def test_where_slurm_keeps_accounting_the_end_comes_from_sacct(exp, tmp_path: Path, monkeypatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "sacct-argv"
+    (bin_dir / "sacct").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
+                                   f"case \"$*\" in *--jobs=100_3*) printf '{SACCT_TIMEOUT}';; esac\n")
+    (bin_dir / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    task(exp, "100_1", 0, 120, 0)
+    task(exp, "100_3", 120, None, None)  # no end record, and no output file: only sacct knows
+    run = lifecycle.run_state(exp)
+    assert run.ended == "TIMEOUT (exit code 0:0, from sacct)"
+    [alert] = status.evaluate(exp.slurm.job_name, [], now=NOW, run=run).alerts
+    assert "TIMEOUT (exit code 0:0, from sacct)" in alert.message
+    assert calls.read_text().split() == ["--noheader", "--parsable2", "--format=JobID,State,ExitCode",
+                                         "--jobs=100_3"]
