@@ -105,6 +105,21 @@ def checkpoint_steps(out: Path) -> list[int]:
     return sorted(int(p.name.removeprefix("global_step")) for p in (Path(out) / "checkpoints").glob("global_step*"))
 
 
+def whole_and_resumed(tmp_path_factory, prefix: str, make_exp, steps: int, stop_at: int, nproc: int = 2
+                      ) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
+    """{"whole": `steps` uninterrupted, "resumed": `stop_at` steps then resumed to `steps`}: each run's
+    folder and launches; `make_exp(out, exit_interval)` gives the experiment of one launch."""
+    runs = {}
+    for name, exits in (("whole", [steps]), ("resumed", [stop_at, steps])):
+        out = tmp_path_factory.mktemp(f"{prefix}_{name}")
+        procs = []
+        for exit_interval in exits:
+            write_run(make_exp(out, exit_interval), out)
+            procs.append(run_ok(out, nproc))
+        runs[name] = (out, procs)
+    return runs
+
+
 GOLDEN_SAVE_SCHEDULE = [SaveRange(until=6, interval=2), SaveRange(until=20, interval=5)]
 
 

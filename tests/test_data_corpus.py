@@ -48,7 +48,7 @@ def test_tiny_experiment_reads_samples(tmp_path):
 def test_build_without_flock(tmp_path, monkeypatch):
     from bigscience_ops.data import locks
 
-    monkeypatch.setattr(locks, "_flock", lambda f: False)  # as on a filesystem without flock
+    monkeypatch.setattr(locks, "try_flock", lambda f: False)  # as on a filesystem without flock
     prefix = ensure_bundled_corpus(tmp_path)
     assert len(IndexedDataset(prefix)) == 1189
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny_text_document.bin", "tiny_text_document.idx"]

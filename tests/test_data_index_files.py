@@ -58,7 +58,7 @@ def test_separate_last_epoch_case_is_covered():
 
 
 def test_without_flock_a_lock_file_serializes_builds(tmp_path, monkeypatch):
-    monkeypatch.setattr(locks, "_flock", lambda f: False)  # as on a filesystem without flock
+    monkeypatch.setattr(locks, "try_flock", lambda f: False)  # as on a filesystem without flock
     prefix = write_indexed(tmp_path / "c", [[1, 2, 3, 4, 5, 50256]] * 30)
     ds = gd.GPTDataset("train", gd.IndexedDataset(prefix), 0, 30, 40, 8, 1)
     assert ds.built and len(ds) >= 40
@@ -68,7 +68,7 @@ def test_without_flock_a_lock_file_serializes_builds(tmp_path, monkeypatch):
 
 
 def test_lock_file_of_a_dead_process_is_taken_over(tmp_path, monkeypatch):
-    monkeypatch.setattr(locks, "_flock", lambda f: False)
+    monkeypatch.setattr(locks, "try_flock", lambda f: False)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True, timeout=60)
     lock = tmp_path / "x.lock"
@@ -79,7 +79,7 @@ def test_lock_file_of_a_dead_process_is_taken_over(tmp_path, monkeypatch):
 
 
 def test_lock_file_of_a_live_process_waits_until_the_files_exist(tmp_path, monkeypatch):
-    monkeypatch.setattr(locks, "_flock", lambda f: False)
+    monkeypatch.setattr(locks, "try_flock", lambda f: False)
     monkeypatch.setattr(locks, "POLL_S", 0.01)
     lock = tmp_path / "x.lock"
     lock.write_text(f"{os.uname().nodename} {os.getpid()}\n")  # held by a live process

@@ -14,7 +14,7 @@ from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.model import EmbeddingPipe, FinalNorm, GPTShape, SelfAttention, TransformerBlock
 from bigscience_ops.trainer.tensor_parallel import TensorParallel
 from kernels.softmax import alibi_slopes
-from tests.fixtures_trainer import checkpoint_steps, run_ok, scalars, small_experiment, write_run
+from tests.fixtures_trainer import checkpoint_steps, scalars, small_experiment, whole_and_resumed
 
 STEPS = 10
 
@@ -76,17 +76,9 @@ def test_converter_refuses_alibi_by_name(tmp_path):
 @pytest.fixture(scope="module")
 def alibi_runs(tmp_path_factory):
     """PP=2 with ALiBi and dropout on: 10 steps uninterrupted, and 6 steps then resumed to 10."""
-    runs = {}
-    for name, exits in (("whole", [STEPS]), ("resumed", [6, STEPS])):
-        out = tmp_path_factory.mktemp(f"alibi_{name}")
-        procs = []
-        for exit_interval in exits:
-            exp = _alibi(out, model=dict(hidden_dropout=0.1, attention_dropout=0.1),
-                         checkpoint=dict(save_interval=100, exit_interval=exit_interval))
-            write_run(exp, out)
-            procs.append(run_ok(out, 2))
-        runs[name] = (out, procs)
-    return runs
+    return whole_and_resumed(tmp_path_factory, "alibi", lambda out, exit_interval: _alibi(
+        out, model=dict(hidden_dropout=0.1, attention_dropout=0.1),
+        checkpoint=dict(save_interval=100, exit_interval=exit_interval)), STEPS, 6)
 
 
 def test_alibi_trains_and_resumes_bitwise(alibi_runs):

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures_trainer import REPO, TORCHRUN, checkpoint_steps, run_ok, scalars, small_experiment, write_run
+from tests.fixtures_trainer import (REPO, TORCHRUN, checkpoint_steps, scalars, small_experiment,
+                                     whole_and_resumed)
 
 STEPS = 10
 
@@ -85,18 +86,9 @@ def test_tp_ranks_draw_own_attention_masks_and_shared_hidden_masks(tmp_path, ker
 @pytest.fixture(scope="module")
 def tp_dropout_runs(tmp_path_factory):
     """TP=2 with hidden and attention dropout: 10 steps uninterrupted, and 6 then resumed to 10."""
-    runs = {}
-    for name, exits in (("whole", [STEPS]), ("resumed", [6, STEPS])):
-        out = tmp_path_factory.mktemp(f"tp2_dropout_{name}")
-        procs = []
-        for exit_interval in exits:
-            exp = small_experiment(out, model=dict(hidden_dropout=0.1, attention_dropout=0.1),
-                                   parallel=dict(tensor=2, pipeline=1, zero_stage=0),
-                                   checkpoint=dict(save_interval=100, exit_interval=exit_interval))
-            write_run(exp, out)
-            procs.append(run_ok(out, 2))
-        runs[name] = (out, procs)
-    return runs
+    return whole_and_resumed(tmp_path_factory, "tp2_dropout", lambda out, exit_interval: small_experiment(
+        out, model=dict(hidden_dropout=0.1, attention_dropout=0.1), parallel=dict(tensor=2, pipeline=1, zero_stage=0),
+        checkpoint=dict(save_interval=100, exit_interval=exit_interval)), STEPS, 6)
 
 
 def test_tp2_dropout_run_resumes_bitwise(tp_dropout_runs):

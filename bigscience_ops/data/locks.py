@@ -23,8 +23,8 @@ POLL_S = 1.0
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 
-def _flock(f) -> bool:
-    """Take an exclusive flock; False when the filesystem does not support it."""
+def try_flock(f) -> bool:
+    """Take an exclusive flock (waiting for it); False when the filesystem does not support flock."""
     try:
         fcntl.flock(f, fcntl.LOCK_EX)
     except OSError as exc:
@@ -84,7 +84,7 @@ def build_lock(lock: Path, done: Callable[[], bool]) -> Iterator[bool]:
     """Exclusive right to build; yields whether to build (False: another process finished meanwhile)."""
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{lock}.flock", "a") as f:
-        if _flock(f):
+        if try_flock(f):
             try:
                 yield not done()
             finally:

@@ -327,18 +327,18 @@ def preprocess(
     problems_path.unlink(missing_ok=True)
     docs_in = bytes_in = checked = 0
     lines_before: Counter[str] = Counter()  # lines of each file in the chunks already written
-    init_args = (worker_spec, tuple(json_keys), append_eod, dtype.str, check_fraction, None)
 
     with ExitStack() as stack:
         writers = {key: stack.enter_context(IndexedDatasetWriter(prefix, dtype)) for key, prefix in outputs.items()}
         problems_file = None
+        spill = None
         if workers > 1:
             # Workers leave each chunk's tokens in a file of the local temporary folder ($TMPDIR) for
             # the main process to copy in the kernel, rather than pickle them through a pipe: the
             # main process then stays nearly idle. At most the chunks in flight are there at once.
             spill = tempfile.mkdtemp(prefix="bsops-preprocess-")
             stack.callback(shutil.rmtree, spill, True)
-            init_args = (*init_args[:-1], spill)  # the spill folder
+        init_args = (worker_spec, tuple(json_keys), append_eod, dtype.str, check_fraction, spill)
         chunks = _read_chunks(paths)
         if workers == 1:
             _init_worker(*init_args, tok)  # the tokenizer just built and verified

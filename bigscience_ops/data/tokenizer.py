@@ -329,7 +329,7 @@ def _fastokens_for(spec: TokenizerSpec) -> FastokensTokenizer | str:
         return str(exc)
 
 
-def _agrees(fast: Tokenizer, reference: HFTokenizer) -> bool:
+def _agrees(fast: Tokenizer, reference: Tokenizer) -> bool:
     return (fast.encode(PROBE_TEXT) == reference.encode(PROBE_TEXT) and fast.eod == reference.eod
             and fast.vocab_size == reference.vocab_size)
 
@@ -343,7 +343,7 @@ def build_tokenizer(spec: TokenizerSpec, verify: bool = True) -> Tokenizer:
     """
     if spec.backend == "tokenizers":
         return HFTokenizer(spec)
-    reference: HFTokenizer | None = None
+    reference: Tokenizer | None = None
     why = ""
     for name in ("fastokens", "tiktoken") if spec.backend == "auto" else (spec.backend,):
         fast = _fastokens_for(spec) if name == "fastokens" else _tiktoken_for(spec)
@@ -352,13 +352,14 @@ def build_tokenizer(spec: TokenizerSpec, verify: bool = True) -> Tokenizer:
             continue
         if not verify:
             return fast
-        reference = reference or HFTokenizer(spec)
+        # The cached tokenizers build: the cross-check's reference reuses it instead of loading the files again.
+        reference = reference or build_tokenizer(dataclasses.replace(spec, backend="tokenizers"))
         if _agrees(fast, reference):
             return fast
         why = f"{name}'s ids differ from tokenizers' on the probe text; use backend auto or tokenizers"
     if spec.backend != "auto":
         raise TokenizerError(why)
-    return reference or HFTokenizer(spec)
+    return reference or build_tokenizer(dataclasses.replace(spec, backend="tokenizers"))
 
 
 @lru_cache(maxsize=8)

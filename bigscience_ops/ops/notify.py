@@ -10,8 +10,6 @@ logged, or put into an error message.
 from __future__ import annotations
 
 import dataclasses
-import errno
-import fcntl
 import json
 import os
 import smtplib
@@ -26,8 +24,9 @@ from email.utils import format_datetime, make_msgid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bigscience_ops.ops import status
+from bigscience_ops.data import locks
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops import status
 from bigscience_ops.ops.status import EXIT_ERROR, Alert, StatusReport
 
 if TYPE_CHECKING:
@@ -210,9 +209,6 @@ def _save_state(path: Path, state: _State) -> None:
     os.replace(tmp, path)
 
 
-_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
-
-
 @contextmanager
 def _state_file(path: Path) -> Iterator[_State]:
     """The state of `path`, saved when the block ends (also when it raises), under an exclusive flock
@@ -225,10 +221,9 @@ def _state_file(path: Path) -> Iterator[_State]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            locks.try_flock(lock)  # False without flock: carry on unlocked (see above)
         except OSError as exc:
-            if exc.errno not in _NO_FLOCK:
-                raise NotifyError(f"cannot lock alert state file {path}: {exc}") from None
+            raise NotifyError(f"cannot lock alert state file {path}: {exc}") from None
         state = _load_state(path)
         try:
             yield state
