@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from bigscience_ops.schedules import BatchSchedule
 
 if TYPE_CHECKING:
-    from bigscience_ops.config import Experiment, SlurmConfig
+    from bigscience_ops.schema import Experiment, SlurmConfig
 
 
 @dataclass(frozen=True)

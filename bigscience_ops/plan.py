@@ -20,7 +20,7 @@ from bigscience_ops.sizing import (  # noqa: F401  (re-exported: plan.count_para
 )
 
 if TYPE_CHECKING:
-    from bigscience_ops.config import Experiment
+    from bigscience_ops.schema import Experiment
 
 # ----------------------------------------------------------------------------- memory and time
 

@@ -7,7 +7,9 @@ from typing import Any
 
 import yaml
 
-from bigscience_ops.config import Experiment, to_dict
+from bigscience_ops.config import to_dict
+
+from bigscience_ops.schema import Experiment
 from bigscience_ops.plan import GB, Plan, TRAIN_BYTES
 
 

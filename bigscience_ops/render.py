@@ -17,7 +17,8 @@ from pathlib import Path
 import jinja2
 
 from bigscience_ops import __version__
-from bigscience_ops.config import Experiment, to_dict
+from bigscience_ops.config import to_dict
+from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.plan import make_plan
 from bigscience_ops.resources import bundled

@@ -67,7 +67,7 @@ def new_experiment_text(name: str, base: str) -> str:
 
     import yaml
 
-    from bigscience_ops.config import Experiment
+    from bigscience_ops.schema import Experiment
 
     sections: dict[str, list[str]] = {}
     for dotted, what in SITE_FIELDS.items():

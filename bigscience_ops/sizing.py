@@ -8,10 +8,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from bigscience_ops.config import ModelConfig
+from bigscience_ops.schema import ModelConfig
 
 GB = 10**9
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops import ledger, phases, render as rendering, slurm
-from bigscience_ops.config import Experiment
+from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.status import QUEUED_STATES
 

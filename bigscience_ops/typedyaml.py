@@ -20,9 +20,14 @@ import yaml
 from bigscience_ops.errors import ConfigError
 
 
-def documented(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None, trusted_shell_line: bool = False) -> Any:
-    """A field with its doc. `trusted_shell_line` marks trusted shell lines: a tab is allowed there, a line break never."""
-    metadata = {"doc": doc, "text": SHELL_LINE if trusted_shell_line else PLAIN}
+def documented(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None, trusted_shell_line: bool = False,
+               at_least: float | None = None, above: float | None = None, below: float | None = None) -> Any:
+    """A field with its doc and bounds. `trusted_shell_line` marks trusted shell lines: a tab is allowed there, a line
+    break never. `at_least`, `above` and `below` bound a number; `build` refuses a value outside them, naming the field."""
+    metadata: dict[str, Any] = {"doc": doc, "text": SHELL_LINE if trusted_shell_line else PLAIN}
+    bounds = {k: v for k, v in (("at_least", at_least), ("above", above), ("below", below)) if v is not None}
+    if bounds:
+        metadata["bounds"] = bounds
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -201,8 +206,30 @@ def build(cls: type, data: dict, prefix: str, origins: dict, default_source: str
                               f"unknown key; valid keys{' of ' + prefix if prefix else ''}: {', '.join(valid)}")
         text = next(f.metadata.get("text", PLAIN) for f in dataclasses.fields(cls) if f.name == key)
         kwargs[key] = _coerce(hints[key], value, dotted, origins, default_source, text)
+        bounds = next(f.metadata.get("bounds") for f in dataclasses.fields(cls) if f.name == key)
+        if bounds and kwargs[key] is not None and not _within(kwargs[key], bounds):
+            raise ConfigError(_source_of(origins, dotted, default_source), dotted, value, bounds_text(bounds))
     for f in dataclasses.fields(cls):
         if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             dotted = f"{prefix}.{f.name}" if prefix else f.name
             raise ConfigError(default_source, dotted, None, f"required: {f.metadata.get('doc', '')} ({_describe(hints[f.name])})")
     return cls(**kwargs)
+
+
+def _within(value: float, bounds: dict[str, float]) -> bool:
+    return (value >= bounds.get("at_least", value) and value > bounds.get("above", value - 1)
+            and value < bounds.get("below", value + 1))
+
+
+def bounds_text(bounds: dict[str, float]) -> str:
+    """What a field's bounds allow, in words: 'must be a positive integer', 'must be in [0, 1)'."""
+    low, above, below = bounds.get("at_least"), bounds.get("above"), bounds.get("below")
+    if below is not None:
+        return f"must be in [{low:g}, {below:g})" if low is not None else f"must be below {below:g}"
+    if low == 1:
+        return "must be a positive integer"
+    if low == 0:
+        return "must not be negative"
+    if above == 0:
+        return "must be positive"
+    return f"must be at least {low:g}" if low is not None else f"must be above {above:g}"

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.config import Experiment, load_experiment
+from bigscience_ops.config import load_experiment
+
+from bigscience_ops.schema import Experiment
 
 REPO = Path(__file__).resolve().parents[1]
 

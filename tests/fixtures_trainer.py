@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.config import Experiment, SaveRange, load_experiment, to_dict
+from bigscience_ops.config import load_experiment, to_dict
+
+from bigscience_ops.schema import Experiment, SaveRange
 from bigscience_ops.render import deepspeed_config
 
 REPO = Path(__file__).resolve().parents[1]

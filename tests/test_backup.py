@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.checkpoints import layout, retention
-from bigscience_ops.config import Experiment
+from bigscience_ops.schema import Experiment
 from bigscience_ops.ops import backup
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_trainer import run_ok, small_experiment, write_run

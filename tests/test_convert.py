@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from bigscience_ops import plan
 from bigscience_ops.checkpoints import convert
 from bigscience_ops.cli import EXIT_ERROR, main
-from bigscience_ops.config import DataSource
+from bigscience_ops.schema import DataSource
 from bigscience_ops.errors import BsopsError
 from tests.fixtures_git import bare_remote, blob_at, git, git_lfs, lfs_object, lfs_oid  # noqa: F401
 from tests.fixtures_trainer import REPO, TORCHRUN, scalars, small_experiment, write_run

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bigscience_ops import plan
-from bigscience_ops.config import CurriculumConfig, SaveRange
+from bigscience_ops.schema import CurriculumConfig, SaveRange
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.schedules import BatchSchedule, Curriculum, LRSchedule, in_skip_range, parse_skip_ranges
 from bigscience_ops.trainer.data import truncate

@@ -19,7 +19,8 @@ from click.testing import CliRunner
 
 from bigscience_ops import render as rendering
 from bigscience_ops.cli import EXIT_ERROR, main
-from bigscience_ops.config import Experiment, load_experiment
+from bigscience_ops.config import load_experiment
+from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops import cron, scrontab
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import phases, plan
-from bigscience_ops.config import NodePhase, load_experiment
+from bigscience_ops.config import load_experiment
+from bigscience_ops.schema import NodePhase
 from bigscience_ops.errors import ConfigError
 from tests.fixtures_trainer import REPO
 

@@ -11,7 +11,9 @@ import dataclasses
 
 import pytest
 
-from bigscience_ops.config import CurriculumConfig, NodePhase, load_experiment
+from bigscience_ops.config import load_experiment
+
+from bigscience_ops.schema import CurriculumConfig, NodePhase
 from bigscience_ops.plan import batch_schedule, make_plan
 from bigscience_ops.planview import plan_text
 from bigscience_ops.schedules import BatchSchedule, Curriculum

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import ledger, slurm, submit
-from bigscience_ops.config import Experiment, load_experiment
+from bigscience_ops.config import load_experiment
+from bigscience_ops.schema import Experiment
 from tests.fixtures_slurm import SlurmCluster, wait_until
 from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
 

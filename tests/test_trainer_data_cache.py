@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bigscience_ops.config import DataSource
+from bigscience_ops.schema import DataSource
 from bigscience_ops.trainer.data import build_datasets
 from tests.fixtures_data import write_indexed
 from tests.fixtures_trainer import small_experiment

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from bigscience_ops.config import SaveRange
+from bigscience_ops.schema import SaveRange
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.data import SyntheticDataset, sample_indices, step_micro_batches
 from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock, build_sequential, lm_loss

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bigscience_ops import render as rendering
-from bigscience_ops.config import Experiment
+from bigscience_ops.schema import Experiment
 from bigscience_ops.ops.cron import CronSettings, RunnerScript
 
 JOBS = ("status", "hub-sync", "backup")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.checkpoints.layout import Checkpoint
-from bigscience_ops.config import Experiment
+from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import BsopsError
 
 MANIFEST_SUFFIX = ".manifest.json"

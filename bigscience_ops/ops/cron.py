@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bigscience_ops import render as rendering
-from bigscience_ops.config import AlertsConfig, Experiment
+from bigscience_ops.schema import AlertsConfig, Experiment
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.status import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml

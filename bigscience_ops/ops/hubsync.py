@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from bigscience_ops.config import Experiment
+from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import gitlfs
 

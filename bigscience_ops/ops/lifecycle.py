@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops import ledger, slurm
-from bigscience_ops.config import Experiment
+from bigscience_ops.schema import Experiment
 
 # slurmstepd's line in the job's output file when Slurm ends a job.
 STEPD_END = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT (\S+)( DUE TO [A-Z ]+?)? \*\*\*")

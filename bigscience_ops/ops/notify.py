@@ -30,7 +30,7 @@ from bigscience_ops.ops import status
 from bigscience_ops.ops.status import EXIT_ERROR, Alert, StatusReport
 
 if TYPE_CHECKING:
-    from bigscience_ops.config import AlertsConfig
+    from bigscience_ops.schema import AlertsConfig
     from bigscience_ops.ops.lifecycle import RunState
 
 SECURITY_CHOICES = ("starttls", "ssl", "none")

@@ -42,7 +42,8 @@ import torch.distributed as dist
 
 from bigscience_ops import phases, plan
 from bigscience_ops.checkpoints import universal
-from bigscience_ops.config import Experiment, to_dict
+from bigscience_ops.config import to_dict
+from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.schedules import Curriculum, LRSchedule, in_skip_range, parse_skip_ranges
 from bigscience_ops.trainer import checkpointing as ckpt

@@ -1,0 +1,285 @@
+"""The experiment's sections: frozen dataclasses with their docs, defaults and bounds.
+
+What an experiment IS, field by field; config.py loads a YAML file into these, checks what spans
+several fields and derives what was left out. A field's own bounds (`at_least`, `above`, `below`,
+...) are declared beside it here and checked by typedyaml while the value is read, so the error
+names the field, the value and the allowed range. Imports nothing of the package but typedyaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from bigscience_ops.typedyaml import documented
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    num_layers: int = documented(doc="transformer blocks", at_least=1)
+    hidden_size: int = documented(doc="model width h", at_least=1)
+    num_attention_heads: int = documented(doc="attention heads; must divide hidden_size", at_least=1)
+    seq_length: int = documented(doc="tokens per sample", at_least=1)
+    ffn_hidden_size: int | None = documented(None, "MLP width; derived as 4 * hidden_size when left out")
+    max_position_embeddings: int | None = documented(None, "learned positions; derived as seq_length")
+    position_embedding: Literal["learned", "alibi"] = documented(
+        "learned", "learned (a position table, GPT-2 and Megatron's default) or alibi (BLOOM's: no table, per-head "
+                   "linear biases on the attention scores)")
+    vocab_size: int = documented(50257, "tokenizer vocabulary before padding", at_least=1)
+    make_vocab_size_divisible_by: int = documented(128, "the vocabulary is padded to a multiple of this x TP", at_least=1)
+    embed_layernorm: bool = documented(False, "LayerNorm after the embedding (tr8's stability fix)")
+    init_method_std: float = documented(0.02, "std of the normal initialisation")
+    hidden_dropout: float = documented(0.1, "dropout on residual branches", at_least=0, below=1)
+    attention_dropout: float = documented(0.1, "dropout on attention probabilities", at_least=0, below=1)
+    layernorm_epsilon: float = documented(1e-5, "LayerNorm epsilon")
+    kernels: Literal["auto", "triton", "torch"] = documented(
+        "auto", "LayerNorm, bias-GeLU, attention and cross-entropy kernels: auto (Triton on CUDA, torch "
+                "elsewhere), triton (CUDA, or CPU under TRITON_INTERPRET=1) or torch (the references)")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor: int = documented(1, "tensor-parallel size (TP); must divide the attention heads", at_least=1)
+    pipeline: int = documented(1, "pipeline-parallel size (PP); at most num_layers", at_least=1)
+    partition_method: str = documented(
+        "type:transformer", "how DeepSpeed splits the layers over the PP stages, as Megatron-DeepSpeed's "
+                            "--pp-partition-method: type:transformer (balanced blocks), type:transformer|embedding "
+                            "(the embeddings count as layers), parameters (balanced parameter counts) or uniform")
+    zero_stage: Literal[0, 1] = documented(1, "DeepSpeed ZeRO stage for data parallelism")
+    activation_checkpointing: bool = documented(False, "recompute transformer blocks in the backward pass")
+    collective_timeout_minutes: int = documented(
+        30, "a collective waiting this long aborts its process (a hung or dead peer ends the job instead of "
+            "holding it to the time limit); must exceed the longest checkpoint save or load a rank waits on", at_least=1)
+
+
+@dataclass(frozen=True)
+class RampupConfig:
+    start: int = documented(doc="global batch size at the first step", at_least=1)
+    increment: int = documented(doc="batch size added at each increment", at_least=1)
+    samples: int = documented(doc="samples over which the batch size ramps up to global_batch_size", at_least=1)
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    global_batch_size: int = documented(doc="samples per optimizer step (GBS)", at_least=1)
+    micro_batch_size: int = documented(1, "samples per GPU per micro-step (MBS)", at_least=1)
+    rampup: RampupConfig | None = documented(None, "Megatron's --rampup-batch-size start increment samples")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    samples: int | None = documented(None, "training length in samples (exclusive with iters)", at_least=1)
+    iters: int | None = documented(None, "training length in steps (exclusive with samples; no rampup)", at_least=1)
+    seed: int = documented(42, "seed for initialisation, dropout and data order")
+    precision: Literal["fp32", "fp16", "bf16"] = documented("fp16", "training precision")
+    skip_iterations: list[str] = documented(
+        factory=list, doc="iteration ranges to step over, e.g. ['100-120'] (1-based, inclusive; Megatron's "
+                          "--skip-train-iteration-range): their data is consumed, no update is made")
+
+
+@dataclass(frozen=True)
+class CurriculumConfig:
+    total_curriculum_step: int = documented(
+        doc="steps from min_difficulty to model.seq_length (seed 001: about train tokens / GBS / seq_length / 2)", at_least=1)
+    min_difficulty: int = documented(64, "sequence length of the first steps (a multiple of difficulty_step)", at_least=1)
+    difficulty_step: int = documented(8, "sequence lengths are multiples of this (8 for tensor cores)", at_least=1)
+    schedule_type: Literal["fixed_linear"] = documented("fixed_linear", "DeepSpeed's seqlen schedule")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = documented(doc="peak learning rate", above=0)
+    min_lr: float = documented(0.0, "learning rate at the end of decay")
+    beta1: float = documented(0.9, "AdamW beta1", at_least=0, below=1)
+    beta2: float = documented(0.999, "AdamW beta2", at_least=0, below=1)
+    eps: float = documented(1e-8, "AdamW epsilon")
+    weight_decay: float = documented(0.01, "AdamW weight decay")
+    clip_grad: float = documented(1.0, "global gradient-norm clipping; 0 disables", at_least=0)
+
+
+@dataclass(frozen=True)
+class LRScheduleConfig:
+    style: Literal["cosine", "linear", "constant"] = documented("cosine", "decay shape after warmup")
+    warmup_samples: int | None = documented(None, "warmup length in samples", at_least=0)
+    warmup_tokens: int | None = documented(None, "warmup length in tokens (converted to samples)", at_least=0)
+    warmup_iters: int | None = documented(None, "warmup length in steps (converted to samples)", at_least=0)
+    decay_samples: int | None = documented(None, "decay length in samples; default: the whole training", at_least=0)
+    decay_tokens: int | None = documented(None, "decay length in tokens (converted to samples)", at_least=0)
+    decay_iters: int | None = documented(None, "decay length in steps (converted to samples)", at_least=0)
+    override_on_resume: bool = documented(False, "on resume, take the schedule from this config, not the checkpoint")
+
+
+@dataclass(frozen=True)
+class SaveRange:
+    until: int = documented(doc="last step (inclusive) this interval applies to")
+    interval: int = documented(doc="save every this many steps", at_least=1)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    save_interval: int | None = documented(None, "save every this many steps after the save_schedule ranges", at_least=1)
+    save_schedule: list[SaveRange] = documented(factory=list, doc="step ranges with their own save intervals")
+    exit_interval: int | None = documented(None, "save and exit once the step is a multiple of this", at_least=1)
+    exit_duration_in_mins: int | None = documented(None, "save and exit after this long; derived from slurm.time", at_least=1)
+    exit_margin_mins: int | None = documented(None, "minutes kept free before the time limit; derived from model size")
+    kill_switch_path: str | None = documented(None, "if this file exists, save and exit; derived under paths.output")
+
+
+@dataclass(frozen=True)
+class DataSource:
+    prefix: str = documented(doc="indexed dataset prefix (without .bin/.idx)")
+    weight: float = documented(1.0, "blending weight", above=0)
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    kind: Literal["gpt2-bpe", "json"] = documented("json", "gpt2-bpe: vocab_file + merges_file; json: json_file")
+    vocab_file: str | None = documented(None, "GPT-2 vocab.json")
+    merges_file: str | None = documented(None, "GPT-2 merges.txt")
+    json_file: str | None = documented(None, "a tokenizers tokenizer.json")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    blend: list[DataSource] = documented(factory=list, doc="datasets and their weights")
+    split: str = documented("949,50,1", "train,valid,test proportions")
+    tokenizer: TokenizerConfig = documented(factory=TokenizerConfig, doc="tokenizer files")
+    num_workers: int = documented(2, "data loader workers")
+    cache_dir: str | None = documented(
+        None, "folder for the dataset index files (.npy); default: beside each dataset, which must then be writable")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    log_interval: int = documented(1, "steps between iteration lines", at_least=1)
+    eval_interval: int = documented(1000, "steps between validation runs", at_least=1)
+    eval_iters: int = documented(5, "validation steps per run; 0 disables validation")
+    tensorboard: bool = documented(True, "write TensorBoard events")
+    tensorboard_queue_size: int = documented(5, "TensorBoard writer queue size")
+    log_timers: bool = documented(True, "timers to TensorBoard")
+    log_batch_size: bool = documented(True, "batch size to TensorBoard")
+    log_validation_ppl: bool = documented(True, "validation perplexity to TensorBoard")
+    codecarbon: bool = documented(False, "record energy with codecarbon")
+
+
+@dataclass(frozen=True)
+class NodePhase:
+    nodes: int = documented(doc="--nodes of the array tasks of this phase", at_least=1)
+    from_samples: int | None = documented(
+        None, "the phase starts at the first step boundary where this many samples are consumed (not on the first phase)", at_least=1)
+    from_iteration: int | None = documented(None, "or: the phase starts after this iteration (not on the first phase)", at_least=1)
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    job_name: str | None = documented(None, "Slurm job name; derived as the experiment name")
+    partition: str | None = documented(None, "--partition")
+    account: str | None = documented(None, "--account")
+    constraint: str | None = documented(None, "--constraint")
+    gpu_memory_gb: float | None = documented(
+        None, "memory of one GPU in GB as sold (32 for a V100-32GB); default: known from constraint (v100-32g, a100-80g, h100, ...)", above=0)
+    qos: str | None = documented(None, "--qos")
+    time: str = documented("20:00:00", "--time of each array task")
+    nodes: int | None = documented(
+        None, "--nodes of a run on one node count; derived as 1, or from node_schedule (the phase being launched)", at_least=1)
+    node_schedule: list[NodePhase] = documented(
+        factory=list, doc="phases with their own node counts: [{nodes: 16}, {nodes: 64, from_samples: N}, ...]; "
+                          "bsops launch and each array task use the phase of the latest checkpoint")
+    gpus_per_node: int = documented(1, "training processes per node (GPUs, or CPU processes when device: cpu)", at_least=1)
+    device: Literal["gpu", "cpu"] = documented("gpu", "gpu: NCCL and --gres; cpu: gloo")
+    cpus_per_task: int = documented(1, "--cpus-per-task of the per-node launcher", at_least=1)
+    array: int = documented(1, "array length: tasks run one at a time (--array=1-N%1)", at_least=1)
+    group: str | None = documented(None, "watch jobs of every user in this Unix group")
+    exclude: list[str] = documented(factory=list, doc="nodes to keep the job off (--exclude)")
+    env_setup: list[str] = documented(factory=list, doc="shell lines run before training (trusted shell code, one line per item)",
+                                      trusted_shell_line=True)
+    master_port: int = documented(6000, "rendezvous port on the first node")
+    failure_budget: int = documented(3, "array tasks in a row without progress before the next one stops; 0: never")
+    signal_seconds: int | None = documented(
+        None, "--signal=B:USR1@N: Slurm warns the job N s before its time limit and the trainer saves and exits; "
+              "derived from checkpoint.exit_margin_mins (the time an iteration and a save take)")
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    output: str | None = documented(None, "run folder; derived as runs/<name>")
+    checkpoints: str | None = documented(None, "derived as <output>/checkpoints")
+    tensorboard: str | None = documented(None, "derived as <output>/tensorboard")
+    logs: str | None = documented(None, "derived as <output>/logs")
+    codecarbon: str | None = documented(None, "derived as <output>/codecarbon")
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    logs_repo: str | None = documented(None, "Hub repo for logs/main_log.txt")
+    tensorboard_repo: str | None = documented(None, "Hub repo for TensorBoard events")
+    codecarbon_repo: str | None = documented(None, "Hub repo for codecarbon records")
+    checkpoints_repo: str | None = documented(None, "Hub repo for converted checkpoints")
+    token_env: str = documented("HF_TOKEN", "environment variable holding the Hub token")
+    remote_template: str | None = documented(
+        None, "push to this git remote instead of the Hub, {repo} replaced by the repo name (file:///srv/mirror/{repo}.git)")
+    lfs_size_mb: float = documented(10.0, "files larger than this many MB are stored with git-lfs", above=0)
+    private: bool = documented(True, "repos bsops creates on the Hub are private")
+    push_attempts: int = documented(4, "tries of a failing push (waits 10 s, 20 s, 40 s ... between)", at_least=1)
+
+
+@dataclass(frozen=True)
+class BackupConfig:
+    dest: str | None = documented(None, "backup folder (a store outside the training's scratch); bsops backup --to overrides")
+    keep_last: int | None = documented(None, "on scratch keep the newest N checkpoints; none: delete nothing", at_least=1)
+    keep_every: int | None = documented(None, "on scratch also keep checkpoints whose step is a multiple of this", at_least=1)
+    keep_optimizer_every: int | None = documented(
+        None, "back up whole (with optimizer states) every checkpoint whose step is a multiple of this, beside the final one", at_least=1)
+    tar: bool = documented(False, "one tar file per checkpoint, for stores with few inodes")
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    email_to: list[str] = documented(factory=list, doc="alert recipients")
+    email_from: str | None = documented(None, "sender address")
+    smtp_host: str = documented("localhost", "SMTP server")
+    smtp_port: int = documented(25, "SMTP port", at_least=1)
+    smtp_security: Literal["none", "starttls", "ssl"] = documented("none", "SMTP transport security")
+    smtp_user: str | None = documented(None, "SMTP login")
+    smtp_password_env: str = documented("BSOPS_SMTP_PASSWORD", "environment variable holding the SMTP password")
+    stall_minutes: int = documented(60, "alert when no iteration line was logged for this long", at_least=1)
+    cooldown_minutes: int = documented(240, "minimum minutes between two emails about one condition", at_least=1)
+
+
+@dataclass(frozen=True)
+class EstimateConfig:
+    tflops_per_gpu: float = documented(45.0, "achieved TFLOPs per GPU used for the duration estimate", above=0)
+    peak_tflops: float | None = documented(
+        None, "dense bf16/fp16 peak TFLOPs of one GPU for MFU; detected for V100, A100, H100 and H200 when left out", above=0)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    model: ModelConfig = documented(doc="GPT shape")
+    batch: BatchConfig = documented(doc="batch size and rampup")
+    train: TrainConfig = documented(doc="training length, seed, precision")
+    optimizer: OptimizerConfig = documented(doc="AdamW")
+    name: str = documented("", "experiment name: the file name")
+    description: str = documented("", "one line on what this experiment is")
+    parallel: ParallelConfig = documented(factory=ParallelConfig, doc="TP, PP, ZeRO")
+    lr_schedule: LRScheduleConfig = documented(factory=LRScheduleConfig, doc="warmup and decay")
+    curriculum: CurriculumConfig | None = documented(
+        None, "curriculum learning by sequence length; lr_schedule.*_tokens then count the tokens really trained on")
+    checkpoint: CheckpointConfig = documented(factory=CheckpointConfig, doc="saving and exiting")
+    data: DataConfig = documented(factory=DataConfig, doc="datasets and tokenizer")
+    logging: LoggingConfig = documented(factory=LoggingConfig, doc="log lines and TensorBoard")
+    slurm: SlurmConfig = documented(factory=SlurmConfig, doc="resources of each array task")
+    paths: PathsConfig = documented(factory=PathsConfig, doc="output folders")
+    hub: HubConfig = documented(factory=HubConfig, doc="Hub repos to sync to")
+    backup: BackupConfig = documented(factory=BackupConfig, doc="checkpoint backup and scratch retention")
+    alerts: AlertsConfig = documented(factory=AlertsConfig, doc="who is told, and how")
+    estimate: EstimateConfig = documented(factory=EstimateConfig, doc="assumptions of the plan")
+    derived: tuple[str, ...] = field(default=(), metadata={"doc": "field paths computed, not written", "internal": True})
+
+    @property
+    def world_size(self) -> int:
+        return self.slurm.nodes * self.slurm.gpus_per_node
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.parallel.tensor * self.parallel.pipeline
