@@ -24,10 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import phases
-from bigscience_ops.schema import Experiment
+from bigscience_ops import render as rendering
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ledger import latest_iteration
+from bigscience_ops.prepare import ensure_data, prepare_launch
+from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schema import Experiment
 
 
 class LaunchError(BsopsError):
@@ -109,23 +111,6 @@ def local_experiment(exp: Experiment, run_dir: Path | None) -> Experiment:
     return dataclasses.replace(exp, paths=paths, slurm=dataclasses.replace(exp.slurm, master_port=_free_port()))
 
 
-def ensure_data(exp: Experiment) -> None:
-    """Build the bundled corpus when the experiment trains on it; any other missing dataset is an error."""
-    from bigscience_ops.data.corpus import ensure_bundled_corpus
-
-    for i, source in enumerate(exp.data.blend):
-        prefix = Path(source.prefix)
-        if Path(f"{prefix}.bin").is_file() and Path(f"{prefix}.idx").is_file():
-            continue
-        if prefix.name == "tiny_text_document":
-            built = ensure_bundled_corpus(prefix.parent)
-            if Path(built) != prefix:
-                raise LaunchError(f"data.blend[{i}].prefix: got {source.prefix}; the bundled corpus builds {built}")
-            continue
-        raise LaunchError(f"data.blend[{i}].prefix: got {source.prefix}; no {prefix}.bin/.idx there "
-                          "(preprocess the data first)")
-
-
 # The lines of a task's output worth showing while it runs: training progress and what the run decides.
 PROGRESS = re.compile(r"^\s*(iteration\s|validation loss|> |task |\*\*\*ALERT)")
 
@@ -156,9 +141,6 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
 
     `progress` receives the iteration, validation and decision lines of each task as they come.
     """
-    from bigscience_ops import plan as planning
-    from bigscience_ops import render as rendering
-
     exp = local_experiment(exp, run_dir)
     out = Path(exp.paths.output)
     ensure_data(exp)
@@ -170,16 +152,16 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
     logs.mkdir(parents=True, exist_ok=True)
     array_job_id = int(time.time()) % 1_000_000
     repo = Path(__file__).resolve().parents[1]
-    train_iters = planning.train_iters(exp)
+    schedule = run_schedule(exp)
+    train_iters = schedule.train_iters
     results: list[LocalTask] = []
     rendered_nodes = None
     for task in range(1, (tasks or exp.slurm.array) + 1):
-        if exp.slurm.node_schedule:
-            phase = phases.phase_of_iteration(exp, latest_iteration(Path(exp.paths.checkpoints)))
-            exp = phases.for_phase(exp, phase)
+        prepared = prepare_launch(exp, schedule)  # each task runs at the node phase of the latest checkpoint
+        exp = prepared.experiment
         nodes = exp.slurm.nodes
         if nodes != rendered_nodes:
-            script = rendering.write(rendering.render(exp, out), out)
+            script = rendering.write(rendering.render(exp, out, prepared.plan), out)
             rendered_nodes = nodes
         node_list = ",".join(["localhost"] + ["127.0.0.1"] * (nodes - 1))
         processes = nodes * exp.slurm.gpus_per_node

@@ -1,6 +1,7 @@
 """Calculators for `bsops plan`: parameters, memory, DP size, rampup, steps, tokens, days, node counts.
 
-Every number the training notes computed by hand is computed here from the config, and every rule that
+Every number the training notes computed by hand is computed here from the experiment and its
+RunSchedule (run_schedule.py: the schedules the trainer runs, computed once), and every rule that
 would fail or mislead a run is checked before a GPU hour is spent. Pure Python: no torch.
 """
 
@@ -9,18 +10,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from bigscience_ops.phases import PhasePlan, ScheduleError, plan_phases
-from bigscience_ops.schedules import BatchSchedule, Curriculum, CurriculumTokens, Increment, LRSchedule
-from bigscience_ops.sizing import (  # noqa: F401  (re-exported: plan.count_parameters etc. are public)
-    CHECKPOINT_BYTES, GB, TRAIN_BYTES, ParamCount, ffn_size, count_parameters, estimate_days, model_flops_per_token,
-    GIB, StageActivations, activation_bytes, gpu_memory_from_constraint, kept_on_scratch, padded_vocab_size,
-    save_steps, seed_formula_parameters,
+from bigscience_ops.node_schedule import Phase
+from bigscience_ops.run_schedule import RunSchedule, run_schedule
+from bigscience_ops.schedules import BatchSchedule, Increment
+from bigscience_ops.schema import Experiment
+from bigscience_ops.sizing import (
+    CHECKPOINT_BYTES, GB, GIB, TRAIN_BYTES, ParamCount, StageActivations, activation_bytes, count_parameters,
+    estimate_days, ffn_size, gpu_memory_from_constraint, kept_on_scratch,
 )
-
-if TYPE_CHECKING:
-    from bigscience_ops.schema import Experiment
+from bigscience_ops.slurm import parse_time_limit
 
 # ----------------------------------------------------------------------------- memory and time
 
@@ -108,9 +107,9 @@ class Storage:
     backup: int  # bytes in the backup (0 without backup.dest)
 
 
-def storage(exp: Experiment, params: ParamCount, iters: int) -> Storage:
-    ck, bk = exp.checkpoint, exp.backup
-    steps = save_steps(iters, ck.save_schedule, ck.save_interval)
+def storage(exp: Experiment, params: ParamCount, run: RunSchedule) -> Storage:
+    bk = exp.backup
+    steps = run.saves.steps(run.train_iters)
     without, with_optim = CHECKPOINT_BYTES["fp32" if exp.train.precision == "fp32" else "mixed"]
     whole, weights = with_optim * params.total, without * params.total
     kept = kept_on_scratch(steps, bk.keep_last, bk.keep_every)
@@ -121,52 +120,50 @@ def storage(exp: Experiment, params: ParamCount, iters: int) -> Storage:
     return Storage(len(steps), whole, weights, len(steps) * whole, len(kept), len(kept) * whole, len(full), backup)
 
 
-# ----------------------------------------------------------------------------- batch, steps, LR
+# ----------------------------------------------------------------------------- node phases
 
-def batch_schedule(exp: Experiment) -> BatchSchedule:
-    r = exp.batch.rampup
-    if r is None:
-        return BatchSchedule(exp.batch.global_batch_size)
-    return BatchSchedule(exp.batch.global_batch_size, r.start, r.increment, r.samples)
+@dataclass(frozen=True)
+class PhasePlan:
+    """One phase as the plan shows it: its steps, the batch sizes they use, tokens and days."""
 
+    phase: Phase
+    world_size: int
+    dp: float
+    first_step: int
+    last_step: int  # first_step - 1 when the training ends before the phase starts
+    samples: int
+    tokens: int
+    days: float
+    days_seed_rounded: float
+    batch_sizes: tuple[int, ...]  # every global batch size of the phase's steps
 
-def train_iters(exp: Experiment) -> int:
-    schedule = batch_schedule(exp)
-    return exp.train.iters if exp.train.iters is not None else schedule.train_iters(exp.train.samples)
-
-
-def train_samples(exp: Experiment) -> int:
-    """Samples the run will consume: train.samples less the partial last batch Megatron drops."""
-    return batch_schedule(exp).consumed_after(train_iters(exp))
-
-
-def _to_samples(exp: Experiment, kind: str, default: int) -> int:
-    lr = exp.lr_schedule
-    samples, tokens, iters = (getattr(lr, f"{kind}_{u}") for u in ("samples", "tokens", "iters"))
-    if samples is not None:
-        return samples
-    if tokens is not None:
-        return tokens // exp.model.seq_length
-    if iters is not None:
-        return batch_schedule(exp).consumed_after(iters)
-    return default
+    @property
+    def steps(self) -> int:
+        return max(0, self.last_step - self.first_step + 1)
 
 
-def curriculum_tokens(exp: Experiment) -> CurriculumTokens | None:
-    """Tokens trained through each step under exp's curriculum; None without one."""
-    c = exp.curriculum
-    if c is None:
-        return None
-    return Curriculum(c.min_difficulty, exp.model.seq_length, c.difficulty_step,
-                      c.total_curriculum_step).token_counter(batch_schedule(exp))
+def plan_phases(exp: Experiment, run: RunSchedule, params: int, seed_rounded_params: int,
+                model_parallel: int) -> list[PhasePlan]:
+    """Steps, tokens and days of each node phase (days at estimate.tflops_per_gpu on the phase's GPUs).
 
-
-def lr_schedule(exp: Experiment) -> LRSchedule:
-    """The LR schedule in samples, whatever unit the config used."""
-    warmup = _to_samples(exp, "warmup", 0)
-    requested = exp.train.samples if exp.train.samples is not None else train_samples(exp)
-    decay = _to_samples(exp, "decay", requested)
-    return LRSchedule(exp.optimizer.lr, exp.optimizer.min_lr, warmup, decay, exp.lr_schedule.style)
+    Tokens count each step's samples at its curriculum length, or at model.seq_length without a curriculum.
+    """
+    schedule, train_iters = run.batch, run.train_iters
+    phases = list(run.node_phases)
+    out = []
+    for phase, following in zip(phases, phases[1:] + [None]):
+        last = min(train_iters, following.first_step - 1 if following else train_iters)
+        samples = max(0, schedule.consumed_after(max(last, phase.first_step - 1)) - phase.start_samples)
+        tokens = samples * exp.model.seq_length
+        if run.tokens is not None:
+            tokens = max(0, run.tokens.through(last) - run.tokens.through(phase.first_step - 1))
+        world = phase.nodes * exp.slurm.gpus_per_node
+        tflops = exp.estimate.tflops_per_gpu
+        out.append(PhasePlan(phase, world, world / model_parallel, phase.first_step, last, samples, tokens,
+                             estimate_days(tokens, params, world, tflops),
+                             estimate_days(tokens, seed_rounded_params, world, tflops),
+                             schedule.sizes_of_steps(phase.first_step, last)))
+    return out
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -276,7 +273,8 @@ def _check_phases(exp: Experiment, schedule: BatchSchedule, phases: list[PhasePl
     return problems
 
 
-def _check(exp: Experiment, schedule: BatchSchedule, phases: list[PhasePlan], lr: LRSchedule) -> list[Problem]:
+def _check(exp: Experiment, run: RunSchedule, phases: list[PhasePlan]) -> list[Problem]:
+    schedule = run.batch
     problems = _check_phases(exp, schedule, phases)
     params = count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline, exp.parallel.partition_method)
     empty = [stage for stage, (start, stop) in enumerate(zip(params.parts, params.parts[1:])) if start == stop]
@@ -296,13 +294,12 @@ def _check(exp: Experiment, schedule: BatchSchedule, phases: list[PhasePlan], lr
     if schedule.has_rampup and exp.train.samples is not None and exp.train.samples <= schedule.rampup_samples:
         problems.append(Problem("train.samples", exp.train.samples,
                                 f"must exceed batch.rampup.samples ({schedule.rampup_samples})"))
-    if lr.warmup_samples > lr.decay_samples and exp.lr_schedule.style != "constant":
-        problems.append(Problem("lr_schedule", {"warmup_samples": lr.warmup_samples, "decay_samples": lr.decay_samples},
+    if run.warmup_samples > run.decay_samples and exp.lr_schedule.style != "constant":
+        problems.append(Problem("lr_schedule", {"warmup_samples": run.warmup_samples, "decay_samples": run.decay_samples},
                                 "warmup must end before decay ends"))
     if exp.checkpoint.save_interval is None and not exp.checkpoint.save_schedule:
         problems.append(Problem("checkpoint.save_interval", None,
                                 "no checkpoints will be saved before exit; set save_interval", "warning"))
-    from bigscience_ops.slurm import parse_time_limit
     limit = parse_time_limit(exp.slurm.time)
     if exp.checkpoint.exit_duration_in_mins >= limit:
         problems.append(Problem("checkpoint.exit_duration_in_mins", exp.checkpoint.exit_duration_in_mins,
@@ -330,8 +327,9 @@ def _check_memory(exp: Experiment, mem: Memory) -> list[Problem]:
     return []
 
 
-def _notes(exp: Experiment, schedule: BatchSchedule, lr: LRSchedule, warmup_steps: int) -> list[str]:
+def _notes(run: RunSchedule) -> list[str]:
     notes = []
+    schedule, warmup_samples, warmup_steps = run.batch, run.warmup_samples, run.warmup_steps
     if schedule.has_rampup:
         table = schedule.increments()
         off = [inc for inc in table if inc.steps != inc.naive_steps]
@@ -345,43 +343,31 @@ def _notes(exp: Experiment, schedule: BatchSchedule, lr: LRSchedule, warmup_step
             f"the rampup lasts {schedule.rampup_steps} steps ({schedule.consumed_after(schedule.rampup_steps)} samples): "
             f"steps per increment shrink as the batch grows, so a constant steps-per-increment guess is wrong "
             f"(the tr1-13B draft assumed 160 per increment, the tr1-13B notes '5k steps')")
-        if 0 < lr.warmup_samples <= schedule.rampup_samples:
+        if 0 < warmup_samples <= schedule.rampup_samples:
             gbs = schedule.batch_size_of_step(warmup_steps)
             notes.append(
-                f"LR warmup of {lr.warmup_samples} samples ends inside the rampup, at step {warmup_steps} (GBS {gbs}): "
+                f"LR warmup of {warmup_samples} samples ends inside the rampup, at step {warmup_steps} (GBS {gbs}): "
                 f"samples and steps convert only through the rampup schedule, never at a fixed steps-per-increment "
                 f"rate (the tr1-13B notes did that and took their 216_320 warmup samples for 2000 steps)")
     return notes
 
 
-def make_plan(exp: Experiment) -> Plan:
+def make_plan(exp: Experiment, run: RunSchedule | None = None) -> Plan:
+    """The plan of `exp`; `run` is its RunSchedule when the caller has built it already."""
+    run = run or run_schedule(exp)
     params = count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline, exp.parallel.partition_method)
     mp = exp.model_parallel_size
     dp = exp.world_size / mp
-    schedule = batch_schedule(exp)
-    iters = train_iters(exp)
-    samples = schedule.consumed_after(iters)
-    lr = lr_schedule(exp)
-    counter = curriculum_tokens(exp)
-    through = counter.through if counter is not None else None
-    if counter is not None:  # token-based LR settings count trained tokens: convert them through the curriculum
-        for kind in ("warmup", "decay"):
-            given = getattr(exp.lr_schedule, f"{kind}_tokens")
-            if given is not None:
-                lr = dataclasses.replace(lr, **{f"{kind}_samples": schedule.consumed_after(counter.steps_to_reach(given))})
-    warmup_steps = schedule.steps_to_consume(lr.warmup_samples)
+    schedule, iters, samples = run.batch, run.train_iters, run.train_samples
     rampup_sizes = [inc.global_batch_size for inc in schedule.increments()] + [schedule.global_batch_size]
-    tokens = counter.through(iters) if counter is not None else samples * exp.model.seq_length
+    tokens = run.tokens_through(iters, exp.model.seq_length)
     gbs, ev = schedule.global_batch_size, exp.logging
     valid = (iters // ev.eval_interval + 1) * ev.eval_iters * gbs
-    try:
-        phases = plan_phases(exp, schedule, iters, params.total, round(params.seed_formula / GB) * GB, mp, through)
-        schedule_problems = []
-    except ScheduleError as exc:
-        single = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, node_schedule=[]))
-        phases = plan_phases(single, schedule, iters, params.total, round(params.seed_formula / GB) * GB, mp, through)
+    phases = plan_phases(exp, run, params.total, round(params.seed_formula / GB) * GB, mp)
+    schedule_problems = []
+    if run.node_schedule_error is not None:
         schedule_problems = [Problem("slurm.node_schedule", [dataclasses.asdict(p) for p in exp.slurm.node_schedule],
-                                     str(exc))]
+                                     run.node_schedule_error)]
     # The memory of the phase with the fewest DP ranks: ZeRO shards least and the most micro-batches are in flight.
     fewest = min(ph.dp for ph in phases)
     mem = memory(exp, params, int(fewest) if fewest == int(fewest) else 1)
@@ -391,7 +377,7 @@ def make_plan(exp: Experiment) -> Plan:
         dp=dp,
         world_size=exp.world_size,
         memory=mem,
-        storage=storage(exp, params, iters),
+        storage=storage(exp, params, run),
         increments=schedule.increments(),
         rampup_steps=schedule.rampup_steps,
         rampup_samples_consumed=schedule.consumed_after(schedule.rampup_steps),
@@ -399,11 +385,11 @@ def make_plan(exp: Experiment) -> Plan:
         train_samples=samples,
         tokens=tokens,
         full_length_tokens=samples * exp.model.seq_length,
-        curriculum_steps=counter.ramp_steps if counter is not None else None,
-        warmup_samples=lr.warmup_samples,
-        warmup_steps=warmup_steps,
-        decay_samples=lr.decay_samples,
-        decay_steps=schedule.steps_to_consume(lr.decay_samples),
+        curriculum_steps=run.tokens.ramp_steps if run.tokens is not None else None,
+        warmup_samples=run.warmup_samples,
+        warmup_steps=run.warmup_steps,
+        decay_samples=run.decay_samples,
+        decay_steps=run.decay_steps,
         days=sum(ph.days for ph in phases),
         days_seed_rounded=sum(ph.days_seed_rounded for ph in phases),
         phases=phases,
@@ -413,6 +399,6 @@ def make_plan(exp: Experiment) -> Plan:
         dataset_sizes=(exp.train.samples or iters * gbs, valid, ev.eval_iters * gbs),
         exit_duration_in_mins=exp.checkpoint.exit_duration_in_mins,
         exit_margin_mins=exp.checkpoint.exit_margin_mins,
-        problems=schedule_problems + _check(exp, schedule, phases, lr) + _check_memory(exp, mem),
-        notes=_notes(exp, schedule, lr, warmup_steps),
+        problems=schedule_problems + _check(exp, run, phases) + _check_memory(exp, mem),
+        notes=_notes(run),
     )

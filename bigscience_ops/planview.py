@@ -10,7 +10,8 @@ import yaml
 from bigscience_ops.config import to_dict
 
 from bigscience_ops.schema import Experiment
-from bigscience_ops.plan import GB, Plan, TRAIN_BYTES
+from bigscience_ops.plan import Plan
+from bigscience_ops.sizing import GB, TRAIN_BYTES
 
 
 

@@ -92,6 +92,14 @@ class BatchSchedule:
         """Global batch size of 1-based step `step`."""
         return self.batch_size_at(self.consumed_after(step - 1))
 
+    def sizes_of_steps(self, first: int, last: int) -> tuple[int, ...]:
+        """The distinct global batch sizes of steps first..last (1-based, inclusive)."""
+        sizes = {inc.global_batch_size for inc in self.increments()
+                 if inc.first_step <= last and inc.first_step + inc.steps - 1 >= first}
+        if last > self.rampup_steps and last >= first:
+            sizes.add(self.global_batch_size)
+        return tuple(sorted(sizes))
+
     def increments(self) -> list[Increment]:
         if not self.has_rampup:
             return []
@@ -201,6 +209,41 @@ class Curriculum:
             else:
                 out.append([seqlen, step, step, gbs * seqlen])
         return [tuple(p) for p in out]
+
+
+@dataclass(frozen=True)
+class SaveSchedule:
+    """Which steps save a checkpoint: `checkpoint.save_schedule` ranges, then `save_interval`.
+
+    Each range covers the steps after the previous range's `until` up to its own `until`, and saves at
+    previous_until + k * interval (the tr1-13B notes' 10 to 100, then 18 to 1000 lands on 1000). After the
+    last range `save_interval` applies the same way, counted from that range's end; with no ranges it is
+    Megatron's `step % save_interval == 0`. `due` answers step by step (the trainer), `steps` lists them
+    by ranges (the plan, over hundreds of thousands of steps); a test holds the two equal.
+    """
+
+    ranges: tuple[tuple[int, int], ...] = ()  # (until, interval), in increasing `until`
+    interval: int | None = None
+
+    def due(self, step: int) -> bool:
+        """Whether step `step` (1-based) is saved."""
+        start = 0
+        for until, interval in self.ranges:
+            if step <= until:
+                return (step - start) % interval == 0
+            start = until
+        return self.interval is not None and (step - start) % self.interval == 0
+
+    def steps(self, last_step: int) -> list[int]:
+        """Every step saved up to `last_step`, plus `last_step` itself (the final save)."""
+        steps: list[int] = []
+        start = 0
+        for until, interval in self.ranges:
+            steps.extend(range(start + interval, min(until, last_step) + 1, interval))
+            start = until
+        if self.interval is not None and start < last_step:
+            steps.extend(range(start + self.interval, last_step + 1, self.interval))
+        return steps if steps and steps[-1] == last_step else steps + [last_step]
 
 
 def parse_skip_ranges(values: list[str]) -> list[tuple[int, int]]:

@@ -289,22 +289,6 @@ def gpu_memory_from_constraint(constraint: str | None) -> tuple[str, float] | No
 
 # ----------------------------------------------------------------------------- checkpoints over a run
 
-def save_steps(last_step: int, save_schedule: list, save_interval: int | None) -> list[int]:
-    """Every step the trainer saves, up to `last_step`, plus `last_step` itself (the final save).
-
-    The same rule as trainer/checkpointing.save_due, by ranges instead of step by step: each range
-    saves at previous_until + k * interval, then save_interval counts from the last range's end.
-    """
-    steps: list[int] = []
-    start = 0
-    for rng in save_schedule:
-        steps.extend(range(start + rng.interval, min(rng.until, last_step) + 1, rng.interval))
-        start = rng.until
-    if save_interval is not None and start < last_step:
-        steps.extend(range(start + save_interval, last_step + 1, save_interval))
-    return steps if steps and steps[-1] == last_step else steps + [last_step]
-
-
 def kept_on_scratch(steps: list[int], keep_last: int | None, keep_every: int | None) -> list[int]:
     """The checkpoints retention leaves at the end: the newest keep_last and every keep_every-th step."""
     if keep_last is None:

@@ -24,10 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import ledger, phases, render as rendering, slurm
-from bigscience_ops.schema import Experiment
+from bigscience_ops import ledger, render as rendering, slurm
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.node_schedule import Phase
 from bigscience_ops.ops.status import QUEUED_STATES
+from bigscience_ops.prepare import ensure_data, prepare_launch
+from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schema import Experiment
 
 
 class LaunchError(BsopsError):
@@ -42,7 +45,7 @@ class LaunchPlan:
     argv: list[str]
     queued: list[slurm.Job]  # jobs of this experiment already in the queue
     after: list[str]  # whole array ids the launch waits for
-    phase: phases.Phase | None = None  # the node schedule's phase the launch trains in (None without a schedule)
+    phase: Phase | None = None  # the node schedule's phase the launch trains in (None without a schedule)
 
     @property
     def script(self) -> Path:
@@ -72,12 +75,10 @@ def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetim
     With a node schedule the job asks for the node count of the phase the latest checkpoint is in.
     """
     now = now or dt.datetime.now()
-    phase = None
-    if exp.slurm.node_schedule:
-        phase = phases.phase_of_iteration(exp, ledger.latest_iteration(Path(exp.paths.checkpoints)))
-        exp = phases.for_phase(exp, phase)
+    prepared = prepare_launch(exp)  # raises PlanError: nothing invalid is submitted
+    exp, phase = prepared.experiment, prepared.phase
     run_dir = Path(exp.paths.output) / "launches" / now.strftime("%Y%m%d-%H%M%S")
-    rendered = rendering.render(exp, run_dir)  # raises PlanError: nothing invalid is submitted
+    rendered = rendering.render(exp, run_dir, prepared.plan)
     jobs = slurm.query_jobs(users=watched_users(exp), name=exp.slurm.job_name)
     queued = [j for j in jobs if j.name == exp.slurm.job_name and j.state in QUEUED_STATES]
     if queued and not after_current:
@@ -93,8 +94,6 @@ def submit(plan: LaunchPlan, *, fresh_budget: bool = True) -> str:
     """Write the run record, submit, record Slurm's answer and (unless told not to) start a fresh failure budget."""
     if plan.run_dir.exists():
         raise LaunchError(f"run record {plan.run_dir} already exists; launch again in a second")
-    from bigscience_ops.launch import ensure_data
-
     ensure_data(plan.experiment)
     rendering.write(plan.rendered, plan.run_dir)
     Path(plan.experiment.paths.logs).mkdir(parents=True, exist_ok=True)  # sbatch --output needs it
@@ -123,7 +122,7 @@ class Mismatch:
     """An array task whose allocation is not the node count of the phase the run is in."""
 
     allocated: int
-    phase: phases.Phase
+    phase: Phase
     iteration: int
 
     def describe(self) -> str:
@@ -142,15 +141,14 @@ def allocated_nodes(env: Mapping[str, str], default: int) -> int:
 
 def check_allocation(exp: Experiment, env: Mapping[str, str] | None = None) -> Mismatch | None:
     """A node-scheduled run's task with another node count than its phase's (a finished run never mismatches)."""
-    from bigscience_ops.plan import train_iters
-
     env = os.environ if env is None else env
     if not exp.slurm.node_schedule:
         return None
+    schedule = run_schedule(exp)
     iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
-    if iteration >= train_iters(exp):
+    if schedule.finished(iteration):
         return None
-    phase = phases.phase_of_iteration(exp, iteration)
+    phase = schedule.phase_of_iteration(iteration)
     allocated = allocated_nodes(env, exp.slurm.nodes)
     return None if allocated == phase.nodes else Mismatch(allocated, phase, iteration)
 

@@ -23,7 +23,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from bigscience_ops import plan
+from bigscience_ops import sizing
+from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.checkpoints import convert
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.schema import DataSource
@@ -182,7 +183,7 @@ def test_converted_model_gives_the_trainers_validation_loss(runs):
     assert list(logged) == [meta["iteration"]]
     trainer = Trainer(exp, {})
     trainer._build_data()  # the trainer's own validation dataset
-    gbs = plan.batch_schedule(exp).batch_size_at(meta["consumed_train_samples"])
+    gbs = run_schedule(exp).batch.batch_size_at(meta["consumed_train_samples"])
     eval_iters, mbs = exp.logging.eval_iters, exp.batch.micro_batch_size
     start = meta["state"]["consumed_valid_samples"] - eval_iters * gbs
     assert start == 0
@@ -214,7 +215,7 @@ def test_output_folder_loads_with_transformers(runs, name):
     assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()  # tied head
     assert conversion.num_parameters == sum(p.numel() for p in model.parameters())
     unpadded = dataclasses.replace(exp.model, make_vocab_size_divisible_by=1)
-    assert plan.count_parameters(unpadded, 1).total == conversion.num_parameters  # the plan's count, no padding
+    assert sizing.count_parameters(unpadded, 1).total == conversion.num_parameters  # the plan's count, no padding
     assert {p.name for p in folder.iterdir()} >= {"model.safetensors", "config.json", "tokenizer.json",
                                                    "tokenizer_config.json"}
     text = "In the beginning God created the heaven and the earth."

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from bigscience_ops import plan
+from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import CurriculumConfig, SaveRange
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.schedules import BatchSchedule, Curriculum, LRSchedule, in_skip_range, parse_skip_ranges
@@ -105,8 +105,8 @@ def curriculum_run(tmp_path_factory):
 
 def test_curriculum_lengths_seen_and_tokens_counted(curriculum_run):
     exp, out, proc = curriculum_run
-    steps = range(1, plan.train_iters(exp) + 1)
-    schedule = plan.batch_schedule(exp)
+    steps = range(1, run_schedule(exp).train_iters + 1)
+    schedule = run_schedule(exp).batch
     expected = Curriculum(8, 32, 8, 12)
     seen = scalars(out / "tensorboard", "curriculum seqlen")
     assert [seen[s] for s in steps] == [expected.seqlen_at(s) for s in steps]
@@ -126,8 +126,8 @@ def test_curriculum_lengths_seen_and_tokens_counted(curriculum_run):
 
 def test_lr_decays_by_tokens_trained_on(curriculum_run):
     exp, out, _ = curriculum_run
-    schedule, lr = plan.batch_schedule(exp), plan.lr_schedule(exp)
-    lr = dataclasses.replace(lr, decay_tokens=6400)
+    run = run_schedule(exp)
+    schedule, lr = run.batch, dataclasses.replace(run.lr, decay_tokens=6400)
     seen = scalars(out / "tensorboard", "curriculum seqlen")
     logged = scalars(out / "tensorboard", "learning-rate")
     samples = tokens = 0
@@ -139,7 +139,8 @@ def test_lr_decays_by_tokens_trained_on(curriculum_run):
             warm_end = tokens
         assert math.isclose(logged[s], lr.lr_at(samples, tokens, warm_end or 0), rel_tol=1e-6), s
     last = max(logged)  # 6400 tokens = 200 samples at full length: in samples the decay would end with the run
-    by_samples = plan.lr_schedule(exp).lr_at(schedule.consumed_after(last))
+    in_samples = dataclasses.replace(run.lr, warmup_tokens=None, decay_tokens=None)
+    by_samples = in_samples.lr_at(schedule.consumed_after(last))
     assert by_samples < 1.05 * exp.optimizer.min_lr
     assert logged[last] > 1.5 * by_samples  # the curriculum's short samples slow the decay
 
@@ -159,7 +160,7 @@ def _layers(folder):
 
 def test_skipped_iterations_consume_data_without_update(skip_run):
     exp, out, proc = skip_run
-    schedule = plan.batch_schedule(exp)
+    schedule = run_schedule(exp).batch
     ck = out / "checkpoints"
     before, after = _layers(ck / "global_step4"), _layers(ck / "global_step8")
     assert before and before.keys() == after.keys()
@@ -171,7 +172,7 @@ def test_skipped_iterations_consume_data_without_update(skip_run):
     assert metas[8]["consumed_train_samples"] == schedule.consumed_after(8)  # the skipped steps' data is consumed
     assert metas[8]["state"]["lr_scheduler_samples"] == metas[4]["state"]["lr_scheduler_samples"]
     losses = scalars(out / "tensorboard", "lm loss")
-    iters = plan.train_iters(exp)
+    iters = run_schedule(exp).train_iters
     assert sorted(losses) == [s for s in range(1, iters + 1) if s not in (5, 6, 7, 8, 14)]
     final = json.loads((ck / f"global_step{iters}" / "bsops.json").read_text())
     assert final["consumed_train_samples"] == schedule.consumed_after(iters)

@@ -10,7 +10,7 @@ import pytest
 
 from bigscience_ops import ledger, submit
 from bigscience_ops.config import load_experiment
-from bigscience_ops.plan import train_iters
+from bigscience_ops.run_schedule import run_schedule
 from tests.fixtures_slurm import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -23,7 +23,7 @@ def test_tiny_array_trains_on_two_nodes_and_resumes(tmp_path: Path, trainings: P
         f"slurm: {{job_name: {slurm_cluster.prefix}-tiny, partition: {slurm_cluster.partition}}}\n"
         f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
     exp = load_experiment("tinycl", trainings)
-    total = train_iters(exp)
+    total = run_schedule(exp).train_iters
     assert 50 < total <= 100
 
     job_id = submit.submit(submit.plan_launch(exp))

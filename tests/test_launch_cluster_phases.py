@@ -15,8 +15,8 @@ import pytest
 
 from bigscience_ops import ledger, submit
 from bigscience_ops.config import load_experiment
-from bigscience_ops.phases import experiment_phases
-from bigscience_ops.plan import make_plan, train_iters
+from bigscience_ops.plan import make_plan
+from bigscience_ops.run_schedule import run_schedule
 from tests.fixtures_slurm import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -32,8 +32,8 @@ def test_tiny_moves_from_one_node_to_two_at_its_phase_boundary(tmp_path: Path, t
         f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
     exp = load_experiment("tinyph", trainings)
     assert not make_plan(exp).problems
-    first, second = experiment_phases(exp)
-    total = train_iters(exp)
+    first, second = run_schedule(exp).phases()
+    total = run_schedule(exp).train_iters
     boundary = second.first_step - 1
     assert 0 < boundary < total
 

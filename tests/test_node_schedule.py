@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import phases, plan
+from bigscience_ops import node_schedule, plan, sizing
+from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.config import load_experiment
 from bigscience_ops.schema import NodePhase
 from bigscience_ops.errors import ConfigError
@@ -58,7 +59,7 @@ def test_tr1_13B_schedule_16_64_128_with_the_last_three_weeks_on_128():
     assert sum(ph.tokens for ph in p.phases) == p.tokens
     assert p.days == pytest.approx(sum(ph.days for ph in p.phases))
     # Each phase's days: its tokens at 45 TFLOPs on its GPUs.
-    assert ramp.days == pytest.approx(plan.estimate_days(ramp.tokens, p.params.total, 64, 45))
+    assert ramp.days == pytest.approx(sizing.estimate_days(ramp.tokens, p.params.total, 64, 45))
     # The YAML's comment states the plan's total.
     comment = re.search(r"= (\d+\.\d+) days", (REPO / "trainings" / "tr1-13B.yaml").read_text())
     assert comment and comment.group(1) == f"{p.days:.2f}"
@@ -76,15 +77,15 @@ def test_a_phase_whose_dp_cannot_split_its_batch_sizes_is_an_error():
 
 def test_from_iteration_and_from_samples_meet_at_the_same_step_boundary():
     exp = load_experiment("tr1-13B", REPO / "trainings")
-    schedule = plan.batch_schedule(exp)
-    by_samples = phases.node_phases(scheduled(exp, {"nodes": 16}, {"nodes": 32, "from_samples": 100_000}).slurm, schedule)
+    schedule = run_schedule(exp).batch
+    by_samples = node_schedule.node_phases(scheduled(exp, {"nodes": 16}, {"nodes": 32, "from_samples": 100_000}).slurm, schedule)
     step = by_samples[1].first_step
     assert schedule.consumed_after(step - 2) < 100_000 <= schedule.consumed_after(step - 1)
-    by_iter = phases.node_phases(scheduled(exp, {"nodes": 16}, {"nodes": 32, "from_iteration": step - 1}).slurm,
+    by_iter = node_schedule.node_phases(scheduled(exp, {"nodes": 16}, {"nodes": 32, "from_iteration": step - 1}).slurm,
                                  schedule)
     assert by_iter[1].start_samples == by_samples[1].start_samples == schedule.consumed_after(step - 1)
-    assert phases.phase_at(by_iter, by_iter[1].start_samples - 1).nodes == 16
-    assert phases.phase_at(by_iter, by_iter[1].start_samples).nodes == 32
+    assert node_schedule.phase_at(by_iter, by_iter[1].start_samples - 1).nodes == 16
+    assert node_schedule.phase_at(by_iter, by_iter[1].start_samples).nodes == 32
 
 
 def test_phases_out_of_order_are_an_error():
@@ -116,18 +117,18 @@ def test_a_file_sets_the_node_plan_as_a_whole(trainings):
     write(trainings, "again", "base: fixed\nslurm: {node_schedule: [{nodes: 2}, {nodes: 4, from_iteration: 10}]}\n")
     again = load_experiment("again", trainings)
     assert again.slurm.nodes == 2 and "slurm.nodes" in again.derived
-    assert [p.nodes for p in phases.experiment_phases(again)] == [2, 4]
+    assert [p.nodes for p in run_schedule(again).phases()] == [2, 4]
 
 
 def test_launch_size_follows_the_latest_checkpoint():
     exp = load_experiment("tr1-13B", REPO / "trainings")
     p = plan.make_plan(exp)
     first, middle, last = p.phases
-    assert phases.phase_of_iteration(exp, 0).nodes == 16
-    assert phases.phase_of_iteration(exp, first.last_step - 1).nodes == 16
-    assert phases.phase_of_iteration(exp, first.last_step).nodes == 64
-    assert phases.phase_of_iteration(exp, last.first_step - 1).nodes == 128
-    launched = phases.for_phase(exp, phases.phase_of_iteration(exp, last.first_step))
+    assert run_schedule(exp).phase_of_iteration(0).nodes == 16
+    assert run_schedule(exp).phase_of_iteration(first.last_step - 1).nodes == 16
+    assert run_schedule(exp).phase_of_iteration(first.last_step).nodes == 64
+    assert run_schedule(exp).phase_of_iteration(last.first_step - 1).nodes == 128
+    launched = node_schedule.for_phase(exp, run_schedule(exp).phase_of_iteration(last.first_step))
     assert launched.slurm.nodes == 128 and launched.slurm.node_schedule == exp.slurm.node_schedule
     assert plan.make_plan(launched).dp == 64 and not plan.make_plan(launched).errors
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from bigscience_ops import plan, sizing
+from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import ConfigError
 from tests.fixtures_trainer import REPO, run_ok, scalars, small_experiment, write_run
@@ -121,8 +122,8 @@ def test_30_layers_train_on_pp4(tmp_path):
     write_run(exp, tmp_path)
     proc = run_ok(tmp_path, 4)
     counts = {int(s): int(n) for _, s, n in PARAM_LINE.findall(proc.stdout)}
-    params = plan.count_parameters(exp.model, 1, 4, exp.parallel.partition_method)
+    params = sizing.count_parameters(exp.model, 1, 4, exp.parallel.partition_method)
     assert counts == dict(enumerate(params.per_stage))
     losses = scalars(tmp_path / "tensorboard", "lm loss")
-    assert sorted(losses) == list(range(1, plan.train_iters(exp) + 1))
+    assert sorted(losses) == list(range(1, run_schedule(exp).train_iters + 1))
     assert losses[max(losses)] < losses[1]

@@ -6,9 +6,8 @@ import dataclasses
 import pytest
 
 from bigscience_ops.config import load_experiment
-from bigscience_ops.plan import (
-    count_parameters, estimate_days, make_plan, padded_vocab_size, valid_node_counts,
-)
+from bigscience_ops.plan import make_plan, valid_node_counts
+from bigscience_ops.sizing import count_parameters, estimate_days, padded_vocab_size
 from bigscience_ops.schedules import BatchSchedule, LRSchedule
 
 
@@ -191,7 +190,14 @@ def test_valid_node_counts_respect_gpus_per_node(tr1) -> None:
 # ----------------------------------------------------------------------------- memory per GPU
 
 from bigscience_ops import sizing  # noqa: E402
-from bigscience_ops.trainer.checkpointing import scheduled_saves  # noqa: E402
+from bigscience_ops.run_schedule import run_schedule  # noqa: E402
+
+
+def saved_step_by_step(exp, last: int) -> list[int]:
+    """The trainer's view of the save rule: SaveSchedule.due asked at every step, plus the final save."""
+    saves = run_schedule(exp).saves
+    steps = [s for s in range(1, last + 1) if saves.due(s)]
+    return steps if steps and steps[-1] == last else steps + [last]
 
 
 def with_parallel(exp, **changes):
@@ -270,7 +276,7 @@ def test_gpu_memory_known_from_constraint(constraint, gb) -> None:
 def test_tr1_13B_schedule_writes_268_checkpoints_of_180GB(tr1) -> None:
     plan = make_plan(tr1)
     st = plan.storage
-    expected = scheduled_saves(plan.train_iters, tr1.checkpoint.save_schedule, tr1.checkpoint.save_interval)
+    expected = saved_step_by_step(tr1, plan.train_iters)
     assert st.saves == len(expected) == 268
     assert round(st.checkpoint_bytes / 1e9) == 180
     assert 48e12 < st.written == 268 * st.checkpoint_bytes < 49e12
@@ -282,7 +288,7 @@ def test_retention_and_backup_bring_it_down(tr1) -> None:
                                  keep_optimizer_every=100_000)
     plan = make_plan(dataclasses.replace(tr1, backup=backup))
     st = plan.storage
-    steps = scheduled_saves(plan.train_iters, tr1.checkpoint.save_schedule, tr1.checkpoint.save_interval)
+    steps = saved_step_by_step(tr1, plan.train_iters)
     kept = set(steps[-3:]) | {s for s in steps if s % 10_000 == 0}
     assert st.kept_on_scratch == len(kept) and st.scratch == len(kept) * st.checkpoint_bytes
     whole = {steps[-1]} | {s for s in steps if s % 100_000 == 0}
@@ -295,6 +301,4 @@ def test_save_steps_match_the_trainer_for_every_experiment() -> None:
     for name in ["tiny", "tr1-13B-short", "gpt-760M", "tr8-104B"]:
         exp = load_experiment(name)
         last = make_plan(exp).train_iters
-        ck = exp.checkpoint
-        assert sizing.save_steps(last, ck.save_schedule, ck.save_interval) == scheduled_saves(
-            last, ck.save_schedule, ck.save_interval), name
+        assert run_schedule(exp).saves.steps(last) == saved_step_by_step(exp, last), name

@@ -14,7 +14,8 @@ import pytest
 from bigscience_ops.config import load_experiment
 
 from bigscience_ops.schema import CurriculumConfig, NodePhase
-from bigscience_ops.plan import batch_schedule, make_plan
+from bigscience_ops.plan import make_plan
+from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.planview import plan_text
 from bigscience_ops.schedules import BatchSchedule, Curriculum
 
@@ -54,7 +55,7 @@ def test_plan_counts_trained_tokens_per_phase_and_token_based_lr_through_the_cur
     seq = exp.model.seq_length
     assert full.tokens == full.full_length_tokens == plan.full_length_tokens == plan.train_samples * seq
     assert full.curriculum_steps is None and plan.curriculum_steps == 36_000
-    counter = Curriculum(64, seq, 8, 36_000).token_counter(batch_schedule(exp))
+    counter = Curriculum(64, seq, 8, 36_000).token_counter(run_schedule(exp).batch)
     assert plan.tokens == counter.through(plan.train_iters) < full.tokens
     assert sum(ph.tokens for ph in plan.phases) == plan.tokens
     assert plan.phases[0].tokens == counter.through(20_000)

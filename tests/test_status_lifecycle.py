@@ -13,7 +13,7 @@ import pytest
 from bigscience_ops import ledger
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops import lifecycle, notify, status
-from bigscience_ops.plan import train_iters
+from bigscience_ops.run_schedule import run_schedule
 from tests.test_notify import plain_server, plain_settings  # noqa: F401  (the real SMTP server fixture)
 from tests.test_status import ITERATION, seed_job
 
@@ -42,7 +42,7 @@ def task(exp, job: str, start: int, end: int | None, code: int | None) -> None:
 
 def test_a_finished_training_is_healthy_and_announced_once(exp, plain_server, tmp_path: Path) -> None:  # noqa: F811
     inbox, port = plain_server
-    total = train_iters(exp)
+    total = run_schedule(exp).train_iters
     task(exp, "100_1", 0, 120, 0)
     task(exp, "100_2", 120, total, 0)
     run = lifecycle.run_state(exp)
@@ -63,7 +63,7 @@ def test_a_training_that_stopped_early_says_how(exp) -> None:
     stopped = status.evaluate(exp.slurm.job_name, [], now=NOW, run=lifecycle.run_state(exp))
     [alert] = stopped.alerts
     assert alert.condition == "not-scheduled" and stopped.exit_code == status.EXIT_ALERT
-    assert f"iteration 120 of {train_iters(exp)}" in alert.message and "exit code 1" in alert.message
+    assert f"iteration 120 of {run_schedule(exp).train_iters}" in alert.message and "exit code 1" in alert.message
 
     task(exp, "100_3", 120, None, None)  # killed: no end record; Slurm's output file says why
     logs = Path(exp.paths.logs)

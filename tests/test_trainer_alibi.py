@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bigscience_ops import plan
+from bigscience_ops import sizing
 from bigscience_ops.checkpoints import convert
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.model import EmbeddingPipe, FinalNorm, GPTShape, SelfAttention, TransformerBlock
@@ -31,12 +31,12 @@ def test_parameter_count_has_no_position_table(tmp_path):
     layers.append(FinalNorm(shape))
     count = sum(p.numel() for layer in layers for p in layer.parameters())
     assert not hasattr(layers[0], "position_embeddings")
-    assert count == plan.count_parameters(exp.model).total
+    assert count == sizing.count_parameters(exp.model).total
     h, positions = exp.model.hidden_size, GPTShape.from_experiment(learned).max_position_embeddings
-    assert plan.count_parameters(learned.model).total - count == positions * h
+    assert sizing.count_parameters(learned.model).total - count == positions * h
     for tensor, pipeline in ((2, 1), (1, 2)):  # the plan's per-rank counts lose the table on the first stage only
-        with_table = plan.count_parameters(learned.model, tensor, pipeline).per_stage
-        without = plan.count_parameters(exp.model, tensor, pipeline).per_stage
+        with_table = sizing.count_parameters(learned.model, tensor, pipeline).per_stage
+        without = sizing.count_parameters(exp.model, tensor, pipeline).per_stage
         assert with_table[0] - without[0] == positions * h and with_table[1:] == without[1:]
 
 

@@ -3,9 +3,9 @@ and resumes at the new size even though the new DP could not split the (past) ra
 
 from __future__ import annotations
 
-from bigscience_ops import plan
 from bigscience_ops.schema import NodePhase
-from bigscience_ops.phases import experiment_phases
+from bigscience_ops import plan
+from bigscience_ops.run_schedule import run_schedule
 from tests.fixtures_trainer import launch, run_ok, scalars, small_experiment, write_run
 
 
@@ -20,13 +20,13 @@ def test_phase_boundary_exit_wrong_size_refused_and_resume_at_the_new_size(tmp_p
     # DP 2 cannot split the rampup's 6, so the old check refused this layout whatever the position.
     exp = small_experiment(tmp_path, train=dict(samples=120), checkpoint=dict(save_interval=100),
                            logging=dict(log_interval=1, eval_interval=100, eval_iters=0))
-    boundary = plan.batch_schedule(exp).rampup_steps + 2
+    boundary = run_schedule(exp).batch.rampup_steps + 2
     exp = small_experiment(tmp_path, train=dict(samples=120), checkpoint=dict(save_interval=100),
                            logging=dict(log_interval=1, eval_interval=100, eval_iters=0),
                            parallel=dict(zero_stage=1),  # DP 1 -> 2 goes through DeepSpeed's universal checkpoint
                            slurm=dict(gpus_per_node=2, nodes=1,
                                       node_schedule=[NodePhase(1), NodePhase(2, from_iteration=boundary)]))
-    first, second = experiment_phases(exp)
+    first, second = run_schedule(exp).phases()
     assert second.first_step == boundary + 1
     assert not plan.make_plan(exp).errors
     write_run(exp, tmp_path)
@@ -41,7 +41,7 @@ def test_phase_boundary_exit_wrong_size_refused_and_resume_at_the_new_size(tmp_p
 
     resumed = run_ok(tmp_path, 4)
     assert f"resumed from {tmp_path / 'checkpoints' / f'global_step{boundary}'}" in resumed.stdout
-    total = plan.train_iters(exp)
+    total = run_schedule(exp).train_iters
     assert checkpoint_steps(tmp_path)[-1] == total
     losses = scalars(tmp_path / "tensorboard", "lm loss")
     assert sorted(losses) == list(range(1, total + 1))

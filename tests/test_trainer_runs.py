@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import plan
+from bigscience_ops.run_schedule import run_schedule
 from tests.fixtures_trainer import (checkpoint_steps, launch, run_ok, scalars, small_experiment, write_run)
 
 GOLDEN = Path(__file__).parent / "assets" / "losses" / "tiny.txt"
@@ -28,7 +28,7 @@ def _read_golden() -> dict[int, float]:
 def test_golden_losses(golden_run):
     exp, out, _ = golden_run
     losses = scalars(out / "tensorboard", "lm loss")
-    assert sorted(losses) == list(range(1, plan.train_iters(exp) + 1))
+    assert sorted(losses) == list(range(1, run_schedule(exp).train_iters + 1))
     if os.environ.get(REGENERATE):
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
         lines = [f"# per-step lm loss of tests/fixtures_trainer.py's golden_run (PP=2, fp32, CPU). "
@@ -43,10 +43,10 @@ def test_golden_losses(golden_run):
 
 def test_rampup_batch_sizes_and_lrs_equal_the_plan(golden_run):
     exp, out, _ = golden_run
-    schedule, lr = plan.batch_schedule(exp), plan.lr_schedule(exp)
+    schedule, lr = run_schedule(exp).batch, run_schedule(exp).lr
     sizes = scalars(out / "tensorboard", "batch-size")
     lrs = scalars(out / "tensorboard", "learning-rate")
-    steps = range(1, plan.train_iters(exp) + 1)
+    steps = range(1, run_schedule(exp).train_iters + 1)
     assert [sizes[s] for s in steps] == [schedule.batch_size_of_step(s) for s in steps]
     assert {4, 6, 8} == set(sizes.values())
     # Megatron logs the LR after its scheduler step: the one for consumed_after(step) samples.
@@ -76,7 +76,7 @@ def test_validation_and_tensorboard_scalars(golden_run):
     assert not scalars(out / "tensorboard", "MFU")  # a CPU's peak is unknown: no made-up MFU
     assert " MFU: " not in proc.stdout
     assert proc.stdout.count(" validation loss at iteration ") == 3
-    assert proc.stdout.count(" iteration ") >= plan.train_iters(exp) // 2
+    assert proc.stdout.count(" iteration ") >= run_schedule(exp).train_iters // 2
 
 
 @pytest.fixture(scope="session")

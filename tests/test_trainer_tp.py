@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bigscience_ops import plan
+from bigscience_ops import sizing
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock
 from bigscience_ops.trainer.tensor_parallel import TensorParallel
@@ -70,7 +70,7 @@ def test_parameters_per_rank_equal_the_plan(tp_runs, golden_run, name, pipeline)
     exp, _, _ = golden_run
     out, procs = tp_runs[name]
     counts = {(int(t), int(p)): int(n) for t, p, n in PARAM_LINE.findall(procs[0].stdout)}
-    per_stage = plan.count_parameters(exp.model, 2, pipeline).per_stage
+    per_stage = sizing.count_parameters(exp.model, 2, pipeline).per_stage
     assert counts == {(t, p): per_stage[p] for t in range(2) for p in range(pipeline)}
 
 

@@ -8,18 +8,19 @@ import re
 import pytest
 import torch
 
-from bigscience_ops.schema import SaveRange
+from bigscience_ops.schedules import SaveSchedule
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.data import SyntheticDataset, sample_indices, step_micro_batches
 from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock, build_sequential, lm_loss
 from bigscience_ops.trainer.report import IterationStats, iteration_line, validation_lines
 from tests.fixtures_trainer import small_experiment
 
-SEED_003 = [SaveRange(until=100, interval=10), SaveRange(until=1000, interval=18)]
+SEED_003 = SaveSchedule(((100, 10), (1000, 18)), 1500)
 
 
 def test_seed_003_interpretability_schedule_in_one_run():
-    saves = ckpt.scheduled_saves(5500, SEED_003, 1500)
+    saves = SEED_003.steps(5500)
+    assert saves == [s for s in range(1, 5501) if SEED_003.due(s)]  # by ranges == step by step
     assert saves[:10] == list(range(10, 101, 10))
     assert saves[10:12] == [118, 136] and 1000 in saves and 982 in saves
     assert [s for s in saves if s > 1000] == [2500, 4000, 5500]
@@ -27,8 +28,9 @@ def test_seed_003_interpretability_schedule_in_one_run():
 
 
 def test_plain_save_interval_is_megatrons_modulo():
-    assert ckpt.scheduled_saves(25, [], 10) == [10, 20, 25]
-    assert ckpt.scheduled_saves(20, [], None) == [20]
+    assert SaveSchedule((), 10).steps(25) == [10, 20, 25]
+    assert SaveSchedule((), None).steps(20) == [20]
+    assert [s for s in range(1, 26) if SaveSchedule((), 10).due(s)] == [10, 20]
 
 
 def _fake_checkpoint(root, step, meta):
@@ -104,7 +106,7 @@ def test_model_init_does_not_depend_on_pipeline_split(tmp_path):
 
 
 def test_parameter_count_matches_plan(tmp_path):
-    from bigscience_ops.plan import count_parameters
+    from bigscience_ops.sizing import count_parameters
 
     exp = small_experiment(tmp_path, model=dict(embed_layernorm=True))
     model = build_sequential(GPTShape.from_experiment(exp), 1)

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.checkpoints.layout import Checkpoint
-from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.run_schedule import RunSchedule, run_schedule
+from bigscience_ops.schema import Experiment
 
 MANIFEST_SUFFIX = ".manifest.json"
 PARTIAL = ".partial"
@@ -78,15 +79,10 @@ def destination(exp: Experiment, to: Path | None) -> Path:
     raise BackupError(f"no backup destination for {exp.name!r}: set backup.dest in the experiment or pass --to DEST")
 
 
-def final_step(exp: Experiment) -> int:
-    from bigscience_ops import plan  # light: no torch
-
-    return plan.train_iters(exp)
-
-
-def keeps_optimizer(exp: Experiment, step: int) -> bool:
+def keeps_optimizer(exp: Experiment, schedule: RunSchedule, step: int) -> bool:
+    """Whether the backup keeps this step's optimizer states: the final step and every keep_optimizer_every-th."""
     every = exp.backup.keep_optimizer_every
-    return step == final_step(exp) or bool(every and step % every == 0)
+    return step == schedule.train_iters or bool(every and step % every == 0)
 
 
 def plan_checkpoint(ckpt: Checkpoint, whole: bool) -> Planned:
@@ -310,11 +306,12 @@ def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
         raise BackupError(f"backup destination {dest} is inside the checkpoints folder {scratch}; choose another store")
     progress = progress or Progress()
     report = Report(dest)
+    schedule = run_schedule(exp)
     for ckpt in layout.complete_checkpoints(scratch):
         if is_backed_up(dest, ckpt.tag):
             report.already.append(ckpt.tag)
             continue
-        report.planned.append(plan_checkpoint(ckpt, keeps_optimizer(exp, ckpt.step)))
+        report.planned.append(plan_checkpoint(ckpt, keeps_optimizer(exp, schedule, ckpt.step)))
     if not dry_run:
         dest.mkdir(parents=True, exist_ok=True)
         for plan in report.planned:

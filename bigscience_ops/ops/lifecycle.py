@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops import ledger, slurm
+from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 
 # slurmstepd's line in the job's output file when Slurm ends a job.
@@ -34,8 +35,6 @@ class RunState:
 
 
 def run_state(exp: Experiment, timeout: float = 30.0) -> RunState:
-    from bigscience_ops.plan import train_iters
-
     output = Path(exp.paths.output)
     iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
     history = ledger.attempts(ledger.read(output / ledger.LEDGER_NAME))
@@ -43,7 +42,7 @@ def run_state(exp: Experiment, timeout: float = 30.0) -> RunState:
     ended = None
     if last is not None:
         ended = _sacct_state(last.job_id, timeout) or _ledger_and_output_state(exp, last)
-    return RunState(iteration, train_iters(exp), last, ended)
+    return RunState(iteration, run_schedule(exp).train_iters, last, ended)
 
 
 def _sacct_state(job_id: str, timeout: float) -> str | None:

@@ -27,28 +27,6 @@ class CheckpointError(BsopsError):
     """A checkpoint folder cannot be resumed from: names the folder, what is wrong, and what to do."""
 
 
-def save_due(step: int, save_schedule: list, save_interval: int | None) -> bool:
-    """Whether step `step` (1-based) is saved by the schedule.
-
-    Each range of `save_schedule` covers the steps after the previous range's `until` up to its own
-    `until`, and saves at previous_until + k * interval (the tr1-13B notes' 10 to 100, then 18 to 1000 lands
-    on 1000). After the last range `save_interval` applies the same way, counted from that range's
-    end; with no ranges it is Megatron's `step % save_interval == 0`.
-    """
-    start = 0
-    for rng in save_schedule:
-        if step <= rng.until:
-            return (step - start) % rng.interval == 0
-        start = rng.until
-    return save_interval is not None and (step - start) % save_interval == 0
-
-
-def scheduled_saves(last_step: int, save_schedule: list, save_interval: int | None) -> list[int]:
-    """Every step the schedule saves, up to `last_step`, plus `last_step` itself (the final save)."""
-    steps = [s for s in range(1, last_step + 1) if save_due(s, save_schedule, save_interval)]
-    return steps if steps and steps[-1] == last_step else steps + [last_step]
-
-
 @dataclass(frozen=True)
 class Resume:
     tag: str

@@ -45,6 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kernels as fused
+from bigscience_ops.sizing import padded_vocab_size
 from bigscience_ops.trainer.tensor_parallel import (SINGLE, TensorParallel, copy_to_tp, mark_tensor_parallel,
                                                     reduce_from_tp, tp_region_rng, vocab_parallel_cross_entropy)
 from kernels.softmax import alibi_slopes
@@ -70,8 +71,6 @@ class GPTShape:
 
     @classmethod
     def from_experiment(cls, exp) -> GPTShape:
-        from bigscience_ops.plan import padded_vocab_size
-
         m = exp.model
         return cls(
             num_layers=m.num_layers,

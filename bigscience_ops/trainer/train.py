@@ -40,12 +40,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bigscience_ops import phases, plan
+from bigscience_ops import sizing
 from bigscience_ops.checkpoints import universal
 from bigscience_ops.config import to_dict
-from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.schedules import Curriculum, LRSchedule, in_skip_range, parse_skip_ranges
+from bigscience_ops.run_schedule import RunSchedule, run_schedule
+from bigscience_ops.schedules import LRSchedule, in_skip_range
+from bigscience_ops.schema import Experiment
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer import tensor_parallel
 from bigscience_ops.trainer.data import MicroBatchFeed, build_datasets
@@ -185,28 +186,24 @@ def _any_rank(device: torch.device, *flags: bool) -> list[bool]:
 
 class Trainer:
     def __init__(self, exp: Experiment, ds_config: dict, synthetic_data: bool = False,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, schedule: RunSchedule | None = None) -> None:
         self.exp = exp
         self.ds_config = ds_config
         self.synthetic_data = synthetic_data
         self.device = device or torch.device("cpu")
         self.peak_tflops = peak_tflops(exp.estimate.peak_tflops, self.device)
-        self.schedule = plan.batch_schedule(exp)
-        self.lr = plan.lr_schedule(exp)
-        self.curriculum = None
-        if exp.curriculum is not None:  # token-based LR settings then count the tokens really trained on
-            c = exp.curriculum
-            self.curriculum = Curriculum(c.min_difficulty, exp.model.seq_length, c.difficulty_step,
-                                         c.total_curriculum_step)
-            self.lr = dataclasses.replace(self.lr, warmup_tokens=exp.lr_schedule.warmup_tokens,
-                                          decay_tokens=exp.lr_schedule.decay_tokens)
-        self.skip_ranges = parse_skip_ranges(exp.train.skip_iterations)
+        # The schedules the plan showed, computed by the same function (or handed over already built).
+        self.run_schedule = schedule or run_schedule(exp)
+        self.schedule = self.run_schedule.batch
+        self.lr = self.run_schedule.lr  # replaced by the checkpoint's on resume unless lr_schedule.override_on_resume
+        self.curriculum = self.run_schedule.curriculum
+        self.skip_ranges = list(self.run_schedule.skip_ranges)
         self._engine_seqlen: int | None = None  # the activation shape the pipeline engine last exchanged
         self._feed_stale = False  # a skipped iteration moved the data position past the feed's
-        self.train_iters = plan.train_iters(exp)
+        self.train_iters = self.run_schedule.train_iters
         self.shape = GPTShape.from_experiment(exp)
-        self.params = plan.count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline).total
-        self.flops_per_token = plan.model_flops_per_token(exp.model, self.params)
+        self.params = sizing.count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline).total
+        self.flops_per_token = sizing.model_flops_per_token(exp.model, self.params)
         self.state = TrainState()
         self.checkpoints = Path(exp.paths.checkpoints)
         self.last_saved: int | None = None
@@ -225,10 +222,8 @@ class Trainer:
         self.dp = world // model_parallel
         resume = ckpt.find_resume(self.checkpoints)
         done = int(resume.meta["iteration"]) if resume is not None else 0
-        consumed = self.schedule.consumed_after(done)
-        node_phases = phases.node_phases(exp.slurm, self.schedule)
-        phase = phases.phase_at(node_phases, consumed)
-        self.next_phase = phases.next_boundary(node_phases, consumed)
+        phase = self.run_schedule.phase_of_iteration(done)
+        self.next_phase = self.run_schedule.next_phase(done)
         gpn = exp.slurm.gpus_per_node
         if exp.slurm.node_schedule and world != phase.nodes * gpn:
             raise TrainerError(f"slurm.node_schedule: the run resumes at iteration {done} in {phase.describe()}: "
@@ -236,7 +231,7 @@ class Trainer:
                                f"launch it at the phase's size (bsops launch and the array tasks pick it)")
         last = min(self.train_iters, self.next_phase.first_step - 1 if self.next_phase else self.train_iters)
         mbs = exp.batch.micro_batch_size
-        for step_gbs in phases.batch_sizes_of_steps(self.schedule, done + 1, last):
+        for step_gbs in self.schedule.sizes_of_steps(done + 1, last):
             if step_gbs % (mbs * self.dp):
                 raise TrainerError(f"batch: global batch size {step_gbs} (steps {done + 1} to {last}) is not divisible "
                                    f"by micro_batch_size x DP = {mbs} x {self.dp}; run `bsops plan {exp.name}` for "
@@ -264,7 +259,7 @@ class Trainer:
             activation_checkpoint_interval=1 if exp.parallel.activation_checkpointing else 0,
             checkpointable_layers=["TransformerBlock"],
         )
-        planned = plan.count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline,
+        planned = sizing.count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline,
                                         exp.parallel.partition_method).parts
         if list(module.parts) != list(planned):
             raise TrainerError(f"parallel.partition_method {exp.parallel.partition_method!r}: DeepSpeed split the "
@@ -576,7 +571,7 @@ class Trainer:
 
             if log.eval_iters > 0 and it % log.eval_interval == 0 and it < self.train_iters:
                 self._validate(it)
-            if ckpt.save_due(it, ck.save_schedule, ck.save_interval):
+            if self.run_schedule.saves.due(it):
                 self.save()
             if ck.exit_interval is not None and it % ck.exit_interval == 0 and it < self.train_iters:
                 return f"exit interval {ck.exit_interval} reached: saved and exiting"

@@ -7,20 +7,17 @@ samples through the batch-size rampup), so every step belongs to exactly one pha
 saves and exits at that boundary; the next array task runs at the new size. Without a schedule the
 run is one phase of `slurm.nodes`.
 
-Pure Python (no torch): the plan, the launch, the task hooks and the trainer share these.
+Pure Python (no torch): the run schedule (run_schedule.py) computes the phases once; the plan, the
+launch, the task hooks and the trainer read them there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from bigscience_ops.schedules import BatchSchedule
-
-if TYPE_CHECKING:
-    from bigscience_ops.schema import Experiment, SlurmConfig
+from bigscience_ops.schema import Experiment, SlurmConfig
 
 
 @dataclass(frozen=True)
@@ -78,72 +75,3 @@ def next_boundary(phases: list[Phase], consumed_samples: int) -> Phase | None:
 def for_phase(exp: Experiment, phase: Phase) -> Experiment:
     """The experiment as an array of this phase runs it: slurm.nodes is the phase's node count."""
     return dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, nodes=phase.nodes))
-
-
-def experiment_phases(exp: Experiment) -> list[Phase]:
-    from bigscience_ops.plan import batch_schedule
-
-    return node_phases(exp.slurm, batch_schedule(exp))
-
-
-def phase_of_iteration(exp: Experiment, iteration: int) -> Phase:
-    """The phase of a run whose latest checkpoint is at `iteration` (consumed samples follow from the steps)."""
-    from bigscience_ops.plan import batch_schedule
-
-    schedule = batch_schedule(exp)
-    return phase_at(node_phases(exp.slurm, schedule), schedule.consumed_after(iteration))
-
-
-@dataclass(frozen=True)
-class PhasePlan:
-    """One phase as the plan shows it: its steps, the batch sizes they use, tokens and days."""
-
-    phase: Phase
-    world_size: int
-    dp: float
-    first_step: int
-    last_step: int  # first_step - 1 when the training ends before the phase starts
-    samples: int
-    tokens: int
-    days: float
-    days_seed_rounded: float
-    batch_sizes: tuple[int, ...]  # every global batch size of the phase's steps
-
-    @property
-    def steps(self) -> int:
-        return max(0, self.last_step - self.first_step + 1)
-
-
-def batch_sizes_of_steps(schedule: BatchSchedule, first: int, last: int) -> tuple[int, ...]:
-    """The distinct global batch sizes of steps first..last (1-based, inclusive)."""
-    sizes = {inc.global_batch_size for inc in schedule.increments()
-             if inc.first_step <= last and inc.first_step + inc.steps - 1 >= first}
-    if last > schedule.rampup_steps and last >= first:
-        sizes.add(schedule.global_batch_size)
-    return tuple(sorted(sizes))
-
-
-def plan_phases(exp: Experiment, schedule: BatchSchedule, train_iters: int, params: int, seed_rounded_params: int,
-                model_parallel: int, tokens_through: Callable[[int], int] | None = None) -> list[PhasePlan]:
-    """Steps, tokens and days of each phase (days at estimate.tflops_per_gpu on the phase's GPUs).
-
-    `tokens_through(step)`: tokens trained in steps 1..step when samples are not all full length
-    (curriculum learning); by default every sample has model.seq_length tokens.
-    """
-    from bigscience_ops.sizing import estimate_days
-
-    phases = node_phases(exp.slurm, schedule)
-    out = []
-    for phase, following in zip(phases, phases[1:] + [None]):
-        last = min(train_iters, following.first_step - 1 if following else train_iters)
-        samples = max(0, schedule.consumed_after(max(last, phase.first_step - 1)) - phase.start_samples)
-        tokens = samples * exp.model.seq_length
-        if tokens_through is not None:
-            tokens = max(0, tokens_through(last) - tokens_through(phase.first_step - 1))
-        world = phase.nodes * exp.slurm.gpus_per_node
-        tflops = exp.estimate.tflops_per_gpu
-        out.append(PhasePlan(phase, world, world / model_parallel, phase.first_step, last, samples, tokens,
-                             estimate_days(tokens, params, world, tflops),
-                             estimate_days(tokens, seed_rounded_params, world, tflops),
-                             batch_sizes_of_steps(schedule, phase.first_step, last)))
-    return out

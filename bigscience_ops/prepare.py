@@ -1,0 +1,62 @@
+"""The start every launch shares, local or on Slurm: the run schedule, the phase, the checked plan, the data.
+
+`prepare_launch` computes the experiment's RunSchedule once, picks the node phase the latest
+checkpoint is in (with a node schedule: the job asks for that phase's node count), and makes the
+plan of the experiment as launched, refusing it when the plan finds errors. launch.py runs the
+result on this machine, submit.py sends it to Slurm; both render it with the plan made here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigscience_ops.data.corpus import ensure_bundled_corpus
+from bigscience_ops.errors import BsopsError, PlanError
+from bigscience_ops.ledger import latest_iteration
+from bigscience_ops.node_schedule import Phase, for_phase
+from bigscience_ops.plan import Plan, make_plan
+from bigscience_ops.run_schedule import RunSchedule, run_schedule
+from bigscience_ops.schema import Experiment
+
+
+class DatasetMissing(BsopsError):
+    """A dataset of the experiment is missing: names the blend entry, its prefix and what to do."""
+
+
+@dataclass(frozen=True)
+class PreparedLaunch:
+    experiment: Experiment  # as launched: slurm.nodes is the phase's node count under a node schedule
+    schedule: RunSchedule
+    plan: Plan  # of `experiment`; holds no errors
+    iteration: int  # the latest checkpoint's (0 before the first save)
+    phase: Phase | None  # the node schedule's phase the launch trains in (None without a schedule)
+
+
+def prepare_launch(exp: Experiment, schedule: RunSchedule | None = None) -> PreparedLaunch:
+    """The experiment as the next launch runs it, with its plan; raises PlanError when the plan finds errors."""
+    schedule = schedule or run_schedule(exp)
+    iteration = latest_iteration(Path(exp.paths.checkpoints))
+    phase = None
+    if exp.slurm.node_schedule:
+        phase = schedule.phase_of_iteration(iteration)
+        exp = for_phase(exp, phase)
+    plan = make_plan(exp, schedule)
+    if plan.errors:
+        raise PlanError(plan.errors)
+    return PreparedLaunch(exp, schedule, plan, iteration, phase)
+
+
+def ensure_data(exp: Experiment) -> None:
+    """Build the bundled corpus when the experiment trains on it; any other missing dataset is an error."""
+    for i, source in enumerate(exp.data.blend):
+        prefix = Path(source.prefix)
+        if Path(f"{prefix}.bin").is_file() and Path(f"{prefix}.idx").is_file():
+            continue
+        if prefix.name == "tiny_text_document":
+            built = ensure_bundled_corpus(prefix.parent)
+            if Path(built) != prefix:
+                raise DatasetMissing(f"data.blend[{i}].prefix: got {source.prefix}; the bundled corpus builds {built}")
+            continue
+        raise DatasetMissing(f"data.blend[{i}].prefix: got {source.prefix}; no {prefix}.bin/.idx there "
+                        "(preprocess the data first)")
