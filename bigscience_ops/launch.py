@@ -27,7 +27,8 @@ from pathlib import Path
 from bigscience_ops import render as rendering
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ledger import latest_iteration
-from bigscience_ops.prepare import ensure_data, prepare_launch
+from bigscience_ops.data.corpus import ensure_data
+from bigscience_ops.prepare import prepare_launch
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 

@@ -3,7 +3,8 @@
 `prepare_launch` computes the experiment's RunSchedule once, picks the node phase the latest
 checkpoint is in (with a node schedule: the job asks for that phase's node count), and makes the
 plan of the experiment as launched, refusing it when the plan finds errors. launch.py runs the
-result on this machine, submit.py sends it to Slurm; both render it with the plan made here.
+result on this machine, submit.py sends it to Slurm; both render it with the plan made here, and
+both build missing bundled data with data.corpus.ensure_data.
 """
 
 from __future__ import annotations
@@ -11,17 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops.data.corpus import ensure_bundled_corpus
-from bigscience_ops.errors import BsopsError, PlanError
+from bigscience_ops.errors import PlanError
 from bigscience_ops.ledger import latest_iteration
 from bigscience_ops.node_schedule import Phase, for_phase
 from bigscience_ops.plan import Plan, make_plan
 from bigscience_ops.run_schedule import RunSchedule, run_schedule
 from bigscience_ops.schema import Experiment
-
-
-class DatasetMissing(BsopsError):
-    """A dataset of the experiment is missing: names the blend entry, its prefix and what to do."""
 
 
 @dataclass(frozen=True)
@@ -45,18 +41,3 @@ def prepare_launch(exp: Experiment, schedule: RunSchedule | None = None) -> Prep
     if plan.errors:
         raise PlanError(plan.errors)
     return PreparedLaunch(exp, schedule, plan, iteration, phase)
-
-
-def ensure_data(exp: Experiment) -> None:
-    """Build the bundled corpus when the experiment trains on it; any other missing dataset is an error."""
-    for i, source in enumerate(exp.data.blend):
-        prefix = Path(source.prefix)
-        if Path(f"{prefix}.bin").is_file() and Path(f"{prefix}.idx").is_file():
-            continue
-        if prefix.name == "tiny_text_document":
-            built = ensure_bundled_corpus(prefix.parent)
-            if Path(built) != prefix:
-                raise DatasetMissing(f"data.blend[{i}].prefix: got {source.prefix}; the bundled corpus builds {built}")
-            continue
-        raise DatasetMissing(f"data.blend[{i}].prefix: got {source.prefix}; no {prefix}.bin/.idx there "
-                        "(preprocess the data first)")

@@ -20,7 +20,7 @@ from bigscience_ops import __version__
 from bigscience_ops.config import to_dict
 from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import BsopsError, PlanError
-from bigscience_ops.plan import Plan, make_plan
+from bigscience_ops.plan import Plan
 from bigscience_ops.resources import bundled
 from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, control_allowed, control_character
 
@@ -114,13 +114,12 @@ def script_name(exp: Experiment) -> str:
     return f"{exp.name}.slurm"
 
 
-def render(exp: Experiment, out_dir: Path, plan: Plan | None = None) -> Rendered:
+def render(exp: Experiment, out_dir: Path, plan: Plan) -> Rendered:
     """Render the job script for `out_dir`, where it will find experiment.json and ds_config.json.
 
-    `plan` is exp's plan when the caller made it already (prepare_launch). Raises PlanError when the
-    plan finds errors: nothing invalid is rendered.
+    `plan` is exp's plan (prepare.prepare_launch makes both); raises PlanError when it holds errors:
+    nothing invalid is rendered.
     """
-    plan = plan or make_plan(exp)
     if plan.errors:
         raise PlanError(plan.errors)
     out_dir = Path(out_dir).resolve()

@@ -28,7 +28,7 @@ from bigscience_ops import ledger, render as rendering, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.node_schedule import Phase
 from bigscience_ops.ops.status import QUEUED_STATES
-from bigscience_ops.prepare import ensure_data, prepare_launch
+from bigscience_ops.prepare import prepare_launch
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 
@@ -94,6 +94,8 @@ def submit(plan: LaunchPlan, *, fresh_budget: bool = True) -> str:
     """Write the run record, submit, record Slurm's answer and (unless told not to) start a fresh failure budget."""
     if plan.run_dir.exists():
         raise LaunchError(f"run record {plan.run_dir} already exists; launch again in a second")
+    from bigscience_ops.data.corpus import ensure_data  # numpy: only a real submission builds data
+
     ensure_data(plan.experiment)
     rendering.write(plan.rendered, plan.run_dir)
     Path(plan.experiment.paths.logs).mkdir(parents=True, exist_ok=True)  # sbatch --output needs it

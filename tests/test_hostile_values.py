@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from bigscience_ops import render as rendering
 from bigscience_ops.cli import EXIT_ERROR, main
+from bigscience_ops.plan import make_plan
 from bigscience_ops.config import load_experiment
 from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import ConfigError
@@ -50,7 +51,7 @@ def _replace(exp: Experiment, dotted: str, value: object) -> Experiment:
 def _render_training(dotted: str) -> Callable[[str, Path], str]:
     def render(value: str, tmp_path: Path) -> str:
         exp = _replace(load_experiment("tr1-13B"), dotted, value)
-        return rendering.render(exp, tmp_path / "out").files["tr1-13B.slurm"]
+        return rendering.render(exp, tmp_path / "out", make_plan(exp)).files["tr1-13B.slurm"]
     return render
 
 
@@ -119,10 +120,11 @@ def test_renderers_accept_the_same_field_without_control_characters(case: str, t
 def test_env_setup_items_are_one_shell_line_each(tmp_path: Path) -> None:
     exp = load_experiment("tr1-13B")
     with_tab = _replace(exp, "slurm.env_setup", ["export A=1\t# aligned"])
-    assert "export A=1\t# aligned\n" in rendering.render(with_tab, tmp_path).files["tr1-13B.slurm"]
+    assert "export A=1\t# aligned\n" in rendering.render(with_tab, tmp_path, make_plan(with_tab)).files["tr1-13B.slurm"]
     for bad in ("export A=1\ntouch /tmp/pwned", "export A=1\r", "export A=\x1b[2J"):
         with pytest.raises(rendering.RenderError):
-            rendering.render(_replace(exp, "slurm.env_setup", [bad]), tmp_path)
+            bad_exp = _replace(exp, "slurm.env_setup", [bad])
+            rendering.render(bad_exp, tmp_path, make_plan(bad_exp))
 
 
 def _write_experiment(trainings: Path, name: str, dotted: str, value: object) -> None:

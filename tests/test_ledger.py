@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import ledger, render as rendering
+from bigscience_ops.plan import make_plan
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import BsopsError
 from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
@@ -59,7 +60,7 @@ def test_job_script_stops_a_crash_loop(tmp_path: Path, trainings: Path, plain_se
         f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
         f"smtp_port: {port}, smtp_security: none}}\n")
     exp = load_experiment("loop", trainings)
-    script = rendering.write(rendering.render(exp, tmp_path / "r"), tmp_path / "r")
+    script = rendering.write(rendering.render(exp, tmp_path / "r", make_plan(exp)), tmp_path / "r")
     env = install_shims(tmp_path, torchrun_exit=1)  # the trainer crashes at once, saving nothing
     env["BSOPS_LOCAL_LAUNCH"] = "1"  # made-up Slurm ids: nothing to scancel
     codes = []

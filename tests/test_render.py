@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import render as rendering
+from bigscience_ops.plan import make_plan
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import PlanError
 
@@ -24,7 +25,8 @@ GOLDEN = Path(__file__).parent / "assets" / "golden"
 @pytest.mark.parametrize("name", ["tr1-13B", "tr8-104B"])
 def test_golden_scripts(name: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    rendered = rendering.render(load_experiment(name), out)
+    exp = load_experiment(name)
+    rendered = rendering.render(exp, out, make_plan(exp))
     text = {k: v.replace(str(out.resolve()), "<OUT>") for k, v in rendered.files.items()}
     golden = {f"{name}.slurm": GOLDEN / f"{name}.slurm", "ds_config.json": GOLDEN / f"{name}.ds_config.json"}
     if os.environ.get("BSOPS_REGENERATE"):
@@ -36,7 +38,7 @@ def test_golden_scripts(name: str, tmp_path: Path) -> None:
 
 def test_script_has_array_resources_and_derived_exit(tmp_path: Path) -> None:
     exp = load_experiment("tr1-13B")
-    script = rendering.render(exp, tmp_path).files["tr1-13B.slurm"]
+    script = rendering.render(exp, tmp_path, make_plan(exp)).files["tr1-13B.slurm"]
     assert "#SBATCH --array=1-10%1\n" in script
     assert "#SBATCH --nodes=16\n" in script and "#SBATCH --gres=gpu:4\n" in script
     assert "#SBATCH --partition=gpu_p13\n" in script and "#SBATCH --account=six@gpu\n" in script
@@ -47,13 +49,14 @@ def test_script_has_array_resources_and_derived_exit(tmp_path: Path) -> None:
 
 def test_deepspeed_json_from_config(tmp_path: Path) -> None:
     exp = load_experiment("tr1-13B")
-    ds = json.loads(rendering.render(exp, tmp_path).files["ds_config.json"])
+    ds = json.loads(rendering.render(exp, tmp_path, make_plan(exp)).files["ds_config.json"])
     assert ds["train_micro_batch_size_per_gpu"] == 1 and ds["train_batch_size"] == 1024
     assert ds["zero_optimization"] == {"stage": 1}
     assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0 and not ds["bf16"]["enabled"]
     assert ds["gradient_clipping"] == 1.0
     assert "activation_checkpointing" in ds
-    tiny = json.loads(rendering.render(load_experiment("tiny"), tmp_path).files["ds_config.json"])
+    tiny_exp = load_experiment("tiny")
+    tiny = json.loads(rendering.render(tiny_exp, tmp_path, make_plan(tiny_exp)).files["ds_config.json"])
     assert not tiny["fp16"]["enabled"] and not tiny["bf16"]["enabled"]
     assert "activation_checkpointing" not in tiny
 
@@ -62,7 +65,7 @@ def test_experiment_json_reloads(tmp_path: Path) -> None:
     from bigscience_ops.config import from_dict, to_dict
 
     exp = load_experiment("tr8-104B")
-    data = json.loads(rendering.render(exp, tmp_path).files["experiment.json"])
+    data = json.loads(rendering.render(exp, tmp_path, make_plan(exp)).files["experiment.json"])
     assert to_dict(from_dict(data)) == to_dict(exp)
 
 
@@ -72,7 +75,7 @@ def test_invalid_plan_is_not_rendered(tmp_path: Path) -> None:
     exp = load_experiment("tr1-13B")
     exp = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, nodes=64, node_schedule=[]))  # one phase
     with pytest.raises(PlanError) as err:
-        rendering.render(exp, tmp_path)
+        rendering.render(exp, tmp_path, make_plan(exp))
     assert err.value.problems[0].field == "batch.rampup"
 
 
@@ -119,7 +122,7 @@ def test_hostile_values_pass_through_unchanged(tmp_path: Path, trainings: Path) 
     exp = load_experiment("evil", trainings)
     assert exp.slurm.job_name == HOSTILE
     out = tmp_path / f"out {HOSTILE}"
-    script = rendering.write(rendering.render(exp, out), out)
+    script = rendering.write(rendering.render(exp, out, make_plan(exp)), out)
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True, timeout=30).returncode == 0
 
     env = install_shims(tmp_path)

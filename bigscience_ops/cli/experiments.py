@@ -143,10 +143,12 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
 def render(exp: str, out: Path | None, trainings_dir: Path | None) -> None:
     """Render EXP's Slurm job-array script and DeepSpeed JSON (refused if the plan finds errors)."""
     from bigscience_ops import render as rendering
+    from bigscience_ops.prepare import prepare_launch
 
     experiment = load_experiment(exp, trainings_dir)
     out = out or Path("rendered") / experiment.name
-    script = rendering.write(rendering.render(experiment, out), out)
+    prepared = prepare_launch(experiment)  # what a launch would submit now: the phase of the latest checkpoint
+    script = rendering.write(rendering.render(prepared.experiment, out, prepared.plan), out)
     click.echo(f"rendered {script}")
     click.echo(f"submit with: sbatch {script}   (or: bsops launch {exp})")
 

@@ -15,6 +15,7 @@ from bigscience_ops.data.locks import build_lock
 from bigscience_ops.data.preprocess import output_prefix_for, preprocess
 from bigscience_ops.data.tokenizer import TokenizerSpec
 from bigscience_ops.resources import bundled
+from bigscience_ops.schema import Experiment
 
 CORPUS_DIR = bundled("corpus")
 CORPUS_FILE = CORPUS_DIR / "kjv.jsonl.xz"
@@ -49,3 +50,18 @@ def ensure_bundled_corpus(out_dir: str | os.PathLike) -> str:
             preprocess([CORPUS_FILE], str(out / NAME), bundled_tokenizer(), ("text",),
                        append_eod=True, workers=1, strict=True)
     return prefix
+
+
+def ensure_data(exp: Experiment) -> None:
+    """Build the bundled corpus when the experiment trains on it; any other missing dataset is an error."""
+    for i, source in enumerate(exp.data.blend):
+        prefix = Path(source.prefix)
+        if Path(f"{prefix}.bin").is_file() and Path(f"{prefix}.idx").is_file():
+            continue
+        if prefix.name == "tiny_text_document":
+            built = ensure_bundled_corpus(prefix.parent)
+            if Path(built) != prefix:
+                raise DataError(f"data.blend[{i}].prefix: got {source.prefix}; the bundled corpus builds {built}")
+            continue
+        raise DataError(f"data.blend[{i}].prefix: got {source.prefix}; no {prefix}.bin/.idx there "
+                        "(preprocess the data first)")
