@@ -214,7 +214,8 @@ def test_a_copy_of_tiny_resolves_against_its_project_folder_from_any_folder(proj
     """)
     corpus = resources.bundled("corpus").resolve()
     # The project has no corpus/: the inputs are the bundled corpus's; the outputs are the project's.
-    assert _resolved(load_experiment("tiny", project / "trainings")) == _expected(corpus.parent, project / "runs" / "tiny")
+    copy = load_experiment("tiny", project / "trainings")
+    assert _resolved(copy) == _expected(corpus.parent, project / "runs" / "tiny")
     mine = load_experiment("mine", project / "trainings")
     assert _resolved(mine) == _expected(corpus.parent, project / "scratch" / "mine", project / "backups" / "mine",
                                         project / "index-cache")
@@ -261,4 +262,5 @@ def test_bundled_tiny_resolves_alike_for_every_install_kind(kind: str, project: 
     assert _resolved(load_experiment("tiny")) == _expected(data, here / "runs" / "tiny")
     # Named by its path, from the project folder: the same rule, not the project's.
     monkeypatch.chdir(project)
-    assert _resolved(load_experiment(str(data / "trainings" / "tiny.yaml"))) == _expected(data, project / "runs" / "tiny")
+    by_path = load_experiment(str(data / "trainings" / "tiny.yaml"))
+    assert _resolved(by_path) == _expected(data, project / "runs" / "tiny")
