@@ -5,6 +5,17 @@ the declared types (`10e6` for an int, `6e-5` for a float), unknown keys are rej
 valid ones, and every error names the file, the field path, the value and what is allowed.
 Values left out that follow from others (ffn size, paths, job name, exit duration) are derived
 once here and recorded in `Experiment.derived`, so nothing derived is typed twice.
+
+Where relative paths resolve, for every command and every install kind: against the experiment
+file's project folder, the folder that holds its trainings/ folder, wherever the command runs from.
+That holds for inputs (data.blend prefixes, tokenizer files) and outputs (paths.*, the kill switch,
+backup.dest, data.cache_dir) alike, so a cron job or an on-call check finds the run the launch
+made. An input under corpus/ that the project folder does not have is the bundled corpus's file (an
+experiment copied from `tiny` trains on it and converts with its tokenizer). bsops' own experiments,
+in a bundled trainings/ folder (source checkout, editable or wheel install, $BSOPS_DATA_DIR), read
+their inputs there and write their outputs under the current folder (runs/NAME): bsops' folder is
+no place for runs. Loading makes every path absolute, so job scripts and experiment.json never
+depend on the folder a job runs in.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from typing import Any
 
 from bigscience_ops import sizing
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.resources import bundled, is_installed_copy
+from bigscience_ops.resources import ResourceError, bundled, is_bundled
 from bigscience_ops.schedules import parse_skip_ranges
 from bigscience_ops.schema import Experiment, NodePhase
 from bigscience_ops.slurm import parse_time_limit
@@ -63,10 +74,18 @@ def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
     path = experiment_path(name, trainings_dir)
     raw, origins = _read_with_bases(path, trainings_dir or path.parent, chain=())
     raw.pop("base", None)
-    root = path.resolve().parent.parent
-    # The bundled experiments of an installed bsops read the bundled corpus but write under ./ (runs/NAME).
-    output_root = Path.cwd() if is_installed_copy(path) else root
-    return _build(path.stem, raw, origins, str(path), root, output_root)
+    return _build(path.stem, raw, origins, str(path), project_folder(path), outputs_folder(path))
+
+
+def project_folder(experiment_file: Path) -> Path:
+    """The folder the experiment file's relative paths resolve against: the one holding its trainings/ folder."""
+    return Path(experiment_file).resolve().parent.parent
+
+
+def outputs_folder(experiment_file: Path) -> Path:
+    """The folder its relative outputs resolve against: the project folder, or for one of bsops' own
+    (bundled) experiments, whatever the install kind, the current folder."""
+    return Path.cwd() if is_bundled(experiment_file) else project_folder(experiment_file)
 
 
 def _read_with_bases(path: Path, trainings_dir: Path, chain: tuple[str, ...]) -> tuple[dict, dict]:
@@ -235,6 +254,24 @@ def _resolve_path(value: str, root: Path) -> str:
     return str(path if path.is_absolute() else root / path)
 
 
+def _resolve_input(value: str, root: Path, prefix: bool = False) -> str:
+    """An input path: against `root`, unless it is under corpus/ and `root` lacks it, then the bundled corpus's.
+
+    `prefix` is a dataset prefix, there when its .bin or .idx is (or, before a first build, nowhere).
+    """
+    path = Path(value).expanduser()
+    here = Path(_resolve_path(value, root))
+    if path.is_absolute() or path.parts[:1] != ("corpus",):
+        return str(here)
+    if here.exists() or prefix and any(Path(f"{here}{ext}").exists() for ext in (".bin", ".idx")):
+        return str(here)
+    try:
+        corpus = bundled("corpus").resolve()
+    except ResourceError:
+        return str(here)
+    return str(corpus.joinpath(*path.parts[1:]))
+
+
 def _build(name: str, raw: dict, origins: dict, source: str, root: Path, output_root: Path | None = None) -> Experiment:
     if "name" in raw and raw["name"] != name:
         raise ConfigError(source, "name", raw["name"], f"the name is the file name ({name!r}); remove the key")
@@ -249,8 +286,9 @@ def _build(name: str, raw: dict, origins: dict, source: str, root: Path, output_
 def derive(exp: Experiment, root: Path, source: str = "", output_root: Path | None = None) -> Experiment:
     """Fill every field left out that follows from others, and record which were filled.
 
-    Relative paths are resolved against `root` (the folder holding trainings/), those of outputs
-    (paths.*, the kill switch, the backup and index cache folders) against `output_root` when given.
+    Relative inputs resolve against `root` (the project folder, holding trainings/; see the module's
+    docstring for corpus/), those of outputs (paths.*, the kill switch, the backup and index cache
+    folders) against `output_root` (`root` when not given).
     """
     out_root = output_root or root
     derived: list[str] = []
@@ -272,9 +310,9 @@ def derive(exp: Experiment, root: Path, source: str = "", output_root: Path | No
                                           for k in ("checkpoints", "tensorboard", "logs", "codecarbon")})
     data = dataclasses.replace(
         exp.data,
-        blend=[dataclasses.replace(d, prefix=_resolve_path(d.prefix, root)) for d in exp.data.blend],
+        blend=[dataclasses.replace(d, prefix=_resolve_input(d.prefix, root, prefix=True)) for d in exp.data.blend],
         tokenizer=dataclasses.replace(exp.data.tokenizer, **{
-            k: _resolve_path(v, root) for k in ("vocab_file", "merges_file", "json_file")
+            k: _resolve_input(v, root) for k in ("vocab_file", "merges_file", "json_file")
             if (v := getattr(exp.data.tokenizer, k)) is not None}),
         cache_dir=None if exp.data.cache_dir is None else _resolve_path(exp.data.cache_dir, out_root),
     )

@@ -3,7 +3,7 @@
 In a source checkout they are the top-level folders beside the package. A `pip install .` copies
 them into the package as `bigscience_ops/bundled/<name>/` (pyproject.toml maps them there), so an
 installed bsops finds them with no source tree. `$BSOPS_DATA_DIR` names another folder holding
-them (a site's shared copy); it wins over both.
+them (a site's shared copy); it wins over both. An editable install finds them in its checkout.
 """
 
 from __future__ import annotations
@@ -48,10 +48,8 @@ def bundled(name: str) -> Path:
                         f"{', '.join(n + '/' for n in NAMES)}")
 
 
-def is_installed_copy(path: Path) -> bool:
-    """Whether `path` lies inside the installed package's bundled folders (not a checkout or a user's folder)."""
-    try:
-        Path(path).resolve().relative_to(INSTALLED)
-        return True
-    except ValueError:
-        return False
+def is_bundled(experiment_file: Path) -> bool:
+    """Whether `experiment_file` is one of bsops' own experiments: in a bundled trainings/ folder, whichever
+    install found it (the source checkout's, an editable or a wheel install's, $BSOPS_DATA_DIR's)."""
+    folder = Path(experiment_file).resolve().parent
+    return any(folder == place.resolve() for place in candidates("trainings"))

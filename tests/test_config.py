@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from bigscience_ops import resources
 from bigscience_ops.config import exit_margin_minutes, list_experiments, load_experiment, to_dict, from_dict
 from bigscience_ops.errors import ConfigError
 
@@ -172,3 +174,93 @@ def test_each_rule_names_its_field(trainings: Path, delta: str, field: str) -> N
     assert err.value.field == field, str(err.value)
     assert err.value.source.endswith(".yaml")
     assert err.value.allowed
+
+
+# ----------------------------------------------------------------------------- where relative paths resolve
+
+
+def _resolved(exp) -> dict[str, str | None]:
+    """Every path loading resolves: the inputs, then the outputs."""
+    return {"blend": exp.data.blend[0].prefix, "tokenizer": exp.data.tokenizer.json_file,
+            **{k: getattr(exp.paths, k) for k in ("output", "checkpoints", "tensorboard", "logs", "codecarbon")},
+            "kill_switch": exp.checkpoint.kill_switch_path, "backup": exp.backup.dest, "cache": exp.data.cache_dir}
+
+
+def _expected(inputs: Path, run: Path, backup: Path | None = None, cache: Path | None = None) -> dict[str, str | None]:
+    return {"blend": str(inputs / "corpus" / "build" / "tiny_text_document"),
+            "tokenizer": str(inputs / "corpus" / "tokenizer.json"),
+            "output": str(run), **{k: str(run / k) for k in ("checkpoints", "tensorboard", "logs", "codecarbon")},
+            "kill_switch": str(run / "kill-switch"), "backup": backup and str(backup), "cache": cache and str(cache)}
+
+
+@pytest.fixture
+def project(repo_root: Path, tmp_path: Path, monkeypatch) -> Path:
+    """A user's project folder holding a copy of tiny in its own trainings/, and the test in another folder."""
+    monkeypatch.delenv("BSOPS_DATA_DIR", raising=False)
+    folder = tmp_path / "project"
+    (folder / "trainings").mkdir(parents=True)
+    shutil.copy(repo_root / "trainings" / "tiny.yaml", folder / "trainings")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    return folder
+
+
+def test_a_copy_of_tiny_resolves_against_its_project_folder_from_any_folder(project: Path, monkeypatch) -> None:
+    write(project / "trainings", "mine", """
+        base: tiny
+        paths: {output: scratch/mine}
+        backup: {dest: backups/mine}
+        data: {cache_dir: index-cache}
+    """)
+    corpus = resources.bundled("corpus").resolve()
+    # The project has no corpus/: the inputs are the bundled corpus's; the outputs are the project's.
+    copy = load_experiment("tiny", project / "trainings")
+    assert _resolved(copy) == _expected(corpus.parent, project / "runs" / "tiny")
+    mine = load_experiment("mine", project / "trainings")
+    assert _resolved(mine) == _expected(corpus.parent, project / "scratch" / "mine", project / "backups" / "mine",
+                                        project / "index-cache")
+    monkeypatch.chdir(project)  # the same from the project folder, found as ./trainings
+    assert to_dict(load_experiment("mine")) == to_dict(mine)
+    # A corpus/ file the project has is the project's; a dataset it has not built stays the bundled one.
+    (project / "corpus").mkdir()
+    (project / "corpus" / "tokenizer.json").write_text("{}")
+    own = load_experiment("tiny", project / "trainings")
+    assert own.data.tokenizer.json_file == str(project / "corpus" / "tokenizer.json")
+    assert own.data.blend[0].prefix == str(corpus / "build" / "tiny_text_document")
+    (project / "corpus" / "build").mkdir()
+    (project / "corpus" / "build" / "tiny_text_document.idx").write_bytes(b"")
+    built = load_experiment("tiny", project / "trainings")
+    assert built.data.blend[0].prefix == str(project / "corpus" / "build" / "tiny_text_document")
+
+
+def _bundled_folder(repo_root: Path, folder: Path) -> Path:
+    """What a wheel or a site's $BSOPS_DATA_DIR holds, as far as tiny's paths go."""
+    (folder / "trainings").mkdir(parents=True)
+    (folder / "corpus").mkdir()
+    shutil.copy(repo_root / "trainings" / "tiny.yaml", folder / "trainings")
+    shutil.copy(repo_root / "corpus" / "tokenizer.json", folder / "corpus")
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["checkout", "wheel", "data-dir"])
+def test_bundled_tiny_resolves_alike_for_every_install_kind(kind: str, project: Path, repo_root: Path, tmp_path: Path,
+                                                            monkeypatch) -> None:
+    """The bundled tiny reads its bundled folder and writes under the current folder. An editable install
+    is the checkout case (its package, so its bundled folders, are the source tree's); a wheel's folders
+    are bigscience_ops/bundled/ (resources.INSTALLED) with no checkout; $BSOPS_DATA_DIR wins over both."""
+    monkeypatch.delenv("BSOPS_TRAININGS", raising=False)
+    data = repo_root
+    if kind == "wheel":
+        data = _bundled_folder(repo_root, tmp_path / "site-packages" / "bigscience_ops" / "bundled")
+        monkeypatch.setattr(resources, "INSTALLED", data)
+        monkeypatch.setattr(resources, "CHECKOUT", tmp_path / "no-checkout")
+    elif kind == "data-dir":
+        data = _bundled_folder(repo_root, tmp_path / "site-data")
+        monkeypatch.setenv("BSOPS_DATA_DIR", str(data))
+    here = Path.cwd()
+    assert resources.bundled("trainings").resolve() == data / "trainings"
+    assert _resolved(load_experiment("tiny")) == _expected(data, here / "runs" / "tiny")
+    # Named by its path, from the project folder: the same rule, not the project's.
+    monkeypatch.chdir(project)
+    by_path = load_experiment(str(data / "trainings" / "tiny.yaml"))
+    assert _resolved(by_path) == _expected(data, project / "runs" / "tiny")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -296,6 +297,25 @@ def test_convert_command(runs, trainings, tmp_path, gpt2_files):
     wrong = CliRunner().invoke(main, ["convert", "gpt2tok", "--trainings-dir", str(trainings), "--out", str(tmp_path / "s")])
     assert wrong.exit_code == EXIT_ERROR and not (tmp_path / "s").exists()  # GPT-2's 50257 tokens > the model's 8192
 
+
+def test_convert_of_a_copy_of_tiny_finds_its_tokenizer_from_any_folder(runs, tmp_path, monkeypatch):
+    """tiny copied as it is into a project's own trainings/ (the project has no corpus/), its run folder the
+    project's runs/tiny holding the PP=2 run's checkpoints, converted from another folder: the tokenizer is
+    the bundled corpus's (a relative corpus/ input the project lacks), not a missing one beside the copy."""
+    exp, _, _ = runs["pp2"]
+    project = tmp_path / "project"
+    (project / "trainings").mkdir(parents=True)
+    shutil.copy(REPO / "trainings" / "tiny.yaml", project / "trainings")
+    (project / "runs" / "tiny").mkdir(parents=True)
+    (project / "runs" / "tiny" / "checkpoints").symlink_to(exp.paths.checkpoints)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.delenv("BSOPS_DATA_DIR", raising=False)
+    result = CliRunner().invoke(main, ["convert", "tiny", "--trainings-dir", str(project / "trainings"), "--out", "hf"])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "elsewhere" / "hf"
+    assert (out / "model.safetensors").is_file()
+    assert (out / "tokenizer.json").read_bytes() == (REPO / "corpus" / "tokenizer.json").read_bytes()
 
 def test_convert_push_publishes_one_folder_per_step(runs, trainings, tmp_path, git_lfs):
     """--push through hub-sync's publish_folder to a local bare remote with real git-lfs: global_stepN/ on main."""

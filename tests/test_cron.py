@@ -53,6 +53,31 @@ def test_runner_and_status_job_scripts_are_valid_bash(tmp_path: Path) -> None:
     assert subprocess.run(["bash", "-n", str(status_job)], timeout=30).returncode == 0
 
 
+def test_cron_jobs_run_where_their_experiment_resolved_its_outputs(trainings: Path, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """Each job starts in the folder its experiment's relative outputs resolved against at `cron add` (the
+    current folder for a bundled experiment, the project folder for the user's), whatever folder Slurm
+    starts it in: a stand-in `bsops` on PATH records where the job ran it."""
+    here = tmp_path / "added from"  # a space: the folder is quoted
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.delenv("BSOPS_TRAININGS", raising=False)
+    monkeypatch.delenv("BSOPS_DATA_DIR", raising=False)
+    stand_in = tmp_path / "bin" / "bsops"
+    stand_in.parent.mkdir()
+    stand_in.write_text('#!/bin/bash\npwd -P >> "$RAN_IN"\n')
+    stand_in.chmod(0o755)
+    env = dict(os.environ, PATH=f"{stand_in.parent}:{os.environ['PATH']}", RAN_IN=str(tmp_path / "ran-in"))
+    for case, options, folder in (("bundled", [], here), ("project", ["--trainings-dir", str(trainings)], tmp_path)):
+        cron_dir = tmp_path / f"cron-{case}"
+        result = CliRunner().invoke(main, ["cron", "add", "tiny", "--cron-dir", str(cron_dir), *options])
+        assert result.exit_code == 0, result.output
+        (tmp_path / "ran-in").unlink(missing_ok=True)
+        for script in sorted((cron_dir / "cron.hourly").glob("*.slurm")):
+            ran = subprocess.run(["bash", str(script)], cwd="/", env=env, capture_output=True, text=True, timeout=30)
+            assert ran.returncode == 0, ran.stderr
+        assert (tmp_path / "ran-in").read_text().splitlines() == [str(folder.resolve())] * 3, case
+
 def test_cron_settings_reject_unknown_keys(tmp_path: Path) -> None:
     (tmp_path / "cron.yaml").write_text("partiton: cpu\n")
     with pytest.raises(Exception) as err:

@@ -20,8 +20,9 @@ JOBS = ("status", "hub-sync", "backup")
 TIME_LIMITS = {"hub-sync": "00:50:00", "backup": "12:00:00"}
 
 
-def render_job(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, settings: CronSettings) -> RunnerScript:
-    """cron.hourly/<exp>-<kind>.slurm for kind hub-sync or backup."""
+def render_job(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, settings: CronSettings,
+               workdir: Path | None = None) -> RunnerScript:
+    """cron.hourly/<exp>-<kind>.slurm for kind hub-sync or backup, run in `workdir` as the status job is."""
     if kind not in TIME_LIMITS:
         raise ValueError(f"job kind {kind!r}: one of {', '.join(TIME_LIMITS)}")
     cron_dir = Path(cron_dir).resolve()
@@ -30,6 +31,6 @@ def render_job(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, 
     text = rendering.environment().get_template(f"{kind}-job.slurm.j2").render(
         job_name=job_name, experiment=exp.name, trainings_dir=str(Path(trainings_dir).resolve()),
         time=TIME_LIMITS[kind], optional=optional, env_setup=[rendering.Raw(line) for line in settings.env_setup],
-        logs=str(cron_dir / "logs"),
+        logs=str(cron_dir / "logs"), workdir=str(Path(workdir or Path.cwd()).resolve()),
     )
     return RunnerScript(cron_dir / "cron.hourly" / f"{exp.name}-{kind}.slurm", text)

@@ -123,8 +123,10 @@ def write_runner(runner: RunnerScript) -> Path:
     return runner.path
 
 
-def render_status_job(cron_dir: Path, exp: Experiment, trainings_dir: Path, settings: CronSettings) -> RunnerScript:
-    """The experiment's hourly watchdog job, for cron.hourly/."""
+def render_status_job(cron_dir: Path, exp: Experiment, trainings_dir: Path, settings: CronSettings,
+                      workdir: Path | None = None) -> RunnerScript:
+    """The experiment's hourly watchdog job, for cron.hourly/; it runs in `workdir` (default: the current folder),
+    the folder exp's relative outputs resolved against (config.outputs_folder)."""
     job_name = f"{exp.slurm.job_name}-slurm-status"
     path = Path(cron_dir).resolve() / "cron.hourly" / f"{exp.name}-slurm-status.slurm"
     optional = [(opt, getattr(settings, opt)) for opt in ("partition", "account", "qos") if getattr(settings, opt)]
@@ -132,6 +134,7 @@ def render_status_job(cron_dir: Path, exp: Experiment, trainings_dir: Path, sett
         job_name=job_name, experiment=exp.name, trainings_dir=str(Path(trainings_dir).resolve()),
         optional=optional, env_setup=[rendering.Raw(line) for line in settings.env_setup],
         logs=str(Path(cron_dir).resolve() / "logs"), cron_dir=str(Path(cron_dir).resolve()),
+        workdir=str(Path(workdir or Path.cwd()).resolve()),
     )
     return RunnerScript(path, text)
 
