@@ -29,7 +29,6 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.ledger import latest_iteration
 from bigscience_ops.data.corpus import ensure_data
 from bigscience_ops.prepare import prepare_launch
-from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 
 
@@ -153,12 +152,14 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
     logs.mkdir(parents=True, exist_ok=True)
     array_job_id = int(time.time()) % 1_000_000
     repo = Path(__file__).resolve().parents[1]
-    schedule = run_schedule(exp)
+    prepared = prepare_launch(exp)
+    schedule = prepared.schedule
     train_iters = schedule.train_iters
     results: list[LocalTask] = []
     rendered_nodes = None
     for task in range(1, (tasks or exp.slurm.array) + 1):
-        prepared = prepare_launch(exp, schedule)  # each task runs at the node phase of the latest checkpoint
+        if task > 1:  # each task runs at the node phase of the latest checkpoint
+            prepared = prepare_launch(exp, schedule)
         exp = prepared.experiment
         nodes = exp.slurm.nodes
         if nodes != rendered_nodes:

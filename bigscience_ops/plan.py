@@ -273,10 +273,9 @@ def _check_phases(exp: Experiment, schedule: BatchSchedule, phases: list[PhasePl
     return problems
 
 
-def _check(exp: Experiment, run: RunSchedule, phases: list[PhasePlan]) -> list[Problem]:
+def _check(exp: Experiment, run: RunSchedule, params: ParamCount, phases: list[PhasePlan]) -> list[Problem]:
     schedule = run.batch
     problems = _check_phases(exp, schedule, phases)
-    params = count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline, exp.parallel.partition_method)
     empty = [stage for stage, (start, stop) in enumerate(zip(params.parts, params.parts[1:])) if start == stop]
     if empty:
         problems.append(Problem("parallel.partition_method", exp.parallel.partition_method,
@@ -399,6 +398,6 @@ def make_plan(exp: Experiment, run: RunSchedule | None = None) -> Plan:
         dataset_sizes=(exp.train.samples or iters * gbs, valid, ev.eval_iters * gbs),
         exit_duration_in_mins=exp.checkpoint.exit_duration_in_mins,
         exit_margin_mins=exp.checkpoint.exit_margin_mins,
-        problems=schedule_problems + _check(exp, run, phases) + _check_memory(exp, mem),
+        problems=schedule_problems + _check(exp, run, params, phases) + _check_memory(exp, mem),
         notes=_notes(run),
     )
