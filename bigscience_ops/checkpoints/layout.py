@@ -16,13 +16,20 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops.trainer.checkpointing import META, TAG, CheckpointError
+from bigscience_ops.errors import BsopsError
 
+META = "bsops.json"
+"""The trainer's record in each checkpoint folder (trainer/checkpointing.py writes it)."""
+TAG = re.compile(r"global_step(\d+)")
 LATEST = "latest"
 UNIVERSAL_SUFFIX = "_universal"
 """global_stepN_universal: DeepSpeed's universal copy of global_stepN, made when a run changes layout."""
 OPTIMIZER_FILE = re.compile(r"(.*_)?optim_states\.pt")
 MODEL_STATES_FILE = re.compile(r"mp_rank_\d+_model_states\.pt")
+
+
+class CheckpointError(BsopsError):
+    """A checkpoint folder cannot be read or resumed from: names the folder, what is wrong, and what to do."""
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops.errors import BsopsError
-
-META = "bsops.json"
-TAG = re.compile(r"global_step(\d+)")
-
-
-class CheckpointError(BsopsError):
-    """A checkpoint folder cannot be resumed from: names the folder, what is wrong, and what to do."""
+from bigscience_ops.checkpoints.layout import META, TAG, CheckpointError
 
 
 @dataclass(frozen=True)
