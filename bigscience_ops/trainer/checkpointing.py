@@ -16,7 +16,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops.checkpoints.layout import META, TAG, CheckpointError
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints.layout import META, CheckpointError
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,17 @@ def find_resume(checkpoints: Path) -> Resume | None:
     checkpoints = Path(checkpoints)
     if not checkpoints.is_dir():
         return None
-    tags = sorted(p.name for p in checkpoints.iterdir() if TAG.fullmatch(p.name))
-    latest = checkpoints / "latest"
-    if not latest.exists():
+    tags = [c.tag for c in layout.list_checkpoints(checkpoints)]
+    latest = checkpoints / layout.LATEST
+    tag = layout.latest_tag(checkpoints)
+    if tag is None:
         if tags:
             raise CheckpointError(
                 f"{checkpoints}: holds {', '.join(tags[-3:])} but no 'latest' file; refusing to start from scratch. "
                 f"Write the tag to resume from into {latest} (e.g. {tags[-1]}), or move the folder away to start over")
         return None
-    tag = latest.read_text(encoding="utf-8").strip()
     path = checkpoints / tag
-    if not TAG.fullmatch(tag) or not path.is_dir():
+    if not path.is_dir():
         raise CheckpointError(f"{latest}: names {tag!r}, which is not a checkpoint folder in {checkpoints}; "
                               f"available: {', '.join(tags) or 'none'}")
     meta_file = path / META
