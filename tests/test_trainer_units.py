@@ -8,6 +8,8 @@ import re
 import pytest
 import torch
 
+from bigscience_ops import ledger
+from bigscience_ops.checkpoints import layout
 from bigscience_ops.schedules import SaveSchedule
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.data import SyntheticDataset, sample_indices, step_micro_batches
@@ -62,6 +64,20 @@ def test_latest_naming_a_missing_folder_is_an_error(tmp_path, content):
     (tmp_path / "latest").write_text(content)
     with pytest.raises(ckpt.CheckpointError, match=content):
         ckpt.find_resume(tmp_path)
+
+
+@pytest.mark.parametrize("content", ["global_step7\n", "garbage", "global_step", "global_step7 global_step8"])
+def test_latest_has_one_parser(tmp_path, content):
+    """The trainer's resume, the ledger and the ops commands read `latest` the same way (layout.latest_tag)."""
+    _fake_checkpoint(tmp_path, 7, {"iteration": 7})
+    (tmp_path / "latest").write_text(content)
+    if content.strip() == "global_step7":
+        assert ledger.latest_iteration(tmp_path) == layout.latest_step(tmp_path) == 7
+        assert ckpt.find_resume(tmp_path).meta["iteration"] == 7
+        return
+    for read in (ledger.latest_iteration, layout.latest_tag, ckpt.find_resume):
+        with pytest.raises(ckpt.CheckpointError):
+            read(tmp_path)
 
 
 def test_checkpoint_without_meta_is_an_error(tmp_path):
