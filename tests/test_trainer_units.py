@@ -13,6 +13,7 @@ from bigscience_ops.checkpoints import layout
 from bigscience_ops.schedules import SaveSchedule
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.data import SyntheticDataset, sample_indices, step_micro_batches
+from bigscience_ops.trainer.metrics import Metrics, StepRecord
 from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock, build_sequential, lm_loss
 from bigscience_ops.trainer.report import IterationStats, iteration_line, validation_lines
 from tests.fixtures_trainer import small_experiment
@@ -204,3 +205,33 @@ def test_micro_batch_feed_reads_megatrons_order_from_any_consumed_position():
         got = list(feed.take(3))
         want = list(step_micro_batches(ds, 6, 3, mbs, rank, dp))
         assert [torch.equal(g[0], w[0]) for g, w in zip(got, want)] == [True] * 3
+
+
+class _RecordingBoard:
+    def __init__(self):
+        self.scalars = []
+
+    def scalar(self, tag, value, iteration, consumed_samples=None):
+        if value is not None:
+            self.scalars.append((tag, iteration, value))
+
+
+def test_metrics_window_averages_applied_finite_steps_between_lines():
+    board, lines, norms = _RecordingBoard(), [], []
+    metrics = Metrics(board, lambda *text: lines.extend(text), train_iters=4, log_interval=2, flops_per_token=1e6,
+                      peak_tflops=None, world_size=1, curriculum=False)
+
+    def step(it, loss, applied):
+        metrics.step(StepRecord(iteration=it, loss=loss, applied=applied, global_batch_size=4, seqlen=8, elapsed=0.5,
+                                learning_rate=1e-3, grad_norm=1.0, loss_scale=1.0, consumed_samples=4 * it,
+                                consumed_tokens=32 * it, skipped_iterations=0), lambda: norms.append(it) or 2.0)
+
+    step(1, 3.0, True)
+    step(2, float("nan"), True)  # NaN: counted, not averaged
+    step(3, 9.0, False)  # not applied: not averaged
+    step(4, 5.0, True)
+    assert norms == [2, 4] and len(lines) == 2  # params norm (a collective) only on log iterations
+    assert "lm loss: 3.000000E+00" in lines[0] and "number of nan iterations:   1" in lines[0]
+    assert "lm loss: 5.000000E+00" in lines[1] and "number of nan iterations:   0" in lines[1]
+    assert [i for tag, i, _ in board.scalars if tag == "lm loss"] == [1, 2, 3, 4]
+    assert [i for tag, i, _ in board.scalars if tag == "params-norm"] == [2, 4]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import math
 import os
 import signal
 import sys
@@ -51,8 +50,8 @@ from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer import tensor_parallel
 from bigscience_ops.trainer.data import MicroBatchFeed, build_datasets
 from bigscience_ops.trainer.model import GPTShape, layer_specs, loss_function, weight_decay_groups
-from bigscience_ops.trainer.report import (Board, IterationStats, iteration_line, mfu, peak_tflops, perplexity,
-                                           validation_lines)
+from bigscience_ops.trainer.metrics import Metrics, StepRecord
+from bigscience_ops.trainer.report import Board, peak_tflops
 
 _IMPORT_TIME = time.time()
 
@@ -404,10 +403,7 @@ class Trainer:
         self.engine.save_checkpoint(str(self.checkpoints), tag=tag, client_state={"iteration": self.state.iteration})
         dist.barrier()
         self.last_saved = self.state.iteration
-        elapsed = time.time() - start
-        self.board.scalar("save-checkpoint-time", elapsed, self.state.iteration)
-        _print(f"  successfully saved checkpoint at iteration {self.state.iteration:7d} to {self.checkpoints} "
-               f"({elapsed * 1000:.1f} ms)")
+        self.metrics.checkpoint_saved(self.state.iteration, self.checkpoints, time.time() - start)
 
     # ------------------------------------------------------------------ steps
 
@@ -513,15 +509,17 @@ class Trainer:
         self._build_engine()
         self._build_data()
         is_writer = dist.get_rank() == 0 and exp.logging.tensorboard
-        self.board = Board(exp.paths.tensorboard if is_writer else None, exp.logging.tensorboard_queue_size)
+        board = Board(exp.paths.tensorboard if is_writer else None, exp.logging.tensorboard_queue_size)
+        self.metrics = Metrics(board, _print, train_iters=self.train_iters, log_interval=exp.logging.log_interval,
+                               flops_per_token=self.flops_per_token, peak_tflops=self.peak_tflops,
+                               world_size=dist.get_world_size(), curriculum=self.curriculum is not None)
         self._resume(resume)
         self._build_feeds()
         _print(f"> training {exp.name}: {self.params} parameters, TP={exp.parallel.tensor} PP={exp.parallel.pipeline} "
                f"DP={self.dp}, {self.train_iters} iterations, starting at {self.state.iteration}")
         reason = self._loop(kill_switch, signals)
         self.save()
-        self.board.flush()
-        self.board.close()
+        self.metrics.close()
         _print(f"> {reason} at iteration {self.state.iteration}")
         return 0
 
@@ -529,7 +527,6 @@ class Trainer:
         exp, s = self.exp, self.state
         log = exp.logging
         ck = exp.checkpoint
-        window = {"loss": 0.0, "count": 0, "time": 0.0, "iters": 0, "nan": 0}
         steps_this_run = 0
         fault = fail_at()
         while s.iteration < self.train_iters:
@@ -560,14 +557,7 @@ class Trainer:
                 elapsed = time.time() - start
                 steps_this_run += 1
                 it = s.iteration
-                is_nan = not math.isfinite(loss)
-                if applied and not is_nan:
-                    window["loss"] += loss
-                    window["count"] += 1
-                window["nan"] += int(is_nan)
-                window["time"] += elapsed
-                window["iters"] += 1
-                self._record(it, loss, gbs, seqlen, elapsed, window, log.log_interval)
+                self.metrics.step(self._step_record(loss, applied, gbs, seqlen, elapsed), self.params_norm)
 
             if log.eval_iters > 0 and it % log.eval_interval == 0 and it < self.train_iters:
                 self._validate(it)
@@ -586,55 +576,22 @@ class Trainer:
     def _validate(self, it: int) -> None:
         start = time.time()
         loss = self.evaluate()
-        if loss is None:
-            return
-        _print(*validation_lines(it, loss))
-        self.board.scalar("lm loss validation", loss, it, self.state.consumed_train_samples)
-        self.board.scalar("lm loss validation ppl", perplexity(loss), it, self.state.consumed_train_samples)
-        self.board.scalar("eval-time", time.time() - start, it)
+        if loss is not None:
+            self.metrics.validation(it, loss, self.state.consumed_train_samples, time.time() - start)
 
-    def _record(self, it: int, loss: float, gbs: int, seqlen: int, elapsed: float, window: dict,
-                log_interval: int) -> None:
-        s, e, b = self.state, self.engine, self.board
-        consumed, tokens = s.consumed_train_samples, s.consumed_train_tokens
+    def _step_record(self, loss: float, applied: bool, gbs: int, seqlen: int, elapsed: float) -> StepRecord:
+        """What the metrics need of a trained iteration, read off the engine right after its step."""
+        s, e = self.state, self.engine
         if self.train_feed is not None and self.train_feed.seen_seqlen is not None:
             seqlen = self.train_feed.seen_seqlen  # the length the model was fed
-        lr = e.optimizer.param_groups[0]["lr"]
         grad_norm = e.get_global_grad_norm()
-        grad_norm = float(grad_norm) if grad_norm is not None else None
-        loss_scale = float(getattr(e.optimizer, "cur_scale", 1.0)) if self.exp.train.precision == "fp16" else 1.0
-        seq = seqlen
-        world = dist.get_world_size()
-        b.scalar("consumed tokens", tokens, it, consumed)
-        if self.curriculum is not None:
-            b.scalar("curriculum seqlen", seqlen, it, consumed)
-        b.scalar("learning-rate", lr, it, consumed)
-        b.scalar("batch-size", gbs, it, consumed)
-        b.scalar("lm loss", loss, it, consumed)
-        b.scalar("loss-scale", loss_scale, it, consumed)
-        b.scalar("grad-norm", grad_norm, it, consumed)
-        b.scalar("iteration-time", elapsed, it, consumed)
-        b.scalar("samples per second", gbs / elapsed, it, consumed)
-        step_tflops = gbs * seq * self.flops_per_token / elapsed / world / 1e12
-        b.scalar("TFLOPs per GPU", step_tflops, it, consumed)
-        b.scalar("MFU", mfu(step_tflops, self.peak_tflops), it, consumed)  # left out when the peak is unknown
-        if it % log_interval:
-            return
-        params_norm = self.params_norm()
-        b.scalar("params-norm", params_norm, it, consumed)
-        iters = max(window["iters"], 1)
-        per_iter = window["time"] / iters
-        tokens_per_s = gbs * seq / per_iter
-        stats = IterationStats(
-            iteration=it, train_iters=self.train_iters, consumed_samples=consumed, consumed_tokens=tokens,
-            elapsed_ms=per_iter * 1000.0, learning_rate=lr, global_batch_size=gbs,
-            lm_loss=window["loss"] / window["count"] if window["count"] else None, loss_scale=loss_scale,
-            grad_norm=grad_norm, params_norm=params_norm, skipped=s.skipped_iterations, nan=window["nan"],
-            samples_per_second=gbs / per_iter, tflops=tokens_per_s * self.flops_per_token / world / 1e12,
-            mfu=mfu(tokens_per_s * self.flops_per_token / world / 1e12, self.peak_tflops),
-            curriculum_seqlen=seqlen if self.curriculum is not None else None)
-        _print(iteration_line(stats))
-        window.update(loss=0.0, count=0, time=0.0, iters=0, nan=0)
+        return StepRecord(
+            iteration=s.iteration, loss=loss, applied=applied, global_batch_size=gbs, seqlen=seqlen, elapsed=elapsed,
+            learning_rate=e.optimizer.param_groups[0]["lr"],
+            grad_norm=float(grad_norm) if grad_norm is not None else None,
+            loss_scale=float(getattr(e.optimizer, "cur_scale", 1.0)) if self.exp.train.precision == "fp16" else 1.0,
+            consumed_samples=s.consumed_train_samples, consumed_tokens=s.consumed_train_tokens,
+            skipped_iterations=s.skipped_iterations)
 
 
 def _report_failure(exc: BaseException) -> None:
