@@ -48,6 +48,7 @@ from bigscience_ops.schedules import LRSchedule, in_skip_range
 from bigscience_ops.schema import Experiment
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer import tensor_parallel
+from bigscience_ops.trainer.checkpointer import Checkpointer
 from bigscience_ops.trainer.data import MicroBatchFeed, build_datasets
 from bigscience_ops.trainer.model import GPTShape, layer_specs, loss_function, weight_decay_groups
 from bigscience_ops.trainer.metrics import Metrics, StepRecord
@@ -205,7 +206,6 @@ class Trainer:
         self.flops_per_token = sizing.model_flops_per_token(exp.model, self.params)
         self.state = TrainState()
         self.checkpoints = Path(exp.paths.checkpoints)
-        self.last_saved: int | None = None
         self.job_start = _job_start_epoch()
 
     # ------------------------------------------------------------------ set-up
@@ -353,7 +353,7 @@ class Trainer:
                                                        load_optimizer_states=False, load_lr_scheduler_states=False)
             if load_path is None:
                 raise ckpt.CheckpointError(f"{resume.path}: DeepSpeed could not load its weights")
-            self.last_saved = 0
+            self.checkpointer.resumed_at(0)
             _print(f"> warm start from {resume.path} (weights only): iteration 0, consumed samples 0")
             return
         tag = resume.tag if self.reshape is None else universal.universal_path(resume.path).name
@@ -375,35 +375,24 @@ class Trainer:
             _print(f"> RNG states of {resume.path} not restored: written with {self.reshape.old}")
         elif not ckpt.load_rng(resume.path, dist.get_rank()):
             _print(f"> {resume.path} has no RNG state for this rank (another world size): RNG reseeded")
-        self.last_saved = self.state.iteration
+        self.checkpointer.resumed_at(self.state.iteration)
         _print(f"> resumed from {resume.path}: iteration {self.state.iteration}, "
                f"consumed samples {self.state.consumed_train_samples}")
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save(self) -> None:
-        if self.last_saved == self.state.iteration:
-            return
-        start = time.time()
-        tag = f"global_step{self.state.iteration}"
-        path = self.checkpoints / tag
-        ckpt.save_rng(path, dist.get_rank())
-        if dist.get_rank() == 0:
-            ckpt.write_meta(path, {
-                "iteration": self.state.iteration,
-                "consumed_train_samples": self.state.consumed_train_samples,
-                "consumed_tokens": self.state.consumed_train_tokens,
-                "state": dataclasses.asdict(self.state),
-                "lr_schedule": _lr_schedule_dict(self.lr),
-                "model": dataclasses.asdict(self.shape),
-                "parallel": {"tensor": self.exp.parallel.tensor, "pipeline": self.exp.parallel.pipeline, "data": self.dp},
-                "experiment": to_dict(self.exp),
-            })
-        dist.barrier()
-        self.engine.save_checkpoint(str(self.checkpoints), tag=tag, client_state={"iteration": self.state.iteration})
-        dist.barrier()
-        self.last_saved = self.state.iteration
-        self.metrics.checkpoint_saved(self.state.iteration, self.checkpoints, time.time() - start)
+    def _checkpoint_meta(self) -> dict:
+        """bsops.json of a checkpoint of the current state (rank 0 writes it)."""
+        return {
+            "iteration": self.state.iteration,
+            "consumed_train_samples": self.state.consumed_train_samples,
+            "consumed_tokens": self.state.consumed_train_tokens,
+            "state": dataclasses.asdict(self.state),
+            "lr_schedule": _lr_schedule_dict(self.lr),
+            "model": dataclasses.asdict(self.shape),
+            "parallel": {"tensor": self.exp.parallel.tensor, "pipeline": self.exp.parallel.pipeline, "data": self.dp},
+            "experiment": to_dict(self.exp),
+        }
 
     # ------------------------------------------------------------------ steps
 
@@ -513,12 +502,14 @@ class Trainer:
         self.metrics = Metrics(board, _print, train_iters=self.train_iters, log_interval=exp.logging.log_interval,
                                flops_per_token=self.flops_per_token, peak_tflops=self.peak_tflops,
                                world_size=dist.get_world_size(), curriculum=self.curriculum is not None)
+        self.checkpointer = Checkpointer(self.checkpoints, self.run_schedule.saves, self.engine, self._checkpoint_meta,
+                                         self.metrics)
         self._resume(resume)
         self._build_feeds()
         _print(f"> training {exp.name}: {self.params} parameters, TP={exp.parallel.tensor} PP={exp.parallel.pipeline} "
                f"DP={self.dp}, {self.train_iters} iterations, starting at {self.state.iteration}")
         reason = self._loop(kill_switch, signals)
-        self.save()
+        self.checkpointer.save(self.state.iteration)
         self.metrics.close()
         _print(f"> {reason} at iteration {self.state.iteration}")
         return 0
@@ -561,8 +552,7 @@ class Trainer:
 
             if log.eval_iters > 0 and it % log.eval_interval == 0 and it < self.train_iters:
                 self._validate(it)
-            if self.run_schedule.saves.due(it):
-                self.save()
+            self.checkpointer.step_done(it)
             if ck.exit_interval is not None and it % ck.exit_interval == 0 and it < self.train_iters:
                 return f"exit interval {ck.exit_interval} reached: saved and exiting"
             if (self.next_phase is not None and s.consumed_train_samples >= self.next_phase.start_samples
