@@ -3,9 +3,11 @@
 Per step: the global batch size comes from the rampup (`BatchSchedule.batch_size_at(consumed)`),
 which sets the number of micro-batches; the step's LR is `LRSchedule.lr_at(samples the scheduler
 has seen)`, advanced by the batch size after every applied step (Megatron's AnnealingLR.step);
-the step reads Megatron's sample order (data.step_micro_batches). Before every iteration the kill
-switch and SIGUSR1/SIGTERM are checked, and after every iteration the exit interval and the exit
-duration, measured from the Slurm job start (BSOPS_JOB_START_EPOCH); each saves, then exits.
+the step reads Megatron's sample order (data.step_micro_batches). Whether and why to stop is
+decided in one place, before the first iteration and after every one (stopping.py: the end, the
+exit interval, a node phase boundary, the kill switch, SIGUSR1/SIGTERM, the exit duration measured
+from the Slurm job start BSOPS_JOB_START_EPOCH); every stop saves (checkpointer.py), then exits.
+Log lines and TensorBoard scalars: metrics.py.
 With TP > 1 the pipeline runs on DeepSpeed's (pipe, data, model) topology and every layer holds
 this rank's Megatron shards (tensor_parallel.py).
 
@@ -27,7 +29,6 @@ import dataclasses
 import importlib
 import json
 import os
-import signal
 import sys
 import time
 import traceback
@@ -53,6 +54,7 @@ from bigscience_ops.trainer.data import MicroBatchFeed, build_datasets
 from bigscience_ops.trainer.model import GPTShape, layer_specs, loss_function, weight_decay_groups
 from bigscience_ops.trainer.metrics import Metrics, StepRecord
 from bigscience_ops.trainer.report import Board, peak_tflops
+from bigscience_ops.trainer.stopping import FINISHED, Stopper, any_rank, kill_switch_path
 
 _IMPORT_TIME = time.time()
 
@@ -101,18 +103,6 @@ class TrainState:
             out.consumed_train_tokens = out.consumed_train_samples * seq_length
             out.lr_scheduler_tokens = out.lr_scheduler_samples * seq_length
         return out
-
-
-class _Signals:
-    """SIGUSR1 (Slurm's warning signal) and SIGTERM set a flag; the loop saves and exits."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.received = signum
 
 
 def _print(*lines: str) -> None:
@@ -175,13 +165,6 @@ def _record_fp32_grad_norm(engine) -> None:
                                                    max_norm=engine.gradient_clipping(), mpu=engine.mpu)
 
     engine.clip_fp32_gradients = clip
-
-
-def _any_rank(device: torch.device, *flags: bool) -> list[bool]:
-    """Each flag OR-ed over all ranks (one all-reduce on the engine's device)."""
-    t = torch.tensor([int(f) for f in flags], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
 
 
 class Trainer:
@@ -488,13 +471,13 @@ class Trainer:
 
     def run(self) -> int:
         exp = self.exp
-        kill_switch = Path(exp.checkpoint.kill_switch_path) if exp.checkpoint.kill_switch_path else None
-        if _any_rank(self.device, kill_switch is not None and kill_switch.exists())[0]:
+        kill_switch = kill_switch_path(exp.checkpoint)
+        if any_rank(self.device, kill_switch is not None and kill_switch.exists())[0]:
             _print(f"> kill switch {kill_switch} exists: exiting without training")
             return 0
         self._check_layout()
         resume = self._find_resume()
-        signals = _Signals()
+        self.stopper = Stopper(exp.checkpoint, self.train_iters, self.next_phase, self.job_start, self.device)
         self._build_engine()
         self._build_data()
         is_writer = dist.get_rank() == 0 and exp.logging.tensorboard
@@ -508,29 +491,18 @@ class Trainer:
         self._build_feeds()
         _print(f"> training {exp.name}: {self.params} parameters, TP={exp.parallel.tensor} PP={exp.parallel.pipeline} "
                f"DP={self.dp}, {self.train_iters} iterations, starting at {self.state.iteration}")
-        reason = self._loop(kill_switch, signals)
+        reason = self._loop()
         self.checkpointer.save(self.state.iteration)
         self.metrics.close()
         _print(f"> {reason} at iteration {self.state.iteration}")
         return 0
 
-    def _loop(self, kill_switch: Path | None, signals: _Signals) -> str:
-        exp, s = self.exp, self.state
-        log = exp.logging
-        ck = exp.checkpoint
-        steps_this_run = 0
+    def _loop(self) -> str:
+        """Train until the stopper gives a reason; returns it."""
+        s, log = self.state, self.exp.logging
         fault = fail_at()
-        while s.iteration < self.train_iters:
-            over_time = steps_this_run > 0 and (time.time() - self.job_start) / 60.0 > ck.exit_duration_in_mins
-            killed, signalled, timed_out = _any_rank(self.device, kill_switch is not None and kill_switch.exists(),
-                                                     signals.received is not None, over_time)
-            if killed:
-                return f"kill switch {kill_switch} found: saved and exiting"
-            if signalled:
-                return "signal received: saved and exiting"
-            if timed_out:
-                return f"exit duration of {ck.exit_duration_in_mins} min since the job start reached: saved and exiting"
-
+        reason = self.stopper.reason(s.iteration, s.consumed_train_samples, stepped=False)
+        while reason is None:
             if fault is not None and fault == (dist.get_rank(), s.iteration + 1):
                 raise InjectedFault(f"{FAIL_AT_ENV}={fault[0]}:{fault[1]}: rank {fault[0]} fails before iteration "
                                     f"{fault[1]}")
@@ -540,28 +512,19 @@ class Trainer:
                     _print(f"> skipping iterations {s.iteration + 1} to {end} (train.skip_iterations): "
                            "their data is consumed, no update is made")
                 self.skip_step()
-                steps_this_run += 1
-                it = s.iteration
             else:
                 start = time.time()
                 loss, applied, gbs, seqlen = self.train_step()
                 elapsed = time.time() - start
-                steps_this_run += 1
-                it = s.iteration
                 self.metrics.step(self._step_record(loss, applied, gbs, seqlen, elapsed), self.params_norm)
-
+            it = s.iteration
             if log.eval_iters > 0 and it % log.eval_interval == 0 and it < self.train_iters:
                 self._validate(it)
             self.checkpointer.step_done(it)
-            if ck.exit_interval is not None and it % ck.exit_interval == 0 and it < self.train_iters:
-                return f"exit interval {ck.exit_interval} reached: saved and exiting"
-            if (self.next_phase is not None and s.consumed_train_samples >= self.next_phase.start_samples
-                    and it < self.train_iters):
-                return (f"node schedule: {self.next_phase.describe()} begins: saved and exiting, the next array task "
-                        f"trains at {self.next_phase.nodes} nodes")
-        if log.eval_iters > 0:
+            reason = self.stopper.reason(it, s.consumed_train_samples, stepped=True)
+        if reason == FINISHED and log.eval_iters > 0:
             self._validate(s.iteration)
-        return "training finished"
+        return reason
 
     def _validate(self, it: int) -> None:
         start = time.time()
