@@ -82,6 +82,12 @@ def fail_at(env: dict[str, str] | None = None) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
+def _raise_if_injected(fault: tuple[int, int] | None, iteration: int) -> None:
+    """The failure BSOPS_FAIL_AT asked for, on its rank, before its iteration."""
+    if fault is not None and fault == (dist.get_rank(), iteration):
+        raise InjectedFault(f"{FAIL_AT_ENV}={fault[0]}:{fault[1]}: rank {fault[0]} fails before iteration {fault[1]}")
+
+
 @dataclass
 class TrainState:
     """Everything a checkpoint must restore besides weights, optimizer and RNG."""
@@ -428,6 +434,10 @@ class Trainer:
         after them), the model, optimizer and LR schedule do not move (Megatron's --skip-train-iteration-range;
         unlike Megatron, the iteration and consumed-sample counters advance, so the run's length is unchanged)."""
         s = self.state
+        if not in_skip_range(s.iteration, self.skip_ranges):  # the first of its range
+            end = next(b for a, b in self.skip_ranges if a <= s.iteration + 1 <= b)
+            _print(f"> skipping iterations {s.iteration + 1} to {end} (train.skip_iterations): "
+                   "their data is consumed, no update is made")
         gbs = self.schedule.batch_size_at(s.consumed_train_samples)
         seqlen = self.seqlen_at(s.iteration + 1)
         s.iteration += 1
@@ -503,20 +513,11 @@ class Trainer:
         fault = fail_at()
         reason = self.stopper.reason(s.iteration, s.consumed_train_samples, stepped=False)
         while reason is None:
-            if fault is not None and fault == (dist.get_rank(), s.iteration + 1):
-                raise InjectedFault(f"{FAIL_AT_ENV}={fault[0]}:{fault[1]}: rank {fault[0]} fails before iteration "
-                                    f"{fault[1]}")
+            _raise_if_injected(fault, s.iteration + 1)
             if in_skip_range(s.iteration + 1, self.skip_ranges):
-                if not in_skip_range(s.iteration, self.skip_ranges):
-                    end = next(b for a, b in self.skip_ranges if a <= s.iteration + 1 <= b)
-                    _print(f"> skipping iterations {s.iteration + 1} to {end} (train.skip_iterations): "
-                           "their data is consumed, no update is made")
                 self.skip_step()
             else:
-                start = time.time()
-                loss, applied, gbs, seqlen = self.train_step()
-                elapsed = time.time() - start
-                self.metrics.step(self._step_record(loss, applied, gbs, seqlen, elapsed), self.params_norm)
+                self._train_iteration()
             it = s.iteration
             if log.eval_iters > 0 and it % log.eval_interval == 0 and it < self.train_iters:
                 self._validate(it)
@@ -525,6 +526,13 @@ class Trainer:
         if reason == FINISHED and log.eval_iters > 0:
             self._validate(s.iteration)
         return reason
+
+    def _train_iteration(self) -> None:
+        """One timed optimizer step, handed to the metrics."""
+        start = time.time()
+        loss, applied, gbs, seqlen = self.train_step()
+        elapsed = time.time() - start
+        self.metrics.step(self._step_record(loss, applied, gbs, seqlen, elapsed), self.params_norm)
 
     def _validate(self, it: int) -> None:
         start = time.time()
