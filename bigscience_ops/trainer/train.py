@@ -302,6 +302,17 @@ class Trainer:
         self.train_feed = feed(self.train_ds, self.state.consumed_train_samples)
         self.valid_feed = feed(self.valid_ds, self.state.consumed_valid_samples) if exp.logging.eval_iters else None
 
+    def _build_outputs(self) -> None:
+        """The metrics (log lines; TensorBoard on rank 0) and the checkpointer, which saves the engine."""
+        log = self.exp.logging
+        is_writer = dist.get_rank() == 0 and log.tensorboard
+        board = Board(self.exp.paths.tensorboard if is_writer else None, log.tensorboard_queue_size)
+        self.metrics = Metrics(board, _print, train_iters=self.train_iters, log_interval=log.log_interval,
+                               flops_per_token=self.flops_per_token, peak_tflops=self.peak_tflops,
+                               world_size=dist.get_world_size(), curriculum=self.curriculum is not None)
+        self.checkpointer = Checkpointer(self.checkpoints, self.run_schedule.saves, self.engine, self._checkpoint_meta,
+                                         self.metrics)
+
     def _find_resume(self) -> ckpt.Resume | None:
         """The checkpoint to resume from, checked against this model before anything is built.
 
@@ -490,13 +501,7 @@ class Trainer:
         self.stopper = Stopper(exp.checkpoint, self.train_iters, self.next_phase, self.job_start, self.device)
         self._build_engine()
         self._build_data()
-        is_writer = dist.get_rank() == 0 and exp.logging.tensorboard
-        board = Board(exp.paths.tensorboard if is_writer else None, exp.logging.tensorboard_queue_size)
-        self.metrics = Metrics(board, _print, train_iters=self.train_iters, log_interval=exp.logging.log_interval,
-                               flops_per_token=self.flops_per_token, peak_tflops=self.peak_tflops,
-                               world_size=dist.get_world_size(), curriculum=self.curriculum is not None)
-        self.checkpointer = Checkpointer(self.checkpoints, self.run_schedule.saves, self.engine, self._checkpoint_meta,
-                                         self.metrics)
+        self._build_outputs()
         self._resume(resume)
         self._build_feeds()
         _print(f"> training {exp.name}: {self.params} parameters, TP={exp.parallel.tensor} PP={exp.parallel.pipeline} "
