@@ -1,11 +1,13 @@
-"""Checkpoint decisions and records: when to save, what to resume from, whether it fits this model.
+"""Checkpoint decisions and records: what to resume from, whether it fits this model, bsops.json, RNG.
 
 DeepSpeed writes the weights and optimizer states in its layout (`global_stepN/`, `latest`). Next
 to them each checkpoint holds `bsops.json` (iteration, consumed samples and tokens, the LR
 schedule, the model shape, TP/PP/DP, the resolved config) and `rng_state_<rank>.pt`, written
 before DeepSpeed updates `latest`: `latest` only ever names a complete checkpoint.
 
-This module is pure Python apart from the RNG helpers, so decisions are unit-testable.
+When to save, and the save itself, are checkpointer.py's; reading the folder (tags, `latest`) is
+checkpoints/layout.py's. This module is pure Python apart from the RNG helpers, so decisions are
+unit-testable.
 """
 
 from __future__ import annotations
