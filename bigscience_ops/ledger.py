@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 
 LEDGER_NAME = "task-ledger.jsonl"
 
 
 class LedgerError(BsopsError):
-    """The ledger or the checkpoint folder cannot be read."""
+    """The ledger cannot be read (an unreadable `latest` is layout's CheckpointError)."""
 
 
 @dataclass(frozen=True)
@@ -52,15 +52,9 @@ class Attempt:
 
 
 def latest_iteration(checkpoints: Path) -> int:
-    """The iteration of `checkpoints/latest` (DeepSpeed writes `global_stepN`); 0 before the first save."""
-    latest = Path(checkpoints) / "latest"
-    if not latest.exists():
-        return 0
-    text = latest.read_text().strip()
-    match = re.fullmatch(r"global_step(\d+)", text)
-    if not match:
-        raise LedgerError(f"{latest}: got {text!r}; expected 'global_stepN' as DeepSpeed writes it")
-    return int(match.group(1))
+    """The iteration of `checkpoints/latest` (layout.latest_step parses it); 0 before the first save."""
+    step = layout.latest_step(checkpoints)
+    return 0 if step is None else step
 
 
 def append(ledger: Path, record: TaskRecord) -> None:

@@ -1,7 +1,7 @@
 """No CPU tensor reaches a collective: NCCL's rule, checked on CPU (tests/fixtures_collectives.py explains how).
 
-The checker is first shown to catch the bug class (the patterns `_any_rank` and `params_norm` once
-had), then a TP=2 x PP=2 run with validation, params norm, saves and the kill-switch/signal checks
+The checker is first shown to catch the bug class (the patterns `any_rank` (stopping.py) and `params_norm`
+once had), then a TP=2 x PP=2 run with validation, params norm, saves and the kill-switch/signal checks
 runs under it in every rank: every tensor the project hands to a collective must have been made on
 (or moved to) the engine's device.
 """
@@ -83,6 +83,8 @@ def test_tp2_pp2_run_hands_collectives_only_engine_device_tensors(tmp_path: Path
             checked[caller] = checked.get(caller, 0) + n
     assert len(list(reports.glob("checked-*.json"))) == 4  # every rank ran under the checker
     by_file = {Path(k).name: v for k, v in checked.items()}
-    # the trainer's own collectives (kill switch/signal flags, params norm) and the TP layers' were all checked
-    assert by_file.get("train.py", 0) >= 4 * 5, by_file
+    # the trainer's own collectives (stopping.py: kill switch/signal flags, 5 checks; train.py: params norm at
+    # iterations 2 and 4) and the TP layers' were all checked
+    assert by_file.get("stopping.py", 0) >= 4 * 5, by_file
+    assert by_file.get("train.py", 0) >= 4 * 2, by_file
     assert by_file.get("tensor_parallel.py", 0) > 0, by_file

@@ -1,18 +1,29 @@
-"""Trainer pieces without a distributed launch: save schedule, resume checks, data order, model, log lines."""
+"""Trainer pieces without a distributed launch: save schedule, resume checks, `latest`, stop reasons, data order,
+model, log lines and metrics."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import signal
+import time
 
 import pytest
 import torch
 
+from bigscience_ops import ledger
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.node_schedule import Phase
 from bigscience_ops.schedules import SaveSchedule
+from bigscience_ops.schema import CheckpointConfig
 from bigscience_ops.trainer import checkpointing as ckpt
+from bigscience_ops.trainer import stopping
 from bigscience_ops.trainer.data import SyntheticDataset, sample_indices, step_micro_batches
+from bigscience_ops.trainer.metrics import Metrics, StepRecord
 from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock, build_sequential, lm_loss
 from bigscience_ops.trainer.report import IterationStats, iteration_line, validation_lines
+from bigscience_ops.trainer.stopping import Stopper
 from tests.fixtures_trainer import small_experiment
 
 SEED_003 = SaveSchedule(((100, 10), (1000, 18)), 1500)
@@ -62,6 +73,20 @@ def test_latest_naming_a_missing_folder_is_an_error(tmp_path, content):
     (tmp_path / "latest").write_text(content)
     with pytest.raises(ckpt.CheckpointError, match=content):
         ckpt.find_resume(tmp_path)
+
+
+@pytest.mark.parametrize("content", ["global_step7\n", "garbage", "global_step", "global_step7 global_step8"])
+def test_latest_has_one_parser(tmp_path, content):
+    """The trainer's resume, the ledger and the ops commands read `latest` the same way (layout.latest_tag)."""
+    _fake_checkpoint(tmp_path, 7, {"iteration": 7})
+    (tmp_path / "latest").write_text(content)
+    if content.strip() == "global_step7":
+        assert ledger.latest_iteration(tmp_path) == layout.latest_step(tmp_path) == 7
+        assert ckpt.find_resume(tmp_path).meta["iteration"] == 7
+        return
+    for read in (ledger.latest_iteration, layout.latest_tag, ckpt.find_resume):
+        with pytest.raises(ckpt.CheckpointError):
+            read(tmp_path)
 
 
 def test_checkpoint_without_meta_is_an_error(tmp_path):
@@ -188,3 +213,71 @@ def test_micro_batch_feed_reads_megatrons_order_from_any_consumed_position():
         got = list(feed.take(3))
         want = list(step_micro_batches(ds, 6, 3, mbs, rank, dp))
         assert [torch.equal(g[0], w[0]) for g, w in zip(got, want)] == [True] * 3
+
+
+class _RecordingBoard:
+    def __init__(self):
+        self.scalars = []
+
+    def scalar(self, tag, value, iteration, consumed_samples=None):
+        if value is not None:
+            self.scalars.append((tag, iteration, value))
+
+
+def test_metrics_window_averages_applied_finite_steps_between_lines():
+    board, lines, norms = _RecordingBoard(), [], []
+    metrics = Metrics(board, lambda *text: lines.extend(text), train_iters=4, log_interval=2, flops_per_token=1e6,
+                      peak_tflops=None, world_size=1, curriculum=False)
+
+    def step(it, loss, applied):
+        metrics.step(StepRecord(iteration=it, loss=loss, applied=applied, global_batch_size=4, seqlen=8, elapsed=0.5,
+                                learning_rate=1e-3, grad_norm=1.0, loss_scale=1.0, consumed_samples=4 * it,
+                                consumed_tokens=32 * it, skipped_iterations=0), lambda: norms.append(it) or 2.0)
+
+    step(1, 3.0, True)
+    step(2, float("nan"), True)  # NaN: counted, not averaged
+    step(3, 9.0, False)  # not applied: not averaged
+    step(4, 5.0, True)
+    assert norms == [2, 4] and len(lines) == 2  # params norm (a collective) only on log iterations
+    assert "lm loss: 3.000000E+00" in lines[0] and "number of nan iterations:   1" in lines[0]
+    assert "lm loss: 5.000000E+00" in lines[1] and "number of nan iterations:   0" in lines[1]
+    assert [i for tag, i, _ in board.scalars if tag == "lm loss"] == [1, 2, 3, 4]
+    assert [i for tag, i, _ in board.scalars if tag == "params-norm"] == [2, 4]
+
+
+@pytest.fixture()
+def single_rank_group():
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    dist.destroy_process_group()
+
+
+def test_stop_reasons_in_order(tmp_path, single_rank_group):
+    switch = tmp_path / "kill-switch"
+    ck = CheckpointConfig(exit_interval=5, exit_duration_in_mins=60, kill_switch_path=str(switch))
+    phase = Phase(1, 2, first_step=8, start_samples=70, field="slurm.node_schedule[1].nodes")
+    now = time.time()
+    stopper = Stopper(ck, train_iters=20, next_phase=phase, job_start=now, device=torch.device("cpu"))
+    assert stopper.reason(20, 200, stepped=True) == stopping.FINISHED
+    assert stopper.reason(20, 200, stepped=False) == stopping.FINISHED  # resumed at the end: nothing to train
+    assert stopper.reason(4, 40, stepped=True) is None
+    assert stopper.reason(5, 40, stepped=False) is None  # exit interval and phase: only after a step of this task
+    assert stopper.reason(5, 40, stepped=True).startswith("exit interval 5")
+    assert stopper.reason(7, 70, stepped=True).startswith("node schedule: phase 1")
+    stopper.job_start = now - 61 * 60  # the job started 61 minutes ago
+    assert stopper.reason(6, 60, stepped=False) is None  # at least one step per task
+    assert stopper.reason(6, 60, stepped=True).startswith("exit duration of 60 min")
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert stopper.reason(6, 60, stepped=False) == "signal received: saved and exiting"
+    switch.touch()
+    assert stopper.reason(6, 60, stepped=True).startswith(f"kill switch {switch}")

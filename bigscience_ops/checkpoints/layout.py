@@ -16,13 +16,20 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops.trainer.checkpointing import META, TAG, CheckpointError
+from bigscience_ops.errors import BsopsError
 
+META = "bsops.json"
+"""The trainer's record in each checkpoint folder (trainer/checkpointing.py writes it)."""
+TAG = re.compile(r"global_step(\d+)")
 LATEST = "latest"
 UNIVERSAL_SUFFIX = "_universal"
 """global_stepN_universal: DeepSpeed's universal copy of global_stepN, made when a run changes layout."""
 OPTIMIZER_FILE = re.compile(r"(.*_)?optim_states\.pt")
 MODEL_STATES_FILE = re.compile(r"mp_rank_\d+_model_states\.pt")
+
+
+class CheckpointError(BsopsError):
+    """A checkpoint folder cannot be read or resumed from: names the folder, what is wrong, and what to do."""
 
 
 @dataclass(frozen=True)
@@ -71,14 +78,30 @@ def list_checkpoints(checkpoints: Path) -> list[Checkpoint]:
 
 
 def latest_tag(checkpoints: Path) -> str | None:
-    """The tag `latest` names, None when there is no `latest` file."""
+    """The tag `latest` names, None when there is no `latest` file.
+
+    The one parser of `latest` (the trainer's resume, the ledger, backup and retention, warm starts):
+    one line `global_stepN` as DeepSpeed writes it; anything else is a CheckpointError naming the file,
+    what it holds and the checkpoints the folder does hold.
+    """
     file = Path(checkpoints) / LATEST
-    if not file.is_file():
+    if not file.exists():
         return None
-    tag = file.read_text(encoding="utf-8").strip()
+    expected = "expected one line 'global_stepN' as DeepSpeed writes it"
+    try:
+        tag = file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{file}: unreadable ({exc}); {expected}") from None
     if step_of(tag) is None:
-        raise CheckpointError(f"{file}: names {tag!r}, which is not a global_stepN tag")
+        held = ", ".join(c.tag for c in list_checkpoints(checkpoints)) or "none"
+        raise CheckpointError(f"{file}: got {tag!r}; {expected} (checkpoints in the folder: {held})")
     return tag
+
+
+def latest_step(checkpoints: Path) -> int | None:
+    """The step of the checkpoint `latest` names, None when there is no `latest` file."""
+    tag = latest_tag(checkpoints)
+    return None if tag is None else step_of(tag)
 
 
 def complete_checkpoints(checkpoints: Path) -> list[Checkpoint]:

@@ -1,11 +1,13 @@
-"""Checkpoint decisions and records: when to save, what to resume from, whether it fits this model.
+"""Checkpoint decisions and records: what to resume from, whether it fits this model, bsops.json, RNG.
 
 DeepSpeed writes the weights and optimizer states in its layout (`global_stepN/`, `latest`). Next
 to them each checkpoint holds `bsops.json` (iteration, consumed samples and tokens, the LR
 schedule, the model shape, TP/PP/DP, the resolved config) and `rng_state_<rank>.pt`, written
 before DeepSpeed updates `latest`: `latest` only ever names a complete checkpoint.
 
-This module is pure Python apart from the RNG helpers, so decisions are unit-testable.
+When to save, and the save itself, are checkpointer.py's; reading the folder (tags, `latest`) is
+checkpoints/layout.py's. This module is pure Python apart from the RNG helpers, so decisions are
+unit-testable.
 """
 
 from __future__ import annotations
@@ -13,18 +15,11 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops.errors import BsopsError
-
-META = "bsops.json"
-TAG = re.compile(r"global_step(\d+)")
-
-
-class CheckpointError(BsopsError):
-    """A checkpoint folder cannot be resumed from: names the folder, what is wrong, and what to do."""
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints.layout import META, CheckpointError
 
 
 @dataclass(frozen=True)
@@ -39,17 +34,17 @@ def find_resume(checkpoints: Path) -> Resume | None:
     checkpoints = Path(checkpoints)
     if not checkpoints.is_dir():
         return None
-    tags = sorted(p.name for p in checkpoints.iterdir() if TAG.fullmatch(p.name))
-    latest = checkpoints / "latest"
-    if not latest.exists():
+    tags = [c.tag for c in layout.list_checkpoints(checkpoints)]
+    latest = checkpoints / layout.LATEST
+    tag = layout.latest_tag(checkpoints)
+    if tag is None:
         if tags:
             raise CheckpointError(
                 f"{checkpoints}: holds {', '.join(tags[-3:])} but no 'latest' file; refusing to start from scratch. "
                 f"Write the tag to resume from into {latest} (e.g. {tags[-1]}), or move the folder away to start over")
         return None
-    tag = latest.read_text(encoding="utf-8").strip()
     path = checkpoints / tag
-    if not TAG.fullmatch(tag) or not path.is_dir():
+    if not path.is_dir():
         raise CheckpointError(f"{latest}: names {tag!r}, which is not a checkpoint folder in {checkpoints}; "
                               f"available: {', '.join(tags) or 'none'}")
     meta_file = path / META

@@ -3,9 +3,11 @@
 Per step: the global batch size comes from the rampup (`BatchSchedule.batch_size_at(consumed)`),
 which sets the number of micro-batches; the step's LR is `LRSchedule.lr_at(samples the scheduler
 has seen)`, advanced by the batch size after every applied step (Megatron's AnnealingLR.step);
-the step reads Megatron's sample order (data.step_micro_batches). Before every iteration the kill
-switch and SIGUSR1/SIGTERM are checked, and after every iteration the exit interval and the exit
-duration, measured from the Slurm job start (BSOPS_JOB_START_EPOCH); each saves, then exits.
+the step reads Megatron's sample order (data.step_micro_batches). Whether and why to stop is
+decided in one place, before the first iteration and after every one (stopping.py: the end, the
+exit interval, a node phase boundary, the kill switch, SIGUSR1/SIGTERM, the exit duration measured
+from the Slurm job start BSOPS_JOB_START_EPOCH); every stop saves (checkpointer.py), then exits.
+Log lines and TensorBoard scalars: metrics.py.
 With TP > 1 the pipeline runs on DeepSpeed's (pipe, data, model) topology and every layer holds
 this rank's Megatron shards (tensor_parallel.py).
 
@@ -26,9 +28,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import math
 import os
-import signal
 import sys
 import time
 import traceback
@@ -49,10 +49,12 @@ from bigscience_ops.schedules import LRSchedule, in_skip_range
 from bigscience_ops.schema import Experiment
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer import tensor_parallel
+from bigscience_ops.trainer.checkpointer import Checkpointer
 from bigscience_ops.trainer.data import MicroBatchFeed, build_datasets
 from bigscience_ops.trainer.model import GPTShape, layer_specs, loss_function, weight_decay_groups
-from bigscience_ops.trainer.report import (Board, IterationStats, iteration_line, mfu, peak_tflops, perplexity,
-                                           validation_lines)
+from bigscience_ops.trainer.metrics import Metrics, StepRecord
+from bigscience_ops.trainer.report import Board, peak_tflops
+from bigscience_ops.trainer.stopping import FINISHED, Stopper, any_rank, kill_switch_path
 
 _IMPORT_TIME = time.time()
 
@@ -80,6 +82,12 @@ def fail_at(env: dict[str, str] | None = None) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
+def _raise_if_injected(fault: tuple[int, int] | None, iteration: int) -> None:
+    """The failure BSOPS_FAIL_AT asked for, on its rank, before its iteration."""
+    if fault is not None and fault == (dist.get_rank(), iteration):
+        raise InjectedFault(f"{FAIL_AT_ENV}={fault[0]}:{fault[1]}: rank {fault[0]} fails before iteration {fault[1]}")
+
+
 @dataclass
 class TrainState:
     """Everything a checkpoint must restore besides weights, optimizer and RNG."""
@@ -101,18 +109,6 @@ class TrainState:
             out.consumed_train_tokens = out.consumed_train_samples * seq_length
             out.lr_scheduler_tokens = out.lr_scheduler_samples * seq_length
         return out
-
-
-class _Signals:
-    """SIGUSR1 (Slurm's warning signal) and SIGTERM set a flag; the loop saves and exits."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.received = signum
 
 
 def _print(*lines: str) -> None:
@@ -177,13 +173,6 @@ def _record_fp32_grad_norm(engine) -> None:
     engine.clip_fp32_gradients = clip
 
 
-def _any_rank(device: torch.device, *flags: bool) -> list[bool]:
-    """Each flag OR-ed over all ranks (one all-reduce on the engine's device)."""
-    t = torch.tensor([int(f) for f in flags], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
-
-
 class Trainer:
     def __init__(self, exp: Experiment, ds_config: dict, synthetic_data: bool = False,
                  device: torch.device | None = None, schedule: RunSchedule | None = None) -> None:
@@ -206,7 +195,6 @@ class Trainer:
         self.flops_per_token = sizing.model_flops_per_token(exp.model, self.params)
         self.state = TrainState()
         self.checkpoints = Path(exp.paths.checkpoints)
-        self.last_saved: int | None = None
         self.job_start = _job_start_epoch()
 
     # ------------------------------------------------------------------ set-up
@@ -314,6 +302,17 @@ class Trainer:
         self.train_feed = feed(self.train_ds, self.state.consumed_train_samples)
         self.valid_feed = feed(self.valid_ds, self.state.consumed_valid_samples) if exp.logging.eval_iters else None
 
+    def _build_outputs(self) -> None:
+        """The metrics (log lines; TensorBoard on rank 0) and the checkpointer, which saves the engine."""
+        log = self.exp.logging
+        is_writer = dist.get_rank() == 0 and log.tensorboard
+        board = Board(self.exp.paths.tensorboard if is_writer else None, log.tensorboard_queue_size)
+        self.metrics = Metrics(board, _print, train_iters=self.train_iters, log_interval=log.log_interval,
+                               flops_per_token=self.flops_per_token, peak_tflops=self.peak_tflops,
+                               world_size=dist.get_world_size(), curriculum=self.curriculum is not None)
+        self.checkpointer = Checkpointer(self.checkpoints, self.run_schedule.saves, self.engine, self._checkpoint_meta,
+                                         self.metrics)
+
     def _find_resume(self) -> ckpt.Resume | None:
         """The checkpoint to resume from, checked against this model before anything is built.
 
@@ -354,7 +353,7 @@ class Trainer:
                                                        load_optimizer_states=False, load_lr_scheduler_states=False)
             if load_path is None:
                 raise ckpt.CheckpointError(f"{resume.path}: DeepSpeed could not load its weights")
-            self.last_saved = 0
+            self.checkpointer.resumed_at(0)
             _print(f"> warm start from {resume.path} (weights only): iteration 0, consumed samples 0")
             return
         tag = resume.tag if self.reshape is None else universal.universal_path(resume.path).name
@@ -376,38 +375,24 @@ class Trainer:
             _print(f"> RNG states of {resume.path} not restored: written with {self.reshape.old}")
         elif not ckpt.load_rng(resume.path, dist.get_rank()):
             _print(f"> {resume.path} has no RNG state for this rank (another world size): RNG reseeded")
-        self.last_saved = self.state.iteration
+        self.checkpointer.resumed_at(self.state.iteration)
         _print(f"> resumed from {resume.path}: iteration {self.state.iteration}, "
                f"consumed samples {self.state.consumed_train_samples}")
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save(self) -> None:
-        if self.last_saved == self.state.iteration:
-            return
-        start = time.time()
-        tag = f"global_step{self.state.iteration}"
-        path = self.checkpoints / tag
-        ckpt.save_rng(path, dist.get_rank())
-        if dist.get_rank() == 0:
-            ckpt.write_meta(path, {
-                "iteration": self.state.iteration,
-                "consumed_train_samples": self.state.consumed_train_samples,
-                "consumed_tokens": self.state.consumed_train_tokens,
-                "state": dataclasses.asdict(self.state),
-                "lr_schedule": _lr_schedule_dict(self.lr),
-                "model": dataclasses.asdict(self.shape),
-                "parallel": {"tensor": self.exp.parallel.tensor, "pipeline": self.exp.parallel.pipeline, "data": self.dp},
-                "experiment": to_dict(self.exp),
-            })
-        dist.barrier()
-        self.engine.save_checkpoint(str(self.checkpoints), tag=tag, client_state={"iteration": self.state.iteration})
-        dist.barrier()
-        self.last_saved = self.state.iteration
-        elapsed = time.time() - start
-        self.board.scalar("save-checkpoint-time", elapsed, self.state.iteration)
-        _print(f"  successfully saved checkpoint at iteration {self.state.iteration:7d} to {self.checkpoints} "
-               f"({elapsed * 1000:.1f} ms)")
+    def _checkpoint_meta(self) -> dict:
+        """bsops.json of a checkpoint of the current state (rank 0 writes it)."""
+        return {
+            "iteration": self.state.iteration,
+            "consumed_train_samples": self.state.consumed_train_samples,
+            "consumed_tokens": self.state.consumed_train_tokens,
+            "state": dataclasses.asdict(self.state),
+            "lr_schedule": _lr_schedule_dict(self.lr),
+            "model": dataclasses.asdict(self.shape),
+            "parallel": {"tensor": self.exp.parallel.tensor, "pipeline": self.exp.parallel.pipeline, "data": self.dp},
+            "experiment": to_dict(self.exp),
+        }
 
     # ------------------------------------------------------------------ steps
 
@@ -460,6 +445,10 @@ class Trainer:
         after them), the model, optimizer and LR schedule do not move (Megatron's --skip-train-iteration-range;
         unlike Megatron, the iteration and consumed-sample counters advance, so the run's length is unchanged)."""
         s = self.state
+        if not in_skip_range(s.iteration, self.skip_ranges):  # the first of its range
+            end = next(b for a, b in self.skip_ranges if a <= s.iteration + 1 <= b)
+            _print(f"> skipping iterations {s.iteration + 1} to {end} (train.skip_iterations): "
+                   "their data is consumed, no update is made")
         gbs = self.schedule.batch_size_at(s.consumed_train_samples)
         seqlen = self.seqlen_at(s.iteration + 1)
         s.iteration += 1
@@ -503,138 +492,72 @@ class Trainer:
 
     def run(self) -> int:
         exp = self.exp
-        kill_switch = Path(exp.checkpoint.kill_switch_path) if exp.checkpoint.kill_switch_path else None
-        if _any_rank(self.device, kill_switch is not None and kill_switch.exists())[0]:
+        kill_switch = kill_switch_path(exp.checkpoint)
+        if any_rank(self.device, kill_switch is not None and kill_switch.exists())[0]:
             _print(f"> kill switch {kill_switch} exists: exiting without training")
             return 0
         self._check_layout()
         resume = self._find_resume()
-        signals = _Signals()
+        self.stopper = Stopper(exp.checkpoint, self.train_iters, self.next_phase, self.job_start, self.device)
         self._build_engine()
         self._build_data()
-        is_writer = dist.get_rank() == 0 and exp.logging.tensorboard
-        self.board = Board(exp.paths.tensorboard if is_writer else None, exp.logging.tensorboard_queue_size)
+        self._build_outputs()
         self._resume(resume)
         self._build_feeds()
         _print(f"> training {exp.name}: {self.params} parameters, TP={exp.parallel.tensor} PP={exp.parallel.pipeline} "
                f"DP={self.dp}, {self.train_iters} iterations, starting at {self.state.iteration}")
-        reason = self._loop(kill_switch, signals)
-        self.save()
-        self.board.flush()
-        self.board.close()
+        reason = self._loop()
+        self.checkpointer.save(self.state.iteration)
+        self.metrics.close()
         _print(f"> {reason} at iteration {self.state.iteration}")
         return 0
 
-    def _loop(self, kill_switch: Path | None, signals: _Signals) -> str:
-        exp, s = self.exp, self.state
-        log = exp.logging
-        ck = exp.checkpoint
-        window = {"loss": 0.0, "count": 0, "time": 0.0, "iters": 0, "nan": 0}
-        steps_this_run = 0
+    def _loop(self) -> str:
+        """Train until the stopper gives a reason; returns it."""
+        s, log = self.state, self.exp.logging
         fault = fail_at()
-        while s.iteration < self.train_iters:
-            over_time = steps_this_run > 0 and (time.time() - self.job_start) / 60.0 > ck.exit_duration_in_mins
-            killed, signalled, timed_out = _any_rank(self.device, kill_switch is not None and kill_switch.exists(),
-                                                     signals.received is not None, over_time)
-            if killed:
-                return f"kill switch {kill_switch} found: saved and exiting"
-            if signalled:
-                return "signal received: saved and exiting"
-            if timed_out:
-                return f"exit duration of {ck.exit_duration_in_mins} min since the job start reached: saved and exiting"
-
-            if fault is not None and fault == (dist.get_rank(), s.iteration + 1):
-                raise InjectedFault(f"{FAIL_AT_ENV}={fault[0]}:{fault[1]}: rank {fault[0]} fails before iteration "
-                                    f"{fault[1]}")
+        reason = self.stopper.reason(s.iteration, s.consumed_train_samples, stepped=False)
+        while reason is None:
+            _raise_if_injected(fault, s.iteration + 1)
             if in_skip_range(s.iteration + 1, self.skip_ranges):
-                if not in_skip_range(s.iteration, self.skip_ranges):
-                    end = next(b for a, b in self.skip_ranges if a <= s.iteration + 1 <= b)
-                    _print(f"> skipping iterations {s.iteration + 1} to {end} (train.skip_iterations): "
-                           "their data is consumed, no update is made")
                 self.skip_step()
-                steps_this_run += 1
-                it = s.iteration
             else:
-                start = time.time()
-                loss, applied, gbs, seqlen = self.train_step()
-                elapsed = time.time() - start
-                steps_this_run += 1
-                it = s.iteration
-                is_nan = not math.isfinite(loss)
-                if applied and not is_nan:
-                    window["loss"] += loss
-                    window["count"] += 1
-                window["nan"] += int(is_nan)
-                window["time"] += elapsed
-                window["iters"] += 1
-                self._record(it, loss, gbs, seqlen, elapsed, window, log.log_interval)
-
+                self._train_iteration()
+            it = s.iteration
             if log.eval_iters > 0 and it % log.eval_interval == 0 and it < self.train_iters:
                 self._validate(it)
-            if self.run_schedule.saves.due(it):
-                self.save()
-            if ck.exit_interval is not None and it % ck.exit_interval == 0 and it < self.train_iters:
-                return f"exit interval {ck.exit_interval} reached: saved and exiting"
-            if (self.next_phase is not None and s.consumed_train_samples >= self.next_phase.start_samples
-                    and it < self.train_iters):
-                return (f"node schedule: {self.next_phase.describe()} begins: saved and exiting, the next array task "
-                        f"trains at {self.next_phase.nodes} nodes")
-        if log.eval_iters > 0:
+            self.checkpointer.step_done(it)
+            reason = self.stopper.reason(it, s.consumed_train_samples, stepped=True)
+        if reason == FINISHED and log.eval_iters > 0:
             self._validate(s.iteration)
-        return "training finished"
+        return reason
+
+    def _train_iteration(self) -> None:
+        """One timed optimizer step, handed to the metrics."""
+        start = time.time()
+        loss, applied, gbs, seqlen = self.train_step()
+        elapsed = time.time() - start
+        self.metrics.step(self._step_record(loss, applied, gbs, seqlen, elapsed), self.params_norm)
 
     def _validate(self, it: int) -> None:
         start = time.time()
         loss = self.evaluate()
-        if loss is None:
-            return
-        _print(*validation_lines(it, loss))
-        self.board.scalar("lm loss validation", loss, it, self.state.consumed_train_samples)
-        self.board.scalar("lm loss validation ppl", perplexity(loss), it, self.state.consumed_train_samples)
-        self.board.scalar("eval-time", time.time() - start, it)
+        if loss is not None:
+            self.metrics.validation(it, loss, self.state.consumed_train_samples, time.time() - start)
 
-    def _record(self, it: int, loss: float, gbs: int, seqlen: int, elapsed: float, window: dict,
-                log_interval: int) -> None:
-        s, e, b = self.state, self.engine, self.board
-        consumed, tokens = s.consumed_train_samples, s.consumed_train_tokens
+    def _step_record(self, loss: float, applied: bool, gbs: int, seqlen: int, elapsed: float) -> StepRecord:
+        """What the metrics need of a trained iteration, read off the engine right after its step."""
+        s, e = self.state, self.engine
         if self.train_feed is not None and self.train_feed.seen_seqlen is not None:
             seqlen = self.train_feed.seen_seqlen  # the length the model was fed
-        lr = e.optimizer.param_groups[0]["lr"]
         grad_norm = e.get_global_grad_norm()
-        grad_norm = float(grad_norm) if grad_norm is not None else None
-        loss_scale = float(getattr(e.optimizer, "cur_scale", 1.0)) if self.exp.train.precision == "fp16" else 1.0
-        seq = seqlen
-        world = dist.get_world_size()
-        b.scalar("consumed tokens", tokens, it, consumed)
-        if self.curriculum is not None:
-            b.scalar("curriculum seqlen", seqlen, it, consumed)
-        b.scalar("learning-rate", lr, it, consumed)
-        b.scalar("batch-size", gbs, it, consumed)
-        b.scalar("lm loss", loss, it, consumed)
-        b.scalar("loss-scale", loss_scale, it, consumed)
-        b.scalar("grad-norm", grad_norm, it, consumed)
-        b.scalar("iteration-time", elapsed, it, consumed)
-        b.scalar("samples per second", gbs / elapsed, it, consumed)
-        step_tflops = gbs * seq * self.flops_per_token / elapsed / world / 1e12
-        b.scalar("TFLOPs per GPU", step_tflops, it, consumed)
-        b.scalar("MFU", mfu(step_tflops, self.peak_tflops), it, consumed)  # left out when the peak is unknown
-        if it % log_interval:
-            return
-        params_norm = self.params_norm()
-        b.scalar("params-norm", params_norm, it, consumed)
-        iters = max(window["iters"], 1)
-        per_iter = window["time"] / iters
-        tokens_per_s = gbs * seq / per_iter
-        stats = IterationStats(
-            iteration=it, train_iters=self.train_iters, consumed_samples=consumed, consumed_tokens=tokens,
-            elapsed_ms=per_iter * 1000.0, learning_rate=lr, global_batch_size=gbs,
-            lm_loss=window["loss"] / window["count"] if window["count"] else None, loss_scale=loss_scale,
-            grad_norm=grad_norm, params_norm=params_norm, skipped=s.skipped_iterations, nan=window["nan"],
-            samples_per_second=gbs / per_iter, tflops=tokens_per_s * self.flops_per_token / world / 1e12,
-            mfu=mfu(tokens_per_s * self.flops_per_token / world / 1e12, self.peak_tflops),
-            curriculum_seqlen=seqlen if self.curriculum is not None else None)
-        _print(iteration_line(stats))
-        window.update(loss=0.0, count=0, time=0.0, iters=0, nan=0)
+        return StepRecord(
+            iteration=s.iteration, loss=loss, applied=applied, global_batch_size=gbs, seqlen=seqlen, elapsed=elapsed,
+            learning_rate=e.optimizer.param_groups[0]["lr"],
+            grad_norm=float(grad_norm) if grad_norm is not None else None,
+            loss_scale=float(getattr(e.optimizer, "cur_scale", 1.0)) if self.exp.train.precision == "fp16" else 1.0,
+            consumed_samples=s.consumed_train_samples, consumed_tokens=s.consumed_train_tokens,
+            skipped_iterations=s.skipped_iterations)
 
 
 def _report_failure(exc: BaseException) -> None:
