@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from bigscience_ops import sizing
+from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock
 from bigscience_ops.trainer.tensor_parallel import TensorParallel
@@ -132,5 +133,5 @@ def test_resume_with_another_tp_is_rejected(tmp_path):
     path = tmp_path / "global_step4"
     ckpt.write_meta(path, {"model": dataclasses.asdict(shape), "parallel": {"tensor": 2, "pipeline": 1}})
     (tmp_path / "latest").write_text("global_step4")
-    with pytest.raises(ckpt.CheckpointError, match="parallel.tensor: checkpoint 2, config 1"):
+    with pytest.raises(CheckpointError, match="parallel.tensor: checkpoint 2, config 1"):
         ckpt.check_compatible(ckpt.find_resume(tmp_path), dataclasses.asdict(shape), 1, 1)

@@ -14,6 +14,7 @@ import torch
 
 from bigscience_ops import ledger
 from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.node_schedule import Phase
 from bigscience_ops.schedules import SaveSchedule
 from bigscience_ops.schema import CheckpointConfig
@@ -63,7 +64,7 @@ def test_find_resume_empty_and_complete(tmp_path):
 def test_checkpoints_without_latest_are_an_error_not_a_fresh_start(tmp_path):
     _fake_checkpoint(tmp_path, 7, {"iteration": 7})
     (tmp_path / "latest").unlink()
-    with pytest.raises(ckpt.CheckpointError, match="global_step7"):
+    with pytest.raises(CheckpointError, match="global_step7"):
         ckpt.find_resume(tmp_path)
 
 
@@ -71,7 +72,7 @@ def test_checkpoints_without_latest_are_an_error_not_a_fresh_start(tmp_path):
 def test_latest_naming_a_missing_folder_is_an_error(tmp_path, content):
     _fake_checkpoint(tmp_path, 7, {"iteration": 7})
     (tmp_path / "latest").write_text(content)
-    with pytest.raises(ckpt.CheckpointError, match=content):
+    with pytest.raises(CheckpointError, match=content):
         ckpt.find_resume(tmp_path)
 
 
@@ -85,14 +86,14 @@ def test_latest_has_one_parser(tmp_path, content):
         assert ckpt.find_resume(tmp_path).meta["iteration"] == 7
         return
     for read in (ledger.latest_iteration, layout.latest_tag, ckpt.find_resume):
-        with pytest.raises(ckpt.CheckpointError):
+        with pytest.raises(CheckpointError):
             read(tmp_path)
 
 
 def test_checkpoint_without_meta_is_an_error(tmp_path):
     (tmp_path / "global_step3").mkdir()
     (tmp_path / "latest").write_text("global_step3")
-    with pytest.raises(ckpt.CheckpointError, match="bsops.json"):
+    with pytest.raises(CheckpointError, match="bsops.json"):
         ckpt.find_resume(tmp_path)
 
 
@@ -102,9 +103,9 @@ def test_shape_and_layout_mismatch_rejected(tmp_path):
     _fake_checkpoint(tmp_path, 5, {"model": shape, "parallel": {"tensor": 1, "pipeline": 2}})
     resume = ckpt.find_resume(tmp_path)
     ckpt.check_compatible(resume, shape, 1, 2)
-    with pytest.raises(ckpt.CheckpointError, match="hidden_size: checkpoint 64, config 128"):
+    with pytest.raises(CheckpointError, match="hidden_size: checkpoint 64, config 128"):
         ckpt.check_compatible(resume, {**shape, "hidden_size": 128}, 1, 2)
-    with pytest.raises(ckpt.CheckpointError, match="parallel.pipeline: checkpoint 2, config 1"):
+    with pytest.raises(CheckpointError, match="parallel.pipeline: checkpoint 2, config 1"):
         ckpt.check_compatible(resume, shape, 1, 1)
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from bigscience_ops.checkpoints.layout import LATEST, complete_checkpoints, latest_tag, list_checkpoints
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.trainer.checkpointing import META, write_meta
+from bigscience_ops.checkpoints.layout import META
+from bigscience_ops.trainer.checkpointing import write_meta
 
 LAYER_FILE = re.compile(r"layer_(\d+)-(.*model_states\.pt)")
 # Fields that must agree: they decide the shape of a tensor that is copied.

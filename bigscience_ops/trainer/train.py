@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from bigscience_ops import sizing
 from bigscience_ops.checkpoints import universal
+from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.config import to_dict
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.run_schedule import RunSchedule, run_schedule
@@ -352,7 +353,7 @@ class Trainer:
             load_path, _ = self.engine.load_checkpoint(str(self.checkpoints), tag=resume.tag, load_module_only=True,
                                                        load_optimizer_states=False, load_lr_scheduler_states=False)
             if load_path is None:
-                raise ckpt.CheckpointError(f"{resume.path}: DeepSpeed could not load its weights")
+                raise CheckpointError(f"{resume.path}: DeepSpeed could not load its weights")
             self.checkpointer.resumed_at(0)
             _print(f"> warm start from {resume.path} (weights only): iteration 0, consumed samples 0")
             return
@@ -360,7 +361,7 @@ class Trainer:
         load_path, _ = self.engine.load_checkpoint(str(self.checkpoints), tag=tag, load_optimizer_states=True,
                                                    load_lr_scheduler_states=False)
         if load_path is None:
-            raise ckpt.CheckpointError(f"{resume.path}: DeepSpeed could not load it")
+            raise CheckpointError(f"{resume.path}: DeepSpeed could not load it")
         meta = resume.meta
         self.state = TrainState.from_meta(meta["state"], self.exp.model.seq_length)
         saved_lr = LRSchedule(**meta["lr_schedule"])
