@@ -2,7 +2,7 @@
 
 N documents (random sizes, mean ~1000 tokens) and S samples of L tokens. Two methods, each in a
 fresh process, side by side:
-  previous  the three arrays built in memory (`gpt_dataset.build_index_mappings`), then np.save;
+  previous  the three arrays built in memory (`index_mappings.build_index_mappings`), then np.save;
   files     `index_files.write_index_mappings`: straight into the .npy files in bounded memory.
 It prints wall time, CPU time, peak RSS (whole process, and above the sizes array), the ratios,
 the seconds of each stage of the files method, whether its compiled shuffle helper
@@ -44,7 +44,7 @@ def _cpu() -> float:
 
 
 def _build(method: str, num_docs: int, num_samples: int, seq_length: int, out: str, q: mp.Queue) -> None:
-    from bigscience_ops.data.gpt_dataset import build_index_mappings
+    from bigscience_ops.data.index_mappings import build_index_mappings
     from bigscience_ops.data import index_files
 
     sizes = _sizes(num_docs)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bigscience_ops.data import gpt_dataset as gd
+from bigscience_ops.data import index_mappings as im
 from bigscience_ops.data.errors import DataError
 from bigscience_ops.data.indexed import IndexedDataset
 from tests.fixtures_data import write_indexed
@@ -110,9 +111,9 @@ def test_empty_documents_are_skipped_like_megatron(tmp_path):
 def test_sample_idx_chunking_gives_same_result(tmp_path, monkeypatch):
     _, docs = make_corpus(tmp_path, n_docs=60)
     sizes = np.array([len(d) for d in docs], dtype=np.int32)
-    whole = gd.build_index_mappings(sizes, 0, 60, 300, 7, 11)
-    monkeypatch.setattr(gd, "SAMPLE_CHUNK", 5)
-    chunked = gd.build_index_mappings(sizes, 0, 60, 300, 7, 11)
+    whole = im.build_index_mappings(sizes, 0, 60, 300, 7, 11)
+    monkeypatch.setattr(im, "SAMPLE_CHUNK", 5)
+    chunked = im.build_index_mappings(sizes, 0, 60, 300, 7, 11)
     for a, b in zip(whole, chunked):
         np.testing.assert_array_equal(a, b)
 
@@ -233,6 +234,6 @@ def test_num_epochs_matches_megatron_loop():
             epochs += 1
             if (epochs * tokens - 1) // seq >= n:
                 break
-        assert gd.num_epochs_needed(tokens, seq, n) == epochs
+        assert im.num_epochs_needed(tokens, seq, n) == epochs
     with pytest.raises(DataError, match="tokens"):
-        gd.num_epochs_needed(1, 8, 10)
+        im.num_epochs_needed(1, 8, 10)

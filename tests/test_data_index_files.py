@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bigscience_ops.data import gpt_dataset as gd
+from bigscience_ops.data import index_mappings as im
 from bigscience_ops.data import index_files as ixf
 from bigscience_ops.data import locks
 from tests.fixtures_data import write_indexed
@@ -43,7 +44,7 @@ def test_files_equal_in_memory_build_saved_with_np_save(tmp_path, monkeypatch, c
         monkeypatch.setattr(ixf, "_compiled", None)
     else:
         assert ixf._compiled is not None, "bigscience_ops/data/_shuffle.c is not built: pip install -e ."
-    expected = gd.build_index_mappings(sizes, first, end, num_samples, seq_length, seed)
+    expected = im.build_index_mappings(sizes, first, end, num_samples, seq_length, seed)
     paths = tuple(tmp_path / f"{name}.npy" for name in ("doc", "sample", "shuffle"))
     ixf.write_index_mappings(sizes, first, end, num_samples, seq_length, seed, paths)
     for path, array in zip(paths, expected):
@@ -53,7 +54,7 @@ def test_files_equal_in_memory_build_saved_with_np_save(tmp_path, monkeypatch, c
 
 def test_separate_last_epoch_case_is_covered():
     # CASES[1] and [4] must exercise Megatron's separately shuffled last epoch, or the test above misses it.
-    plans = [gd.index_plan(s, f, e, n, L) for s, f, e, n, L, _ in CASES]
+    plans = [im.index_plan(s, f, e, n, L) for s, f, e, n, L, _ in CASES]
     assert any(p[2] for p in plans) and any(p[1] > 1 and not p[2] for p in plans)
 
 
@@ -98,7 +99,7 @@ def test_lock_file_of_a_live_process_waits_until_the_files_exist(tmp_path, monke
 MEMORY_PROBE = """
 import sys, numpy as np
 from pathlib import Path
-from bigscience_ops.data import gpt_dataset as gd, index_files as ixf
+from bigscience_ops.data import index_mappings as im, index_files as ixf
 def peak_kb():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
 sizes = np.random.default_rng(0).integers(1, 2000, 500_000, dtype=np.int32)
@@ -108,7 +109,7 @@ if sys.argv[1] == "files":
     ixf.CHUNK = 1 << 16  # chunk buffers well under doc_idx, as at pretraining scale
     ixf.write_index_mappings(sizes, 0, len(sizes), 1_500_000, 2048, 1, tuple(out / n for n in "dsh"))
 else:
-    for n, a in zip("dsh", gd.build_index_mappings(sizes, 0, len(sizes), 1_500_000, 2048, 1)):
+    for n, a in zip("dsh", im.build_index_mappings(sizes, 0, len(sizes), 1_500_000, 2048, 1)):
         np.save(out / n, a)
 print(peak_kb() - before)
 """

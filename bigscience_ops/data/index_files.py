@@ -1,6 +1,6 @@
 """The GPT dataset's three index arrays built straight into their .npy files, in bounded memory.
 
-The files hold the same bytes as `gpt_dataset.build_index_mappings` followed by `np.save` (same
+The files hold the same bytes as `index_mappings.build_index_mappings` followed by `np.save` (same
 RNG calls in the same order, same dtypes); only where the arrays live while they are built differs:
 
   doc_idx      filled and shuffled in anonymous memory, written, then dropped. (Shuffling a
@@ -36,7 +36,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from bigscience_ops.data.errors import DataError
-from bigscience_ops.data.gpt_dataset import index_plan
+from bigscience_ops.data.index_mappings import index_plan
 
 try:
     from bigscience_ops.data import _shuffle as _compiled
@@ -118,7 +118,7 @@ def _fill_doc_idx(first_doc: int, end_doc: int, num_epochs: int) -> np.ndarray:
 
 def _write_sample_idx(path: Path, sizes: np.ndarray, doc_idx_path: Path, doc_idx_len: int,
                       seq_length: int, num_samples: int) -> None:
-    """Megatron's sample_idx (see gpt_dataset.build_sample_idx), appended to `path` chunk by chunk.
+    """Megatron's sample_idx (see index_mappings.build_sample_idx), appended to `path` chunk by chunk.
 
     Sample k starts at token k * seq_length of the documents laid end to end in doc_idx order; its
     row is (the position in doc_idx of the document holding that token, the offset in it). Each
