@@ -10,7 +10,7 @@ The model calls the functions below with its `model.kernels` choice:
     triton  Triton everywhere: CUDA, or CPU tensors under Triton's interpreter (TRITON_INTERPRET=1);
     torch   the references everywhere.
 The Triton modules are imported only when a Triton kernel is about to run, so the torch path
-works on machines where Triton has no driver.
+works on machines where Triton has no driver (softmax.py, torch only, is imported at once).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from bigscience_ops.errors import BsopsError
+from kernels.softmax import causal_attention_torch
 
 CHOICES = ("auto", "triton", "torch")
 
@@ -73,8 +74,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
     if use_triton(kernels, q):
         from kernels.attention import causal_attention_triton
         return causal_attention_triton(q, k, v, dropout_p, alibi_slopes)
-    from kernels.softmax import causal_attention
-    return causal_attention(q, k, v, dropout_p, alibi_slopes)
+    return causal_attention_torch(q, k, v, dropout_p, alibi_slopes)
 
 
 Partials = tuple[torch.Tensor, torch.Tensor, torch.Tensor]

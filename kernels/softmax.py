@@ -1,6 +1,6 @@
 """Scaled, causally masked softmax and causal attention: plain-torch references.
 
-`scaled_causal_softmax` is Megatron's FusedScaleMaskSoftmax for the causal case; `causal_attention`
+`scaled_causal_softmax` is Megatron's FusedScaleMaskSoftmax for the causal case; `causal_attention_torch`
 is the whole softmax(q k^T * scale) v product the model calls. Its reference uses torch's
 scaled_dot_product_attention (the same math as the explicit softmax, fewer passes over memory).
 
@@ -65,8 +65,8 @@ def causal_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return probs @ v
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
-                     alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+def causal_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                           alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """(B, nh, T, hs) x3 -> (B, nh, T, hs); dropout_p applies to the attention probabilities.
 
     With alibi_slopes (nh,) the bias and the causal mask go in as one additive (nh, T, T) mask in q's

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernels.attention import causal_attention_triton, draw_seed, dropout_keep_mask
-from kernels.softmax import alibi_bias, alibi_slopes, causal_attention, causal_attention_reference, scaled_causal_softmax
+from kernels.softmax import alibi_bias, alibi_slopes, causal_attention_torch, causal_attention_reference, scaled_causal_softmax
 from tests.test_kernels_ops import DEVICE, DTYPES, _close, _qkv_views, _randn
 
 
@@ -79,7 +79,7 @@ def test_torch_path_alibi_equals_the_explicit_reference(T):
     B, H, D = 2, 6, 8
     slopes = torch.tensor(alibi_slopes(H), device=DEVICE)
     qkv, (q, k, v) = _qkv_views(B, T, H, D, torch.float32, seed=24)
-    out = causal_attention(q, k, v, 0.0, slopes)
+    out = causal_attention_torch(q, k, v, 0.0, slopes)
     ref_qkv, (rq, rk, rv) = _leaf_views(qkv, D)
     expected = causal_attention_reference(rq, rk, rv, 0.0, slopes)
     _close(out, expected, torch.float32, "output")
