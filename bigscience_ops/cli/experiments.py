@@ -54,7 +54,7 @@ def show(exp: str, as_json: bool, trainings_dir: Path | None) -> None:
 
 
 def inherited_site_values(exp: str, trainings_dir: Path | None) -> dict[str, str]:
-    from bigscience_ops.site import inherited_site_values as inherited
+    from bigscience_ops.site_values import inherited_site_values as inherited
 
     return inherited(exp, trainings_dir)
 
@@ -114,7 +114,7 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
     """
     import os
 
-    from bigscience_ops.site import new_experiment_text
+    from bigscience_ops.site_values import new_experiment_text
 
     # Never the bundled folder: a new experiment is the user's, beside their other files.
     directory = trainings_dir or Path(os.environ.get("BSOPS_TRAININGS") or "trainings")

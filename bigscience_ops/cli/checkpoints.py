@@ -1,6 +1,7 @@
-"""`bsops convert`, `bsops logs`, `bsops plot`: what a run produces, taken out of the cluster or looked at.
+"""`bsops convert` and `bsops warm-start`: what the checkpoints package makes of a run's checkpoints.
 
-torch, transformers' formats and matplotlib are imported inside the commands only.
+A transformers model folder from a checkpoint, or the first checkpoint of a deeper experiment from a
+trained shallower run. torch and transformers' formats are imported inside the commands only.
 """
 
 from __future__ import annotations
@@ -67,48 +68,42 @@ def convert_command(exp: str, trainings_dir: Path | None, step: int | None, out:
         click.echo(f"pushed {result.tag}/ to {experiment.hub.checkpoints_repo or remote}: {commit}")
 
 
-@main.command("logs")
-@click.argument("exp")
-@trainings_option
-@click.option("-n", "--lines", "lines", type=click.IntRange(min=0), default=20, show_default=True,
-              help="How many of the last lines to print.")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing lines as they are appended (Ctrl-C stops).")
-@click.option("--from-clone", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Read main_log.txt from this clone of the logs repo instead of the run folder.")
-@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
-              help="With --follow: seconds between checks for new lines.")
-def logs_command(exp: str, trainings_dir: Path | None, lines: int, follow: bool, from_clone: Path | None,
-                 interval: float) -> None:
-    """Print the tail of EXP's main_log.txt (the run folder's, else hub-sync's clone of the logs repo)."""
-    from bigscience_ops.views import logs
+def _rendered(path: Path):
+    """A run's resolved experiment.json (what bsops render writes)."""
+    import json
 
-    experiment = load_experiment(exp, trainings_dir)
-    path = logs.find_log(experiment, from_clone)
-    last, offset = logs.tail(path, lines)
-    for line in last:
-        click.echo(line)
-    if not follow:
-        return
-    sys.stdout.flush()
+    from bigscience_ops.config import from_dict
+
     try:
-        for line in logs.follow(path, offset, interval=interval):
-            click.echo(line)
-            sys.stdout.flush()
-    except KeyboardInterrupt:
-        pass
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(f"{path}: unreadable ({exc}); expected an experiment name, its YAML file or the "
+                                 "experiment.json bsops render writes", param_hint="EXP")
+    return from_dict(data, str(path))
 
 
-@main.command("plot")
+@main.command("warm-start")
+@click.option("--from", "source", required=True, metavar="RUN[:STEP]",
+              help="The trained run: a run folder, its checkpoints folder or an experiment name; STEP picks "
+                   "global_stepSTEP (default: the checkpoint 'latest' names).")
 @click.argument("exp")
 @trainings_option
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The PNG file to write.")
-@click.option("--tensorboard-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Read the event files here instead of paths.tensorboard (e.g. a clone of the tensorboard repo).")
-def plot_command(exp: str, trainings_dir: Path | None, out: Path, tensorboard_dir: Path | None) -> None:
-    """Draw EXP's training loss, validation loss, learning rate, batch size and grad norm against tokens."""
-    from bigscience_ops.views import plot
+def warm_start_command(source: str, exp: str, trainings_dir: Path | None) -> None:
+    """Write step 0 of EXP, a deeper model, from the weights of a shallower run (Gopher G.3.3).
 
-    experiment = load_experiment(exp, trainings_dir)
-    result = plot.plot(experiment, out, tensorboard_dir)
-    counts = ", ".join(f"{name} {len(s.values)}" for name, s in result.series.items())
-    click.echo(f"{result.out}: points per panel: {counts} (from {len(result.event_files)} event file(s))")
+    EXP is an experiment name, its YAML file, or a rendered run's experiment.json.
+
+    EXP's block i starts as the source's block floor(i * L / L') (L source blocks, L' of EXP); the
+    embedding and the final LayerNorm are copied. Width, heads, FFN size, vocabulary, position
+    embedding and TP must match. The new run starts with fresh schedules, optimizer state and data
+    position: launch EXP as usual and it loads these weights.
+    """
+    from bigscience_ops.checkpoints import warm_start
+
+    experiment = _rendered(Path(exp)) if exp.endswith(".json") else load_experiment(exp, trainings_dir)
+    run, step = warm_start.parse_from(source)
+    found = warm_start.find_source(warm_start.source_checkpoints(run, trainings_dir), step, source)
+    result = warm_start.build(experiment, found, log=click.echo)
+    src_layers = found.meta["model"]["num_layers"]
+    click.echo(f"{found.path} ({src_layers} blocks, iteration {found.meta.get('iteration')}) -> {result.target} "
+               f"({len(result.mapping)} blocks from source blocks {result.mapping})")
