@@ -20,6 +20,7 @@ from pathlib import Path
 from bigscience_ops import render as rendering
 from bigscience_ops.schema import AlertsConfig, Experiment
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops import notify
 from bigscience_ops.ops.status import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
@@ -267,8 +268,6 @@ def log_path(cron_dir: Path, period: str) -> Path:
 
 
 def _email_failures(alerts: AlertsConfig, period: str, report: RunReport) -> str:
-    from bigscience_ops.ops import notify
-
     failures = "\n".join(f"- {what}: {error}" for what, error in report.failed)
     body = (f"The {period} cron runner hit {len(report.failed)} problem(s):\n{failures}\n\n"
             f"The runner was re-armed before anything else ran, so it tries again next {period} run; fix the "
