@@ -23,7 +23,7 @@ from bigscience_ops.plan import make_plan
 from bigscience_ops.config import load_experiment
 from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.ops import cron, scrontab
+from bigscience_ops.ops import cron, hourly_jobs, scrontab
 
 # A value that would end an #SBATCH line and run a command, and its cousins.
 HOSTILE = {
@@ -62,7 +62,7 @@ def _render_cron_runner(option: str) -> Callable[[str, Path], str]:
     return render
 
 
-def _render_status_job(where: str) -> Callable[[str, Path], str]:
+def _render_hourly_job(kind: str, where: str) -> Callable[[str, Path], str]:
     def render(value: str, tmp_path: Path) -> str:
         exp = load_experiment("tr1-13B")
         settings = cron.CronSettings()
@@ -70,21 +70,7 @@ def _render_status_job(where: str) -> Callable[[str, Path], str]:
             exp = _replace(exp, "slurm.job_name", value)
         else:
             settings = dataclasses.replace(settings, **{where: value})
-        return cron.render_status_job(tmp_path, exp, tmp_path, settings).text
-    return render
-
-
-def _render_artifact_job(kind: str, where: str) -> Callable[[str, Path], str]:
-    def render(value: str, tmp_path: Path) -> str:
-        from bigscience_ops.ops import artifact_jobs
-
-        exp = load_experiment("tr1-13B")
-        settings = cron.CronSettings()
-        if where == "job_name":
-            exp = _replace(exp, "slurm.job_name", value)
-        else:
-            settings = dataclasses.replace(settings, **{where: value})
-        return artifact_jobs.render_job(kind, tmp_path, exp, tmp_path, settings).text
+        return hourly_jobs.render(kind, tmp_path, exp, tmp_path, settings).text
     return render
 
 
@@ -92,8 +78,7 @@ def _render_artifact_job(kind: str, where: str) -> Callable[[str, Path], str]:
 RENDERERS: dict[str, Callable[[str, Path], str]] = {
     **{f"train.slurm.j2:{f}": _render_training(f) for f in EXPERIMENT_FIELDS},
     **{f"cron-runner.slurm.j2:{o}": _render_cron_runner(o) for o in ("partition", "account", "qos", "time", "name_prefix")},
-    **{f"status-job.slurm.j2:{o}": _render_status_job(o) for o in ("job_name", "partition", "account", "qos")},
-    **{f"{k}-job.slurm.j2:{o}": _render_artifact_job(k, o) for k in ("hub-sync", "backup")
+    **{f"hourly-job.slurm.j2:{k}:{o}": _render_hourly_job(k, o) for k in ("status", "hub-sync", "backup")
        for o in ("job_name", "partition", "account", "qos")},
 }
 

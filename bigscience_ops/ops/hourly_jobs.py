@@ -1,0 +1,64 @@
+"""The experiment's hourly jobs for cron.hourly/: the status watchdog, the Hub sync and the backup.
+
+One template (templates/hourly-job.slurm.j2) renders all three; `JOBS` says what differs: the bsops
+command each runs, its time limit and the comment that tells a reader what the job does. hub-sync
+and backup run with `--alert`: on failure they exit non-zero and email the experiment's alerts
+recipients at most once per alerts.cooldown_minutes while it keeps failing, then once when it works
+again (ops/notify.py's cooldown state, shared with the watchdog). The watchdog's alert (exit 1) is
+already emailed, so for the runner its job succeeded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigscience_ops import render as rendering
+from bigscience_ops.ops.cron import CronSettings, RunnerScript
+from bigscience_ops.schema import Experiment
+
+
+@dataclass(frozen=True)
+class HourlyJob:
+    suffix: str  # of the job name and the script's file name
+    command: str  # the bsops command it runs
+    time: str  # --time: one sync must end well before the next; a backup of a large checkpoint may take hours
+    what: str
+    about: tuple[str, ...]
+    alert_is_success: bool = False
+
+
+JOBS: dict[str, HourlyJob] = {
+    "status": HourlyJob(
+        "slurm-status", "status", "00:10:00", "watchdog",
+        ("It checks the training and the cron chains, logs to watchdog.log beside the run's main_log.txt and",
+         "emails the on-call people on an alert."), alert_is_success=True),
+    "hub-sync": HourlyJob(
+        "hub-sync", "hub-sync", "00:50:00", "Hub sync",
+        ("It pushes the run's logs, TensorBoard events and codecarbon records to their Hub repos (the",
+         "token comes from the environment variable hub.token_env); a failure is emailed to the on-call people.")),
+    "backup": HourlyJob(
+        "backup", "backup", "12:00:00", "checkpoint backup",
+        ("It copies new checkpoints to backup.dest with a verified manifest each, finishes a copy an",
+         "earlier run left half-done, applies scratch retention, and emails the on-call people on a failure.")),
+}
+
+
+def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, settings: CronSettings,
+           workdir: Path | None = None) -> RunnerScript:
+    """cron.hourly/<exp>-<suffix>.slurm for one of JOBS; the job runs in `workdir` (default: the current folder),
+    the folder exp's relative outputs resolved against (config.outputs_folder)."""
+    if kind not in JOBS:
+        raise ValueError(f"job kind {kind!r}: one of {', '.join(JOBS)}")
+    job = JOBS[kind]
+    cron_dir = Path(cron_dir).resolve()
+    optional = [(opt, getattr(settings, opt)) for opt in ("partition", "account", "qos") if getattr(settings, opt)]
+    arguments = ["--cron-dir", str(cron_dir)] if kind == "status" else ["--alert"]
+    text = rendering.environment().get_template("hourly-job.slurm.j2").render(
+        job_name=f"{exp.slurm.job_name}-{job.suffix}", experiment=exp.name,
+        trainings_dir=str(Path(trainings_dir).resolve()), time=job.time, what=job.what, about=job.about,
+        command=job.command, arguments=arguments, alert_is_success=job.alert_is_success, optional=optional,
+        env_setup=[rendering.Raw(line) for line in settings.env_setup], logs=str(cron_dir / "logs"),
+        workdir=str(Path(workdir or Path.cwd()).resolve()),
+    )
+    return RunnerScript(cron_dir / "cron.hourly" / f"{exp.name}-{job.suffix}.slurm", text)
