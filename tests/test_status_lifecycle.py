@@ -12,7 +12,7 @@ import pytest
 
 from bigscience_ops import ledger
 from bigscience_ops.config import load_experiment
-from bigscience_ops.ops import lifecycle, notify, status
+from bigscience_ops.ops import lifecycle, status, watchdog
 from bigscience_ops.plan import train_iters
 from tests.test_notify import plain_server, plain_settings  # noqa: F401  (the real SMTP server fixture)
 from tests.test_status import ITERATION, seed_job
@@ -49,8 +49,8 @@ def test_a_finished_training_is_healthy_and_announced_once(exp, plain_server, tm
     assert run.finished and run.iteration == total
     log = Path(exp.paths.logs) / "main_log.txt"
     for _ in range(2):
-        result = notify.watch(exp.slurm.job_name, query=lambda **_: [], run=run, log_path=log,
-                              smtp=plain_settings(port), now=NOW)
+        result = watchdog.watch(exp.slurm.job_name, query=lambda **_: [], run=run, log_path=log,
+                                smtp=plain_settings(port), now=NOW)
         assert result.exit_code == status.EXIT_HEALTHY and result.report.finished_at == total
         assert f"training finished at iteration {total}" in result.lines[0]
     [mail] = inbox.messages
@@ -81,8 +81,8 @@ def test_a_hang_is_measured_from_the_last_iteration_line(tmp_path: Path) -> None
     os.utime(log, (written.timestamp(), written.timestamp()))
     running = seed_job(start_time=NOW - timedelta(hours=10), elapsed_s=36000)
 
-    def watch(now: datetime) -> notify.WatchResult:
-        return notify.watch("tr1-13B-round3", query=lambda **_: [running], log_path=log, stall_minutes=60, now=now)
+    def watch(now: datetime) -> watchdog.WatchResult:
+        return watchdog.watch("tr1-13B-round3", query=lambda **_: [running], log_path=log, stall_minutes=60, now=now)
 
     assert watch(NOW).exit_code == status.EXIT_HEALTHY
     assert log.read_text() == ITERATION + "\n" and log.stat().st_mtime == written.timestamp()

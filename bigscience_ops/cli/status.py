@@ -54,7 +54,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
     """
     import socket
 
-    from bigscience_ops.ops import notify
+    from bigscience_ops.ops import notify, watchdog
 
     smtp = None
     experiment = None
@@ -79,10 +79,10 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
             host=smtp_host, port=smtp_port or notify.DEFAULT_PORTS[smtp_security], security=smtp_security,
             sender=email_from or f"bsops@{socket.getfqdn()}", recipients=email_to, user=smtp_user,
             password_env=smtp_password_env)
-    result = notify.watch(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
-                          contact=contact, smtp=smtp, state_path=alert_state, cooldown_minutes=cooldown_minutes,
-                          experiment=experiment.name if experiment else None, timeout=timeout, run=run,
-                          cron_dir=cron_dir)
+    result = watchdog.watch(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
+                            contact=contact, smtp=smtp, state_path=alert_state, cooldown_minutes=cooldown_minutes,
+                            experiment=experiment.name if experiment else None, timeout=timeout, run=run,
+                            cron_dir=cron_dir)
     for line in result.lines:
         click.echo(line)
     sys.exit(result.exit_code)

@@ -1,0 +1,93 @@
+"""One watchdog run, what `bsops status` and the hourly status job do: check, email, log.
+
+The decisions are ops/status.py's (the queue) and ops/cron.py's (the runner chains); the emails
+and their cooldown are ops/notify.py's. The watchdog only puts them together and writes its lines
+to watchdog.log beside the main_log.txt it measures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bigscience_ops import slurm
+from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops import cron, status
+from bigscience_ops.ops.notify import Notice, NotifyError, SmtpSettings, default_state_path, notify
+from bigscience_ops.ops.status import EXIT_ERROR, Alert, StatusReport
+
+if TYPE_CHECKING:
+    from bigscience_ops.ops.lifecycle import RunState
+
+
+@dataclass(frozen=True)
+class WatchResult:
+    report: StatusReport
+    notices: tuple[Notice, ...] = ()
+    email_error: str | None = None
+    lines: tuple[str, ...] = ()
+    """The report's lines followed by a line per email sent or failed: what was printed and logged."""
+
+    @property
+    def exit_code(self) -> int:
+        """The report's code (0 healthy, 1 alert, 2 Slurm unreachable); 2 also when an email failed."""
+        return max(self.report.exit_code, EXIT_ERROR if self.email_error else 0)
+
+
+def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
+          log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
+          contact: str = "Eng WG", smtp: SmtpSettings | None = None,
+          state_path: str | os.PathLike[str] | None = None, cooldown_minutes: float = 60.0,
+          experiment: str | None = None, timeout: float = 60.0, now: datetime | None = None,
+          env: Mapping[str, str] | None = None, run: RunState | None = None,
+          cron_dir: str | os.PathLike[str] | None = None, query=None) -> WatchResult:
+    """One watchdog run: query Slurm, decide (with `run`, the run folder's state), check the cron
+    chains of `cron_dir` (the watchers are watched too), email alerts/recoveries/the finish (when
+    `smtp` is given), and append every line to watchdog.log beside `log_path`, never to the
+    main_log.txt whose progress it measures.
+
+    The cooldown state lives in `state_path`, by default `.bsops-alerts.json` next to the log
+    (or in ~/.cache/bsops/ without a log).
+    """
+    report = status.check(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
+                          now=now, contact=contact, timeout=timeout, run=run,
+                          **({"query": query} if query is not None else {}))
+    if cron_dir is not None:
+        report = _with_chain_alerts(report, Path(cron_dir), contact)
+    notices: list[Notice] = []
+    error = None
+    if smtp is not None:
+        state_path = default_state_path(log_path) if state_path is None else state_path
+        try:
+            notices = notify(report, smtp, state_path, experiment=experiment, cooldown_minutes=cooldown_minutes,
+                             log_path=str(log_path) if log_path else None, env=env)
+        except NotifyError as exc:
+            error = str(exc)
+    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
+    extra = [f"{stamp} {n.kind} email sent to {', '.join(smtp.recipients)} {n.message_id}: {n.subject}"
+             for n in notices if smtp is not None]
+    if error:
+        extra.append(f"{stamp} ***ALERT: the alert email could not be sent: {error}***")
+    lines = (*report.lines, *extra)
+    if log_path is not None:
+        status.append_to_log(status.watchdog_log(log_path), lines)
+    return WatchResult(report, tuple(notices), error, lines)
+
+
+def _with_chain_alerts(report: StatusReport, cron_dir: Path, contact: str) -> StatusReport:
+    """The report plus an alert per problem of an installed cron chain (or one if Slurm cannot say)."""
+    try:
+        problems = [p for state in cron.chains(cron_dir) if state.installed for p in state.problems]
+    except (slurm.SlurmError, BsopsError) as exc:
+        problems = [f"the cron chains of {cron_dir} cannot be checked: {' '.join(str(exc).split())}"]
+    if not problems:
+        return report
+    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
+    alerts = [Alert("cron-chain", f"***ALERT: {p}! Alert someone at {contact}***") for p in problems]
+    return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
+                               alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
