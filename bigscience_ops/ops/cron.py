@@ -12,14 +12,16 @@ Where the cluster has `scrontab`, the same runs can be entries of the user's scr
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bigscience_ops import render as rendering
+from bigscience_ops import render as rendering, slurm
 from bigscience_ops.config import AlertsConfig, Experiment
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops import notify
 from bigscience_ops.ops.status import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
@@ -153,8 +155,6 @@ class RunReport:
 
 
 def _me() -> str:
-    import getpass
-
     return getpass.getuser()
 
 
@@ -171,8 +171,6 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
 
     `runner` None means scrontab runs the schedule: nothing is re-armed and no chain is checked.
     """
-    from bigscience_ops import slurm
-
     check_period(period)
     now = now or dt.datetime.now().astimezone()
     settings = load_settings(cron_dir)
@@ -215,8 +213,6 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
 def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path, seconds: int,
                           now: dt.datetime, self_job_id: str | None, fail) -> None:
     """Exactly one runner waits for the next period: re-arm here when the script could not, cancel extras."""
-    from bigscience_ops import slurm
-
     waiting = [j for j in _queued(jobs, name, exclude_id=self_job_id) if j.state != "RUNNING"]
     if report.rearmed_job is None and not waiting:
         when = begin_arg(next_boundary(now, seconds))
@@ -238,8 +234,6 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
 
 
 def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, now: dt.datetime, fail) -> None:
-    from bigscience_ops import slurm
-
     scripts = folder_jobs(cron_dir, period)
     for script, name in scripts:
         queued = _queued(jobs, name)
@@ -264,8 +258,6 @@ def log_path(cron_dir: Path, period: str) -> Path:
 
 
 def _email_failures(alerts: AlertsConfig, period: str, report: RunReport) -> str:
-    from bigscience_ops.ops import notify
-
     failures = "\n".join(f"- {what}: {error}" for what, error in report.failed)
     body = (f"The {period} cron runner hit {len(report.failed)} problem(s):\n{failures}\n\n"
             f"The runner was re-armed before anything else ran, so it tries again next {period} run; fix the "
@@ -311,8 +303,6 @@ def chains(cron_dir: Path, jobs: list | None = None, now: dt.datetime | None = N
     missed its period: its waiting runner is more than a period past its start time, or its last
     pass (the log's time) is more than two periods old.
     """
-    from bigscience_ops import slurm
-
     prefix = load_settings(cron_dir).name_prefix
     jobs = slurm.query_jobs(users=[_me()]) if jobs is None else jobs
     now = (now or dt.datetime.now().astimezone()).astimezone()
@@ -347,8 +337,6 @@ def chains(cron_dir: Path, jobs: list | None = None, now: dt.datetime | None = N
 
 def install(cron_dir: Path, period_seconds: int | None = None, periods: tuple[str, ...] = tuple(PERIODS)) -> list[str]:
     """Write the runners and submit each whose chain is not already queued; returns what was done."""
-    from bigscience_ops import slurm
-
     settings = load_settings(cron_dir)
     for period in periods:
         (Path(cron_dir) / f"cron.{period}").mkdir(parents=True, exist_ok=True)
