@@ -264,6 +264,17 @@ class Job:
         return self.array_task is not None
 
 
+# Pending reasons that will not clear on their own: a person has to act (release, cancel, fix).
+NEVER_STARTS = frozenset({
+    "DependencyNeverSatisfied", "JobHeldAdmin", "JobHeldUser", "PartitionDown", "PartitionInactive",
+    "BadConstraints", "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+    "PartitionNodeLimit", "PartitionTimeLimit",
+})
+ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"})
+WAITING_STATES = frozenset({"PENDING", "REQUEUED", "RESIZING"})
+QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still holds its place in the queue
+
+
 def parse_squeue(text: str) -> list[Job]:
     """Parse the output of `squeue_argv()`; raises SlurmError quoting a line that does not fit."""
     jobs = []

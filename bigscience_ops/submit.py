@@ -27,7 +27,7 @@ from pathlib import Path
 from bigscience_ops import ledger, phases, render as rendering, slurm
 from bigscience_ops.config import Experiment
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops.status import QUEUED_STATES
+from bigscience_ops.slurm import QUEUED_STATES
 
 
 class LaunchError(BsopsError):

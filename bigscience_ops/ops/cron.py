@@ -22,7 +22,7 @@ from bigscience_ops import render as rendering, slurm
 from bigscience_ops.config import AlertsConfig, Experiment
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import notify
-from bigscience_ops.ops.status import QUEUED_STATES
+from bigscience_ops.slurm import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
 PERIODS = {"hourly": 3600, "daily": 86400}
