@@ -190,6 +190,11 @@ def scontrol_show_job_argv(job_id: str) -> list[str]:
     return ["scontrol", "--oneliner", "show", "job", _checked_item("job_id", job_id)]
 
 
+def sacct_argv(job_id: str) -> list[str]:
+    """`sacct` for one job's accounting: JobID, State and ExitCode of the job and its steps, '|' between."""
+    return ["sacct", "--noheader", "--parsable2", "--format=JobID,State,ExitCode", f"--jobs={job_id}"]
+
+
 def scancel_argv(job_ids: Sequence[str], *, signal: str | None = None, batch_only: bool = False) -> list[str]:
     """scancel argv; with `signal` it only signals (e.g. USR1 to the batch shell with batch_only)."""
     if not job_ids:
@@ -384,6 +389,27 @@ def parse_scontrol_show_job(text: str) -> list[dict[str, str]]:
     return records
 
 
+@dataclass(frozen=True)
+class SacctRecord:
+    """One line of `sacct_argv()`'s output: a job (or array task) or one of its steps (`100_3.batch`)."""
+
+    job_id: str
+    state: str
+    """COMPLETED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL, ..."""
+    exit_code: str
+    """`code:signal` as sacct prints it (`0:15`)."""
+
+
+def parse_sacct(text: str) -> list[SacctRecord]:
+    """Parse `sacct --parsable2` output of JobID, State, ExitCode; lines of another shape are skipped."""
+    records = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3:
+            records.append(SacctRecord(*parts))
+    return records
+
+
 # --- queries -------------------------------------------------------------------------------------
 
 GETENT_TIMEOUT_S = 30.0
@@ -439,6 +465,13 @@ def submit(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping
 def show_job(job_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> list[dict[str, str]]:
     """`scontrol show job` as dicts (one per array task); raises SlurmCommandError for unknown ids."""
     return parse_scontrol_show_job(run(scontrol_show_job_argv(job_id), timeout=timeout).stdout)
+
+
+def job_accounting(job_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> SacctRecord | None:
+    """Slurm's accounting record of job (or array task) `job_id` itself, not its steps; None when sacct
+    has none. Raises SlurmCommandError where sacct fails (a cluster that keeps no accounting)."""
+    records = parse_sacct(run(sacct_argv(job_id), timeout=timeout).stdout)
+    return next((record for record in records if record.job_id == job_id), None)
 
 
 def cancel(job_ids: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S) -> None:
