@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from bigscience_ops.errors import BsopsError
 
@@ -78,8 +79,8 @@ def pinned_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None
         ) -> subprocess.CompletedProcess[str]:
-    """Run one Slurm command with a pinned environment (`pinned_env(env)`); the only place in bsops
-    that does. Raises SlurmCommandError on failure."""
+    """Run one Slurm command with a pinned environment (`pinned_env(env)`); with run_unchecked, the only
+    place in bsops that does. Raises SlurmCommandError on failure."""
     argv = [str(a) for a in argv]
     if not argv or argv[0] not in _COMMANDS:
         raise ValueError(f"slurm.run runs only {', '.join(sorted(_COMMANDS))}; got argv {argv!r}")
@@ -99,6 +100,25 @@ def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[st
     if proc.returncode != 0:
         raise SlurmCommandError(argv, proc.returncode, proc.stderr, f"exited with code {proc.returncode}")
     return proc
+
+
+def run_unchecked(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None,
+                  input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm client whose exit code and output the caller reads (`scrontab -l` exits 1 when
+    the user has no crontab), with a pinned environment and `input` on stdin. argv[0] may be the
+    client's path (`shutil.which`'s answer). Raises SlurmCommandError only when it cannot run:
+    it does not start, or does not answer within `timeout`."""
+    argv = [str(a) for a in argv]
+    if not argv or Path(argv[0]).name not in _COMMANDS:
+        raise ValueError(f"slurm.run_unchecked runs only {', '.join(sorted(_COMMANDS))}; got argv {argv!r}")
+    if timeout is None or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+    stdin = subprocess.DEVNULL if input is None else None
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=pinned_env(env),
+                              input=input, stdin=stdin, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmCommandError(argv, None, str(exc), "could not run") from exc
 
 
 _COMMANDS = frozenset({"sbatch", "squeue", "scontrol", "scancel", "sinfo", "sacct", "srun", "scrontab"})
