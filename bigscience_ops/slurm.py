@@ -430,6 +430,51 @@ def parse_sacct(text: str) -> list[SacctRecord]:
     return records
 
 
+# --- a task's environment ------------------------------------------------------------------------
+
+LOCAL_LAUNCH = "BSOPS_LOCAL_LAUNCH"
+"""Set by `bsops launch --local`, which emulates a task's SLURM_* variables with made-up ids."""
+
+
+@dataclass(frozen=True)
+class TaskEnv:
+    """What Slurm tells a job's batch script (and what it runs) through its SLURM_* variables, read
+    once by from_env(). A value is None where its variable is unset (outside Slurm), else as Slurm wrote it."""
+
+    job_id: str | None = None
+    """SLURM_JOB_ID: this job's own id (an array task's own number, not ARRAY_TASK)."""
+    array_job_id: str | None = None
+    """SLURM_ARRAY_JOB_ID: the whole array's id, what scancel and dependencies name."""
+    array_task_id: str | None = None
+    """SLURM_ARRAY_TASK_ID: this task's index in the array."""
+    array_task_max: str | None = None
+    """SLURM_ARRAY_TASK_MAX: the array's last index."""
+    node_list: str = ""
+    """SLURM_JOB_NODELIST in Slurm's compressed form (`r7i4n[1-7],r8i0n0`); empty outside a job."""
+    num_nodes: int | None = None
+    """SLURM_JOB_NUM_NODES, else SLURM_NNODES, the first that is a whole number (decimal digits)."""
+    local: bool = False
+    """The ids are made up (LOCAL_LAUNCH is set): nothing may scancel them on a real cluster."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TaskEnv:
+        """The task environment in `env` (default: this process's)."""
+        env = os.environ if env is None else env
+        counts = (env.get(key, "").strip() for key in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"))
+        return cls(job_id=env.get("SLURM_JOB_ID"), array_job_id=env.get("SLURM_ARRAY_JOB_ID"),
+                   array_task_id=env.get("SLURM_ARRAY_TASK_ID"), array_task_max=env.get("SLURM_ARRAY_TASK_MAX"),
+                   node_list=env.get("SLURM_JOB_NODELIST", ""),
+                   num_nodes=next((int(count) for count in counts if count.isdecimal()), None),
+                   local=bool(env.get(LOCAL_LAUNCH)))
+
+    @property
+    def task_id(self) -> str | None:
+        """The task as squeue names it: `ARRAY_TASK` in an array, else the job's id; None outside Slurm."""
+        if self.array_job_id:
+            return f"{self.array_job_id}_{self.array_task_id or ''}"
+        return self.job_id
+
+
 # --- queries -------------------------------------------------------------------------------------
 
 GETENT_TIMEOUT_S = 30.0
