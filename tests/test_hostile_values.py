@@ -21,7 +21,7 @@ from bigscience_ops import render as rendering
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.config import Experiment, load_experiment
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.ops import cron, scrontab
+from bigscience_ops.ops import cron, hourly_jobs, scrontab
 
 # A value that would end an #SBATCH line and run a command, and its cousins.
 HOSTILE = {
@@ -60,7 +60,7 @@ def _render_cron_runner(option: str) -> Callable[[str, Path], str]:
     return render
 
 
-def _render_status_job(where: str) -> Callable[[str, Path], str]:
+def _render_hourly_job(kind: str, where: str) -> Callable[[str, Path], str]:
     def render(value: str, tmp_path: Path) -> str:
         exp = load_experiment("tr1-13B")
         settings = cron.CronSettings()
@@ -68,21 +68,7 @@ def _render_status_job(where: str) -> Callable[[str, Path], str]:
             exp = _replace(exp, "slurm.job_name", value)
         else:
             settings = dataclasses.replace(settings, **{where: value})
-        return cron.render_status_job(tmp_path, exp, tmp_path, settings).text
-    return render
-
-
-def _render_artifact_job(kind: str, where: str) -> Callable[[str, Path], str]:
-    def render(value: str, tmp_path: Path) -> str:
-        from bigscience_ops.ops import artifact_jobs
-
-        exp = load_experiment("tr1-13B")
-        settings = cron.CronSettings()
-        if where == "job_name":
-            exp = _replace(exp, "slurm.job_name", value)
-        else:
-            settings = dataclasses.replace(settings, **{where: value})
-        return artifact_jobs.render_job(kind, tmp_path, exp, tmp_path, settings).text
+        return hourly_jobs.render_job(kind, tmp_path, exp, tmp_path, settings).text
     return render
 
 
@@ -90,8 +76,7 @@ def _render_artifact_job(kind: str, where: str) -> Callable[[str, Path], str]:
 RENDERERS: dict[str, Callable[[str, Path], str]] = {
     **{f"train.slurm.j2:{f}": _render_training(f) for f in EXPERIMENT_FIELDS},
     **{f"cron-runner.slurm.j2:{o}": _render_cron_runner(o) for o in ("partition", "account", "qos", "time", "name_prefix")},
-    **{f"status-job.slurm.j2:{o}": _render_status_job(o) for o in ("job_name", "partition", "account", "qos")},
-    **{f"{k}-job.slurm.j2:{o}": _render_artifact_job(k, o) for k in ("hub-sync", "backup")
+    **{f"hourly-job.slurm.j2[{k}]:{o}": _render_hourly_job(k, o) for k in ("status", "hub-sync", "backup")
        for o in ("job_name", "partition", "account", "qos")},
 }
 

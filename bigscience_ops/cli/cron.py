@@ -67,20 +67,19 @@ def cron_status(cron_dir: Path | None) -> None:
 def cron_add(exp: str, jobs: str, cron_dir: Path | None, trainings_dir: Path | None) -> None:
     """Render EXP's hourly jobs (status watchdog, Hub sync, checkpoint backup) into cron.hourly/."""
     from bigscience_ops.config import experiment_path
-    from bigscience_ops.ops import artifact_jobs
     from bigscience_ops.ops import cron as cronlib
+    from bigscience_ops.ops import hourly_jobs
 
     kinds = [j.strip() for j in jobs.split(",") if j.strip()]
-    unknown = [k for k in kinds if k not in artifact_jobs.JOBS]
+    unknown = [k for k in kinds if k not in hourly_jobs.JOBS]
     if unknown or not kinds:
-        raise click.BadParameter(f"got {jobs!r}; allowed: a comma-separated list of {', '.join(artifact_jobs.JOBS)}",
+        raise click.BadParameter(f"got {jobs!r}; allowed: a comma-separated list of {', '.join(hourly_jobs.JOBS)}",
                                  param_hint="--jobs")
     cron_dir = cron_dir or default_cron_dir()
     experiment = load_experiment(exp, trainings_dir)
     folder = experiment_path(exp, trainings_dir).parent
     settings = cronlib.load_settings(cron_dir)
-    rendered = [cronlib.render_status_job(cron_dir, experiment, folder, settings) if kind == "status"
-                else artifact_jobs.render_job(kind, cron_dir, experiment, folder, settings) for kind in kinds]
+    rendered = [hourly_jobs.render_job(kind, cron_dir, experiment, folder, settings) for kind in kinds]
     for job in rendered:  # all rendered before any is written: a refused value leaves the folder as it was
         click.echo(f"wrote {cronlib.write_runner(job)}")
 

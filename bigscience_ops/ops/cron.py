@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bigscience_ops import render as rendering, slurm
-from bigscience_ops.config import AlertsConfig, Experiment
+from bigscience_ops.config import AlertsConfig
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import notify
 from bigscience_ops.slurm import QUEUED_STATES
@@ -123,19 +123,6 @@ def write_runner(runner: RunnerScript) -> Path:
     runner.path.write_text(runner.text, encoding="utf-8")
     runner.path.chmod(0o755)
     return runner.path
-
-
-def render_status_job(cron_dir: Path, exp: Experiment, trainings_dir: Path, settings: CronSettings) -> RunnerScript:
-    """The experiment's hourly watchdog job, for cron.hourly/."""
-    job_name = f"{exp.slurm.job_name}-slurm-status"
-    path = Path(cron_dir).resolve() / "cron.hourly" / f"{exp.name}-slurm-status.slurm"
-    optional = [(opt, getattr(settings, opt)) for opt in ("partition", "account", "qos") if getattr(settings, opt)]
-    text = rendering.environment().get_template("status-job.slurm.j2").render(
-        job_name=job_name, experiment=exp.name, trainings_dir=str(Path(trainings_dir).resolve()),
-        optional=optional, env_setup=[rendering.Raw(line) for line in settings.env_setup],
-        logs=str(Path(cron_dir).resolve() / "logs"), cron_dir=str(Path(cron_dir).resolve()),
-    )
-    return RunnerScript(path, text)
 
 
 def log_line(now: dt.datetime, text: str) -> str:
