@@ -6,7 +6,7 @@ command group; importing them registers their commands on `main`.
 
 from bigscience_ops.cli import cron, data, experiments, status, task  # noqa: F401  (registers the commands)
 from bigscience_ops.cli import artifacts  # noqa: F401  (convert, logs, plot)
-from bigscience_ops.cli import artifacts_ops  # noqa: F401  (hub-sync, backup)
+from bigscience_ops.cli import ops  # noqa: F401  (hub-sync, backup)
 from bigscience_ops.cli import warmstart  # noqa: F401  (warm-start)
 from bigscience_ops.cli.base import EXIT_ERROR, EXIT_PROBLEMS, main
 
