@@ -205,6 +205,11 @@ def sbatch_argv(script: str | os.PathLike[str], *, job_name: str | None = None,
     return argv
 
 
+def begin_arg(when: datetime) -> str:
+    """sbatch --begin takes local wall-clock time."""
+    return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def scontrol_show_job_argv(job_id: str) -> list[str]:
     """`scontrol --oneliner show job ID`: one line of Key=Value per job (per task for arrays)."""
     return ["scontrol", "--oneliner", "show", "job", _checked_item("job_id", job_id)]
@@ -407,6 +412,22 @@ def parse_scontrol_show_job(text: str) -> list[dict[str, str]]:
             record[match.group(1)] = line[match.end():end].strip()
         records.append(record)
     return records
+
+
+def script_job_name(script: Path) -> str:
+    """The --job-name (or -J) of a job script's #SBATCH lines, read up to its first command as sbatch
+    does; the file's stem without one."""
+    for line in script.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.startswith("#"):
+            if line.strip():
+                break
+            continue
+        for prefix in ("#SBATCH --job-name=", "#SBATCH -J "):
+            if line.startswith(prefix):
+                words = shlex.split(line[len(prefix):], comments=False)
+                if words:
+                    return words[0]
+    return script.stem
 
 
 @dataclass(frozen=True)

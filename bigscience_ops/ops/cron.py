@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,32 +67,13 @@ def next_boundary(now: dt.datetime, seconds: int) -> dt.datetime:
     return dt.datetime.fromtimestamp((stamp // seconds + 1) * seconds, tz=now.tzinfo)
 
 
-def begin_arg(when: dt.datetime) -> str:
-    """sbatch --begin takes local wall-clock time."""
-    return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
-
-
 def folder_jobs(cron_dir: Path, period: str) -> list[tuple[Path, str]]:
     """(script, job name) for each *.slurm in cron.<period>/; the name from #SBATCH --job-name or the file."""
     folder = Path(cron_dir) / f"cron.{period}"
     jobs = []
     for script in sorted(folder.glob("*.slurm")):
-        jobs.append((script, script_job_name(script)))
+        jobs.append((script, slurm.script_job_name(script)))
     return jobs
-
-
-def script_job_name(script: Path) -> str:
-    for line in script.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.startswith("#"):
-            if line.strip():
-                break
-            continue
-        for prefix in ("#SBATCH --job-name=", "#SBATCH -J "):
-            if line.startswith(prefix):
-                words = shlex.split(line[len(prefix):], comments=False)
-                if words:
-                    return words[0]
-    return script.stem
 
 
 @dataclass(frozen=True)
@@ -202,7 +182,7 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
     """Exactly one runner waits for the next period: re-arm here when the script could not, cancel extras."""
     waiting = [j for j in _queued(jobs, name, exclude_id=self_job_id) if j.state != "RUNNING"]
     if report.rearmed_job is None and not waiting:
-        when = begin_arg(next_boundary(now, seconds))
+        when = slurm.begin_arg(next_boundary(now, seconds))
         try:
             report.rearmed_job = slurm.submit(slurm.sbatch_argv(runner, begin=when))
         except (BsopsError, ValueError) as exc:
