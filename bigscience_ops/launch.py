@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import render as rendering
+from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ledger import latest_iteration
 from bigscience_ops.data.corpus import ensure_data
@@ -178,7 +178,7 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
             "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_SUBMIT_DIR": str(out),
             "SLURM_CPUS_PER_TASK": str(exp.slurm.cpus_per_task),
             # These ids are made up: nothing may scancel them on a real cluster this machine can reach.
-            "BSOPS_LOCAL_LAUNCH": "1",
+            slurm.LOCAL_LAUNCH: "1",
             # Every "node" shares this machine: give each training process its share of the cores,
             # as Slurm's --cpus-per-task would, instead of each using them all.
             "OMP_NUM_THREADS": str(threads),

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bigscience_ops import slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 
@@ -108,31 +109,31 @@ def exhausted(history: list[Attempt], budget: int) -> list[Attempt] | None:
 
 
 def slurm_job_id(env: dict[str, str] | None = None) -> str:
-    env = os.environ if env is None else env
-    if env.get("SLURM_ARRAY_JOB_ID"):
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')}"
-    return env.get("SLURM_JOB_ID", f"local-{os.getpid()}")
+    """This task's id (`ARRAY_TASK`, or the job's), `local-PID` outside Slurm; `env` defaults to os.environ."""
+    return _task_id(slurm.TaskEnv.from_env(env))
+
+
+def _task_id(task: slurm.TaskEnv) -> str:
+    return task.task_id if task.task_id is not None else f"local-{os.getpid()}"
 
 
 def begin(output: Path, checkpoints: Path, budget: int, env: dict[str, str] | None = None) -> list[Attempt] | None:
     """Record a task start; returns the failing attempts when the budget is spent (do not train)."""
-    env = os.environ if env is None else env
+    task = slurm.TaskEnv.from_env(env)
     ledger = Path(output) / LEDGER_NAME
     failing = exhausted(attempts(read(ledger)), budget)
     if failing is not None:
         return failing
-    append(ledger, TaskRecord("begin", slurm_job_id(env), env.get("SLURM_JOB_NODELIST", ""),
-                              latest_iteration(checkpoints), time.time()))
+    append(ledger, TaskRecord("begin", _task_id(task), task.node_list, latest_iteration(checkpoints), time.time()))
     return None
 
 
 def end(output: Path, checkpoints: Path, exit_code: int, env: dict[str, str] | None = None) -> Attempt:
     """Record a task end; returns the joined attempt."""
-    env = os.environ if env is None else env
+    task = slurm.TaskEnv.from_env(env)
     ledger = Path(output) / LEDGER_NAME
-    append(ledger, TaskRecord("end", slurm_job_id(env), env.get("SLURM_JOB_NODELIST", ""),
-                              latest_iteration(checkpoints), time.time(), exit_code))
-    job_id = slurm_job_id(env)
+    job_id = _task_id(task)
+    append(ledger, TaskRecord("end", job_id, task.node_list, latest_iteration(checkpoints), time.time(), exit_code))
     return next(a for a in reversed(attempts(read(ledger))) if a.job_id == job_id)
 
 
@@ -145,9 +146,8 @@ def stopped(records: list[TaskRecord]) -> bool:
 
 def mark_stop(output: Path, env: dict[str, str] | None = None) -> None:
     """Record that the budget stopped the array: later tasks stop without alerting again."""
-    env = os.environ if env is None else env
-    append(Path(output) / LEDGER_NAME, TaskRecord("stop", slurm_job_id(env), env.get("SLURM_JOB_NODELIST", ""),
-                                                  0, time.time()))
+    task = slurm.TaskEnv.from_env(env)
+    append(Path(output) / LEDGER_NAME, TaskRecord("stop", _task_id(task), task.node_list, 0, time.time()))
 
 
 def mark_resize(output: Path, array_job_id: str, nodes: int, iteration: int, next_job: str) -> None:

@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from bigscience_ops.errors import BsopsError
 
@@ -78,8 +79,8 @@ def pinned_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None
         ) -> subprocess.CompletedProcess[str]:
-    """Run one Slurm command with a pinned environment (`pinned_env(env)`); the only place in bsops
-    that does. Raises SlurmCommandError on failure."""
+    """Run one Slurm command with a pinned environment (`pinned_env(env)`); with run_unchecked, the only
+    place in bsops that does. Raises SlurmCommandError on failure."""
     argv = [str(a) for a in argv]
     if not argv or argv[0] not in _COMMANDS:
         raise ValueError(f"slurm.run runs only {', '.join(sorted(_COMMANDS))}; got argv {argv!r}")
@@ -99,6 +100,25 @@ def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[st
     if proc.returncode != 0:
         raise SlurmCommandError(argv, proc.returncode, proc.stderr, f"exited with code {proc.returncode}")
     return proc
+
+
+def run_unchecked(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None,
+                  input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm client whose exit code and output the caller reads (`scrontab -l` exits 1 when
+    the user has no crontab), with a pinned environment and `input` on stdin. argv[0] may be the
+    client's path (`shutil.which`'s answer). Raises SlurmCommandError only when it cannot run:
+    it does not start, or does not answer within `timeout`."""
+    argv = [str(a) for a in argv]
+    if not argv or Path(argv[0]).name not in _COMMANDS:
+        raise ValueError(f"slurm.run_unchecked runs only {', '.join(sorted(_COMMANDS))}; got argv {argv!r}")
+    if timeout is None or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+    stdin = subprocess.DEVNULL if input is None else None
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=pinned_env(env),
+                              input=input, stdin=stdin, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmCommandError(argv, None, str(exc), "could not run") from exc
 
 
 _COMMANDS = frozenset({"sbatch", "squeue", "scontrol", "scancel", "sinfo", "sacct", "srun", "scrontab"})
@@ -185,9 +205,19 @@ def sbatch_argv(script: str | os.PathLike[str], *, job_name: str | None = None,
     return argv
 
 
+def begin_arg(when: datetime) -> str:
+    """sbatch --begin takes local wall-clock time."""
+    return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def scontrol_show_job_argv(job_id: str) -> list[str]:
     """`scontrol --oneliner show job ID`: one line of Key=Value per job (per task for arrays)."""
     return ["scontrol", "--oneliner", "show", "job", _checked_item("job_id", job_id)]
+
+
+def sacct_argv(job_id: str) -> list[str]:
+    """`sacct` for one job's accounting: JobID, State and ExitCode of the job and its steps, '|' between."""
+    return ["sacct", "--noheader", "--parsable2", "--format=JobID,State,ExitCode", f"--jobs={job_id}"]
 
 
 def scancel_argv(job_ids: Sequence[str], *, signal: str | None = None, batch_only: bool = False) -> list[str]:
@@ -262,6 +292,17 @@ class Job:
     @property
     def is_array(self) -> bool:
         return self.array_task is not None
+
+
+# Pending reasons that will not clear on their own: a person has to act (release, cancel, fix).
+NEVER_STARTS = frozenset({
+    "DependencyNeverSatisfied", "JobHeldAdmin", "JobHeldUser", "PartitionDown", "PartitionInactive",
+    "BadConstraints", "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+    "PartitionNodeLimit", "PartitionTimeLimit",
+})
+ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"})
+WAITING_STATES = frozenset({"PENDING", "REQUEUED", "RESIZING"})
+QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still holds its place in the queue
 
 
 def parse_squeue(text: str) -> list[Job]:
@@ -373,6 +414,88 @@ def parse_scontrol_show_job(text: str) -> list[dict[str, str]]:
     return records
 
 
+def script_job_name(script: Path) -> str:
+    """The --job-name (or -J) of a job script's #SBATCH lines, read up to its first command as sbatch
+    does; the file's stem without one."""
+    for line in script.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.startswith("#"):
+            if line.strip():
+                break
+            continue
+        for prefix in ("#SBATCH --job-name=", "#SBATCH -J "):
+            if line.startswith(prefix):
+                words = shlex.split(line[len(prefix):], comments=False)
+                if words:
+                    return words[0]
+    return script.stem
+
+
+@dataclass(frozen=True)
+class SacctRecord:
+    """One line of `sacct_argv()`'s output: a job (or array task) or one of its steps (`100_3.batch`)."""
+
+    job_id: str
+    state: str
+    """COMPLETED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL, ..."""
+    exit_code: str
+    """`code:signal` as sacct prints it (`0:15`)."""
+
+
+def parse_sacct(text: str) -> list[SacctRecord]:
+    """Parse `sacct --parsable2` output of JobID, State, ExitCode; lines of another shape are skipped."""
+    records = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3:
+            records.append(SacctRecord(*parts))
+    return records
+
+
+# --- a task's environment ------------------------------------------------------------------------
+
+LOCAL_LAUNCH = "BSOPS_LOCAL_LAUNCH"
+"""Set by `bsops launch --local`, which emulates a task's SLURM_* variables with made-up ids."""
+
+
+@dataclass(frozen=True)
+class TaskEnv:
+    """What Slurm tells a job's batch script (and what it runs) through its SLURM_* variables, read
+    once by from_env(). A value is None where its variable is unset (outside Slurm), else as Slurm wrote it."""
+
+    job_id: str | None = None
+    """SLURM_JOB_ID: this job's own id (an array task's own number, not ARRAY_TASK)."""
+    array_job_id: str | None = None
+    """SLURM_ARRAY_JOB_ID: the whole array's id, what scancel and dependencies name."""
+    array_task_id: str | None = None
+    """SLURM_ARRAY_TASK_ID: this task's index in the array."""
+    array_task_max: str | None = None
+    """SLURM_ARRAY_TASK_MAX: the array's last index."""
+    node_list: str = ""
+    """SLURM_JOB_NODELIST in Slurm's compressed form (`r7i4n[1-7],r8i0n0`); empty outside a job."""
+    num_nodes: int | None = None
+    """SLURM_JOB_NUM_NODES, else SLURM_NNODES, the first that is a whole number (decimal digits)."""
+    local: bool = False
+    """The ids are made up (LOCAL_LAUNCH is set): nothing may scancel them on a real cluster."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TaskEnv:
+        """The task environment in `env` (default: this process's)."""
+        env = os.environ if env is None else env
+        counts = (env.get(key, "").strip() for key in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"))
+        return cls(job_id=env.get("SLURM_JOB_ID"), array_job_id=env.get("SLURM_ARRAY_JOB_ID"),
+                   array_task_id=env.get("SLURM_ARRAY_TASK_ID"), array_task_max=env.get("SLURM_ARRAY_TASK_MAX"),
+                   node_list=env.get("SLURM_JOB_NODELIST", ""),
+                   num_nodes=next((int(count) for count in counts if count.isdecimal()), None),
+                   local=bool(env.get(LOCAL_LAUNCH)))
+
+    @property
+    def task_id(self) -> str | None:
+        """The task as squeue names it: `ARRAY_TASK` in an array, else the job's id; None outside Slurm."""
+        if self.array_job_id:
+            return f"{self.array_job_id}_{self.array_task_id or ''}"
+        return self.job_id
+
+
 # --- queries -------------------------------------------------------------------------------------
 
 GETENT_TIMEOUT_S = 30.0
@@ -428,6 +551,13 @@ def submit(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping
 def show_job(job_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> list[dict[str, str]]:
     """`scontrol show job` as dicts (one per array task); raises SlurmCommandError for unknown ids."""
     return parse_scontrol_show_job(run(scontrol_show_job_argv(job_id), timeout=timeout).stdout)
+
+
+def job_accounting(job_id: str, timeout: float = DEFAULT_TIMEOUT_S) -> SacctRecord | None:
+    """Slurm's accounting record of job (or array task) `job_id` itself, not its steps; None when sacct
+    has none. Raises SlurmCommandError where sacct fails (a cluster that keeps no accounting)."""
+    records = parse_sacct(run(sacct_argv(job_id), timeout=timeout).stdout)
+    return next((record for record in records if record.job_id == job_id), None)
 
 
 def cancel(job_ids: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S) -> None:

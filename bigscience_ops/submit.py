@@ -27,7 +27,6 @@ from pathlib import Path
 from bigscience_ops import ledger, render as rendering, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.node_schedule import Phase
-from bigscience_ops.ops.status import QUEUED_STATES
 from bigscience_ops.prepare import prepare_launch
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
@@ -80,7 +79,7 @@ def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetim
     run_dir = Path(exp.paths.output) / "launches" / now.strftime("%Y%m%d-%H%M%S")
     rendered = rendering.render(exp, run_dir, prepared.plan)
     jobs = slurm.query_jobs(users=watched_users(exp), name=exp.slurm.job_name)
-    queued = [j for j in jobs if j.name == exp.slurm.job_name and j.state in QUEUED_STATES]
+    queued = [j for j in jobs if j.name == exp.slurm.job_name and j.state in slurm.QUEUED_STATES]
     if queued and not after_current:
         listing = "; ".join(f"{j.job_id} {j.state.lower()} (user {j.user})" for j in queued)
         raise LaunchError(f"{exp.slurm.job_name!r} is already in the queue: {listing}. Two trainings must never "
@@ -133,12 +132,9 @@ class Mismatch:
 
 
 def allocated_nodes(env: Mapping[str, str], default: int) -> int:
-    """The job's node count as Slurm tells the batch script (SLURM_JOB_NUM_NODES, or SLURM_NNODES)."""
-    for key in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
-        value = env.get(key, "").strip()
-        if value.isdigit():
-            return int(value)
-    return default
+    """The job's node count as Slurm tells the batch script (slurm.TaskEnv.num_nodes), else `default`."""
+    counted = slurm.TaskEnv.from_env(env).num_nodes
+    return default if counted is None else counted
 
 
 def check_allocation(exp: Experiment, env: Mapping[str, str] | None = None) -> Mismatch | None:
@@ -164,7 +160,8 @@ def resubmit_for_phase(exp: Experiment, mismatch: Mismatch, env: Mapping[str, st
     """
     env = os.environ if env is None else env
     output = Path(exp.paths.output)
-    array = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID")
+    task = slurm.TaskEnv.from_env(env)
+    array = task.array_job_id or task.job_id
     if not array:
         raise LaunchError(f"{mismatch.describe()}; not inside a Slurm job (no SLURM_ARRAY_JOB_ID): run "
                           f"`bsops launch {exp.name}`, which asks for the phase's node count")
@@ -177,7 +174,7 @@ def resubmit_for_phase(exp: Experiment, mismatch: Mismatch, env: Mapping[str, st
     if pending:  # squeue names the pending rest `164_[2-4%1]`; scancel takes `164_[2-4]`
         slurm.cancel([re.sub(r"%\d+\]$", "]", j.job_id) for j in pending])
     try:
-        last, this = int(env.get("SLURM_ARRAY_TASK_MAX", "")), int(env.get("SLURM_ARRAY_TASK_ID", ""))
+        last, this = int(task.array_task_max or ""), int(task.array_task_id or "")
         remaining = max(1, last - this)
     except ValueError:
         remaining = exp.slurm.array

@@ -50,7 +50,7 @@ def test_a_finished_training_is_healthy_and_announced_once(exp, plain_server, tm
     log = Path(exp.paths.logs) / "main_log.txt"
     for _ in range(2):
         result = watchdog.watch(exp.slurm.job_name, query=lambda **_: [], run=run, log_path=log,
-                              smtp=plain_settings(port), now=NOW)
+                                smtp=plain_settings(port), now=NOW)
         assert result.exit_code == status.EXIT_HEALTHY and result.report.finished_at == total
         assert f"training finished at iteration {total}" in result.lines[0]
     [mail] = inbox.messages

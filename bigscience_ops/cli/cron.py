@@ -98,12 +98,11 @@ def cron_add(exp: str, jobs: str, cron_dir: Path | None, trainings_dir: Path | N
 def cron_run(period: str, cron_dir: Path | None, runner: Path | None, period_seconds: int | None, no_rearm: bool,
              rearmed: str | None, rearmed_for: str | None, rearm_error: str | None) -> None:
     """One runner pass after the script re-armed: submit every job of the folder not already queued."""
-    import os
-
+    from bigscience_ops import slurm
     from bigscience_ops.ops import cron as cronlib
 
     report = cronlib.run_pass(cron_dir or default_cron_dir(), period, None if no_rearm else runner,
-                              period_seconds, self_job_id=os.environ.get("SLURM_JOB_ID"), rearmed_job=rearmed,
+                              period_seconds, self_job_id=slurm.TaskEnv.from_env().job_id, rearmed_job=rearmed,
                               rearmed_for=rearmed_for, rearm_error=rearm_error)
     for line in report.lines:
         click.echo(line)

@@ -80,9 +80,9 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
             sender=email_from or f"bsops@{socket.getfqdn()}", recipients=email_to, user=smtp_user,
             password_env=smtp_password_env)
     result = watchdog.watch(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
-                          contact=contact, smtp=smtp, state_path=alert_state, cooldown_minutes=cooldown_minutes,
-                          experiment=experiment.name if experiment else None, timeout=timeout, run=run,
-                          cron_dir=cron_dir)
+                            contact=contact, smtp=smtp, state_path=alert_state, cooldown_minutes=cooldown_minutes,
+                            experiment=experiment.name if experiment else None, timeout=timeout, run=run,
+                            cron_dir=cron_dir)
     for line in result.lines:
         click.echo(line)
     sys.exit(result.exit_code)

@@ -41,22 +41,21 @@ experiment_json_option = click.option(
 def task_begin(experiment_json: Path) -> None:
     """Record a task start; exit 1 without training when the failure budget is spent, 3 when the task's
     allocation is not the node count of the run's phase (the run is handed to an array of that size)."""
-    from bigscience_ops import ledger
+    from bigscience_ops import ledger, slurm
 
     exp = _resolved(experiment_json)
-    if _other_phase(exp):
+    task_env = slurm.TaskEnv.from_env()
+    if _other_phase(exp, task_env):
         sys.exit(EXIT_OTHER_PHASE)
     failing = ledger.begin(Path(exp.paths.output), Path(exp.paths.checkpoints), exp.slurm.failure_budget)
     if failing is not None:
-        _stop_crash_loop(exp, failing)
+        _stop_crash_loop(exp, failing, task_env)
         sys.exit(EXIT_PROBLEMS)
     click.echo(f"task {ledger.slurm_job_id()} begins at iteration {ledger.latest_iteration(Path(exp.paths.checkpoints))}")
 
 
-def _stop_crash_loop(exp, failing: list) -> None:
+def _stop_crash_loop(exp, failing: list, task_env) -> None:
     """Alert once (email), then cancel the rest of the array so no task waits for nodes only to stop."""
-    import os
-
     from bigscience_ops import ledger, slurm
     from bigscience_ops.ops import notify
 
@@ -73,8 +72,8 @@ def _stop_crash_loop(exp, failing: list) -> None:
     tasks = "\n".join(f"- {a.job_id} on {a.nodes or '?'}: iteration {a.start_iteration} -> "
                       f"{a.end_iteration if a.end_iteration is not None else 'killed'}, exit code {a.exit_code}"
                       for a in failing)
-    array = os.environ.get("SLURM_ARRAY_JOB_ID")
-    in_slurm = bool(array) and not os.environ.get("BSOPS_LOCAL_LAUNCH")
+    array = task_env.array_job_id
+    in_slurm = bool(array) and not task_env.local
     then = (f"The rest of array {array} is cancelled now (scancel {array}), this task included, so no task waits "
             f"for nodes only to stop." if in_slurm else "This task stops.")
     subject = f"[bsops] {exp.name}: crash loop stopped, not training"
@@ -101,27 +100,26 @@ def _stop_crash_loop(exp, failing: list) -> None:
 @click.option("--exit-code", type=int, required=True, help="The training's exit code.")
 def task_end(experiment_json: Path, exit_code: int) -> None:
     """Record a task end and whether it made progress."""
-    from bigscience_ops import ledger
+    from bigscience_ops import ledger, slurm
 
     exp = _resolved(experiment_json)
+    task_env = slurm.TaskEnv.from_env()
     attempt = ledger.end(Path(exp.paths.output), Path(exp.paths.checkpoints), exit_code)
     verdict = "made progress" if attempt.progressed else "made NO progress"
     click.echo(f"task {attempt.job_id} ended with exit code {exit_code} at iteration {attempt.end_iteration}: {verdict}")
     if exit_code == 0:
-        _other_phase(exp)  # the training stopped at a node phase's boundary: the next task runs at the new size
+        _other_phase(exp, task_env)  # the training stopped at a node phase's boundary: the next task runs at the new size
 
 
-def _other_phase(exp) -> bool:
+def _other_phase(exp, task_env) -> bool:
     """Whether this task's allocation differs from the run's node phase; if so, the rest of the array is
     resubmitted at the phase's size (once per array) and this says so."""
-    import os
-
     from bigscience_ops import submit
 
     mismatch = submit.check_allocation(exp)
     if mismatch is None:
         return False
-    if os.environ.get("BSOPS_LOCAL_LAUNCH"):  # the local launcher sizes each task itself
+    if task_env.local:  # the local launcher sizes each task itself
         click.echo(f"node schedule: {mismatch.describe()}")
         return True
     try:

@@ -12,16 +12,16 @@ Where the cluster has `scrontab`, the same runs can be entries of the user's scr
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bigscience_ops import render as rendering
-from bigscience_ops.schema import AlertsConfig
+from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import notify
-from bigscience_ops.ops.status import QUEUED_STATES
+from bigscience_ops.schema import AlertsConfig
+from bigscience_ops.slurm import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
 PERIODS = {"hourly": 3600, "daily": 86400}
@@ -67,32 +67,13 @@ def next_boundary(now: dt.datetime, seconds: int) -> dt.datetime:
     return dt.datetime.fromtimestamp((stamp // seconds + 1) * seconds, tz=now.tzinfo)
 
 
-def begin_arg(when: dt.datetime) -> str:
-    """sbatch --begin takes local wall-clock time."""
-    return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
-
-
 def folder_jobs(cron_dir: Path, period: str) -> list[tuple[Path, str]]:
     """(script, job name) for each *.slurm in cron.<period>/; the name from #SBATCH --job-name or the file."""
     folder = Path(cron_dir) / f"cron.{period}"
     jobs = []
     for script in sorted(folder.glob("*.slurm")):
-        jobs.append((script, script_job_name(script)))
+        jobs.append((script, slurm.script_job_name(script)))
     return jobs
-
-
-def script_job_name(script: Path) -> str:
-    for line in script.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.startswith("#"):
-            if line.strip():
-                break
-            continue
-        for prefix in ("#SBATCH --job-name=", "#SBATCH -J "):
-            if line.startswith(prefix):
-                words = shlex.split(line[len(prefix):], comments=False)
-                if words:
-                    return words[0]
-    return script.stem
 
 
 @dataclass(frozen=True)
@@ -141,8 +122,6 @@ class RunReport:
 
 
 def _me() -> str:
-    import getpass
-
     return getpass.getuser()
 
 
@@ -159,8 +138,6 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
 
     `runner` None means scrontab runs the schedule: nothing is re-armed and no chain is checked.
     """
-    from bigscience_ops import slurm
-
     check_period(period)
     now = now or dt.datetime.now().astimezone()
     settings = load_settings(cron_dir)
@@ -203,11 +180,9 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
 def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path, seconds: int,
                           now: dt.datetime, self_job_id: str | None, fail) -> None:
     """Exactly one runner waits for the next period: re-arm here when the script could not, cancel extras."""
-    from bigscience_ops import slurm
-
     waiting = [j for j in _queued(jobs, name, exclude_id=self_job_id) if j.state != "RUNNING"]
     if report.rearmed_job is None and not waiting:
-        when = begin_arg(next_boundary(now, seconds))
+        when = slurm.begin_arg(next_boundary(now, seconds))
         try:
             report.rearmed_job = slurm.submit(slurm.sbatch_argv(runner, begin=when))
         except (BsopsError, ValueError) as exc:
@@ -226,8 +201,6 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
 
 
 def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, now: dt.datetime, fail) -> None:
-    from bigscience_ops import slurm
-
     scripts = folder_jobs(cron_dir, period)
     for script, name in scripts:
         queued = _queued(jobs, name)
@@ -297,8 +270,6 @@ def chains(cron_dir: Path, jobs: list | None = None, now: dt.datetime | None = N
     missed its period: its waiting runner is more than a period past its start time, or its last
     pass (the log's time) is more than two periods old.
     """
-    from bigscience_ops import slurm
-
     prefix = load_settings(cron_dir).name_prefix
     jobs = slurm.query_jobs(users=[_me()]) if jobs is None else jobs
     now = (now or dt.datetime.now().astimezone()).astimezone()
@@ -333,8 +304,6 @@ def chains(cron_dir: Path, jobs: list | None = None, now: dt.datetime | None = N
 
 def install(cron_dir: Path, period_seconds: int | None = None, periods: tuple[str, ...] = tuple(PERIODS)) -> list[str]:
     """Write the runners and submit each whose chain is not already queued; returns what was done."""
-    from bigscience_ops import slurm
-
     settings = load_settings(cron_dir)
     for period in periods:
         (Path(cron_dir) / f"cron.{period}").mkdir(parents=True, exist_ok=True)

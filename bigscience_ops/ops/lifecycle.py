@@ -50,15 +50,10 @@ def _sacct_state(job_id: str, timeout: float) -> str | None:
     if job_id.startswith("local-"):
         return None
     try:
-        proc = slurm.run(["sacct", "--noheader", "--parsable2", "--format=JobID,State,ExitCode",
-                          f"--jobs={job_id}"], timeout=timeout)
+        record = slurm.job_accounting(job_id, timeout=timeout)
     except slurm.SlurmError:
         return None
-    for line in proc.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) == 3 and parts[0] == job_id:
-            return f"{parts[1]} (exit code {parts[2]}, from sacct)"
-    return None
+    return None if record is None else f"{record.state} (exit code {record.exit_code}, from sacct)"
 
 
 def _ledger_and_output_state(exp: Experiment, last: ledger.Attempt) -> str:

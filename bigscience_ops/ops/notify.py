@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from bigscience_ops.schema import AlertsConfig
 
 SECURITY_CHOICES = ("starttls", "ssl", "none")
+DEFAULT_PORTS = {"starttls": 587, "ssl": 465, "none": 25}
+"""The usual SMTP port of each security choice."""
 
 
 class NotifyError(BsopsError):
@@ -420,6 +422,3 @@ def _lasted(span: timedelta) -> str:
     minutes = max(0, round(span.total_seconds() / 60))
     days, rest = divmod(minutes, 24 * 60)
     return (f"{days} d " if days else "") + f"{rest // 60} h {rest % 60:02d} min"
-
-
-DEFAULT_PORTS = {"starttls": 587, "ssl": 465, "none": 25}

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from bigscience_ops import slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.cron import PERIODS, CronSettings, load_settings, runner_name
 from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, control_allowed, control_character
@@ -126,11 +127,8 @@ def install(cron_dir: Path, client: str | None = None, timeout: float = TIMEOUT_
 
 
 def _run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    from bigscience_ops.slurm import pinned_env
-
     try:
         # stdin "n": scrontab asks "retry the edit? (y/n)" after an error instead of exiting.
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input="n\n",
-                              env=pinned_env(env), check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ScrontabError(f"`{shlex.join(argv)}` could not run: {exc}") from None
+        return slurm.run_unchecked(argv, timeout=timeout, env=env, input="n\n")
+    except slurm.SlurmCommandError as exc:
+        raise ScrontabError(str(exc)) from None  # `ARGV` could not run: the cause

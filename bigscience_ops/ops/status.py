@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bigscience_ops import slurm
-from bigscience_ops.slurm import Job, format_duration
+from bigscience_ops.slurm import ACTIVE_STATES, NEVER_STARTS, WAITING_STATES, Job, format_duration
 
 if TYPE_CHECKING:
     from bigscience_ops.ops.lifecycle import RunState
@@ -28,16 +28,6 @@ EXIT_HEALTHY = 0
 EXIT_ALERT = 1
 EXIT_ERROR = 2
 """Exit codes: healthy; at least one alert; Slurm could not be asked (the state is unknown)."""
-
-# Pending reasons that will not clear on their own: a person has to act (release, cancel, fix).
-NEVER_STARTS = frozenset({
-    "DependencyNeverSatisfied", "JobHeldAdmin", "JobHeldUser", "PartitionDown", "PartitionInactive",
-    "BadConstraints", "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
-    "PartitionNodeLimit", "PartitionTimeLimit",
-})
-ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"})
-WAITING_STATES = frozenset({"PENDING", "REQUEUED", "RESIZING"})
-QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still holds its place in the queue
 
 # Megatron's per-iteration line: ` iteration      100/  311541 | consumed samples: ...`
 ITERATION_LINE = re.compile(r"\biteration\s+\d+\s*/\s*\d+")
