@@ -20,7 +20,7 @@ from bigscience_ops.config import Experiment
 from bigscience_ops.ops import backup
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_trainer import run_ok, small_experiment, write_run
-from tests.test_notify import T0, plain_server  # noqa: F401  (the real SMTP server fixture)
+from tests.fixtures_smtp import T0
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -203,7 +203,7 @@ def test_retention_deletes_a_checkpoints_universal_copy_with_it(tmp_path: Path) 
 
 
 def test_backup_alert_waits_out_the_cooldown_and_a_recovery_follows(trainings: Path, tmp_path: Path, plain_server,
-                                                                      monkeypatch) -> None:  # noqa: F811
+                                                                      monkeypatch) -> None:
     """`bsops backup --alert` (what the hourly job runs) goes through notify_job as hub-sync does."""
     from click.testing import CliRunner
 

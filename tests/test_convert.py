@@ -28,7 +28,7 @@ from bigscience_ops.checkpoints import convert
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.config import DataSource
 from bigscience_ops.errors import BsopsError
-from tests.fixtures_git import bare_remote, blob_at, git, git_lfs, lfs_object, lfs_oid  # noqa: F401
+from tests.fixtures_git import bare_remote, blob_at, git, lfs_object, lfs_oid
 from tests.fixtures_trainer import REPO, TORCHRUN, scalars, small_experiment, write_run
 
 VOCAB = 8192  # the bundled tokenizer's size

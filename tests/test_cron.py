@@ -17,7 +17,6 @@ from bigscience_ops import slurm
 from bigscience_ops.ops import cron
 from bigscience_ops.cli import main
 from tests.fixtures_slurm import wait_until
-from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
 
 
 def test_next_boundary_is_on_the_hour() -> None:
@@ -141,7 +140,7 @@ exec {real} "$@"
 
 
 @pytest.mark.slurm
-def test_a_failing_squeue_is_emailed_and_the_chain_survives(cron_dir: Path, slurm_cluster, plain_server,  # noqa: F811
+def test_a_failing_squeue_is_emailed_and_the_chain_survives(cron_dir: Path, slurm_cluster, plain_server,
                                                            tmp_path: Path) -> None:
     inbox, port = plain_server
     shims = tmp_path / "shims"

@@ -12,8 +12,7 @@ from click.testing import CliRunner
 
 from bigscience_ops.cli import main
 from bigscience_ops.ops import backup
-from tests.fixtures_git import bare_remote, blob_at, git_lfs, lfs_object, lfs_oid  # noqa: F401
-from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
+from tests.fixtures_git import bare_remote, blob_at, lfs_object, lfs_oid
 
 
 def _experiment(trainings: Path, tmp_path: Path, port: int, dest: Path) -> None:
@@ -42,7 +41,7 @@ def _bash(script: Path, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_cron_add_writes_three_jobs_that_run_and_email_failures(git_lfs, trainings: Path, tmp_path: Path,
-                                                                 plain_server) -> None:  # noqa: F811
+                                                                 plain_server) -> None:
     inbox, port = plain_server
     _experiment(trainings, tmp_path, port, tmp_path / "store")
     cron_dir = tmp_path / "cron"

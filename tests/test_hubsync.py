@@ -16,9 +16,9 @@ import pytest
 
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops import gitlfs, hubsync
-from tests.fixtures_git import bare_remote, blob_at, git, git_lfs, hub_experiment, lfs_object, lfs_oid  # noqa: F401
+from tests.fixtures_git import bare_remote, blob_at, git, hub_experiment, lfs_object, lfs_oid
 from tests.fixtures_slurm import wait_until
-from tests.test_notify import T0, free_port, plain_server  # noqa: F401  (the real SMTP server fixture)
+from tests.fixtures_smtp import T0, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -280,7 +280,7 @@ def _sync_at(trainings: Path, clock: list, minutes: int):
 
 
 def test_a_failing_sync_emails_once_per_cooldown_then_one_recovery(git_lfs, trainings: Path, tmp_path: Path,
-                                                                    plain_server, monkeypatch) -> None:  # noqa: F811
+                                                                    plain_server, monkeypatch) -> None:
     from bigscience_ops.ops import notify
 
     inbox, port = plain_server
@@ -318,7 +318,7 @@ def test_a_failing_sync_emails_once_per_cooldown_then_one_recovery(git_lfs, trai
 
 
 def test_a_failure_never_emailed_clears_silently(git_lfs, trainings: Path, tmp_path: Path, plain_server,
-                                                 monkeypatch) -> None:  # noqa: F811
+                                                 monkeypatch) -> None:
     from bigscience_ops.ops import notify
 
     inbox, port = plain_server

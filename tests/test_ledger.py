@@ -11,8 +11,7 @@ import pytest
 from bigscience_ops import ledger, render as rendering
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import BsopsError
-from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
-from tests.test_render import install_shims
+from tests.fixtures_render import install_shims
 
 
 def env_for(job: str, nodes: str) -> dict[str, str]:
@@ -52,7 +51,7 @@ def test_unreadable_latest_is_an_error(tmp_path: Path) -> None:
         ledger.latest_iteration(tmp_path)
 
 
-def test_job_script_stops_a_crash_loop(tmp_path: Path, trainings: Path, plain_server) -> None:  # noqa: F811
+def test_job_script_stops_a_crash_loop(tmp_path: Path, trainings: Path, plain_server) -> None:
     inbox, port = plain_server
     (trainings / "loop.yaml").write_text(
         f"base: tiny\nslurm: {{failure_budget: 2}}\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"

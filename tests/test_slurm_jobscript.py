@@ -12,7 +12,6 @@ import pytest
 from bigscience_ops import ledger, slurm, submit
 from bigscience_ops.config import Experiment, load_experiment
 from tests.fixtures_slurm import SlurmCluster, wait_until
-from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
 
 pytestmark = pytest.mark.slurm
 
@@ -85,7 +84,7 @@ def test_one_failing_node_ends_the_job_and_counts_against_the_budget(
 
 
 def test_a_spent_failure_budget_cancels_the_rest_of_the_array_and_alerts_once(
-        slurm_cluster: SlurmCluster, trainings: Path, tmp_path: Path, plain_server) -> None:  # noqa: F811
+        slurm_cluster: SlurmCluster, trainings: Path, tmp_path: Path, plain_server) -> None:
     inbox, port = plain_server
     setup = torchrun_shim(tmp_path / "shims", "exit 1\n")
     exp = experiment(trainings, tmp_path / "run", slurm_cluster, "loop",

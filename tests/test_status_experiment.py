@@ -14,13 +14,12 @@ from click.testing import CliRunner
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
 from tests.fixtures_slurm import wait_until
-from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
 
 pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture
-def watched(tmp_path: Path, trainings: Path, slurm_cluster, plain_server) -> Path:  # noqa: F811
+def watched(tmp_path: Path, trainings: Path, slurm_cluster, plain_server) -> Path:
     """`trainings` with a tiny experiment whose alerts go to the test SMTP server."""
     _, port = plain_server
     (trainings / "watched.yaml").write_text(
@@ -36,7 +35,7 @@ def status(folder: Path) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_cluster, plain_server,  # noqa: F811
+def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_cluster, plain_server,
                                                            tmp_path: Path) -> None:
     inbox, _ = plain_server
     exp = load_experiment("watched", watched)
@@ -59,7 +58,7 @@ def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_
     assert not (Path(exp.paths.logs) / "main_log.txt").exists()
 
 
-def test_cron_status_job_runs_the_watchdog(watched: Path, tmp_path: Path, plain_server,  # noqa: F811
+def test_cron_status_job_runs_the_watchdog(watched: Path, tmp_path: Path, plain_server,
                                           slurm_cluster) -> None:
     from bigscience_ops.ops import cron
 

@@ -14,8 +14,8 @@ from bigscience_ops import ledger
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops import lifecycle, notify, status
 from bigscience_ops.plan import train_iters
-from tests.test_notify import plain_server, plain_settings  # noqa: F401  (the real SMTP server fixture)
-from tests.test_status import ITERATION, seed_job
+from tests.fixtures_smtp import plain_settings
+from tests.fixtures_status import ITERATION, seed_job
 
 NOW = datetime(2026, 11, 22, 12, 0, 0)
 # What slurmstepd writes into the job's output file when the time limit ends it (Slurm 22.05).
@@ -40,7 +40,7 @@ def task(exp, job: str, start: int, end: int | None, code: int | None) -> None:
         ledger.end(Path(exp.paths.output), checkpoints, code, env)
 
 
-def test_a_finished_training_is_healthy_and_announced_once(exp, plain_server, tmp_path: Path) -> None:  # noqa: F811
+def test_a_finished_training_is_healthy_and_announced_once(exp, plain_server, tmp_path: Path) -> None:
     inbox, port = plain_server
     total = train_iters(exp)
     task(exp, "100_1", 0, 120, 0)
