@@ -46,24 +46,6 @@ def small_experiment(out: Path, **sections: dict) -> Experiment:
     return dataclasses.replace(exp, **changes)
 
 
-def shrunk_tiny_yaml(purpose: str, log_interval: int, extra: str = "") -> str:
-    """An experiment file `base: tiny` on the bundled corpus, shrunk to seconds for launch-level tests:
-    PP=2 over 2 "nodes", a 4 -> 8 rampup, saves every 10 steps, each task exits at step 15."""
-    return f"""
-base: tiny
-description: tiny shrunk for the {purpose} test
-model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 64}}
-batch: {{global_batch_size: 8, micro_batch_size: 2, rampup: {{start: 4, increment: 2, samples: 40}}}}
-train: {{samples: 200}}
-lr_schedule: {{warmup_samples: 40}}
-checkpoint: {{save_interval: 10, exit_interval: 15}}
-logging: {{log_interval: {log_interval}, eval_interval: 10, eval_iters: 1}}
-{extra}data:
-  blend: [{{prefix: {REPO}/corpus/build/tiny_text_document}}]
-  tokenizer: {{kind: json, json_file: {REPO}/corpus/tokenizer.json}}
-"""
-
-
 def write_run(exp: Experiment, out: Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

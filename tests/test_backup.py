@@ -18,9 +18,10 @@ import pytest
 from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.config import Experiment
 from bigscience_ops.ops import backup
+from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_trainer import run_ok, small_experiment, write_run
-from tests.fixtures_smtp import T0
+from tests.fixtures_smtp import T0, alerts_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -213,10 +214,7 @@ def test_backup_alert_waits_out_the_cooldown_and_a_recovery_follows(trainings: P
     inbox, port = plain_server
     run = tmp_path / "run"
     (trainings / "saved.yaml").write_text(
-        f"base: tiny\npaths: {{output: {json.dumps(str(run))}}}\n"
-        f"backup: {{dest: {json.dumps(str(tmp_path / 'store'))}}}\n"
-        "alerts: {email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-        f"smtp_port: {port}, smtp_security: none, cooldown_minutes: 90}}\n")
+        tiny_yaml(run, f"backup: {{dest: {json.dumps(str(tmp_path / 'store'))}}}\n", alerts_yaml(port, 90)))
     clock = [T0]
     monkeypatch.setattr(notify, "_now", lambda: clock[0])
 

@@ -273,12 +273,7 @@ def test_qkv_regrouping_matches_the_trainers_head_split():
 def test_convert_command(runs, trainings, tmp_path, gpt2_files):
     exp, _, _ = runs["pp2"]
     src = Path(exp.paths.output)
-    (trainings / "conv.yaml").write_text(
-        "base: tiny\n"
-        f"model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: {VOCAB}, "
-        "ffn_hidden_size: 256, make_vocab_size_divisible_by: 128}\n"
-        f"paths: {{output: {str(src)!r}}}\n"
-        f"data: {{tokenizer: {{kind: json, json_file: {exp.data.tokenizer.json_file!r}}}}}\n")
+    _conv_yaml(trainings, exp, "conv", src)
     out = tmp_path / "cli"
     result = CliRunner().invoke(main, ["convert", "conv", "--trainings-dir", str(trainings), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -301,13 +296,8 @@ def test_convert_push_publishes_one_folder_per_step(runs, trainings, tmp_path, g
     exp, _, _ = runs["pp2"]
     remotes = tmp_path / "remotes"
     bare = bare_remote(remotes, "bs/conv-checkpoints")
-    (trainings / "pushed.yaml").write_text(
-        "base: tiny\n"
-        f"model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: {VOCAB}, "
-        "ffn_hidden_size: 256}\n"
-        f"paths: {{output: {str(Path(exp.paths.output))!r}}}\n"
-        f"data: {{tokenizer: {{kind: json, json_file: {exp.data.tokenizer.json_file!r}}}}}\n"
-        f"hub: {{checkpoints_repo: bs/conv-checkpoints, remote_template: 'file://{remotes}/{{repo}}.git'}}\n")
+    _conv_yaml(trainings, exp, "pushed", Path(exp.paths.output),
+               f"hub: {{checkpoints_repo: bs/conv-checkpoints, remote_template: 'file://{remotes}/{{repo}}.git'}}\n")
     out = tmp_path / "pushed"
     result = CliRunner().invoke(main, ["convert", "pushed", "--trainings-dir", str(trainings), "--out", str(out), "--push"])
     assert result.exit_code == 0, result.output

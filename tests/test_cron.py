@@ -17,6 +17,7 @@ from bigscience_ops import slurm
 from bigscience_ops.ops import cron
 from bigscience_ops.cli import main
 from tests.fixtures_slurm import wait_until
+from tests.fixtures_smtp import alerts_yaml
 
 
 def test_next_boundary_is_on_the_hour() -> None:
@@ -149,8 +150,7 @@ def test_a_failing_squeue_is_emailed_and_the_chain_survives(cron_dir: Path, slur
     (shims / "squeue").chmod(0o755)
     with open(cron_dir / "cron.yaml", "a") as handle:
         handle.write(f"env_setup: ['export PATH={shims}:$PATH']\n"
-                     f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-                     f"smtp_port: {port}, smtp_security: none}}\n")
+                     + alerts_yaml(port))
     marks = tmp_path / "marks"
     marks.mkdir()
     (cron_dir / "cron.hourly" / "touch.slurm").write_text(

@@ -12,18 +12,18 @@ from click.testing import CliRunner
 
 from bigscience_ops.cli import main
 from bigscience_ops.ops import backup
+from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_git import bare_remote, blob_at, lfs_object, lfs_oid
+from tests.fixtures_smtp import alerts_yaml
 
 
 def _experiment(trainings: Path, tmp_path: Path, port: int, dest: Path) -> None:
     (trainings / "synced.yaml").write_text(
-        "base: tiny\n"
-        f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
-        f"hub: {{logs_repo: bs/synced-logs, remote_template: {json.dumps(f'file://{tmp_path}/remotes/{{repo}}.git')}, "
-        "push_attempts: 1}\n"
-        f"backup: {{dest: {json.dumps(str(dest))}}}\n"
-        "alerts: {email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-        f"smtp_port: {port}, smtp_security: none}}\n")
+        tiny_yaml(tmp_path / "run",
+                  f"hub: {{logs_repo: bs/synced-logs, remote_template: {json.dumps(f'file://{tmp_path}/remotes/{{repo}}.git')}, "
+                  "push_attempts: 1}\n",
+                  f"backup: {{dest: {json.dumps(str(dest))}}}\n",
+                  alerts_yaml(port)))
 
 
 def _checkpoint(scratch: Path, step: int) -> None:

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fixtures_trainer import checkpoint_steps, scalars, shrunk_tiny_yaml
+from tests.fixtures_experiments import shrunk_tiny_yaml
+from tests.fixtures_trainer import checkpoint_steps, scalars
 
 REPO = Path(__file__).resolve().parents[1]
 BSOPS = str(Path(sys.executable).with_name("bsops"))

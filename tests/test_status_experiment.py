@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,9 @@ from click.testing import CliRunner
 
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
+from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
+from tests.fixtures_smtp import alerts_yaml
 
 pytestmark = pytest.mark.slurm
 
@@ -23,10 +24,7 @@ def watched(tmp_path: Path, trainings: Path, slurm_cluster, plain_server) -> Pat
     """`trainings` with a tiny experiment whose alerts go to the test SMTP server."""
     _, port = plain_server
     (trainings / "watched.yaml").write_text(
-        f"base: tiny\nslurm: {{job_name: {slurm_cluster.prefix}-watched}}\n"
-        f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
-        f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-        f"smtp_port: {port}, smtp_security: none, cooldown_minutes: 60}}\n")
+        tiny_yaml(tmp_path / "run", f"slurm: {{job_name: {slurm_cluster.prefix}-watched}}\n", alerts_yaml(port, 60)))
     return trainings
 
 

@@ -3,7 +3,6 @@ ended early is an alert saying how, and stalls are measured from the trainer's o
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -14,6 +13,7 @@ from bigscience_ops import ledger
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops import lifecycle, notify, status
 from bigscience_ops.plan import train_iters
+from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import plain_settings
 from tests.fixtures_status import ITERATION, seed_job
 
@@ -24,7 +24,7 @@ STEPD_TIMEOUT = "slurmstepd: error: *** JOB 4242 ON hostn1 CANCELLED AT 2026-11-
 
 @pytest.fixture
 def exp(trainings: Path, tmp_path: Path):
-    (trainings / "life.yaml").write_text(f"base: tiny\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
+    (trainings / "life.yaml").write_text(tiny_yaml(tmp_path / "run"))
     return load_experiment("life", trainings)
 
 

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from bigscience_ops.checkpoints import warm_start
 from bigscience_ops.checkpoints.warm_start import WarmStartError, layer_mapping
 from bigscience_ops.cli import main
+from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_trainer import run_ok, scalars, small_experiment, write_run
 
 
@@ -160,7 +161,7 @@ def test_from_an_experiment_name(source_run, tmp_path):
     _, src_out = source_run
     trainings = tmp_path / "trainings"
     trainings.mkdir()
-    (trainings / "shallow.yaml").write_text(f"base: tiny\npaths:\n  output: {src_out}\n")
+    (trainings / "shallow.yaml").write_text(tiny_yaml(src_out))
     assert warm_start.source_checkpoints("shallow", trainings) == src_out / "checkpoints"
     out = tmp_path / "deep"
     write_run(small_experiment(out, model=dict(num_layers=3), parallel=dict(pipeline=1)), out)
