@@ -20,7 +20,7 @@ from bigscience_ops.config import Experiment
 from bigscience_ops.ops import backup
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
-from tests.fixtures_trainer import run_ok, small_experiment, write_run
+from tests.fixtures_trainer import concurrently, run_ok, small_experiment, write_run
 from tests.fixtures_smtp import T0, alerts_yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,15 +28,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[int, tuple[Experiment, Path]]:
-    """Two short PP=2 runs, ZeRO-0 and ZeRO-1, each saving global_step10 and the final global_step18."""
-    out = {}
-    for stage in (0, 1):
-        run = tmp_path_factory.mktemp(f"zero{stage}")
-        exp = small_experiment(run, parallel=dict(zero_stage=stage), train=dict(samples=120))
-        write_run(exp, run)
-        run_ok(run, 2)
-        out[stage] = (exp, run)
-    return out
+    """Two short PP=2 runs, ZeRO-0 and ZeRO-1, each saving global_step10 and the final global_step18 (side by side)."""
+    folders = {stage: tmp_path_factory.mktemp(f"zero{stage}") for stage in (0, 1)}
+
+    def train(stage: int) -> tuple[Experiment, Path]:
+        exp = small_experiment(folders[stage], parallel=dict(zero_stage=stage), train=dict(samples=120))
+        write_run(exp, folders[stage])
+        run_ok(folders[stage], 2)
+        return exp, folders[stage]
+
+    return concurrently({stage: lambda stage=stage: train(stage) for stage in folders})
 
 
 def _scratch_copy(exp: Experiment, run: Path, tmp: Path, **policy) -> Experiment:

@@ -29,7 +29,7 @@ from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.config import DataSource
 from bigscience_ops.errors import BsopsError
 from tests.fixtures_git import bare_remote, blob_at, git, lfs_object, lfs_oid
-from tests.fixtures_trainer import REPO, TORCHRUN, scalars, small_experiment, write_run
+from tests.fixtures_trainer import REPO, TORCHRUN, concurrently, scalars, small_experiment, write_run
 
 VOCAB = 8192  # the bundled tokenizer's size
 PADDED = 8200  # TP=2 run: make_vocab_size_divisible_by 100 (x TP 2 = 200): 8 padding rows to remove
@@ -62,14 +62,14 @@ def _train(out: Path, corpus: str, tensor: int, pipeline: int, divisible: int):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, corpus) -> dict:
-    """name -> (experiment, converted folder, Conversion) for PP=2 and TP=2."""
-    out = {}
-    for name, tensor, pipeline in (("pp2", 1, 2), ("tp2", 2, 1)):
-        run = tmp_path_factory.mktemp(name)
-        exp = _train(run, corpus, tensor, pipeline, DIVISIBLE[name])
-        folder = run / "hf"
-        out[name] = (exp, folder, convert.convert(exp, folder))
-    return out
+    """name -> (experiment, converted folder, Conversion) for PP=2 and TP=2, trained side by side."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("pp2", "tp2")}
+
+    def train_and_convert(name: str, tensor: int, pipeline: int):
+        exp = _train(folders[name], corpus, tensor, pipeline, DIVISIBLE[name])
+        return exp, folders[name] / "hf", convert.convert(exp, folders[name] / "hf")
+
+    return concurrently({"pp2": lambda: train_and_convert("pp2", 1, 2), "tp2": lambda: train_and_convert("tp2", 2, 1)})
 
 
 def _hf(folder: Path):

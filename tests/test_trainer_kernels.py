@@ -104,17 +104,18 @@ def test_unknown_kernels_choice_is_rejected(trainings, value):
 def test_the_trainer_reads_model_kernels_and_trains_the_same_losses(tmp_path):
     """Through the real trainer (torchrun, DeepSpeed engine): `model.kernels: triton` (interpreted)
     gives the iteration losses of `torch` on the same data, so the switch reaches every call site."""
-    from tests.fixtures_trainer import launch, run_ok, scalars, write_run
+    from tests.fixtures_trainer import concurrently, launch, run_ok, scalars, write_run
 
-    losses = {}
-    for choice in ("torch", "triton"):
+    def train(choice: str) -> dict[int, float]:
         out = tmp_path / choice
         exp = small_experiment(out, model=dict(kernels=choice, hidden_dropout=0.0, attention_dropout=0.0),
                                parallel=dict(pipeline=1),
                                checkpoint=dict(save_interval=100, exit_interval=4))
         write_run(exp, out)
         run_ok(out, 1, env={"TRITON_INTERPRET": "1"})
-        losses[choice] = scalars(out / "tensorboard", "lm loss")
+        return scalars(out / "tensorboard", "lm loss")
+
+    losses = concurrently({choice: lambda choice=choice: train(choice) for choice in ("triton", "torch")})
     assert sorted(losses["torch"]) == sorted(losses["triton"]) and len(losses["torch"]) >= 2, losses
     for step, value in losses["torch"].items():
         assert abs(value - losses["triton"][step]) <= 1e-4 * abs(value), (step, value, losses["triton"][step])

@@ -20,7 +20,7 @@ from bigscience_ops import plan
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock
 from bigscience_ops.trainer.tensor_parallel import TensorParallel
-from tests.fixtures_trainer import checkpoint_steps, run_ok, scalars, small_experiment, write_run
+from tests.fixtures_trainer import checkpoint_steps, concurrently, run_ok, scalars, small_experiment, write_run
 
 STEPS = 10
 PARAM_LINE = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank \((\d+), (\d+)\): (\d+)")
@@ -38,19 +38,20 @@ def _train(out: Path, tensor: int, pipeline: int, exit_interval: int, data: int 
 @pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
     """TP=2 for 10 steps; TP=2 interrupted at 6 and resumed to 10; TP=2 x PP=2 and TP=2 x DP=2 for 10 steps;
-    TP=1 on one process (its grad norm is over the whole model, as TP=2's must be)."""
-    runs: dict[str, tuple[Path, list[subprocess.CompletedProcess]]] = {}
-    out = tmp_path_factory.mktemp("tp1")
-    runs["tp1"] = (out, [_train(out, 1, 1, STEPS)])
-    out = tmp_path_factory.mktemp("tp2")
-    runs["tp2"] = (out, [_train(out, 2, 1, STEPS)])
-    out = tmp_path_factory.mktemp("tp2_resumed")
-    runs["tp2_resumed"] = (out, [_train(out, 2, 1, 6), _train(out, 2, 1, STEPS)])
-    out = tmp_path_factory.mktemp("tp2pp2")
-    runs["tp2pp2"] = (out, [_train(out, 2, 2, STEPS)])
-    out = tmp_path_factory.mktemp("tp2dp2")
-    runs["tp2dp2_zero1"] = (out, [_train(out, 2, 1, STEPS, data=2)])
-    return runs
+    TP=1 on one process (its grad norm is over the whole model, as TP=2's must be). Launched side by side."""
+    runs = {  # name: [(tensor, pipeline, exit_interval, data) of each launch]; the 4-process runs first
+        "tp2pp2": [(2, 2, STEPS, 1)],
+        "tp2dp2_zero1": [(2, 1, STEPS, 2)],
+        "tp2_resumed": [(2, 1, 6, 1), (2, 1, STEPS, 1)],
+        "tp2": [(2, 1, STEPS, 1)],
+        "tp1": [(1, 1, STEPS, 1)],
+    }
+    folders = {name: tmp_path_factory.mktemp(name.removesuffix("_zero1")) for name in runs}
+
+    def chain(name: str) -> tuple[Path, list[subprocess.CompletedProcess]]:
+        return folders[name], [_train(folders[name], *launch) for launch in runs[name]]
+
+    return concurrently({name: lambda name=name: chain(name) for name in runs})
 
 
 @pytest.mark.parametrize("name", ["tp2", "tp2_resumed", "tp2pp2", "tp2dp2_zero1"])

@@ -1,7 +1,8 @@
 """Warm start by depth scaling (Gopher G.3.3): a 2-block run trained a few dozen steps seeds a 4-block one.
 
-The source trains with PP=2 (two processes); the deeper target runs with PP=1, so the layer files,
-numbered over the whole model, are what carries the weights across pipeline layouts.
+The source is the session's golden run (2 blocks, PP=2 on two processes, 28 steps, checkpoints at
+steps 2, 4, 6, 11, 16 and 28); the deeper target runs with PP=1, so the layer files, numbered over
+the whole model, are what carries the weights across pipeline layouts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from bigscience_ops.checkpoints import warm_start
 from bigscience_ops.checkpoints.warm_start import WarmStartError, layer_mapping
 from bigscience_ops.cli import main
 from tests.fixtures_experiments import tiny_yaml
-from tests.fixtures_trainer import run_ok, scalars, small_experiment, write_run
+from tests.fixtures_trainer import concurrently, run_ok, scalars, small_experiment, write_run
 
 
 def _target(out: Path, **model):
@@ -26,11 +27,10 @@ def _target(out: Path, **model):
 
 
 @pytest.fixture(scope="module")
-def source_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("source")
-    exp = small_experiment(out, parallel=dict(pipeline=2))  # 2 blocks, 28 steps
-    write_run(exp, out)
-    run_ok(out, 2)
+def source_run(golden_run):
+    """The golden run: small_experiment's 2 blocks with PP=2, trained 28 steps (read, never written)."""
+    exp, out, _ = golden_run
+    assert exp.parallel.pipeline == 2 and exp.model.num_layers == 2
     return exp, out
 
 
@@ -72,10 +72,9 @@ def test_warm_start_continues_from_the_source(source_run, tmp_path):
     assert meta["model"]["num_layers"] == 4 and meta["parallel"]["pipeline"] == 1
     assert not list(step0.glob("*optim_states.pt")) and not list(step0.glob("rng_state_*"))
 
-    proc = run_ok(warm_out, 1)
     fresh_out = tmp_path / "fresh"
     write_run(_target(fresh_out), fresh_out)
-    run_ok(fresh_out, 1)
+    proc = concurrently({"warm": lambda: run_ok(warm_out, 1), "fresh": lambda: run_ok(fresh_out, 1)})["warm"]
 
     warm_valid = scalars(warm_out / "tensorboard", "lm loss validation")
     fresh_valid = scalars(fresh_out / "tensorboard", "lm loss validation")
@@ -116,10 +115,10 @@ def test_refuses_what_a_layer_copy_cannot_make(source_run, tmp_path, model, para
 
 def test_refuses_a_folder_with_checkpoints_and_unknown_steps(source_run, tmp_path):
     src_exp, src_out = source_run
-    source = warm_start.find_source(warm_start.source_checkpoints(str(src_out / "checkpoints")), "10", "s")
-    assert source.tag == "global_step10"
-    with pytest.raises(WarmStartError, match="step 11"):
-        warm_start.find_source(src_out / "checkpoints", "11", "s")
+    source = warm_start.find_source(warm_start.source_checkpoints(str(src_out / "checkpoints")), "11", "s")
+    assert source.tag == "global_step11"
+    with pytest.raises(WarmStartError, match="step 12"):
+        warm_start.find_source(src_out / "checkpoints", "12", "s")
     # the source's own folder already holds checkpoints: never written into
     deeper_in_place = small_experiment(src_out, model=dict(num_layers=4), parallel=dict(pipeline=1))
     before = sorted(p.name for p in (src_out / "checkpoints").iterdir())
@@ -129,7 +128,7 @@ def test_refuses_a_folder_with_checkpoints_and_unknown_steps(source_run, tmp_pat
     # CLI: exit code 2, nothing written
     out = tmp_path / "t"
     write_run(small_experiment(out, model=dict(num_layers=2), parallel=dict(pipeline=1)), out)
-    result = CliRunner().invoke(main, ["warm-start", "--from", f"{src_out}:20", str(out / "experiment.json")])
+    result = CliRunner().invoke(main, ["warm-start", "--from", f"{src_out}:16", str(out / "experiment.json")])
     assert result.exit_code == 2 and not (out / "checkpoints").exists()
 
 
@@ -165,10 +164,10 @@ def test_from_an_experiment_name(source_run, tmp_path):
     assert warm_start.source_checkpoints("shallow", trainings) == src_out / "checkpoints"
     out = tmp_path / "deep"
     write_run(small_experiment(out, model=dict(num_layers=3), parallel=dict(pipeline=1)), out)
-    result = CliRunner().invoke(main, ["warm-start", "--from", "shallow:20", "--trainings-dir", str(trainings),
+    result = CliRunner().invoke(main, ["warm-start", "--from", "shallow:16", "--trainings-dir", str(trainings),
                                        str(out / "experiment.json")])
     assert result.exit_code == 0, result.output
     meta = json.loads((out / "checkpoints" / "global_step0" / "bsops.json").read_text())
-    assert meta["warm_start"]["source_iteration"] == 20 and meta["warm_start"]["block_from"] == [0, 0, 1]
+    assert meta["warm_start"]["source_iteration"] == 16 and meta["warm_start"]["block_from"] == [0, 0, 1]
     with pytest.raises(WarmStartError, match="no-such-run"):
         warm_start.source_checkpoints("no-such-run", trainings)
