@@ -51,6 +51,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1])
 def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, stage: int) -> None:
     import torch
@@ -94,6 +95,7 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
     assert [line for line in backup.verify(store, "global_step10") if "layer_01" in line]
 
 
+@pytest.mark.slow
 def test_keep_optimizer_every_and_tar(runs, tmp_path: Path) -> None:
     exp, run = runs[1]
     exp = _scratch_copy(exp, run, tmp_path, keep_optimizer_every=10, tar=True)
@@ -127,6 +129,7 @@ backup.run_backup(exp)
 """
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_backup_then_rerun_completes_and_verifies(runs, tmp_path: Path) -> None:
     from bigscience_ops.config import to_dict
 
@@ -154,6 +157,7 @@ def test_kill_9_during_a_backup_then_rerun_completes_and_verifies(runs, tmp_path
     assert list((store / backup.PARTIAL).iterdir()) == []
 
 
+@pytest.mark.slow
 def test_retention_keeps_latest_and_anything_not_verified(runs, tmp_path: Path) -> None:
     exp, run = runs[0]
     exp = _scratch_copy(exp, run, tmp_path, keep_last=1)

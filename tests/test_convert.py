@@ -149,6 +149,7 @@ def _tp_reference_logits(exp, tokens: torch.Tensor, tmp_path: Path) -> torch.Ten
     return torch.load(result, weights_only=True)
 
 
+@pytest.mark.slow
 def test_pp2_logits_equal_the_trainers(runs):
     exp, folder, _ = runs["pp2"]
     tokens = _tokens()
@@ -160,6 +161,7 @@ def test_pp2_logits_equal_the_trainers(runs):
     torch.testing.assert_close(logits, reference[..., :VOCAB], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_tp2_logits_equal_the_trainers(runs, tmp_path):
     exp, folder, _ = runs["tp2"]
     tokens = _tokens()
@@ -170,6 +172,7 @@ def test_tp2_logits_equal_the_trainers(runs, tmp_path):
     torch.testing.assert_close(logits, reference[..., :VOCAB], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_converted_model_gives_the_trainers_validation_loss(runs):
     """The trainer's last validation (logged to TensorBoard) read the eval_iters x gbs samples before
     consumed_valid_samples; the HF model's loss on the same samples, averaged the same way, equals it."""
@@ -200,6 +203,7 @@ def test_converted_model_gives_the_trainers_validation_loss(runs):
     assert conversion.iteration == meta["iteration"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pp2", "tp2"])
 def test_output_folder_loads_with_transformers(runs, name):
     from transformers import AutoTokenizer
@@ -224,6 +228,7 @@ def test_output_folder_loads_with_transformers(runs, name):
     assert tok.decode(ours) == text
 
 
+@pytest.mark.slow
 def test_bf16_output_and_step_selection(runs, tmp_path):
     exp, folder, _ = runs["pp2"]
     meta = _meta(exp)
@@ -270,6 +275,7 @@ def test_qkv_regrouping_matches_the_trainers_head_split():
                 assert w[0, part * h + head * hs + j] == trainer_row and b[part * h + head * hs + j] == trainer_row
 
 
+@pytest.mark.slow
 def test_convert_command(runs, trainings, tmp_path, gpt2_files):
     exp, _, _ = runs["pp2"]
     src = Path(exp.paths.output)
@@ -291,6 +297,7 @@ def test_convert_command(runs, trainings, tmp_path, gpt2_files):
     assert wrong.exit_code == EXIT_ERROR and not (tmp_path / "s").exists()  # GPT-2's 50257 tokens > the model's 8192
 
 
+@pytest.mark.slow
 def test_convert_push_publishes_one_folder_per_step(runs, trainings, tmp_path, git_lfs):
     """--push through hub-sync's publish_folder to a local bare remote with real git-lfs: global_stepN/ on main."""
     exp, _, _ = runs["pp2"]
@@ -323,6 +330,7 @@ def _checkpoint(exp) -> tuple[Path, dict]:
     return Path(exp.paths.checkpoints) / f"global_step{meta['iteration']}", meta
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pp2", "tp2"])
 def test_sharded_conversion_loads_and_equals_the_single_file(runs, tmp_path, name):
     from huggingface_hub import split_torch_state_dict_into_shards
@@ -361,6 +369,7 @@ def test_sharded_conversion_loads_and_equals_the_single_file(runs, tmp_path, nam
         assert torch.equal(_hf(out)(tokens).logits, _hf(single)(tokens).logits)
 
 
+@pytest.mark.slow
 def test_default_size_writes_one_file_and_the_limit_is_inclusive(runs, tmp_path):
     exp, folder, conversion = runs["pp2"]
     assert _weight_files(folder) == ["model.safetensors"]  # 5GB default: no index
@@ -375,6 +384,7 @@ def test_default_size_writes_one_file_and_the_limit_is_inclusive(runs, tmp_path)
                                        "model.safetensors.index.json"]
 
 
+@pytest.mark.slow
 def test_overwrite_leaves_no_weights_of_the_earlier_conversion(runs, tmp_path):
     """transformers loads model.safetensors before any index, and a push uploads every file of the folder."""
     exp, single, _ = runs["pp2"]
@@ -422,6 +432,7 @@ def test_write_weights_removes_its_shards_when_the_tensors_fail(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["5XB", "0", "-1GB", "1.5", "GB", "5 G B", 0])
 def test_bad_shard_sizes_are_refused_before_anything_is_written(runs, tmp_path, bad):
     exp, _, _ = runs["pp2"]
@@ -449,6 +460,7 @@ def _conv_yaml(trainings: Path, exp, name: str, output: Path, extra: str = "") -
         f"data: {{tokenizer: {{kind: json, json_file: {exp.data.tokenizer.json_file!r}}}}}\n" + extra)
 
 
+@pytest.mark.slow
 def test_convert_command_max_shard_size(runs, trainings, tmp_path):
     exp, single, _ = runs["pp2"]
     _conv_yaml(trainings, exp, "shards", tmp_path / "run")
@@ -466,6 +478,7 @@ def test_convert_command_max_shard_size(runs, trainings, tmp_path):
     assert not (tmp_path / "hub").exists()  # refused before converting
 
 
+@pytest.mark.slow
 def test_convert_push_uploads_every_shard_and_the_index(runs, trainings, tmp_path, git_lfs):
     exp, _, _ = runs["pp2"]
     remotes = tmp_path / "remotes"
@@ -537,6 +550,7 @@ def _peak_rss(experiment: Path, out: Path, max_shard_size: str, dtype: str = "fl
     return rss["peak"] - rss["before"]
 
 
+@pytest.mark.slow
 def test_sharded_conversion_holds_a_shard_not_the_model(runs, tmp_path):
     """A 16-layer 384-wide model (126 MB of fp32 weights): the single file holds all of them at once, 4MB shards
     about one shard plus one layer (measured 158 MB and 32 MB over the process's size before converting)."""

@@ -93,6 +93,7 @@ def test_install_twice_leaves_one_chain(cron_dir: Path, slurm_cluster) -> None:
     assert all(len(s.jobs) == 1 for s in states) and "next run" in states[0].describe()
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_runner_respawns_and_submits_its_folder(cron_dir: Path, slurm_cluster, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
@@ -140,6 +141,7 @@ exec {real} "$@"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_a_failing_squeue_is_emailed_and_the_chain_survives(cron_dir: Path, slurm_cluster, plain_server,
                                                            tmp_path: Path) -> None:

@@ -123,6 +123,7 @@ def curriculum_run(runs):
     return runs["curriculum"]
 
 
+@pytest.mark.slow
 def test_curriculum_lengths_seen_and_tokens_counted(curriculum_run):
     exp, out, proc = curriculum_run
     steps = range(1, plan.train_iters(exp) + 1)
@@ -144,6 +145,7 @@ def test_curriculum_lengths_seen_and_tokens_counted(curriculum_run):
     assert sorted(valid) == [10, 20, 28] and valid[28] < valid[10]
 
 
+@pytest.mark.slow
 def test_lr_decays_by_tokens_trained_on(curriculum_run):
     exp, out, _ = curriculum_run
     schedule, lr = plan.batch_schedule(exp), plan.lr_schedule(exp)
@@ -173,6 +175,7 @@ def _layers(folder):
     return {p.name: torch.load(p, weights_only=True) for p in sorted(folder.glob("layer_*-model_states.pt"))}
 
 
+@pytest.mark.slow
 def test_skipped_iterations_consume_data_without_update(skip_run):
     exp, out, proc = skip_run
     schedule = plan.batch_schedule(exp)

@@ -12,6 +12,8 @@ import pytest
 from tests.fixtures_experiments import shrunk_tiny_yaml
 from tests.fixtures_trainer import checkpoint_steps, concurrently, scalars
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 BSOPS = str(Path(sys.executable).with_name("bsops"))
 

@@ -37,6 +37,7 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_one_failing_rank_ends_the_job_with_its_error_in_main_log(tmp_path: Path) -> None:
     trainings = tmp_path / "trainings"
     trainings.mkdir()

@@ -38,6 +38,7 @@ def _train(shape: GPTShape, kernels: str, steps: int) -> list[float]:
     return losses
 
 
+@pytest.mark.slow
 def test_torch_and_triton_kernels_train_the_same_losses(tmp_path):
     exp = small_experiment(tmp_path, model=dict(hidden_dropout=0.0, attention_dropout=0.0, kernels="triton"))
     shape = GPTShape.from_experiment(exp)
@@ -101,6 +102,7 @@ def test_unknown_kernels_choice_is_rejected(trainings, value):
         load_experiment("k", trainings)
 
 
+@pytest.mark.slow
 def test_the_trainer_reads_model_kernels_and_trains_the_same_losses(tmp_path):
     """Through the real trainer (torchrun, DeepSpeed engine): `model.kernels: triton` (interpreted)
     gives the iteration losses of `torch` on the same data, so the switch reaches every call site."""

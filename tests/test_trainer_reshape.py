@@ -85,6 +85,7 @@ def reshape_runs(tmp_path_factory) -> dict[str, tuple[Path, list[subprocess.Comp
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_reshaped_resume_continues_the_uninterrupted_run(reshape_runs, name):
     reference = scalars(reshape_runs["reference"][0] / "tensorboard", "lm loss")
@@ -100,6 +101,7 @@ def test_reshaped_resume_continues_the_uninterrupted_run(reshape_runs, name):
     assert (out / "checkpoints" / "latest_universal").read_text().strip() == f"global_step{SPLIT}_universal"
 
 
+@pytest.mark.slow
 def test_consumed_samples_and_lr_carry_over(reshape_runs):
     reference = ckpt.find_resume(reshape_runs["reference"][0] / "checkpoints").meta
     for name in LAYOUTS:
@@ -110,6 +112,7 @@ def test_consumed_samples_and_lr_carry_over(reshape_runs):
     assert scalars(reshape_runs["dp1_to_dp2"][0] / "tensorboard", "learning-rate") == pytest.approx(ref_lr)
 
 
+@pytest.mark.slow
 def test_universal_copy_holds_full_parameters_and_adam_moments(reshape_runs, tmp_path):
     out, _ = reshape_runs["tp2_to_tp1"]
     zero = out / "checkpoints" / f"global_step{SPLIT}_universal" / "zero"
@@ -131,6 +134,7 @@ def test_universal_copy_holds_full_parameters_and_adam_moments(reshape_runs, tmp
     assert torch.equal(full[:, h // 2:], shard)
 
 
+@pytest.mark.slow
 def test_second_resume_does_not_convert_again(reshape_runs):
     out, procs = reshape_runs["dp1_to_dp2"]
     source = out / "checkpoints" / f"global_step{SPLIT}"
@@ -193,6 +197,7 @@ def test_unconvertible_resume_is_refused_with_one_line_per_cause(tmp_path):
         universal.reshape_plan(resume.path, resume.meta, shape, universal.Layout(2, 1, 1, 1), 300)
 
 
+@pytest.mark.slow
 def test_trainer_refuses_before_building_an_engine(reshape_runs):
     """A ZeRO-0 resume of the DP=1 run with DP=2: exit 2, the causes on stderr, no engine built."""
     source, _ = reshape_runs["reference"]
@@ -203,6 +208,7 @@ def test_trainer_refuses_before_building_an_engine(reshape_runs):
     assert not (source / "checkpoints" / f"global_step{STEPS}_universal").exists()
 
 
+@pytest.mark.slow
 def test_zero0_dp_change_loads_without_conversion(reshape_runs):
     """ZeRO-0 in fp32 keeps the whole optimizer per TP/PP rank, so DP 1 -> 2 (a node-schedule phase of a
     ZeRO-0 run) loads the checkpoint as it is, with Adam's moments, and continues the reference's losses."""

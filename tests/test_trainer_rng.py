@@ -21,6 +21,8 @@ import torch
 from tests.fixtures_trainer import (REPO, TORCHRUN, checkpoint_steps, concurrently, scalars, small_experiment,
                                      whole_and_resumed)
 
+pytestmark = pytest.mark.slow  # torchrun probes and trainer launches
+
 STEPS = 10
 
 

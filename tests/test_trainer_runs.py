@@ -18,6 +18,8 @@ from bigscience_ops import plan
 from tests.fixtures_trainer import (checkpoint_steps, concurrently, launch, run_ok, scalars, small_experiment,
                                      write_run)
 
+pytestmark = pytest.mark.slow  # every check reads a real trainer launch
+
 GOLDEN = Path(__file__).parent / "assets" / "losses" / "tiny.txt"
 REGENERATE = "BSOPS_REGENERATE_GOLDEN"
 

@@ -54,6 +54,7 @@ def tp_runs(tmp_path_factory) -> dict[str, tuple[Path, list[subprocess.Completed
     return concurrently({name: lambda name=name: chain(name) for name in runs})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tp2", "tp2_resumed", "tp2pp2", "tp2dp2_zero1"])
 def test_tp_losses_equal_tp1(tp_runs, golden_run, name):
     _, gout, _ = golden_run
@@ -66,6 +67,7 @@ def test_tp_losses_equal_tp1(tp_runs, golden_run, name):
     assert losses[1] == pytest.approx(golden[1], rel=1e-6)  # the same initial model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, pipeline", [("tp2", 1), ("tp2pp2", 2)])
 def test_parameters_per_rank_equal_the_plan(tp_runs, golden_run, name, pipeline):
     exp, _, _ = golden_run
@@ -75,6 +77,7 @@ def test_parameters_per_rank_equal_the_plan(tp_runs, golden_run, name, pipeline)
     assert counts == {(t, p): per_stage[p] for t in range(2) for p in range(pipeline)}
 
 
+@pytest.mark.slow
 def test_tp_grad_norm_counts_each_parameter_once(tp_runs):
     """DeepSpeed's norm over the grid (the mpu): TP shards on every rank, replicated parameters on TP rank 0."""
     norms = {name: scalars(tp_runs[name][0] / "tensorboard", "grad-norm") for name in ("tp1", "tp2", "tp2dp2_zero1")}
@@ -84,6 +87,7 @@ def test_tp_grad_norm_counts_each_parameter_once(tp_runs):
             assert math.isclose(norms[name][step], value, rel_tol=1e-4), (name, step, norms[name][step], value)
 
 
+@pytest.mark.slow
 def test_tp2_resume_continues_exactly(tp_runs):
     out, procs = tp_runs["tp2_resumed"]
     assert "resumed from" in procs[1].stdout and "global_step6" in procs[1].stdout
@@ -93,6 +97,7 @@ def test_tp2_resume_continues_exactly(tp_runs):
     assert ckpt.find_resume(out / "checkpoints").meta["parallel"]["tensor"] == 2
 
 
+@pytest.mark.slow
 def test_checkpoint_per_tp_rank_with_identical_replicated_parameters(tp_runs):
     out, _ = tp_runs["tp2pp2"]
     folder = out / "checkpoints" / f"global_step{STEPS}"

@@ -50,6 +50,7 @@ def test_parse_from():
     assert warm_start.parse_from("C:/x") == ("C:/x", None)
 
 
+@pytest.mark.slow
 def test_warm_start_continues_from_the_source(source_run, tmp_path):
     src_exp, src_out = source_run
     src_final = scalars(src_out / "tensorboard", "lm loss validation")
@@ -103,6 +104,7 @@ def test_warm_start_continues_from_the_source(source_run, tmp_path):
     (dict(num_layers=1), {}, "num_layers"),
     ({}, dict(tensor=2), "parallel.tensor"),
 ])
+@pytest.mark.slow
 def test_refuses_what_a_layer_copy_cannot_make(source_run, tmp_path, model, parallel, field):
     _, src_out = source_run
     exp = small_experiment(tmp_path, model={"num_layers": 4, **model}, parallel=dict(pipeline=1, **parallel))
@@ -113,6 +115,7 @@ def test_refuses_what_a_layer_copy_cannot_make(source_run, tmp_path, model, para
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_refuses_a_folder_with_checkpoints_and_unknown_steps(source_run, tmp_path):
     src_exp, src_out = source_run
     source = warm_start.find_source(warm_start.source_checkpoints(str(src_out / "checkpoints")), "11", "s")
@@ -132,6 +135,7 @@ def test_refuses_a_folder_with_checkpoints_and_unknown_steps(source_run, tmp_pat
     assert result.exit_code == 2 and not (out / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_warm_start_with_tp2_copies_each_ranks_files(tmp_path):
     """TP=2: every TP rank's layer file is mapped; a 3-block TP=2 target (blocks from 0, 0, 1) trains on."""
     src_out = tmp_path / "source"
@@ -155,6 +159,7 @@ def test_warm_start_with_tp2_copies_each_ranks_files(tmp_path):
     assert abs(warm_valid[2] - src_valid[max(src_valid)]) < 0.4, (warm_valid, src_valid)
 
 
+@pytest.mark.slow
 def test_from_an_experiment_name(source_run, tmp_path):
     """--from NAME[:STEP] reads the checkpoints of the experiment's paths.output."""
     _, src_out = source_run
