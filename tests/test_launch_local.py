@@ -10,47 +10,25 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures_experiments import shrunk_tiny_yaml
-from tests.fixtures_trainer import checkpoint_steps, concurrently, scalars
-
-pytestmark = pytest.mark.slow
+from tests.fixtures_trainer import checkpoint_steps, scalars
 
 REPO = Path(__file__).resolve().parents[1]
 BSOPS = str(Path(sys.executable).with_name("bsops"))
+
+pytestmark = pytest.mark.slow
 
 # tiny's scripts, data and PP=2 x 2 "nodes", shrunk to seconds: 2 array tasks, the first exits at step 15.
 SMALL = shrunk_tiny_yaml("launch", 5)
 
 
-# 1 "node" of 2 processes, then 2 once the rampup 4, 8 is over: task 2 runs the script rendered for 2 nodes.
-PHASED = SMALL.replace("increment: 2", "increment: 4").replace("exit_interval: 15", "exit_interval: null") + """
-parallel: {zero_stage: 1}
-slurm: {gpus_per_node: 2, node_schedule: [{nodes: 1}, {nodes: 2, from_iteration: 12}]}
-"""
-
-
-def _launch_local(folder: Path, small: str, run_name: str) -> tuple[Path, subprocess.CompletedProcess]:
-    trainings = folder / "trainings"
+def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
+    trainings = tmp_path / "trainings"
     trainings.mkdir()
     (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
-    (trainings / "small.yaml").write_text(small)
-    run = folder / run_name
+    (trainings / "small.yaml").write_text(SMALL)
+    run = tmp_path / "run dir"  # a space: every path in the script must be quoted
     proc = subprocess.run([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
-                          cwd=folder, capture_output=True, text=True, timeout=400)
-    return run, proc
-
-
-@pytest.fixture(scope="module")
-def launches(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
-    """name -> (run folder, `bsops launch small --local`) for the two experiments, launched side by side."""
-    folders = {name: tmp_path_factory.mktemp(name) for name in ("phased", "array")}
-    return concurrently({
-        "phased": lambda: _launch_local(folders["phased"], PHASED, "run"),
-        "array": lambda: _launch_local(folders["array"], SMALL, "run dir"),  # a space: every path must be quoted
-    })
-
-
-def test_launch_tiny_local_runs_the_array_and_resumes(launches):
-    run, proc = launches["array"]
+                          cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"run folder: {run}" in proc.stdout
     assert proc.stdout.count(": started, output in") == 2 and proc.stdout.count(": exit 0 in") == 2
@@ -67,9 +45,19 @@ def test_launch_tiny_local_runs_the_array_and_resumes(launches):
     assert losses[28] < losses[1] - 0.5
 
 
-def test_local_launch_sizes_each_task_by_its_node_phase(launches):
+def test_local_launch_sizes_each_task_by_its_node_phase(tmp_path):
     """1 "node" of 2 processes, then 2 once the rampup 4, 8 is over: task 2 runs the script rendered for 2 nodes."""
-    run, proc = launches["phased"]
+    trainings = tmp_path / "trainings"
+    trainings.mkdir()
+    (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
+    (trainings / "small.yaml").write_text(SMALL.replace("increment: 2", "increment: 4").replace(
+        "exit_interval: 15", "exit_interval: null") + """
+parallel: {zero_stage: 1}
+slurm: {gpus_per_node: 2, node_schedule: [{nodes: 1}, {nodes: 2, from_iteration: 12}]}
+""")
+    run = tmp_path / "run"
+    proc = subprocess.run([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "(1 node(s))" in proc.stdout and "(2 node(s))" in proc.stdout
     steps = checkpoint_steps_only(run)
