@@ -1,6 +1,7 @@
 """Real trainer runs (torchrun, gloo, CPU): goldens, schedules, checkpoints, exits, resume, PP and DP layouts.
 
-Each launch costs several seconds, so every launch is shared by several checks (session fixtures).
+Each launch costs several seconds, so every launch is shared by several checks: the golden run (a session
+fixture, also read by other modules) and this module's other launches (one fixture, run side by side).
 """
 
 from __future__ import annotations
