@@ -18,6 +18,8 @@ pytest_plugins: list[str] = [
     "tests.fixtures_data",
     "tests.fixtures_trainer",
     "tests.fixtures_slurm",
+    "tests.fixtures_smtp",
+    "tests.fixtures_git",
 ]
 
 

@@ -2,6 +2,10 @@
 
 Runs are launched the way the job script launches them (torchrun -m bigscience_ops.trainer) on
 generated data (--synthetic-data), so they do not depend on the bundled corpus being built.
+
+A launch costs ~5 s before its first step (every process imports torch and DeepSpeed and builds an
+engine) and keeps about one core busy, so fixtures launch independent runs `concurrently`, two at a
+time, and each test module shares its runs between its checks.
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -23,6 +30,17 @@ from bigscience_ops.render import deepspeed_config
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+LAUNCH_SLOTS = int(os.environ.get("BSOPS_TEST_LAUNCH_SLOTS", "2"))
+"""Independent launches run side by side (BSOPS_TEST_LAUNCH_SLOTS=1: one after another)."""
+K, T = TypeVar("K"), TypeVar("T")
+
+
+def concurrently(jobs: dict[K, Callable[[], T]]) -> dict[K, T]:
+    """name -> result of each job (a launch, or a chain of launches in one run folder), run LAUNCH_SLOTS at a
+    time in the order given (put the longest first). Every job ends before the first failure is raised."""
+    with ThreadPoolExecutor(max_workers=LAUNCH_SLOTS) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+    return {name: future.result() for name, future in futures.items()}
 
 
 def small_experiment(out: Path, **sections: dict) -> Experiment:
@@ -46,24 +64,6 @@ def small_experiment(out: Path, **sections: dict) -> Experiment:
         base.setdefault(name, {}).update(values)
     changes = {name: dataclasses.replace(getattr(exp, name), **values) for name, values in base.items()}
     return dataclasses.replace(exp, **changes)
-
-
-def shrunk_tiny_yaml(purpose: str, log_interval: int, extra: str = "") -> str:
-    """An experiment file `base: tiny` on the bundled corpus, shrunk to seconds for launch-level tests:
-    PP=2 over 2 "nodes", a 4 -> 8 rampup, saves every 10 steps, each task exits at step 15."""
-    return f"""
-base: tiny
-description: tiny shrunk for the {purpose} test
-model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 64}}
-batch: {{global_batch_size: 8, micro_batch_size: 2, rampup: {{start: 4, increment: 2, samples: 40}}}}
-train: {{samples: 200}}
-lr_schedule: {{warmup_samples: 40}}
-checkpoint: {{save_interval: 10, exit_interval: 15}}
-logging: {{log_interval: {log_interval}, eval_interval: 10, eval_iters: 1}}
-{extra}data:
-  blend: [{{prefix: {REPO}/corpus/build/tiny_text_document}}]
-  tokenizer: {{kind: json, json_file: {REPO}/corpus/tokenizer.json}}
-"""
 
 
 def write_run(exp: Experiment, out: Path) -> Path:
@@ -111,15 +111,16 @@ def whole_and_resumed(tmp_path_factory, prefix: str, make_exp, steps: int, stop_
                       ) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
     """{"whole": `steps` uninterrupted, "resumed": `stop_at` steps then resumed to `steps`}: each run's
     folder and launches; `make_exp(out, exit_interval)` gives the experiment of one launch."""
-    runs = {}
-    for name, exits in (("whole", [steps]), ("resumed", [stop_at, steps])):
-        out = tmp_path_factory.mktemp(f"{prefix}_{name}")
+    def chain(out: Path, exits: list[int]) -> tuple[Path, list[subprocess.CompletedProcess]]:
         procs = []
         for exit_interval in exits:
             write_run(make_exp(out, exit_interval), out)
             procs.append(run_ok(out, nproc))
-        runs[name] = (out, procs)
-    return runs
+        return out, procs
+
+    folders = {name: tmp_path_factory.mktemp(f"{prefix}_{name}") for name in ("whole", "resumed")}
+    return concurrently({"resumed": lambda: chain(folders["resumed"], [stop_at, steps]),
+                         "whole": lambda: chain(folders["whole"], [steps])})
 
 
 GOLDEN_SAVE_SCHEDULE = [SaveRange(until=6, interval=2), SaveRange(until=20, interval=5)]

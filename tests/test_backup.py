@@ -19,24 +19,26 @@ from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.schema import Experiment
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.ops import backup
+from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
-from tests.fixtures_trainer import run_ok, small_experiment, write_run
-from tests.test_notify import T0, plain_server  # noqa: F401  (the real SMTP server fixture)
+from tests.fixtures_trainer import concurrently, run_ok, small_experiment, write_run
+from tests.fixtures_smtp import T0, alerts_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[int, tuple[Experiment, Path]]:
-    """Two short PP=2 runs, ZeRO-0 and ZeRO-1, each saving global_step10 and the final global_step18."""
-    out = {}
-    for stage in (0, 1):
-        run = tmp_path_factory.mktemp(f"zero{stage}")
-        exp = small_experiment(run, parallel=dict(zero_stage=stage), train=dict(samples=120))
-        write_run(exp, run)
-        run_ok(run, 2)
-        out[stage] = (exp, run)
-    return out
+    """Two short PP=2 runs, ZeRO-0 and ZeRO-1, each saving global_step10 and the final global_step18 (side by side)."""
+    folders = {stage: tmp_path_factory.mktemp(f"zero{stage}") for stage in (0, 1)}
+
+    def train(stage: int) -> tuple[Experiment, Path]:
+        exp = small_experiment(folders[stage], parallel=dict(zero_stage=stage), train=dict(samples=120))
+        write_run(exp, folders[stage])
+        run_ok(folders[stage], 2)
+        return exp, folders[stage]
+
+    return concurrently({stage: lambda stage=stage: train(stage) for stage in folders})
 
 
 def _scratch_copy(exp: Experiment, run: Path, tmp: Path, **policy) -> Experiment:
@@ -50,6 +52,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1])
 def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, stage: int) -> None:
     import torch
@@ -93,6 +96,7 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
     assert [line for line in backup.verify(store, "global_step10") if "layer_01" in line]
 
 
+@pytest.mark.slow
 def test_keep_optimizer_every_and_tar(runs, tmp_path: Path) -> None:
     exp, run = runs[1]
     exp = _scratch_copy(exp, run, tmp_path, keep_optimizer_every=10, tar=True)
@@ -126,6 +130,7 @@ backup.run_backup(exp)
 """
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_backup_then_rerun_completes_and_verifies(runs, tmp_path: Path) -> None:
     from bigscience_ops.config import to_dict
 
@@ -153,6 +158,7 @@ def test_kill_9_during_a_backup_then_rerun_completes_and_verifies(runs, tmp_path
     assert list((store / backup.PARTIAL).iterdir()) == []
 
 
+@pytest.mark.slow
 def test_retention_keeps_latest_and_anything_not_verified(runs, tmp_path: Path) -> None:
     exp, run = runs[0]
     exp = _scratch_copy(exp, run, tmp_path, keep_last=1)
@@ -204,7 +210,7 @@ def test_retention_deletes_a_checkpoints_universal_copy_with_it(tmp_path: Path) 
 
 
 def test_backup_alert_waits_out_the_cooldown_and_a_recovery_follows(trainings: Path, tmp_path: Path, plain_server,
-                                                                      monkeypatch) -> None:  # noqa: F811
+                                                                      monkeypatch) -> None:
     """`bsops backup --alert` (what the hourly job runs) goes through notify_job as hub-sync does."""
     from click.testing import CliRunner
 
@@ -214,10 +220,7 @@ def test_backup_alert_waits_out_the_cooldown_and_a_recovery_follows(trainings: P
     inbox, port = plain_server
     run = tmp_path / "run"
     (trainings / "saved.yaml").write_text(
-        f"base: tiny\npaths: {{output: {json.dumps(str(run))}}}\n"
-        f"backup: {{dest: {json.dumps(str(tmp_path / 'store'))}}}\n"
-        "alerts: {email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-        f"smtp_port: {port}, smtp_security: none, cooldown_minutes: 90}}\n")
+        tiny_yaml(run, f"backup: {{dest: {json.dumps(str(tmp_path / 'store'))}}}\n", alerts_yaml(port, 90)))
     clock = [T0]
     monkeypatch.setattr(notify, "_now", lambda: clock[0])
 

@@ -30,8 +30,8 @@ from bigscience_ops.checkpoints import convert
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.schema import DataSource
 from bigscience_ops.errors import BsopsError
-from tests.fixtures_git import bare_remote, blob_at, git, git_lfs, lfs_object, lfs_oid  # noqa: F401
-from tests.fixtures_trainer import REPO, TORCHRUN, scalars, small_experiment, write_run
+from tests.fixtures_git import bare_remote, blob_at, git, lfs_object, lfs_oid
+from tests.fixtures_trainer import REPO, TORCHRUN, concurrently, scalars, small_experiment, write_run
 
 VOCAB = 8192  # the bundled tokenizer's size
 PADDED = 8200  # TP=2 run: make_vocab_size_divisible_by 100 (x TP 2 = 200): 8 padding rows to remove
@@ -64,14 +64,14 @@ def _train(out: Path, corpus: str, tensor: int, pipeline: int, divisible: int):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, corpus) -> dict:
-    """name -> (experiment, converted folder, Conversion) for PP=2 and TP=2."""
-    out = {}
-    for name, tensor, pipeline in (("pp2", 1, 2), ("tp2", 2, 1)):
-        run = tmp_path_factory.mktemp(name)
-        exp = _train(run, corpus, tensor, pipeline, DIVISIBLE[name])
-        folder = run / "hf"
-        out[name] = (exp, folder, convert.convert(exp, folder))
-    return out
+    """name -> (experiment, converted folder, Conversion) for PP=2 and TP=2, trained side by side."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("pp2", "tp2")}
+
+    def train_and_convert(name: str, tensor: int, pipeline: int):
+        exp = _train(folders[name], corpus, tensor, pipeline, DIVISIBLE[name])
+        return exp, folders[name] / "hf", convert.convert(exp, folders[name] / "hf")
+
+    return concurrently({"pp2": lambda: train_and_convert("pp2", 1, 2), "tp2": lambda: train_and_convert("tp2", 2, 1)})
 
 
 def _hf(folder: Path):
@@ -151,6 +151,7 @@ def _tp_reference_logits(exp, tokens: torch.Tensor, tmp_path: Path) -> torch.Ten
     return torch.load(result, weights_only=True)
 
 
+@pytest.mark.slow
 def test_pp2_logits_equal_the_trainers(runs):
     exp, folder, _ = runs["pp2"]
     tokens = _tokens()
@@ -162,6 +163,7 @@ def test_pp2_logits_equal_the_trainers(runs):
     torch.testing.assert_close(logits, reference[..., :VOCAB], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_tp2_logits_equal_the_trainers(runs, tmp_path):
     exp, folder, _ = runs["tp2"]
     tokens = _tokens()
@@ -172,6 +174,7 @@ def test_tp2_logits_equal_the_trainers(runs, tmp_path):
     torch.testing.assert_close(logits, reference[..., :VOCAB], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_converted_model_gives_the_trainers_validation_loss(runs):
     """The trainer's last validation (logged to TensorBoard) read the eval_iters x gbs samples before
     consumed_valid_samples; the HF model's loss on the same samples, averaged the same way, equals it."""
@@ -202,6 +205,7 @@ def test_converted_model_gives_the_trainers_validation_loss(runs):
     assert conversion.iteration == meta["iteration"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pp2", "tp2"])
 def test_output_folder_loads_with_transformers(runs, name):
     from transformers import AutoTokenizer
@@ -226,6 +230,7 @@ def test_output_folder_loads_with_transformers(runs, name):
     assert tok.decode(ours) == text
 
 
+@pytest.mark.slow
 def test_bf16_output_and_step_selection(runs, tmp_path):
     exp, folder, _ = runs["pp2"]
     meta = _meta(exp)
@@ -272,15 +277,11 @@ def test_qkv_regrouping_matches_the_trainers_head_split():
                 assert w[0, part * h + head * hs + j] == trainer_row and b[part * h + head * hs + j] == trainer_row
 
 
+@pytest.mark.slow
 def test_convert_command(runs, trainings, tmp_path, gpt2_files):
     exp, _, _ = runs["pp2"]
     src = Path(exp.paths.output)
-    (trainings / "conv.yaml").write_text(
-        "base: tiny\n"
-        f"model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: {VOCAB}, "
-        "ffn_hidden_size: 256, make_vocab_size_divisible_by: 128}\n"
-        f"paths: {{output: {str(src)!r}}}\n"
-        f"data: {{tokenizer: {{kind: json, json_file: {exp.data.tokenizer.json_file!r}}}}}\n")
+    _conv_yaml(trainings, exp, "conv", src)
     out = tmp_path / "cli"
     result = CliRunner().invoke(main, ["convert", "conv", "--trainings-dir", str(trainings), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -298,6 +299,7 @@ def test_convert_command(runs, trainings, tmp_path, gpt2_files):
     assert wrong.exit_code == EXIT_ERROR and not (tmp_path / "s").exists()  # GPT-2's 50257 tokens > the model's 8192
 
 
+@pytest.mark.slow
 def test_convert_of_a_copy_of_tiny_finds_its_tokenizer_from_any_folder(runs, tmp_path, monkeypatch):
     """tiny copied as it is into a project's own trainings/ (the project has no corpus/), its run folder the
     project's runs/tiny holding the PP=2 run's checkpoints, converted from another folder: the tokenizer is
@@ -317,18 +319,14 @@ def test_convert_of_a_copy_of_tiny_finds_its_tokenizer_from_any_folder(runs, tmp
     assert (out / "model.safetensors").is_file()
     assert (out / "tokenizer.json").read_bytes() == (REPO / "corpus" / "tokenizer.json").read_bytes()
 
+@pytest.mark.slow
 def test_convert_push_publishes_one_folder_per_step(runs, trainings, tmp_path, git_lfs):
     """--push through hub-sync's publish_folder to a local bare remote with real git-lfs: global_stepN/ on main."""
     exp, _, _ = runs["pp2"]
     remotes = tmp_path / "remotes"
     bare = bare_remote(remotes, "bs/conv-checkpoints")
-    (trainings / "pushed.yaml").write_text(
-        "base: tiny\n"
-        f"model: {{num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: {VOCAB}, "
-        "ffn_hidden_size: 256}\n"
-        f"paths: {{output: {str(Path(exp.paths.output))!r}}}\n"
-        f"data: {{tokenizer: {{kind: json, json_file: {exp.data.tokenizer.json_file!r}}}}}\n"
-        f"hub: {{checkpoints_repo: bs/conv-checkpoints, remote_template: 'file://{remotes}/{{repo}}.git'}}\n")
+    _conv_yaml(trainings, exp, "pushed", Path(exp.paths.output),
+               f"hub: {{checkpoints_repo: bs/conv-checkpoints, remote_template: 'file://{remotes}/{{repo}}.git'}}\n")
     out = tmp_path / "pushed"
     result = CliRunner().invoke(main, ["convert", "pushed", "--trainings-dir", str(trainings), "--out", str(out), "--push"])
     assert result.exit_code == 0, result.output
@@ -354,6 +352,7 @@ def _checkpoint(exp) -> tuple[Path, dict]:
     return Path(exp.paths.checkpoints) / f"global_step{meta['iteration']}", meta
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pp2", "tp2"])
 def test_sharded_conversion_loads_and_equals_the_single_file(runs, tmp_path, name):
     from huggingface_hub import split_torch_state_dict_into_shards
@@ -392,6 +391,7 @@ def test_sharded_conversion_loads_and_equals_the_single_file(runs, tmp_path, nam
         assert torch.equal(_hf(out)(tokens).logits, _hf(single)(tokens).logits)
 
 
+@pytest.mark.slow
 def test_default_size_writes_one_file_and_the_limit_is_inclusive(runs, tmp_path):
     exp, folder, conversion = runs["pp2"]
     assert _weight_files(folder) == ["model.safetensors"]  # 5GB default: no index
@@ -406,6 +406,7 @@ def test_default_size_writes_one_file_and_the_limit_is_inclusive(runs, tmp_path)
                                        "model.safetensors.index.json"]
 
 
+@pytest.mark.slow
 def test_overwrite_leaves_no_weights_of_the_earlier_conversion(runs, tmp_path):
     """transformers loads model.safetensors before any index, and a push uploads every file of the folder."""
     exp, single, _ = runs["pp2"]
@@ -453,6 +454,7 @@ def test_write_weights_removes_its_shards_when_the_tensors_fail(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["5XB", "0", "-1GB", "1.5", "GB", "5 G B", 0])
 def test_bad_shard_sizes_are_refused_before_anything_is_written(runs, tmp_path, bad):
     exp, _, _ = runs["pp2"]
@@ -480,6 +482,7 @@ def _conv_yaml(trainings: Path, exp, name: str, output: Path, extra: str = "") -
         f"data: {{tokenizer: {{kind: json, json_file: {exp.data.tokenizer.json_file!r}}}}}\n" + extra)
 
 
+@pytest.mark.slow
 def test_convert_command_max_shard_size(runs, trainings, tmp_path):
     exp, single, _ = runs["pp2"]
     _conv_yaml(trainings, exp, "shards", tmp_path / "run")
@@ -497,6 +500,7 @@ def test_convert_command_max_shard_size(runs, trainings, tmp_path):
     assert not (tmp_path / "hub").exists()  # refused before converting
 
 
+@pytest.mark.slow
 def test_convert_push_uploads_every_shard_and_the_index(runs, trainings, tmp_path, git_lfs):
     exp, _, _ = runs["pp2"]
     remotes = tmp_path / "remotes"
@@ -568,6 +572,7 @@ def _peak_rss(experiment: Path, out: Path, max_shard_size: str, dtype: str = "fl
     return rss["peak"] - rss["before"]
 
 
+@pytest.mark.slow
 def test_sharded_conversion_holds_a_shard_not_the_model(runs, tmp_path):
     """A 16-layer 384-wide model (126 MB of fp32 weights): the single file holds all of them at once, 4MB shards
     about one shard plus one layer (measured 158 MB and 32 MB over the process's size before converting)."""

@@ -17,7 +17,7 @@ from bigscience_ops import slurm
 from bigscience_ops.ops import cron
 from bigscience_ops.cli import main
 from tests.fixtures_slurm import wait_until
-from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
+from tests.fixtures_smtp import alerts_yaml
 
 
 def test_next_boundary_is_on_the_hour() -> None:
@@ -118,6 +118,7 @@ def test_install_twice_leaves_one_chain(cron_dir: Path, slurm_cluster) -> None:
     assert all(len(s.jobs) == 1 for s in states) and "next run" in states[0].describe()
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_runner_respawns_and_submits_its_folder(cron_dir: Path, slurm_cluster, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
@@ -165,8 +166,9 @@ exec {real} "$@"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
-def test_a_failing_squeue_is_emailed_and_the_chain_survives(cron_dir: Path, slurm_cluster, plain_server,  # noqa: F811
+def test_a_failing_squeue_is_emailed_and_the_chain_survives(cron_dir: Path, slurm_cluster, plain_server,
                                                            tmp_path: Path) -> None:
     inbox, port = plain_server
     shims = tmp_path / "shims"
@@ -175,8 +177,7 @@ def test_a_failing_squeue_is_emailed_and_the_chain_survives(cron_dir: Path, slur
     (shims / "squeue").chmod(0o755)
     with open(cron_dir / "cron.yaml", "a") as handle:
         handle.write(f"env_setup: ['export PATH={shims}:$PATH']\n"
-                     f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-                     f"smtp_port: {port}, smtp_security: none}}\n")
+                     + alerts_yaml(port))
     marks = tmp_path / "marks"
     marks.mkdir()
     (cron_dir / "cron.hourly" / "touch.slurm").write_text(

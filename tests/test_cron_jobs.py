@@ -12,19 +12,18 @@ from click.testing import CliRunner
 
 from bigscience_ops.cli import main
 from bigscience_ops.ops import backup
-from tests.fixtures_git import bare_remote, blob_at, git_lfs, lfs_object, lfs_oid  # noqa: F401
-from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
+from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_git import bare_remote, blob_at, lfs_object, lfs_oid
+from tests.fixtures_smtp import alerts_yaml
 
 
 def _experiment(trainings: Path, tmp_path: Path, port: int, dest: Path) -> None:
     (trainings / "synced.yaml").write_text(
-        "base: tiny\n"
-        f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
-        f"hub: {{logs_repo: bs/synced-logs, remote_template: {json.dumps(f'file://{tmp_path}/remotes/{{repo}}.git')}, "
-        "push_attempts: 1}\n"
-        f"backup: {{dest: {json.dumps(str(dest))}}}\n"
-        "alerts: {email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-        f"smtp_port: {port}, smtp_security: none}}\n")
+        tiny_yaml(tmp_path / "run",
+                  f"hub: {{logs_repo: bs/synced-logs, remote_template: {json.dumps(f'file://{tmp_path}/remotes/{{repo}}.git')}, "
+                  "push_attempts: 1}\n",
+                  f"backup: {{dest: {json.dumps(str(dest))}}}\n",
+                  alerts_yaml(port)))
 
 
 def _checkpoint(scratch: Path, step: int) -> None:
@@ -42,7 +41,7 @@ def _bash(script: Path, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_cron_add_writes_three_jobs_that_run_and_email_failures(git_lfs, trainings: Path, tmp_path: Path,
-                                                                 plain_server) -> None:  # noqa: F811
+                                                                 plain_server) -> None:
     inbox, port = plain_server
     _experiment(trainings, tmp_path, port, tmp_path / "store")
     cron_dir = tmp_path / "cron"

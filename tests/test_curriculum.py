@@ -19,7 +19,7 @@ from bigscience_ops.schema import CurriculumConfig, SaveRange
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.schedules import BatchSchedule, Curriculum, LRSchedule, in_skip_range, parse_skip_ranges
 from bigscience_ops.trainer.data import truncate
-from tests.fixtures_trainer import run_ok, scalars, small_experiment, write_run
+from tests.fixtures_trainer import concurrently, run_ok, scalars, small_experiment, write_run
 
 
 def test_fixed_linear_equals_deepspeeds_scheduler():
@@ -94,15 +94,36 @@ def test_token_decay_follows_tokens_not_samples():
 CURRICULUM = CurriculumConfig(min_difficulty=8, difficulty_step=8, total_curriculum_step=12)
 
 
-@pytest.fixture(scope="module")
-def curriculum_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("curriculum")
+def _curriculum_experiment(out):
     exp = small_experiment(out, lr_schedule=dict(decay_tokens=6400), checkpoint=dict(save_interval=50))
-    exp = dataclasses.replace(exp, curriculum=CURRICULUM)
-    write_run(exp, out)
-    return exp, out, run_ok(out, 2)
+    return dataclasses.replace(exp, curriculum=CURRICULUM)
 
 
+def _skip_experiment(out):
+    return small_experiment(out, train=dict(skip_iterations=["5-8", "14-14"]),
+                            checkpoint=dict(save_schedule=[SaveRange(until=8, interval=4)], save_interval=50))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """name -> (experiment, run folder, launch) of the curriculum run and the skip-iterations run, side by side."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("curriculum", "skip")}
+
+    def train(name: str, make_exp):
+        exp = make_exp(folders[name])
+        write_run(exp, folders[name])
+        return exp, folders[name], run_ok(folders[name], 2)
+
+    return concurrently({"curriculum": lambda: train("curriculum", _curriculum_experiment),
+                         "skip": lambda: train("skip", _skip_experiment)})
+
+
+@pytest.fixture(scope="module")
+def curriculum_run(runs):
+    return runs["curriculum"]
+
+
+@pytest.mark.slow
 def test_curriculum_lengths_seen_and_tokens_counted(curriculum_run):
     exp, out, proc = curriculum_run
     steps = range(1, run_schedule(exp).train_iters + 1)
@@ -124,6 +145,7 @@ def test_curriculum_lengths_seen_and_tokens_counted(curriculum_run):
     assert sorted(valid) == [10, 20, 28] and valid[28] < valid[10]
 
 
+@pytest.mark.slow
 def test_lr_decays_by_tokens_trained_on(curriculum_run):
     exp, out, _ = curriculum_run
     run = run_schedule(exp)
@@ -146,18 +168,15 @@ def test_lr_decays_by_tokens_trained_on(curriculum_run):
 
 
 @pytest.fixture(scope="module")
-def skip_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("skip")
-    exp = small_experiment(out, train=dict(skip_iterations=["5-8", "14-14"]),
-                           checkpoint=dict(save_schedule=[SaveRange(until=8, interval=4)], save_interval=50))
-    write_run(exp, out)
-    return exp, out, run_ok(out, 2)
+def skip_run(runs):
+    return runs["skip"]
 
 
 def _layers(folder):
     return {p.name: torch.load(p, weights_only=True) for p in sorted(folder.glob("layer_*-model_states.pt"))}
 
 
+@pytest.mark.slow
 def test_skipped_iterations_consume_data_without_update(skip_run):
     exp, out, proc = skip_run
     schedule = run_schedule(exp).batch

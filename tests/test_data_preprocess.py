@@ -157,10 +157,13 @@ def test_ctrl_c_never_leaves_a_complete_looking_index(tmp_path):
     proc = subprocess.Popen([bsops, "preprocess", "--input", str(src), "--tokenizer-backend", "tokenizers",
                              "--tokenizer", "gpt2", "--output-prefix", str(prefix), "--append-eod"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while not list(tmp_path.glob("out_text_document.bin.tmp-*")) and time.monotonic() < deadline:
+    def writing() -> bool:  # tokens are reaching the temporary .bin: the cut lands mid-write, whatever the speed
+        return any(p.stat().st_size > 0 for p in tmp_path.glob("out_text_document.bin.tmp-*"))
+
+    deadline = time.monotonic() + 60
+    while not writing() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.5)
+    assert writing() and proc.poll() is None, "the preprocess never started writing, or already ended"
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode != 0

@@ -16,9 +16,10 @@ import pytest
 
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops import gitlfs, hubsync
-from tests.fixtures_git import bare_remote, blob_at, git, git_lfs, hub_experiment, lfs_object, lfs_oid  # noqa: F401
+from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_git import bare_remote, blob_at, git, hub_experiment, lfs_object, lfs_oid
 from tests.fixtures_slurm import wait_until
-from tests.test_notify import T0, free_port, plain_server  # noqa: F401  (the real SMTP server fixture)
+from tests.fixtures_smtp import T0, alerts_yaml, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -252,11 +253,10 @@ def test_config_rejects_a_template_without_repo(trainings: Path) -> None:
 
 def _alerting_experiment(trainings: Path, tmp_path: Path, smtp_port: int) -> None:
     (trainings / "synced.yaml").write_text(
-        f"base: tiny\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
-        f"hub: {{logs_repo: bs/synced-logs, remote_template: {json.dumps(f'file://{tmp_path}/remotes/{{repo}}.git')}, "
-        "push_attempts: 1}\n"
-        "alerts: {email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-        f"smtp_port: {smtp_port}, smtp_security: none, cooldown_minutes: 60}}\n")
+        tiny_yaml(tmp_path / "run",
+                  f"hub: {{logs_repo: bs/synced-logs, remote_template: {json.dumps(f'file://{tmp_path}/remotes/{{repo}}.git')}, "
+                  "push_attempts: 1}\n",
+                  alerts_yaml(smtp_port, 60)))
     (tmp_path / "run" / "logs").mkdir(parents=True, exist_ok=True)
     (tmp_path / "run" / "logs" / "main_log.txt").write_text("iteration 1/ 10 | lm loss: 9.1\n")
 
@@ -280,7 +280,7 @@ def _sync_at(trainings: Path, clock: list, minutes: int):
 
 
 def test_a_failing_sync_emails_once_per_cooldown_then_one_recovery(git_lfs, trainings: Path, tmp_path: Path,
-                                                                    plain_server, monkeypatch) -> None:  # noqa: F811
+                                                                    plain_server, monkeypatch) -> None:
     from bigscience_ops.ops import notify
 
     inbox, port = plain_server
@@ -318,7 +318,7 @@ def test_a_failing_sync_emails_once_per_cooldown_then_one_recovery(git_lfs, trai
 
 
 def test_a_failure_never_emailed_clears_silently(git_lfs, trainings: Path, tmp_path: Path, plain_server,
-                                                 monkeypatch) -> None:  # noqa: F811
+                                                 monkeypatch) -> None:
     from bigscience_ops.ops import notify
 
     inbox, port = plain_server

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds a wheel and installs it into a fresh venv
+
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = ["pyproject.toml", "setup.py", "README.md", "bigscience_ops", "kernels", "templates", "trainings", "corpus",
            "cron"]

@@ -14,7 +14,7 @@ import torch
 
 from kernels.attention import causal_attention_triton, draw_seed, dropout_keep_mask
 from kernels.softmax import alibi_bias, alibi_slopes, causal_attention_torch, causal_attention_reference, scaled_causal_softmax
-from tests.test_kernels_ops import DEVICE, DTYPES, _close, _qkv_views, _randn
+from tests.fixtures_kernels import DEVICE, DTYPES, _close, _qkv_views, _randn
 
 
 @pytest.mark.parametrize("heads", [1, 3, 4, 5, 6, 12, 16, 20, 112])

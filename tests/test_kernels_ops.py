@@ -9,7 +9,6 @@ bf16 inputs, within bf16 rounding.
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -20,19 +19,7 @@ from kernels.crossentropy import ce_partials, combine_partials, cross_entropy_re
 from kernels.gelu import bias_gelu_reference, bias_gelu_triton
 from kernels.layernorm import layer_norm_reference, layer_norm_triton
 from kernels.softmax import causal_attention_reference, scaled_causal_softmax
-
-DEVICE = torch.device(os.environ.get("BSOPS_KERNEL_DEVICE", "cpu"))
-DTYPES = [torch.float32, torch.bfloat16]
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str) -> None:
-    """fp32: near-exact. bf16: relative to the tensor's scale (a bf16 ulp is 2^-8 of the value)."""
-    actual, expected = actual.float(), expected.float()
-    scale = max(expected.abs().max().item(), 1e-6)
-    if dtype == torch.float32:
-        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5 * scale, msg=lambda m: f"{what}: {m}")
-    else:
-        torch.testing.assert_close(actual, expected, rtol=2e-2, atol=2e-2 * scale, msg=lambda m: f"{what}: {m}")
+from tests.fixtures_kernels import DEVICE, DTYPES, _close, _qkv_views, _randn
 
 
 def _leaves(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -53,10 +40,6 @@ def _check(kernel, reference, inputs: list[torch.Tensor], dtype: torch.dtype, na
     for name, a, b in zip(names, ours, ref):
         assert a.grad is not None and a.grad.dtype == dtype, name
         _close(a.grad, b.grad, dtype, f"grad {name}")
-
-
-def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale).to(DEVICE)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -89,12 +72,6 @@ def test_bias_gelu_saturates_without_nan():
     y.sum().backward()
     assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
     torch.testing.assert_close(y.detach(), bias_gelu_reference(x.detach(), torch.zeros(5, device=DEVICE)))
-
-
-def _qkv_views(B: int, T: int, H: int, D: int, dtype: torch.dtype, seed: int):
-    """q, k, v as the model makes them: strided views of one fused (B, T, nh, 3 hs) projection."""
-    qkv = _randn(B, T, H, 3 * D, seed=seed).to(dtype).requires_grad_()
-    return qkv, qkv.transpose(1, 2).split(D, dim=-1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

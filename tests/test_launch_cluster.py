@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 from bigscience_ops import ledger, submit
 from bigscience_ops.config import load_experiment
 from bigscience_ops.run_schedule import run_schedule
+from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 from tests.fixtures_slurm import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -18,10 +18,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 def test_tiny_array_trains_on_two_nodes_and_resumes(tmp_path: Path, trainings: Path, slurm_cluster) -> None:
     # A shorter tiny: the first task stops at step 50 (exit_interval), the second resumes and finishes.
-    (trainings / "tinycl.yaml").write_text(
-        f"base: tiny\ntrain: {{samples: 1200}}\ncheckpoint: {{exit_interval: 50, save_interval: 25}}\n"
-        f"slurm: {{job_name: {slurm_cluster.prefix}-tiny, partition: {slurm_cluster.partition}}}\n"
-        f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
+    # Its schedule, scripts, data and PP=2 over two nodes are tiny's; the model is shrunk to seconds.
+    (trainings / "tinycl.yaml").write_text(tiny_yaml(
+        tmp_path / "run", "train: {samples: 1200}\ncheckpoint: {exit_interval: 50, save_interval: 25}\n", SHRUNK_MODEL,
+        f"slurm: {{job_name: {slurm_cluster.prefix}-tiny, partition: {slurm_cluster.partition}}}\n"))
     exp = load_experiment("tinycl", trainings)
     total = run_schedule(exp).train_iters
     assert 50 < total <= 100

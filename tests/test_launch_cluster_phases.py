@@ -17,19 +17,21 @@ from bigscience_ops import ledger, submit
 from bigscience_ops.config import load_experiment
 from bigscience_ops.plan import make_plan
 from bigscience_ops.run_schedule import run_schedule
+from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 from tests.fixtures_slurm import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def test_tiny_moves_from_one_node_to_two_at_its_phase_boundary(tmp_path: Path, trainings: Path, slurm_cluster) -> None:
-    (trainings / "tinyph.yaml").write_text(
+    (trainings / "tinyph.yaml").write_text(tiny_yaml(
+        tmp_path / "run",
         # A rampup 8, 16 keeps every step boundary a multiple of MBS x DP = 4 x 2 (see the plan's warning).
-        "base: tiny\ntrain: {samples: 800}\nparallel: {zero_stage: 1}\nbatch: {rampup: {start: 8, increment: 8, samples: 300}}\n"
-        "checkpoint: {exit_interval: null, save_interval: 1000}\nlogging: {eval_interval: 1000}\n"
+        "train: {samples: 800}\nparallel: {zero_stage: 1}\nbatch: {rampup: {start: 8, increment: 8, samples: 300}}\n"
+        "checkpoint: {exit_interval: null, save_interval: 1000}\nlogging: {eval_interval: 1000}\n",
+        SHRUNK_MODEL,  # tiny's model shrunk to seconds: the phases, not the model, are under test
         f"slurm: {{job_name: {slurm_cluster.prefix}-phases, partition: {slurm_cluster.partition}, gpus_per_node: 2, "
-        "array: 3, node_schedule: [{nodes: 1}, {nodes: 2, from_samples: 600}]}\n"
-        f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
+        "array: 3, node_schedule: [{nodes: 1}, {nodes: 2, from_samples: 600}]}\n"))
     exp = load_experiment("tinyph", trainings)
     assert not make_plan(exp).problems
     first, second = run_schedule(exp).phases()

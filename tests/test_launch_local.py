@@ -7,10 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fixtures_trainer import checkpoint_steps, scalars, shrunk_tiny_yaml
+import pytest
+
+from tests.fixtures_experiments import shrunk_tiny_yaml
+from tests.fixtures_trainer import checkpoint_steps, scalars
 
 REPO = Path(__file__).resolve().parents[1]
 BSOPS = str(Path(sys.executable).with_name("bsops"))
+
+pytestmark = pytest.mark.slow
 
 # tiny's scripts, data and PP=2 x 2 "nodes", shrunk to seconds: 2 array tasks, the first exits at step 15.
 SMALL = shrunk_tiny_yaml("launch", 5)

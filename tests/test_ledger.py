@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -12,8 +11,9 @@ from bigscience_ops import ledger, render as rendering
 from bigscience_ops.plan import make_plan
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import BsopsError
-from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
-from tests.test_render import install_shims
+from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_render import install_shims
+from tests.fixtures_smtp import alerts_yaml
 
 
 def env_for(job: str, nodes: str) -> dict[str, str]:
@@ -53,12 +53,10 @@ def test_unreadable_latest_is_an_error(tmp_path: Path) -> None:
         ledger.latest_iteration(tmp_path)
 
 
-def test_job_script_stops_a_crash_loop(tmp_path: Path, trainings: Path, plain_server) -> None:  # noqa: F811
+def test_job_script_stops_a_crash_loop(tmp_path: Path, trainings: Path, plain_server) -> None:
     inbox, port = plain_server
     (trainings / "loop.yaml").write_text(
-        f"base: tiny\nslurm: {{failure_budget: 2}}\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
-        f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-        f"smtp_port: {port}, smtp_security: none}}\n")
+        tiny_yaml(tmp_path / "run", "slurm: {failure_budget: 2}\n", alerts_yaml(port)))
     exp = load_experiment("loop", trainings)
     script = rendering.write(rendering.render(exp, tmp_path / "r", make_plan(exp)), tmp_path / "r")
     env = install_shims(tmp_path, torchrun_exit=1)  # the trainer crashes at once, saving nothing

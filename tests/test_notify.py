@@ -2,96 +2,18 @@
 
 from __future__ import annotations
 
-import email
-import email.policy
 import json
-import socket
-import ssl
 import subprocess
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import pytest
 from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from bigscience_ops.ops import notify, status
 from bigscience_ops.ops.notify import NotifyError, SmtpSettings
-
-PASSWORD = "s3cret-Pa55word"
-T0 = datetime(2026, 11, 22, 10, 0, 0)
-
-
-@dataclass
-class Inbox:
-    """The messages the server received, and who logged in."""
-
-    messages: list[email.message.EmailMessage] = field(default_factory=list)
-    envelopes: list[tuple[str, list[str]]] = field(default_factory=list)
-    logins: list[str] = field(default_factory=list)
-
-    async def handle_DATA(self, server, session, envelope):  # aiosmtpd handler hook
-        msg = email.message_from_bytes(envelope.original_content, policy=email.policy.default)
-        self.messages.append(msg)
-        self.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))
-        return "250 OK"
-
-    def authenticate(self, server, session, envelope, mechanism, auth_data):
-        ok = isinstance(auth_data, LoginPassword) and auth_data.password == PASSWORD.encode()
-        if ok:
-            self.logins.append(auth_data.login.decode())
-        return AuthResult(success=ok, handled=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    folder = tmp_path_factory.mktemp("tls")
-    key, crt = folder / "key.pem", folder / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                    "-keyout", str(key), "-out", str(crt), "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
-    return str(crt), str(key)
-
-
-def server_tls(cert: tuple[str, str]) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(*cert)
-    return context
-
-
-@pytest.fixture
-def plain_server():
-    inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    yield inbox, controller.port
-    controller.stop()
-
-
-@pytest.fixture
-def starttls_server(cert):
-    inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=free_port(), tls_context=server_tls(cert),
-                            require_starttls=True, authenticator=inbox.authenticate, auth_require_tls=True)
-    controller.start()
-    yield inbox, controller.port
-    controller.stop()
-
-
-def plain_settings(port: int, **changes) -> SmtpSettings:
-    values = dict(host="127.0.0.1", port=port, security="none", sender="bsops-bot@example.org",
-                  recipients=("oncall@example.org", "lead@example.org"))
-    values.update(changes)
-    return SmtpSettings(**values)
+from tests.fixtures_smtp import PASSWORD, T0, Inbox, free_port, plain_settings, server_tls, serving
 
 
 def missing_report(now: datetime) -> status.StatusReport:
@@ -322,16 +244,6 @@ def test_job_failure_never_emailed_clears_silently_and_a_failed_send_is_retried(
     with serving(inbox, port):
         assert job(settings, state, "backup store is full", T0 + timedelta(minutes=21)).kind == "alert"
     assert len(inbox.messages) == 1 and "since 2026-11-22 10:20" in inbox.messages[0].get_content()
-
-
-@contextmanager
-def serving(inbox: Inbox, port: int):
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
-        yield
-    finally:
-        controller.stop()
 
 
 def test_job_cooldown_must_not_be_negative(tmp_path: Path) -> None:

@@ -113,6 +113,7 @@ def test_more_stages_than_layers_is_refused(tmp_path):
     assert "model.num_layers" in str(err.value)
 
 
+@pytest.mark.slow
 def test_30_layers_train_on_pp4(tmp_path):
     """A 30-layer, 32-wide GPT on 4 pipeline stages trains a few steps; each stage holds the plan's parameters."""
     exp = small_experiment(tmp_path, model=dict(num_layers=30, hidden_size=32, ffn_hidden_size=64),

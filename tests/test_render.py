@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from bigscience_ops import render as rendering
 from bigscience_ops.plan import make_plan
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import PlanError
+from tests.fixtures_render import install_shims
 
 GOLDEN = Path(__file__).parent / "assets" / "golden"
 
@@ -86,31 +85,6 @@ def test_unquoted_none_or_bool_cannot_reach_the_script() -> None:
 
 
 HOSTILE = "it's a \"job\" $(touch PWNED) `touch PWNED2` ; rm -rf x"
-
-
-SHIMS = {
-    # Emulate just what the job script uses; each shim records its argv, one JSON list per line.
-    "scontrol": 'printf "%s\\n" node-a node-b\n',
-    "srun": textwrap.dedent("""\
-        while [[ $1 == --* ]]; do shift; done
-        SLURM_PROCID=0 "$@"
-        """),
-    "torchrun": 'python3 -c \'import json, sys; print(json.dumps(sys.argv[1:]))\' "$@" >> "$SHIM_LOG"\n',
-}
-
-
-def install_shims(tmp_path: Path, torchrun_exit: int = 0) -> dict[str, str]:
-    """Shims for srun/scontrol/torchrun on PATH, with bsops of this interpreter; returns the env."""
-    shims = tmp_path / "shims"
-    shims.mkdir(exist_ok=True)
-    for name, body in SHIMS.items():
-        if name == "torchrun":
-            body += f"exit {torchrun_exit}\n"
-        (shims / name).write_text("#!/bin/bash\n" + body)
-        (shims / name).chmod(0o755)
-    path = f"{shims}:{Path(sys.executable).parent}:{os.environ['PATH']}"
-    return {**os.environ, "PATH": path, "SHIM_LOG": str(tmp_path / "argv.jsonl"),
-            "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1"}
 
 
 def test_hostile_values_pass_through_unchanged(tmp_path: Path, trainings: Path) -> None:

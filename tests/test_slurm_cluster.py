@@ -17,6 +17,7 @@ from tests.fixtures_slurm import SlurmCluster, wait_until
 pytestmark = pytest.mark.slurm
 
 
+@pytest.mark.slow
 def test_array_runs_one_task_at_a_time_and_a_chain_waits_for_all_of_it(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     cluster = slurm_cluster
@@ -121,6 +122,7 @@ def test_status_reports_real_jobs(slurm_cluster: SlurmCluster, tmp_path: Path) -
                lambda: any(j.state == "RUNNING" for j in cluster.jobs(names["dependency"])), timeout=30)
 
 
+@pytest.mark.slow
 def test_status_tells_a_hung_training_from_a_progressing_one(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     cluster = slurm_cluster
     line = "iteration {i}/ 100 | consumed samples: {i} | lm loss: 2.0 |"

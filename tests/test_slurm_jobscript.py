@@ -12,16 +12,15 @@ import pytest
 from bigscience_ops import ledger, slurm, submit
 from bigscience_ops.config import load_experiment
 from bigscience_ops.schema import Experiment
+from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 from tests.fixtures_slurm import SlurmCluster, wait_until
-from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
+from tests.fixtures_smtp import alerts_yaml
 
 pytestmark = pytest.mark.slurm
 
 
 def experiment(trainings: Path, run: Path, cluster: SlurmCluster, name: str, yaml: str) -> Experiment:
-    (trainings / f"{name}.yaml").write_text(
-        f"base: tiny\n{yaml}"
-        f"paths: {{output: {json.dumps(str(run))}}}\n")
+    (trainings / f"{name}.yaml").write_text(tiny_yaml(run, yaml))
     exp = load_experiment(name, trainings)
     assert exp.slurm.job_name.startswith(cluster.prefix)
     return exp
@@ -53,7 +52,7 @@ def test_the_warning_signal_reaches_the_trainers_which_save_and_exit(
                      f"slurm: {{job_name: {slurm_cluster.prefix}-sig, partition: {slurm_cluster.partition}, "
                      f"array: 1, time: '10'}}\n"
                      "train: {samples: 100_000}\nlogging: {log_interval: 1, eval_interval: 100_000}\n"
-                     "checkpoint: {save_interval: 100_000, exit_interval: 100_000}\n")
+                     "checkpoint: {save_interval: 100_000, exit_interval: 100_000}\n" + SHRUNK_MODEL)
     job_id = launch(exp, slurm_cluster)
     main_log = Path(exp.paths.logs) / "main_log.txt"
     wait_until("the third iteration line", lambda: main_log.exists()
@@ -86,14 +85,13 @@ def test_one_failing_node_ends_the_job_and_counts_against_the_budget(
 
 
 def test_a_spent_failure_budget_cancels_the_rest_of_the_array_and_alerts_once(
-        slurm_cluster: SlurmCluster, trainings: Path, tmp_path: Path, plain_server) -> None:  # noqa: F811
+        slurm_cluster: SlurmCluster, trainings: Path, tmp_path: Path, plain_server) -> None:
     inbox, port = plain_server
     setup = torchrun_shim(tmp_path / "shims", "exit 1\n")
     exp = experiment(trainings, tmp_path / "run", slurm_cluster, "loop",
                      f"slurm: {{job_name: {slurm_cluster.prefix}-loop, partition: {slurm_cluster.partition}, "
                      f"array: 5, time: '10', failure_budget: 2, env_setup: [{json.dumps(setup)}]}}\n"
-                     f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-                     f"smtp_port: {port}, smtp_security: none}}\n")
+                     + alerts_yaml(port))
     job_id = launch(exp, slurm_cluster)
     wait_until("the array to leave the queue", lambda: not slurm_cluster.jobs(job_id), timeout=120, interval=1)
     # Each task failed: its launchers exit 1, or srun's --kill-on-bad-exit ends the slower one first (143).

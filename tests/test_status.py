@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from bigscience_ops import slurm
 from bigscience_ops.ops import status
+from tests.fixtures_status import ITERATION, seed_job
 
 ASSETS = Path(__file__).parent / "assets" / "slurm"
 LONG_NAME = "tr1-13B-round3-a-job-name-longer-than-forty-characters"
@@ -26,16 +26,6 @@ def jobs() -> list[slurm.Job]:
 @pytest.fixture(scope="module")
 def ids() -> dict[str, str]:
     return json.loads((ASSETS / "ids.json").read_text())
-
-
-def seed_job(**changes: object) -> slurm.Job:
-    """The running task from the tr1-13B on-call report."""
-    job = slurm.Job(
-        job_id="711114_4", array_job_id="711114", array_task="4", name="tr1-13B-round3", user="stas",
-        state="RUNNING", reason="None", partition="gpu_p13", num_nodes=48,
-        nodes="r7i4n[1-7],r7i7n[1-8],r8i0n0", elapsed_s=65759, time_limit_min=1200,
-        start_time=datetime(2021, 8, 16, 3, 52, 2), submit_time=datetime(2021, 8, 12), dependency=None)
-    return replace(job, **changes)
 
 
 def test_running_line_has_the_seed_shape() -> None:
@@ -116,10 +106,6 @@ def test_other_states_are_not_scheduled() -> None:
 
 
 # --- stall detection on real files ---------------------------------------------------------------
-
-ITERATION = (" iteration   168000/  311541 | consumed samples:    153013584 | elapsed time per iteration (ms): "
-             "42000.0 | learning rate: 5.997E-05 | global batch size:  2048 | lm loss: 2.291E+00 |")
-
 
 def write_log(path: Path, lines: list[str], mtime: datetime) -> Path:
     path.write_text("".join(line + "\n" for line in lines))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,21 +12,19 @@ from click.testing import CliRunner
 
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
+from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
-from tests.test_notify import plain_server  # noqa: F401  (the real SMTP server fixture)
+from tests.fixtures_smtp import alerts_yaml
 
 pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture
-def watched(tmp_path: Path, trainings: Path, slurm_cluster, plain_server) -> Path:  # noqa: F811
+def watched(tmp_path: Path, trainings: Path, slurm_cluster, plain_server) -> Path:
     """`trainings` with a tiny experiment whose alerts go to the test SMTP server."""
     _, port = plain_server
     (trainings / "watched.yaml").write_text(
-        f"base: tiny\nslurm: {{job_name: {slurm_cluster.prefix}-watched}}\n"
-        f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
-        f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-        f"smtp_port: {port}, smtp_security: none, cooldown_minutes: 60}}\n")
+        tiny_yaml(tmp_path / "run", f"slurm: {{job_name: {slurm_cluster.prefix}-watched}}\n", alerts_yaml(port, 60)))
     return trainings
 
 
@@ -36,7 +33,7 @@ def status(folder: Path) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_cluster, plain_server,  # noqa: F811
+def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_cluster, plain_server,
                                                            tmp_path: Path) -> None:
     inbox, _ = plain_server
     exp = load_experiment("watched", watched)
@@ -59,7 +56,7 @@ def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_
     assert not (Path(exp.paths.logs) / "main_log.txt").exists()
 
 
-def test_cron_status_job_runs_the_watchdog(watched: Path, tmp_path: Path, plain_server,  # noqa: F811
+def test_cron_status_job_runs_the_watchdog(watched: Path, tmp_path: Path, plain_server,
                                           slurm_cluster) -> None:
     from bigscience_ops.ops import cron
 

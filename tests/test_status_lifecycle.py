@@ -3,7 +3,6 @@ ended early is an alert saying how, and stalls are measured from the trainer's o
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -14,8 +13,9 @@ from bigscience_ops import ledger
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops import lifecycle, status, watchdog
 from bigscience_ops.run_schedule import run_schedule
-from tests.test_notify import plain_server, plain_settings  # noqa: F401  (the real SMTP server fixture)
-from tests.test_status import ITERATION, seed_job
+from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_smtp import plain_settings
+from tests.fixtures_status import ITERATION, seed_job
 
 NOW = datetime(2026, 11, 22, 12, 0, 0)
 # What slurmstepd writes into the job's output file when the time limit ends it (Slurm 22.05).
@@ -24,7 +24,7 @@ STEPD_TIMEOUT = "slurmstepd: error: *** JOB 4242 ON hostn1 CANCELLED AT 2026-11-
 
 @pytest.fixture
 def exp(trainings: Path, tmp_path: Path):
-    (trainings / "life.yaml").write_text(f"base: tiny\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
+    (trainings / "life.yaml").write_text(tiny_yaml(tmp_path / "run"))
     return load_experiment("life", trainings)
 
 
@@ -40,7 +40,7 @@ def task(exp, job: str, start: int, end: int | None, code: int | None) -> None:
         ledger.end(Path(exp.paths.output), checkpoints, code, env)
 
 
-def test_a_finished_training_is_healthy_and_announced_once(exp, plain_server, tmp_path: Path) -> None:  # noqa: F811
+def test_a_finished_training_is_healthy_and_announced_once(exp, plain_server, tmp_path: Path) -> None:
     inbox, port = plain_server
     total = run_schedule(exp).train_iters
     task(exp, "100_1", 0, 120, 0)

@@ -9,6 +9,7 @@ import pytest
 
 from bigscience_ops import ledger, submit
 from bigscience_ops.config import load_experiment
+from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -18,8 +19,7 @@ pytestmark = pytest.mark.slurm
 def experiment(tmp_path: Path, trainings: Path, slurm_cluster):
     name = f"{slurm_cluster.prefix}-a-job-name-longer-than-forty-characters-for-squeue"
     (trainings / "exp.yaml").write_text(
-        f"base: tiny\nslurm: {{job_name: {name}, partition: {slurm_cluster.partition}}}\n"
-        f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n")
+        tiny_yaml(tmp_path / "run", f"slurm: {{job_name: {name}, partition: {slurm_cluster.partition}}}\n"))
     return load_experiment("exp", trainings)
 
 

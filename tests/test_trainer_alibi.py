@@ -81,6 +81,7 @@ def alibi_runs(tmp_path_factory):
         checkpoint=dict(save_interval=100, exit_interval=exit_interval)), STEPS, 6)
 
 
+@pytest.mark.slow
 def test_alibi_trains_and_resumes_bitwise(alibi_runs):
     whole, _ = alibi_runs["whole"]
     out, procs = alibi_runs["resumed"]

@@ -5,7 +5,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from tests.fixtures_trainer import checkpoint_steps, run_ok, scalars, small_experiment, write_run
+
+pytestmark = pytest.mark.slow
 
 
 def test_bf16_zero1_checkpointed_trains_and_resumes(tmp_path: Path, golden_run) -> None:

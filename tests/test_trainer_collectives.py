@@ -62,6 +62,7 @@ def test_checker_passes_tensors_on_the_engine_device(checker):
     assert not checker.violations and sum(checker.checked.values()) == 2
 
 
+@pytest.mark.slow
 def test_tp2_pp2_run_hands_collectives_only_engine_device_tensors(tmp_path: Path):
     site = tmp_path / "site"
     site.mkdir()

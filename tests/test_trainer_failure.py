@@ -18,7 +18,7 @@ import pytest
 
 from bigscience_ops import ledger
 from bigscience_ops.trainer.train import TrainerError, fail_at
-from tests.fixtures_trainer import shrunk_tiny_yaml
+from tests.fixtures_experiments import shrunk_tiny_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BSOPS = str(Path(sys.executable).with_name("bsops"))
@@ -37,6 +37,7 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_one_failing_rank_ends_the_job_with_its_error_in_main_log(tmp_path: Path) -> None:
     trainings = tmp_path / "trainings"
     trainings.mkdir()

@@ -12,8 +12,8 @@ import torch
 from bigscience_ops.trainer.report import peak_tflops_of
 from tests.fixtures_trainer import checkpoint_steps, run_ok, scalars, small_experiment, write_run
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU: fp16, NCCL and fused AdamW run only there")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                   reason="needs a CUDA GPU: fp16, NCCL and fused AdamW run only there")]
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

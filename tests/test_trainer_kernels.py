@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 
 import pytest
 import torch
@@ -38,6 +39,7 @@ def _train(shape: GPTShape, kernels: str, steps: int) -> list[float]:
     return losses
 
 
+@pytest.mark.slow
 def test_torch_and_triton_kernels_train_the_same_losses(tmp_path):
     exp = small_experiment(tmp_path, model=dict(hidden_dropout=0.0, attention_dropout=0.0, kernels="triton"))
     shape = GPTShape.from_experiment(exp)
@@ -101,25 +103,31 @@ def test_unknown_kernels_choice_is_rejected(trainings, value):
         load_experiment("k", trainings)
 
 
+@pytest.mark.slow
 def test_the_trainer_reads_model_kernels_and_trains_the_same_losses(tmp_path):
     """Through the real trainer (torchrun, DeepSpeed engine): `model.kernels: triton` (interpreted)
     gives the iteration losses of `torch` on the same data, so the switch reaches every call site."""
-    from tests.fixtures_trainer import launch, run_ok, scalars, write_run
+    from tests.fixtures_trainer import concurrently, launch, run_ok, scalars, write_run
 
-    losses = {}
-    for choice in ("torch", "triton"):
+    def train(choice: str) -> dict[int, float]:
         out = tmp_path / choice
         exp = small_experiment(out, model=dict(kernels=choice, hidden_dropout=0.0, attention_dropout=0.0),
                                parallel=dict(pipeline=1),
                                checkpoint=dict(save_interval=100, exit_interval=4))
         write_run(exp, out)
         run_ok(out, 1, env={"TRITON_INTERPRET": "1"})
-        losses[choice] = scalars(out / "tensorboard", "lm loss")
+        return scalars(out / "tensorboard", "lm loss")
+
+    def triton_then_without_the_interpreter() -> tuple[dict[int, float], subprocess.CompletedProcess]:
+        losses = train("triton")
+        return losses, launch(tmp_path / "triton", 1, env={"TRITON_INTERPRET": "0"})
+
+    done = concurrently({"triton": triton_then_without_the_interpreter, "torch": lambda: train("torch")})
+    losses, refused = {"torch": done["torch"], "triton": done["triton"][0]}, done["triton"][1]
     assert sorted(losses["torch"]) == sorted(losses["triton"]) and len(losses["torch"]) >= 2, losses
     for step, value in losses["torch"].items():
         assert abs(value - losses["triton"][step]) <= 1e-4 * abs(value), (step, value, losses["triton"][step])
 
     # The choice really reaches the engine's layers: without the interpreter, on CPU tensors,
     # 'triton' is refused at the first forward with the field's name (it would pass as torch if ignored).
-    refused = launch(tmp_path / "triton", 1, env={"TRITON_INTERPRET": "0"})
     assert refused.returncode != 0 and "model.kernels" in refused.stdout + refused.stderr

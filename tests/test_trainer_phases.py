@@ -3,10 +3,14 @@ and resumes at the new size even though the new DP could not split the (past) ra
 
 from __future__ import annotations
 
+import pytest
+
 from bigscience_ops.schema import NodePhase
 from bigscience_ops import plan
 from bigscience_ops.run_schedule import run_schedule
 from tests.fixtures_trainer import launch, run_ok, scalars, small_experiment, write_run
+
+pytestmark = pytest.mark.slow
 
 
 def checkpoint_steps(out):

@@ -20,7 +20,7 @@ import torch
 from bigscience_ops.checkpoints import layout, universal
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.model import GPTShape
-from tests.fixtures_trainer import launch, run_ok, scalars, small_experiment, write_run
+from tests.fixtures_trainer import concurrently, launch, run_ok, scalars, small_experiment, write_run
 
 STEPS, SPLIT = 10, 6
 LAYOUTS = {  # name: (layout before step SPLIT, layout after): (tensor, pipeline, data)
@@ -43,17 +43,49 @@ def _train(out: Path, layout: tuple[int, int, int], exit_interval: int) -> subpr
     return run_ok(out, tensor * pipeline * data)
 
 
+def _refused_resume(out: Path, source: Path) -> subprocess.CompletedProcess:
+    """A ZeRO-0 run with DP=2 pointed at the DP=1 ZeRO-1 checkpoints in `source`."""
+    exp = _experiment(out, 1, 1, 2, STEPS, zero_stage=0)
+    exp = dataclasses.replace(exp, paths=dataclasses.replace(exp.paths, checkpoints=str(source / "checkpoints")))
+    write_run(exp, out)
+    return launch(out, 2)
+
+
+def _zero0_dp_change(out: Path) -> tuple[Path, list[subprocess.CompletedProcess]]:
+    """ZeRO-0 with DP=1 to step SPLIT, then resumed with DP=2 to STEPS."""
+    procs = []
+    for grid, exit_interval in (((1, 1, 1), SPLIT), ((1, 1, 2), STEPS)):
+        write_run(_experiment(out, *grid, exit_interval, zero_stage=0), out)
+        procs.append(run_ok(out, grid[0] * grid[1] * grid[2]))
+    return out, procs
+
+
 @pytest.fixture(scope="module")
 def reshape_runs(tmp_path_factory) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
-    runs = {}
-    out = tmp_path_factory.mktemp("reference")
-    runs["reference"] = (out, [_train(out, (1, 1, 1), STEPS)])
-    for name, (before, after) in LAYOUTS.items():
-        out = tmp_path_factory.mktemp(name)
-        runs[name] = (out, [_train(out, before, SPLIT), _train(out, after, STEPS)])
+    """The reference, each reshaped run, the ZeRO-0 DP change, and (once the reference is there) the refused
+    resume of the reference's checkpoints: launched side by side."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("reference", "refused", *LAYOUTS, "zero0_dp1_to_dp2")}
+
+    def reference_then_refused() -> tuple[tuple[Path, list[subprocess.CompletedProcess]], subprocess.CompletedProcess]:
+        out = folders["reference"]
+        reference = (out, [_train(out, (1, 1, 1), STEPS)])
+        return reference, _refused_resume(folders["refused"], out)
+
+    def reshaped(name: str) -> tuple[Path, list[subprocess.CompletedProcess]]:
+        out, (before, after) = folders[name], LAYOUTS[name]
+        return out, [_train(out, before, SPLIT), _train(out, after, STEPS)]
+
+    jobs = {name: lambda name=name: reshaped(name) for name in LAYOUTS}
+    jobs["reference"] = reference_then_refused
+    jobs["zero0_dp1_to_dp2"] = lambda: _zero0_dp_change(folders["zero0_dp1_to_dp2"])
+    done = concurrently(jobs)
+    runs = {"reference": done["reference"][0], **{name: done[name] for name in LAYOUTS}}
+    runs["refused"] = (folders["refused"], [done["reference"][1]])
+    runs["zero0_dp1_to_dp2"] = done["zero0_dp1_to_dp2"]
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_reshaped_resume_continues_the_uninterrupted_run(reshape_runs, name):
     reference = scalars(reshape_runs["reference"][0] / "tensorboard", "lm loss")
@@ -69,6 +101,7 @@ def test_reshaped_resume_continues_the_uninterrupted_run(reshape_runs, name):
     assert (out / "checkpoints" / "latest_universal").read_text().strip() == f"global_step{SPLIT}_universal"
 
 
+@pytest.mark.slow
 def test_consumed_samples_and_lr_carry_over(reshape_runs):
     reference = ckpt.find_resume(reshape_runs["reference"][0] / "checkpoints").meta
     for name in LAYOUTS:
@@ -79,6 +112,7 @@ def test_consumed_samples_and_lr_carry_over(reshape_runs):
     assert scalars(reshape_runs["dp1_to_dp2"][0] / "tensorboard", "learning-rate") == pytest.approx(ref_lr)
 
 
+@pytest.mark.slow
 def test_universal_copy_holds_full_parameters_and_adam_moments(reshape_runs, tmp_path):
     out, _ = reshape_runs["tp2_to_tp1"]
     zero = out / "checkpoints" / f"global_step{SPLIT}_universal" / "zero"
@@ -100,6 +134,7 @@ def test_universal_copy_holds_full_parameters_and_adam_moments(reshape_runs, tmp
     assert torch.equal(full[:, h // 2:], shard)
 
 
+@pytest.mark.slow
 def test_second_resume_does_not_convert_again(reshape_runs):
     out, procs = reshape_runs["dp1_to_dp2"]
     source = out / "checkpoints" / f"global_step{SPLIT}"
@@ -162,33 +197,26 @@ def test_unconvertible_resume_is_refused_with_one_line_per_cause(tmp_path):
         universal.reshape_plan(resume.path, resume.meta, shape, universal.Layout(2, 1, 1, 1), 300)
 
 
-def test_trainer_refuses_before_building_an_engine(reshape_runs, tmp_path):
+@pytest.mark.slow
+def test_trainer_refuses_before_building_an_engine(reshape_runs):
     """A ZeRO-0 resume of the DP=1 run with DP=2: exit 2, the causes on stderr, no engine built."""
     source, _ = reshape_runs["reference"]
-    out = tmp_path / "refused"
-    exp = _experiment(out, 1, 1, 2, STEPS, zero_stage=0)
-    exp = dataclasses.replace(exp, paths=dataclasses.replace(exp.paths, checkpoints=str(source / "checkpoints")))
-    write_run(exp, out)
-    proc = launch(out, 2)
+    _, [proc] = reshape_runs["refused"]
     assert proc.returncode != 0
     assert "parallel.zero_stage 0" in proc.stderr
     assert "number of parameters" not in proc.stdout
     assert not (source / "checkpoints" / f"global_step{STEPS}_universal").exists()
 
 
-def test_zero0_dp_change_loads_without_conversion(reshape_runs, tmp_path):
+@pytest.mark.slow
+def test_zero0_dp_change_loads_without_conversion(reshape_runs):
     """ZeRO-0 in fp32 keeps the whole optimizer per TP/PP rank, so DP 1 -> 2 (a node-schedule phase of a
     ZeRO-0 run) loads the checkpoint as it is, with Adam's moments, and continues the reference's losses."""
-    def train(layout, exit_interval):
-        write_run(_experiment(tmp_path, *layout, exit_interval, zero_stage=0), tmp_path)
-        return run_ok(tmp_path, layout[0] * layout[1] * layout[2])
-
-    train((1, 1, 1), SPLIT)
-    train((1, 1, 2), STEPS)
+    out, _ = reshape_runs["zero0_dp1_to_dp2"]
     reference = scalars(reshape_runs["reference"][0] / "tensorboard", "lm loss")
-    losses = scalars(tmp_path / "tensorboard", "lm loss")
+    losses = scalars(out / "tensorboard", "lm loss")
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, value in losses.items():
         assert math.isclose(value, reference[step], rel_tol=1e-5), (step, value, reference[step])
-    assert not (tmp_path / "checkpoints" / "latest_universal").exists()
-    assert ckpt.find_resume(tmp_path / "checkpoints").meta["parallel"]["data"] == 2
+    assert not (out / "checkpoints" / "latest_universal").exists()
+    assert ckpt.find_resume(out / "checkpoints").meta["parallel"]["data"] == 2

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures_trainer import (REPO, TORCHRUN, checkpoint_steps, scalars, small_experiment,
+from tests.fixtures_trainer import (REPO, TORCHRUN, checkpoint_steps, concurrently, scalars, small_experiment,
                                      whole_and_resumed)
+
+pytestmark = pytest.mark.slow  # torchrun probes and trainer launches
 
 STEPS = 10
 
@@ -64,13 +66,27 @@ def _probe(out: Path, kernels: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("kernels", ["torch", "triton"])
-def test_tp_ranks_draw_own_attention_masks_and_shared_hidden_masks(tmp_path, kernels):
+KERNELS = ["torch", "triton"]
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """kernels -> (folder, torchrun of the probe on 2 processes) for each kernel choice, side by side."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    argv = [TORCHRUN, "--standalone", "--nproc_per_node", "2", __file__, str(tmp_path), kernels]
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    folders = {kernels: tmp_path_factory.mktemp(f"probe_{kernels}") for kernels in KERNELS}
+
+    def probe(kernels: str) -> tuple[Path, subprocess.CompletedProcess]:
+        argv = [TORCHRUN, "--standalone", "--nproc_per_node", "2", __file__, str(folders[kernels]), kernels]
+        return folders[kernels], subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    return concurrently({kernels: lambda kernels=kernels: probe(kernels) for kernels in reversed(KERNELS)})
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_tp_ranks_draw_own_attention_masks_and_shared_hidden_masks(probes, kernels):
+    out, proc = probes[kernels]
     assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert len(ranks[0]["attention"]) == 2 and len(ranks[0]["hidden"]) == 4 and len(ranks[0]["embedding"]) == 2
     for step in range(2):
         a, b = (r["attention"][step] for r in ranks)

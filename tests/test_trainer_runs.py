@@ -1,6 +1,7 @@
 """Real trainer runs (torchrun, gloo, CPU): goldens, schedules, checkpoints, exits, resume, PP and DP layouts.
 
-Each launch costs several seconds, so every launch is shared by several checks (session fixtures).
+Each launch costs several seconds, so every launch is shared by several checks: the golden run (a session
+fixture, also read by other modules) and this module's other launches (one fixture, run side by side).
 """
 
 from __future__ import annotations
@@ -8,13 +9,17 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from bigscience_ops.run_schedule import run_schedule
-from tests.fixtures_trainer import (checkpoint_steps, launch, run_ok, scalars, small_experiment, write_run)
+from tests.fixtures_trainer import (checkpoint_steps, concurrently, launch, run_ok, scalars, small_experiment,
+                                     write_run)
+
+pytestmark = pytest.mark.slow  # every check reads a real trainer launch
 
 GOLDEN = Path(__file__).parent / "assets" / "losses" / "tiny.txt"
 REGENERATE = "BSOPS_REGENERATE_GOLDEN"
@@ -79,17 +84,13 @@ def test_validation_and_tensorboard_scalars(golden_run):
     assert proc.stdout.count(" iteration ") >= run_schedule(exp).train_iters // 2
 
 
-@pytest.fixture(scope="session")
-def interrupted_run(tmp_path_factory, golden_run):
+def _interrupted(out: Path, save_schedule) -> tuple[Path, dict, tuple[list[int], list[int], list[int]]]:
     """The golden config, interrupted by exit interval, exit duration and kill switch, then resumed."""
-    gexp, _, _ = golden_run
-    out = tmp_path_factory.mktemp("interrupted")
-    exp = small_experiment(out, checkpoint=dict(save_schedule=gexp.checkpoint.save_schedule, save_interval=10,
-                                                exit_interval=7))
+    exp = small_experiment(out, checkpoint=dict(save_schedule=save_schedule, save_interval=10, exit_interval=7))
     write_run(exp, out)
     runs = {"interval": run_ok(out, 2)}
     steps_after_interval = checkpoint_steps(out)
-    exp = small_experiment(out, checkpoint=dict(save_schedule=gexp.checkpoint.save_schedule, save_interval=10))
+    exp = small_experiment(out, checkpoint=dict(save_schedule=save_schedule, save_interval=10))
     write_run(exp, out)
     started = time.time() - (exp.checkpoint.exit_duration_in_mins * 60 + 5)
     runs["duration"] = run_ok(out, 2, env={"BSOPS_JOB_START_EPOCH": str(int(started))})
@@ -100,6 +101,44 @@ def interrupted_run(tmp_path_factory, golden_run):
     Path(exp.checkpoint.kill_switch_path).unlink()
     runs["rest"] = run_ok(out, 2)
     return out, runs, (steps_after_interval, steps_after_duration, steps_after_kill)
+
+
+LAYOUTS = {"pp2dp2": (2, 4, 1), "pp1": (1, 1, 0)}  # name: (pipeline, processes, ZeRO stage)
+
+
+def _layout_run(out: Path, pipeline: int, nproc: int, zero: int) -> Path:
+    """10 steps of the golden config with micro-batches of 1 (PP=2 x DP=2 sees the same samples per step)."""
+    exp = small_experiment(out, parallel=dict(pipeline=pipeline, zero_stage=zero), batch=dict(micro_batch_size=1),
+                           checkpoint=dict(save_interval=100, exit_interval=10))
+    write_run(exp, out)
+    run_ok(out, nproc)
+    return out
+
+
+def _mismatched_resume(out: Path, golden_out: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    """The golden checkpoints resumed by a PP=1 model twice as wide: refused."""
+    shutil.copytree(golden_out / "checkpoints", out / "checkpoints")
+    exp = small_experiment(out, model=dict(hidden_size=128), parallel=dict(pipeline=1))
+    write_run(exp, out)
+    return out, launch(out, 1)
+
+
+@pytest.fixture(scope="module")
+def module_runs(tmp_path_factory, golden_run) -> dict:
+    """This module's launches beside the golden run, side by side: the interrupted-and-resumed golden config,
+    the PP=2 x DP=2 and PP=1 layouts, and a resume of the golden checkpoints with another shape."""
+    gexp, gout, _ = golden_run
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("interrupted", *LAYOUTS, "mismatch")}
+    jobs = {"interrupted": lambda: _interrupted(folders["interrupted"], gexp.checkpoint.save_schedule)}
+    for name, layout in LAYOUTS.items():
+        jobs[name] = lambda name=name, layout=layout: _layout_run(folders[name], *layout)
+    jobs["mismatch"] = lambda: _mismatched_resume(folders["mismatch"], gout)
+    return concurrently(jobs)
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(module_runs):
+    return module_runs["interrupted"]
 
 
 def test_exit_interval_duration_and_kill_switch(interrupted_run):
@@ -119,16 +158,12 @@ def test_resumed_losses_equal_uninterrupted_bitwise(interrupted_run, golden_run)
     assert scalars(out / "tensorboard", "lm loss validation") == scalars(gout / "tensorboard", "lm loss validation")
 
 
-def test_pp2_dp2_and_pp1_match_pp2(tmp_path, golden_run):
+def test_pp2_dp2_and_pp1_match_pp2(module_runs, golden_run):
     """PP=2 x DP=2 (4 processes, ZeRO-1, MBS 1) and PP=1 see the same samples per step: the same losses up to rounding."""
     _, gout, _ = golden_run
     golden = scalars(gout / "tensorboard", "lm loss")
-    for name, pipeline, nproc, zero in (("pp2dp2", 2, 4, 1), ("pp1", 1, 1, 0)):
-        out = tmp_path / name
-        exp = small_experiment(out, parallel=dict(pipeline=pipeline, zero_stage=zero), batch=dict(micro_batch_size=1),
-                               checkpoint=dict(save_interval=100, exit_interval=10))
-        write_run(exp, out)
-        run_ok(out, nproc)
+    for name in LAYOUTS:
+        out = module_runs[name]
         losses = scalars(out / "tensorboard", "lm loss")
         assert sorted(losses) == list(range(1, 11))
         for step, value in losses.items():
@@ -136,13 +171,8 @@ def test_pp2_dp2_and_pp1_match_pp2(tmp_path, golden_run):
         assert checkpoint_steps(out) == [10]
 
 
-def test_resume_with_another_shape_or_layout_is_rejected(tmp_path, golden_run):
-    _, gout, _ = golden_run
-    out = tmp_path / "mismatch"
-    shutil.copytree(gout / "checkpoints", out / "checkpoints")
-    exp = small_experiment(out, model=dict(hidden_size=128), parallel=dict(pipeline=1))
-    write_run(exp, out)
-    proc = launch(out, 1)
+def test_resume_with_another_shape_or_layout_is_rejected(module_runs):
+    out, proc = module_runs["mismatch"]
     assert proc.returncode != 0, proc.stdout[-3000:]  # the trainer exits 2; torchrun reports a failed worker as 1
     assert "hidden_size: checkpoint 64, config 128" in proc.stderr
     assert "TP=1 PP=2 DP=1 ZeRO-0" in proc.stderr and "TP=1 PP=1 DP=1 ZeRO-0" in proc.stderr  # both layouts named

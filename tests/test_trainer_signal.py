@@ -9,8 +9,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from bigscience_ops.ledger import latest_iteration
 from tests.fixtures_trainer import REPO, TORCHRUN, small_experiment, write_run
+
+pytestmark = pytest.mark.slow
 
 
 def _children(pid: int) -> list[int]:

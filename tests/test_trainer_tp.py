@@ -21,7 +21,7 @@ from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock
 from bigscience_ops.trainer.tensor_parallel import TensorParallel
-from tests.fixtures_trainer import checkpoint_steps, run_ok, scalars, small_experiment, write_run
+from tests.fixtures_trainer import checkpoint_steps, concurrently, run_ok, scalars, small_experiment, write_run
 
 STEPS = 10
 PARAM_LINE = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank \((\d+), (\d+)\): (\d+)")
@@ -39,21 +39,23 @@ def _train(out: Path, tensor: int, pipeline: int, exit_interval: int, data: int 
 @pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
     """TP=2 for 10 steps; TP=2 interrupted at 6 and resumed to 10; TP=2 x PP=2 and TP=2 x DP=2 for 10 steps;
-    TP=1 on one process (its grad norm is over the whole model, as TP=2's must be)."""
-    runs: dict[str, tuple[Path, list[subprocess.CompletedProcess]]] = {}
-    out = tmp_path_factory.mktemp("tp1")
-    runs["tp1"] = (out, [_train(out, 1, 1, STEPS)])
-    out = tmp_path_factory.mktemp("tp2")
-    runs["tp2"] = (out, [_train(out, 2, 1, STEPS)])
-    out = tmp_path_factory.mktemp("tp2_resumed")
-    runs["tp2_resumed"] = (out, [_train(out, 2, 1, 6), _train(out, 2, 1, STEPS)])
-    out = tmp_path_factory.mktemp("tp2pp2")
-    runs["tp2pp2"] = (out, [_train(out, 2, 2, STEPS)])
-    out = tmp_path_factory.mktemp("tp2dp2")
-    runs["tp2dp2_zero1"] = (out, [_train(out, 2, 1, STEPS, data=2)])
-    return runs
+    TP=1 on one process (its grad norm is over the whole model, as TP=2's must be). Launched side by side."""
+    runs = {  # name: [(tensor, pipeline, exit_interval, data) of each launch]; the 4-process runs first
+        "tp2pp2": [(2, 2, STEPS, 1)],
+        "tp2dp2_zero1": [(2, 1, STEPS, 2)],
+        "tp2_resumed": [(2, 1, 6, 1), (2, 1, STEPS, 1)],
+        "tp2": [(2, 1, STEPS, 1)],
+        "tp1": [(1, 1, STEPS, 1)],
+    }
+    folders = {name: tmp_path_factory.mktemp(name.removesuffix("_zero1")) for name in runs}
+
+    def chain(name: str) -> tuple[Path, list[subprocess.CompletedProcess]]:
+        return folders[name], [_train(folders[name], *launch) for launch in runs[name]]
+
+    return concurrently({name: lambda name=name: chain(name) for name in runs})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tp2", "tp2_resumed", "tp2pp2", "tp2dp2_zero1"])
 def test_tp_losses_equal_tp1(tp_runs, golden_run, name):
     _, gout, _ = golden_run
@@ -66,6 +68,7 @@ def test_tp_losses_equal_tp1(tp_runs, golden_run, name):
     assert losses[1] == pytest.approx(golden[1], rel=1e-6)  # the same initial model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, pipeline", [("tp2", 1), ("tp2pp2", 2)])
 def test_parameters_per_rank_equal_the_plan(tp_runs, golden_run, name, pipeline):
     exp, _, _ = golden_run
@@ -75,6 +78,7 @@ def test_parameters_per_rank_equal_the_plan(tp_runs, golden_run, name, pipeline)
     assert counts == {(t, p): per_stage[p] for t in range(2) for p in range(pipeline)}
 
 
+@pytest.mark.slow
 def test_tp_grad_norm_counts_each_parameter_once(tp_runs):
     """DeepSpeed's norm over the grid (the mpu): TP shards on every rank, replicated parameters on TP rank 0."""
     norms = {name: scalars(tp_runs[name][0] / "tensorboard", "grad-norm") for name in ("tp1", "tp2", "tp2dp2_zero1")}
@@ -84,6 +88,7 @@ def test_tp_grad_norm_counts_each_parameter_once(tp_runs):
             assert math.isclose(norms[name][step], value, rel_tol=1e-4), (name, step, norms[name][step], value)
 
 
+@pytest.mark.slow
 def test_tp2_resume_continues_exactly(tp_runs):
     out, procs = tp_runs["tp2_resumed"]
     assert "resumed from" in procs[1].stdout and "global_step6" in procs[1].stdout
@@ -93,6 +98,7 @@ def test_tp2_resume_continues_exactly(tp_runs):
     assert ckpt.find_resume(out / "checkpoints").meta["parallel"]["tensor"] == 2
 
 
+@pytest.mark.slow
 def test_checkpoint_per_tp_rank_with_identical_replicated_parameters(tp_runs):
     out, _ = tp_runs["tp2pp2"]
     folder = out / "checkpoints" / f"global_step{STEPS}"

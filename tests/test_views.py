@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.views import logs, plot
+from tests.fixtures_experiments import tiny_yaml
 
 BSOPS = str(Path(sys.executable).with_name("bsops"))
 SEQ = 128  # tiny's seq_length
@@ -23,7 +24,7 @@ SEQ = 128  # tiny's seq_length
 @pytest.fixture
 def run_exp(trainings: Path, tmp_path: Path):
     """An experiment `run` (tiny with its run folder under tmp_path) and its resolved config."""
-    (trainings / "run.yaml").write_text(f"base: tiny\npaths: {{output: {str(tmp_path / 'run')!r}}}\n")
+    (trainings / "run.yaml").write_text(tiny_yaml(tmp_path / "run"))
     return load_experiment("run", trainings)
 
 
