@@ -133,3 +133,23 @@ def golden_run(tmp_path_factory) -> tuple[Experiment, Path, subprocess.Completed
     exp = small_experiment(out, checkpoint=dict(save_schedule=GOLDEN_SAVE_SCHEDULE, save_interval=10))
     write_run(exp, out)
     return exp, out, run_ok(out, 2)
+
+
+@pytest.fixture()
+def single_rank_group():
+    """A one-process gloo group on a free loopback port, for code that calls collectives; the signal
+    handlers the code under test installs (SIGUSR1, SIGTERM) are put back afterwards."""
+    import signal
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    dist.destroy_process_group()

@@ -9,7 +9,6 @@ runs under it in every rank: every tensor the project hands to a collective must
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -20,16 +19,6 @@ from tests.fixtures_collectives import ENV, SITECUSTOMIZE, CollectiveDeviceError
 from tests.fixtures_trainer import run_ok, small_experiment, write_run
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture()
-def single_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture()

@@ -246,23 +246,6 @@ def test_metrics_window_averages_applied_finite_steps_between_lines():
     assert [i for tag, i, _ in board.scalars if tag == "params-norm"] == [2, 4]
 
 
-@pytest.fixture()
-def single_rank_group():
-    import socket
-
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
-    yield
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
-    dist.destroy_process_group()
-
-
 def test_stop_reasons_in_order(tmp_path, single_rank_group):
     switch = tmp_path / "kill-switch"
     ck = CheckpointConfig(exit_interval=5, exit_duration_in_mins=60, kill_switch_path=str(switch))
