@@ -13,12 +13,24 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 from bigscience_ops.node_schedule import Phase, ScheduleError, next_boundary, node_phases, phase_at
 from bigscience_ops.schedules import (
-    BatchSchedule, Curriculum, CurriculumTokens, LRSchedule, SaveSchedule, parse_skip_ranges,
+    BatchSchedule, Curriculum, CurriculumTokens, Increment, LRSchedule, SaveSchedule, parse_skip_ranges,
 )
 from bigscience_ops.schema import Experiment
+
+
+@dataclass(frozen=True)
+class PhaseSpan:
+    """The steps a node phase trains: what it consumes and which batch sizes its steps use."""
+
+    phase: Phase
+    last_step: int  # phase.first_step - 1 when the training ends before the phase starts
+    samples: int
+    tokens: int  # each step's samples at its curriculum length, or at model.seq_length without a curriculum
+    batch_sizes: tuple[int, ...]  # every global batch size of the phase's steps
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,43 @@ class RunSchedule:
     skip_ranges: tuple[tuple[int, int], ...]
     node_phases: tuple[Phase, ...]  # one phase of slurm.nodes without a node schedule (or with an invalid one)
     node_schedule_error: str | None = None  # why slurm.node_schedule is invalid (the plan reports it)
+    seq_length: int = 0  # model.seq_length: tokens per sample without a curriculum
+
+    # Derived from the fields above, each computed once when first read (the plan reads them all;
+    # the trainer none).
+
+    @cached_property
+    def increments(self) -> tuple[Increment, ...]:
+        """The batch-size rampup, one row per batch size."""
+        return tuple(self.batch.increments())
+
+    @cached_property
+    def rampup_consumed(self) -> int:
+        """Samples consumed by the end of the rampup."""
+        return self.batch.consumed_after(self.batch.rampup_steps)
+
+    @cached_property
+    def save_steps(self) -> tuple[int, ...]:
+        """Every step the save schedule saves at, the last step included."""
+        return tuple(self.saves.steps(self.train_iters))
+
+    @cached_property
+    def tokens_trained(self) -> int:
+        """Tokens of the whole run."""
+        return self.tokens_through(self.train_iters, self.seq_length)
+
+    @cached_property
+    def spans(self) -> tuple[PhaseSpan, ...]:
+        """Each node phase's steps: a phase ends where the next begins, or at the last step."""
+        phases, out = list(self.node_phases), []
+        for phase, following in zip(phases, phases[1:] + [None]):
+            last = min(self.train_iters, following.first_step - 1 if following else self.train_iters)
+            samples = max(0, self.batch.consumed_after(max(last, phase.first_step - 1)) - phase.start_samples)
+            tokens = samples * self.seq_length
+            if self.tokens is not None:
+                tokens = max(0, self.tokens.through(last) - self.tokens.through(phase.first_step - 1))
+            out.append(PhaseSpan(phase, last, samples, tokens, self.batch.sizes_of_steps(phase.first_step, last)))
+        return tuple(out)
 
     @property
     def warmup_steps(self) -> int:
@@ -68,34 +117,39 @@ class RunSchedule:
         return iteration >= self.train_iters
 
 
-def _to_samples(exp: Experiment, batch: BatchSchedule, kind: str, default: int) -> int:
-    lr = exp.lr_schedule
-    samples, tokens, iters = (getattr(lr, f"{kind}_{u}") for u in ("samples", "tokens", "iters"))
-    if samples is not None:
-        return samples
-    if tokens is not None:
-        return tokens // exp.model.seq_length
-    if iters is not None:
-        return batch.consumed_after(iters)
-    return default
-
-
 def run_schedule(exp: Experiment) -> RunSchedule:
     """The run's schedules, computed once from the experiment."""
     r = exp.batch.rampup
     batch = (BatchSchedule(exp.batch.global_batch_size) if r is None
              else BatchSchedule(exp.batch.global_batch_size, r.start, r.increment, r.samples))
+    error = None
+    try:
+        phases = tuple(node_phases(exp.slurm, batch))
+    except ScheduleError as exc:
+        error = str(exc)
+        phases = (Phase(0, exp.slurm.nodes, 1, 0, "slurm.nodes"),)
     iters = exp.train.iters if exp.train.iters is not None else batch.train_iters(exp.train.samples)
     samples = batch.consumed_after(iters)
-    warmup = _to_samples(exp, batch, "warmup", 0)
-    decay = _to_samples(exp, batch, "decay", exp.train.samples if exp.train.samples is not None else samples)
-    lr = LRSchedule(exp.optimizer.lr, exp.optimizer.min_lr, warmup, decay, exp.lr_schedule.style)
+    # The LR warmup and decay lengths in samples, from whichever unit the experiment gives them in.
+    settings, lengths = exp.lr_schedule, {}
+    for kind, default in (("warmup", 0), ("decay", exp.train.samples if exp.train.samples is not None else samples)):
+        in_samples, in_tokens, in_iters = (getattr(settings, f"{kind}_{unit}") for unit in ("samples", "tokens", "iters"))
+        if in_samples is not None:
+            lengths[kind] = in_samples
+        elif in_tokens is not None:
+            lengths[kind] = in_tokens // exp.model.seq_length
+        elif in_iters is not None:
+            lengths[kind] = batch.consumed_after(in_iters)
+        else:
+            lengths[kind] = default
+    warmup, decay = lengths["warmup"], lengths["decay"]
+    lr = LRSchedule(exp.optimizer.lr, exp.optimizer.min_lr, warmup, decay, settings.style)
     curriculum = tokens = None
     c = exp.curriculum
     if c is not None:  # token-based LR settings count the tokens really trained on
         curriculum = Curriculum(c.min_difficulty, exp.model.seq_length, c.difficulty_step, c.total_curriculum_step)
         tokens = curriculum.token_counter(batch)
-        given = {kind: getattr(exp.lr_schedule, f"{kind}_tokens") for kind in ("warmup", "decay")}
+        given = {kind: getattr(settings, f"{kind}_tokens") for kind in ("warmup", "decay")}
         if given["warmup"] is not None:
             warmup = batch.consumed_after(tokens.steps_to_reach(given["warmup"]))
         if given["decay"] is not None:
@@ -103,11 +157,5 @@ def run_schedule(exp: Experiment) -> RunSchedule:
         lr = dataclasses.replace(lr, warmup_tokens=given["warmup"], decay_tokens=given["decay"])
     ck = exp.checkpoint
     saves = SaveSchedule(tuple((rng.until, rng.interval) for rng in ck.save_schedule), ck.save_interval)
-    error = None
-    try:
-        phases = tuple(node_phases(exp.slurm, batch))
-    except ScheduleError as exc:
-        error = str(exc)
-        phases = (Phase(0, exp.slurm.nodes, 1, 0, "slurm.nodes"),)
     return RunSchedule(batch, iters, samples, lr, warmup, decay, curriculum, tokens, saves,
-                       tuple(parse_skip_ranges(exp.train.skip_iterations)), phases, error)
+                       tuple(parse_skip_ranges(exp.train.skip_iterations)), phases, error, exp.model.seq_length)

@@ -1,15 +1,18 @@
 """Pure arithmetic shared by plan, trainer and converter: parameters, vocab padding, FLOPs, bytes.
 
-No torch and no config loading: functions take the config sections they need and return numbers.
+`size_run` computes in one call what a run occupies (parameters, GPU memory per stage, checkpoint
+storage, GPU-days per phase); the plan checks those numbers. No torch and no config loading:
+functions take the config sections they need and return numbers.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bigscience_ops.schema import ModelConfig
+from bigscience_ops.schema import Experiment, ModelConfig
 
 GB = 10**9
 
@@ -178,10 +181,6 @@ def count_parameters(model: ModelConfig, tensor_parallel: int = 1, pipeline_para
     total += 2 * h if model.embed_layernorm else 0
     return ParamCount(vocab, seed_formula_parameters(model), total, tuple(stages), tuple(blocks), tuple(parts))
 
-
-# ----------------------------------------------------------------------------- memory and time
-
-
 # ----------------------------------------------------------------------------- bytes and FLOPs
 
 # Bytes per parameter while training, as the tr1-13B notes breaks them down for mixed precision.
@@ -276,8 +275,6 @@ def gpu_memory_from_constraint(constraint: str | None) -> tuple[str, float] | No
     """(feature, GB) for the first feature of a Slurm --constraint this table knows, else None."""
     if not constraint:
         return None
-    import re
-
     for feature in re.split(r"[&|,\[\]()*\s]+", constraint.lower()):
         if feature in KNOWN_GPU_MEMORY_GB:
             return feature, KNOWN_GPU_MEMORY_GB[feature]
@@ -295,3 +292,119 @@ def kept_on_scratch(steps: list[int], keep_last: int | None, keep_every: int | N
         return list(steps)
     newest = set(steps[-keep_last:])
     return [s for s in steps if s in newest or (keep_every is not None and s % keep_every == 0)]
+
+
+# ----------------------------------------------------------------------------- what a run occupies
+
+@dataclass(frozen=True)
+class Memory:
+    bytes_per_param: int
+    training_total: int  # bytes per model replica (TP x PP GPUs)
+    training_seed_rounded: int  # bytes_per_param x size rounded to whole billions, as the training notes write it
+    per_gpu: int  # model states of the largest stage, ZeRO / bf16-optimizer sharding included
+    checkpoint_with_optimizer: int
+    checkpoint_without_optimizer: int
+    sharded_over: int  # DP ranks the fp32 master weights and Adam moments are split over (1: not sharded)
+    model_states_per_stage: tuple[int, ...]  # bytes per GPU of each stage: weights, gradients, optimizer
+    activations: tuple[StageActivations, ...]
+    gpu_limit: int | None  # bytes of one GPU, or None when unknown (or a CPU run)
+    gpu_limit_source: str  # "slurm.gpu_memory_gb", "slurm.constraint <feature>", or "" when unknown
+
+    @property
+    def total_per_stage(self) -> tuple[int, ...]:
+        return tuple(m + a.total for m, a in zip(self.model_states_per_stage, self.activations))
+
+    @property
+    def largest_stage(self) -> int:
+        totals = self.total_per_stage
+        return totals.index(max(totals))
+
+    @property
+    def largest_total(self) -> int:
+        return max(self.total_per_stage)
+
+
+def sharded_over(exp: Experiment, dp: int) -> int:
+    """ZeRO-1 splits the fp32 master weights and Adam moments over DP; so does DeepSpeed's bf16
+    optimizer (BF16_Optimizer) even at ZeRO stage 0."""
+    return max(dp, 1) if exp.parallel.zero_stage >= 1 or exp.train.precision == "bf16" else 1
+
+
+def gpu_limit(exp: Experiment) -> tuple[int | None, str]:
+    if exp.slurm.device != "gpu":
+        return None, ""
+    if exp.slurm.gpu_memory_gb is not None:
+        return int(exp.slurm.gpu_memory_gb * GIB), "slurm.gpu_memory_gb"
+    known = gpu_memory_from_constraint(exp.slurm.constraint)
+    if known is None:
+        return None, ""
+    return int(known[1] * GIB), f"slurm.constraint {known[0]}"
+
+
+def memory(exp: Experiment, params: ParamCount, dp: int) -> Memory:
+    kind = "fp32" if exp.train.precision == "fp32" else "mixed"
+    parts = TRAIN_BYTES[kind]
+    per_param = sum(parts.values())
+    sharded = parts["optimizer states"] + (parts["fp32 weights"] if kind == "mixed" else 0)
+    shard = sharded_over(exp, dp)
+    states = tuple(math.ceil(n * ((per_param - sharded) + sharded / shard)) for n in params.per_stage)
+    without, with_optim = CHECKPOINT_BYTES[kind]
+    b, p = exp.batch, exp.parallel
+    micro_batches = max(1, b.global_batch_size // max(1, b.micro_batch_size * max(dp, 1)))
+    activations = activation_bytes(exp.model, b.micro_batch_size, p.tensor, p.pipeline, micro_batches,
+                                   p.activation_checkpointing, params.padded_vocab,
+                                   4 if exp.train.precision == "fp32" else 2, params.blocks_per_stage)
+    limit, source = gpu_limit(exp)
+    return Memory(per_param, per_param * params.total, per_param * round(params.total / GB) * GB, max(states),
+                  with_optim * params.total, without * params.total, shard, states, activations, limit, source)
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Checkpoints over the whole run: what the save schedule writes and what retention and backup keep."""
+
+    saves: int  # checkpoints the schedule writes, the final one included
+    checkpoint_bytes: int  # one checkpoint on scratch: weights and optimizer states
+    weights_bytes: int  # one checkpoint without optimizer states
+    written: int  # saves x checkpoint_bytes: scratch at the end with no retention
+    kept_on_scratch: int  # checkpoints retention leaves (backup.keep_last / keep_every); == saves without it
+    scratch: int  # bytes on scratch at the end of the run
+    backed_up_whole: int  # checkpoints the backup keeps with optimizer states (the last, every keep_optimizer_every-th)
+    backup: int  # bytes in the backup (0 without backup.dest)
+
+
+def storage(exp: Experiment, params: ParamCount, steps: Sequence[int]) -> Storage:
+    """Checkpoint bytes of a run saving at `steps` (the run schedule's save steps)."""
+    bk, steps = exp.backup, list(steps)
+    without, with_optim = CHECKPOINT_BYTES["fp32" if exp.train.precision == "fp32" else "mixed"]
+    whole, weights = with_optim * params.total, without * params.total
+    kept = kept_on_scratch(steps, bk.keep_last, bk.keep_every)
+    if bk.dest is None:
+        return Storage(len(steps), whole, weights, len(steps) * whole, len(kept), len(kept) * whole, 0, 0)
+    full = [s for s in steps if s == steps[-1] or (bk.keep_optimizer_every and s % bk.keep_optimizer_every == 0)]
+    backup = len(full) * whole + (len(steps) - len(full)) * weights
+    return Storage(len(steps), whole, weights, len(steps) * whole, len(kept), len(kept) * whole, len(full), backup)
+
+
+@dataclass(frozen=True)
+class RunSize:
+    """What a run occupies, computed once: its parameters, GPU memory, checkpoint storage and GPU time."""
+
+    params: ParamCount
+    ffn: int  # the model's ffn size, derived (4 x hidden) when not given
+    memory: Memory
+    storage: Storage
+    days: tuple[float, ...]  # per node phase, at estimate.tflops_per_gpu
+    days_seed_rounded: tuple[float, ...]  # likewise, with the seed formula's size rounded to whole billions
+
+
+def size_run(exp: Experiment, dp: int, save_steps: Sequence[int],
+             phase_work: Sequence[tuple[int, int]]) -> RunSize:
+    """The run's sizes: memory at `dp` DP ranks, storage of `save_steps`, and the days of each phase's
+    (tokens, GPUs) in `phase_work`."""
+    p, tflops = exp.parallel, exp.estimate.tflops_per_gpu
+    params = count_parameters(exp.model, p.tensor, p.pipeline, p.partition_method)
+    rounded = round(params.seed_formula / GB) * GB
+    return RunSize(params, ffn_size(exp.model), memory(exp, params, dp), storage(exp, params, save_steps),
+                   tuple(estimate_days(tokens, params.total, gpus, tflops) for tokens, gpus in phase_work),
+                   tuple(estimate_days(tokens, rounded, gpus, tflops) for tokens, gpus in phase_work))
