@@ -28,7 +28,7 @@ from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ledger import latest_iteration
 from bigscience_ops.data.corpus import ensure_data
-from bigscience_ops.prepare import prepare_launch
+from bigscience_ops.prepare import PreparedLaunch, prepare_launch
 from bigscience_ops.schema import Experiment
 
 
@@ -143,7 +143,6 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
     """
     exp = local_experiment(exp, run_dir)
     out = Path(exp.paths.output)
-    ensure_data(exp)
     shims = out / "slurm-shims"
     shims.mkdir(parents=True, exist_ok=True)
     _write_shim(shims / "srun", SRUN)
@@ -152,19 +151,19 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
     logs.mkdir(parents=True, exist_ok=True)
     array_job_id = int(time.time()) % 1_000_000
     repo = Path(__file__).resolve().parents[1]
-    prepared = prepare_launch(exp)
-    schedule = prepared.schedule
-    train_iters = schedule.train_iters
     results: list[LocalTask] = []
+    prepared: PreparedLaunch | None = None
     rendered_nodes = None
     for task in range(1, (tasks or exp.slurm.array) + 1):
-        if task > 1:  # each task runs at the node phase of the latest checkpoint
-            prepared = prepare_launch(exp, schedule)
+        # Each task runs at the node phase of the latest checkpoint; the run schedule is computed once.
+        prepared = prepare_launch(exp, prepared.schedule if prepared else None)
         exp = prepared.experiment
         nodes = exp.slurm.nodes
         if nodes != rendered_nodes:
             script = rendering.write(rendering.render(exp, out, prepared.plan), out)
             rendered_nodes = nodes
+        if task == 1:
+            ensure_data(exp)  # a bundled corpus is built once the plan has been checked
         node_list = ",".join(["localhost"] + ["127.0.0.1"] * (nodes - 1))
         processes = nodes * exp.slurm.gpus_per_node
         threads = max(1, min(exp.slurm.cpus_per_task, (os.cpu_count() or 1) // processes))
@@ -200,10 +199,10 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
         results.append(LocalTask(task, code, time.time() - start, output))
         if code != 0:
             raise LaunchError(f"array task {task}: {script} exited {code}; see {output} and {logs / 'main_log.txt'}")
-        if latest_iteration(Path(exp.paths.checkpoints)) >= train_iters:
+        if prepared.schedule.finished(latest_iteration(Path(exp.paths.checkpoints))):
             break
     return LocalRun(out, script, results, logs / "main_log.txt", Path(exp.paths.checkpoints),
-                    Path(exp.paths.tensorboard), latest_iteration(Path(exp.paths.checkpoints)) >= train_iters)
+                    Path(exp.paths.tensorboard), prepared.schedule.finished(latest_iteration(Path(exp.paths.checkpoints))))
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -31,8 +31,8 @@ class PreparedLaunch:
 
 def prepare_launch(exp: Experiment, schedule: RunSchedule | None = None) -> PreparedLaunch:
     """The experiment as the next launch runs it, with its plan; raises PlanError when the plan finds errors."""
-    schedule = schedule or run_schedule(exp)
     iteration = latest_iteration(Path(exp.paths.checkpoints))
+    schedule = schedule or run_schedule(exp)
     phase = None
     if exp.slurm.node_schedule:
         phase = schedule.phase_of_iteration(iteration)

@@ -122,6 +122,7 @@ def render(exp: Experiment, out_dir: Path, plan: Plan) -> Rendered:
     """
     if plan.errors:
         raise PlanError(plan.errors)
+    deepspeed = deepspeed_config(exp)
     out_dir = Path(out_dir).resolve()
     s = exp.slurm
     optional = [(opt, getattr(s, opt)) for opt in ("partition", "account", "constraint", "qos") if getattr(s, opt)]
@@ -145,7 +146,7 @@ def render(exp: Experiment, out_dir: Path, plan: Plan) -> Rendered:
     files = {
         script_name(exp): script,
         EXPERIMENT_JSON: json.dumps(to_dict(exp), indent=2) + "\n",
-        DEEPSPEED_JSON: json.dumps(deepspeed_config(exp), indent=2) + "\n",
+        DEEPSPEED_JSON: json.dumps(deepspeed, indent=2) + "\n",
     }
     return Rendered(files, script_name(exp))
 
