@@ -8,6 +8,7 @@ consumed samples.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 
@@ -55,6 +56,48 @@ def iteration_line(s: IterationStats) -> str:
     if s.mfu is not None:
         line += f" MFU: {100 * s.mfu:.1f}% |"
     return line
+
+
+# " iteration 10/ 221", after srun --label's "   1: " where the log has one.
+_ITERATION_HEAD = re.compile(r"[ \t]*(?:[0-9]+:[ \t]*)?iteration[ \t]+([0-9]+)[ \t]*/[ \t]*([0-9]+)[ \t]*")
+# The iteration line's fields as parse_iteration_line reads them back: label -> (field, type).
+_FIELDS = {
+    "consumed samples": ("consumed_samples", int), "consumed tokens": ("consumed_tokens", int),
+    "elapsed time per iteration (ms)": ("elapsed_ms", float), "learning rate": ("learning_rate", float),
+    "global batch size": ("global_batch_size", int), "lm loss": ("lm_loss", float),
+    "loss scale": ("loss_scale", float), "grad norm": ("grad_norm", float), "params norm": ("params_norm", float),
+    "number of skipped iterations": ("skipped", int), "number of nan iterations": ("nan", int),
+    "curriculum seqlen": ("curriculum_seqlen", int), "samples per second": ("samples_per_second", float),
+    "TFLOPs": ("tflops", float),
+}
+
+
+def parse_iteration_line(line: str) -> IterationStats | None:
+    """The stats of an iteration line (this trainer's or Megatron-DeepSpeed's), or None for any other line.
+
+    Fields Megatron adds and this trainer does not (or the reverse) are ignored or left at their
+    defaults; a field whose value does not parse (a truncated line) leaves the line unread.
+    """
+    head, sep, rest = line.partition("|")
+    counts = _ITERATION_HEAD.fullmatch(head)
+    if not sep or counts is None:
+        return None
+    done, total = counts.groups()
+    values: dict[str, object] = {}
+    try:
+        stats = IterationStats(int(done), int(total), 0, 0, 0.0, 0.0, 0, None, 1.0, None, None, 0, 0, 0.0, 0.0)
+        for part in rest.split("|"):
+            label, colon, value = part.partition(":")
+            known = _FIELDS.get(label.strip())
+            if colon and known:
+                values[known[0]] = known[1](value.strip())
+            elif label.strip() == "MFU" and value.strip().endswith("%"):
+                values["mfu"] = round(float(value.strip()[:-1]) / 100, 6)
+    except ValueError:
+        return None
+    for name, value in values.items():
+        setattr(stats, name, value)
+    return stats
 
 
 # Dense bf16/fp16 tensor-core peaks (TFLOPs, no sparsity) from NVIDIA's data sheets, matched in

@@ -1,0 +1,118 @@
+"""`bsops info`: the run's state from its folder, and the iteration-line reader it (and the watchdog) use.
+
+The end-to-end check on a real local launch is in tests/test_launch.py (several checks per launch).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bigscience_ops import ledger
+from bigscience_ops.cli import main
+from bigscience_ops.config import load_experiment
+from bigscience_ops.trainer.report import IterationStats, iteration_line, parse_iteration_line
+from bigscience_ops.views import runinfo
+from tests.fixtures_experiments import tiny_yaml
+
+SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
+
+
+def _stats(rng: random.Random, **extra) -> IterationStats:
+    return IterationStats(rng.randrange(1, 10**6), 10**6, rng.randrange(10**9), rng.randrange(10**12),
+                          round(rng.uniform(1, 9e4), 1), 1e-4, rng.choice([16, 2048]), round(rng.uniform(1, 9.9), 6),
+                          65536.0, round(rng.uniform(0, 50), 3), round(rng.uniform(1, 500), 3), rng.randrange(5),
+                          rng.randrange(5), round(rng.uniform(0.1, 900), 3), round(rng.uniform(0, 300), 2), **extra)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_iteration_lines_read_back_what_the_trainer_wrote(seed):
+    rng = random.Random(seed)
+    extra = rng.choice([{}, {"mfu": 0.412, "curriculum_seqlen": 64}])
+    stats = _stats(rng, **extra)
+    assert parse_iteration_line(iteration_line(stats)) == stats
+
+
+@pytest.mark.parametrize("line", [
+    "validation loss at iteration 50 | lm loss value: 5.7E+00 |",
+    " iteration 10/ 221",  # no fields: not a complete line
+    " iteration 1x0/ 221 | lm loss: 1 |",
+    " iteration 10/ 221 | lm loss: 8.6638E+0",  # truncated mid-number: still a float
+    " iteration 10/ 221 | global batch size: 1.5 |",  # a field of the wrong type
+    "  successfully saved checkpoint at iteration      50 to /x (145.0 ms)",
+    "\u2028 iteration 10/ 221 | lm loss: 1 |\u2028",
+])
+def test_other_lines_are_not_iteration_lines(line):
+    stats = parse_iteration_line(line)
+    if stats is not None:  # the truncated number is still a number; nothing else may parse
+        assert line.endswith("E+0") and stats.lm_loss == pytest.approx(8.6638)
+
+
+@pytest.mark.skipif(not SEEDS.is_dir(), reason="the seed documents are beside the checkout only")
+def test_megatron_lines_of_the_seed_logs_are_read():
+    lines = [line for path in sorted(SEEDS.glob("*.txt")) for line in path.read_text().splitlines()]
+    read = [stats for stats in map(parse_iteration_line, lines) if stats is not None]
+    assert any(s.iteration == 168000 and s.grad_norm == 19767.052 and s.loss_scale == 131072.0 for s in read)
+    labelled = [s for s in read if s.train_iters == 73242187]  # srun --label's "   1:  iteration ..."
+    assert labelled and labelled[0].lm_loss == pytest.approx(10.86954)
+
+
+@pytest.fixture
+def exp(trainings: Path, tmp_path: Path):
+    (trainings / "run.yaml").write_text(tiny_yaml(tmp_path / "run"))
+    return load_experiment("run", trainings)
+
+
+def test_a_run_not_launched_from_here_says_so(exp):
+    info = runinfo.run_info(exp)
+    assert info.last is None and info.latest is None and info.tasks == [] and not info.problems
+    text = runinfo.info_text(info)
+    assert "no such folder" in text and "no iteration logged yet" in text and "checkpoint:  none yet" in text
+
+
+def test_a_bad_ledger_line_is_reported_and_the_rest_still_shown(exp):
+    out, logs = Path(exp.paths.output), Path(exp.paths.logs)
+    logs.mkdir(parents=True)
+    rng = random.Random(1)
+    (logs / "main_log.txt").write_text("".join(iteration_line(_stats(rng)) + "\n" for _ in range(3)) + "garbage\n")
+    (out / ledger.LEDGER_NAME).write_text('{"event": "begin"\n')
+    info = runinfo.run_info(exp)
+    assert info.last is not None and len(info.problems) == 1 and "task ledger" in info.problems[0]
+    assert "could not read: task ledger" in runinfo.info_text(info)
+
+
+def test_tasks_show_nodes_iterations_exits_and_times(exp, trainings: Path):
+    out = Path(exp.paths.output)
+    path = out / ledger.LEDGER_NAME
+    for record in [ledger.TaskRecord("launch", "7", "", 0, 1000.0),
+                   ledger.TaskRecord("begin", "7_1", "n[1-2]", 0, 1100.0),
+                   ledger.TaskRecord("end", "7_1", "n[1-2]", 300, 1700.0, exit_code=0),
+                   ledger.TaskRecord("begin", "7_2", "n[3-4]", 300, 1800.0)]:
+        ledger.append(path, record)
+    info = runinfo.run_info(exp)
+    assert [(t.job_id, t.nodes, t.start_iteration, t.end_iteration, t.exit_code, t.started, t.ended)
+            for t in info.tasks] == [("7_1", "n[1-2]", 0, 300, 0, 1100.0, 1700.0),
+                                     ("7_2", "n[3-4]", 300, None, None, 1800.0, None)]
+    text = runinfo.info_text(info, now=1800.0 + 3600)
+    assert "7_1  nodes n[1-2]  iterations 0 -> 300  exit 0" in text and "10.0 min" in text
+    assert "7_2  nodes n[3-4]  iterations 300 -> ?  running or killed" in text and "since the launch" in text
+    result = CliRunner().invoke(main, ["info", "run", "--trainings-dir", str(trainings), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["run_folder"] == str(out) and [t["job_id"] for t in data["tasks"]] == ["7_1", "7_2"]
+
+
+def test_info_imports_neither_torch_nor_deepspeed(exp, trainings: Path):
+    import subprocess
+
+    code = ("import sys; from bigscience_ops.cli import main; "
+            f"main(['info', 'run', '--trainings-dir', {str(trainings)!r}], standalone_mode=False); "
+            "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("[]")
