@@ -46,6 +46,8 @@ class Attempt:
     start_iteration: int
     end_iteration: int | None
     exit_code: int | None
+    started: float | None = None  # epoch seconds of the begin record
+    ended: float | None = None  # of the end record; None while running or when killed
 
     @property
     def progressed(self) -> bool:
@@ -96,7 +98,7 @@ def attempts(records: list[TaskRecord]) -> list[Attempt]:
     for job_id in order:
         begin, end = open_begin[job_id], ends.get(job_id)
         out.append(Attempt(job_id, begin.nodes, begin.iteration, end.iteration if end else None,
-                           end.exit_code if end else None))
+                           end.exit_code if end else None, begin.time, end.time if end else None))
     return out
 
 

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bigscience_ops.config import load_experiment
+from bigscience_ops.launch import local_experiment
+from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import shrunk_tiny_yaml
 from tests.fixtures_trainer import checkpoint_steps, scalars
 
@@ -43,6 +46,19 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     losses = scalars(run / "tensorboard", "lm loss")
     assert sorted(losses) == list(range(1, 29))
     assert losses[28] < losses[1] - 0.5
+    # `bsops info`'s reading of the finished run agrees with the checkpoints, the ledger and TensorBoard.
+    exp = local_experiment(load_experiment("small", trainings), run)
+    info = runinfo.run_info(exp)
+    assert info.latest == 28 and info.checkpoints == [10, 15, 20, 28] and not info.problems
+    assert [(t.start_iteration, t.end_iteration, t.exit_code) for t in info.tasks] == [(0, 15, 0), (15, 28, 0)]
+    assert all(t.started <= t.ended for t in info.tasks)
+    last = info.last
+    # The last line logged (every log_interval steps) carries the mean loss of its interval's steps.
+    interval = range(last.iteration - exp.logging.log_interval + 1, last.iteration + 1)
+    assert last.train_iters == 28 and last.lm_loss == pytest.approx(sum(losses[k] for k in interval) / len(interval),
+                                                                     rel=1e-5)
+    text = runinfo.info_text(info)
+    assert f"iteration {last.iteration}/28" in text and "final step 28" in text and "2 recorded" in text
 
 
 def test_local_launch_sizes_each_task_by_its_node_phase(tmp_path):

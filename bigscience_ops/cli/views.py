@@ -1,4 +1,4 @@
-"""`bsops logs` and `bsops plot`: the views package's looks at a run (its log, its training curves).
+"""`bsops logs`, `bsops plot` and `bsops info`: the views package's looks at a run (its log, its curves, its state).
 
 matplotlib is imported inside the plot command only.
 """
@@ -58,3 +58,21 @@ def plot_command(exp: str, trainings_dir: Path | None, out: Path, tensorboard_di
     result = plot.plot(experiment, out, tensorboard_dir)
     counts = ", ".join(f"{name} {len(s.values)}" for name, s in result.series.items())
     click.echo(f"{result.out}: points per panel: {counts} (from {len(result.event_files)} event file(s))")
+
+
+@main.command("info")
+@click.argument("exp")
+@trainings_option
+@click.option("--json", "as_json", is_flag=True, help="Print the state as JSON (times in epoch seconds, sizes in bytes).")
+def info_command(exp: str, trainings_dir: Path | None, as_json: bool) -> None:
+    """EXP's run at a glance, from its folder alone (no Slurm needed).
+
+    The last iteration with its loss and throughput, the latest and complete checkpoints, the array
+    tasks since the last launch (nodes, iterations, exit, times), open alerts and the disk used.
+    """
+    import json
+
+    from bigscience_ops.views import runinfo
+
+    info = runinfo.run_info(load_experiment(exp, trainings_dir))
+    click.echo(json.dumps(runinfo.info_data(info), indent=1) if as_json else runinfo.info_text(info))

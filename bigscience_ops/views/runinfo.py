@@ -1,0 +1,168 @@
+"""`bsops info`: a run's state at a glance, read from its folder alone (no Slurm, no torch).
+
+What the run already records answers it: the last iteration lines of main_log.txt (parsed by the
+trainer's own reader, trainer/report.parse_iteration_line), `latest` and the complete checkpoints
+(checkpoints/layout.py), the task ledger (ledger.py: array tasks with their nodes, iterations,
+times and exits), the open alerts of the watchdog and hourly jobs (ops/notify.py's state file),
+and the disk the run folder takes. Each part that cannot be read is reported in the result and
+the rest is still shown.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bigscience_ops import ledger
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.errors import BsopsError
+from bigscience_ops.schema import Experiment
+from bigscience_ops.trainer.report import IterationStats, parse_iteration_line
+from bigscience_ops.views import logs
+
+TAIL_LINES = 400  # lines read from the end of main_log.txt: enough for the recent iteration lines
+THROUGHPUT_WINDOW = 20  # iteration lines the median throughput is taken over
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    name: str
+    run_folder: Path
+    log: Path | None  # main_log.txt, None when the run has not logged yet
+    last: IterationStats | None  # the last iteration line
+    logged_at: float | None  # when the log was last written (epoch seconds)
+    median_samples_per_second: float | None  # over the last THROUGHPUT_WINDOW iteration lines
+    latest: int | None  # the step `latest` names
+    checkpoints: list[int]  # steps of the complete checkpoints, oldest first
+    saved_at: float | None  # when the newest complete checkpoint was written
+    launches: int
+    tasks: list[ledger.Attempt]  # since the last launch
+    stopped: bool  # the failure budget stopped the array
+    alerts: list[dict[str, Any]]  # open alerts: condition, since, message
+    disk: dict[str, int]  # bytes: "run folder", "checkpoints"
+    problems: list[str] = field(default_factory=list)  # what could not be read, one line each
+
+
+def run_info(exp: Experiment) -> RunInfo:
+    """The state of `exp`'s run from its folder."""
+    out, checkpoints = Path(exp.paths.output), Path(exp.paths.checkpoints)
+    problems: list[str] = []
+    log = Path(exp.paths.logs) / logs.LOG_NAME
+    lines: list[str] = []
+    if log.is_file():
+        try:
+            lines, _ = logs.tail(log, TAIL_LINES)
+        except (OSError, BsopsError) as exc:
+            problems.append(f"log {log}: {exc}")
+    iterations = [stats for stats in map(parse_iteration_line, lines) if stats is not None]
+    recent = [s.samples_per_second for s in iterations[-THROUGHPUT_WINDOW:] if s.samples_per_second > 0]
+    latest, complete, saved_at = None, [], None
+    try:
+        latest = layout.latest_step(checkpoints)
+        done = layout.complete_checkpoints(checkpoints)
+        complete = [c.step for c in done]
+        saved_at = max((c.path.stat().st_mtime for c in done), default=None)
+    except (OSError, BsopsError) as exc:
+        problems.append(f"checkpoints {checkpoints}: {exc}")
+    records: list[ledger.TaskRecord] = []
+    try:
+        records = ledger.read(out / ledger.LEDGER_NAME)
+    except (OSError, BsopsError) as exc:
+        problems.append(f"task ledger: {exc}")
+    return RunInfo(exp.name, out, log if log.is_file() else None, iterations[-1] if iterations else None,
+                   _mtime(log), statistics.median(recent) if recent else None, latest, complete, saved_at,
+                   sum(1 for r in records if r.event == "launch"), ledger.attempts(records), ledger.stopped(records),
+                   [], {"run folder": _bytes(out), "checkpoints": _bytes(checkpoints)}, problems)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _bytes(folder: Path) -> int:
+    """Bytes of the regular files under `folder`, links not followed."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            total += st.st_size if not os.path.islink(os.path.join(root, name)) else 0
+    return total
+
+
+# ----------------------------------------------------------------------------- showing it
+
+def _when(epoch: float | None, now: float) -> str:
+    if epoch is None:
+        return "never"
+    ago = max(0.0, now - epoch)
+    span = (f"{ago:.0f} s" if ago < 120 else f"{ago / 60:.0f} min" if ago < 7200
+            else f"{ago / 3600:.1f} h" if ago < 172800 else f"{ago / 86400:.1f} days")
+    return f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(epoch))} ({span} ago)"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def info_text(info: RunInfo, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    lines = [f"run {info.name}: {info.run_folder}"]
+    if not info.run_folder.is_dir():
+        lines[0] += " (no such folder: this run was not launched from here; paths resolve as the README's"
+        lines[0] += " 'Where paths resolve' says)"
+    last = info.last
+    if last is None:
+        lines.append(f"  progress:    no iteration logged yet ({info.log or 'no main_log.txt'})")
+    else:
+        loss = "loss not logged" if last.lm_loss is None else f"lm loss {last.lm_loss:.4f}"
+        median = (f" (median of the last {THROUGHPUT_WINDOW} lines: {info.median_samples_per_second:.2f})"
+                  if info.median_samples_per_second is not None else "")
+        lines.append(f"  progress:    iteration {last.iteration}/{last.train_iters} "
+                     f"({100 * last.iteration / max(1, last.train_iters):.1f}%), {loss}, "
+                     f"{last.samples_per_second:.2f} samples/s{median}; logged {_when(info.logged_at, now)}")
+        if info.latest is not None and info.latest >= last.train_iters:
+            lines.append(f"  finished:    the last checkpoint is the final step {info.latest}")
+    if info.latest is None:
+        lines.append("  checkpoint:  none yet")
+    else:
+        lines.append(f"  checkpoint:  latest global_step{info.latest}; {len(info.checkpoints)} complete, newest saved "
+                     f"{_when(info.saved_at, now)}")
+    stop = "; stopped by the failure budget" if info.stopped else ""
+    since = f"since the last of {info.launches} launches" if info.launches > 1 else (
+        "since the launch" if info.launches else "recorded")
+    lines.append(f"  tasks:       {len(info.tasks)} {since}{stop}")
+    for task in info.tasks:
+        end = "running or killed" if task.ended is None else f"exit {task.exit_code}"
+        through = "?" if task.end_iteration is None else task.end_iteration
+        took = "" if task.ended is None or task.started is None else f", {(task.ended - task.started) / 60:.1f} min"
+        lines.append(f"    {task.job_id}  nodes {task.nodes or '?'}  iterations {task.start_iteration} -> {through}  "
+                     f"{end}  started {_when(task.started, now)}{took}")
+    if info.alerts:
+        lines.append(f"  alerts:      {len(info.alerts)} open")
+        lines.extend(f"    {a['condition']} since {a['since']}: {a['message']}" for a in info.alerts)
+    else:
+        lines.append("  alerts:      none open")
+    lines.append("  disk:        " + ", ".join(f"{name} {_size(n)}" for name, n in info.disk.items()))
+    lines.extend(f"  could not read: {problem}" for problem in info.problems)
+    return "\n".join(lines)
+
+
+def info_data(info: RunInfo) -> dict[str, Any]:
+    """`info` for --json: paths as strings, times as epoch seconds."""
+    data = asdict(info)
+    data["run_folder"] = str(info.run_folder)
+    data["log"] = str(info.log) if info.log else None
+    return data
