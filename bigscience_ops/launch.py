@@ -1,7 +1,7 @@
 """Launching an experiment locally: the rendered job array run on this machine (submit.py sends it to Slurm).
 
 `launch_local` renders the same job script `bsops render` makes into the run folder and runs it
-with Slurm's environment emulated: each array task gets SLURM_JOB_ID, SLURM_ARRAY_JOB_ID,
+with Slurm's environment emulated (slurm.TaskEnv.to_env): each array task gets SLURM_JOB_ID, SLURM_ARRAY_JOB_ID,
 SLURM_ARRAY_TASK_ID and a node list; small `srun` and `scontrol` shims (written into
 <run>/slurm-shims/) start one launcher per "node" with its SLURM_PROCID and expand the node list,
 which is all the script uses. The tasks run one after another, each resuming from the last
@@ -171,13 +171,11 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
         env.update({
             "PATH": os.pathsep.join([str(shims), str(Path(sys.executable).parent), env.get("PATH", "")]),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")])),
-            "SLURM_JOB_ID": str(array_job_id + task), "SLURM_ARRAY_JOB_ID": str(array_job_id),
-            "SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": str(exp.slurm.array),
-            "SLURM_JOB_NAME": exp.slurm.job_name or exp.name, "SLURM_JOB_NODELIST": node_list,
-            "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_SUBMIT_DIR": str(out),
-            "SLURM_CPUS_PER_TASK": str(exp.slurm.cpus_per_task),
-            # These ids are made up: nothing may scancel them on a real cluster this machine can reach.
-            slurm.LOCAL_LAUNCH: "1",
+            # These ids are made up (local=True): nothing may scancel them on a real cluster this machine can reach.
+            **slurm.TaskEnv(job_id=str(array_job_id + task), array_job_id=str(array_job_id), array_task_id=str(task),
+                            array_task_min="1", array_task_max=str(exp.slurm.array), node_list=node_list,
+                            num_nodes=nodes, local=True, job_name=exp.slurm.job_name or exp.name, submit_dir=str(out),
+                            cpus_per_task=str(exp.slurm.cpus_per_task)).to_env(),
             # Every "node" shares this machine: give each training process its share of the cores,
             # as Slurm's --cpus-per-task would, instead of each using them all.
             "OMP_NUM_THREADS": str(threads),

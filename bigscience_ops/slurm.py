@@ -476,6 +476,14 @@ class TaskEnv:
     """SLURM_JOB_NUM_NODES, else SLURM_NNODES, the first that is a whole number (decimal digits)."""
     local: bool = False
     """The ids are made up (LOCAL_LAUNCH is set): nothing may scancel them on a real cluster."""
+    array_task_min: str | None = None
+    """SLURM_ARRAY_TASK_MIN: the array's first index."""
+    job_name: str | None = None
+    """SLURM_JOB_NAME: the job's --job-name."""
+    submit_dir: str | None = None
+    """SLURM_SUBMIT_DIR: the folder sbatch ran in, where the job starts."""
+    cpus_per_task: str | None = None
+    """SLURM_CPUS_PER_TASK: the job's --cpus-per-task."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TaskEnv:
@@ -486,7 +494,23 @@ class TaskEnv:
                    array_task_id=env.get("SLURM_ARRAY_TASK_ID"), array_task_max=env.get("SLURM_ARRAY_TASK_MAX"),
                    node_list=env.get("SLURM_JOB_NODELIST", ""),
                    num_nodes=next((int(count) for count in counts if count.isdecimal()), None),
-                   local=bool(env.get(LOCAL_LAUNCH)))
+                   local=bool(env.get(LOCAL_LAUNCH)), array_task_min=env.get("SLURM_ARRAY_TASK_MIN"),
+                   job_name=env.get("SLURM_JOB_NAME"), submit_dir=env.get("SLURM_SUBMIT_DIR"),
+                   cpus_per_task=env.get("SLURM_CPUS_PER_TASK"))
+
+    def to_env(self) -> dict[str, str]:
+        """The SLURM_* variables Slurm would set for this task (what a local launch emulates); from_env reads
+        them back to an equal TaskEnv."""
+        values = {"SLURM_JOB_ID": self.job_id, "SLURM_ARRAY_JOB_ID": self.array_job_id,
+                  "SLURM_ARRAY_TASK_ID": self.array_task_id, "SLURM_ARRAY_TASK_MIN": self.array_task_min,
+                  "SLURM_ARRAY_TASK_MAX": self.array_task_max, "SLURM_JOB_NODELIST": self.node_list or None,
+                  "SLURM_JOB_NAME": self.job_name, "SLURM_SUBMIT_DIR": self.submit_dir,
+                  "SLURM_CPUS_PER_TASK": self.cpus_per_task}
+        if self.num_nodes is not None:
+            values["SLURM_JOB_NUM_NODES"] = values["SLURM_NNODES"] = str(self.num_nodes)
+        if self.local:
+            values[LOCAL_LAUNCH] = "1"
+        return {key: value for key, value in values.items() if value is not None}
 
     @property
     def task_id(self) -> str | None:

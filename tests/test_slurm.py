@@ -302,3 +302,26 @@ def test_queries_ignore_the_callers_slurm_settings(slurm_cluster: SlurmCluster, 
     [shown] = slurm.show_job(job_id, timeout=30)
     assert slurm.parse_timestamp(shown["StartTime"]) == job.start_time
     slurm.cancel([job_id], timeout=30)
+
+
+# --- the task environment, read and written --------------------------------------------------------
+
+@pytest.mark.parametrize("task", [
+    slurm.TaskEnv(),
+    slurm.TaskEnv(job_id="812", array_job_id="800", array_task_id="12", array_task_min="1", array_task_max="40",
+                  node_list="r7i4n[1-7],r8i0n0", num_nodes=8, job_name="tr8-104B", submit_dir="/scratch/run",
+                  cpus_per_task="40"),
+    slurm.TaskEnv(job_id="9", node_list="localhost,127.0.0.1", num_nodes=2, local=True),
+])
+def test_task_env_written_is_read_back_equal(task: slurm.TaskEnv) -> None:
+    written = task.to_env()
+    assert all(key.startswith("SLURM_") or key == slurm.LOCAL_LAUNCH for key in written)
+    assert slurm.TaskEnv.from_env(written) == task
+
+
+def test_task_env_writes_back_what_a_job_was_given() -> None:
+    given = {"SLURM_JOB_ID": "1234", "SLURM_ARRAY_JOB_ID": "1230", "SLURM_ARRAY_TASK_ID": "4",
+             "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "8", "SLURM_JOB_NODELIST": "n[1-2]",
+             "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "tiny", "SLURM_SUBMIT_DIR": "/w",
+             "SLURM_CPUS_PER_TASK": "4"}
+    assert slurm.TaskEnv.from_env({**given, "SLURM_PROCID": "0", "HOME": "/root"}).to_env() == given
