@@ -1,0 +1,132 @@
+"""Training health from the log: each signal found at its iteration, and a normal run's noise quiet.
+
+Logs are written with the trainer's own line writer (trainer/report.iteration_line) and the markers it
+prints between iteration lines; the real-run checks (a clean run and an injected fault) are with the
+trainer runs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from bigscience_ops.ops import health
+from bigscience_ops.trainer.report import IterationStats, iteration_line
+
+Tweak = Callable[[int, IterationStats], None]
+
+
+def _log(n: int = 300, *, seed: int = 0, tweak: Tweak | None = None, fp16: bool = False,
+         rampup: bool = True, curriculum: bool = True, resume_at: int | None = 150) -> list[str]:
+    """A normal run's log: LR warmup's fast fall, then noise; rampup; curriculum steps; saves every 50
+    lines (slow); evaluations every 100; fp16's initial loss-scale search and an isolated overflow; a
+    resume that logs again from its checkpoint on other nodes (another speed)."""
+    rng = random.Random(seed)
+    lines = ["task 1_1 begins at iteration 0"]
+    scale = 2.0**32 if fp16 else 1.0
+    it = 0
+    while it < n:
+        it += 1
+        if resume_at and it == resume_at + 1 and "task 1_2" not in "".join(lines):
+            lines += ["task 1_2 begins at iteration 140", "> resumed from /ckpt/global_step140"]
+            it = 141
+        gbs = (16 if it < 40 else 32 if it < 80 else 64) if rampup else 64
+        seqlen = (64 if it < 60 else 128) if curriculum else None
+        loss = 3.0 + 7.0 * math.exp(-it / 15) + rng.gauss(0, 0.05) + (0.3 if seqlen == 128 else 0)
+        skipped = 0
+        if fp16 and it <= 2:  # the initial search: 2^32 -> 2^16 over the first lines
+            scale, skipped = scale / 256, 8
+        elif fp16 and it == 200:  # an isolated overflow
+            scale, skipped = scale / 2, 1
+        speed = gbs * (12.0 if it > 140 else 10.0) * rng.uniform(0.9, 1.1)
+        if it % 50 == 0:
+            lines.append(f"  successfully saved checkpoint at iteration {it} to /ckpt (3000.0 ms)")
+            speed *= 0.2
+        if it % 100 == 0:
+            lines.append(f" validation loss at iteration {it} | lm loss value: {loss:.6E} |")
+        stats = IterationStats(it, n, it * gbs, it * gbs * 128, 1000 * gbs / speed, 1e-4, gbs, loss, scale,
+                               abs(rng.gauss(1.0, 0.2)) + 5 * math.exp(-it / 10), 100.0, skipped, 0, speed, 1.0,
+                               curriculum_seqlen=seqlen)
+        if tweak:
+            tweak(it, stats)
+        lines.append(iteration_line(stats))
+    return lines
+
+
+def _found(lines: list[str], **settings) -> list[health.Finding]:
+    return health.check(health.entries(lines), health.HealthSettings(**settings))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_normal_run_raises_nothing(seed, fp16):
+    assert _found(_log(seed=seed, fp16=fp16)) == []
+
+
+def test_nan_loss_and_nan_iterations():
+    def tweak(it, s):
+        if it == 230:
+            s.lm_loss, s.nan = float("nan"), 1
+    [finding] = _found(_log(tweak=tweak))
+    assert (finding.kind, finding.iteration) == ("nan", 230) and "nan" in finding.message
+    assert "roll back" in finding.next_step
+
+
+def test_a_loss_spike_names_its_iteration_and_values():
+    def tweak(it, s):
+        if it == 240:
+            s.lm_loss *= 2.5
+    [finding] = _found(_log(tweak=tweak))
+    assert (finding.kind, finding.iteration) == ("loss-spike", 240)
+    assert "median" in finding.message and "bsops samples" in finding.next_step
+
+
+def test_a_small_bump_is_noise():
+    def tweak(it, s):
+        if it == 240:
+            s.lm_loss *= 1.05
+    assert _found(_log(tweak=tweak)) == []
+
+
+def test_grad_norm_explosion():
+    def tweak(it, s):
+        if it == 260:
+            s.grad_norm = 19767.052
+    [finding] = _found(_log(tweak=tweak))
+    assert (finding.kind, finding.iteration) == ("grad-norm", 260) and "19767" in finding.message
+
+
+def test_fp16_loss_scale_collapse_and_skipped_iterations():
+    def tweak(it, s):
+        if it >= 250:  # overflows every step from here: the scale halves and halves
+            s.loss_scale, s.skipped = 2.0**16 / 2 ** (3 * (it - 249)), 3
+    kinds = {f.kind: f for f in _found(_log(fp16=True, tweak=tweak))}
+    assert set(kinds) == {"loss-scale", "skipped"}
+    assert kinds["skipped"].iteration == 300 and kinds["loss-scale"].iteration >= 253
+
+
+@pytest.mark.parametrize("lines, expected", [(3, ["slow"]), (2, [])])
+def test_throughput_well_below_the_median_for_several_lines(lines, expected):
+    def tweak(it, s):
+        if 270 <= it < 270 + lines:
+            s.samples_per_second *= 0.3
+    assert [f.kind for f in _found(_log(tweak=tweak))] == expected
+
+
+def test_only_the_recent_lines_are_reported():
+    def tweak(it, s):
+        if it == 240:
+            s.lm_loss *= 2.5
+    log = health.entries(_log(tweak=tweak))
+    assert health.check(log, recent=20) == [] and [f.iteration for f in health.check(log, recent=80)] == [240]
+
+
+def test_settings_change_what_is_a_spike():
+    def tweak(it, s):
+        if it == 240:
+            s.lm_loss *= 1.4
+    assert [f.kind for f in _found(_log(tweak=tweak))] == ["loss-spike"]
+    assert _found(_log(tweak=tweak), spike_ratio=1.5) == []
