@@ -11,7 +11,7 @@ import pytest
 
 from bigscience_ops.config import load_experiment
 from bigscience_ops.launch import local_experiment
-from bigscience_ops.views import runinfo
+from bigscience_ops.views import chronicle, runinfo
 from tests.fixtures_experiments import shrunk_tiny_yaml
 from tests.fixtures_trainer import checkpoint_steps, scalars
 
@@ -59,6 +59,11 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
                                                                      rel=1e-5)
     text = runinfo.info_text(info)
     assert f"iteration {last.iteration}/28" in text and "final step 28" in text and "2 recorded" in text
+    # The chronicle of the same run: both tasks, what each saved and why it stopped.
+    story = chronicle.markdown(exp)
+    assert "iterations 0 → 15, exit 0" in story and "iterations 15 → 28, exit 0" in story
+    assert "checkpoints saved at iterations 10, 15" in story and "checkpoints saved at iterations 20, 28" in story
+    assert "health:" not in story
 
 
 def test_local_launch_sizes_each_task_by_its_node_phase(tmp_path):

@@ -1,4 +1,4 @@
-"""`bsops logs`, `bsops plot` and `bsops info`: the views package's looks at a run (its log, its curves, its state).
+"""`bsops logs`, `plot`, `info` and `chronicle`: the views package's looks at a run (log, curves, state, timeline).
 
 matplotlib is imported inside the plot command only.
 """
@@ -76,3 +76,21 @@ def info_command(exp: str, trainings_dir: Path | None, as_json: bool) -> None:
 
     info = runinfo.run_info(load_experiment(exp, trainings_dir))
     click.echo(json.dumps(runinfo.info_data(info), indent=1) if as_json else runinfo.info_text(info))
+
+
+@main.command("chronicle")
+@click.argument("exp")
+@trainings_option
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the Markdown to this file instead of printing it.")
+def chronicle_command(exp: str, trainings_dir: Path | None, out: Path | None) -> None:
+    """EXP's run chronicle as Markdown: launches, array tasks with nodes, iterations and exits, saves,
+    node phases, failure-budget stops, training-health findings and the alert emails, by day."""
+    from bigscience_ops.views import chronicle
+
+    text = chronicle.markdown(load_experiment(exp, trainings_dir))
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    out.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {out}")

@@ -107,19 +107,21 @@ def _robust_score(value: float, window: Sequence[float]) -> tuple[float, float]:
     return median, (value - median) / spread
 
 
-def check(log: Sequence[Entry], settings: HealthSettings = HealthSettings(), recent: int | None = None) -> list[Finding]:
-    """The findings among the last `recent` lines of `log` (all lines when None), the newest of each kind.
-
-    The lines before them serve as the windows' history.
+def check(log: Sequence[Entry], settings: HealthSettings = HealthSettings(), recent: int | None = None,
+          every: bool = False) -> list[Finding]:
+    """The findings among the last `recent` lines of `log` (all lines when None), the newest of each
+    kind (each one with `every`), by iteration. The lines before them serve as the windows' history.
     """
     first = 0 if recent is None else max(0, len(log) - recent)
-    found: dict[str, Finding] = {}
+    found: list[Finding] = []
     for offset, segment in _segments(log):
         _check_segment(segment, settings, found, first_index=first, offset=offset)
-    return sorted(found.values(), key=lambda f: f.iteration)
+    if not every:
+        found = list({f.kind: f for f in found}.values())
+    return sorted(found, key=lambda f: f.iteration)
 
 
-def _check_segment(segment: list[Entry], settings: HealthSettings, found: dict[str, Finding],
+def _check_segment(segment: list[Entry], settings: HealthSettings, found: list[Finding],
                    first_index: int, offset: int) -> None:
     settled_scale: float | None = None
     skipped_run = slow_run = 0
@@ -129,7 +131,7 @@ def _check_segment(segment: list[Entry], settings: HealthSettings, found: dict[s
 
         def note(kind: str, message: str, next_step: str) -> None:
             if report:
-                found[kind] = Finding(kind, s.iteration, message, next_step)
+                found.append(Finding(kind, s.iteration, message, next_step))
 
         if (s.lm_loss is not None and not math.isfinite(s.lm_loss)) or s.nan > 0:
             note("nan", f"lm loss {s.lm_loss}, {s.nan} NaN iteration(s) in the last log interval",
