@@ -45,6 +45,7 @@ class LaunchPlan:
     queued: list[slurm.Job]  # jobs of this experiment already in the queue
     after: list[str]  # whole array ids the launch waits for
     phase: Phase | None = None  # the node schedule's phase the launch trains in (None without a schedule)
+    queue_note: str = ""  # what the queue check found, or why it could not be made (a dry run goes on without it)
 
     @property
     def script(self) -> Path:
@@ -55,6 +56,8 @@ class LaunchPlan:
         if self.phase is not None:
             lines.append(f"node schedule: the latest checkpoint is in {self.phase.describe()}: "
                          f"launching at {self.phase.nodes} nodes")
+        if self.queue_note:
+            lines.append(self.queue_note)
         for job in self.queued:
             lines.append(f"queued already: {job.job_id} {job.state.lower()} ({job.reason}) user {job.user}")
         if self.after:
@@ -68,25 +71,49 @@ def watched_users(exp: Experiment) -> list[str]:
     return slurm.group_users(exp.slurm.group) if exp.slurm.group else [getpass.getuser()]
 
 
-def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetime | None = None) -> LaunchPlan:
+def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetime | None = None,
+                dry_run: bool = False) -> LaunchPlan:
     """Render into a new run-record folder (not yet written) and decide the sbatch argv.
 
-    With a node schedule the job asks for the node count of the phase the latest checkpoint is in.
+    With a node schedule the job asks for the node count of the phase the latest checkpoint is in. A
+    dry run goes on when Slurm cannot be asked, and says why in its queue line.
     """
     now = now or dt.datetime.now()
     prepared = prepare_launch(exp)  # raises PlanError: nothing invalid is submitted
     exp, phase = prepared.experiment, prepared.phase
     run_dir = Path(exp.paths.output) / "launches" / now.strftime("%Y%m%d-%H%M%S")
     rendered = rendering.render(exp, run_dir, prepared.plan)
-    jobs = slurm.query_jobs(users=watched_users(exp), name=exp.slurm.job_name)
+    try:
+        users = watched_users(exp)
+        jobs = slurm.query_jobs(users=users, name=exp.slurm.job_name)
+    except slurm.SlurmError as exc:
+        if not dry_run:
+            raise
+        conf = os.environ.get("SLURM_CONF")
+        where = f"SLURM_CONF={conf}" if conf else "SLURM_CONF is unset"
+        argv = slurm.sbatch_argv(run_dir / rendered.script, after_any=[])
+        return LaunchPlan(exp, run_dir, rendered, argv, [], [], phase,
+                          f"queue not checked: {_reason(exc)} ({where}); a real launch needs the queue")
     queued = [j for j in jobs if j.name == exp.slurm.job_name and j.state in slurm.QUEUED_STATES]
+    note = (f"queue checked: no job named {exp.slurm.job_name!r} of {', '.join(users)} is queued" if not queued
+            else f"queue checked: {len(queued)} job(s) named {exp.slurm.job_name!r} already queued")
     if queued and not after_current:
         listing = "; ".join(f"{j.job_id} {j.state.lower()} (user {j.user})" for j in queued)
         raise LaunchError(f"{exp.slurm.job_name!r} is already in the queue: {listing}. Two trainings must never "
                           f"overlap: pass --after-current to start after the whole array, or scancel it first")
     after = sorted({j.array_job_id for j in queued}, key=int)
     argv = slurm.sbatch_argv(run_dir / rendered.script, after_any=after)
-    return LaunchPlan(exp, run_dir, rendered, argv, queued, after, phase)
+    return LaunchPlan(exp, run_dir, rendered, argv, queued, after, phase, note)
+
+
+def _reason(exc: slurm.SlurmError) -> str:
+    """A Slurm failure in one line: the last `fatal:` or `error:` it printed, else its last line."""
+    lines = [line.strip() for line in str(exc).split("\n") if line.strip()]
+    for marker in ("fatal:", "error:"):
+        said = [line for line in lines if marker in line]
+        if said:
+            return said[-1]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def submit(plan: LaunchPlan, *, fresh_budget: bool = True) -> str:

@@ -33,6 +33,7 @@ def test_launch_refuses_overlap_and_chains_on_the_whole_array(experiment, slurm_
 
     plan = submit.plan_launch(experiment, after_current=True)
     assert plan.after == [old_id]
+    assert plan.queue_note == f"queue checked: 1 job(s) named {experiment.slurm.job_name!r} already queued"
     assert f"--dependency=afterany:{old_id}" in plan.argv
     assert not plan.run_dir.exists(), "planning writes nothing"
     new_id = submit.submit(plan)
@@ -49,3 +50,19 @@ def test_launch_refuses_overlap_and_chains_on_the_whole_array(experiment, slurm_
     # The dependency names the whole old array, never one of its tasks.
     assert jobs[0].dependency.startswith(f"afterany:{old_id}_*"), jobs[0].dependency
     assert jobs[0].array_task == "1-2%1"
+
+
+@pytest.mark.skipif(Path("/etc/slurm/slurm.conf").exists(), reason="a system slurm.conf would answer without SLURM_CONF")
+def test_a_dry_run_without_slurm_renders_and_says_why_the_queue_was_not_checked(tmp_path: Path, trainings: Path,
+                                                                                 monkeypatch) -> None:
+    (trainings / "alone.yaml").write_text(tiny_yaml(tmp_path / "run"))
+    exp = load_experiment("alone", trainings)
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    with pytest.raises(Exception) as err:  # a real launch needs the queue
+        submit.plan_launch(exp)
+    assert "squeue" in str(err.value)
+    plan = submit.plan_launch(exp, dry_run=True)
+    [note] = [line for line in plan.describe() if line.startswith("queue")]
+    assert note.startswith("queue not checked: squeue: fatal: ") and note.endswith(
+        "(SLURM_CONF is unset); a real launch needs the queue")
+    assert "--format" not in note and plan.argv[0] == "sbatch" and not plan.run_dir.exists()

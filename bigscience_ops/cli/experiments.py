@@ -185,7 +185,7 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
 
         if out is not None or tasks is not None:
             raise click.UsageError("--out and --tasks apply to --local only")
-        launch_plan = submit.plan_launch(experiment, after_current=after_current)
+        launch_plan = submit.plan_launch(experiment, after_current=after_current, dry_run=dry_run)
         for line in launch_plan.describe():
             click.echo(line)
         if dry_run:
