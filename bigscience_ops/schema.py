@@ -234,6 +234,26 @@ class BackupConfig:
 
 
 @dataclass(frozen=True)
+class HealthConfig:
+    """What the watchdog counts as a training in trouble (ops/health.py reads the run's iteration lines)."""
+
+    enabled: bool = documented(True, "check the loss, grad norm, loss scale and throughput of the log's iteration lines")
+    recent: int = documented(50, "iteration lines counted as now: a finding among them is an open alert", at_least=1)
+    window: int = documented(50, "iteration lines the loss, grad norm and throughput are compared against", at_least=2)
+    min_window: int = documented(8, "lines a window needs before the spike, grad-norm and throughput checks speak",
+                                 at_least=2)
+    spike_score: float = documented(8.0, "robust z-score (x - median) / (1.4826 MAD) of a loss spike", above=0)
+    spike_ratio: float = documented(1.3, "a loss spike is also at least this many times the window's median", above=1)
+    grad_norm_ratio: float = documented(10.0, "grad norm above this many times the window's median", above=1)
+    scale_collapse: float = documented(1024.0, "fp16: the loss scale this many times below where it settled", above=1)
+    skipped_lines: int = documented(3, "log lines in a row with skipped iterations, after the initial search", at_least=1)
+    initial_search: int = documented(3, "lines at the start of a task whose skipped iterations are fp16's search",
+                                     at_least=0)
+    slow_ratio: float = documented(0.5, "throughput below this share of the window's median ...", above=0, below=1)
+    slow_lines: int = documented(3, "... for this many lines in a row (none with a save or an evaluation)", at_least=1)
+
+
+@dataclass(frozen=True)
 class AlertsConfig:
     email_to: list[str] = documented(factory=list, doc="alert recipients")
     email_from: str | None = documented(None, "sender address")
@@ -244,6 +264,7 @@ class AlertsConfig:
     smtp_password_env: str = documented("BSOPS_SMTP_PASSWORD", "environment variable holding the SMTP password")
     stall_minutes: int = documented(60, "alert when no iteration line was logged for this long", at_least=1)
     cooldown_minutes: int = documented(240, "minimum minutes between two emails about one condition", at_least=1)
+    health: HealthConfig = documented(factory=HealthConfig, doc="training health: loss spikes, NaN, overflow, slow nodes")
 
 
 @dataclass(frozen=True)

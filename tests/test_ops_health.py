@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from bigscience_ops.ops import health
+from bigscience_ops.schema import HealthConfig
 from bigscience_ops.trainer.report import IterationStats, iteration_line
 
 Tweak = Callable[[int, IterationStats], None]
@@ -57,7 +58,7 @@ def _log(n: int = 300, *, seed: int = 0, tweak: Tweak | None = None, fp16: bool 
 
 
 def _found(lines: list[str], **settings) -> list[health.Finding]:
-    return health.check(health.entries(lines), health.HealthSettings(**settings))
+    return health.check(health.entries(lines), HealthConfig(**settings))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -130,3 +131,61 @@ def test_settings_change_what_is_a_spike():
             s.lm_loss *= 1.4
     assert [f.kind for f in _found(_log(tweak=tweak))] == ["loss-spike"]
     assert _found(_log(tweak=tweak), spike_ratio=1.5) == []
+
+
+# --------------------------------------------------------------------------- in the watchdog
+
+def test_the_watchdog_alerts_a_spike_once_and_mails_the_recovery(tmp_path, plain_server):
+    from datetime import datetime, timedelta
+
+    from bigscience_ops.ops import status, watchdog
+    from tests.fixtures_smtp import plain_settings
+    from tests.fixtures_status import seed_job
+
+    inbox, port = plain_server
+    now = datetime(2026, 11, 22, 12, 0, 0)
+    running = seed_job(start_time=now - timedelta(hours=2), elapsed_s=7200)
+    log = tmp_path / "logs" / "main_log.txt"
+    log.parent.mkdir()
+
+    def tweak(it, s):
+        if it == 280:
+            s.lm_loss *= 2.5
+    log.write_text("\n".join(_log(tweak=tweak)) + "\n")
+
+    def watch(at: datetime) -> watchdog.WatchResult:
+        return watchdog.watch("tr1-13B-round3", query=lambda **_: [running], log_path=log, smtp=plain_settings(port),
+                              now=at, cooldown_minutes=60, health_settings=HealthConfig(recent=30))
+
+    first = watch(now)
+    [alert] = first.report.alerts
+    assert alert.condition == "health-loss-spike" and "iteration 280" in alert.message
+    assert first.exit_code == status.EXIT_ALERT and any("training health" in line for line in first.lines)
+    assert watch(now + timedelta(minutes=10)).exit_code == status.EXIT_ALERT  # within the cooldown: no second mail
+    assert len(inbox.messages) == 1 and "iteration 280" in inbox.messages[0].get_content()
+    # 40 more normal lines: the spike is no longer among the recent ones.
+    more = [iteration_line(IterationStats(it, 400, 0, 0, 100.0, 1e-4, 64, 3.3 + 0.01 * (it % 3), 1.0, 1.0, 1.0, 0, 0,
+                                          640.0, 1.0, curriculum_seqlen=128)) for it in range(301, 341)]
+    with open(log, "a") as handle:
+        handle.write("\n".join(more) + "\n")
+    recovered = watch(now + timedelta(minutes=70))
+    assert recovered.exit_code == status.EXIT_HEALTHY and len(inbox.messages) == 2
+    assert "recover" in inbox.messages[1]["Subject"].lower()
+
+
+def test_the_watchdog_skips_health_when_switched_off(tmp_path):
+    from datetime import datetime
+
+    from bigscience_ops.ops import watchdog
+    from tests.fixtures_status import seed_job
+
+    log = tmp_path / "main_log.txt"
+    log.write_text("\n".join(_log(tweak=lambda it, s: setattr(s, "nan", 1) if it == 290 else None)) + "\n")
+    running = seed_job()
+
+    def conditions(settings):
+        result = watchdog.watch("tr1-13B-round3", query=lambda **_: [running], log_path=log, now=datetime(2026, 1, 1),
+                                health_settings=settings)
+        return [a.condition for a in result.report.alerts]
+    assert conditions(HealthConfig()) == ["health-nan"]
+    assert conditions(HealthConfig(enabled=False)) == [] and conditions(None) == []

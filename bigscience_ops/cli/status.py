@@ -49,7 +49,9 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
 
     With EXP, the job name, the run's main_log.txt, the stall limit, the group and the alert
     emails come from the experiment's config; options given explicitly win. With EXP the run folder
-    also tells a finished training (healthy, announced once) from one that ended without finishing.
+    also tells a finished training (healthy, announced once) from one that ended without finishing,
+    and the log's recent iteration lines are checked for training health (alerts.health: NaN, loss
+    spikes, grad-norm explosions, fp16 loss-scale collapse, skipped steps, slow nodes).
     Exit code 0 healthy, 1 alert, 2 Slurm could not be queried or an alert email failed.
     """
     import socket
@@ -58,7 +60,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
 
     smtp = None
     experiment = None
-    run = None
+    run = health = None
     if exp is not None:
         from bigscience_ops.ops import lifecycle
 
@@ -71,6 +73,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
         if not email_to and not no_email:
             smtp = notify.smtp_from_alerts(experiment.alerts)
         cooldown_minutes = experiment.alerts.cooldown_minutes if cooldown_minutes is None else cooldown_minutes
+        health = experiment.alerts.health
     if job_name is None:
         raise click.UsageError("give an experiment (EXP) or --job-name")
     cooldown_minutes = 60.0 if cooldown_minutes is None else cooldown_minutes
@@ -82,7 +85,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
     result = watchdog.watch(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
                             contact=contact, smtp=smtp, state_path=alert_state, cooldown_minutes=cooldown_minutes,
                             experiment=experiment.name if experiment else None, timeout=timeout, run=run,
-                            cron_dir=cron_dir)
+                            cron_dir=cron_dir, health_settings=health)
     for line in result.lines:
         click.echo(line)
     sys.exit(result.exit_code)

@@ -17,7 +17,8 @@ What a normal run does is not an alarm: the windows restart where the batch size
 node phases), where the curriculum's sequence length changes and where a task begins (a resume
 logs again from its checkpoint, on other nodes), and the loss checks only look up, so LR warmup's
 fast fall is quiet. Each finding names the iteration, the values and the next step; the watchdog
-turns them into alerts with the usual cooldown and recovery mail.
+turns them into alerts with the usual cooldown and recovery mail. The thresholds are the
+experiment's `alerts.health` (schema.HealthConfig).
 """
 
 from __future__ import annotations
@@ -27,26 +28,13 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from bigscience_ops.schema import HealthConfig
 from bigscience_ops.trainer.report import IterationStats, parse_iteration_line
 
 # Lines of the trainer's log that mark what happened between two iteration lines (Megatron's wording).
 TASK_BEGINS = "begins at iteration"  # "task 1234_5 begins at iteration 300" (ledger.begin)
 SAVED = "successfully saved checkpoint at iteration"
 EVALUATED = "validation loss at iteration"
-
-
-@dataclass(frozen=True)
-class HealthSettings:
-    window: int = 50  # iteration lines the loss, grad norm and throughput are compared against
-    min_window: int = 8  # lines a window needs before the spike, grad-norm and throughput checks speak
-    spike_score: float = 8.0  # robust z-score (x - median) / (1.4826 MAD) of a loss spike
-    spike_ratio: float = 1.3  # ... and the loss at least this many times the window's median
-    grad_norm_ratio: float = 10.0  # grad norm above this many times the window's median
-    scale_collapse: float = 1024.0  # fp16: the loss scale this many times below its settled value
-    skipped_lines: int = 3  # lines in a row with skipped iterations, after the initial search
-    initial_search: int = 3  # lines at the start of a task whose skipped iterations are fp16's search
-    slow_ratio: float = 0.5  # throughput below this share of the window's median ...
-    slow_lines: int = 3  # ... for this many lines in a row (none with a save or an evaluation)
 
 
 @dataclass(frozen=True)
@@ -107,7 +95,7 @@ def _robust_score(value: float, window: Sequence[float]) -> tuple[float, float]:
     return median, (value - median) / spread
 
 
-def check(log: Sequence[Entry], settings: HealthSettings = HealthSettings(), recent: int | None = None,
+def check(log: Sequence[Entry], settings: HealthConfig = HealthConfig(), recent: int | None = None,
           every: bool = False) -> list[Finding]:
     """The findings among the last `recent` lines of `log` (all lines when None), the newest of each
     kind (each one with `every`), by iteration. The lines before them serve as the windows' history.
@@ -121,7 +109,7 @@ def check(log: Sequence[Entry], settings: HealthSettings = HealthSettings(), rec
     return sorted(found, key=lambda f: f.iteration)
 
 
-def _check_segment(segment: list[Entry], settings: HealthSettings, found: list[Finding],
+def _check_segment(segment: list[Entry], settings: HealthConfig, found: list[Finding],
                    first_index: int, offset: int) -> None:
     settled_scale: float | None = None
     skipped_run = slow_run = 0

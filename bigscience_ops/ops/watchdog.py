@@ -16,10 +16,12 @@ from pathlib import Path
 
 from bigscience_ops import slurm
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops import cron, status
+from bigscience_ops.ops import cron, health, status
 from bigscience_ops.ops.lifecycle import RunState
 from bigscience_ops.ops.notify import Notice, NotifyError, SmtpSettings, default_state_path, notify
 from bigscience_ops.ops.status import EXIT_ERROR, Alert, StatusReport
+from bigscience_ops.schema import HealthConfig
+from bigscience_ops.views import logs
 
 
 @dataclass(frozen=True)
@@ -42,20 +44,24 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
           state_path: str | os.PathLike[str] | None = None, cooldown_minutes: float = 60.0,
           experiment: str | None = None, timeout: float = 60.0, now: datetime | None = None,
           env: Mapping[str, str] | None = None, run: RunState | None = None,
-          cron_dir: str | os.PathLike[str] | None = None, query=None) -> WatchResult:
+          cron_dir: str | os.PathLike[str] | None = None, query=None,
+          health_settings: HealthConfig | None = None) -> WatchResult:
     """One watchdog run: query Slurm, decide (with `run`, the run folder's state), check the cron
     chains of `cron_dir` (the watchers are watched too), email alerts/recoveries/the finish (when
     `smtp` is given), and append every line to watchdog.log beside `log_path`, never to the
     main_log.txt whose progress it measures.
 
     The cooldown state lives in `state_path`, by default `.bsops-alerts.json` next to the log
-    (or in ~/.cache/bsops/ without a log).
+    (or in ~/.cache/bsops/ without a log). With `health_settings` the log's recent iteration lines are
+    checked for training health too (ops/health.py): each finding is an alert of its own kind.
     """
     report = status.check(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
                           now=now, contact=contact, timeout=timeout, run=run,
                           **({"query": query} if query is not None else {}))
     if cron_dir is not None:
         report = _with_chain_alerts(report, Path(cron_dir), contact)
+    if health_settings is not None and health_settings.enabled and log_path is not None:
+        report = _with_health_alerts(report, Path(log_path), health_settings, contact)
     notices: list[Notice] = []
     error = None
     if smtp is not None:
@@ -86,5 +92,26 @@ def _with_chain_alerts(report: StatusReport, cron_dir: Path, contact: str) -> St
         return report
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
     alerts = [Alert("cron-chain", f"***ALERT: {p}! Alert someone at {contact}***") for p in problems]
+    return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
+                               alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
+
+
+def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthConfig, contact: str) -> StatusReport:
+    """The report plus an alert per training-health finding among the log's recent iteration lines."""
+    if not log_path.is_file():
+        return report
+    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
+    try:
+        lines, _ = logs.tail(log_path, (settings.window + settings.recent) * 4)
+    except (OSError, BsopsError) as exc:
+        alert = Alert("health-unreadable", f"***ALERT: the training health of {log_path} cannot be read ({exc})! "
+                                           f"Alert someone at {contact}***")
+        return dataclasses.replace(report, lines=(*report.lines, f"{stamp} {alert.message}"),
+                                   alerts=(*report.alerts, alert), exit_code=max(report.exit_code, status.EXIT_ALERT))
+    findings = health.check(health.entries(lines), settings, recent=settings.recent)
+    if not findings:
+        return report
+    alerts = [Alert(f"health-{f.kind}", f"***ALERT: training health: {f}! Alert someone at {contact}***")
+              for f in findings]
     return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
                                alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
