@@ -242,8 +242,9 @@ class HealthConfig:
     window: int = documented(50, "iteration lines the loss, grad norm and throughput are compared against", at_least=2)
     min_window: int = documented(8, "lines a window needs before the spike, grad-norm and throughput checks speak",
                                  at_least=2)
-    spike_score: float = documented(8.0, "robust z-score (x - median) / (1.4826 MAD) of a loss spike", above=0)
-    spike_ratio: float = documented(1.3, "a loss spike is also at least this many times the window's median", above=1)
+    spike_score: float = documented(8.0, "a loss spike's distance above the median of the last min_window lines, in "
+                                         "units of the window's step-to-step noise (robust: MAD)", above=0)
+    spike_ratio: float = documented(1.3, "a loss spike is also at least this many times that median", above=1)
     grad_norm_ratio: float = documented(10.0, "grad norm above this many times the window's median", above=1)
     scale_collapse: float = documented(1024.0, "fp16: the loss scale this many times below where it settled", above=1)
     skipped_lines: int = documented(3, "log lines in a row with skipped iterations, after the initial search", at_least=1)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import ledger
-from bigscience_ops.trainer.train import TrainerError, fail_at
+from bigscience_ops.trainer.faults import FaultSwitchError, corrupt_at, fail_at
 from tests.fixtures_experiments import shrunk_tiny_yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,5 +75,12 @@ def test_fail_at_parses_rank_and_iteration() -> None:
     assert fail_at({}) is None
     assert fail_at({"BSOPS_FAIL_AT": "1:5"}) == (1, 5)
     for bad in ("1", "a:b", "1:0", "1:2:3", "-1:4"):
-        with pytest.raises(TrainerError, match="RANK:ITERATION"):
+        with pytest.raises(FaultSwitchError, match="RANK:ITERATION"):
             fail_at({"BSOPS_FAIL_AT": bad})
+
+
+def test_corrupt_at_parses_iterations() -> None:
+    assert corrupt_at({}) == frozenset() and corrupt_at({"BSOPS_CORRUPT_AT": "40, 90"}) == {40, 90}
+    for bad in ("0", "a", "4:5", "-3", "1,,2"):
+        with pytest.raises(FaultSwitchError, match="BSOPS_CORRUPT_AT: got"):
+            corrupt_at({"BSOPS_CORRUPT_AT": bad})

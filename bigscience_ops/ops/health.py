@@ -7,8 +7,8 @@ this trainer's and Megatron's) and looks for what the BigScience runs watched by
 - skipped iterations that go on after fp16's initial loss-scale search (a few in the first
   iterations, or an isolated overflow later, are normal);
 - fp16's loss scale collapsing: halved again and again well below where it settled;
-- a loss spike: a robust score (median and MAD) of the loss over a trailing window of lines, and the
-  loss well above that median, so noise never alerts;
+- a loss spike: the loss well above the median of the last few lines, both as a ratio and as a robust
+  score against the noise of the step-to-step changes over a trailing window, so noise never alerts;
 - a grad-norm explosion against the window's median;
 - throughput falling well below the run's own median for several lines in a row (a slow or bad node),
   lines with a save or an evaluation in them excepted.
@@ -87,12 +87,15 @@ def _segments(log: Sequence[Entry]) -> list[tuple[int, list[Entry]]]:
     return out
 
 
-def _robust_score(value: float, window: Sequence[float]) -> tuple[float, float]:
-    """(median, score) of `value` against `window`: (value - median) / (1.4826 x MAD)."""
-    median = statistics.median(window)
-    mad = statistics.median(abs(v - median) for v in window) * 1.4826
-    spread = max(mad, 1e-3 * abs(median), 1e-12)
-    return median, (value - median) / spread
+def _robust_score(value: float, window: Sequence[float], recent: int) -> tuple[float, float]:
+    """(level, score) of `value` against `window` (oldest first): the level is the median of its last
+    `recent` values, the spread the noise of step-to-step changes (1.4826 x MAD of the differences / sqrt 2),
+    so a falling loss (warmup, early training) does not widen it."""
+    level = statistics.median(window[-recent:])
+    steps = [abs(b - a) for a, b in zip(window, window[1:])]
+    noise = statistics.median(steps) * 1.4826 / math.sqrt(2) if steps else 0.0
+    spread = max(noise, 1e-3 * abs(level), 1e-12)
+    return level, (value - level) / spread
 
 
 def check(log: Sequence[Entry], settings: HealthConfig = HealthConfig(), recent: int | None = None,
@@ -141,10 +144,10 @@ def _check_segment(segment: list[Entry], settings: HealthConfig, found: list[Fin
             continue
         losses = [h.lm_loss for h in history if h.lm_loss is not None and math.isfinite(h.lm_loss)]
         if s.lm_loss is not None and math.isfinite(s.lm_loss) and len(losses) >= settings.min_window:
-            median, score = _robust_score(s.lm_loss, losses)
-            if score >= settings.spike_score and s.lm_loss >= settings.spike_ratio * median:
-                note("loss-spike", f"lm loss {s.lm_loss:.4f} against a median of {median:.4f} over the last "
-                                   f"{len(losses)} lines (robust score {score:.1f})",
+            level, score = _robust_score(s.lm_loss, losses, settings.min_window)
+            if score >= settings.spike_score and s.lm_loss >= settings.spike_ratio * level:
+                note("loss-spike", f"lm loss {s.lm_loss:.4f} against {level:.4f}, the median of the last "
+                                   f"{settings.min_window} lines (robust score {score:.1f} over {len(losses)} lines)",
                      f"see the text of iteration {s.iteration} (bsops samples); if the loss does not come back, "
                      f"roll back and skip that data")
         norms = [h.grad_norm for h in history if h.grad_norm is not None and math.isfinite(h.grad_norm)]

@@ -52,6 +52,7 @@ from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer import tensor_parallel
 from bigscience_ops.trainer.checkpointer import Checkpointer
 from bigscience_ops.trainer.data import MicroBatchFeed, build_datasets
+from bigscience_ops.trainer.faults import corrupt_at, corrupted, fail_at, raise_if_injected
 from bigscience_ops.trainer.model import GPTShape, layer_specs, loss_function, weight_decay_groups
 from bigscience_ops.trainer.metrics import Metrics, StepRecord
 from bigscience_ops.trainer.report import Board, peak_tflops
@@ -62,31 +63,6 @@ _IMPORT_TIME = time.time()
 
 class TrainerError(BsopsError):
     """The experiment cannot be trained as configured: names the value and what is allowed."""
-
-
-class InjectedFault(RuntimeError):
-    """The failure BSOPS_FAIL_AT asked for."""
-
-
-FAIL_AT_ENV = "BSOPS_FAIL_AT"
-
-
-def fail_at(env: dict[str, str] | None = None) -> tuple[int, int] | None:
-    """(rank, iteration) from BSOPS_FAIL_AT="RANK:ITERATION", or None when unset."""
-    value = (os.environ if env is None else env).get(FAIL_AT_ENV, "").strip()
-    if not value:
-        return None
-    parts = value.split(":")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or int(parts[1]) < 1:
-        raise TrainerError(f"{FAIL_AT_ENV}: got {value!r}; expected RANK:ITERATION such as '1:5' "
-                           "(a global rank and a training iteration >= 1)")
-    return int(parts[0]), int(parts[1])
-
-
-def _raise_if_injected(fault: tuple[int, int] | None, iteration: int) -> None:
-    """The failure BSOPS_FAIL_AT asked for, on its rank, before its iteration."""
-    if fault is not None and fault == (dist.get_rank(), iteration):
-        raise InjectedFault(f"{FAIL_AT_ENV}={fault[0]}:{fault[1]}: rank {fault[0]} fails before iteration {fault[1]}")
 
 
 @dataclass
@@ -190,6 +166,7 @@ class Trainer:
         self.skip_ranges = list(self.run_schedule.skip_ranges)
         self._engine_seqlen: int | None = None  # the activation shape the pipeline engine last exchanged
         self._feed_stale = False  # a skipped iteration moved the data position past the feed's
+        self._corrupt_at = corrupt_at()  # BSOPS_CORRUPT_AT: iterations trained on random labels (a debug switch)
         self.train_iters = self.run_schedule.train_iters
         self.shape = GPTShape.from_experiment(exp)
         self.params = sizing.count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline).total
@@ -423,7 +400,10 @@ class Trainer:
             self.train_feed = self._feed(self.train_ds, s.consumed_train_samples)
             self._feed_stale = False
         data = self.train_feed.take(e.micro_batches, seqlen) if self.train_feed is not None else None
-        loss = float(e.train_batch(data_iter=data))
+        fed = data
+        if data is not None and s.iteration + 1 in self._corrupt_at:
+            fed = corrupted(data, self.exp.model.vocab_size, s.iteration + 1)
+        loss = float(e.train_batch(data_iter=fed))
         if self.train_feed is not None:
             self.train_feed.finish(data)
         applied = e.was_step_applied()
@@ -519,7 +499,7 @@ class Trainer:
         fault = fail_at()
         reason = self.stopper.reason(s.iteration, s.consumed_train_samples, stepped=False)
         while reason is None:
-            _raise_if_injected(fault, s.iteration + 1)
+            raise_if_injected(fault, s.iteration + 1)
             if in_skip_range(s.iteration + 1, self.skip_ranges):
                 self.skip_step()
             else:

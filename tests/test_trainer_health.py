@@ -1,0 +1,31 @@
+"""The watchdog's training-health checks on real (CPU) trainer runs: a clean run raises nothing, and a
+batch of random labels (BSOPS_CORRUPT_AT, the trainer's debug switch) is found at its iteration."""
+
+from __future__ import annotations
+
+import pytest
+
+from bigscience_ops.ops import health
+from tests.fixtures_trainer import run_ok, small_experiment, write_run
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_clean_run_raises_nothing(golden_run):
+    _, _, proc = golden_run
+    log = health.entries(proc.stdout.split("\n"))
+    assert len(log) >= 10 and health.check(log, every=True) == []
+
+
+def test_a_corrupted_batch_is_a_loss_spike_at_its_iteration(tmp_path):
+    out = tmp_path / "run"
+    # 60 steps at GBS 8 after a short rampup, one iteration line per step.
+    write_run(small_experiment(out, train=dict(samples=500), logging=dict(log_interval=1, eval_interval=100)), out)
+    proc = run_ok(out, 2, env={"BSOPS_CORRUPT_AT": "45"})
+    log = health.entries(proc.stdout.split("\n"))
+    assert max(e.stats.iteration for e in log) >= 60
+    found = health.check(log, every=True)
+    assert {(f.kind, f.iteration) for f in found} >= {("loss-spike", 45)}, found
+    assert all(f.iteration == 45 for f in found), found  # the run trains on: nothing after it
+    spike = next(f for f in found if f.kind == "loss-spike")
+    assert "bsops samples" in spike.next_step
