@@ -44,7 +44,15 @@ def plan_data(plan: Plan) -> dict[str, Any]:
     data["memory"].update(total_per_stage=list(plan.memory.total_per_stage), largest_stage=plan.memory.largest_stage,
                           largest_total=plan.memory.largest_total)
     data["problems"] = [dataclasses.asdict(p) | {"text": str(p)} for p in plan.problems]
+    # DP is world / (TP x PP): a whole number on a valid plan, a fraction only on one the checks refuse.
+    data["dp"] = _whole(plan.dp)
+    for phase in data["phases"]:
+        phase["dp"] = _whole(phase["dp"])
     return data
+
+
+def _whole(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
 
 
 def plan_text(plan: Plan, exp: Experiment) -> str:

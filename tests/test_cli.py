@@ -38,6 +38,7 @@ def test_plan_json_has_the_numbers() -> None:
     assert result.exit_code == 0
     data = json.loads(result.output)
     assert data["train_iters"] == 311541
+    assert data["dp"] == 8 and type(data["dp"]) is int and [p["dp"] for p in data["phases"]] == [8, 32, 64]
     assert data["params"]["padded_vocab"] == 50432
     assert data["increments"][0]["steps"] == 4961
     assert [p for p in data["problems"] if p["severity"] == "error"] == []
