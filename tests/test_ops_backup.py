@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.checkpoints import layout, retention
+from bigscience_ops.config import load_experiment
 from bigscience_ops.schema import Experiment
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.ops import backup
@@ -48,6 +49,11 @@ def _scratch_copy(exp: Experiment, run: Path, tmp: Path, **policy) -> Experiment
     return dataclasses.replace(exp, paths=paths, backup=dataclasses.replace(exp.backup, dest=str(tmp / "store"), **policy))
 
 
+def _run_store(exp: Experiment) -> Path:
+    """The experiment's run's part of its backup store."""
+    return backup.run_store(Path(exp.backup.dest), exp.name, layout.run_id(Path(exp.paths.checkpoints)))
+
+
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -62,7 +68,9 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
     assert [c.step for c in layout.complete_checkpoints(src)] == [10, 18] and run_schedule(exp).train_iters == 18
     report = backup.run_backup(exp, tmp_path / "store")
     assert report.backed_up == ["global_step10", "global_step18"] and report.deleted == []
-    store = tmp_path / "store"
+    store = report.store
+    assert store == tmp_path / "store" / exp.name / layout.run_id(src)  # the run's own part of the store
+    assert (tmp_path / "store" / backup.STORE_MARKER).is_file()
 
     optimizer_files = [f for f in layout.Checkpoint("global_step10", 10, src / "global_step10").files()
                        if layout.is_optimizer_file(f)]
@@ -88,7 +96,7 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
     assert backup.verify(store, "global_step10") == [] and backup.verify(store, "global_step18") == []
 
     # A second run has nothing to do; a corrupted byte is caught by verify.
-    assert backup.run_backup(exp, store).backed_up == []
+    assert backup.run_backup(exp, tmp_path / "store").backed_up == []
     victim = store / "global_step10" / "layer_01-model_states.pt"
     data = bytearray(victim.read_bytes())
     data[100] ^= 0xFF
@@ -101,7 +109,7 @@ def test_keep_optimizer_every_and_tar(runs, tmp_path: Path) -> None:
     exp, run = runs[1]
     exp = _scratch_copy(exp, run, tmp_path, keep_optimizer_every=10, tar=True)
     report = backup.run_backup(exp)
-    store = tmp_path / "store"
+    store = report.store
     assert report.backed_up == ["global_step10", "global_step18"]
     assert sorted(p.name for p in store.iterdir() if not p.name.startswith(".")) == [
         "global_step10.manifest.json", "global_step10.tar", "global_step18.manifest.json", "global_step18.tar"]
@@ -145,7 +153,7 @@ def test_kill_9_during_a_backup_then_rerun_completes_and_verifies(runs, tmp_path
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-    store = tmp_path / "store"
+    store = _run_store(exp)
     staging = store / backup.PARTIAL / "global_step10"
     assert staging.is_dir() and not backup.read_manifest(store, "global_step10")
     assert len((staging / backup.JOURNAL).read_text().splitlines()) == 2
@@ -162,13 +170,14 @@ def test_kill_9_during_a_backup_then_rerun_completes_and_verifies(runs, tmp_path
 def test_retention_keeps_latest_and_anything_not_verified(runs, tmp_path: Path) -> None:
     exp, run = runs[0]
     exp = _scratch_copy(exp, run, tmp_path, keep_last=1)
-    scratch, store = Path(exp.paths.checkpoints), tmp_path / "store"
+    scratch, store = Path(exp.paths.checkpoints), _run_store(exp)
     (scratch / "global_step12").mkdir()  # a save in progress: newer than latest, never copied nor deleted
     (scratch / "global_step12" / "layer_00-model_states.pt").write_bytes(b"half")
 
     dry = backup.run_backup(exp, dry_run=True)
     assert [p.ckpt.tag for p in dry.planned] == ["global_step10", "global_step18"] and not store.exists()
     assert dry.retention.delete == [] and dry.deleted == []  # nothing verified yet: nothing may go
+    assert not store.exists() and not (tmp_path / "store").exists()  # a dry run writes nothing
 
     # Backed up, then global_step10's backup is lost: retention keeps it on scratch.
     keep_all = dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, keep_last=None))
@@ -185,7 +194,7 @@ def test_retention_keeps_latest_and_anything_not_verified(runs, tmp_path: Path) 
     (scratch / "latest").write_text("global_step18")
     report = backup.run_backup(exp)
     assert report.backed_up == [] and report.deleted == ["global_step10"]
-    assert sorted(p.name for p in scratch.iterdir()) == ["global_step12", "global_step18", "latest"]
+    assert sorted(p.name for p in scratch.iterdir()) == [layout.RUN_ID, "global_step12", "global_step18", "latest"]
     assert backup.verify(store, "global_step10") == []
 
 
@@ -195,7 +204,10 @@ def test_retention_decision() -> None:
     assert decision.delete == [10]
     assert set(decision.keep) == {20, 30, 40, 50} and "verified" in decision.keep[30]
     assert retention.decide(steps, 50, set(steps), keep_last=None, keep_every=None).delete == []
-    assert retention.decide(steps, 10, set(steps), keep_last=1, keep_every=None).delete == [20, 30, 40]
+    # After a rollback (`latest` moved back) nothing after it goes, and keep_last counts up to it.
+    rolled = retention.decide(steps, 30, set(steps), keep_last=1, keep_every=None)
+    assert rolled.delete == [10, 20] and rolled.keep[30] == "latest" and "rollback" in rolled.keep[50]
+    assert retention.decide(steps, None, set(steps), keep_last=1, keep_every=None).delete == []
 
 
 def test_retention_deletes_a_checkpoints_universal_copy_with_it(tmp_path: Path) -> None:
@@ -243,7 +255,7 @@ def test_backup_alert_waits_out_the_cooldown_and_a_recovery_follows(trainings: P
     (run / "checkpoints" / "latest").write_text("global_step5")
     worked = backup_at(125)
     assert worked.exit_code == 0, worked.output
-    assert backup.verify(tmp_path / "store", "global_step5") == []
+    assert backup.verify(_run_store(load_experiment("saved", trainings)), "global_step5") == []
     assert len(inbox.messages) == 3 and inbox.messages[2]["Subject"] == "[RECOVERED] saved: backup works again"
     assert "for 2 h 05 min" in inbox.messages[2].get_content() and "recovery email sent" in worked.stderr
     assert backup_at(185).exit_code == 0 and len(inbox.messages) == 3

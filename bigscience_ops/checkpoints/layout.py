@@ -12,7 +12,9 @@ optimizer partitions), `rng_state_NNN.pt`, bsops.json. Pure Python: no torch her
 from __future__ import annotations
 
 import json
+import os
 import re
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,9 @@ TAG = re.compile(r"global_step(\d+)")
 LATEST = "latest"
 UNIVERSAL_SUFFIX = "_universal"
 """global_stepN_universal: DeepSpeed's universal copy of global_stepN, made when a run changes layout."""
+RUN_ID = "bsops-run-id"
+"""One line of 32 hex digits naming the run whose checkpoints the folder holds; a fresh start writes a new one."""
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
 OPTIMIZER_FILE = re.compile(r"(.*_)?optim_states\.pt")
 MODEL_STATES_FILE = re.compile(r"mp_rank_\d+_model_states\.pt")
 
@@ -111,3 +116,34 @@ def complete_checkpoints(checkpoints: Path) -> list[Checkpoint]:
         return []
     last = step_of(tag)
     return [c for c in list_checkpoints(checkpoints) if c.step <= last and (c.path / META).is_file()]
+
+
+def run_id(checkpoints: Path) -> str | None:
+    """The run id of the folder (see RUN_ID), None when it has none; anything else is a CheckpointError."""
+    file = Path(checkpoints) / RUN_ID
+    if not file.exists():
+        return None
+    try:
+        value = file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{file}: unreadable ({exc}); expected one line of 32 hex digits") from None
+    if not _RUN_ID.fullmatch(value):
+        raise CheckpointError(f"{file}: got {value[:80]!r}; expected one line of 32 hex digits (delete the file and "
+                              "the next backup names the run afresh)")
+    return value
+
+
+def new_run_id(checkpoints: Path) -> str:
+    """Name the folder's run afresh (a training starting from scratch), replacing any earlier id."""
+    folder = Path(checkpoints)
+    folder.mkdir(parents=True, exist_ok=True)
+    value = uuid.uuid4().hex
+    tmp = folder / f".{RUN_ID}.{os.getpid()}.tmp"
+    tmp.write_text(value + "\n", encoding="utf-8")
+    os.replace(tmp, folder / RUN_ID)
+    return value
+
+
+def ensure_run_id(checkpoints: Path) -> str:
+    """The folder's run id, created when it has none (checkpoints saved before run ids existed)."""
+    return run_id(checkpoints) or new_run_id(checkpoints)

@@ -1,7 +1,9 @@
 """Which checkpoints stay on the training's scratch space: a pure decision, then the deletion.
 
-Kept: the newest `keep_last`, every step that is a multiple of `keep_every`, the one `latest`
-names, and every checkpoint not verified in the backup. Everything else may go.
+Kept: the one `latest` names and every one after it (a save in progress, or checkpoints a rollback
+set aside: they stay until the run passes them again), every checkpoint without a verified copy in
+the backup, the newest `keep_last` up to `latest`, and every step that is a multiple of `keep_every`.
+Everything else may go.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from bigscience_ops.checkpoints.layout import UNIVERSAL_SUFFIX, Checkpoint
 
@@ -26,10 +27,15 @@ def decide(steps: Iterable[int], latest_step: int | None, verified: set[int], ke
     steps = sorted(set(steps))
     keep: dict[int, str] = {}
     delete = []
-    newest = set(steps[-keep_last:]) if keep_last else set(steps)
+    upto = [s for s in steps if latest_step is None or s <= latest_step]
+    newest = set(upto[-keep_last:]) if keep_last else set(steps)
     for step in steps:
         if step == latest_step:
             keep[step] = "latest"
+        elif latest_step is None:
+            keep[step] = "no `latest`: nothing is deleted"
+        elif step > latest_step:
+            keep[step] = "after latest: a save in progress, or set aside by a rollback"
         elif step not in verified:
             keep[step] = "not verified in the backup"
         elif step in newest:

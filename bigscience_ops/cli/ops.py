@@ -134,8 +134,11 @@ def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, training
 
     Each checkpoint is copied without optimizer state except the final one (and every
     backup.keep_optimizer_every-th step), with a manifest (size and sha256 per file) checked after
-    the copy; a copy interrupted earlier is finished. Retention (backup.keep_last, keep_every)
-    never deletes the checkpoint `latest` names or one not verified in the backup.
+    the copy; a copy interrupted earlier is finished. The store is a folder bsops made (never another
+    run's checkpoints), each run in its own <store>/<experiment>/<run id>/. Retention (backup.keep_last,
+    keep_every) deletes only checkpoints with a verified copy of their very files, never the one
+    `latest` names nor any after it. Checkpoint files are never unpickled: model-states files are read
+    with torch's restricted loader, and one it refuses is reported and its checkpoint left as it is.
     """
     from bigscience_ops.ops import backup
 
@@ -147,8 +150,8 @@ def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, training
             for plan in report.planned:
                 click.echo(f"would copy {plan.ckpt.tag}: {_what(plan)}, {_mb(plan.size)}")
         if report.already:
-            click.echo(f"already in {report.dest}: {len(report.already)} checkpoint(s), last {report.already[-1]}")
-        if not report.planned:
+            click.echo(f"already in {report.store}: {len(report.already)} checkpoint(s), last {report.already[-1]}")
+        if not report.planned and not report.failed:
             click.echo("no new checkpoint to back up")
         decision = report.retention
         if decision is not None:
@@ -157,6 +160,9 @@ def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, training
             kept = ", ".join(f"global_step{s} ({why})" for s, why in sorted(decision.keep.items())
                              if why not in ("one of the newest", "no keep_last: nothing is deleted"))
             click.echo(f"scratch retention: {verb} {', '.join(gone) or 'nothing'}" + (f"; kept {kept}" if kept else ""))
+        if report.failed:
+            lines = "; ".join(f"{tag}: {why}" for tag, why in report.failed.items())
+            raise backup.BackupError(f"{len(report.failed)} checkpoint(s) not backed up (the others were): {lines}")
 
     job = "backup --dry-run" if dry_run else "backup"  # a dry run that works says nothing of the backup
     _run_alerting(experiment, alert, job, f"bsops {job} {experiment.name}", work)

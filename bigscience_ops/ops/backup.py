@@ -1,15 +1,27 @@
 """Checkpoint backup: weights-only copies (the final checkpoint whole), a verified manifest each, then scratch retention.
 
-For each complete checkpoint not yet in the backup (checkpoints/layout.py says which are complete):
+The store (backup.dest, or --to) is a folder marked as a bsops store (`.bsops-store`); anything else
+that holds files is refused, so the backup never writes into, or deletes because of, a folder it did
+not make. Each run has its own part of it, <store>/<experiment>/<run id>/, the run id being the one the
+trainer wrote when the run started from scratch (checkpoints/layout.py): two experiments sharing a
+store, or a run restarted from scratch, never mistake each other's copies for their own.
+
+For each complete checkpoint whose copy is not in the store (checkpoints/layout.py says which are complete):
 - weights-only unless it must keep its optimizer state (the final step of the training, and every
   step that is a multiple of backup.keep_optimizer_every): `*optim_states.pt` files are left out,
-  and `mp_rank_*_model_states.pt`, which holds the optimizer under ZeRO-0, is rewritten without it;
-- files are copied into <dest>/.partial/<tag>/ with a journal line each (size, sha256); a run
+  and `mp_rank_*_model_states.pt`, which holds the optimizer under ZeRO-0, is rewritten without it,
+  read with torch's restricted loader (weights_only=True): nothing in a checkpoint file is ever run,
+  and a file that loader refuses (corrupt or crafted) is reported and its checkpoint left uncopied;
+- files are copied into <run store>/.partial/<entry>/ with a journal line each (size, sha256); a run
   killed half-way leaves that folder, and the next run keeps what the journal vouches for;
 - every file is re-read and checked against the sha256 taken from the source, the folder (or one
-  tar per checkpoint) moves into place, and <dest>/<tag>.manifest.json is written last: a
-  checkpoint is in the backup exactly when its manifest is there.
-Then retention (checkpoints/retention.py) deletes from scratch what the policy lets go.
+  tar per checkpoint) moves into place, and <entry>.manifest.json is written last: a checkpoint is in
+  the backup exactly when its manifest is there. The manifest records the source: the run id, the
+  experiment, the tag, and each source file's size and modification time, so a copy is of "that very
+  checkpoint" only while the files on scratch are the ones copied (a checkpoint saved again under the
+  same tag after a rollback is a new checkpoint, stored as <tag>.2).
+Then retention (checkpoints/retention.py) deletes from scratch only checkpoints with such a copy.
+One checkpoint that cannot be copied is reported and skipped; the others are still backed up.
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ from bigscience_ops.schema import Experiment
 MANIFEST_SUFFIX = ".manifest.json"
 PARTIAL = ".partial"
 JOURNAL = ".journal.jsonl"
+SOURCE = ".source.json"  # in a partial copy: the fingerprint of the checkpoint it is a copy of
+STORE_MARKER = ".bsops-store"
 CHUNK = 8 * 1024 * 1024
 
 
@@ -50,6 +64,7 @@ class Planned:
     left_out: list[str]  # optimizer partitions not copied
     rewritten: list[str]  # model-states files written without their optimizer state
     size: int  # bytes read from scratch
+    source: dict[str, list[int]] = field(default_factory=dict)  # every file of the checkpoint: [size, mtime_ns]
 
 
 @dataclass
@@ -61,6 +76,8 @@ class Report:
     planned: list[Planned] = field(default_factory=list)
     retention: retention.Decision | None = None
     deleted: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # tag -> why it was not backed up
+    store: Path | None = None  # this run's part of the store: <dest>/<experiment>/<run id>
 
 
 class Progress:
@@ -79,29 +96,110 @@ def destination(exp: Experiment, to: Path | None) -> Path:
     raise BackupError(f"no backup destination for {exp.name!r}: set backup.dest in the experiment or pass --to DEST")
 
 
+def open_store(dest: Path, create: bool = True) -> Path:
+    """`dest` as a bsops store: made (with its marker) when missing or empty; refused when it holds anything else."""
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise BackupError(f"backup destination {dest} is a file; give a folder (an empty one, or a bsops store)")
+    if (dest / STORE_MARKER).is_file():
+        return dest
+    if dest.is_dir() and any(dest.iterdir()):
+        raise BackupError(f"backup destination {dest} holds files but is not a bsops backup store (it has no "
+                          f"{STORE_MARKER}): nothing is written there, and nothing is deleted because of it; give an "
+                          "empty or new folder, or a store an earlier backup made")
+    if create:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / STORE_MARKER).write_text(json.dumps({"bsops": "backup store", "version": 2}) + "\n", encoding="utf-8")
+    return dest
+
+
+def run_store(dest: Path, experiment: str, run_id: str) -> Path:
+    """This run's part of the store."""
+    if experiment in ("", ".", "..") or "/" in experiment or "\0" in experiment:
+        raise BackupError(f"experiment name {experiment!r} cannot name a folder of the backup store")
+    return Path(dest) / experiment / run_id
+
+
+def fingerprint(ckpt: Checkpoint) -> dict[str, list[int]]:
+    """Every file of the checkpoint with [size, mtime_ns]; a symbolic link in it is a BackupError (never followed)."""
+    out: dict[str, list[int]] = {}
+    for root, dirs, files in os.walk(ckpt.path, followlinks=False):
+        for name in dirs + files:
+            path = Path(root) / name
+            if path.is_symlink():
+                raise BackupError(f"{path} is a symbolic link (to {os.readlink(path)!r}): a checkpoint holds plain "
+                                  f"files only, so {ckpt.tag} is not backed up (nor deleted); remove the link")
+        for name in files:
+            path = Path(root) / name
+            st = path.stat()
+            out[path.relative_to(ckpt.path).as_posix()] = [st.st_size, st.st_mtime_ns]
+    return dict(sorted(out.items()))
+
+
 def keeps_optimizer(exp: Experiment, schedule: RunSchedule, step: int) -> bool:
     """Whether the backup keeps this step's optimizer states: the final step and every keep_optimizer_every-th."""
     every = exp.backup.keep_optimizer_every
     return step == schedule.train_iters or bool(every and step % every == 0)
 
 
-def plan_checkpoint(ckpt: Checkpoint, whole: bool) -> Planned:
+def plan_checkpoint(ckpt: Checkpoint, whole: bool, source: dict[str, list[int]] | None = None) -> Planned:
+    source = fingerprint(ckpt) if source is None else source
     files, left_out, rewritten = [], [], []
-    for rel in ckpt.files():
+    for rel in source:
         if not whole and layout.is_optimizer_file(rel):
             left_out.append(rel)
             continue
         files.append(rel)
         if not whole and layout.is_model_states_file(rel):
             rewritten.append(rel)
-    size = sum((ckpt.path / rel).stat().st_size for rel in files)
-    return Planned(ckpt, whole, files, left_out, rewritten, size)
+    size = sum(source[rel][0] for rel in files)
+    return Planned(ckpt, whole, files, left_out, rewritten, size, source)
 
 
 # ----------------------------------------------------------------------------- manifests
 
-def manifest_path(dest: Path, tag: str) -> Path:
-    return Path(dest) / f"{tag}{MANIFEST_SUFFIX}"
+def manifest_path(store: Path, entry: str) -> Path:
+    return Path(store) / f"{entry}{MANIFEST_SUFFIX}"
+
+
+def entries(store: Path) -> list[str]:
+    """The copies in a run's store, by entry name (a tag, or tag.N for a later checkpoint of the same tag)."""
+    store = Path(store)
+    if not store.is_dir():
+        return []
+    return sorted(p.name[:-len(MANIFEST_SUFFIX)] for p in store.iterdir() if p.name.endswith(MANIFEST_SUFFIX))
+
+
+def find_copy(store: Path, ckpt: Checkpoint, source: dict[str, list[int]]) -> str | None:
+    """The entry holding a copy of this very checkpoint (its tag, and its files as they are now), or None."""
+    for entry in entries(store):
+        if entry != ckpt.tag and not entry.startswith(f"{ckpt.tag}."):
+            continue
+        manifest = read_manifest(store, entry)
+        if manifest and manifest.get("tag") == ckpt.tag and manifest.get("source_files") == source \
+                and is_backed_up(store, entry):
+            return entry
+    return None
+
+
+def _entry_for(store: Path, ckpt: Checkpoint, source: dict[str, list[int]]) -> str:
+    """Where a new copy of `ckpt` goes: its interrupted copy's entry, else its tag, else the first free tag.N."""
+    partial = Path(store) / PARTIAL
+    if partial.is_dir():
+        for staged in sorted(partial.iterdir()):
+            try:
+                if staged.is_dir() and json.loads((staged / SOURCE).read_text(encoding="utf-8")) == \
+                        {"tag": ckpt.tag, "source_files": source}:
+                    return staged.name
+            except (OSError, ValueError):
+                continue
+    # A folder without a manifest is a copy moved into place but never vouched for: it is finished (or redone).
+    taken = set(entries(store)) | ({p.name for p in partial.iterdir()} if partial.is_dir() else set())
+    entry, n = ckpt.tag, 1
+    while entry in taken:
+        n += 1
+        entry = f"{ckpt.tag}.{n}"
+    return entry
 
 
 def read_manifest(dest: Path, tag: str) -> dict | None:
@@ -203,7 +301,14 @@ def _write_weights_only(src: Path, dst: Path, advance: Callable[[int], None]) ->
     """DeepSpeed's mp_rank_*_model_states.pt without the optimizer state it holds under ZeRO-0."""
     import torch  # lazy: only this step of the backup needs it
 
-    state = torch.load(src, map_location="cpu", weights_only=False)
+    try:  # the restricted loader: tensors and plain values only; no object in the file is built or run
+        state = torch.load(src, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - an unpickling refusal, a corrupt or truncated file: all one answer
+        why = " ".join(str(exc).split())[:300]
+        raise BackupError(f"{src} cannot be read with torch's restricted loader ({type(exc).__name__}: {why}): a "
+                          "model-states file holds tensors and plain values, so this one is corrupt or was not "
+                          "written by the trainer; its checkpoint is not backed up (nor deleted). Inspect the file, "
+                          "or let backup.keep_optimizer_every copy that step whole, byte for byte") from None
     advance(src.stat().st_size)
     if isinstance(state, dict) and state.get("optimizer") is not None:
         state["optimizer"] = None
@@ -229,27 +334,30 @@ def _journal(staging: Path) -> dict[str, dict]:
     return done
 
 
-def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress) -> bool:
-    """Copy, verify and commit one checkpoint; returns whether an interrupted copy was resumed."""
+def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress, about: dict) -> bool:
+    """Copy, verify and commit one checkpoint into the run store `dest`; returns whether an interrupted copy
+    was resumed. `about` (run id, experiment) goes into the manifest."""
     tag = plan.ckpt.tag
-    staging = dest / PARTIAL / tag
-    final = dest / tag
-    if final.is_dir() and not manifest_path(dest, tag).exists():
+    entry = _entry_for(dest, plan.ckpt, plan.source)
+    staging = dest / PARTIAL / entry
+    final = dest / entry
+    if final.is_dir() and not manifest_path(dest, entry).exists():
         staging.parent.mkdir(parents=True, exist_ok=True)
         if staging.exists():
             shutil.rmtree(staging)
         final.rename(staging)  # moved into place but not yet vouched for: finish it as an interrupted copy
     resumed = staging.is_dir()
     staging.mkdir(parents=True, exist_ok=True)
+    (staging / SOURCE).write_text(json.dumps({"tag": tag, "source_files": plan.source}), encoding="utf-8")
     done = _journal(staging)
     progress.begin(plan)
     files: dict[str, dict] = {}
     with open(staging / JOURNAL, "a", encoding="utf-8") as journal:
         for rel in plan.files:
             src, dst = plan.ckpt.path / rel, staging / rel
-            entry = done.get(rel)
-            if entry and dst.is_file() and dst.stat().st_size == entry["size"]:
-                files[rel] = entry
+            journaled = done.get(rel)
+            if journaled and dst.is_file() and dst.stat().st_size == journaled["size"]:
+                files[rel] = journaled
                 progress.advance(src.stat().st_size)
                 continue
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -260,6 +368,7 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress) -
             journal.flush()
             os.fsync(journal.fileno())
     (staging / JOURNAL).unlink()
+    (staging / SOURCE).unlink()
     for stray in [p for p in staging.rglob(".*.tmp") if p.is_file()]:
         stray.unlink()
     bad = _verify_folder(staging, files)
@@ -267,13 +376,14 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress) -
         shutil.rmtree(staging)
         raise BackupError(f"the copy of {plan.ckpt.path} does not match its source: {'; '.join(bad[:5])}; "
                           "the partial copy was removed and the next run copies it again")
-    manifest = {"tag": tag, "step": plan.ckpt.step, "kind": "whole" if plan.whole else "weights-only",
-                "source": str(plan.ckpt.path), "left_out": plan.left_out, "rewritten": plan.rewritten,
+    manifest = {"tag": tag, "entry": entry, "step": plan.ckpt.step, **about,
+                "kind": "whole" if plan.whole else "weights-only", "source": str(plan.ckpt.path),
+                "source_files": plan.source, "left_out": plan.left_out, "rewritten": plan.rewritten,
                 "tar": tar, "files": files,
                 "verified_at": dt.datetime.now().astimezone().isoformat(timespec="seconds")}
     if tar:
-        target = dest / f"{tag}.tar"
-        tmp = dest / PARTIAL / f"{tag}.tar.tmp"
+        target = dest / f"{entry}.tar"
+        tmp = dest / PARTIAL / f"{entry}.tar.tmp"
         with tarfile.open(tmp, "w") as archive:
             for rel in sorted(files):
                 archive.add(staging / rel, arcname=rel, recursive=False)
@@ -286,9 +396,9 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress) -
         if final.exists():
             shutil.rmtree(final)
         staging.rename(final)
-    tmp_manifest = dest / PARTIAL / f"{tag}{MANIFEST_SUFFIX}.tmp"
+    tmp_manifest = dest / PARTIAL / f"{entry}{MANIFEST_SUFFIX}.tmp"
     tmp_manifest.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp_manifest, manifest_path(dest, tag))
+    os.replace(tmp_manifest, manifest_path(dest, entry))
     if tar:
         shutil.rmtree(staging)
     progress.end(plan, resumed)
@@ -297,41 +407,76 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress) -
 
 def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
                progress: Progress | None = None) -> Report:
-    """Back up every complete checkpoint not yet in the backup, then apply scratch retention."""
+    """Back up every complete checkpoint without a copy in the store, then apply scratch retention.
+
+    A checkpoint that cannot be copied is in `Report.failed` (the others go on); the CLI reports it as an error.
+    """
     dest = destination(exp, to)
     scratch = Path(exp.paths.checkpoints)
     if not scratch.is_dir():
         raise BackupError(f"{scratch} (paths.checkpoints of {exp.name!r}) does not exist: nothing to back up")
     if dest.resolve() == scratch.resolve() or scratch.resolve() in dest.resolve().parents:
         raise BackupError(f"backup destination {dest} is inside the checkpoints folder {scratch}; choose another store")
+    if dest.resolve() in scratch.resolve().parents:
+        raise BackupError(f"backup destination {dest} holds the checkpoints folder {scratch}; choose another store")
+    open_store(dest, create=not dry_run)
+    run_id = layout.run_id(scratch) if dry_run else layout.ensure_run_id(scratch)
+    store = run_store(dest, exp.name, run_id or "new-run")
     progress = progress or Progress()
-    report = Report(dest)
+    report = Report(dest, store=store)
     schedule = run_schedule(exp)
     for ckpt in layout.complete_checkpoints(scratch):
-        if is_backed_up(dest, ckpt.tag):
+        try:
+            source = fingerprint(ckpt)
+        except (BackupError, OSError) as exc:
+            report.failed[ckpt.tag] = str(exc)
+            continue
+        if find_copy(store, ckpt, source):
             report.already.append(ckpt.tag)
             continue
-        report.planned.append(plan_checkpoint(ckpt, keeps_optimizer(exp, schedule, ckpt.step)))
+        report.planned.append(plan_checkpoint(ckpt, keeps_optimizer(exp, schedule, ckpt.step), source))
     if not dry_run:
-        dest.mkdir(parents=True, exist_ok=True)
+        store.mkdir(parents=True, exist_ok=True)
+        about = {"run_id": run_id, "experiment": exp.name}
         for plan in report.planned:
-            if _copy_checkpoint(plan, dest, exp.backup.tar, progress):
-                report.resumed.append(plan.ckpt.tag)
-            report.backed_up.append(plan.ckpt.tag)
-    report.retention, report.deleted = _retention(exp, scratch, dest, dry_run)
+            try:
+                if _copy_checkpoint(plan, store, exp.backup.tar, progress, about):
+                    report.resumed.append(plan.ckpt.tag)
+                report.backed_up.append(plan.ckpt.tag)
+            except (BackupError, OSError) as exc:
+                report.failed[plan.ckpt.tag] = str(exc)
+    report.retention, report.deleted = _retention(exp, scratch, store, dry_run)
     return report
 
 
-def _retention(exp: Experiment, scratch: Path, dest: Path, dry_run: bool) -> tuple[retention.Decision, list[str]]:
+def _copied(store: Path, ckpt: Checkpoint) -> bool:
+    """Whether the store holds a verified copy of this very checkpoint as its files are now."""
+    try:
+        return find_copy(store, ckpt, fingerprint(ckpt)) is not None
+    except (BackupError, OSError):
+        return False
+
+
+def _retention(exp: Experiment, scratch: Path, store: Path, dry_run: bool) -> tuple[retention.Decision, list[str]]:
     checkpoints = layout.list_checkpoints(scratch)
     latest = layout.latest_tag(scratch)
-    verified = {c.step for c in checkpoints if is_backed_up(dest, c.tag)}
+    verified = {c.step for c in checkpoints if _copied(store, c)}
     decision = retention.decide([c.step for c in checkpoints], layout.step_of(latest) if latest else None, verified,
                                 exp.backup.keep_last, exp.backup.keep_every)
     if dry_run or not decision.delete:
         return decision, []
-    # `latest` is read again right before deleting: a save that finished meanwhile must not lose its base.
+    # `latest` is read again right before deleting: a save that finished meanwhile must not lose its base,
+    # and a rollback that moved it back keeps everything after it.
+    # Its copy is re-read and checked against the manifest's sha256 right before: a copy damaged since
+    # it was made never stands in for a checkpoint that is deleted.
     def still_safe(ckpt: Checkpoint) -> bool:
-        return layout.latest_tag(scratch) != ckpt.tag and is_backed_up(dest, ckpt.tag)
+        now = layout.latest_step(scratch)
+        if now is None or ckpt.step >= now:
+            return False
+        try:
+            entry = find_copy(store, ckpt, fingerprint(ckpt))
+        except (BackupError, OSError):
+            return False
+        return entry is not None and verify(store, entry) == []
 
     return decision, retention.apply(checkpoints, decision, still_safe)

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from bigscience_ops import sizing
 from bigscience_ops.checkpoints import universal
+from bigscience_ops.checkpoints import layout
 from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.config import to_dict
 from bigscience_ops.errors import BsopsError
@@ -325,6 +326,8 @@ class Trainer:
     def _resume(self, resume: ckpt.Resume | None) -> None:
         if resume is None:
             _print(f"> no checkpoint in {self.checkpoints}: starting from scratch")
+            if dist.get_rank() == 0:  # a new run: its checkpoints are not an earlier run's (backup, retention)
+                layout.new_run_id(self.checkpoints)
             return
         if resume.meta.get("weights_only"):  # bsops warm-start: weights only, fresh schedules, optimizer and data
             load_path, _ = self.engine.load_checkpoint(str(self.checkpoints), tag=resume.tag, load_module_only=True,
@@ -332,6 +335,8 @@ class Trainer:
             if load_path is None:
                 raise CheckpointError(f"{resume.path}: DeepSpeed could not load its weights")
             self.checkpointer.resumed_at(0)
+            if dist.get_rank() == 0:  # a new run from another's weights
+                layout.new_run_id(self.checkpoints)
             _print(f"> warm start from {resume.path} (weights only): iteration 0, consumed samples 0")
             return
         tag = resume.tag if self.reshape is None else universal.universal_path(resume.path).name

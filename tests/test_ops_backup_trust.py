@@ -1,0 +1,221 @@
+"""Backups that never unpickle and never delete what they did not copy, on real folders.
+
+Checkpoints here are folders as the trainer lays them out (layer files, bsops.json, `latest`, the run
+id); the model-states rewrite of real trainer checkpoints is in tests/test_ops_backup.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.cli import main
+from bigscience_ops.config import load_experiment
+from bigscience_ops.ops import backup
+from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_smtp import alerts_yaml
+
+
+def _save(checkpoints: Path, step: int, *, latest: bool = True, payload: bytes | None = None) -> Path:
+    """A complete checkpoint folder as the trainer writes it (weights-only copies read these files as bytes)."""
+    folder = checkpoints / f"global_step{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "layer_00-model_states.pt").write_bytes(payload or os.urandom(3000))
+    (folder / "layer_01-model_states.pt").write_bytes(os.urandom(2000))
+    (folder / layout.META).write_text(json.dumps({"iteration": step}))
+    if latest:
+        (checkpoints / layout.LATEST).write_text(f"global_step{step}")
+    return folder
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def make(trainings: Path, tmp_path: Path):
+    """make(name, **backup) -> the experiment `name` with its run under tmp_path/name and a backup policy."""
+    def _make(name: str, **policy):
+        values = {"dest": str(tmp_path / "store"), **policy}
+        (trainings / f"{name}.yaml").write_text(tiny_yaml(tmp_path / name, f"backup: {json.dumps(values)}\n"))
+        exp = load_experiment(name, trainings)
+        layout.new_run_id(Path(exp.paths.checkpoints))
+        return exp
+    return _make
+
+
+def test_experiments_sharing_a_store_never_count_each_others_copies(make, tmp_path: Path) -> None:
+    first, second = make("first", keep_last=1), make("second", keep_last=1)
+    for exp in (first, second):
+        for step in (10, 20):
+            _save(Path(exp.paths.checkpoints), step)
+    report = backup.run_backup(first)
+    assert report.backed_up == ["global_step10", "global_step20"] and report.deleted == ["global_step10"]
+    # The second experiment's global_step10 has the same tag: it is copied, not taken as backed up.
+    dry = backup.run_backup(second, dry_run=True)
+    assert [p.ckpt.tag for p in dry.planned] == ["global_step10", "global_step20"] and dry.retention.delete == []
+    report = backup.run_backup(second)
+    assert report.backed_up == ["global_step10", "global_step20"] and report.deleted == ["global_step10"]
+    assert first.name in str(report.store) or second.name in str(report.store)
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [backup.STORE_MARKER, "first", "second"]
+
+
+def test_a_run_restarted_from_scratch_keeps_its_checkpoints_until_they_are_copied(make) -> None:
+    exp = make("restarted", keep_last=1)
+    scratch = Path(exp.paths.checkpoints)
+    for step in (10, 20):
+        _save(scratch, step)
+    old = backup.run_backup(exp)
+    assert old.deleted == ["global_step10"]
+    old_copy = _tree(old.store)
+    # Started again from scratch in the same folder: a new run id, new checkpoints with the old tags.
+    shutil.rmtree(scratch)
+    layout.new_run_id(scratch)
+    for step in (10, 20, 30):
+        _save(scratch, step)
+    dry = backup.run_backup(exp, dry_run=True)
+    assert [p.ckpt.tag for p in dry.planned] == ["global_step10", "global_step20", "global_step30"]
+    assert dry.retention.delete == []
+    new = backup.run_backup(exp)
+    assert new.store != old.store and new.backed_up == ["global_step10", "global_step20", "global_step30"]
+    assert new.deleted == ["global_step10", "global_step20"] and _tree(old.store) == old_copy
+
+
+def test_a_checkpoint_saved_again_under_its_tag_is_a_new_copy(make) -> None:
+    exp = make("resaved", keep_last=1)
+    scratch = Path(exp.paths.checkpoints)
+    _save(scratch, 10)
+    _save(scratch, 20)
+    first = backup.run_backup(exp)
+    assert first.backed_up == ["global_step10", "global_step20"]
+    # A rollback to 10 and a new global_step20 (other weights, same run id): its copy is a new entry.
+    shutil.rmtree(scratch / "global_step20")
+    _save(scratch, 20)
+    _save(scratch, 30)
+    report = backup.run_backup(exp)
+    assert report.backed_up == ["global_step20", "global_step30"]
+    assert backup.entries(report.store) == ["global_step10", "global_step20", "global_step20.2", "global_step30"]
+    assert backup.read_manifest(report.store, "global_step20.2")["tag"] == "global_step20"
+    assert report.deleted == ["global_step20"] and backup.verify(report.store, "global_step20.2") == []
+
+
+def test_after_a_rollback_nothing_newer_than_latest_is_deleted(make) -> None:
+    exp = make("rolled", keep_last=1)
+    scratch = Path(exp.paths.checkpoints)
+    for step in (10, 20, 30):
+        _save(scratch, step)
+    assert backup.run_backup(exp).deleted == ["global_step10", "global_step20"]
+    (scratch / layout.LATEST).write_text("global_step30")
+    _save(scratch, 40)
+    _save(scratch, 50)
+    (scratch / layout.LATEST).write_text("global_step30")  # rolled back: 40 and 50 set aside
+    report = backup.run_backup(exp)
+    assert report.deleted == [] and "rollback" in report.retention.keep[40] and "rollback" in report.retention.keep[50]
+    assert sorted(c.step for c in layout.list_checkpoints(scratch)) == [30, 40, 50]
+
+
+def test_a_copy_damaged_in_the_store_does_not_let_its_source_go(make) -> None:
+    exp = make("damaged", keep_last=1)
+    scratch = Path(exp.paths.checkpoints)
+    _save(scratch, 10)
+    report = backup.run_backup(exp)
+    victim = report.store / "global_step10" / "layer_00-model_states.pt"
+    data = bytearray(victim.read_bytes())
+    data[7] ^= 0xFF  # same size: only a re-read finds it
+    victim.write_bytes(bytes(data))
+    _save(scratch, 20)
+    report = backup.run_backup(exp)
+    assert report.retention.delete == [10] and report.deleted == []  # chosen, but its copy failed the re-read
+    assert (scratch / "global_step10").is_dir()
+
+
+def test_to_another_runs_checkpoint_folder_is_refused_and_nothing_changes(make, trainings: Path) -> None:
+    mine, theirs = make("mine"), make("theirs")
+    _save(Path(mine.paths.checkpoints), 10)
+    for step in (10, 20):
+        _save(Path(theirs.paths.checkpoints), step)
+    before = _tree(Path(theirs.paths.checkpoints))
+    result = CliRunner().invoke(main, ["backup", "mine", "--to", theirs.paths.checkpoints,
+                                       "--trainings-dir", str(trainings)])
+    assert result.exit_code == 2 and "not a bsops backup store" in result.output and "Traceback" not in result.output
+    assert _tree(Path(theirs.paths.checkpoints)) == before
+
+
+class _Crafted:
+    """A pickle that would create `marker` when unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("kind", ["crafted", "corrupt"])
+def test_model_states_are_never_unpickled_and_a_bad_one_is_reported(make, trainings: Path, tmp_path: Path,
+                                                                    kind: str, plain_server) -> None:
+    inbox, port = plain_server
+    marker = tmp_path / "owned"
+    (trainings / "victim.yaml").write_text(tiny_yaml(tmp_path / "victim", f"backup: {json.dumps({'dest': str(tmp_path / 'store')})}\n",
+                                                     alerts_yaml(port)))
+    exp = load_experiment("victim", trainings)
+    scratch = Path(exp.paths.checkpoints)
+    layout.new_run_id(scratch)
+    bad = _save(scratch, 10, latest=False)
+    if kind == "crafted":  # torch.save's own format, as a real model-states file
+        import torch
+
+        torch.save({"module": None, "optimizer": _Crafted(marker)}, bad / "mp_rank_00_model_states.pt")
+    else:
+        (bad / "mp_rank_00_model_states.pt").write_bytes(os.urandom(500))
+    _save(scratch, 20)  # the final step of a longer run: copied weights-only too, and fine
+    result = CliRunner().invoke(main, ["backup", "victim", "--alert", "--trainings-dir", str(trainings)])
+    assert not marker.exists(), "a checkpoint file was unpickled"
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    [error] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "global_step10" in error and "restricted loader" in error and "1 checkpoint(s) not backed up" in error
+    assert "global_step20: weights only" in result.output  # the other checkpoint was backed up
+    assert len(inbox.messages) == 1 and "restricted loader" in inbox.messages[0].get_content()
+    assert (scratch / "global_step10").is_dir()
+
+
+@pytest.mark.parametrize("what, expected", [
+    ("file", "is a file"),
+    ("inside", "inside the checkpoints folder"),
+    ("holder", "holds the checkpoints folder"),
+    ("foreign", "not a bsops backup store"),
+])
+def test_destinations_that_are_not_a_store_are_refused(make, tmp_path: Path, what: str, expected: str) -> None:
+    exp = make("dests")
+    scratch = Path(exp.paths.checkpoints)
+    _save(scratch, 10)
+    dest = {"file": tmp_path / "a-file", "inside": scratch / "store", "holder": scratch.parent,
+            "foreign": tmp_path / "foreign"}[what]
+    if what == "file":
+        dest.write_text("x")
+    if what == "foreign":
+        dest.mkdir()
+        (dest / "notes.txt").write_text("mine")
+    with pytest.raises(backup.BackupError, match=expected):
+        backup.run_backup(exp, dest)
+    assert [c.step for c in layout.list_checkpoints(scratch)] == [10]
+
+
+def test_a_symbolic_link_in_a_checkpoint_is_never_followed(make, tmp_path: Path) -> None:
+    exp = make("linked", keep_last=1)
+    scratch = Path(exp.paths.checkpoints)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a checkpoint")
+    (_save(scratch, 10, latest=False) / "extra.pt").symlink_to(secret)
+    _save(scratch, 20)
+    report = backup.run_backup(exp)
+    assert list(report.failed) == ["global_step10"] and "symbolic link" in report.failed["global_step10"]
+    assert report.backed_up == ["global_step20"] and report.deleted == []
+    assert not any("secret" in p.name or p.is_symlink() for p in report.store.rglob("*"))
+    assert secret.read_text() == "not a checkpoint" and (scratch / "global_step10").is_dir()
