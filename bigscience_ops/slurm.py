@@ -588,6 +588,17 @@ def cancel(job_ids: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S) -> None:
     run(scancel_argv(job_ids), timeout=timeout)
 
 
+def cancel_pending(array_job_id: str, job_name: str, users: Sequence[str] = (),
+                   timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """Cancel the PENDING tasks of array `array_job_id` (never a running one), only when it is a job named
+    `job_name`; returns the ids cancelled."""
+    pending = [j for j in query_jobs(users=users, name=job_name, timeout=timeout)
+               if j.array_job_id == array_job_id and j.name == job_name and j.state == "PENDING"]
+    if pending:
+        run(["scancel", "--state=PENDING", array_job_id], timeout=timeout)
+    return [j.job_id for j in pending]
+
+
 def cancel_array(array_job_id: str, job_name: str, users: Sequence[str] = (),
                  timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
     """Cancel the queued tasks of array `array_job_id`, but only when it is a job named `job_name`

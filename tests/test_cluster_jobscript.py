@@ -104,3 +104,30 @@ def test_a_spent_failure_budget_cancels_the_rest_of_the_array_and_alerts_once(
     # Tasks 4 and 5 never started: no output file, nothing waiting for nodes.
     outputs = sorted(p.name for p in Path(exp.paths.logs).glob("*.out"))
     assert outputs == [f"{exp.slurm.job_name}-{job_id}_{i}.out" for i in (1, 2, 3)], outputs
+
+
+@pytest.mark.slow
+def test_leftover_tasks_of_a_finished_training_end_at_once_and_cancel_the_rest(
+        slurm_cluster: SlurmCluster, trainings: Path, tmp_path: Path, plain_server) -> None:
+    inbox, port = plain_server
+    setup = torchrun_shim(tmp_path / "shims", "echo trained >> \"$LOGS_PATH/trained\"; exit 1\n")
+    exp = experiment(trainings, tmp_path / "run", slurm_cluster, "done",
+                     f"slurm: {{job_name: {slurm_cluster.prefix}-done, partition: {slurm_cluster.partition}, "
+                     f"array: 4, time: '10', failure_budget: 1, env_setup: [{json.dumps(setup)}]}}\n"
+                     + alerts_yaml(port))
+    from bigscience_ops.run_schedule import run_schedule
+
+    final = run_schedule(exp).train_iters
+    checkpoints = Path(exp.paths.checkpoints)
+    (checkpoints / f"global_step{final}").mkdir(parents=True)
+    (checkpoints / f"global_step{final}" / "bsops.json").write_text(json.dumps({"iteration": final}))
+    (checkpoints / "latest").write_text(f"global_step{final}")
+    job_id = launch(exp, slurm_cluster)
+    wait_until("the array to leave the queue", lambda: not slurm_cluster.jobs(job_id), timeout=120, interval=1)
+    log = (Path(exp.paths.logs) / "main_log.txt").read_text()
+    assert f"not training: the training finished at iteration {final}" in log
+    assert f"cancelled the pending tasks of array {job_id} ({job_id}_[2-4" in log
+    # One task ran (and used no trainer), the others never started; no begin recorded, so no crash loop.
+    assert sorted(p.name for p in Path(exp.paths.logs).glob("*.out")) == [f"{exp.slurm.job_name}-{job_id}_1.out"]
+    assert attempts(exp) == [] and not (Path(exp.paths.logs) / "trained").exists()
+    assert inbox.messages == []

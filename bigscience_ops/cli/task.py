@@ -11,9 +11,10 @@ import click
 from bigscience_ops.cli.base import EXIT_PROBLEMS, main
 from bigscience_ops.errors import BsopsError
 
-# `task begin` exits with this when the task's allocation is not its node phase's: the job script then
-# ends without training and without counting a failure (the run goes on in the array at the new size).
-EXIT_OTHER_PHASE = 3
+# `task begin` exits with this when the task has nothing to train: the training is finished (a leftover
+# task of a generously sized array), or its allocation is not its node phase's (the run goes on in an
+# array at the new size). The job script then ends without training and without counting a failure.
+EXIT_NOT_TRAINING = 3
 
 
 @main.group(hidden=True)
@@ -45,8 +46,14 @@ def task_begin(experiment_json: Path) -> None:
 
     exp = _resolved(experiment_json)
     task_env = slurm.TaskEnv.from_env()
+    iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
+    if _finished(exp, iteration):
+        click.echo(f"not training: the training finished at iteration {iteration}; task {ledger.slurm_job_id()} "
+                   "ends at once (no nodes used, no failure counted)")
+        _cancel_pending(exp, task_env)
+        sys.exit(EXIT_NOT_TRAINING)
     if _other_phase(exp, task_env):
-        sys.exit(EXIT_OTHER_PHASE)
+        sys.exit(EXIT_NOT_TRAINING)
     failing = ledger.begin(Path(exp.paths.output), Path(exp.paths.checkpoints), exp.slurm.failure_budget)
     if failing is not None:
         _stop_crash_loop(exp, failing, task_env)
@@ -107,8 +114,34 @@ def task_end(experiment_json: Path, exit_code: int) -> None:
     attempt = ledger.end(Path(exp.paths.output), Path(exp.paths.checkpoints), exit_code)
     verdict = "made progress" if attempt.progressed else "made NO progress"
     click.echo(f"task {attempt.job_id} ended with exit code {exit_code} at iteration {attempt.end_iteration}: {verdict}")
-    if exit_code == 0:
+    if exit_code == 0 and _finished(exp, attempt.end_iteration or 0):
+        _cancel_pending(exp, task_env)  # the array's remaining tasks have nothing to train
+    elif exit_code == 0:
         _other_phase(exp, task_env)  # the training stopped at a node phase's boundary: the next task runs at the new size
+
+
+def _finished(exp, iteration: int) -> bool:
+    from bigscience_ops.run_schedule import run_schedule
+
+    return run_schedule(exp).finished(iteration)
+
+
+def _cancel_pending(exp, task_env) -> None:
+    """The training is finished: cancel the array's pending tasks so none waits for nodes only to end."""
+    from bigscience_ops import slurm
+    from bigscience_ops.submit import watched_users
+
+    array = task_env.array_job_id
+    if not array or task_env.local:
+        return
+    try:
+        ids = slurm.cancel_pending(array, exp.slurm.job_name, users=watched_users(exp))
+    except slurm.SlurmError as exc:
+        click.echo(f"the pending tasks of array {array} could not be cancelled ({' '.join(str(exc).split())[:200]}); "
+                   "each will end at once without training")
+        return
+    if ids:
+        click.echo(f"the training is finished: cancelled the pending tasks of array {array} ({', '.join(ids)})")
 
 
 def _other_phase(exp, task_env) -> bool:
