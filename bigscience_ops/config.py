@@ -30,6 +30,7 @@ from typing import Any
 from bigscience_ops import sizing
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.resources import ResourceError, bundled, is_bundled
+from bigscience_ops.rollbacks import with_recorded_skips
 from bigscience_ops.schedules import parse_skip_ranges
 from bigscience_ops.schema import Experiment, NodePhase
 from bigscience_ops.slurm import parse_time_limit
@@ -70,11 +71,13 @@ def experiment_path(name: str, trainings_dir: Path | None = None) -> Path:
 
 
 def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
-    """Load, merge `base:` chains, coerce, validate and derive one experiment."""
+    """Load, merge `base:` chains, coerce, validate and derive one experiment (with the skips its run's
+    rollbacks recorded)."""
     path = experiment_path(name, trainings_dir)
     raw, origins = _read_with_bases(path, trainings_dir or path.parent, chain=())
     raw.pop("base", None)
-    return _build(path.stem, raw, origins, str(path), project_folder(path), outputs_folder(path))
+    # A rollback's skipped iterations are part of the run from then on (rollbacks.py).
+    return with_recorded_skips(_build(path.stem, raw, origins, str(path), project_folder(path), outputs_folder(path)))
 
 
 def project_folder(experiment_file: Path) -> Path:

@@ -1,4 +1,4 @@
-"""`bsops convert` and `bsops warm-start`: what the checkpoints package makes of a run's checkpoints.
+"""`bsops convert`, `warm-start` and `rollback`: what the checkpoints package makes of a run's checkpoints.
 
 A transformers model folder from a checkpoint, or the first checkpoint of a deeper experiment from a
 trained shallower run. torch and transformers' formats are imported inside the commands only.
@@ -107,3 +107,35 @@ def warm_start_command(source: str, exp: str, trainings_dir: Path | None) -> Non
     src_layers = found.meta["model"]["num_layers"]
     click.echo(f"{found.path} ({src_layers} blocks, iteration {found.meta.get('iteration')}) -> {result.target} "
                f"({len(result.mapping)} blocks from source blocks {result.mapping})")
+
+
+@main.command("rollback")
+@click.argument("exp")
+@trainings_option
+@click.option("--to", "to_step", type=click.IntRange(min=0), required=True,
+              help="The step to go back to: a complete checkpoint at or before the one `latest` names.")
+@click.option("--skip", default=None, metavar="A-B",
+              help="Iterations A to B (after --to) to step over when the run trains them again: their data is "
+                   "consumed, no update is made (Megatron's --skip-train-iteration-range).")
+@click.option("--force", is_flag=True, help="Roll back although the ledger shows a task that began and never ended.")
+def rollback_command(exp: str, trainings_dir: Path | None, to_step: int, skip: str | None, force: bool) -> None:
+    """Move EXP's run back to global_step<TO>, setting the later checkpoints aside (nothing is deleted).
+
+    `latest` names the target afterwards; the later checkpoints move into
+    <checkpoints>/rolled-back-<time>/, which retention never touches; the event and the skipped range
+    go into <run>/rollbacks.jsonl, which plan, render and the trainer read from then on. Then relaunch.
+    """
+    import shlex
+
+    from bigscience_ops.checkpoints import rollback
+
+    experiment = load_experiment(exp, trainings_dir)
+    done = rollback.rollback(experiment, to_step, skip, force)
+    record = done.record
+    click.echo(f"latest: global_step{record.from_step} -> global_step{record.to_step}")
+    if done.moved:
+        click.echo(f"set aside (nothing deleted): {', '.join(done.moved)} in {record.set_aside}")
+    if record.skip:
+        click.echo(f"iterations {record.skip} will be stepped over (data consumed, no update): recorded in "
+                   f"{Path(experiment.paths.output) / 'rollbacks.jsonl'}")
+    click.echo(f"relaunch with: bsops launch {shlex.quote(exp)}")

@@ -1,0 +1,116 @@
+"""`bsops rollback`: latest moved back, later checkpoints set aside (never deleted), the skip recorded
+and read back by every command, and a real run that continues from the target over the skipped data."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bigscience_ops import ledger, rollbacks
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints.rollback import RollbackError, rollback
+from bigscience_ops.cli import main
+from bigscience_ops.config import load_experiment
+from bigscience_ops.ops import backup
+from tests.fixtures_experiments import tiny_yaml
+
+
+def _save(checkpoints: Path, step: int) -> None:
+    folder = checkpoints / f"global_step{step}"
+    folder.mkdir(parents=True)
+    (folder / "layer_00-model_states.pt").write_bytes(os.urandom(1000))
+    (folder / layout.META).write_text(json.dumps({"iteration": step}))
+    (checkpoints / layout.LATEST).write_text(f"global_step{step}")
+
+
+@pytest.fixture
+def exp(trainings: Path, tmp_path: Path):
+    (trainings / "run.yaml").write_text(tiny_yaml(tmp_path / "run", "backup: {dest: " + json.dumps(str(tmp_path / "store"))
+                                                  + ", keep_last: 1}\n"))
+    exp = load_experiment("run", trainings)
+    for step in (50, 100, 120):
+        _save(Path(exp.paths.checkpoints), step)
+    (Path(exp.paths.checkpoints) / "global_step120_universal").mkdir()
+    return exp
+
+
+def test_rollback_sets_aside_records_and_every_command_reads_the_skip(exp, trainings: Path) -> None:
+    checkpoints = Path(exp.paths.checkpoints)
+    result = CliRunner().invoke(main, ["rollback", "run", "--to", "50", "--skip", "91-100", "--trainings-dir", str(trainings)])
+    assert result.exit_code == 0, result.output
+    assert layout.latest_step(checkpoints) == 50 and [c.step for c in layout.list_checkpoints(checkpoints)] == [50]
+    [aside] = [p for p in checkpoints.iterdir() if p.name.startswith("rolled-back-")]
+    assert sorted(p.name for p in aside.iterdir()) == ["global_step100", "global_step120", "global_step120_universal"]
+    assert "set aside (nothing deleted): global_step100, global_step120" in result.output
+    assert "relaunch with: bsops launch run" in result.output
+    [record] = rollbacks.read(Path(exp.paths.output))
+    assert (record.from_step, record.to_step, record.skip, record.set_aside) == (120, 50, "91-100", str(aside))
+    again = load_experiment("run", trainings)
+    assert again.train.skip_iterations == ["91-100"]
+    plan = CliRunner().invoke(main, ["plan", "run", "--json", "--trainings-dir", str(trainings)])
+    assert plan.exit_code in (0, 1), plan.output
+    render = CliRunner().invoke(main, ["render", "run", "--trainings-dir", str(trainings), "--out",
+                                       str(Path(exp.paths.output) / "rendered")])
+    rendered = json.loads((Path(exp.paths.output) / "rendered" / "experiment.json").read_text())
+    assert render.exit_code == 0 and rendered["train"]["skip_iterations"] == ["91-100"]
+    # The backup's retention never sees the set-aside checkpoints.
+    report = backup.run_backup(again)
+    assert report.backed_up == ["global_step50"] and report.deleted == []
+    assert sorted(p.name for p in aside.iterdir()) == ["global_step100", "global_step120", "global_step120_universal"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--to", "60"], "not a complete checkpoint"),
+    (["--to", "50", "--skip", "40-60"], "must come after --to 50"),
+    (["--to", "50", "--skip", "60-x"], "expected START-END"),
+    (["--to", "50", "--skip", "60-999999"], "end by the last step"),
+])
+def test_bad_requests_are_refused_and_nothing_moves(exp, trainings: Path, args: list[str], message: str) -> None:
+    before = sorted(p.name for p in Path(exp.paths.checkpoints).iterdir())
+    result = CliRunner().invoke(main, ["rollback", "run", *args, "--trainings-dir", str(trainings)])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    assert sorted(p.name for p in Path(exp.paths.checkpoints).iterdir()) == before
+    assert rollbacks.read(Path(exp.paths.output)) == []
+
+
+def test_a_training_task_still_running_is_not_rolled_back_under(exp) -> None:
+    ledger.append(Path(exp.paths.output) / ledger.LEDGER_NAME, ledger.TaskRecord("begin", "9_1", "n1", 120, 1.0))
+    with pytest.raises(RollbackError, match="has not ended"):
+        rollback(exp, 50)
+    assert layout.latest_step(Path(exp.paths.checkpoints)) == 120
+    assert rollback(exp, 100, force=True).moved == ["global_step120"]
+
+
+@pytest.mark.slow
+def test_a_spike_rolled_back_with_its_data_skipped_trains_on_from_the_target(tmp_path: Path) -> None:
+    from bigscience_ops.ops import health
+    from bigscience_ops.run_schedule import run_schedule
+    from tests.fixtures_trainer import checkpoint_steps, run_ok, scalars, small_experiment, write_run
+
+    out = tmp_path / "run"
+    first = small_experiment(out, train=dict(samples=500), logging=dict(log_interval=1, eval_interval=100))
+    final = run_schedule(first).train_iters
+    write_run(first, out)
+    spiked = run_ok(out, 2, env={"BSOPS_CORRUPT_AT": "45"})
+    assert [f.iteration for f in health.check(health.entries(spiked.stdout.split("\n")), every=True)
+            if f.kind == "loss-spike"] == [45]
+    before = scalars(out / "tensorboard", "lm loss")
+    done = rollback(first, 40, "44-45")
+    assert done.moved == [f"global_step{s}" for s in run_schedule(first).save_steps if s > 40]
+    assert checkpoint_steps(out) == [10, 20, 30, 40]
+    relaunched = rollbacks.with_recorded_skips(first)  # what load_experiment hands every command
+    assert relaunched.train.skip_iterations == ["44-45"]
+    write_run(relaunched, out)
+    again = run_ok(out, 2)
+    assert "global_step40" in again.stdout and "> skipping iterations 44 to 45" in again.stdout
+    after = scalars(out / "tensorboard", "lm loss")
+    assert [after[i] for i in (41, 42, 43)] == [before[i] for i in (41, 42, 43)]  # same data, same state: bitwise
+    trained = {int(line.split("/")[0].split()[-1]) for line in again.stdout.split("\n")
+               if line.strip().startswith("iteration") and "lm loss" in line}
+    assert 44 not in trained and 45 not in trained and final in trained
+    assert layout.latest_step(out / "checkpoints") == final
+    assert health.check(health.entries(again.stdout.split("\n")), every=True) == []
