@@ -39,10 +39,10 @@ def test_job_names_come_from_the_script(tmp_path: Path) -> None:
 
 
 def test_runner_and_status_job_scripts_are_valid_bash(tmp_path: Path) -> None:
-    settings = cron.CronSettings(partition="cpu p", env_setup=["source /opt/env.sh"])
+    settings = cron.CronSettings(partition="cpu_p,prepost", env_setup=["source /opt/env.sh"])
     runner = cron.write_runner(cron.render_runner(tmp_path, "hourly", settings, period_seconds=5))
     text = runner.read_text()
-    assert "#SBATCH --job-name=bsops-cron-hourly\n" in text and "#SBATCH --partition='cpu p'\n" in text
+    assert "#SBATCH --job-name=bsops-cron-hourly\n" in text and "#SBATCH --partition=cpu_p,prepost\n" in text
     assert "--period-seconds 5" in text and "source /opt/env.sh\n" in text
     assert subprocess.run(["bash", "-n", str(runner)], timeout=30).returncode == 0
     result = CliRunner().invoke(main, ["cron", "add", "tr1-13B", "--cron-dir", str(tmp_path)])

@@ -20,7 +20,7 @@ from pathlib import Path
 from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import notify
-from bigscience_ops.schema import AlertsConfig
+from bigscience_ops.schema import SLURM_NAME, SLURM_NAMES, SLURM_TIME, AlertsConfig
 from bigscience_ops.slurm import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
@@ -35,11 +35,12 @@ class CronError(BsopsError):
 class CronSettings:
     """cron/cron.yaml: where the runner jobs run and who hears about failures."""
 
-    partition: str | None = documented(None, "--partition of the runner jobs")
-    account: str | None = documented(None, "--account of the runner jobs")
-    qos: str | None = documented(None, "--qos of the runner jobs")
-    time: str = documented("00:20:00", "--time of one runner job")
-    name_prefix: str = documented("bsops-cron", "runner job names are <prefix>-hourly and <prefix>-daily")
+    partition: str | None = documented(None, "--partition of the runner jobs", charset=SLURM_NAMES)
+    account: str | None = documented(None, "--account of the runner jobs", charset=SLURM_NAME)
+    qos: str | None = documented(None, "--qos of the runner jobs", charset=SLURM_NAME)
+    time: str = documented("00:20:00", "--time of one runner job", charset=SLURM_TIME)
+    name_prefix: str = documented("bsops-cron", "runner job names are <prefix>-hourly and <prefix>-daily",
+                                  charset=SLURM_NAME)
     env_setup: list[str] = documented(factory=list, doc="shell lines that put bsops on PATH (trusted shell code, "
                                       "one line per item)", trusted_shell_line=True)
     alerts: AlertsConfig = documented(factory=AlertsConfig, doc="who is told when a submission fails")
@@ -88,11 +89,13 @@ def render_runner(cron_dir: Path, period: str, settings: CronSettings, period_se
     cron_dir = Path(cron_dir).resolve()
     name = runner_name(period, settings.name_prefix)
     path = cron_dir / "runners" / f"{name}.slurm"
-    optional = [(opt, getattr(settings, opt)) for opt in ("partition", "account", "qos") if getattr(settings, opt)]
+    where = f"{cron_dir / 'cron.yaml'}"
+    rendering.slurm_options(where, {"job-name": name})
+    optional = rendering.slurm_options(where, {opt: getattr(settings, opt) or None for opt in ("partition", "account", "qos")})
     text = rendering.environment().get_template("cron-runner.slurm.j2").render(
         name=name, period=period, seconds=period_seconds or PERIODS[period], time=settings.time,
         optional=optional, env_setup=[rendering.Raw(line) for line in settings.env_setup],
-        cron_dir=str(cron_dir), script=str(path), logs=str(cron_dir / "logs"),
+        cron_dir=str(cron_dir), script=str(path), output=rendering.output_option(cron_dir / "logs", "%x-%j.out"),
     )
     return RunnerScript(path, text)
 

@@ -52,13 +52,16 @@ def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, sett
         raise ValueError(f"job kind {kind!r}: one of {', '.join(JOBS)}")
     job = JOBS[kind]
     cron_dir = Path(cron_dir).resolve()
-    optional = [(opt, getattr(settings, opt)) for opt in ("partition", "account", "qos") if getattr(settings, opt)]
+    [(_, job_name)] = rendering.slurm_options(f"experiment {exp.name}", {
+        "job-name": f"{exp.slurm.job_name or exp.name}-{job.suffix}"})
+    optional = rendering.slurm_options(f"{cron_dir / 'cron.yaml'}", {
+        opt: getattr(settings, opt) or None for opt in ("partition", "account", "qos")})
     arguments = ["--cron-dir", str(cron_dir)] if kind == "status" else ["--alert"]
     text = rendering.environment().get_template("hourly-job.slurm.j2").render(
-        job_name=f"{exp.slurm.job_name}-{job.suffix}", experiment=exp.name,
+        job_name=job_name, experiment=exp.name,
         trainings_dir=str(Path(trainings_dir).resolve()), time=job.time, what=job.what, about=job.about,
         command=job.command, arguments=arguments, alert_is_success=job.alert_is_success, optional=optional,
-        env_setup=[rendering.Raw(line) for line in settings.env_setup], logs=str(cron_dir / "logs"),
+        env_setup=[rendering.Raw(line) for line in settings.env_setup], output=rendering.output_option(cron_dir / "logs", "%x-%j.out"),
         workdir=str(Path(workdir or Path.cwd()).resolve()),
     )
     return RunnerScript(cron_dir / "cron.hourly" / f"{exp.name}-{job.suffix}.slurm", text)

@@ -10,6 +10,7 @@ Everything outside the block, the user's own entries and comments, is kept byte 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -73,7 +74,7 @@ def _refuse_control(field: str, value: str, kind: str = PLAIN) -> None:
 
 def merge(existing: str, new_block: str) -> str:
     """`existing` with its bsops block replaced by `new_block`, or with the block appended."""
-    lines = existing.splitlines(keepends=True)
+    lines = [line for line in re.split(r"(?<=\n)", existing) if line]  # on \n only, as scrontab reads it
     starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == BEGIN]
     ends = [i for i, line in enumerate(lines) if line.rstrip("\n") == END]
     if len(starts) > 1 or len(ends) > 1 or len(starts) != len(ends) or (starts and ends[0] < starts[0]):
