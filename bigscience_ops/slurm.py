@@ -353,7 +353,9 @@ def unparsed_note(jobs: Sequence[Job]) -> str | None:
     if not unparsed:
         return None
     shown = "; ".join(repr(line[:80]) for line in unparsed[:3])
-    return f"{len(unparsed)} squeue entr{'y' if len(unparsed) == 1 else 'ies'} did not parse and were skipped: {shown}"
+    counted = "1 squeue entry did not parse and was" if len(unparsed) == 1 else \
+        f"{len(unparsed)} squeue entries did not parse and were"
+    return f"{counted} skipped: {shown}"
 
 
 def parse_duration(text: str) -> int:

@@ -33,9 +33,14 @@ def test_job_names_come_from_the_script(tmp_path: Path) -> None:
     (tmp_path / "cron.hourly" / "a.slurm").write_text("#!/bin/bash\n#SBATCH --job-name='a long name'\necho\n")
     (tmp_path / "cron.hourly" / "b.slurm").write_text("#!/bin/bash\necho\n#SBATCH --job-name=ignored\n")
     (tmp_path / "cron.hourly" / "notes.txt").write_text("not a job")
-    assert cron.folder_jobs(tmp_path, "hourly") == [
-        (tmp_path / "cron.hourly" / "a.slurm", "a long name"), (tmp_path / "cron.hourly" / "b.slurm", "b")]
-    assert cron.folder_jobs(tmp_path, "daily") == []
+    (tmp_path / "cron.hourly" / "c.slurm").write_text("#!/bin/bash\n#SBATCH --job-name='it\\'s' # note\necho\n")
+    scripts = cron.folder_scripts(tmp_path, "hourly")
+    assert [(s.name, slurm.script_job_name(s)) for s in scripts] == [
+        ("a.slurm", "a long name"), ("b.slurm", "b"), ("c.slurm", "it's")]
+    assert cron.folder_scripts(tmp_path, "daily") == []
+    (tmp_path / "cron.hourly" / "d.slurm").write_text("#!/bin/bash\n#SBATCH --job-name='unclosed\necho\n")
+    with pytest.raises(ValueError, match="unmatched"):
+        slurm.script_job_name(tmp_path / "cron.hourly" / "d.slurm")
 
 
 def test_runner_and_status_job_scripts_are_valid_bash(tmp_path: Path) -> None:
@@ -154,6 +159,40 @@ def test_a_failed_submission_is_logged_as_alert(cron_dir: Path, slurm_cluster) -
     assert "***ALERT: cron.hourly: submitting" in (cron_dir / "logs" / "cron.hourly.log").read_text()
 
 
+
+
+# squeue that also prints a recorded entry of another user's job whose name holds a real newline.
+HOSTILE_SQUEUE = """#!/bin/bash
+{real} "$@" || exit
+cat {recorded}
+"""
+
+
+@pytest.mark.slurm
+def test_one_bad_script_and_a_hostile_queue_entry_never_stop_a_pass(cron_dir: Path, slurm_cluster, plain_server,
+                                                                     tmp_path: Path, monkeypatch) -> None:
+    """A script sbatch would refuse (an unclosed quote) is logged, emailed and skipped; the job beside it
+    is submitted; an unparsable queue entry is counted in the log, not fatal."""
+    inbox, port = plain_server
+    with open(cron_dir / "cron.yaml", "a") as handle:
+        handle.write(alerts_yaml(port))
+    (tmp_path / "recorded").write_bytes((Path(__file__).parent / "assets" / "slurm" / "squeue-hostile-names.txt")
+                                        .read_bytes())
+    (tmp_path / "squeue").write_text(HOSTILE_SQUEUE.format(real=shutil.which("squeue"), recorded=tmp_path / "recorded"))
+    (tmp_path / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    (cron_dir / "cron.hourly" / "a-broken.slurm").write_text("#!/bin/bash\n#SBATCH --job-name='unclosed\necho\n")
+    watchdog = f"{slurm_cluster.prefix}-watchdog"
+    (cron_dir / "cron.hourly" / "b-watchdog.slurm").write_text(
+        f"#!/bin/bash\n#SBATCH --job-name={watchdog}\n#SBATCH --time=1\n#SBATCH --output=/dev/null\n#SBATCH --hold\necho\n")
+    report = cron.run_pass(cron_dir, "hourly", runner=None)
+    slurm_cluster.submitted += [job_id for _, job_id in report.submitted]
+    assert [name for name, _ in report.submitted] == [watchdog]
+    assert [what for what, _ in report.failed] == [f"reading {cron_dir / 'cron.hourly' / 'a-broken.slurm'}"]
+    log = cron.log_path(cron_dir, "hourly").read_text()
+    assert "unmatched" in log and "1 squeue entry did not parse and was skipped" in log
+    [mail] = inbox.messages
+    assert "a-broken.slurm" in mail.get_content()
 
 
 # squeue that fails on its first call, as a controller under load answers, then is the real one.

@@ -68,13 +68,10 @@ def next_boundary(now: dt.datetime, seconds: int) -> dt.datetime:
     return dt.datetime.fromtimestamp((stamp // seconds + 1) * seconds, tz=now.tzinfo)
 
 
-def folder_jobs(cron_dir: Path, period: str) -> list[tuple[Path, str]]:
-    """(script, job name) for each *.slurm in cron.<period>/; the name from #SBATCH --job-name or the file."""
-    folder = Path(cron_dir) / f"cron.{period}"
-    jobs = []
-    for script in sorted(folder.glob("*.slurm")):
-        jobs.append((script, slurm.script_job_name(script)))
-    return jobs
+def folder_scripts(cron_dir: Path, period: str) -> list[Path]:
+    """The job scripts of cron.<period>/: each *.slurm; run_pass reads each one's job name as sbatch does
+    (slurm.script_job_name), and reports and skips one it cannot read."""
+    return sorted((Path(cron_dir) / f"cron.{period}").glob("*.slurm"))
 
 
 @dataclass(frozen=True)
@@ -160,6 +157,9 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
     except slurm.SlurmError as exc:
         fail("squeue", " ".join(str(exc).split()))
         jobs = None
+    note = slurm.unparsed_note(jobs) if jobs is not None else None
+    if note is not None:
+        report.lines.append(log_line(now, note))
     if jobs is not None and runner is not None:
         _keep_one_next_runner(report, jobs, name, runner, period_seconds or PERIODS[period], now, self_job_id, fail)
     if jobs is not None:
@@ -204,8 +204,13 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
 
 
 def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, now: dt.datetime, fail) -> None:
-    scripts = folder_jobs(cron_dir, period)
-    for script, name in scripts:
+    scripts = folder_scripts(cron_dir, period)
+    for script in scripts:
+        try:
+            name = slurm.script_job_name(script)
+        except (ValueError, OSError) as exc:  # one bad script is reported and skipped, never ends the pass
+            fail(f"reading {script}", " ".join(str(exc).split()))
+            continue
         queued = _queued(jobs, name)
         if queued:
             why = f"previous instance {queued[0].job_id} still {queued[0].state.lower()}"
