@@ -78,10 +78,12 @@ def test_cron_jobs_run_where_their_experiment_resolved_its_outputs(trainings: Pa
         result = CliRunner().invoke(main, ["cron", "add", "tiny", "--cron-dir", str(cron_dir), *options])
         assert result.exit_code == 0, result.output
         (tmp_path / "ran-in").unlink(missing_ok=True)
-        for script in sorted((cron_dir / "cron.hourly").glob("*.slurm")):
+        scripts = sorted((cron_dir / "cron.hourly").glob("*.slurm"))  # tiny has no hub repos or backup.dest
+        assert [s.name for s in scripts] == ["tiny-slurm-status.slurm"]
+        for script in scripts:
             ran = subprocess.run(["bash", str(script)], cwd="/", env=env, capture_output=True, text=True, timeout=30)
             assert ran.returncode == 0, ran.stderr
-        assert (tmp_path / "ran-in").read_text().splitlines() == [str(folder.resolve())] * 3, case
+        assert (tmp_path / "ran-in").read_text().splitlines() == [str(folder.resolve())], case
 
 def test_cron_settings_reject_unknown_keys(tmp_path: Path) -> None:
     (tmp_path / "cron.yaml").write_text("partiton: cpu\n")
@@ -262,3 +264,20 @@ def test_cron_status_alerts_on_a_chain_that_missed_its_period(tmp_path: Path) ->
     states = {s.name: s for s in cron.chains(tmp_path, jobs=[on_time], now=now)}
     assert len(states["c-daily"].problems) == 1 and "last pass" in states["c-daily"].problems[0]
     assert len(states["c-hourly"].problems) == 1 and "not queued" in states["c-hourly"].problems[0]
+
+
+@pytest.mark.parametrize(("jobs", "field"), [("backup", "backup.dest"), ("status,hub-sync", "hub.logs_repo")])
+def test_cron_add_refuses_a_job_whose_settings_are_missing(tmp_path: Path, jobs: str, field: str) -> None:
+    """tr1-13B-short has neither backup.dest nor a hub repo: its hourly backup or sync could only fail."""
+    cron_dir = tmp_path / "cron"
+    result = CliRunner().invoke(main, ["cron", "add", "tr1-13B-short", "--jobs", jobs, "--cron-dir", str(cron_dir)])
+    assert result.exit_code == 2 and result.output.startswith("error: ") and len(result.output.splitlines()) == 1
+    assert f"{field}: got None" in result.output and "Traceback" not in result.output
+    assert not (cron_dir / "cron.hourly").exists() or not list((cron_dir / "cron.hourly").iterdir())
+
+
+def test_cron_add_by_default_writes_the_jobs_the_experiment_has_settings_for(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["cron", "add", "tr1-13B-short", "--cron-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "not adding the backup job: backup.dest is not set" in result.output
+    assert [p.name for p in (tmp_path / "cron.hourly").iterdir()] == ["tr1-13B-short-slurm-status.slurm"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops import render as rendering
+from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.cron import CronSettings, RunnerScript
 from bigscience_ops.schema import Experiment
 
@@ -44,12 +45,34 @@ JOBS: dict[str, HourlyJob] = {
 }
 
 
+def missing_setting(kind: str, exp: Experiment) -> tuple[str, str] | None:
+    """(field, what to set) when exp lacks what job `kind` needs (an hourly job that could only fail
+    and alert every hour), else None."""
+    if kind == "backup" and not exp.backup.dest:
+        return "backup.dest", "the backup folder the hourly backup copies checkpoints to"
+    hub = exp.hub
+    if kind == "hub-sync" and not (hub.logs_repo or hub.tensorboard_repo or hub.codecarbon_repo):
+        return "hub.logs_repo", "at least one of hub.logs_repo, hub.tensorboard_repo, hub.codecarbon_repo"
+    return None
+
+
+def configured(exp: Experiment) -> list[str]:
+    """The jobs of JOBS that exp has the settings for (the watchdog always)."""
+    return [kind for kind in JOBS if missing_setting(kind, exp) is None]
+
+
 def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, settings: CronSettings,
            workdir: Path | None = None) -> RunnerScript:
     """cron.hourly/<exp>-<suffix>.slurm for one of JOBS; the job runs in `workdir` (default: the current folder),
-    the folder exp's relative outputs resolved against (config.outputs_folder)."""
+    the folder exp's relative outputs resolved against (config.outputs_folder). Raises ConfigError when exp
+    lacks a setting the job needs (missing_setting)."""
     if kind not in JOBS:
         raise ValueError(f"job kind {kind!r}: one of {', '.join(JOBS)}")
+    missing = missing_setting(kind, exp)
+    if missing is not None:
+        field, what = missing
+        raise ConfigError(f"experiment {exp.name}", field, None,
+                          f"the hourly {kind} job needs {what}: set it, or leave {kind} out of --jobs")
     job = JOBS[kind]
     cron_dir = Path(cron_dir).resolve()
     [(_, job_name)] = rendering.slurm_options(f"experiment {exp.name}", {
