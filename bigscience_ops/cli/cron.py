@@ -77,6 +77,7 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
         raise click.BadParameter(f"got {jobs!r}; allowed: a comma-separated list of {', '.join(hourly_jobs.JOBS)}",
                                  param_hint="--jobs")
     cron_dir = cron_dir or default_cron_dir()
+    settings = cronlib.load_settings(cron_dir)
     experiment = load_experiment(exp, trainings_dir)
     if jobs is None:
         kinds = hourly_jobs.configured(experiment)
@@ -86,7 +87,6 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
                 click.echo(f"not adding the {kind} job: {field} is not set ({what})")
     path = experiment_path(exp, trainings_dir)
     folder, workdir = path.parent, outputs_folder(path)  # the jobs resolve EXP's outputs as this command did
-    settings = cronlib.load_settings(cron_dir)
     rendered = [hourly_jobs.render(kind, cron_dir, experiment, folder, settings, workdir) for kind in kinds]
     for job in rendered:  # all rendered before any is written: a refused value leaves the folder as it was
         click.echo(f"wrote {cronlib.write_runner(job)}")
