@@ -5,6 +5,10 @@ a template cannot forget to quote; only values wrapped with the `raw` filter (th
 own env_setup shell lines, and `#`-comment text) go through unquoted. Quoting cannot save an
 `#SBATCH` line from a newline, so `finalize` also refuses every control character (a raw shell
 line may hold a tab): the second wall behind the config loader's check.
+
+`#SBATCH` lines are read by sbatch's own parser, not bash: their values go through the `sbatch`
+filter (slurm.sbatch_quote), and Slurm names are checked against their field's character set
+(`slurm_options`) even when a config was built in code and bypassed the loader.
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ from pathlib import Path
 
 import jinja2
 
-from bigscience_ops import __version__
+from bigscience_ops import __version__, slurm
 from bigscience_ops.config import to_dict
-from bigscience_ops.schema import Experiment
+from bigscience_ops.schema import SLURM_CONSTRAINT, SLURM_NAME, SLURM_NAMES, SLURM_NODES, Experiment
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.plan import Plan
 from bigscience_ops.resources import bundled
-from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, control_allowed, control_character
+from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, Charset, check_charset, control_allowed, control_character
 
 TEMPLATES = bundled("templates")
 EXPERIMENT_JSON = "experiment.json"
@@ -59,6 +63,41 @@ def _comment(value: object) -> Raw:
     return Raw(" ".join(str(value).split()))
 
 
+def _sbatch(value: object) -> Raw:
+    """A value for an `#SBATCH --opt=VALUE` line, written for sbatch's parser (slurm.sbatch_quote)."""
+    try:
+        return Raw(slurm.sbatch_quote(value))
+    except ValueError as exc:
+        raise RenderError(f"refusing to render an #SBATCH value: {exc}") from None
+
+
+# The Slurm names an #SBATCH (or #SCRON) line may carry, each with its field's character set.
+NAME_OPTIONS: dict[str, Charset] = {"job-name": SLURM_NAME, "partition": SLURM_NAMES, "account": SLURM_NAME,
+                                    "qos": SLURM_NAME, "constraint": SLURM_CONSTRAINT, "exclude": SLURM_NODES}
+
+
+def slurm_options(where: str, values: dict[str, str | None]) -> list[tuple[str, str]]:
+    """(option, value) for each option set in `values` (an option of NAME_OPTIONS -> its value), each
+    checked against its character set; `where` names the values' origin in the error."""
+    options = []
+    for option, value in values.items():
+        if value is None:
+            continue
+        refused = check_charset(NAME_OPTIONS[option], value)
+        if refused is not None:
+            raise RenderError(f"refusing to render --{option}={value!r} of {where} into a job script: {refused}")
+        options.append((option, value))
+    return options
+
+
+def output_option(folder: str | Path, pattern: str) -> str:
+    """The --output value for a log `pattern` (`%x-%j.out`) in `folder` (slurm.output_path)."""
+    try:
+        return slurm.output_path(folder, pattern)
+    except ValueError as exc:
+        raise RenderError(f"refusing to render --output: {exc}") from None
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
@@ -71,6 +110,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters["raw"] = Raw
     env.filters["comment"] = _comment
+    env.filters["sbatch"] = _sbatch
     return env
 
 
@@ -125,16 +165,19 @@ def render(exp: Experiment, out_dir: Path, plan: Plan) -> Rendered:
     deepspeed = deepspeed_config(exp)
     out_dir = Path(out_dir).resolve()
     s = exp.slurm
-    optional = [(opt, getattr(s, opt)) for opt in ("partition", "account", "constraint", "qos") if getattr(s, opt)]
-    if s.exclude:
-        optional.append(("exclude", ",".join(s.exclude)))
+    where = f"experiment {exp.name}"
+    [(_, job_name)] = slurm_options(where, {"job-name": s.job_name or exp.name})
+    optional = slurm_options(where, {"partition": s.partition or None, "account": s.account or None,
+                                     "constraint": s.constraint or None, "qos": s.qos or None,
+                                     "exclude": ",".join(s.exclude) or None})
     context = {
         "version": __version__,
         "exp": exp,
         "plan": plan,
         "gpu": s.device == "gpu",
         "array": f"1-{s.array}%1",
-        "output_pattern": f"{exp.paths.logs}/%x-%A_%a.out",
+        "job_name": job_name,
+        "output_pattern": output_option(exp.paths.logs, "%x-%A_%a.out"),
         "optional": optional,
         "env_setup": [Raw(line) for line in s.env_setup],
         "run_dir": str(out_dir),

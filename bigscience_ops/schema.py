@@ -11,7 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bigscience_ops.typedyaml import documented
+from bigscience_ops.typedyaml import Charset, documented
+
+# What may reach an `#SBATCH` or `#SCRON` line. Slurm reads those lines with parsers of its own, not
+# bash: sbatch takes a backslash as an escape even inside quotes and a bare `#` as the end of the
+# line, scrontab splits on spaces and knows no quotes. Names are therefore kept to characters that
+# mean nothing to either parser; a path is written quoted for sbatch (render.py) and refused only
+# where Slurm cannot carry it.
+SLURM_NAME = Charset(r"[A-Za-z0-9._@+-]", "a Slurm name: ASCII letters, digits and . _ @ + -, not starting with -")
+SLURM_NAMES = Charset(r"[A-Za-z0-9._@+,-]", "Slurm names separated by commas: ASCII letters, digits and . _ @ + -, "
+                                            "not starting with -")
+SLURM_CONSTRAINT = Charset(r"[A-Za-z0-9._@+,&|*:\[\]()-]", "node features: ASCII letters, digits and . _ @ + - "
+                                                            "joined by & | , * : [ ] ( ), not starting with -")
+SLURM_NODES = Charset(r"[A-Za-z0-9._\[\],-]", "a node name or range (r7i4n[1-7]): ASCII letters, digits, . _ - "
+                                              "and [ ] , for ranges, not starting with -")
+SLURM_TIME = Charset(r"[0-9:-]", "a Slurm time limit: digits, ':' and '-' (20:00:00, 1-00:00:00)")
+OUTPUT_PATH = Charset(r"[^\\\x00-\x1f\x7f\x85\u2028\u2029]",
+                      "a path without backslash (Slurm drops it from --output and stops expanding %x there), "
+                      "control characters or Unicode line breaks")
 
 
 @dataclass(frozen=True)
@@ -172,14 +189,14 @@ class NodePhase:
 
 @dataclass(frozen=True)
 class SlurmConfig:
-    job_name: str | None = documented(None, "Slurm job name; derived as the experiment name")
-    partition: str | None = documented(None, "--partition")
-    account: str | None = documented(None, "--account")
-    constraint: str | None = documented(None, "--constraint")
+    job_name: str | None = documented(None, "Slurm job name; derived as the experiment name", charset=SLURM_NAME)
+    partition: str | None = documented(None, "--partition", charset=SLURM_NAMES)
+    account: str | None = documented(None, "--account", charset=SLURM_NAME)
+    constraint: str | None = documented(None, "--constraint", charset=SLURM_CONSTRAINT)
     gpu_memory_gb: float | None = documented(
         None, "memory of one GPU in GB as sold (32 for a V100-32GB); default: known from constraint (v100-32g, a100-80g, h100, ...)", above=0)
-    qos: str | None = documented(None, "--qos")
-    time: str = documented("20:00:00", "--time of each array task")
+    qos: str | None = documented(None, "--qos", charset=SLURM_NAME)
+    time: str = documented("20:00:00", "--time of each array task", charset=SLURM_TIME)
     nodes: int | None = documented(
         None, "--nodes of a run on one node count; derived as 1, or from node_schedule (the phase being launched)", at_least=1)
     node_schedule: list[NodePhase] = documented(
@@ -190,7 +207,7 @@ class SlurmConfig:
     cpus_per_task: int = documented(1, "--cpus-per-task of the per-node launcher", at_least=1)
     array: int = documented(1, "array length: tasks run one at a time (--array=1-N%1)", at_least=1)
     group: str | None = documented(None, "watch jobs of every user in this Unix group")
-    exclude: list[str] = documented(factory=list, doc="nodes to keep the job off (--exclude)")
+    exclude: list[str] = documented(factory=list, doc="nodes to keep the job off (--exclude)", charset=SLURM_NODES)
     env_setup: list[str] = documented(factory=list, doc="shell lines run before training (trusted shell code, one line per item)",
                                       trusted_shell_line=True)
     master_port: int = documented(6000, "rendezvous port on the first node")
@@ -202,10 +219,10 @@ class SlurmConfig:
 
 @dataclass(frozen=True)
 class PathsConfig:
-    output: str | None = documented(None, "run folder; derived as runs/<name>")
+    output: str | None = documented(None, "run folder; derived as runs/<name>", charset=OUTPUT_PATH)
     checkpoints: str | None = documented(None, "derived as <output>/checkpoints")
     tensorboard: str | None = documented(None, "derived as <output>/tensorboard")
-    logs: str | None = documented(None, "derived as <output>/logs")
+    logs: str | None = documented(None, "derived as <output>/logs (the job's --output folder)", charset=OUTPUT_PATH)
     codecarbon: str | None = documented(None, "derived as <output>/codecarbon")
 
 

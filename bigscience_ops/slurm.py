@@ -305,32 +305,57 @@ WAITING_STATES = frozenset({"PENDING", "REQUEUED", "RESIZING"})
 QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still holds its place in the queue
 
 
-def parse_squeue(text: str) -> list[Job]:
-    """Parse the output of `squeue_argv()`; raises SlurmError quoting a line that does not fit."""
-    jobs = []
-    for line in text.splitlines():
+class Jobs(list):
+    """squeue's jobs, and `unparsed`: the lines that did not parse. Any user names their jobs, and a
+    name may hold line breaks or anything else: such a line is skipped and counted, so one hostile
+    entry never hides the rest of the queue."""
+
+    def __init__(self, jobs: Sequence[Job] = (), unparsed: Sequence[str] = ()) -> None:
+        super().__init__(jobs)
+        self.unparsed: tuple[str, ...] = tuple(unparsed)
+
+
+def parse_squeue(text: str) -> Jobs:
+    """Parse the output of `squeue_argv()`, split on `\\n` only (a job name may hold U+2028, U+0085 or
+    U+001E, where str.splitlines() would break); a line that does not fit goes to `Jobs.unparsed`."""
+    jobs, unparsed = [], []
+    for line in text.split("\n"):
         if not line.strip():
             continue
-        parts = line.split(SQUEUE_DELIMITER, len(SQUEUE_FIELDS) - 1)
-        if len(parts) != len(SQUEUE_FIELDS):
-            raise SlurmError(f"squeue line has {len(parts)} fields, expected {len(SQUEUE_FIELDS)} "
-                             f"separated by {SQUEUE_DELIMITER!r}: {line!r}")
-        f = dict(zip((name for name, _ in SQUEUE_FIELDS), parts))
         try:
-            jobs.append(Job(
-                job_id=f["job_id"], array_job_id=f["array_job_id"],
-                array_task=None if f["array_task"] in ("N/A", "") else f["array_task"],
-                name=f["name"], user=f["user"], state=f["state"], reason=f["reason"],
-                partition=f["partition"], num_nodes=int(f["num_nodes"]), nodes=f["nodes"],
-                elapsed_s=parse_duration(f["elapsed"]),
-                time_limit_min=None if f["time_limit"] in ("UNLIMITED", "INFINITE", "NOT_SET")
-                else parse_time_limit(f["time_limit"]),
-                start_time=parse_timestamp(f["start_time"]), submit_time=parse_timestamp(f["submit_time"]),
-                dependency=None if f["dependency"] in ("(null)", "") else f["dependency"],
-            ))
-        except ValueError as exc:
-            raise SlurmError(f"squeue line does not parse ({exc}): {line!r}") from exc
-    return jobs
+            jobs.append(_squeue_job(line))
+        except ValueError:
+            unparsed.append(line)
+    return Jobs(jobs, unparsed)
+
+
+def _squeue_job(line: str) -> Job:
+    parts = line.split(SQUEUE_DELIMITER, len(SQUEUE_FIELDS) - 1)
+    if len(parts) != len(SQUEUE_FIELDS):
+        raise ValueError(f"{len(parts)} fields, expected {len(SQUEUE_FIELDS)} separated by {SQUEUE_DELIMITER!r}")
+    f = dict(zip((name for name, _ in SQUEUE_FIELDS), parts))
+    return Job(
+        job_id=f["job_id"], array_job_id=f["array_job_id"],
+        array_task=None if f["array_task"] in ("N/A", "") else f["array_task"],
+        name=f["name"], user=f["user"], state=f["state"], reason=f["reason"],
+        partition=f["partition"], num_nodes=int(f["num_nodes"]), nodes=f["nodes"],
+        elapsed_s=parse_duration(f["elapsed"]),
+        time_limit_min=None if f["time_limit"] in ("UNLIMITED", "INFINITE", "NOT_SET")
+        else parse_time_limit(f["time_limit"]),
+        start_time=parse_timestamp(f["start_time"]), submit_time=parse_timestamp(f["submit_time"]),
+        dependency=None if f["dependency"] in ("(null)", "") else f["dependency"],
+    )
+
+
+def unparsed_note(jobs: Sequence[Job]) -> str | None:
+    """'2 queue entries did not parse and were skipped: ...' for a Jobs with unparsed lines, else None."""
+    unparsed = getattr(jobs, "unparsed", ())
+    if not unparsed:
+        return None
+    shown = "; ".join(repr(line[:80]) for line in unparsed[:3])
+    counted = "1 squeue entry did not parse and was" if len(unparsed) == 1 else \
+        f"{len(unparsed)} squeue entries did not parse and were"
+    return f"{counted} skipped: {shown}"
 
 
 def parse_duration(text: str) -> int:
@@ -362,7 +387,7 @@ def parse_timestamp(text: str) -> datetime | None:
 
 def parse_sbatch_parsable(stdout: str) -> str:
     """The job id from `sbatch --parsable` (`712` or `712;cluster`)."""
-    first = stdout.strip().splitlines()[0] if stdout.strip() else ""
+    first = stdout.strip().split("\n")[0].strip() if stdout.strip() else ""
     job_id = first.split(";", 1)[0]
     if not re.fullmatch(r"\d+", job_id):
         raise SlurmError(f"sbatch --parsable answered {stdout!r}; expected a job id such as '712'")
@@ -400,7 +425,7 @@ _KEY = re.compile(r"(?:^|\s)([A-Za-z][\w/:]*)=")
 def parse_scontrol_show_job(text: str) -> list[dict[str, str]]:
     """`scontrol --oneliner show job` output -> one dict per job line (values may contain spaces)."""
     records = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines(): a job name may hold U+2028 or U+001E
         if not line.strip():
             continue
         keys = list(_KEY.finditer(line))
@@ -414,20 +439,101 @@ def parse_scontrol_show_job(text: str) -> list[dict[str, str]]:
     return records
 
 
+# --- sbatch's #SBATCH reader ---------------------------------------------------------------------
+#
+# sbatch reads the `#SBATCH` lines of a script with its own parser (src/sbatch/opt.c), not bash's:
+# words split on whitespace, '...' and "..." group, a backslash escapes the next character even
+# inside quotes, an unquoted `#` ends the line, and a quote left open is a fatal error. bsops
+# writes every #SBATCH value with `sbatch_quote` and reads job names back with the same rules;
+# tests/test_cluster_sbatch_parser.py holds both against `sbatch -vv`.
+
+_SBATCH_PLAIN = re.compile(r"[A-Za-z0-9._@+,:/%=&|*\[\]()-]+")
+SBATCH_PREFIX = "#SBATCH"
+
+
+def sbatch_quote(value: object) -> str:
+    """`value` written for an `#SBATCH --opt=VALUE` line so that sbatch's parser reads back exactly it:
+    bare when it holds nothing the parser treats specially, else in single quotes with `\\` and `'`
+    escaped by a backslash. Raises ValueError for a value the line cannot hold (empty, or a line break
+    or other control character)."""
+    text = str(value)
+    bad = re.search(r"[\x00-\x1f\x7f\x85\u2028\u2029]", text)
+    if not text or bad:
+        what = "it is empty" if not text else f"U+{ord(bad.group()):04X} at position {bad.start()}"
+        raise ValueError(f"{text!r} cannot be an #SBATCH value: {what}; allowed: one line of printable text")
+    if _SBATCH_PLAIN.fullmatch(text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def sbatch_words(text: str) -> list[str]:
+    """The words sbatch's parser makes of what follows `#SBATCH` on one line; ValueError on an open quote."""
+    words: list[str] = []
+    pos, end = 0, len(text)
+    while True:
+        while pos < end and text[pos].isspace():
+            pos += 1
+        if pos >= end:
+            return words
+        word: list[str] = []
+        quote, escaped = "", False
+        while pos < end and (quote or not text[pos].isspace()):
+            char = text[pos]
+            pos += 1
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+                continue
+            elif quote:
+                if char == quote:
+                    quote = ""
+                    continue
+            elif char in "'\"":
+                quote = char
+                continue
+            elif char == "#":  # the rest of the line is a comment
+                return words + ["".join(word)] if word else words
+            word.append(char)
+        if quote:
+            raise ValueError(f"unmatched {quote} in {text.strip()!r} (sbatch refuses the script)")
+        words.append("".join(word))
+
+
+def script_options(script: Path) -> list[str]:
+    """The words of a job script's #SBATCH lines, read up to its first command as sbatch does.
+    Raises ValueError where sbatch would refuse a line (an open quote), OSError where the file cannot be read."""
+    words = []
+    for line in script.read_text(encoding="utf-8", errors="replace").split("\n"):
+        if line.startswith(SBATCH_PREFIX):
+            words += sbatch_words(line[len(SBATCH_PREFIX):])
+        elif line.strip() and not line.lstrip().startswith("#"):
+            break
+    return words
+
+
 def script_job_name(script: Path) -> str:
-    """The --job-name (or -J) of a job script's #SBATCH lines, read up to its first command as sbatch
-    does; the file's stem without one."""
-    for line in script.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.startswith("#"):
-            if line.strip():
-                break
-            continue
-        for prefix in ("#SBATCH --job-name=", "#SBATCH -J "):
-            if line.startswith(prefix):
-                words = shlex.split(line[len(prefix):], comments=False)
-                if words:
-                    return words[0]
-    return script.stem
+    """The --job-name (or -J) of a job script's #SBATCH lines as sbatch reads it (the last one wins);
+    the file's stem without one. Raises ValueError where sbatch would refuse the script's options."""
+    words, name = script_options(script), None
+    for i, word in enumerate(words):
+        if word.startswith("--job-name="):
+            name = word.removeprefix("--job-name=")
+        elif word in ("--job-name", "-J") and i + 1 < len(words):
+            name = words[i + 1]
+        elif word.startswith("-J") and word != "-J":
+            name = word[2:]
+    return name if name else script.stem
+
+
+def output_path(folder: str | os.PathLike[str], pattern: str) -> str:
+    """`folder/pattern` for --output: a `%` of the folder doubled, so Slurm's %-patterns expand only in
+    `pattern`. Raises ValueError for a backslash, which turns the patterns off and is dropped by Slurm."""
+    text = os.fspath(folder)
+    if "\\" in text:
+        raise ValueError(f"--output folder {text!r} holds a backslash: Slurm drops it and stops expanding "
+                         f"{pattern!r}; allowed: a folder path without backslash")
+    return text.replace("%", "%%") + "/" + pattern
 
 
 @dataclass(frozen=True)
@@ -444,7 +550,7 @@ class SacctRecord:
 def parse_sacct(text: str) -> list[SacctRecord]:
     """Parse `sacct --parsable2` output of JobID, State, ExitCode; lines of another shape are skipped."""
     records = []
-    for line in text.splitlines():
+    for line in text.split("\n"):
         parts = line.split("|")
         if len(parts) == 3:
             records.append(SacctRecord(*parts))
@@ -537,7 +643,7 @@ def _getent(database: str, *keys: str, timeout: float = GETENT_TIMEOUT_S) -> lis
         return []
     if proc.returncode != 0:
         raise SlurmCommandError(argv, proc.returncode, proc.stderr, f"exited with code {proc.returncode}")
-    return [line.split(":") for line in proc.stdout.splitlines() if line.strip()]
+    return [line.split(":") for line in proc.stdout.split("\n") if line.strip()]
 
 
 def group_users(group: str, timeout: float = GETENT_TIMEOUT_S) -> list[str]:

@@ -11,7 +11,7 @@ import dataclasses
 import re
 import types
 import typing
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,10 +21,14 @@ from bigscience_ops.errors import ConfigError
 
 
 def documented(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None, trusted_shell_line: bool = False,
-               at_least: float | None = None, above: float | None = None, below: float | None = None) -> Any:
+               at_least: float | None = None, above: float | None = None, below: float | None = None,
+               charset: Charset | None = None) -> Any:
     """A field with its doc and bounds. `trusted_shell_line` marks trusted shell lines: a tab is allowed there, a line
-    break never. `at_least`, `above` and `below` bound a number; `build` refuses a value outside them, naming the field."""
+    break never. `at_least`, `above` and `below` bound a number; `build` refuses a value outside them, naming the field.
+    `charset` lists the characters a string (or each string of a list) may hold; `build` refuses any other."""
     metadata: dict[str, Any] = {"doc": doc, "text": SHELL_LINE if trusted_shell_line else PLAIN}
+    if charset is not None:
+        metadata["charset"] = charset
     bounds = {k: v for k, v in (("at_least", at_least), ("above", above), ("below", below)) if v is not None}
     if bounds:
         metadata["bounds"] = bounds
@@ -58,6 +62,37 @@ def control_allowed(kind: str) -> str:
                 "split it into several items")
     return "one line of printable text: no control characters (C0 range, DEL, tab), which could end an #SBATCH line"
 
+
+@dataclass(frozen=True)
+class Charset:
+    """The characters a string field may hold: `chars`, a regular-expression character class matching
+    one allowed character, and `allowed`, the same in words for the error. Not empty, and no leading
+    `-` unless `leading_dash` (a value that starts with one reads as an option to the tool it reaches)."""
+
+    chars: str
+    allowed: str
+    leading_dash: bool = False
+
+    def problem(self, text: str) -> str | None:
+        """What in `text` is not allowed ('' (U+0020) at position 3', 'a leading -', 'empty'), else None."""
+        if not text:
+            return "it is empty (leave the field out, or null, for none)"
+        one = re.compile(self.chars)
+        for position, char in enumerate(text):
+            if not one.fullmatch(char):
+                return f"{char!r} (U+{ord(char):04X}) at position {position} is not allowed"
+        if text.startswith("-") and not self.leading_dash:
+            return "it starts with '-', which would read as an option"
+        return None
+
+
+def check_charset(charset: Charset, value: Any) -> str | None:
+    """The first problem of `value` (a string or a list of strings) against `charset`, as the error's 'allowed' text."""
+    for item in value if isinstance(value, list) else [value]:
+        problem = charset.problem(item) if isinstance(item, str) else None
+        if problem is not None:
+            return f"{problem}; allowed: {charset.allowed}"
+    return None
 
 
 class _Loader(yaml.SafeLoader):
@@ -209,6 +244,10 @@ def build(cls: type, data: dict, prefix: str, origins: dict, default_source: str
         bounds = next(f.metadata.get("bounds") for f in dataclasses.fields(cls) if f.name == key)
         if bounds and kwargs[key] is not None and not _within(kwargs[key], bounds):
             raise ConfigError(_source_of(origins, dotted, default_source), dotted, value, bounds_text(bounds))
+        charset = next(f.metadata.get("charset") for f in dataclasses.fields(cls) if f.name == key)
+        refused = check_charset(charset, kwargs[key]) if charset and kwargs[key] is not None else None
+        if refused is not None:
+            raise ConfigError(_source_of(origins, dotted, default_source), dotted, value, refused)
     for f in dataclasses.fields(cls):
         if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             dotted = f"{prefix}.{f.name}" if prefix else f.name

@@ -64,7 +64,7 @@ def _render_cron_runner(option: str) -> Callable[[str, Path], str]:
 
 def _render_hourly_job(kind: str, where: str) -> Callable[[str, Path], str]:
     def render(value: str, tmp_path: Path) -> str:
-        exp = load_experiment("tr1-13B")
+        exp = _replace(load_experiment("tr1-13B"), "backup.dest", str(tmp_path / "store"))  # the backup job needs one
         settings = cron.CronSettings()
         if where == "job_name":
             exp = _replace(exp, "slurm.job_name", value)
@@ -192,6 +192,8 @@ def _scrontab_block(where: str, value: str, tmp_path: Path) -> str:
     if where == "cron_dir":
         return scrontab.block(tmp_path / value, cron.CronSettings())
     settings = dataclasses.replace(cron.CronSettings(), **{where: [value] if where == "env_setup" else value})
+    if where == "env_setup":  # it goes into the entries' scripts, never on a scrontab line
+        return "".join(script.text for script in scrontab.entry_scripts(tmp_path, settings))
     return scrontab.block(tmp_path, settings)
 
 
@@ -218,7 +220,7 @@ def test_cron_env_setup_allows_a_tab_but_no_line_break(tmp_path: Path) -> None:
     settings = cron.load_settings(tmp_path)
     assert settings.env_setup == ["module load cuda", with_tab]
     assert f"\n{with_tab}\n" in cron.render_runner(tmp_path, "hourly", settings).text
-    assert f"; {with_tab}; bsops cron run hourly " in scrontab.block(tmp_path, settings)
+    assert f"\n{with_tab}\nexec bsops cron run hourly " in scrontab.entry_scripts(tmp_path, settings)[0].text
     for bad in ("export A=1\ntouch /tmp/pwned", "export A=1\r", "a\x00"):
         (tmp_path / "cron.yaml").write_text(yaml.safe_dump({"env_setup": ["module load cuda", bad]}),
                                             encoding="utf-8")

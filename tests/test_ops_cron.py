@@ -33,16 +33,21 @@ def test_job_names_come_from_the_script(tmp_path: Path) -> None:
     (tmp_path / "cron.hourly" / "a.slurm").write_text("#!/bin/bash\n#SBATCH --job-name='a long name'\necho\n")
     (tmp_path / "cron.hourly" / "b.slurm").write_text("#!/bin/bash\necho\n#SBATCH --job-name=ignored\n")
     (tmp_path / "cron.hourly" / "notes.txt").write_text("not a job")
-    assert cron.folder_jobs(tmp_path, "hourly") == [
-        (tmp_path / "cron.hourly" / "a.slurm", "a long name"), (tmp_path / "cron.hourly" / "b.slurm", "b")]
-    assert cron.folder_jobs(tmp_path, "daily") == []
+    (tmp_path / "cron.hourly" / "c.slurm").write_text("#!/bin/bash\n#SBATCH --job-name='it\\'s' # note\necho\n")
+    scripts = cron.folder_scripts(tmp_path, "hourly")
+    assert [(s.name, slurm.script_job_name(s)) for s in scripts] == [
+        ("a.slurm", "a long name"), ("b.slurm", "b"), ("c.slurm", "it's")]
+    assert cron.folder_scripts(tmp_path, "daily") == []
+    (tmp_path / "cron.hourly" / "d.slurm").write_text("#!/bin/bash\n#SBATCH --job-name='unclosed\necho\n")
+    with pytest.raises(ValueError, match="unmatched"):
+        slurm.script_job_name(tmp_path / "cron.hourly" / "d.slurm")
 
 
 def test_runner_and_status_job_scripts_are_valid_bash(tmp_path: Path) -> None:
-    settings = cron.CronSettings(partition="cpu p", env_setup=["source /opt/env.sh"])
+    settings = cron.CronSettings(partition="cpu_p,prepost", env_setup=["source /opt/env.sh"])
     runner = cron.write_runner(cron.render_runner(tmp_path, "hourly", settings, period_seconds=5))
     text = runner.read_text()
-    assert "#SBATCH --job-name=bsops-cron-hourly\n" in text and "#SBATCH --partition='cpu p'\n" in text
+    assert "#SBATCH --job-name=bsops-cron-hourly\n" in text and "#SBATCH --partition=cpu_p,prepost\n" in text
     assert "--period-seconds 5" in text and "source /opt/env.sh\n" in text
     assert subprocess.run(["bash", "-n", str(runner)], timeout=30).returncode == 0
     result = CliRunner().invoke(main, ["cron", "add", "tr1-13B", "--cron-dir", str(tmp_path)])
@@ -73,10 +78,12 @@ def test_cron_jobs_run_where_their_experiment_resolved_its_outputs(trainings: Pa
         result = CliRunner().invoke(main, ["cron", "add", "tiny", "--cron-dir", str(cron_dir), *options])
         assert result.exit_code == 0, result.output
         (tmp_path / "ran-in").unlink(missing_ok=True)
-        for script in sorted((cron_dir / "cron.hourly").glob("*.slurm")):
+        scripts = sorted((cron_dir / "cron.hourly").glob("*.slurm"))  # tiny has no hub repos or backup.dest
+        assert [s.name for s in scripts] == ["tiny-slurm-status.slurm"]
+        for script in scripts:
             ran = subprocess.run(["bash", str(script)], cwd="/", env=env, capture_output=True, text=True, timeout=30)
             assert ran.returncode == 0, ran.stderr
-        assert (tmp_path / "ran-in").read_text().splitlines() == [str(folder.resolve())] * 3, case
+        assert (tmp_path / "ran-in").read_text().splitlines() == [str(folder.resolve())], case
 
 def test_cron_settings_reject_unknown_keys(tmp_path: Path) -> None:
     (tmp_path / "cron.yaml").write_text("partiton: cpu\n")
@@ -156,6 +163,40 @@ def test_a_failed_submission_is_logged_as_alert(cron_dir: Path, slurm_cluster) -
 
 
 
+# squeue that also prints a recorded entry of another user's job whose name holds a real newline.
+HOSTILE_SQUEUE = """#!/bin/bash
+{real} "$@" || exit
+cat {recorded}
+"""
+
+
+@pytest.mark.slurm
+def test_one_bad_script_and_a_hostile_queue_entry_never_stop_a_pass(cron_dir: Path, slurm_cluster, plain_server,
+                                                                     tmp_path: Path, monkeypatch) -> None:
+    """A script sbatch would refuse (an unclosed quote) is logged, emailed and skipped; the job beside it
+    is submitted; an unparsable queue entry is counted in the log, not fatal."""
+    inbox, port = plain_server
+    with open(cron_dir / "cron.yaml", "a") as handle:
+        handle.write(alerts_yaml(port))
+    (tmp_path / "recorded").write_bytes((Path(__file__).parent / "assets" / "slurm" / "squeue-hostile-names.txt")
+                                        .read_bytes())
+    (tmp_path / "squeue").write_text(HOSTILE_SQUEUE.format(real=shutil.which("squeue"), recorded=tmp_path / "recorded"))
+    (tmp_path / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    (cron_dir / "cron.hourly" / "a-broken.slurm").write_text("#!/bin/bash\n#SBATCH --job-name='unclosed\necho\n")
+    watchdog = f"{slurm_cluster.prefix}-watchdog"
+    (cron_dir / "cron.hourly" / "b-watchdog.slurm").write_text(
+        f"#!/bin/bash\n#SBATCH --job-name={watchdog}\n#SBATCH --time=1\n#SBATCH --output=/dev/null\n#SBATCH --hold\necho\n")
+    report = cron.run_pass(cron_dir, "hourly", runner=None)
+    slurm_cluster.submitted += [job_id for _, job_id in report.submitted]
+    assert [name for name, _ in report.submitted] == [watchdog]
+    assert [what for what, _ in report.failed] == [f"reading {cron_dir / 'cron.hourly' / 'a-broken.slurm'}"]
+    log = cron.log_path(cron_dir, "hourly").read_text()
+    assert "unmatched" in log and "1 squeue entry did not parse and was skipped" in log
+    [mail] = inbox.messages
+    assert "a-broken.slurm" in mail.get_content()
+
+
 # squeue that fails on its first call, as a controller under load answers, then is the real one.
 FLAKY_SQUEUE = """#!/bin/bash
 if mkdir "$(dirname "$0")/failed-once" 2>/dev/null; then
@@ -223,3 +264,20 @@ def test_cron_status_alerts_on_a_chain_that_missed_its_period(tmp_path: Path) ->
     states = {s.name: s for s in cron.chains(tmp_path, jobs=[on_time], now=now)}
     assert len(states["c-daily"].problems) == 1 and "last pass" in states["c-daily"].problems[0]
     assert len(states["c-hourly"].problems) == 1 and "not queued" in states["c-hourly"].problems[0]
+
+
+@pytest.mark.parametrize(("jobs", "field"), [("backup", "backup.dest"), ("status,hub-sync", "hub.logs_repo")])
+def test_cron_add_refuses_a_job_whose_settings_are_missing(tmp_path: Path, jobs: str, field: str) -> None:
+    """tr1-13B-short has neither backup.dest nor a hub repo: its hourly backup or sync could only fail."""
+    cron_dir = tmp_path / "cron"
+    result = CliRunner().invoke(main, ["cron", "add", "tr1-13B-short", "--jobs", jobs, "--cron-dir", str(cron_dir)])
+    assert result.exit_code == 2 and result.output.startswith("error: ") and len(result.output.splitlines()) == 1
+    assert f"{field}: got None" in result.output and "Traceback" not in result.output
+    assert not (cron_dir / "cron.hourly").exists() or not list((cron_dir / "cron.hourly").iterdir())
+
+
+def test_cron_add_by_default_writes_the_jobs_the_experiment_has_settings_for(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["cron", "add", "tr1-13B-short", "--cron-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "not adding the backup job: backup.dest is not set" in result.output
+    assert [p.name for p in (tmp_path / "cron.hourly").iterdir()] == ["tr1-13B-short-slurm-status.slurm"]

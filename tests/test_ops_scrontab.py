@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops.cli import main
-from bigscience_ops.ops import scrontab
+from bigscience_ops.cli import EXIT_ERROR, main
+from bigscience_ops.ops import cron, scrontab
 
 FAKE = """#!/bin/bash
 store={store}
@@ -62,7 +64,7 @@ def test_the_block_is_merged_and_the_users_entries_kept(client: Path, tmp_path: 
     first = client.read_text()
     assert first.startswith(USERS_OWN)
     hourly = [line for line in first.splitlines() if line.startswith("0 * * * * ")]
-    assert hourly == [f"0 * * * * bsops cron run hourly --cron-dir {cron_dir.resolve()} --no-rearm"]
+    assert hourly == [f"0 * * * * {cron_dir.resolve()}/runners/scron-hourly.sh"]
     assert first.count(scrontab.BEGIN) == 1 and first.count(scrontab.END) == 1
     # Installing again (say with other settings) replaces the block only.
     client.write_text(first + "15 * * * * /home/me/bin/later.sh\n")
@@ -105,3 +107,54 @@ def test_without_a_client_the_block_is_written_for_a_login_node(tmp_path: Path, 
     assert "no scrontab client" in output
     text = (tmp_path / "cron" / "runners" / "bsops.scrontab").read_text()
     assert text.startswith(scrontab.BEGIN) and "#SCRON --job-name=bsops-cron-daily" in text
+
+
+def _entry_commands(crontab: str) -> list[str]:
+    return [line.split(" ", 5)[5] for line in crontab.split("\n") if line[:1].isdigit()]
+
+
+@pytest.mark.slurm
+def test_entries_call_a_bash_script_holding_env_setup(client: Path, tmp_path: Path) -> None:
+    """The installed command runs under /bin/sh as scrontab runs it; `source` and a `#` comment in
+    env_setup work because they are lines of the bash script, which puts bsops on PATH here."""
+    cron_dir = tmp_path / "cron dir"  # a space: the entry's path is quoted for sh
+    cron_dir.mkdir()
+    env_file = tmp_path / "env.sh"
+    env_file.write_text(f"export PATH={Path(sys.executable).parent}:$PATH\n"
+                        f"export PYTHONPATH={Path(__file__).resolve().parents[1]}\n")
+    (cron_dir / "cron.yaml").write_text(f"env_setup: ['source {env_file}  # puts bsops on PATH', 'set -u']\n")
+    install(cron_dir)
+    crontab = client.read_text()
+    assert all(line.startswith("#SCRON --") and " " not in line.removeprefix("#SCRON ")
+               for line in crontab.split("\n") if line.startswith("#SCRON"))
+    assert "source" not in crontab and "bsops cron run" not in crontab
+    script = scrontab.entry_script(cron_dir, "hourly")
+    assert script.stat().st_mode & 0o777 == 0o755
+    text = script.read_text()
+    assert text.startswith("#!/bin/bash\n") and "\nset -euo pipefail\n" in text
+    assert f"\nsource {env_file}  # puts bsops on PATH\nset -u\n" in text
+    hourly = _entry_commands(crontab)[0]
+    path = ":".join(p for p in os.environ["PATH"].split(":") if p != str(Path(sys.executable).parent))
+    proc = subprocess.run(["/bin/sh", "-c", hourly], env={**os.environ, "PATH": path}, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "pass done" in cron.log_path(cron_dir, "hourly").read_text()
+
+
+@pytest.mark.parametrize(("yaml_text", "field"), [
+    ("name_prefix: nightly ops\n", "name_prefix"),
+    ("partition: cpu p\n", "partition"),
+    ("account: 'six\\'\n", "account"),
+    ("qos: --hold\n", "qos"),
+    ("time: '20:00 --hold'\n", "time"),
+])
+def test_values_scrontab_cannot_carry_are_refused_at_load(client: Path, tmp_path: Path, yaml_text: str,
+                                                           field: str) -> None:
+    cron_dir = tmp_path / "cron"
+    cron_dir.mkdir()
+    (cron_dir / "cron.yaml").write_text(yaml_text)
+    client.write_text(USERS_OWN)
+    result = CliRunner().invoke(main, ["cron", "install", "--scrontab", "--cron-dir", str(cron_dir)])
+    assert result.exit_code == EXIT_ERROR and result.output.startswith("error: ")
+    assert f"cron.yaml: {field}: got" in result.output and "Traceback" not in result.output
+    assert client.read_text() == USERS_OWN and not (cron_dir / "runners").exists()

@@ -212,3 +212,18 @@ def test_append_to_log_feeds_the_next_stall_check(tmp_path: Path) -> None:
     text = log.read_text()
     assert text.count("\n") == 3 and text.startswith(ITERATION)
     assert status.read_progress(log).seen_after == earlier
+
+
+def test_a_queue_with_hostile_names_still_shows_the_training_and_counts_what_it_skipped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs named with U+2028, U+0085, U+001E or a real newline (recorded on the test cluster, replayed by a
+    stand-in squeue) neither blind the watchdog nor pass unnoticed: the training's job is judged (held:
+    it will never start), and the entry that did not parse is counted in the output."""
+    (tmp_path / "recorded").write_bytes((ASSETS / "squeue-hostile-names.txt").read_bytes())
+    (tmp_path / "squeue").write_text(f"#!/bin/bash\ncat {tmp_path / 'recorded'}\n")
+    (tmp_path / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    report = status.check("tr1-13B", now=NOW)
+    conditions = {a.condition for a in report.alerts}
+    assert "never-starts" in conditions and "slurm-error" not in conditions, report.lines
+    assert report.lines[-1] == "[2026-11-22 03:42:00] 1 squeue entry did not parse and was skipped: 'n'"

@@ -103,13 +103,29 @@ def test_a_name_containing_the_delimiter_still_parses() -> None:
     assert slurm.parse_squeue(D.join(fields))[0].name == f"odd{D}name"
 
 
-def test_garbage_is_an_error_quoting_the_line() -> None:
-    with pytest.raises(slurm.SlurmError, match="JOBID PARTITION"):
-        slurm.parse_squeue("JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)\n")
+def test_lines_that_do_not_parse_are_skipped_and_counted() -> None:
+    """Any user names their jobs: a line that does not fit is set aside, never hides the others."""
+    assert slurm.parse_squeue("JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)\n").unparsed == (
+        "JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)",)
     bad = D.join(["5", "5", "N/A", "5", "u", "PENDING", "Priority", "p", "one", "", "0:00", "1:00",
                   "N/A", "N/A", "(null)", "n"])
-    with pytest.raises(slurm.SlurmError, match="does not parse"):
-        slurm.parse_squeue(bad)
+    good = D.join(["6", "6", "N/A", "6", "u", "PENDING", "Priority", "p", "1", "", "0:00", "1:00",
+                   "N/A", "N/A", "(null)", "fine"])
+    jobs = slurm.parse_squeue(bad + "\n" + good + "\n")
+    assert [j.name for j in jobs] == ["fine"] and jobs.unparsed == (bad,)
+    assert slurm.unparsed_note(jobs).startswith("1 squeue entry did not parse")
+    assert slurm.unparsed_note(slurm.parse_squeue(good)) is None
+
+
+def test_recorded_queue_with_unicode_line_breaks_in_names() -> None:
+    """tests/assets/slurm/squeue-hostile-names.txt: other users' jobs named with U+2028, U+2029, U+0085,
+    U+001E, VT and FF (which str.splitlines() breaks on), and one holding a real newline, recorded on the
+    test cluster by record_hostile_names.py."""
+    jobs = slurm.parse_squeue((ASSETS / "squeue-hostile-names.txt").read_bytes().decode("utf-8"))
+    names = {j.name for j in jobs}
+    assert {"a\u2028b", "c\u2029d", "e\x85f", "g\x1eh", "i\x0bj", "k\x0cl"} <= names
+    assert [(j.state, j.reason) for j in jobs if j.name == "tr1-13B"] == [("PENDING", "JobHeldUser")]
+    assert len(jobs.unparsed) == 1  # the part after the real newline
     assert issubclass(slurm.SlurmError, BsopsError)
 
 

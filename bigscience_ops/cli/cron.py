@@ -60,26 +60,33 @@ def cron_status(cron_dir: Path | None) -> None:
 
 @cron.command("add")
 @click.argument("exp")
-@click.option("--jobs", default="status,hub-sync,backup", show_default=True, metavar="LIST",
-              help="Comma-separated hourly jobs to write: status (the watchdog), hub-sync, backup.")
+@click.option("--jobs", default=None, metavar="LIST",
+              help="Comma-separated hourly jobs to write: status (the watchdog), hub-sync, backup. Default: the "
+                   "watchdog and each other job whose settings EXP has (hub repos, backup.dest).")
 @cron_dir_option
 @trainings_option
-def cron_add(exp: str, jobs: str, cron_dir: Path | None, trainings_dir: Path | None) -> None:
+def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: Path | None) -> None:
     """Render EXP's hourly jobs (status watchdog, Hub sync, checkpoint backup) into cron.hourly/."""
     from bigscience_ops.config import experiment_path, outputs_folder
     from bigscience_ops.ops import cron as cronlib
     from bigscience_ops.ops import hourly_jobs
 
-    kinds = [j.strip() for j in jobs.split(",") if j.strip()]
+    kinds = [j.strip() for j in (jobs or "status").split(",") if j.strip()]
     unknown = [k for k in kinds if k not in hourly_jobs.JOBS]
     if unknown or not kinds:
         raise click.BadParameter(f"got {jobs!r}; allowed: a comma-separated list of {', '.join(hourly_jobs.JOBS)}",
                                  param_hint="--jobs")
     cron_dir = cron_dir or default_cron_dir()
+    settings = cronlib.load_settings(cron_dir)
     experiment = load_experiment(exp, trainings_dir)
+    if jobs is None:
+        kinds = hourly_jobs.configured(experiment)
+        for kind in hourly_jobs.JOBS:
+            if kind not in kinds:
+                field, what = hourly_jobs.missing_setting(kind, experiment)
+                click.echo(f"not adding the {kind} job: {field} is not set ({what})")
     path = experiment_path(exp, trainings_dir)
     folder, workdir = path.parent, outputs_folder(path)  # the jobs resolve EXP's outputs as this command did
-    settings = cronlib.load_settings(cron_dir)
     rendered = [hourly_jobs.render(kind, cron_dir, experiment, folder, settings, workdir) for kind in kinds]
     for job in rendered:  # all rendered before any is written: a refused value leaves the folder as it was
         click.echo(f"wrote {cronlib.write_runner(job)}")

@@ -20,7 +20,7 @@ from pathlib import Path
 from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import notify
-from bigscience_ops.schema import AlertsConfig
+from bigscience_ops.schema import SLURM_NAME, SLURM_NAMES, SLURM_TIME, AlertsConfig
 from bigscience_ops.slurm import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
@@ -35,11 +35,12 @@ class CronError(BsopsError):
 class CronSettings:
     """cron/cron.yaml: where the runner jobs run and who hears about failures."""
 
-    partition: str | None = documented(None, "--partition of the runner jobs")
-    account: str | None = documented(None, "--account of the runner jobs")
-    qos: str | None = documented(None, "--qos of the runner jobs")
-    time: str = documented("00:20:00", "--time of one runner job")
-    name_prefix: str = documented("bsops-cron", "runner job names are <prefix>-hourly and <prefix>-daily")
+    partition: str | None = documented(None, "--partition of the runner jobs", charset=SLURM_NAMES)
+    account: str | None = documented(None, "--account of the runner jobs", charset=SLURM_NAME)
+    qos: str | None = documented(None, "--qos of the runner jobs", charset=SLURM_NAME)
+    time: str = documented("00:20:00", "--time of one runner job", charset=SLURM_TIME)
+    name_prefix: str = documented("bsops-cron", "runner job names are <prefix>-hourly and <prefix>-daily",
+                                  charset=SLURM_NAME)
     env_setup: list[str] = documented(factory=list, doc="shell lines that put bsops on PATH (trusted shell code, "
                                       "one line per item)", trusted_shell_line=True)
     alerts: AlertsConfig = documented(factory=AlertsConfig, doc="who is told when a submission fails")
@@ -67,13 +68,10 @@ def next_boundary(now: dt.datetime, seconds: int) -> dt.datetime:
     return dt.datetime.fromtimestamp((stamp // seconds + 1) * seconds, tz=now.tzinfo)
 
 
-def folder_jobs(cron_dir: Path, period: str) -> list[tuple[Path, str]]:
-    """(script, job name) for each *.slurm in cron.<period>/; the name from #SBATCH --job-name or the file."""
-    folder = Path(cron_dir) / f"cron.{period}"
-    jobs = []
-    for script in sorted(folder.glob("*.slurm")):
-        jobs.append((script, slurm.script_job_name(script)))
-    return jobs
+def folder_scripts(cron_dir: Path, period: str) -> list[Path]:
+    """The job scripts of cron.<period>/: each *.slurm; run_pass reads each one's job name as sbatch does
+    (slurm.script_job_name), and reports and skips one it cannot read."""
+    return sorted((Path(cron_dir) / f"cron.{period}").glob("*.slurm"))
 
 
 @dataclass(frozen=True)
@@ -88,11 +86,13 @@ def render_runner(cron_dir: Path, period: str, settings: CronSettings, period_se
     cron_dir = Path(cron_dir).resolve()
     name = runner_name(period, settings.name_prefix)
     path = cron_dir / "runners" / f"{name}.slurm"
-    optional = [(opt, getattr(settings, opt)) for opt in ("partition", "account", "qos") if getattr(settings, opt)]
+    where = f"{cron_dir / 'cron.yaml'}"
+    rendering.slurm_options(where, {"job-name": name})
+    optional = rendering.slurm_options(where, {opt: getattr(settings, opt) or None for opt in ("partition", "account", "qos")})
     text = rendering.environment().get_template("cron-runner.slurm.j2").render(
         name=name, period=period, seconds=period_seconds or PERIODS[period], time=settings.time,
         optional=optional, env_setup=[rendering.Raw(line) for line in settings.env_setup],
-        cron_dir=str(cron_dir), script=str(path), logs=str(cron_dir / "logs"),
+        cron_dir=str(cron_dir), script=str(path), output=rendering.output_option(cron_dir / "logs", "%x-%j.out"),
     )
     return RunnerScript(path, text)
 
@@ -157,6 +157,9 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
     except slurm.SlurmError as exc:
         fail("squeue", " ".join(str(exc).split()))
         jobs = None
+    note = slurm.unparsed_note(jobs) if jobs is not None else None
+    if note is not None:
+        report.lines.append(log_line(now, note))
     if jobs is not None and runner is not None:
         _keep_one_next_runner(report, jobs, name, runner, period_seconds or PERIODS[period], now, self_job_id, fail)
     if jobs is not None:
@@ -201,8 +204,13 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
 
 
 def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, now: dt.datetime, fail) -> None:
-    scripts = folder_jobs(cron_dir, period)
-    for script, name in scripts:
+    scripts = folder_scripts(cron_dir, period)
+    for script in scripts:
+        try:
+            name = slurm.script_job_name(script)
+        except (ValueError, OSError) as exc:  # one bad script is reported and skipped, never ends the pass
+            fail(f"reading {script}", " ".join(str(exc).split()))
+            continue
         queued = _queued(jobs, name)
         if queued:
             why = f"previous instance {queued[0].job_id} still {queued[0].state.lower()}"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops import render as rendering
+from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.cron import CronSettings, RunnerScript
 from bigscience_ops.schema import Experiment
 
@@ -44,21 +45,46 @@ JOBS: dict[str, HourlyJob] = {
 }
 
 
+def missing_setting(kind: str, exp: Experiment) -> tuple[str, str] | None:
+    """(field, what to set) when exp lacks what job `kind` needs (an hourly job that could only fail
+    and alert every hour), else None."""
+    if kind == "backup" and not exp.backup.dest:
+        return "backup.dest", "the backup folder the hourly backup copies checkpoints to"
+    hub = exp.hub
+    if kind == "hub-sync" and not (hub.logs_repo or hub.tensorboard_repo or hub.codecarbon_repo):
+        return "hub.logs_repo", "at least one of hub.logs_repo, hub.tensorboard_repo, hub.codecarbon_repo"
+    return None
+
+
+def configured(exp: Experiment) -> list[str]:
+    """The jobs of JOBS that exp has the settings for (the watchdog always)."""
+    return [kind for kind in JOBS if missing_setting(kind, exp) is None]
+
+
 def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, settings: CronSettings,
            workdir: Path | None = None) -> RunnerScript:
     """cron.hourly/<exp>-<suffix>.slurm for one of JOBS; the job runs in `workdir` (default: the current folder),
-    the folder exp's relative outputs resolved against (config.outputs_folder)."""
+    the folder exp's relative outputs resolved against (config.outputs_folder). Raises ConfigError when exp
+    lacks a setting the job needs (missing_setting)."""
     if kind not in JOBS:
         raise ValueError(f"job kind {kind!r}: one of {', '.join(JOBS)}")
+    missing = missing_setting(kind, exp)
+    if missing is not None:
+        field, what = missing
+        raise ConfigError(f"experiment {exp.name}", field, None,
+                          f"the hourly {kind} job needs {what}: set it, or leave {kind} out of --jobs")
     job = JOBS[kind]
     cron_dir = Path(cron_dir).resolve()
-    optional = [(opt, getattr(settings, opt)) for opt in ("partition", "account", "qos") if getattr(settings, opt)]
+    [(_, job_name)] = rendering.slurm_options(f"experiment {exp.name}", {
+        "job-name": f"{exp.slurm.job_name or exp.name}-{job.suffix}"})
+    optional = rendering.slurm_options(f"{cron_dir / 'cron.yaml'}", {
+        opt: getattr(settings, opt) or None for opt in ("partition", "account", "qos")})
     arguments = ["--cron-dir", str(cron_dir)] if kind == "status" else ["--alert"]
     text = rendering.environment().get_template("hourly-job.slurm.j2").render(
-        job_name=f"{exp.slurm.job_name}-{job.suffix}", experiment=exp.name,
+        job_name=job_name, experiment=exp.name,
         trainings_dir=str(Path(trainings_dir).resolve()), time=job.time, what=job.what, about=job.about,
         command=job.command, arguments=arguments, alert_is_success=job.alert_is_success, optional=optional,
-        env_setup=[rendering.Raw(line) for line in settings.env_setup], logs=str(cron_dir / "logs"),
+        env_setup=[rendering.Raw(line) for line in settings.env_setup], output=rendering.output_option(cron_dir / "logs", "%x-%j.out"),
         workdir=str(Path(workdir or Path.cwd()).resolve()),
     )
     return RunnerScript(cron_dir / "cron.hourly" / f"{exp.name}-{job.suffix}.slurm", text)

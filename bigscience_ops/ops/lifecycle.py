@@ -63,7 +63,7 @@ def _ledger_and_output_state(exp: Experiment, last: ledger.Attempt) -> str:
         match = None
         with out.open("rb") as handle:
             handle.seek(max(0, out.stat().st_size - 65536))
-            for line in handle.read().decode(errors="replace").splitlines():
+            for line in handle.read().decode(errors="replace").split("\n"):
                 match = STEPD_END.search(line) or match
         if match:
             where = f"; Slurm: CANCELLED{match.group(2) or ''} at {match.group(1)} ({out})"

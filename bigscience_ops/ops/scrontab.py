@@ -5,20 +5,27 @@ code 1 when there is none) and otherwise opens the crontab in $VISUAL/$EDITOR an
 the editor leaves in the file. bsops reads the user's scrontab, replaces only the block between
 its markers (or appends the block), and installs the result with an "editor" that copies it in.
 Everything outside the block, the user's own entries and comments, is kept byte for byte.
+
+scrontab splits `#SCRON` lines on whitespace and knows no quotes, and runs an entry's command under
+/bin/sh. So each entry calls a generated bash script, <cron>/runners/scron-<period>.sh (beside the
+runner scripts: the block serves the cron folder, whatever runs its jobs), which holds the env_setup
+lines, each on its own line; the `#SCRON` lines carry only values of a Slurm name's character set.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
-from bigscience_ops import slurm
+from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops.cron import PERIODS, CronSettings, load_settings, runner_name
-from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, control_allowed, control_character
+from bigscience_ops.ops.cron import PERIODS, CronSettings, RunnerScript, load_settings, runner_name, write_runner
+from bigscience_ops.schema import SLURM_TIME
+from bigscience_ops.typedyaml import PLAIN, check_charset, control_allowed, control_character
 
 SCHEDULES = {"hourly": "0 * * * *", "daily": "0 0 * * *"}
 BEGIN = "# >>> bsops cron (managed by `bsops cron install --scrontab`; edit outside this block) >>>"
@@ -30,39 +37,54 @@ class ScrontabError(BsopsError):
     """The user's scrontab cannot be read, merged or installed."""
 
 
+def entry_script(cron_dir: Path, period: str) -> Path:
+    """The bash script the `period` entry runs."""
+    return Path(cron_dir).resolve() / "runners" / f"scron-{period}.sh"
+
+
 def block(cron_dir: Path, settings: CronSettings) -> str:
-    """The marked block: one entry per period doing what the self-respawning runners do."""
+    """The marked block: one entry per period, each calling its entry script (entry_scripts)."""
     _refuse_control("cron folder", str(cron_dir))  # before resolve(), which fails on a NUL
     cron_dir = Path(cron_dir).resolve()
-    _refuse_control_in_values(cron_dir, settings)
+    _refuse_control("cron folder", str(cron_dir))  # resolved: a symlink's target may hold one
+    where = str(cron_dir / "cron.yaml")
     lines = [BEGIN]
     for period in PERIODS:
-        lines.append(f"#SCRON --job-name={shlex.quote(runner_name(period, settings.name_prefix))}")
-        lines.append(f"#SCRON --time={shlex.quote(settings.time)}")
-        for opt in ("partition", "account", "qos"):
-            if getattr(settings, opt):
-                lines.append(f"#SCRON --{opt}={shlex.quote(getattr(settings, opt))}")
-        command = ["bsops", "cron", "run", period, "--cron-dir", str(cron_dir), "--no-rearm"]
-        setup = "; ".join(settings.env_setup)
-        lines.append(f"{SCHEDULES[period]} " + (setup + "; " if setup else "") + shlex.join(command))
+        names = {"job-name": runner_name(period, settings.name_prefix),
+                 **{opt: getattr(settings, opt) or None for opt in ("partition", "account", "qos")}}
+        try:
+            options = rendering.slurm_options(where, names)
+        except rendering.RenderError as exc:
+            raise ScrontabError(f"refusing to put it into the scrontab: {exc}") from None
+        _checked_time(settings.time)
+        lines += [f"#SCRON --{option}={value}" for option, value in [options[0], ("time", settings.time), *options[1:]]]
+        script = str(entry_script(cron_dir, period))
+        if "%" in script:  # cron's own convention: % in a command ends it
+            raise ScrontabError(f"refusing to put the cron folder {str(cron_dir)!r} into the scrontab: '%' ends a "
+                                f"crontab command; allowed: a folder path without '%'")
+        lines.append(f"{SCHEDULES[period]} {shlex.quote(script)}")
     lines.append(END)
     return "\n".join(lines) + "\n"
 
 
-def _refuse_control_in_values(cron_dir: Path, settings: CronSettings) -> None:
-    """Refuse any control character in a value the block puts on a line, before building anything.
-
-    The second wall behind cron.yaml's loader (settings built in code bypass it): a line break in a
-    value would start a new scrontab line, which cron runs as a command.
-    """
+def entry_scripts(cron_dir: Path, settings: CronSettings) -> list[RunnerScript]:
+    """The scripts the block's entries run: bash, `set -euo pipefail`, the env_setup lines, `bsops cron run`."""
+    cron_dir = Path(cron_dir).resolve()
+    scripts = []
     for period in PERIODS:
-        _refuse_control(f"job name of the {period} entry (name_prefix)", runner_name(period, settings.name_prefix))
-    for opt in ("time", "partition", "account", "qos"):
-        if getattr(settings, opt) is not None:
-            _refuse_control(opt, getattr(settings, opt))
-    _refuse_control("cron folder", str(cron_dir))  # resolved: a symlink's target may hold one
-    for i, line in enumerate(settings.env_setup):
-        _refuse_control(f"env_setup[{i}]", line, SHELL_LINE)
+        try:
+            text = rendering.environment().get_template("scrontab-entry.sh.j2").render(
+                period=period, env_setup=[rendering.Raw(line) for line in settings.env_setup], cron_dir=str(cron_dir))
+        except rendering.RenderError as exc:
+            raise ScrontabError(f"refusing to write the {period} scrontab entry's script: {exc}") from None
+        scripts.append(RunnerScript(entry_script(cron_dir, period), text))
+    return scripts
+
+
+def _checked_time(time: str) -> None:
+    refused = check_charset(SLURM_TIME, time)
+    if refused is not None:
+        raise ScrontabError(f"refusing to put --time={time!r} into the scrontab: {refused}")
 
 
 def _refuse_control(field: str, value: str, kind: str = PLAIN) -> None:
@@ -73,7 +95,7 @@ def _refuse_control(field: str, value: str, kind: str = PLAIN) -> None:
 
 def merge(existing: str, new_block: str) -> str:
     """`existing` with its bsops block replaced by `new_block`, or with the block appended."""
-    lines = existing.splitlines(keepends=True)
+    lines = [line for line in re.split(r"(?<=\n)", existing) if line]  # on \n only, as scrontab reads it
     starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == BEGIN]
     ends = [i for i, line in enumerate(lines) if line.rstrip("\n") == END]
     if len(starts) > 1 or len(ends) > 1 or len(starts) != len(ends) or (starts and ends[0] < starts[0]):
@@ -105,10 +127,14 @@ def install(cron_dir: Path, client: str | None = None, timeout: float = TIMEOUT_
     Returns (file, installed). Without a client the file holds the block alone, to paste on a login node.
     """
     client = client or shutil.which("scrontab")
+    settings = load_settings(cron_dir)
+    new_block = block(cron_dir, settings)
+    scripts = entry_scripts(cron_dir, settings)  # everything checked before anything is written
     folder = Path(cron_dir) / "runners"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "bsops.scrontab"
-    new_block = block(cron_dir, load_settings(cron_dir))
+    for script in scripts:
+        write_runner(script)
     if client is None:
         path.write_text(new_block, encoding="utf-8")
         return path, False

@@ -9,6 +9,7 @@ hang is measured from the last iteration line itself.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -228,8 +229,12 @@ def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
                    f"Alert someone at {contact}***")
         return StatusReport(job_name, now, (f"{stamp} {message}",), (Alert("slurm-error", message),),
                             EXIT_ERROR)
-    return evaluate(job_name, jobs, now=now, log_path=log_path, stall_minutes=stall_minutes, contact=contact,
-                    run=run)
+    report = evaluate(job_name, jobs, now=now, log_path=log_path, stall_minutes=stall_minutes, contact=contact,
+                      run=run)
+    note = slurm.unparsed_note(jobs)
+    if note is None:
+        return report
+    return dataclasses.replace(report, lines=(*report.lines, f"[{now:{STAMP_FORMAT}}] {note}"))
 
 
 def watchdog_log(log_path: str | os.PathLike[str]) -> Path:
