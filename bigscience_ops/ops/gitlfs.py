@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.redact import scrub
@@ -42,7 +43,8 @@ class GitError(BsopsError):
         self.argv = [scrub(a, secrets) for a in argv]
         self.returncode, self.stderr = returncode, scrub(stderr, secrets)
         status = "timed out" if returncode is None else f"exited {returncode}"
-        text = f"`{' '.join(self.argv)}` {status}: {self.stderr.strip()[-2000:] or '(no stderr)'}"
+        said = " / ".join(line.strip() for line in self.stderr.strip().splitlines() if line.strip())  # one line
+        text = f"`{' '.join(self.argv)}` {status}: {said[-2000:] or '(no stderr)'}"
         super().__init__(text + (f". {hint}" if hint else ""))
 
 
@@ -120,6 +122,14 @@ class Git:
         return self.run(*args).stdout.strip()
 
 
+def without_credentials(url: str) -> str:
+    """`url` without user-info, query and fragment (where credentials hide in a URL)."""
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return scrub(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
 def _text(data: bytes | str | None) -> str:
     if data is None:
         return ""
@@ -131,16 +141,19 @@ def clone_or_open(remote: str, path: Path, token_env: str | None, host: str | No
 
     An empty remote gives a clone on `branch` with no commit yet. New clones check symlinks out as
     plain files (core.symlinks false): a link committed in the remote never points out of the clone.
-    An existing clone must push to `remote`, and its config must hold no credential.
+    An existing clone must push to `remote`; a credential an older clone holds in its origin URL is
+    removed from its config first.
     """
     path = Path(path)
     if (path / ".git").is_dir():
         git = Git(path, token_env, host)
         url = git.out("remote", "get-url", "origin")
+        if scrub(url) != url:
+            url = without_credentials(url)
+            git.run("remote", "set-url", "origin", url)
         if url != remote:
-            why = ("holds a credential in its origin URL" if scrub(url) != url
-                   else f"pushes to {scrub(url)!r}, not {scrub(remote)!r}")
-            raise GitError(["git", "remote", "get-url", "origin"], 0, f"the clone {path} {why}",
+            raise GitError(["git", "remote", "get-url", "origin"], 0,
+                           f"the clone {path} pushes to {scrub(url)!r}, not {scrub(remote)!r}",
                            "move the clone away (it is rebuilt from the remote) or pass the remote it was made for")
         return git
     path.parent.mkdir(parents=True, exist_ok=True)

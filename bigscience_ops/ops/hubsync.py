@@ -257,7 +257,14 @@ def _open_clone(exp: Experiment, what: str, repo: str, remote: str | None) -> tu
     path = clone_path(exp, what)
     if is_hub and not (path / ".git").is_dir():
         ensure_hub_repo(exp, repo)
-    git = gitlfs.clone_or_open(url, path, exp.hub.token_env, exp.hub.host)
+    try:
+        git = gitlfs.clone_or_open(url, path, exp.hub.token_env, exp.hub.host)
+    except gitlfs.GitError as exc:
+        if url.lower().startswith("https://") and not hub_remote.offers_token(url, exp.hub.host):
+            raise gitlfs.GitError(exc.argv, exc.returncode, exc.stderr,
+                                  f"the token in hub.token_env goes only to https://{exp.hub.host} (hub.host), not to "
+                                  "this remote: set hub.host if it is your Hub") from None
+        raise
     links = linked_paths(git)
     check_clone(git, links)
     return git, url, links
