@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bigscience_ops import sizing
+from bigscience_ops import hub_remote, sizing
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.resources import ResourceError, bundled, is_bundled
 from bigscience_ops.rollbacks import with_recorded_skips
@@ -202,11 +202,7 @@ def _validate(exp: Experiment, src: str) -> None:
     if tok.kind == "gpt2-bpe":
         _check(tok.vocab_file is not None and tok.merges_file is not None, src, "data.tokenizer", dataclasses.asdict(tok),
                "kind gpt2-bpe needs vocab_file and merges_file")
-    template = exp.hub.remote_template
-    _check(template is None or template.count("{repo}") == 1 and "{" not in template.replace("{repo}", ""), src,
-           "hub.remote_template", template, "a git URL with {repo} exactly once, e.g. file:///srv/mirror/{repo}.git")
-    _check(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", exp.hub.token_env) is not None, src, "hub.token_env",
-           exp.hub.token_env, "the name of an environment variable (letters, digits, _)")
+    hub_remote.check_hub(exp.hub, src)
     _validate_curriculum(exp, src)
 
 

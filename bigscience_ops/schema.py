@@ -232,11 +232,14 @@ class HubConfig:
     tensorboard_repo: str | None = documented(None, "Hub repo for TensorBoard events")
     codecarbon_repo: str | None = documented(None, "Hub repo for codecarbon records")
     checkpoints_repo: str | None = documented(None, "Hub repo for converted checkpoints")
-    token_env: str = documented("HF_TOKEN", "environment variable holding the Hub token")
+    host: str = documented("huggingface.co", "the Hub's host (and port): its endpoint is https://HOST, and the token "
+                                               "is offered to nothing else, and only over https")
+    token_env: str = documented("HF_TOKEN", "environment variable holding the Hub token (never a URL or a file)")
     remote_template: str | None = documented(
-        None, "push to this git remote instead of the Hub, {repo} replaced by the repo name (file:///srv/mirror/{repo}.git)")
+        None, "push to this git remote instead of the Hub, {repo} replaced by the repo name (file:///srv/mirror/{repo}.git); "
+              "https://, ssh:// or file://, no credential inside: the token is offered only to https://HOST")
     lfs_size_mb: float = documented(10.0, "files larger than this many MB are stored with git-lfs", above=0)
-    private: bool = documented(True, "repos bsops creates on the Hub are private")
+    private: bool = documented(True, "repos bsops creates on the Hub are private (false makes what is pushed public)")
     push_attempts: int = documented(4, "tries of a failing push (waits 10 s, 20 s, 40 s ... between)", at_least=1)
 
 

@@ -1,7 +1,7 @@
 """Site-specific values: the ones that belong to one cluster and one team, never to a model.
 
 An experiment with `base: tr1-13B` would otherwise run under the original team's Slurm account,
-write to its scratch paths and email its list. `inherited_site_values` names every such value an
+write to its scratch paths, email its list and push its logs (with your Hub token) to its remote. `inherited_site_values` names every such value an
 experiment takes from a base file rather than its own, so `bsops show` and `plan` can list them;
 `new_experiment_text` writes a new experiment that resets them all.
 """
@@ -32,6 +32,10 @@ SITE_FIELDS: dict[str, str] = {
     "hub.tensorboard_repo": "your Hub repo for TensorBoard",
     "hub.codecarbon_repo": "your Hub repo for codecarbon",
     "hub.checkpoints_repo": "your Hub repo for checkpoints",
+    "hub.host": "your Hub's host: the token goes only there, over https",
+    "hub.remote_template": "your git remote instead of the Hub, or none (another team's gets your token's pushes)",
+    "hub.token_env": "the environment variable with your Hub token",
+    "hub.private": "whether repos bsops creates on your Hub are private",
     "alerts.email_to": "who is told when the training stops",
     "alerts.email_from": "the sender address",
     "alerts.smtp_host": "your SMTP server",

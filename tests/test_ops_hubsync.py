@@ -185,19 +185,77 @@ def test_overlapping_syncs_and_the_token_never_leaks(git_lfs, tmp_path: Path) ->
     assert token not in history and token not in out1 + err1 + out3 + err3
 
 
-def test_the_credential_helper_hands_the_token_to_git_through_the_environment(git_lfs, tmp_path: Path) -> None:
+# (protocol, host) git asks about -> whether the helper for hub.host "hub.example" answers.
+HELPER_ASKS = [("https", "hub.example", True), ("http", "hub.example", False), ("https", "evil.example", False),
+               ("https", "hub.example:8443", False), ("https", "hub.example.evil.org", False),
+               ("https", "evil.hub.example", False), ("ftp", "hub.example", False)]
+
+
+@pytest.mark.parametrize("protocol,host,answers", HELPER_ASKS)
+def test_the_credential_helper_answers_only_https_on_the_hub_host(git_lfs, tmp_path: Path, protocol: str, host: str,
+                                                                  answers: bool) -> None:
     token = "hf_" + os.urandom(12).hex()
-    env = gitlfs.git_env("MY_HUB_TOKEN", {**os.environ, "MY_HUB_TOKEN": token, "HOME": str(tmp_path)})
+    env = gitlfs.git_env("MY_HUB_TOKEN", "hub.example",
+                         base={**os.environ, "MY_HUB_TOKEN": token, "HOME": str(tmp_path)})
     assert not any(token in value for key, value in env.items() if key != "MY_HUB_TOKEN")
-    proc = subprocess.run(["git", "credential", "fill"], input="protocol=https\nhost=hub.example\n\n", env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert f"password={token}" in proc.stdout.splitlines()
-    # Without the variable there is no helper: git would fail instead of prompting.
-    bare_env = gitlfs.git_env("MY_HUB_TOKEN", {**os.environ, "HOME": str(tmp_path)})
-    assert gitlfs.credential_helper("MY_HUB_TOKEN") not in bare_env.values()
-    with pytest.raises(gitlfs.GitError):
-        gitlfs.credential_helper("MY TOKEN; rm -rf /")
+    request = f"protocol={protocol}\nhost={host}\n\n"
+    proc = subprocess.run(["git", "credential", "fill"], input=request, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert (f"password={token}" in proc.stdout.splitlines()) is answers, proc.stderr
+    assert answers or (proc.returncode != 0 and token not in proc.stdout + proc.stderr)
+    # The helper itself, run the way git runs a `!` helper, checks the request too (not only git's URL scoping).
+    helper = next(env[f"GIT_CONFIG_VALUE_{k[len('GIT_CONFIG_KEY_'):]}"] for k, v in env.items()
+                  if k.startswith("GIT_CONFIG_KEY_") and v.endswith(".helper") and v != "credential.helper")
+    direct = subprocess.run(["sh", "-c", helper[1:] + ' "$@"', helper[1:], "get"], input=request, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert direct.returncode == 0 and (f"password={token}" in direct.stdout.splitlines()) is answers
+
+
+def test_no_token_no_helper_and_a_hostile_token_env_or_host_is_refused(tmp_path: Path) -> None:
+    token_free = gitlfs.git_env("MY_HUB_TOKEN", "hub.example", base={**os.environ, "HOME": str(tmp_path)})
+    assert [v for k, v in token_free.items() if k.startswith("GIT_CONFIG_KEY_")][-1] == "credential.helper"
+    assert token_free["GIT_ALLOW_PROTOCOL"] == "https:ssh:file"
+    with pytest.raises(gitlfs.TokenError):
+        gitlfs.credential_helper("MY TOKEN; rm -rf /", "hub.example")
+    with pytest.raises(gitlfs.TokenError):
+        gitlfs.credential_helper("MY_HUB_TOKEN", "hub.example'; touch /tmp/x; '")
+    with pytest.raises(gitlfs.TokenError) as err:
+        gitlfs.git_env("MY_HUB_TOKEN", "hub.example", base={"MY_HUB_TOKEN": "hf_abcdefgh\nhost=evil.example"})
+    assert "hf_abcdefgh" not in str(err.value) and "MY_HUB_TOKEN" in str(err.value)
+
+
+def _local_commit(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    git("init", "--quiet", "--initial-branch=main", cwd=work)
+    (work / "main_log.txt").write_text("iteration 1\n")
+    git("add", "main_log.txt", cwd=work)
+    git("-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "--quiet", "-m", "one", cwd=work)
+    return work
+
+
+@pytest.mark.parametrize("case", ["https on the hub host", "https on a foreign host", "http on the hub host",
+                                  "http allowed by hand, on the hub host"])
+def test_a_real_push_offers_the_token_only_over_https_to_the_hub_host(git_lfs, tmp_path: Path, cert, case: str,
+                                                                      monkeypatch) -> None:
+    from tests.fixtures_git import recording_server
+
+    token = "hf_" + os.urandom(12).hex()
+    monkeypatch.setenv("MY_HUB_TOKEN", token)
+    work = _local_commit(tmp_path)
+    https = case.startswith("https")
+    with recording_server(cert if https else None) as server:
+        host = "huggingface.co" if "foreign" in case else server.host
+        extra = {"GIT_SSL_CAINFO": cert[0], "HOME": str(tmp_path)}
+        if "by hand" in case:
+            extra["GIT_ALLOW_PROTOCOL"] = "http:https"  # past the first wall: the helper still says nothing
+        proc = gitlfs.Git(work, "MY_HUB_TOKEN", host).run("push", f"{server.url}/bs/tiny-logs.git", "HEAD:refs/heads/main",
+                                                         check=False, extra_env=extra)
+    assert proc.returncode != 0  # the server refuses everyone
+    offered = token in server.passwords()
+    assert offered is (case == "https on the hub host"), (server.paths, proc.stderr)
+    assert case == "http on the hub host" or server.paths  # git did reach the server (but for the protocol wall)
+    assert token not in proc.stderr + proc.stdout
 
 
 def test_publish_folder_one_folder_per_step_on_one_branch(git_lfs, tmp_path: Path) -> None:
@@ -339,3 +397,52 @@ def test_a_failure_never_emailed_clears_silently(git_lfs, trainings: Path, tmp_p
     assert worked.exit_code == 0, worked.output
     assert inbox.messages == [] and "email" not in worked.stderr
     assert json.loads(state.read_text())["jobs"] == {}
+
+
+# --- links committed in the remote: hub-sync never writes or reads through them ----------------------------
+
+def test_links_in_the_remote_never_take_a_sync_out_of_its_clone(git_lfs, tmp_path: Path) -> None:
+    from tests.fixtures_git import remote_holding, tree_snapshot
+
+    run, remotes, outside = tmp_path / "run", tmp_path / "remotes", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("theirs\n")
+    bare = remote_holding(remotes, "bs/tiny-logs", {"README.md": "their logs\n"},
+                          links={"sub": str(outside), "notes.txt": str(outside / "victim.txt"),
+                                 "big.dump": "../../../outside/victim.txt"})
+    _write_run(run)
+    (run / "logs" / "sub").mkdir()
+    (run / "logs" / "sub" / "evil.txt").write_text("would land outside\n")
+    before = tree_snapshot(outside)
+    exp = hub_experiment(run, remotes)
+
+    result = hubsync.sync(exp, what=["logs"])[0]
+    assert sorted(result.refused) == ["big.dump", "notes.txt", "sub/evil.txt"]
+    assert result.copied == ["main_log.txt"] and result.commit and result.push_attempts == 1
+    assert tree_snapshot(outside) == before
+    clone = hubsync.clone_path(exp, "logs")
+    assert not any(p.is_symlink() for p in clone.rglob("*"))  # links are checked out as plain files
+    assert lfs_oid(blob_at(bare, "main_log.txt")) == _sha(run / "logs" / "main_log.txt")
+    assert "refused (a link in the clone)" in result.describe()
+
+    # A clone made before links were checked out as files holds real links: still nothing goes through them.
+    git("config", "core.symlinks", "true", cwd=clone)
+    for name in ("sub", "notes.txt", "big.dump"):
+        (clone / name).unlink()
+    git("checkout", "--", "sub", "notes.txt", "big.dump", cwd=clone)
+    assert (clone / "sub").is_symlink()
+    (run / "logs" / "notes.txt").write_text("changed\n")
+    (run / "logs" / "sub" / "evil.txt").write_text("changed too\n")
+    again = hubsync.sync(exp, what=["logs"])[0]
+    assert sorted(again.refused) == ["big.dump", "notes.txt", "sub/evil.txt"]
+    assert tree_snapshot(outside) == before
+
+    # publish_folder refuses a step folder that is a link in the remote.
+    ckpt = remote_holding(remotes, "bs/tiny-checkpoints", {"README.md": "x\n"}, links={"global_step10": str(outside)})
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text("{}\n")
+    with pytest.raises(hubsync.HubSyncError) as err:
+        hubsync.publish_folder(exp, src, "global_step10/inner")
+    assert "global_step10" in str(err.value) and tree_snapshot(outside) == before
+    assert git("--git-dir", str(ckpt), "rev-list", "--count", "main").strip() == "1"

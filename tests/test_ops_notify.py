@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from datetime import datetime, timedelta
@@ -44,7 +45,7 @@ def test_notify_cooldown_and_recovery(plain_server, tmp_path: Path) -> None:
     assert [(n.kind, n.conditions) for n in first] == [("alert", ("not-scheduled",))]
     msg = inbox.messages[0]
     body = msg.get_content()
-    assert msg["Subject"] == "[ALERT] tr1-13B: tr1-13B-round3 is not RUNNING or SCHEDULED"
+    assert msg["Subject"] == "[ALERT] tr1-13B: not running or scheduled"  # the job name and details: the body
     assert "***ALERT: tr1-13B-round3 is not RUNNING or SCHEDULED! Alert someone at Eng WG***" in body
     assert "Experiment: tr1-13B" in body and "bsops launch tr1-13B" in body and "main_log.txt" in body
     assert msg["Message-ID"] == first[0].message_id
@@ -266,3 +267,63 @@ def test_the_state_file_is_updated_under_a_lock_by_concurrent_writers(tmp_path: 
     assert [w.wait(timeout=120) for w in writers] == [0, 0, 0]
     assert json.loads(state.read_text())["finished"]["count"] == 450
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.json", "alerts.json.lock"]
+
+
+# --- safe headers, scrubbed texts -----------------------------------------------------------------------
+
+# Each breaks a line for str.splitlines() or is a control character: email refuses every one in a header.
+LINE_BREAKS = {"newline": "\n", "CR": "\r", "VT": "\x0b", "FF": "\x0c", "FS": "\x1c", "GS": "\x1d", "RS": "\x1e",
+               "NEL": "\x85", "LINE SEPARATOR": "\u2028", "PARAGRAPH SEPARATOR": "\u2029", "NUL": "\x00", "ESC": "\x1b"}
+
+
+@pytest.mark.parametrize("char", LINE_BREAKS.values(), ids=LINE_BREAKS.keys())
+def test_a_job_name_with_any_line_break_still_sends_a_one_line_subject(plain_server, tmp_path: Path, char: str) -> None:
+    inbox, port = plain_server
+    name = f"tr1{char}Bcc: victim@example.org{char}{char}x" + "y" * 300
+    report = status.evaluate(name, [], now=T0)
+    sent = notify.notify(report, plain_settings(port), tmp_path / "alerts.json", now=T0)
+    assert [n.kind for n in sent] == ["alert"] and len(inbox.messages) == 1
+    msg = inbox.messages[0]
+    subject = msg["Subject"]
+    assert len(subject) <= notify.SUBJECT_MAX and subject.startswith("[ALERT] tr1 Bcc: victim@example.org x")
+    assert all(c.isprintable() for c in subject) and sent[0].subject == subject
+    assert msg["Bcc"] is None and inbox.envelopes[0][1] == ["oncall@example.org", "lead@example.org"]
+    assert "not RUNNING or SCHEDULED" in msg.get_content()  # the details are in the body
+
+    notify.send_alert(_alerts(port), f"[bsops] cron.hourly: {name} failed", f"argv: squeue {name}")
+    assert len(inbox.messages) == 2 and len(inbox.messages[1]["Subject"]) <= notify.SUBJECT_MAX
+
+
+def _alerts(port: int):
+    from bigscience_ops.schema import AlertsConfig
+
+    return AlertsConfig(email_to=["oncall@example.org"], email_from="bot@example.org", smtp_host="127.0.0.1",
+                        smtp_port=port)
+
+
+def test_a_failure_text_with_credentials_is_scrubbed_in_the_email_and_the_state_file(plain_server, tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    inbox, port = plain_server
+    token = "hf_" + "Ab3" * 8
+    monkeypatch.setenv("BSOPS_SMTP_PASSWORD", "smtp-Pa55-word")
+    settings = plain_settings(port, user="bot", password_env="BSOPS_SMTP_PASSWORD")
+    settings = dataclasses.replace(settings, user=None)  # the plain server takes no login; the password is still known
+    error = (f"`git push https://bot:{token}@hub.example/x.git` exited 128: remote: denied\n"
+             f"> Authorization: Bearer {token}\nfetch https://mirror.example/x?access_token=abcd1234&x=1\n"
+             "the SMTP password smtp-Pa55-word leaked here")
+    state = tmp_path / "logs" / ".bsops-alerts.json"
+    assert job(settings, state, error, T0).kind == "alert"
+    body = inbox.messages[0].get_content()
+    saved = state.read_text()
+    for text in (body, saved, inbox.messages[0]["Subject"]):
+        assert token not in text and "abcd1234" not in text and "smtp-Pa55-word" not in text
+    assert "exited 128: remote: denied" in body and "https://<redacted>@hub.example/x.git" in body
+    assert state.stat().st_mode & 0o777 == 0o600
+    assert inbox.messages[0]["Subject"] == "[bsops] tr1-13B: hub-sync failed"  # the error itself is only in the body
+
+
+def test_addresses_with_line_breaks_are_refused_naming_the_field() -> None:
+    with pytest.raises(NotifyError, match="smtp.recipients"):
+        plain_settings(25, recipients=("oncall@example.org\u2028Bcc: x@example.org",))
+    with pytest.raises(NotifyError, match="smtp.sender"):
+        plain_settings(25, sender="bot@example.org\nBcc: x@example.org")

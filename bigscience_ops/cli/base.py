@@ -8,6 +8,7 @@ import click
 
 from bigscience_ops import __version__
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.redact import scrub
 
 EXIT_PROBLEMS = 1  # the command ran and found problems (plan errors, alerts)
 EXIT_ERROR = 2  # the command could not do its work (bad input, a tool failed)
@@ -20,7 +21,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except BsopsError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {scrub(str(exc))}", err=True)
             ctx.exit(EXIT_ERROR)
 
 

@@ -10,6 +10,7 @@ import click
 
 from bigscience_ops.cli.base import EXIT_ERROR, load_experiment, main, trainings_option
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.redact import env_secrets, scrub
 
 alert_option = click.option(
     "--alert", is_flag=True,
@@ -25,8 +26,8 @@ def _run_alerting(exp, alert: bool, job: str, command: str, work: Callable[[], N
         work()
         error = None
     except (BsopsError, OSError) as exc:
-        error = str(exc)
-        click.echo(f"error: {exc}", err=True)
+        error = scrub(str(exc), env_secrets([exp.hub.token_env, exp.alerts.smtp_password_env]))
+        click.echo(f"error: {error}", err=True)
     email_failed = alert and not _notify(exp, job, command, error)
     if error is not None or email_failed:
         sys.exit(EXIT_ERROR)
@@ -71,7 +72,8 @@ def hub_sync(exp: str, what: str | None, remote: str | None, wait_s: float, aler
     Keeps one git clone per repo under the run folder (hub/<what>/), copies what changed, stores
     main_log.txt, event files and files over hub.lfs_size_mb with git-lfs, commits only when
     something changed and pushes with retries. The token is read from the environment variable
-    named by hub.token_env and never written anywhere.
+    named by hub.token_env, offered only over https to hub.host, and never written anywhere. A file
+    the remote's links would take out of the clone is refused (exit 2); the rest is pushed.
     """
     from bigscience_ops.ops import hubsync
 
@@ -79,8 +81,14 @@ def hub_sync(exp: str, what: str | None, remote: str | None, wait_s: float, aler
     kinds = [w.strip() for w in what.split(",") if w.strip()] if what else None
 
     def work() -> None:
-        for result in hubsync.sync(experiment, kinds, remote, wait_s):
+        results = hubsync.sync(experiment, kinds, remote, wait_s)
+        for result in results:
             click.echo(result.describe())
+        refused = [f"{r.what}/{path}" for r in results for path in r.refused]
+        if refused:
+            raise hubsync.HubSyncError(f"{len(refused)} file(s) not synced: got a link in the clone at or above "
+                                       f"{', '.join(refused[:5])} (committed in the remote); allowed: no links in "
+                                       "the remote's folders (remove them there, then move the clone away)")
 
     # A run of some kinds only neither clears nor repeats the alert of a full run.
     job = f"hub-sync --what {','.join(sorted(set(kinds)))}" if kinds else "hub-sync"

@@ -1,59 +1,93 @@
 """git and git-lfs for the Hub clones: one runner, the token passed per command, LFS tracking, pushes that retry.
 
 The token is never written anywhere and never appears in a process argument. Each git command
-gets, through its environment only, a credential helper (`GIT_CONFIG_KEY_n` / `GIT_CONFIG_VALUE_n`)
-that is a shell function printing `password=$<token_env>`: git and git-lfs ask it when the remote
-wants credentials, and the value stays in the environment of the git processes. The helpers
-configured elsewhere (a credential store that would save the token) are switched off the same way.
+gets, through its environment only (`GIT_CONFIG_KEY_n` / `GIT_CONFIG_VALUE_n`), a credential helper
+scoped to `https://<hub.host>`: a shell function that reads git's request and prints
+`password=$<token_env>` only when it asks for protocol https and exactly that host. git and git-lfs
+ask it when a remote wants credentials; any other host (a foreign remote, an LFS server named by a
+remote's .lfsconfig, a redirect), and plain http, get nothing. The helpers configured elsewhere (a
+credential store that would save the token) are switched off the same way, and git may speak only
+https, ssh and file (`GIT_ALLOW_PROTOCOL`: no http, git://, or `ext::`, which runs a command).
+Every error is scrubbed of the token and anything else that looks like a credential.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.redact import scrub
 
 GIT_TIMEOUT_S = 1800  # a push of large LFS objects may take long; a hung one must still end
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HOST = re.compile(r"[a-z0-9.-]+(:[0-9]+)?")  # hub_remote checks hub.host fully; this keeps the helper's quoting sound
+_TOKEN = re.compile(r"[!-~]+")  # printable ASCII, no space: anything else could add lines to git's credential protocol
+ALLOWED_PROTOCOLS = "https:ssh:file"
 IDENTITY = {"GIT_AUTHOR_NAME": "bsops", "GIT_AUTHOR_EMAIL": "bsops@localhost",
             "GIT_COMMITTER_NAME": "bsops", "GIT_COMMITTER_EMAIL": "bsops@localhost"}
 
 
 class GitError(BsopsError):
-    """A git or git-lfs command failed: carries argv, exit code and stderr (never the token)."""
+    """A git or git-lfs command failed: carries argv, exit code and stderr (scrubbed: never the token)."""
 
-    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str, hint: str = "") -> None:
-        self.argv, self.returncode, self.stderr = list(argv), returncode, stderr
+    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str, hint: str = "",
+                 secrets: Sequence[str] = ()) -> None:
+        self.argv = [scrub(a, secrets) for a in argv]
+        self.returncode, self.stderr = returncode, scrub(stderr, secrets)
         status = "timed out" if returncode is None else f"exited {returncode}"
-        text = f"`{' '.join(argv)}` {status}: {stderr.strip()[-2000:] or '(no stderr)'}"
+        said = " / ".join(line.strip() for line in self.stderr.strip().splitlines() if line.strip())  # one line
+        text = f"`{' '.join(self.argv)}` {status}: {said[-2000:] or '(no stderr)'}"
         super().__init__(text + (f". {hint}" if hint else ""))
 
 
-def credential_helper(token_env: str) -> str:
-    """The helper git runs as `sh -c`: answers `get` with the token read from the environment variable."""
+class TokenError(BsopsError):
+    """The token's environment variable, or the host it goes to, cannot be used safely."""
+
+
+def credential_helper(token_env: str, host: str) -> str:
+    """The helper git runs as `sh -c`: answers `get` with the token, for protocol https and `host` only."""
     if not _ENV_NAME.fullmatch(token_env):
-        raise GitError(["credential.helper"], 2, f"hub.token_env {token_env!r} is not an environment variable name")
-    return ('!f() { test "$1" = get || return 0; echo username=bsops; '
+        raise TokenError(f"hub.token_env: got {token_env!r}; allowed: the name of an environment variable "
+                         "(letters, digits, _)")
+    if not _HOST.fullmatch(host):
+        raise TokenError(f"hub.host: got {scrub(host)!r}; allowed: a lower-case host name and an optional port")
+    return ('!f() { test "$1" = get || return 0; p=; h=; '
+            'while IFS= read -r l; do case "$l" in protocol=*) p="${l#protocol=}";; host=*) h="${l#host=}";; '
+            '"") break;; esac; done; '
+            f'test "$p" = https && test "$h" = \'{host}\' || return 0; echo username=bsops; '
             f'printf "password=%s\\n" "${{{token_env}}}"; }}; f')
 
 
-def git_env(token_env: str | None, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of every git command: identity, no prompts, and the token helper when a token is set."""
+def check_token(token_env: str, env: dict[str, str] | os._Environ) -> None:
+    """Refuse a token that could break git's credential protocol (a newline adds a line of its own)."""
+    token = env.get(token_env)
+    if token and not _TOKEN.fullmatch(token):
+        raise TokenError(f"environment variable {token_env} (hub.token_env): got a value with a space, line break or "
+                         "non-ASCII character (not shown); allowed: the token alone, printable ASCII without spaces")
+
+
+def git_env(token_env: str | None, host: str | None = None, *, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of every git command: identity, no prompts, only https/ssh/file, and the token helper
+    for https://<host> when a token and a host are set."""
     env = dict(os.environ if base is None else base)
     env.update(IDENTITY)
     env["GIT_TERMINAL_PROMPT"] = "0"
     env["GCM_INTERACTIVE"] = "never"
+    env["GIT_ALLOW_PROTOCOL"] = ALLOWED_PROTOCOLS
     # The clones only ever add files: LFS contents already pushed are never downloaded again.
     env["GIT_LFS_SKIP_SMUDGE"] = "1"
     pairs = [("credential.helper", "")]  # drops every helper configured elsewhere (a store would save the token)
-    if token_env and env.get(token_env):
-        pairs.append(("credential.helper", credential_helper(token_env)))
+    if token_env and host and env.get(token_env):
+        check_token(token_env, env)
+        pairs.append((f"credential.https://{host}.helper", credential_helper(token_env, host)))
     count = int(env.get("GIT_CONFIG_COUNT", "0") or 0)
     for i, (key, value) in enumerate(pairs, start=count):
         env[f"GIT_CONFIG_KEY_{i}"] = key
@@ -64,27 +98,36 @@ def git_env(token_env: str | None, base: dict[str, str] | None = None) -> dict[s
 
 @dataclass(frozen=True)
 class Git:
-    """git commands in one work tree, with the token helper in their environment."""
+    """git commands in one work tree, with the token helper for https://<host> in their environment."""
 
     cwd: Path
     token_env: str | None = None
+    host: str | None = None
     timeout_s: float = GIT_TIMEOUT_S
 
     def run(self, *args: str, check: bool = True, hint: str = "", extra_env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess:
         argv = ["git", *args]
-        env = {**git_env(self.token_env), **(extra_env or {})}
-        token = env.get(self.token_env or "", "") if self.token_env else ""
+        env = {**git_env(self.token_env, self.host), **(extra_env or {})}
+        secrets = [env[self.token_env]] if self.token_env and env.get(self.token_env) else []
         try:
             proc = subprocess.run(argv, cwd=self.cwd, env=env, capture_output=True, text=True, timeout=self.timeout_s)
         except subprocess.TimeoutExpired as exc:
-            raise GitError(argv, None, _scrub(_text(exc.stderr), token), hint) from None
+            raise GitError(argv, None, _text(exc.stderr), hint, secrets) from None
         if check and proc.returncode != 0:
-            raise GitError(argv, proc.returncode, _scrub(proc.stderr, token), hint)
+            raise GitError(argv, proc.returncode, proc.stderr, hint, secrets)
         return proc
 
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()
+
+
+def without_credentials(url: str) -> str:
+    """`url` without user-info, query and fragment (where credentials hide in a URL)."""
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return scrub(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 def _text(data: bytes | str | None) -> str:
@@ -93,41 +136,41 @@ def _text(data: bytes | str | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
-def _scrub(text: str, token: str) -> str:
-    return text.replace(token, "<token>") if token else text
-
-
-def clone_or_open(remote: str, path: Path, token_env: str | None, branch: str = "main") -> Git:
+def clone_or_open(remote: str, path: Path, token_env: str | None, host: str | None = None, branch: str = "main") -> Git:
     """A clone of `remote` at `path` with LFS hooks and filters installed; an existing clone is reused as it is.
 
-    An empty remote gives a clone on `branch` with no commit yet.
+    An empty remote gives a clone on `branch` with no commit yet. New clones check symlinks out as
+    plain files (core.symlinks false): a link committed in the remote never points out of the clone.
+    An existing clone must push to `remote`; a credential an older clone holds in its origin URL is
+    removed from its config first.
     """
     path = Path(path)
     if (path / ".git").is_dir():
-        git = Git(path, token_env)
+        git = Git(path, token_env, host)
         url = git.out("remote", "get-url", "origin")
+        if scrub(url) != url:
+            url = without_credentials(url)
+            git.run("remote", "set-url", "origin", url)
         if url != remote:
-            raise GitError(["git", "remote", "get-url", "origin"], 0, f"the clone {path} pushes to {url!r}, not {remote!r}",
+            raise GitError(["git", "remote", "get-url", "origin"], 0,
+                           f"the clone {path} pushes to {scrub(url)!r}, not {scrub(remote)!r}",
                            "move the clone away (it is rebuilt from the remote) or pass the remote it was made for")
         return git
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".cloning")
-    if tmp.exists():
-        _rmtree(tmp)
-    Git(path.parent, token_env).run("clone", "--quiet", "--", remote, str(tmp),
-                                    hint="check the remote URL and that the token in hub.token_env may read it")
-    git = Git(tmp, token_env)
+    if tmp.is_symlink() or tmp.is_file():
+        tmp.unlink()
+    elif tmp.exists():
+        shutil.rmtree(tmp)
+    Git(path.parent, token_env, host).run("clone", "--quiet", "--no-recurse-submodules", "-c", "core.symlinks=false",
+                                          "--", remote, str(tmp),
+                                          hint="check the remote URL and that the token in hub.token_env may read it")
+    git = Git(tmp, token_env, host)
     git.run("lfs", "install", "--local", hint="install git-lfs (apt-get install git-lfs)")
     if git.run("rev-parse", "--verify", "--quiet", "HEAD", check=False).returncode != 0:
         git.run("symbolic-ref", "HEAD", f"refs/heads/{branch}")
     tmp.rename(path)
-    return Git(path, token_env)
-
-
-def _rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path)
+    return Git(path, token_env, host)
 
 
 def lfs_patterns(git: Git) -> set[str]:

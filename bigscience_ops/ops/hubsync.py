@@ -8,9 +8,16 @@ flock per clone makes an overlapping run wait (up to wait_s) or skip; it never t
 while another run holds it. `publish_folder` puts one folder (a converted checkpoint) under a
 sub-folder of hub.checkpoints_repo's clone the same way: one folder per step, not one branch.
 
-The remote is the Hub (`$HF_ENDPOINT/<repo>`, created private when missing, with huggingface_hub),
-or any git remote: hub.remote_template with {repo}, or an explicit URL. The token comes from the
-environment variable hub.token_env and is handed to git per command (see gitlfs.py).
+The remote is the Hub (`https://<hub.host>/<repo>`, created private when missing, with
+huggingface_hub), or any git remote: hub.remote_template with {repo}, or an explicit URL, each
+checked by hub_remote.py (no credential inside, no http, no `ext::`). The token comes from the
+environment variable hub.token_env and is handed to git per command, for https://<hub.host> only
+(see gitlfs.py); every error is scrubbed of it.
+
+The remote's files are untrusted: hub-sync never follows a link in its clone. New clones check
+links out as plain files, a file is never written at or under a path the clone records as a link
+(or that is one on disk): it is refused and reported, and the rest is pushed. A remote whose
+.lfsconfig would send LFS uploads elsewhere, or whose .gitattributes is a link, is refused.
 """
 
 from __future__ import annotations
@@ -26,15 +33,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from bigscience_ops.schema import Experiment
+from bigscience_ops import hub_remote
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import gitlfs
+from bigscience_ops.redact import scrub
+from bigscience_ops.schema import Experiment
 
 WHATS = ("logs", "tensorboard", "codecarbon")
 # Growing files go through LFS from the first byte, so history never holds their full copies.
 ALWAYS_LFS = {"logs": ("main_log.txt",), "tensorboard": ("*tfevents*",), "codecarbon": (),
               "checkpoints": ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.h5", "*.msgpack", "*.onnx")}
-HUB_DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
 class HubSyncError(BsopsError):
@@ -54,23 +62,42 @@ class SyncResult:
     commit: str | None = None
     push_attempts: int = 0
     skipped: str | None = None
+    refused: list[str] = field(default_factory=list)
+    """Files not written because the clone holds a link at or above them (see the module's doc)."""
 
     def describe(self) -> str:
         if self.skipped:
             return f"{self.what}: skipped: {self.skipped}"
         pushed = f"; pushed ({self.push_attempts} attempt(s))" if self.push_attempts else ""
         made = f"committed {self.commit[:12]}" if self.commit else "nothing new to commit"
-        return f"{self.what} -> {self.repo}: {len(self.copied)} file(s) copied, {made}{pushed}"
+        refused = f"; {len(self.refused)} refused (a link in the clone): {', '.join(self.refused[:5])}" \
+            if self.refused else ""
+        return f"{self.what} -> {self.repo}: {len(self.copied)} file(s) copied, {made}{pushed}{refused}"
 
 
 def remote_for(exp: Experiment, repo: str, override: str | None = None) -> tuple[str, bool]:
-    """(git URL, whether it is the Hub) for one repo."""
+    """(git URL, whether it is the Hub) for one repo; raises ConfigError for a remote hub_remote refuses."""
     if override:
+        hub_remote.check_remote(override, "--remote", "hub-sync")
         return override, False
     if exp.hub.remote_template:
-        return exp.hub.remote_template.replace("{repo}", repo), False
-    endpoint = os.environ.get("HF_ENDPOINT", HUB_DEFAULT_ENDPOINT).rstrip("/")
-    return f"{endpoint}/{repo}", True
+        url = exp.hub.remote_template.replace("{repo}", repo)
+        hub_remote.check_remote(url, "hub.remote_template", exp.name)
+        return url, False
+    url = f"{hub_endpoint(exp)}/{repo}"
+    hub_remote.check_remote(url, f"hub.{repo}", exp.name)
+    return url, True
+
+
+def hub_endpoint(exp: Experiment) -> str:
+    """https://<hub.host>; HF_ENDPOINT, when set, must name that same place (the token goes nowhere else)."""
+    endpoint = hub_remote.endpoint(exp.hub.host)
+    env = os.environ.get("HF_ENDPOINT")
+    if env and env.rstrip("/").lower() != endpoint:
+        raise HubSyncError(f"HF_ENDPOINT: got {scrub(env)!r} while hub.host is {exp.hub.host!r}; allowed: "
+                           f"{endpoint} or unset: the Hub token goes only to https://<hub.host>, so set hub.host "
+                           "in the experiment to use another Hub")
+    return endpoint
 
 
 def ensure_hub_repo(exp: Experiment, repo: str) -> None:
@@ -81,11 +108,14 @@ def ensure_hub_repo(exp: Experiment, repo: str) -> None:
     if not token:
         raise HubSyncError(f"environment variable {exp.hub.token_env} (hub.token_env) is not set; export a Hub token "
                            f"with write access to {repo!r} in it, or set hub.remote_template for another git remote")
+    gitlfs.check_token(exp.hub.token_env, os.environ)
     try:
-        HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=token).create_repo(
-            repo, private=exp.hub.private, exist_ok=True)
+        HfApi(endpoint=hub_endpoint(exp), token=token).create_repo(repo, private=exp.hub.private, exist_ok=True)
+    except HubSyncError:
+        raise
     except Exception as exc:  # huggingface_hub raises many types; the message matters here
-        raise HubSyncError(f"could not create or find Hub repo {repo!r}: {str(exc).replace(token, '<token>')}") from None
+        raise HubSyncError(f"could not create or find Hub repo {repo!r} on {hub_endpoint(exp)}: "
+                           f"{scrub(str(exc), [token])}") from None
 
 
 def run_dir(exp: Experiment) -> Path:
@@ -124,20 +154,53 @@ def locked(lock_file: Path, wait_s: float) -> Iterator[bool]:
 BOOKKEEPING = ".bsops-"  # prefix of the files bsops keeps beside the logs for itself
 
 
-def copy_changed(src: Path, dst: Path) -> list[str]:
-    """Copy each file of src whose size or mtime differs from its copy in dst; returns the relative paths.
+def _walk_files(root: Path) -> Iterator[Path]:
+    """The regular files under root, never entering or yielding a link."""
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(folder, d)))
+        for name in sorted(files):
+            path = Path(folder, name)
+            if not path.is_symlink() and path.is_file():
+                yield path
 
-    bsops' own bookkeeping beside the logs (`.bsops-*`: the alert state with its error texts, its
-    lock) stays on the cluster.
+
+def linked_paths(git: gitlfs.Git) -> frozenset[str]:
+    """The paths the clone's index records as links (mode 120000), whatever core.symlinks made of them on disk."""
+    out = git.run("ls-files", "-s", "-z").stdout
+    return frozenset(entry.split("\t", 1)[1] for entry in out.split("\0") if entry.startswith("120000 "))
+
+
+def _link_at(root: Path, rel: PurePosixPath, links: frozenset[str]) -> str | None:
+    """The first part of root/rel (itself or a folder above it) that is a link in the index or on disk, else None."""
+    for i in range(1, len(rel.parts) + 1):
+        part = PurePosixPath(*rel.parts[:i])
+        path = root.joinpath(*part.parts)
+        if part.as_posix() in links or path.is_symlink():
+            return part.as_posix()
+        if i < len(rel.parts) and path.exists() and not path.is_dir():
+            return part.as_posix()  # a file where a folder must be: no place to write below it
+    return None
+
+
+def copy_changed(src: Path, clone: Path, links: frozenset[str] = frozenset(), prefix: PurePosixPath = PurePosixPath()
+                 ) -> tuple[list[str], list[str]]:
+    """Copy each file of src whose size or mtime differs from its copy in the clone's `prefix` folder:
+    (copied, refused) paths relative to src.
+
+    Links in src are not followed. A file whose place in the clone is, or lies under, a link (`links`:
+    the paths the clone records as links) is refused, never written through. bsops' own bookkeeping
+    beside the logs (`.bsops-*`: the alert state with its error texts, its lock) stays on the cluster.
     """
-    copied = []
-    for path in sorted(src.rglob("*")):
-        rel = path.relative_to(src)
-        if not path.is_file() or path.is_symlink() or rel.parts[0] in (".git", ".gitattributes"):
+    copied, refused = [], []
+    dst = clone.joinpath(*prefix.parts)
+    for path in _walk_files(src):
+        rel = PurePosixPath(path.relative_to(src).as_posix())
+        if rel.parts[0] in (".git", ".gitattributes", ".lfsconfig", ".gitmodules") or path.name.startswith(BOOKKEEPING):
             continue
-        if path.name.startswith(BOOKKEEPING):
+        if _link_at(clone, prefix / rel, links) is not None:
+            refused.append(rel.as_posix())
             continue
-        target = dst / rel
+        target = dst.joinpath(*rel.parts)
         stat = path.stat()
         if target.is_file():
             have = target.stat()
@@ -145,16 +208,28 @@ def copy_changed(src: Path, dst: Path) -> list[str]:
                 continue
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.bsops-tmp")
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()  # a link there would take the copy elsewhere
         shutil.copy2(path, tmp)
         os.replace(tmp, target)
         copied.append(rel.as_posix())
-    return copied
+    return copied, refused
 
 
 def large_files(root: Path, limit_mb: float) -> list[str]:
     limit = limit_mb * 1024 * 1024
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                  if p.is_file() and ".git" not in p.relative_to(root).parts and p.stat().st_size > limit)
+    return sorted(p.relative_to(root).as_posix() for p in _walk_files(root)
+                  if ".git" not in p.relative_to(root).parts and p.stat().st_size > limit)
+
+
+def check_clone(git: gitlfs.Git, links: frozenset[str]) -> None:
+    """Refuse a clone whose remote steers git-lfs elsewhere (.lfsconfig) or links its .gitattributes out."""
+    if (git.cwd / ".lfsconfig").exists() or (git.cwd / ".lfsconfig").is_symlink():
+        raise HubSyncError(f"the remote of {git.cwd} holds .lfsconfig: got a file that can send LFS uploads to another "
+                           "server; allowed: no .lfsconfig (remove it from the remote, then move the clone away)")
+    if ".gitattributes" in links or (git.cwd / ".gitattributes").is_symlink():
+        raise HubSyncError(f"the remote of {git.cwd} holds .gitattributes as a link: got a link git-lfs would write "
+                           "through; allowed: a plain .gitattributes file (fix the remote, then move the clone away)")
 
 
 def _unpushed(git: gitlfs.Git) -> bool:
@@ -176,12 +251,23 @@ def _commit_and_push(exp: Experiment, git: gitlfs.Git, what: str, message: str, 
         result.push_attempts = gitlfs.push(git, exp.hub.push_attempts, backoff_s)
 
 
-def _open_clone(exp: Experiment, what: str, repo: str, remote: str | None) -> tuple[gitlfs.Git, str]:
+def _open_clone(exp: Experiment, what: str, repo: str, remote: str | None) -> tuple[gitlfs.Git, str, frozenset[str]]:
+    """The clone, its remote and the links its index records, checked (see check_clone)."""
     url, is_hub = remote_for(exp, repo, remote)
     path = clone_path(exp, what)
     if is_hub and not (path / ".git").is_dir():
         ensure_hub_repo(exp, repo)
-    return gitlfs.clone_or_open(url, path, exp.hub.token_env), url
+    try:
+        git = gitlfs.clone_or_open(url, path, exp.hub.token_env, exp.hub.host)
+    except gitlfs.GitError as exc:
+        if url.lower().startswith("https://") and not hub_remote.offers_token(url, exp.hub.host):
+            raise gitlfs.GitError(exc.argv, exc.returncode, exc.stderr,
+                                  f"the token in hub.token_env goes only to https://{exp.hub.host} (hub.host), not to "
+                                  "this remote: set hub.host if it is your Hub") from None
+        raise
+    links = linked_paths(git)
+    check_clone(git, links)
+    return git, url, links
 
 
 def _repo_name(exp: Experiment, what: str, remote: str | None) -> str:
@@ -222,15 +308,15 @@ def sync_one(exp: Experiment, what: str, remote: str | None = None, wait_s: floa
     repo = _repo_name(exp, what, remote)
     src = Path(getattr(exp.paths, what))
     path = clone_path(exp, what)
-    url = remote or remote_for(exp, repo)[0]
+    url = remote_for(exp, repo, remote)[0]
     result = SyncResult(what, repo, url, path)
     with locked(path.with_name(f"{what}.lock"), wait_s) as held:
         if not held:
             result.skipped = f"another sync of {path} has held its lock for {wait_s:g} s; this run leaves it alone"
             return result
-        git, result.remote = _open_clone(exp, what, repo, remote)
+        git, result.remote, links = _open_clone(exp, what, repo, remote)
         if src.is_dir():
-            result.copied = copy_changed(src, path)
+            result.copied, result.refused = copy_changed(src, path, links)
         elif not _unpushed(git):
             result.skipped = f"{src} does not exist yet"
             return result
@@ -264,12 +350,19 @@ def publish_folder(experiment: Experiment, src: Path, dest_subdir: str, *, remot
     with locked(path.with_name("checkpoints.lock"), wait_s) as held:
         if not held:
             raise HubSyncError(f"another upload has held the lock on {path} for {wait_s:g} s; try again when it is done")
-        git, _url = _open_clone(experiment, "checkpoints", repo, remote)
+        git, url, links = _open_clone(experiment, "checkpoints", repo, remote)
+        link = _link_at(path, sub, links)
+        if link is not None:
+            raise HubSyncError(f"dest_subdir: got {dest_subdir!r}, but {link} is a link in the clone {path} (committed "
+                               "in the remote); allowed: a folder that is no link and lies under none")
         target = path.joinpath(*sub.parts)
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
-        copy_changed(src, target)
-        result = SyncResult("checkpoints", repo, _url, path)
+        result = SyncResult("checkpoints", repo, url, path)
+        result.copied, result.refused = copy_changed(src, path, links, sub)
+        if result.refused:
+            raise HubSyncError(f"publish: {len(result.refused)} file(s) of {src} lie under a link in the clone {path}: "
+                               f"{', '.join(result.refused[:5])}; allowed: no link in the remote's {sub}")
         _commit_and_push(experiment, git, "checkpoints", f"{sub} of {experiment.name}", backoff_s, result)
     return result.commit or "unchanged"

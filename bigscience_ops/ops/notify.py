@@ -4,7 +4,11 @@ hourly runs is a small JSON file, `.bsops-alerts.json` beside the run's main_log
 watchdog and the jobs share: each read-modify-write holds an flock on `<state>.lock`.
 
 The SMTP password is read from the environment variable the settings name; it is never stored,
-logged, or put into an error message.
+logged, or put into an error message. Every subject, body, state entry and error is scrubbed of
+credentials (redact.scrub). Headers are made safe: a job name or error text may hold any control
+character or Unicode line break (U+2028, U+0085, ...), which email refuses in a header, so subjects
+carry only a short, fixed headline with those replaced and are capped at SUBJECT_MAX characters;
+the details (argv, log lines, errors) go in the body. The state file is written mode 0600.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING
 from bigscience_ops.data import locks
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.status import Alert, StatusReport
+from bigscience_ops.redact import env_secrets, scrub
 
 if TYPE_CHECKING:
     from bigscience_ops.schema import AlertsConfig
@@ -33,6 +38,18 @@ if TYPE_CHECKING:
 SECURITY_CHOICES = ("starttls", "ssl", "none")
 DEFAULT_PORTS = {"starttls": 587, "ssl": 465, "none": 25}
 """The usual SMTP port of each security choice."""
+SUBJECT_MAX = 120
+"""Characters in a subject at most; what a subject leaves out is in the body."""
+
+
+def header_text(text: str, limit: int | None = None) -> str:
+    """`text` fit for one email header: every control character and line break (str.isprintable()
+    is false for each, U+2028 and U+0085 included) becomes a space, runs of spaces one, and a
+    text over `limit` characters is cut with '...'."""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    if limit is not None and len(flat) > limit:
+        flat = flat[:limit - 3].rstrip() + "..."
+    return flat
 
 
 class NotifyError(BsopsError):
@@ -70,10 +87,12 @@ class SmtpSettings:
             raise NotifyError("smtp.host: got an empty host; give the SMTP server's name or address")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 < self.port < 65536:
             raise NotifyError(f"smtp.port: got {self.port!r}; allowed: a port number 1-65535")
-        if not recipients or not all("@" in r for r in recipients):
-            raise NotifyError(f"smtp.recipients: got {list(recipients)!r}; allowed: one or more email addresses")
-        if "@" not in self.sender:
-            raise NotifyError(f"smtp.sender: got {self.sender!r}; allowed: an email address")
+        if not recipients or not all("@" in r and header_text(r) == r for r in recipients):
+            raise NotifyError(f"smtp.recipients: got {list(recipients)!r}; allowed: one or more email addresses, "
+                              "each without spaces, control characters or line breaks")
+        if "@" not in self.sender or header_text(self.sender) != self.sender or " " in self.sender:
+            raise NotifyError(f"smtp.sender: got {self.sender!r}; allowed: an email address without spaces, control "
+                              "characters or line breaks")
         if self.user and not self.password_env:
             raise NotifyError(f"smtp.password_env: got None while smtp.user is {self.user!r}; allowed: the "
                               f"name of the environment variable that holds the password")
@@ -102,12 +121,19 @@ def send_alert(alerts: AlertsConfig, subject: str, body: str) -> str:
 
 # --- sending -------------------------------------------------------------------------------------
 
-def build_message(settings: SmtpSettings, subject: str, body: str, *, now: datetime | None = None) -> EmailMessage:
-    """A complete message: From, To, Subject, Date (RFC 5322, with zone) and a unique Message-ID."""
+def build_message(settings: SmtpSettings, subject: str, body: str, *, now: datetime | None = None,
+                  secrets: Sequence[str] = ()) -> EmailMessage:
+    """A complete message: From, To, Subject, Date (RFC 5322, with zone) and a unique Message-ID.
+
+    The subject is scrubbed, made one safe line and capped (header_text); the body is scrubbed of
+    credentials and of the SMTP password and `secrets`.
+    """
+    secrets = [*secrets, *env_secrets([settings.password_env])]
     msg = EmailMessage()
     msg["From"] = settings.sender
     msg["To"] = ", ".join(settings.recipients)
-    msg["Subject"] = subject
+    msg["Subject"] = header_text(scrub(subject, secrets), SUBJECT_MAX)
+    body = scrub(body, secrets)
     when = (now or datetime.now()).astimezone()
     msg["Date"] = format_datetime(when)
     msg["Message-ID"] = make_msgid(idstring="bsops", domain=settings.sender.rpartition("@")[2])
@@ -139,9 +165,7 @@ def send(settings: SmtpSettings, message: EmailMessage, *, env: Mapping[str, str
                 client.login(settings.user, password or "")
             client.send_message(message)
     except (smtplib.SMTPException, OSError, ssl.SSLError) as exc:
-        detail = f"{type(exc).__name__}: {exc}"
-        if password:
-            detail = detail.replace(password, "***")
+        detail = scrub(f"{type(exc).__name__}: {exc}", [password] if password else [])
         raise NotifyError(f"could not send email {message['Subject']!r} via {where}: {detail}") from None
     return str(message["Message-ID"])
 
@@ -162,6 +186,17 @@ ADVICE = {
     "slurm-error": "The watchdog could not ask Slurm: check the controller (`sinfo`, `squeue`) from a login "
                    "node; the training's state is unknown until it answers.",
 }
+
+
+HEADLINES = {
+    "not-scheduled": "not running or scheduled",
+    "never-starts": "a queued job will never start",
+    "stalled": "running but making no progress",
+    "overlap": "two trainings running at once",
+    "cron-chain": "a cron chain is gone or late",
+    "slurm-error": "cannot query Slurm",
+}
+"""The subject's words for each condition: fixed text, never a job name from the queue or a log line."""
 
 
 @dataclass(frozen=True)
@@ -201,10 +236,19 @@ def _load_state(path: Path) -> _State:
 
 
 def _save_state(path: Path, state: _State) -> None:
+    """Write the state atomically, mode 0600 (it holds error texts), every message scrubbed once more."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    for entries in (state.active, state.jobs):
+        for entry in entries.values():
+            if isinstance(entry.get("message"), str):
+                entry["message"] = scrub(entry["message"])
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": 1, "active": state.active, "finished": state.finished, "jobs": state.jobs},
-                              indent=1, sort_keys=True) + "\n")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps({"version": 1, "active": state.active, "finished": state.finished, "jobs": state.jobs},
+                                indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
 
@@ -234,7 +278,7 @@ def _holds(entries: dict[str, dict], key: str, message: str, now: datetime, cool
     """Record that condition `key` holds at `now` with `message`; True when an email about it is due
     (never emailed, or last emailed at least `cooldown_minutes` ago)."""
     entry = entries.setdefault(key, {"since": now.isoformat(), "last_sent": None})
-    entry["message"] = message
+    entry["message"] = scrub(message)
     last = entry.get("last_sent")
     return last is None or now - datetime.fromisoformat(last) >= timedelta(minutes=cooldown_minutes)
 
@@ -285,13 +329,13 @@ def _send_watchdog_emails(report: StatusReport, settings: SmtpSettings, state: _
         message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
         for alert in due:
             state.active[prefix + alert.condition]["last_sent"] = now.isoformat()
-        sent.append(Notice("alert", tuple(a.condition for a in due), message_id, subject))
+        sent.append(Notice("alert", tuple(a.condition for a in due), message_id, _subject(subject)))
     if cleared:
         subject, body = _recovery_email(experiment, report, [state.active[k] for k in cleared], cleared, now)
         message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
         for key in cleared:
             del state.active[key]
-        sent.append(Notice("recovery", tuple(k[len(prefix):] for k in cleared), message_id, subject))
+        sent.append(Notice("recovery", tuple(k[len(prefix):] for k in cleared), message_id, _subject(subject)))
     if report.finished_at is not None and state.finished.get(report.job_name) != report.finished_at:
         subject = f"[FINISHED] {experiment}: training finished at iteration {report.finished_at}"
         body = "\n".join([f"Experiment: {experiment}", f"Slurm job name: {report.job_name}", "",
@@ -299,13 +343,18 @@ def _send_watchdog_emails(report: StatusReport, settings: SmtpSettings, state: _
                           "from cron.hourly/ when the checkpoints are safe."]) + "\n"
         message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
         state.finished[report.job_name] = report.finished_at
-        sent.append(Notice("finished", (), message_id, subject))
+        sent.append(Notice("finished", (), message_id, _subject(subject)))
     return sent
+
+
+def _subject(subject: str) -> str:
+    """The subject as build_message puts it in the header."""
+    return header_text(scrub(subject), SUBJECT_MAX)
 
 
 def _alert_email(experiment: str, report: StatusReport, due: Sequence[Alert], cooldown: float,
                  log_path: str | None) -> tuple[str, str]:
-    first = due[0].message.removeprefix("***ALERT: ").split("! Alert someone", 1)[0]
+    first = HEADLINES.get(due[0].condition, due[0].condition)
     more = f" (+{len(due) - 1} more)" if len(due) > 1 else ""
     subject = f"[ALERT] {experiment}: {first}{more}"
     advice = "\n".join(f"- {ADVICE.get(a.condition, 'Look at the status lines above.')}" for a in due)
@@ -379,6 +428,7 @@ def notify_job(settings: SmtpSettings, state_path: str | os.PathLike[str], job: 
     """
     _check_cooldown(cooldown_minutes)
     now = now or _now()
+    error = None if error is None else scrub(error, env_secrets([settings.password_env], env))
     with _state_file(Path(state_path)) as state:
         if error is not None:
             if not _holds(state.jobs, job, error, now, cooldown_minutes):
@@ -389,14 +439,15 @@ def notify_job(settings: SmtpSettings, state_path: str | os.PathLike[str], job: 
             subject, body = _job_alert_email(experiment, job, error, command, state.jobs[job], cooldown_minutes, now)
             message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
             state.jobs[job]["last_sent"] = now.isoformat()
-            return JobNotice("alert", f"alert email sent to {', '.join(settings.recipients)} ({message_id}): {subject}")
+            return JobNotice("alert", f"alert email sent to {', '.join(settings.recipients)} ({message_id}): "
+                                      f"{_subject(subject)}")
         if job not in state.jobs or not _cleared(state.jobs, [job]):  # no failure, or one never emailed
             return JobNotice("quiet", "")
         subject, body = _job_recovery_email(experiment, job, state.jobs[job], now)
         message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
         del state.jobs[job]
         return JobNotice("recovery", f"recovery email sent to {', '.join(settings.recipients)} ({message_id}): "
-                                     f"{subject}")
+                                     f"{_subject(subject)}")
 
 
 def _job_alert_email(experiment: str, job: str, error: str, command: str, entry: dict, cooldown: float,
