@@ -11,6 +11,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from bigscience_ops.cli import main
+from bigscience_ops.checkpoints import layout
 from bigscience_ops.ops import backup
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_git import bare_remote, blob_at, lfs_object, lfs_oid
@@ -74,9 +75,9 @@ def test_cron_add_writes_three_jobs_that_run_and_email_failures(git_lfs, trainin
 
     saved = _bash(hourly / "synced-backup.slurm", tmp_path)
     assert saved.returncode == 0, saved.stdout + saved.stderr
-    assert backup.verify(tmp_path / "store", "global_step5") == []
-    assert sorted(p.name for p in (tmp_path / "store" / "global_step5").iterdir()) == [
-        "bsops.json", "layer_00-model_states.pt"]
+    store = backup.run_store(tmp_path / "store", "synced", layout.run_id(run / "checkpoints"))
+    assert backup.verify(store, "global_step5") == []
+    assert sorted(p.name for p in (store / "global_step5").iterdir()) == ["bsops.json", "layer_00-model_states.pt"]
     assert inbox.messages == []
 
     # The remote refuses the next push: the sync job fails and emails.
