@@ -219,3 +219,62 @@ def test_a_symbolic_link_in_a_checkpoint_is_never_followed(make, tmp_path: Path)
     assert report.backed_up == ["global_step20"] and report.deleted == []
     assert not any("secret" in p.name or p.is_symlink() for p in report.store.rglob("*"))
     assert secret.read_text() == "not a checkpoint" and (scratch / "global_step10").is_dir()
+
+
+# --------------------------------------------------------------------------- the hostile table
+
+def _truncated_model_states(folder: Path) -> None:
+    import torch
+
+    torch.save({"module": None, "optimizer": {"state": {}}}, folder / "mp_rank_00_model_states.pt")
+    data = (folder / "mp_rank_00_model_states.pt").read_bytes()
+    (folder / "mp_rank_00_model_states.pt").write_bytes(data[: len(data) // 2])
+
+
+def _crafted_model_states(folder: Path) -> None:
+    import torch
+
+    torch.save({"optimizer": _Crafted(folder.parent.parent / "owned")}, folder / "mp_rank_00_model_states.pt")
+
+
+HOSTILE = {
+    # checkpoint files
+    "crafted pickle": (lambda c, t: _crafted_model_states(c / "global_step10"), "restricted loader"),
+    "random bytes as model states": (lambda c, t: (c / "global_step10" / "mp_rank_00_model_states.pt").write_bytes(
+        os.urandom(700)), "restricted loader"),
+    "truncated model states": (lambda c, t: _truncated_model_states(c / "global_step10"), "restricted loader"),
+    "link to a file outside": (lambda c, t: (c / "global_step10" / "x.pt").symlink_to(t / "outside.txt"),
+                               "symbolic link"),
+    "link to a folder outside": (lambda c, t: (c / "global_step10" / "sub").symlink_to(t), "symbolic link"),
+    # the checkpoint folder's own files
+    "latest names a path": (lambda c, t: (c / "latest").write_text("../../etc"), "latest: got '../../etc'"),
+    "latest with a newline": (lambda c, t: (c / "latest").write_text("global_step10\nglobal_step20"), "latest: got"),
+    "latest not utf-8": (lambda c, t: (c / "latest").write_bytes(b"\xff\xfe"), "latest: unreadable"),
+    "run id junk": (lambda c, t: (c / layout.RUN_ID).write_text("$(reboot)"), "bsops-run-id: got"),
+    # destinations
+    "dest is a file": (lambda c, t: (t / "store").write_text("x"), "is a file"),
+    "dest holds other files": (lambda c, t: ((t / "store").mkdir(), (t / "store" / "a.txt").write_text("x")),
+                               "not a bsops backup store"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_checkpoints_and_stores_give_one_clear_line_and_delete_nothing(case: str, trainings: Path,
+                                                                              tmp_path: Path) -> None:
+    (trainings / "h.yaml").write_text(tiny_yaml(tmp_path / "h", "backup: " + json.dumps(
+        {"dest": str(tmp_path / "store"), "keep_last": 1}) + "\n"))
+    exp = load_experiment("h", trainings)
+    checkpoints = Path(exp.paths.checkpoints)
+    layout.new_run_id(checkpoints)
+    (tmp_path / "outside.txt").write_text("not a checkpoint")
+    _save(checkpoints, 10, latest=False)
+    _save(checkpoints, 20)
+    make, expected = HOSTILE[case]
+    make(checkpoints, tmp_path)
+    before = {p.relative_to(checkpoints).as_posix() for p in checkpoints.rglob("*")}
+    result = CliRunner().invoke(main, ["backup", "h", "--trainings-dir", str(trainings)])
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and len(errors) == 1 and "Traceback" not in result.output, result.output
+    assert expected in errors[0], errors[0]
+    assert {p.relative_to(checkpoints).as_posix() for p in checkpoints.rglob("*")} == before  # nothing deleted
+    assert not (tmp_path / "owned").exists() and (tmp_path / "outside.txt").read_text() == "not a checkpoint"
