@@ -281,3 +281,16 @@ def test_cron_add_by_default_writes_the_jobs_the_experiment_has_settings_for(tmp
     assert result.exit_code == 0, result.output
     assert "not adding the backup job: backup.dest is not set" in result.output
     assert [p.name for p in (tmp_path / "cron.hourly").iterdir()] == ["tr1-13B-short-slurm-status.slurm"]
+
+
+def test_the_chain_check_gets_the_status_runs_timeout(tmp_path: Path, monkeypatch) -> None:
+    """A hung controller: the chains' squeue is given up after the status run's --timeout, not its own default."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexec sleep 120\n")  # stands in for a controller that never answers
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    cron_dir = tmp_path / "cron"
+    (cron_dir / "runners").mkdir(parents=True)
+    with pytest.raises(slurm.SlurmError, match="within 2 s"):
+        cron.chains(cron_dir, timeout=2)

@@ -3,6 +3,7 @@ ended early is an alert saying how, and stalls are measured from the trainer's o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -111,6 +112,11 @@ def test_where_slurm_keeps_accounting_the_end_comes_from_sacct(exp, tmp_path: Pa
     task(exp, "100_1", 0, 120, 0)
     task(exp, "100_3", 120, None, None)  # no end record, and no output file: only sacct knows
     run = lifecycle.run_state(exp)
+    # While a task of the run is queued or running, nothing asks sacct.
+    running = seed_job(start_time=NOW - timedelta(hours=1), elapsed_s=3600)
+    running = dataclasses.replace(running, name=exp.slurm.job_name)
+    assert status.evaluate(exp.slurm.job_name, [running], now=NOW, run=run).alerts == ()
+    assert not calls.exists()
     assert run.ended == "TIMEOUT (exit code 0:0, from sacct)"
     [alert] = status.evaluate(exp.slurm.job_name, [], now=NOW, run=run).alerts
     assert "TIMEOUT (exit code 0:0, from sacct)" in alert.message

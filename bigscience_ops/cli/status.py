@@ -24,7 +24,8 @@ from bigscience_ops.cli.base import load_experiment, main, trainings_option
 @click.option("--user", "users", multiple=True, help="Watch this user's jobs (repeatable).")
 @click.option("--contact", default="Eng WG", show_default=True, help="Who the ALERT line says to alert.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              help="Seconds to wait for squeue before reporting Slurm as unreachable.")
+              help="Seconds to wait for each Slurm query (squeue, sacct, the cron chains' squeue) before "
+                   "reporting Slurm as unreachable.")
 @click.option("--no-email", is_flag=True, help="Print (and log) only; send no email.")
 @click.option("--email-to", multiple=True, help="Alert recipient (repeatable); without one no email is sent.")
 @click.option("--email-from", default=None, help="Sender address (default: bsops@<this host>).")
@@ -65,7 +66,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
         from bigscience_ops.ops import lifecycle
 
         experiment = load_experiment(exp, trainings_dir)
-        run = lifecycle.run_state(experiment)
+        run = lifecycle.run_state(experiment, timeout=timeout)
         job_name = job_name or experiment.slurm.job_name
         log_path = log_path or Path(experiment.paths.logs) / "main_log.txt"
         stall_minutes = stall_minutes or experiment.alerts.stall_minutes

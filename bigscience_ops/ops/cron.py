@@ -271,7 +271,8 @@ def runner_period(cron_dir: Path, period: str, prefix: str) -> int:
     return int(match.group(1)) if match else PERIODS[period]
 
 
-def chains(cron_dir: Path, jobs: list | None = None, now: dt.datetime | None = None) -> list[ChainState]:
+def chains(cron_dir: Path, jobs: list | None = None, now: dt.datetime | None = None,
+           timeout: float = slurm.DEFAULT_TIMEOUT_S) -> list[ChainState]:
     """Each installed runner chain and what is wrong with it; queries Slurm when `jobs` is None.
 
     A chain is in trouble when no runner is queued, when two are waiting (a fork), or when it
@@ -279,7 +280,7 @@ def chains(cron_dir: Path, jobs: list | None = None, now: dt.datetime | None = N
     pass (the log's time) is more than two periods old.
     """
     prefix = load_settings(cron_dir).name_prefix
-    jobs = slurm.query_jobs(users=[_me()]) if jobs is None else jobs
+    jobs = slurm.query_jobs(users=[_me()], timeout=timeout) if jobs is None else jobs
     now = (now or dt.datetime.now().astimezone()).astimezone()
     states = []
     for period in PERIODS:

@@ -9,7 +9,8 @@ the end of Slurm's output file for that task (slurmstepd writes "CANCELLED ... D
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from bigscience_ops import ledger, slurm
@@ -26,23 +27,30 @@ class RunState:
     """The latest checkpoint's iteration."""
     train_iters: int
     last_task: ledger.Attempt | None
-    ended: str | None
-    """How the last task ended, in words (`exit code 1`, `TIMEOUT`, `CANCELLED DUE TO TIME LIMIT at ...`)."""
+    experiment: Experiment | None = field(default=None, compare=False, repr=False)
+    timeout: float = field(default=30.0, compare=False, repr=False)
 
     @property
     def finished(self) -> bool:
         return self.iteration >= self.train_iters
+
+    @cached_property
+    def ended(self) -> str | None:
+        """How the last task ended, in words (`exit code 1`, `TIMEOUT`, `CANCELLED DUE TO TIME LIMIT at ...`).
+
+        Asked only when the watchdog finds nothing of the run queued: sacct is not queried while the job runs.
+        """
+        if self.last_task is None or self.experiment is None:
+            return None
+        return (_sacct_state(self.last_task.job_id, self.timeout)
+                or _ledger_and_output_state(self.experiment, self.last_task))
 
 
 def run_state(exp: Experiment, timeout: float = 30.0) -> RunState:
     output = Path(exp.paths.output)
     iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
     history = ledger.attempts(ledger.read(output / ledger.LEDGER_NAME))
-    last = history[-1] if history else None
-    ended = None
-    if last is not None:
-        ended = _sacct_state(last.job_id, timeout) or _ledger_and_output_state(exp, last)
-    return RunState(iteration, run_schedule(exp).train_iters, last, ended)
+    return RunState(iteration, run_schedule(exp).train_iters, history[-1] if history else None, exp, timeout)
 
 
 def _sacct_state(job_id: str, timeout: float) -> str | None:

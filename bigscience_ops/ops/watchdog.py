@@ -59,7 +59,7 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
                           now=now, contact=contact, timeout=timeout, run=run,
                           **({"query": query} if query is not None else {}))
     if cron_dir is not None:
-        report = _with_chain_alerts(report, Path(cron_dir), contact)
+        report = _with_chain_alerts(report, Path(cron_dir), contact, timeout)
     if health_settings is not None and health_settings.enabled and log_path is not None:
         report = _with_health_alerts(report, Path(log_path), health_settings, contact)
     notices: list[Notice] = []
@@ -82,10 +82,11 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
     return WatchResult(report, tuple(notices), error, lines)
 
 
-def _with_chain_alerts(report: StatusReport, cron_dir: Path, contact: str) -> StatusReport:
-    """The report plus an alert per problem of an installed cron chain (or one if Slurm cannot say)."""
+def _with_chain_alerts(report: StatusReport, cron_dir: Path, contact: str, timeout: float) -> StatusReport:
+    """The report plus an alert per problem of an installed cron chain (or one if Slurm cannot say); the
+    chains' squeue gets the status run's timeout too."""
     try:
-        problems = [p for state in cron.chains(cron_dir) if state.installed for p in state.problems]
+        problems = [p for state in cron.chains(cron_dir, timeout=timeout) if state.installed for p in state.problems]
     except (slurm.SlurmError, BsopsError) as exc:
         problems = [f"the cron chains of {cron_dir} cannot be checked: {' '.join(str(exc).split())}"]
     if not problems:
