@@ -250,6 +250,11 @@ HOSTILE = {
     "latest names a path": (lambda c, t: (c / "latest").write_text("../../etc"), "latest: got '../../etc'"),
     "latest with a newline": (lambda c, t: (c / "latest").write_text("global_step10\nglobal_step20"), "latest: got"),
     "latest not utf-8": (lambda c, t: (c / "latest").write_bytes(b"\xff\xfe"), "latest: unreadable"),
+    "latest is a FIFO": (lambda c, t: ((c / "latest").unlink(), os.mkfifo(c / "latest")), "not a plain file"),
+    "latest names a Unicode-digit tag": (lambda c, t: (c / "latest").write_text("global_step\uff11\uff10"),
+                                         "latest: got"),
+    "run id is a link": (lambda c, t: ((c / layout.RUN_ID).unlink(), (c / layout.RUN_ID).symlink_to(t / "outside.txt")),
+                         "not a plain file"),
     "run id junk": (lambda c, t: (c / layout.RUN_ID).write_text("$(reboot)"), "bsops-run-id: got"),
     # destinations
     "dest is a file": (lambda c, t: (t / "store").write_text("x"), "is a file"),

@@ -22,7 +22,8 @@ from bigscience_ops.errors import BsopsError
 
 META = "bsops.json"
 """The trainer's record in each checkpoint folder (trainer/checkpointing.py writes it)."""
-TAG = re.compile(r"global_step(\d+)")
+TAG = re.compile(r"global_step([0-9]{1,18})")
+"""ASCII digits only (`\\d` also takes Unicode digits: global_step１０ would be step 10), and few enough for int()."""
 LATEST = "latest"
 UNIVERSAL_SUFFIX = "_universal"
 """global_stepN_universal: DeepSpeed's universal copy of global_stepN, made when a run changes layout."""
@@ -30,7 +31,7 @@ RUN_ID = "bsops-run-id"
 """One line of 32 hex digits naming the run whose checkpoints the folder holds; a fresh start writes a new one."""
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 OPTIMIZER_FILE = re.compile(r"(.*_)?optim_states\.pt")
-MODEL_STATES_FILE = re.compile(r"mp_rank_\d+_model_states\.pt")
+MODEL_STATES_FILE = re.compile(r"mp_rank_[0-9]+_model_states\.pt")
 
 
 class CheckpointError(BsopsError):
@@ -46,8 +47,19 @@ class Checkpoint:
     path: Path
 
     def files(self) -> list[str]:
-        """Every file below the folder, as sorted relative POSIX paths."""
-        return sorted(p.relative_to(self.path).as_posix() for p in self.path.rglob("*") if p.is_file())
+        """Every file below the folder, as sorted relative POSIX paths.
+
+        A checkpoint holds plain files and folders only: a symbolic link (which could make a copy read,
+        or a deletion reach, something outside the folder) or a FIFO or device is a CheckpointError.
+        """
+        found = []
+        for p in sorted(self.path.rglob("*")):
+            if p.is_symlink() or not (p.is_file() or p.is_dir()):
+                raise CheckpointError(f"{p}: is {_kind(p)} inside checkpoint {self.tag}; a checkpoint holds plain "
+                                      "files and folders only: not read")
+            if p.is_file():
+                found.append(p.relative_to(self.path).as_posix())
+        return found
 
     def meta(self) -> dict:
         file = self.path / META
@@ -55,6 +67,14 @@ class Checkpoint:
             return json.loads(file.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{file}: unreadable ({exc})") from None
+
+
+def _kind(path: Path) -> str:
+    if path.is_symlink():
+        return f"a symbolic link to {os.readlink(path)!r}"
+    if path.is_dir():
+        return "a folder"
+    return "a special file (FIFO, device or socket)" if path.exists() else "missing"
 
 
 def is_optimizer_file(relpath: str) -> bool:
@@ -93,13 +113,16 @@ def latest_tag(checkpoints: Path) -> str | None:
     if not file.exists():
         return None
     expected = "expected one line 'global_stepN' as DeepSpeed writes it"
+    if not file.is_file():  # a FIFO would block the reader for good
+        raise CheckpointError(f"{file}: is {_kind(file)}, not a plain file; {expected}")
     try:
-        tag = file.read_text(encoding="utf-8").strip()
+        with open(file, "rb") as handle:
+            tag = handle.read(200).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{file}: unreadable ({exc}); {expected}") from None
     if step_of(tag) is None:
-        held = ", ".join(c.tag for c in list_checkpoints(checkpoints)) or "none"
-        raise CheckpointError(f"{file}: got {tag!r}; {expected} (checkpoints in the folder: {held})")
+        held = ", ".join(c.tag for c in list_checkpoints(checkpoints)[-5:]) or "none"
+        raise CheckpointError(f"{file}: got {tag[:60]!r}; {expected} (last checkpoints in the folder: {held})")
     return tag
 
 
@@ -121,10 +144,13 @@ def complete_checkpoints(checkpoints: Path) -> list[Checkpoint]:
 def run_id(checkpoints: Path) -> str | None:
     """The run id of the folder (see RUN_ID), None when it has none; anything else is a CheckpointError."""
     file = Path(checkpoints) / RUN_ID
-    if not file.exists():
+    if not file.exists() and not file.is_symlink():
         return None
+    if file.is_symlink() or not file.is_file():
+        raise CheckpointError(f"{file}: is {_kind(file)}, not a plain file; expected one line of 32 hex digits")
     try:
-        value = file.read_text(encoding="utf-8").strip()
+        with open(file, "rb") as handle:
+            value = handle.read(100).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{file}: unreadable ({exc}); expected one line of 32 hex digits") from None
     if not _RUN_ID.fullmatch(value):
