@@ -283,6 +283,9 @@ class AlertsConfig:
     smtp_security: Literal["none", "starttls", "ssl"] = documented("none", "SMTP transport security")
     smtp_user: str | None = documented(None, "SMTP login")
     smtp_password_env: str = documented("BSOPS_SMTP_PASSWORD", "environment variable holding the SMTP password")
+    webhook_url_env: str | None = documented(
+        None, "environment variable holding a Slack-compatible webhook URL (https) that gets every alert and recovery "
+              "too, under the same cooldown; the URL is a secret, so it is never written in this file")
     stall_minutes: int = documented(60, "alert when no iteration line was logged for this long", at_least=1)
     cooldown_minutes: int = documented(240, "minimum minutes between two emails about one condition", at_least=1)
     health: HealthConfig = documented(factory=HealthConfig, doc="training health: loss spikes, NaN, overflow, slow nodes")

@@ -39,6 +39,7 @@ SITE_FIELDS: dict[str, str] = {
     "alerts.email_to": "who is told when the training stops",
     "alerts.email_from": "the sender address",
     "alerts.smtp_host": "your SMTP server",
+    "alerts.webhook_url_env": "the environment variable with your chat webhook's URL, or none",
     "backup.dest": "your backup store",
 }
 

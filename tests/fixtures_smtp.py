@@ -112,3 +112,43 @@ def alerts_yaml(port: int, cooldown_minutes: int | None = None) -> str:
     cooldown = "" if cooldown_minutes is None else f", cooldown_minutes: {cooldown_minutes}"
     return ("alerts: {email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
             f"smtp_port: {port}, smtp_security: none{cooldown}}}\n")
+
+
+@dataclass
+class Hooked:
+    """What a webhook server received: the JSON bodies of its POSTs."""
+
+    url: str
+    posts: list[dict] = field(default_factory=list)
+    status: int = 200
+
+
+@pytest.fixture
+def webhook_server(cert: tuple[str, str]) -> Iterator[Hooked]:
+    """An https server with the test certificate that records JSON POSTs (trust it with ca_file=cert[0])."""
+    import json as _json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    hooked = Hooked("")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's hook name)
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            hooked.posts.append(_json.loads(body))
+            self.send_response(hooked.status)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = server_tls(cert).wrap_socket(server.socket, server_side=True)
+    hooked.url = f"https://127.0.0.1:{server.server_address[1]}/services/T000/B000/SECRETPART"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield hooked
+    finally:
+        server.shutdown()
+        server.server_close()

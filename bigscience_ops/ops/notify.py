@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bigscience_ops.data import locks
+from bigscience_ops.ops import webhook
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.status import Alert, StatusReport
 from bigscience_ops.redact import env_secrets, scrub
@@ -75,8 +76,11 @@ class SmtpSettings:
     password_env: str | None = None
     """Name of the environment variable that holds the password (never the password itself)."""
     ca_file: str | None = None
-    """CA bundle to verify the server with, instead of the system's (a site CA, a test server)."""
+    """CA bundle to verify the server (and the webhook) with, instead of the system's (a site CA, a test server)."""
     timeout_s: float = 30.0
+    webhook_env: str | None = None
+    """Name of the environment variable holding a Slack-compatible webhook URL that gets every message too
+    (ops/webhook.py); with it, `recipients` may be empty."""
 
     def __post_init__(self) -> None:
         recipients = (self.recipients,) if isinstance(self.recipients, str) else tuple(self.recipients)
@@ -87,7 +91,7 @@ class SmtpSettings:
             raise NotifyError("smtp.host: got an empty host; give the SMTP server's name or address")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 < self.port < 65536:
             raise NotifyError(f"smtp.port: got {self.port!r}; allowed: a port number 1-65535")
-        if not recipients or not all("@" in r and header_text(r) == r for r in recipients):
+        if (not recipients and not self.webhook_env) or not all("@" in r and header_text(r) == r for r in recipients):
             raise NotifyError(f"smtp.recipients: got {list(recipients)!r}; allowed: one or more email addresses, "
                               "each without spaces, control characters or line breaks")
         if "@" not in self.sender or header_text(self.sender) != self.sender or " " in self.sender:
@@ -99,12 +103,22 @@ class SmtpSettings:
 
 
 def smtp_from_alerts(alerts: AlertsConfig) -> SmtpSettings | None:
-    """SMTP settings from an experiment's (or cron.yaml's) alerts section; None when nobody is to be emailed."""
-    if not alerts.email_to:
+    """Where an experiment's (or cron.yaml's) alerts section sends alerts; None when nobody is to be told."""
+    webhook = getattr(alerts, "webhook_url_env", None)
+    if not alerts.email_to and not webhook:
         return None
     return SmtpSettings(host=alerts.smtp_host, sender=alerts.email_from or f"bsops@{socket.getfqdn()}",
                         recipients=tuple(alerts.email_to), port=alerts.smtp_port, security=alerts.smtp_security,
-                        user=alerts.smtp_user, password_env=alerts.smtp_password_env if alerts.smtp_user else None)
+                        user=alerts.smtp_user, password_env=alerts.smtp_password_env if alerts.smtp_user else None,
+                        webhook_env=webhook)
+
+
+def destinations(settings: SmtpSettings) -> str:
+    """Who a message went to, for logs: the addresses and/or the webhook (by its variable, never its URL)."""
+    where = [", ".join(settings.recipients)] if settings.recipients else []
+    if settings.webhook_env:
+        where.append(f"the webhook in ${settings.webhook_env}")
+    return " and ".join(where)
 
 
 def send_alert(alerts: AlertsConfig, subject: str, body: str) -> str:
@@ -116,7 +130,7 @@ def send_alert(alerts: AlertsConfig, subject: str, body: str) -> str:
         message_id = send(settings, build_message(settings, subject, body))
     except NotifyError as exc:
         return f"***ALERT: the alert email could not be sent: {exc}***"
-    return f"alert email sent to {', '.join(settings.recipients)} ({message_id})"
+    return f"alert email sent to {destinations(settings)} ({message_id})"
 
 
 # --- sending -------------------------------------------------------------------------------------
@@ -142,8 +156,22 @@ def build_message(settings: SmtpSettings, subject: str, body: str, *, now: datet
 
 
 def send(settings: SmtpSettings, message: EmailMessage, *, env: Mapping[str, str] | None = None) -> str:
-    """Send one message; returns its Message-ID. Raises NotifyError naming the server and the cause."""
+    """Send one message by email and, with a webhook, post it there too; returns its Message-ID. Raises
+    NotifyError naming the server (or the webhook's variable) and the cause."""
     env = os.environ if env is None else env
+    if settings.recipients:
+        _send_email(settings, message, env)
+    if settings.webhook_env:
+        try:
+            url = webhook.url_from(env, settings.webhook_env)
+            webhook.post(url, str(message["Subject"]), message.get_content(), timeout=settings.timeout_s,
+                         ca_file=settings.ca_file)
+        except webhook.WebhookError as exc:
+            raise NotifyError(str(exc)) from None
+    return str(message["Message-ID"])
+
+
+def _send_email(settings: SmtpSettings, message: EmailMessage, env: Mapping[str, str]) -> None:
     password = None
     if settings.user:
         password = env.get(settings.password_env or "")
@@ -167,7 +195,6 @@ def send(settings: SmtpSettings, message: EmailMessage, *, env: Mapping[str, str
     except (smtplib.SMTPException, OSError, ssl.SSLError) as exc:
         detail = scrub(f"{type(exc).__name__}: {exc}", [password] if password else [])
         raise NotifyError(f"could not send email {message['Subject']!r} via {where}: {detail}") from None
-    return str(message["Message-ID"])
 
 
 # --- alerts with cooldown and recovery ------------------------------------------------------------
@@ -439,14 +466,14 @@ def notify_job(settings: SmtpSettings, state_path: str | os.PathLike[str], job: 
             subject, body = _job_alert_email(experiment, job, error, command, state.jobs[job], cooldown_minutes, now)
             message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
             state.jobs[job]["last_sent"] = now.isoformat()
-            return JobNotice("alert", f"alert email sent to {', '.join(settings.recipients)} ({message_id}): "
+            return JobNotice("alert", f"alert email sent to {destinations(settings)} ({message_id}): "
                                       f"{_subject(subject)}")
         if job not in state.jobs or not _cleared(state.jobs, [job]):  # no failure, or one never emailed
             return JobNotice("quiet", "")
         subject, body = _job_recovery_email(experiment, job, state.jobs[job], now)
         message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
         del state.jobs[job]
-        return JobNotice("recovery", f"recovery email sent to {', '.join(settings.recipients)} ({message_id}): "
+        return JobNotice("recovery", f"recovery email sent to {destinations(settings)} ({message_id}): "
                                      f"{_subject(subject)}")
 
 

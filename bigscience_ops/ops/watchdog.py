@@ -18,7 +18,7 @@ from bigscience_ops import slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import cron, health, status
 from bigscience_ops.ops.lifecycle import RunState
-from bigscience_ops.ops.notify import Notice, NotifyError, SmtpSettings, default_state_path, notify
+from bigscience_ops.ops.notify import Notice, NotifyError, SmtpSettings, default_state_path, destinations, notify
 from bigscience_ops.ops.status import EXIT_ERROR, Alert, StatusReport
 from bigscience_ops.schema import HealthConfig
 from bigscience_ops.views import logs
@@ -72,7 +72,7 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
         except NotifyError as exc:
             error = str(exc)
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
-    extra = [f"{stamp} {n.kind} email sent to {', '.join(smtp.recipients)} {n.message_id}: {n.subject}"
+    extra = [f"{stamp} {n.kind} email sent to {destinations(smtp)} {n.message_id}: {n.subject}"
              for n in notices if smtp is not None]
     if error:
         extra.append(f"{stamp} ***ALERT: the alert email could not be sent: {error}***")

@@ -1,0 +1,54 @@
+"""Alerts to a chat webhook as well as by email: one Slack-compatible JSON POST per alert or recovery.
+
+The webhook's URL is a secret (whoever holds it can post to the channel), so it is never in a YAML
+file, an argument, a log or an error: `alerts.webhook_url_env` names the environment variable that
+holds it, and only an https URL is used. notify.py calls `post` wherever it sends an email, so the
+webhook gets the same messages under the same cooldown and recovery rules.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from bigscience_ops.errors import BsopsError
+from bigscience_ops.redact import scrub
+
+
+class WebhookError(BsopsError):
+    """The webhook cannot be reached or its setting is unusable: names the variable, never the URL."""
+
+
+def url_from(env: Mapping[str, str], variable: str) -> str:
+    """The webhook URL held in `variable`: set, one line, https with a host."""
+    url = env.get(variable, "").strip()
+    if not url:
+        raise WebhookError(f"environment variable {variable} (alerts.webhook_url_env) is not set or empty; export "
+                           "the webhook's https URL in it")
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.hostname or any(c.isspace() for c in url) or parts.username:
+        raise WebhookError(f"the webhook URL in {variable} (alerts.webhook_url_env) is not an https URL with a host "
+                           "and no credentials or spaces; the URL itself is not shown, as it is a secret")
+    return url
+
+
+def post(url: str, subject: str, body: str, *, timeout: float = 30.0, ca_file: str | None = None) -> None:
+    """POST {"text": subject, blank line, body} to `url`; raises WebhookError (without the URL) on failure."""
+    host = urlsplit(url).hostname
+    data = json.dumps({"text": f"{subject}\n\n{body}"}).encode("utf-8")
+    request = urllib.request.Request(url, data=data, method="POST",
+                                     headers={"Content-Type": "application/json", "User-Agent": "bsops"})
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        raise WebhookError(f"the webhook at {host} answered HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError, ssl.SSLError, ValueError) as exc:
+        raise WebhookError(f"could not post to the webhook at {host}: {scrub(str(exc), [url])}") from None
+    if not 200 <= status < 300:
+        raise WebhookError(f"the webhook at {host} answered HTTP {status}")

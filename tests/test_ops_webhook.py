@@ -1,0 +1,97 @@
+"""Alerts to a chat webhook (alerts.webhook_url_env): the same messages, cooldown and recovery as email,
+posted over https to a real local server; the URL, a secret, never shows."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops.ops import notify, status, watchdog
+from bigscience_ops.schema import AlertsConfig
+from tests.fixtures_smtp import plain_settings
+from tests.fixtures_status import seed_job
+
+NOW = datetime(2026, 11, 22, 12, 0, 0)
+VAR = "BSOPS_TEST_WEBHOOK"
+
+
+def _settings(port: int, cert: tuple[str, str], **changes) -> notify.SmtpSettings:
+    return plain_settings(port, webhook_env=VAR, ca_file=cert[0], **changes)
+
+
+def test_alert_cooldown_and_recovery_reach_the_webhook_as_they_reach_email(plain_server, webhook_server, cert,
+                                                                           tmp_path: Path, monkeypatch) -> None:
+    inbox, port = plain_server
+    monkeypatch.setenv(VAR, webhook_server.url)
+    log = tmp_path / "logs" / "main_log.txt"
+    log.parent.mkdir()
+    log.write_text("")
+    settings = _settings(port, cert)
+
+    def watch(jobs, at):
+        return watchdog.watch("tr1-13B-round3", query=lambda **_: jobs, log_path=log, smtp=settings, now=at,
+                              cooldown_minutes=60)
+
+    down = watch([], NOW)
+    assert down.exit_code == status.EXIT_ALERT and len(inbox.messages) == 1 and len(webhook_server.posts) == 1
+    text = webhook_server.posts[0]["text"]
+    assert text.startswith(str(inbox.messages[0]["Subject"])) and "tr1-13B-round3" in text
+    assert f"the webhook in ${VAR}" in "\n".join(down.lines) and webhook_server.url not in "\n".join(down.lines)
+    assert watch([], NOW + timedelta(minutes=10)).exit_code == status.EXIT_ALERT  # within the cooldown
+    assert len(webhook_server.posts) == 1
+    running = seed_job(start_time=NOW, elapsed_s=60)
+    assert watch([running], NOW + timedelta(minutes=20)).exit_code == status.EXIT_HEALTHY
+    assert len(webhook_server.posts) == 2 and "RECOVERED" in webhook_server.posts[1]["text"]
+    state = (tmp_path / "logs" / ".bsops-alerts.json").read_text()
+    assert webhook_server.url not in state and "SECRETPART" not in state
+
+
+def test_a_webhook_alone_tells_the_hourly_jobs_failures(webhook_server, cert, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(VAR, webhook_server.url)
+    settings = notify.smtp_from_alerts(AlertsConfig(webhook_url_env=VAR))
+    assert settings is not None and settings.recipients == ()
+    settings = notify.SmtpSettings(**{**settings.__dict__, "ca_file": cert[0]})
+    outcome = notify.notify_job(settings, tmp_path / "state.json", "backup", "disk full", experiment="tiny",
+                                command="bsops backup tiny", now=NOW)
+    assert outcome.kind == "alert" and f"${VAR}" in outcome.line and "SECRETPART" not in outcome.line
+    [post] = webhook_server.posts
+    assert "backup" in post["text"] and "disk full" in post["text"]
+
+
+@pytest.mark.parametrize("url, expected", [
+    (None, "is not set or empty"),
+    ("http://127.0.0.1:9/services/SECRETPART", "not an https URL"),
+    ("https://user:SECRETPART@hooks.example.org/x", "no credentials"),
+    ("https://hooks.example.org/a b/SECRETPART", "spaces"),
+])
+def test_unusable_webhook_settings_are_one_clear_error_without_the_url(url, expected, cert, tmp_path: Path,
+                                                                       monkeypatch) -> None:
+    if url is None:
+        monkeypatch.delenv(VAR, raising=False)
+    else:
+        monkeypatch.setenv(VAR, url)
+    settings = notify.SmtpSettings(host="127.0.0.1", sender="b@example.org", recipients=(), webhook_env=VAR,
+                                   ca_file=cert[0])
+    with pytest.raises(notify.NotifyError, match=expected) as err:
+        notify.send(settings, notify.build_message(settings, "[ALERT] tiny: x", "body"))
+    assert "SECRETPART" not in str(err.value) and VAR in str(err.value)
+
+
+def test_a_failing_webhook_keeps_the_alert_due_for_the_next_run(webhook_server, cert, tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    monkeypatch.setenv(VAR, webhook_server.url)
+    webhook_server.status = 500
+    settings = notify.SmtpSettings(host="127.0.0.1", sender="b@example.org", recipients=(), webhook_env=VAR,
+                                   ca_file=cert[0])
+    state = tmp_path / "state.json"
+    with pytest.raises(notify.NotifyError, match="answered HTTP 500") as err:
+        notify.notify_job(settings, state, "hub-sync", "remote refused", experiment="tiny", command="c", now=NOW)
+    assert "SECRETPART" not in str(err.value)
+    webhook_server.status = 200
+    outcome = notify.notify_job(settings, state, "hub-sync", "remote refused", experiment="tiny", command="c",
+                                now=NOW + timedelta(minutes=1))
+    assert outcome.kind == "alert" and len(webhook_server.posts) == 2
+    assert json.loads(state.read_text())["jobs"]["hub-sync"]["last_sent"]
