@@ -70,10 +70,22 @@ def experiment_path(name: str, trainings_dir: Path | None = None) -> Path:
     return path
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+NAME_ALLOWED = ("allowed: 1-100 letters, digits, '.', '_' and '-', starting with a letter or digit (a name "
+                "becomes file names, Slurm job names and shell words)")
+
+
+def check_name(name: str, source: str) -> None:
+    """Refuse an experiment name that could not safely become a file, a job name and a shell word."""
+    if not NAME.fullmatch(name):
+        raise ConfigError(source, "name", name, NAME_ALLOWED)
+
+
 def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
     """Load, merge `base:` chains, coerce, validate and derive one experiment (with the skips its run's
     rollbacks recorded)."""
     path = experiment_path(name, trainings_dir)
+    check_name(path.stem, str(path))
     raw, origins = _read_with_bases(path, trainings_dir or path.parent, chain=())
     raw.pop("base", None)
     # A rollback's skipped iterations are part of the run from then on (rollbacks.py).
@@ -144,6 +156,9 @@ def _check(condition: bool, source: str, dotted: str, value: Any, allowed: str) 
         raise ConfigError(source, dotted, value, allowed)
 
 
+MAX_STEPS = 10**7  # optimizer steps of a run (BLOOM-176B trained about 100k)
+
+
 def _validate(exp: Experiment, src: str) -> None:
     m, p, b, t = exp.model, exp.parallel, exp.batch, exp.train
     _validate_node_schedule(exp.slurm.node_schedule, src)
@@ -166,6 +181,13 @@ def _validate(exp: Experiment, src: str) -> None:
 
     _check((t.samples is None) != (t.iters is None), src, "train", {"samples": t.samples, "iters": t.iters},
            "set exactly one of train.samples and train.iters")
+    # Every schedule is walked step by step (plan, trainer): a length no run has keeps `bsops plan` from ending.
+    if t.samples is not None:
+        _check(t.samples // b.global_batch_size <= MAX_STEPS, src, "train.samples", t.samples,
+               f"gives more than {MAX_STEPS:,} steps at global batch size {b.global_batch_size}; no run is that long")
+    if b.rampup is not None:
+        _check(b.rampup.samples // b.rampup.start <= MAX_STEPS, src, "batch.rampup.samples", b.rampup.samples,
+               f"ramps up over more than {MAX_STEPS:,} steps from batch size {b.rampup.start}")
     if b.rampup is not None:
         r = b.rampup
         _check(t.iters is None, src, "batch.rampup", dataclasses.asdict(r),

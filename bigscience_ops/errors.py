@@ -13,7 +13,10 @@ class ConfigError(BsopsError):
     def __init__(self, source: str, field: str, value: object, allowed: str) -> None:
         self.source, self.field, self.value, self.allowed = source, field, value, allowed
         where = f"{source}: {field}" if field else source
-        super().__init__(f"{where}: got {value!r}; {allowed}")
+        shown = repr(value)
+        if len(shown) > 200:  # a 100 kB value (or one built from aliases) is named, not printed
+            shown = f"{shown[:120]}... ({len(shown)} characters)"
+        super().__init__(f"{where}: got {shown}; {allowed}")
 
 
 class PlanError(BsopsError):

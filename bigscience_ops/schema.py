@@ -33,17 +33,17 @@ OUTPUT_PATH = Charset(r"[^\\\x00-\x1f\x7f\x85\u2028\u2029]",
 
 @dataclass(frozen=True)
 class ModelConfig:
-    num_layers: int = documented(doc="transformer blocks", at_least=1)
-    hidden_size: int = documented(doc="model width h", at_least=1)
-    num_attention_heads: int = documented(doc="attention heads; must divide hidden_size", at_least=1)
-    seq_length: int = documented(doc="tokens per sample", at_least=1)
-    ffn_hidden_size: int | None = documented(None, "MLP width; derived as 4 * hidden_size when left out")
-    max_position_embeddings: int | None = documented(None, "learned positions; derived as seq_length")
+    num_layers: int = documented(doc="transformer blocks", at_least=1, below=2**14)
+    hidden_size: int = documented(doc="model width h", at_least=1, below=2**20)
+    num_attention_heads: int = documented(doc="attention heads; must divide hidden_size", at_least=1, below=2**14)
+    seq_length: int = documented(doc="tokens per sample", at_least=1, below=2**22)
+    ffn_hidden_size: int | None = documented(None, "MLP width; derived as 4 * hidden_size when left out", at_least=1, below=2**22)
+    max_position_embeddings: int | None = documented(None, "learned positions; derived as seq_length", at_least=1, below=2**22)
     position_embedding: Literal["learned", "alibi"] = documented(
         "learned", "learned (a position table, GPT-2 and Megatron's default) or alibi (BLOOM's: no table, per-head "
                    "linear biases on the attention scores)")
-    vocab_size: int = documented(50257, "tokenizer vocabulary before padding", at_least=1)
-    make_vocab_size_divisible_by: int = documented(128, "the vocabulary is padded to a multiple of this x TP", at_least=1)
+    vocab_size: int = documented(50257, "tokenizer vocabulary before padding", at_least=1, below=2**26)
+    make_vocab_size_divisible_by: int = documented(128, "the vocabulary is padded to a multiple of this x TP", at_least=1, below=2**16)
     embed_layernorm: bool = documented(False, "LayerNorm after the embedding (tr8's stability fix)")
     init_method_std: float = documented(0.02, "std of the normal initialisation")
     hidden_dropout: float = documented(0.1, "dropout on residual branches", at_least=0, below=1)
@@ -56,8 +56,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    tensor: int = documented(1, "tensor-parallel size (TP); must divide the attention heads", at_least=1)
-    pipeline: int = documented(1, "pipeline-parallel size (PP); at most num_layers", at_least=1)
+    tensor: int = documented(1, "tensor-parallel size (TP); must divide the attention heads", at_least=1, below=2**16)
+    pipeline: int = documented(1, "pipeline-parallel size (PP); at most num_layers", at_least=1, below=2**14)
     partition_method: str = documented(
         "type:transformer", "how DeepSpeed splits the layers over the PP stages, as Megatron-DeepSpeed's "
                             "--pp-partition-method: type:transformer (balanced blocks), type:transformer|embedding "
@@ -71,23 +71,25 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class RampupConfig:
-    start: int = documented(doc="global batch size at the first step", at_least=1)
-    increment: int = documented(doc="batch size added at each increment", at_least=1)
-    samples: int = documented(doc="samples over which the batch size ramps up to global_batch_size", at_least=1)
+    start: int = documented(doc="global batch size at the first step", at_least=1, below=2**22)
+    increment: int = documented(doc="batch size added at each increment", at_least=1, below=2**22)
+    samples: int = documented(doc="samples over which the batch size ramps up to global_batch_size", at_least=1,
+                              below=2**48)
 
 
 @dataclass(frozen=True)
 class BatchConfig:
-    global_batch_size: int = documented(doc="samples per optimizer step (GBS)", at_least=1)
-    micro_batch_size: int = documented(1, "samples per GPU per micro-step (MBS)", at_least=1)
+    global_batch_size: int = documented(doc="samples per optimizer step (GBS)", at_least=1, below=2**22)
+    micro_batch_size: int = documented(1, "samples per GPU per micro-step (MBS)", at_least=1, below=2**16)
     rampup: RampupConfig | None = documented(None, "Megatron's --rampup-batch-size start increment samples")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    samples: int | None = documented(None, "training length in samples (exclusive with iters)", at_least=1)
-    iters: int | None = documented(None, "training length in steps (exclusive with samples; no rampup)", at_least=1)
-    seed: int = documented(42, "seed for initialisation, dropout and data order")
+    samples: int | None = documented(None, "training length in samples (exclusive with iters)", at_least=1,
+                                     below=2**48)
+    iters: int | None = documented(None, "training length in steps (exclusive with samples; no rampup)", at_least=1, below=10**7)
+    seed: int = documented(42, "seed for initialisation, dropout and data order", at_least=0, below=2**32)
     precision: Literal["fp32", "fp16", "bf16"] = documented("fp16", "training precision")
     skip_iterations: list[str] = documented(
         factory=list, doc="iteration ranges to step over, e.g. ['100-120'] (1-based, inclusive; Megatron's "
@@ -161,18 +163,18 @@ class DataConfig:
     blend: list[DataSource] = documented(factory=list, doc="datasets and their weights")
     split: str = documented("949,50,1", "train,valid,test proportions")
     tokenizer: TokenizerConfig = documented(factory=TokenizerConfig, doc="tokenizer files")
-    num_workers: int = documented(2, "data loader workers")
+    num_workers: int = documented(2, "data loader workers", at_least=0, below=1024)
     cache_dir: str | None = documented(
         None, "folder for the dataset index files (.npy); default: beside each dataset, which must then be writable")
 
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    log_interval: int = documented(1, "steps between iteration lines", at_least=1)
-    eval_interval: int = documented(1000, "steps between validation runs", at_least=1)
-    eval_iters: int = documented(5, "validation steps per run; 0 disables validation")
+    log_interval: int = documented(1, "steps between iteration lines", at_least=1, below=10**7)
+    eval_interval: int = documented(1000, "steps between validation runs", at_least=1, below=10**9)
+    eval_iters: int = documented(5, "validation steps per run; 0 disables validation", at_least=0, below=10**6)
     tensorboard: bool = documented(True, "write TensorBoard events")
-    tensorboard_queue_size: int = documented(5, "TensorBoard writer queue size")
+    tensorboard_queue_size: int = documented(5, "TensorBoard writer queue size", at_least=1, below=10**6)
     log_timers: bool = documented(True, "timers to TensorBoard")
     log_batch_size: bool = documented(True, "batch size to TensorBoard")
     log_validation_ppl: bool = documented(True, "validation perplexity to TensorBoard")
@@ -181,7 +183,7 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class NodePhase:
-    nodes: int = documented(doc="--nodes of the array tasks of this phase", at_least=1)
+    nodes: int = documented(doc="--nodes of the array tasks of this phase", at_least=1, below=2**20)
     from_samples: int | None = documented(
         None, "the phase starts at the first step boundary where this many samples are consumed (not on the first phase)", at_least=1)
     from_iteration: int | None = documented(None, "or: the phase starts after this iteration (not on the first phase)", at_least=1)
@@ -202,16 +204,16 @@ class SlurmConfig:
     node_schedule: list[NodePhase] = documented(
         factory=list, doc="phases with their own node counts: [{nodes: 16}, {nodes: 64, from_samples: N}, ...]; "
                           "bsops launch and each array task use the phase of the latest checkpoint")
-    gpus_per_node: int = documented(1, "training processes per node (GPUs, or CPU processes when device: cpu)", at_least=1)
+    gpus_per_node: int = documented(1, "training processes per node (GPUs, or CPU processes when device: cpu)", at_least=1, below=1024)
     device: Literal["gpu", "cpu"] = documented("gpu", "gpu: NCCL and --gres; cpu: gloo")
-    cpus_per_task: int = documented(1, "--cpus-per-task of the per-node launcher", at_least=1)
-    array: int = documented(1, "array length: tasks run one at a time (--array=1-N%1)", at_least=1)
+    cpus_per_task: int = documented(1, "--cpus-per-task of the per-node launcher", at_least=1, below=2**16)
+    array: int = documented(1, "array length: tasks run one at a time (--array=1-N%1)", at_least=1, below=10**6)
     group: str | None = documented(None, "watch jobs of every user in this Unix group")
     exclude: list[str] = documented(factory=list, doc="nodes to keep the job off (--exclude)", charset=SLURM_NODES)
     env_setup: list[str] = documented(factory=list, doc="shell lines run before training (trusted shell code, one line per item)",
                                       trusted_shell_line=True)
-    master_port: int = documented(6000, "rendezvous port on the first node")
-    failure_budget: int = documented(3, "array tasks in a row without progress before the next one stops; 0: never")
+    master_port: int = documented(6000, "rendezvous port on the first node", at_least=1, below=65536)
+    failure_budget: int = documented(3, "array tasks in a row without progress before the next one stops; 0: never", at_least=0, below=10**6)
     signal_seconds: int | None = documented(
         None, "--signal=B:USR1@N: Slurm warns the job N s before its time limit and the trainer saves and exits; "
               "derived from checkpoint.exit_margin_mins (the time an iteration and a save take)")
@@ -279,7 +281,7 @@ class AlertsConfig:
     email_to: list[str] = documented(factory=list, doc="alert recipients")
     email_from: str | None = documented(None, "sender address")
     smtp_host: str = documented("localhost", "SMTP server")
-    smtp_port: int = documented(25, "SMTP port", at_least=1)
+    smtp_port: int = documented(25, "SMTP port", at_least=1, below=65536)
     smtp_security: Literal["none", "starttls", "ssl"] = documented("none", "SMTP transport security")
     smtp_user: str | None = documented(None, "SMTP login")
     smtp_password_env: str = documented("BSOPS_SMTP_PASSWORD", "environment variable holding the SMTP password")

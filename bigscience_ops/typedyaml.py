@@ -8,6 +8,7 @@ file that set the value, its field path, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -38,12 +39,17 @@ def documented(default: Any = dataclasses.MISSING, doc: str = "", *, factory: An
 
 
 # Every string may reach a job script, where a newline ends an `#SBATCH` comment and starts a
-# command, and a CR, NUL, ESC or DEL hides or garbles what a reader sees: none is allowed. Trusted
-# shell lines may hold a tab, still never a line break.
+# command, and a CR, NUL, ESC or DEL hides or garbles what a reader sees: none is allowed. Nor are
+# the Unicode line breaks (NEL U+0085, LINE and PARAGRAPH SEPARATOR U+2028/U+2029) and C1 controls,
+# which Python's splitlines() and email headers treat as line ends. Trusted shell lines may hold a
+# tab, still never a line break.
 PLAIN = "plain"
 SHELL_LINE = "shell-line"
-_CONTROL = {PLAIN: re.compile(r"[\x00-\x1f\x7f]"), SHELL_LINE: re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")}
-_NAMES = {0x00: "NUL", 0x09: "tab", 0x0A: "newline", 0x0D: "carriage return", 0x1B: "escape", 0x7F: "DEL"}
+_CONTROL = {PLAIN: re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]"),
+            SHELL_LINE: re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")}
+_NAMES = {0x00: "NUL", 0x09: "tab", 0x0A: "newline", 0x0B: "vertical tab", 0x0C: "form feed", 0x0D: "carriage return",
+          0x1B: "escape", 0x1C: "file separator", 0x1D: "group separator", 0x1E: "record separator", 0x7F: "DEL",
+          0x85: "next line", 0x2028: "line separator", 0x2029: "paragraph separator"}
 
 
 def control_character(text: str, kind: str = PLAIN) -> str | None:
@@ -58,9 +64,10 @@ def control_character(text: str, kind: str = PLAIN) -> str | None:
 
 def control_allowed(kind: str) -> str:
     if kind == SHELL_LINE:
-        return ("one shell line per item: no line break or other control character (a tab is allowed); "
+        return ("allowed: one shell line per item: no line break or other control character (a tab is allowed); "
                 "split it into several items")
-    return "one line of printable text: no control characters (C0 range, DEL, tab), which could end an #SBATCH line"
+    return ("allowed: one line of printable text, without control characters (C0 and C1 ranges, DEL, tab) or "
+            "Unicode line breaks (U+2028, U+2029), which could end an #SBATCH line or an email header")
 
 
 @dataclass(frozen=True)
@@ -95,8 +102,50 @@ def check_charset(charset: Charset, value: Any) -> str | None:
     return None
 
 
+MAX_FILE_BYTES = 1 << 20  # an experiment or cron.yaml file: far above any real one
+MAX_DEPTH = 32  # nesting of mappings and lists
+MAX_NODES = 100_000  # values built, aliases counted once per use
+MAX_EXPANDED_CHARS = 4 << 20  # text once every alias is expanded (3000 aliases of a 100 kB string made a 300 MB job script)
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader without YAML 1.1's base-60 integers, so `time: 20:00:00` stays a string."""
+    """SafeLoader without YAML 1.1's base-60 integers, so `time: 20:00:00` stays a string; it refuses a key
+    given twice in one mapping, nesting deeper than MAX_DEPTH and more than MAX_NODES values (aliases count
+    once per use)."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self._built = 0
+
+    def construct_object(self, node, deep=False):
+        self._built += 1
+        if self._built > MAX_NODES:
+            raise yaml.constructor.ConstructorError(None, None, f"more than {MAX_NODES} values (aliases included)",
+                                                    node.start_mark)
+        return super().construct_object(node, deep)
+
+    def compose_node(self, parent, index):
+        depth = getattr(self, "_depth", 0) + 1
+        if depth > MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                              self.peek_event().start_mark)
+        self._depth = depth
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth = depth - 1
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping (first at line {seen[key]}); the "
+                    "second would silently replace the first", key_node.start_mark)
+            if isinstance(key, str):
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -109,20 +158,56 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"),
 )
 
+MAX_INT = 2**63 - 1  # what every tool downstream (numpy, torch, Slurm) holds
+
 _INT_TEXT = re.compile(r"[-+]?\d[\d_]*(?:[eE]\+?\d+)?")
 _FLOAT_TEXT = re.compile(r"[-+]?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][-+]?\d+)?")
 
 
 def read_yaml(path: Path) -> dict:
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), "", "<file>", f"not valid YAML: {exc}") from None
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(str(path), "", f"{size} bytes", f"at most {MAX_FILE_BYTES} bytes")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "", f"byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start}",
+                          "UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(str(path), "", "<file>", f"a readable file ({exc.strerror})") from None
+    try:
+        loader = _Loader(text)
+        try:
+            root = loader.get_single_node()
+            if root is not None and _expanded_chars(root, {}) > MAX_EXPANDED_CHARS:
+                raise ConfigError(str(path), "", "<file>", f"at most {MAX_EXPANDED_CHARS} characters of text once "
+                                                           "its aliases are expanded")
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:  # ValueError: an integer of thousands of digits
+        raise ConfigError(str(path), "", "<file>", f"valid YAML within bsops' limits: {' '.join(str(exc).split())[:400]}"
+                          ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(str(path), "", type(data).__name__, "the top level must be a mapping of sections")
     return data
+
+
+def _expanded_chars(node, memo: dict[int, int]) -> int:
+    """Characters of text under `node` with every alias expanded (the node graph is shared, so memoized)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = 0  # a recursive alias counts once
+    if isinstance(node, yaml.ScalarNode):
+        size = len(node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size = sum(_expanded_chars(child, memo) for child in node.value)
+    else:
+        size = sum(_expanded_chars(k, memo) + _expanded_chars(v, memo) for k, v in node.value)
+    memo[id(node)] = size
+    return size
 
 
 def merge(into: dict, data: dict, origins: dict, source: str, prefix: str) -> None:
@@ -192,18 +277,30 @@ def _coerce(tp: Any, value: Any, dotted: str, origins: dict, default_source: str
             return value
         raise fail()
     if tp is int:
+        number = None
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
+            number = value
+        elif isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
             mantissa, _, exponent = value.strip().replace("_", "").lower().partition("e")
-            return int(mantissa) * 10 ** int(exponent or 0)
-        raise fail()
+            if len(mantissa) > 20 or len(exponent) > 2 or int(exponent or 0) > 19:  # 1e100000000 never gets computed
+                raise fail(f"an integer of at most {len(str(MAX_INT))} digits (|value| <= {MAX_INT})")
+            number = int(mantissa) * 10 ** int(exponent or 0)
+        if number is None:
+            raise fail()
+        if abs(number) > MAX_INT:
+            raise fail(f"an integer of at most {len(str(MAX_INT))} digits (|value| <= {MAX_INT})")
+        return number
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
-            return float(value.strip().replace("_", ""))
-        raise fail()
+            number = float(value) if abs(value) < 1e308 else math.inf
+        elif isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            number = float(value.strip().replace("_", ""))
+        if number is None:
+            raise fail()
+        if not math.isfinite(number):
+            raise fail("a finite number (not .inf, .nan or beyond 1e308)")
+        return number
     if tp is str:
         if isinstance(value, str):
             bad = control_character(value, text)
@@ -264,7 +361,7 @@ def bounds_text(bounds: dict[str, float]) -> str:
     """What a field's bounds allow, in words: 'must be a positive integer', 'must be in [0, 1)'."""
     low, above, below = bounds.get("at_least"), bounds.get("above"), bounds.get("below")
     if below is not None:
-        return f"must be in [{low:g}, {below:g})" if low is not None else f"must be below {below:g}"
+        return f"must be in [{_num(low)}, {_num(below)})" if low is not None else f"must be below {_num(below)}"
     if low == 1:
         return "must be a positive integer"
     if low == 0:
@@ -272,3 +369,8 @@ def bounds_text(bounds: dict[str, float]) -> str:
     if above == 0:
         return "must be positive"
     return f"must be at least {low:g}" if low is not None else f"must be above {above:g}"
+
+
+def _num(x: float) -> str:
+    """A bound as people read it: 65,536 or 4,194,304, 0.5 or 1e-08."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e18 else f"{x:g}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -113,6 +114,7 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
     the new file sets them to empty so nothing of BASE's site is used without being written here.
     """
     import os
+    import shlex
 
     from bigscience_ops.site_values import new_experiment_text
 
@@ -121,8 +123,10 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
     path = directory / f"{name}.yaml"
     if path.exists():
         raise click.UsageError(f"{path} exists; choose another NAME or edit it")
-    if not name or "/" in name or name.startswith(".") or not name.isprintable():
-        raise click.UsageError(f"NAME {name!r}: a file name without '/', not starting with '.'")
+    from bigscience_ops.config import NAME, NAME_ALLOWED
+
+    if not NAME.fullmatch(name):
+        raise click.UsageError(f"NAME {name!r}: {NAME_ALLOWED}")
     directory.mkdir(parents=True, exist_ok=True)
     path.write_text(new_experiment_text(name, base), encoding="utf-8")
     try:
@@ -130,7 +134,7 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
     except BsopsError:
         path.unlink()
         raise
-    click.echo(f"wrote {path}: fill in the site-specific values, then: bsops plan {path}")
+    click.echo(f"wrote {path}: fill in the site-specific values, then: bsops plan {shlex.quote(str(path))}")
     for line in _inherited_lines(inherited_site_values(str(path), None)):
         click.echo(line)
 
@@ -150,7 +154,7 @@ def render(exp: str, out: Path | None, trainings_dir: Path | None) -> None:
     prepared = prepare_launch(experiment)  # what a launch would submit now: the phase of the latest checkpoint
     script = rendering.write(rendering.render(prepared.experiment, out, prepared.plan), out)
     click.echo(f"rendered {script}")
-    click.echo(f"submit with: sbatch {script}   (or: bsops launch {exp})")
+    click.echo(f"submit with: sbatch {shlex.quote(str(script))}   (or: bsops launch {shlex.quote(exp)})")
 
 
 
@@ -193,7 +197,7 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
             return
         job_id = submit.submit(launch_plan)
         click.echo(f"submitted job array {job_id} ({experiment.slurm.array} tasks, one at a time)")
-        click.echo(f"watch it with: bsops status {exp}    log: {Path(experiment.paths.logs) / 'main_log.txt'}")
+        click.echo(f"watch it with: bsops status {shlex.quote(exp)}    log: {Path(experiment.paths.logs) / 'main_log.txt'}")
         return
     if after_current or dry_run:
         raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
