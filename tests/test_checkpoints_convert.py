@@ -223,6 +223,8 @@ def test_output_folder_loads_with_transformers(runs, name):
     assert sizing.count_parameters(unpadded, 1).total == conversion.num_parameters  # the plan's count, no padding
     assert {p.name for p in folder.iterdir()} >= {"model.safetensors", "config.json", "tokenizer.json",
                                                    "tokenizer_config.json"}
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir() if p.is_file()}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as the rest (safetensors writes 0600)
     text = "In the beginning God created the heaven and the earth."
     ours = HFTokenizer(TokenizerSpec("json", json_file=exp.data.tokenizer.json_file)).encode(text)
     tok = AutoTokenizer.from_pretrained(folder)

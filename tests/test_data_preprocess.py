@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
+import os
 import re
 import signal
 import subprocess
@@ -297,3 +298,46 @@ def test_workers_spill_folder_is_removed_after_a_run_and_after_a_failure(tmp_pat
     with pytest.raises(BadInputError):
         preprocess([src], str(tmp_path / "bad"), spec, workers=2, strict=True)
     assert list(spills.iterdir()) == [] and not list(tmp_path.glob("bad_*"))
+
+
+def _gz(path: Path, data: bytes) -> None:
+    path.write_bytes(gzip.compress(data))
+
+
+def _xz(path: Path, data: bytes) -> None:
+    path.write_bytes(lzma.compress(data))
+
+
+DATA_HOSTILE = {
+    # (make the input and the output folder state, extra args, what the error says)
+    "a .gz that is not gzip": (lambda t: (t / "in.jsonl.gz").write_bytes(b"plain text\n"), "in.jsonl.gz",
+                               "not a complete gzip file"),
+    "a truncated .gz": (lambda t: (_gz(t / "x.jsonl.gz", b"".join(good_line(os.urandom(2000).hex()) for _ in range(20))),
+                                   (t / "in.jsonl.gz").write_bytes((t / "x.jsonl.gz").read_bytes()[:300])),
+                        "in.jsonl.gz", "not a complete gzip file"),
+    "a truncated .xz": (lambda t: (_xz(t / "x.jsonl.xz", b"".join(good_line(os.urandom(2000).hex()) for _ in range(20))),
+                                   (t / "in.jsonl.xz").write_bytes((t / "x.jsonl.xz").read_bytes()[:300])),
+                        "in.jsonl.xz", "not a complete xz file"),
+    "an .xz that is gzip": (lambda t: _gz(t / "in.jsonl.xz", good_line("z")), "in.jsonl.xz", "not a complete xz file"),
+    "an output .bin that is a folder": (lambda t: ((t / "in.jsonl").write_bytes(good_line("a")),
+                                                  (t / "out_text_document.bin").mkdir()), "in.jsonl", "is a folder"),
+    "an output .idx that is a folder": (lambda t: ((t / "in.jsonl").write_bytes(good_line("a")),
+                                                  (t / "out_text_document.idx").mkdir()), "in.jsonl", "is a folder"),
+    "the input named like its own output": (lambda t: (t / "out_text_document.bin").write_bytes(good_line("a")),
+                                            "out_text_document.bin", "would be overwritten"),
+    "an input that is a folder": (lambda t: (t / "in.jsonl").mkdir(), "in.jsonl", "is a directory"),
+    "a missing input": (lambda t: None, "in.jsonl", "does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DATA_HOSTILE))
+def test_hostile_data_files_are_one_clear_error_and_nothing_is_overwritten(case, tmp_path):
+    make, name, expected = DATA_HOSTILE[case]
+    make(tmp_path)
+    before = {p.name: (p.read_bytes() if p.is_file() else None) for p in tmp_path.iterdir()}
+    res = CliRunner().invoke(main, ["preprocess", "--input", str(tmp_path / name), "--tokenizer", "gpt2",
+                                    "--output-prefix", str(tmp_path / "out")])
+    errors = [line for line in res.output.splitlines() if line.lower().startswith("error:")]
+    assert res.exit_code == 2 and len(errors) == 1 and "Traceback" not in res.output and "Aborted" not in res.output
+    assert expected in errors[0], errors[0]
+    assert {p.name: (p.read_bytes() if p.is_file() else None) for p in tmp_path.iterdir()} == before

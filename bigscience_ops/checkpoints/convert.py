@@ -375,7 +375,9 @@ def write_weights(tensors: Iterable[tuple[str, torch.Tensor]], out: Path, max_sh
         close_shard()
         count = len(partials)
         names = [WEIGHTS] if count == 1 else [SHARD.format(index=k + 1, count=count) for k in range(count)]
+        mode = _file_mode()
         for partial, name in zip(partials, names):
+            os.chmod(partial, mode)  # safetensors writes 0600; the model folder's other files are 0644 (umask)
             os.replace(partial, out / name)
     except BaseException:
         for partial in partials:
@@ -387,6 +389,13 @@ def write_weights(tensors: Iterable[tuple[str, torch.Tensor]], out: Path, max_sh
              "weight_map": {name: names[k] for name, k in shard_of.items()}}
     (out / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return Weights([*names, WEIGHTS_INDEX], total_size, num_parameters)
+
+
+def _file_mode() -> int:
+    """The mode a new file gets here: 0666 less the process umask (0644 with the usual 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 # ---------------------------------------------------------------- tokenizer

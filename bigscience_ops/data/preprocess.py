@@ -33,6 +33,7 @@ import shutil
 import tempfile
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -244,42 +245,65 @@ def _open(path: Path, raw: BinaryIO) -> BinaryIO | None:
 
 
 def _read_chunks(paths: list[Path]) -> Iterator[_Chunk]:
-    """Chunks of about CHUNK_BYTES of whole lines, in order.
-
-    A plain file is only cut at line ends here (one short read per chunk); its bytes are read by
-    whoever encodes the chunk, so the main process stays free to write. Compressed files are
-    decompressed here and the chunk carries its bytes.
-    """
+    """Chunks of about CHUNK_BYTES of whole lines, in order; a compressed file that is not what its
+    name says, or is cut short, is a DataError naming it (never a traceback, nor click's bare "Aborted!"
+    for the EOFError a truncated .xz raises)."""
     done = 0
     for path in paths:
-        size = path.stat().st_size
-        with open(path, "rb") as raw:
-            reader = _open(path, raw)
-            offset = 0
-            if reader is None:
-                while offset < size:
-                    end = offset + CHUNK_BYTES
-                    if end < size:
-                        raw.seek(end)
-                        end += len(raw.readline())
-                    end = min(end, size)
-                    yield _Chunk(str(path), offset, end - offset, None, done + end)
-                    offset = end
-            else:
-                pending: _Chunk | None = None  # held until we know whether it is the file's last
-                while True:
-                    data = reader.read(CHUNK_BYTES)
-                    if data and not data.endswith(b"\n"):
-                        data += reader.readline()
-                    if pending is not None:
-                        if not data:
-                            pending.done_after = done + size
-                        yield pending
+        try:
+            yield from _file_chunks(path, done)
+        except (OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
+            kind = "gzip" if path.name.lower().endswith(".gz") else "xz" if path.name.lower().endswith(".xz") else "jsonl"
+            raise DataError(f"input {path}: not a complete {kind} file ({type(exc).__name__}: {exc}); nothing was "
+                            "written. Check the file (a download cut short?) or its name's extension") from None
+        done += path.stat().st_size
+
+
+def _file_chunks(path: Path, done: int) -> Iterator[_Chunk]:
+    """One file's chunks (see _read_chunks). A plain file is only cut at line ends here (one short read
+    per chunk); its bytes are read by whoever encodes the chunk, so the main process stays free to
+    write. Compressed files are decompressed here and the chunk carries its bytes."""
+    size = path.stat().st_size
+    with open(path, "rb") as raw:
+        reader = _open(path, raw)
+        offset = 0
+        if reader is None:
+            while offset < size:
+                end = offset + CHUNK_BYTES
+                if end < size:
+                    raw.seek(end)
+                    end += len(raw.readline())
+                end = min(end, size)
+                yield _Chunk(str(path), offset, end - offset, None, done + end)
+                offset = end
+        else:
+            pending: _Chunk | None = None  # held until we know whether it is the file's last
+            while True:
+                data = reader.read(CHUNK_BYTES)
+                if data and not data.endswith(b"\n"):
+                    data += reader.readline()
+                if pending is not None:
                     if not data:
-                        break
-                    pending = _Chunk(str(path), offset, len(data), data, done + min(raw.tell(), size))
-                    offset += len(data)
-        done += size
+                        pending.done_after = done + size
+                    yield pending
+                if not data:
+                    break
+                pending = _Chunk(str(path), offset, len(data), data, done + min(raw.tell(), size))
+                offset += len(data)
+
+
+def _check_outputs(inputs: list[Path], outputs: dict[str, str], problems: Path) -> None:
+    """No output is a folder, and no input is one of the files this run writes (it would be overwritten)."""
+    written = [problems] + [Path(f"{prefix}{ext}") for prefix in outputs.values() for ext in (".bin", ".idx")]
+    for out in written:
+        if out.is_dir():
+            raise DataError(f"output {out} is a folder; choose another --output-prefix (the run writes {out.name} "
+                            "as a file)")
+    resolved = {out.resolve(): out for out in written}
+    for path in inputs:
+        if path.resolve() in resolved:
+            raise DataError(f"input {path} is also an output of this run ({resolved[path.resolve()]}): it would be "
+                            "overwritten; choose another --output-prefix")
 
 
 def output_prefix_for(output_prefix: str, key: str) -> str:
@@ -320,6 +344,7 @@ def preprocess(
     worker_spec = dataclasses.replace(tokenizer, backend=tok.backend)
     dtype = best_fitting_dtype(tok.vocab_size)
     outputs = {key: output_prefix_for(output_prefix, key) for key in json_keys}
+    _check_outputs(paths, outputs, Path(f"{output_prefix}_problems.jsonl"))
     total_size = sum(p.stat().st_size for p in paths)
     counts: Counter[str] = Counter()
     kept: list[Problem] = []
