@@ -114,11 +114,9 @@ def valid_node_counts(exp: Experiment, batch_sizes: list[int], limit: int = 4096
         common = math.gcd(common, b)
     if common % mbs:
         return []
-    nodes = []
-    for dp in range(1, common // mbs + 1):
-        if (common // mbs) % dp == 0 and (dp * mp) % gpn == 0 and dp * mp // gpn <= limit:
-            nodes.append(dp * mp // gpn)
-    return nodes
+    n = common // mbs
+    divisors = {d for k in range(1, math.isqrt(n) + 1) if n % k == 0 for d in (k, n // k)}  # sqrt(n) steps
+    return [dp * mp // gpn for dp in sorted(divisors) if (dp * mp) % gpn == 0 and dp * mp // gpn <= limit]
 
 
 def _check_phases(exp: Experiment, run: RunSchedule, phases: list[PhasePlan]) -> list[Problem]:
