@@ -135,6 +135,19 @@ def golden_run(tmp_path_factory) -> tuple[Experiment, Path, subprocess.Completed
     return exp, out, run_ok(out, 2)
 
 
+SPIKE_AT = 45  # the iteration spiked_run trains on random labels
+
+
+@pytest.fixture(scope="session")
+def spiked_run(tmp_path_factory) -> tuple[Experiment, Path, subprocess.CompletedProcess]:
+    """tiny shrunk, about 60 steps logged one line each, iteration SPIKE_AT trained on random labels
+    (BSOPS_CORRUPT_AT): the watchdog's health checks and the rollback read it; copy it before changing it."""
+    out = tmp_path_factory.mktemp("spiked")
+    exp = small_experiment(out, train=dict(samples=500), logging=dict(log_interval=1, eval_interval=100))
+    write_run(exp, out)
+    return exp, out, run_ok(out, 2, env={"BSOPS_CORRUPT_AT": str(SPIKE_AT)})
+
+
 @pytest.fixture()
 def single_rank_group():
     """A one-process gloo group on a free loopback port, for code that calls collectives; the signal

@@ -86,31 +86,33 @@ def test_a_training_task_still_running_is_not_rolled_back_under(exp) -> None:
 
 
 @pytest.mark.slow
-def test_a_spike_rolled_back_with_its_data_skipped_trains_on_from_the_target(tmp_path: Path) -> None:
+def test_a_spike_rolled_back_with_its_data_skipped_trains_on_from_the_target(spiked_run, tmp_path: Path) -> None:
+    import shutil
+
     from bigscience_ops.ops import health
     from bigscience_ops.run_schedule import run_schedule
-    from tests.fixtures_trainer import checkpoint_steps, run_ok, scalars, small_experiment, write_run
+    from tests.fixtures_trainer import SPIKE_AT, checkpoint_steps, run_ok, scalars, small_experiment, write_run
 
+    _, spiked_out, spiked = spiked_run
     out = tmp_path / "run"
+    shutil.copytree(spiked_out, out)  # the shared run stays as it was
     first = small_experiment(out, train=dict(samples=500), logging=dict(log_interval=1, eval_interval=100))
     final = run_schedule(first).train_iters
-    write_run(first, out)
-    spiked = run_ok(out, 2, env={"BSOPS_CORRUPT_AT": "45"})
     assert [f.iteration for f in health.check(health.entries(spiked.stdout.split("\n")), every=True)
-            if f.kind == "loss-spike"] == [45]
+            if f.kind == "loss-spike"] == [SPIKE_AT]
     before = scalars(out / "tensorboard", "lm loss")
-    done = rollback(first, 40, "44-45")
+    done = rollback(first, 40, f"44-{SPIKE_AT}")
     assert done.moved == [f"global_step{s}" for s in run_schedule(first).save_steps if s > 40]
     assert checkpoint_steps(out) == [10, 20, 30, 40]
     relaunched = rollbacks.with_recorded_skips(first)  # what load_experiment hands every command
-    assert relaunched.train.skip_iterations == ["44-45"]
+    assert relaunched.train.skip_iterations == [f"44-{SPIKE_AT}"]
     write_run(relaunched, out)
     again = run_ok(out, 2)
-    assert "global_step40" in again.stdout and "> skipping iterations 44 to 45" in again.stdout
+    assert "global_step40" in again.stdout and f"> skipping iterations 44 to {SPIKE_AT}" in again.stdout
     after = scalars(out / "tensorboard", "lm loss")
     assert [after[i] for i in (41, 42, 43)] == [before[i] for i in (41, 42, 43)]  # same data, same state: bitwise
     trained = {int(line.split("/")[0].split()[-1]) for line in again.stdout.split("\n")
                if line.strip().startswith("iteration") and "lm loss" in line}
-    assert 44 not in trained and 45 not in trained and final in trained
+    assert 44 not in trained and SPIKE_AT not in trained and final in trained
     assert layout.latest_step(out / "checkpoints") == final
     assert health.check(health.entries(again.stdout.split("\n")), every=True) == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bigscience_ops.ops import health
-from tests.fixtures_trainer import run_ok, small_experiment, write_run
+from tests.fixtures_trainer import SPIKE_AT
 
 pytestmark = pytest.mark.slow
 
@@ -17,15 +17,12 @@ def test_a_clean_run_raises_nothing(golden_run):
     assert len(log) >= 10 and health.check(log, every=True) == []
 
 
-def test_a_corrupted_batch_is_a_loss_spike_at_its_iteration(tmp_path):
-    out = tmp_path / "run"
-    # 60 steps at GBS 8 after a short rampup, one iteration line per step.
-    write_run(small_experiment(out, train=dict(samples=500), logging=dict(log_interval=1, eval_interval=100)), out)
-    proc = run_ok(out, 2, env={"BSOPS_CORRUPT_AT": "45"})
+def test_a_corrupted_batch_is_a_loss_spike_at_its_iteration(spiked_run):
+    _, _, proc = spiked_run
     log = health.entries(proc.stdout.split("\n"))
     assert max(e.stats.iteration for e in log) >= 60
     found = health.check(log, every=True)
-    assert {(f.kind, f.iteration) for f in found} >= {("loss-spike", 45)}, found
-    assert all(f.iteration == 45 for f in found), found  # the run trains on: nothing after it
+    assert {(f.kind, f.iteration) for f in found} >= {("loss-spike", SPIKE_AT)}, found
+    assert all(f.iteration == SPIKE_AT for f in found), found  # the run trains on: nothing after it
     spike = next(f for f in found if f.kind == "loss-spike")
     assert "bsops samples" in spike.next_step
