@@ -82,7 +82,7 @@ def test_a_loss_spike_names_its_iteration_and_values():
             s.lm_loss *= 2.5
     [finding] = _found(_log(tweak=tweak))
     assert (finding.kind, finding.iteration) == ("loss-spike", 240)
-    assert "median" in finding.message and "bsops samples" in finding.next_step
+    assert "median" in finding.message and "bsops rollback" in finding.next_step
 
 
 def test_a_small_bump_is_noise():

@@ -25,4 +25,4 @@ def test_a_corrupted_batch_is_a_loss_spike_at_its_iteration(spiked_run):
     assert {(f.kind, f.iteration) for f in found} >= {("loss-spike", SPIKE_AT)}, found
     assert all(f.iteration == SPIKE_AT for f in found), found  # the run trains on: nothing after it
     spike = next(f for f in found if f.kind == "loss-spike")
-    assert "bsops samples" in spike.next_step
+    assert "bsops rollback" in spike.next_step

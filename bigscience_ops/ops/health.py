@@ -126,7 +126,7 @@ def _check_segment(segment: list[Entry], settings: HealthConfig, found: list[Fin
 
         if (s.lm_loss is not None and not math.isfinite(s.lm_loss)) or s.nan > 0:
             note("nan", f"lm loss {s.lm_loss}, {s.nan} NaN iteration(s) in the last log interval",
-                 "roll back to the last good checkpoint and skip the data since (bsops samples shows the text)")
+                 "roll back to the last good checkpoint and skip the data since (bsops rollback EXP --to STEP --skip A-B)")
         after_search = i >= settings.initial_search
         skipped_run = skipped_run + 1 if s.skipped > 0 and after_search else 0
         if skipped_run >= settings.skipped_lines:
@@ -148,8 +148,8 @@ def _check_segment(segment: list[Entry], settings: HealthConfig, found: list[Fin
             if score >= settings.spike_score and s.lm_loss >= settings.spike_ratio * level:
                 note("loss-spike", f"lm loss {s.lm_loss:.4f} against {level:.4f}, the median of the last "
                                    f"{settings.min_window} lines (robust score {score:.1f} over {len(losses)} lines)",
-                     f"see the text of iteration {s.iteration} (bsops samples); if the loss does not come back, "
-                     f"roll back and skip that data")
+                     f"if the loss does not come back within a few lines, roll back before iteration {s.iteration} "
+                     f"and skip its data (bsops rollback EXP --to STEP --skip A-B)")
         norms = [h.grad_norm for h in history if h.grad_norm is not None and math.isfinite(h.grad_norm)]
         if s.grad_norm is not None and len(norms) >= settings.min_window:
             median = statistics.median(norms)
