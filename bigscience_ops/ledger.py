@@ -102,6 +102,12 @@ def attempts(records: list[TaskRecord]) -> list[Attempt]:
     return out
 
 
+def running(records: list[TaskRecord]) -> Attempt | None:
+    """The last array task that began and has not ended (training now, or killed without an end record)."""
+    open_tasks = [a for a in attempts(records) if a.ended is None]
+    return open_tasks[-1] if open_tasks else None
+
+
 def exhausted(history: list[Attempt], budget: int) -> list[Attempt] | None:
     """The last `budget` attempts if none of them progressed, else None. budget 0 disables the check."""
     if budget <= 0 or len(history) < budget:

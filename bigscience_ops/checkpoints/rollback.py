@@ -3,7 +3,7 @@
 What the BigScience runs did by hand after a loss spike (edit `latest`, edit the YAML, hope retention
 does not delete what was set aside), as one step:
 - the target must be a complete checkpoint (bsops.json) at or before the one `latest` names, and no
-  array task of the run may be training now (the task ledger says so; --force overrides);
+  array task of the run may be training now (the CLI asks the task ledger; --force overrides);
 - every later checkpoint (and its universal copy) moves into <checkpoints>/rolled-back-<time>/, where
   nothing reads or deletes it: retention only ever looks at global_stepN folders at the top, and the
   trainer saves its new global_stepN without meeting the old one. Nothing is deleted;
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import ledger, rollbacks
+from bigscience_ops import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.run_schedule import run_schedule
@@ -39,9 +39,10 @@ class Done:
     moved: list[str]  # tags set aside
 
 
-def rollback(exp: Experiment, to_step: int, skip: str | None = None, force: bool = False,
-             now: float | None = None) -> Done:
-    """Move `exp`'s run back to global_step`to_step`; `skip` ("A-B") is stepped over when trained again."""
+def rollback(exp: Experiment, to_step: int, skip: str | None = None, now: float | None = None) -> Done:
+    """Move `exp`'s run back to global_step`to_step`; `skip` ("A-B") is stepped over when trained again.
+
+    The caller makes sure no task of the run is training (the CLI reads the task ledger: ledger.running)."""
     checkpoints = Path(exp.paths.checkpoints)
     latest = layout.latest_step(checkpoints)
     if latest is None:
@@ -52,8 +53,6 @@ def rollback(exp: Experiment, to_step: int, skip: str | None = None, force: bool
                             f"latest (global_step{latest}) are {sorted(complete) or 'none'}")
     if skip is not None:
         _check_skip(skip, to_step, run_schedule(exp).train_iters)
-    if not force:
-        _refuse_while_training(exp)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     later = [c for c in layout.list_checkpoints(checkpoints) if c.step > to_step]
     aside = checkpoints / f"{SET_ASIDE_PREFIX}{stamp}"
@@ -83,11 +82,3 @@ def _check_skip(skip: str, to_step: int, train_iters: int) -> None:
         raise RollbackError(f"--skip {skip!r}: the skipped iterations must come after --to {to_step} (the run trains "
                             f"them again from there) and end by the last step, {train_iters}")
 
-
-def _refuse_while_training(exp: Experiment) -> None:
-    tasks = ledger.attempts(ledger.read(Path(exp.paths.output) / ledger.LEDGER_NAME))
-    running = [t for t in tasks if t.ended is None]
-    if running:
-        raise RollbackError(f"array task {running[-1].job_id} began at iteration {running[-1].start_iteration} and has "
-                            "not ended: a rollback now would race its saves. scancel the job first (or, if it was "
-                            "killed without an end record, pass --force)")
