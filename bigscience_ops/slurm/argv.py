@@ -1,0 +1,118 @@
+"""Slurm command lines: squeue, sbatch, scontrol, sacct, scancel argv builders, each value checked."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from datetime import datetime
+
+from bigscience_ops.slurm.output import SQUEUE_FORMAT, parse_time_limit
+
+
+def squeue_argv(*, users: Sequence[str] = (), name: str | None = None,
+                job_ids: Sequence[str] = ()) -> list[str]:
+    """One squeue query, delimited and headerless, so long names are never cut to a column width."""
+    argv = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}"]
+    if users:
+        argv.append("--user=" + ",".join(_checked_list("users", users)))
+    if name is not None:
+        argv.append("--name=" + checked_item("name", name))
+    if job_ids:
+        argv.append("--jobs=" + ",".join(_checked_list("job_ids", job_ids)))
+    return argv
+
+
+def sbatch_argv(script: str | os.PathLike[str], *, job_name: str | None = None,
+                array_tasks: int | None = None, after_any: Sequence[str] = (),
+                after_ok: Sequence[str] = (), begin: str | None = None,
+                partition: str | None = None, time_limit: str | None = None,
+                exclude: Sequence[str] = (), hold: bool = False, test_only: bool = False,
+                extra: Sequence[str] = (), script_args: Sequence[str] = ()) -> list[str]:
+    """sbatch argv: `--array=1-N%1` (one task at a time), dependencies on whole jobs, --parsable.
+
+    `after_any`/`after_ok` take job ids; an array task id such as 711114_4 is refused, because a
+    dependency on one task lets the rest of the old array overlap the new one: pass 711114.
+    """
+    argv = ["sbatch"] if test_only else ["sbatch", "--parsable"]
+    if test_only:
+        argv.append("--test-only")
+    if job_name is not None:
+        argv.append("--job-name=" + checked_item("job_name", job_name, comma=True))
+    if array_tasks is not None:
+        if isinstance(array_tasks, bool) or not isinstance(array_tasks, int) or array_tasks < 1:
+            raise ValueError(f"array_tasks must be a whole number >= 1; got {array_tasks!r}")
+        argv.append(f"--array=1-{array_tasks}%1")
+    deps = [f"afterany:{':'.join(_whole_job_ids('after_any', after_any))}"] if after_any else []
+    deps += [f"afterok:{':'.join(_whole_job_ids('after_ok', after_ok))}"] if after_ok else []
+    if deps:
+        argv.append("--dependency=" + ",".join(deps))
+    if begin is not None:
+        argv.append("--begin=" + checked_item("begin", begin))
+    if partition is not None:
+        argv.append("--partition=" + checked_item("partition", partition))
+    if time_limit is not None:
+        parse_time_limit(time_limit)
+        argv.append(f"--time={time_limit}")
+    if exclude:
+        argv.append("--exclude=" + ",".join(_checked_list("exclude", exclude)))
+    if hold:
+        argv.append("--hold")
+    argv += [str(a) for a in extra]
+    argv.append(os.fspath(script))
+    argv += [str(a) for a in script_args]
+    return argv
+
+
+def begin_arg(when: datetime) -> str:
+    """sbatch --begin takes local wall-clock time."""
+    return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def scontrol_show_job_argv(job_id: str) -> list[str]:
+    """`scontrol --oneliner show job ID`: one line of Key=Value per job (per task for arrays)."""
+    return ["scontrol", "--oneliner", "show", "job", checked_item("job_id", job_id)]
+
+
+def sacct_argv(job_id: str) -> list[str]:
+    """`sacct` for one job's accounting: JobID, State and ExitCode of the job and its steps, '|' between."""
+    return ["sacct", "--noheader", "--parsable2", "--format=JobID,State,ExitCode", f"--jobs={job_id}"]
+
+
+def scancel_argv(job_ids: Sequence[str], *, signal: str | None = None, batch_only: bool = False) -> list[str]:
+    """scancel argv; with `signal` it only signals (e.g. USR1 to the batch shell with batch_only)."""
+    if not job_ids:
+        raise ValueError("scancel needs at least one job id; got none")
+    argv = ["scancel"]
+    if signal is not None:
+        argv.append("--signal=" + checked_item("signal", signal))
+    if batch_only:
+        argv.append("--batch")
+    return argv + _checked_list("job_ids", job_ids)
+
+
+def checked_item(what: str, value: str, *, comma: bool = False) -> str:
+    """One option value: non-empty, one line, and without ',' where Slurm would read a list."""
+    text = str(value)
+    if not text or "\n" in text or ("," in text and not comma):
+        banned = "newlines" if comma else "',' or newlines"
+        raise ValueError(f"{what} must be a non-empty single value without {banned}; got {value!r}")
+    return text
+
+
+def _checked_list(what: str, values: Sequence[str]) -> list[str]:
+    if isinstance(values, str):
+        raise ValueError(f"{what} must be a list of values, not the string {values!r}")
+    return [checked_item(what, v) for v in values]
+
+
+def _whole_job_ids(what: str, ids: Sequence[str]) -> list[str]:
+    out = []
+    for job_id in _checked_list(what, ids):
+        if not re.fullmatch(r"\d+", job_id):
+            whole = job_id.split("_", 1)[0]
+            raise ValueError(
+                f"{what}: {job_id!r} is not a whole job id; a dependency on one array task lets the rest "
+                f"of that array overlap the new job. Use the array's id (e.g. {whole!r}).")
+        out.append(job_id)
+    return out

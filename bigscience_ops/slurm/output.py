@@ -1,0 +1,260 @@
+"""Parsers of real Slurm output: squeue's delimited lines, durations and time limits, sbatch's answers,
+`scontrol --oneliner show job`, sacct. Pure: text in, values out; every line is split on `\n` only."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from bigscience_ops.slurm.errors import SlurmError
+
+_TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (as sbatch --time)"
+
+
+def parse_time_limit(text: str) -> int:
+    """Minutes in a Slurm time limit, rounded up as Slurm does; raises ValueError naming the formats."""
+    value = str(text).strip()
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value)
+    if not match:
+        raise ValueError(f"time limit {text!r} is not one of {_TIME_FORMATS}")
+    days, a, b, c = match.groups()
+    if days is not None:
+        hours, minutes, seconds = int(a), int(b or 0), int(c or 0)
+    elif c is not None:
+        hours, minutes, seconds = int(a), int(b), int(c)
+    elif b is not None:
+        hours, minutes, seconds = 0, int(a), int(b)
+    else:
+        hours, minutes, seconds = 0, int(a), 0
+    if (days is not None or c is not None) and (minutes > 59 or seconds > 59):
+        raise ValueError(f"time limit {text!r}: minutes and seconds must be below 60")
+    total = (int(days or 0) * 24 + hours) * 60 + minutes + (1 if seconds else 0)
+    if total <= 0:
+        raise ValueError(f"time limit {text!r} must be at least one minute")
+    return total
+
+
+SQUEUE_DELIMITER = "\x1f"
+"""ASCII unit separator: no job name, partition or node list contains it, unlike spaces or '|'."""
+
+# (field, squeue --format code). The name is last so that even a name containing the delimiter parses.
+SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("job_id", "%i"),         # 711114_4, 682842_[1-5%1], 712
+    ("array_job_id", "%F"),   # 711114 (the job's own id when not an array)
+    ("array_task", "%K"),     # 4, [1-5%1] shown as 1-5%1, N/A
+    ("own_id", "%A"),         # the numeric id of this very record
+    ("user", "%u"),
+    ("state", "%T"),          # RUNNING, PENDING, COMPLETING, ...
+    ("reason", "%r"),         # None, Dependency, BeginTime, JobArrayTaskLimit, ...
+    ("partition", "%P"),
+    ("num_nodes", "%D"),
+    ("nodes", "%N"),          # r7i4n[1-7],r8i0n0 ; empty while pending
+    ("elapsed", "%M"),        # 18:15:59, 1-02:03:04
+    ("time_limit", "%l"),     # 20:00:00, UNLIMITED
+    ("start_time", "%S"),     # actual start, or the expected start of a pending job, or N/A
+    ("submit_time", "%V"),
+    ("dependency", "%E"),     # afterany:1_*(unfulfilled), (null)
+    ("name", "%j"),
+)
+SQUEUE_FORMAT = SQUEUE_DELIMITER.join(code for _, code in SQUEUE_FIELDS)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One line of squeue: a job, an array task, or the pending rest of an array (`682842_[2-5%1]`)."""
+
+    job_id: str
+    """The id as Slurm prints it: 712, 711114_4, 682842_[2-5%1]."""
+    array_job_id: str
+    """The whole array's id (a plain job's own id): what a dependency must name."""
+    array_task: str | None
+    """The task index or pending range (`4`, `2-5%1`); None for a plain job."""
+    name: str
+    user: str
+    state: str
+    reason: str
+    """Why it is pending (`Dependency`, `BeginTime`, ...); `None` when running."""
+    partition: str
+    num_nodes: int
+    nodes: str
+    """Node list in Slurm's compressed form (`r7i4n[1-7],r8i0n0`); empty while pending."""
+    elapsed_s: int
+    time_limit_min: int | None
+    """None when UNLIMITED."""
+    start_time: datetime | None
+    """Start of a running job; the scheduler's expected start of a pending one; None if unknown."""
+    submit_time: datetime | None
+    dependency: str | None
+    """Remaining dependency as squeue prints it (`afterany:682842_*(unfulfilled)`), None if none."""
+
+    @property
+    def is_array(self) -> bool:
+        return self.array_task is not None
+
+
+# Pending reasons that will not clear on their own: a person has to act (release, cancel, fix).
+NEVER_STARTS = frozenset({
+    "DependencyNeverSatisfied", "JobHeldAdmin", "JobHeldUser", "PartitionDown", "PartitionInactive",
+    "BadConstraints", "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+    "PartitionNodeLimit", "PartitionTimeLimit",
+})
+ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"})
+WAITING_STATES = frozenset({"PENDING", "REQUEUED", "RESIZING"})
+QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still holds its place in the queue
+
+
+class Jobs(list):
+    """squeue's jobs, and `unparsed`: the lines that did not parse. Any user names their jobs, and a
+    name may hold line breaks or anything else: such a line is skipped and counted, so one hostile
+    entry never hides the rest of the queue."""
+
+    def __init__(self, jobs: Sequence[Job] = (), unparsed: Sequence[str] = ()) -> None:
+        super().__init__(jobs)
+        self.unparsed: tuple[str, ...] = tuple(unparsed)
+
+
+def parse_squeue(text: str) -> Jobs:
+    """Parse the output of `squeue_argv()`, split on `\\n` only (a job name may hold U+2028, U+0085 or
+    U+001E, where str.splitlines() would break); a line that does not fit goes to `Jobs.unparsed`."""
+    jobs, unparsed = [], []
+    for line in text.split("\n"):
+        if not line.strip():
+            continue
+        try:
+            jobs.append(_squeue_job(line))
+        except ValueError:
+            unparsed.append(line)
+    return Jobs(jobs, unparsed)
+
+
+def _squeue_job(line: str) -> Job:
+    parts = line.split(SQUEUE_DELIMITER, len(SQUEUE_FIELDS) - 1)
+    if len(parts) != len(SQUEUE_FIELDS):
+        raise ValueError(f"{len(parts)} fields, expected {len(SQUEUE_FIELDS)} separated by {SQUEUE_DELIMITER!r}")
+    f = dict(zip((name for name, _ in SQUEUE_FIELDS), parts))
+    return Job(
+        job_id=f["job_id"], array_job_id=f["array_job_id"],
+        array_task=None if f["array_task"] in ("N/A", "") else f["array_task"],
+        name=f["name"], user=f["user"], state=f["state"], reason=f["reason"],
+        partition=f["partition"], num_nodes=int(f["num_nodes"]), nodes=f["nodes"],
+        elapsed_s=parse_duration(f["elapsed"]),
+        time_limit_min=None if f["time_limit"] in ("UNLIMITED", "INFINITE", "NOT_SET")
+        else parse_time_limit(f["time_limit"]),
+        start_time=parse_timestamp(f["start_time"]), submit_time=parse_timestamp(f["submit_time"]),
+        dependency=None if f["dependency"] in ("(null)", "") else f["dependency"],
+    )
+
+
+def unparsed_note(jobs: Sequence[Job]) -> str | None:
+    """'2 queue entries did not parse and were skipped: ...' for a Jobs with unparsed lines, else None."""
+    unparsed = getattr(jobs, "unparsed", ())
+    if not unparsed:
+        return None
+    shown = "; ".join(repr(line[:80]) for line in unparsed[:3])
+    counted = "1 squeue entry did not parse and was" if len(unparsed) == 1 else \
+        f"{len(unparsed)} squeue entries did not parse and were"
+    return f"{counted} skipped: {shown}"
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in a squeue/scontrol duration: `0:05`, `18:15:59`, `1-02:03:04`."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if not match:
+        raise ValueError(f"duration {text!r} is not [D-][HH:]MM:SS")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Slurm's way of writing a duration: `18:15:59`, `1-02:03:04` (negative values clamp to 0)."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}" if days else clock
+
+
+def parse_timestamp(text: str) -> datetime | None:
+    """A Slurm local time `2021-08-16T03:52:02`; None for N/A, Unknown, None."""
+    value = text.strip()
+    if value in ("N/A", "Unknown", "None", "(null)", ""):
+        return None
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S")
+
+
+def parse_sbatch_parsable(stdout: str) -> str:
+    """The job id from `sbatch --parsable` (`712` or `712;cluster`)."""
+    first = stdout.strip().split("\n")[0].strip() if stdout.strip() else ""
+    job_id = first.split(";", 1)[0]
+    if not re.fullmatch(r"\d+", job_id):
+        raise SlurmError(f"sbatch --parsable answered {stdout!r}; expected a job id such as '712'")
+    return job_id
+
+
+@dataclass(frozen=True)
+class TestOnlyAnswer:
+    """What `sbatch --test-only` predicts."""
+
+    job_id: str
+    start_time: datetime
+    processors: int
+    nodes: str
+    partition: str
+
+
+def parse_sbatch_test_only(stderr: str) -> TestOnlyAnswer:
+    """Parse `sbatch: Job 6 to start at 2026-11-22T03:46:42 using 1 processors on nodes vm in partition p`."""
+    match = re.search(r"Job (\d+) to start at (\S+) using (\d+) processors on nodes (\S+) in partition (\S+)",
+                      stderr)
+    if not match:
+        raise SlurmError(f"sbatch --test-only answered {stderr.strip()!r}; expected "
+                         f"'Job N to start at T using P processors on nodes L in partition P'")
+    job_id, start, procs, nodes, partition = match.groups()
+    when = parse_timestamp(start)
+    if when is None:
+        raise SlurmError(f"sbatch --test-only gave no start time: {stderr.strip()!r}")
+    return TestOnlyAnswer(job_id, when, int(procs), nodes, partition)
+
+
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][\w/:]*)=")
+
+
+def parse_scontrol_show_job(text: str) -> list[dict[str, str]]:
+    """`scontrol --oneliner show job` output -> one dict per job line (values may contain spaces)."""
+    records = []
+    for line in text.split("\n"):  # not splitlines(): a job name may hold U+2028 or U+001E
+        if not line.strip():
+            continue
+        keys = list(_KEY.finditer(line))
+        if not keys or keys[0].group(1) != "JobId":
+            raise SlurmError(f"scontrol show job line does not start with JobId=: {line[:200]!r}")
+        record = {}
+        for i, match in enumerate(keys):
+            end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
+            record[match.group(1)] = line[match.end():end].strip()
+        records.append(record)
+    return records
+
+
+@dataclass(frozen=True)
+class SacctRecord:
+    """One line of `sacct_argv()`'s output: a job (or array task) or one of its steps (`100_3.batch`)."""
+
+    job_id: str
+    state: str
+    """COMPLETED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL, ..."""
+    exit_code: str
+    """`code:signal` as sacct prints it (`0:15`)."""
+
+
+def parse_sacct(text: str) -> list[SacctRecord]:
+    """Parse `sacct --parsable2` output of JobID, State, ExitCode; lines of another shape are skipped."""
+    records = []
+    for line in text.split("\n"):
+        parts = line.split("|")
+        if len(parts) == 3:
+            records.append(SacctRecord(*parts))
+    return records
