@@ -1,6 +1,6 @@
 """Training health from the log: each signal found at its iteration, and a normal run's noise quiet.
 
-Logs are written with the trainer's own line writer (trainer/report.iteration_line) and the markers it
+Logs are written with the trainer's own line writer (iteration_log.iteration_line) and the markers it
 prints between iteration lines; the real-run checks (a clean run and an injected fault) are with the
 trainer runs.
 """
@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
+from bigscience_ops.iteration_log import IterationStats, iteration_line
 from bigscience_ops.ops import health
 from bigscience_ops.schema import HealthConfig
-from bigscience_ops.trainer.report import IterationStats, iteration_line
 
 Tweak = Callable[[int, IterationStats], None]
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from bigscience_ops import runlog
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.config import load_experiment
-from bigscience_ops.views import logs, plot
+from bigscience_ops.views import plot
 from tests.fixtures_experiments import tiny_yaml
 
 BSOPS = str(Path(sys.executable).with_name("bsops"))
@@ -44,7 +45,7 @@ def test_tail_returns_the_last_complete_lines(tmp_path, n):
     _lines(log, text)
     with open(log, "a") as f:
         f.write(" iteration     5001/")  # being written: not a line yet
-    lines, offset = logs.tail(log, n)
+    lines, offset = runlog.tail(log, n)
     assert lines == (text[-n:] if n else [])
     assert offset == log.stat().st_size - len(" iteration     5001/")
 
@@ -53,7 +54,7 @@ def test_follow_sees_appends_rotation_and_truncation(tmp_path):
     """The poll is driven by the sleep function: each 'sleep' changes the file, no clock involved."""
     log = tmp_path / "main_log.txt"
     _lines(log, ["old 1", "old 2"])
-    _, offset = logs.tail(log, 10)
+    _, offset = runlog.tail(log, 10)
     actions = [
         lambda: _lines(log, ["appended 1", "appended 2"]),
         lambda: log.open("a").write("partial"),
@@ -65,22 +66,22 @@ def test_follow_sees_appends_rotation_and_truncation(tmp_path):
     def sleep(_):
         if actions:
             actions.pop(0)()
-    got = list(logs.follow(log, offset, interval=5.0, stop=lambda: not actions, sleep=sleep))
+    got = list(runlog.follow(log, offset, interval=5.0, stop=lambda: not actions, sleep=sleep))
     assert got == ["appended 1", "appended 2", "partial line", "new file 1", "short"]
 
 
 def test_find_log_prefers_the_run_folder_then_the_synced_clone(run_exp, tmp_path):
     run = Path(run_exp.paths.output)
-    with pytest.raises(logs.LogError) as err:
-        logs.find_log(run_exp)
+    with pytest.raises(runlog.LogError) as err:
+        runlog.find_log(run_exp)
     assert str(run / "logs" / "main_log.txt") in str(err.value) and str(run / "hub" / "logs") in str(err.value)
     _lines(run / "hub" / "logs" / "main_log.txt", ["from the clone"])
-    assert logs.find_log(run_exp) == run / "hub" / "logs" / "main_log.txt"
+    assert runlog.find_log(run_exp) == run / "hub" / "logs" / "main_log.txt"
     _lines(run / "logs" / "main_log.txt", ["from the run"])
-    assert logs.find_log(run_exp) == run / "logs" / "main_log.txt"
+    assert runlog.find_log(run_exp) == run / "logs" / "main_log.txt"
     other = tmp_path / "elsewhere"
     _lines(other / "logs" / "main_log.txt", ["from another clone"])
-    assert logs.find_log(run_exp, other) == other / "logs" / "main_log.txt"
+    assert runlog.find_log(run_exp, other) == other / "logs" / "main_log.txt"
 
 
 def test_logs_command_prints_the_tail(run_exp, trainings):

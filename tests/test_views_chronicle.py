@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from bigscience_ops import ledger
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
-from bigscience_ops.trainer.report import IterationStats, iteration_line
+from bigscience_ops.iteration_log import IterationStats, iteration_line
 from bigscience_ops.views import chronicle
 from tests.fixtures_experiments import tiny_yaml
 

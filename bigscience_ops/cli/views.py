@@ -26,18 +26,18 @@ from bigscience_ops.cli.base import load_experiment, main, trainings_option
 def logs_command(exp: str, trainings_dir: Path | None, lines: int, follow: bool, from_clone: Path | None,
                  interval: float) -> None:
     """Print the tail of EXP's main_log.txt (the run folder's, else hub-sync's clone of the logs repo)."""
-    from bigscience_ops.views import logs
+    from bigscience_ops import runlog
 
     experiment = load_experiment(exp, trainings_dir)
-    path = logs.find_log(experiment, from_clone)
-    last, offset = logs.tail(path, lines)
+    path = runlog.find_log(experiment, from_clone)
+    last, offset = runlog.tail(path, lines)
     for line in last:
         click.echo(line)
     if not follow:
         return
     sys.stdout.flush()
     try:
-        for line in logs.follow(path, offset, interval=interval):
+        for line in runlog.follow(path, offset, interval=interval):
             click.echo(line)
             sys.stdout.flush()
     except KeyboardInterrupt:

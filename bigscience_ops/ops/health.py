@@ -1,6 +1,6 @@
 """Training health: whether the run trains, not only whether it runs, read from its main_log.txt.
 
-The watchdog reads the last iteration lines of the log (trainer/report.parse_iteration_line reads
+The watchdog reads the last iteration lines of the log (iteration_log.parse_iteration_line reads
 this trainer's and Megatron's) and looks for what the BigScience runs watched by hand:
 
 - a NaN or inf loss, or iterations the trainer counted as NaN;
@@ -28,8 +28,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from bigscience_ops.iteration_log import IterationStats, parse_iteration_line
 from bigscience_ops.schema import HealthConfig
-from bigscience_ops.trainer.report import IterationStats, parse_iteration_line
 
 # Lines of the trainer's log that mark what happened between two iteration lines (Megatron's wording).
 TASK_BEGINS = "begins at iteration"  # "task 1234_5 begins at iteration 300" (ledger.begin)

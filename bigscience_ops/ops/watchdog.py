@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from bigscience_ops import slurm
+from bigscience_ops import runlog, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import cron, health, status
 from bigscience_ops.ops.lifecycle import RunState
 from bigscience_ops.ops.notify import Notice, NotifyError, SmtpSettings, default_state_path, destinations, notify
 from bigscience_ops.ops.status import EXIT_ERROR, Alert, StatusReport
 from bigscience_ops.schema import HealthConfig
-from bigscience_ops.views import logs
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthCo
         return report
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
     try:
-        lines, _ = logs.tail(log_path, (settings.window + settings.recent) * 4)
+        lines, _ = runlog.tail(log_path, (settings.window + settings.recent) * 4)
     except (OSError, BsopsError) as exc:
         alert = Alert("health-unreadable", f"***ALERT: the training health of {log_path} cannot be read ({exc})! "
                                            f"Alert someone at {contact}***")

@@ -13,7 +13,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bigscience_ops.trainer.report import Board, IterationStats, iteration_line, mfu, perplexity, validation_lines
+from bigscience_ops.iteration_log import IterationStats, iteration_line
+from bigscience_ops.trainer.report import Board, mfu, perplexity, validation_lines
 
 
 @dataclass(frozen=True)

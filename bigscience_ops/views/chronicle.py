@@ -15,10 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bigscience_ops import ledger
+from bigscience_ops import ledger, runlog
 from bigscience_ops.ops import health
 from bigscience_ops.schema import Experiment
-from bigscience_ops.views import logs
 
 WATCHDOG_LOG = "watchdog.log"
 # "[2026-11-24 03:00:00] alert email sent to a@b <id>: subject" (ops/watchdog.py)
@@ -74,7 +73,7 @@ def _task_logs(log: Path) -> dict[str, _TaskLog]:
 def events(exp: Experiment) -> list[Event]:
     """The run's events in time order."""
     out_dir = Path(exp.paths.output)
-    log_path = Path(exp.paths.logs) / logs.LOG_NAME
+    log_path = Path(exp.paths.logs) / runlog.LOG_NAME
     records = ledger.read(out_dir / ledger.LEDGER_NAME)
     tasks = _task_logs(log_path)
     ends = {r.job_id: r for r in records if r.event == "end"}

@@ -1,7 +1,7 @@
 """`bsops info`: a run's state at a glance, read from its folder alone (no Slurm, no torch).
 
 What the run already records answers it: the last iteration lines of main_log.txt (parsed by the
-trainer's own reader, trainer/report.parse_iteration_line), `latest` and the complete checkpoints
+trainer's own reader, iteration_log.parse_iteration_line), `latest` and the complete checkpoints
 (checkpoints/layout.py), the task ledger (ledger.py: array tasks with their nodes, iterations,
 times and exits), the open alerts of the watchdog and hourly jobs (ops/notify.py's state file),
 and the disk the run folder takes. Each part that cannot be read is reported in the result and
@@ -17,12 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bigscience_ops import ledger
+from bigscience_ops import ledger, runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.iteration_log import IterationStats, parse_iteration_line
 from bigscience_ops.schema import Experiment
-from bigscience_ops.trainer.report import IterationStats, parse_iteration_line
-from bigscience_ops.views import logs
 
 TAIL_LINES = 400  # lines read from the end of main_log.txt: enough for the recent iteration lines
 THROUGHPUT_WINDOW = 20  # iteration lines the median throughput is taken over
@@ -51,11 +50,11 @@ def run_info(exp: Experiment) -> RunInfo:
     """The state of `exp`'s run from its folder."""
     out, checkpoints = Path(exp.paths.output), Path(exp.paths.checkpoints)
     problems: list[str] = []
-    log = Path(exp.paths.logs) / logs.LOG_NAME
+    log = Path(exp.paths.logs) / runlog.LOG_NAME
     lines: list[str] = []
     if log.is_file():
         try:
-            lines, _ = logs.tail(log, TAIL_LINES)
+            lines, _ = runlog.tail(log, TAIL_LINES)
         except (OSError, BsopsError) as exc:
             problems.append(f"log {log}: {exc}")
     iterations = [stats for stats in map(parse_iteration_line, lines) if stats is not None]
