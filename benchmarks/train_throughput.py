@@ -77,8 +77,9 @@ def main() -> None:
     import torch.distributed as dist
 
     from bigscience_ops.render import deepspeed_config
+    from bigscience_ops.sizing import GPTShape
     from bigscience_ops.trainer.data import MicroBatchFeed
-    from bigscience_ops.trainer.model import GPTShape, build_sequential, lm_loss, weight_decay_groups
+    from bigscience_ops.trainer.model import build_sequential, lm_loss, weight_decay_groups
     from bigscience_ops.trainer.report import mfu, peak_tflops
     from bigscience_ops.trainer.train import Trainer, init_distributed
 

@@ -8,7 +8,13 @@ experiment takes from a base file rather than its own, so `bsops show` and `plan
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+import yaml
+
+from bigscience_ops.config import experiment_path, field_origins
+from bigscience_ops.schema import Experiment
 
 # Field paths whose value depends on the cluster or the team, with what to put there.
 SITE_FIELDS: dict[str, str] = {
@@ -54,8 +60,6 @@ def _set_by(origins: dict[str, str], dotted: str) -> str | None:
 
 def inherited_site_values(name: str, trainings_dir: Path | None = None) -> dict[str, str]:
     """Site-specific field path -> the base file it comes from, for those EXP's own file does not set."""
-    from bigscience_ops.config import experiment_path, field_origins
-
     own = str(experiment_path(name, trainings_dir))
     origins = field_origins(name, trainings_dir)
     found = {}
@@ -68,12 +72,6 @@ def inherited_site_values(name: str, trainings_dir: Path | None = None) -> dict[
 
 def new_experiment_text(name: str, base: str) -> str:
     """A new experiment on `base` that resets every site-specific value the base sets."""
-    import dataclasses
-
-    import yaml
-
-    from bigscience_ops.schema import Experiment
-
     sections: dict[str, list[str]] = {}
     for dotted, what in SITE_FIELDS.items():
         section, key = dotted.split(".")

@@ -94,7 +94,8 @@ def _meta(exp) -> dict:
 
 def _pp_reference_logits(exp, tokens: torch.Tensor) -> torch.Tensor:
     """The trainer's layers (TP=1) in one process, each loading its own DeepSpeed layer file."""
-    from bigscience_ops.trainer.model import GPTShape, build_sequential
+    from bigscience_ops.sizing import GPTShape
+    from bigscience_ops.trainer.model import build_sequential
 
     meta = _meta(exp)
     path = Path(exp.paths.checkpoints) / f"global_step{meta['iteration']}"
@@ -112,7 +113,8 @@ def _tp_rank(rank: int, path: str, model: dict, seed: int, tokens: torch.Tensor,
     """One TP rank: the trainer's TP layers with this rank's shards; rank 0 saves the gathered logits."""
     import torch.distributed as dist
 
-    from bigscience_ops.trainer.model import EmbeddingPipe, FinalNorm, GPTShape, TransformerBlock
+    from bigscience_ops.sizing import GPTShape
+    from bigscience_ops.trainer.model import EmbeddingPipe, FinalNorm, TransformerBlock
     from bigscience_ops.trainer.tensor_parallel import TensorParallel
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
@@ -545,7 +547,8 @@ def _large_checkpoint(exp, root: Path, layers: int, hidden: int) -> Path:
     """`exp`'s run with its checkpoint replaced by a wider, deeper one (the trainer's own layers, TP=1, random
     weights) in DeepSpeed's per-layer files under `root`; the experiment.json that points at it."""
     from bigscience_ops.config import to_dict
-    from bigscience_ops.trainer.model import EmbeddingPipe, FinalNorm, GPTShape, TransformerBlock
+    from bigscience_ops.sizing import GPTShape
+    from bigscience_ops.trainer.model import EmbeddingPipe, FinalNorm, TransformerBlock
 
     meta = _meta(exp)
     model = {**meta["model"], "num_layers": layers, "hidden_size": hidden, "ffn_hidden_size": 4 * hidden,

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from bigscience_ops.checkpoints import layout, universal
+from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
-from bigscience_ops.trainer.model import GPTShape
 from tests.fixtures_trainer import concurrently, launch, run_ok, scalars, small_experiment, write_run
 
 STEPS, SPLIT = 10, 6
@@ -152,7 +152,7 @@ def test_fit_vocabulary_cuts_only_surplus_padding(tmp_path):
     full = torch.arange(12.0).reshape(6, 2)
     for state in ("fp32", "exp_avg", "exp_avg_sq"):
         torch.save({"param": full, "vocab_tensor": True}, zero / f"{state}.pt")
-    ckpt.write_meta(folder, {"universal": {"source": "global_step3", "vocabulary_rows": 6}})
+    layout.write_meta(folder, {"universal": {"source": "global_step3", "vocabulary_rows": 6}})
     assert universal.fit_vocabulary(folder, 8) is False
     assert universal.fit_vocabulary(folder, 4) is True
     assert torch.equal(torch.load(zero / "exp_avg.pt", weights_only=False)["param"], full[:4])
@@ -162,7 +162,7 @@ def test_fit_vocabulary_cuts_only_surplus_padding(tmp_path):
 def _checkpoint(tmp_path: Path, tensor: int, data: int, zero_stage: int) -> tuple[ckpt.Resume, dict]:
     exp = _experiment(tmp_path, tensor, 1, data, SPLIT, zero_stage)
     shape = dataclasses.asdict(GPTShape.from_experiment(exp))
-    ckpt.write_meta(tmp_path / "global_step4", {"model": shape, "parallel": {"tensor": tensor, "pipeline": 1,
+    layout.write_meta(tmp_path / "global_step4", {"model": shape, "parallel": {"tensor": tensor, "pipeline": 1,
                                                                           "data": data},
                                                  "experiment": {"model": {"vocab_size": 256},
                                                                 "parallel": {"zero_stage": zero_stage}}})

@@ -22,7 +22,8 @@ def _deepspeed_stages(exp, method: str, tensor: int) -> tuple[list[int], list[in
     each stage builds (a tied module once per stage, from its first spec), without a process group."""
     from deepspeed.pipe import PipelineModule, TiedLayerSpec
 
-    from bigscience_ops.trainer.model import GPTShape, layer_specs
+    from bigscience_ops.sizing import GPTShape
+    from bigscience_ops.trainer.model import layer_specs
     from bigscience_ops.trainer.tensor_parallel import TensorParallel
 
     specs = layer_specs(GPTShape.from_experiment(exp), 1, TensorParallel(0, tensor), "torch")

@@ -14,8 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bigscience_ops.config import load_experiment
+from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer.data import SyntheticDataset, step_micro_batches
-from bigscience_ops.trainer.model import GPTShape, build_sequential, loss_function
+from bigscience_ops.trainer.model import build_sequential, loss_function
 from bigscience_ops.trainer.tensor_parallel import TensorParallel, vocab_parallel_cross_entropy
 from tests.fixtures_trainer import REPO, small_experiment
 

@@ -29,8 +29,9 @@ STEPS = 10
 def _probe(out: Path, kernels: str) -> None:
     import torch.distributed as dist
 
+    from bigscience_ops.sizing import GPTShape
     from bigscience_ops.trainer import model, tensor_parallel
-    from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock
+    from bigscience_ops.trainer.model import EmbeddingPipe, TransformerBlock
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

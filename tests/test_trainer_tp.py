@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from bigscience_ops import sizing
+from bigscience_ops.checkpoints import layout
 from bigscience_ops.checkpoints.layout import CheckpointError
+from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
-from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock
+from bigscience_ops.trainer.model import EmbeddingPipe, TransformerBlock
 from bigscience_ops.trainer.tensor_parallel import TensorParallel
 from tests.fixtures_trainer import checkpoint_steps, concurrently, run_ok, scalars, small_experiment, write_run
 
@@ -137,7 +139,7 @@ def test_resume_with_another_tp_is_rejected(tmp_path):
     exp = small_experiment(tmp_path)
     shape = GPTShape.from_experiment(exp)
     path = tmp_path / "global_step4"
-    ckpt.write_meta(path, {"model": dataclasses.asdict(shape), "parallel": {"tensor": 2, "pipeline": 1}})
+    layout.write_meta(path, {"model": dataclasses.asdict(shape), "parallel": {"tensor": 2, "pipeline": 1}})
     (tmp_path / "latest").write_text("global_step4")
     with pytest.raises(CheckpointError, match="parallel.tensor: checkpoint 2, config 1"):
         ckpt.check_compatible(ckpt.find_resume(tmp_path), dataclasses.asdict(shape), 1, 1)

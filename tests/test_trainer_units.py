@@ -15,15 +15,17 @@ import torch
 from bigscience_ops import ledger
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.checkpoints.layout import CheckpointError
+from bigscience_ops.iteration_log import IterationStats, iteration_line
 from bigscience_ops.node_schedule import Phase
 from bigscience_ops.schedules import SaveSchedule
 from bigscience_ops.schema import CheckpointConfig
+from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer import stopping
 from bigscience_ops.trainer.data import SyntheticDataset, sample_indices, step_micro_batches
 from bigscience_ops.trainer.metrics import Metrics, StepRecord
-from bigscience_ops.trainer.model import EmbeddingPipe, GPTShape, TransformerBlock, build_sequential, lm_loss
-from bigscience_ops.trainer.report import IterationStats, iteration_line, validation_lines
+from bigscience_ops.trainer.model import EmbeddingPipe, TransformerBlock, build_sequential, lm_loss
+from bigscience_ops.trainer.report import validation_lines
 from bigscience_ops.trainer.stopping import Stopper
 from tests.fixtures_trainer import small_experiment
 
@@ -48,7 +50,7 @@ def test_plain_save_interval_is_megatrons_modulo():
 def _fake_checkpoint(root, step, meta):
     path = root / f"global_step{step}"
     path.mkdir(parents=True)
-    ckpt.write_meta(path, meta)
+    layout.write_meta(path, meta)
     (root / "latest").write_text(f"global_step{step}")
     return path
 
@@ -156,7 +158,7 @@ def test_causal_lm_trains_a_few_steps(tmp_path):
 
 
 def test_kernel_references_agree():
-    from kernels.softmax import causal_attention_torch, causal_attention_reference
+    from kernels.softmax import causal_attention_reference, causal_attention_torch
 
     q, k, v = (torch.randn(2, 3, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
     torch.testing.assert_close(causal_attention_torch(q, k, v), causal_attention_reference(q, k, v))

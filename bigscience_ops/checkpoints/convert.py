@@ -52,13 +52,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints.layout import META, CheckpointError
 from bigscience_ops.errors import BsopsError
 
 if TYPE_CHECKING:
     import torch
 
-META = "bsops.json"  # written by the trainer next to DeepSpeed's files (trainer/checkpointing.py)
-TAG = re.compile(r"global_step(\d+)")
 DTYPES = ("float32", "bfloat16", "float16")
 EOD_TOKEN = "<|endoftext|>"
 
@@ -143,20 +143,17 @@ class Conversion:
 def select_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[str, Path, dict]:
     """(tag, folder, bsops.json) of `global_step<step>`, or of the one `latest` names when step is None."""
     checkpoints = Path(checkpoints)
-    available = sorted(int(m.group(1)) for p in checkpoints.glob("global_step*")
-                       if (m := TAG.fullmatch(p.name))) if checkpoints.is_dir() else []
-    if step is None:
-        latest = checkpoints / "latest"
-        if not latest.is_file():
-            raise ConvertError(f"{checkpoints}: no 'latest' file, so no checkpoint to convert; "
-                               f"available steps: {', '.join(map(str, available)) or 'none'} (pick one with --step)")
-        tag = latest.read_text(encoding="utf-8").strip()
-    else:
-        tag = f"global_step{step}"
+    try:
+        available = ", ".join(str(c.step) for c in layout.list_checkpoints(checkpoints)) or "none"
+        tag = layout.latest_tag(checkpoints) if step is None else f"global_step{step}"
+    except CheckpointError as exc:
+        raise ConvertError(str(exc)) from None
+    if tag is None:
+        raise ConvertError(f"{checkpoints}: no 'latest' file, so no checkpoint to convert; "
+                           f"available steps: {available} (pick one with --step)")
     path = checkpoints / tag
     if not path.is_dir():
-        raise ConvertError(f"{checkpoints}: no checkpoint {tag!r}; available steps: "
-                           f"{', '.join(map(str, available)) or 'none'}")
+        raise ConvertError(f"{checkpoints}: no checkpoint {tag!r}; available steps: {available}")
     meta_file = path / META
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
@@ -481,7 +478,7 @@ def convert(exp, out: Path, step: int | None = None, dtype: str = "float32", ove
               "consumed_tokens": meta.get("consumed_tokens"), "parallel": meta.get("parallel")}
     (out / "bsops_conversion.json").write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
     files = [*weights.files, "config.json", *tokenizer_written, "bsops_conversion.json"]
-    return Conversion(out=out, tag=tag, iteration=int(meta.get("iteration", TAG.fullmatch(tag).group(1))),
+    return Conversion(out=out, tag=tag, iteration=int(meta.get("iteration", layout.step_of(tag))),
                       config=config, files=files, num_parameters=weights.num_parameters)
 
 
@@ -495,15 +492,10 @@ def check_push(exp, remote: str | None = None, max_shard_size: int | str | None 
                            f"(default {MAX_SHARD_SIZE})")
 
 
-def push(exp, conversion: Conversion, remote: str | None = None) -> str:
-    """Upload the converted folder (every file in it: the shards and their index too) to hub.checkpoints_repo,
-    one folder per step (global_stepN/): the commit sha, or "unchanged"."""
-    check_push(exp, remote)
+def check_pushable(conversion: Conversion) -> None:
+    """Refuse a converted folder holding a file over the Hub's limit (bsops convert --push checks before uploading)."""
     too_big = [f"{name} ({size:,} bytes)" for name in conversion.files
                if (size := (conversion.out / name).stat().st_size) > HUB_FILE_LIMIT]
     if too_big:
         raise ConvertError(f"{conversion.out}: {', '.join(too_big)} over the Hugging Face Hub's limit of 50GB per "
                            f"file; convert again with a smaller max_shard_size (default {MAX_SHARD_SIZE})")
-    from bigscience_ops.ops.hubsync import publish_folder
-
-    return publish_folder(exp, conversion.out, conversion.tag, remote=remote)

@@ -1,4 +1,5 @@
-"""The one reader of a run's checkpoint folder: tags, `latest`, bsops.json, what each global_stepN holds.
+"""The one reader (and the writer of `latest` and bsops.json) of a run's checkpoint folder: tags,
+`latest`, bsops.json, what each global_stepN holds.
 
 DeepSpeed writes `global_stepN/` then names it in `latest`; the trainer writes bsops.json into the
 folder before `latest` moves (trainer/checkpointing.py). So a checkpoint is complete when it has
@@ -21,7 +22,7 @@ from pathlib import Path
 from bigscience_ops.errors import BsopsError
 
 META = "bsops.json"
-"""The trainer's record in each checkpoint folder (trainer/checkpointing.py writes it)."""
+"""The trainer's record in each checkpoint folder (written with write_meta)."""
 TAG = re.compile(r"global_step([0-9]{1,18})")
 """ASCII digits only (`\\d` also takes Unicode digits: global_step１０ would be step 10), and few enough for int()."""
 LATEST = "latest"
@@ -130,6 +131,25 @@ def latest_step(checkpoints: Path) -> int | None:
     """The step of the checkpoint `latest` names, None when there is no `latest` file."""
     tag = latest_tag(checkpoints)
     return None if tag is None else step_of(tag)
+
+
+def write_latest(checkpoints: Path, tag: str) -> None:
+    """Point `latest` at `tag` in one atomic step (a reader sees the old tag or the new one, never half)."""
+    if step_of(tag) is None:
+        raise ValueError(f"latest must name a tag 'global_stepN'; got {tag!r}")
+    folder = Path(checkpoints)
+    tmp = folder / f".{LATEST}.{os.getpid()}.tmp"
+    tmp.write_text(tag, encoding="utf-8")
+    os.replace(tmp, folder / LATEST)
+
+
+def write_meta(path: Path, meta: dict) -> None:
+    """Write a checkpoint folder's bsops.json in one atomic step (before `latest` names the folder)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / f".{META}.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path / META)
 
 
 def complete_checkpoints(checkpoints: Path) -> list[Checkpoint]:

@@ -64,9 +64,7 @@ def rollback(exp: Experiment, to_step: int, skip: str | None = None, now: float 
         if universal_copy.is_dir():
             os.replace(universal_copy, aside / universal_copy.name)
         moved.append(ckpt.tag)
-    tmp = checkpoints / f".{layout.LATEST}.{os.getpid()}.tmp"
-    tmp.write_text(f"global_step{to_step}", encoding="utf-8")
-    os.replace(tmp, checkpoints / layout.LATEST)
+    layout.write_latest(checkpoints, f"global_step{to_step}")
     record = rollbacks.Rollback(time.time() if now is None else now, latest, to_step, skip,
                                 str(aside) if moved else "")
     rollbacks.append(Path(exp.paths.output), record)

@@ -36,10 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops.checkpoints.layout import UNIVERSAL_SUFFIX
+from bigscience_ops.checkpoints.layout import META, UNIVERSAL_SUFFIX, CheckpointError, write_meta
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.checkpoints.layout import META, CheckpointError
-from bigscience_ops.trainer.checkpointing import write_meta
 
 SUFFIX = UNIVERSAL_SUFFIX
 LATEST_UNIVERSAL = "latest_universal"

@@ -23,10 +23,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops.checkpoints.layout import LATEST, complete_checkpoints, latest_tag, list_checkpoints
+from bigscience_ops import config
+from bigscience_ops.checkpoints.layout import (
+    LATEST, META, complete_checkpoints, latest_tag, list_checkpoints, write_latest, write_meta,
+)
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.checkpoints.layout import META
-from bigscience_ops.trainer.checkpointing import write_meta
 
 LAYER_FILE = re.compile(r"layer_(\d+)-(.*model_states\.pt)")
 # Fields that must agree: they decide the shape of a tensor that is copied.
@@ -90,8 +91,6 @@ def source_checkpoints(run: str, trainings_dir: Path | None = None) -> Path:
         raise WarmStartError(f"--from {run}: the folder holds no checkpoints (no 'latest', no global_stepN, no "
                              "checkpoints/ or experiment.json); give a run folder, its checkpoints folder or an "
                              "experiment name")
-    from bigscience_ops import config
-
     try:
         exp = config.load_experiment(run, trainings_dir)
     except BsopsError as exc:
@@ -153,7 +152,7 @@ def build(exp, source: Source, log=lambda line: None) -> WarmStart:
     """Write global_step0 of EXP's checkpoints folder from `source`, then `latest`."""
     import torch
 
-    from bigscience_ops.trainer.model import GPTShape
+    from bigscience_ops.sizing import GPTShape
 
     shape = dataclasses.asdict(GPTShape.from_experiment(exp))
     p = exp.parallel
@@ -187,8 +186,6 @@ def build(exp, source: Source, log=lambda line: None) -> WarmStart:
         torch.save({"module": None, "buffer_names": [], "optimizer": None, "lr_scheduler": None,
                     "skipped_steps": 0, "global_steps": 0, "global_samples": 0, "dp_world_size": 1,
                     "mp_world_size": mp_world, "iteration": 0}, tmp / f"mp_rank_{rank:02d}_model_states.pt")
-    from bigscience_ops.config import to_dict
-
     write_meta(tmp, {
         "iteration": 0,
         "consumed_train_samples": 0,
@@ -198,10 +195,8 @@ def build(exp, source: Source, log=lambda line: None) -> WarmStart:
                        "source_layers": src_layers, "block_from": mapping},
         "model": shape,
         "parallel": {"tensor": p.tensor, "pipeline": p.pipeline, "data": None},
-        "experiment": to_dict(exp),
+        "experiment": config.to_dict(exp),
     })
     tmp.rename(target)
-    latest = out / LATEST
-    (out / f".{LATEST}.tmp").write_text(tag, encoding="utf-8")
-    (out / f".{LATEST}.tmp").replace(latest)
+    write_latest(out, tag)
     return WarmStart(source, target, mapping)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from bigscience_ops.checkpoints import layout
 from bigscience_ops.schedules import SaveSchedule
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.metrics import Metrics
@@ -50,7 +51,7 @@ class Checkpointer:
         path = self.folder / tag
         ckpt.save_rng(path, dist.get_rank())
         if dist.get_rank() == 0:
-            ckpt.write_meta(path, self.meta())
+            layout.write_meta(path, self.meta())
         dist.barrier()
         self.engine.save_checkpoint(str(self.folder), tag=tag, client_state={"iteration": iteration})
         dist.barrier()

@@ -13,7 +13,6 @@ unit-testable.
 from __future__ import annotations
 
 import json
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,13 +69,6 @@ def check_compatible(resume: Resume, shape: dict, tensor: int, pipeline: int) ->
     if diffs:
         raise CheckpointError(f"{resume.path} was written by a different model or TP/PP layout: " + "; ".join(diffs)
                               + ". Resume with the config it was written with, or use a new checkpoints folder")
-
-
-def write_meta(path: Path, meta: dict) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / f".{META}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path / META)
 
 
 def rng_file(path: Path, rank: int) -> Path:

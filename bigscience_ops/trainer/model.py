@@ -38,55 +38,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import kernels as fused
-from bigscience_ops.sizing import padded_vocab_size
+from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer.tensor_parallel import (SINGLE, TensorParallel, copy_to_tp, mark_tensor_parallel,
                                                     reduce_from_tp, tp_region_rng, vocab_parallel_cross_entropy)
 from kernels.softmax import alibi_slopes
-
-
-@dataclass(frozen=True)
-class GPTShape:
-    """What the layers need from the experiment: ModelConfig with derived sizes filled in."""
-
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    ffn_hidden_size: int
-    seq_length: int
-    max_position_embeddings: int
-    padded_vocab_size: int
-    embed_layernorm: bool
-    init_method_std: float
-    hidden_dropout: float
-    attention_dropout: float
-    layernorm_epsilon: float
-    position_embedding: str = "learned"  # learned | alibi
-
-    @classmethod
-    def from_experiment(cls, exp) -> GPTShape:
-        m = exp.model
-        return cls(
-            num_layers=m.num_layers,
-            hidden_size=m.hidden_size,
-            num_attention_heads=m.num_attention_heads,
-            ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size,
-            seq_length=m.seq_length,
-            max_position_embeddings=m.max_position_embeddings or m.seq_length,
-            padded_vocab_size=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, exp.parallel.tensor),
-            embed_layernorm=m.embed_layernorm,
-            init_method_std=m.init_method_std,
-            hidden_dropout=m.hidden_dropout,
-            attention_dropout=m.attention_dropout,
-            layernorm_epsilon=m.layernorm_epsilon,
-            position_embedding=m.position_embedding,
-        )
 
 
 def _generator(seed: int, layer_index: int) -> torch.Generator:

@@ -49,12 +49,13 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.run_schedule import RunSchedule, run_schedule
 from bigscience_ops.schedules import LRSchedule, in_skip_range
 from bigscience_ops.schema import Experiment
+from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer import tensor_parallel
 from bigscience_ops.trainer.checkpointer import Checkpointer
 from bigscience_ops.trainer.data import MicroBatchFeed, build_datasets
 from bigscience_ops.trainer.faults import corrupt_at, corrupted, fail_at, raise_if_injected
-from bigscience_ops.trainer.model import GPTShape, layer_specs, loss_function, weight_decay_groups
+from bigscience_ops.trainer.model import layer_specs, loss_function, weight_decay_groups
 from bigscience_ops.trainer.metrics import Metrics, StepRecord
 from bigscience_ops.trainer.report import Board, peak_tflops
 from bigscience_ops.trainer.stopping import FINISHED, Stopper, any_rank, kill_switch_path
