@@ -389,7 +389,7 @@ def test_a_failure_never_emailed_clears_silently(git_lfs, trainings: Path, tmp_p
     failed = _sync_at(trainings, clock, 0)
     assert failed.exit_code == 2 and "***ALERT: the hub-sync alert email could not be sent" in failed.stderr
     state = tmp_path / "run" / "logs" / ".bsops-alerts.json"
-    assert json.loads(state.read_text())["jobs"]["hub-sync"]["last_sent"] is None  # kept, so the next run retries
+    assert json.loads(state.read_text())["jobs"]["hub-sync"]["sent"] == {}  # kept, so the next run retries
 
     _alerting_experiment(trainings, tmp_path, port)  # the server is back, and so is the remote
     _refusing(bare, False)
