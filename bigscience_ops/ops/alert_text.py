@@ -65,12 +65,17 @@ def headline(alert: Alert) -> str:
     return alert.headline or HEADLINES.get(alert.condition, alert.condition)
 
 
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def alert_email(experiment: str, report: StatusReport, due: Sequence[Alert], cooldown: float,
                 log_path: str | None) -> tuple[str, str]:
     """(subject, body) of the watchdog's alert about `due` (the first one's headline leads the subject)."""
     more = f" (+{len(due) - 1} more)" if len(due) > 1 else ""
     subject = f"[ALERT] {experiment}: {headline(due[0])}{more}"
-    advice = "\n".join(f"- {a.advice or ADVICE.get(a.condition, 'Look at the status lines above.')}" for a in due)
+    advice = "\n".join(f"- {_sentence(a.advice or ADVICE.get(a.condition, 'Look at the status lines above.'))}"
+                       for a in due)
     body = "\n".join([
         f"Experiment: {experiment}",
         f"Slurm job name: {report.job_name}",

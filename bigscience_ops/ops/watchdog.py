@@ -61,7 +61,8 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
     if cron_dir is not None:
         report = _with_chain_alerts(report, Path(cron_dir), contact, timeout)
     if health_settings is not None and health_settings.enabled and log_path is not None:
-        report = _with_health_alerts(report, Path(log_path), health_settings, contact)
+        checkpoints = Path(run.experiment.paths.checkpoints) if run is not None and run.experiment else None
+        report = _with_health_alerts(report, Path(log_path), health_settings, contact, experiment, checkpoints)
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
     notices: list[Notice] = []
     errors, extra = [], []
@@ -103,8 +104,10 @@ def _with_chain_alerts(report: StatusReport, cron_dir: Path, contact: str, timeo
                                alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
 
 
-def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthConfig, contact: str) -> StatusReport:
-    """The report plus an alert per training-health finding among the log's recent iteration lines."""
+def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthConfig, contact: str,
+                        experiment: str | None, checkpoints: Path | None) -> StatusReport:
+    """The report plus an alert per training-health finding among the log's recent iteration lines, each
+    with the exact commands to look at the iteration's samples and to roll back (health.advise)."""
     if not log_path.is_file():
         return report
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
@@ -112,13 +115,15 @@ def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthCo
         lines, _ = runlog.tail(log_path, (settings.window + settings.recent) * 4)
     except (OSError, BsopsError) as exc:
         alert = Alert("health-unreadable", f"***ALERT: the training health of {log_path} cannot be read ({exc})! "
-                                           f"Alert someone at {contact}***")
+                                           f"Alert someone at {contact}***", "check the log file: training health "
+                                                                             "unreadable")
         return dataclasses.replace(report, lines=(*report.lines, f"{stamp} {alert.message}"),
                                    alerts=(*report.alerts, alert), exit_code=max(report.exit_code, status.EXIT_ALERT))
-    findings = health.check(health.entries(lines), settings, recent=settings.recent)
+    findings = [health.advise(f, experiment, checkpoints)
+                for f in health.check(health.entries(lines), settings, recent=settings.recent)]
     if not findings:
         return report
-    alerts = [Alert(f"health-{f.kind}", f"***ALERT: training health: {f}! Alert someone at {contact}***")
-              for f in findings]
+    alerts = [Alert(f"health-{f.kind}", f"***ALERT: training health: {f}! Alert someone at {contact}***", f.headline,
+                    f.next_step) for f in findings]
     return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
                                alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
