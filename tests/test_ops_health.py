@@ -29,8 +29,8 @@ def _tflops(s: IterationStats, gpus: int = GPUS) -> float:
     return s.samples_per_second * (s.curriculum_seqlen or 128) * FLOPS_PER_TOKEN / gpus / 1e12
 
 
-def _log(n: int = 300, *, seed: int = 0, tweak: Tweak | None = None, fp16: bool = False,
-         rampup: bool = True, curriculum: bool = True, resume_at: int | None = 150, resume_gpus: int = GPUS) -> list[str]:
+def _log(n: int = 300, *, seed: int = 0, tweak: Tweak | None = None, fp16: bool = False, rampup: bool = True,
+         curriculum: bool = True, resume_at: int | None = 150, resume_gpus: int = GPUS) -> list[str]:
     """A normal run's log: LR warmup's fast fall, then noise; rampup; curriculum steps; saves every 50
     lines (slow); evaluations every 100; fp16's initial loss-scale search and an isolated overflow; a
     resume that logs again from its checkpoint on other nodes (another speed; `resume_gpus` of them)."""

@@ -154,7 +154,10 @@ class _Speeds:
         groups = self.groups.setdefault((s.global_batch_size, s.curriculum_seqlen), [])
         gpus = _gpus(s)
         for first, speeds in groups:
-            if (first is None) == (gpus is None) and (gpus is None or abs(first - gpus) <= SAME_GPUS * max(first, gpus)):
+            if first is None or gpus is None:
+                if first is gpus:
+                    return speeds
+            elif abs(first - gpus) <= SAME_GPUS * max(first, gpus):
                 return speeds
         groups.append((gpus, deque(maxlen=self.window)))
         return groups[-1][1]
