@@ -103,6 +103,19 @@ def test_every_subject_leads_with_what_to_do_in_under_120_characters() -> None:
     assert alerts[1].headline == "cancel the newer job (scancel 720001): 2 trainings at once"
 
 
+def test_a_state_file_from_before_channels_keeps_its_cooldown_and_finish(plain_server, tmp_path: Path) -> None:
+    inbox, port = plain_server
+    state = tmp_path / "alerts.json"
+    state.write_text(json.dumps({"version": 1, "finished": {"job-b": 120}, "jobs": {}, "active": {
+        "tr1-13B-round3::not-scheduled": {"since": T0.isoformat(), "last_sent": T0.isoformat(), "message": "x"}}}))
+    settings = plain_settings(port)
+    assert notify.notify(missing_report(T0 + timedelta(minutes=30)), settings, state, cooldown_minutes=60,
+                         now=T0 + timedelta(minutes=30)) == []
+    done = status.StatusReport("job-b", T0, ("finished",), finished_at=120)
+    assert notify.notify(done, settings, state, now=T0) == [] and inbox.messages == []  # announced already
+    assert json.loads(state.read_text())["active"]["tr1-13B-round3::not-scheduled"]["sent"]["email"] == T0.isoformat()
+
+
 def test_conditions_of_other_jobs_are_left_alone(plain_server, tmp_path: Path) -> None:
     inbox, port = plain_server
     settings, state = plain_settings(port), tmp_path / "alerts.json"

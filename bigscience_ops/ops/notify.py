@@ -238,7 +238,6 @@ def _send_email(settings: SmtpSettings, message: EmailMessage, env: Mapping[str,
         raise NotifyError(f"could not send email {message['Subject']!r} via {where}: {detail}") from None
 
 
-
 # --- alerts with cooldown and recovery, per channel --------------------------------------------------
 
 @dataclass(frozen=True)
@@ -259,7 +258,7 @@ class Notice:
 @dataclass
 class _State:
     active: dict[str, dict] = field(default_factory=dict)  # watchdog condition ("job::condition") -> entry
-    finished: dict[str, dict] = field(default_factory=dict)  # job name -> channel -> the final iteration announced
+    finished: dict[str, dict | int] = field(default_factory=dict)  # job name -> channel -> final iteration announced
     jobs: dict[str, dict] = field(default_factory=dict)  # failing hourly job ("hub-sync", "backup") -> entry
     # An entry: since (first seen), message (the latest text), sent (channel -> when last sent), failed
     # (channel -> why its last try failed, while it does). A file from before channels holds one last_sent

@@ -36,8 +36,7 @@ ITERATION_LINE = re.compile(r"\biteration\s+\d+\s*/\s*\d+")
 STAMPED_LINE = re.compile(r"^.{0,40}?\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
 STAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
 DEFAULT_CONTACT = "the on-call person"
-"""Whom the ALERT lines say to alert when the caller names nobody (the CLI passes the experiment's alert
-addresses where it has them)."""
+"""Whom the ALERT lines say to alert when the caller names nobody: a role, never one site's team."""
 
 
 @dataclass(frozen=True)

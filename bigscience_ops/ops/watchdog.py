@@ -61,8 +61,10 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
     if cron_dir is not None:
         report = _with_chain_alerts(report, Path(cron_dir), contact, timeout)
     if health_settings is not None and health_settings.enabled and log_path is not None:
-        checkpoints = Path(run.experiment.paths.checkpoints) if run is not None and run.experiment else None
-        report = _with_health_alerts(report, Path(log_path), health_settings, contact, experiment, checkpoints)
+        known = run.experiment if run is not None else None
+        checkpoints = Path(known.paths.checkpoints) if known is not None else None
+        name = experiment or (known.name if known is not None else None)
+        report = _with_health_alerts(report, Path(log_path), health_settings, contact, name, checkpoints)
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
     notices: list[Notice] = []
     errors, extra = [], []
