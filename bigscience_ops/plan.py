@@ -51,6 +51,34 @@ def plan_phases(run: RunSchedule, gpus: list[int], model_parallel: int, size: Ru
             for span, world, days, rounded in zip(run.spans, gpus, size.days, size.days_seed_rounded)]
 
 
+# ----------------------------------------------------------------------------- skipped iterations
+
+@dataclass(frozen=True)
+class SkipPlan:
+    """A range of train.skip_iterations (a rollback's skip included): the trainer consumes its data and makes
+    no update, as Megatron's --skip-train-iteration-range does."""
+
+    first: int
+    last: int  # inclusive, as written
+    samples: int  # consumed without training (the iterations up to the last one of the run)
+    tokens: int
+
+    @property
+    def iterations(self) -> int:
+        return self.last - self.first + 1
+
+
+def plan_skips(run: RunSchedule) -> list[SkipPlan]:
+    """Each skip range with the samples and tokens its iterations consume without training."""
+    out = []
+    for first, last in run.skip_ranges:
+        end = min(last, run.train_iters)
+        start = min(first - 1, end)
+        out.append(SkipPlan(first, last, run.batch.consumed_after(end) - run.batch.consumed_after(start),
+                            run.tokens_through(end, run.seq_length) - run.tokens_through(start, run.seq_length)))
+    return out
+
+
 # ----------------------------------------------------------------------------- the plan
 
 @dataclass(frozen=True)
@@ -94,6 +122,7 @@ class Plan:
     dataset_sizes: tuple[int, int, int]
     exit_duration_in_mins: int
     exit_margin_mins: int
+    skips: list[SkipPlan] = field(default_factory=list)  # train.skip_iterations, a rollback's skips included
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -182,6 +211,10 @@ def _check(exp: Experiment, run: RunSchedule, size: RunSize, phases: list[PhaseP
     if exp.checkpoint.save_interval is None and not exp.checkpoint.save_schedule:
         problems.append(Problem("checkpoint.save_interval", None,
                                 "no checkpoints will be saved before exit; set save_interval", "warning"))
+    beyond = [f"{a}-{b}" for a, b in run.skip_ranges if b > run.train_iters]
+    if beyond:
+        problems.append(Problem("train.skip_iterations", beyond, f"goes past the last iteration {run.train_iters}: "
+                                                                 "those iterations never run", "warning"))
     limit = parse_time_limit(exp.slurm.time)
     if exp.checkpoint.exit_duration_in_mins >= limit:
         problems.append(Problem("checkpoint.exit_duration_in_mins", exp.checkpoint.exit_duration_in_mins,
@@ -283,6 +316,7 @@ def make_plan(exp: Experiment, run: RunSchedule | None = None) -> Plan:
         dataset_sizes=(exp.train.samples or iters * gbs, valid, ev.eval_iters * gbs),
         exit_duration_in_mins=exp.checkpoint.exit_duration_in_mins,
         exit_margin_mins=exp.checkpoint.exit_margin_mins,
+        skips=plan_skips(run),
         problems=schedule_problems + _check(exp, run, size, phases) + memory_problems,
         notes=notes,
     )

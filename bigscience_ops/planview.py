@@ -48,6 +48,11 @@ def plan_data(plan: Plan) -> dict[str, Any]:
     data["dp"] = _whole(plan.dp)
     for phase in data["phases"]:
         phase["dp"] = _whole(phase["dp"])
+    if plan.skips:
+        for skip, shown in zip(plan.skips, data["skips"]):
+            shown["iterations"] = skip.iterations
+    else:
+        del data["skips"]  # a run without skips keeps the plan it always had
     return data
 
 
@@ -135,6 +140,14 @@ def plan_text(plan: Plan, exp: Experiment) -> str:
             f"{c.min_difficulty} growing to {exp.model.seq_length} tokens; {_b(plan.tokens)} tokens trained of "
             f"{_b(plan.full_length_tokens)} at full length ({plan.tokens / plan.full_length_tokens:.1%}); "
             f"time and token-based LR settings count the tokens trained")
+    if plan.skips:
+        add("  skipped iterations (train.skip_iterations, a rollback's included): data consumed, no update made")
+        for sk in plan.skips:
+            add(f"    {sk.first}-{sk.last}: {sk.iterations:,} iterations, {sk.samples:,} samples, {sk.tokens:,} tokens "
+                f"({_b(sk.tokens)}) consumed without training")
+        if len(plan.skips) > 1:
+            add(f"    in all: {sum(sk.iterations for sk in plan.skips):,} iterations, "
+                f"{sum(sk.samples for sk in plan.skips):,} samples, {sum(sk.tokens for sk in plan.skips):,} tokens")
     add(f"  LR {exp.optimizer.lr:g} -> {exp.optimizer.min_lr:g} ({exp.lr_schedule.style}); "
         f"warmup {plan.warmup_samples:,} samples = {plan.warmup_steps:,} steps; "
         f"decay until {plan.decay_samples:,} samples = step {plan.decay_steps:,}")

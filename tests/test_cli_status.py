@@ -35,8 +35,11 @@ def status(folder: Path) -> tuple[int, str]:
 
 def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_cluster, plain_server,
                                                            tmp_path: Path) -> None:
+    from bigscience_ops import ledger
+
     inbox, _ = plain_server
     exp = load_experiment("watched", watched)
+    ledger.mark_launch(Path(exp.paths.output), "4242")  # launched and gone (a run never launched is no alert)
     code, out = status(watched)
     assert code == 1 and f"***ALERT: {exp.slurm.job_name} is not RUNNING or SCHEDULED: it stopped at iteration 0" in out
     assert len(inbox.messages) == 1 and "watched" in inbox.messages[0].get_content()

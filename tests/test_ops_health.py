@@ -7,9 +7,12 @@ trainer runs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Callable
+
+from pathlib import Path
 
 import pytest
 
@@ -18,22 +21,28 @@ from bigscience_ops.ops import health
 from bigscience_ops.schema import HealthConfig
 
 Tweak = Callable[[int, IterationStats], None]
+FLOPS_PER_TOKEN, GPUS = 2e9, 8
 
 
-def _log(n: int = 300, *, seed: int = 0, tweak: Tweak | None = None, fp16: bool = False,
-         rampup: bool = True, curriculum: bool = True, resume_at: int | None = 150) -> list[str]:
+def _tflops(s: IterationStats, gpus: int = GPUS) -> float:
+    """TFLOPs per GPU as the trainer logs them: from the line's own throughput (trainer/metrics.py)."""
+    return s.samples_per_second * (s.curriculum_seqlen or 128) * FLOPS_PER_TOKEN / gpus / 1e12
+
+
+def _log(n: int = 300, *, seed: int = 0, tweak: Tweak | None = None, fp16: bool = False, rampup: bool = True,
+         curriculum: bool = True, resume_at: int | None = 150, resume_gpus: int = GPUS) -> list[str]:
     """A normal run's log: LR warmup's fast fall, then noise; rampup; curriculum steps; saves every 50
     lines (slow); evaluations every 100; fp16's initial loss-scale search and an isolated overflow; a
-    resume that logs again from its checkpoint on other nodes (another speed)."""
+    resume that logs again from its checkpoint on other nodes (another speed; `resume_gpus` of them)."""
     rng = random.Random(seed)
     lines = ["task 1_1 begins at iteration 0"]
     scale = 2.0**32 if fp16 else 1.0
-    it = 0
+    it, gpus = 0, GPUS
     while it < n:
         it += 1
         if resume_at and it == resume_at + 1 and "task 1_2" not in "".join(lines):
             lines += ["task 1_2 begins at iteration 140", "> resumed from /ckpt/global_step140"]
-            it = 141
+            it, gpus = 141, resume_gpus
         gbs = (16 if it < 40 else 32 if it < 80 else 64) if rampup else 64
         seqlen = (64 if it < 60 else 128) if curriculum else None
         loss = 3.0 + 7.0 * math.exp(-it / 15) + rng.gauss(0, 0.05) + (0.3 if seqlen == 128 else 0)
@@ -42,7 +51,7 @@ def _log(n: int = 300, *, seed: int = 0, tweak: Tweak | None = None, fp16: bool 
             scale, skipped = scale / 256, 8
         elif fp16 and it == 200:  # an isolated overflow
             scale, skipped = scale / 2, 1
-        speed = gbs * (12.0 if it > 140 else 10.0) * rng.uniform(0.9, 1.1)
+        speed = gbs * (12.0 if it > 140 else 10.0) * rng.uniform(0.9, 1.1) * gpus / GPUS
         if it % 50 == 0:
             lines.append(f"  successfully saved checkpoint at iteration {it} to /ckpt (3000.0 ms)")
             speed *= 0.2
@@ -53,6 +62,7 @@ def _log(n: int = 300, *, seed: int = 0, tweak: Tweak | None = None, fp16: bool 
                                curriculum_seqlen=seqlen)
         if tweak:
             tweak(it, stats)
+        stats.tflops = _tflops(stats, gpus)
         lines.append(iteration_line(stats))
     return lines
 
@@ -117,6 +127,73 @@ def test_throughput_well_below_the_median_for_several_lines(lines, expected):
     assert [f.kind for f in _found(_log(tweak=tweak))] == expected
 
 
+def _resumed(change: Tweak) -> Tweak:
+    """`change` applied to the lines the resumed task logs (from iteration 141 again), not the first task's."""
+    seen: set[int] = set()
+
+    def tweak(it, s):
+        if it in seen or it > 150:
+            change(it, s)
+        seen.add(it)
+    return tweak
+
+
+def test_a_task_that_lands_on_a_bad_node_is_slow_against_the_tasks_before_it():
+    """Slow from its first line: its own lines were never a fair median (the old window compared a task
+    with itself); the run's earlier lines of the same batch size on as many GPUs are."""
+    def slow(it, s):
+        s.samples_per_second *= 0.3
+    found = health.check(health.entries(_log(tweak=_resumed(slow))), every=True)
+    assert {f.kind for f in found} == {"slow"}
+    first = 141 + health.TASK_WARMUP_LINES + HealthConfig().slow_lines - 1  # start-up lines are not judged
+    assert found[0].iteration == first and "of the run's median" in found[0].message
+
+
+def test_a_node_phase_on_fewer_gpus_is_not_slow():
+    """Half the GPUs, half the samples/s at the same batch size: as many TFLOPs per GPU, another configuration."""
+    assert _found(_log(resume_gpus=4)) == []
+    assert _found(_log(resume_gpus=16, seed=3)) == []
+
+
+@pytest.mark.parametrize("kind, change", [
+    ("loss-spike", lambda s: setattr(s, "lm_loss", s.lm_loss * 2.5)),
+    ("grad-norm", lambda s: setattr(s, "grad_norm", 19767.052)),
+])
+def test_a_resume_keeps_the_window_so_its_first_lines_are_checked(kind, change):
+    """The resumed task trains on from its checkpoint at the same batch size: the lines before it are
+    its history, so a spike in its third line is found (the window used to restart, blind for min_window lines)."""
+    found = _found(_log(tweak=_resumed(lambda it, s: change(s) if it == 143 else None)))
+    assert [(f.kind, f.iteration) for f in found] == [(kind, 143)]
+    # Lines the first task logged after the checkpoint the second resumed from are not history.
+    log = health.entries(_log())
+    resumed = next(i for i, e in enumerate(log) if e.task_start and e.stats.iteration == 141)
+    carried = health._carried([e.stats for e in log[:resumed]], log[resumed], 50)
+    assert carried[-1].iteration == 140 and len(carried) == 50
+
+
+def test_the_next_step_names_the_experiment_checkpoint_and_skip_range(tmp_path):
+    import json
+
+    for step in (100, 200, 240):
+        (tmp_path / f"global_step{step}").mkdir()
+        (tmp_path / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+    (tmp_path / "latest").write_text("global_step240")
+    spike = health.Finding("loss-spike", 240, "lm loss 9", "generic", "read the samples: loss spike at iteration 240")
+    exact = health.advise(spike, "tr1 13B", tmp_path)
+    # The checkpoint saved at 240 already holds that iteration's update: the target is the one before.
+    assert "`bsops samples 'tr1 13B' --iteration 240`" in exact.next_step
+    assert "`bsops rollback 'tr1 13B' --to 200 --skip 201-240`" in exact.next_step
+    assert exact.headline == "read iteration 240's samples, roll back to 200, skip 201-240 if it stays: loss spike"
+    nan = health.advise(dataclasses.replace(spike, kind="nan", iteration=150, headline="roll back: NaN loss at "
+                                            "iteration 150"), "tr1-13B", tmp_path)
+    assert nan.headline == "roll back to 100, skip 101-150: NaN loss at iteration 150"
+    assert "`bsops rollback tr1-13B --to 100 --skip 101-150`" in nan.next_step
+    early = health.advise(dataclasses.replace(nan, iteration=90), "tr1-13B", tmp_path)
+    assert "no complete checkpoint before iteration 90" in early.next_step and "--to" not in early.next_step
+    slow = health.Finding("slow", 240, "slow", "exclude it", "find and exclude the slow node: 30% at iteration 240")
+    assert health.advise(slow, "tr1-13B", tmp_path) == slow
+
+
 def test_only_the_recent_lines_are_reported():
     def tweak(it, s):
         if it == 240:
@@ -171,6 +248,42 @@ def test_the_watchdog_alerts_a_spike_once_and_mails_the_recovery(tmp_path, plain
     recovered = watch(now + timedelta(minutes=70))
     assert recovered.exit_code == status.EXIT_HEALTHY and len(inbox.messages) == 2
     assert "recover" in inbox.messages[1]["Subject"].lower()
+
+
+def test_the_alert_for_an_experiments_spike_says_the_exact_commands(tmp_path, trainings, plain_server):
+    import json
+    from datetime import datetime, timedelta
+
+    from bigscience_ops.config import load_experiment
+    from bigscience_ops.ops import lifecycle, watchdog
+    from tests.fixtures_experiments import tiny_yaml
+    from tests.fixtures_smtp import plain_settings
+    from tests.fixtures_status import seed_job
+
+    inbox, port = plain_server
+    (trainings / "spiky.yaml").write_text(tiny_yaml(tmp_path / "run"))
+    exp = load_experiment("spiky", trainings)
+    checkpoints, log = Path(exp.paths.checkpoints), Path(exp.paths.logs) / "main_log.txt"
+    for step in (200, 250):
+        (checkpoints / f"global_step{step}").mkdir(parents=True)
+        (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+    (checkpoints / "latest").write_text("global_step250")
+    log.parent.mkdir(parents=True)
+    log.write_text("\n".join(_log(tweak=lambda it, s: setattr(s, "lm_loss", s.lm_loss * 2.5) if it == 280 else None))
+                   + "\n")
+    now = datetime(2026, 11, 22, 12, 0, 0)
+    running = seed_job(name=exp.slurm.job_name, start_time=now - timedelta(hours=2), elapsed_s=7200)
+    result = watchdog.watch(exp.slurm.job_name, query=lambda **_: [running], log_path=log, smtp=plain_settings(port),
+                            now=now, experiment=exp.name, run=lifecycle.run_state(exp),
+                            health_settings=HealthConfig(recent=30))
+    [alert] = result.report.alerts
+    [mail] = inbox.messages
+    assert mail["Subject"] == ("[ALERT] spiky: read iteration 280's samples, roll back to 250, skip 251-280 if it "
+                               "stays: loss spike")
+    todo = mail.get_content().replace("\r\n", "\n").split("What to do:\n", 1)[1]
+    assert "`bsops samples spiky --iteration 280`" in todo and "`bsops rollback spiky --to 250 --skip 251-280`" in todo
+    assert "EXP" not in todo and "STEP" not in todo and "A-B" not in todo
+    assert "bsops rollback spiky --to 250" in alert.message  # `bsops status` prints it too
 
 
 def test_the_watchdog_skips_health_when_switched_off(tmp_path):

@@ -71,6 +71,44 @@ def test_sync_pushes_lfs_objects_and_commits_only_changes(git_lfs, tmp_path: Pat
     assert lfs_object(bare=logs, oid=oid).read_text().count("iteration") == 2
 
 
+def test_the_chronicle_goes_to_the_logs_repo_and_changes_only_with_the_run(git_lfs, tmp_path: Path) -> None:
+    import time
+
+    from bigscience_ops import ledger
+    from tests.fixtures_git import remote_holding, tree_snapshot
+
+    run, remotes = tmp_path / "run", tmp_path / "remotes"
+    logs = bare_remote(remotes, "bs/tiny-logs")
+    _write_run(run)
+    exp = hub_experiment(run, remotes)
+    first = hubsync.sync(exp, what=["logs"])[0]
+    assert first.chronicle == "updated" and "CHRONICLE.md updated" in first.describe()
+    assert "CHRONICLE.md" not in first.copied and first.push_attempts == 1
+    text = blob_at(logs, "CHRONICLE.md").decode()
+    assert text.startswith("# tiny: run chronicle") and "written by `bsops hub-sync` from" in text
+    assert "Nothing recorded yet" in text and lfs_oid(blob_at(logs, "CHRONICLE.md")) is None  # a plain blob
+    again = hubsync.sync(exp, what=["logs"])[0]
+    assert (again.chronicle, again.commit, again.push_attempts) == (None, None, 0)  # unstamped: unchanged
+
+    ledger.append(run / ledger.LEDGER_NAME, ledger.TaskRecord("launch", "4242", "", 0, time.time()))
+    launched = hubsync.sync(exp, what=["logs"])[0]
+    assert launched.copied == [] and launched.chronicle == "updated" and launched.commit
+    assert "launched: job array 4242 submitted" in blob_at(logs, "CHRONICLE.md").decode()
+
+    # A remote holding CHRONICLE.md as a link: nothing is written through it, and the logs still go out.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.md").write_text("theirs\n")
+    before = tree_snapshot(outside)
+    remote_holding(tmp_path / "hostile", "bs/tiny-logs", {"README.md": "x\n"},
+                   links={"CHRONICLE.md": str(outside / "victim.md")})
+    hostile = hub_experiment(tmp_path / "run2", tmp_path / "hostile")
+    _write_run(tmp_path / "run2")
+    refused = hubsync.sync(hostile, what=["logs"])[0]
+    assert refused.chronicle == "not written: it is a link in the clone" and refused.commit
+    assert tree_snapshot(outside) == before
+
+
 def test_push_retries_and_an_unpushed_commit_goes_next_time(git_lfs, tmp_path: Path) -> None:
     run, remotes = tmp_path / "run", tmp_path / "remotes"
     bare = bare_remote(remotes, "bs/tiny-logs")
@@ -389,7 +427,7 @@ def test_a_failure_never_emailed_clears_silently(git_lfs, trainings: Path, tmp_p
     failed = _sync_at(trainings, clock, 0)
     assert failed.exit_code == 2 and "***ALERT: the hub-sync alert email could not be sent" in failed.stderr
     state = tmp_path / "run" / "logs" / ".bsops-alerts.json"
-    assert json.loads(state.read_text())["jobs"]["hub-sync"]["last_sent"] is None  # kept, so the next run retries
+    assert json.loads(state.read_text())["jobs"]["hub-sync"]["sent"] == {}  # kept, so the next run retries
 
     _alerting_experiment(trainings, tmp_path, port)  # the server is back, and so is the remote
     _refusing(bare, False)

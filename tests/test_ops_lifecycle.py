@@ -74,6 +74,27 @@ def test_a_training_that_stopped_early_says_how(exp) -> None:
     assert "DUE TO TIME LIMIT" in alert.message and "100_3" in alert.message
 
 
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_run_not_launched_yet_is_an_info_line_not_an_alert(exp, warm: bool) -> None:
+    checkpoints = Path(exp.paths.checkpoints)
+    if warm:  # what `bsops warm-start` leaves: a weights-only global_step0 and `latest` naming it
+        (checkpoints / "global_step0").mkdir(parents=True)
+        (checkpoints / "global_step0" / "bsops.json").write_text('{"iteration": 0, "weights_only": true}')
+        (checkpoints / "latest").write_text("global_step0")
+    run = lifecycle.run_state(exp)
+    assert (run.launched, run.warm_start, run.iteration) == (False, warm, 0)
+    report = status.evaluate(exp.slurm.job_name, [], now=NOW, run=run)
+    assert report.alerts == () and report.exit_code == status.EXIT_HEALTHY
+    [line] = report.lines
+    start = "from its warm start (global_step0)" if warm else "from scratch"
+    assert line.endswith(f"{exp.slurm.job_name} has not been launched yet: it starts {start} with `bsops launch`")
+
+    ledger.mark_launch(Path(exp.paths.output), "4242")  # launched, and nothing of it queued: gone
+    [alert] = status.evaluate(exp.slurm.job_name, [], now=NOW, run=lifecycle.run_state(exp)).alerts
+    assert alert.condition == "not-scheduled" and "no array task has run yet" in alert.message
+    assert alert.headline == "launch it again (bsops launch life): stopped at iteration 0, nothing queued"
+
+
 def test_a_hang_is_measured_from_the_last_iteration_line(tmp_path: Path) -> None:
     log = tmp_path / "logs" / "main_log.txt"
     log.parent.mkdir()

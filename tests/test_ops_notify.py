@@ -45,8 +45,8 @@ def test_notify_cooldown_and_recovery(plain_server, tmp_path: Path) -> None:
     assert [(n.kind, n.conditions) for n in first] == [("alert", ("not-scheduled",))]
     msg = inbox.messages[0]
     body = msg.get_content()
-    assert msg["Subject"] == "[ALERT] tr1-13B: not running or scheduled"  # the job name and details: the body
-    assert "***ALERT: tr1-13B-round3 is not RUNNING or SCHEDULED! Alert someone at Eng WG***" in body
+    assert msg["Subject"] == "[ALERT] tr1-13B: launch it again: nothing running or queued"  # details: the body
+    assert "***ALERT: tr1-13B-round3 is not RUNNING or SCHEDULED! Alert someone at the on-call person***" in body
     assert "Experiment: tr1-13B" in body and "bsops launch tr1-13B" in body and "main_log.txt" in body
     assert msg["Message-ID"] == first[0].message_id
 
@@ -67,6 +67,53 @@ def test_notify_cooldown_and_recovery(plain_server, tmp_path: Path) -> None:
     assert last["Subject"].startswith("[RECOVERED] tr1-13B:") and "is running" in last.get_content()
     assert json.loads(state.read_text())["active"] == {}
     assert run(T0 + timedelta(minutes=90), running) == [] and len(inbox.messages) == 4
+
+
+def test_a_held_array_leads_with_its_release_not_a_second_launch(plain_server, tmp_path: Path) -> None:
+    from tests.fixtures_status import seed_job
+
+    inbox, port = plain_server
+    held = seed_job(job_id="720000_[1-5%1]", array_job_id="720000", array_task="1-5%1", state="PENDING",
+                    reason="JobHeldAdmin", nodes="", elapsed_s=0, start_time=None)
+    report = status.evaluate("tr1-13B-round3", [held], now=T0)
+    notify.notify(report, plain_settings(port), tmp_path / "alerts.json", experiment="tr1-13B", now=T0)
+    [msg] = inbox.messages
+    assert msg["Subject"] == "[ALERT] tr1-13B: release held array 720000 (scontrol release 720000)"
+    todo = msg.get_content().replace("\r\n", "\n").split("What to do:\n", 1)[1].split("\n")
+    assert todo[0].startswith("- Array 720000 is held by an administrator (JobHeldAdmin): release it (`scontrol "
+                              "release 720000`); do not launch again")
+    assert "launch the training again" not in msg.get_content()
+
+
+def test_every_subject_leads_with_what_to_do_in_under_120_characters() -> None:
+    from tests.fixtures_status import seed_job
+
+    name = "tr1-13B-round3-a-long-experiment-name"
+    reports = [status.evaluate(name, [], now=T0),
+               status.evaluate(name, [seed_job(name=name), seed_job(name=name, job_id="720001")], now=T0),
+               status.evaluate(name, [seed_job(name=name, state="PENDING", reason="PartitionDown")], now=T0)]
+    alerts = [a for r in reports for a in r.alerts]
+    assert [a.condition for a in alerts] == ["not-scheduled", "overlap", "never-starts"]
+    for alert in alerts:
+        subject = notify.header_text(notify.alert_text.alert_email(name, reports[0], [alert], 60, None)[0],
+                                     notify.SUBJECT_MAX)
+        words = subject.split(": ", 1)[1]
+        assert words.split()[0] in ("launch", "cancel", "release", "read", "check"), subject
+        assert not words.endswith("..."), subject  # nothing of what to do was cut
+    assert alerts[1].headline == "cancel the newer job (scancel 720001): 2 trainings at once"
+
+
+def test_a_state_file_from_before_channels_keeps_its_cooldown_and_finish(plain_server, tmp_path: Path) -> None:
+    inbox, port = plain_server
+    state = tmp_path / "alerts.json"
+    state.write_text(json.dumps({"version": 1, "finished": {"job-b": 120}, "jobs": {}, "active": {
+        "tr1-13B-round3::not-scheduled": {"since": T0.isoformat(), "last_sent": T0.isoformat(), "message": "x"}}}))
+    settings = plain_settings(port)
+    assert notify.notify(missing_report(T0 + timedelta(minutes=30)), settings, state, cooldown_minutes=60,
+                         now=T0 + timedelta(minutes=30)) == []
+    done = status.StatusReport("job-b", T0, ("finished",), finished_at=120)
+    assert notify.notify(done, settings, state, now=T0) == [] and inbox.messages == []  # announced already
+    assert json.loads(state.read_text())["active"]["tr1-13B-round3::not-scheduled"]["sent"]["email"] == T0.isoformat()
 
 
 def test_conditions_of_other_jobs_are_left_alone(plain_server, tmp_path: Path) -> None:
@@ -123,9 +170,10 @@ def test_untrusted_certificate_is_refused(starttls_server) -> None:
 def test_failed_send_is_retried_on_the_next_run(tmp_path: Path) -> None:
     port = free_port()  # nothing listens here
     state = tmp_path / "alerts.json"
-    with pytest.raises(NotifyError, match=f"127.0.0.1:{port}"):
-        notify.notify(missing_report(T0), plain_settings(port), state, now=T0)
-    assert json.loads(state.read_text())["active"]["tr1-13B-round3::not-scheduled"]["last_sent"] is None
+    [failed] = notify.notify(missing_report(T0), plain_settings(port), state, now=T0)
+    assert failed.kind == "alert" and failed.channels == ("email",) and f"127.0.0.1:{port}" in failed.error
+    entry = json.loads(state.read_text())["active"]["tr1-13B-round3::not-scheduled"]
+    assert entry["sent"] == {} and f"127.0.0.1:{port}" in entry["failed"]["email"]
     inbox = Inbox()
     controller = Controller(inbox, hostname="127.0.0.1", port=port)
     controller.start()
@@ -133,7 +181,8 @@ def test_failed_send_is_retried_on_the_next_run(tmp_path: Path) -> None:
         sent = notify.notify(missing_report(T0), plain_settings(port), state, now=T0 + timedelta(minutes=1))
     finally:
         controller.stop()
-    assert [n.kind for n in sent] == ["alert"] and len(inbox.messages) == 1
+    assert [(n.kind, n.error) for n in sent] == [("alert", None)] and len(inbox.messages) == 1
+    assert "failed" not in json.loads(state.read_text())["active"]["tr1-13B-round3::not-scheduled"]
 
 
 @pytest.mark.parametrize(("changes", "field_name"), [
@@ -233,7 +282,7 @@ def test_job_failure_never_emailed_clears_silently_and_a_failed_send_is_retried(
     settings, state = plain_settings(port), tmp_path / "alerts.json"
     with pytest.raises(NotifyError, match=f"127.0.0.1:{port}"):
         job(settings, state, "backup store is full", T0)
-    assert json.loads(state.read_text())["jobs"]["hub-sync"]["last_sent"] is None
+    assert json.loads(state.read_text())["jobs"]["hub-sync"]["sent"] == {}
     with pytest.raises(NotifyError):
         job(settings, state, "backup store is full", T0 + timedelta(minutes=5))  # not held back: never sent
     inbox = Inbox()

@@ -89,9 +89,66 @@ def test_a_failing_webhook_keeps_the_alert_due_for_the_next_run(webhook_server, 
     state = tmp_path / "state.json"
     with pytest.raises(notify.NotifyError, match="answered HTTP 500") as err:
         notify.notify_job(settings, state, "hub-sync", "remote refused", experiment="tiny", command="c", now=NOW)
-    assert "SECRETPART" not in str(err.value)
+    assert "SECRETPART" not in str(err.value) and f"${VAR}" in str(err.value)
+    entry = json.loads(state.read_text())["jobs"]["hub-sync"]
+    assert entry["sent"] == {} and "HTTP 500" in entry["failed"]["webhook"] and "SECRETPART" not in state.read_text()
     webhook_server.status = 200
     outcome = notify.notify_job(settings, state, "hub-sync", "remote refused", experiment="tiny", command="c",
                                 now=NOW + timedelta(minutes=1))
     assert outcome.kind == "alert" and len(webhook_server.posts) == 2
-    assert json.loads(state.read_text())["jobs"]["hub-sync"]["last_sent"]
+    sent = json.loads(state.read_text())["jobs"]["hub-sync"]["sent"]
+    assert sent == {"webhook": (NOW + timedelta(minutes=1)).isoformat()}
+
+
+def test_a_failing_webhook_never_repeats_the_email_and_a_failing_email_never_blocks_the_webhook(
+        plain_server, webhook_server, cert, tmp_path: Path, monkeypatch) -> None:
+    """Each channel keeps its own last-sent time: the webhook answering 500 for three hourly runs inside a
+    240-minute cooldown costs one email, not three, and is tried again each run until it takes the alert."""
+    inbox, port = plain_server
+    monkeypatch.setenv(VAR, webhook_server.url)
+    webhook_server.status = 500
+    log = tmp_path / "logs" / "main_log.txt"
+    log.parent.mkdir()
+    settings = _settings(port, cert)
+
+    def watch(jobs, minutes):
+        return watchdog.watch("tr1-13B-round3", query=lambda **_: jobs, log_path=log, smtp=settings,
+                              now=NOW + timedelta(minutes=minutes), cooldown_minutes=240)
+
+    runs = [watch([], m) for m in (0, 60, 120)]
+    assert len(inbox.messages) == 1 and len(webhook_server.posts) == 3
+    assert [r.exit_code for r in runs] == [status.EXIT_ERROR] * 3
+    for run in runs:
+        failed = [line for line in run.lines if "could not" in line]
+        assert len(failed) == 1 and "HTTP 500" in failed[0] and f"${VAR}" in failed[0], run.lines
+        assert "SECRETPART" not in "\n".join(run.lines)
+    assert "alert email sent to oncall@example.org" in "\n".join(runs[0].lines)
+    logged = (log.parent / "watchdog.log").read_text()
+    assert logged.count("HTTP 500") == 3 and "SECRETPART" not in logged
+    webhook_server.status = 200
+    fourth = watch([], 180)
+    assert fourth.exit_code == status.EXIT_ALERT and len(inbox.messages) == 1 and len(webhook_server.posts) == 4
+    assert watch([], 200).exit_code == status.EXIT_ALERT and len(webhook_server.posts) == 4  # its own cooldown now
+    # The training runs again: each channel that told of the alert gets its recovery, once.
+    running = seed_job(start_time=NOW, elapsed_s=60)
+    assert watch([running], 210).exit_code == status.EXIT_HEALTHY
+    assert len(inbox.messages) == 2 and len(webhook_server.posts) == 5
+    assert "RECOVERED" in inbox.messages[1]["Subject"] and "RECOVERED" in webhook_server.posts[4]["text"]
+    assert json.loads((log.parent / ".bsops-alerts.json").read_text())["active"] == {}
+    assert watch([running], 220).exit_code == status.EXIT_HEALTHY and len(inbox.messages) == 2
+
+
+def test_a_failing_email_does_not_hold_back_the_webhook(webhook_server, cert, tmp_path: Path, monkeypatch) -> None:
+    from tests.fixtures_smtp import free_port
+
+    monkeypatch.setenv(VAR, webhook_server.url)
+    settings = _settings(free_port(), cert)  # nothing listens there
+    state = tmp_path / "state.json"
+    with pytest.raises(notify.NotifyError, match="127.0.0.1") as err:
+        notify.notify_job(settings, state, "backup", "disk full", experiment="tiny", command="c", now=NOW)
+    assert "webhook" in str(err.value) and "SECRETPART" not in str(err.value)  # says what did go out
+    assert len(webhook_server.posts) == 1
+    with pytest.raises(notify.NotifyError):
+        notify.notify_job(settings, state, "backup", "disk full", experiment="tiny", command="c",
+                          now=NOW + timedelta(minutes=5))
+    assert len(webhook_server.posts) == 1  # the webhook's cooldown holds; only the email is tried again

@@ -359,3 +359,44 @@ def test_plan_counts_trained_tokens_per_phase_and_token_based_lr_through_the_cur
     text = plan_text(plan, exp)
     assert "curriculum (fixed_linear): steps 1-36,000 train samples cut to 64 growing to 2048 tokens" in text
     assert f"{plan.tokens / plan.full_length_tokens:.1%}" in text and "curriculum" not in plan_text(full, exp)
+
+
+def test_skipped_iterations_and_the_samples_they_consume_are_in_the_plan(trainings, tmp_path) -> None:
+    """train.skip_iterations and a rollback's recorded skip (load_experiment adds it), in text and JSON; the
+    samples counted step by step through tr1-13B's rampup. Without skips the plan has no skip line or key."""
+    import json
+
+    from bigscience_ops import rollbacks
+    from bigscience_ops.planview import plan_data
+
+    (trainings / "skipper.yaml").write_text(f"base: tr1-13B\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
+                                            "train: {skip_iterations: ['100-120', '30000']}\n")
+    rollbacks.append(tmp_path / "run", rollbacks.Rollback(0.0, 5000, 4000, "4001-4100", ""))
+    exp = load_experiment("skipper", trainings)
+    assert exp.train.skip_iterations == ["100-120", "30000", "4001-4100"]
+    plan = make_plan(exp)
+    batch = run_schedule(exp).batch
+    expected = [(a, b, sum(batch.batch_size_of_step(i) for i in range(a, b + 1))) for a, b in
+                [(100, 120), (4001, 4100), (30000, 30000)]]
+    assert [(s.first, s.last, s.samples) for s in plan.skips] == expected
+    assert [s.tokens for s in plan.skips] == [n * exp.model.seq_length for _, _, n in expected]
+    assert batch.batch_size_of_step(100) < batch.batch_size_of_step(30000)  # in the rampup: fewer samples a step
+    text = plan_text(plan, exp)
+    assert "skipped iterations (train.skip_iterations, a rollback's included): data consumed, no update" in text
+    assert f"    100-120: 21 iterations, {expected[0][2]:,} samples" in text and "consumed without training" in text
+    assert f"    in all: 122 iterations, {sum(n for _, _, n in expected):,} samples" in text
+    data = json.loads(json.dumps(plan_data(plan)))
+    assert [(s["first"], s["last"], s["iterations"], s["samples"]) for s in data["skips"]] == [
+        (a, b, b - a + 1, n) for a, b, n in expected]
+    plain = make_plan(load_experiment("tr1-13B"))
+    assert plain.skips == [] and "skips" not in plan_data(plain) and "skipped iterations" not in plan_text(plain, exp)
+
+
+def test_a_skip_past_the_last_iteration_is_a_warning(tr1) -> None:
+    last = run_schedule(tr1).train_iters
+    exp = dataclasses.replace(tr1, train=dataclasses.replace(tr1.train, skip_iterations=[f"{last - 1}-{last + 5}"]))
+    plan = make_plan(exp)
+    [skip] = plan.skips
+    assert skip.samples == 2 * tr1.batch.global_batch_size  # only the iterations the run has
+    [warning] = [p for p in plan.warnings if p.field == "train.skip_iterations"]
+    assert f"past the last iteration {last}" in warning.message

@@ -167,3 +167,29 @@ def test_plot_command(run_exp, trainings, tmp_path):
     result = runner.invoke(main, ["plot", "run", "--trainings-dir", str(trainings), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_marks_the_chronicles_events_on_the_loss_curve(run_exp, tmp_path):
+    """Task starts, a node-phase resize and a rollback at their iterations' tokens; an alert at the last point
+    logged before it (one before any point is not drawn). Read back from the loss panel's lines."""
+    import time
+
+    from bigscience_ops import ledger, rollbacks
+    from bigscience_ops.run_schedule import run_schedule
+
+    _write_events(Path(run_exp.paths.tensorboard), {"lm loss": [(8, 9.0), (16, 8.5), (24, 8.1)]})
+    out, now = Path(run_exp.paths.output), time.time()
+    for record in [ledger.TaskRecord("launch", "7", "", 0, now - 100),
+                   ledger.TaskRecord("begin", "7_1", "n1", 0, now - 90),
+                   ledger.TaskRecord("resize", "7", "2", 2, now - 50, next_job="9"),
+                   ledger.TaskRecord("begin", "9_1", "n[1-2]", 2, now - 40)]:
+        ledger.append(out / ledger.LEDGER_NAME, record)
+    rollbacks.append(out, rollbacks.Rollback(now - 30, 3, 1, "2-3", ""))
+    stamps = [time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) for t in (now - 7200, now + 60)]
+    _lines(Path(run_exp.paths.logs) / "watchdog.log",
+           [f"[{stamp}] alert email sent to a@example.org <{i}@x>: [ALERT] run: x" for i, stamp in enumerate(stamps)])
+    result = plot.plot(run_exp, tmp_path / "p.png")
+    at = run_schedule(run_exp).batch.consumed_after
+    assert sorted((m.kind, m.tokens) for m in result.markers) == sorted([
+        ("task", 0), ("resize", at(2) * SEQ), ("task", at(2) * SEQ), ("rollback", at(1) * SEQ), ("alert", 24 * SEQ)])
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -2,7 +2,8 @@
 
 `sync` mirrors the run's logs/, tensorboard/ and codecarbon/ folders into clones of hub.logs_repo,
 hub.tensorboard_repo and hub.codecarbon_repo (under <run>/hub/<what>/): it copies the files that
-changed, stores growing and large files with git-lfs (main_log.txt, TensorBoard event files,
+changed, writes the run's chronicle (ops/chronicle.py) as CHRONICLE.md at the top of the logs clone,
+stores growing and large files with git-lfs (main_log.txt, TensorBoard event files,
 anything over hub.lfs_size_mb), commits only when something changed and pushes with retries. One
 flock per clone makes an overlapping run wait (up to wait_s) or skip; it never touches the clone
 while another run holds it. `publish_folder` puts one folder (a converted checkpoint) under a
@@ -35,7 +36,7 @@ from pathlib import Path, PurePosixPath
 
 from bigscience_ops import hub_remote
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops import gitlfs
+from bigscience_ops.ops import chronicle, gitlfs
 from bigscience_ops.redact import scrub
 from bigscience_ops.schema import Experiment
 
@@ -64,6 +65,8 @@ class SyncResult:
     skipped: str | None = None
     refused: list[str] = field(default_factory=list)
     """Files not written because the clone holds a link at or above them (see the module's doc)."""
+    chronicle: str | None = None
+    """logs only: `updated` when CHRONICLE.md changed, or why it could not be written; None when unchanged."""
 
     def describe(self) -> str:
         if self.skipped:
@@ -72,7 +75,8 @@ class SyncResult:
         made = f"committed {self.commit[:12]}" if self.commit else "nothing new to commit"
         refused = f"; {len(self.refused)} refused (a link in the clone): {', '.join(self.refused[:5])}" \
             if self.refused else ""
-        return f"{self.what} -> {self.repo}: {len(self.copied)} file(s) copied, {made}{pushed}{refused}"
+        told = f"; {chronicle.FILE_NAME} {self.chronicle}" if self.chronicle else ""
+        return f"{self.what} -> {self.repo}: {len(self.copied)} file(s) copied{told}, {made}{pushed}{refused}"
 
 
 def remote_for(exp: Experiment, repo: str, override: str | None = None) -> tuple[str, bool]:
@@ -216,6 +220,28 @@ def copy_changed(src: Path, clone: Path, links: frozenset[str] = frozenset(), pr
     return copied, refused
 
 
+def write_chronicle(exp: Experiment, clone: Path, links: frozenset[str]) -> str | None:
+    """Write the run's chronicle as CHRONICLE.md at the top of the logs clone: `updated` when it changed,
+    None when it did not, or why it was not written (a link there, an unreadable record): one line that
+    never stops the logs' sync. Unstamped, so it changes only when the run does."""
+    name = chronicle.FILE_NAME
+    if _link_at(clone, PurePosixPath(name), links) is not None:
+        return "not written: it is a link in the clone"
+    try:
+        text = chronicle.markdown(exp, writer="`bsops hub-sync`", stamped=False)
+    except (BsopsError, OSError) as exc:
+        return f"not written: {scrub(' '.join(str(exc).split()))}"
+    target = clone / name
+    if target.is_file() and target.read_bytes() == text.encode("utf-8"):
+        return None
+    tmp = clone / f".{name}.bsops-tmp"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, target)
+    return "updated"
+
+
 def large_files(root: Path, limit_mb: float) -> list[str]:
     limit = limit_mb * 1024 * 1024
     return sorted(p.relative_to(root).as_posix() for p in _walk_files(root)
@@ -317,6 +343,8 @@ def sync_one(exp: Experiment, what: str, remote: str | None = None, wait_s: floa
         git, result.remote, links = _open_clone(exp, what, repo, remote)
         if src.is_dir():
             result.copied, result.refused = copy_changed(src, path, links)
+            if what == "logs":
+                result.chronicle = write_chronicle(exp, path, links)
         elif not _unpushed(git):
             result.skipped = f"{src} does not exist yet"
             return result

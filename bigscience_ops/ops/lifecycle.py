@@ -1,7 +1,8 @@
 """Where a run stands, read from its run folder: finished, or how its last array task ended.
 
 The watchdog asks this when no job of the training is queued: a training that reached its final
-iteration is done (healthy, announced once), and one that did not is an alert that says how its
+iteration is done (healthy, announced once), one never launched (no task ledger, and no checkpoint or
+only a warm start's global_step0) is not launched yet, and any other is an alert that says how its
 last task ended: Slurm's accounting (sacct) where the cluster keeps it, else the task ledger and
 the end of Slurm's output file for that task (slurmstepd writes "CANCELLED ... DUE TO TIME LIMIT").
 """
@@ -14,6 +15,8 @@ from functools import cached_property
 from pathlib import Path
 
 from bigscience_ops import ledger, slurm
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.errors import BsopsError
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 
@@ -29,6 +32,10 @@ class RunState:
     last_task: ledger.Attempt | None
     experiment: Experiment | None = field(default=None, compare=False, repr=False)
     timeout: float = field(default=30.0, compare=False, repr=False)
+    launched: bool = True
+    """Whether the task ledger records anything: a launch, a task, a resize."""
+    warm_start: bool = False
+    """Whether the latest checkpoint is a warm start's weights-only global_step0 (checkpoints/warm_start.py)."""
 
     @property
     def finished(self) -> bool:
@@ -49,8 +56,22 @@ class RunState:
 def run_state(exp: Experiment, timeout: float = 30.0) -> RunState:
     output = Path(exp.paths.output)
     iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
-    history = ledger.attempts(ledger.read(output / ledger.LEDGER_NAME))
-    return RunState(iteration, run_schedule(exp).train_iters, history[-1] if history else None, exp, timeout)
+    records = ledger.read(output / ledger.LEDGER_NAME)
+    history = ledger.attempts(records)
+    return RunState(iteration, run_schedule(exp).train_iters, history[-1] if history else None, exp, timeout,
+                    launched=bool(records), warm_start=iteration == 0 and _warm_start(Path(exp.paths.checkpoints)))
+
+
+def _warm_start(checkpoints: Path) -> bool:
+    """Whether `latest` names a step-0 checkpoint whose bsops.json says it holds weights only."""
+    tag = layout.latest_tag(checkpoints)
+    if tag is None or layout.step_of(tag) != 0:
+        return False
+    try:
+        meta = layout.Checkpoint(tag, 0, checkpoints / tag).meta()
+    except BsopsError:
+        return False
+    return isinstance(meta, dict) and meta.get("weights_only") is True
 
 
 def _sacct_state(job_id: str, timeout: float) -> str | None:

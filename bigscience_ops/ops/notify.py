@@ -1,7 +1,14 @@
-"""Alert emails for the watchdog and the hourly hub-sync and backup jobs: sent over SMTP, at most
-once per cooldown per condition, with a recovery email when the condition clears. The state between
-hourly runs is a small JSON file, `.bsops-alerts.json` beside the run's main_log.txt, which the
-watchdog and the jobs share: each read-modify-write holds an flock on `<state>.lock`.
+"""Alert emails for the watchdog and the hourly hub-sync and backup jobs: sent over SMTP (and posted to a
+webhook, ops/webhook.py), at most once per cooldown per condition, with a recovery email when the
+condition clears. The state between hourly runs is a small JSON file, `.bsops-alerts.json` beside the
+run's main_log.txt, which the watchdog and the jobs share: each read-modify-write holds an flock on
+`<state>.lock`.
+
+Email and webhook are channels with a state each: every condition records, per channel, when it was
+last sent and why the last try failed, so a channel that fails is tried again on the next run while
+the other keeps its cooldown (a webhook answering 500 never repeats the email), and each channel that
+told of an alert gets its own recovery. A failure names the channel (the webhook by its variable,
+never its URL) and is scrubbed like everything else. What the emails say is alert_text.py's.
 
 The SMTP password is read from the environment variable the settings name; it is never stored,
 logged, or put into an error message. Every subject, body, state entry and error is scrubbed of
@@ -28,9 +35,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bigscience_ops.data import locks
-from bigscience_ops.ops import webhook
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops.status import Alert, StatusReport
+from bigscience_ops.ops import alert_text, webhook
+from bigscience_ops.ops.status import StatusReport
 from bigscience_ops.redact import env_secrets, scrub
 
 if TYPE_CHECKING:
@@ -41,6 +48,8 @@ DEFAULT_PORTS = {"starttls": 587, "ssl": 465, "none": 25}
 """The usual SMTP port of each security choice."""
 SUBJECT_MAX = 120
 """Characters in a subject at most; what a subject leaves out is in the body."""
+CHANNELS = ("email", "webhook")
+"""Where a message goes: the recipients by SMTP, the webhook by an https POST; each keeps its own state."""
 
 
 def header_text(text: str, limit: int | None = None) -> str:
@@ -113,24 +122,36 @@ def smtp_from_alerts(alerts: AlertsConfig) -> SmtpSettings | None:
                         webhook_env=webhook)
 
 
-def destinations(settings: SmtpSettings) -> str:
-    """Who a message went to, for logs: the addresses and/or the webhook (by its variable, never its URL)."""
-    where = [", ".join(settings.recipients)] if settings.recipients else []
-    if settings.webhook_env:
+def channels(settings: SmtpSettings) -> tuple[str, ...]:
+    """The channels `settings` send on: email when there are recipients, webhook when its variable is named."""
+    return tuple(c for c, on in zip(CHANNELS, (bool(settings.recipients), bool(settings.webhook_env))) if on)
+
+
+def destinations(settings: SmtpSettings, only: Sequence[str] | None = None) -> str:
+    """Who a message went to, for logs: the addresses and/or the webhook (by its variable, never its URL);
+    `only` names the channels meant (default: all of them)."""
+    where = []
+    if settings.recipients and (only is None or "email" in only):
+        where.append(", ".join(settings.recipients))
+    if settings.webhook_env and (only is None or "webhook" in only):
         where.append(f"the webhook in ${settings.webhook_env}")
     return " and ".join(where)
 
 
 def send_alert(alerts: AlertsConfig, subject: str, body: str) -> str:
-    """Email one alert to an alerts section's recipients; returns a line saying what happened (never raises)."""
+    """Send one alert to an alerts section's channels; returns a line saying what happened (never raises)."""
     settings = smtp_from_alerts(alerts)
     if settings is None:
         return "no alert email: alerts.email_to is empty"
-    try:
-        message_id = send(settings, build_message(settings, subject, body))
-    except NotifyError as exc:
-        return f"***ALERT: the alert email could not be sent: {exc}***"
-    return f"alert email sent to {destinations(settings)} ({message_id})"
+    message = build_message(settings, subject, body)
+    failed = deliver(settings, message)
+    sent = [c for c in channels(settings) if c not in failed]
+    went = f"alert email sent to {destinations(settings, sent)} ({message['Message-ID']})" if sent else ""
+    if not failed:
+        return went
+    also = f"; {went}" if went else ""
+    return f"***ALERT: the alert email could not be sent: {'; '.join(failed.values())}***{also}"
+
 
 
 # --- sending -------------------------------------------------------------------------------------
@@ -156,19 +177,39 @@ def build_message(settings: SmtpSettings, subject: str, body: str, *, now: datet
 
 
 def send(settings: SmtpSettings, message: EmailMessage, *, env: Mapping[str, str] | None = None) -> str:
-    """Send one message by email and, with a webhook, post it there too; returns its Message-ID. Raises
-    NotifyError naming the server (or the webhook's variable) and the cause."""
-    env = os.environ if env is None else env
-    if settings.recipients:
-        _send_email(settings, message, env)
-    if settings.webhook_env:
-        try:
-            url = webhook.url_from(env, settings.webhook_env)
-            webhook.post(url, str(message["Subject"]), message.get_content(), timeout=settings.timeout_s,
-                         ca_file=settings.ca_file)
-        except webhook.WebhookError as exc:
-            raise NotifyError(str(exc)) from None
+    """Send one message on every channel; returns its Message-ID. Raises NotifyError naming each channel
+    that failed (the server, or the webhook's variable) and the cause, after trying the others."""
+    failed = deliver(settings, message, env=env)
+    if failed:
+        raise NotifyError("; ".join(failed.values()))
     return str(message["Message-ID"])
+
+
+def deliver(settings: SmtpSettings, message: EmailMessage, on: Sequence[str] | None = None, *,
+            env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Send one message on each channel of `on` (default: all of `settings`'), each whatever the others
+    do; returns the channels that failed with why (empty when all went out)."""
+    env = os.environ if env is None else env
+    failed = {}
+    for channel in channels(settings) if on is None else on:
+        try:
+            if channel == "email":
+                _send_email(settings, message, env)
+            else:
+                _post(settings, message, env)
+        except NotifyError as exc:
+            failed[channel] = str(exc)
+    return failed
+
+
+def _post(settings: SmtpSettings, message: EmailMessage, env: Mapping[str, str]) -> None:
+    try:
+        url = webhook.url_from(env, settings.webhook_env or "")
+        webhook.post(url, str(message["Subject"]), message.get_content(), timeout=settings.timeout_s,
+                     ca_file=settings.ca_file)
+    except webhook.WebhookError as exc:
+        named = settings.webhook_env and settings.webhook_env in str(exc)
+        raise NotifyError(f"{exc}{'' if named else f' (the webhook in ${settings.webhook_env})'}") from None
 
 
 def _send_email(settings: SmtpSettings, message: EmailMessage, env: Mapping[str, str]) -> None:
@@ -197,52 +238,31 @@ def _send_email(settings: SmtpSettings, message: EmailMessage, env: Mapping[str,
         raise NotifyError(f"could not send email {message['Subject']!r} via {where}: {detail}") from None
 
 
-# --- alerts with cooldown and recovery ------------------------------------------------------------
-
-ADVICE = {
-    "not-scheduled": "Nothing is running or queued: launch the training again (`bsops launch EXP`; add "
-                     "--after-current if a job of it is still queued).",
-    "never-starts": "A queued job will never start on its own: release it (`scontrol release ID`) if it is "
-                    "held, otherwise cancel it (`scancel ID`) and launch again.",
-    "stalled": "The job runs but the training makes no progress: read the end of the log; if it hangs, "
-               "`scancel` the running task (the next array task resumes from the last checkpoint) and, if "
-               "one node is to blame, exclude it.",
-    "overlap": "Two trainings run at once and write the same checkpoints: cancel the newer one now.",
-    "cron-chain": "A cron runner chain is gone or late, so the hourly jobs (this watchdog among them) may "
-                  "not run: `bsops cron status` shows the chains, `bsops cron install` re-submits a missing one.",
-    "slurm-error": "The watchdog could not ask Slurm: check the controller (`sinfo`, `squeue`) from a login "
-                   "node; the training's state is unknown until it answers.",
-}
-
-
-HEADLINES = {
-    "not-scheduled": "not running or scheduled",
-    "never-starts": "a queued job will never start",
-    "stalled": "running but making no progress",
-    "overlap": "two trainings running at once",
-    "cron-chain": "a cron chain is gone or late",
-    "slurm-error": "cannot query Slurm",
-}
-"""The subject's words for each condition: fixed text, never a job name from the queue or a log line."""
-
+# --- alerts with cooldown and recovery, per channel --------------------------------------------------
 
 @dataclass(frozen=True)
 class Notice:
-    """One email the watchdog sent."""
+    """One message the watchdog sent, or failed to send, on some channels."""
 
     kind: str
-    """alert or recovery."""
+    """alert, recovery or finished."""
     conditions: tuple[str, ...]
     message_id: str
     subject: str
+    channels: tuple[str, ...] = ("email",)
+    """Where it went (or, with `error`, where it could not go): email, webhook."""
+    error: str | None = None
+    """Why those channels could not send it (scrubbed; the next run tries again); None when it went out."""
 
 
 @dataclass
 class _State:
     active: dict[str, dict] = field(default_factory=dict)  # watchdog condition ("job::condition") -> entry
-    finished: dict[str, int] = field(default_factory=dict)  # job name -> the final iteration announced
+    finished: dict[str, dict | int] = field(default_factory=dict)  # job name -> channel -> final iteration announced
     jobs: dict[str, dict] = field(default_factory=dict)  # failing hourly job ("hub-sync", "backup") -> entry
-    # An entry: since (first seen), last_sent (None until emailed), message (the latest text).
+    # An entry: since (first seen), message (the latest text), sent (channel -> when last sent), failed
+    # (channel -> why its last try failed, while it does). A file from before channels holds one last_sent
+    # for both, and one announced iteration per job: read as each channel's.
 
 
 def default_state_path(log_path: str | os.PathLike[str] | None) -> Path:
@@ -258,23 +278,30 @@ def _load_state(path: Path) -> _State:
         return _State()
     except (OSError, ValueError) as exc:
         raise NotifyError(f"alert state file {path} is unreadable ({exc}); delete it to start afresh") from None
-    return _State(active=dict(data.get("active", {})), finished=dict(data.get("finished", {})),
-                  jobs=dict(data.get("jobs", {})))
+    state = _State(active=dict(data.get("active", {})), finished=dict(data.get("finished", {})),
+                   jobs=dict(data.get("jobs", {})))
+    for entry in [*state.active.values(), *state.jobs.values()]:
+        if "sent" not in entry:  # one time for every channel (version 1)
+            last = entry.pop("last_sent", None)
+            entry["sent"] = {c: last for c in CHANNELS} if last else {}
+    return state
 
 
 def _save_state(path: Path, state: _State) -> None:
     """Write the state atomically, mode 0600 (it holds error texts), every message scrubbed once more."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    for entries in (state.active, state.jobs):
-        for entry in entries.values():
-            if isinstance(entry.get("message"), str):
-                entry["message"] = scrub(entry["message"])
+    for entry in [*state.active.values(), *state.jobs.values()]:
+        if isinstance(entry.get("message"), str):
+            entry["message"] = scrub(entry["message"])
+        failed = entry.get("failed", {})
+        for channel in failed:
+            failed[channel] = scrub(str(failed[channel]))
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write(json.dumps({"version": 1, "active": state.active, "finished": state.finished, "jobs": state.jobs},
+        handle.write(json.dumps({"version": 2, "active": state.active, "finished": state.finished, "jobs": state.jobs},
                                 indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
@@ -301,21 +328,47 @@ def _state_file(path: Path) -> Iterator[_State]:
             _save_state(path, state)  # closing the file releases the flock
 
 
-def _holds(entries: dict[str, dict], key: str, message: str, now: datetime, cooldown_minutes: float) -> bool:
-    """Record that condition `key` holds at `now` with `message`; True when an email about it is due
-    (never emailed, or last emailed at least `cooldown_minutes` ago)."""
-    entry = entries.setdefault(key, {"since": now.isoformat(), "last_sent": None})
+def _record(entries: dict[str, dict], key: str, message: str, now: datetime) -> dict:
+    """Record that condition `key` holds at `now` with `message`; returns its entry."""
+    entry = entries.setdefault(key, {"since": now.isoformat(), "sent": {}})
     entry["message"] = scrub(message)
-    last = entry.get("last_sent")
-    return last is None or now - datetime.fromisoformat(last) >= timedelta(minutes=cooldown_minutes)
+    return entry
 
 
-def _cleared(entries: dict[str, dict], keys: Sequence[str]) -> list[str]:
-    """Forget those of the cleared `keys` never emailed (nothing to recover from); returns the rest,
-    each owed a recovery email (delete its entry once that is sent)."""
-    for key in [k for k in keys if entries[k].get("last_sent") is None]:
-        del entries[key]
-    return [k for k in keys if k in entries]
+def _sent_at(entry: dict, channel: str) -> datetime | None:
+    when = entry.get("sent", {}).get(channel)
+    return datetime.fromisoformat(when) if when else None
+
+
+def _due(entry: dict, channel: str, now: datetime, cooldown_minutes: float) -> bool:
+    """Whether `channel` is due to tell of the entry: never sent on it, or last sent a cooldown ago or more."""
+    last = _sent_at(entry, channel)
+    return last is None or now - last >= timedelta(minutes=cooldown_minutes)
+
+
+def _tried(entry: dict, channel: str, error: str | None, sent: str | None) -> None:
+    """Record one channel's try: on success its sent time becomes `sent` (None: forgotten, after a recovery)
+    and its failure is cleared; on failure the error is kept and the sent time left alone."""
+    failed = entry.setdefault("failed", {})
+    if error is not None:
+        failed[channel] = scrub(error)
+        return
+    failed.pop(channel, None)
+    if sent is None:
+        entry.setdefault("sent", {}).pop(channel, None)
+    else:
+        entry.setdefault("sent", {})[channel] = sent
+    if not failed:
+        del entry["failed"]
+
+
+def _groups(wanted: dict[str, tuple[str, ...]]) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(keys, channels) for each distinct non-empty set of keys the channels want: one message each."""
+    out: dict[tuple[str, ...], list[str]] = {}
+    for channel, keys in wanted.items():
+        if keys:
+            out.setdefault(keys, []).append(channel)
+    return [(keys, tuple(on)) for keys, on in out.items()]
 
 
 def _check_cooldown(cooldown_minutes: float) -> None:
@@ -323,106 +376,87 @@ def _check_cooldown(cooldown_minutes: float) -> None:
         raise NotifyError(f"cooldown_minutes: got {cooldown_minutes!r}; allowed: 0 or more minutes")
 
 
+def _send(settings: SmtpSettings, subject: str, body: str, on: Sequence[str], now: datetime,
+          env: Mapping[str, str] | None) -> tuple[str, list[str], dict[str, str]]:
+    """Send one message on the channels `on`: (Message-ID, the channels it went out on, the failed ones with why)."""
+    message = build_message(settings, subject, body, now=now)
+    failed = deliver(settings, message, on, env=env)
+    return str(message["Message-ID"]), [c for c in on if c not in failed], failed
+
+
+def _notices(kind: str, conditions: tuple[str, ...], message_id: str, subject: str, sent: Sequence[str],
+             failed: Mapping[str, str]) -> list[Notice]:
+    out = [Notice(kind, conditions, message_id, _subject(subject), tuple(sent))] if sent else []
+    return out + [Notice(kind, conditions, message_id, _subject(subject), (c,), why) for c, why in failed.items()]
+
+
 def notify(report: StatusReport, settings: SmtpSettings, state_path: str | os.PathLike[str], *,
            experiment: str | None = None, cooldown_minutes: float = 60.0, log_path: str | None = None,
            now: datetime | None = None, env: Mapping[str, str] | None = None) -> list[Notice]:
-    """Email the report's alerts unless the same condition was emailed within the cooldown, and email
-    a recovery for conditions that were alerted and have cleared. Returns the emails sent.
+    """Send the report's alerts on each channel that has not sent the same condition within the cooldown,
+    and a recovery on each channel that told of a condition that has cleared. Returns the messages sent
+    and those a channel failed to send (Notice.error): a failed channel is tried again on the next run
+    while the others keep their cooldown.
 
     While Slurm cannot be queried nothing is known to have cleared, so no recovery is sent then.
-    A failed send raises NotifyError after saving what did go out; the next run retries the rest.
     """
     _check_cooldown(cooldown_minutes)
     now = now or report.checked_at
     experiment = experiment or report.job_name
     prefix = f"{report.job_name}::"
     current = {prefix + a.condition: a for a in report.alerts}
+    wanted = channels(settings)
+    stamp = now.isoformat()
+    notices: list[Notice] = []
     with _state_file(Path(state_path)) as state:
-        due = [a for k, a in current.items() if _holds(state.active, k, a.message, now, cooldown_minutes)]
+        for key, alert in current.items():
+            _record(state.active, key, alert.message, now)
+        due = {c: tuple(k for k in current if _due(state.active[k], c, now, cooldown_minutes)) for c in wanted}
+        for keys, on in _groups(due):
+            alerts = [current[k] for k in keys]
+            subject, body = alert_text.alert_email(experiment, report, alerts, cooldown_minutes, log_path)
+            message_id, sent, failed = _send(settings, subject, body, on, now, env)
+            for key in keys:
+                for channel in on:
+                    _tried(state.active[key], channel, failed.get(channel), stamp)
+            notices += _notices("alert", tuple(a.condition for a in alerts), message_id, subject, sent, failed)
         unknown = any(a.condition == "slurm-error" for a in report.alerts)
-        cleared = _cleared(state.active, [] if unknown else
-                           [k for k in state.active if k.startswith(prefix) and k not in current])
-        return _send_watchdog_emails(report, settings, state, experiment, prefix, due, cleared, cooldown_minutes,
-                                     log_path, now, env)
+        cleared = [] if unknown else [k for k in state.active if k.startswith(prefix) and k not in current]
+        owed = {c: tuple(k for k in cleared if _sent_at(state.active[k], c)) for c in wanted}
+        for keys, on in _groups(owed):
+            conditions = tuple(k[len(prefix):] for k in keys)
+            subject, body = alert_text.recovery_email(experiment, report, [state.active[k] for k in keys],
+                                                      conditions, now)
+            message_id, sent, failed = _send(settings, subject, body, on, now, env)
+            for key in keys:
+                for channel in on:
+                    _tried(state.active[key], channel, failed.get(channel), None)
+            notices += _notices("recovery", conditions, message_id, subject, sent, failed)
+        for key in cleared:  # done once no channel still owes its recovery
+            if not any(_sent_at(state.active[key], c) for c in wanted):
+                del state.active[key]
+        if report.finished_at is not None:
+            notices += _announce_finish(report, settings, state, experiment, wanted, now, env)
+    return notices
 
 
-def _send_watchdog_emails(report: StatusReport, settings: SmtpSettings, state: _State, experiment: str, prefix: str,
-                          due: Sequence[Alert], cleared: Sequence[str], cooldown_minutes: float, log_path: str | None,
-                          now: datetime, env: Mapping[str, str] | None) -> list[Notice]:
-    """Send what notify() decided, recording each email in `state` as it goes out."""
-    sent: list[Notice] = []
-    if due:
-        subject, body = _alert_email(experiment, report, due, cooldown_minutes, log_path)
-        message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
-        for alert in due:
-            state.active[prefix + alert.condition]["last_sent"] = now.isoformat()
-        sent.append(Notice("alert", tuple(a.condition for a in due), message_id, _subject(subject)))
-    if cleared:
-        subject, body = _recovery_email(experiment, report, [state.active[k] for k in cleared], cleared, now)
-        message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
-        for key in cleared:
-            del state.active[key]
-        sent.append(Notice("recovery", tuple(k[len(prefix):] for k in cleared), message_id, _subject(subject)))
-    if report.finished_at is not None and state.finished.get(report.job_name) != report.finished_at:
-        subject = f"[FINISHED] {experiment}: training finished at iteration {report.finished_at}"
-        body = "\n".join([f"Experiment: {experiment}", f"Slurm job name: {report.job_name}", "",
-                          *report.lines, "", "Nothing is queued and none needs to be: remove its watchdog "
-                          "from cron.hourly/ when the checkpoints are safe."]) + "\n"
-        message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
-        state.finished[report.job_name] = report.finished_at
-        sent.append(Notice("finished", (), message_id, _subject(subject)))
-    return sent
+def _announce_finish(report: StatusReport, settings: SmtpSettings, state: _State, experiment: str,
+                     wanted: Sequence[str], now: datetime, env: Mapping[str, str] | None) -> list[Notice]:
+    """The finish, once per channel."""
+    told = state.finished.get(report.job_name)
+    told = dict(told) if isinstance(told, dict) else {c: told for c in CHANNELS} if told is not None else {}
+    on = [c for c in wanted if told.get(c) != report.finished_at]
+    if not on:
+        return []
+    subject, body = alert_text.finished_email(experiment, report)
+    message_id, sent, failed = _send(settings, subject, body, on, now, env)
+    state.finished[report.job_name] = told | {c: report.finished_at for c in sent}
+    return _notices("finished", (), message_id, subject, sent, failed)
 
 
 def _subject(subject: str) -> str:
     """The subject as build_message puts it in the header."""
     return header_text(scrub(subject), SUBJECT_MAX)
-
-
-def _alert_email(experiment: str, report: StatusReport, due: Sequence[Alert], cooldown: float,
-                 log_path: str | None) -> tuple[str, str]:
-    first = HEADLINES.get(due[0].condition, due[0].condition)
-    more = f" (+{len(due) - 1} more)" if len(due) > 1 else ""
-    subject = f"[ALERT] {experiment}: {first}{more}"
-    advice = "\n".join(f"- {ADVICE.get(a.condition, 'Look at the status lines above.')}" for a in due)
-    body = "\n".join([
-        f"Experiment: {experiment}",
-        f"Slurm job name: {report.job_name}",
-        f"Checked at: {report.checked_at:%Y-%m-%d %H:%M:%S} on {socket.gethostname()}",
-        *( [f"Log: {log_path}"] if log_path else [] ),
-        "",
-        *(a.message for a in due),
-        "",
-        "What the watchdog saw:",
-        *report.lines,
-        "",
-        "What to do:",
-        advice.replace("EXP", experiment),
-        f"- Check again with: bsops status --job-name {report.job_name}",
-        "",
-        f"This alert repeats at most every {cooldown:g} minutes while the condition lasts; a recovery",
-        "email follows when it clears.",
-    ])
-    return subject, body + "\n"
-
-
-def _recovery_email(experiment: str, report: StatusReport, entries: Sequence[dict], keys: Sequence[str],
-                    now: datetime) -> tuple[str, str]:
-    conditions = ", ".join(k.split("::", 1)[1] for k in keys)
-    subject = f"[RECOVERED] {experiment}: {conditions} cleared"
-    lasted = [f"- {e.get('message', k)} (since {e.get('since', '?')})" for k, e in zip(keys, entries)]
-    body = "\n".join([
-        f"Experiment: {experiment}",
-        f"Slurm job name: {report.job_name}",
-        f"Checked at: {now:%Y-%m-%d %H:%M:%S} on {socket.gethostname()}",
-        "",
-        "These alerts have cleared; nothing more to do for them:",
-        *lasted,
-        "",
-        "What the watchdog sees now:",
-        *report.lines,
-    ])
-    return subject, body + "\n"
 
 
 # --- the hourly jobs' failures (hub-sync, backup) -------------------------------------------------
@@ -447,56 +481,50 @@ def notify_job(settings: SmtpSettings, state_path: str | os.PathLike[str], job: 
                experiment: str, command: str, cooldown_minutes: float = 60.0, now: datetime | None = None,
                env: Mapping[str, str] | None = None) -> JobNotice:
     """Report one run of an hourly job (`job`: hub-sync, backup) that failed with `error` or, with
-    None, worked. A failure is emailed at once and then at most once per `cooldown_minutes` while it
-    lasts; the first success after an emailed failure sends one recovery email; a failure never
-    emailed clears silently. `command` is what to run by hand to see the failure.
+    None, worked. A failure is sent at once and then at most once per `cooldown_minutes` while it
+    lasts, on each channel by itself; the first success after a sent failure sends one recovery on
+    each channel that told of it; a failure never sent clears silently. `command` is what to run by
+    hand to see the failure.
 
-    A failed send raises NotifyError with the state saved, so the next run sends it (as notify() does).
+    A channel that fails raises NotifyError (naming it, and what did go out) with the state saved, so
+    the next run tries that channel again while the others keep their cooldown.
     """
     _check_cooldown(cooldown_minutes)
     now = now or _now()
     error = None if error is None else scrub(error, env_secrets([settings.password_env], env))
+    wanted = channels(settings)
     with _state_file(Path(state_path)) as state:
         if error is not None:
-            if not _holds(state.jobs, job, error, now, cooldown_minutes):
-                entry = state.jobs[job]
+            entry = _record(state.jobs, job, error, now)
+            on = [c for c in wanted if _due(entry, c, now, cooldown_minutes)]
+            if not on:
+                last = max(t for c in wanted if (t := _sent_at(entry, c)) is not None)
                 return JobNotice("held", f"{job} failed again (failing since {entry['since']}); the alert email was "
-                                         f"held back: last sent {entry['last_sent']}, it repeats at most every "
+                                         f"held back: last sent {last.isoformat()}, it repeats at most every "
                                          f"{cooldown_minutes:g} minutes while {job} keeps failing")
-            subject, body = _job_alert_email(experiment, job, error, command, state.jobs[job], cooldown_minutes, now)
-            message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
-            state.jobs[job]["last_sent"] = now.isoformat()
-            return JobNotice("alert", f"alert email sent to {destinations(settings)} ({message_id}): "
-                                      f"{_subject(subject)}")
-        if job not in state.jobs or not _cleared(state.jobs, [job]):  # no failure, or one never emailed
+            subject, body = alert_text.job_alert_email(experiment, job, error, command,
+                                                       datetime.fromisoformat(entry["since"]), cooldown_minutes, now)
+            message_id, sent, failed = _send(settings, subject, body, on, now, env)
+            for channel in on:
+                _tried(entry, channel, failed.get(channel), now.isoformat())
+            return _job_outcome("alert", settings, message_id, subject, sent, failed)
+        entry = state.jobs.get(job)
+        on = [c for c in wanted if entry is not None and _sent_at(entry, c)]
+        if entry is None or not on:  # no failure, or one never sent
+            state.jobs.pop(job, None)
             return JobNotice("quiet", "")
-        subject, body = _job_recovery_email(experiment, job, state.jobs[job], now)
-        message_id = send(settings, build_message(settings, subject, body, now=now), env=env)
-        del state.jobs[job]
-        return JobNotice("recovery", f"recovery email sent to {destinations(settings)} ({message_id}): "
-                                     f"{_subject(subject)}")
+        subject, body = alert_text.job_recovery_email(experiment, job, entry, now)
+        message_id, sent, failed = _send(settings, subject, body, on, now, env)
+        for channel in on:
+            _tried(entry, channel, failed.get(channel), None)
+        if not any(_sent_at(entry, c) for c in wanted):
+            del state.jobs[job]
+        return _job_outcome("recovery", settings, message_id, subject, sent, failed)
 
 
-def _job_alert_email(experiment: str, job: str, error: str, command: str, entry: dict, cooldown: float,
-                     now: datetime) -> tuple[str, str]:
-    since = datetime.fromisoformat(entry["since"])
-    failing = f"\n\nIt has been failing since {since:%Y-%m-%d %H:%M} ({_lasted(now - since)})." if since < now else ""
-    body = (f"{job} of {experiment} failed:\n\n{error}{failing}\n\n"
-            f"The next hourly run tries again; run `{command}` by hand to see it now.\n\n"
-            f"This alert repeats at most every {cooldown:g} minutes while it keeps failing; a recovery email\n"
-            f"follows when {job} works again.\n")
-    return f"[bsops] {experiment}: {job} failed", body
-
-
-def _job_recovery_email(experiment: str, job: str, entry: dict, now: datetime) -> tuple[str, str]:
-    since = datetime.fromisoformat(entry["since"])
-    body = (f"{job} of {experiment} works again (checked at {now:%Y-%m-%d %H:%M:%S} on {socket.gethostname()}).\n\n"
-            f"It failed from {since:%Y-%m-%d %H:%M} for {_lasted(now - since)}. The last error was:\n\n"
-            f"{entry.get('message', '(not recorded)')}\n\nNothing more to do for it.\n")
-    return f"[RECOVERED] {experiment}: {job} works again", body
-
-
-def _lasted(span: timedelta) -> str:
-    minutes = max(0, round(span.total_seconds() / 60))
-    days, rest = divmod(minutes, 24 * 60)
-    return (f"{days} d " if days else "") + f"{rest // 60} h {rest % 60:02d} min"
+def _job_outcome(kind: str, settings: SmtpSettings, message_id: str, subject: str, sent: Sequence[str],
+                 failed: Mapping[str, str]) -> JobNotice:
+    line = f"{kind} email sent to {destinations(settings, sent)} ({message_id}): {_subject(subject)}" if sent else ""
+    if failed:
+        raise NotifyError("; ".join(failed.values()) + (f" (the {kind} did go out: {line})" if line else ""))
+    return JobNotice(kind, line)

@@ -35,6 +35,8 @@ ITERATION_LINE = re.compile(r"\biteration\s+\d+\s*/\s*\d+")
 # A wall-clock stamp near the start of a line: `[2021-08-16 22:08:01]`, `[2021-08-16 22:08:01,123]`.
 STAMPED_LINE = re.compile(r"^.{0,40}?\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
 STAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
+DEFAULT_CONTACT = "the on-call person"
+"""Whom the ALERT lines say to alert when the caller names nobody: a role, never one site's team."""
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,14 @@ class Alert:
     """One condition that needs a person. `condition` is a stable key for email cooldowns."""
 
     condition: str
-    """not-scheduled, never-starts, stalled, overlap or slurm-error."""
+    """not-scheduled, never-starts, stalled, overlap, slurm-error; the watchdog adds cron-chain and health-*."""
     message: str
     """The `***ALERT: ...***` text, without the timestamp."""
+    headline: str = ""
+    """The subject's words: what to do first, then what is wrong (`release held array 720000 (scontrol release
+    720000)`); only ids and numbers of the queue, never a job name. Empty: notify's fixed headline of the condition."""
+    advice: str = ""
+    """The next step for the email's "What to do", when it is more exact than notify's advice for the condition."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,11 @@ class Progress:
     """The last `iteration N/ M` line, stripped; None when there is none."""
     seen_after: datetime | None = None
     """The earliest time known to be after that line: a stamped line below it or the file's mtime."""
+
+
+def safe_id(job_id: str) -> str:
+    """A Slurm job id fit for a subject and a command line: its digits and underscores only."""
+    return "".join(c for c in job_id if c.isdigit() or c == "_")
 
 
 @dataclass(frozen=True)
@@ -149,9 +161,15 @@ def read_progress(log_path: str | os.PathLike[str], max_bytes: int = 64 << 20) -
 
 def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Progress | None = None,
              log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
-             contact: str = "Eng WG", run: RunState | None = None) -> StatusReport:
+             contact: str = DEFAULT_CONTACT, run: RunState | None = None) -> StatusReport:
     """Decide from squeue's jobs (the log's progress, and the run folder's state) whether `job_name`
-    needs a person. With `run`, nothing queued and the final iteration saved is a finished training."""
+    needs a person. With `run`, nothing queued and the final iteration saved is a finished training,
+    and a run never launched (no task ledger; no checkpoint, or only a warm start's step 0) is not
+    launched yet: an info line, no alert.
+
+    Alerts come in the order of what to do first: a job that will never start (release or cancel it:
+    launching again beside it would queue a second array, so "not scheduled" is left out then),
+    two trainings at once, a stall, nothing queued."""
     stamp = f"[{now:{STAMP_FORMAT}}]"
     matching = [j for j in jobs if j.name == job_name]
     verdicts = [(job, describe_job(job, now)) for job in matching]
@@ -160,29 +178,23 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
     lines = [f"{stamp} {job_name} {v.text}" for _, v in verdicts]
     alerts: list[Alert] = []
 
-    def alert(condition: str, what: str) -> None:
-        alerts.append(Alert(condition, f"***ALERT: {job_name} {what}! Alert someone at {contact}***"))
+    def alert(condition: str, what: str, headline: str = "", advice: str = "") -> None:
+        alerts.append(Alert(condition, f"***ALERT: {job_name} {what}! Alert someone at {contact}***", headline, advice))
 
     active = [job for job, v in verdicts if v.kind == "active"]
     waiting = [job for job, v in verdicts if v.kind == "waiting"]
     never = [job for job, v in verdicts if v.kind == "never"]
     finished_at = None
-    if not active and not waiting:
-        if run is not None and run.finished:
-            finished_at = run.iteration
-            lines.append(f"{stamp} {job_name} training finished at iteration {run.iteration}")
-        elif run is not None:
-            alert("not-scheduled", f"is not RUNNING or SCHEDULED: it stopped at iteration {run.iteration} of "
-                                   f"{run.train_iters}; {run.ended or 'no array task has run yet'}")
-        else:
-            alert("not-scheduled", "is not RUNNING or SCHEDULED")
     if never:
         ids = ", ".join(f"{j.job_id} ({j.reason})" for j in never)
-        alert("never-starts", f"has job(s) that will never start on their own: {ids}")
+        alert("never-starts", f"has job(s) that will never start on their own: {ids}",
+              *_never_starts_words(never, queued=bool(active or waiting)))
     running = [job for job in active if job.state == "RUNNING"]
     if len(running) > 1:
+        newest = max(running, key=lambda j: (j.start_time or datetime.min, j.job_id))
         alert("overlap", f"has {len(running)} jobs RUNNING at once ({', '.join(j.job_id for j in running)}); "
-                         f"two trainings must never overlap")
+                         f"two trainings must never overlap",
+              f"cancel the newer job (scancel {safe_id(newest.job_id)}): {len(running)} trainings at once")
     if running and stall_minutes is not None and (progress is not None or log_path is not None):
         progress = progress if progress is not None else read_progress(log_path)  # type: ignore[arg-type]
         started = max((j.start_time for j in running if j.start_time), default=None)
@@ -195,11 +207,43 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
                 what = f"{where} has no iteration line"
             else:
                 what = f"{where} has no new iteration line (last: {progress.last_iteration[:100]!r})"
-            alert("stalled", f"is RUNNING but {what} for {format_duration(stalled.total_seconds())} "
-                             f"(limit {stall_minutes:g} min)")
+            span = format_duration(stalled.total_seconds())
+            alert("stalled", f"is RUNNING but {what} for {span} (limit {stall_minutes:g} min)",
+                  f"read the log, scancel a hung task: no new iteration for {span}")
+    if not active and not waiting and not never:
+        if run is not None and run.finished:
+            finished_at = run.iteration
+            lines.append(f"{stamp} {job_name} training finished at iteration {run.iteration}")
+        elif run is not None and not run.launched and run.iteration == 0:
+            start = "from its warm start (global_step0)" if run.warm_start else "from scratch"
+            lines.append(f"{stamp} {job_name} has not been launched yet: it starts {start} with `bsops launch`")
+        elif run is not None:
+            launch = f"bsops launch {run.experiment.name}" if run.experiment is not None else "bsops launch"
+            alert("not-scheduled", f"is not RUNNING or SCHEDULED: it stopped at iteration {run.iteration} of "
+                                   f"{run.train_iters}; {run.ended or 'no array task has run yet'}",
+                  f"launch it again ({launch}): stopped at iteration {run.iteration}, nothing queued")
+        else:
+            alert("not-scheduled", "is not RUNNING or SCHEDULED")
     lines += [f"{stamp} {a.message}" for a in alerts]
     return StatusReport(job_name, now, tuple(lines), tuple(alerts), EXIT_ALERT if alerts else EXIT_HEALTHY,
                         finished_at)
+
+
+def _never_starts_words(never: Sequence[Job], queued: bool) -> tuple[str, str]:
+    """(headline, advice) for jobs that will never start: release a held array, else cancel it (and launch
+    again, unless another job of the training is running or queued)."""
+    first = never[0]
+    array = safe_id(first.array_job_id)
+    more = f" (+{len(never) - 1} more)" if len(never) > 1 else ""
+    if first.reason in ("JobHeldAdmin", "JobHeldUser"):
+        who = "an administrator" if first.reason == "JobHeldAdmin" else "a user"
+        return (f"release held array {array} (scontrol release {array}){more}",
+                f"Array {array} is held by {who} ({first.reason}): release it (`scontrol release {array}`); do not "
+                "launch again, or a second array of the training is queued beside it.")
+    again = "" if queued else " and launch again"
+    return (f"cancel array {array}{again} (scancel {array}): it can never start{more}",
+            f"Array {array} can never start ({first.reason}): cancel it (`scancel {array}`)"
+            + (", the training's other job goes on." if queued else ", then launch again (`bsops launch EXP`)."))
 
 
 def _stalled_for(progress: Progress, started: datetime | None, now: datetime) -> timedelta | None:
@@ -211,7 +255,7 @@ def _stalled_for(progress: Progress, started: datetime | None, now: datetime) ->
 
 def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
           log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
-          now: datetime | None = None, contact: str = "Eng WG", timeout: float = slurm.DEFAULT_TIMEOUT_S,
+          now: datetime | None = None, contact: str = DEFAULT_CONTACT, timeout: float = slurm.DEFAULT_TIMEOUT_S,
           query: Callable[..., list[Job]] = slurm.query_jobs, run: RunState | None = None) -> StatusReport:
     """Query Slurm once (jobs of `users`, or of every user in `group`) and evaluate `job_name`.
 
@@ -227,8 +271,8 @@ def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
         detail = " ".join(str(exc).split())
         message = (f"***ALERT: cannot query Slurm for {job_name}, its state is unknown ({detail})! "
                    f"Alert someone at {contact}***")
-        return StatusReport(job_name, now, (f"{stamp} {message}",), (Alert("slurm-error", message),),
-                            EXIT_ERROR)
+        alert = Alert("slurm-error", message, "check the Slurm controller (sinfo, squeue): cannot query Slurm")
+        return StatusReport(job_name, now, (f"{stamp} {message}",), (alert,), EXIT_ERROR)
     report = evaluate(job_name, jobs, now=now, log_path=log_path, stall_minutes=stall_minutes, contact=contact,
                       run=run)
     note = slurm.unparsed_note(jobs)

@@ -19,7 +19,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import cron, health, status
 from bigscience_ops.ops.lifecycle import RunState
 from bigscience_ops.ops.notify import Notice, NotifyError, SmtpSettings, default_state_path, destinations, notify
-from bigscience_ops.ops.status import EXIT_ERROR, Alert, StatusReport
+from bigscience_ops.ops.status import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport
 from bigscience_ops.schema import HealthConfig
 
 
@@ -28,18 +28,19 @@ class WatchResult:
     report: StatusReport
     notices: tuple[Notice, ...] = ()
     email_error: str | None = None
+    """Why a channel (email, webhook) could not send a message, or the alert state could not be used."""
     lines: tuple[str, ...] = ()
-    """The report's lines followed by a line per email sent or failed: what was printed and logged."""
+    """The report's lines followed by a line per message sent or failed: what was printed and logged."""
 
     @property
     def exit_code(self) -> int:
-        """The report's code (0 healthy, 1 alert, 2 Slurm unreachable); 2 also when an email failed."""
+        """The report's code (0 healthy, 1 alert, 2 Slurm unreachable); 2 also when a message failed."""
         return max(self.report.exit_code, EXIT_ERROR if self.email_error else 0)
 
 
 def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
           log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
-          contact: str = "Eng WG", smtp: SmtpSettings | None = None,
+          contact: str = DEFAULT_CONTACT, smtp: SmtpSettings | None = None,
           state_path: str | os.PathLike[str] | None = None, cooldown_minutes: float = 60.0,
           experiment: str | None = None, timeout: float = 60.0, now: datetime | None = None,
           env: Mapping[str, str] | None = None, run: RunState | None = None,
@@ -60,21 +61,30 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
     if cron_dir is not None:
         report = _with_chain_alerts(report, Path(cron_dir), contact, timeout)
     if health_settings is not None and health_settings.enabled and log_path is not None:
-        report = _with_health_alerts(report, Path(log_path), health_settings, contact)
+        known = run.experiment if run is not None else None
+        checkpoints = Path(known.paths.checkpoints) if known is not None else None
+        name = experiment or (known.name if known is not None else None)
+        report = _with_health_alerts(report, Path(log_path), health_settings, contact, name, checkpoints)
+    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
     notices: list[Notice] = []
-    error = None
+    errors, extra = [], []
     if smtp is not None:
         state_path = default_state_path(log_path) if state_path is None else state_path
         try:
             notices = notify(report, smtp, state_path, experiment=experiment, cooldown_minutes=cooldown_minutes,
                              log_path=str(log_path) if log_path else None, env=env)
-        except NotifyError as exc:
-            error = str(exc)
-    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
-    extra = [f"{stamp} {n.kind} email sent to {destinations(smtp)} {n.message_id}: {n.subject}"
-             for n in notices if smtp is not None]
-    if error:
-        extra.append(f"{stamp} ***ALERT: the alert email could not be sent: {error}***")
+        except NotifyError as exc:  # the alert state cannot be read or locked
+            errors.append(str(exc))
+            extra.append(f"{stamp} ***ALERT: the alert email could not be sent: {exc}***")
+    for n in notices:  # one line per message and the channels it went out on, one per channel that failed
+        where = destinations(smtp, n.channels) if smtp is not None else ""
+        if n.error is None:
+            extra.append(f"{stamp} {n.kind} email sent to {where} {n.message_id}: {n.subject}")
+        else:
+            errors.append(n.error)
+            extra.append(f"{stamp} ***ALERT: the {n.kind} email could not be sent to {where} (the next run tries "
+                         f"again): {n.error}***")
+    error = "; ".join(errors) or None
     lines = (*report.lines, *extra)
     if log_path is not None:
         status.append_to_log(status.watchdog_log(log_path), lines)
@@ -96,8 +106,10 @@ def _with_chain_alerts(report: StatusReport, cron_dir: Path, contact: str, timeo
                                alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
 
 
-def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthConfig, contact: str) -> StatusReport:
-    """The report plus an alert per training-health finding among the log's recent iteration lines."""
+def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthConfig, contact: str,
+                        experiment: str | None, checkpoints: Path | None) -> StatusReport:
+    """The report plus an alert per training-health finding among the log's recent iteration lines, each
+    with the exact commands to look at the iteration's samples and to roll back (health.advise)."""
     if not log_path.is_file():
         return report
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
@@ -105,13 +117,15 @@ def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthCo
         lines, _ = runlog.tail(log_path, (settings.window + settings.recent) * 4)
     except (OSError, BsopsError) as exc:
         alert = Alert("health-unreadable", f"***ALERT: the training health of {log_path} cannot be read ({exc})! "
-                                           f"Alert someone at {contact}***")
+                                           f"Alert someone at {contact}***", "check the log file: training health "
+                                                                             "unreadable")
         return dataclasses.replace(report, lines=(*report.lines, f"{stamp} {alert.message}"),
                                    alerts=(*report.alerts, alert), exit_code=max(report.exit_code, status.EXIT_ALERT))
-    findings = health.check(health.entries(lines), settings, recent=settings.recent)
+    findings = [health.advise(f, experiment, checkpoints)
+                for f in health.check(health.entries(lines), settings, recent=settings.recent)]
     if not findings:
         return report
-    alerts = [Alert(f"health-{f.kind}", f"***ALERT: training health: {f}! Alert someone at {contact}***")
-              for f in findings]
+    alerts = [Alert(f"health-{f.kind}", f"***ALERT: training health: {f}! Alert someone at {contact}***", f.headline,
+                    f.next_step) for f in findings]
     return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
                                alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))

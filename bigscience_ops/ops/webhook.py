@@ -2,8 +2,9 @@
 
 The webhook's URL is a secret (whoever holds it can post to the channel), so it is never in a YAML
 file, an argument, a log or an error: `alerts.webhook_url_env` names the environment variable that
-holds it, and only an https URL is used. notify.py calls `post` wherever it sends an email, so the
-webhook gets the same messages under the same cooldown and recovery rules.
+holds it, and only an https URL is used. notify.py posts every message it emails, under the same
+cooldown and recovery rules but with a state of its own: a failing webhook is retried on the next run
+and neither repeats nor holds back the email (nor the email the webhook).
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ Read from the run's TensorBoard event files with TensorBoard's own reader (Event
 using the trainer's "<tag> vs samples" scalars (step = consumed samples; x = samples x seq_length
 tokens). A resumed run writes a new event file and logs again the steps after its checkpoint:
 files are read oldest first and a later value for the same x wins, so the curve shows what the
-run that continued recorded. Drawn with matplotlib's Agg backend (no display needed).
+run that continued recorded. The run chronicle's events (ops/chronicle.py: task starts, node-phase
+resizes, rollbacks, alerts) are vertical lines on the training-loss panel: at their iteration's
+consumed tokens where the run records the iteration, else (an alert) at the last point TensorBoard
+logged before it. Drawn with matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops import chronicle
+from bigscience_ops.run_schedule import run_schedule
 
 # (panel title, TensorBoard tag against consumed samples, y-axis label)
 PANELS = (
@@ -24,6 +29,11 @@ PANELS = (
     ("batch size", "batch-size vs samples", "global batch size (samples)"),
     ("grad norm", "grad-norm vs samples", "gradient L2 norm (before clipping)"),
 )
+
+
+# chronicle event kind -> (legend label, colour) of its vertical line
+MARKED = {"task": ("task start", "0.6"), "resize": ("node phase", "tab:purple"), "rollback": ("rollback", "tab:red"),
+          "alert": ("alert", "tab:orange")}
 
 
 class PlotError(BsopsError):
@@ -38,6 +48,15 @@ class Series:
     tag: str
     tokens: list[float] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # when each value was logged (epoch seconds)
+
+
+@dataclass(frozen=True)
+class Marker:
+    """One chronicle event drawn as a vertical line: its kind (task, resize, rollback, alert) and x in tokens."""
+
+    kind: str
+    tokens: float
 
 
 @dataclass(frozen=True)
@@ -45,6 +64,8 @@ class Plot:
     out: Path
     series: dict[str, Series]
     event_files: list[Path]
+    markers: list[Marker] = field(default_factory=list)
+    """The markers drawn, read back from the loss panel's lines."""
 
 
 def event_files(tensorboard_dir: Path) -> list[Path]:
@@ -61,23 +82,41 @@ def read_series(tensorboard_dir: Path, seq_length: int) -> tuple[dict[str, Serie
     if not files:
         raise PlotError(f"no TensorBoard event files (events.out.tfevents.*) under {tensorboard_dir}; "
                         "has the run logged its first iteration (logging.tensorboard true)?")
-    points: dict[str, dict[int, float]] = {tag: {} for _, tag, _ in PANELS}
+    points: dict[str, dict[int, tuple[float, float]]] = {tag: {} for _, tag, _ in PANELS}
     for path in files:
         acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
         acc.Reload()
         available = set(acc.Tags().get("scalars", []))
         for tag, values in points.items():
             if tag in available:
-                values.update({e.step: e.value for e in acc.Scalars(tag)})
+                values.update({e.step: (e.value, e.wall_time) for e in acc.Scalars(tag)})
     series = {}
     for name, tag, _ in PANELS:
         steps = sorted(points[tag])
-        series[name] = Series(name, tag, [s * seq_length for s in steps], [points[tag][s] for s in steps])
+        series[name] = Series(name, tag, [s * seq_length for s in steps], [points[tag][s][0] for s in steps],
+                              [points[tag][s][1] for s in steps])
     return series, files
 
 
-def draw(series: dict[str, Series], out: Path, title: str) -> None:
-    """One panel per series on a 3 x 2 grid; the sixth cell sums up the latest values."""
+def markers(exp, loss: Series) -> list[Marker]:
+    """Where the chronicle's task starts, resizes, rollbacks and alerts go on the loss curve (in tokens)."""
+    batch = run_schedule(exp).batch
+    out = []
+    for event in chronicle.events(exp):
+        if event.kind not in MARKED:
+            continue
+        if event.iteration is not None:
+            out.append(Marker(event.kind, batch.consumed_after(event.iteration) * exp.model.seq_length))
+            continue
+        logged = [x for x, when in zip(loss.tokens, loss.times) if when <= event.when]
+        if logged:
+            out.append(Marker(event.kind, logged[-1]))
+    return out
+
+
+def draw(series: dict[str, Series], out: Path, title: str, marks: list[Marker] = ()) -> list[Marker]:
+    """One panel per series on a 3 x 2 grid, `marks` as vertical lines on the training loss; the sixth
+    cell sums up the latest values. Returns the markers as drawn (read back from the panel's lines)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,6 +141,8 @@ def draw(series: dict[str, Series], out: Path, title: str) -> None:
         marker = "o" if len(s.values) < 30 else None
         steps = "steps-post" if name == "batch size" else "default"  # the rampup changes it in steps
         ax.plot(s.tokens, s.values, marker=marker, markersize=4, linewidth=1.4, drawstyle=steps)
+        if name == "training loss":
+            _draw_markers(ax, marks)
         if name == "batch size":
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         if name == "learning rate":
@@ -115,6 +156,8 @@ def draw(series: dict[str, Series], out: Path, title: str) -> None:
         else:
             lines.append(f"{name}: none yet")
     summary.text(0.02, 0.95, "\n".join(lines), va="top", family="monospace", fontsize=11)
+    drawn = [Marker(line.get_gid().split(":", 1)[1], float(line.get_xdata()[0])) for line in cells[0].get_lines()
+             if (line.get_gid() or "").startswith("event:")]
     out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -123,11 +166,29 @@ def draw(series: dict[str, Series], out: Path, title: str) -> None:
         raise PlotError(f"cannot write {out}: {exc.strerror}") from None
     finally:
         plt.close(fig)
+    return drawn
+
+
+def _draw_markers(ax, marks: list[Marker]) -> None:
+    """A dashed vertical line per marker, one legend entry per kind."""
+    labelled = set()
+    for mark in marks:
+        label, colour = MARKED[mark.kind]
+        ax.axvline(mark.tokens, color=colour, linestyle="--", linewidth=0.9, alpha=0.8, gid=f"event:{mark.kind}",
+                   label=label if mark.kind not in labelled else None)
+        labelled.add(mark.kind)
+    if labelled:
+        ax.legend(loc="upper right", fontsize=9)
 
 
 def plot(exp, out: Path, tensorboard_dir: Path | None = None) -> Plot:
-    """Read `exp`'s TensorBoard events (paths.tensorboard, or `tensorboard_dir`) and write the PNG `out`."""
+    """Read `exp`'s TensorBoard events (paths.tensorboard, or `tensorboard_dir`) and write the PNG `out`, the
+    run chronicle's events marked on the loss curve (none when the run folder's records cannot be read)."""
     directory = Path(tensorboard_dir or exp.paths.tensorboard)
     series, files = read_series(directory, exp.model.seq_length)
-    draw(series, out, f"{exp.name}: training curves")
-    return Plot(Path(out), series, files)
+    try:
+        marks = markers(exp, series["training loss"])
+    except (BsopsError, OSError):
+        marks = []
+    drawn = draw(series, out, f"{exp.name}: training curves", marks)
+    return Plot(Path(out), series, files, drawn)

@@ -1,4 +1,5 @@
-"""`bsops chronicle`: the run's timeline read back from the ledger, main_log.txt and watchdog.log.
+"""The run's chronicle (ops/chronicle.py, `bsops chronicle`): its timeline read back from the ledger, main_log.txt,
+watchdog.log, rollbacks.jsonl and the backup manifests.
 
 A real two-task local launch is chronicled in tests/test_launch.py.
 """
@@ -15,7 +16,7 @@ from bigscience_ops import ledger
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.iteration_log import IterationStats, iteration_line
-from bigscience_ops.views import chronicle
+from bigscience_ops.ops import chronicle
 from tests.fixtures_experiments import tiny_yaml
 
 T0 = time.mktime(time.strptime("2026-11-23 23:50:00", "%Y-%m-%d %H:%M:%S"))
@@ -71,6 +72,41 @@ def test_the_timeline_has_tasks_saves_phases_health_and_emails(run):
     emails = [line for line in lines if "email:" in line]
     assert [e.split(" ", 2)[2] for e in emails] == ["alert email: \\[bsops\\] run: act \\| now",
                                                     "recovery email: \\[bsops\\] run: recovered"]
+
+
+def _saved(exp, *steps: int) -> None:
+    """Complete checkpoints (a bsops.json each; weights in one small file) with `latest` at the last."""
+    import json
+
+    checkpoints = Path(exp.paths.checkpoints)
+    for step in steps:
+        (checkpoints / f"global_step{step}").mkdir(parents=True)
+        (checkpoints / f"global_step{step}" / "layer_00-model_states.pt").write_bytes(b"w" * (100 + step))
+        (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+    (checkpoints / "latest").write_text(f"global_step{steps[-1]}")
+
+
+def test_rollbacks_and_backups_are_in_the_timeline(trainings: Path, tmp_path: Path):
+    from bigscience_ops.checkpoints.rollback import rollback
+    from bigscience_ops.ops import backup
+
+    store = tmp_path / "store"
+    (trainings / "kept.yaml").write_text(tiny_yaml(tmp_path / "kept", f"backup: {{dest: {str(store)!r}}}\n"))
+    exp = load_experiment("kept", trainings)
+    _saved(exp, 50, 100)
+    report = backup.run_backup(exp)  # the real backup: verified copies and their manifests
+    assert report.backed_up == ["global_step50", "global_step100"]
+    done = rollback(exp, 50, "51-100", now=T0)
+    story = chronicle.markdown(exp, now=T0)
+    [back] = [line for line in story.splitlines() if "rollback:" in line]
+    assert back.startswith("- 23:50 rollback: latest moved from global\\_step100 back to global\\_step50")
+    assert "iterations 51-100 skipped" in back and f"{Path(done.record.set_aside).name}`" in back
+    assert "set aside in `" in back and "(nothing deleted)" in back
+    lines = story.splitlines()
+    [copied] = [i for i, line in enumerate(lines) if "backup: 2 checkpoint(s) copied and verified" in line]
+    assert lines[copied + 1] == "  - global\\_step50 weights-only, global\\_step100 weights-only"
+    kinds = {e.kind: e.iteration for e in chronicle.events(exp)}
+    assert kinds == {"rollback": 50, "backup": 100}
 
 
 def test_a_run_with_nothing_recorded_says_so(trainings: Path, tmp_path: Path):
