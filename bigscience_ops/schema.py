@@ -118,8 +118,8 @@ class CurriculumConfig:
         doc="steps from min_difficulty to model.seq_length (seed 001: about train tokens / GBS / seq_length / 2; "
             "tr8-104B's was 36,000); below 2**18, which keeps the plan's count of every step's tokens under a "
             "second", at_least=1, below=2**18)
-    min_difficulty: int = documented(64, "sequence length of the first steps (a multiple of difficulty_step)", at_least=1,
-                                     below=2**22)
+    min_difficulty: int = documented(64, "sequence length of the first steps (a multiple of difficulty_step)",
+                                     at_least=1, below=2**22)
     difficulty_step: int = documented(8, "sequence lengths are multiples of this (8 for tensor cores)", at_least=1,
                                       below=2**22)
     schedule_type: Literal["fixed_linear"] = documented("fixed_linear", "DeepSpeed's seqlen schedule")
@@ -133,7 +133,8 @@ class OptimizerConfig:
     beta2: float = documented(0.999, "AdamW beta2", at_least=0, below=1)
     eps: float = documented(1e-8, "AdamW epsilon, in (0, 1]", above=0, at_most=1)
     weight_decay: float = documented(0.01, "AdamW weight decay, in [0, 10]", at_least=0, at_most=10)
-    clip_grad: float = documented(1.0, "global gradient-norm clipping, in [0, 1e6]; 0 disables", at_least=0, at_most=1e6)
+    clip_grad: float = documented(1.0, "global gradient-norm clipping, in [0, 1e6]; 0 disables", at_least=0,
+                                  at_most=1e6)
 
 
 @dataclass(frozen=True)
@@ -161,8 +162,8 @@ class SaveRange:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    save_interval: int | None = documented(None, "save every this many steps after the save_schedule ranges", at_least=1,
-                                           at_most=MAX_STEPS)
+    save_interval: int | None = documented(None, "save every this many steps after the save_schedule ranges",
+                                           at_least=1, at_most=MAX_STEPS)
     save_schedule: list[SaveRange] = documented(factory=list, doc="step ranges with their own save intervals")
     exit_interval: int | None = documented(None, "save and exit once the step is a multiple of this", at_least=1,
                                            at_most=MAX_STEPS)
@@ -214,8 +215,8 @@ class LoggingConfig:
 class NodePhase:
     nodes: int = documented(doc="--nodes of the array tasks of this phase", at_least=1, below=2**20)
     from_samples: int | None = documented(
-        None, "the phase starts at the first step boundary where this many samples are consumed (not on the first phase)",
-        at_least=1, below=MAX_SAMPLES)
+        None, "the phase starts at the first step boundary where this many samples are consumed (not on the first "
+              "phase)", at_least=1, below=MAX_SAMPLES)
     from_iteration: int | None = documented(None, "or: the phase starts after this iteration (not on the first phase)",
                                             at_least=1, at_most=MAX_STEPS)
 
@@ -274,24 +275,24 @@ class HubConfig:
     remote_template: str | None = documented(
         None, "push to this git remote instead of the Hub, {repo} replaced by the repo name (file:///srv/mirror/{repo}.git); "
               "https://, ssh:// or file://, no credential inside: the token is offered only to https://HOST")
-    lfs_size_mb: float = documented(10.0, "files larger than this many MB are stored with git-lfs, in (0, 1e6]", above=0,
-                                    at_most=1e6)
+    lfs_size_mb: float = documented(10.0, "files larger than this many MB are stored with git-lfs, in (0, 1e6]",
+                                    above=0, at_most=1e6)
     private: bool = documented(True, "repos bsops creates on the Hub are private (false makes what is pushed public)")
-    push_attempts: int = documented(4, "tries of a failing push, at most 10 (waits 10 s, 20 s, 40 s ... up to 5 minutes "
-                                       "between: all 10 wait 25 minutes, less than the hourly period)", at_least=1,
-                                    at_most=10)
+    push_attempts: int = documented(4, "tries of a failing push, at most 10 (waits 10 s, 20 s, 40 s ... up to 5 "
+                                       "minutes between: all 10 wait 25 minutes, less than the hourly period)",
+                                    at_least=1, at_most=10)
 
 
 @dataclass(frozen=True)
 class BackupConfig:
     dest: str | None = documented(None, "backup folder (a store outside the training's scratch); bsops backup --to overrides")
-    keep_last: int | None = documented(None, "on scratch keep the newest N checkpoints; none: delete nothing", at_least=1,
-                                       at_most=MAX_STEPS)
+    keep_last: int | None = documented(None, "on scratch keep the newest N checkpoints; none: delete nothing",
+                                       at_least=1, at_most=MAX_STEPS)
     keep_every: int | None = documented(None, "on scratch also keep checkpoints whose step is a multiple of this",
                                         at_least=1, at_most=MAX_STEPS)
     keep_optimizer_every: int | None = documented(
-        None, "back up whole (with optimizer states) every checkpoint whose step is a multiple of this, beside the final one",
-        at_least=1, at_most=MAX_STEPS)
+        None, "back up whole (with optimizer states) every checkpoint whose step is a multiple of this, beside the "
+              "final one", at_least=1, at_most=MAX_STEPS)
     tar: bool = documented(False, "one tar file per checkpoint, for stores with few inodes")
 
 
@@ -349,8 +350,8 @@ class EstimateConfig:
     tflops_per_gpu: float = documented(45.0, "achieved TFLOPs per GPU used for the duration estimate, in (0, 1e5]",
                                        above=0, at_most=1e5)
     peak_tflops: float | None = documented(
-        None, "dense bf16/fp16 peak TFLOPs of one GPU for MFU, in (0, 1e5]; detected for V100, A100, H100 and H200 when "
-              "left out", above=0, at_most=1e5)
+        None, "dense bf16/fp16 peak TFLOPs of one GPU for MFU, in (0, 1e5]; detected for V100, A100, H100 and H200 "
+              "when left out", above=0, at_most=1e5)
 
 
 @dataclass(frozen=True)

@@ -147,7 +147,8 @@ def test_records_that_do_not_parse_are_skipped_and_counted() -> None:
     assert [j.name for j in jobs] == ["fine"] and jobs.unparsed == (D.join(bad),)
     assert slurm.unparsed_note(jobs).startswith("1 squeue entry did not parse")
     assert slurm.unparsed_note(slurm.parse_squeue(squeue_text(good), T)) is None
-    for changed in ({"own_id": "5x"}, {"num_nodes": "1x"}, {"job_id": "5\n6"}, {"state": "running"}, {"array_job_id": ""}):
+    for changed in ({"own_id": "5x"}, {"num_nodes": "1x"}, {"job_id": "5\n6"}, {"state": "running"},
+                    {"array_job_id": ""}):
         assert not slurm.parse_squeue(squeue_text(fields("5", "n", **changed)), T), changed
     cut = squeue_text(good) + D.join(fields("7", "cut"))[:40]
     assert [j.name for j in slurm.parse_squeue(cut, T)] == ["fine"]

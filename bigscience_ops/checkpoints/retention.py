@@ -91,8 +91,8 @@ def apply(checkpoints: list[Checkpoint], decision: Decision, still_verified: Cal
 def _not_a_folder(path: Path) -> str | None:
     """Why `path` must not be deleted as a checkpoint folder, or None when it is a plain folder."""
     if path.is_symlink():
-        return (f"{path} is a symbolic link to {os.readlink(path)!r}; retention never follows a link, so it and what it "
-                "points to were left in place (remove the link by hand if it is not needed)")
+        return (f"{path} is a symbolic link to {os.readlink(path)!r}; retention never follows a link, so it and "
+                "what it points to were left in place (remove the link by hand if it is not needed)")
     if not path.is_dir():
         return f"{path} is not a folder; retention deletes checkpoint folders only, so it was left in place"
     return None

@@ -1,4 +1,6 @@
-"""Re-record the real Slurm output the parser tests read: `eval "$(bash scripts/slurm-up.sh)" && PYTHONPATH=. .venv/bin/python tests/assets/slurm/record.py`.
+"""Re-record the real Slurm output the parser tests read (tests/assets/slurm/README.md):
+
+`eval "$(bash scripts/slurm-up.sh)" && PYTHONPATH=. .venv/bin/python tests/assets/slurm/record.py`
 
 Submits one job per interesting state to the single-node test cluster, waits until Slurm reports each
 state, saves what squeue / scontrol / sbatch printed, and cancels the jobs. Takes about 15 s. squeue's
