@@ -190,25 +190,72 @@ class Curriculum:
         floor = -(-self.min_difficulty // self.difficulty_step) * self.difficulty_step
         return min(max(value, floor), self.max_difficulty)
 
+    def _lengths(self, last_step: int) -> list[int]:
+        """seqlen_at(1..last_step) (last_step <= total_steps), the same formula without a call per step."""
+        total, low, span, step = self.total_steps, self.min_difficulty, self.max_difficulty - self.min_difficulty, \
+            self.difficulty_step
+        floor = -(-low // step) * step
+        return [min(max(value - value % step, floor), self.max_difficulty)
+                for value in map(math.floor, (s / total * span + low for s in range(1, last_step + 1)))]
+
     def token_counter(self, batch: BatchSchedule) -> CurriculumTokens:
         return CurriculumTokens(self, batch)
 
+    def stretches(self, last_step: int) -> list[tuple[int, int, int]]:
+        """(seqlen, first step, last step) of each run of steps 1..last_step at one length, in order.
+
+        seqlen_at only grows, so each stretch ends where the first longer step starts, found from the
+        linear formula and checked against seqlen_at itself: as many stretches as distinct lengths
+        (at most (max - min) / difficulty_step + 1), however many steps the curriculum lasts."""
+        out: list[tuple[int, int, int]] = []
+        if (self.max_difficulty - self.min_difficulty) // self.difficulty_step >= self.total_steps // 4:
+            # About one length per step: computing each step's length is quicker than searching for each change.
+            lengths = self._lengths(min(last_step, self.total_steps))
+            for step, seqlen in enumerate(lengths, start=1):
+                if step == 1 or seqlen != lengths[step - 2]:
+                    out.append((seqlen, step, step))
+            out = [(seqlen, first, nxt - 1) for (seqlen, first, _), (_, nxt, _) in
+                   zip(out, [*out[1:], (0, len(lengths) + 1, 0)])]
+            if last_step > len(lengths):  # past the ramp: full length
+                seqlen, first, _ = out[-1]
+                out[-1:] = [(seqlen, first, last_step)] if seqlen == self.max_difficulty else \
+                    [out[-1], (self.max_difficulty, len(lengths) + 1, last_step)]
+            return out
+        step = 1
+        while step <= last_step:
+            seqlen = self.seqlen_at(step)
+            end = last_step if seqlen >= self.max_difficulty else min(last_step, self._first_longer(seqlen, step) - 1)
+            out.append((seqlen, step, end))
+            step = end + 1
+        return out
+
+    def _first_longer(self, seqlen: int, after: int) -> int:
+        """The first step past `after` whose length exceeds `seqlen` (< max_difficulty, so one exists)."""
+        target = min(seqlen - seqlen % self.difficulty_step + self.difficulty_step, self.max_difficulty)
+        span = self.max_difficulty - self.min_difficulty  # > 0: below max, the ramp has a length to climb
+        guess = max(after + 1, -(-(target - self.min_difficulty) * self.total_steps // span))
+        # The float formula can land one step off the exact one: bracket the boundary, then bisect.
+        lo, width = guess, 1
+        while lo > after + 1 and self.seqlen_at(lo - 1) > seqlen:
+            lo, width = max(after + 1, lo - width), width * 2
+        hi, width = guess, 1
+        while self.seqlen_at(hi) <= seqlen:
+            hi, width = hi + width, width * 2
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if self.seqlen_at(mid) <= seqlen else (lo, mid)
+        return lo
+
     def phases(self, batch: BatchSchedule, train_iters: int) -> list[tuple[int, int, int, int]]:
         """(seqlen, first step, last step, tokens) of each stretch at one length, over the whole run."""
-        out: list[list[int]] = []
-        consumed = 0
-        for step in range(1, train_iters + 1):
-            if step > self.total_steps and out and out[-1][0] == self.max_difficulty:  # the rest is at full length
-                rest = batch.consumed_after(train_iters) - consumed
-                out[-1][2], out[-1][3] = train_iters, out[-1][3] + rest * self.max_difficulty
-                break
-            seqlen, gbs = self.seqlen_at(step), batch.batch_size_at(consumed)
-            consumed += gbs
-            if out and out[-1][0] == seqlen:
-                out[-1][2], out[-1][3] = step, out[-1][3] + gbs * seqlen
+        out = [list(stretch) for stretch in self.stretches(min(train_iters, self.total_steps))]
+        if train_iters > self.total_steps:  # the rest is at full length
+            if out[-1][0] == self.max_difficulty:
+                out[-1][2] = train_iters
             else:
-                out.append([seqlen, step, step, gbs * seqlen])
-        return [tuple(p) for p in out]
+                out.append([self.max_difficulty, self.total_steps + 1, train_iters])
+        return [(seqlen, first, last, (batch.consumed_after(last) - batch.consumed_after(first - 1)) * seqlen)
+                for seqlen, first, last in out]
 
 
 @dataclass(frozen=True)
@@ -272,35 +319,48 @@ def in_skip_range(iteration: int, ranges: list[tuple[int, int]]) -> bool:
 
 
 class CurriculumTokens:
-    """Tokens trained through each step under a curriculum: the ramp step by step, then full length."""
+    """Tokens trained through each step under a curriculum: the ramp stretch by stretch (one per length,
+    `Curriculum.stretches`), then full length. Built in time proportional to the number of lengths."""
 
     def __init__(self, curriculum: Curriculum, batch: BatchSchedule) -> None:
         self.curriculum = curriculum
         self.batch = batch
-        total = 0
-        self._ramp: list[int] = []  # tokens trained after each step of the ramp
-        for step in range(1, curriculum.total_steps + 1):
-            total += (batch.consumed_after(step) - batch.consumed_after(step - 1)) * curriculum.seqlen_at(step)
-            self._ramp.append(total)
+        self._stretches = curriculum.stretches(curriculum.total_steps)
+        self._firsts = [first for _, first, _ in self._stretches]
+        self._through: list[int] = []  # tokens trained through each stretch's last step
+        total = before = 0
+        for seqlen, _, last in self._stretches:
+            after = batch.consumed_after(last)
+            total, before = total + (after - before) * seqlen, after
+            self._through.append(total)
 
     @property
     def ramp_steps(self) -> int:
-        return len(self._ramp)
+        return self.curriculum.total_steps
 
     def through(self, step: int) -> int:
         """Tokens trained in steps 1..step."""
         if step <= 0:
             return 0
-        if step <= len(self._ramp):
-            return self._ramp[step - 1]
-        full = self.batch.consumed_after(step) - self.batch.consumed_after(len(self._ramp))
-        return self._ramp[-1] + full * self.curriculum.max_difficulty
+        ramp = self.curriculum.total_steps
+        if step > ramp:
+            full = self.batch.consumed_after(step) - self.batch.consumed_after(ramp)
+            return self._through[-1] + full * self.curriculum.max_difficulty
+        i = bisect.bisect_right(self._firsts, step) - 1
+        seqlen, first, _ = self._stretches[i]
+        before = self._through[i - 1] if i else 0
+        return before + (self.batch.consumed_after(step) - self.batch.consumed_after(first - 1)) * seqlen
 
     def steps_to_reach(self, tokens: int) -> int:
         """The first step after which at least `tokens` tokens are trained."""
         if tokens <= 0:
             return 0
-        if tokens <= self._ramp[-1]:
-            return bisect.bisect_left(self._ramp, tokens) + 1
-        samples = math.ceil((tokens - self._ramp[-1]) / self.curriculum.max_difficulty)
-        return self.batch.steps_to_consume(self.batch.consumed_after(len(self._ramp)) + samples)
+        if tokens <= self._through[-1]:
+            i = bisect.bisect_left(self._through, tokens)
+            seqlen, first, _ = self._stretches[i]
+            before = self._through[i - 1] if i else 0
+            samples = -(-(tokens - before) // seqlen)
+            return self.batch.steps_to_consume(self.batch.consumed_after(first - 1) + samples)
+        ramp = self.curriculum.total_steps
+        samples = -(-(tokens - self._through[-1]) // self.curriculum.max_difficulty)
+        return self.batch.steps_to_consume(self.batch.consumed_after(ramp) + samples)

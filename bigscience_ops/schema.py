@@ -26,6 +26,20 @@ SLURM_CONSTRAINT = Charset(r"[A-Za-z0-9._@+,&|*:\[\]()-]", "node features: ASCII
 SLURM_NODES = Charset(r"[A-Za-z0-9._\[\],-]", "a node name or range (r7i4n[1-7]): ASCII letters, digits, . _ - "
                                               "and [ ] , for ranges, not starting with -")
 SLURM_TIME = Charset(r"[0-9:-]", "a Slurm time limit: digits, ':' and '-' (20:00:00, 1-00:00:00)")
+# Bounds several fields share; each field's doc gives its unit. Every number has a lower and an upper
+# bound: far beyond any real run, close enough that no value overflows what reads it (timedelta, int64,
+# a float sum, a retry loop).
+MAX_STEPS = 10**7
+"""Optimizer steps of a run (BLOOM-176B trained about 100k): step counts, intervals and step numbers."""
+MAX_SAMPLES = 2**48
+"""Samples of a run (281 trillion)."""
+MAX_TOKENS = 2**62
+"""Tokens of a run (samples x seq_length), what an int64 holds."""
+YEAR_MINUTES = 525_600
+"""Minutes of waiting, cooling down or timing out: at most a year."""
+MAX_LOG_LINES = 100_000
+"""Iteration lines the watchdog reads back from the log (about 30 MB)."""
+
 OUTPUT_PATH = Charset(r"[^\\\x00-\x1f\x7f\x85\u2028\u2029]",
                       "a path without backslash (Slurm drops it from --output and stops expanding %x there), "
                       "control characters or Unicode line breaks")
@@ -45,10 +59,10 @@ class ModelConfig:
     vocab_size: int = documented(50257, "tokenizer vocabulary before padding", at_least=1, below=2**26)
     make_vocab_size_divisible_by: int = documented(128, "the vocabulary is padded to a multiple of this x TP", at_least=1, below=2**16)
     embed_layernorm: bool = documented(False, "LayerNorm after the embedding (tr8's stability fix)")
-    init_method_std: float = documented(0.02, "std of the normal initialisation")
+    init_method_std: float = documented(0.02, "std of the normal initialisation, in (0, 1]", above=0, at_most=1)
     hidden_dropout: float = documented(0.1, "dropout on residual branches", at_least=0, below=1)
     attention_dropout: float = documented(0.1, "dropout on attention probabilities", at_least=0, below=1)
-    layernorm_epsilon: float = documented(1e-5, "LayerNorm epsilon")
+    layernorm_epsilon: float = documented(1e-5, "LayerNorm epsilon, in (0, 1]", above=0, at_most=1)
     kernels: Literal["auto", "triton", "torch"] = documented(
         "auto", "LayerNorm, bias-GeLU, attention and cross-entropy kernels: auto (Triton on CUDA, torch "
                 "elsewhere), triton (CUDA, or CPU under TRITON_INTERPRET=1) or torch (the references)")
@@ -66,7 +80,8 @@ class ParallelConfig:
     activation_checkpointing: bool = documented(False, "recompute transformer blocks in the backward pass")
     collective_timeout_minutes: int = documented(
         30, "a collective waiting this long aborts its process (a hung or dead peer ends the job instead of "
-            "holding it to the time limit); must exceed the longest checkpoint save or load a rank waits on", at_least=1)
+            "holding it to the time limit); must exceed the longest checkpoint save or load a rank waits on; "
+            "at most a week (10,080)", at_least=1, at_most=7 * 24 * 60)
 
 
 @dataclass(frozen=True)
@@ -74,7 +89,7 @@ class RampupConfig:
     start: int = documented(doc="global batch size at the first step", at_least=1, below=2**22)
     increment: int = documented(doc="batch size added at each increment", at_least=1, below=2**22)
     samples: int = documented(doc="samples over which the batch size ramps up to global_batch_size", at_least=1,
-                              below=2**48)
+                              below=MAX_SAMPLES)
 
 
 @dataclass(frozen=True)
@@ -87,8 +102,9 @@ class BatchConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     samples: int | None = documented(None, "training length in samples (exclusive with iters)", at_least=1,
-                                     below=2**48)
-    iters: int | None = documented(None, "training length in steps (exclusive with samples; no rampup)", at_least=1, below=10**7)
+                                     below=MAX_SAMPLES)
+    iters: int | None = documented(None, "training length in steps (exclusive with samples; no rampup)", at_least=1,
+                                   below=MAX_STEPS)
     seed: int = documented(42, "seed for initialisation, dropout and data order", at_least=0, below=2**32)
     precision: Literal["fp32", "fp16", "bf16"] = documented("fp16", "training precision")
     skip_iterations: list[str] = documented(
@@ -99,55 +115,69 @@ class TrainConfig:
 @dataclass(frozen=True)
 class CurriculumConfig:
     total_curriculum_step: int = documented(
-        doc="steps from min_difficulty to model.seq_length (seed 001: about train tokens / GBS / seq_length / 2)", at_least=1)
-    min_difficulty: int = documented(64, "sequence length of the first steps (a multiple of difficulty_step)", at_least=1)
-    difficulty_step: int = documented(8, "sequence lengths are multiples of this (8 for tensor cores)", at_least=1)
+        doc="steps from min_difficulty to model.seq_length (seed 001: about train tokens / GBS / seq_length / 2; "
+            "tr8-104B's was 36,000); below 2**18, which keeps the plan's count of every step's tokens under a "
+            "second", at_least=1, below=2**18)
+    min_difficulty: int = documented(64, "sequence length of the first steps (a multiple of difficulty_step)",
+                                     at_least=1, below=2**22)
+    difficulty_step: int = documented(8, "sequence lengths are multiples of this (8 for tensor cores)", at_least=1,
+                                      below=2**22)
     schedule_type: Literal["fixed_linear"] = documented("fixed_linear", "DeepSpeed's seqlen schedule")
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    lr: float = documented(doc="peak learning rate", above=0)
-    min_lr: float = documented(0.0, "learning rate at the end of decay")
+    lr: float = documented(doc="peak learning rate, in (0, 1]", above=0, at_most=1)
+    min_lr: float = documented(0.0, "learning rate at the end of decay, in [0, lr]", at_least=0, at_most=1)
     beta1: float = documented(0.9, "AdamW beta1", at_least=0, below=1)
     beta2: float = documented(0.999, "AdamW beta2", at_least=0, below=1)
-    eps: float = documented(1e-8, "AdamW epsilon")
-    weight_decay: float = documented(0.01, "AdamW weight decay")
-    clip_grad: float = documented(1.0, "global gradient-norm clipping; 0 disables", at_least=0)
+    eps: float = documented(1e-8, "AdamW epsilon, in (0, 1]", above=0, at_most=1)
+    weight_decay: float = documented(0.01, "AdamW weight decay, in [0, 10]", at_least=0, at_most=10)
+    clip_grad: float = documented(1.0, "global gradient-norm clipping, in [0, 1e6]; 0 disables", at_least=0,
+                                  at_most=1e6)
 
 
 @dataclass(frozen=True)
 class LRScheduleConfig:
     style: Literal["cosine", "linear", "constant"] = documented("cosine", "decay shape after warmup")
-    warmup_samples: int | None = documented(None, "warmup length in samples", at_least=0)
-    warmup_tokens: int | None = documented(None, "warmup length in tokens (converted to samples)", at_least=0)
-    warmup_iters: int | None = documented(None, "warmup length in steps (converted to samples)", at_least=0)
-    decay_samples: int | None = documented(None, "decay length in samples; default: the whole training", at_least=0)
-    decay_tokens: int | None = documented(None, "decay length in tokens (converted to samples)", at_least=0)
-    decay_iters: int | None = documented(None, "decay length in steps (converted to samples)", at_least=0)
+    warmup_samples: int | None = documented(None, "warmup length in samples", at_least=0, below=MAX_SAMPLES)
+    warmup_tokens: int | None = documented(None, "warmup length in tokens (converted to samples)", at_least=0,
+                                           below=MAX_TOKENS)
+    warmup_iters: int | None = documented(None, "warmup length in steps (converted to samples)", at_least=0,
+                                          at_most=MAX_STEPS)
+    decay_samples: int | None = documented(None, "decay length in samples; default: the whole training", at_least=0,
+                                           below=MAX_SAMPLES)
+    decay_tokens: int | None = documented(None, "decay length in tokens (converted to samples)", at_least=0,
+                                          below=MAX_TOKENS)
+    decay_iters: int | None = documented(None, "decay length in steps (converted to samples)", at_least=0,
+                                         at_most=MAX_STEPS)
     override_on_resume: bool = documented(False, "on resume, take the schedule from this config, not the checkpoint")
 
 
 @dataclass(frozen=True)
 class SaveRange:
-    until: int = documented(doc="last step (inclusive) this interval applies to")
-    interval: int = documented(doc="save every this many steps", at_least=1)
+    until: int = documented(doc="last step (inclusive) this interval applies to", at_least=1, at_most=MAX_STEPS)
+    interval: int = documented(doc="save every this many steps", at_least=1, at_most=MAX_STEPS)
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    save_interval: int | None = documented(None, "save every this many steps after the save_schedule ranges", at_least=1)
+    save_interval: int | None = documented(None, "save every this many steps after the save_schedule ranges",
+                                           at_least=1, at_most=MAX_STEPS)
     save_schedule: list[SaveRange] = documented(factory=list, doc="step ranges with their own save intervals")
-    exit_interval: int | None = documented(None, "save and exit once the step is a multiple of this", at_least=1)
-    exit_duration_in_mins: int | None = documented(None, "save and exit after this long; derived from slurm.time", at_least=1)
-    exit_margin_mins: int | None = documented(None, "minutes kept free before the time limit; derived from model size")
+    exit_interval: int | None = documented(None, "save and exit once the step is a multiple of this", at_least=1,
+                                           at_most=MAX_STEPS)
+    exit_duration_in_mins: int | None = documented(None, "save and exit after this many minutes (at most a year); "
+                                                         "derived from slurm.time", at_least=1, at_most=YEAR_MINUTES)
+    exit_margin_mins: int | None = documented(None, "minutes kept free before the time limit (at most a day); derived "
+                                                    "from model size", at_least=1, at_most=24 * 60)
     kill_switch_path: str | None = documented(None, "if this file exists, save and exit; derived under paths.output")
 
 
 @dataclass(frozen=True)
 class DataSource:
     prefix: str = documented(doc="indexed dataset prefix (without .bin/.idx)")
-    weight: float = documented(1.0, "blending weight", above=0)
+    weight: float = documented(1.0, "blending weight, in (0, 1e6] (relative to the others)", above=0, at_most=1e6)
 
 
 @dataclass(frozen=True)
@@ -185,8 +215,10 @@ class LoggingConfig:
 class NodePhase:
     nodes: int = documented(doc="--nodes of the array tasks of this phase", at_least=1, below=2**20)
     from_samples: int | None = documented(
-        None, "the phase starts at the first step boundary where this many samples are consumed (not on the first phase)", at_least=1)
-    from_iteration: int | None = documented(None, "or: the phase starts after this iteration (not on the first phase)", at_least=1)
+        None, "the phase starts at the first step boundary where this many samples are consumed (not on the first "
+              "phase)", at_least=1, below=MAX_SAMPLES)
+    from_iteration: int | None = documented(None, "or: the phase starts after this iteration (not on the first phase)",
+                                            at_least=1, at_most=MAX_STEPS)
 
 
 @dataclass(frozen=True)
@@ -196,11 +228,13 @@ class SlurmConfig:
     account: str | None = documented(None, "--account", charset=SLURM_NAME)
     constraint: str | None = documented(None, "--constraint", charset=SLURM_CONSTRAINT)
     gpu_memory_gb: float | None = documented(
-        None, "memory of one GPU in GB as sold (32 for a V100-32GB); default: known from constraint (v100-32g, a100-80g, h100, ...)", above=0)
+        None, "memory of one GPU in GB as sold (32 for a V100-32GB), at most 4096; default: known from constraint "
+              "(v100-32g, a100-80g, h100, ...)", above=0, at_most=4096)
     qos: str | None = documented(None, "--qos", charset=SLURM_NAME)
     time: str = documented("20:00:00", "--time of each array task", charset=SLURM_TIME)
     nodes: int | None = documented(
-        None, "--nodes of a run on one node count; derived as 1, or from node_schedule (the phase being launched)", at_least=1)
+        None, "--nodes of a run on one node count; derived as 1, or from node_schedule (the phase being launched)",
+        at_least=1, below=2**20)
     node_schedule: list[NodePhase] = documented(
         factory=list, doc="phases with their own node counts: [{nodes: 16}, {nodes: 64, from_samples: N}, ...]; "
                           "bsops launch and each array task use the phase of the latest checkpoint")
@@ -216,7 +250,8 @@ class SlurmConfig:
     failure_budget: int = documented(3, "array tasks in a row without progress before the next one stops; 0: never", at_least=0, below=10**6)
     signal_seconds: int | None = documented(
         None, "--signal=B:USR1@N: Slurm warns the job N s before its time limit and the trainer saves and exits; "
-              "derived from checkpoint.exit_margin_mins (the time an iteration and a save take)")
+              "derived from checkpoint.exit_margin_mins (the time an iteration and a save take); Slurm takes at most "
+              "65535", at_least=1, at_most=65535)
 
 
 @dataclass(frozen=True)
@@ -240,18 +275,24 @@ class HubConfig:
     remote_template: str | None = documented(
         None, "push to this git remote instead of the Hub, {repo} replaced by the repo name (file:///srv/mirror/{repo}.git); "
               "https://, ssh:// or file://, no credential inside: the token is offered only to https://HOST")
-    lfs_size_mb: float = documented(10.0, "files larger than this many MB are stored with git-lfs", above=0)
+    lfs_size_mb: float = documented(10.0, "files larger than this many MB are stored with git-lfs, in (0, 1e6]",
+                                    above=0, at_most=1e6)
     private: bool = documented(True, "repos bsops creates on the Hub are private (false makes what is pushed public)")
-    push_attempts: int = documented(4, "tries of a failing push (waits 10 s, 20 s, 40 s ... between)", at_least=1)
+    push_attempts: int = documented(4, "tries of a failing push, at most 10 (waits 10 s, 20 s, 40 s ... up to 5 "
+                                       "minutes between: all 10 wait 25 minutes, less than the hourly period)",
+                                    at_least=1, at_most=10)
 
 
 @dataclass(frozen=True)
 class BackupConfig:
     dest: str | None = documented(None, "backup folder (a store outside the training's scratch); bsops backup --to overrides")
-    keep_last: int | None = documented(None, "on scratch keep the newest N checkpoints; none: delete nothing", at_least=1)
-    keep_every: int | None = documented(None, "on scratch also keep checkpoints whose step is a multiple of this", at_least=1)
+    keep_last: int | None = documented(None, "on scratch keep the newest N checkpoints; none: delete nothing",
+                                       at_least=1, at_most=MAX_STEPS)
+    keep_every: int | None = documented(None, "on scratch also keep checkpoints whose step is a multiple of this",
+                                        at_least=1, at_most=MAX_STEPS)
     keep_optimizer_every: int | None = documented(
-        None, "back up whole (with optimizer states) every checkpoint whose step is a multiple of this, beside the final one", at_least=1)
+        None, "back up whole (with optimizer states) every checkpoint whose step is a multiple of this, beside the "
+              "final one", at_least=1, at_most=MAX_STEPS)
     tar: bool = documented(False, "one tar file per checkpoint, for stores with few inodes")
 
 
@@ -260,20 +301,29 @@ class HealthConfig:
     """What the watchdog counts as a training in trouble (ops/health.py reads the run's iteration lines)."""
 
     enabled: bool = documented(True, "check the loss, grad norm, loss scale and throughput of the log's iteration lines")
-    recent: int = documented(50, "iteration lines counted as now: a finding among them is an open alert", at_least=1)
-    window: int = documented(50, "iteration lines the loss, grad norm and throughput are compared against", at_least=2)
+    recent: int = documented(50, "iteration lines counted as now: a finding among them is an open alert (at most "
+                                 "100,000 lines: recent and window are read back from the log)", at_least=1,
+                             at_most=MAX_LOG_LINES)
+    window: int = documented(50, "iteration lines the loss, grad norm and throughput are compared against (at most "
+                                 "100,000)", at_least=2, at_most=MAX_LOG_LINES)
     min_window: int = documented(8, "lines a window needs before the spike, grad-norm and throughput checks speak",
-                                 at_least=2)
+                                 at_least=2, at_most=MAX_LOG_LINES)
     spike_score: float = documented(8.0, "a loss spike's distance above the median of the last min_window lines, in "
-                                         "units of the window's step-to-step noise (robust: MAD)", above=0)
-    spike_ratio: float = documented(1.3, "a loss spike is also at least this many times that median", above=1)
-    grad_norm_ratio: float = documented(10.0, "grad norm above this many times the window's median", above=1)
-    scale_collapse: float = documented(1024.0, "fp16: the loss scale this many times below where it settled", above=1)
-    skipped_lines: int = documented(3, "log lines in a row with skipped iterations, after the initial search", at_least=1)
+                                         "units of the window's step-to-step noise (robust: MAD), in (0, 1e6]",
+                                    above=0, at_most=1e6)
+    spike_ratio: float = documented(1.3, "a loss spike is also at least this many times that median, in (1, 1e6]",
+                                    above=1, at_most=1e6)
+    grad_norm_ratio: float = documented(10.0, "grad norm above this many times the window's median, in (1, 1e6]",
+                                        above=1, at_most=1e6)
+    scale_collapse: float = documented(1024.0, "fp16: the loss scale this many times below where it settled, in "
+                                               "(1, 2**64]", above=1, at_most=2.0**64)
+    skipped_lines: int = documented(3, "log lines in a row with skipped iterations, after the initial search",
+                                    at_least=1, at_most=MAX_LOG_LINES)
     initial_search: int = documented(3, "lines at the start of a task whose skipped iterations are fp16's search",
-                                     at_least=0)
+                                     at_least=0, at_most=MAX_LOG_LINES)
     slow_ratio: float = documented(0.5, "throughput below this share of the window's median ...", above=0, below=1)
-    slow_lines: int = documented(3, "... for this many lines in a row (none with a save or an evaluation)", at_least=1)
+    slow_lines: int = documented(3, "... for this many lines in a row (none with a save or an evaluation)", at_least=1,
+                                 at_most=MAX_LOG_LINES)
 
 
 @dataclass(frozen=True)
@@ -288,16 +338,20 @@ class AlertsConfig:
     webhook_url_env: str | None = documented(
         None, "environment variable holding a Slack-compatible webhook URL (https) that gets every alert and recovery "
               "too, under the same cooldown; the URL is a secret, so it is never written in this file")
-    stall_minutes: int = documented(60, "alert when no iteration line was logged for this long", at_least=1)
-    cooldown_minutes: int = documented(240, "minimum minutes between two emails about one condition", at_least=1)
+    stall_minutes: int = documented(60, "alert when no iteration line was logged for this many minutes (at most a "
+                                        "year)", at_least=1, at_most=YEAR_MINUTES)
+    cooldown_minutes: int = documented(240, "minimum minutes between two emails about one condition (at most a year)",
+                                       at_least=1, at_most=YEAR_MINUTES)
     health: HealthConfig = documented(factory=HealthConfig, doc="training health: loss spikes, NaN, overflow, slow nodes")
 
 
 @dataclass(frozen=True)
 class EstimateConfig:
-    tflops_per_gpu: float = documented(45.0, "achieved TFLOPs per GPU used for the duration estimate", above=0)
+    tflops_per_gpu: float = documented(45.0, "achieved TFLOPs per GPU used for the duration estimate, in (0, 1e5]",
+                                       above=0, at_most=1e5)
     peak_tflops: float | None = documented(
-        None, "dense bf16/fp16 peak TFLOPs of one GPU for MFU; detected for V100, A100, H100 and H200 when left out", above=0)
+        None, "dense bf16/fp16 peak TFLOPs of one GPU for MFU, in (0, 1e5]; detected for V100, A100, H100 and H200 "
+              "when left out", above=0, at_most=1e5)
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,16 @@ from bigscience_ops.errors import ConfigError
 
 def documented(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None, trusted_shell_line: bool = False,
                at_least: float | None = None, above: float | None = None, below: float | None = None,
-               charset: Charset | None = None) -> Any:
+               at_most: float | None = None, charset: Charset | None = None) -> Any:
     """A field with its doc and bounds. `trusted_shell_line` marks trusted shell lines: a tab is allowed there, a line
-    break never. `at_least`, `above` and `below` bound a number; `build` refuses a value outside them, naming the field.
-    `charset` lists the characters a string (or each string of a list) may hold; `build` refuses any other."""
+    break never. `at_least` or `above`, and `below` or `at_most`, bound a number; `build` refuses a value outside them,
+    naming the field and the range. `charset` lists the characters a string (or each string of a list) may hold;
+    `build` refuses any other."""
     metadata: dict[str, Any] = {"doc": doc, "text": SHELL_LINE if trusted_shell_line else PLAIN}
     if charset is not None:
         metadata["charset"] = charset
-    bounds = {k: v for k, v in (("at_least", at_least), ("above", above), ("below", below)) if v is not None}
+    bounds = {k: v for k, v in (("at_least", at_least), ("above", above), ("below", below), ("at_most", at_most))
+              if v is not None}
     if bounds:
         metadata["bounds"] = bounds
     if factory is not None:
@@ -353,22 +355,23 @@ def build(cls: type, data: dict, prefix: str, origins: dict, default_source: str
 
 
 def _within(value: float, bounds: dict[str, float]) -> bool:
-    return (value >= bounds.get("at_least", value) and value > bounds.get("above", value - 1)
-            and value < bounds.get("below", value + 1))
+    """Whether `value` meets every bound that is set (and only those: `value + 1` is `value` past 2**53)."""
+    checks = {"at_least": lambda b: value >= b, "above": lambda b: value > b,
+              "below": lambda b: value < b, "at_most": lambda b: value <= b}
+    return all(checks[kind](bound) for kind, bound in bounds.items())
 
 
 def bounds_text(bounds: dict[str, float]) -> str:
-    """What a field's bounds allow, in words: 'must be a positive integer', 'must be in [0, 1)'."""
-    low, above, below = bounds.get("at_least"), bounds.get("above"), bounds.get("below")
-    if below is not None:
-        return f"must be in [{_num(low)}, {_num(below)})" if low is not None else f"must be below {_num(below)}"
-    if low == 1:
-        return "must be a positive integer"
-    if low == 0:
-        return "must not be negative"
-    if above == 0:
-        return "must be positive"
-    return f"must be at least {low:g}" if low is not None else f"must be above {above:g}"
+    """What a field's bounds allow, in words: 'must be in [1, 65,536)', 'must be in (0, 1]', 'must be at least 1'."""
+    low = ("[", bounds["at_least"]) if "at_least" in bounds else ("(", bounds["above"]) if "above" in bounds else None
+    high = (")", bounds["below"]) if "below" in bounds else ("]", bounds["at_most"]) if "at_most" in bounds else None
+    if low and high:
+        return f"must be in {low[0]}{_num(low[1])}, {_num(high[1])}{high[0]}"
+    if low:
+        return f"must be {'at least' if low[0] == '[' else 'above'} {_num(low[1])}"
+    if high:
+        return f"must be {'below' if high[0] == ')' else 'at most'} {_num(high[1])}"
+    return "any number"
 
 
 def _num(x: float) -> str:

@@ -50,6 +50,16 @@ class SlurmCluster:
         self.submitted.append(job_id)
         return job_id
 
+    def submit_held(self, name: str, *, user: str | None = None) -> str:
+        """A held job (it never runs) with any name at all, a newline included, which sbatch_argv refuses;
+        as another `user` when given (root may submit for anyone with sbatch --uid)."""
+        who = [f"--uid={user}"] if user else []
+        argv = ["sbatch", "--parsable", "--hold", *who, f"--job-name={name}", "--time=2", "--output=/dev/null",
+                "--chdir=/tmp", "--wrap=true"]
+        job_id = slurm.parse_sbatch_parsable(slurm.run(argv, timeout=30).stdout)
+        self.submitted.append(job_id)
+        return job_id
+
     def jobs(self, job_id: str | None = None) -> list[slurm.Job]:
         jobs = slurm.query_jobs(timeout=30)
         return [j for j in jobs if job_id is None or j.array_job_id == job_id]
@@ -65,6 +75,31 @@ class SlurmCluster:
         except slurm.SlurmError:
             pass  # already gone, or the cluster is down: nothing left to cancel
         self.submitted.clear()
+
+
+RECORDED = REPO / "tests" / "assets" / "slurm"
+"""Real output of Slurm 22.05 (tests/assets/slurm/README.md says how to re-record it)."""
+
+
+def recorded_terminator() -> str:
+    """The record terminator the recordings were made with: the last field of squeue.format."""
+    return (RECORDED / "squeue.format").read_text().rsplit(slurm.SQUEUE_DELIMITER, 1)[1]
+
+
+def recorded_squeue(name: str) -> slurm.Jobs:
+    """A recorded squeue output (`squeue.txt`, `squeue-hostile-names.txt`) parsed."""
+    return slurm.parse_squeue((RECORDED / name).read_bytes().decode("utf-8"), recorded_terminator())
+
+
+def replay_squeue(folder: Path, name: str) -> Path:
+    """Write `folder/squeue`, a stand-in that prints recording `name` ended with the terminator of the
+    query that runs it (from its SQUEUE_FORMAT), as the real squeue would; returns `folder` for PATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stand_in = folder / "squeue"
+    stand_in.write_text(f"#!/bin/bash\nexec sed \"s/{recorded_terminator()}/${{SQUEUE_FORMAT##*$'\\x1f'}}/g\" "
+                        f"{RECORDED / name}\n")
+    stand_in.chmod(0o755)
+    return folder
 
 
 def wait_until(what: str, probe: Callable[[], T], timeout: float = 60.0, interval: float = 0.3) -> T:

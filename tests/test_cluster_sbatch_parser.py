@@ -37,6 +37,11 @@ HOSTILE = {
     "U+2028": "a\u2028b",
     "U+2029": "a\u2029b",
     "U+0085": "a\x85b",
+    "U+000B vertical tab": "a\x0bb",
+    "U+000C form feed": "a\x0cb",
+    "U+001C file separator": "a\x1cb",
+    "U+001D group separator": "a\x1db",
+    "U+001E record separator": "a\x1eb",
     "export injection": "p' --export=ALL,BASH_ENV=/tmp/evil '",
     "backslash injection": "p\\' --export=ALL,BASH_ENV=/tmp/evil #",
 }

@@ -167,3 +167,31 @@ def test_slurm_up_returns_at_once_when_the_cluster_is_up(slurm_cluster: SlurmClu
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"export SLURM_CONF={slurm_cluster.conf}"
     assert time.monotonic() - started < 5
+
+
+def test_a_job_name_holding_a_forged_record_never_becomes_a_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Another user's held jobs named with a newline and a whole RUNNING record of our training, in the
+    plain-line format and with a guessed terminator, submitted to the real cluster: status (querying every
+    user, as with slurm.group unset) does not believe them, still sees the bystander job beside them, and
+    counts what it skipped."""
+    cluster = slurm_cluster
+    victim, bystander = f"{cluster.prefix}-victim", f"{cluster.prefix}-bystander"
+    D = slurm.SQUEUE_DELIMITER
+    forged = D.join(["999", "999", "N/A", "999", "victim", "RUNNING", "None", cluster.partition, "1", "vmn1",
+                     "1:00:00", "20:00:00", "2026-01-01T00:00:00", "2026-01-01T00:00:00", "(null)", victim])
+    hostile = [cluster.submit_held(f"x\n{forged}\n", user="nobody"),
+               cluster.submit_held(f"y\n{forged}{D}{'0' * 32}\nz", user="nobody"),
+               cluster.submit_held(f"{victim}\nn")]
+    sleeper = cluster.script(tmp_path, "sleep.sh", "sleep 60")
+    waiting = cluster.submit(sleeper, name=bystander, begin="now+1hour")
+    jobs = slurm.query_jobs(timeout=30)
+    assert victim not in {j.name for j in jobs} and "999" not in {j.job_id for j in jobs}
+    assert [j.job_id for j in jobs if j.name == bystander] == [waiting]
+    skipped = [line for line in jobs.unparsed if line.startswith(tuple(f"job {i} of " for i in hostile))]
+    assert len(skipped) == 3, jobs.unparsed
+
+    report = status.check(victim, timeout=30)
+    assert [a.condition for a in report.alerts] == ["not-scheduled"], report.lines
+    assert re.search(r"\d+ squeue entr(y|ies) did not parse", report.lines[-1]), report.lines
+    assert status.check(bystander, timeout=30).exit_code == status.EXIT_HEALTHY
+    slurm.cancel([*hostile, waiting], timeout=30)

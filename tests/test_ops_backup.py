@@ -217,7 +217,8 @@ def test_retention_deletes_a_checkpoints_universal_copy_with_it(tmp_path: Path) 
     checkpoints = layout.list_checkpoints(tmp_path)
     assert [c.tag for c in checkpoints] == ["global_step10", "global_step20"]
     decision = retention.decide([10, 20], latest_step=20, verified={10, 20}, keep_last=1, keep_every=None)
-    assert retention.apply(checkpoints, decision, lambda c: True) == ["global_step10"]
+    applied = retention.apply(checkpoints, decision, lambda c: True)
+    assert applied.deleted == ["global_step10", "global_step10_universal"] and applied.refused == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step20", "global_step20_universal"]
 
 

@@ -221,6 +221,71 @@ def test_a_symbolic_link_in_a_checkpoint_is_never_followed(make, tmp_path: Path)
     assert secret.read_text() == "not a checkpoint" and (scratch / "global_step10").is_dir()
 
 
+# --------------------------------------------------------------------------- universal copies
+
+def _universal(scratch: Path, step: int) -> Path:
+    """global_stepN_universal as universal.py leaves it (its own layout; never backed up)."""
+    folder = scratch / f"global_step{step}_universal"
+    (folder / "zero" / "word_embeddings.weight").mkdir(parents=True)
+    (folder / "zero" / "word_embeddings.weight" / "fp32.pt").write_bytes(os.urandom(500))
+    return folder
+
+
+def test_a_universal_copy_goes_only_right_after_its_checkpoint_and_only_under_its_verified_copy(make) -> None:
+    exp = make("universal", keep_last=1)
+    scratch = Path(exp.paths.checkpoints)
+    for step in (10, 20, 30):
+        _save(scratch, step)
+        _universal(scratch, step)
+    orphan = _universal(scratch, 5)  # its checkpoint is gone already: nothing can tell it is covered
+    report = backup.run_backup(exp)
+    assert report.deleted == ["global_step10", "global_step10_universal", "global_step20", "global_step20_universal"]
+    assert sorted(p.name for p in scratch.glob("global_step*")) == [
+        "global_step30", "global_step30_universal", "global_step5_universal"]
+    assert orphan.is_dir() and not report.failed
+    # A checkpoint whose copy fails the re-read keeps its universal copy too.
+    _save(scratch, 40)
+    _universal(scratch, 40)
+    victim = report.store / "global_step30" / "layer_00-model_states.pt"
+    victim.write_bytes(bytes(b ^ 0xFF for b in victim.read_bytes()))
+    again = backup.run_backup(exp)
+    assert again.retention.delete == [30] and again.deleted == []
+    assert (scratch / "global_step30").is_dir() and (scratch / "global_step30_universal").is_dir()
+
+
+def test_a_universal_copy_that_is_a_link_is_refused_by_its_path_and_never_followed(make, trainings: Path,
+                                                                                     tmp_path: Path) -> None:
+    exp = make("linkeduniversal", keep_last=1)
+    scratch = Path(exp.paths.checkpoints)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "keep").mkdir(parents=True)
+    (elsewhere / "keep" / "data.pt").write_text("not ours")
+    _save(scratch, 10)
+    (scratch / "global_step10_universal").symlink_to(elsewhere)
+    _save(scratch, 20)
+    result = CliRunner().invoke(main, ["backup", "linkeduniversal", "--trainings-dir", str(trainings)])
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and len(errors) == 1 and "Traceback" not in result.output, result.output
+    assert f"{scratch / 'global_step10_universal'} is a symbolic link to {str(elsewhere)!r}" in errors[0]
+    assert "scratch retention: deleted global_step10" in result.output  # its checkpoint had a verified copy
+    assert (scratch / "global_step10_universal").is_symlink() and not (scratch / "global_step10").exists()
+    assert (elsewhere / "keep" / "data.pt").read_text() == "not ours"
+
+
+def test_a_checkpoint_folder_that_is_a_link_is_neither_copied_nor_deleted(make, tmp_path: Path) -> None:
+    exp = make("linkedfolder", keep_last=1)
+    scratch = Path(exp.paths.checkpoints)
+    real = _save(tmp_path / "other-filesystem", 10, latest=False)
+    (scratch / "global_step10").symlink_to(real)
+    _save(scratch, 20)
+    report = backup.run_backup(exp)
+    assert list(report.failed) == ["global_step10"] and f"{scratch / 'global_step10'} is a symbolic link" in \
+        report.failed["global_step10"]
+    assert report.backed_up == ["global_step20"] and report.deleted == []
+    assert (scratch / "global_step10").is_symlink() and sorted(p.name for p in real.iterdir()) == [
+        "bsops.json", "layer_00-model_states.pt", "layer_01-model_states.pt"]
+
+
 # --------------------------------------------------------------------------- the hostile table
 
 def _truncated_model_states(folder: Path) -> None:
@@ -246,6 +311,8 @@ HOSTILE = {
     "link to a file outside": (lambda c, t: (c / "global_step10" / "x.pt").symlink_to(t / "outside.txt"),
                                "symbolic link"),
     "link to a folder outside": (lambda c, t: (c / "global_step10" / "sub").symlink_to(t), "symbolic link"),
+    "the checkpoint folder is a link": (lambda c, t: (shutil.move(c / "global_step10", t / "moved"),
+                                                      (c / "global_step10").symlink_to(t / "moved")), "symbolic link"),
     # the checkpoint folder's own files
     "latest names a path": (lambda c, t: (c / "latest").write_text("../../etc"), "latest: got '../../etc'"),
     "latest with a newline": (lambda c, t: (c / "latest").write_text("global_step10\nglobal_step20"), "latest: got"),

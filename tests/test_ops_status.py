@@ -11,6 +11,7 @@ import pytest
 
 from bigscience_ops import slurm
 from bigscience_ops.ops import status
+from tests.fixtures_slurm import recorded_squeue, replay_squeue
 from tests.fixtures_status import ITERATION, seed_job
 
 ASSETS = Path(__file__).parent / "assets" / "slurm"
@@ -20,7 +21,7 @@ NOW = datetime(2026, 11, 22, 3, 42, 0)  # just after the recording was made
 
 @pytest.fixture(scope="module")
 def jobs() -> list[slurm.Job]:
-    return slurm.parse_squeue((ASSETS / "squeue.txt").read_text())
+    return recorded_squeue("squeue.txt")
 
 
 @pytest.fixture(scope="module")
@@ -222,14 +223,13 @@ def test_append_to_log_feeds_the_next_stall_check(tmp_path: Path) -> None:
 
 def test_a_queue_with_hostile_names_still_shows_the_training_and_counts_what_it_skipped(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Jobs named with U+2028, U+0085, U+001E or a real newline (recorded on the test cluster, replayed by a
-    stand-in squeue) neither blind the watchdog nor pass unnoticed: the training's job is judged (held:
-    it will never start), and the entry that did not parse is counted in the output."""
-    (tmp_path / "recorded").write_bytes((ASSETS / "squeue-hostile-names.txt").read_bytes())
-    (tmp_path / "squeue").write_text(f"#!/bin/bash\ncat {tmp_path / 'recorded'}\n")
-    (tmp_path / "squeue").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    """Jobs named with U+2028, U+0085, U+001E, a real newline or a forged RUNNING record of tr1-13B (recorded
+    on the test cluster, replayed by a stand-in squeue) neither blind the watchdog nor pass unnoticed: the
+    training's real job is judged (held: it will never start), the forged one is not believed, and the
+    entries skipped are counted in the output."""
+    monkeypatch.setenv("PATH", f"{replay_squeue(tmp_path, 'squeue-hostile-names.txt')}:{os.environ['PATH']}")
     report = status.check("tr1-13B", now=NOW)
     conditions = {a.condition for a in report.alerts}
     assert "never-starts" in conditions and "slurm-error" not in conditions, report.lines
-    assert report.lines[-1] == "[2026-11-22 03:42:00] 1 squeue entry did not parse and was skipped: 'n'"
+    assert not [line for line in report.lines if "is running" in line], report.lines  # the forged RUNNING record
+    assert report.lines[-1].startswith("[2026-11-22 03:42:00] 10 squeue entries did not parse and were skipped: ")

@@ -16,16 +16,31 @@ import pytest
 from bigscience_ops import slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.slurm import SQUEUE_DELIMITER as D
-from tests.fixtures_slurm import SlurmCluster, wait_until
+from tests.fixtures_slurm import RECORDED as ASSETS
+from tests.fixtures_slurm import SlurmCluster, recorded_squeue, recorded_terminator, wait_until
 
-
-ASSETS = Path(__file__).parent / "assets" / "slurm"
 LONG_NAME = "tr1-13B-round3-a-job-name-longer-than-forty-characters"
+T = "0123456789abcdef0123456789abcdef"
+"""The record terminator of the hand-written squeue outputs below (a real query draws its own)."""
+
+
+def squeue_text(*records: list[str], terminator: str = T) -> str:
+    """What squeue prints for these records: each ended by the delimiter, the terminator and a newline."""
+    return "".join(D.join([*fields, terminator]) + "\n" for fields in records)
+
+
+def fields(job: str, name: str, **changed: str) -> list[str]:
+    """Pending job `job`'s fields in SQUEUE_FIELDS order (name last), with some `changed`."""
+    values = {"job_id": job, "array_job_id": job, "array_task": "N/A", "own_id": job, "user": "u",
+              "state": "PENDING", "reason": "Priority", "partition": "p", "num_nodes": "1", "nodes": "",
+              "elapsed": "0:00", "time_limit": "1:00", "start_time": "N/A", "submit_time": "2026-01-01T00:00:00",
+              "dependency": "(null)", "name": name, **changed}
+    return [values[key] for key, _ in slurm.SQUEUE_FIELDS]
 
 
 @pytest.fixture(scope="module")
 def recorded() -> list[slurm.Job]:
-    return slurm.parse_squeue((ASSETS / "squeue.txt").read_text())
+    return recorded_squeue("squeue.txt")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +50,8 @@ def ids() -> dict[str, str]:
 
 def test_recording_matches_the_current_squeue_format() -> None:
     # A changed SQUEUE_FIELDS needs a new recording: tests/assets/slurm/README.md says how.
-    assert (ASSETS / "squeue.format").read_text() == slurm.SQUEUE_FORMAT
+    assert (ASSETS / "squeue.format").read_text() == slurm.squeue_format(recorded_terminator())
+    assert not recorded_squeue("squeue.txt").unparsed
 
 
 def test_every_pending_reason_is_parsed(recorded: list[slurm.Job], ids: dict[str, str]) -> None:
@@ -84,49 +100,84 @@ def test_times_and_limits(recorded: list[slurm.Job]) -> None:
 def test_lines_shaped_like_the_seed_report() -> None:
     # Values from the tr1-13B on-call report (Jean Zay): a long-running task of a bigger array.
     nodes = "r7i4n[1-7],r7i7n[1-8],r8i0n0,r8i5n[3-8]"
-    line = D.join(["711114_4", "711114", "4", "711200", "stas", "RUNNING", "None", "gpu_p13", "48", nodes,
-                   "18:15:59", "20:00:00", "2021-08-16T03:52:02", "2021-08-12T10:00:00", "(null)",
-                   "tr1-13B-round3"])
-    pending = D.join(["682842_[1-5%1]", "682842", "1-5%1", "682842", "stas", "PENDING", "Dependency",
-                      "gpu_p13", "48", "", "0:00", "UNLIMITED", "N/A", "2021-08-16T20:00:00",
-                      "afterany:711114_*(unfulfilled)", "tr1-13B-round3"])
-    running, waiting = slurm.parse_squeue(line + "\n" + pending + "\n")
+    line = ["711114_4", "711114", "4", "711200", "stas", "RUNNING", "None", "gpu_p13", "48", nodes,
+            "18:15:59", "20:00:00", "2021-08-16T03:52:02", "2021-08-12T10:00:00", "(null)", "tr1-13B-round3"]
+    pending = ["682842_[1-5%1]", "682842", "1-5%1", "682842", "stas", "PENDING", "Dependency", "gpu_p13", "48",
+               "", "0:00", "UNLIMITED", "N/A", "2021-08-16T20:00:00", "afterany:711114_*(unfulfilled)",
+               "tr1-13B-round3"]
+    running, waiting = slurm.parse_squeue(squeue_text(line, pending), T)
     assert (running.job_id, running.array_job_id, running.array_task) == ("711114_4", "711114", "4")
     assert running.elapsed_s == 18 * 3600 + 15 * 60 + 59 and running.nodes == nodes
     assert running.start_time == datetime(2021, 8, 16, 3, 52, 2) and running.time_limit_min == 1200
     assert waiting.job_id == "682842_[1-5%1]" and waiting.time_limit_min is None
 
 
-def test_a_name_containing_the_delimiter_still_parses() -> None:
-    fields = ["5", "5", "N/A", "5", "u", "PENDING", "Priority", "p", "1", "", "0:00", "1:00", "N/A",
-              "2026-01-01T00:00:00", "(null)", f"odd{D}name"]
-    assert slurm.parse_squeue(D.join(fields))[0].name == f"odd{D}name"
+def test_a_name_can_never_make_a_record() -> None:
+    """A name holding a newline and a whole record (the old line format, or with a guessed terminator)
+    stays inside its own job's record: that job is skipped and counted, its neighbours are kept."""
+    forged = D.join(fields("999", "tr1-13B", user="victim", state="RUNNING", reason="None", nodes="n1"))
+    hostile = [f"x\n{forged}\n", f"y\n{forged}{D}{'f' * 32}\nz"]
+    text = squeue_text(fields("5", "before"), *(fields(str(6 + i), name) for i, name in enumerate(hostile)),
+                       fields("9", "after"))
+    jobs = slurm.parse_squeue(text, T)
+    assert [(j.job_id, j.name) for j in jobs] == [("5", "before"), ("9", "after")]
+    assert jobs.unparsed == tuple(f"job {6 + i} of u named {name}" for i, name in enumerate(hostile))
 
 
-def test_lines_that_do_not_parse_are_skipped_and_counted() -> None:
-    """Any user names their jobs: a line that does not fit is set aside, never hides the others."""
-    assert slurm.parse_squeue("JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)\n").unparsed == (
-        "JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)",)
-    bad = D.join(["5", "5", "N/A", "5", "u", "PENDING", "Priority", "p", "one", "", "0:00", "1:00",
-                  "N/A", "N/A", "(null)", "n"])
-    good = D.join(["6", "6", "N/A", "6", "u", "PENDING", "Priority", "p", "1", "", "0:00", "1:00",
-                   "N/A", "N/A", "(null)", "fine"])
-    jobs = slurm.parse_squeue(bad + "\n" + good + "\n")
-    assert [j.name for j in jobs] == ["fine"] and jobs.unparsed == (bad,)
+@pytest.mark.parametrize("name", ["a\u2028b", "c\u2029d", "e\x85f", "g\x1eh", "i\x0bj", "k\x0cl", "m\nn",
+                                  f"odd{D}name", "tab\there", "\x9bcsi"])
+def test_a_name_with_a_control_character_or_line_break_is_skipped_and_counted(name: str) -> None:
+    jobs = slurm.parse_squeue(squeue_text(fields("5", name), fields("6", "tr1-13B")), T)
+    assert [j.name for j in jobs] == ["tr1-13B"] and jobs.unparsed == (f"job 5 of u named {name}",)
+    assert slurm.unparsed_note(jobs).startswith("1 squeue entry did not parse and was skipped: 'job 5 of u")
+
+
+def test_names_with_spaces_pipes_and_any_printable_text_are_kept() -> None:
+    names = ["rec name with spaces | and a pipe", "caf\u00e9 \u2014 \u6587\u5b57", "#SBATCH --x", "'\"\\$(x)"]
+    jobs = slurm.parse_squeue(squeue_text(*(fields(str(i), n) for i, n in enumerate(names))), T)
+    assert [j.name for j in jobs] == names and not jobs.unparsed
+
+
+def test_records_that_do_not_parse_are_skipped_and_counted() -> None:
+    """A record whose fields are not squeue's, a header, or a cut-off tail is set aside; it never hides the others."""
+    assert slurm.parse_squeue("JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)\n", T).unparsed == (
+        "JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)\n",)
+    bad, good = fields("5", "n", num_nodes="one"), fields("6", "fine")
+    jobs = slurm.parse_squeue(squeue_text(bad, good), T)
+    assert [j.name for j in jobs] == ["fine"] and jobs.unparsed == (D.join(bad),)
     assert slurm.unparsed_note(jobs).startswith("1 squeue entry did not parse")
-    assert slurm.unparsed_note(slurm.parse_squeue(good)) is None
+    assert slurm.unparsed_note(slurm.parse_squeue(squeue_text(good), T)) is None
+    for changed in ({"own_id": "5x"}, {"num_nodes": "1x"}, {"job_id": "5\n6"}, {"state": "running"},
+                    {"array_job_id": ""}):
+        assert not slurm.parse_squeue(squeue_text(fields("5", "n", **changed)), T), changed
+    cut = squeue_text(good) + D.join(fields("7", "cut"))[:40]
+    assert [j.name for j in slurm.parse_squeue(cut, T)] == ["fine"]
+    assert len(slurm.parse_squeue(cut, T).unparsed) == 1
+    assert not slurm.parse_squeue(squeue_text(good), "f" * 32)  # another query's terminator: nothing is a record
 
 
-def test_recorded_queue_with_unicode_line_breaks_in_names() -> None:
-    """tests/assets/slurm/squeue-hostile-names.txt: other users' jobs named with U+2028, U+2029, U+0085,
-    U+001E, VT and FF (which str.splitlines() breaks on), and one holding a real newline, recorded on the
-    test cluster by record_hostile_names.py."""
-    jobs = slurm.parse_squeue((ASSETS / "squeue-hostile-names.txt").read_bytes().decode("utf-8"))
-    names = {j.name for j in jobs}
-    assert {"a\u2028b", "c\u2029d", "e\x85f", "g\x1eh", "i\x0bj", "k\x0cl"} <= names
-    assert [(j.state, j.reason) for j in jobs if j.name == "tr1-13B"] == [("PENDING", "JobHeldUser")]
-    assert len(jobs.unparsed) == 1  # the part after the real newline
+def test_recorded_queue_with_hostile_names() -> None:
+    """tests/assets/slurm/squeue-hostile-names.txt, recorded on the test cluster by record_hostile_names.py:
+    jobs named with U+2028, U+2029, U+0085, U+001E, VT, FF, a real newline, the field delimiter, and two
+    jobs of another user whose names hold a forged RUNNING record of tr1-13B. Only the real tr1-13B job
+    is a record; the ten others are skipped and counted."""
+    jobs = recorded_squeue("squeue-hostile-names.txt")
+    assert [(j.name, j.user, j.state, j.reason) for j in jobs] == [("tr1-13B", "root", "PENDING", "JobHeldUser")]
+    assert len(jobs.unparsed) == 10
+    assert sum(line.startswith("job ") and " of nobody named " in line for line in jobs.unparsed) == 2
+    assert slurm.unparsed_note(jobs).startswith("10 squeue entries did not parse and were skipped: ")
     assert issubclass(slurm.SlurmError, BsopsError)
+
+
+def test_the_format_ends_each_record_with_a_terminator_that_is_never_in_argv() -> None:
+    one, two = slurm.new_terminator(), slurm.new_terminator()
+    assert one != two and len(one) == 32
+    assert slurm.squeue_format(one).endswith(D + one) and slurm.squeue_format(one).startswith("%i" + D)
+    assert slurm.squeue_env(one) == {"SQUEUE_FORMAT": slurm.squeue_format(one)}
+    assert not any(one in arg or "--format" in arg for arg in slurm.squeue_argv(users=["u"], name="n"))
+    for weak in ("", "abc", "x" * 32, "\n" + "a" * 32):
+        with pytest.raises(ValueError, match="terminator"):
+            slurm.squeue_format(weak)
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
@@ -197,8 +248,7 @@ def test_sbatch_argv_refuses(kwargs: dict, message: str) -> None:
 
 def test_squeue_scontrol_scancel_argv() -> None:
     argv = slurm.squeue_argv(users=["stas", "teven"], name="tr1-13B")
-    assert argv[:2] == ["squeue", "--noheader"] and argv[2] == f"--format={slurm.SQUEUE_FORMAT}"
-    assert argv[3:] == ["--user=stas,teven", "--name=tr1-13B"]
+    assert argv == ["squeue", "--noheader", "--user=stas,teven", "--name=tr1-13B"]
     assert slurm.scontrol_show_job_argv("711114_4") == ["scontrol", "--oneliner", "show", "job", "711114_4"]
     assert slurm.scancel_argv(["12"], signal="USR1", batch_only=True) == [
         "scancel", "--signal=USR1", "--batch", "12"]
@@ -299,6 +349,7 @@ def test_pinned_env_drops_user_formats_and_pins_the_time_format() -> None:
                             "SQUEUE_FORMAT": "%i", "SQUEUE_FORMAT2": "jobid", "SQUEUE_SORT": "-t",
                             "SACCT_FORMAT": "jobid", "SINFO_FORMAT": "%N", "SCANCEL_INTERACTIVE": "1"})
     assert env == {"PATH": "/bin", "SLURM_CONF": "/x.conf", "SLURM_TIME_FORMAT": "standard"}
+    assert slurm.pinned_env({"SQUEUE_FORMAT": "%i"}, {"SQUEUE_FORMAT": "%A"})["SQUEUE_FORMAT"] == "%A"
 
 
 @pytest.mark.slurm

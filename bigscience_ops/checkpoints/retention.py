@@ -4,13 +4,23 @@ Kept: the one `latest` names and every one after it (a save in progress, or chec
 set aside: they stay until the run passes them again), every checkpoint without a verified copy in
 the backup, the newest `keep_last` up to `latest`, and every step that is a multiple of `keep_every`.
 Everything else may go.
+
+A checkpoint's universal copy (global_stepN_universal: DeepSpeed's reshaped copy of global_stepN,
+made for a layout change, and never backed up itself) goes only with its checkpoint: right after
+global_stepN was deleted, which needs a copy of global_stepN verified right before. It can be made
+again only from a whole global_stepN, so while global_stepN stays on scratch its universal copy
+stays too, and one whose checkpoint is gone already is never deleted by bsops. Nothing is followed
+through a symbolic link: a checkpoint or universal folder that is one (or is not a folder) is left in
+place and refused, naming its path.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bigscience_ops.checkpoints.layout import UNIVERSAL_SUFFIX, Checkpoint
 
@@ -47,17 +57,52 @@ def decide(steps: Iterable[int], latest_step: int | None, verified: set[int], ke
     return Decision(keep, delete)
 
 
-def apply(checkpoints: list[Checkpoint], decision: Decision, still_verified: Callable[[Checkpoint], bool]) -> list[str]:
-    """Delete the decided checkpoints, each only if `still_verified` confirms its backup right before; returns tags.
+@dataclass(frozen=True)
+class Applied:
+    deleted: list[str] = field(default_factory=list)  # global_stepN, each followed by its _universal copy if any
+    refused: dict[str, str] = field(default_factory=dict)  # folder name -> why it was left in place
 
-    A checkpoint's universal copy (global_stepN_universal, derived from it for a layout change) goes with it.
-    """
-    deleted = []
+
+def apply(checkpoints: list[Checkpoint], decision: Decision, still_verified: Callable[[Checkpoint], bool]) -> Applied:
+    """Delete the decided checkpoints, each only if `still_verified` confirms its backup right before, and
+    each one's universal copy right after it. A folder that is a symbolic link or not a folder, or that
+    cannot be deleted, is refused (its path and why) and the others go on."""
+    done = Applied()
     for ckpt in checkpoints:
-        if ckpt.step in decision.delete and still_verified(ckpt):
-            shutil.rmtree(ckpt.path)
-            universal_copy = ckpt.path.with_name(ckpt.path.name + UNIVERSAL_SUFFIX)
-            if universal_copy.is_dir():
-                shutil.rmtree(universal_copy)
-            deleted.append(ckpt.tag)
-    return deleted
+        if ckpt.step not in decision.delete:
+            continue
+        refusal = _not_a_folder(ckpt.path)
+        if refusal is not None:
+            done.refused[ckpt.tag] = refusal
+            continue
+        if not still_verified(ckpt) or not _delete(ckpt.path, done):
+            continue
+        universal = ckpt.path.with_name(ckpt.path.name + UNIVERSAL_SUFFIX)
+        if not (universal.exists() or universal.is_symlink()):
+            continue
+        refusal = _not_a_folder(universal)
+        if refusal is not None:
+            done.refused[universal.name] = refusal
+        else:
+            _delete(universal, done)
+    return done
+
+
+def _not_a_folder(path: Path) -> str | None:
+    """Why `path` must not be deleted as a checkpoint folder, or None when it is a plain folder."""
+    if path.is_symlink():
+        return (f"{path} is a symbolic link to {os.readlink(path)!r}; retention never follows a link, so it and "
+                "what it points to were left in place (remove the link by hand if it is not needed)")
+    if not path.is_dir():
+        return f"{path} is not a folder; retention deletes checkpoint folders only, so it was left in place"
+    return None
+
+
+def _delete(path: Path, done: Applied) -> bool:
+    try:
+        shutil.rmtree(path)  # does not follow links inside the folder: it removes them
+    except OSError as exc:
+        done.refused[path.name] = f"{path} could not be deleted: {exc.strerror or exc}"
+        return False
+    done.deleted.append(path.name)
+    return True

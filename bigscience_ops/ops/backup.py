@@ -76,7 +76,8 @@ class Report:
     planned: list[Planned] = field(default_factory=list)
     retention: retention.Decision | None = None
     deleted: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)  # tag -> why it was not backed up
+    failed: dict[str, str] = field(default_factory=dict)  # tag -> why it was not backed up, or (a folder
+    # name) why retention left a folder it had to delete in place (a symbolic link, not a folder)
     store: Path | None = None  # this run's part of the store: <dest>/<experiment>/<run id>
 
 
@@ -121,7 +122,11 @@ def run_store(dest: Path, experiment: str, run_id: str) -> Path:
 
 
 def fingerprint(ckpt: Checkpoint) -> dict[str, list[int]]:
-    """Every file of the checkpoint with [size, mtime_ns]; a symbolic link in it is a BackupError (never followed)."""
+    """Every file of the checkpoint with [size, mtime_ns]; a symbolic link (the folder or anything in it) is a
+    BackupError (never followed)."""
+    if ckpt.path.is_symlink():
+        raise BackupError(f"{ckpt.path} is a symbolic link (to {os.readlink(ckpt.path)!r}), not the checkpoint's own "
+                          f"folder: {ckpt.tag} is not backed up (nor deleted); move the folder itself there")
     out: dict[str, list[int]] = {}
     for root, dirs, files in os.walk(ckpt.path, followlinks=False):
         for name in dirs + files:
@@ -445,7 +450,9 @@ def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
                 report.backed_up.append(plan.ckpt.tag)
             except (BackupError, OSError) as exc:
                 report.failed[plan.ckpt.tag] = str(exc)
-    report.retention, report.deleted = _retention(exp, scratch, store, dry_run)
+    report.retention, applied = _retention(exp, scratch, store, dry_run)
+    report.deleted = applied.deleted
+    report.failed.update({name: f"scratch retention: {why}" for name, why in applied.refused.items()})
     return report
 
 
@@ -457,14 +464,15 @@ def _copied(store: Path, ckpt: Checkpoint) -> bool:
         return False
 
 
-def _retention(exp: Experiment, scratch: Path, store: Path, dry_run: bool) -> tuple[retention.Decision, list[str]]:
+def _retention(exp: Experiment, scratch: Path, store: Path, dry_run: bool
+               ) -> tuple[retention.Decision, retention.Applied]:
     checkpoints = layout.list_checkpoints(scratch)
     latest = layout.latest_tag(scratch)
     verified = {c.step for c in checkpoints if _copied(store, c)}
     decision = retention.decide([c.step for c in checkpoints], layout.step_of(latest) if latest else None, verified,
                                 exp.backup.keep_last, exp.backup.keep_every)
     if dry_run or not decision.delete:
-        return decision, []
+        return decision, retention.Applied()
     # `latest` is read again right before deleting: a save that finished meanwhile must not lose its base,
     # and a rollback that moved it back keeps everything after it.
     # Its copy is re-read and checked against the manifest's sha256 right before: a copy damaged since

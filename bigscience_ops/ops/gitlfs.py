@@ -208,10 +208,16 @@ def commit_all(git: Git, message: str) -> str | None:
     return git.out("rev-parse", "HEAD")
 
 
+MAX_WAIT_S = 300.0
+"""The longest wait between two pushes: hub.push_attempts (at most 10) then wait 25 minutes in all, less
+than the hourly period of the job that pushes."""
+
+
 def push(git: Git, attempts: int, backoff_s: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> int:
     """Push HEAD to origin's branch, rebasing onto what others pushed in between; returns the attempts used.
 
-    Waits backoff_s, 2 * backoff_s, ... between tries, and raises the last GitError after `attempts`.
+    Waits backoff_s, 2 * backoff_s, ... (never more than MAX_WAIT_S) between tries, and raises the last
+    GitError after `attempts`.
     """
     branch = git.out("symbolic-ref", "--short", "HEAD")
     for attempt in range(1, attempts + 1):
@@ -222,7 +228,7 @@ def push(git: Git, attempts: int, backoff_s: float = 10.0, sleep: Callable[[floa
         except GitError:
             if attempt == attempts:
                 raise
-        sleep(backoff_s * 2 ** (attempt - 1))
+        sleep(min(backoff_s * 2 ** min(attempt - 1, 30), MAX_WAIT_S))
         if git.run("fetch", "--quiet", "origin", check=False).returncode == 0 and \
                 git.run("rev-parse", "--verify", "--quiet", f"refs/remotes/origin/{branch}", check=False).returncode == 0:
             git.run("rebase", "--quiet", f"origin/{branch}", hint="the remote changed in a way that conflicts; "

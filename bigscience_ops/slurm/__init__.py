@@ -1,7 +1,7 @@
 """All Slurm knowledge, and the one place that runs Slurm commands. Callers use `slurm.NAME`:
 
 - errors.py   SlurmError, SlurmCommandError (argv, exit code and stderr)
-- output.py   parsers of real output: squeue lines (Job, the state sets), durations, sbatch, scontrol, sacct
+- output.py   parsers of real output: squeue records (Job, the state sets), durations, sbatch, scontrol, sacct
 - argv.py     command lines: squeue, sbatch, scontrol, sacct, scancel, each value checked
 - script.py   sbatch's own #SBATCH reader: how a value is written, how a script's options read back
 - taskenv.py  TaskEnv: a task's SLURM_* variables, read once (and written by a local launch)
@@ -9,7 +9,7 @@
 """
 
 from bigscience_ops.slurm.argv import (
-    begin_arg, sacct_argv, sbatch_argv, scancel_argv, scontrol_show_job_argv, squeue_argv,
+    begin_arg, sacct_argv, sbatch_argv, scancel_argv, scontrol_show_job_argv, squeue_argv, squeue_env,
 )
 from bigscience_ops.slurm.commands import (
     DEFAULT_TIMEOUT_S, GETENT_TIMEOUT_S, PINNED_ENV, cancel, cancel_array, cancel_pending, group_users,
@@ -17,10 +17,10 @@ from bigscience_ops.slurm.commands import (
 )
 from bigscience_ops.slurm.errors import SlurmCommandError, SlurmError
 from bigscience_ops.slurm.output import (
-    ACTIVE_STATES, NEVER_STARTS, QUEUED_STATES, SQUEUE_DELIMITER, SQUEUE_FIELDS, SQUEUE_FORMAT, WAITING_STATES,
-    Job, Jobs, SacctRecord, TestOnlyAnswer, format_duration, parse_duration, parse_sacct, parse_sbatch_parsable,
-    parse_sbatch_test_only, parse_scontrol_show_job, parse_squeue, parse_time_limit, parse_timestamp,
-    unparsed_note,
+    ACTIVE_STATES, NEVER_STARTS, QUEUED_STATES, SQUEUE_DELIMITER, SQUEUE_FIELDS, WAITING_STATES, Job, Jobs,
+    SacctRecord, TestOnlyAnswer, format_duration, new_terminator, parse_duration, parse_sacct,
+    parse_sbatch_parsable, parse_sbatch_test_only, parse_scontrol_show_job, parse_squeue, parse_time_limit,
+    parse_timestamp, squeue_format, unparsed_note,
 )
 from bigscience_ops.slurm.script import SBATCH_PREFIX, output_path, sbatch_quote, sbatch_words, script_job_name, \
     script_options
@@ -28,12 +28,12 @@ from bigscience_ops.slurm.taskenv import LOCAL_LAUNCH, TaskEnv
 
 __all__ = [
     "ACTIVE_STATES", "DEFAULT_TIMEOUT_S", "GETENT_TIMEOUT_S", "LOCAL_LAUNCH", "NEVER_STARTS", "PINNED_ENV",
-    "QUEUED_STATES", "SBATCH_PREFIX", "SQUEUE_DELIMITER", "SQUEUE_FIELDS", "SQUEUE_FORMAT", "WAITING_STATES",
+    "QUEUED_STATES", "SBATCH_PREFIX", "SQUEUE_DELIMITER", "SQUEUE_FIELDS", "WAITING_STATES",
     "Job", "Jobs", "SacctRecord", "SlurmCommandError", "SlurmError", "TaskEnv", "TestOnlyAnswer",
     "begin_arg", "cancel", "cancel_array", "cancel_pending", "format_duration", "group_users", "job_accounting",
-    "output_path", "parse_duration", "parse_sacct", "parse_sbatch_parsable", "parse_sbatch_test_only",
-    "parse_scontrol_show_job", "parse_squeue", "parse_time_limit", "parse_timestamp", "pinned_env",
-    "query_jobs", "run", "run_unchecked", "sacct_argv", "sbatch_argv", "sbatch_quote", "sbatch_words",
-    "scancel_argv", "scontrol_show_job_argv", "script_job_name", "script_options", "show_job", "squeue_argv",
-    "submit", "unparsed_note",
+    "new_terminator", "output_path", "parse_duration", "parse_sacct", "parse_sbatch_parsable",
+    "parse_sbatch_test_only", "parse_scontrol_show_job", "parse_squeue", "parse_time_limit", "parse_timestamp",
+    "pinned_env", "query_jobs", "run", "run_unchecked", "sacct_argv", "sbatch_argv", "sbatch_quote",
+    "sbatch_words", "scancel_argv", "scontrol_show_job_argv", "script_job_name", "script_options", "show_job",
+    "squeue_argv", "squeue_env", "squeue_format", "submit", "unparsed_note",
 ]

@@ -7,13 +7,14 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 
-from bigscience_ops.slurm.output import SQUEUE_FORMAT, parse_time_limit
+from bigscience_ops.slurm.output import parse_time_limit, squeue_format
 
 
 def squeue_argv(*, users: Sequence[str] = (), name: str | None = None,
                 job_ids: Sequence[str] = ()) -> list[str]:
-    """One squeue query, delimited and headerless, so long names are never cut to a column width."""
-    argv = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}"]
+    """One headerless squeue query; its format comes from `squeue_env()`, never from argv (which any
+    user reads in /proc), so the record terminator stays secret."""
+    argv = ["squeue", "--noheader"]
     if users:
         argv.append("--user=" + ",".join(_checked_list("users", users)))
     if name is not None:
@@ -21,6 +22,12 @@ def squeue_argv(*, users: Sequence[str] = (), name: str | None = None,
     if job_ids:
         argv.append("--jobs=" + ",".join(_checked_list("job_ids", job_ids)))
     return argv
+
+
+def squeue_env(terminator: str) -> dict[str, str]:
+    """The environment that gives squeue_argv() its format: SQUEUE_FORMAT, records ended by `terminator`
+    (delimited fields, so long names are never cut to a column width)."""
+    return {"SQUEUE_FORMAT": squeue_format(terminator)}
 
 
 def sbatch_argv(script: str | os.PathLike[str], *, job_name: str | None = None,

@@ -8,10 +8,12 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bigscience_ops.slurm.argv import checked_item, sacct_argv, scancel_argv, scontrol_show_job_argv, squeue_argv
+from bigscience_ops.slurm.argv import (
+    checked_item, sacct_argv, scancel_argv, scontrol_show_job_argv, squeue_argv, squeue_env,
+)
 from bigscience_ops.slurm.errors import SlurmCommandError, SlurmError
 from bigscience_ops.slurm.output import (
-    Job, SacctRecord, parse_sacct, parse_sbatch_parsable, parse_scontrol_show_job, parse_squeue,
+    Jobs, SacctRecord, new_terminator, parse_sacct, parse_sbatch_parsable, parse_scontrol_show_job, parse_squeue,
 )
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -27,26 +29,28 @@ PINNED_ENV = {"SLURM_TIME_FORMAT": "standard"}
 """What every Slurm command runs with: ISO timestamps (`2021-08-16T03:52:02`), as the parsers read."""
 
 
-def pinned_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`env` (default: this process's) without the variables that change Slurm's output, plus PINNED_ENV."""
+def pinned_env(env: Mapping[str, str] | None = None, settings: Mapping[str, str] | None = None
+               ) -> dict[str, str]:
+    """`env` (default: this process's) without the variables that change Slurm's output, plus PINNED_ENV
+    and bsops' own `settings` for this command (squeue's format: `argv.squeue_env`)."""
     source = os.environ if env is None else env
     clean = {k: v for k, v in source.items()
              if not k.startswith(_USER_OUTPUT_PREFIXES) and k not in _USER_OUTPUT_VARIABLES}
-    return {**clean, **PINNED_ENV}
+    return {**clean, **PINNED_ENV, **(settings or {})}
 
 
-def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None
-        ) -> subprocess.CompletedProcess[str]:
-    """Run one Slurm command with a pinned environment (`pinned_env(env)`); with run_unchecked, the only
-    place in bsops that does. Raises SlurmCommandError on failure."""
+def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None,
+        settings: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm command with a pinned environment (`pinned_env(env, settings)`); with run_unchecked,
+    the only place in bsops that does. Raises SlurmCommandError on failure."""
     argv = [str(a) for a in argv]
     if not argv or argv[0] not in _COMMANDS:
         raise ValueError(f"slurm.run runs only {', '.join(sorted(_COMMANDS))}; got argv {argv!r}")
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=pinned_env(env),
-                              stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=pinned_env(env, settings), stdin=subprocess.DEVNULL, check=False)
     except FileNotFoundError as exc:
         raise SlurmCommandError(argv, None, str(exc),
                                 f"could not start: {argv[0]} is not on PATH (install the Slurm client "
@@ -114,15 +118,17 @@ def group_users(group: str, timeout: float = GETENT_TIMEOUT_S) -> list[str]:
     return sorted(users)
 
 
-def query_jobs(*, users: Sequence[str] = (), name: str | None = None,
-               timeout: float = DEFAULT_TIMEOUT_S) -> list[Job]:
-    """One squeue call for these users' jobs (all users when empty), parsed without truncation."""
-    argv = squeue_argv(users=users, name=name)
-    proc = run(argv, timeout=timeout)
+def query_jobs(*, users: Sequence[str] = (), name: str | None = None, job_ids: Sequence[str] = (),
+               timeout: float = DEFAULT_TIMEOUT_S) -> Jobs:
+    """One squeue call for these users' jobs (all users when empty), parsed without truncation; records
+    end with a terminator drawn for this call (`output.squeue_format`), so no job name forges one."""
+    argv = squeue_argv(users=users, name=name, job_ids=job_ids)
+    terminator = new_terminator()
+    proc = run(argv, timeout=timeout, settings=squeue_env(terminator))
     if "error" in proc.stderr.lower():
         # squeue exits 0 on e.g. an unknown --user; an empty answer would then read as "no job".
         raise SlurmCommandError(argv, proc.returncode, proc.stderr, "reported an error")
-    return parse_squeue(proc.stdout)
+    return parse_squeue(proc.stdout, terminator)
 
 
 def submit(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> str:

@@ -1,9 +1,10 @@
-"""Parsers of real Slurm output: squeue's delimited lines, durations and time limits, sbatch's answers,
+"""Parsers of real Slurm output: squeue's delimited records, durations and time limits, sbatch's answers,
 `scontrol --oneliner show job`, sacct. Pure: text in, values out; every line is split on `\n` only."""
 
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,9 +38,10 @@ def parse_time_limit(text: str) -> int:
 
 
 SQUEUE_DELIMITER = "\x1f"
-"""ASCII unit separator: no job name, partition or node list contains it, unlike spaces or '|'."""
+"""ASCII unit separator between squeue's fields: no partition, node list or state holds it."""
 
-# (field, squeue --format code). The name is last so that even a name containing the delimiter parses.
+# (field, squeue --format code). Every field but the name is Slurm's or the admin's (ids, states, node and
+# partition names, times); the name is any user's free text, so it comes last, framed by the terminator.
 SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
     ("job_id", "%i"),         # 711114_4, 682842_[1-5%1], 712
     ("array_job_id", "%F"),   # 711114 (the job's own id when not an array)
@@ -58,7 +60,24 @@ SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
     ("dependency", "%E"),     # afterany:1_*(unfulfilled), (null)
     ("name", "%j"),
 )
-SQUEUE_FORMAT = SQUEUE_DELIMITER.join(code for _, code in SQUEUE_FIELDS)
+
+
+def new_terminator() -> str:
+    """A fresh random record terminator for one squeue query (128 bits, hex)."""
+    return secrets.token_hex(16)
+
+
+def squeue_format(terminator: str) -> str:
+    """squeue's --format for SQUEUE_FIELDS, each record ended by DELIMITER + `terminator`.
+
+    Slurm accepts any text in a job name, a real newline included, and squeue prints it raw: a name
+    such as `x\\n<16 forged fields>` would read as a second job if records were lines. Records therefore
+    end with a random terminator chosen per query and passed in squeue's environment (SQUEUE_FORMAT),
+    which other users cannot read, unlike its argv: no name can contain it, so no name can end a
+    record or start one, and the name (the last field) is read exactly, whatever it holds."""
+    if not re.fullmatch(r"[0-9a-f]{16,}", terminator):
+        raise ValueError(f"squeue terminator must be at least 16 lowercase hex digits; got {terminator!r}")
+    return SQUEUE_DELIMITER.join([*(code for _, code in SQUEUE_FIELDS), terminator])
 
 
 @dataclass(frozen=True)
@@ -106,34 +125,57 @@ QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still ho
 
 
 class Jobs(list):
-    """squeue's jobs, and `unparsed`: the lines that did not parse. Any user names their jobs, and a
-    name may hold line breaks or anything else: such a line is skipped and counted, so one hostile
-    entry never hides the rest of the queue."""
+    """squeue's jobs, and `unparsed`: the records set aside. Any user names their jobs, and a name may
+    hold line breaks or anything else: such a record is skipped and counted, so one hostile entry never
+    hides the rest of the queue."""
 
     def __init__(self, jobs: Sequence[Job] = (), unparsed: Sequence[str] = ()) -> None:
         super().__init__(jobs)
         self.unparsed: tuple[str, ...] = tuple(unparsed)
 
 
-def parse_squeue(text: str) -> Jobs:
-    """Parse the output of `squeue_argv()`, split on `\\n` only (a job name may hold U+2028, U+0085 or
-    U+001E, where str.splitlines() would break); a line that does not fit goes to `Jobs.unparsed`."""
+_HOSTILE_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Control characters and Unicode line breaks: in no name bsops gives a job (config refuses them)."""
+
+
+def parse_squeue(text: str, terminator: str) -> Jobs:
+    """Parse squeue's output for `squeue_format(terminator)`. Records are split on the terminator, never
+    on line breaks, so a job name holding `\\n`, U+2028 or a whole forged record stays inside its own
+    job's record. A record whose fields do not parse, or whose name holds a control character or a line
+    break (no job of bsops has one), goes to `Jobs.unparsed` and the others are kept."""
+    end = SQUEUE_DELIMITER + terminator + "\n"
+    *records, rest = text.split(end)
     jobs, unparsed = [], []
-    for line in text.split("\n"):
-        if not line.strip():
-            continue
+    for record in records:
         try:
-            jobs.append(_squeue_job(line))
+            job = _squeue_job(record)
         except ValueError:
-            unparsed.append(line)
+            unparsed.append(record)
+            continue
+        if _HOSTILE_NAME.search(job.name):
+            unparsed.append(f"job {job.job_id} of {job.user} named {job.name}")
+        else:
+            jobs.append(job)
+    if rest.strip():
+        unparsed.append(rest)  # not a whole record: squeue's output was cut, or it was not squeue's
     return Jobs(jobs, unparsed)
 
 
-def _squeue_job(line: str) -> Job:
-    parts = line.split(SQUEUE_DELIMITER, len(SQUEUE_FIELDS) - 1)
+_PREFIX = {  # what Slurm prints in each field before the name; anything else is not squeue's record
+    "job_id": re.compile(r"\d+(?:_(?:\d+|\[[\d,%\-]+\])|\+\d+)?"), "array_job_id": re.compile(r"\d+"),
+    "array_task": re.compile(r"N/A|[\d,%\-]+"), "own_id": re.compile(r"\d+"),
+    "state": re.compile(r"[A-Z_]+"), "num_nodes": re.compile(r"\d+"),
+}
+
+
+def _squeue_job(record: str) -> Job:
+    parts = record.split(SQUEUE_DELIMITER, len(SQUEUE_FIELDS) - 1)
     if len(parts) != len(SQUEUE_FIELDS):
         raise ValueError(f"{len(parts)} fields, expected {len(SQUEUE_FIELDS)} separated by {SQUEUE_DELIMITER!r}")
     f = dict(zip((name for name, _ in SQUEUE_FIELDS), parts))
+    if any(not pattern.fullmatch(f[key]) for key, pattern in _PREFIX.items()) or \
+            any("\n" in f[key] for key, _ in SQUEUE_FIELDS[:-1]):
+        raise ValueError(f"fields do not look like squeue's: {record[:200]!r}")
     return Job(
         job_id=f["job_id"], array_job_id=f["array_job_id"],
         array_task=None if f["array_task"] in ("N/A", "") else f["array_task"],
@@ -148,7 +190,7 @@ def _squeue_job(line: str) -> Job:
 
 
 def unparsed_note(jobs: Sequence[Job]) -> str | None:
-    """'2 queue entries did not parse and were skipped: ...' for a Jobs with unparsed lines, else None."""
+    """'2 squeue entries did not parse and were skipped: ...' for a Jobs with unparsed records, else None."""
     unparsed = getattr(jobs, "unparsed", ())
     if not unparsed:
         return None

@@ -1,7 +1,11 @@
-"""Re-record the real Slurm output the parser tests read: `bash scripts/slurm-up.sh && SLURM_CONF=... python tests/assets/slurm/record.py`.
+"""Re-record the real Slurm output the parser tests read (tests/assets/slurm/README.md):
+
+`eval "$(bash scripts/slurm-up.sh)" && PYTHONPATH=. .venv/bin/python tests/assets/slurm/record.py`
 
 Submits one job per interesting state to the single-node test cluster, waits until Slurm reports each
-state, saves what squeue / scontrol / sbatch printed, and cancels the jobs. Takes about 15 s.
+state, saves what squeue / scontrol / sbatch printed, and cancels the jobs. Takes about 15 s. squeue's
+format, with the record terminator drawn for this recording, goes to squeue.format (record_hostile_names.py
+uses the same one; run it after this script).
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ def sbatch(*args: str, name: str, command: str = "sleep 300") -> str:
     return slurm.parse_sbatch_parsable(slurm.run(argv, timeout=30).stdout)
 
 
+TERMINATOR = slurm.new_terminator()
+
+
 def squeue(ids: list[str]) -> str:
-    return slurm.run(slurm.squeue_argv(job_ids=ids), timeout=30).stdout
+    return slurm.run(slurm.squeue_argv(job_ids=ids), timeout=30, settings=slurm.squeue_env(TERMINATOR)).stdout
 
 
 def main() -> int:
@@ -41,8 +48,9 @@ def main() -> int:
     slurm.run(["scontrol", "hold", ids["held_admin"]], timeout=30)
     slurm.run(["scontrol", "uhold", ids["held_user"]], timeout=30)
     ids["partition_down"] = sbatch(f"--partition={PARTITION}-down", name="rec-partition-down")
-    ids["resources"] = sbatch("--cpus-per-task=8", name="rec-resources")
-    ids["priority"] = sbatch("--cpus-per-task=8", name="rec-priority")
+    # Every CPU of the cluster (2 nodes of 8): one task of the array already holds one.
+    ids["resources"] = sbatch("--nodes=2", "--cpus-per-task=8", name="rec-resources")
+    ids["priority"] = sbatch("--nodes=2", "--cpus-per-task=8", name="rec-priority")
     ids["odd_name"] = sbatch("--begin=now+1hour", name="rec name with spaces | and a pipe")
     time.sleep(2)
     ids["never"] = sbatch(f"--dependency=afterok:{ids['failed']}", name="rec-never-satisfied")
@@ -55,7 +63,7 @@ def main() -> int:
     deadline = time.monotonic() + 30
     while True:
         text = squeue(list(ids.values()))
-        reasons = {j.array_job_id: j.reason for j in slurm.parse_squeue(text) if j.state == "PENDING"}
+        reasons = {j.array_job_id: j.reason for j in slurm.parse_squeue(text, TERMINATOR) if j.state == "PENDING"}
         missing = {k: reasons.get(ids[k]) for k, r in want.items() if reasons.get(ids[k]) != r}
         if not missing or time.monotonic() > deadline:
             break
@@ -64,7 +72,7 @@ def main() -> int:
         print(f"record: states not reached within 30 s: {missing}", file=sys.stderr)
 
     (HERE / "squeue.txt").write_text(text)
-    (HERE / "squeue.format").write_text(slurm.SQUEUE_FORMAT)
+    (HERE / "squeue.format").write_text(slurm.squeue_format(TERMINATOR))
     shown = slurm.run(slurm.scontrol_show_job_argv(ids["array"]), timeout=30).stdout
     shown += slurm.run(slurm.scontrol_show_job_argv(ids["never"]), timeout=30).stdout
     (HERE / "scontrol_show_job.txt").write_text(shown)

@@ -1,0 +1,29 @@
+"""bigscience_ops.ops.gitlfs: a push that keeps failing waits a bounded time, then raises the last error."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops.ops import gitlfs
+from bigscience_ops.schema import HubConfig
+
+
+def test_waits_between_failing_pushes_are_capped_and_the_most_attempts_fit_in_the_hourly_period(
+        tmp_path: Path) -> None:
+    """A real git push to a remote that does not exist fails every time: with hub.push_attempts at its
+    bound, the waits double from backoff_s up to MAX_WAIT_S, and all of them end before the next hourly run."""
+    subprocess.run(["git", "init", "--quiet", "-b", "main", str(tmp_path)], check=True, timeout=60)
+    for args in (["config", "user.email", "t@example.org"], ["config", "user.name", "t"],
+                 ["commit", "--quiet", "--allow-empty", "-m", "x"],
+                 ["remote", "add", "origin", str(tmp_path / "no-such-remote.git")]):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, timeout=60)
+    waits: list[float] = []
+    attempts = HubConfig.__dataclass_fields__["push_attempts"].metadata["bounds"]["at_most"]
+    with pytest.raises(gitlfs.GitError) as failed:
+        gitlfs.push(gitlfs.Git(tmp_path), attempts, backoff_s=10.0, sleep=waits.append)
+    assert failed.value.argv[:2] == ["git", "push"]
+    assert waits == [10, 20, 40, 80, 160, 300, 300, 300, 300]
+    assert sum(waits) < 3600
