@@ -108,5 +108,6 @@ def test_new_experiment_resets_every_site_value_of_its_base(tmp_path: Path, monk
     assert shown["alerts"]["email_to"] == [] and shown["data"]["blend"] == []
     assert shown["paths"]["output"] == str(tmp_path / "runs" / "mine")
     assert shown["model"]["hidden_size"] == 5120  # the model still comes from the base
-    assert list(shown["inherited_site_values"]) == ["data.tokenizer"]  # left for the user, and listed
+    assert shown["inherited_site_values"] == {}  # the tokenizer too: reset, with the base's kind
+    assert shown["data"]["tokenizer"] == {"kind": "gpt2-bpe", "vocab_file": None, "merges_file": None, "json_file": None}
     assert run("new", "mine").exit_code == 2 and path.is_file()  # never overwritten

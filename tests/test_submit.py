@@ -63,6 +63,8 @@ def test_a_dry_run_without_slurm_renders_and_says_why_the_queue_was_not_checked(
     assert "squeue" in str(err.value)
     plan = submit.plan_launch(exp, dry_run=True)
     [note] = [line for line in plan.describe() if line.startswith("queue")]
-    assert note.startswith("queue not checked: squeue: fatal: ") and note.endswith(
-        "(SLURM_CONF is unset); a real launch needs the queue")
+    assert note == ("queue not checked: Slurm is not configured on this machine (SLURM_CONF is unset): squeue found "
+                    "no cluster configuration; set SLURM_CONF to your cluster's slurm.conf, or run on a login node; "
+                    "a real launch needs the queue")
+    assert "Could not establish a configuration source" in plan.queue_error.detail()  # what --verbose adds
     assert "--format" not in note and plan.argv[0] == "sbatch" and not plan.run_dir.exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import main
+from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, main
 
 
 # Options that take several values, Megatron style (`--json-keys text title`).
@@ -58,6 +58,11 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
     if tokenizer_type == "GPT2BPETokenizer" and name_or_path:
         raise click.UsageError("--tokenizer-name-or-path belongs to --tokenizer-type PretrainedFromHF; "
                                "GPT2BPETokenizer reads --vocab-file and --merge-file")
+    if tokenizer_type == "GPT2BPETokenizer" and not tokenizer and not (vocab_file and merges_file):
+        given = "--vocab-file" if vocab_file else "--merge-file" if merges_file else "neither"
+        raise click.UsageError(f"--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file (GPT-2's "
+                               f"vocab.json and merges.txt); got {given}. Or --tokenizer gpt2 for the packaged "
+                               "GPT-2 files")
     if name_or_path and tokenizer and name_or_path != tokenizer:
         raise click.UsageError(f"--tokenizer {tokenizer!r} and --tokenizer-name-or-path {name_or_path!r} "
                                "disagree; give one")
@@ -66,35 +71,35 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
 
 @main.command(cls=_MegatronCommand)
 @click.option("--input", "inputs", multiple=True, required=True,
-              type=click.Path(dir_okay=False, path_type=Path),
+              type=SafePath(dir_okay=False, path_type=Path),
               help="jsonl file, optionally .gz or .xz compressed; repeat for several.")
-@click.option("--json-keys", multiple=True, default=("text",), show_default=True,
+@click.option("--json-keys", type=TEXT, multiple=True, default=("text",), show_default=True,
               help="Keys whose strings are the documents, one output per key: `--json-keys text title` "
                    "(Megatron's spelling), repeated, or comma-separated.")
-@click.option("--tokenizer", default=None,
+@click.option("--tokenizer", type=TEXT, default=None,
               help="A tokenizer.json, a folder with vocab.json + merges.txt, or 'gpt2' (packaged GPT-2 files).")
 @click.option("--tokenizer-type", type=click.Choice(TOKENIZER_TYPES), default=None,
               help="Megatron's: GPT2BPETokenizer (with --vocab-file/--merge-file) or PretrainedFromHF "
                    "(with --tokenizer-name-or-path, a local path). Optional here.")
-@click.option("--tokenizer-name-or-path", default=None,
+@click.option("--tokenizer-name-or-path", type=TEXT, default=None,
               help="Megatron's PretrainedFromHF source: a local tokenizer.json or a folder holding one.")
-@click.option("--vocab-file", "--vocab", "vocab_file", default=None,
+@click.option("--vocab-file", "--vocab", "vocab_file", type=TEXT, default=None,
               help="GPT-2 style vocab.json (with --merge-file).")
-@click.option("--merge-file", "--merges-file", "merges_file", default=None,
+@click.option("--merge-file", "--merges-file", "merges_file", type=TEXT, default=None,
               help="GPT-2 style merges.txt (with --vocab-file).")
 @click.option("--tokenizer-backend", type=click.Choice(["auto", "fastokens", "tiktoken", "tokenizers"]),
               default="auto", show_default=True,
               help="auto: the fastest that gives tokenizers' ids on a probe text: fastokens, then tiktoken, "
                    "then tokenizers itself.")
-@click.option("--cross-check", type=click.FloatRange(0.0, 1.0), default=0.01, show_default=True,
+@click.option("--cross-check", type=FiniteFloat(0.0, 1.0), default=0.01, show_default=True,
               help="Share of the text a fastokens run also encodes with the reference tokenizer (tiktoken, "
                    "or tokenizers) and compares; a difference stops the run. 0 turns it off.")
 @click.option("--special-text", type=click.Choice(["plain", "token"]), default="plain", show_default=True,
               help="What a literal <|endoftext|> inside a document becomes. plain: ordinary text, as "
                    "Megatron's preprocess_data.py; token: the end-of-document id, as transformers' tokenizers.")
 @click.option("--append-eod", is_flag=True, help="End each document with <|endoftext|>.")
-@click.option("--output-prefix", required=True, help="Writes PREFIX_KEY_document.bin/.idx.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--output-prefix", type=TEXT, required=True, help="Writes PREFIX_KEY_document.bin/.idx.")
+@click.option("--workers", type=click.IntRange(min=1, max=4096), default=1, show_default=True,
               help="Tokenizing processes.")
 @click.option("--strict", is_flag=True, help="Stop at the first unusable line instead of counting it.")
 @click.option("--log-interval", type=click.IntRange(min=1), default=100_000, show_default=True,
@@ -105,7 +110,7 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
 @click.option("--split-sentences", is_flag=True, hidden=True)
 @click.option("--make-vocab-size-divisible-by", type=int, default=None, hidden=True)
 @click.option("--pad-vocab-size-to", type=int, default=None, hidden=True)
-@click.option("--datasets", multiple=True, hidden=True)
+@click.option("--datasets", type=TEXT, multiple=True, hidden=True)
 def preprocess(inputs: tuple[Path, ...], json_keys: tuple[str, ...], tokenizer: str | None,
                tokenizer_type: str | None, tokenizer_name_or_path: str | None, vocab_file: str | None,
                merges_file: str | None, tokenizer_backend: str, cross_check: float, special_text: str,
@@ -174,9 +179,9 @@ def preprocess(inputs: tuple[Path, ...], json_keys: tuple[str, ...], tokenizer: 
 
 
 @main.command("merge-data")
-@click.option("--input-prefix", "prefixes", multiple=True, required=True,
+@click.option("--input-prefix", "prefixes", type=TEXT, multiple=True, required=True,
               help="Indexed dataset prefix (without .bin/.idx); repeat, in order.")
-@click.option("--output-prefix", required=True, help="Prefix of the merged .bin/.idx.")
+@click.option("--output-prefix", type=TEXT, required=True, help="Prefix of the merged .bin/.idx.")
 def merge_data(prefixes: tuple[str, ...], output_prefix: str) -> None:
     """Concatenate indexed datasets (same tokenizer) into one."""
     from bigscience_ops.data.indexed import IndexedDataset, merge_datasets
@@ -187,7 +192,7 @@ def merge_data(prefixes: tuple[str, ...], output_prefix: str) -> None:
 
 
 @main.command("prepare-corpus")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", "out_dir", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Folder for the .bin/.idx (default: corpus/build next to the bundled corpus).")
 def prepare_corpus(out_dir: Path | None) -> None:
     """Build the bundled corpus's .bin/.idx (the tiny experiment's data) if missing."""
