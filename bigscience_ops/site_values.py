@@ -148,12 +148,14 @@ class ClusterRules:
     partition: bool = False
     account: bool = False
     unknown: str | None = None
+    error: slurm.SlurmError | None = None  # what asking failed with (a launch then knows the queue cannot be asked)
 
 
 @dataclass(frozen=True)
 class SiteCheck:
     blanks: list[Blank]
     cluster_note: str | None = None  # why the cluster's needs (partition, account) were not checked
+    cluster_error: slurm.SlurmError | None = None  # the error behind cluster_note
 
 
 SINFO_PARTITIONS = ["sinfo", "--noheader", "--format=%P"]
@@ -183,7 +185,7 @@ def cluster_rules(timeout: float = PROBE_TIMEOUT_S) -> ClusterRules:
         partitions = slurm.run(SINFO_PARTITIONS, timeout=timeout).stdout
         config = slurm.run(SCONTROL_CONFIG, timeout=timeout).stdout
     except slurm.SlurmError as exc:
-        return ClusterRules(unknown=str(exc))
+        return ClusterRules(unknown=str(exc), error=exc)
     return ClusterRules(not has_default_partition(partitions), enforces_accounts(config))
 
 
@@ -204,10 +206,10 @@ def missing_site_values(exp: Experiment, *, slurm_job: bool = True, cluster: Clu
         blanks.append(Blank("data.tokenizer", SITE_FIELDS["data.tokenizer"]))
     if not slurm_job:
         return SiteCheck(blanks)
-    s, note = exp.slurm, None
+    s, note, error = exp.slurm, None, None
     if not (s.partition and s.account):
         cluster = cluster or cluster_rules()
-        note = cluster.unknown
+        note, error = cluster.unknown, cluster.error
         if cluster.partition and not s.partition:
             blanks.append(Blank("slurm.partition", "your cluster's partition (it has no default one)"))
         if cluster.account and not s.account:
@@ -217,7 +219,7 @@ def missing_site_values(exp: Experiment, *, slurm_job: bool = True, cluster: Clu
             blanks.append(Blank("slurm.env_setup", SITE_FIELDS["slurm.env_setup"]))
         if not exp.alerts.email_to and not exp.alerts.webhook_url_env:
             blanks.append(Blank("alerts.email_to", SITE_FIELDS["alerts.email_to"]))
-    return SiteCheck(blanks, note)
+    return SiteCheck(blanks, note, error)
 
 
 def check_complete(exp: Experiment, *, slurm_job: bool = True, allow_incomplete: bool = False) -> SiteCheck:

@@ -94,6 +94,8 @@ def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetim
         users = watched_users(exp)
         argv = slurm.squeue_argv(users=users, name=exp.slurm.job_name)
         check_conf(argv)  # a missing SLURM_CONF would keep squeue retrying for a minute
+        if prepared.site is not None and prepared.site.cluster_error is not None:
+            raise prepared.site.cluster_error  # the controller did not answer sinfo just now: squeue would wait again
         jobs = slurm.query_jobs(users=users, name=exp.slurm.job_name)
     except slurm.SlurmError as exc:
         if not dry_run:
