@@ -102,10 +102,12 @@ def experiment_path(name: str, trainings_dir: Path | None = None) -> Path:
     return _by_name(name, trainings_dirs(trainings_dir), "", name)
 
 
-def _by_name(name: str, folders: list[Path], field: str, source: str) -> Path:
+def _by_name(name: str, folders: list[Path], field: str, source: str, skip: Path | None = None) -> Path:
+    """The first folder's NAME.yaml; `skip` is a file naming itself as its base (a local tiny.yaml that says
+    `base: tiny` means the bundled one)."""
     for directory in folders:
         path = directory / f"{name}.yaml"
-        if path.is_file():
+        if path.is_file() and (skip is None or path.resolve() != skip.resolve()):
             return path
     known = ", ".join(sorted({p.stem for d in folders for p in d.glob("*.yaml")})) or "none"
     where = " or ".join(str(d) for d in dict.fromkeys(folders))
@@ -163,10 +165,10 @@ def _under(path: Path, folder: Path) -> bool:
     return Path(path).resolve().is_relative_to(Path(folder).resolve())
 
 
-def _read_with_bases(path: Path, trainings_dir: Path | None, chain: tuple[str, ...]) -> tuple[dict, dict]:
+def _read_with_bases(path: Path, trainings_dir: Path | None, chain: tuple[Path, ...]) -> tuple[dict, dict]:
     """The merged mapping and, for each field path, the file that set it."""
-    if path.stem in chain:
-        raise ConfigError(str(path), "base", " -> ".join(chain + (path.stem,)), "base chains must not loop")
+    if path.resolve() in chain:
+        raise ConfigError(str(path), "base", " -> ".join(p.stem for p in chain + (path,)), "base chains must not loop")
     data = read_yaml(path)
     base = data.get("base")
     merged: dict = {}
@@ -177,8 +179,8 @@ def _read_with_bases(path: Path, trainings_dir: Path | None, chain: tuple[str, .
                               "line: this file's folder, the local trainings/, then bsops' own)")
         # The same rule as a name on the command line: the file's own folder, the local folder, then bsops' own.
         folders = list(dict.fromkeys([path.parent, *trainings_dirs(trainings_dir)]))
-        base_path = _by_name(base, folders, "base", str(path))
-        merged, origins = _read_with_bases(base_path, trainings_dir, chain + (path.stem,))
+        base_path = _by_name(base, folders, "base", str(path), skip=path)
+        merged, origins = _read_with_bases(base_path, trainings_dir, chain + (path.resolve(),))
     _one_node_plan(data, merged, str(path))
     merge(merged, data, origins, str(path), "")
     return merged, origins
