@@ -144,6 +144,8 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
     experiment without data is refused (site_values.IncompleteExperiment) unless `allow_incomplete`.
     """
     exp = local_experiment(exp, run_dir)
+    # Checked before anything is written: an experiment without its plan or its data leaves no run folder.
+    first: PreparedLaunch | None = prepare_launch(exp, slurm_job=False, allow_incomplete=allow_incomplete)
     out = Path(exp.paths.output)
     shims = out / "slurm-shims"
     shims.mkdir(parents=True, exist_ok=True)
@@ -158,8 +160,9 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
     rendered_nodes = None
     for task in range(1, (tasks or exp.slurm.array) + 1):
         # Each task runs at the node phase of the latest checkpoint; the run schedule is computed once.
-        prepared = prepare_launch(exp, prepared.schedule if prepared else None, slurm_job=False,
-                                  allow_incomplete=allow_incomplete)
+        prepared = first or prepare_launch(exp, prepared.schedule if prepared else None, slurm_job=False,
+                                           allow_incomplete=allow_incomplete)
+        first = None
         exp = prepared.experiment
         nodes = exp.slurm.nodes
         if nodes != rendered_nodes:

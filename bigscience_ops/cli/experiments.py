@@ -244,13 +244,15 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
     """
     from bigscience_ops.launch import launch_local
 
+    if not local and (out is not None or tasks is not None):
+        raise click.UsageError("--out and --tasks apply to --local only")
+    if local and (after_current or dry_run):
+        raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
     experiment = load_experiment(exp, trainings_dir)
     echo_run_folder(exp, trainings_dir, experiment, out if local else None)
     if not local:
         from bigscience_ops import submit
 
-        if out is not None or tasks is not None:
-            raise click.UsageError("--out and --tasks apply to --local only")
         launch_plan = submit.plan_launch(experiment, after_current=after_current, dry_run=dry_run,
                                          allow_incomplete=allow_incomplete)
         _warn_incomplete(experiment.name, launch_plan.site)
@@ -265,8 +267,6 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
         click.echo(f"submitted job array {job_id} ({experiment.slurm.array} tasks, one at a time)")
         click.echo(f"watch it with: bsops status {shlex.quote(exp)}    log: {Path(experiment.paths.logs) / 'main_log.txt'}")
         return
-    if after_current or dry_run:
-        raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
     result = launch_local(experiment, out, tasks, progress=click.echo, allow_incomplete=allow_incomplete)
     for task in result.tasks:
         click.echo(f"array task {task.array_task_id}: exit {task.returncode} in {task.seconds:.0f} s ({task.output})")
