@@ -152,4 +152,4 @@ def test_a_new_users_first_commands_in_a_folder_of_their_own(tmp_path: Path, mon
     assert not (tmp_path / "runs" / "myrun" / "logs").exists()  # nothing ran
     dry = run("launch", "myrun", "--dry-run", "--allow-incomplete")
     assert dry.exit_code == 0 and "queue not checked: Slurm's configuration SLURM_CONF=" in dry.stdout
-    assert dry.stderr.startswith(f"run folder: {tmp_path}/runs/myrun (relative paths of")
+    assert dry.stdout.startswith(f"run folder: {tmp_path}/runs/myrun (relative paths of")

@@ -48,6 +48,13 @@ def test_hostile_arguments_are_refused_in_one_line(argv: list[str], option: str,
     assert line.startswith("error: ") and option in line and shown in line and ("allowed" in line or "range" in line)
 
 
+def test_preprocess_names_the_files_gpt2bpe_needs(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["preprocess", "--input", str(tmp_path / "x.jsonl"), "--output-prefix", "o",
+                                       "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json"])
+    assert result.exit_code == EXIT_ERROR and "needs --vocab-file and --merge-file" in result.stderr
+    assert "got --vocab-file" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
 def test_a_bad_combination_is_one_line_naming_the_help() -> None:
     result = CliRunner().invoke(main, ["launch", "tiny", "--out", "x"], prog_name="bsops")
     assert result.exit_code == EXIT_ERROR
@@ -62,9 +69,11 @@ def test_a_missing_slurm_conf_is_one_line_at_once_and_verbose_adds_the_command(t
     result = CliRunner().invoke(main, ["status", "tiny", "--no-email"])
     assert result.exit_code == EXIT_ERROR and time.monotonic() - started < 30  # squeue would retry for 60 s
     expected = f"Slurm's configuration SLURM_CONF={tmp_path}/gone/slurm.conf does not exist (squeue not run)"
-    assert expected in result.stdout and "--format" not in result.output and "\\x1f" not in result.output
-    assert result.stderr == f"run folder: {tmp_path}/runs/tiny (tiny is bundled with bsops: its runs go under the " \
-                            "current folder)\n"
+    assert "--format" not in result.output and "\\x1f" not in result.output and result.stderr == ""
+    assert result.stdout.splitlines()[0] == (f"run folder: {tmp_path}/runs/tiny (tiny is bundled with bsops: its "
+                                             "runs go under the current folder)")
+    [alert] = result.stdout.splitlines()[1:]  # the watchdog's one line
+    assert expected in alert
     verbose = CliRunner().invoke(main, ["--verbose", "status", "tiny", "--no-email"])
     assert verbose.exit_code == EXIT_ERROR and "  command:   squeue --noheader" in verbose.stderr
     for argv in (["cron", "status", "--cron-dir", str(tmp_path / "c")], ["cron", "install", "--cron-dir",

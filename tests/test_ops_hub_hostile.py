@@ -100,8 +100,9 @@ ROWS: dict[str, Row] = {
     "old clone with a credential URL": Row("pushes to 'https://huggingface.co/bs/synced-logs'",
                                            setup=_old_clone_with_a_credential_url),
     "foreign https host": Row("hub.host", {"remote_template": "{server}/{{repo}}.git"}, server=True),
-    "inherited foreign remote": Row("hub.host", {"remote_template": "{server}/{{repo}}.git"}, server=True,
-                                    base="theirs"),
+    # Refused before any remote is looked at: hub-sync does not run on an inherited remote (cli/ops.py).
+    "inherited foreign remote": Row("inherits hub.remote_template (from", {"remote_template": "{server}/{{repo}}.git"},
+                                    server=True, base="theirs"),
 }
 
 

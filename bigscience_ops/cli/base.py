@@ -161,14 +161,16 @@ def load_experiment(name: str, trainings_dir: Path | None):
     return config.load_experiment(name, trainings_dir)
 
 
-def echo_run_folder(name: str, trainings_dir: Path | None, experiment, out: Path | None = None) -> None:
-    """Say on stderr which run folder the command reads or writes, and the rule that put it there."""
+def echo_run_folder(name: str, trainings_dir: Path | None, experiment, out: Path | None = None,
+                    err: bool = False) -> None:
+    """Say which run folder the command reads or writes, and the rule that put it there: the first line of the
+    command's report, or on stderr (`err`) where stdout is the data itself (a log, Markdown, JSON)."""
     from bigscience_ops.config import experiment_path, run_folder_note
 
     if out is not None:
-        click.echo(f"run folder: {Path(out).resolve()} (given by --out)", err=True)
+        click.echo(f"run folder: {Path(out).resolve()} (given by --out)", err=err)
         return
-    click.echo(run_folder_note(experiment_path(name, trainings_dir), experiment), err=True)
+    click.echo(run_folder_note(experiment_path(name, trainings_dir), experiment), err=err)
 
 
 def default_cron_dir() -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, main
+from bigscience_ops.cli.base import TEXT, FiniteFloat, main
 
 
 # Options that take several values, Megatron style (`--json-keys text title`).
@@ -71,9 +71,9 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
 
 @main.command(cls=_MegatronCommand)
 @click.option("--input", "inputs", multiple=True, required=True,
-              type=SafePath(dir_okay=False, path_type=Path),
+              type=click.Path(dir_okay=False, path_type=Path),
               help="jsonl file, optionally .gz or .xz compressed; repeat for several.")
-@click.option("--json-keys", type=TEXT, multiple=True, default=("text",), show_default=True,
+@click.option("--json-keys", multiple=True, default=("text",), show_default=True,
               help="Keys whose strings are the documents, one output per key: `--json-keys text title` "
                    "(Megatron's spelling), repeated, or comma-separated.")
 @click.option("--tokenizer", type=TEXT, default=None,
@@ -98,8 +98,8 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
               help="What a literal <|endoftext|> inside a document becomes. plain: ordinary text, as "
                    "Megatron's preprocess_data.py; token: the end-of-document id, as transformers' tokenizers.")
 @click.option("--append-eod", is_flag=True, help="End each document with <|endoftext|>.")
-@click.option("--output-prefix", type=TEXT, required=True, help="Writes PREFIX_KEY_document.bin/.idx.")
-@click.option("--workers", type=click.IntRange(min=1, max=4096), default=1, show_default=True,
+@click.option("--output-prefix", required=True, help="Writes PREFIX_KEY_document.bin/.idx.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tokenizing processes.")
 @click.option("--strict", is_flag=True, help="Stop at the first unusable line instead of counting it.")
 @click.option("--log-interval", type=click.IntRange(min=1), default=100_000, show_default=True,
@@ -110,7 +110,7 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
 @click.option("--split-sentences", is_flag=True, hidden=True)
 @click.option("--make-vocab-size-divisible-by", type=int, default=None, hidden=True)
 @click.option("--pad-vocab-size-to", type=int, default=None, hidden=True)
-@click.option("--datasets", type=TEXT, multiple=True, hidden=True)
+@click.option("--datasets", multiple=True, hidden=True)
 def preprocess(inputs: tuple[Path, ...], json_keys: tuple[str, ...], tokenizer: str | None,
                tokenizer_type: str | None, tokenizer_name_or_path: str | None, vocab_file: str | None,
                merges_file: str | None, tokenizer_backend: str, cross_check: float, special_text: str,
@@ -179,9 +179,9 @@ def preprocess(inputs: tuple[Path, ...], json_keys: tuple[str, ...], tokenizer: 
 
 
 @main.command("merge-data")
-@click.option("--input-prefix", "prefixes", type=TEXT, multiple=True, required=True,
+@click.option("--input-prefix", "prefixes", multiple=True, required=True,
               help="Indexed dataset prefix (without .bin/.idx); repeat, in order.")
-@click.option("--output-prefix", type=TEXT, required=True, help="Prefix of the merged .bin/.idx.")
+@click.option("--output-prefix", required=True, help="Prefix of the merged .bin/.idx.")
 def merge_data(prefixes: tuple[str, ...], output_prefix: str) -> None:
     """Concatenate indexed datasets (same tokenizer) into one."""
     from bigscience_ops.data.indexed import IndexedDataset, merge_datasets
@@ -192,7 +192,7 @@ def merge_data(prefixes: tuple[str, ...], output_prefix: str) -> None:
 
 
 @main.command("prepare-corpus")
-@click.option("--out", "out_dir", type=SafePath(file_okay=False, path_type=Path), default=None,
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for the .bin/.idx (default: corpus/build next to the bundled corpus).")
 def prepare_corpus(out_dir: Path | None) -> None:
     """Build the bundled corpus's .bin/.idx (the tiny experiment's data) if missing."""

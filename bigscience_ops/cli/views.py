@@ -29,7 +29,7 @@ def logs_command(exp: str, trainings_dir: Path | None, lines: int, follow: bool,
     from bigscience_ops import runlog
 
     experiment = load_experiment(exp, trainings_dir)
-    echo_run_folder(exp, trainings_dir, experiment)
+    echo_run_folder(exp, trainings_dir, experiment, err=True)  # stdout is the log's lines
     path = runlog.find_log(experiment, from_clone)
     last, offset = runlog.tail(path, lines)
     for line in last:
@@ -77,7 +77,7 @@ def info_command(exp: str, trainings_dir: Path | None, as_json: bool) -> None:
     from bigscience_ops.views import runinfo
 
     experiment = load_experiment(exp, trainings_dir)
-    echo_run_folder(exp, trainings_dir, experiment)
+    echo_run_folder(exp, trainings_dir, experiment, err=as_json)
     info = runinfo.run_info(experiment)
     click.echo(json.dumps(runinfo.info_data(info), indent=1) if as_json else runinfo.info_text(info))
 
@@ -93,7 +93,7 @@ def chronicle_command(exp: str, trainings_dir: Path | None, out: Path | None) ->
     from bigscience_ops.views import chronicle
 
     experiment = load_experiment(exp, trainings_dir)
-    echo_run_folder(exp, trainings_dir, experiment)
+    echo_run_folder(exp, trainings_dir, experiment, err=out is None)  # stdout may be the Markdown
     text = chronicle.markdown(experiment)
     if out is None:
         click.echo(text, nl=False)
