@@ -65,8 +65,8 @@ class SlurmCommandError(SlurmError):
         if self.returncode is None and "did not answer" in self.problem:
             return f"{self.tool} {self.problem.split(' (')[0]} ({where}): is slurmctld running and reachable?"
         if any(marker in said for marker in _UNCONFIGURED):
-            return (f"Slurm is not configured on this machine ({where}): {self.tool} found no cluster "
-                    "configuration; set SLURM_CONF to your cluster's slurm.conf, or run on a login node")
+            return (f"Slurm is not configured on this machine ({where}): no cluster configuration found; set "
+                    "SLURM_CONF to your cluster's slurm.conf, or run on a login node")
         if any(marker in said for marker in _UNREACHABLE):
             return f"cannot reach the Slurm controller ({where}): is slurmctld running?"
         if self.returncode is None:
