@@ -36,6 +36,12 @@ def missing_conf(env: Mapping[str, str] | None = None) -> str | None:
     return conf if conf and not os.path.isfile(conf) else None
 
 
+def said(exc: BaseException) -> str:
+    """An error in one line for a log or an email: a Slurm command's message with what the command said."""
+    text = exc.with_reason() if isinstance(exc, SlurmCommandError) else str(exc)
+    return " ".join(text.split())
+
+
 def check_conf(argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     """Raise SlurmCommandError at once when SLURM_CONF names a missing file, instead of running `argv`."""
     conf = missing_conf(env)
@@ -81,6 +87,11 @@ class SlurmCommandError(SlurmError):
             if said:
                 return said[-1].split(marker, 1)[1].strip() or said[-1]
         return lines[-1] if lines else "(no output on stderr)"
+
+    def with_reason(self) -> str:
+        """The message and what the command said, for logs and alert emails the on-call person reads later."""
+        said = self.reason() if self.stderr.strip() else ""
+        return f"{self}" + (f" ({self.tool} said: {said})" if said and said not in str(self) else "")
 
     def command(self) -> str:
         """The argv as a shell line; unprintable characters (the squeue delimiter) shown escaped."""
