@@ -342,19 +342,3 @@ def test_task_env_writes_back_what_a_job_was_given() -> None:
              "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "tiny", "SLURM_SUBMIT_DIR": "/w",
              "SLURM_CPUS_PER_TASK": "4"}
     assert slurm.TaskEnv.from_env({**given, "SLURM_PROCID": "0", "HOME": "/root"}).to_env() == given
-
-
-def test_a_slurm_error_is_one_human_line_and_keeps_what_slurm_said(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bigscience_ops.slurm.errors import said
-
-    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/site.conf")
-    down = slurm.SlurmCommandError(["squeue", "--format=%i\x1f%j"], 1, "squeue: error: Unable to contact slurm "
-                                   "controller (connect failure)\n", "exited with code 1")
-    assert str(down) == "cannot reach the Slurm controller (SLURM_CONF=/etc/slurm/site.conf): is slurmctld running?"
-    assert said(down) == f"{down} (squeue said: Unable to contact slurm controller (connect failure))"  # logs, emails
-    assert "'--format=%i\\x1f%j'" in down.detail() and "\x1f" not in down.detail()  # what --verbose prints
-    refused = slurm.SlurmCommandError(["sbatch", "--parsable", "job.slurm"], 1, "sbatch: error: Batch job submission "
-                                      "failed: Invalid account or account/partition combination specified\n",
-                                      "exited with code 1")
-    assert str(refused) == ("sbatch failed (exited with code 1): Batch job submission failed: Invalid account or "
-                            "account/partition combination specified") and said(refused) == str(refused)
