@@ -1,5 +1,10 @@
 """The experiment config: typed, frozen dataclasses loaded from trainings/<name>.yaml.
 
+An experiment named on the command line is looked up in the local trainings folder (--trainings-dir,
+$BSOPS_TRAININGS or ./trainings) first, then in bsops' bundled trainings/: a local file of the same
+name wins, and the bundled experiments stay reachable from any folder. A `base:` is found the same
+way, after the folder of the file that names it.
+
 An experiment may start with `base: <other>` and list only what differs. Values are coerced to
 the declared types (`10e6` for an int, `6e-5` for a float), unknown keys are rejected with the
 valid ones, and every error names the file, the field path, the value and what is allowed.
@@ -24,6 +29,7 @@ import dataclasses
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,35 +45,73 @@ from bigscience_ops.typedyaml import build, merge, read_yaml
 
 # ----------------------------------------------------------------------------- loading
 
-def default_trainings_dir() -> Path:
-    """--trainings-dir, else $BSOPS_TRAININGS, else ./trainings, else the bundled trainings/."""
+def local_trainings_dir(trainings_dir: Path | None = None) -> Path:
+    """The user's own experiments: --trainings-dir, else $BSOPS_TRAININGS, else ./trainings (which may not exist)."""
+    if trainings_dir is not None:
+        return Path(trainings_dir)
     env = os.environ.get("BSOPS_TRAININGS")
-    if env:
-        return Path(env)
-    here = Path.cwd() / "trainings"
-    if here.is_dir():
-        return here
-    return bundled("trainings")
+    return Path(env) if env else Path.cwd() / "trainings"
+
+
+def trainings_dirs(trainings_dir: Path | None = None) -> list[Path]:
+    """Where experiments are looked up by name, in order: the local folder (local_trainings_dir), then the
+    bundled trainings/. A local file wins over a bundled one of the same name."""
+    found = [local_trainings_dir(trainings_dir)]
+    try:
+        mine = bundled("trainings")
+    except ResourceError:
+        return found
+    if not found[0].is_dir() or found[0].resolve() != mine.resolve():
+        found.append(mine)
+    return found
+
+
+@dataclass(frozen=True)
+class Found:
+    """An experiment file found by name: where it is and whether it is one of bsops' own."""
+
+    name: str
+    path: Path
+    bundled: bool
+    shadowed_by: Path | None = None  # a bundled file hidden by a local one of the same name
+
+
+def find_experiments(trainings_dir: Path | None = None) -> list[Found]:
+    """Every experiment of trainings_dirs(), local ones first; a bundled one a local file hides is marked."""
+    seen: dict[str, Path] = {}
+    found = []
+    for directory in trainings_dirs(trainings_dir):
+        for path in sorted(directory.glob("*.yaml")):
+            found.append(Found(path.stem, path, is_bundled(path), seen.get(path.stem)))
+            seen.setdefault(path.stem, path)
+    return found
 
 
 def list_experiments(trainings_dir: Path | None = None) -> list[str]:
-    directory = trainings_dir or default_trainings_dir()
-    return sorted(p.stem for p in directory.glob("*.yaml"))
+    """The names experiment_path() finds, sorted."""
+    return sorted({f.name for f in find_experiments(trainings_dir)})
 
 
 def experiment_path(name: str, trainings_dir: Path | None = None) -> Path:
-    """The file of an experiment given by name or by path."""
+    """The file of an experiment given by name (trainings_dirs(), in order) or by path."""
     if name.endswith((".yaml", ".yml", ".json")) or os.sep in name:
         path = Path(name)
         if not path.is_file():
             raise ConfigError(str(path), "", name, "no such experiment file")
         return path
-    directory = trainings_dir or default_trainings_dir()
-    path = directory / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(list_experiments(directory)) or "none"
-        raise ConfigError(str(directory), "", name, f"no such experiment; known: {known}")
-    return path
+    return _by_name(name, trainings_dirs(trainings_dir), "", name)
+
+
+def _by_name(name: str, folders: list[Path], field: str, source: str, skip: Path | None = None) -> Path:
+    """The first folder's NAME.yaml; `skip` is a file naming itself as its base (a local tiny.yaml that says
+    `base: tiny` means the bundled one)."""
+    for directory in folders:
+        path = directory / f"{name}.yaml"
+        if path.is_file() and (skip is None or path.resolve() != skip.resolve()):
+            return path
+    known = ", ".join(sorted({p.stem for d in folders for p in d.glob("*.yaml")})) or "none"
+    where = " or ".join(str(d) for d in dict.fromkeys(folders))
+    raise ConfigError(source or where, field, name, f"no such experiment in {where}; known: {known}")
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -86,7 +130,7 @@ def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
     rollbacks recorded)."""
     path = experiment_path(name, trainings_dir)
     check_name(path.stem, str(path))
-    raw, origins = _read_with_bases(path, trainings_dir or path.parent, chain=())
+    raw, origins = _read_with_bases(path, trainings_dir, chain=())
     raw.pop("base", None)
     # A rollback's skipped iterations are part of the run from then on (rollbacks.py).
     return with_recorded_skips(_build(path.stem, raw, origins, str(path), project_folder(path), outputs_folder(path)))
@@ -103,24 +147,40 @@ def outputs_folder(experiment_file: Path) -> Path:
     return Path.cwd() if is_bundled(experiment_file) else project_folder(experiment_file)
 
 
-def _read_with_bases(path: Path, trainings_dir: Path, chain: tuple[str, ...]) -> tuple[dict, dict]:
+def run_folder_note(experiment_file: Path, exp: Experiment) -> str:
+    """`run folder: PATH (why)`: where exp's run is and which part of the rule (README "Where paths resolve")
+    put it there; every command that reads or writes a run prints it."""
+    out, name, experiment_file = Path(exp.paths.output), Path(experiment_file).name, Path(experiment_file).resolve()
+    if is_bundled(experiment_file):
+        why = (f"{exp.name} is bundled with bsops: its runs go under the current folder" if _under(out, Path.cwd())
+               else f"paths.output of bsops' bundled {name}")
+    else:
+        project = project_folder(experiment_file)
+        why = (f"relative paths of {experiment_file} resolve against {project}" if _under(out, project)
+               else f"paths.output of {experiment_file}")
+    return f"run folder: {out} ({why})"
+
+
+def _under(path: Path, folder: Path) -> bool:
+    return Path(path).resolve().is_relative_to(Path(folder).resolve())
+
+
+def _read_with_bases(path: Path, trainings_dir: Path | None, chain: tuple[Path, ...]) -> tuple[dict, dict]:
     """The merged mapping and, for each field path, the file that set it."""
-    if path.stem in chain:
-        raise ConfigError(str(path), "base", " -> ".join(chain + (path.stem,)), "base chains must not loop")
+    if path.resolve() in chain:
+        raise ConfigError(str(path), "base", " -> ".join(p.stem for p in chain + (path,)), "base chains must not loop")
     data = read_yaml(path)
     base = data.get("base")
     merged: dict = {}
     origins: dict = {}
     if base is not None:
         if not isinstance(base, str):
-            raise ConfigError(str(path), "base", base, "the name of another experiment in the same folder")
-        base_path = trainings_dir / f"{base}.yaml"
-        if not base_path.is_file() and (bundled("trainings") / f"{base}.yaml").is_file():
-            base_path = bundled("trainings") / f"{base}.yaml"  # a bundled experiment as a base, from any folder
-        if not base_path.is_file():
-            known = ", ".join(list_experiments(trainings_dir))
-            raise ConfigError(str(path), "base", base, f"no such experiment; known: {known}")
-        merged, origins = _read_with_bases(base_path, trainings_dir, chain + (path.stem,))
+            raise ConfigError(str(path), "base", base, "the name of another experiment (found like EXP on the command "
+                              "line: this file's folder, the local trainings/, then bsops' own)")
+        # The same rule as a name on the command line: the file's own folder, the local folder, then bsops' own.
+        folders = list(dict.fromkeys([path.parent, *trainings_dirs(trainings_dir)]))
+        base_path = _by_name(base, folders, "base", str(path), skip=path)
+        merged, origins = _read_with_bases(base_path, trainings_dir, chain + (path.resolve(),))
     _one_node_plan(data, merged, str(path))
     merge(merged, data, origins, str(path), "")
     return merged, origins
@@ -129,7 +189,7 @@ def _read_with_bases(path: Path, trainings_dir: Path, chain: tuple[str, ...]) ->
 def field_origins(name: str, trainings_dir: Path | None = None) -> dict[str, str]:
     """For each field path written in EXP's file or its bases, the file that set it (the last one wins)."""
     path = experiment_path(name, trainings_dir)
-    return _read_with_bases(path, trainings_dir or path.parent, chain=())[1]
+    return _read_with_bases(path, trainings_dir, chain=())[1]
 
 
 def _one_node_plan(data: dict, merged: dict, source: str) -> None:
@@ -221,9 +281,10 @@ def _validate(exp: Experiment, src: str) -> None:
            and sum(float(s) for s in split) > 0, src, "data.split", exp.data.split,
            "three non-negative numbers such as '949,50,1' (train,valid,test)")
     tok = exp.data.tokenizer
+    # The tokenizer's files are site values: both blank is on plan's to-do list (site_values.py); one of two is wrong.
     if tok.kind == "gpt2-bpe":
-        _check(tok.vocab_file is not None and tok.merges_file is not None, src, "data.tokenizer", dataclasses.asdict(tok),
-               "kind gpt2-bpe needs vocab_file and merges_file")
+        _check((tok.vocab_file is None) == (tok.merges_file is None), src, "data.tokenizer", dataclasses.asdict(tok),
+               "kind gpt2-bpe needs vocab_file and merges_file (both, or neither until you fill them in)")
     hub_remote.check_hub(exp.hub, src)
     _validate_curriculum(exp, src)
 

@@ -136,12 +136,16 @@ def _follow(proc: subprocess.Popen, output: Path, progress: Callable[[str], None
 
 
 def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None = None,
-                 timeout_s: float = 3600, progress: Callable[[str], None] = lambda line: None) -> LocalRun:
+                 timeout_s: float = 3600, progress: Callable[[str], None] = lambda line: None,
+                 allow_incomplete: bool = False) -> LocalRun:
     """Render the job script into the run folder and run its array tasks here, one after another.
 
-    `progress` receives the iteration, validation and decision lines of each task as they come.
+    `progress` receives the iteration, validation and decision lines of each task as they come. An
+    experiment without data is refused (site_values.IncompleteExperiment) unless `allow_incomplete`.
     """
     exp = local_experiment(exp, run_dir)
+    # Checked before anything is written: an experiment without its plan or its data leaves no run folder.
+    first: PreparedLaunch | None = prepare_launch(exp, slurm_job=False, allow_incomplete=allow_incomplete)
     out = Path(exp.paths.output)
     shims = out / "slurm-shims"
     shims.mkdir(parents=True, exist_ok=True)
@@ -156,7 +160,9 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
     rendered_nodes = None
     for task in range(1, (tasks or exp.slurm.array) + 1):
         # Each task runs at the node phase of the latest checkpoint; the run schedule is computed once.
-        prepared = prepare_launch(exp, prepared.schedule if prepared else None)
+        prepared = first or prepare_launch(exp, prepared.schedule if prepared else None, slurm_job=False,
+                                           allow_incomplete=allow_incomplete)
+        first = None
         exp = prepared.experiment
         nodes = exp.slurm.nodes
         if nodes != rendered_nodes:

@@ -2,7 +2,9 @@
 
 `prepare_launch` computes the experiment's RunSchedule once, picks the node phase the latest
 checkpoint is in (with a node schedule: the job asks for that phase's node count), and makes the
-plan of the experiment as launched, refusing it when the plan finds errors. launch.py runs the
+plan of the experiment as launched, refusing it when the plan finds errors or when site values the
+job needs are missing (site_values.missing_site_values: a local launch needs data, a Slurm job also
+what the cluster asks for; `allow_incomplete` lets it through, listed in `site`). launch.py runs the
 result on this machine, submit.py sends it to Slurm; both render it with the plan made here, and
 both build missing bundled data with data.corpus.ensure_data.
 """
@@ -18,6 +20,7 @@ from bigscience_ops.node_schedule import Phase, for_phase
 from bigscience_ops.plan import Plan, make_plan
 from bigscience_ops.run_schedule import RunSchedule, run_schedule
 from bigscience_ops.schema import Experiment
+from bigscience_ops.site_values import SiteCheck, check_complete
 
 
 @dataclass(frozen=True)
@@ -27,10 +30,16 @@ class PreparedLaunch:
     plan: Plan  # of `experiment`; holds no errors
     iteration: int  # the latest checkpoint's (0 before the first save)
     phase: Phase | None  # the node schedule's phase the launch trains in (None without a schedule)
+    site: SiteCheck | None = None  # the site values found missing (allowed through) and the cluster note
 
 
-def prepare_launch(exp: Experiment, schedule: RunSchedule | None = None) -> PreparedLaunch:
-    """The experiment as the next launch runs it, with its plan; raises PlanError when the plan finds errors."""
+def prepare_launch(exp: Experiment, schedule: RunSchedule | None = None, *, slurm_job: bool | None = True,
+                   allow_incomplete: bool = False) -> PreparedLaunch:
+    """The experiment as the next launch runs it, with its plan; raises PlanError when the plan finds errors and
+    site_values.IncompleteExperiment when site values a job needs are missing (unless `allow_incomplete`).
+
+    `slurm_job`: True for a Slurm job, False for a local launch, None to skip the site check (the next array
+    of a run already launched)."""
     iteration = latest_iteration(Path(exp.paths.checkpoints))
     schedule = schedule or run_schedule(exp)
     phase = None
@@ -40,4 +49,5 @@ def prepare_launch(exp: Experiment, schedule: RunSchedule | None = None) -> Prep
     plan = make_plan(exp, schedule)
     if plan.errors:
         raise PlanError(plan.errors)
-    return PreparedLaunch(exp, schedule, plan, iteration, phase)
+    site = None if slurm_job is None else check_complete(exp, slurm_job=slurm_job, allow_incomplete=allow_incomplete)
+    return PreparedLaunch(exp, schedule, plan, iteration, phase, site)

@@ -1,20 +1,38 @@
 """Site-specific values: the ones that belong to one cluster and one team, never to a model.
 
 An experiment with `base: tr1-13B` would otherwise run under the original team's Slurm account,
-write to its scratch paths, email its list and push its logs (with your Hub token) to its remote. `inherited_site_values` names every such value an
-experiment takes from a base file rather than its own, so `bsops show` and `plan` can list them;
-`new_experiment_text` writes a new experiment that resets them all.
+write to its scratch paths, email its list and push its logs (with your Hub token) to its remote.
+`inherited_site_values` names every such value an experiment takes from a base file rather than its
+own, so `bsops show` and `plan` can list them; `new_experiment_text` writes a new experiment that
+resets them all.
+
+`missing_site_values` names the site values a job needs that are not set (what `plan` lists as the
+experiment's to-do, and `render` and `launch` refuse without --allow-incomplete):
+- every launch, local or on Slurm: `data.blend` and the tokenizer's files (`data.tokenizer`);
+- a Slurm job: `slurm.partition` when the cluster has no default partition (sinfo marks none with
+  `*`), `slurm.account` when the cluster takes jobs only under an account (`scontrol show config`:
+  AccountingStorageEnforce holds associations, limits, qos or safe). Both are asked of Slurm where it
+  answers; where it does not, they are not required, and the check says why it was not made;
+- a Slurm job on GPUs (`slurm.device: gpu`, a real cluster's): `slurm.env_setup` (the lines that load
+  the nodes' modules and put bsops on the job's PATH) and an alert address (`alerts.email_to` or
+  `alerts.webhook_url_env`: a months-long training nobody hears about when it stops). A `device: cpu`
+  experiment is a rehearsal on one machine (tiny): the job inherits the submitting shell's PATH and
+  nobody is on call.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from bigscience_ops.config import experiment_path, field_origins
-from bigscience_ops.schema import Experiment
+from bigscience_ops import slurm
+from bigscience_ops.config import experiment_path, field_origins, load_experiment
+from bigscience_ops.errors import BsopsError
+from bigscience_ops.schema import Experiment, TokenizerConfig
+from bigscience_ops.slurm.errors import check_conf
 
 # Field paths whose value depends on the cluster or the team, with what to put there.
 SITE_FIELDS: dict[str, str] = {
@@ -23,7 +41,8 @@ SITE_FIELDS: dict[str, str] = {
     "slurm.constraint": "a node feature such as v100-32g or a100 (also tells the plan the GPU memory)",
     "slurm.qos": "your QOS",
     "slurm.group": "the Unix group whose jobs the watchdog counts",
-    "slurm.env_setup": "shell lines that load your modules and activate the environment with bsops",
+    "slurm.env_setup": "shell lines that load your modules and activate the environment with bsops (puts bsops "
+                       "on the job's PATH)",
     "slurm.exclude": "nodes to avoid on your cluster",
     "slurm.gpu_memory_gb": "GB of one GPU when the constraint does not say",
     "paths.output": "the run folder on your scratch; default runs/NAME",
@@ -32,7 +51,7 @@ SITE_FIELDS: dict[str, str] = {
     "paths.logs": "default <output>/logs",
     "paths.codecarbon": "default <output>/codecarbon",
     "data.blend": "your dataset prefixes (bsops preprocess writes them)",
-    "data.tokenizer": "your tokenizer files",
+    "data.tokenizer": "your tokenizer: kind gpt2-bpe with vocab_file and merges_file, or kind json with json_file",
     "data.cache_dir": "where index files go when the data folder is read-only",
     "hub.logs_repo": "your Hub repo for logs",
     "hub.tensorboard_repo": "your Hub repo for TensorBoard",
@@ -42,7 +61,7 @@ SITE_FIELDS: dict[str, str] = {
     "hub.remote_template": "your git remote instead of the Hub, or none (another team's gets your token's pushes)",
     "hub.token_env": "the environment variable with your Hub token",
     "hub.private": "whether repos bsops creates on your Hub are private",
-    "alerts.email_to": "who is told when the training stops",
+    "alerts.email_to": "who is told when the training stops (or set alerts.webhook_url_env)",
     "alerts.email_from": "the sender address",
     "alerts.smtp_host": "your SMTP server",
     "alerts.webhook_url_env": "the environment variable with your chat webhook's URL, or none",
@@ -70,14 +89,17 @@ def inherited_site_values(name: str, trainings_dir: Path | None = None) -> dict[
     return found
 
 
-def new_experiment_text(name: str, base: str) -> str:
-    """A new experiment on `base` that resets every site-specific value the base sets."""
+def new_experiment_text(name: str, base: str, trainings_dir: Path | None = None) -> str:
+    """A new experiment on `base` that resets every site-specific value the base sets (its tokenizer keeps
+    the base's kind, with its files blank)."""
+    kind = load_experiment(base, trainings_dir).data.tokenizer.kind
     sections: dict[str, list[str]] = {}
     for dotted, what in SITE_FIELDS.items():
         section, key = dotted.split(".")
         if key == "tokenizer":
-            sections.setdefault(section, []).append(f"  # {key}: {{kind: gpt2-bpe, vocab_file: ..., merges_file: ...}}"
-                                                    f"   # {what}; inherited until set")
+            blank = {f.name: None for f in dataclasses.fields(TokenizerConfig)} | {"kind": kind}
+            empty = yaml.safe_dump(blank, default_flow_style=True, sort_keys=False).strip()
+            sections.setdefault(section, []).append(f"  {key}: {empty}   # {what}")
             continue
         spec = {f.name: f for f in dataclasses.fields(Experiment.__dataclass_fields__[section].default_factory)}[key]
         default = spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
@@ -85,7 +107,7 @@ def new_experiment_text(name: str, base: str) -> str:
         sections.setdefault(section, []).append(f"  {key}: {empty}   # {what}")
     lines = [f"# {name}: written by `bsops new {name} --base {base}`.",
              f"# Model, batch and schedule come from {base}; every value that belongs to a cluster or a team",
-             "# is reset below: fill in yours. `bsops show` and `bsops plan` list what is still inherited.",
+             f"# is reset below: fill in yours. `bsops plan {name}` lists the ones a job still needs.",
              f"base: {base}",
              f"description: {base} on this cluster",
              ""]
@@ -93,3 +115,116 @@ def new_experiment_text(name: str, base: str) -> str:
         lines.append(f"{section}:")
         lines.extend(entries)
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- what a job needs
+
+class IncompleteExperiment(BsopsError):
+    """An experiment lacks site values a job needs (`blanks`); render and launch refuse it."""
+
+    def __init__(self, name: str, blanks: list[Blank]) -> None:
+        self.blanks = blanks
+        fields = ", ".join(b.field for b in blanks)
+        super().__init__(f"{name} is incomplete: {len(blanks)} value(s) a job needs are not set ({fields}); "
+                         f"`bsops plan {name}` lists what to put there; or pass --allow-incomplete")
+
+
+@dataclass(frozen=True)
+class Blank:
+    """A site value a job needs that the experiment does not set, and what to put there."""
+
+    field: str
+    what: str
+
+    def line(self) -> str:
+        return f"{self.field}: {self.what}"
+
+
+@dataclass(frozen=True)
+class ClusterRules:
+    """What the cluster asks of every job: a partition (none is the default), an account (associations
+    enforced). `unknown` says why Slurm could not be asked; then neither is required."""
+
+    partition: bool = False
+    account: bool = False
+    unknown: str | None = None
+    error: slurm.SlurmError | None = None  # what asking failed with (a launch then knows the queue cannot be asked)
+
+
+@dataclass(frozen=True)
+class SiteCheck:
+    blanks: list[Blank]
+    cluster_note: str | None = None  # why the cluster's needs (partition, account) were not checked
+    cluster_error: slurm.SlurmError | None = None  # the error behind cluster_note
+
+
+SINFO_PARTITIONS = ["sinfo", "--noheader", "--format=%P"]
+SCONTROL_CONFIG = ["scontrol", "show", "config"]
+ENFORCING = {"associations", "limits", "qos", "safe", "wckeys"}  # each implies associations (slurm.conf(5))
+PROBE_TIMEOUT_S = 10.0
+
+
+def has_default_partition(sinfo_stdout: str) -> bool:
+    """Whether `sinfo --noheader --format=%P` marks a default partition (`name*`)."""
+    return any(line.strip().endswith("*") for line in sinfo_stdout.split("\n"))
+
+
+def enforces_accounts(config_stdout: str) -> bool:
+    """Whether `scontrol show config` says jobs need an association (an account): AccountingStorageEnforce."""
+    for line in config_stdout.split("\n"):
+        key, _, value = line.partition("=")
+        if key.strip() == "AccountingStorageEnforce":
+            return bool(ENFORCING & {v.strip().lower() for v in value.split(",")})
+    return False
+
+
+def cluster_rules(timeout: float = PROBE_TIMEOUT_S) -> ClusterRules:
+    """Ask Slurm whether a job needs --partition and --account here; never raises."""
+    try:
+        check_conf(SINFO_PARTITIONS)
+        partitions = slurm.run(SINFO_PARTITIONS, timeout=timeout).stdout
+        config = slurm.run(SCONTROL_CONFIG, timeout=timeout).stdout
+    except slurm.SlurmError as exc:
+        return ClusterRules(unknown=str(exc), error=exc)
+    return ClusterRules(not has_default_partition(partitions), enforces_accounts(config))
+
+
+def tokenizer_blank(tok: TokenizerConfig) -> bool:
+    if tok.kind == "gpt2-bpe":
+        return tok.vocab_file is None or tok.merges_file is None
+    return tok.json_file is None
+
+
+def missing_site_values(exp: Experiment, *, slurm_job: bool = True, cluster: ClusterRules | None = None) -> SiteCheck:
+    """The site values a job of `exp` needs that are not set (the module's docstring has the rule). For a
+    Slurm job the cluster is asked (cluster_rules) unless `cluster` is given, and only when partition or
+    account is unset."""
+    blanks = []
+    if not exp.data.blend:
+        blanks.append(Blank("data.blend", SITE_FIELDS["data.blend"]))
+    if tokenizer_blank(exp.data.tokenizer):
+        blanks.append(Blank("data.tokenizer", SITE_FIELDS["data.tokenizer"]))
+    if not slurm_job:
+        return SiteCheck(blanks)
+    s, note, error = exp.slurm, None, None
+    if not (s.partition and s.account):
+        cluster = cluster or cluster_rules()
+        note, error = cluster.unknown, cluster.error
+        if cluster.partition and not s.partition:
+            blanks.append(Blank("slurm.partition", "your cluster's partition (it has no default one)"))
+        if cluster.account and not s.account:
+            blanks.append(Blank("slurm.account", "your Slurm account (the cluster takes jobs only under one)"))
+    if s.device == "gpu":
+        if not s.env_setup:
+            blanks.append(Blank("slurm.env_setup", SITE_FIELDS["slurm.env_setup"]))
+        if not exp.alerts.email_to and not exp.alerts.webhook_url_env:
+            blanks.append(Blank("alerts.email_to", SITE_FIELDS["alerts.email_to"]))
+    return SiteCheck(blanks, note, error)
+
+
+def check_complete(exp: Experiment, *, slurm_job: bool = True, allow_incomplete: bool = False) -> SiteCheck:
+    """missing_site_values, raising IncompleteExperiment when any is missing, unless `allow_incomplete`."""
+    check = missing_site_values(exp, slurm_job=slurm_job)
+    if check.blanks and not allow_incomplete:
+        raise IncompleteExperiment(exp.name, check.blanks)
+    return check

@@ -30,6 +30,8 @@ from bigscience_ops.node_schedule import Phase
 from bigscience_ops.prepare import prepare_launch
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
+from bigscience_ops.site_values import SiteCheck
+from bigscience_ops.slurm.errors import check_conf, conf_note
 
 
 class LaunchError(BsopsError):
@@ -46,6 +48,8 @@ class LaunchPlan:
     after: list[str]  # whole array ids the launch waits for
     phase: Phase | None = None  # the node schedule's phase the launch trains in (None without a schedule)
     queue_note: str = ""  # what the queue check found, or why it could not be made (a dry run goes on without it)
+    queue_error: slurm.SlurmError | None = None  # why the queue could not be checked (its detail for --verbose)
+    site: SiteCheck | None = None  # site values missing but allowed through (--allow-incomplete), the cluster note
 
     @property
     def script(self) -> Path:
@@ -72,28 +76,34 @@ def watched_users(exp: Experiment) -> list[str]:
 
 
 def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetime | None = None,
-                dry_run: bool = False) -> LaunchPlan:
+                dry_run: bool = False, allow_incomplete: bool = False, resubmission: bool = False) -> LaunchPlan:
     """Render into a new run-record folder (not yet written) and decide the sbatch argv.
 
     With a node schedule the job asks for the node count of the phase the latest checkpoint is in. A
-    dry run goes on when Slurm cannot be asked, and says why in its queue line.
+    dry run goes on when Slurm cannot be asked, and says why in its queue line. Missing site values
+    are refused (site_values.IncompleteExperiment) unless `allow_incomplete`; a `resubmission` (the
+    next array of a run already launched) is not checked again.
     """
     now = now or dt.datetime.now()
-    prepared = prepare_launch(exp)  # raises PlanError: nothing invalid is submitted
+    # Raises PlanError or IncompleteExperiment: nothing invalid or incomplete is submitted.
+    prepared = prepare_launch(exp, slurm_job=None if resubmission else True, allow_incomplete=allow_incomplete)
     exp, phase = prepared.experiment, prepared.phase
     run_dir = Path(exp.paths.output) / "launches" / now.strftime("%Y%m%d-%H%M%S")
     rendered = rendering.render(exp, run_dir, prepared.plan)
     try:
         users = watched_users(exp)
+        argv = slurm.squeue_argv(users=users, name=exp.slurm.job_name)
+        check_conf(argv)  # a missing SLURM_CONF would keep squeue retrying for a minute
+        if prepared.site is not None and prepared.site.cluster_error is not None:
+            raise prepared.site.cluster_error  # the controller did not answer sinfo just now: squeue would wait again
         jobs = slurm.query_jobs(users=users, name=exp.slurm.job_name)
     except slurm.SlurmError as exc:
         if not dry_run:
             raise
-        conf = os.environ.get("SLURM_CONF")
-        where = f"SLURM_CONF={conf}" if conf else "SLURM_CONF is unset"
+        where = "" if "SLURM_CONF" in str(exc) else f" ({conf_note()})"
         argv = slurm.sbatch_argv(run_dir / rendered.script, after_any=[])
         return LaunchPlan(exp, run_dir, rendered, argv, [], [], phase,
-                          f"queue not checked: {_reason(exc)} ({where}); a real launch needs the queue")
+                          f"queue not checked: {exc}{where}; a real launch needs the queue", exc, prepared.site)
     queued = [j for j in jobs if j.name == exp.slurm.job_name and j.state in slurm.QUEUED_STATES]
     note = (f"queue checked: no job named {exp.slurm.job_name!r} of {', '.join(users)} is queued" if not queued
             else f"queue checked: {len(queued)} job(s) named {exp.slurm.job_name!r} already queued")
@@ -103,17 +113,7 @@ def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetim
                           f"overlap: pass --after-current to start after the whole array, or scancel it first")
     after = sorted({j.array_job_id for j in queued}, key=int)
     argv = slurm.sbatch_argv(run_dir / rendered.script, after_any=after)
-    return LaunchPlan(exp, run_dir, rendered, argv, queued, after, phase, note)
-
-
-def _reason(exc: slurm.SlurmError) -> str:
-    """A Slurm failure in one line: the last `fatal:` or `error:` it printed, else its last line."""
-    lines = [line.strip() for line in str(exc).split("\n") if line.strip()]
-    for marker in ("fatal:", "error:"):
-        said = [line for line in lines if marker in line]
-        if said:
-            return said[-1]
-    return lines[-1] if lines else type(exc).__name__
+    return LaunchPlan(exp, run_dir, rendered, argv, queued, after, phase, note, None, prepared.site)
 
 
 def submit(plan: LaunchPlan, *, fresh_budget: bool = True) -> str:
@@ -206,6 +206,6 @@ def resubmit_for_phase(exp: Experiment, mismatch: Mismatch, env: Mapping[str, st
     except ValueError:
         remaining = exp.slurm.array
     rest = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, array=remaining))
-    job_id = submit(plan_launch(rest, after_current=True), fresh_budget=False)
+    job_id = submit(plan_launch(rest, after_current=True, resubmission=True), fresh_budget=False)
     ledger.mark_resize(output, array, mismatch.phase.nodes, mismatch.iteration, job_id)
     return job_id

@@ -281,6 +281,15 @@ def test_qkv_regrouping_matches_the_trainers_head_split():
                 assert w[0, part * h + head * hs + j] == trainer_row and b[part * h + head * hs + j] == trainer_row
 
 
+def test_alibi_is_refused_before_any_checkpoint_is_looked_for_and_a_push_names_remote(tmp_path):
+    alibi = small_experiment(tmp_path / "run", model=dict(position_embedding="alibi"))
+    with pytest.raises(convert.ConvertError) as err:  # the run has no checkpoint at all
+        convert.convert(alibi, tmp_path / "out")
+    assert "position_embedding = 'alibi'" in str(err.value) and "latest" not in str(err.value)
+    with pytest.raises(convert.ConvertError, match="or pass --remote URL"):
+        convert.check_push(alibi)
+
+
 @pytest.mark.slow
 def test_convert_command(runs, trainings, tmp_path, gpt2_files):
     exp, _, _ = runs["pp2"]
@@ -293,6 +302,8 @@ def test_convert_command(runs, trainings, tmp_path, gpt2_files):
     again = CliRunner().invoke(main, ["convert", "conv", "--trainings-dir", str(trainings), "--out", str(out),
                                       "--step", "12345"])
     assert again.exit_code == EXIT_ERROR
+    full = CliRunner().invoke(main, ["convert", "conv", "--trainings-dir", str(trainings), "--out", str(out)])
+    assert full.exit_code == EXIT_ERROR and "pass --overwrite" in full.stderr  # names the option that allows it
     push = CliRunner().invoke(main, ["convert", "conv", "--trainings-dir", str(trainings), "--out", str(tmp_path / "p"),
                                      "--push"])
     assert push.exit_code == EXIT_ERROR and not (tmp_path / "p").exists()  # refused before converting: no repo

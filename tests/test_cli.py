@@ -108,5 +108,48 @@ def test_new_experiment_resets_every_site_value_of_its_base(tmp_path: Path, monk
     assert shown["alerts"]["email_to"] == [] and shown["data"]["blend"] == []
     assert shown["paths"]["output"] == str(tmp_path / "runs" / "mine")
     assert shown["model"]["hidden_size"] == 5120  # the model still comes from the base
-    assert list(shown["inherited_site_values"]) == ["data.tokenizer"]  # left for the user, and listed
+    assert shown["inherited_site_values"] == {}  # the tokenizer too: reset, with the base's kind
+    assert shown["data"]["tokenizer"] == {"kind": "gpt2-bpe", "vocab_file": None, "merges_file": None, "json_file": None}
     assert run("new", "mine").exit_code == 2 and path.is_file()  # never overwritten
+
+
+def test_a_new_users_first_commands_in_a_folder_of_their_own(tmp_path: Path, monkeypatch) -> None:
+    """new -> list -> plan -> show -> render -> launch: the bundled experiments stay reachable, the new file's
+    blanks are a to-do that render and launch refuse, and no advice sends the user back to `bsops new`."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BSOPS_TRAININGS", raising=False)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-slurm.conf"))  # no cluster: answered at once
+    todo = ["data.blend", "data.tokenizer", "slurm.env_setup", "alerts.email_to"]
+    new = run("new", "myrun", "--base", "tr1-13B")
+    assert new.exit_code == 0
+    lines = new.stdout.splitlines()
+    assert lines[1] == f"fill in these fields in {tmp_path}/trainings/myrun.yaml, then check it with: bsops plan myrun"
+    assert [line.split(":")[0].strip() for line in lines[2:]] == todo
+    listed = run("list").stdout.splitlines()
+    assert listed[:2] == [f"local ({tmp_path}/trainings):", "  myrun                tr1-13B on this cluster"]
+    assert listed[2].startswith("bundled with bsops (") and "  tiny " in "\n".join(listed)
+    assert run("plan", "tiny").exit_code == 0
+    plan = run("plan", "myrun")
+    assert plan.exit_code == 1 and f"to do before a job can run: 4 value(s) to set in {tmp_path}/trainings/myrun.yaml" \
+        in plan.stdout
+    assert [line.split(":")[0].strip() for line in plan.stdout.split("(render and launch refuse until then):\n")[1]
+            .splitlines()[:4]] == todo
+    assert "not checked against the cluster: Slurm's configuration SLURM_CONF=" in plan.stdout
+    assert run("plan", "myrun", "--allow-incomplete").exit_code == 0
+    assert [b["field"] for b in json.loads(run("plan", "myrun", "--json").stdout)["missing_site_values"]] == todo
+    for result in (new, plan, run("show", "myrun")):
+        assert "bsops new" not in result.output  # advice never loops back to the command just run
+    render = run("render", "myrun")
+    assert render.exit_code == 2 and not (tmp_path / "rendered").exists()
+    assert render.stderr.splitlines()[-1] == (
+        "error: myrun is incomplete: 4 value(s) a job needs are not set (data.blend, data.tokenizer, slurm.env_setup, "
+        "alerts.email_to); `bsops plan myrun` lists what to put there; or pass --allow-incomplete")
+    allowed = run("render", "myrun", "--allow-incomplete")
+    assert allowed.exit_code == 0 and (tmp_path / "rendered" / "myrun" / "myrun.slurm").is_file()
+    assert allowed.stderr.count("warning: myrun is incomplete (--allow-incomplete): ") == 4
+    local = run("launch", "myrun", "--local")
+    assert local.exit_code == 2 and "2 value(s) a job needs are not set (data.blend, data.tokenizer)" in local.stderr
+    assert not (tmp_path / "runs" / "myrun" / "logs").exists()  # nothing ran
+    dry = run("launch", "myrun", "--dry-run", "--allow-incomplete")
+    assert dry.exit_code == 0 and "queue not checked: Slurm's configuration SLURM_CONF=" in dry.stdout
+    assert dry.stdout.startswith(f"run folder: {tmp_path}/runs/myrun (relative paths of")

@@ -264,3 +264,48 @@ def test_bundled_tiny_resolves_alike_for_every_install_kind(kind: str, project: 
     monkeypatch.chdir(project)
     by_path = load_experiment(str(data / "trainings" / "tiny.yaml"))
     assert _resolved(by_path) == _expected(data, project / "runs" / "tiny")
+
+
+# ----------------------------------------------------------------------------- finding experiments by name
+
+def test_bundled_experiments_stay_reachable_beside_a_local_trainings_folder(tmp_path: Path, monkeypatch) -> None:
+    """A user's ./trainings is looked in first, then bsops' own: a local file of the same name wins there, and
+    `base:` follows the same rule after the folder of the file that names it."""
+    from bigscience_ops.config import experiment_path, find_experiments, run_folder_note
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BSOPS_TRAININGS", raising=False)
+    bundled = resources.bundled("trainings")
+    local = tmp_path / "trainings"
+    local.mkdir()
+    write(local, "myrun", "base: tr1-13B\n")
+    assert {"myrun", "tiny", "tr1-13B"} <= set(list_experiments())
+    assert experiment_path("tiny") == bundled / "tiny.yaml"
+    assert load_experiment("myrun").model.hidden_size == 5120  # a bundled base, from the user's folder
+    write(local, "tiny", "base: tiny\ndescription: mine\n")  # mine now, on the bundled one: it wins, by name and as a base
+    write(local, "other", "base: tiny\n")
+    assert experiment_path("tiny") == local / "tiny.yaml" and load_experiment("other").description == "mine"
+    write(local, "tr1-13B", "base: tiny\n")  # a local shadow of a base bundled experiments name
+    assert load_experiment("tr8-104B").model.seq_length == 2048  # a bundled file's base is its bundled sibling
+    assert load_experiment("myrun").model.seq_length == 128  # the user's own file finds the user's own base
+    assert load_experiment("tiny").model.hidden_size == 256 and load_experiment("tiny").description == "mine"
+    found = {(f.name, f.bundled): f for f in find_experiments()}
+    assert found["tiny", True].shadowed_by == local / "tiny.yaml" and found["tiny", False].shadowed_by is None
+    assert found["tr1-13B", True].shadowed_by == local / "tr1-13B.yaml" and not found["myrun", False].bundled
+    assert found["tr8-104B", True].shadowed_by is None
+    with pytest.raises(ConfigError) as err:
+        load_experiment("nosuch")
+    assert f"no such experiment in {local} or {bundled}" in str(err.value) and "myrun" in str(err.value)
+    write(local, "broken", "base: nosuch\n")
+    with pytest.raises(ConfigError, match=r"base: got 'nosuch'; no such experiment"):
+        load_experiment("broken")
+
+    # The run folder each one uses, and the rule that chose it (README "Where paths resolve").
+    assert run_folder_note(local / "myrun.yaml", load_experiment("myrun")) == (
+        f"run folder: {tmp_path}/runs/myrun (relative paths of {local}/myrun.yaml resolve against {tmp_path})")
+    assert run_folder_note(bundled / "tr1-13B-short.yaml", load_experiment("tr1-13B-short")) == (
+        f"run folder: /gpfsscratch/rech/six/commun/checkpoints/tr1-13B-short (paths.output of bsops' bundled "
+        "tr1-13B-short.yaml)")
+    (local / "tiny.yaml").unlink()
+    assert run_folder_note(bundled / "tiny.yaml", load_experiment("tiny")) == (
+        f"run folder: {tmp_path}/runs/tiny (tiny is bundled with bsops: its runs go under the current folder)")

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,60 @@ def test_plan_and_render_from_another_folder(installed, tmp_path: Path) -> None:
     assert experiment["paths"]["output"] == str(elsewhere / "runs" / "tiny")
     assert experiment["data"]["tokenizer"]["json_file"].startswith(str(bin_dir.parent))
     assert Path(experiment["data"]["tokenizer"]["json_file"]).is_file()
+
+
+def _bsops(bin_dir: Path, cwd: Path, env: dict, *args: str, code: int = 0) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(bin_dir / "bsops"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == code, f"bsops {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+    return result
+
+
+def test_everyday_use_in_a_fresh_folder_with_and_without_slurm(installed, tmp_path: Path, slurm_cluster) -> None:
+    """The README's "Everyday use" walked as a new user would, in a folder of their own against the wheel: the
+    bundled experiments stay reachable after `bsops new`, the new file's blanks are a to-do render refuses,
+    a dry run and the on-call check work without Slurm (one line naming SLURM_CONF, at once) and with it,
+    every run command names its run folder, cron jobs go to the user's folder, info reads the run."""
+    bin_dir, env = installed
+    here = tmp_path / "work"
+    here.mkdir()
+    env = {**env, "HOME": str(tmp_path / "home"), "SLURM_CONF": str(tmp_path / "no-slurm.conf")}
+    env.pop("XDG_DATA_HOME", None)
+    venv = str(bin_dir.parent)
+    tiny_folder = f"run folder: {here}/runs/tiny (tiny is bundled with bsops: its runs go under the current folder)"
+
+    new = _bsops(bin_dir, here, env, "new", "myrun", "--base", "tr1-13B")
+    assert [line.split(":")[0].strip() for line in new.stdout.splitlines()[2:]] == [
+        "data.blend", "data.tokenizer", "slurm.env_setup", "alerts.email_to"]
+    listed = _bsops(bin_dir, here, env, "list").stdout.splitlines()
+    assert listed[:2] == [f"local ({here}/trainings):", "  myrun                tr1-13B on this cluster"]
+    assert listed[2].startswith(f"bundled with bsops ({venv}") and any(line.startswith("  tiny ") for line in listed)
+    plan = _bsops(bin_dir, here, env, "plan", "myrun", code=1)  # (show, and render's refusal: tests/test_cli.py)
+    assert "to do before a job can run: 4 value(s)" in plan.stdout and "bsops new" not in plan.stdout + new.stdout
+    rendered = _bsops(bin_dir, here, env, "render", "tiny")
+    assert rendered.stdout.startswith(tiny_folder + "\n") and (here / "rendered" / "tiny" / "tiny.slurm").is_file()
+
+    started = time.monotonic()
+    dry = _bsops(bin_dir, here, env, "launch", "tiny", "--dry-run")
+    assert time.monotonic() - started < 30  # squeue would retry the missing file for 60 s
+    assert f"queue not checked: Slurm's configuration SLURM_CONF={tmp_path}/no-slurm.conf does not exist" in dry.stdout
+    assert "sbatch command: sbatch --parsable" in dry.stdout and dry.stdout.startswith(tiny_folder)
+    status = _bsops(bin_dir, here, env, "status", "tiny", "--no-email", code=2)
+    assert status.stdout.startswith(tiny_folder + "\n") and "--format" not in status.stdout + status.stderr
+    assert len(status.stdout.splitlines()) == 2 and "SLURM_CONF=" in status.stdout.splitlines()[1]
+
+    cron_dir = tmp_path / "home" / ".local" / "share" / "bsops" / "cron"
+    added = _bsops(bin_dir, here, env, "cron", "add", "tiny")
+    assert f"wrote {cron_dir}/cron.hourly/tiny-slurm-status.slurm" in added.stdout
+    assert "not adding the backup job: backup.dest is not set" in added.stdout
+    assert _bsops(bin_dir, here, env, "cron", "list").stdout.split() == [
+        "tiny", "status", "hourly", f"{cron_dir}/cron.hourly/tiny-slurm-status.slurm"]
+    _bsops(bin_dir, here, env, "cron", "remove", "tiny")
+    assert not list((cron_dir / "cron.hourly").iterdir())
+    info = _bsops(bin_dir, here, env, "info", "tiny")
+    assert info.stdout.startswith(tiny_folder + "\n") and "backup:      none (backup.dest is not set)" in info.stdout
+
+    env["SLURM_CONF"] = str(slurm_cluster.conf)  # with a reachable Slurm
+    dry = _bsops(bin_dir, here, env, "launch", "tiny", "--dry-run")
+    assert dry.stdout.splitlines()[2].startswith("queue checked: ") and dry.stdout.startswith(tiny_folder)

@@ -294,3 +294,50 @@ def test_the_chain_check_gets_the_status_runs_timeout(tmp_path: Path, monkeypatc
     (cron_dir / "runners").mkdir(parents=True)
     with pytest.raises(slurm.SlurmError, match="within 2 s"):
         cron.chains(cron_dir, timeout=2)
+
+
+def test_the_default_cron_folder_is_the_users(tmp_path: Path) -> None:
+    home = str(tmp_path / "home")
+    assert cron.default_cron_dir({"HOME": home}) == tmp_path / "home" / ".local" / "share" / "bsops" / "cron"
+    assert cron.default_cron_dir({"HOME": home, "XDG_DATA_HOME": str(tmp_path / "xdg")}) == tmp_path / "xdg" / "bsops" / "cron"
+    assert cron.default_cron_dir({"HOME": home, "XDG_DATA_HOME": "/x", "BSOPS_CRON_DIR": str(tmp_path / "c")}) == \
+        tmp_path / "c"
+
+
+def test_cron_add_list_remove_in_the_default_folder(trainings: Path, tmp_path: Path, monkeypatch) -> None:
+    """Without --cron-dir the jobs go into the user's folder (named on stderr), never bsops' package; the job
+    scripts and the runner name that folder, so they keep it whatever $BSOPS_CRON_DIR says later."""
+    from bigscience_ops import resources
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("XDG_DATA_HOME", "BSOPS_CRON_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    default = tmp_path / "home" / ".local" / "share" / "bsops" / "cron"
+    (trainings / "full.yaml").write_text(f"base: tiny\nbackup: {{dest: {tmp_path / 'store'}}}\n")
+    added = CliRunner().invoke(main, ["cron", "add", "full", "--trainings-dir", str(trainings)])
+    assert added.exit_code == 0, added.output
+    assert added.stderr.startswith(f"cron folder: {default} (the default")
+    assert "not adding the hub-sync job: hub.logs_repo is not set" in added.stdout
+    assert "no runner chain in" in added.stdout and "bsops cron install" in added.stdout
+    assert CliRunner().invoke(main, ["cron", "add", "tiny"]).exit_code == 0
+    assert sorted(p.name for p in (default / "cron.hourly").iterdir()) == [
+        "full-backup.slurm", "full-slurm-status.slurm", "tiny-slurm-status.slurm"]
+    assert not list((resources.bundled("cron") / "cron.hourly").glob("*.slurm"))
+    assert f"--cron-dir {default}" in (default / "cron.hourly" / "full-slurm-status.slurm").read_text()
+    runner = cron.render_runner(default, "hourly", cron.CronSettings())
+    assert f"--cron-dir {default}" in runner.text and runner.path == default / "runners" / "bsops-cron-hourly.slurm"
+    (default / "cron.hourly" / "mine.slurm").write_text("#!/bin/bash\n#SBATCH --job-name=mine\necho mine\n")
+
+    listed = CliRunner().invoke(main, ["cron", "list"])
+    assert listed.exit_code == 0 and [line.split() for line in listed.stdout.splitlines()] == [
+        ["full", "backup", "hourly", str(default / "cron.hourly" / "full-backup.slurm")],
+        ["full", "status", "hourly", str(default / "cron.hourly" / "full-slurm-status.slurm")],
+        ["-", "other", "hourly", str(default / "cron.hourly" / "mine.slurm")],
+        ["tiny", "status", "hourly", str(default / "cron.hourly" / "tiny-slurm-status.slurm")]]
+    removed = CliRunner().invoke(main, ["cron", "remove", "full", "--jobs", "backup"])
+    assert removed.exit_code == 0 and removed.stdout == f"removed {default / 'cron.hourly' / 'full-backup.slurm'}\n"
+    assert CliRunner().invoke(main, ["cron", "remove", "full"]).exit_code == 0
+    again = CliRunner().invoke(main, ["cron", "remove", "full"])
+    assert again.exit_code == 1 and "no status/hub-sync/backup job of full" in again.stdout
+    assert CliRunner().invoke(main, ["cron", "remove", "mine"]).exit_code == 1  # not one cron add wrote: kept
+    assert sorted(p.name for p in (default / "cron.hourly").iterdir()) == ["mine.slurm", "tiny-slurm-status.slurm"]

@@ -280,7 +280,8 @@ def test_run_errors_carry_argv_code_and_stderr(tmp_path: Path, monkeypatch: pyte
     err = info.value
     assert err.argv == ["scontrol", "--oneliner", "show", "job", "99999999"]
     assert err.returncode == 1 and "Invalid job id" in err.stderr
-    assert "scontrol --oneliner show job 99999999" in str(err) and "code 1" in str(err)
+    assert str(err) == "scontrol failed (exited with code 1): Invalid job id specified"  # one human line
+    assert "scontrol --oneliner show job 99999999" in err.detail() and "code: 1" in err.detail()
 
 
 def test_run_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

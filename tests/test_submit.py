@@ -60,9 +60,11 @@ def test_a_dry_run_without_slurm_renders_and_says_why_the_queue_was_not_checked(
     monkeypatch.delenv("SLURM_CONF", raising=False)
     with pytest.raises(Exception) as err:  # a real launch needs the queue
         submit.plan_launch(exp)
-    assert "squeue" in str(err.value)
+    assert str(err.value).startswith("Slurm is not configured on this machine (SLURM_CONF is unset)")
     plan = submit.plan_launch(exp, dry_run=True)
     [note] = [line for line in plan.describe() if line.startswith("queue")]
-    assert note.startswith("queue not checked: squeue: fatal: ") and note.endswith(
-        "(SLURM_CONF is unset); a real launch needs the queue")
+    assert note == ("queue not checked: Slurm is not configured on this machine (SLURM_CONF is unset): no cluster "
+                    "configuration found; set SLURM_CONF to your cluster's slurm.conf, or run on a login node; "
+                    "a real launch needs the queue")
+    assert "Could not establish a configuration source" in plan.queue_error.detail()  # what --verbose adds
     assert "--format" not in note and plan.argv[0] == "sbatch" and not plan.run_dir.exists()

@@ -88,7 +88,8 @@ def test_logs_command_prints_the_tail(run_exp, trainings):
     _lines(Path(run_exp.paths.logs) / "main_log.txt", [f"line {i}" for i in range(10)])
     result = CliRunner().invoke(main, ["logs", "run", "--trainings-dir", str(trainings), "-n", "3"])
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines() == ["line 7", "line 8", "line 9"]
+    assert result.stdout.splitlines() == ["line 7", "line 8", "line 9"]  # the log alone: it may be piped
+    assert result.stderr.startswith(f"run folder: {run_exp.paths.output} (")
     missing = CliRunner().invoke(main, ["logs", "run", "--trainings-dir", str(trainings), "--from-clone", "/nonexistent"])
     assert missing.exit_code == EXIT_ERROR
 

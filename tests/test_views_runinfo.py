@@ -103,8 +103,37 @@ def test_tasks_show_nodes_iterations_exits_and_times(exp, trainings: Path):
     assert "7_2  nodes n[3-4]  iterations 300 -> ?  running or killed" in text and "since the launch" in text
     result = CliRunner().invoke(main, ["info", "run", "--trainings-dir", str(trainings), "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["run_folder"] == str(out) and [t["job_id"] for t in data["tasks"]] == ["7_1", "7_2"]
+    assert result.stderr == f"run folder: {out} (relative paths of {trainings / 'run.yaml'} resolve against " \
+                            f"{trainings.parent})\n"
+
+
+def test_last_backup_is_read_from_the_stores_manifests(trainings: Path, tmp_path: Path):
+    from bigscience_ops.ops import backup
+
+    store = tmp_path / "store"
+    (trainings / "saved.yaml").write_text(tiny_yaml(tmp_path / "run", f"backup: {{dest: {json.dumps(str(store))}}}\n"))
+    exp = load_experiment("saved", trainings)
+    assert runinfo.run_info(exp).backup.note == "the run has no run id yet (no checkpoint saved): nothing backed up"
+    checkpoints = Path(exp.paths.checkpoints)
+    for step in (5, 10):
+        (checkpoints / f"global_step{step}").mkdir(parents=True)
+        (checkpoints / f"global_step{step}" / "layer_00-model_states.pt").write_bytes(bytes(100 * step))
+        (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+        (checkpoints / "latest").write_text(f"global_step{step}")
+        report = backup.run_backup(exp)
+    assert report.backed_up == ["global_step10"] and report.already == ["global_step5"]
+    info = runinfo.run_info(exp)
+    b = info.backup
+    assert (b.last, b.step, b.copies, b.kind, b.store) == ("global_step10", 10, 2, "weights-only", report.store)
+    assert abs(b.verified_at - (store / "saved").stat().st_mtime) < 3600 and not info.problems
+    text = runinfo.info_text(info, now=b.verified_at + 120)
+    assert f"backup:      global_step10 (weights-only), verified " in text and f"(2 min ago); 2 copies in {b.store}" in text
+    assert runinfo.info_data(info)["backup"]["store"] == str(report.store)
+    (trainings / "nodest.yaml").write_text(tiny_yaml(tmp_path / "run"))
+    assert "backup:      none (backup.dest is not set)" in runinfo.info_text(runinfo.run_info(
+        load_experiment("nodest", trainings)))
 
 
 def test_info_imports_neither_torch_nor_deepspeed(exp, trainings: Path):

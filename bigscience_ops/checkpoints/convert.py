@@ -167,16 +167,25 @@ def select_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[str, 
 # ---------------------------------------------------------------- config
 
 
+def _refuse(problems: list[str]) -> None:
+    if problems:
+        raise ConvertError("cannot convert to GPT-2: " + "; ".join(problems)
+                           + f". Convertible options: {', '.join(sorted(EXPRESSIBLE))}, with "
+                           + ", ".join(f"{k} {json.dumps(ok)}" for k, (ok, _) in REFUSED.items()))
+
+
+def refuse_inexpressible(model: dict) -> None:
+    """ConvertError naming each REFUSED option of `model` (the experiment's or a checkpoint's) GPT-2 lacks."""
+    _refuse([f"model.{k} = {model[k]!r}: {why}" for k, (ok, why) in REFUSED.items() if model.get(k, ok) != ok])
+
+
 def gpt2_config(model: dict, vocab_size: int, eod_id: int | None, dtype: str = "float32") -> dict:
     """GPT2Config as a dict for the trainer's model options (bsops.json "model"); refuses what GPT-2 lacks."""
     problems = [f"model.{k} = {model[k]!r}: {why}" for k, (ok, why) in REFUSED.items() if model.get(k, ok) != ok]
     unknown = sorted(set(model) - EXPRESSIBLE - set(REFUSED))
     problems += [f"model.{k} = {model[k]!r}: an option this converter does not know how to express in GPT-2"
                  for k in unknown]
-    if problems:
-        raise ConvertError("cannot convert to GPT-2: " + "; ".join(problems)
-                           + f". Convertible options: {', '.join(sorted(EXPRESSIBLE))}, with "
-                           + ", ".join(f"{k} {json.dumps(ok)}" for k, (ok, _) in REFUSED.items()))
+    _refuse(problems)
     if dtype not in DTYPES:
         raise ConvertError(f"dtype {dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
     if not 0 < vocab_size <= model["padded_vocab_size"]:
@@ -449,6 +458,8 @@ def convert(exp, out: Path, step: int | None = None, dtype: str = "float32", ove
     """Convert experiment `exp`'s checkpoint (`latest`, or `global_step<step>`) into the folder `out`, the weights
     in safetensors shards of at most `max_shard_size` (bytes, or "5GB"/"500MB" as transformers takes it)."""
     shard_bytes = parse_size(max_shard_size)
+    # What GPT-2 cannot express is refused from the experiment first: no word about steps for an ALiBi run.
+    refuse_inexpressible({k: getattr(exp.model, k) for k in REFUSED if hasattr(exp.model, k)})
     tag, path, meta = select_checkpoint(Path(exp.paths.checkpoints), step)
     model = meta.get("model")
     trained = meta.get("experiment", {}).get("model", {})
@@ -466,7 +477,8 @@ def convert(exp, out: Path, step: int | None = None, dtype: str = "float32", ove
     check_layer_files(path, model["num_layers"], tensor)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConvertError(f"output folder {out} is not empty; choose a new folder or allow overwriting")
+        raise ConvertError(f"output folder {out} is not empty; choose a new folder, or pass --overwrite to write "
+                           "into it")
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.iterdir():  # an earlier conversion's weights would shadow (model.safetensors) or join these
         if WEIGHT_FILES.fullmatch(stale.name) and stale.is_file():
@@ -485,7 +497,8 @@ def convert(exp, out: Path, step: int | None = None, dtype: str = "float32", ove
 def check_push(exp, remote: str | None = None, max_shard_size: int | str | None = None) -> None:
     """Refuse a push that has nowhere to go, or shards the Hub would refuse, before hours of conversion are spent."""
     if not exp.hub.checkpoints_repo and remote is None:
-        raise ConvertError(f"{exp.name}: hub.checkpoints_repo is not set; set it in the experiment or give a remote URL")
+        raise ConvertError(f"{exp.name}: hub.checkpoints_repo is not set; set it in the experiment, or pass --remote "
+                           "URL (any git remote)")
     if max_shard_size is not None and (size := parse_size(max_shard_size)) > HUB_FILE_LIMIT:
         raise ConvertError(f"max_shard_size {max_shard_size!r} is {size:,} bytes, over the Hugging Face Hub's limit "
                            f"of 50GB per file, so the push would be refused; allowed with a push: up to 50GB "

@@ -1,7 +1,9 @@
-"""What every command shares: the group, exit codes, error handling, the experiment options."""
+"""What every command shares: the group, exit codes, error handling, the experiment options, the
+option types that refuse hostile values, and the line that says which run folder a command uses."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -9,29 +11,56 @@ import click
 from bigscience_ops import __version__
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.redact import scrub
+from bigscience_ops.typedyaml import PLAIN, control_allowed, control_character
 
 EXIT_PROBLEMS = 1  # the command ran and found problems (plan errors, alerts)
 EXIT_ERROR = 2  # the command could not do its work (bad input, a tool failed)
+VERBOSE = "bsops.verbose"  # ctx.meta key: print the raw command and stderr under a Slurm error
+
+
+def verbose() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.meta.get(VERBOSE))
+
+
+def echo_detail(exc: BaseException) -> None:
+    """Under --verbose, the raw command, exit code and stderr of a Slurm failure (scrubbed)."""
+    detail = getattr(exc, "detail", None)
+    if verbose() and callable(detail):
+        click.echo(scrub(detail()), err=True)
 
 
 class _Group(click.Group):
-    """Turns library errors into one clear message and an exit code, with no traceback."""
+    """Turns library errors and a command's bad arguments into one clear line and exit code 2, with no traceback."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except BsopsError as exc:
             click.echo(f"error: {scrub(str(exc))}", err=True)
+            echo_detail(exc)
             ctx.exit(EXIT_ERROR)
+        except click.UsageError as exc:  # the arguments of a command: one line, naming the command's help
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            click.echo(f"error: {scrub(exc.format_message())} (see {where} --help)", err=True)
+            ctx.exit(EXIT_ERROR)
+
+
+def _set_verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.meta[VERBOSE] = True
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="bsops")
+@click.option("-v", "--verbose", is_flag=True, expose_value=False, is_eager=True, callback=_set_verbose,
+              help="Under an error from Slurm, also print the command that failed, its exit code and its stderr.")
 def main() -> None:
     """Run GPT pretraining on Slurm: plan, render, launch and watch experiments.
 
-    An experiment is a YAML file trainings/NAME.yaml (found in --trainings-dir, $BSOPS_TRAININGS,
-    ./trainings, or the bundled trainings/); EXP is its NAME or a path to the file.
+    An experiment is a YAML file NAME.yaml, looked up in the local trainings folder (--trainings-dir,
+    $BSOPS_TRAININGS or ./trainings) first, then among bsops' bundled experiments; EXP is its NAME
+    or a path to the file.
 
     \b
     First steps:
@@ -42,10 +71,86 @@ def main() -> None:
     """
 
 
+verbose_option = click.option(
+    "--verbose", is_flag=True, expose_value=False, callback=_set_verbose,
+    help="Under an error from Slurm, also print the command that failed, its exit code and its stderr.")
+
+
+# ----------------------------------------------------------------------------- option types
+
+class FiniteFloat(click.ParamType):
+    """A finite number within bounds: click's FloatRange lets nan and inf through (and 1e300 seconds overflows
+    a sleep); every float option of bsops uses this instead."""
+
+    name = "number"
+
+    def __init__(self, low: float | None = None, high: float = 1e6, *, low_open: bool = False, unit: str = "") -> None:
+        self.low, self.high, self.low_open, self.unit = low, high, low_open, unit
+
+    def allowed(self) -> str:
+        low = "" if self.low is None else f"{'above' if self.low_open else 'at least'} {self.low:g} and "
+        return f"allowed: a finite number {low}at most {self.high:g}{' ' + self.unit if self.unit else ''}"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float) and math.isfinite(value) and self._within(value):
+            return value
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"got {_shown(value)}; {self.allowed()}", param, ctx)
+        if not math.isfinite(number) or not self._within(number):
+            self.fail(f"got {_shown(value)}; {self.allowed()}", param, ctx)
+        return number
+
+    def _within(self, number: float) -> bool:
+        if self.low is not None and (number < self.low or self.low_open and number == self.low):
+            return False
+        return number <= self.high
+
+
+def _shown(value: object) -> str:
+    """A value as an error line may show it: repr, so a line break reads as `\\n`, cut to 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _refuse_control(value: str, kind: click.ParamType, param: click.Parameter | None, ctx: click.Context | None) -> None:
+    bad = control_character(value, PLAIN)
+    if bad is not None:
+        kind.fail(f"got {_shown(value)}: {bad}; {control_allowed(PLAIN)}", param, ctx)
+
+
+class Text(click.ParamType):
+    """One line of text: a control character or a Unicode line break (U+2028 ...) is refused, since option
+    values reach job names, Slurm's argv, log lines and email headers."""
+
+    name = "text"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = value if isinstance(value, str) else str(value)
+        _refuse_control(text, self, param, ctx)
+        return text
+
+
+class SafePath(click.Path):
+    """click.Path that refuses a control character or line break in the path, as Text does."""
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        if isinstance(value, str):
+            _refuse_control(value, self, param, ctx)
+        return super().convert(value, param, ctx)
+
+
+TEXT = Text()
+
+
+# ----------------------------------------------------------------------------- experiments and run folders
+
 def trainings_option(func):
     return click.option(
-        "--trainings-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-        help="Folder of experiment YAML files (default: $BSOPS_TRAININGS, ./trainings, or the bundled one).",
+        "--trainings-dir", type=SafePath(file_okay=False, path_type=Path), default=None,
+        help="Folder of your experiment YAML files, looked in before the bundled ones "
+             "(default: $BSOPS_TRAININGS, else ./trainings).",
     )(func)
 
 
@@ -56,15 +161,25 @@ def load_experiment(name: str, trainings_dir: Path | None):
     return config.load_experiment(name, trainings_dir)
 
 
+def echo_run_folder(name: str, trainings_dir: Path | None, experiment, out: Path | None = None,
+                    err: bool = False) -> None:
+    """Say which run folder the command reads or writes, and the rule that put it there: the first line of the
+    command's report, or on stderr (`err`) where stdout is the data itself (a log, Markdown, JSON)."""
+    from bigscience_ops.config import experiment_path, run_folder_note
+
+    if out is not None:
+        click.echo(f"run folder: {Path(out).resolve()} (given by --out)", err=err)
+        return
+    click.echo(run_folder_note(experiment_path(name, trainings_dir), experiment), err=err)
+
+
 def default_cron_dir() -> Path:
-    import os
+    from bigscience_ops.ops.cron import default_cron_dir as default
 
-    env = os.environ.get("BSOPS_CRON_DIR")
-    from bigscience_ops.resources import bundled
-
-    return Path(env) if env else bundled("cron")
+    return default()
 
 
 cron_dir_option = click.option(
-    "--cron-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-    help="Folder with cron.hourly/, cron.daily/ and cron.yaml (default: $BSOPS_CRON_DIR or the bundled cron/).")
+    "--cron-dir", type=SafePath(file_okay=False, path_type=Path), default=None,
+    help="Folder with cron.hourly/, cron.daily/ and cron.yaml (default: $BSOPS_CRON_DIR, else "
+         "$XDG_DATA_HOME/bsops/cron, else ~/.local/share/bsops/cron).")

@@ -11,26 +11,26 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import load_experiment, main, trainings_option
+from bigscience_ops.cli.base import TEXT, SafePath, echo_run_folder, load_experiment, main, trainings_option
 
 
 @main.command("convert")
-@click.argument("exp")
+@click.argument("exp", type=TEXT)
 @trainings_option
 @click.option("--step", type=click.IntRange(min=0), default=None,
               help="Convert global_stepN (default: the checkpoint 'latest' names).")
-@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", "out", type=SafePath(file_okay=False, path_type=Path), required=True,
               help="Folder to write the transformers model into (new or empty).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
               help="Precision of the written weights.")
 @click.option("--overwrite", is_flag=True, help="Write into --out even when it is not empty.")
-@click.option("--max-shard-size", default="5GB", show_default=True,
+@click.option("--max-shard-size", type=TEXT, default="5GB", show_default=True,
               help="Largest weight file, as transformers takes it (5GB, 500MB, 2GiB, or bytes): past it the "
                    "weights are split into model-0000k-of-0000n.safetensors with model.safetensors.index.json. "
                    "At most 50GB with --push (the Hub's limit per file).")
 @click.option("--push", is_flag=True,
               help="Upload the folder to hub.checkpoints_repo as global_stepN/ (one folder per step).")
-@click.option("--remote", default=None, help="With --push: any git remote URL instead of the Hub.")
+@click.option("--remote", type=TEXT, default=None, help="With --push: any git remote URL instead of the Hub.")
 def convert_command(exp: str, trainings_dir: Path | None, step: int | None, out: Path, dtype: str, overwrite: bool,
                     max_shard_size: str, push: bool, remote: str | None) -> None:
     """Convert EXP's DeepSpeed checkpoint into a transformers GPT-2 model.
@@ -43,6 +43,7 @@ def convert_command(exp: str, trainings_dir: Path | None, step: int | None, out:
     from bigscience_ops.checkpoints import convert
 
     experiment = load_experiment(exp, trainings_dir)
+    echo_run_folder(exp, trainings_dir, experiment)
     if push:
         convert.check_push(experiment, remote, max_shard_size)
     bar = click.progressbar(length=1, label="converting layers", file=sys.stderr) if sys.stderr.isatty() else None
@@ -87,10 +88,10 @@ def _rendered(path: Path):
 
 
 @main.command("warm-start")
-@click.option("--from", "source", required=True, metavar="RUN[:STEP]",
+@click.option("--from", "source", type=TEXT, required=True, metavar="RUN[:STEP]",
               help="The trained run: a run folder, its checkpoints folder or an experiment name; STEP picks "
                    "global_stepSTEP (default: the checkpoint 'latest' names).")
-@click.argument("exp")
+@click.argument("exp", type=TEXT)
 @trainings_option
 def warm_start_command(source: str, exp: str, trainings_dir: Path | None) -> None:
     """Write step 0 of EXP, a deeper model, from the weights of a shallower run (Gopher G.3.3).
@@ -104,7 +105,12 @@ def warm_start_command(source: str, exp: str, trainings_dir: Path | None) -> Non
     """
     from bigscience_ops.checkpoints import warm_start
 
-    experiment = _rendered(Path(exp)) if exp.endswith(".json") else load_experiment(exp, trainings_dir)
+    if exp.endswith(".json"):
+        experiment = _rendered(Path(exp))
+        click.echo(f"run folder: {experiment.paths.output} (paths.output of {exp})", err=True)
+    else:
+        experiment = load_experiment(exp, trainings_dir)
+        echo_run_folder(exp, trainings_dir, experiment)
     run, step = warm_start.parse_from(source)
     found = warm_start.find_source(warm_start.source_checkpoints(run, trainings_dir), step, source)
     result = warm_start.build(experiment, found, log=click.echo)
@@ -114,11 +120,11 @@ def warm_start_command(source: str, exp: str, trainings_dir: Path | None) -> Non
 
 
 @main.command("rollback")
-@click.argument("exp")
+@click.argument("exp", type=TEXT)
 @trainings_option
 @click.option("--to", "to_step", type=click.IntRange(min=0), required=True,
               help="The step to go back to: a complete checkpoint at or before the one `latest` names.")
-@click.option("--skip", default=None, metavar="A-B",
+@click.option("--skip", type=TEXT, default=None, metavar="A-B",
               help="Iterations A to B (after --to) to step over when the run trains them again: their data is "
                    "consumed, no update is made (Megatron's --skip-train-iteration-range).")
 @click.option("--force", is_flag=True, help="Roll back although the ledger shows a task that began and never ended.")
@@ -135,6 +141,7 @@ def rollback_command(exp: str, trainings_dir: Path | None, to_step: int, skip: s
     from bigscience_ops.checkpoints import rollback
 
     experiment = load_experiment(exp, trainings_dir)
+    echo_run_folder(exp, trainings_dir, experiment)
     task = ledger.running(ledger.read(Path(experiment.paths.output) / ledger.LEDGER_NAME))
     if task is not None and not force:
         raise rollback.RollbackError(

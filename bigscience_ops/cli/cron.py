@@ -9,30 +9,60 @@ import click
 
 from bigscience_ops.cli.base import (
     EXIT_PROBLEMS,
+    TEXT,
+    SafePath,
     cron_dir_option,
     default_cron_dir,
     load_experiment,
     main,
     trainings_option,
+    verbose_option,
 )
 
 
 @main.group()
 def cron() -> None:
-    """Cron for clusters without crontab: self-respawning Slurm jobs over cron.hourly/ and cron.daily/."""
+    """Cron for clusters without crontab: self-respawning Slurm jobs over cron.hourly/ and cron.daily/.
+
+    The cron folder is yours: --cron-dir, else $BSOPS_CRON_DIR, else $XDG_DATA_HOME/bsops/cron, else
+    ~/.local/share/bsops/cron. The runners and jobs name it, so they keep the folder they were installed with.
+    """
+
+
+def _cron_dir(cron_dir: Path | None) -> Path:
+    """--cron-dir, else the default, which is then named on stderr (the user may not know where it is)."""
+    if cron_dir is not None:
+        return cron_dir
+    chosen = default_cron_dir()
+    click.echo(f"cron folder: {chosen} (the default; --cron-dir or $BSOPS_CRON_DIR chooses another)", err=True)
+    return chosen
+
+
+def _kinds(jobs: str | None, default: list[str]) -> list[str]:
+    """--jobs as a list of hourly_jobs.JOBS (a usage error names the value and the allowed kinds)."""
+    from bigscience_ops.ops import hourly_jobs
+
+    if jobs is None:
+        return default
+    kinds = [j.strip() for j in jobs.split(",") if j.strip()]
+    if not kinds or [k for k in kinds if k not in hourly_jobs.JOBS]:
+        raise click.BadParameter(f"got {jobs!r}; allowed: a comma-separated list of {', '.join(hourly_jobs.JOBS)}",
+                                 param_hint="--jobs")
+    return kinds
 
 
 @cron.command("install")
 @cron_dir_option
-@click.option("--period-seconds", type=click.IntRange(min=1), default=None,
+@click.option("--period-seconds", type=click.IntRange(min=1, max=10**7), default=None,
               help="Re-arm every N seconds instead of hourly/daily (for testing a chain).")
 @click.option("--scrontab", "use_scrontab", is_flag=True,
               help="Merge the runs into your scrontab as one marked block instead of runner jobs.")
+@verbose_option
 def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab: bool) -> None:
     """Submit the hourly and daily runner jobs, unless their chains are already queued."""
     from bigscience_ops.ops import cron as cronlib
 
-    cron_dir = cron_dir or default_cron_dir()
+    cron_dir = _cron_dir(cron_dir)
     if use_scrontab:
         from bigscience_ops.ops import scrontab
 
@@ -47,11 +77,12 @@ def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab
 
 @cron.command("status")
 @cron_dir_option
+@verbose_option
 def cron_status(cron_dir: Path | None) -> None:
     """Show each runner chain and its next run; exit 1 when a chain is missing, forked or missed its period."""
     from bigscience_ops.ops import cron as cronlib
 
-    states = cronlib.chains(cron_dir or default_cron_dir())
+    states = cronlib.chains(_cron_dir(cron_dir))
     for state in states:
         click.echo(state.describe())
     if any(state.problems for state in states):
@@ -59,24 +90,22 @@ def cron_status(cron_dir: Path | None) -> None:
 
 
 @cron.command("add")
-@click.argument("exp")
-@click.option("--jobs", default=None, metavar="LIST",
+@click.argument("exp", type=TEXT)
+@click.option("--jobs", type=TEXT, default=None, metavar="LIST",
               help="Comma-separated hourly jobs to write: status (the watchdog), hub-sync, backup. Default: the "
                    "watchdog and each other job whose settings EXP has (hub repos, backup.dest).")
 @cron_dir_option
 @trainings_option
 def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: Path | None) -> None:
-    """Render EXP's hourly jobs (status watchdog, Hub sync, checkpoint backup) into cron.hourly/."""
+    """Render EXP's hourly jobs (status watchdog, Hub sync, checkpoint backup) into cron.hourly/.
+
+    Without --jobs, a job whose settings EXP lacks is left out, and the command says which and why."""
     from bigscience_ops.config import experiment_path, outputs_folder
     from bigscience_ops.ops import cron as cronlib
     from bigscience_ops.ops import hourly_jobs
 
-    kinds = [j.strip() for j in (jobs or "status").split(",") if j.strip()]
-    unknown = [k for k in kinds if k not in hourly_jobs.JOBS]
-    if unknown or not kinds:
-        raise click.BadParameter(f"got {jobs!r}; allowed: a comma-separated list of {', '.join(hourly_jobs.JOBS)}",
-                                 param_hint="--jobs")
-    cron_dir = cron_dir or default_cron_dir()
+    kinds = _kinds(jobs, [])
+    cron_dir = _cron_dir(cron_dir)
     settings = cronlib.load_settings(cron_dir)
     experiment = load_experiment(exp, trainings_dir)
     if jobs is None:
@@ -90,17 +119,54 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
     rendered = [hourly_jobs.render(kind, cron_dir, experiment, folder, settings, workdir) for kind in kinds]
     for job in rendered:  # all rendered before any is written: a refused value leaves the folder as it was
         click.echo(f"wrote {cronlib.write_runner(job)}")
+    if not (cron_dir / "runners").is_dir():
+        click.echo(f"no runner chain in {cron_dir} yet: `bsops cron install` (with the same folder) starts it")
+
+
+@cron.command("list")
+@cron_dir_option
+def cron_list(cron_dir: Path | None) -> None:
+    """List the jobs of the cron folder: experiment, job kind, period and file."""
+    from bigscience_ops.ops import hourly_jobs
+
+    found = hourly_jobs.installed(_cron_dir(cron_dir))
+    for job in found:
+        click.echo(f"{job.experiment or '-':<24} {job.kind or 'other':<9} {job.period:<7} {job.path}")
+    if not found:
+        click.echo("no jobs installed (bsops cron add EXP writes them)")
+
+
+@cron.command("remove")
+@click.argument("exp", type=TEXT)
+@click.option("--jobs", type=TEXT, default=None, metavar="LIST",
+              help="Comma-separated jobs to remove: status, hub-sync, backup (default: all of EXP's).")
+@cron_dir_option
+def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None) -> None:
+    """Remove EXP's jobs that `bsops cron add` wrote (other files of the folder are left alone).
+
+    Exits 1 when there was none to remove."""
+    from bigscience_ops.ops import hourly_jobs
+
+    kinds = _kinds(jobs, list(hourly_jobs.JOBS))
+    cron_dir = _cron_dir(cron_dir)
+    removed = hourly_jobs.remove(cron_dir, exp, kinds)
+    for path in removed:
+        click.echo(f"removed {path}")
+    if not removed:
+        click.echo(f"no {'/'.join(kinds)} job of {exp} in {cron_dir} (bsops cron list shows what is there)")
+        sys.exit(EXIT_PROBLEMS)
 
 
 @cron.command("run", hidden=True)
 @click.argument("period", type=click.Choice(["hourly", "daily"]))
 @cron_dir_option
-@click.option("--runner", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--runner", type=SafePath(dir_okay=False, path_type=Path), default=None,
               help="This runner's script, re-submitted for the next period first.")
-@click.option("--period-seconds", type=click.IntRange(min=1), default=None)
+@click.option("--period-seconds", type=click.IntRange(min=1, max=10**7), default=None)
 @click.option("--no-rearm", is_flag=True, help="Do not re-arm (scrontab runs the schedule).")
-@click.option("--rearmed", default=None, help="The job id the runner script re-armed the chain as.")
-@click.option("--rearmed-for", default=None, help="The --begin of that job.")
+@click.option("--rearmed", type=TEXT, default=None, help="The job id the runner script re-armed the chain as.")
+@click.option("--rearmed-for", type=TEXT, default=None, help="The --begin of that job.")
+# Not TEXT: it carries sbatch's answer, several lines; run_pass joins them into one before logging.
 @click.option("--rearm-error", default=None, help="Why the runner script could not re-arm (logged and emailed).")
 def cron_run(period: str, cron_dir: Path | None, runner: Path | None, period_seconds: int | None, no_rearm: bool,
              rearmed: str | None, rearmed_for: str | None, rearm_error: str | None) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import main
+from bigscience_ops.cli.base import TEXT, FiniteFloat, main
 
 
 # Options that take several values, Megatron style (`--json-keys text title`).
@@ -58,6 +58,11 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
     if tokenizer_type == "GPT2BPETokenizer" and name_or_path:
         raise click.UsageError("--tokenizer-name-or-path belongs to --tokenizer-type PretrainedFromHF; "
                                "GPT2BPETokenizer reads --vocab-file and --merge-file")
+    if tokenizer_type == "GPT2BPETokenizer" and not tokenizer and not (vocab_file and merges_file):
+        given = "--vocab-file" if vocab_file else "--merge-file" if merges_file else "neither"
+        raise click.UsageError(f"--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file (GPT-2's "
+                               f"vocab.json and merges.txt); got {given}. Or --tokenizer gpt2 for the packaged "
+                               "GPT-2 files")
     if name_or_path and tokenizer and name_or_path != tokenizer:
         raise click.UsageError(f"--tokenizer {tokenizer!r} and --tokenizer-name-or-path {name_or_path!r} "
                                "disagree; give one")
@@ -71,22 +76,22 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
 @click.option("--json-keys", multiple=True, default=("text",), show_default=True,
               help="Keys whose strings are the documents, one output per key: `--json-keys text title` "
                    "(Megatron's spelling), repeated, or comma-separated.")
-@click.option("--tokenizer", default=None,
+@click.option("--tokenizer", type=TEXT, default=None,
               help="A tokenizer.json, a folder with vocab.json + merges.txt, or 'gpt2' (packaged GPT-2 files).")
 @click.option("--tokenizer-type", type=click.Choice(TOKENIZER_TYPES), default=None,
               help="Megatron's: GPT2BPETokenizer (with --vocab-file/--merge-file) or PretrainedFromHF "
                    "(with --tokenizer-name-or-path, a local path). Optional here.")
-@click.option("--tokenizer-name-or-path", default=None,
+@click.option("--tokenizer-name-or-path", type=TEXT, default=None,
               help="Megatron's PretrainedFromHF source: a local tokenizer.json or a folder holding one.")
-@click.option("--vocab-file", "--vocab", "vocab_file", default=None,
+@click.option("--vocab-file", "--vocab", "vocab_file", type=TEXT, default=None,
               help="GPT-2 style vocab.json (with --merge-file).")
-@click.option("--merge-file", "--merges-file", "merges_file", default=None,
+@click.option("--merge-file", "--merges-file", "merges_file", type=TEXT, default=None,
               help="GPT-2 style merges.txt (with --vocab-file).")
 @click.option("--tokenizer-backend", type=click.Choice(["auto", "fastokens", "tiktoken", "tokenizers"]),
               default="auto", show_default=True,
               help="auto: the fastest that gives tokenizers' ids on a probe text: fastokens, then tiktoken, "
                    "then tokenizers itself.")
-@click.option("--cross-check", type=click.FloatRange(0.0, 1.0), default=0.01, show_default=True,
+@click.option("--cross-check", type=FiniteFloat(0.0, 1.0), default=0.01, show_default=True,
               help="Share of the text a fastokens run also encodes with the reference tokenizer (tiktoken, "
                    "or tokenizers) and compares; a difference stops the run. 0 turns it off.")
 @click.option("--special-text", type=click.Choice(["plain", "token"]), default="plain", show_default=True,

@@ -12,30 +12,46 @@ import click
 
 from bigscience_ops.cli.base import (
     EXIT_PROBLEMS,
+    TEXT,
+    SafePath,
+    echo_detail,
+    echo_run_folder,
     load_experiment,
     main,
     trainings_option,
+    verbose_option,
 )
 from bigscience_ops.errors import BsopsError
+
+allow_incomplete_option = click.option(
+    "--allow-incomplete", is_flag=True,
+    help="Go on when site values a job needs are missing (data, partition or account the cluster asks for, "
+         "env_setup, alert addresses): they are printed as warnings instead.")
 
 
 @main.command("list")
 @trainings_option
 def list_command(trainings_dir: Path | None) -> None:
-    """List the experiments and their one-line descriptions."""
-    from bigscience_ops.config import default_trainings_dir, list_experiments
+    """List the experiments, local ones first, then bsops' bundled ones, with their descriptions."""
+    from bigscience_ops.config import find_experiments
 
-    directory = trainings_dir or default_trainings_dir()
-    for name in list_experiments(directory):
+    folder = None
+    for found in find_experiments(trainings_dir):
+        if found.path.parent != folder:
+            folder = found.path.parent
+            click.echo(f"{'bundled with bsops' if found.bundled else 'local'} ({folder}):")
+        if found.shadowed_by is not None:
+            click.echo(f"  {found.name:<20} (hidden by the local {found.shadowed_by})")
+            continue
         try:
-            description = load_experiment(name, directory).description
+            description = load_experiment(str(found.path), trainings_dir).description
         except BsopsError as exc:
             description = f"INVALID: {exc}"
-        click.echo(f"{name:<20} {description}")
+        click.echo(f"  {found.name:<20} {description}")
 
 
 @main.command()
-@click.argument("exp")
+@click.argument("exp", type=TEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of YAML.")
 @trainings_option
 def show(exp: str, as_json: bool, trainings_dir: Path | None) -> None:
@@ -50,7 +66,7 @@ def show(exp: str, as_json: bool, trainings_dir: Path | None) -> None:
                                                      "inherited_site_values": inherited}, indent=2))
     else:
         click.echo(show_text(experiment), nl=False)
-        for line in _inherited_lines(inherited):
+        for line in _inherited_lines(exp, trainings_dir, inherited):
             click.echo(f"# {line}")
 
 
@@ -60,27 +76,58 @@ def inherited_site_values(exp: str, trainings_dir: Path | None) -> dict[str, str
     return inherited(exp, trainings_dir)
 
 
-def _inherited_lines(inherited: dict[str, str]) -> list[str]:
+def _inherited_lines(exp: str, trainings_dir: Path | None, inherited: dict[str, str]) -> list[str]:
+    """The inherited site values, and where to set them: never advice to run the command that wrote the file."""
     if not inherited:
         return []
+    from bigscience_ops.config import experiment_path
+    from bigscience_ops.resources import is_bundled
+
+    path = experiment_path(exp, trainings_dir)
     lines = [f"site-specific values inherited from a base ({len(inherited)}): another cluster's or team's?"]
     lines += [f"  {dotted:<22} from {Path(source).name}" for dotted, source in inherited.items()]
-    return lines + ["  set them in the experiment's own file (bsops new EXP --base BASE writes one that resets them)"]
+    if is_bundled(path):
+        return lines + [f"  to run it on your cluster: bsops new NAME --base {path.stem} writes your own "
+                        "experiment with every one of them reset"]
+    return lines + [f"  set your own value for each in {path} (null resets one)"]
+
+
+def _todo_lines(site, path: Path | None = None) -> list[str]:
+    """plan's to-do: one line per missing site value, and why the cluster's needs were not checked."""
+    lines = []
+    if site.blanks:
+        where = f" in {path}" if path is not None else ""
+        lines.append(f"to do before a job can run: {len(site.blanks)} value(s) to set{where} (render and launch "
+                     "refuse until then):")
+        lines += [f"  {blank.line()}" for blank in site.blanks]
+    if site.cluster_note:
+        lines.append(f"slurm.partition, slurm.account: not checked against the cluster: {site.cluster_note}")
+    return lines
+
+
+def _warn_incomplete(name: str, site) -> None:
+    for blank in site.blanks if site is not None else []:
+        click.echo(f"warning: {name} is incomplete (--allow-incomplete): {blank.line()}", err=True)
 
 
 @main.command()
-@click.argument("exp")
+@click.argument("exp", type=TEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-@click.option("--nodes", type=click.IntRange(min=1), default=None,
+@click.option("--nodes", type=click.IntRange(min=1, max=2**20), default=None,
               help="Plan for this many nodes all along, instead of slurm.nodes or slurm.node_schedule.")
+@allow_incomplete_option
 @trainings_option
-def plan(exp: str, as_json: bool, nodes: int | None, trainings_dir: Path | None) -> None:
+def plan(exp: str, as_json: bool, nodes: int | None, allow_incomplete: bool, trainings_dir: Path | None) -> None:
     """Plan EXP: parameters, memory, DP size, batch rampup, iterations, LR, tokens, days.
 
-    Every rule that would fail or mislead the run is checked; exits 1 when any error is found.
+    Every rule that would fail or mislead the run is checked, and the site values a Slurm job needs that
+    EXP does not set are listed as a to-do; exits 1 when any error is found or a value is missing
+    (with --allow-incomplete only errors count).
     """
+    from bigscience_ops.config import experiment_path
     from bigscience_ops.plan import make_plan
     from bigscience_ops.planview import plan_data, plan_text
+    from bigscience_ops.site_values import missing_site_values
 
     experiment = load_experiment(exp, trainings_dir)
     if nodes is not None:
@@ -88,93 +135,107 @@ def plan(exp: str, as_json: bool, nodes: int | None, trainings_dir: Path | None)
                                                                                 node_schedule=[]))
     result = make_plan(experiment)
     inherited = inherited_site_values(exp, trainings_dir)
+    site = missing_site_values(experiment)
     if as_json:
-        click.echo(json.dumps(plan_data(result) | {"inherited_site_values": inherited}, indent=2))
+        click.echo(json.dumps(plan_data(result) | {
+            "inherited_site_values": inherited,
+            "missing_site_values": [{"field": b.field, "what": b.what} for b in site.blanks],
+            "cluster_not_checked": site.cluster_note}, indent=2))
     else:
         click.echo(plan_text(result, experiment), nl=False)
-        lines = _inherited_lines(inherited)
-        if lines:
-            click.echo("")
-            click.echo("\n".join(lines))
-    if result.errors:
+        for lines in (_inherited_lines(exp, trainings_dir, inherited),
+                      _todo_lines(site, experiment_path(exp, trainings_dir))):
+            if lines:
+                click.echo("")
+                click.echo("\n".join(lines))
+    if result.errors or site.blanks and not allow_incomplete:
         sys.exit(EXIT_PROBLEMS)
 
 
-
-
 @main.command("new")
-@click.argument("name")
-@click.option("--base", default="tr1-13B", show_default=True, help="The experiment to start from.")
-@click.option("--trainings-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.argument("name", type=TEXT)
+@click.option("--base", type=TEXT, default="tr1-13B", show_default=True, help="The experiment to start from.")
+@click.option("--trainings-dir", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Folder to write NAME.yaml into (default: $BSOPS_TRAININGS or ./trainings).")
 def new(name: str, base: str, trainings_dir: Path | None) -> None:
     """Write trainings/NAME.yaml: BASE's model and schedule, with every site-specific value reset.
 
-    Account, partition, paths, data, Hub repos and alert addresses belong to a cluster and a team:
-    the new file sets them to empty so nothing of BASE's site is used without being written here.
+    Account, partition, paths, data, tokenizer, Hub repos and alert addresses belong to a cluster and a
+    team: the new file sets them to empty so nothing of BASE's site is used without being written here.
+    It then lists the fields a job needs that are still blank.
     """
-    import os
-    import shlex
-
-    from bigscience_ops.site_values import new_experiment_text
+    from bigscience_ops.config import NAME, NAME_ALLOWED, local_trainings_dir
+    from bigscience_ops.site_values import missing_site_values, new_experiment_text
 
     # Never the bundled folder: a new experiment is the user's, beside their other files.
-    directory = trainings_dir or Path(os.environ.get("BSOPS_TRAININGS") or "trainings")
+    directory = local_trainings_dir(trainings_dir)
     path = directory / f"{name}.yaml"
     if path.exists():
         raise click.UsageError(f"{path} exists; choose another NAME or edit it")
-    from bigscience_ops.config import NAME, NAME_ALLOWED
-
     if not NAME.fullmatch(name):
         raise click.UsageError(f"NAME {name!r}: {NAME_ALLOWED}")
+    text = new_experiment_text(name, base, trainings_dir)  # the base must exist before anything is written
     directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(new_experiment_text(name, base), encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
     try:
-        load_experiment(str(path), None)
+        experiment = load_experiment(str(path), None)
     except BsopsError:
         path.unlink()
         raise
-    click.echo(f"wrote {path}: fill in the site-specific values, then: bsops plan {shlex.quote(str(path))}")
-    for line in _inherited_lines(inherited_site_values(str(path), None)):
+    again = f"bsops plan {shlex.quote(name)}" + (f" --trainings-dir {shlex.quote(str(trainings_dir))}"
+                                                 if trainings_dir is not None else "")
+    click.echo(f"wrote {path}: {base}'s model and schedule, every site-specific value reset")
+    site = missing_site_values(experiment)
+    if site.blanks:
+        click.echo(f"fill in these fields in {path}, then check it with: {again}")
+        for blank in site.blanks:
+            click.echo(f"  {blank.line()}")
+    else:
+        click.echo(f"check it with: {again}")
+    for line in _inherited_lines(str(path), None, inherited_site_values(str(path), None)):
         click.echo(line)
 
 
 @main.command()
-@click.argument("exp")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.argument("exp", type=TEXT)
+@click.option("--out", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Folder for the script, experiment.json and ds_config.json (default: rendered/EXP).")
+@allow_incomplete_option
 @trainings_option
-def render(exp: str, out: Path | None, trainings_dir: Path | None) -> None:
-    """Render EXP's Slurm job-array script and DeepSpeed JSON (refused if the plan finds errors)."""
+def render(exp: str, out: Path | None, allow_incomplete: bool, trainings_dir: Path | None) -> None:
+    """Render EXP's Slurm job-array script and DeepSpeed JSON (refused if the plan finds errors, or if site
+    values the job needs are missing, unless --allow-incomplete)."""
     from bigscience_ops import render as rendering
     from bigscience_ops.prepare import prepare_launch
 
     experiment = load_experiment(exp, trainings_dir)
+    echo_run_folder(exp, trainings_dir, experiment)
     out = out or Path("rendered") / experiment.name
-    prepared = prepare_launch(experiment)  # what a launch would submit now: the phase of the latest checkpoint
+    # What a launch would submit now: the phase of the latest checkpoint.
+    prepared = prepare_launch(experiment, allow_incomplete=allow_incomplete)
+    _warn_incomplete(experiment.name, prepared.site)
     script = rendering.write(rendering.render(prepared.experiment, out, prepared.plan), out)
     click.echo(f"rendered {script}")
     click.echo(f"submit with: sbatch {shlex.quote(str(script))}   (or: bsops launch {shlex.quote(exp)})")
 
 
 
-
-
-
 @main.command()
-@click.argument("exp", default="tiny")
+@click.argument("exp", type=TEXT, default="tiny")
 @click.option("--local", "local", is_flag=True,
               help="Run the rendered job array on this machine with Slurm's environment emulated.")
 @click.option("--after-current", is_flag=True,
               help="If a job of EXP is queued, start after its whole array (afterany) instead of refusing.")
 @click.option("--dry-run", is_flag=True, help="Show the run record, queue check and sbatch command; submit nothing.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="With --local: run folder (default: the experiment's paths.output, runs/EXP).")
-@click.option("--tasks", type=click.IntRange(min=1), default=None,
+@click.option("--tasks", type=click.IntRange(min=1, max=10**6), default=None,
               help="With --local: array tasks to run (default: slurm.array); each resumes from the last checkpoint.")
+@allow_incomplete_option
+@verbose_option
 @trainings_option
 def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path | None, tasks: int | None,
-           trainings_dir: Path | None) -> None:
+           allow_incomplete: bool, trainings_dir: Path | None) -> None:
     """Launch EXP (default: tiny) as a Slurm job array, one task at a time, each resuming.
 
     The plan is checked first and nothing invalid is submitted. A job of EXP already in the queue
@@ -183,15 +244,22 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
     """
     from bigscience_ops.launch import launch_local
 
+    if not local and (out is not None or tasks is not None):
+        raise click.UsageError("--out and --tasks apply to --local only")
+    if local and (after_current or dry_run):
+        raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
     experiment = load_experiment(exp, trainings_dir)
+    echo_run_folder(exp, trainings_dir, experiment, out if local else None)
     if not local:
         from bigscience_ops import submit
 
-        if out is not None or tasks is not None:
-            raise click.UsageError("--out and --tasks apply to --local only")
-        launch_plan = submit.plan_launch(experiment, after_current=after_current, dry_run=dry_run)
+        launch_plan = submit.plan_launch(experiment, after_current=after_current, dry_run=dry_run,
+                                         allow_incomplete=allow_incomplete)
+        _warn_incomplete(experiment.name, launch_plan.site)
         for line in launch_plan.describe():
             click.echo(line)
+        if launch_plan.queue_error is not None:
+            echo_detail(launch_plan.queue_error)
         if dry_run:
             click.echo(f"dry run: nothing submitted. The job script:\n\n{launch_plan.rendered.files[launch_plan.rendered.script]}")
             return
@@ -199,9 +267,7 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
         click.echo(f"submitted job array {job_id} ({experiment.slurm.array} tasks, one at a time)")
         click.echo(f"watch it with: bsops status {shlex.quote(exp)}    log: {Path(experiment.paths.logs) / 'main_log.txt'}")
         return
-    if after_current or dry_run:
-        raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
-    result = launch_local(experiment, out, tasks, progress=click.echo)
+    result = launch_local(experiment, out, tasks, progress=click.echo, allow_incomplete=allow_incomplete)
     for task in result.tasks:
         click.echo(f"array task {task.array_task_id}: exit {task.returncode} in {task.seconds:.0f} s ({task.output})")
     click.echo(f"run folder: {result.run_dir}")

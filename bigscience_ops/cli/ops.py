@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import EXIT_ERROR, load_experiment, main, trainings_option
+from bigscience_ops.cli.base import (
+    EXIT_ERROR, TEXT, FiniteFloat, SafePath, echo_run_folder, load_experiment, main, trainings_option,
+)
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.redact import env_secrets, scrub
 
@@ -55,32 +57,57 @@ def _notify(exp, job: str, command: str, error: str | None) -> bool:
     return True
 
 
+# Where the token goes and under which name it is read: another team's values send your token to their host.
+TRUSTED_HUB_FIELDS = ("hub.host", "hub.remote_template", "hub.token_env")
+
+
+def refuse_inherited_hub(exp: str, trainings_dir: Path | None) -> None:
+    """Raise HubSyncError (exit 2, emailed with --alert) when hub.host, hub.remote_template or hub.token_env come
+    from a base file."""
+    from bigscience_ops.ops.hubsync import HubSyncError
+    from bigscience_ops.site_values import inherited_site_values
+
+    inherited = {f: src for f, src in inherited_site_values(exp, trainings_dir).items() if f in TRUSTED_HUB_FIELDS}
+    if inherited:
+        named = ", ".join(f"{field} (from {source})" for field, source in inherited.items())
+        raise HubSyncError(
+            f"{exp} inherits {named}: they decide where your Hub token goes; set them in {exp}'s own file, or pass "
+            "--trust-inherited-hub if that base is your own team's")
+
+
 @main.command("hub-sync")
-@click.argument("exp")
-@click.option("--what", default=None, metavar="LIST",
+@click.argument("exp", type=TEXT)
+@click.option("--what", type=TEXT, default=None, metavar="LIST",
               help="Comma-separated: logs, tensorboard, codecarbon (default: every kind with a hub.*_repo).")
-@click.option("--remote", default=None, metavar="URL",
+@click.option("--remote", type=TEXT, default=None, metavar="URL",
               help="Push to this git remote instead of the Hub or hub.remote_template (needs exactly one --what).")
-@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0, show_default=True,
+@click.option("--wait", "wait_s", type=FiniteFloat(0, 86_400, unit="seconds"), default=0, show_default=True,
               help="Seconds to wait for an overlapping sync of the same repo; 0 skips it at once.")
+@click.option("--trust-inherited-hub", is_flag=True,
+              help="Sync although hub.host, hub.remote_template or hub.token_env come from a base file.")
 @alert_option
 @trainings_option
-def hub_sync(exp: str, what: str | None, remote: str | None, wait_s: float, alert: bool,
+def hub_sync(exp: str, what: str | None, remote: str | None, wait_s: float, trust_inherited_hub: bool, alert: bool,
              trainings_dir: Path | None) -> None:
     """Push EXP's logs, TensorBoard events and codecarbon records to their Hub repos.
 
     Keeps one git clone per repo under the run folder (hub/<what>/), copies what changed, stores
     main_log.txt, event files and files over hub.lfs_size_mb with git-lfs, commits only when
     something changed and pushes with retries. The token is read from the environment variable
-    named by hub.token_env, offered only over https to hub.host, and never written anywhere. A file
-    the remote's links would take out of the clone is refused (exit 2); the rest is pushed.
+    named by hub.token_env, offered only over https to hub.host, and never written anywhere; when
+    hub.host, hub.remote_template or hub.token_env come from a base file rather than EXP's own, the
+    sync is refused (exit 2) unless --trust-inherited-hub. A file the remote's links would take out of
+    the clone is refused (exit 2); the rest is pushed.
     """
     from bigscience_ops.ops import hubsync
 
     experiment = load_experiment(exp, trainings_dir)
+    echo_run_folder(exp, trainings_dir, experiment)
     kinds = [w.strip() for w in what.split(",") if w.strip()] if what else None
 
     def work() -> None:
+        if not trust_inherited_hub:
+            refuse_inherited_hub(exp, trainings_dir)
         results = hubsync.sync(experiment, kinds, remote, wait_s)
         for result in results:
             click.echo(result.describe())
@@ -131,8 +158,8 @@ def _mb(nbytes: int) -> str:
 
 
 @main.command("backup")
-@click.argument("exp")
-@click.option("--to", "dest", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.argument("exp", type=TEXT)
+@click.option("--to", "dest", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Backup folder (default: backup.dest of the experiment).")
 @click.option("--dry-run", is_flag=True, help="Show what would be copied and deleted; change nothing.")
 @alert_option
@@ -151,6 +178,7 @@ def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, training
     from bigscience_ops.ops import backup
 
     experiment = load_experiment(exp, trainings_dir)
+    echo_run_folder(exp, trainings_dir, experiment)
 
     def work() -> None:
         report = backup.run_backup(experiment, dest, dry_run=dry_run, progress=None if dry_run else _ShownProgress())

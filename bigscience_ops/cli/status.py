@@ -7,42 +7,49 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import load_experiment, main, trainings_option
+from bigscience_ops.cli.base import (
+    TEXT, FiniteFloat, SafePath, echo_detail, echo_run_folder, load_experiment, main, trainings_option, verbose_option,
+)
 
 
 @main.command("status")
-@click.argument("exp", required=False)
+@click.argument("exp", type=TEXT, required=False)
 @trainings_option
-@click.option("--job-name", default=None, help="The Slurm job name to watch (compared whole, any length).")
-@click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--job-name", type=TEXT, default=None, help="The Slurm job name to watch (compared whole, any length).")
+@click.option("--log", "log_path", type=SafePath(dir_okay=False, path_type=Path), default=None,
               help="The run's main_log.txt, checked for progress; the watchdog's lines go to watchdog.log beside it.")
-@click.option("--cron-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--cron-dir", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Also check the cron runner chains of this folder (alert when one is gone or late).")
-@click.option("--stall-minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--stall-minutes", type=FiniteFloat(0, 525_600, low_open=True, unit="minutes"), default=None,
               help="Alert when a RUNNING job's log has had no new iteration line for this long (needs --log).")
-@click.option("--group", default=None, help="Watch the jobs of every user in this Unix group (default: all users).")
-@click.option("--user", "users", multiple=True, help="Watch this user's jobs (repeatable).")
-@click.option("--contact", default="Eng WG", show_default=True, help="Who the ALERT line says to alert.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+@click.option("--group", type=TEXT, default=None,
+              help="Watch the jobs of every user in this Unix group (default: all users).")
+@click.option("--user", "users", type=TEXT, multiple=True, help="Watch this user's jobs (repeatable).")
+@click.option("--contact", type=TEXT, default=None,
+              help="Who the ALERT line says to alert (default: the watchdog's own wording).")
+@click.option("--timeout", type=FiniteFloat(0, 3600, low_open=True, unit="seconds"), default=60.0, show_default=True,
               help="Seconds to wait for each Slurm query (squeue, sacct, the cron chains' squeue) before "
                    "reporting Slurm as unreachable.")
 @click.option("--no-email", is_flag=True, help="Print (and log) only; send no email.")
-@click.option("--email-to", multiple=True, help="Alert recipient (repeatable); without one no email is sent.")
-@click.option("--email-from", default=None, help="Sender address (default: bsops@<this host>).")
-@click.option("--smtp-host", default="localhost", show_default=True)
+@click.option("--email-to", type=TEXT, multiple=True, help="Alert recipient (repeatable); without one no email is sent.")
+@click.option("--email-from", type=TEXT, default=None, help="Sender address (default: bsops@<this host>).")
+@click.option("--smtp-host", type=TEXT, default="localhost", show_default=True)
 @click.option("--smtp-port", type=click.IntRange(1, 65535), default=None,
               help="Default: 587 for starttls, 465 for ssl, 25 for none.")
 @click.option("--smtp-security", type=click.Choice(["starttls", "ssl", "none"]), default="starttls",
               show_default=True)
-@click.option("--smtp-user", default=None, help="SMTP login; the password is read from --smtp-password-env.")
-@click.option("--smtp-password-env", default=None, help="Name of the environment variable holding the password.")
-@click.option("--alert-state", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--smtp-user", type=TEXT, default=None, help="SMTP login; the password is read from --smtp-password-env.")
+@click.option("--smtp-password-env", type=TEXT, default=None,
+              help="Name of the environment variable holding the password.")
+@click.option("--alert-state", type=SafePath(dir_okay=False, path_type=Path), default=None,
               help="Cooldown state file (default: .bsops-alerts.json next to --log).")
-@click.option("--cooldown-minutes", type=click.FloatRange(min=0), default=None,
+@click.option("--cooldown-minutes", type=FiniteFloat(0, 525_600, unit="minutes"), default=None,
               help="Send the same alert at most once per this many minutes (default: alerts.cooldown_minutes, or 60).")
+@verbose_option
 def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | None, log_path: Path | None,
                    cron_dir: Path | None, stall_minutes: float | None, group: str | None,
-                   users: tuple[str, ...], contact: str, timeout: float, no_email: bool, email_to: tuple[str, ...],
+                   users: tuple[str, ...], contact: str | None, timeout: float, no_email: bool,
+                   email_to: tuple[str, ...],
                    email_from: str | None, smtp_host: str, smtp_port: int | None, smtp_security: str,
                    smtp_user: str | None, smtp_password_env: str | None, alert_state: Path | None,
                    cooldown_minutes: float) -> None:
@@ -57,7 +64,19 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
     """
     import socket
 
+    from bigscience_ops import slurm
     from bigscience_ops.ops import notify, watchdog
+    from bigscience_ops.slurm.errors import check_conf
+
+    failures: list[slurm.SlurmError] = []
+
+    def query(**kwargs):  # squeue, failing at once on a SLURM_CONF that names no file; kept for --verbose
+        try:
+            check_conf(slurm.squeue_argv(users=kwargs.get("users", ())))
+            return slurm.query_jobs(**kwargs)
+        except slurm.SlurmError as exc:
+            failures.append(exc)
+            raise
 
     smtp = None
     experiment = None
@@ -66,6 +85,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
         from bigscience_ops.ops import lifecycle
 
         experiment = load_experiment(exp, trainings_dir)
+        echo_run_folder(exp, trainings_dir, experiment)
         run = lifecycle.run_state(experiment, timeout=timeout)
         job_name = job_name or experiment.slurm.job_name
         log_path = log_path or Path(experiment.paths.logs) / "main_log.txt"
@@ -84,9 +104,12 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
             sender=email_from or f"bsops@{socket.getfqdn()}", recipients=email_to, user=smtp_user,
             password_env=smtp_password_env)
     result = watchdog.watch(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
-                            contact=contact, smtp=smtp, state_path=alert_state, cooldown_minutes=cooldown_minutes,
+                            smtp=smtp, state_path=alert_state, cooldown_minutes=cooldown_minutes,
                             experiment=experiment.name if experiment else None, timeout=timeout, run=run,
-                            cron_dir=cron_dir, health_settings=health)
+                            cron_dir=cron_dir, health_settings=health, query=query,
+                            **({"contact": contact} if contact else {}))
     for line in result.lines:
         click.echo(line)
+    for failure in failures:
+        echo_detail(failure)
     sys.exit(result.exit_code)

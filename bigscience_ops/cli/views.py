@@ -10,18 +10,18 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import load_experiment, main, trainings_option
+from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, echo_run_folder, load_experiment, main, trainings_option
 
 
 @main.command("logs")
-@click.argument("exp")
+@click.argument("exp", type=TEXT)
 @trainings_option
 @click.option("-n", "--lines", "lines", type=click.IntRange(min=0), default=20, show_default=True,
               help="How many of the last lines to print.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing lines as they are appended (Ctrl-C stops).")
-@click.option("--from-clone", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--from-clone", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Read main_log.txt from this clone of the logs repo instead of the run folder.")
-@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("--interval", type=FiniteFloat(0, 3600, low_open=True, unit="seconds"), default=1.0, show_default=True,
               help="With --follow: seconds between checks for new lines.")
 def logs_command(exp: str, trainings_dir: Path | None, lines: int, follow: bool, from_clone: Path | None,
                  interval: float) -> None:
@@ -29,6 +29,7 @@ def logs_command(exp: str, trainings_dir: Path | None, lines: int, follow: bool,
     from bigscience_ops import runlog
 
     experiment = load_experiment(exp, trainings_dir)
+    echo_run_folder(exp, trainings_dir, experiment, err=True)  # stdout is the log's lines
     path = runlog.find_log(experiment, from_clone)
     last, offset = runlog.tail(path, lines)
     for line in last:
@@ -45,23 +46,24 @@ def logs_command(exp: str, trainings_dir: Path | None, lines: int, follow: bool,
 
 
 @main.command("plot")
-@click.argument("exp")
+@click.argument("exp", type=TEXT)
 @trainings_option
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The PNG file to write.")
-@click.option("--tensorboard-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", type=SafePath(dir_okay=False, path_type=Path), required=True, help="The PNG file to write.")
+@click.option("--tensorboard-dir", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Read the event files here instead of paths.tensorboard (e.g. a clone of the tensorboard repo).")
 def plot_command(exp: str, trainings_dir: Path | None, out: Path, tensorboard_dir: Path | None) -> None:
     """Draw EXP's training loss, validation loss, learning rate, batch size and grad norm against tokens."""
     from bigscience_ops.views import plot
 
     experiment = load_experiment(exp, trainings_dir)
+    echo_run_folder(exp, trainings_dir, experiment)
     result = plot.plot(experiment, out, tensorboard_dir)
     counts = ", ".join(f"{name} {len(s.values)}" for name, s in result.series.items())
     click.echo(f"{result.out}: points per panel: {counts} (from {len(result.event_files)} event file(s))")
 
 
 @main.command("info")
-@click.argument("exp")
+@click.argument("exp", type=TEXT)
 @trainings_option
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON (times in epoch seconds, sizes in bytes).")
 def info_command(exp: str, trainings_dir: Path | None, as_json: bool) -> None:
@@ -74,21 +76,25 @@ def info_command(exp: str, trainings_dir: Path | None, as_json: bool) -> None:
 
     from bigscience_ops.views import runinfo
 
-    info = runinfo.run_info(load_experiment(exp, trainings_dir))
+    experiment = load_experiment(exp, trainings_dir)
+    echo_run_folder(exp, trainings_dir, experiment, err=as_json)
+    info = runinfo.run_info(experiment)
     click.echo(json.dumps(runinfo.info_data(info), indent=1) if as_json else runinfo.info_text(info))
 
 
 @main.command("chronicle")
-@click.argument("exp")
+@click.argument("exp", type=TEXT)
 @trainings_option
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--out", type=SafePath(dir_okay=False, path_type=Path), default=None,
               help="Write the Markdown to this file instead of printing it.")
 def chronicle_command(exp: str, trainings_dir: Path | None, out: Path | None) -> None:
     """EXP's run chronicle as Markdown: launches, array tasks with nodes, iterations and exits, saves,
     node phases, failure-budget stops, training-health findings and the alert emails, by day."""
     from bigscience_ops.views import chronicle
 
-    text = chronicle.markdown(load_experiment(exp, trainings_dir))
+    experiment = load_experiment(exp, trainings_dir)
+    echo_run_folder(exp, trainings_dir, experiment, err=out is None)  # stdout may be the Markdown
+    text = chronicle.markdown(experiment)
     if out is None:
         click.echo(text, nl=False)
         return

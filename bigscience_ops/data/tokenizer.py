@@ -429,13 +429,15 @@ def resolve_tokenizer(tokenizer: str | None = None, vocab_file: str | None = Non
     """
     if vocab_file or merges_file:
         if tokenizer is not None or not (vocab_file and merges_file):
-            raise TokenizerError("give either a tokenizer, or both a vocab file and a merges file; "
-                                 f"got tokenizer={tokenizer!r} vocab={vocab_file!r} merges={merges_file!r}")
+            raise TokenizerError("give either a tokenizer (--tokenizer), or both a vocab file and a merges file "
+                                 f"(--vocab-file and --merge-file); got tokenizer={tokenizer!r} vocab={vocab_file!r} "
+                                 f"merges={merges_file!r}")
         return TokenizerSpec("gpt2-bpe", vocab_file=vocab_file, merges_file=merges_file, backend=backend,
                              special_text=special_text)
     if tokenizer is None:
-        raise TokenizerError("no tokenizer given; allowed: a tokenizer.json, a folder with vocab.json "
-                             "and merges.txt, or 'gpt2'")
+        raise TokenizerError("no tokenizer given; allowed: --tokenizer with a tokenizer.json, a folder with vocab.json "
+                             "and merges.txt, or 'gpt2'; or --vocab-file with --merge-file (GPT-2's vocab.json and "
+                             "merges.txt)")
     if tokenizer == "gpt2":
         vocab, merges = gpt2_files_from_package()
         return TokenizerSpec("gpt2-bpe", vocab_file=vocab, merges_file=merges, backend=backend,

@@ -7,12 +7,17 @@ folder whose previous instance is not still queued, checks that the other chains
 logs and emails every failure: a failing query, sbatch or re-arm never ends a chain silently.
 Where the cluster has `scrontab`, the same runs can be entries of the user's scrontab instead
 (ops/scrontab.py).
+
+The cron folder is the user's own (`default_cron_dir`: $BSOPS_CRON_DIR, else $XDG_DATA_HOME/bsops/cron,
+else ~/.local/share/bsops/cron), never bsops' installed package. Every runner and job script names
+its folder absolutely, so the chains keep reading the folder they were installed with.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import getpass
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +27,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import notify
 from bigscience_ops.schema import SLURM_NAME, SLURM_NAMES, SLURM_TIME, AlertsConfig
 from bigscience_ops.slurm import QUEUED_STATES
+from bigscience_ops.slurm.errors import check_conf, said
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
 PERIODS = {"hourly": 3600, "daily": 86400}
@@ -44,6 +50,22 @@ class CronSettings:
     env_setup: list[str] = documented(factory=list, doc="shell lines that put bsops on PATH (trusted shell code, "
                                       "one line per item)", trusted_shell_line=True)
     alerts: AlertsConfig = documented(factory=AlertsConfig, doc="who is told when a submission fails")
+
+
+def default_cron_dir(env: dict[str, str] | None = None) -> Path:
+    """The user's cron folder: $BSOPS_CRON_DIR, else $XDG_DATA_HOME/bsops/cron, else ~/.local/share/bsops/cron."""
+    env = os.environ if env is None else env
+    if env.get("BSOPS_CRON_DIR"):
+        return Path(env["BSOPS_CRON_DIR"]).expanduser()
+    data = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local" / "share")
+    return Path(data).expanduser() / "bsops" / "cron"
+
+
+def _my_jobs(timeout: float = slurm.DEFAULT_TIMEOUT_S) -> list:
+    """This user's queued jobs; a SLURM_CONF naming a missing file fails at once instead of after a minute."""
+    users = [_me()]
+    check_conf(slurm.squeue_argv(users=users))
+    return slurm.query_jobs(users=users, timeout=timeout)
 
 
 def load_settings(cron_dir: Path) -> CronSettings:
@@ -153,9 +175,9 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
     if rearm_error:
         fail("re-arming", " ".join(rearm_error.split()))
     try:
-        jobs = slurm.query_jobs(users=[_me()])
+        jobs = _my_jobs()
     except slurm.SlurmError as exc:
-        fail("squeue", " ".join(str(exc).split()))
+        fail("squeue", said(exc))
         jobs = None
     note = slurm.unparsed_note(jobs) if jobs is not None else None
     if note is not None:
@@ -189,7 +211,7 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
         try:
             report.rearmed_job = slurm.submit(slurm.sbatch_argv(runner, begin=when))
         except (BsopsError, ValueError) as exc:
-            fail("re-arming again", " ".join(str(exc).split()))
+            fail("re-arming again", said(exc))
             return
         report.lines.append(log_line(now, f"re-armed {name} as job {report.rearmed_job} for {when}"))
         return
@@ -200,7 +222,7 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
             slurm.cancel(extras)
             report.lines.append(log_line(now, f"cancelled extra {name} job(s) {', '.join(extras)}: one chain only"))
         except slurm.SlurmError as exc:
-            fail("cancelling extra runners", " ".join(str(exc).split()))
+            fail("cancelling extra runners", said(exc))
 
 
 def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, now: dt.datetime, fail) -> None:
@@ -209,7 +231,7 @@ def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, n
         try:
             name = slurm.script_job_name(script)
         except (ValueError, OSError) as exc:  # one bad script is reported and skipped, never ends the pass
-            fail(f"reading {script}", " ".join(str(exc).split()))
+            fail(f"reading {script}", said(exc))
             continue
         queued = _queued(jobs, name)
         if queued:
@@ -220,7 +242,7 @@ def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, n
         try:
             job_id = slurm.submit(slurm.sbatch_argv(script))
         except (BsopsError, ValueError) as exc:
-            fail(f"submitting {script}", " ".join(str(exc).split()))
+            fail(f"submitting {script}", said(exc))
             continue
         report.submitted.append((name, job_id))
         report.lines.append(log_line(now, f"submitted {script.name} ({name}) as job {job_id}"))
@@ -280,7 +302,7 @@ def chains(cron_dir: Path, jobs: list | None = None, now: dt.datetime | None = N
     pass (the log's time) is more than two periods old.
     """
     prefix = load_settings(cron_dir).name_prefix
-    jobs = slurm.query_jobs(users=[_me()], timeout=timeout) if jobs is None else jobs
+    jobs = _my_jobs(timeout) if jobs is None else jobs
     now = (now or dt.datetime.now().astimezone()).astimezone()
     states = []
     for period in PERIODS:
@@ -316,7 +338,7 @@ def install(cron_dir: Path, period_seconds: int | None = None, periods: tuple[st
     settings = load_settings(cron_dir)
     for period in periods:
         (Path(cron_dir) / f"cron.{period}").mkdir(parents=True, exist_ok=True)
-    jobs = slurm.query_jobs(users=[_me()])
+    jobs = _my_jobs()
     done = []
     for period in periods:
         path = write_runner(render_runner(cron_dir, period, settings, period_seconds))

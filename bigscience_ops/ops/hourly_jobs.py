@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bigscience_ops import render as rendering
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.ops.cron import CronSettings, RunnerScript
+from bigscience_ops.ops.cron import PERIODS, CronSettings, RunnerScript, folder_scripts
 from bigscience_ops.schema import Experiment
 
 
@@ -88,3 +88,48 @@ def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, sett
         workdir=str(Path(workdir or Path.cwd()).resolve()),
     )
     return RunnerScript(cron_dir / "cron.hourly" / f"{exp.name}-{job.suffix}.slurm", text)
+
+
+# ----------------------------------------------------------------------------- installed jobs
+
+MARK = "rendered by `bsops cron add`"  # in the header comment of every job render() writes
+
+
+@dataclass(frozen=True)
+class Installed:
+    """A job script of a cron folder: the experiment and kind for one `bsops cron add` wrote, else None."""
+
+    path: Path
+    period: str
+    experiment: str | None
+    kind: str | None
+
+
+def installed(cron_dir: Path) -> list[Installed]:
+    """Every job script of cron.hourly/ and cron.daily/, with the experiment and kind of those bsops wrote.
+
+    Read only by file name and header comment: a script is never run or sourced to find out."""
+    found = []
+    for period in PERIODS:
+        for script in folder_scripts(cron_dir, period):
+            experiment = kind = None
+            try:
+                ours = MARK in script.read_text(encoding="utf-8", errors="replace")[:4000]
+            except OSError:
+                ours = False
+            for name, job in JOBS.items():
+                if ours and script.stem.endswith(f"-{job.suffix}") and len(script.stem) > len(job.suffix) + 1:
+                    experiment, kind = script.stem[:-len(job.suffix) - 1], name
+                    break
+            found.append(Installed(script, period, experiment, kind))
+    return found
+
+
+def remove(cron_dir: Path, experiment: str, kinds: list[str]) -> list[Path]:
+    """Delete the job scripts `bsops cron add` wrote for `experiment` of `kinds`; returns the files removed."""
+    removed = []
+    for job in installed(cron_dir):
+        if job.experiment == experiment and job.kind in kinds:
+            job.path.unlink()
+            removed.append(job.path)
+    return removed

@@ -2,14 +2,16 @@
 
 What the run already records answers it: the last iteration lines of main_log.txt (parsed by the
 trainer's own reader, iteration_log.parse_iteration_line), `latest` and the complete checkpoints
-(checkpoints/layout.py), the task ledger (ledger.py: array tasks with their nodes, iterations,
-times and exits), the open alerts of the watchdog and hourly jobs (ops/notify.py's state file),
-and the disk the run folder takes. Each part that cannot be read is reported in the result and
+(checkpoints/layout.py), the last backup (the manifests ops/backup.py writes in the run's part of
+the store, read as JSON: no checkpoint file is opened), the task ledger (ledger.py: array tasks with
+their nodes, iterations, times and exits), the open alerts of the watchdog and hourly jobs
+(ops/notify.py's state file), and the disk the run folder takes. Each part that cannot be read is reported in the result and
 the rest is still shown.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import statistics
 import time
@@ -21,10 +23,24 @@ from bigscience_ops import ledger, runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.iteration_log import IterationStats, parse_iteration_line
+from bigscience_ops.ops import backup as backups
 from bigscience_ops.schema import Experiment
 
 TAIL_LINES = 400  # lines read from the end of main_log.txt: enough for the recent iteration lines
 THROUGHPUT_WINDOW = 20  # iteration lines the median throughput is taken over
+
+
+@dataclass(frozen=True)
+class BackupInfo:
+    """The run's copies in the backup store, from their manifests; `note` says why there are none."""
+
+    store: Path | None = None  # <backup.dest>/<experiment>/<run id>
+    copies: int = 0
+    last: str | None = None  # the entry of the highest step (global_stepN, or global_stepN.2 after a rollback)
+    step: int | None = None
+    kind: str | None = None  # whole or weights-only
+    verified_at: float | None = None  # epoch seconds
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,7 @@ class RunInfo:
     alerts: list[dict[str, Any]]  # open alerts: condition, since, message
     disk: dict[str, int]  # bytes: "run folder", "checkpoints"
     problems: list[str] = field(default_factory=list)  # what could not be read, one line each
+    backup: BackupInfo = field(default_factory=BackupInfo)
 
 
 def run_info(exp: Experiment) -> RunInfo:
@@ -72,10 +89,35 @@ def run_info(exp: Experiment) -> RunInfo:
         records = ledger.read(out / ledger.LEDGER_NAME)
     except (OSError, BsopsError) as exc:
         problems.append(f"task ledger: {exc}")
+    try:
+        copies = backup_info(exp)
+    except (OSError, BsopsError) as exc:
+        copies = BackupInfo(note="could not be read")
+        problems.append(f"backup: {exc}")
     return RunInfo(exp.name, out, log if log.is_file() else None, iterations[-1] if iterations else None,
                    _mtime(log), statistics.median(recent) if recent else None, latest, complete, saved_at,
                    sum(1 for r in records if r.event == "launch"), ledger.attempts(records), ledger.stopped(records),
-                   [], {"run folder": _bytes(out), "checkpoints": _bytes(checkpoints)}, problems)
+                   [], {"run folder": _bytes(out), "checkpoints": _bytes(checkpoints)}, problems, copies)
+
+
+def backup_info(exp: Experiment) -> BackupInfo:
+    """The run's last backup, read from the manifests in its part of the store (never a checkpoint file)."""
+    if not exp.backup.dest:
+        return BackupInfo(note="backup.dest is not set")
+    run_id = layout.run_id(Path(exp.paths.checkpoints))
+    if run_id is None:
+        return BackupInfo(note="the run has no run id yet (no checkpoint saved): nothing backed up")
+    store = backups.run_store(Path(exp.backup.dest), exp.name, run_id)
+    manifests = [(entry, backups.read_manifest(store, entry)) for entry in backups.entries(store)]
+    manifests = [(entry, m) for entry, m in manifests if isinstance(m, dict) and isinstance(m.get("step"), int)]
+    if not manifests:
+        return BackupInfo(store, note=f"no copy in {store} yet")
+    entry, last = max(manifests, key=lambda em: (em[1]["step"], str(em[1].get("verified_at", ""))))
+    try:
+        verified = dt.datetime.fromisoformat(str(last.get("verified_at"))).timestamp()
+    except ValueError:
+        verified = None
+    return BackupInfo(store, len(manifests), entry, last["step"], str(last.get("kind", "?")), verified)
 
 
 def _mtime(path: Path) -> float | None:
@@ -149,6 +191,12 @@ def info_text(info: RunInfo, now: float | None = None) -> str:
         took = "" if task.ended is None or task.started is None else f", {(task.ended - task.started) / 60:.1f} min"
         lines.append(f"    {task.job_id}  nodes {task.nodes or '?'}  iterations {task.start_iteration} -> {through}  "
                      f"{end}  started {_when(task.started, now)}{took}")
+    b = info.backup
+    if b.last is None:
+        lines.append(f"  backup:      none ({b.note})")
+    else:
+        lines.append(f"  backup:      {b.last} ({b.kind}), verified {_when(b.verified_at, now)}; {b.copies} cop"
+                     f"{'y' if b.copies == 1 else 'ies'} in {b.store}")
     if info.alerts:
         lines.append(f"  alerts:      {len(info.alerts)} open")
         lines.extend(f"    {a['condition']} since {a['since']}: {a['message']}" for a in info.alerts)
@@ -164,4 +212,5 @@ def info_data(info: RunInfo) -> dict[str, Any]:
     data = asdict(info)
     data["run_folder"] = str(info.run_folder)
     data["log"] = str(info.log) if info.log else None
+    data["backup"]["store"] = str(info.backup.store) if info.backup.store else None
     return data
