@@ -38,7 +38,7 @@ from bigscience_ops.errors import ConfigError
 from bigscience_ops.resources import ResourceError, bundled, is_bundled
 from bigscience_ops.rollbacks import with_recorded_skips
 from bigscience_ops.schedules import parse_skip_ranges
-from bigscience_ops.schema import Experiment, NodePhase
+from bigscience_ops.schema import MAX_STEPS, Experiment, NodePhase
 from bigscience_ops.slurm import parse_time_limit
 from bigscience_ops.typedyaml import build, merge, read_yaml
 
@@ -216,7 +216,6 @@ def _check(condition: bool, source: str, dotted: str, value: Any, allowed: str) 
         raise ConfigError(source, dotted, value, allowed)
 
 
-MAX_STEPS = 10**7  # optimizer steps of a run (BLOOM-176B trained about 100k)
 
 
 def _validate(exp: Experiment, src: str) -> None:

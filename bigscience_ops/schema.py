@@ -29,7 +29,7 @@ SLURM_TIME = Charset(r"[0-9:-]", "a Slurm time limit: digits, ':' and '-' (20:00
 # Bounds several fields share; each field's doc gives its unit. Every number has a lower and an upper
 # bound: far beyond any real run, close enough that no value overflows what reads it (timedelta, int64,
 # a float sum, a retry loop).
-MAX_STEPS = 10**7
+MAX_STEPS = 10**7  # optimizer steps of a run (BLOOM-176B trained about 100k)
 """Optimizer steps of a run (BLOOM-176B trained about 100k): step counts, intervals and step numbers."""
 MAX_SAMPLES = 2**48
 """Samples of a run (281 trillion)."""

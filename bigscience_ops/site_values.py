@@ -32,7 +32,6 @@ from bigscience_ops import slurm
 from bigscience_ops.config import experiment_path, field_origins, load_experiment
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.schema import Experiment, TokenizerConfig
-from bigscience_ops.slurm.errors import check_conf
 
 # Field paths whose value depends on the cluster or the team, with what to put there.
 SITE_FIELDS: dict[str, str] = {
@@ -158,35 +157,16 @@ class SiteCheck:
     cluster_error: slurm.SlurmError | None = None  # the error behind cluster_note
 
 
-SINFO_PARTITIONS = ["sinfo", "--noheader", "--format=%P"]
-SCONTROL_CONFIG = ["scontrol", "show", "config"]
-ENFORCING = {"associations", "limits", "qos", "safe", "wckeys"}  # each implies associations (slurm.conf(5))
 PROBE_TIMEOUT_S = 10.0
-
-
-def has_default_partition(sinfo_stdout: str) -> bool:
-    """Whether `sinfo --noheader --format=%P` marks a default partition (`name*`)."""
-    return any(line.strip().endswith("*") for line in sinfo_stdout.split("\n"))
-
-
-def enforces_accounts(config_stdout: str) -> bool:
-    """Whether `scontrol show config` says jobs need an association (an account): AccountingStorageEnforce."""
-    for line in config_stdout.split("\n"):
-        key, _, value = line.partition("=")
-        if key.strip() == "AccountingStorageEnforce":
-            return bool(ENFORCING & {v.strip().lower() for v in value.split(",")})
-    return False
 
 
 def cluster_rules(timeout: float = PROBE_TIMEOUT_S) -> ClusterRules:
     """Ask Slurm whether a job needs --partition and --account here; never raises."""
     try:
-        check_conf(SINFO_PARTITIONS)
-        partitions = slurm.run(SINFO_PARTITIONS, timeout=timeout).stdout
-        config = slurm.run(SCONTROL_CONFIG, timeout=timeout).stdout
+        partition, account = slurm.cluster_needs(timeout=timeout)
     except slurm.SlurmError as exc:
         return ClusterRules(unknown=str(exc), error=exc)
-    return ClusterRules(not has_default_partition(partitions), enforces_accounts(config))
+    return ClusterRules(partition, account)
 
 
 def tokenizer_blank(tok: TokenizerConfig) -> bool:

@@ -31,7 +31,7 @@ from bigscience_ops.prepare import prepare_launch
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 from bigscience_ops.site_values import SiteCheck
-from bigscience_ops.slurm.errors import check_conf, conf_note
+from bigscience_ops.slurm.errors import conf_note
 
 
 class LaunchError(BsopsError):
@@ -92,8 +92,6 @@ def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetim
     rendered = rendering.render(exp, run_dir, prepared.plan)
     try:
         users = watched_users(exp)
-        argv = slurm.squeue_argv(users=users, name=exp.slurm.job_name)
-        check_conf(argv)  # a missing SLURM_CONF would keep squeue retrying for a minute
         if prepared.site is not None and prepared.site.cluster_error is not None:
             raise prepared.site.cluster_error  # the controller did not answer sinfo just now: squeue would wait again
         jobs = slurm.query_jobs(users=users, name=exp.slurm.job_name)

@@ -11,7 +11,8 @@ import pytest
 
 from bigscience_ops.config import load_experiment
 from bigscience_ops.launch import local_experiment
-from bigscience_ops.views import chronicle, runinfo
+from bigscience_ops.ops import chronicle
+from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import shrunk_tiny_yaml
 from tests.fixtures_trainer import checkpoint_steps, scalars
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from bigscience_ops.cli import main
-from bigscience_ops.site_values import SITE_FIELDS
+from bigscience_ops.config import load_experiment
+from bigscience_ops.site_values import (
+    SITE_FIELDS, ClusterRules, IncompleteExperiment, check_complete, missing_site_values,
+)
 
 HUB_SITE_FIELDS = ["hub.host", "hub.remote_template", "hub.token_env", "hub.private"]
 THEIRS = ("base: tiny\nhub: {logs_repo: them/logs, host: git.them.example, token_env: THEIR_TOKEN, private: false,\n"
@@ -48,11 +51,6 @@ def test_new_on_another_teams_base_keeps_neither_their_remote_nor_their_host(tmp
 
 
 # ----------------------------------------------------------------------------- what a job needs
-
-from bigscience_ops.config import load_experiment  # noqa: E402
-from bigscience_ops.site_values import (  # noqa: E402
-    ClusterRules, IncompleteExperiment, check_complete, enforces_accounts, has_default_partition, missing_site_values,
-)
 
 ANYWHERE = ClusterRules()  # a cluster with a default partition that takes jobs without an account
 STRICT = ClusterRules(partition=True, account=True)
@@ -99,14 +97,15 @@ def test_bundled_experiments_a_rehearsal_and_an_incomplete_one() -> None:
 
 def test_the_cluster_is_asked_and_its_answers_read(slurm_cluster, monkeypatch) -> None:
     from bigscience_ops import slurm
-    from bigscience_ops.site_values import SCONTROL_CONFIG, SINFO_PARTITIONS, cluster_rules
+    from bigscience_ops.site_values import cluster_rules
 
-    assert has_default_partition(slurm.run(SINFO_PARTITIONS, timeout=30).stdout)  # the test cluster's: "bsops*"
-    assert not enforces_accounts(slurm.run(SCONTROL_CONFIG, timeout=30).stdout)  # AccountingStorageEnforce = none
+    assert slurm.has_default_partition(slurm.run(slurm.sinfo_partitions_argv(), timeout=30).stdout)  # "bsops*"
+    assert not slurm.enforces_accounts(slurm.run(slurm.scontrol_show_config_argv(), timeout=30).stdout)  # none
+    assert slurm.cluster_needs(timeout=30) == (False, False)
     assert cluster_rules() == ClusterRules()
-    assert not has_default_partition("gpu_p13\ngpu_p2\n\n") and has_default_partition("cpu\ngpu*\n")
-    assert enforces_accounts("AccountingStorageEnforce = associations,limits,qos\nAccountingStorageHost = db\n")
-    assert not enforces_accounts("AccountingStorageEnforce = none\n")
+    assert not slurm.has_default_partition("gpu_p13\ngpu_p2\n\n") and slurm.has_default_partition("cpu\ngpu*\n")
+    assert slurm.enforces_accounts("AccountingStorageEnforce = associations,limits,qos\nAccountingStorageHost = db\n")
+    assert not slurm.enforces_accounts("AccountingStorageEnforce = none\n")
     monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")  # answers at once, without asking Slurm
     rules = cluster_rules()
     assert not rules.partition and not rules.account and "SLURM_CONF=/nonexistent/slurm.conf does not exist" in rules.unknown

@@ -27,7 +27,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import notify
 from bigscience_ops.schema import SLURM_NAME, SLURM_NAMES, SLURM_TIME, AlertsConfig
 from bigscience_ops.slurm import QUEUED_STATES
-from bigscience_ops.slurm.errors import check_conf, said
+from bigscience_ops.slurm.errors import said
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
 PERIODS = {"hourly": 3600, "daily": 86400}
@@ -62,10 +62,8 @@ def default_cron_dir(env: dict[str, str] | None = None) -> Path:
 
 
 def _my_jobs(timeout: float = slurm.DEFAULT_TIMEOUT_S) -> list:
-    """This user's queued jobs; a SLURM_CONF naming a missing file fails at once instead of after a minute."""
-    users = [_me()]
-    check_conf(slurm.squeue_argv(users=users))
-    return slurm.query_jobs(users=users, timeout=timeout)
+    """This user's queued jobs (a SLURM_CONF naming a missing file fails at once: slurm.run checks it)."""
+    return slurm.query_jobs(users=[_me()], timeout=timeout)
 
 
 def load_settings(cron_dir: Path) -> CronSettings:

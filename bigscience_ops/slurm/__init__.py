@@ -18,7 +18,8 @@ from bigscience_ops.slurm.commands import (
 from bigscience_ops.slurm.errors import SlurmCommandError, SlurmError
 from bigscience_ops.slurm.output import (
     ACTIVE_STATES, NEVER_STARTS, QUEUED_STATES, SQUEUE_DELIMITER, SQUEUE_FIELDS, WAITING_STATES, Job, Jobs,
-    SacctRecord, TestOnlyAnswer, format_duration, new_terminator, parse_duration, parse_sacct,
+    SacctRecord, TestOnlyAnswer, enforces_accounts, format_duration, has_default_partition, new_terminator,
+    parse_duration, parse_sacct,
     parse_sbatch_parsable, parse_sbatch_test_only, parse_scontrol_show_job, parse_squeue, parse_time_limit,
     parse_timestamp, squeue_format, unparsed_note,
 )
@@ -30,10 +31,11 @@ __all__ = [
     "ACTIVE_STATES", "DEFAULT_TIMEOUT_S", "GETENT_TIMEOUT_S", "LOCAL_LAUNCH", "NEVER_STARTS", "PINNED_ENV",
     "QUEUED_STATES", "SBATCH_PREFIX", "SQUEUE_DELIMITER", "SQUEUE_FIELDS", "WAITING_STATES",
     "Job", "Jobs", "SacctRecord", "SlurmCommandError", "SlurmError", "TaskEnv", "TestOnlyAnswer",
-    "begin_arg", "cancel", "cancel_array", "cancel_pending", "format_duration", "group_users", "job_accounting",
+    "begin_arg", "cancel", "cancel_array", "cancel_pending", "cluster_needs", "enforces_accounts", "format_duration",
+    "group_users", "has_default_partition", "job_accounting",
     "new_terminator", "output_path", "parse_duration", "parse_sacct", "parse_sbatch_parsable",
     "parse_sbatch_test_only", "parse_scontrol_show_job", "parse_squeue", "parse_time_limit", "parse_timestamp",
     "pinned_env", "query_jobs", "run", "run_unchecked", "sacct_argv", "sbatch_argv", "sbatch_quote",
-    "sbatch_words", "scancel_argv", "scontrol_show_job_argv", "script_job_name", "script_options", "show_job",
+    "sbatch_words", "scancel_argv", "scontrol_show_config_argv", "scontrol_show_job_argv", "sinfo_partitions_argv", "script_job_name", "script_options", "show_job",
     "squeue_argv", "squeue_env", "squeue_format", "submit", "unparsed_note",
 ]

@@ -76,6 +76,16 @@ def begin_arg(when: datetime) -> str:
     return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def sinfo_partitions_argv() -> list[str]:
+    """`sinfo --noheader --format=%P`: one partition a line, the default one marked `name*`."""
+    return ["sinfo", "--noheader", "--format=%P"]
+
+
+def scontrol_show_config_argv() -> list[str]:
+    """`scontrol show config`: the controller's settings, `Key = value` a line."""
+    return ["scontrol", "show", "config"]
+
+
 def scontrol_show_job_argv(job_id: str) -> list[str]:
     """`scontrol --oneliner show job ID`: one line of Key=Value per job (per task for arrays)."""
     return ["scontrol", "--oneliner", "show", "job", checked_item("job_id", job_id)]

@@ -9,11 +9,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bigscience_ops.slurm.argv import (
-    checked_item, sacct_argv, scancel_argv, scontrol_show_job_argv, squeue_argv, squeue_env,
+    checked_item, sacct_argv, scancel_argv, scontrol_show_config_argv, scontrol_show_job_argv, sinfo_partitions_argv,
+    squeue_argv, squeue_env,
 )
-from bigscience_ops.slurm.errors import SlurmCommandError, SlurmError
+from bigscience_ops.slurm.errors import SlurmCommandError, SlurmError, check_conf
 from bigscience_ops.slurm.output import (
-    Jobs, SacctRecord, new_terminator, parse_sacct, parse_sbatch_parsable, parse_scontrol_show_job, parse_squeue,
+    Jobs, SacctRecord, enforces_accounts, has_default_partition, new_terminator, parse_sacct, parse_sbatch_parsable,
+    parse_scontrol_show_job, parse_squeue,
 )
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -42,12 +44,14 @@ def pinned_env(env: Mapping[str, str] | None = None, settings: Mapping[str, str]
 def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None,
         settings: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one Slurm command with a pinned environment (`pinned_env(env, settings)`); with run_unchecked,
-    the only place in bsops that does. Raises SlurmCommandError on failure."""
+    the only place in bsops that does. Raises SlurmCommandError on failure, at once when SLURM_CONF names
+    a file that does not exist."""
     argv = [str(a) for a in argv]
     if not argv or argv[0] not in _COMMANDS:
         raise ValueError(f"slurm.run runs only {', '.join(sorted(_COMMANDS))}; got argv {argv!r}")
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+    check_conf(argv, env)  # a SLURM_CONF naming no file would keep the client retrying for a minute
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               env=pinned_env(env, settings), stdin=subprocess.DEVNULL, check=False)
@@ -75,6 +79,7 @@ def run_unchecked(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: 
         raise ValueError(f"slurm.run_unchecked runs only {', '.join(sorted(_COMMANDS))}; got argv {argv!r}")
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+    check_conf(argv, env)
     stdin = subprocess.DEVNULL if input is None else None
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=pinned_env(env),
@@ -174,3 +179,11 @@ def cancel_array(array_job_id: str, job_name: str, users: Sequence[str] = (),
     if ours:
         cancel([array_job_id], timeout=timeout)
     return [j.job_id for j in ours]
+
+
+def cluster_needs(timeout: float = DEFAULT_TIMEOUT_S) -> tuple[bool, bool]:
+    """(a job needs --partition, a job needs --account) on this cluster: sinfo marks no default partition;
+    `scontrol show config` says AccountingStorageEnforce takes associations. Raises SlurmError."""
+    partitions = run(sinfo_partitions_argv(), timeout=timeout).stdout
+    config = run(scontrol_show_config_argv(), timeout=timeout).stdout
+    return not has_default_partition(partitions), enforces_accounts(config)

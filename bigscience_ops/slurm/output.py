@@ -300,3 +300,20 @@ def parse_sacct(text: str) -> list[SacctRecord]:
         if len(parts) == 3:
             records.append(SacctRecord(*parts))
     return records
+
+
+ENFORCING = {"associations", "limits", "qos", "safe", "wckeys"}  # each implies associations (slurm.conf(5))
+
+
+def has_default_partition(sinfo_stdout: str) -> bool:
+    """Whether `sinfo --noheader --format=%P` marks a default partition (`name*`)."""
+    return any(line.strip().endswith("*") for line in sinfo_stdout.split("\n"))
+
+
+def enforces_accounts(config_stdout: str) -> bool:
+    """Whether `scontrol show config` says jobs need an association (an account): AccountingStorageEnforce."""
+    for line in config_stdout.split("\n"):
+        key, _, value = line.partition("=")
+        if key.strip() == "AccountingStorageEnforce":
+            return bool(ENFORCING & {v.strip().lower() for v in value.split(",")})
+    return False
