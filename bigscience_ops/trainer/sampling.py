@@ -10,7 +10,8 @@ samples through these functions, so the command shows what the trainer read by c
   [consumed + (k * dp + r) * mbs, + mbs), modulo the dataset's length;
 - `seqlen_at`: the sequence length a step trains on (curriculum learning truncates each sample);
 - `TaskLayout`: the line a task logs when it starts ("> training ...: TP=1 PP=2 DP=2, micro batch size 2,
-  ..."), written by the trainer and read back by `bsops samples` to know a past iteration's DP and micro-batch size.
+  on data.blend, ..."), written by the trainer and read back by `bsops samples` to know a past iteration's
+  DP, micro-batch size and data.
 
 numpy only: `bsops samples` imports this without torch.
 """
@@ -118,15 +119,15 @@ class TaskLayout:
     start: int  # the iteration the task resumed from (it trains start + 1, ...)
 
     def line(self) -> str:
-        data = "synthetic (--synthetic-data)" if self.synthetic else "data.blend"
+        data = "generated sequences (--synthetic-data)" if self.synthetic else "data.blend"
         return (f"> training {self.name}: {self.parameters} parameters, TP={self.tensor} PP={self.pipeline} "
-                f"DP={self.data}, micro batch size {self.micro_batch_size}, data {data}, {self.train_iters} "
+                f"DP={self.data}, micro batch size {self.micro_batch_size}, on {data}, {self.train_iters} "
                 f"iterations, starting at {self.start}")
 
 
 _LAYOUT = re.compile(r"> training (?P<name>.+): (?P<parameters>\d+) parameters, TP=(?P<tensor>\d+) "
-                     r"PP=(?P<pipeline>\d+) DP=(?P<data>\d+), micro batch size (?P<mbs>\d+), data (?P<data_kind>\S+)"
-                     r".*, (?P<iters>\d+) iterations, starting at (?P<start>\d+)")
+                     r"PP=(?P<pipeline>\d+) DP=(?P<data>\d+), micro batch size (?P<mbs>\d+), on (?P<on>.+), "
+                     r"(?P<iters>\d+) iterations, starting at (?P<start>\d+)")
 
 
 def parse_layout_line(line: str) -> TaskLayout | None:
@@ -136,4 +137,4 @@ def parse_layout_line(line: str) -> TaskLayout | None:
         return None
     g = found.groupdict()
     return TaskLayout(g["name"], int(g["parameters"]), int(g["tensor"]), int(g["pipeline"]), int(g["data"]),
-                      int(g["mbs"]), g["data_kind"] == "synthetic", int(g["iters"]), int(g["start"]))
+                      int(g["mbs"]), "--synthetic-data" in g["on"], int(g["iters"]), int(g["start"]))
