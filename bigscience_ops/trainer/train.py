@@ -7,7 +7,9 @@ the step reads Megatron's sample order (data.step_micro_batches). Whether and wh
 decided in one place, before the first iteration and after every one (stopping.py: the end, the
 exit interval, a node phase boundary, the kill switch, SIGUSR1/SIGTERM, the exit duration measured
 from the Slurm job start BSOPS_JOB_START_EPOCH); every stop saves (checkpointer.py), then exits.
-Log lines and TensorBoard scalars: metrics.py.
+A step whose gradients are not finite (a NaN or inf loss, an overflow) is skipped, not applied, on
+every precision path (DeepSpeed's ZeRO, bf16 and fp16 optimizers do it; `_guard_fp32_steps` for plain
+fp32): it is logged as Megatron's skipped (and NaN) iteration. Log lines and TensorBoard scalars: metrics.py.
 With TP > 1 the pipeline runs on DeepSpeed's (pipe, data, model) topology and every layer holds
 this rank's Megatron shards (tensor_parallel.py).
 

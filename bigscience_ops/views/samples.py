@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from bigscience_ops import runlog
 from bigscience_ops.errors import BsopsError
@@ -95,20 +94,20 @@ def task_layouts(lines: Iterable[str]) -> list[TaskLayout]:
     return [layout for layout in map(parse_layout_line, lines) if layout is not None]
 
 
-def _log_layouts(exp: Experiment) -> tuple[list[TaskLayout], Path | None]:
+def _log_layouts(exp: Experiment) -> tuple[list[TaskLayout], str | None]:
     try:
         path = runlog.find_log(exp)
     except runlog.LogError:
         return [], None
     try:
         with open(path, encoding="utf-8", errors="replace") as f:  # streamed: a months-long log is large
-            return task_layouts(line for line in f if "> training " in line), path
+            return task_layouts(line for line in f if "> training " in line), str(path)
     except OSError as exc:
         raise SamplesError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def layout_at(exp: Experiment, schedule: RunSchedule, iteration: int, tasks: list[TaskLayout],
-              log: Path | None = None) -> Layout:
+              log: str | None = None) -> Layout:
     """DP and micro-batch size of the task that trained `iteration`: the last task in the log that started
     before it (a relaunch after a rollback trains it again), else the node phase's processes / (TP x PP)."""
     trained_by = [t for t in tasks if t.start < iteration]
@@ -181,7 +180,7 @@ def iteration_samples(exp: Experiment, iteration: int, *, dp: int | None = None,
     if not 1 <= iteration <= schedule.train_iters:
         raise SamplesError(f"--iteration: got {iteration}; {exp.name} trains iterations 1 to {schedule.train_iters}")
     if log_lines is not None:
-        tasks, log = task_layouts(log_lines), Path("the log given")
+        tasks, log = task_layouts(log_lines), "the log given"
     else:
         tasks, log = _log_layouts(exp)
     layout = layout_at(exp, schedule, iteration, tasks, log)
