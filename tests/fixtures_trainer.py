@@ -1,7 +1,9 @@
 """Fixtures for the trainer tests: a small experiment, a launcher for real torchrun runs, TensorBoard readers.
 
-Runs are launched the way the job script launches them (torchrun -m bigscience_ops.trainer) on
-generated data (--synthetic-data), so they do not depend on the bundled corpus being built.
+Runs are launched the way the job script launches them (torchrun -m bigscience_ops.trainer), on
+generated data (--synthetic-data) unless `synthetic=False`: the runs whose tokens `bsops samples` must
+reproduce train on the bundled corpus (`bundled_corpus`, `small_experiment(corpus=...)`), and their
+stdout is appended to main_log.txt as the job script does (`append_main_log`).
 
 A launch costs ~5 s before its first step (every process imports torch and DeepSpeed and builds an
 engine) and keeps about one core busy, so fixtures launch independent runs `concurrently`, two at a
@@ -25,7 +27,7 @@ import pytest
 
 from bigscience_ops.config import load_experiment, to_dict
 
-from bigscience_ops.schema import Experiment, SaveRange
+from bigscience_ops.schema import DataSource, Experiment, SaveRange
 from bigscience_ops.render import deepspeed_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,10 +45,17 @@ def concurrently(jobs: dict[K, Callable[[], T]]) -> dict[K, T]:
     return {name: future.result() for name, future in futures.items()}
 
 
-def small_experiment(out: Path, **sections: dict) -> Experiment:
-    """tiny, shrunk to a 2-layer 64-wide GPT that runs 28 steps with a rampup 4 -> 8 in seconds."""
+CORPUS_VOCAB = 8192  # the bundled tokenizer's vocabulary
+
+
+def small_experiment(out: Path, corpus: str | None = None, **sections: dict) -> Experiment:
+    """tiny, shrunk to a 2-layer 64-wide GPT that runs 28 steps with a rampup 4 -> 8 in seconds; with `corpus`
+    (a prefix of the bundled corpus) it trains on that with the bundled tokenizer's vocabulary."""
     exp = load_experiment("tiny", REPO / "trainings")
     out = Path(out)
+    if corpus is not None:
+        sections = {**sections, "model": {"vocab_size": CORPUS_VOCAB, **sections.get("model", {})},
+                    "data": {"blend": [DataSource(prefix=corpus)], **sections.get("data", {})}}
     base = {
         "model": dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, max_position_embeddings=32,
                       vocab_size=256, ffn_hidden_size=256),
@@ -74,20 +83,38 @@ def write_run(exp: Experiment, out: Path) -> Path:
     return out
 
 
-def launch(out: Path, nproc: int, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def launch(out: Path, nproc: int, env: dict | None = None, timeout: float = 300,
+           synthetic: bool = True) -> subprocess.CompletedProcess:
     """One torchrun launch of the trainer on the experiment written in `out`."""
     argv = [TORCHRUN, "--standalone", "--nproc_per_node", str(nproc), "-m", "bigscience_ops.trainer",
             "--experiment", str(Path(out) / "experiment.json"), "--deepspeed-config", str(Path(out) / "ds_config.json"),
-            "--synthetic-data"]
+            *(["--synthetic-data"] if synthetic else [])]
     full_env = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
     full_env.update({"DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", **(env or {})})
     return subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
-def run_ok(out: Path, nproc: int, env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = launch(out, nproc, env)
+def run_ok(out: Path, nproc: int, env: dict | None = None, synthetic: bool = True) -> subprocess.CompletedProcess:
+    proc = launch(out, nproc, env, synthetic=synthetic)
     assert proc.returncode == 0, f"trainer exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc
+
+
+def append_main_log(exp: Experiment, proc: subprocess.CompletedProcess) -> Path:
+    """The launch's output appended to the run's main_log.txt, as the job script appends each task's."""
+    path = Path(exp.paths.logs) / "main_log.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(proc.stdout)
+    return path
+
+
+@pytest.fixture(scope="session")
+def bundled_corpus(tmp_path_factory) -> str:
+    """The bundled corpus built into a folder of the session (about a second): its prefix."""
+    from bigscience_ops.data.corpus import ensure_bundled_corpus
+
+    return ensure_bundled_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def scalars(tensorboard_dir: Path, tag: str) -> dict[int, float]:
@@ -136,16 +163,33 @@ def golden_run(tmp_path_factory) -> tuple[Experiment, Path, subprocess.Completed
 
 
 SPIKE_AT = 45  # the iteration spiked_run trains on random labels
+# What else spiked_run injects (faults.py), far enough apart for the health checks' trailing windows, and the
+# iteration each finding must name: a run of skipped or slow lines is an alert at its third line (HealthConfig's
+# skipped_lines and slow_lines).
+INJECTED = {"nan": 20, "skipped": 26, "grad-norm": 30, "slow": 37, "loss-spike": SPIKE_AT}
+SPIKED_ENV = {"BSOPS_CORRUPT_AT": str(SPIKE_AT), "BSOPS_NAN_AT": "20", "BSOPS_SCALE_GRAD_AT": "24-26:inf,30:1000",
+              "BSOPS_SLOW_AT": "35-37:1", "BSOPS_RECORD_TOKENS_AT": f"3,12,{SPIKE_AT + 1}"}
+
+
+def spiked_experiment(out: Path, corpus: str) -> Experiment:
+    """tiny shrunk on the bundled corpus, 66 steps logged one line each, a validation at 50 and at the end. The LR
+    is 2x tiny's so that by SPIKE_AT the loss (about 6.2) is well below log(vocab) and a batch of random labels
+    (about 10.4) stands out (higher LRs give grad-norm excursions of their own here)."""
+    return small_experiment(out, corpus, optimizer=dict(lr=2e-3), train=dict(samples=500),
+                            logging=dict(log_interval=1, eval_interval=50))
 
 
 @pytest.fixture(scope="session")
-def spiked_run(tmp_path_factory) -> tuple[Experiment, Path, subprocess.CompletedProcess]:
-    """tiny shrunk, about 60 steps logged one line each, iteration SPIKE_AT trained on random labels
-    (BSOPS_CORRUPT_AT): the watchdog's health checks and the rollback read it; copy it before changing it."""
+def spiked_run(tmp_path_factory, bundled_corpus) -> tuple[Experiment, Path, subprocess.CompletedProcess]:
+    """spiked_experiment trained with SPIKED_ENV's faults: a NaN loss, three overflowing steps, a grad-norm
+    explosion, a slow node for three steps and random labels at SPIKE_AT (the watchdog's health checks and the
+    rollback read it), recording its tokens at 3, 12 and SPIKE_AT + 1; copy it before changing it."""
     out = tmp_path_factory.mktemp("spiked")
-    exp = small_experiment(out, train=dict(samples=500), logging=dict(log_interval=1, eval_interval=100))
+    exp = spiked_experiment(out, bundled_corpus)
     write_run(exp, out)
-    return exp, out, run_ok(out, 2, env={"BSOPS_CORRUPT_AT": str(SPIKE_AT)})
+    proc = run_ok(out, 2, env=SPIKED_ENV, synthetic=False)
+    append_main_log(exp, proc)
+    return exp, out, proc
 
 
 @pytest.fixture()

@@ -88,32 +88,62 @@ def test_a_training_task_still_running_is_not_rolled_back_under(exp, trainings: 
 
 @pytest.mark.slow
 def test_a_spike_rolled_back_with_its_data_skipped_trains_on_from_the_target(spiked_run, tmp_path: Path) -> None:
+    """Spike, rollback with --skip, relaunch: the run continues from the target, the skipped iterations consume
+    their data without an update, the next one trains on the data after them, which `bsops samples` names
+    bit for bit (the relaunch records it), and the relaunch (a resume, saves, an evaluation) raises no alert."""
     import shutil
+
+    import numpy as np
 
     from bigscience_ops.ops import health
     from bigscience_ops.run_schedule import run_schedule
-    from tests.fixtures_trainer import SPIKE_AT, checkpoint_steps, run_ok, scalars, small_experiment, write_run
+    from bigscience_ops.trainer.faults import token_record_path
+    from bigscience_ops.views import samples
+    from tests.fixtures_trainer import (
+        SPIKE_AT, append_main_log, checkpoint_steps, run_ok, scalars, spiked_experiment, write_run,
+    )
 
-    _, spiked_out, spiked = spiked_run
+    spiked_exp, spiked_out, spiked = spiked_run
     out = tmp_path / "run"
     shutil.copytree(spiked_out, out)  # the shared run stays as it was
-    first = small_experiment(out, train=dict(samples=500), logging=dict(log_interval=1, eval_interval=100))
-    final = run_schedule(first).train_iters
+    first = spiked_experiment(out, spiked_exp.data.blend[0].prefix)
+    schedule = run_schedule(first)
     assert [f.iteration for f in health.check(health.entries(spiked.stdout.split("\n")), every=True)
             if f.kind == "loss-spike"] == [SPIKE_AT]
     before = scalars(out / "tensorboard", "lm loss")
     done = rollback(first, 40, f"44-{SPIKE_AT}")
-    assert done.moved == [f"global_step{s}" for s in run_schedule(first).save_steps if s > 40]
+    assert done.moved == [f"global_step{s}" for s in schedule.save_steps if s > 40]
     assert checkpoint_steps(out) == [10, 20, 30, 40]
     relaunched = rollbacks.with_recorded_skips(first)  # what load_experiment hands every command
     assert relaunched.train.skip_iterations == [f"44-{SPIKE_AT}"]
     write_run(relaunched, out)
-    again = run_ok(out, 2)
+    again = run_ok(out, 2, env={"BSOPS_RECORD_TOKENS_AT": str(SPIKE_AT + 1)}, synthetic=False)
+    log = append_main_log(relaunched, again)
     assert "global_step40" in again.stdout and f"> skipping iterations 44 to {SPIKE_AT}" in again.stdout
     after = scalars(out / "tensorboard", "lm loss")
     assert [after[i] for i in (41, 42, 43)] == [before[i] for i in (41, 42, 43)]  # same data, same state: bitwise
     trained = {int(line.split("/")[0].split()[-1]) for line in again.stdout.split("\n")
                if line.strip().startswith("iteration") and "lm loss" in line}
-    assert 44 not in trained and SPIKE_AT not in trained and final in trained
-    assert layout.latest_step(out / "checkpoints") == final
-    assert health.check(health.entries(again.stdout.split("\n")), every=True) == []
+    assert 44 not in trained and SPIKE_AT not in trained and schedule.train_iters in trained
+    assert layout.latest_step(out / "checkpoints") == schedule.train_iters
+
+    # `bsops samples` agrees: 44 and SPIKE_AT consumed their samples unused, the next iteration trains on the ones
+    # after them (what the spiked run trained at that iteration too), and those are the recorded token ids.
+    shown = {i: samples.iteration_samples(relaunched, i, text=False) for i in (43, 44, SPIKE_AT, SPIKE_AT + 1)}
+    assert [shown[i].skipped for i in shown] == [False, True, True, False]
+    for i, result in shown.items():
+        first_position = schedule.batch.consumed_after(i - 1)
+        assert [s.position for b in result.micro_batches for s in b.samples] == list(
+            range(first_position, first_position + result.global_batch_size)), i
+    for batch in shown[SPIKE_AT + 1].micro_batches:
+        ids = np.array([s.tokens for s in batch.samples])
+        for folder in (out / "debug", spiked_out / "debug"):  # the relaunch's record, and the spiked run's
+            fed = np.load(token_record_path(folder, SPIKE_AT + 1, batch.dp_rank, batch.micro_batch))
+            assert np.array_equal(fed["tokens"], ids[:, :-1]) and np.array_equal(fed["labels"], ids[:, 1:]), folder
+
+    # The relaunch is a clean run with a resume, saves and an evaluation: the watchdog finds nothing in its lines.
+    lines = log.read_text().split("\n")
+    relaunch_lines = len(health.entries(again.stdout.split("\n")))
+    assert relaunch_lines >= 20 and "validation loss at iteration 50" in again.stdout
+    found = health.check(health.entries(lines), relaunched.alerts.health, recent=relaunch_lines, every=True)
+    assert [f for f in found if f.kind != "slow"] == []  # throughput: other processes share this machine's 2 cores

@@ -5,24 +5,34 @@ experiment to step 6 with one layout and resumes to step 10 with another: DP 1 -
 PP 2 -> 1. The samples of a step depend only on the consumed samples, so every resumed step sees
 the reference's data and its loss must match the reference's; the optimizer state (Adam's moments)
 must have come along too, or steps 7-10 drift away.
+
+The runs train on the bundled corpus and record the token ids they feed at RECORD_AT
+(BSOPS_RECORD_TOKENS_AT): `bsops samples` must give them bit for bit in the rampup with DP=1, in the
+first step after a resume with DP=2 (micro-batches of 1 instead of 2), and after a resume with the same DP.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from bigscience_ops.checkpoints import layout, universal
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
-from tests.fixtures_trainer import concurrently, launch, run_ok, scalars, small_experiment, write_run
+from tests.fixtures_trainer import (
+    CORPUS_VOCAB, append_main_log, concurrently, launch, run_ok, scalars, small_experiment, write_run,
+)
 
 STEPS, SPLIT = 10, 6
+RECORD_AT = (3, SPLIT + 1, STEPS)  # rampup (batch 4) before the split; batch 6 just after it; batch 8 at the end
+RECORD = {"BSOPS_RECORD_TOKENS_AT": ",".join(map(str, RECORD_AT))}
 LAYOUTS = {  # name: (layout before step SPLIT, layout after): (tensor, pipeline, data)
     "dp1_to_dp2": ((1, 1, 1), (1, 1, 2)),
     "tp2_to_tp1": ((2, 1, 1), (1, 1, 1)),
@@ -30,54 +40,61 @@ LAYOUTS = {  # name: (layout before step SPLIT, layout after): (tensor, pipeline
 }
 
 
-def _experiment(out: Path, tensor: int, pipeline: int, data: int, exit_interval: int, zero_stage: int = 1):
+def _experiment(out: Path, tensor: int, pipeline: int, data: int, exit_interval: int, zero_stage: int = 1,
+                corpus: str | None = None):
     """ZeRO-1; DP=2 runs micro-batches of 1, so every layout sees the same samples per step."""
-    return small_experiment(out, parallel=dict(tensor=tensor, pipeline=pipeline, zero_stage=zero_stage),
+    return small_experiment(out, corpus, parallel=dict(tensor=tensor, pipeline=pipeline, zero_stage=zero_stage),
                             batch=dict(micro_batch_size=2 // data),
                             checkpoint=dict(save_interval=100, exit_interval=exit_interval))
 
 
-def _train(out: Path, layout: tuple[int, int, int], exit_interval: int) -> subprocess.CompletedProcess:
-    write_run(_experiment(out, *layout, exit_interval), out)
+def _train(out: Path, corpus: str, layout: tuple[int, int, int], exit_interval: int,
+           env: dict | None = None) -> subprocess.CompletedProcess:
+    """One launch on the bundled corpus, its output appended to the run's main_log.txt (as the job script does)."""
+    exp = _experiment(out, *layout, exit_interval, corpus=corpus)
+    write_run(exp, out)
     tensor, pipeline, data = layout
-    return run_ok(out, tensor * pipeline * data)
+    proc = run_ok(out, tensor * pipeline * data, env=env, synthetic=False)
+    append_main_log(exp, proc)
+    return proc
 
 
-def _refused_resume(out: Path, source: Path) -> subprocess.CompletedProcess:
+def _refused_resume(out: Path, source: Path, corpus: str) -> subprocess.CompletedProcess:
     """A ZeRO-0 run with DP=2 pointed at the DP=1 ZeRO-1 checkpoints in `source`."""
-    exp = _experiment(out, 1, 1, 2, STEPS, zero_stage=0)
+    exp = _experiment(out, 1, 1, 2, STEPS, zero_stage=0, corpus=corpus)
     exp = dataclasses.replace(exp, paths=dataclasses.replace(exp.paths, checkpoints=str(source / "checkpoints")))
     write_run(exp, out)
-    return launch(out, 2)
+    return launch(out, 2, synthetic=False)
 
 
-def _zero0_dp_change(out: Path) -> tuple[Path, list[subprocess.CompletedProcess]]:
+def _zero0_dp_change(out: Path, corpus: str) -> tuple[Path, list[subprocess.CompletedProcess]]:
     """ZeRO-0 with DP=1 to step SPLIT, then resumed with DP=2 to STEPS."""
     procs = []
     for grid, exit_interval in (((1, 1, 1), SPLIT), ((1, 1, 2), STEPS)):
-        write_run(_experiment(out, *grid, exit_interval, zero_stage=0), out)
-        procs.append(run_ok(out, grid[0] * grid[1] * grid[2]))
+        write_run(_experiment(out, *grid, exit_interval, zero_stage=0, corpus=corpus), out)
+        procs.append(run_ok(out, grid[0] * grid[1] * grid[2], synthetic=False))
     return out, procs
 
 
 @pytest.fixture(scope="module")
-def reshape_runs(tmp_path_factory) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
-    """The reference, each reshaped run, the ZeRO-0 DP change, and (once the reference is there) the refused
-    resume of the reference's checkpoints: launched side by side."""
+def reshape_runs(tmp_path_factory, bundled_corpus) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
+    """The reference, each reshaped run (recording its tokens at RECORD_AT), the ZeRO-0 DP change, and (once the
+    reference is there) the refused resume of the reference's checkpoints: launched side by side."""
     folders = {name: tmp_path_factory.mktemp(name) for name in ("reference", "refused", *LAYOUTS, "zero0_dp1_to_dp2")}
+    corpus = bundled_corpus
 
     def reference_then_refused() -> tuple[tuple[Path, list[subprocess.CompletedProcess]], subprocess.CompletedProcess]:
         out = folders["reference"]
-        reference = (out, [_train(out, (1, 1, 1), STEPS)])
-        return reference, _refused_resume(folders["refused"], out)
+        reference = (out, [_train(out, corpus, (1, 1, 1), STEPS)])
+        return reference, _refused_resume(folders["refused"], out, corpus)
 
     def reshaped(name: str) -> tuple[Path, list[subprocess.CompletedProcess]]:
         out, (before, after) = folders[name], LAYOUTS[name]
-        return out, [_train(out, before, SPLIT), _train(out, after, STEPS)]
+        return out, [_train(out, corpus, before, SPLIT, RECORD), _train(out, corpus, after, STEPS, RECORD)]
 
     jobs = {name: lambda name=name: reshaped(name) for name in LAYOUTS}
     jobs["reference"] = reference_then_refused
-    jobs["zero0_dp1_to_dp2"] = lambda: _zero0_dp_change(folders["zero0_dp1_to_dp2"])
+    jobs["zero0_dp1_to_dp2"] = lambda: _zero0_dp_change(folders["zero0_dp1_to_dp2"], corpus)
     done = concurrently(jobs)
     runs = {"reference": done["reference"][0], **{name: done[name] for name in LAYOUTS}}
     runs["refused"] = (folders["refused"], [done["reference"][1]])
@@ -113,10 +130,10 @@ def test_consumed_samples_and_lr_carry_over(reshape_runs):
 
 
 @pytest.mark.slow
-def test_universal_copy_holds_full_parameters_and_adam_moments(reshape_runs, tmp_path):
+def test_universal_copy_holds_full_parameters_and_adam_moments(reshape_runs, tmp_path, bundled_corpus):
     out, _ = reshape_runs["tp2_to_tp1"]
     zero = out / "checkpoints" / f"global_step{SPLIT}_universal" / "zero"
-    shape = GPTShape.from_experiment(_experiment(tmp_path, 2, 1, 1, SPLIT))
+    shape = GPTShape.from_experiment(_experiment(tmp_path, 2, 1, 1, SPLIT, corpus=bundled_corpus))
     h, f = shape.hidden_size, shape.ffn_hidden_size
     expected = {"tied_modules.word_embeddings.word_embeddings.weight": (shape.padded_vocab_size, h),
                 "1.self_attention.query_key_value.weight": (3 * h, h), "1.self_attention.dense.weight": (h, h),
@@ -141,7 +158,7 @@ def test_second_resume_does_not_convert_again(reshape_runs):
     assert "converted global_step6" in procs[1].stdout
     marker = universal.universal_path(source) / "bsops.json"
     before = marker.stat().st_mtime_ns
-    assert universal.convert(source, 256) is False
+    assert universal.convert(source, CORPUS_VOCAB) is False
     assert marker.stat().st_mtime_ns == before
 
 
@@ -220,3 +237,28 @@ def test_zero0_dp_change_loads_without_conversion(reshape_runs):
         assert math.isclose(value, reference[step], rel_tol=1e-5), (step, value, reference[step])
     assert not (out / "checkpoints" / "latest_universal").exists()
     assert ckpt.find_resume(out / "checkpoints").meta["parallel"]["data"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_samples_gives_the_token_ids_each_rank_recorded(reshape_runs, name):
+    """`bsops samples` (views/samples.py) on the run's last experiment.json and main_log.txt gives every recorded
+    micro-batch of every rank bit for bit: in the rampup, after the resume, and with DP=2 after a DP change."""
+    from bigscience_ops.config import from_dict
+    from bigscience_ops.trainer.faults import token_record_path
+    from bigscience_ops.views import samples
+
+    out, _ = reshape_runs[name]
+    exp = from_dict(json.loads((out / "experiment.json").read_text()), str(out / "experiment.json"))
+    before, after = LAYOUTS[name]
+    for iteration in RECORD_AT:
+        result = samples.iteration_samples(exp, iteration, text=False)
+        tensor, pipeline, data = before if iteration <= SPLIT else after
+        assert (result.layout.data, result.layout.micro_batch_size) == (data, 2 // data), (iteration, result.layout)
+        recorded = sorted((out / "debug").glob(f"tokens-iter{iteration}-*.npz"))
+        assert len(recorded) == len(result.micro_batches) == result.global_batch_size // (2 // data), recorded
+        for batch in result.micro_batches:
+            ids = np.array([s.tokens for s in batch.samples])
+            fed = np.load(token_record_path(out / "debug", iteration, batch.dp_rank, batch.micro_batch))
+            assert np.array_equal(fed["tokens"], ids[:, :-1]) and np.array_equal(fed["labels"], ids[:, 1:]), (
+                name, iteration, batch.dp_rank, batch.micro_batch)

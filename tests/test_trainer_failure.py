@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import ledger
-from bigscience_ops.trainer.faults import FaultSwitchError, corrupt_at, fail_at
+from bigscience_ops.trainer.faults import FaultSwitchError, Faults, corrupt_at, fail_at
 from tests.fixtures_experiments import shrunk_tiny_yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,3 +84,16 @@ def test_corrupt_at_parses_iterations() -> None:
     for bad in ("0", "a", "4:5", "-3", "1,,2"):
         with pytest.raises(FaultSwitchError, match="BSOPS_CORRUPT_AT: got"):
             corrupt_at({"BSOPS_CORRUPT_AT": bad})
+
+
+def test_the_other_switches_parse_iterations_ranges_and_values() -> None:
+    env = {"BSOPS_NAN_AT": "20", "BSOPS_SCALE_GRAD_AT": "24-26:inf, 30:1e3", "BSOPS_SLOW_AT": "35-36:1.5",
+           "BSOPS_RECORD_TOKENS_AT": "3,12-13"}
+    f = Faults.from_env(env)
+    assert f.nan == {20} and f.record_tokens == {3, 12, 13} and f.slow == {35: 1.5, 36: 1.5}
+    assert f.scale_grad == {24: float("inf"), 25: float("inf"), 26: float("inf"), 30: 1000.0}
+    assert Faults.from_env({}) == Faults()
+    for name, bad in [("BSOPS_SCALE_GRAD_AT", "30"), ("BSOPS_SCALE_GRAD_AT", "30:x"), ("BSOPS_SLOW_AT", "5-3:1"),
+                      ("BSOPS_SLOW_AT", "4:-1"), ("BSOPS_RECORD_TOKENS_AT", "0"), ("BSOPS_NAN_AT", "2-")]:
+        with pytest.raises(FaultSwitchError, match=f"{name}: got"):
+            Faults.from_env({name: bad})

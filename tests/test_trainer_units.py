@@ -235,7 +235,7 @@ def test_metrics_window_averages_applied_finite_steps_between_lines():
     def step(it, loss, applied):
         metrics.step(StepRecord(iteration=it, loss=loss, applied=applied, global_batch_size=4, seqlen=8, elapsed=0.5,
                                 learning_rate=1e-3, grad_norm=1.0, loss_scale=1.0, consumed_samples=4 * it,
-                                consumed_tokens=32 * it, skipped_iterations=0), lambda: norms.append(it) or 2.0)
+                                consumed_tokens=32 * it), lambda: norms.append(it) or 2.0)
 
     step(1, 3.0, True)
     step(2, float("nan"), True)  # NaN: counted, not averaged
@@ -244,6 +244,8 @@ def test_metrics_window_averages_applied_finite_steps_between_lines():
     assert norms == [2, 4] and len(lines) == 2  # params norm (a collective) only on log iterations
     assert "lm loss: 3.000000E+00" in lines[0] and "number of nan iterations:   1" in lines[0]
     assert "lm loss: 5.000000E+00" in lines[1] and "number of nan iterations:   0" in lines[1]
+    # skipped updates are counted per line, as Megatron's: the second line has one, the first none
+    assert "number of skipped iterations:   0" in lines[0] and "number of skipped iterations:   1" in lines[1]
     assert [i for tag, i, _ in board.scalars if tag == "lm loss"] == [1, 2, 3, 4]
     assert [i for tag, i, _ in board.scalars if tag == "params-norm"] == [2, 4]
 

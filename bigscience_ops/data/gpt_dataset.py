@@ -112,20 +112,26 @@ class GPTDataset:
         # Sample i spans [sample_idx[i], sample_idx[i + 1]].
         return self.sample_idx.shape[0] - 1
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    def pieces(self, i: int) -> list[tuple[int, int, int]]:
+        """(document, first token, token count) of each document sample i is cut from, in order: seq_length + 1
+        tokens that may cross document boundaries (`__getitem__` reads them; `bsops samples` shows them)."""
         if not -len(self) <= i < len(self):
             raise IndexError(f"sample {i} out of range for {len(self)} samples")
         j = int(self.shuffle_idx[i])
         doc_f, off_f = (int(x) for x in self.sample_idx[j])
         doc_l, off_l = (int(x) for x in self.sample_idx[j + 1])
-        get = self.indexed.get
+        doc = lambda d: int(self.doc_idx[d])  # noqa: E731
         if doc_f == doc_l:
-            sample = get(int(self.doc_idx[doc_f]), offset=off_f, length=off_l - off_f + 1)
-            return sample.astype(np.int64)
-        parts = [get(int(self.doc_idx[doc_f]), offset=off_f)]
-        parts += [get(int(self.doc_idx[d])) for d in range(doc_f + 1, doc_l)]
-        parts.append(get(int(self.doc_idx[doc_l]), length=off_l + 1))
-        return np.concatenate(parts).astype(np.int64)
+            return [(doc(doc_f), off_f, off_l - off_f + 1)]
+        sizes = self.indexed.sizes
+        out = [(doc(doc_f), off_f, int(sizes[doc(doc_f)]) - off_f)]
+        out += [(doc(d), 0, int(sizes[doc(d)])) for d in range(doc_f + 1, doc_l)]
+        out.append((doc(doc_l), 0, off_l + 1))
+        return out
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        parts = [self.indexed.get(doc, offset=offset, length=length) for doc, offset, length in self.pieces(i)]
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np.int64)
 
 
 def build_blend_indices(weights: list[float], sizes: list[int], size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -184,8 +190,13 @@ class BlendedDataset:
     def __len__(self) -> int:
         return len(self.dataset_index)
 
+    def source(self, i: int) -> tuple[int, int]:
+        """(which dataset, which of its samples) blended sample i is."""
+        return int(self.dataset_index[i]), int(self.dataset_sample_index[i])
+
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.datasets[int(self.dataset_index[i])][int(self.dataset_sample_index[i])]
+        dataset, sample = self.source(i)
+        return self.datasets[dataset][sample]
 
 
 SPLIT_NAMES = ("train", "valid", "test")

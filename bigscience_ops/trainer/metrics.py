@@ -2,9 +2,11 @@
 
 The Trainer reads what a trained iteration produced off the engine (a `StepRecord`) and hands it
 over; `Metrics` writes that iteration's scalars, keeps the logging window (the loss of the applied
-steps since the last line, NaN steps, time) and, every `log_interval` iterations, prints Megatron's
-iteration line averaged over the window. Validation and checkpoint saves report here too. The
-formats and tags are report.py's; nothing here touches the engine or torch.distributed.
+steps since the last line, NaN and skipped steps, time) and, every `log_interval` iterations, prints
+Megatron's iteration line averaged over the window (its skipped and NaN counts are the window's, as
+Megatron's: the watchdog reads a run of lines with skipped steps as overflows that go on). Validation
+and checkpoint saves report here too. The formats and tags are report.py's; nothing here touches the
+engine or torch.distributed.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ class StepRecord:
     loss_scale: float
     consumed_samples: int
     consumed_tokens: int
-    skipped_iterations: int
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Window:
     time: float = 0.0  # seconds over all iterations
     iters: int = 0
     nan: int = 0  # steps whose loss was not finite
+    skipped: int = 0  # steps whose update was skipped (a non-finite gradient, fp16's overflow)
 
     def add(self, loss: float, applied: bool, elapsed: float) -> None:
         is_nan = not math.isfinite(loss)
@@ -51,6 +53,7 @@ class Window:
             self.loss += loss
             self.count += 1
         self.nan += int(is_nan)
+        self.skipped += int(not applied)
         self.time += elapsed
         self.iters += 1
 
@@ -100,7 +103,7 @@ class Metrics:
             iteration=it, train_iters=self.train_iters, consumed_samples=consumed, consumed_tokens=r.consumed_tokens,
             elapsed_ms=per_iter * 1000.0, learning_rate=r.learning_rate, global_batch_size=gbs,
             lm_loss=w.loss / w.count if w.count else None, loss_scale=r.loss_scale, grad_norm=r.grad_norm,
-            params_norm=norm, skipped=r.skipped_iterations, nan=w.nan, samples_per_second=gbs / per_iter,
+            params_norm=norm, skipped=w.skipped, nan=w.nan, samples_per_second=gbs / per_iter,
             tflops=tokens_per_s * self.flops_per_token / world / 1e12,
             mfu=mfu(tokens_per_s * self.flops_per_token / world / 1e12, self.peak_tflops),
             curriculum_seqlen=seq if self.curriculum else None)))

@@ -7,7 +7,9 @@ the step reads Megatron's sample order (data.step_micro_batches). Whether and wh
 decided in one place, before the first iteration and after every one (stopping.py: the end, the
 exit interval, a node phase boundary, the kill switch, SIGUSR1/SIGTERM, the exit duration measured
 from the Slurm job start BSOPS_JOB_START_EPOCH); every stop saves (checkpointer.py), then exits.
-Log lines and TensorBoard scalars: metrics.py.
+A step whose gradients are not finite (a NaN or inf loss, an overflow) is skipped, not applied, on
+every precision path (DeepSpeed's ZeRO, bf16 and fp16 optimizers do it; `_guard_fp32_steps` for plain
+fp32): it is logged as Megatron's skipped (and NaN) iteration. Log lines and TensorBoard scalars: metrics.py.
 With TP > 1 the pipeline runs on DeepSpeed's (pipe, data, model) topology and every layer holds
 this rank's Megatron shards (tensor_parallel.py).
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
 import os
 import sys
 import time
@@ -53,11 +56,12 @@ from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer import tensor_parallel
 from bigscience_ops.trainer.checkpointer import Checkpointer
-from bigscience_ops.trainer.data import MicroBatchFeed, build_datasets
-from bigscience_ops.trainer.faults import corrupt_at, corrupted, fail_at, raise_if_injected
+from bigscience_ops.trainer.data import MicroBatchFeed
+from bigscience_ops.trainer.faults import Faults, corrupted, raise_if_injected, recorded, slow_down, with_faults
 from bigscience_ops.trainer.model import layer_specs, loss_function, weight_decay_groups
 from bigscience_ops.trainer.metrics import Metrics, StepRecord
 from bigscience_ops.trainer.report import Board, peak_tflops
+from bigscience_ops.trainer.sampling import TaskLayout, build_datasets, dataset_sizes, seqlen_at
 from bigscience_ops.trainer.stopping import FINISHED, Stopper, any_rank, kill_switch_path
 
 _IMPORT_TIME = time.time()
@@ -141,15 +145,32 @@ def _set_lr(engine, lr: float) -> None:
         group["lr"] = lr
 
 
-def _record_fp32_grad_norm(engine) -> None:
-    """DeepSpeed's plain fp32 path clips without keeping the norm; keep it, as its ZeRO/bf16 paths do."""
+def _guard_fp32_steps(engine) -> None:
+    """DeepSpeed's plain fp32 path (no ZeRO, no bf16/fp16) clips without keeping the norm and steps whatever the
+    gradients hold: keep the norm, and skip the update when it is not finite (a NaN or inf loss or gradient), as
+    its ZeRO, bf16 and fp16 paths do; the engine then reports the step as not applied (its `overflow` check).
+    The norm is reduced over every rank, so all ranks skip together. Without gradient clipping nothing changes."""
     from deepspeed.runtime.utils import clip_grad_norm_
 
+    if engine.fp16_enabled() or engine.bfloat16_enabled() or engine.zero_optimization():
+        return
+    optimizer = engine.optimizer
+    optimizer_step = optimizer.step
+    optimizer.overflow = False
+
     def clip() -> None:
-        engine._global_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
-                                                   max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+        norm = clip_grad_norm_(parameters=engine.module.parameters(), max_norm=engine.gradient_clipping(),
+                               mpu=engine.mpu)
+        engine._global_grad_norm = norm
+        optimizer.overflow = not math.isfinite(float(norm))
+
+    def step(*args, **kwargs):
+        if optimizer.overflow:
+            return None
+        return optimizer_step(*args, **kwargs)
 
     engine.clip_fp32_gradients = clip
+    optimizer.step = step
 
 
 class Trainer:
@@ -168,13 +189,14 @@ class Trainer:
         self.skip_ranges = list(self.run_schedule.skip_ranges)
         self._engine_seqlen: int | None = None  # the activation shape the pipeline engine last exchanged
         self._feed_stale = False  # a skipped iteration moved the data position past the feed's
-        self._corrupt_at = corrupt_at()  # BSOPS_CORRUPT_AT: iterations trained on random labels (a debug switch)
+        self.faults = Faults.from_env()  # the debug switches (faults.py); unset, they change nothing
         self.train_iters = self.run_schedule.train_iters
         self.shape = GPTShape.from_experiment(exp)
         self.params = sizing.count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline).total
         self.flops_per_token = sizing.model_flops_per_token(exp.model, self.params)
         self.state = TrainState()
         self.checkpoints = Path(exp.paths.checkpoints)
+        self.debug_folder = Path(exp.paths.output or self.checkpoints.parent) / "debug"  # BSOPS_RECORD_TOKENS_AT
         self.job_start = _job_start_epoch()
 
     # ------------------------------------------------------------------ set-up
@@ -219,9 +241,10 @@ class Trainer:
             layout = {"topology": topology}
             self.tp = tensor_parallel.from_topology(topology)
         tensor_parallel.seed_model_parallel_rng(exp.train.seed, self.tp)  # attention dropout: per TP rank
+        self.loss_fn = with_faults(loss_function(self.tp, exp.model.kernels), self.faults)
         module = PipelineModule(
             layers=layer_specs(self.shape, exp.train.seed, self.tp, exp.model.kernels),
-            loss_fn=loss_function(self.tp, exp.model.kernels),
+            loss_fn=self.loss_fn,
             **layout,
             partition_method=exp.parallel.partition_method,
             activation_checkpoint_interval=1 if exp.parallel.activation_checkpointing else 0,
@@ -242,7 +265,7 @@ class Trainer:
         config = dict(self.ds_config)
         config["train_batch_size"] = self.schedule.batch_size_at(0)
         self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
-        _record_fp32_grad_norm(self.engine)
+        _guard_fp32_steps(self.engine)
         self.dp_rank = self.engine.grid.get_data_parallel_id()
         self.stage = self.engine.stage_id
         if self.dp_rank == 0:  # Megatron's line, from every (tensor, pipeline) rank of the first replica
@@ -253,11 +276,8 @@ class Trainer:
             sys.stdout.flush()
 
     def _build_data(self) -> None:
-        exp = self.exp
-        gbs = self.schedule.global_batch_size
-        valid = (self.train_iters // exp.logging.eval_interval + 1) * exp.logging.eval_iters * gbs
-        train_samples = exp.train.samples if exp.train.samples is not None else self.train_iters * gbs
-        self.train_ds, self.valid_ds, _ = build_datasets(exp, (train_samples, valid, exp.logging.eval_iters * gbs),
+        exp = self.exp  # the sizes and datasets `bsops samples` builds too (sampling.py)
+        self.train_ds, self.valid_ds, _ = build_datasets(exp, dataset_sizes(exp, self.run_schedule),
                                                          self.synthetic_data)
         if self.train_ds is None:
             raise TrainerError(f"data.split: got {exp.data.split!r}; the training split is empty")
@@ -382,7 +402,7 @@ class Trainer:
 
     def seqlen_at(self, step: int) -> int:
         """Sequence length step `step` (1-based) trains on: the curriculum's, else model.seq_length."""
-        return self.curriculum.seqlen_at(step) if self.curriculum is not None else self.exp.model.seq_length
+        return seqlen_at(self.run_schedule, step)
 
     def _activation_shape(self, seqlen: int) -> None:
         """The pipeline engine caches the activation shape it exchanges between stages; a new length resets it."""
@@ -406,10 +426,9 @@ class Trainer:
             self.train_feed = self._feed(self.train_ds, s.consumed_train_samples)
             self._feed_stale = False
         data = self.train_feed.take(e.micro_batches, seqlen) if self.train_feed is not None else None
-        fed = data
-        if data is not None and s.iteration + 1 in self._corrupt_at:
-            fed = corrupted(data, self.exp.model.vocab_size, s.iteration + 1)
-        loss = float(e.train_batch(data_iter=fed))
+        loss = float(e.train_batch(data_iter=self._with_faults(data, s.iteration + 1)))
+        if hasattr(self.loss_fn, "iteration"):
+            self.loss_fn.iteration = 0  # validation is never faulted
         if self.train_feed is not None:
             self.train_feed.finish(data)
         applied = e.was_step_applied()
@@ -426,6 +445,19 @@ class Trainer:
         # Megatron's scheduler steps right after the optimizer: the LR logged is the next step's.
         _set_lr(e, self._scheduled_lr())
         return loss, applied, gbs, seqlen
+
+    def _with_faults(self, data, iteration: int):
+        """The step's micro-batches as the debug switches want them fed (faults.py); unchanged when none is set.
+        Tokens are recorded by the first stage of TP rank 0, once per data-parallel rank."""
+        f = self.faults
+        if data is not None and iteration in f.record_tokens and self.stage == 0 and self.tp.rank == 0:
+            data = recorded(data, self.debug_folder, iteration, self.dp_rank)
+        if data is not None and iteration in f.corrupt:
+            data = corrupted(data, self.exp.model.vocab_size, iteration)
+        if hasattr(self.loss_fn, "iteration"):  # BSOPS_NAN_AT, BSOPS_SCALE_GRAD_AT: the loss knows the step
+            self.loss_fn.iteration = iteration
+        slow_down(f, iteration)
+        return data
 
     def skip_step(self) -> None:
         """An iteration of train.skip_iterations: its samples count as consumed (the next step reads on
@@ -491,8 +523,10 @@ class Trainer:
         self._build_outputs()
         self._resume(resume)
         self._build_feeds()
-        _print(f"> training {exp.name}: {self.params} parameters, TP={exp.parallel.tensor} PP={exp.parallel.pipeline} "
-               f"DP={self.dp}, {self.train_iters} iterations, starting at {self.state.iteration}")
+        # The task's layout, read back by `bsops samples` (sampling.TaskLayout) to map its iterations to ranks.
+        p = exp.parallel
+        _print(TaskLayout(exp.name, self.params, p.tensor, p.pipeline, self.dp, exp.batch.micro_batch_size,
+                          self.synthetic_data, self.train_iters, self.state.iteration).line())
         reason = self._loop()
         self.checkpointer.save(self.state.iteration)
         self.metrics.close()
@@ -502,7 +536,7 @@ class Trainer:
     def _loop(self) -> str:
         """Train until the stopper gives a reason; returns it."""
         s, log = self.state, self.exp.logging
-        fault = fail_at()
+        fault = self.faults.fail
         reason = self.stopper.reason(s.iteration, s.consumed_train_samples, stepped=False)
         while reason is None:
             raise_if_injected(fault, s.iteration + 1)
@@ -537,14 +571,13 @@ class Trainer:
         s, e = self.state, self.engine
         if self.train_feed is not None and self.train_feed.seen_seqlen is not None:
             seqlen = self.train_feed.seen_seqlen  # the length the model was fed
-        grad_norm = e.get_global_grad_norm()
+        grad_norm = e.get_global_grad_norm() if applied else None  # Megatron logs none for a skipped update
         return StepRecord(
             iteration=s.iteration, loss=loss, applied=applied, global_batch_size=gbs, seqlen=seqlen, elapsed=elapsed,
             learning_rate=e.optimizer.param_groups[0]["lr"],
             grad_norm=float(grad_norm) if grad_norm is not None else None,
             loss_scale=float(getattr(e.optimizer, "cur_scale", 1.0)) if self.exp.train.precision == "fp16" else 1.0,
-            consumed_samples=s.consumed_train_samples, consumed_tokens=s.consumed_train_tokens,
-            skipped_iterations=s.skipped_iterations)
+            consumed_samples=s.consumed_train_samples, consumed_tokens=s.consumed_train_tokens)
 
 
 def _report_failure(exc: BaseException) -> None:
