@@ -31,7 +31,6 @@ from bigscience_ops.prepare import prepare_launch
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 from bigscience_ops.site_values import SiteCheck
-from bigscience_ops.slurm.errors import conf_note
 
 
 class LaunchError(BsopsError):
@@ -98,7 +97,7 @@ def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetim
     except slurm.SlurmError as exc:
         if not dry_run:
             raise
-        where = "" if "SLURM_CONF" in str(exc) else f" ({conf_note()})"
+        where = "" if "SLURM_CONF" in str(exc) else f" ({slurm.conf_note()})"
         argv = slurm.sbatch_argv(run_dir / rendered.script, after_any=[])
         return LaunchPlan(exp, run_dir, rendered, argv, [], [], phase,
                           f"queue not checked: {exc}{where}; a real launch needs the queue", exc, prepared.site)

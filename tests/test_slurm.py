@@ -393,3 +393,22 @@ def test_task_env_writes_back_what_a_job_was_given() -> None:
              "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "tiny", "SLURM_SUBMIT_DIR": "/w",
              "SLURM_CPUS_PER_TASK": "4"}
     assert slurm.TaskEnv.from_env({**given, "SLURM_PROCID": "0", "HOME": "/root"}).to_env() == given
+
+
+def test_the_package_face_names_every_public_function_of_its_modules() -> None:
+    """Callers use slurm.NAME: a name in __all__ that the face does not import fails only where that
+    caller runs (a real cluster), so both directions are checked here."""
+    import importlib
+    import inspect
+
+    missing = [name for name in slurm.__all__ if not hasattr(slurm, name)]
+    assert missing == []
+    unlisted = []
+    for module in ("argv", "commands", "errors", "output", "script", "taskenv"):
+        mod = importlib.import_module(f"bigscience_ops.slurm.{module}")
+        for name, value in vars(mod).items():
+            defined_here = getattr(value, "__module__", None) == mod.__name__
+            if not name.startswith("_") and defined_here and (inspect.isfunction(value) or inspect.isclass(value)):
+                if name not in slurm.__all__:
+                    unlisted.append(f"{module}.{name}")
+    assert unlisted == []

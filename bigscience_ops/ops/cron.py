@@ -27,7 +27,6 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import notify
 from bigscience_ops.schema import SLURM_NAME, SLURM_NAMES, SLURM_TIME, AlertsConfig
 from bigscience_ops.slurm import QUEUED_STATES
-from bigscience_ops.slurm.errors import said
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
 PERIODS = {"hourly": 3600, "daily": 86400}
@@ -175,7 +174,7 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
     try:
         jobs = _my_jobs()
     except slurm.SlurmError as exc:
-        fail("squeue", said(exc))
+        fail("squeue", slurm.said(exc))
         jobs = None
     note = slurm.unparsed_note(jobs) if jobs is not None else None
     if note is not None:
@@ -209,7 +208,7 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
         try:
             report.rearmed_job = slurm.submit(slurm.sbatch_argv(runner, begin=when))
         except (BsopsError, ValueError) as exc:
-            fail("re-arming again", said(exc))
+            fail("re-arming again", slurm.said(exc))
             return
         report.lines.append(log_line(now, f"re-armed {name} as job {report.rearmed_job} for {when}"))
         return
@@ -220,7 +219,7 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
             slurm.cancel(extras)
             report.lines.append(log_line(now, f"cancelled extra {name} job(s) {', '.join(extras)}: one chain only"))
         except slurm.SlurmError as exc:
-            fail("cancelling extra runners", said(exc))
+            fail("cancelling extra runners", slurm.said(exc))
 
 
 def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, now: dt.datetime, fail) -> None:
@@ -229,7 +228,7 @@ def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, n
         try:
             name = slurm.script_job_name(script)
         except (ValueError, OSError) as exc:  # one bad script is reported and skipped, never ends the pass
-            fail(f"reading {script}", said(exc))
+            fail(f"reading {script}", slurm.said(exc))
             continue
         queued = _queued(jobs, name)
         if queued:
@@ -240,7 +239,7 @@ def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, n
         try:
             job_id = slurm.submit(slurm.sbatch_argv(script))
         except (BsopsError, ValueError) as exc:
-            fail(f"submitting {script}", said(exc))
+            fail(f"submitting {script}", slurm.said(exc))
             continue
         report.submitted.append((name, job_id))
         report.lines.append(log_line(now, f"submitted {script.name} ({name}) as job {job_id}"))
