@@ -198,7 +198,10 @@ def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, training
             click.echo(f"scratch retention: {verb} {', '.join(gone) or 'nothing'}" + (f"; kept {kept}" if kept else ""))
         if report.failed:
             lines = "; ".join(f"{tag}: {why}" for tag, why in report.failed.items())
-            raise backup.BackupError(f"{len(report.failed)} problem(s), the rest was done: {lines}")
+            kept = sum(why.startswith(backup.RETENTION_REFUSED) for why in report.failed.values())
+            counts = [f"{n} {what}" for n, what in ((len(report.failed) - kept, "checkpoint(s) not backed up"),
+                                                    (kept, "left on scratch by retention")) if n]
+            raise backup.BackupError(f"{', '.join(counts)} (the rest was done): {lines}")
 
     job = "backup --dry-run" if dry_run else "backup"  # a dry run that works says nothing of the backup
     _run_alerting(experiment, alert, job, f"bsops {job} {experiment.name}", work)

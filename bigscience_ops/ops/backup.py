@@ -48,6 +48,7 @@ JOURNAL = ".journal.jsonl"
 SOURCE = ".source.json"  # in a partial copy: the fingerprint of the checkpoint it is a copy of
 STORE_MARKER = ".bsops-store"
 CHUNK = 8 * 1024 * 1024
+RETENTION_REFUSED = "scratch retention: "  # how report.failed marks a checkpoint retention had to leave in place
 
 
 class BackupError(BsopsError):
@@ -452,7 +453,7 @@ def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
                 report.failed[plan.ckpt.tag] = str(exc)
     report.retention, applied = _retention(exp, scratch, store, dry_run)
     report.deleted = applied.deleted
-    report.failed.update({name: f"scratch retention: {why}" for name, why in applied.refused.items()})
+    report.failed.update({name: f"{RETENTION_REFUSED}{why}" for name, why in applied.refused.items()})
     return report
 
 
