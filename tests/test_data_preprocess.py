@@ -132,6 +132,7 @@ def test_cli_preprocess_progress_and_merge(tmp_path):
             f.write(good_line(f"more text {i}"))
     runner = CliRunner()
     res = runner.invoke(main, ["preprocess", "--input", str(src), "--tokenizer", "gpt2", "--append-eod",
+                               "--tokenizer-backend", "fastokens",  # auto takes tiktoken for an input this small
                                "--output-prefix", str(tmp_path / "p"), "--log-interval", "100"])
     assert res.exit_code == 0, res.output
     assert re.search(r"^Processed \d+ documents \([\d.]+ docs/s, [\d.]+ MB/s\)\.$", res.stderr, re.M)
@@ -143,10 +144,11 @@ def test_cli_preprocess_progress_and_merge(tmp_path):
                                "--output-prefix", str(tmp_path / "s"), "--strict"])
     assert res.exit_code == 2 and f"{src}:2: malformed-json" in res.stderr
     one = str(tmp_path / "p_text_document")
-    res = runner.invoke(main, ["merge-data", "--input-prefix", one, "--input-prefix", one,
-                               "--output-prefix", str(tmp_path / "m")])
-    assert res.exit_code == 0, res.output
-    assert len(IndexedDataset(tmp_path / "m")) == 2 * 259
+    for command in ("merge-datasets", "merge-data"):  # merge-data: the former name, kept as an alias
+        res = runner.invoke(main, [command, "--input-prefix", one, "--input-prefix", one,
+                                   "--output-prefix", str(tmp_path / command)])
+        assert res.exit_code == 0, res.output
+        assert len(IndexedDataset(tmp_path / command)) == 2 * 259
 
 
 def test_ctrl_c_never_leaves_a_complete_looking_index(tmp_path):
@@ -273,10 +275,12 @@ def test_a_cross_check_difference_stops_the_run_naming_the_line(tmp_path, monkey
                     + b"".join(good_line(f"document {i}") for i in range(50)))
     with pytest.raises(TokenizerError, match=rf"{src}:51: the fastokens:\S+ tokenizer and the reference "
                                              r"tiktoken:\S+ disagree .*first difference at id 2: \[\d+\] vs \[\d+\]"):
-        preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2"), workers=workers, check_fraction=1.0)
+        preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2", backend="fastokens"), workers=workers,
+                   check_fraction=1.0)
     assert not list(tmp_path.glob("out_*.bin")) and not list(tmp_path.glob("out_*.idx"))
     # Turned off, the same run goes through (and writes the wrong id: the check is what stands guard).
-    r = preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2"), workers=workers, check_fraction=0.0)
+    r = preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2", backend="fastokens"), workers=workers,
+                   check_fraction=0.0)
     assert r.reference is None and r.docs_out == {"text": 101}
 
 
@@ -325,7 +329,8 @@ DATA_HOSTILE = {
                                                   (t / "out_text_document.idx").mkdir()), "in.jsonl", "is a folder"),
     "the input named like its own output": (lambda t: (t / "out_text_document.bin").write_bytes(good_line("a")),
                                             "out_text_document.bin", "would be overwritten"),
-    "an input that is a folder": (lambda t: (t / "in.jsonl").mkdir(), "in.jsonl", "is a directory"),
+    "an input folder with no input file": (lambda t: (t / "in.jsonl").mkdir(), "in.jsonl", "holds no input file"),
+    "a glob that matches nothing": (lambda t: None, "shard_*.jsonl.gz", "matches no file"),
     "a missing input": (lambda t: None, "in.jsonl", "does not exist"),
 }
 
