@@ -100,18 +100,59 @@ def test_strict_stops_at_first_bad_line(tmp_path, spec, raw, kind):
     assert not list(tmp_path.glob("out_*.idx")) and not list(tmp_path.glob("out_*.bin"))
 
 
-def test_compressed_inputs_and_workers_give_identical_output(tmp_path, spec):
-    lines = [good_line(f"document {i} " + "word " * (i % 50)) for i in range(3000)]
-    plain = tmp_path / "a.jsonl"
-    plain.write_bytes(b"".join(lines))
-    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
-    (tmp_path / "a.jsonl.xz").write_bytes(lzma.compress(plain.read_bytes()))
-    outputs = []
-    for name, workers in [("a.jsonl", 1), ("a.jsonl.gz", 1), ("a.jsonl.xz", 2)]:
-        r = preprocess([tmp_path / name], str(tmp_path / f"o_{workers}_{name}"), spec, append_eod=True,
-                       workers=workers)
-        outputs.append((Path(r.outputs["text"] + ".bin").read_bytes(), Path(r.outputs["text"] + ".idx").read_bytes()))
-    assert outputs[0] == outputs[1] == outputs[2]
+def _compress(kind: str, plain: Path) -> Path:
+    """plain compressed as `kind`; xz-blocks: many independent blocks, as `xz -T N` writes them."""
+    out = plain.with_name(plain.name + {"gz": ".gz", "xz": ".xz", "xz-blocks": ".xz", "zst": ".zst"}[kind])
+    if kind == "gz":
+        out.write_bytes(gzip.compress(plain.read_bytes()))
+    elif kind == "xz":
+        out.write_bytes(lzma.compress(plain.read_bytes()))
+    elif kind == "xz-blocks":
+        subprocess.run(["xz", "-kf", "-T2", "--block-size=24KiB", str(plain)], check=True, timeout=60)
+    else:
+        subprocess.run(["zstd", "-qf", str(plain), "-o", str(out)], check=True, timeout=60)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mixed_corpus(tmp_path_factory, spec):
+    """~250 KB of documents of varied sizes with every kind of bad line, and its output from 1 worker."""
+    d = tmp_path_factory.mktemp("kinds")
+    plain = d / "m.jsonl"
+    write_mixed(plain)
+    with open(plain, "ab") as f:
+        for i in range(1200):
+            f.write(good_line(f"line {i} ünï <|endoftext|> " * (i % 23) + "x" * (i % 5)))
+    ref = preprocess([plain], str(d / "ref"), spec, append_eod=True)
+    return plain, ref
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("kind", ["jsonl", "gz", "xz", "xz-blocks", "zst"])
+def test_every_input_kind_and_worker_count_writes_identical_bytes(tmp_path, spec, monkeypatch, mixed_corpus,
+                                                                  kind, workers):
+    import bigscience_ops.data.preprocess as pp
+
+    plain, ref = mixed_corpus
+    src = tmp_path / plain.name  # compressed copies are written next to it
+    src.write_bytes(plain.read_bytes())
+    if kind != "jsonl":
+        src = _compress(kind, src)
+    monkeypatch.setattr(pp, "CHUNK_BYTES", 20_000)  # a dozen chunks (or xz spans) per worker
+    from bigscience_ops.data import xz
+
+    spans = []
+    real_spans = xz.spans
+    monkeypatch.setattr(xz, "spans", lambda *a: spans.extend(real_spans(*a)) or real_spans(*a))
+    r = preprocess([src], str(tmp_path / "out"), spec, append_eod=True, workers=workers)
+    assert r.mode == ("sequential" if workers == 1 else "chunks")
+    # Workers decode a multi-block .xz block by block; one worker reads it as one stream.
+    assert len(spans) > 5 if (kind, workers) == ("xz-blocks", 2) else spans == []
+    for ext in (".bin", ".idx"):
+        assert Path(r.outputs["text"] + ext).read_bytes() == Path(ref.outputs["text"] + ext).read_bytes()
+    assert (r.docs_in, r.problem_counts) == (ref.docs_in, ref.problem_counts)
+    assert [(p.line, p.kind) for p in r.problems] == [(p.line, p.kind) for p in ref.problems]
+    assert all(p.path == str(src) for p in r.problems)
 
 
 def test_several_inputs_and_keys(tmp_path, spec):

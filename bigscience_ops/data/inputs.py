@@ -23,12 +23,9 @@ without isal, Python's gzip reads .gz; without zstandard, the `zstd` command rea
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 import io
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -82,6 +79,8 @@ def expand_inputs(specs: list[str | os.PathLike]) -> list[Path]:
                                 f"{', '.join('*' + s for s in FOLDER_SUFFIXES)}")
             out += found
         elif _is_glob(text) and not path.exists():
+            import glob
+
             found = sorted(Path(p) for p in glob.glob(text, recursive=True) if os.path.isfile(p))
             if not found:
                 raise DataError(f"input glob {text!r} matches no file")
@@ -112,6 +111,8 @@ class _CommandReader(io.RawIOBase):
     """The stdout of a decompressing command as a file; its exit status is checked at the end."""
 
     def __init__(self, argv: list[str]) -> None:
+        import subprocess
+
         self._argv = argv
         self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -119,6 +120,8 @@ class _CommandReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
+        if self._proc.returncode is not None:  # ended, and its status checked
+            return 0
         n = self._proc.stdout.readinto(buffer)
         if n == 0:
             _, err = self._proc.communicate(timeout=ZSTD_TIMEOUT_S)
@@ -155,6 +158,8 @@ def open_decoded(path: Path, raw: BinaryIO) -> BinaryIO | None:
 
             # read_across_frames: files made of several frames (pzstd, concatenated shards) read whole.
             return zstandard.ZstdDecompressor().stream_reader(raw, read_size=1 << 20, read_across_frames=True)
+        import shutil
+
         if shutil.which("zstd"):
             return io.BufferedReader(_CommandReader(["zstd", "-dcq", "--", str(path)]), 1 << 20)
         raise DataError(f"input {path}: reading .zst needs the zstandard package or the zstd command; "

@@ -97,7 +97,7 @@ class PreprocessResult:
     shard_outputs: list[str] = dataclasses.field(default_factory=list)  # per-input parts' prefixes
     shards: int = 1
     resumed: int = 0  # shards whose finished part was kept from an earlier run
-    mode: str = "chunks"  # how the work was spread: sequential, chunks or shards
+    mode: str = "chunks"  # how the work was spread: sequential, chunks or shards (resumed: nothing left)
     startup_cpu_s: float = 0.0  # this process's CPU time (from its start) when the first chunk was handed out
 
     @property
@@ -327,7 +327,9 @@ def preprocess(
             stats[shard.index] = done
     resumed = len(stats)
     pending = [s for s in shards if s.index not in stats]
-    if workers == 1:
+    if not pending:
+        mode = "resumed"
+    elif workers == 1:
         mode = "sequential"
     elif len(pending) > 1 and _busy_fraction([s.size for s in pending], workers) >= SHARD_MODE_BUSY:
         mode = "shards"
@@ -411,9 +413,6 @@ class _Run:
 
     def by_chunks(self, pending: list[Shard], workers: int, init_args: tuple) -> None:
         """The main process cuts (and decompresses) each input; one or more workers tokenize the chunks."""
-        import shutil
-        import tempfile
-        import threading
         from contextlib import ExitStack
 
         def chunks() -> Iterator[_Chunk]:
@@ -425,6 +424,10 @@ class _Run:
                 _init_worker(*init_args, None)
                 results: Iterator = map(_encode_chunk, chunks())
             else:
+                import shutil
+                import tempfile
+                import threading
+
                 # Workers leave each chunk's tokens in a file of the local temporary folder ($TMPDIR) for
                 # the main process to copy in the kernel, rather than pickle them through a pipe.
                 spill = tempfile.mkdtemp(prefix="bsops-preprocess-")

@@ -20,7 +20,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +116,25 @@ def finished(shard: Shard, settings: dict, keys: tuple[str, ...]) -> ShardStats 
         return None
 
 
+def _remove_stale_temporaries(part: str) -> None:
+    """Temporary files a killed run left for this part (their process is gone)."""
+    folder, name = os.path.split(part)
+    try:
+        entries = os.listdir(folder or ".")
+    except OSError:
+        return
+    for entry in entries:
+        head, sep, pid = entry.rpartition(".tmp-")
+        if not (sep and pid.isdigit() and head.startswith(name)):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            Path(folder or ".", entry).unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
 class ShardSink:
     """Writes one shard's part from its chunks' results, in order; `finish` publishes it, record last."""
 
@@ -126,6 +144,7 @@ class ShardSink:
         self.names = tokenizer_names
         if shard.recorded:
             shard.record_path.unlink(missing_ok=True)  # the part is no longer known to be complete
+            _remove_stale_temporaries(shard.part)
         Path(shard.part).parent.mkdir(parents=True, exist_ok=True)
         self.writers = {key: IndexedDatasetWriter(output_prefix_for(shard.part, key), dtype) for key in keys}
         self.stats = ShardStats()
@@ -197,6 +216,7 @@ class Merger:
 
     def __init__(self, output_prefix: str, keys: tuple[str, ...], dtype: np.dtype) -> None:
         self.output_prefix, self.keys = output_prefix, keys
+        _remove_stale_temporaries(output_prefix)  # a killed run's merge
         self.writers = {key: IndexedDatasetWriter(output_prefix_for(output_prefix, key), dtype) for key in keys}
         self.problems_path = Path(f"{output_prefix}_problems.jsonl")
         self._problems_tmp = Path(f"{self.problems_path}.tmp-{os.getpid()}")
@@ -210,6 +230,8 @@ class Merger:
             writer.add_file(f"{prefix}.bin", IndexedDataset(prefix).sizes)
             self._bytes[key] += Path(f"{prefix}.bin").stat().st_size
         if shard.problems_path.is_file():
+            import shutil
+
             with open(shard.problems_path, "rb") as src:
                 shutil.copyfileobj(src, self._problems)
             self.any_problems = True
@@ -228,6 +250,8 @@ class Merger:
         else:
             self._problems_tmp.unlink()
             self.problems_path.unlink(missing_ok=True)
+        import shutil
+
         shutil.rmtree(work, ignore_errors=True)
 
     def abort(self) -> None:

@@ -7,7 +7,8 @@ shard. The outcome is stored once per tokenizer as three files under `cache_dir(
     KEY.json            the verdict per fast backend ("ok" or why not), vocabulary size, EOD id,
                         special tokens and the sha256 of the two files below
     KEY.tokenizer.json  the tokenizer.json text `tokenizers` would run (what fastokens loads)
-    KEY.tiktoken        tiktoken's ranks (base64 token, rank per line), when tiktoken reproduces it
+    KEY.ranks           tiktoken's ranks ({token bytes: rank} in Python's marshal format, read in
+                        8 ms where a text format takes 35), when tiktoken reproduces the tokenizer
 
 KEY hashes the tokenizer files' contents, `special_text`, and each library's installed files (their
 size and mtime: a new version, or a reinstall, is another key), so a changed vocabulary or library
@@ -19,15 +20,15 @@ concurrent runs never read half an entry. The cache lives in `$XDG_CACHE_HOME/bs
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import importlib.util
 import json
+import marshal
 import os
 from pathlib import Path
 
-FORMAT = 1
+FORMAT = 2
 LIBRARIES = ("fastokens", "tiktoken", "tokenizers")
 
 
@@ -76,7 +77,7 @@ class Entry:
 
 def _paths(key: str) -> tuple[Path, Path, Path]:
     folder = cache_dir() / "tokenizers"
-    return folder / f"{key}.json", folder / f"{key}.tokenizer.json", folder / f"{key}.tiktoken"
+    return folder / f"{key}.json", folder / f"{key}.tokenizer.json", folder / f"{key}.ranks"
 
 
 def load(key: str) -> Entry | None:
@@ -116,10 +117,7 @@ def store(key: str, verdicts: dict[str, str], vocab_size: int, eod: int | None, 
     """Write an entry (files first, the record last); None when the cache folder is not writable."""
     record_path, json_path, ranks_path = _paths(key)
     hf_bytes = hf_json.encode("utf-8")
-    ranks_bytes = None
-    if ranks is not None:
-        ranks_bytes = b"".join(base64.b64encode(token) + b" %d\n" % rank
-                               for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
+    ranks_bytes = None if ranks is None else marshal.dumps(ranks)
     record = {"format": FORMAT, "verdicts": verdicts, "vocab_size": vocab_size, "eod": eod, "specials": specials,
               "hf_json_sha256": hashlib.sha256(hf_bytes).hexdigest(),
               "ranks_sha256": None if ranks_bytes is None else hashlib.sha256(ranks_bytes).hexdigest()}
@@ -135,10 +133,8 @@ def store(key: str, verdicts: dict[str, str], vocab_size: int, eod: int | None, 
 
 
 def read_ranks(path: Path) -> dict[bytes, int]:
-    """tiktoken's ranks from a KEY.tiktoken file (checked against its sha256 when the entry was loaded)."""
-    ranks = {}
-    for line in path.read_bytes().split(b"\n"):
-        if line:
-            token, rank = line.split(b" ")
-            ranks[base64.b64decode(token)] = int(rank)
+    """tiktoken's ranks from a KEY.ranks file (checked against its sha256 when the entry was loaded)."""
+    ranks = marshal.loads(path.read_bytes())
+    if not isinstance(ranks, dict):
+        raise ValueError(f"{path} does not hold tiktoken's ranks")
     return ranks
