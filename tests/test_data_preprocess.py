@@ -131,7 +131,7 @@ def mixed_corpus(tmp_path_factory, spec):
 @pytest.mark.parametrize("kind", ["jsonl", "gz", "xz", "xz-blocks", "zst"])
 def test_every_input_kind_and_worker_count_writes_identical_bytes(tmp_path, spec, monkeypatch, mixed_corpus,
                                                                   kind, workers):
-    import bigscience_ops.data.preprocess as pp
+    import bigscience_ops.data.pipeline as pp
 
     plain, ref = mixed_corpus
     src = tmp_path / plain.name  # compressed copies are written next to it
@@ -250,7 +250,7 @@ def test_progress_bar_on_a_terminal_and_megatron_lines_otherwise(tmp_path: Path,
 @pytest.mark.parametrize("name,workers", [("m.jsonl", 1), ("m.jsonl", 2), ("m.jsonl.gz", 2)])
 def test_small_chunks_keep_bytes_and_line_numbers(tmp_path, spec, monkeypatch, name, workers):
     """Chunks cut mid-file (read by the workers for plain files) give the same output and line numbers."""
-    import bigscience_ops.data.preprocess as pp
+    import bigscience_ops.data.pipeline as pp
 
     src = tmp_path / "m.jsonl"
     expected = write_mixed(src)
@@ -333,7 +333,7 @@ def test_workers_spill_folder_is_removed_after_a_run_and_after_a_failure(tmp_pat
     monkeypatch.setattr(tempfile, "tempdir", str(spills))
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"".join(good_line(f"document {i} " * 50) for i in range(2000)))
-    monkeypatch.setattr("bigscience_ops.data.preprocess.CHUNK_BYTES", 4096)  # ~200 chunks, each a file
+    monkeypatch.setattr("bigscience_ops.data.pipeline.CHUNK_BYTES", 4096)  # ~200 chunks, each a file
     whole = preprocess([src], str(tmp_path / "one"), spec, append_eod=True)
     two = preprocess([src], str(tmp_path / "two"), spec, append_eod=True, workers=2)
     for ext in (".bin", ".idx"):

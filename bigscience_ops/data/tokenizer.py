@@ -402,7 +402,7 @@ def build_tokenizer(spec: TokenizerSpec) -> Tokenizer:
     if spec.backend == "tokenizers":
         return HFTokenizer(spec)
     base = dataclasses.replace(spec, backend="auto")
-    entry, _ = _probed(base)
+    entry, built = _probed(base)
     why = ""
     for name in ("fastokens", "tiktoken") if spec.backend == "auto" else (spec.backend,):
         if entry.verdicts.get(name) != "ok":
