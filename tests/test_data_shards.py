@@ -110,6 +110,27 @@ def test_a_changed_shard_is_redone_and_the_others_are_kept(tmp_path, spec):
     assert other.resumed == 0
 
 
+def test_a_run_stopped_before_its_merge_only_merges_when_rerun(tmp_path, spec, monkeypatch):
+    import bigscience_ops.data.shards as shards_mod
+
+    whole = write_shards(tmp_path / "in", 3)
+    (tmp_path / "all.jsonl").write_bytes(whole)
+
+    def stop(self, work):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(shards_mod.Merger, "finish", stop)
+        with pytest.raises(KeyboardInterrupt):
+            preprocess([tmp_path / "in"], str(tmp_path / "out"), spec)
+    assert len(list((tmp_path / "out.shards").glob("*.preprocess.json"))) == 3
+    assert not list(tmp_path.glob("out_text_document.*"))
+    r = preprocess([tmp_path / "in"], str(tmp_path / "out"), spec)
+    assert (r.resumed, r.mode, r.docs_in) == (3, "resumed", 180)
+    assert pair(r.outputs["text"]) == pair(preprocess([tmp_path / "all.jsonl"], str(tmp_path / "ref"), spec)
+                                          .outputs["text"])
+
+
 def test_two_inputs_that_would_share_an_output_are_refused(tmp_path, spec):
     for d in ("a", "b"):
         (tmp_path / d).mkdir()

@@ -203,6 +203,10 @@ class Run:
 
     def _shard_done(self, index: int, stats: ShardStats) -> None:
         self.stats[index] = stats
+        self._merge_ready()
+
+    def _merge_ready(self) -> None:
+        """Append the finished parts (resumed ones included) that follow the merged ones, in input order."""
         if self.merger is not None:
             while self.next_merge < len(self.shards) and self.next_merge in self.stats:
                 self.merger.append(self.shards[self.next_merge])
@@ -219,6 +223,9 @@ class Run:
 
     def by_chunks(self, pending: list[Shard], workers: int, init_args: tuple) -> None:
         """The main process cuts (and decompresses) each input; one or more workers tokenize the chunks."""
+        if not pending:
+            self._started()
+            return
         from contextlib import ExitStack
 
         def chunks() -> Iterator[_Chunk]:
@@ -316,6 +323,7 @@ class Run:
 
     def finish(self) -> None:
         if self.merger is not None:
+            self._merge_ready()  # a run whose parts were all finished before: only the merge is left
             if self.next_merge != len(self.shards):
                 raise DataError(f"shard {self.shards[self.next_merge].path} has no finished part; nothing was merged")
             self.merger.finish(work_folder(self.merge_into))

@@ -20,6 +20,10 @@ becomes `<|`, `endoftext`, `|>` as in Megatron's GPT2BPETokenizer, since web cor
 string); `special_text="token"` turns it into the end-of-document id instead, as transformers'
 tokenizers do.
 
+The probe comparisons are made once per tokenizer and library version and kept in the user's cache
+(tokenizer_cache.py): a later run reads the verdicts, fastokens' tokenizer.json and tiktoken's ranks
+from there and builds only the backend it uses, without loading `tokenizers` at all.
+
 A `TokenizerSpec` is a small picklable description that worker processes turn into a tokenizer.
 """
 
