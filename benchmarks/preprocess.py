@@ -319,37 +319,49 @@ def busy_fraction(shards: int, workers: int) -> float:
     return _busy_fraction([1] * shards, workers)
 
 
-def predict(run: dict, cores: int, shards: int | None) -> tuple[float, str]:
+def main_work(kind: str, shards: int | None) -> str:
+    """What the main process does per MB in a configuration (its limit's name in the model)."""
+    if shards is not None:
+        return "the main process (appending finished parts; none with --output-per-input)"
+    if kind in ("gz", "zst"):
+        return "the main process (decompressing, handing chunks out, appending tokens)"
+    return "the main process (cutting chunks, appending tokens)"
+
+
+def predict(run: dict, cores: int, shards: int | None, kind: str = "jsonl") -> tuple[float, str]:
     """MB/s at `cores` cores from one run's CPU per MB: the main process is one core (it reads or
     decompresses, hands chunks out and appends results), the workers share every core with it, and
     whole shards keep only as many workers busy as a longest-first schedule allows."""
     main, work = run["main"] / run["mb"], run["workers"] / run["mb"]  # CPU s per MB
-    limits = {"the main process": 1 / main if main > 0 else float("inf")}
+    limits = {main_work(kind, shards): 1 / main if main > 0 else float("inf")}
     if shards is None:
         limits["CPU (workers and main)"] = cores / (main + work)
     else:
         busy = busy_fraction(shards, cores)
-        name = "CPU (workers and main)" if busy > 0.99 else f"shards ({shards} keep {busy:.0%} of {cores} busy)"
+        name = "CPU (workers and main)" if busy > 0.99 else f"the shard count ({shards} whole shards leave workers idle)"
         limits[name] = busy * cores / (main + work)
     bottleneck = min(limits, key=limits.get)
     return limits[bottleneck], bottleneck
 
 
 def print_model(runs: dict, shards: int, max_workers: int) -> None:
-    print(f"\npipeline model: MB/s predicted from the {max_workers}-worker runs' CPU per MB "
-          "(main process = one core; storage assumed to keep up: the output is ~1/2 the jsonl's size)")
+    print(f"\npipeline model: MB/s predicted from the {max_workers}-worker runs' CPU per MB (CPU time, so "
+          "load changes it little; 'measured' is wall time under this run's load). The main process is one "
+          "core; the workers share all cores with it; storage is assumed to keep up (the output is ~1/2 the "
+          "jsonl's size)")
     print(f"  {'configuration':<22} {'main ms/MB':>10} {'workers ms/MB':>13} {'measured':>9} "
           + " ".join(f"{f'{c} cores':>9}" for c in CORES) + "   limited at 128 cores by")
     for (kind, layout), run in runs.items():
         n = shards if layout == "shards" else None
-        preds = [predict(run, c, n) for c in CORES]
+        preds = [predict(run, c, n, kind) for c in CORES]
         print(f"  {kind + ', ' + ('one file' if n is None else f'{n} shards'):<22} {1000 * run['main'] / run['mb']:10.1f} "
               f"{1000 * run['workers'] / run['mb']:13.1f} {run['mb'] / run['wall']:9.1f} "
               + " ".join(f"{p[0]:9.0f}" for p in preds) + f"   {preds[-1][1]}")
-        moves = [(c, p[1]) for c, p in zip(CORES, preds)]
-        changes = [f"{b} from {c} cores" for i, (c, b) in enumerate(moves) if i == 0 or b != moves[i - 1][1]]
-        if len(changes) > 1:
-            print(f"  {'':<22} bottleneck moves: {'; '.join(changes)}")
+        steps = [(c, predict(run, c, n, kind)[1]) for c in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+        changes = [(c, b) for i, (c, b) in enumerate(steps) if i == 0 or b != steps[i - 1][1]]
+        meet = (run["main"] + run["workers"]) / run["main"] if run["main"] > 0 else float("inf")
+        print(f"  {'':<22} " + "; then ".join(f"{b} from {c} core{'s' if c > 1 else ''}" for c, b in changes)
+              + f" (the CPU and main-process limits meet at {meet:.0f} cores)")
 
 
 # --- main ------------------------------------------------------------------------------------
