@@ -99,7 +99,9 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
               help="What a literal <|endoftext|> inside a document becomes. plain: ordinary text, as "
                    "Megatron's preprocess_data.py; token: the end-of-document id, as transformers' tokenizers.")
 @click.option("--append-eod", is_flag=True, help="End each document with <|endoftext|>.")
-@click.option("--output-prefix", required=True, help="Writes PREFIX_KEY_document.bin/.idx.")
+@click.option("--output-prefix", required=True,
+              help="Writes PREFIX_KEY_document.bin/.idx. With several inputs, each input's finished part waits "
+                   "in PREFIX.shards/ (kept across an interruption) until they are merged into it.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes: whole shards each when the inputs balance over them, else chunks of each input.")
 @click.option("--strict", is_flag=True, help="Stop at the first unusable line instead of counting it.")
