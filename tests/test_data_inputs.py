@@ -123,3 +123,26 @@ def test_a_damaged_xz_block_or_index_is_an_error(multi_block, tmp_path):
     bad.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(DataError, match="not a complete xz file"):
         xz.blocks(str(bad))
+
+
+def test_a_missing_decoder_is_named_once_on_stderr_and_the_bytes_stay_the_same(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from bigscience_ops.cli import main
+
+    data = _text(300)
+    for i in range(3):
+        (tmp_path / "in").mkdir(exist_ok=True)
+        (tmp_path / "in" / f"s{i}.jsonl.gz").write_bytes(gzip.compress(data[i * 1000:(i + 1) * 1000 + 5000]))
+    argv = ["preprocess", "--input", str(tmp_path / "in"), "--tokenizer", "gpt2", "--append-eod"]
+    with_isal = CliRunner().invoke(main, argv + ["--output-prefix", str(tmp_path / "a")])
+    real = inputs._have
+    monkeypatch.setattr(inputs, "_have", lambda m: m != "isal" and real(m))
+    without = CliRunner().invoke(main, argv + ["--output-prefix", str(tmp_path / "b")])
+    assert with_isal.exit_code == 0 and without.exit_code == 0, without.output
+    assert "note:" not in with_isal.stderr
+    assert [line for line in without.stderr.splitlines() if line.startswith("note:")] == [
+        "note: isal is not installed: .gz inputs are read with Python's gzip, about 3x slower "
+        "(pip install 'bigscience-ops[corpus]')"]
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"a_text_document{ext}").read_bytes() == (tmp_path / f"b_text_document{ext}").read_bytes()
