@@ -163,15 +163,17 @@ class ShardSink:
                 "tokenizers, and report the line to fastokens.")
         self.stats.cross_checked += encoded.checked
         for p in encoded.problems:
-            p = dataclasses.replace(p, line=base + p.line)
+            line = base + p.line
             if self.strict:
-                raise BadInputError(p.path, p.line, p.kind, p.detail)
+                raise BadInputError(p.path, line, p.kind, p.detail)
             if self._problems_file is None:
                 self._problems_file = open(self._problems_tmp, "w", encoding="utf-8")
             self.stats.problem_counts[p.kind] = self.stats.problem_counts.get(p.kind, 0) + 1
             if len(self.stats.problems) < KEEP_PROBLEMS:
-                self.stats.problems.append(p)
-            self._problems_file.write(json.dumps(dataclasses.asdict(p)) + "\n")
+                self.stats.problems.append(dataclasses.replace(p, line=line))
+            # A plain dict, not dataclasses.asdict: a corpus can have millions of empty documents.
+            self._problems_file.write(json.dumps({"path": p.path, "line": line, "kind": p.kind,
+                                                  "detail": p.detail}) + "\n")
         for key, writer in self.writers.items():
             tokens = encoded.tokens[key]
             if isinstance(tokens, str):  # a worker's spill file: copied by the kernel
