@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -291,7 +292,14 @@ class Run:
         # workers take about a second to import and build it again. They run only json, numpy and
         # the tokenizer, none of which holds a lock across the fork.
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "forkserver"
-        pool = stack.enter_context(multiprocessing.get_context(method).Pool(workers, _init_worker, init_args))
+        # Objects from before the fork are left out of the workers' garbage collections: a collection
+        # writes to every object it visits, and each write copies a page the worker shares with this
+        # process (gc.freeze's own use case).
+        gc.freeze()
+        try:
+            pool = stack.enter_context(multiprocessing.get_context(method).Pool(workers, _init_worker, init_args))
+        finally:
+            gc.unfreeze()
         stack.callback(pool.terminate)
         return pool
 
