@@ -84,8 +84,13 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=30_000_000)
     ap.add_argument("--samples", type=int, default=100_000_000)
     ap.add_argument("--seq-length", type=int, default=2048)
-    ap.add_argument("--out", default=None, help="folder for the .npy files (default: a temporary one)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for the .npy files, made if missing (default: the system's temporary folder)")
     args = ap.parse_args()
+    if args.out is not None:
+        if args.out.exists() and not args.out.is_dir():
+            ap.error(f"--out {args.out} is a file; give a folder (it is made if missing)")
+        args.out.mkdir(parents=True, exist_ok=True)
     print(f"{len(os.sched_getaffinity(0))} cores, load average {os.getloadavg()[0]:.1f} at start")
     with tempfile.TemporaryDirectory(dir=args.out) as out:
         files = _run("files", args.docs, args.samples, args.seq_length, out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -58,3 +59,25 @@ def write_indexed(prefix: Path, docs: list[list[int]], dtype=np.uint16) -> str:
         for d in docs:
             w.add_document(d)
     return str(prefix)
+
+
+def read_like_megatron(prefix: str) -> tuple[np.dtype, list[np.ndarray], np.ndarray]:
+    """Parse the pair following Megatron-DeepSpeed's MMapIndexedDataset.Index layout step by step."""
+    codes = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+    with open(prefix + ".idx", "rb") as f:
+        assert f.read(9) == b"MMIDIDX\x00\x00"
+        assert struct.unpack("<Q", f.read(8)) == (1,)
+        (code,) = struct.unpack("<B", f.read(1))
+        dtype = np.dtype(codes[code])
+        (n,) = struct.unpack("<Q", f.read(8))
+        (m,) = struct.unpack("<Q", f.read(8))
+        offset = f.tell()
+        buf = f.read()
+    assert offset == 34
+    sizes = np.frombuffer(buf, dtype=np.int32, count=n)
+    pointers = np.frombuffer(buf, dtype=np.int64, count=n, offset=sizes.nbytes)
+    doc_idx = np.frombuffer(buf, dtype=np.int64, count=m, offset=sizes.nbytes + pointers.nbytes)
+    assert len(buf) == sizes.nbytes + pointers.nbytes + doc_idx.nbytes
+    data = Path(prefix + ".bin").read_bytes()
+    items = [np.frombuffer(data, dtype=dtype, count=int(s), offset=int(p)) for s, p in zip(sizes, pointers)]
+    return dtype, items, doc_idx

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -11,31 +10,9 @@ import pytest
 from bigscience_ops.data.errors import DataError, DataFormatError
 from bigscience_ops.data.indexed import (IndexedDataset, IndexedDatasetWriter, best_fitting_dtype,
                                          merge_datasets)
-from tests.fixtures_data import write_indexed
+from tests.fixtures_data import read_like_megatron, write_indexed
 
 DOCS = [[5, 6, 7], [], [42], list(range(1000)), [65499, 0, 1]]
-
-
-def read_like_megatron(prefix: str) -> tuple[np.dtype, list[np.ndarray], np.ndarray]:
-    """Parse the pair following Megatron-DeepSpeed's MMapIndexedDataset.Index layout step by step."""
-    codes = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
-    with open(prefix + ".idx", "rb") as f:
-        assert f.read(9) == b"MMIDIDX\x00\x00"
-        assert struct.unpack("<Q", f.read(8)) == (1,)
-        (code,) = struct.unpack("<B", f.read(1))
-        dtype = np.dtype(codes[code])
-        (n,) = struct.unpack("<Q", f.read(8))
-        (m,) = struct.unpack("<Q", f.read(8))
-        offset = f.tell()
-        buf = f.read()
-    assert offset == 34
-    sizes = np.frombuffer(buf, dtype=np.int32, count=n)
-    pointers = np.frombuffer(buf, dtype=np.int64, count=n, offset=sizes.nbytes)
-    doc_idx = np.frombuffer(buf, dtype=np.int64, count=m, offset=sizes.nbytes + pointers.nbytes)
-    assert len(buf) == sizes.nbytes + pointers.nbytes + doc_idx.nbytes
-    data = Path(prefix + ".bin").read_bytes()
-    items = [np.frombuffer(data, dtype=dtype, count=int(s), offset=int(p)) for s, p in zip(sizes, pointers)]
-    return dtype, items, doc_idx
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32])

@@ -100,18 +100,59 @@ def test_strict_stops_at_first_bad_line(tmp_path, spec, raw, kind):
     assert not list(tmp_path.glob("out_*.idx")) and not list(tmp_path.glob("out_*.bin"))
 
 
-def test_compressed_inputs_and_workers_give_identical_output(tmp_path, spec):
-    lines = [good_line(f"document {i} " + "word " * (i % 50)) for i in range(3000)]
-    plain = tmp_path / "a.jsonl"
-    plain.write_bytes(b"".join(lines))
-    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
-    (tmp_path / "a.jsonl.xz").write_bytes(lzma.compress(plain.read_bytes()))
-    outputs = []
-    for name, workers in [("a.jsonl", 1), ("a.jsonl.gz", 1), ("a.jsonl.xz", 2)]:
-        r = preprocess([tmp_path / name], str(tmp_path / f"o_{workers}_{name}"), spec, append_eod=True,
-                       workers=workers)
-        outputs.append((Path(r.outputs["text"] + ".bin").read_bytes(), Path(r.outputs["text"] + ".idx").read_bytes()))
-    assert outputs[0] == outputs[1] == outputs[2]
+def _compress(kind: str, plain: Path) -> Path:
+    """plain compressed as `kind`; xz-blocks: many independent blocks, as `xz -T N` writes them."""
+    out = plain.with_name(plain.name + {"gz": ".gz", "xz": ".xz", "xz-blocks": ".xz", "zst": ".zst"}[kind])
+    if kind == "gz":
+        out.write_bytes(gzip.compress(plain.read_bytes()))
+    elif kind == "xz":
+        out.write_bytes(lzma.compress(plain.read_bytes()))
+    elif kind == "xz-blocks":
+        subprocess.run(["xz", "-kf", "-T2", "--block-size=24KiB", str(plain)], check=True, timeout=60)
+    else:
+        subprocess.run(["zstd", "-qf", str(plain), "-o", str(out)], check=True, timeout=60)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mixed_corpus(tmp_path_factory, spec):
+    """~250 KB of documents of varied sizes with every kind of bad line, and its output from 1 worker."""
+    d = tmp_path_factory.mktemp("kinds")
+    plain = d / "m.jsonl"
+    write_mixed(plain)
+    with open(plain, "ab") as f:
+        for i in range(1200):
+            f.write(good_line(f"line {i} ünï <|endoftext|> " * (i % 23) + "x" * (i % 5)))
+    ref = preprocess([plain], str(d / "ref"), spec, append_eod=True)
+    return plain, ref
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("kind", ["jsonl", "gz", "xz", "xz-blocks", "zst"])
+def test_every_input_kind_and_worker_count_writes_identical_bytes(tmp_path, spec, monkeypatch, mixed_corpus,
+                                                                  kind, workers):
+    import bigscience_ops.data.pipeline as pp
+
+    plain, ref = mixed_corpus
+    src = tmp_path / plain.name  # compressed copies are written next to it
+    src.write_bytes(plain.read_bytes())
+    if kind != "jsonl":
+        src = _compress(kind, src)
+    monkeypatch.setattr(pp, "CHUNK_BYTES", 20_000)  # a dozen chunks (or xz spans) per worker
+    from bigscience_ops.data import xz
+
+    spans = []
+    real_spans = xz.spans
+    monkeypatch.setattr(xz, "spans", lambda *a: spans.extend(real_spans(*a)) or real_spans(*a))
+    r = preprocess([src], str(tmp_path / "out"), spec, append_eod=True, workers=workers)
+    assert r.mode == ("sequential" if workers == 1 else "chunks")
+    # Workers decode a multi-block .xz block by block; one worker reads it as one stream.
+    assert len(spans) > 5 if (kind, workers) == ("xz-blocks", 2) else spans == []
+    for ext in (".bin", ".idx"):
+        assert Path(r.outputs["text"] + ext).read_bytes() == Path(ref.outputs["text"] + ext).read_bytes()
+    assert (r.docs_in, r.problem_counts) == (ref.docs_in, ref.problem_counts)
+    assert [(p.line, p.kind) for p in r.problems] == [(p.line, p.kind) for p in ref.problems]
+    assert all(p.path == str(src) for p in r.problems)
 
 
 def test_several_inputs_and_keys(tmp_path, spec):
@@ -132,6 +173,7 @@ def test_cli_preprocess_progress_and_merge(tmp_path):
             f.write(good_line(f"more text {i}"))
     runner = CliRunner()
     res = runner.invoke(main, ["preprocess", "--input", str(src), "--tokenizer", "gpt2", "--append-eod",
+                               "--tokenizer-backend", "fastokens",  # auto takes tiktoken for an input this small
                                "--output-prefix", str(tmp_path / "p"), "--log-interval", "100"])
     assert res.exit_code == 0, res.output
     assert re.search(r"^Processed \d+ documents \([\d.]+ docs/s, [\d.]+ MB/s\)\.$", res.stderr, re.M)
@@ -143,10 +185,11 @@ def test_cli_preprocess_progress_and_merge(tmp_path):
                                "--output-prefix", str(tmp_path / "s"), "--strict"])
     assert res.exit_code == 2 and f"{src}:2: malformed-json" in res.stderr
     one = str(tmp_path / "p_text_document")
-    res = runner.invoke(main, ["merge-data", "--input-prefix", one, "--input-prefix", one,
-                               "--output-prefix", str(tmp_path / "m")])
-    assert res.exit_code == 0, res.output
-    assert len(IndexedDataset(tmp_path / "m")) == 2 * 259
+    for command in ("merge-datasets", "merge-data"):  # merge-data: the former name, kept as an alias
+        res = runner.invoke(main, [command, "--input-prefix", one, "--input-prefix", one,
+                                   "--output-prefix", str(tmp_path / command)])
+        assert res.exit_code == 0, res.output
+        assert len(IndexedDataset(tmp_path / command)) == 2 * 259
 
 
 def test_ctrl_c_never_leaves_a_complete_looking_index(tmp_path):
@@ -207,7 +250,7 @@ def test_progress_bar_on_a_terminal_and_megatron_lines_otherwise(tmp_path: Path,
 @pytest.mark.parametrize("name,workers", [("m.jsonl", 1), ("m.jsonl", 2), ("m.jsonl.gz", 2)])
 def test_small_chunks_keep_bytes_and_line_numbers(tmp_path, spec, monkeypatch, name, workers):
     """Chunks cut mid-file (read by the workers for plain files) give the same output and line numbers."""
-    import bigscience_ops.data.preprocess as pp
+    import bigscience_ops.data.pipeline as pp
 
     src = tmp_path / "m.jsonl"
     expected = write_mixed(src)
@@ -273,10 +316,12 @@ def test_a_cross_check_difference_stops_the_run_naming_the_line(tmp_path, monkey
                     + b"".join(good_line(f"document {i}") for i in range(50)))
     with pytest.raises(TokenizerError, match=rf"{src}:51: the fastokens:\S+ tokenizer and the reference "
                                              r"tiktoken:\S+ disagree .*first difference at id 2: \[\d+\] vs \[\d+\]"):
-        preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2"), workers=workers, check_fraction=1.0)
+        preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2", backend="fastokens"), workers=workers,
+                   check_fraction=1.0)
     assert not list(tmp_path.glob("out_*.bin")) and not list(tmp_path.glob("out_*.idx"))
     # Turned off, the same run goes through (and writes the wrong id: the check is what stands guard).
-    r = preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2"), workers=workers, check_fraction=0.0)
+    r = preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2", backend="fastokens"), workers=workers,
+                   check_fraction=0.0)
     assert r.reference is None and r.docs_out == {"text": 101}
 
 
@@ -288,7 +333,7 @@ def test_workers_spill_folder_is_removed_after_a_run_and_after_a_failure(tmp_pat
     monkeypatch.setattr(tempfile, "tempdir", str(spills))
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"".join(good_line(f"document {i} " * 50) for i in range(2000)))
-    monkeypatch.setattr("bigscience_ops.data.preprocess.CHUNK_BYTES", 4096)  # ~200 chunks, each a file
+    monkeypatch.setattr("bigscience_ops.data.pipeline.CHUNK_BYTES", 4096)  # ~200 chunks, each a file
     whole = preprocess([src], str(tmp_path / "one"), spec, append_eod=True)
     two = preprocess([src], str(tmp_path / "two"), spec, append_eod=True, workers=2)
     for ext in (".bin", ".idx"):
@@ -325,7 +370,8 @@ DATA_HOSTILE = {
                                                   (t / "out_text_document.idx").mkdir()), "in.jsonl", "is a folder"),
     "the input named like its own output": (lambda t: (t / "out_text_document.bin").write_bytes(good_line("a")),
                                             "out_text_document.bin", "would be overwritten"),
-    "an input that is a folder": (lambda t: (t / "in.jsonl").mkdir(), "in.jsonl", "is a directory"),
+    "an input folder with no input file": (lambda t: (t / "in.jsonl").mkdir(), "in.jsonl", "holds no input file"),
+    "a glob that matches nothing": (lambda t: None, "shard_*.jsonl.gz", "matches no file"),
     "a missing input": (lambda t: None, "in.jsonl", "does not exist"),
 }
 

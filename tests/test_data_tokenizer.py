@@ -96,14 +96,21 @@ def test_tokenizer_json_with_normalizer_falls_back_to_tokenizers(tmp_path, hf_gp
     assert isinstance(reference_tokenizer(resolve_tokenizer(str(path))), HFTokenizer)
 
 
+def _clear_process_caches() -> None:
+    from bigscience_ops.data.tokenizer import _backend, _probed
+
+    for cached in (build_tokenizer, reference_tokenizer, _probed, _backend):
+        cached.cache_clear()
+
+
 @pytest.fixture
-def fresh_cache():
-    """build_tokenizer caches per spec: a test that breaks a backend must not leave its choice behind."""
-    build_tokenizer.cache_clear()
-    reference_tokenizer.cache_clear()
+def fresh_cache(tmp_path, monkeypatch):
+    """build_tokenizer caches per spec and on disk: a test that breaks a backend probes afresh, in a
+    cache folder of its own, and leaves its choice behind in neither."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _clear_process_caches()
     yield
-    build_tokenizer.cache_clear()
-    reference_tokenizer.cache_clear()
+    _clear_process_caches()
 
 
 def test_a_tokenizer_fastokens_cannot_load_falls_back(tmp_path, hf_gpt2, monkeypatch, fresh_cache):

