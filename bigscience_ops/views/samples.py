@@ -135,7 +135,7 @@ def _decoder(exp: Experiment):
     t = exp.data.tokenizer
     try:
         spec = TokenizerSpec(t.kind, t.vocab_file, t.merges_file, t.json_file, backend="tokenizers")
-        return build_tokenizer(spec, verify=False).decode
+        return build_tokenizer(spec).decode  # the tokenizers backend: no probe
     except TokenizerError as exc:
         raise SamplesError(f"data.tokenizer: {exc}; use --no-text to show token ids only") from None
 
