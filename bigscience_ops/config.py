@@ -30,6 +30,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +131,10 @@ def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
     rollbacks recorded)."""
     path = experiment_path(name, trainings_dir)
     check_name(path.stem, str(path))
-    raw, origins = _read_with_bases(path, trainings_dir)
+    inputs_root, outputs_root = project_folder(path), outputs_folder(path)  # where its relative paths resolve
+    raw, origins = read_with_bases(path, partial(_find_base, trainings_dir=trainings_dir), _one_node_plan)
     raw.pop("base", None)
-    exp = _build(path.stem, raw, origins, str(path), project_folder(path), outputs_folder(path))
+    exp = _build(path.stem, raw, origins, str(path), inputs_root, outputs_root)
     # A rollback's skipped iterations are part of the run from then on (rollbacks.py).
     return with_recorded_skips(exp)
 
@@ -152,18 +154,14 @@ def run_folder_note(experiment_file: Path, exp: Experiment) -> str:
     """`run folder: PATH (why)`: where exp's run is and which part of the rule (README "Where paths resolve")
     put it there; every command that reads or writes a run prints it."""
     out, name, experiment_file = Path(exp.paths.output), Path(experiment_file).name, Path(experiment_file).resolve()
+    project = project_folder(experiment_file)
     if is_bundled(experiment_file):
-        why = (f"{exp.name} is bundled with bsops: its runs go under the current folder" if _under(out, Path.cwd())
-               else f"paths.output of bsops' bundled {name}")
+        why = (f"{exp.name} is bundled with bsops: its runs go under the current folder"
+               if out.resolve().is_relative_to(Path.cwd().resolve()) else f"paths.output of bsops' bundled {name}")
     else:
-        project = project_folder(experiment_file)
-        why = (f"relative paths of {experiment_file} resolve against {project}" if _under(out, project)
-               else f"paths.output of {experiment_file}")
+        why = (f"relative paths of {experiment_file} resolve against {project}"
+               if out.resolve().is_relative_to(project.resolve()) else f"paths.output of {experiment_file}")
     return f"run folder: {out} ({why})"
-
-
-def _under(path: Path, folder: Path) -> bool:
-    return Path(path).resolve().is_relative_to(Path(folder).resolve())
 
 
 def _find_base(base: object, path: Path, trainings_dir: Path | None) -> Path:
@@ -176,15 +174,10 @@ def _find_base(base: object, path: Path, trainings_dir: Path | None) -> Path:
     return _by_name(base, folders, "base", str(path), skip=path)
 
 
-def _read_with_bases(path: Path, trainings_dir: Path | None) -> tuple[dict, dict]:
-    """The merged mapping and, for each field path, the file that set it."""
-    return read_with_bases(path, lambda base, child: _find_base(base, child, trainings_dir), _one_node_plan)
-
-
 def field_origins(name: str, trainings_dir: Path | None = None) -> dict[str, str]:
     """For each field path written in EXP's file or its bases, the file that set it (the last one wins)."""
     path = experiment_path(name, trainings_dir)
-    return _read_with_bases(path, trainings_dir)[1]
+    return read_with_bases(path, partial(_find_base, trainings_dir=trainings_dir), _one_node_plan)[1]
 
 
 def _one_node_plan(data: dict, merged: dict, source: str) -> None:
