@@ -30,6 +30,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from bigscience_ops.rollbacks import with_recorded_skips
 from bigscience_ops.schedules import parse_skip_ranges
 from bigscience_ops.schema import MAX_STEPS, Experiment, NodePhase
 from bigscience_ops.slurm import parse_time_limit
-from bigscience_ops.typedyaml import build, merge, read_yaml
+from bigscience_ops.typedyaml import build, read_with_bases
 
 
 # ----------------------------------------------------------------------------- loading
@@ -130,10 +131,12 @@ def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
     rollbacks recorded)."""
     path = experiment_path(name, trainings_dir)
     check_name(path.stem, str(path))
-    raw, origins = _read_with_bases(path, trainings_dir, chain=())
+    inputs_root, outputs_root = project_folder(path), outputs_folder(path)  # where its relative paths resolve
+    raw, origins = read_with_bases(path, partial(_find_base, trainings_dir=trainings_dir), _one_node_plan)
     raw.pop("base", None)
+    exp = _build(path.stem, raw, origins, str(path), inputs_root, outputs_root)
     # A rollback's skipped iterations are part of the run from then on (rollbacks.py).
-    return with_recorded_skips(_build(path.stem, raw, origins, str(path), project_folder(path), outputs_folder(path)))
+    return with_recorded_skips(exp)
 
 
 def project_folder(experiment_file: Path) -> Path:
@@ -151,45 +154,30 @@ def run_folder_note(experiment_file: Path, exp: Experiment) -> str:
     """`run folder: PATH (why)`: where exp's run is and which part of the rule (README "Where paths resolve")
     put it there; every command that reads or writes a run prints it."""
     out, name, experiment_file = Path(exp.paths.output), Path(experiment_file).name, Path(experiment_file).resolve()
+    project = project_folder(experiment_file)
     if is_bundled(experiment_file):
-        why = (f"{exp.name} is bundled with bsops: its runs go under the current folder" if _under(out, Path.cwd())
-               else f"paths.output of bsops' bundled {name}")
+        why = (f"{exp.name} is bundled with bsops: its runs go under the current folder"
+               if out.resolve().is_relative_to(Path.cwd().resolve()) else f"paths.output of bsops' bundled {name}")
     else:
-        project = project_folder(experiment_file)
-        why = (f"relative paths of {experiment_file} resolve against {project}" if _under(out, project)
-               else f"paths.output of {experiment_file}")
+        why = (f"relative paths of {experiment_file} resolve against {project}"
+               if out.resolve().is_relative_to(project.resolve()) else f"paths.output of {experiment_file}")
     return f"run folder: {out} ({why})"
 
 
-def _under(path: Path, folder: Path) -> bool:
-    return Path(path).resolve().is_relative_to(Path(folder).resolve())
-
-
-def _read_with_bases(path: Path, trainings_dir: Path | None, chain: tuple[Path, ...]) -> tuple[dict, dict]:
-    """The merged mapping and, for each field path, the file that set it."""
-    if path.resolve() in chain:
-        raise ConfigError(str(path), "base", " -> ".join(p.stem for p in chain + (path,)), "base chains must not loop")
-    data = read_yaml(path)
-    base = data.get("base")
-    merged: dict = {}
-    origins: dict = {}
-    if base is not None:
-        if not isinstance(base, str):
-            raise ConfigError(str(path), "base", base, "the name of another experiment (found like EXP on the command "
-                              "line: this file's folder, the local trainings/, then bsops' own)")
-        # The same rule as a name on the command line: the file's own folder, the local folder, then bsops' own.
-        folders = list(dict.fromkeys([path.parent, *trainings_dirs(trainings_dir)]))
-        base_path = _by_name(base, folders, "base", str(path), skip=path)
-        merged, origins = _read_with_bases(base_path, trainings_dir, chain + (path.resolve(),))
-    _one_node_plan(data, merged, str(path))
-    merge(merged, data, origins, str(path), "")
-    return merged, origins
+def _find_base(base: object, path: Path, trainings_dir: Path | None) -> Path:
+    """The file `base: BASE` in `path` means: the same rule as a name on the command line, after the file's own
+    folder (the local folder, then bsops' own)."""
+    if not isinstance(base, str):
+        raise ConfigError(str(path), "base", base, "the name of another experiment (found like EXP on the command "
+                          "line: this file's folder, the local trainings/, then bsops' own)")
+    folders = list(dict.fromkeys([path.parent, *trainings_dirs(trainings_dir)]))
+    return _by_name(base, folders, "base", str(path), skip=path)
 
 
 def field_origins(name: str, trainings_dir: Path | None = None) -> dict[str, str]:
     """For each field path written in EXP's file or its bases, the file that set it (the last one wins)."""
     path = experiment_path(name, trainings_dir)
-    return _read_with_bases(path, trainings_dir, chain=())[1]
+    return read_with_bases(path, partial(_find_base, trainings_dir=trainings_dir), _one_node_plan)[1]
 
 
 def _one_node_plan(data: dict, merged: dict, source: str) -> None:

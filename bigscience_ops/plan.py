@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from bigscience_ops.node_schedule import Phase
-from bigscience_ops.run_schedule import RunSchedule, run_schedule
+from bigscience_ops.run_schedule import RunSchedule, SkipSpan, run_schedule
 from bigscience_ops.schedules import Increment
 from bigscience_ops.schema import Experiment
 from bigscience_ops.sizing import GIB, Memory, ParamCount, RunSize, Storage, size_run
@@ -49,34 +49,6 @@ def plan_phases(run: RunSchedule, gpus: list[int], model_parallel: int, size: Ru
     return [PhasePlan(span.phase, world, world / model_parallel, span.phase.first_step, span.last_step,
                       span.samples, span.tokens, days, rounded, span.batch_sizes)
             for span, world, days, rounded in zip(run.spans, gpus, size.days, size.days_seed_rounded)]
-
-
-# ----------------------------------------------------------------------------- skipped iterations
-
-@dataclass(frozen=True)
-class SkipPlan:
-    """A range of train.skip_iterations (a rollback's skip included): the trainer consumes its data and makes
-    no update, as Megatron's --skip-train-iteration-range does."""
-
-    first: int
-    last: int  # inclusive, as written
-    samples: int  # consumed without training (the iterations up to the last one of the run)
-    tokens: int
-
-    @property
-    def iterations(self) -> int:
-        return self.last - self.first + 1
-
-
-def plan_skips(run: RunSchedule) -> list[SkipPlan]:
-    """Each skip range with the samples and tokens its iterations consume without training."""
-    out = []
-    for first, last in run.skip_ranges:
-        end = min(last, run.train_iters)
-        start = min(first - 1, end)
-        out.append(SkipPlan(first, last, run.batch.consumed_after(end) - run.batch.consumed_after(start),
-                            run.tokens_through(end, run.seq_length) - run.tokens_through(start, run.seq_length)))
-    return out
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -122,7 +94,7 @@ class Plan:
     dataset_sizes: tuple[int, int, int]
     exit_duration_in_mins: int
     exit_margin_mins: int
-    skips: list[SkipPlan] = field(default_factory=list)  # train.skip_iterations, a rollback's skips included
+    skips: list[SkipSpan] = field(default_factory=list)  # train.skip_iterations, a rollback's skips included
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -316,7 +288,7 @@ def make_plan(exp: Experiment, run: RunSchedule | None = None) -> Plan:
         dataset_sizes=(exp.train.samples or iters * gbs, valid, ev.eval_iters * gbs),
         exit_duration_in_mins=exp.checkpoint.exit_duration_in_mins,
         exit_margin_mins=exp.checkpoint.exit_margin_mins,
-        skips=plan_skips(run),
+        skips=list(run.skip_spans),
         problems=schedule_problems + _check(exp, run, size, phases) + memory_problems,
         notes=notes,
     )

@@ -1,8 +1,8 @@
 """What a run IS, computed once from the experiment: the frozen `RunSchedule`.
 
 The batch-size rampup, the iterations and samples, the LR schedule in samples, the curriculum,
-the skip ranges, the save steps and the node phases all follow from the experiment alone. They
-are computed here, once, and the result is handed to everything above: the plan shows it,
+the skip ranges (and what each consumes), the save steps and the node phases all follow from the
+experiment alone. They are computed here, once, and the result is handed to everything above: the plan shows it,
 render/submit/launch pick the phase from it, the trainer runs it, the lifecycle, backup and
 retention read its final step. Nothing re-derives them, so the plan equals the run by construction.
 
@@ -31,6 +31,21 @@ class PhaseSpan:
     samples: int
     tokens: int  # each step's samples at its curriculum length, or at model.seq_length without a curriculum
     batch_sizes: tuple[int, ...]  # every global batch size of the phase's steps
+
+
+@dataclass(frozen=True)
+class SkipSpan:
+    """A range of train.skip_iterations (a rollback's skip included): the trainer consumes its data and makes
+    no update, as Megatron's --skip-train-iteration-range does."""
+
+    first: int
+    last: int  # inclusive, as written
+    samples: int  # consumed without training (the iterations up to the last one of the run)
+    tokens: int
+
+    @property
+    def iterations(self) -> int:
+        return self.last - self.first + 1
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,17 @@ class RunSchedule:
             if self.tokens is not None:
                 tokens = max(0, self.tokens.through(last) - self.tokens.through(phase.first_step - 1))
             out.append(PhaseSpan(phase, last, samples, tokens, self.batch.sizes_of_steps(phase.first_step, last)))
+        return tuple(out)
+
+    @cached_property
+    def skip_spans(self) -> tuple[SkipSpan, ...]:
+        """Each skip range with the samples and tokens its iterations consume without training."""
+        out = []
+        for first, last in self.skip_ranges:
+            end = min(last, self.train_iters)
+            start = min(first - 1, end)
+            out.append(SkipSpan(first, last, self.batch.consumed_after(end) - self.batch.consumed_after(start),
+                                self.tokens_through(end, self.seq_length) - self.tokens_through(start, self.seq_length)))
         return tuple(out)
 
     @property

@@ -1,8 +1,9 @@
 """Typed YAML: mappings -> frozen dataclasses, with number coercion and errors that name the field.
 
-Generic: knows nothing of experiments. Values are coerced to the declared types (`10e6` for an
-int, `6e-5` for a float), unknown keys are rejected with the valid ones, and each error names the
-file that set the value, its field path, the value and what is allowed.
+Generic: knows nothing of experiments. A file may name a `base:` that it is merged over
+(`read_with_bases`; the caller says which file a base name means). Values are coerced to the
+declared types (`10e6` for an int, `6e-5` for a float), unknown keys are rejected with the valid
+ones, and each error names the file that set the value, its field path, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -210,6 +212,25 @@ def _expanded_chars(node, memo: dict[int, int]) -> int:
         size = sum(_expanded_chars(k, memo) + _expanded_chars(v, memo) for k, v in node.value)
     memo[id(node)] = size
     return size
+
+
+def read_with_bases(path: Path, find_base: Callable[[object, Path], Path],
+                    before_merge: Callable[[dict, dict, str], None], chain: tuple[Path, ...] = ()) -> tuple[dict, dict]:
+    """`path`'s mapping merged over the files its `base:` chain names, and for each field path the file that set
+    it (the last one wins). `find_base(base, path)` is the file that `path`'s `base:` value means; each file's
+    own mapping goes through `before_merge(data, inherited, source)` (a check, or an inherited value it
+    replaces dropped) just before it is merged over what it inherits. A chain that loops is refused."""
+    if path.resolve() in chain:
+        raise ConfigError(str(path), "base", " -> ".join(p.stem for p in chain + (path,)), "base chains must not loop")
+    data = read_yaml(path)
+    merged: dict = {}
+    origins: dict = {}
+    if data.get("base") is not None:
+        merged, origins = read_with_bases(find_base(data["base"], path), find_base, before_merge,
+                                          chain + (path.resolve(),))
+    before_merge(data, merged, str(path))
+    merge(merged, data, origins, str(path), "")
+    return merged, origins
 
 
 def merge(into: dict, data: dict, origins: dict, source: str, prefix: str) -> None:

@@ -170,7 +170,8 @@ def echo_run_folder(name: str, trainings_dir: Path | None, experiment, out: Path
     if out is not None:
         click.echo(f"run folder: {Path(out).resolve()} (given by --out)", err=err)
         return
-    click.echo(run_folder_note(experiment_path(name, trainings_dir), experiment), err=err)
+    experiment_file = experiment_path(name, trainings_dir)
+    click.echo(run_folder_note(experiment_file, experiment), err=err)
 
 
 def default_cron_dir() -> Path:
