@@ -10,7 +10,6 @@ https server that records what each request offered).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from aiosmtpd.controller import Controller
 
-from bigscience_ops.ops import notify, status
-from bigscience_ops.ops.notify import NotifyError, SmtpSettings
+from bigscience_ops.ops import mail, notify, status
+from bigscience_ops.ops.mail import NotifyError, SmtpSettings
 from tests.fixtures_smtp import PASSWORD, T0, Inbox, free_port, plain_settings, server_tls, serving
 
 
@@ -24,8 +24,8 @@ def missing_report(now: datetime) -> status.StatusReport:
 def test_alert_email_arrives_with_proper_headers(plain_server) -> None:
     inbox, port = plain_server
     settings = plain_settings(port)
-    message = notify.build_message(settings, "subject", "body", now=T0)
-    message_id = notify.send(settings, message)
+    message = mail.build_message(settings, "subject", "body", now=T0)
+    message_id = mail.send(settings, message)
     got = inbox.messages[0]
     assert got["Message-ID"] == message_id and message_id.startswith("<") and message_id.endswith("@example.org>")
     assert parsedate_to_datetime(got["Date"]) == T0.astimezone()
@@ -95,8 +95,8 @@ def test_every_subject_leads_with_what_to_do_in_under_120_characters() -> None:
     alerts = [a for r in reports for a in r.alerts]
     assert [a.condition for a in alerts] == ["not-scheduled", "overlap", "never-starts"]
     for alert in alerts:
-        subject = notify.header_text(notify.alert_text.alert_email(name, reports[0], [alert], 60, None)[0],
-                                     notify.SUBJECT_MAX)
+        subject = mail.header_text(notify.alert_text.alert_email(name, reports[0], [alert], 60, None)[0],
+                                     mail.SUBJECT_MAX)
         words = subject.split(": ", 1)[1]
         assert words.split()[0] in ("launch", "cancel", "release", "read", "check"), subject
         assert not words.endswith("..."), subject  # nothing of what to do was cut
@@ -129,7 +129,7 @@ def test_starttls_login_with_password_from_the_environment(starttls_server, cert
     inbox, port = starttls_server
     settings = plain_settings(port, security="starttls", user="bot", password_env="BSOPS_TEST_SMTP_PASSWORD",
                               ca_file=cert[0])
-    notify.send(settings, notify.build_message(settings, "s", "b"), env={"BSOPS_TEST_SMTP_PASSWORD": PASSWORD})
+    mail.send(settings, mail.build_message(settings, "s", "b"), env={"BSOPS_TEST_SMTP_PASSWORD": PASSWORD})
     assert inbox.logins == ["bot"] and len(inbox.messages) == 1
 
 
@@ -137,7 +137,7 @@ def test_wrong_password_is_an_error_that_does_not_show_it(starttls_server, cert)
     inbox, port = starttls_server
     settings = plain_settings(port, security="starttls", user="bot", password_env="PW", ca_file=cert[0])
     with pytest.raises(NotifyError, match=f"127.0.0.1:{port}") as info:
-        notify.send(settings, notify.build_message(settings, "s", "b"), env={"PW": "wrong-" + PASSWORD})
+        mail.send(settings, mail.build_message(settings, "s", "b"), env={"PW": "wrong-" + PASSWORD})
     assert PASSWORD not in str(info.value) and inbox.messages == []
 
 
@@ -145,7 +145,7 @@ def test_missing_password_variable_is_named(starttls_server, cert) -> None:
     _, port = starttls_server
     settings = plain_settings(port, security="starttls", user="bot", password_env="BSOPS_NO_SUCH_VAR")
     with pytest.raises(NotifyError, match="BSOPS_NO_SUCH_VAR"):
-        notify.send(settings, notify.build_message(settings, "s", "b"), env={})
+        mail.send(settings, mail.build_message(settings, "s", "b"), env={})
 
 
 def test_implicit_tls(cert) -> None:
@@ -154,7 +154,7 @@ def test_implicit_tls(cert) -> None:
     controller.start()
     try:
         settings = plain_settings(controller.port, security="ssl", ca_file=cert[0])
-        notify.send(settings, notify.build_message(settings, "s", "b"))
+        mail.send(settings, mail.build_message(settings, "s", "b"))
     finally:
         controller.stop()
     assert len(inbox.messages) == 1
@@ -164,7 +164,7 @@ def test_untrusted_certificate_is_refused(starttls_server) -> None:
     _, port = starttls_server
     settings = plain_settings(port, security="starttls")
     with pytest.raises(NotifyError, match="CERTIFICATE_VERIFY_FAILED|certificate"):
-        notify.send(settings, notify.build_message(settings, "s", "b"))
+        mail.send(settings, mail.build_message(settings, "s", "b"))
 
 
 def test_failed_send_is_retried_on_the_next_run(tmp_path: Path) -> None:
@@ -334,13 +334,13 @@ def test_a_job_name_with_any_line_break_still_sends_a_one_line_subject(plain_ser
     assert [n.kind for n in sent] == ["alert"] and len(inbox.messages) == 1
     msg = inbox.messages[0]
     subject = msg["Subject"]
-    assert len(subject) <= notify.SUBJECT_MAX and subject.startswith("[ALERT] tr1 Bcc: victim@example.org x")
+    assert len(subject) <= mail.SUBJECT_MAX and subject.startswith("[ALERT] tr1 Bcc: victim@example.org x")
     assert all(c.isprintable() for c in subject) and sent[0].subject == subject
     assert msg["Bcc"] is None and inbox.envelopes[0][1] == ["oncall@example.org", "lead@example.org"]
     assert "not RUNNING or SCHEDULED" in msg.get_content()  # the details are in the body
 
-    notify.send_alert(_alerts(port), f"[bsops] cron.hourly: {name} failed", f"argv: squeue {name}")
-    assert len(inbox.messages) == 2 and len(inbox.messages[1]["Subject"]) <= notify.SUBJECT_MAX
+    mail.send_alert(_alerts(port), f"[bsops] cron.hourly: {name} failed", f"argv: squeue {name}")
+    assert len(inbox.messages) == 2 and len(inbox.messages[1]["Subject"]) <= mail.SUBJECT_MAX
 
 
 def _alerts(port: int):

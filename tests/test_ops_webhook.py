@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.ops import notify, status, watchdog
+from bigscience_ops.ops import mail, notify, status, watchdog
 from bigscience_ops.schema import AlertsConfig
 from tests.fixtures_smtp import plain_settings
 from tests.fixtures_status import seed_job
@@ -18,7 +18,7 @@ NOW = datetime(2026, 11, 22, 12, 0, 0)
 VAR = "BSOPS_TEST_WEBHOOK"
 
 
-def _settings(port: int, cert: tuple[str, str], **changes) -> notify.SmtpSettings:
+def _settings(port: int, cert: tuple[str, str], **changes) -> mail.SmtpSettings:
     return plain_settings(port, webhook_env=VAR, ca_file=cert[0], **changes)
 
 
@@ -51,9 +51,9 @@ def test_alert_cooldown_and_recovery_reach_the_webhook_as_they_reach_email(plain
 
 def test_a_webhook_alone_tells_the_hourly_jobs_failures(webhook_server, cert, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(VAR, webhook_server.url)
-    settings = notify.smtp_from_alerts(AlertsConfig(webhook_url_env=VAR))
+    settings = mail.smtp_from_alerts(AlertsConfig(webhook_url_env=VAR))
     assert settings is not None and settings.recipients == ()
-    settings = notify.SmtpSettings(**{**settings.__dict__, "ca_file": cert[0]})
+    settings = mail.SmtpSettings(**{**settings.__dict__, "ca_file": cert[0]})
     outcome = notify.notify_job(settings, tmp_path / "state.json", "backup", "disk full", experiment="tiny",
                                 command="bsops backup tiny", now=NOW)
     assert outcome.kind == "alert" and f"${VAR}" in outcome.line and "SECRETPART" not in outcome.line
@@ -73,10 +73,10 @@ def test_unusable_webhook_settings_are_one_clear_error_without_the_url(url, expe
         monkeypatch.delenv(VAR, raising=False)
     else:
         monkeypatch.setenv(VAR, url)
-    settings = notify.SmtpSettings(host="127.0.0.1", sender="b@example.org", recipients=(), webhook_env=VAR,
+    settings = mail.SmtpSettings(host="127.0.0.1", sender="b@example.org", recipients=(), webhook_env=VAR,
                                    ca_file=cert[0])
-    with pytest.raises(notify.NotifyError, match=expected) as err:
-        notify.send(settings, notify.build_message(settings, "[ALERT] tiny: x", "body"))
+    with pytest.raises(mail.NotifyError, match=expected) as err:
+        mail.send(settings, mail.build_message(settings, "[ALERT] tiny: x", "body"))
     assert "SECRETPART" not in str(err.value) and VAR in str(err.value)
 
 
@@ -84,10 +84,10 @@ def test_a_failing_webhook_keeps_the_alert_due_for_the_next_run(webhook_server, 
                                                                  monkeypatch) -> None:
     monkeypatch.setenv(VAR, webhook_server.url)
     webhook_server.status = 500
-    settings = notify.SmtpSettings(host="127.0.0.1", sender="b@example.org", recipients=(), webhook_env=VAR,
+    settings = mail.SmtpSettings(host="127.0.0.1", sender="b@example.org", recipients=(), webhook_env=VAR,
                                    ca_file=cert[0])
     state = tmp_path / "state.json"
-    with pytest.raises(notify.NotifyError, match="answered HTTP 500") as err:
+    with pytest.raises(mail.NotifyError, match="answered HTTP 500") as err:
         notify.notify_job(settings, state, "hub-sync", "remote refused", experiment="tiny", command="c", now=NOW)
     assert "SECRETPART" not in str(err.value) and f"${VAR}" in str(err.value)
     entry = json.loads(state.read_text())["jobs"]["hub-sync"]
@@ -144,11 +144,11 @@ def test_a_failing_email_does_not_hold_back_the_webhook(webhook_server, cert, tm
     monkeypatch.setenv(VAR, webhook_server.url)
     settings = _settings(free_port(), cert)  # nothing listens there
     state = tmp_path / "state.json"
-    with pytest.raises(notify.NotifyError, match="127.0.0.1") as err:
+    with pytest.raises(mail.NotifyError, match="127.0.0.1") as err:
         notify.notify_job(settings, state, "backup", "disk full", experiment="tiny", command="c", now=NOW)
     assert "webhook" in str(err.value) and "SECRETPART" not in str(err.value)  # says what did go out
     assert len(webhook_server.posts) == 1
-    with pytest.raises(notify.NotifyError):
+    with pytest.raises(mail.NotifyError):
         notify.notify_job(settings, state, "backup", "disk full", experiment="tiny", command="c",
                           now=NOW + timedelta(minutes=5))
     assert len(webhook_server.posts) == 1  # the webhook's cooldown holds; only the email is tried again

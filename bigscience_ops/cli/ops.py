@@ -37,10 +37,10 @@ def _run_alerting(exp, alert: bool, job: str, command: str, work: Callable[[], N
 
 def _notify(exp, job: str, command: str, error: str | None) -> bool:
     """Email the failure or the recovery as notify_job decides; False when an email could not be sent."""
-    from bigscience_ops.ops import notify
+    from bigscience_ops.ops import mail, notify
 
     try:
-        settings = notify.smtp_from_alerts(exp.alerts)
+        settings = mail.smtp_from_alerts(exp.alerts)
         if settings is None:
             if error is not None:
                 click.echo("no alert email: alerts.email_to is empty", err=True)
@@ -48,7 +48,7 @@ def _notify(exp, job: str, command: str, error: str | None) -> bool:
         log = Path(exp.paths.logs) / "main_log.txt" if exp.paths.logs else None
         outcome = notify.notify_job(settings, notify.default_state_path(log), job, error, experiment=exp.name,
                                     command=command, cooldown_minutes=exp.alerts.cooldown_minutes)
-    except notify.NotifyError as exc:
+    except mail.NotifyError as exc:
         kind = "alert" if error is not None else "recovery"
         click.echo(f"***ALERT: the {job} {kind} email could not be sent (the next run tries again): {exc}***", err=True)
         return False

@@ -65,7 +65,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
     import socket
 
     from bigscience_ops import slurm
-    from bigscience_ops.ops import notify, watchdog
+    from bigscience_ops.ops import mail, watchdog
 
     failures: list[slurm.SlurmError] = []
 
@@ -90,15 +90,15 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
         stall_minutes = stall_minutes or experiment.alerts.stall_minutes
         group = group or experiment.slurm.group
         if not email_to and not no_email:
-            smtp = notify.smtp_from_alerts(experiment.alerts)
+            smtp = mail.smtp_from_alerts(experiment.alerts)
         cooldown_minutes = experiment.alerts.cooldown_minutes if cooldown_minutes is None else cooldown_minutes
         health = experiment.alerts.health
     if job_name is None:
         raise click.UsageError("give an experiment (EXP) or --job-name")
     cooldown_minutes = 60.0 if cooldown_minutes is None else cooldown_minutes
     if email_to and not no_email:
-        smtp = notify.SmtpSettings(
-            host=smtp_host, port=smtp_port or notify.DEFAULT_PORTS[smtp_security], security=smtp_security,
+        smtp = mail.SmtpSettings(
+            host=smtp_host, port=smtp_port or mail.DEFAULT_PORTS[smtp_security], security=smtp_security,
             sender=email_from or f"bsops@{socket.getfqdn()}", recipients=email_to, user=smtp_user,
             password_env=smtp_password_env)
     result = watchdog.watch(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,

@@ -1,7 +1,7 @@
 """The status watchdog's run: check the queue and the run folder, watch the cron chains, email, log.
 
 status.py decides over parsed jobs, lifecycle.py says where the run stands, cron.py knows the chains,
-notify.py sends the emails and keeps the alert state; `watch` puts one hourly run together and
+mail.py sends the emails, notify.py keeps the alert state; `watch` puts one hourly run together and
 appends every line to watchdog.log beside the run's main_log.txt.
 """
 
@@ -18,7 +18,8 @@ from bigscience_ops import runlog, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import cron, health, status
 from bigscience_ops.ops.lifecycle import RunState
-from bigscience_ops.ops.notify import Notice, NotifyError, SmtpSettings, default_state_path, destinations, notify
+from bigscience_ops.ops.mail import NotifyError, SmtpSettings, destinations
+from bigscience_ops.ops.notify import Notice, default_state_path, notify
 from bigscience_ops.ops.status import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport
 from bigscience_ops.schema import HealthConfig
 
