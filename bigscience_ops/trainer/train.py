@@ -8,7 +8,7 @@ decided in one place, before the first iteration and after every one (stopping.p
 exit interval, a node phase boundary, the kill switch, SIGUSR1/SIGTERM, the exit duration measured
 from the Slurm job start BSOPS_JOB_START_EPOCH); every stop saves (checkpointer.py), then exits.
 A step whose gradients are not finite (a NaN or inf loss, an overflow) is skipped, not applied, on
-every precision path (DeepSpeed's ZeRO, bf16 and fp16 optimizers do it; `_guard_fp32_steps` for plain
+every precision path (DeepSpeed's ZeRO, bf16 and fp16 optimizers do it; pipeline_engine.py guards plain
 fp32): it is logged as Megatron's skipped (and NaN) iteration. Log lines and TensorBoard scalars: metrics.py.
 With TP > 1 the pipeline runs on DeepSpeed's (pipe, data, model) topology and every layer holds
 this rank's Megatron shards (tensor_parallel.py).
@@ -28,16 +28,12 @@ peers' collectives then fail (gloo: connection closed) or time out (NCCL), and s
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
-import math
 import os
 import sys
 import time
 import traceback
-import warnings
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -54,21 +50,17 @@ from bigscience_ops.schedules import LRSchedule, in_skip_range
 from bigscience_ops.schema import Experiment
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
-from bigscience_ops.trainer import tensor_parallel
+from bigscience_ops.trainer import pipeline_engine
 from bigscience_ops.trainer.checkpointer import Checkpointer
 from bigscience_ops.trainer.data import MicroBatchFeed
-from bigscience_ops.trainer.faults import Faults, corrupted, raise_if_injected, recorded, slow_down, with_faults
-from bigscience_ops.trainer.model import layer_specs, loss_function, weight_decay_groups
+from bigscience_ops.trainer.errors import TrainerError
+from bigscience_ops.trainer.faults import Faults, corrupted, raise_if_injected, recorded, slow_down
 from bigscience_ops.trainer.metrics import Metrics, StepRecord
 from bigscience_ops.trainer.report import Board, peak_tflops
 from bigscience_ops.trainer.sampling import TaskLayout, build_datasets, dataset_sizes, seqlen_at
 from bigscience_ops.trainer.stopping import FINISHED, Stopper, any_rank, kill_switch_path
 
 _IMPORT_TIME = time.time()
-
-
-class TrainerError(BsopsError):
-    """The experiment cannot be trained as configured: names the value and what is allowed."""
 
 
 @dataclass
@@ -100,32 +92,6 @@ def _print(*lines: str) -> None:
             print(line, flush=True)
 
 
-def init_distributed(device: str, timeout_minutes: int = 30) -> torch.device:
-    """The process group, and the device this process trains on.
-
-    CPU: gloo; the CPU accelerator's shm op is not JIT-built (a minute of compilation on a fresh
-    machine). GPU: the local GPU is selected first (before any group, collective or allocation), the
-    group serves CPU and CUDA tensors (`cpu:gloo,cuda:nccl`), and NCCL's async error handling turns
-    a collective stuck past `timeout_minutes` into an aborted process instead of a hang.
-    """
-    import deepspeed
-
-    # DeepSpeed broadcasts tied weights inside autograd; torch warns about it on every backward.
-    warnings.filterwarnings("ignore", message="c10d::broadcast_: an autograd kernel was not registered")
-    timeout = timedelta(minutes=timeout_minutes)
-    if device == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        comm_torch = importlib.import_module("deepspeed.comm.torch")
-        comm_torch.build_shm_op = lambda: None
-        deepspeed.init_distributed(dist_backend="gloo", timeout=timeout)
-        return torch.device("cpu")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank)
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # the name since torch 2.2 (was NCCL_...)
-    deepspeed.init_distributed(dist_backend="cpu:gloo,cuda:nccl", timeout=timeout)
-    return torch.device("cuda", local_rank)
-
-
 def _job_start_epoch() -> float:
     value = os.environ.get("BSOPS_JOB_START_EPOCH")
     if value:
@@ -138,39 +104,6 @@ def _job_start_epoch() -> float:
 
 def _lr_schedule_dict(s: LRSchedule) -> dict:
     return dataclasses.asdict(s)
-
-
-def _set_lr(engine, lr: float) -> None:
-    for group in engine.optimizer.param_groups:
-        group["lr"] = lr
-
-
-def _guard_fp32_steps(engine) -> None:
-    """DeepSpeed's plain fp32 path (no ZeRO, no bf16/fp16) clips without keeping the norm and steps whatever the
-    gradients hold: keep the norm, and skip the update when it is not finite (a NaN or inf loss or gradient), as
-    its ZeRO, bf16 and fp16 paths do; the engine then reports the step as not applied (its `overflow` check).
-    The norm is reduced over every rank, so all ranks skip together. Without gradient clipping nothing changes."""
-    from deepspeed.runtime.utils import clip_grad_norm_
-
-    if engine.fp16_enabled() or engine.bfloat16_enabled() or engine.zero_optimization():
-        return
-    optimizer = engine.optimizer
-    optimizer_step = optimizer.step
-    optimizer.overflow = False
-
-    def clip() -> None:
-        norm = clip_grad_norm_(parameters=engine.module.parameters(), max_norm=engine.gradient_clipping(),
-                               mpu=engine.mpu)
-        engine._global_grad_norm = norm
-        optimizer.overflow = not math.isfinite(float(norm))
-
-    def step(*args, **kwargs):
-        if optimizer.overflow:
-            return None
-        return optimizer_step(*args, **kwargs)
-
-    engine.clip_fp32_gradients = clip
-    optimizer.step = step
 
 
 class Trainer:
@@ -228,50 +161,14 @@ class Trainer:
                                    "valid node counts")
 
     def _build_engine(self) -> None:
-        import deepspeed
-        from deepspeed.pipe import PipelineModule
-
-        exp = self.exp
-        torch.manual_seed(exp.train.seed)
-        if exp.parallel.tensor == 1:  # DeepSpeed's 2-D (pipe, data) grid: TP=1 checkpoints keep their file names
-            layout: dict = {"num_stages": exp.parallel.pipeline}
-            self.tp = tensor_parallel.SINGLE
-        else:
-            topology = tensor_parallel.topology(exp.parallel.pipeline, exp.parallel.tensor, self.dp)
-            layout = {"topology": topology}
-            self.tp = tensor_parallel.from_topology(topology)
-        tensor_parallel.seed_model_parallel_rng(exp.train.seed, self.tp)  # attention dropout: per TP rank
-        self.loss_fn = with_faults(loss_function(self.tp, exp.model.kernels), self.faults)
-        module = PipelineModule(
-            layers=layer_specs(self.shape, exp.train.seed, self.tp, exp.model.kernels),
-            loss_fn=self.loss_fn,
-            **layout,
-            partition_method=exp.parallel.partition_method,
-            activation_checkpoint_interval=1 if exp.parallel.activation_checkpointing else 0,
-            checkpointable_layers=["TransformerBlock"],
-        )
-        planned = sizing.count_parameters(exp.model, exp.parallel.tensor, exp.parallel.pipeline,
-                                        exp.parallel.partition_method).parts
-        if list(module.parts) != list(planned):
-            raise TrainerError(f"parallel.partition_method {exp.parallel.partition_method!r}: DeepSpeed split the "
-                               f"layers at {list(module.parts)}, the plan at {list(planned)}; the plan's memory and "
-                               "parameter counts would be wrong")
-        o = exp.optimizer
-        fused = self.device.type == "cuda"
-        if fused:  # torch's fused AdamW kernel: one launch per step instead of several per parameter
-            module.to(self.device)
-        optimizer = torch.optim.AdamW(weight_decay_groups(module, o.weight_decay), lr=0.0,
-                                      betas=(o.beta1, o.beta2), eps=o.eps, fused=fused or None)
-        config = dict(self.ds_config)
-        config["train_batch_size"] = self.schedule.batch_size_at(0)
-        self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
-        _guard_fp32_steps(self.engine)
+        built = pipeline_engine.build(self.exp, self.ds_config, self.shape, self.dp, self.device, self.faults,
+                             self.schedule.batch_size_at(0))
+        self.engine, self.tp, self.loss_fn = built.engine, built.tp, built.loss_fn
         self.dp_rank = self.engine.grid.get_data_parallel_id()
         self.stage = self.engine.stage_id
         if self.dp_rank == 0:  # Megatron's line, from every (tensor, pipeline) rank of the first replica
-            count = sum(p.numel() for p in module.parameters())
             line = (f" > number of parameters on (tensor, pipeline) model parallel rank ({self.tp.rank}, {self.stage}): "
-                    f"{count}")
+                    f"{built.parameters}")
             sys.stdout.write(line + "\n")  # one write: lines of concurrent ranks do not interleave
             sys.stdout.flush()
 
@@ -421,7 +318,7 @@ class Trainer:
         seqlen = self.seqlen_at(s.iteration + 1)  # Megatron: update_difficulty(iteration + 1)
         e.set_train_batch_size(gbs)
         self._activation_shape(seqlen)
-        _set_lr(e, self._scheduled_lr())
+        pipeline_engine.set_lr(e, self._scheduled_lr())
         if self._feed_stale:  # after skipped iterations: read on from the consumed position
             self.train_feed = self._feed(self.train_ds, s.consumed_train_samples)
             self._feed_stale = False
@@ -443,7 +340,7 @@ class Trainer:
         else:
             s.skipped_iterations += 1
         # Megatron's scheduler steps right after the optimizer: the LR logged is the next step's.
-        _set_lr(e, self._scheduled_lr())
+        pipeline_engine.set_lr(e, self._scheduled_lr())
         return loss, applied, gbs, seqlen
 
     def _with_faults(self, data, iteration: int):
@@ -593,7 +490,7 @@ def _report_failure(exc: BaseException) -> None:
 def run(exp: Experiment, ds_config: dict, synthetic_data: bool = False) -> int:
     """Train on this rank. Success ends with a barrier so no rank tears the group down early; an error
     propagates at once (no barrier in a `finally`: the peers of a failed rank could never reach it)."""
-    device = init_distributed(exp.slurm.device if torch.cuda.is_available() else "cpu",
+    device = pipeline_engine.init_distributed(exp.slurm.device if torch.cuda.is_available() else "cpu",
                               exp.parallel.collective_timeout_minutes)
     code = Trainer(exp, ds_config, synthetic_data, device).run()
     dist.barrier()
