@@ -71,7 +71,7 @@ def read(ledger: Path) -> list[TaskRecord]:
     if not ledger.exists():
         return []
     records = []
-    for number, line in enumerate(ledger.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(ledger.read_text(encoding="utf-8").split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -27,3 +27,15 @@ def test_waits_between_failing_pushes_are_capped_and_the_most_attempts_fit_in_th
     assert failed.value.argv[:2] == ["git", "push"]
     assert waits == [10, 20, 40, 80, 160, 300, 300, 300, 300]
     assert sum(waits) < 3600
+
+
+def test_lfs_patterns_are_read_as_git_reads_gitattributes(tmp_path: Path) -> None:
+    """A remote's .gitattributes may hold U+2028 or U+0085 inside a pattern: git ends lines at '\\n' only."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    name = "logs\u2028part\x85.bin"
+    (tmp_path / ".gitattributes").write_text(f"{name} filter=lfs diff=lfs merge=lfs -text\n*.txt text\n",
+                                             encoding="utf-8")
+    said = subprocess.run(["git", "-c", "core.quotePath=false", "check-attr", "filter", "--", name], cwd=tmp_path,
+                          capture_output=True, text=True, check=True).stdout
+    assert said.endswith(": filter: lfs\n")  # git's own reading: the whole name is one pattern
+    assert gitlfs.lfs_patterns(gitlfs.Git(tmp_path)) == {name}

@@ -331,7 +331,7 @@ def _journal(staging: Path) -> dict[str, dict]:
     path = staging / JOURNAL
     done: dict[str, dict] = {}
     if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in path.read_text(encoding="utf-8").split("\n"):
             try:
                 entry = json.loads(line)
                 done[entry["path"]] = {"size": entry["size"], "sha256": entry["sha256"]}

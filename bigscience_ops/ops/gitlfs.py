@@ -178,8 +178,11 @@ def lfs_patterns(git: Git) -> set[str]:
     attributes = git.cwd / ".gitattributes"
     if not attributes.is_file():
         return set()
-    return {line.split()[0] for line in attributes.read_text(encoding="utf-8").splitlines()
-            if "filter=lfs" in line.split()[1:]}
+    # git ends a line at '\n' and splits it at spaces and tabs only: str.split() would also cut at U+2028,
+    # U+0085 and other Unicode spaces a remote's file may hold inside a pattern.
+    rows = [line.strip(" \t\r").replace("\t", " ").split(" ")
+            for line in attributes.read_text(encoding="utf-8").split("\n")]
+    return {words[0] for words in rows if "filter=lfs" in words[1:]}
 
 
 def track(git: Git, patterns: Sequence[str]) -> list[str]:
