@@ -187,7 +187,7 @@ def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, training
                 click.echo(f"would copy {plan.ckpt.tag}: {_what(plan)}, {_mb(plan.size)}")
         if report.already:
             click.echo(f"already in {report.store}: {len(report.already)} checkpoint(s), last {report.already[-1]}")
-        if not report.planned and not report.failed:
+        if not report.planned and not report.failed and not report.left_on_scratch:
             click.echo("no new checkpoint to back up")
         decision = report.retention
         if decision is not None:
@@ -196,11 +196,11 @@ def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, training
             kept = ", ".join(f"global_step{s} ({why})" for s, why in sorted(decision.keep.items())
                              if why not in ("one of the newest", "no keep_last: nothing is deleted"))
             click.echo(f"scratch retention: {verb} {', '.join(gone) or 'nothing'}" + (f"; kept {kept}" if kept else ""))
-        if report.failed:
-            lines = "; ".join(f"{tag}: {why}" for tag, why in report.failed.items())
-            kept = sum(why.startswith(backup.RETENTION_REFUSED) for why in report.failed.values())
-            counts = [f"{n} {what}" for n, what in ((len(report.failed) - kept, "checkpoint(s) not backed up"),
-                                                    (kept, "left on scratch by retention")) if n]
+        if report.failed or report.left_on_scratch:
+            lines = "; ".join([*(f"{tag}: {why}" for tag, why in report.failed.items()),
+                               *(f"{name}: scratch retention: {why}" for name, why in report.left_on_scratch.items())])
+            counts = [f"{n} {what}" for n, what in ((len(report.failed), "checkpoint(s) not backed up"),
+                                                    (len(report.left_on_scratch), "left on scratch by retention")) if n]
             raise backup.BackupError(f"{', '.join(counts)} (the rest was done): {lines}")
 
     job = "backup --dry-run" if dry_run else "backup"  # a dry run that works says nothing of the backup

@@ -48,7 +48,6 @@ JOURNAL = ".journal.jsonl"
 SOURCE = ".source.json"  # in a partial copy: the fingerprint of the checkpoint it is a copy of
 STORE_MARKER = ".bsops-store"
 CHUNK = 8 * 1024 * 1024
-RETENTION_REFUSED = "scratch retention: "  # how report.failed marks a checkpoint retention had to leave in place
 
 
 class BackupError(BsopsError):
@@ -77,8 +76,9 @@ class Report:
     planned: list[Planned] = field(default_factory=list)
     retention: retention.Decision | None = None
     deleted: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)  # tag -> why it was not backed up, or (a folder
-    # name) why retention left a folder it had to delete in place (a symbolic link, not a folder)
+    failed: dict[str, str] = field(default_factory=dict)  # tag -> why it was not backed up
+    left_on_scratch: dict[str, str] = field(default_factory=dict)  # folder -> why retention could not delete
+    # it where it is (a symbolic link, not a folder)
     store: Path | None = None  # this run's part of the store: <dest>/<experiment>/<run id>
 
 
@@ -415,7 +415,8 @@ def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
                progress: Progress | None = None) -> Report:
     """Back up every complete checkpoint without a copy in the store, then apply scratch retention.
 
-    A checkpoint that cannot be copied is in `Report.failed` (the others go on); the CLI reports it as an error.
+    A checkpoint that cannot be copied is in `Report.failed` (the others go on), a folder retention had to
+    leave in place in `Report.left_on_scratch`; the CLI reports both as one error.
     """
     dest = destination(exp, to)
     scratch = Path(exp.paths.checkpoints)
@@ -453,7 +454,7 @@ def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
                 report.failed[plan.ckpt.tag] = str(exc)
     report.retention, applied = _retention(exp, scratch, store, dry_run)
     report.deleted = applied.deleted
-    report.failed.update({name: f"{RETENTION_REFUSED}{why}" for name, why in applied.refused.items()})
+    report.left_on_scratch = dict(applied.refused)
     return report
 
 
