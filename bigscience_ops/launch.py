@@ -4,7 +4,9 @@
 with Slurm's environment emulated (slurm.TaskEnv.to_env): each array task gets SLURM_JOB_ID, SLURM_ARRAY_JOB_ID,
 SLURM_ARRAY_TASK_ID and a node list; small `srun` and `scontrol` shims (written into
 <run>/slurm-shims/) start one launcher per "node" with its SLURM_PROCID and expand the node list,
-which is all the script uses. The tasks run one after another, each resuming from the last
+which is all the script uses; as srun's --kill-on-bad-exit, a node that fails ends the others. The
+"nodes" meet on a free port below the kernel's ephemeral range, which no other program is handed
+between the tasks. The tasks run one after another, each resuming from the last
 checkpoint, as `--array=1-N%1` does; the output goes where `#SBATCH --output` says. With a node
 schedule each task runs at the node count of the phase the latest checkpoint is in (the script is
 rendered again when that changes), as the resubmitted arrays do on a cluster.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import re
 import socket
 import stat
@@ -37,25 +40,57 @@ class LaunchError(BsopsError):
 
 
 SRUN = '''#!{python}
-"""srun shim for bsops' local launches: starts the command once per node with SLURM_PROCID set."""
-import os, subprocess, sys
+"""srun shim for bsops' local launches: starts the command once per node with SLURM_PROCID set.
+
+With --kill-on-bad-exit=1, as srun, the first process to exit non-zero ends the others (SIGTERM, then
+SIGKILL after 30 s): a node that failed must not leave the other nodes waiting for it."""
+import os, signal, subprocess, sys
 
 args = sys.argv[1:]
 nodes = int(os.environ.get("SLURM_NNODES", "1"))
+kill_on_bad_exit = False
 while args and args[0].startswith("-"):
     option = args.pop(0)
     if option.startswith("--nodes="):
         nodes = int(option.split("=", 1)[1])
     elif option in ("-N", "--nodes"):
         nodes = int(args.pop(0))
-procs = []
+    elif option in ("-K", "--kill-on-bad-exit") or option.startswith("--kill-on-bad-exit="):
+        kill_on_bad_exit = option.partition("=")[2] in ("", "1")
+running = {{}}
 for rank in range(nodes):
     env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NODEID=str(rank), SLURM_LOCALID="0",
                SLURM_STEP_NUM_NODES=str(nodes), SLURM_STEP_NUM_TASKS=str(nodes))
-    procs.append(subprocess.Popen(args, env=env))
-codes = [p.wait() for p in procs]
-sys.exit(max(codes, key=abs))
+    proc = subprocess.Popen(args, env=env)
+    running[proc.pid] = (rank, proc)
+
+
+def kill_the_rest(signum, frame):
+    for _, proc in running.values():
+        proc.kill()
+
+
+codes = []
+first_failure = None  # (rank, code) of the first process that exited non-zero
+while running:
+    pid, status = os.wait()
+    if pid not in running:
+        continue
+    rank, _ = running.pop(pid)
+    codes.append(os.waitstatus_to_exitcode(status))
+    if codes[-1] != 0 and first_failure is None:
+        first_failure = rank, codes[-1]
+        if kill_on_bad_exit and running:
+            print(f"srun: error: task {{rank}}: exited {{codes[-1]}}; terminating the other tasks (--kill-on-bad-exit)",
+                  file=sys.stderr, flush=True)
+            for _, proc in running.values():
+                proc.terminate()
+            signal.signal(signal.SIGALRM, kill_the_rest)
+            signal.alarm(30)
+# The failed task's code, not that of the tasks ended for it.
+sys.exit(first_failure[1] if kill_on_bad_exit and first_failure else max(codes, key=abs))
 '''
+
 
 SCONTROL = '''#!{python}
 """scontrol shim for bsops' local launches: only `scontrol show hostnames LIST` (comma lists)."""
@@ -88,9 +123,36 @@ class LocalRun:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port for the rendezvous, below the kernel's ephemeral range (ip_local_port_range).
+
+    The port goes into the job script when the launch starts, and the first node's torchrun listens on it
+    only when each task starts. A port of the ephemeral range could be taken in between by any program that
+    listens on port 0 (a torchrun --standalone, gloo): the first node's torchrun would then fail and the
+    others wait on that program. The kernel hands out no port below the range unasked.
+    """
+    low = _ephemeral_ports()[0]
+    picks = random.Random()
+    for _ in range(200):
+        port = picks.randrange(PORTS_FROM, low) if low - PORTS_FROM >= 1000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise LaunchError(f"no free TCP port for the rendezvous in {PORTS_FROM}-{low - 1}")
+
+
+PORTS_FROM = 20000  # below: the well-known and registered ports services are likelier to hold
+
+
+def _ephemeral_ports(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (Linux's default where it cannot be read)."""
+    try:
+        low, high = (int(v) for v in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
 
 
 def _write_shim(path: Path, text: str) -> None:

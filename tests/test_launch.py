@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bigscience_ops import launch
 from bigscience_ops.config import load_experiment
 from bigscience_ops.launch import local_experiment
 from bigscience_ops.ops import chronicle
@@ -19,12 +21,11 @@ from tests.fixtures_trainer import checkpoint_steps, scalars
 REPO = Path(__file__).resolve().parents[1]
 BSOPS = str(Path(sys.executable).with_name("bsops"))
 
-pytestmark = pytest.mark.slow
-
 # tiny's scripts, data and PP=2 x 2 "nodes", shrunk to seconds: 2 array tasks, the first exits at step 15.
 SMALL = shrunk_tiny_yaml("launch", 5)
 
 
+@pytest.mark.slow
 def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     trainings = tmp_path / "trainings"
     trainings.mkdir()
@@ -67,6 +68,7 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     assert "health:" not in story
 
 
+@pytest.mark.slow
 def test_local_launch_sizes_each_task_by_its_node_phase(tmp_path):
     """1 "node" of 2 processes, then 2 once the rampup 4, 8 is over: task 2 runs the script rendered for 2 nodes."""
     trainings = tmp_path / "trainings"
@@ -93,3 +95,63 @@ def checkpoint_steps_only(run: Path) -> list[int]:
     """global_stepN checkpoints, not the universal copies beside them."""
     return sorted(int(p.name.removeprefix("global_step")) for p in (run / "checkpoints").glob("global_step*")
                   if p.name.removeprefix("global_step").isdigit())
+
+
+@pytest.mark.slow
+def test_a_rendezvous_port_taken_by_another_program_fails_the_task_at_once(tmp_path, monkeypatch):
+    """Two "nodes": the first one's torchrun cannot listen on the port and exits; the srun shim then ends the
+    second one, which had connected to the other program and would wait on it until the task's timeout."""
+    trainings = tmp_path / "trainings"
+    trainings.mkdir()
+    (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
+    (trainings / "small.yaml").write_text(SMALL)
+    with socket.socket() as other:  # a program that accepts connections and never answers
+        other.bind(("", 0))
+        other.listen(8)
+        monkeypatch.setattr(launch, "_free_port", lambda: other.getsockname()[1])
+        exp = load_experiment("small", trainings)
+        with pytest.raises(launch.LaunchError, match="array task 1: .* exited 1"):
+            launch.launch_local(exp, tmp_path / "run", tasks=1, timeout_s=300)
+    output = next((tmp_path / "run" / "logs").glob("small-*_1.out")).read_text()
+    assert "EADDRINUSE" in output
+    assert "srun: error: task 0: exited 1; terminating the other tasks (--kill-on-bad-exit)" in output
+
+
+def test_the_rendezvous_port_is_free_and_below_the_kernels_own_range():
+    low, high = launch._ephemeral_ports()
+    assert launch.PORTS_FROM < low <= high
+    ports = {launch._free_port() for _ in range(20)}
+    assert all(launch.PORTS_FROM <= port < low for port in ports) and len(ports) > 1
+    with socket.socket() as s:
+        s.bind(("", ports.pop()))  # free: it binds
+
+
+def test_ephemeral_range_falls_back_to_linuxs_default_when_unreadable(tmp_path):
+    (tmp_path / "range").write_text("40000\t50000\n")
+    assert launch._ephemeral_ports(tmp_path / "range") == (40000, 50000)
+    assert launch._ephemeral_ports(tmp_path / "missing") == (32768, 60999)
+
+
+def _srun_shim(tmp_path: Path) -> Path:
+    shim = tmp_path / "srun"
+    launch._write_shim(shim, launch.SRUN)
+    return shim
+
+
+def test_the_srun_shim_ends_the_other_nodes_when_one_fails_with_kill_on_bad_exit(tmp_path):
+    body = 'if [ "$SLURM_PROCID" = 1 ]; then echo "node 1 failed" >&2; exit 3; fi; exec sleep 600'
+    proc = subprocess.run([str(_srun_shim(tmp_path)), "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                           "bash", "-c", body], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr  # the failed node's code, not the SIGTERM of the one ended for it
+    assert "node 1 failed" in proc.stderr
+    assert "srun: error: task 1: exited 3; terminating the other tasks (--kill-on-bad-exit)" in proc.stderr
+
+
+def test_the_srun_shim_without_kill_on_bad_exit_waits_for_every_node(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    body = f'if [ "$SLURM_PROCID" = 1 ]; then exit 3; fi; sleep 1; touch {marks}/node-$SLURM_PROCID'
+    proc = subprocess.run([str(_srun_shim(tmp_path)), "-N", "2", "bash", "-c", body], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 3 and [p.name for p in marks.iterdir()] == ["node-0"]
+    assert "terminating" not in proc.stderr
