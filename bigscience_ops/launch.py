@@ -14,16 +14,19 @@ rendered again when that changes), as the resubmitted arrays do on a cluster.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
 import re
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +40,10 @@ from bigscience_ops.schema import Experiment
 
 class LaunchError(BsopsError):
     """A local launch could not start or a task failed: names the task, its exit code and its log."""
+
+
+class Stopped(LaunchError):
+    """bsops itself was told to stop (SIGTERM, SIGHUP) while a task ran."""
 
 
 SRUN = '''#!{python}
@@ -255,10 +262,15 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
             proc = subprocess.Popen(["bash", str(script)], cwd=out, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             try:
-                code = _follow(proc, output, progress, timeout_s)
+                with _raising_on(signal.SIGTERM, signal.SIGHUP):
+                    code = _follow(proc, output, progress, timeout_s)
             except subprocess.TimeoutExpired:
                 _stop(proc)
                 raise LaunchError(f"array task {task} ran past {timeout_s:.0f} s; see {output}") from None
+            except Stopped as exc:
+                _stop(proc)
+                raise Stopped(f"array task {task}: {exc}; the task was stopped with it, losing what it trained since "
+                              f"its last checkpoint (see {output}): run the same command again to resume") from None
             except BaseException:
                 _stop(proc)  # Ctrl-C: take the task's launchers and trainers down with it
                 raise
@@ -271,17 +283,41 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
                     Path(exp.paths.tensorboard), prepared.schedule.finished(latest_iteration(Path(exp.paths.checkpoints))))
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the task's process group (the trainers save on SIGTERM), then SIGKILL what is left."""
-    import signal
+@contextlib.contextmanager
+def _raising_on(*signals: signal.Signals) -> Iterator[None]:
+    """Inside: these signals raise Stopped, so the task is stopped with bsops instead of left training without
+    it (a second launch would then train the same run at the same time). A signal ignored already (SIGHUP
+    under nohup) stays ignored; only the main thread sets handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
+    def stopped(signum: int, frame: object) -> None:
+        raise Stopped(f"stopped by {signal.Signals(signum).name}")
+
+    before = {s: signal.signal(s, stopped) for s in signals if signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 60) -> None:
+    """SIGTERM the task's process group (its launchers pass it on to the trainers) and wait until all of it has
+    ended; SIGKILL what is left after `grace_s`. No process of the task is left when this returns."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
     except ProcessLookupError:
-        pass
-
-
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the script; init reaps the rest of the group as it ends
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)

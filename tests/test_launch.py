@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -155,3 +157,43 @@ def test_the_srun_shim_without_kill_on_bad_exit_waits_for_every_node(tmp_path):
                           timeout=120)
     assert proc.returncode == 3 and [p.name for p in marks.iterdir()] == ["node-0"]
     assert "terminating" not in proc.stderr
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Pids whose command line holds `text`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_local_launch_stops_the_task_and_its_trainers(tmp_path):
+    """Left running without bsops, a task would train on unwatched, and the next launch would train the same run
+    at the same time: bsops stops it and returns once none of its processes is left."""
+    trainings = tmp_path / "trainings"
+    trainings.mkdir()
+    (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
+    (trainings / "small.yaml").write_text(shrunk_tiny_yaml("stop", 1))
+    run = tmp_path / "run"
+    proc = subprocess.Popen([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.lstrip().startswith("iteration"):  # the trainers are training
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _processes_naming(str(run / "experiment.json")):
+            os.kill(pid, signal.SIGKILL)  # only where the test fails: nothing of the run may outlive it
+    assert proc.returncode == 2, err  # bsops' exit code for an error
+    assert "error: array task 1: stopped by SIGTERM; the task was stopped with it" in err
+    assert _processes_naming(str(run / "experiment.json")) == []
