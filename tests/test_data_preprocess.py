@@ -200,7 +200,11 @@ def test_ctrl_c_never_leaves_a_complete_looking_index(tmp_path):
     bsops = str(Path(sys.executable).with_name("bsops"))
     proc = subprocess.Popen([bsops, "preprocess", "--input", str(src), "--tokenizer-backend", "tokenizers",
                              "--tokenizer", "gpt2", "--output-prefix", str(prefix), "--append-eod"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            # Ctrl-C's signal as a terminal sends it, even where pytest runs as a background job
+                            # (which inherits SIGINT ignored, and Python then keeps it ignored).
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
     def writing() -> bool:  # tokens are reaching the temporary .bin: the cut lands mid-write, whatever the speed
         return any(p.stat().st_size > 0 for p in tmp_path.glob("out_text_document.bin.tmp-*"))
 
