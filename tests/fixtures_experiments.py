@@ -3,7 +3,8 @@
 `tiny_yaml(run, *sections)` is tiny with its run folder at `run` and one line per extra section;
 `SHRUNK_MODEL` is the 2-layer 64-wide model every launch-level test trains (bundled corpus and
 tokenizer, so tiny's vocabulary); `shrunk_tiny_yaml` is the whole shrunk experiment of the local
-launch tests.
+launch tests, and `small_trainings` a trainings folder holding it as small.yaml beside tiny.yaml (its base).
+`processes_mentioning` finds what a launch left running.
 """
 
 from __future__ import annotations
@@ -37,3 +38,23 @@ logging: {{log_interval: {log_interval}, eval_interval: 10, eval_iters: 1}}
   blend: [{{prefix: {REPO}/corpus/build/tiny_text_document}}]
   tokenizer: {{kind: json, json_file: {REPO}/corpus/tokenizer.json}}
 """
+
+
+def small_trainings(folder: Path, small: str) -> Path:
+    """`folder` made a trainings folder: a copy of the bundled tiny.yaml (the base) and `small` as small.yaml."""
+    folder.mkdir()
+    (folder / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
+    (folder / "small.yaml").write_text(small)
+    return folder
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line holds `text` (a run's folder: what of its launch is still running)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found

@@ -17,10 +17,9 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.launch import local_experiment
 from bigscience_ops.ops import chronicle
 from bigscience_ops.views import runinfo
-from tests.fixtures_experiments import shrunk_tiny_yaml
+from tests.fixtures_experiments import processes_mentioning, shrunk_tiny_yaml, small_trainings
 from tests.fixtures_trainer import checkpoint_steps, scalars
 
-REPO = Path(__file__).resolve().parents[1]
 BSOPS = str(Path(sys.executable).with_name("bsops"))
 
 # tiny's scripts, data and PP=2 x 2 "nodes", shrunk to seconds: 2 array tasks, the first exits at step 15.
@@ -29,10 +28,7 @@ SMALL = shrunk_tiny_yaml("launch", 5)
 
 @pytest.mark.slow
 def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
-    trainings = tmp_path / "trainings"
-    trainings.mkdir()
-    (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
-    (trainings / "small.yaml").write_text(SMALL)
+    trainings = small_trainings(tmp_path / "trainings", SMALL)
     run = tmp_path / "run dir"  # a space: every path in the script must be quoted
     proc = subprocess.run([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=400)
@@ -73,10 +69,7 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
 @pytest.mark.slow
 def test_local_launch_sizes_each_task_by_its_node_phase(tmp_path):
     """1 "node" of 2 processes, then 2 once the rampup 4, 8 is over: task 2 runs the script rendered for 2 nodes."""
-    trainings = tmp_path / "trainings"
-    trainings.mkdir()
-    (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
-    (trainings / "small.yaml").write_text(SMALL.replace("increment: 2", "increment: 4").replace(
+    trainings = small_trainings(tmp_path / "trainings", SMALL.replace("increment: 2", "increment: 4").replace(
         "exit_interval: 15", "exit_interval: null") + """
 parallel: {zero_stage: 1}
 slurm: {gpus_per_node: 2, node_schedule: [{nodes: 1}, {nodes: 2, from_iteration: 12}]}
@@ -103,10 +96,7 @@ def checkpoint_steps_only(run: Path) -> list[int]:
 def test_a_rendezvous_port_taken_by_another_program_fails_the_task_at_once(tmp_path, monkeypatch):
     """Two "nodes": the first one's torchrun cannot listen on the port and exits; the srun shim then ends the
     second one, which had connected to the other program and would wait on it until the task's timeout."""
-    trainings = tmp_path / "trainings"
-    trainings.mkdir()
-    (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
-    (trainings / "small.yaml").write_text(SMALL)
+    trainings = small_trainings(tmp_path / "trainings", SMALL)
     with socket.socket() as other:  # a program that accepts connections and never answers
         other.bind(("", 0))
         other.listen(8)
@@ -159,26 +149,11 @@ def test_the_srun_shim_without_kill_on_bad_exit_waits_for_every_node(tmp_path):
     assert "terminating" not in proc.stderr
 
 
-def _processes_naming(text: str) -> list[int]:
-    """Pids whose command line holds `text`."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if text.encode() in cmdline.read_bytes():
-                found.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.slow
 def test_sigterm_to_a_local_launch_stops_the_task_and_its_trainers(tmp_path):
     """Left running without bsops, a task would train on unwatched, and the next launch would train the same run
     at the same time: bsops stops it and returns once none of its processes is left."""
-    trainings = tmp_path / "trainings"
-    trainings.mkdir()
-    (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
-    (trainings / "small.yaml").write_text(shrunk_tiny_yaml("stop", 1))
+    trainings = small_trainings(tmp_path / "trainings", shrunk_tiny_yaml("stop", 1))
     run = tmp_path / "run"
     proc = subprocess.Popen([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -192,8 +167,8 @@ def test_sigterm_to_a_local_launch_stops_the_task_and_its_trainers(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in _processes_naming(str(run / "experiment.json")):
+        for pid in processes_mentioning(str(run / "experiment.json")):
             os.kill(pid, signal.SIGKILL)  # only where the test fails: nothing of the run may outlive it
     assert proc.returncode == 2, err  # bsops' exit code for an error
     assert "error: array task 1: stopped by SIGTERM; the task was stopped with it" in err
-    assert _processes_naming(str(run / "experiment.json")) == []
+    assert processes_mentioning(str(run / "experiment.json")) == []

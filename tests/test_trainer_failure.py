@@ -18,31 +18,16 @@ import pytest
 
 from bigscience_ops import ledger
 from bigscience_ops.trainer.faults import FaultSwitchError, Faults, corrupt_at, fail_at
-from tests.fixtures_experiments import shrunk_tiny_yaml
+from tests.fixtures_experiments import processes_mentioning, shrunk_tiny_yaml, small_trainings
 
-REPO = Path(__file__).resolve().parents[1]
 BSOPS = str(Path(sys.executable).with_name("bsops"))
 
 SMALL = shrunk_tiny_yaml("failure", 1, "slurm: {array: 1}\n")
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if text.encode() in cmdline.read_bytes():
-                found.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.slow
 def test_one_failing_rank_ends_the_job_with_its_error_in_main_log(tmp_path: Path) -> None:
-    trainings = tmp_path / "trainings"
-    trainings.mkdir()
-    (trainings / "tiny.yaml").write_text((REPO / "trainings" / "tiny.yaml").read_text())
-    (trainings / "small.yaml").write_text(SMALL)
+    trainings = small_trainings(tmp_path / "trainings", SMALL)
     run = tmp_path / "failing-run"
     env = {**os.environ, "BSOPS_FAIL_AT": "1:5"}
     env.pop("BSOPS_JOB_START_EPOCH", None)
@@ -52,9 +37,9 @@ def test_one_failing_rank_ends_the_job_with_its_error_in_main_log(tmp_path: Path
     elapsed = time.monotonic() - start
     assert proc.returncode != 0, proc.stdout[-3000:]
     deadline = time.monotonic() + 20  # processes being reaped right now get a moment
-    while _processes_mentioning(str(run)) and time.monotonic() < deadline:
+    while processes_mentioning(str(run)) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not _processes_mentioning(str(run)), "training processes outlived the failed job"
+    assert not processes_mentioning(str(run)), "training processes outlived the failed job"
 
     log = (run / "logs" / "main_log.txt").read_text()
     # rank 1 reports its own error; the iterations before the fault were trained and logged
