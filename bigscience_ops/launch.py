@@ -9,7 +9,9 @@ which is all the script uses; as srun's --kill-on-bad-exit, a node that fails en
 between the tasks. The tasks run one after another, each resuming from the last
 checkpoint, as `--array=1-N%1` does; the output goes where `#SBATCH --output` says. With a node
 schedule each task runs at the node count of the phase the latest checkpoint is in (the script is
-rendered again when that changes), as the resubmitted arrays do on a cluster.
+rendered again when that changes), as the resubmitted arrays do on a cluster. Stopped, bsops stops the
+running task with it: the job script gets SIGUSR1 as from Slurm's --signal=B:USR1, the srun shim hands it
+to the trainers, which save and exit.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ SRUN = '''#!{python}
 """srun shim for bsops' local launches: starts the command once per node with SLURM_PROCID set.
 
 With --kill-on-bad-exit=1, as srun, the first process to exit non-zero ends the others (SIGTERM, then
-SIGKILL after 30 s): a node that failed must not leave the other nodes waiting for it."""
+SIGKILL after 30 s): a node that failed must not leave the other nodes waiting for it. SIGUSR1 sent to it
+goes, as srun's does, to every process of the step: each node's command and all that it started, the
+trainers too, which torchrun starts in sessions of their own."""
 import os, signal, subprocess, sys
 
 args = sys.argv[1:]
@@ -64,18 +68,46 @@ while args and args[0].startswith("-"):
         nodes = int(args.pop(0))
     elif option in ("-K", "--kill-on-bad-exit") or option.startswith("--kill-on-bad-exit="):
         kill_on_bad_exit = option.partition("=")[2] in ("", "1")
-running = {{}}
-for rank in range(nodes):
-    env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NODEID=str(rank), SLURM_LOCALID="0",
-               SLURM_STEP_NUM_NODES=str(nodes), SLURM_STEP_NUM_TASKS=str(nodes))
-    proc = subprocess.Popen(args, env=env)
-    running[proc.pid] = (rank, proc)
 
 
 def kill_the_rest(signum, frame):
     for _, proc in running.values():
         proc.kill()
 
+
+def step_processes():
+    """The pids of the nodes' commands and of all their descendants (from /proc's parent links)."""
+    children = {{}}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{{entry}}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or one that has just ended
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(running)
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def forward(signum, frame):
+    for pid in step_processes():
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+running = {{}}
+signal.signal(signal.SIGUSR1, forward)  # before the first node starts: none may miss it
+for rank in range(nodes):
+    env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NODEID=str(rank), SLURM_LOCALID="0",
+               SLURM_STEP_NUM_NODES=str(nodes), SLURM_STEP_NUM_TASKS=str(nodes))
+    proc = subprocess.Popen(args, env=env)
+    running[proc.pid] = (rank, proc)
 
 codes = []
 first_failure = None  # (rank, code) of the first process that exited non-zero
@@ -258,29 +290,64 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
         output = logs / f"{exp.slurm.job_name or exp.name}-{array_job_id}_{task}.out"
         start = time.time()
         progress(f"array task {task}/{tasks or exp.slurm.array}: started, output in {output} ({nodes} node(s))")
-        with open(output, "wb") as sink:
-            proc = subprocess.Popen(["bash", str(script)], cwd=out, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            try:
-                with _raising_on(signal.SIGTERM, signal.SIGHUP):
-                    code = _follow(proc, output, progress, timeout_s)
-            except subprocess.TimeoutExpired:
-                _stop(proc)
-                raise LaunchError(f"array task {task} ran past {timeout_s:.0f} s; see {output}") from None
-            except Stopped as exc:
-                _stop(proc)
-                raise Stopped(f"array task {task}: {exc}; the task was stopped with it, losing what it trained since "
-                              f"its last checkpoint (see {output}): run the same command again to resume") from None
-            except BaseException:
-                _stop(proc)  # Ctrl-C: take the task's launchers and trainers down with it
-                raise
+        code = _run_task(script, env, output, progress, timeout_s, f"array task {task}", Path(exp.paths.checkpoints),
+                         exp.slurm.signal_seconds or 300)
         results.append(LocalTask(task, code, time.time() - start, output))
         if code != 0:
             raise LaunchError(f"array task {task}: {script} exited {code}; see {output} and {logs / 'main_log.txt'}")
         if prepared.schedule.finished(latest_iteration(Path(exp.paths.checkpoints))):
             break
-    return LocalRun(out, script, results, logs / "main_log.txt", Path(exp.paths.checkpoints),
-                    Path(exp.paths.tensorboard), prepared.schedule.finished(latest_iteration(Path(exp.paths.checkpoints))))
+    checkpoints = Path(exp.paths.checkpoints)
+    return LocalRun(out, script, results, logs / "main_log.txt", checkpoints, Path(exp.paths.tensorboard),
+                    prepared.schedule.finished(latest_iteration(checkpoints)))
+
+
+def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callable[[str], None], timeout_s: float,
+              label: str, checkpoints: Path, save_s: float) -> int:
+    """Run one array task's job script with its output in `output`, passing its progress on; its exit code.
+
+    Stopped (SIGTERM, SIGHUP, Ctrl-C) once its trainers train, the task is first asked to save and exit, as
+    Slurm's warning signal asks (SIGUSR1 to the job script, which srun hands to the trainers), for up to
+    `save_s` seconds (a second stop ends the wait); whatever is left of it is then stopped (`_stop`).
+    """
+    training = False
+
+    def report(line: str) -> None:
+        nonlocal training
+        training = training or line.startswith("iteration")  # the trainers run, their signal handlers set
+        progress(line)
+
+    with open(output, "wb") as sink:
+        proc = subprocess.Popen(["bash", str(script)], cwd=script.parent, env=env, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            with _raising_on(signal.SIGTERM, signal.SIGHUP):
+                return _follow(proc, output, report, timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            raise LaunchError(f"{label} ran past {timeout_s:.0f} s; see {output}") from None
+        except (Stopped, KeyboardInterrupt) as exc:
+            saved = training and _save_first(proc, progress, save_s)
+            _stop(proc)  # what is left, or all of it when it was not training yet
+            lost = (f"its trainers saved iteration {latest_iteration(checkpoints)} first" if saved
+                    else "losing what it trained since its last checkpoint")
+            if isinstance(exc, KeyboardInterrupt):
+                progress(f"{label}: stopped by Ctrl-C, {lost} (see {output}): run the same command again to resume")
+                raise
+            raise Stopped(f"{label}: {exc}; the task was stopped with it, {lost} (see {output}): run the same "
+                          f"command again to resume") from None
+
+
+def _save_first(proc: subprocess.Popen, progress: Callable[[str], None], save_s: float) -> bool:
+    """SIGUSR1 to the job script, as Slurm's --signal=B:USR1, and wait up to `save_s` for the task to end; True
+    when it ended with 0 (the script's code is its trainers': 0 once they have saved and exited)."""
+    progress(f"stopping: the trainers save and exit first (up to {save_s:.0f} s; Ctrl-C or SIGTERM again ends "
+             f"them at once)")
+    with contextlib.suppress(Stopped, KeyboardInterrupt, subprocess.TimeoutExpired), \
+            _raising_on(signal.SIGTERM, signal.SIGHUP):
+        os.kill(proc.pid, signal.SIGUSR1)
+        return proc.wait(timeout=save_s) == 0
+    return False
 
 
 @contextlib.contextmanager

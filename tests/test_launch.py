@@ -8,6 +8,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -149,10 +151,81 @@ def test_the_srun_shim_without_kill_on_bad_exit_waits_for_every_node(tmp_path):
     assert "terminating" not in proc.stderr
 
 
+# A node's command as the job script runs it: itself ignoring SIGUSR1 (trap "" USR1; exec torchrun), its
+# "trainer" in a session of its own (as torchrun starts them) saving on SIGUSR1 once it is ready.
+TRAINER_LIKE = """
+import os, signal, subprocess, sys, time
+marks, rank = sys.argv[1], os.environ["SLURM_PROCID"]
+if sys.argv[2:] == ["child"]:
+    signal.signal(signal.SIGUSR1, lambda *_: (open(f"{marks}/saved-{rank}", "w").close(), sys.exit(0)))
+    open(f"{marks}/ready-{rank}", "w").close()
+    while True:
+        time.sleep(60)
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+sys.exit(subprocess.run([sys.executable, __file__, marks, "child"], start_new_session=True).returncode)
+"""
+
+
+def test_the_srun_shim_hands_sigusr1_to_every_process_of_the_step(tmp_path):
+    """As srun: the job script passes Slurm's warning on to srun, and srun to every process of the step, the
+    trainers that torchrun started in sessions of their own too (bsops' graceful local stop relies on it)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = tmp_path / "node.py"
+    script.write_text(TRAINER_LIKE)
+    err = tmp_path / "stderr"
+    with open(err, "w") as sink:
+        proc = subprocess.Popen([str(_srun_shim(tmp_path)), "--nodes=2", "--kill-on-bad-exit=1", sys.executable,
+                                 str(script), str(marks)], stderr=sink)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(marks.glob("ready-*"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert sorted(p.name for p in marks.iterdir()) == ["ready-0", "ready-1"], err.read_text()
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.wait(timeout=60) == 0, err.read_text()
+    finally:
+        proc.kill()
+        for pid in processes_mentioning(str(marks)):
+            os.kill(pid, signal.SIGKILL)  # only where the test fails
+    assert sorted(p.name for p in marks.glob("saved-*")) == ["saved-0", "saved-1"]
+
+
+def _script_with_usr1_trap(trap: str, ready: Path) -> subprocess.Popen:
+    """A job script stand-in that takes SIGUSR1 as `trap` says, once `ready` exists (as bsops sends it only
+    once the trainers train)."""
+    proc = subprocess.Popen(["bash", "-c", f"trap {trap} USR1; touch {ready}; while :; do sleep 1; done"],
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return proc
+
+
+def test_a_task_asked_to_save_is_waited_for_and_a_second_stop_ends_the_wait(tmp_path):
+    """bsops waits for trainers that save, and stops waiting at a second Ctrl-C or SIGTERM (a save that hangs)."""
+    saving = _script_with_usr1_trap("'exit 0'", tmp_path / "saving")
+    lines: list[str] = []
+    assert launch._save_first(saving, lines.append, save_s=120) is True
+    assert lines and lines[0].startswith("stopping: the trainers save and exit first (up to 120 s;")
+    hanging = _script_with_usr1_trap("''", tmp_path / "hanging")
+    second_stop = threading.Timer(1, os.kill, (os.getpid(), signal.SIGTERM))
+    second_stop.start()
+    try:
+        start = time.monotonic()
+        assert launch._save_first(hanging, lines.append, save_s=120) is False
+        assert time.monotonic() - start < 60  # the second stop ended the wait, long before save_s
+    finally:
+        second_stop.join()
+        launch._stop(hanging)
+    assert hanging.poll() is not None
+
+
 @pytest.mark.slow
 def test_sigterm_to_a_local_launch_stops_the_task_and_its_trainers(tmp_path):
     """Left running without bsops, a task would train on unwatched, and the next launch would train the same run
-    at the same time: bsops stops it and returns once none of its processes is left."""
+    at the same time: bsops stops it and returns once none of its processes is left. Its trainers save first,
+    as at Slurm's warning signal, so the next launch resumes where this one stopped."""
     trainings = small_trainings(tmp_path / "trainings", shrunk_tiny_yaml("stop", 1))
     run = tmp_path / "run"
     proc = subprocess.Popen([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
@@ -172,3 +245,10 @@ def test_sigterm_to_a_local_launch_stops_the_task_and_its_trainers(tmp_path):
     assert proc.returncode == 2, err  # bsops' exit code for an error
     assert "error: array task 1: stopped by SIGTERM; the task was stopped with it" in err
     assert processes_mentioning(str(run / "experiment.json")) == []
+    # Saved at the iteration it stopped at, before the first scheduled save (10) and the exit interval (15).
+    [saved] = checkpoint_steps(run)
+    assert 1 <= saved < 10, out + err
+    assert f"its trainers saved iteration {saved} first" in err
+    assert "stopping: the trainers save and exit first" in out
+    main_log = (run / "logs" / "main_log.txt").read_text()
+    assert f"> signal received: saved and exiting at iteration {saved}\n" in main_log, main_log[-3000:]
