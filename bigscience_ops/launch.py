@@ -341,6 +341,8 @@ def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callabl
 def _save_first(proc: subprocess.Popen, progress: Callable[[str], None], save_s: float) -> bool:
     """SIGUSR1 to the job script, as Slurm's --signal=B:USR1, and wait up to `save_s` for the task to end; True
     when it ended with 0 (the script's code is its trainers': 0 once they have saved and exited)."""
+    if proc.poll() is not None:  # it ended by itself as bsops was stopped
+        return proc.returncode == 0
     progress(f"stopping: the trainers save and exit first (up to {save_s:.0f} s; Ctrl-C or SIGTERM again ends "
              f"them at once)")
     with contextlib.suppress(Stopped, KeyboardInterrupt, subprocess.TimeoutExpired), \
