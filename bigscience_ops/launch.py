@@ -327,15 +327,22 @@ def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callabl
             _stop(proc)
             raise LaunchError(f"{label} ran past {timeout_s:.0f} s; see {output}") from None
         except (Stopped, KeyboardInterrupt) as exc:
-            saved = training and _save_first(proc, progress, save_s)
-            _stop(proc)  # what is left, or all of it when it was not training yet
+            try:
+                saved = training and _save_first(proc, progress, save_s)
+            finally:
+                _stop(proc)  # what is left, or all of it when it was not training yet
             lost = (f"its trainers saved iteration {latest_iteration(checkpoints)} first" if saved
                     else "losing what it trained since its last checkpoint")
             if isinstance(exc, KeyboardInterrupt):
-                progress(f"{label}: stopped by Ctrl-C, {lost} (see {output}): run the same command again to resume")
+                with contextlib.suppress(OSError):
+                    progress(f"{label}: stopped by Ctrl-C, {lost} (see {output}): run the same command again to "
+                             f"resume")
                 raise
             raise Stopped(f"{label}: {exc}; the task was stopped with it, {lost} (see {output}): run the same "
                           f"command again to resume") from None
+        except BaseException:
+            _stop(proc)  # bsops failing (its output closed, a bug) takes the task's launchers and trainers with it
+            raise
 
 
 def _save_first(proc: subprocess.Popen, progress: Callable[[str], None], save_s: float) -> bool:
@@ -343,8 +350,9 @@ def _save_first(proc: subprocess.Popen, progress: Callable[[str], None], save_s:
     when it ended with 0 (the script's code is its trainers': 0 once they have saved and exited)."""
     if proc.poll() is not None:  # it ended by itself as bsops was stopped
         return proc.returncode == 0
-    progress(f"stopping: the trainers save and exit first (up to {save_s:.0f} s; Ctrl-C or SIGTERM again ends "
-             f"them at once)")
+    with contextlib.suppress(OSError):  # a terminal closed (SIGHUP) takes the line, not the save
+        progress(f"stopping: the trainers save and exit first (up to {save_s:.0f} s; Ctrl-C or SIGTERM again "
+                 f"ends them at once)")
     with contextlib.suppress(Stopped, KeyboardInterrupt, subprocess.TimeoutExpired), \
             _raising_on(signal.SIGTERM, signal.SIGHUP):
         os.kill(proc.pid, signal.SIGUSR1)

@@ -208,6 +208,12 @@ def test_a_task_asked_to_save_is_waited_for_and_a_second_stop_ends_the_wait(tmp_
     lines: list[str] = []
     assert launch._save_first(saving, lines.append, save_s=120) is True
     assert lines and lines[0].startswith("stopping: the trainers save and exit first (up to 120 s;")
+
+    def closed_terminal(line: str) -> None:
+        raise OSError(5, "Input/output error")  # what writing to a terminal that hung up (SIGHUP) gives
+
+    saving = _script_with_usr1_trap("'exit 0'", tmp_path / "saving-unheard")
+    assert launch._save_first(saving, closed_terminal, save_s=120) is True
     hanging = _script_with_usr1_trap("''", tmp_path / "hanging")
     second_stop = threading.Timer(1, os.kill, (os.getpid(), signal.SIGTERM))
     second_stop.start()
@@ -219,6 +225,23 @@ def test_a_task_asked_to_save_is_waited_for_and_a_second_stop_ends_the_wait(tmp_
         second_stop.join()
         launch._stop(hanging)
     assert hanging.poll() is not None
+
+
+def test_a_failing_bsops_takes_its_running_task_down_with_it(tmp_path):
+    """bsops' own output closed (`bsops launch ... | head`) or any error of its own: the task is stopped, not left
+    training unwatched."""
+    script = tmp_path / "task.sh"
+    script.write_text(f'echo $$ > {tmp_path}/pid; while :; do echo "iteration 1/ 9 |"; sleep 1; done\n')
+
+    def closed_output(line: str) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        launch._run_task(script, dict(os.environ), tmp_path / "task.out", closed_output, 120, "array task 1",
+                         tmp_path / "checkpoints", save_s=120)
+    pid = int((tmp_path / "pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
 
 @pytest.mark.slow
