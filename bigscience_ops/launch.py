@@ -352,7 +352,7 @@ def _save_first(proc: subprocess.Popen, progress: Callable[[str], None], save_s:
         return proc.returncode == 0
     with contextlib.suppress(OSError):  # a terminal closed (SIGHUP) takes the line, not the save
         progress(f"stopping: the trainers save and exit first (up to {save_s:.0f} s; Ctrl-C or SIGTERM again "
-                 f"ends them at once)")
+                 f"stops them without the save)")
     with contextlib.suppress(Stopped, KeyboardInterrupt, subprocess.TimeoutExpired), \
             _raising_on(signal.SIGTERM, signal.SIGHUP):
         os.kill(proc.pid, signal.SIGUSR1)
