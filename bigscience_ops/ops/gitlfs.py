@@ -43,7 +43,7 @@ class GitError(BsopsError):
         self.argv = [scrub(a, secrets) for a in argv]
         self.returncode, self.stderr = returncode, scrub(stderr, secrets)
         status = "timed out" if returncode is None else f"exited {returncode}"
-        said = " / ".join(line.strip() for line in self.stderr.strip().splitlines() if line.strip())  # one line
+        said = " / ".join(line.strip() for line in self.stderr.strip().split("\n") if line.strip())  # one line
         text = f"`{' '.join(self.argv)}` {status}: {said[-2000:] or '(no stderr)'}"
         super().__init__(text + (f". {hint}" if hint else ""))
 
