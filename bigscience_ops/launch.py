@@ -161,6 +161,9 @@ class LocalRun:
     finished: bool
 
 
+PORTS_FROM = 20000  # below: the well-known and registered ports services are likelier to hold
+
+
 def _free_port() -> int:
     """A free TCP port for the rendezvous, below the kernel's ephemeral range (ip_local_port_range).
 
@@ -180,9 +183,6 @@ def _free_port() -> int:
                 continue
             return s.getsockname()[1]
     raise LaunchError(f"no free TCP port for the rendezvous in {PORTS_FROM}-{low - 1}")
-
-
-PORTS_FROM = 20000  # below: the well-known and registered ports services are likelier to hold
 
 
 def _ephemeral_ports(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
@@ -252,7 +252,7 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
     shims.mkdir(parents=True, exist_ok=True)
     _write_shim(shims / "srun", SRUN)
     _write_shim(shims / "scontrol", SCONTROL)
-    logs = Path(exp.paths.logs)
+    logs, checkpoints = Path(exp.paths.logs), Path(exp.paths.checkpoints)  # the same for every node phase
     logs.mkdir(parents=True, exist_ok=True)
     array_job_id = int(time.time()) % 1_000_000
     repo = Path(__file__).resolve().parents[1]
@@ -290,14 +290,13 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
         output = logs / f"{exp.slurm.job_name or exp.name}-{array_job_id}_{task}.out"
         start = time.time()
         progress(f"array task {task}/{tasks or exp.slurm.array}: started, output in {output} ({nodes} node(s))")
-        code = _run_task(script, env, output, progress, timeout_s, f"array task {task}", Path(exp.paths.checkpoints),
-                         exp.slurm.signal_seconds or 300)
+        code = _run_task(script, env, output, progress, timeout_s, f"array task {task}", checkpoints,
+                         exp.slurm.signal_seconds)
         results.append(LocalTask(task, code, time.time() - start, output))
         if code != 0:
             raise LaunchError(f"array task {task}: {script} exited {code}; see {output} and {logs / 'main_log.txt'}")
-        if prepared.schedule.finished(latest_iteration(Path(exp.paths.checkpoints))):
+        if prepared.schedule.finished(latest_iteration(checkpoints)):
             break
-    checkpoints = Path(exp.paths.checkpoints)
     return LocalRun(out, script, results, logs / "main_log.txt", checkpoints, Path(exp.paths.tensorboard),
                     prepared.schedule.finished(latest_iteration(checkpoints)))
 

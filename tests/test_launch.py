@@ -20,6 +20,7 @@ from bigscience_ops.launch import local_experiment
 from bigscience_ops.ops import chronicle
 from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import processes_mentioning, shrunk_tiny_yaml, small_trainings
+from tests.fixtures_slurm import wait_until
 from tests.fixtures_trainer import checkpoint_steps, scalars
 
 BSOPS = str(Path(sys.executable).with_name("bsops"))
@@ -178,9 +179,8 @@ def test_the_srun_shim_hands_sigusr1_to_every_process_of_the_step(tmp_path):
         proc = subprocess.Popen([str(_srun_shim(tmp_path)), "--nodes=2", "--kill-on-bad-exit=1", sys.executable,
                                  str(script), str(marks)], stderr=sink)
     try:
-        deadline = time.monotonic() + 60
-        while len(list(marks.glob("ready-*"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
+        wait_until("both nodes' trainers to be ready",
+                   lambda: len(list(marks.glob("ready-*"))) == 2 or proc.poll() is not None)
         assert sorted(p.name for p in marks.iterdir()) == ["ready-0", "ready-1"], err.read_text()
         proc.send_signal(signal.SIGUSR1)
         assert proc.wait(timeout=60) == 0, err.read_text()
@@ -196,9 +196,7 @@ def _script_with_usr1_trap(trap: str, ready: Path) -> subprocess.Popen:
     once the trainers train)."""
     proc = subprocess.Popen(["bash", "-c", f"trap {trap} USR1; touch {ready}; while :; do sleep 1; done"],
                             start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(f"the script to set its trap ({ready})", ready.exists)
     return proc
 
 
