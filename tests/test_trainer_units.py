@@ -195,14 +195,18 @@ def test_mfu_against_the_gpu_peak_table_and_the_override():
     assert "MFU" not in iteration_line(IterationStats(*base))
 
 
-def test_micro_batch_feed_reads_megatrons_order_from_any_consumed_position():
+def test_micro_batch_feed_reads_megatrons_order_from_any_consumed_position_and_past_skipped_steps():
     from bigscience_ops.trainer.data import MicroBatchFeed
 
     ds = SyntheticDataset(50, 8, 97, seed=3)
     mbs, dp, rank = 2, 2, 1
     for workers in (0, 2):
         feed = MicroBatchFeed(ds, 8, mbs, rank, dp, workers, torch.device("cpu"))
-        for consumed, micro in ((8, 3), (20, 2), (28, 5)):  # steps of rampup sizes 12, 8, 20
+        # Steps of rampup sizes 12, 8, 20; the middle one is skipped (train.skip_iterations): the next reads on after it.
+        for consumed, micro, skipped in ((8, 3, False), (20, 2, True), (28, 5, False)):
+            if skipped:
+                feed.skip(micro)
+                continue
             got = list(feed.take(micro))
             want = list(step_micro_batches(ds, consumed, micro, mbs, rank, dp))
             assert len(got) == micro

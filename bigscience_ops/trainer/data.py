@@ -128,6 +128,13 @@ class MicroBatchFeed:
             self.seen_seqlen = batch[0].shape[1]
             yield batch
 
+    def skip(self, num_micro_batches: int) -> None:
+        """Drop the next `num_micro_batches` micro-batches unread (a skipped iteration's), so the next `take`
+        reads on after them. The workers go on as they are: forking new ones from a trainer whose collective
+        and writer threads run could deadlock the child on a lock one of them held."""
+        for _ in range(num_micro_batches):
+            next(self._batches)
+
     def finish(self, step: Iterator[MicroBatch]) -> None:
         """Consume what the step did not read (the engine reads them all; this keeps the order if not)."""
         for _ in step:

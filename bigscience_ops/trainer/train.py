@@ -121,7 +121,6 @@ class Trainer:
         self.curriculum = self.run_schedule.curriculum
         self.skip_ranges = list(self.run_schedule.skip_ranges)
         self._engine_seqlen: int | None = None  # the activation shape the pipeline engine last exchanged
-        self._feed_stale = False  # a skipped iteration moved the data position past the feed's
         self.faults = Faults.from_env()  # the debug switches (faults.py); unset, they change nothing
         self.train_iters = self.run_schedule.train_iters
         self.shape = GPTShape.from_experiment(exp)
@@ -195,7 +194,6 @@ class Trainer:
             torch.set_rng_state(rng)
             return built
 
-        self._feed = feed
         self.train_feed = feed(self.train_ds, self.state.consumed_train_samples)
         self.valid_feed = feed(self.valid_ds, self.state.consumed_valid_samples) if exp.logging.eval_iters else None
 
@@ -319,9 +317,6 @@ class Trainer:
         e.set_train_batch_size(gbs)
         self._activation_shape(seqlen)
         pipeline_engine.set_lr(e, self._scheduled_lr())
-        if self._feed_stale:  # after skipped iterations: read on from the consumed position
-            self.train_feed = self._feed(self.train_ds, s.consumed_train_samples)
-            self._feed_stale = False
         data = self.train_feed.take(e.micro_batches, seqlen) if self.train_feed is not None else None
         loss = float(e.train_batch(data_iter=self._with_faults(data, s.iteration + 1)))
         if hasattr(self.loss_fn, "iteration"):
@@ -370,7 +365,8 @@ class Trainer:
         s.iteration += 1
         s.consumed_train_samples += gbs
         s.consumed_train_tokens += gbs * seqlen
-        self._feed_stale = True
+        if self.train_feed is not None:  # the same feed reads on past them: no new DataLoader workers mid-run
+            self.train_feed.skip(gbs // (self.exp.batch.micro_batch_size * self.dp))
 
     def evaluate(self) -> float | None:
         exp, e = self.exp, self.engine
