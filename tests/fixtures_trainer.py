@@ -12,6 +12,7 @@ time, and each test module shares its runs between its checks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -91,7 +92,34 @@ def launch(out: Path, nproc: int, env: dict | None = None, timeout: float = 300,
             *(["--synthetic-data"] if synthetic else [])]
     full_env = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
     full_env.update({"DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", **(env or {})})
-    return subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(argv, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stdout, stderr = _end_hung(proc)
+            pytest.fail(f"the launch hung for {timeout} s; the stacks its processes were at are in its stderr\n"
+                        f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-20000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def _end_hung(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGUSR2 to every process of a hung launch (each trainer, and its DataLoader workers, writes its Python
+    stacks to stderr: train.main), a second each to write them, then SIGKILL to all: (stdout, stderr)."""
+    import signal
+    import time
+
+    import psutil
+
+    everyone = psutil.Process(proc.pid).children(recursive=True)  # torchrun starts the ranks in their own sessions
+    for p in everyone:  # one at a time, so that their stacks do not interleave
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGUSR2)
+            time.sleep(1)
+    for p in [*everyone, psutil.Process(proc.pid)]:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return proc.communicate()
 
 
 def run_ok(out: Path, nproc: int, env: dict | None = None, synthetic: bool = True) -> subprocess.CompletedProcess:

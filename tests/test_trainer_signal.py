@@ -1,4 +1,5 @@
-"""SIGUSR1 (Slurm's warning before the time limit) makes a running trainer save and exit cleanly."""
+"""SIGUSR1 (Slurm's warning before the time limit) makes a running trainer save and exit cleanly; SIGUSR2 makes it
+write where each of its threads is and train on."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def test_sigusr1_saves_at_the_current_iteration_and_exits_0(tmp_path: Path) -> N
         else:
             raise AssertionError("no iteration line within 180 s:\n" + "".join(lines[-30:]))
         [worker] = _children(proc.pid)
+        os.kill(worker, signal.SIGUSR2)  # on-call's look at a hung rank: its stacks, and it trains on
         os.kill(worker, signal.SIGUSR1)
         rest, _ = proc.communicate(timeout=120)
     finally:
@@ -61,6 +63,8 @@ def test_sigusr1_saves_at_the_current_iteration_and_exits_0(tmp_path: Path) -> N
             proc.kill()
     output = "".join(lines) + rest
     assert proc.returncode == 0, output[-3000:]
+    assert re.search(r"[Tt]hread 0x[0-9a-f]+ \(most recent call first\):\n(  File .*\n)*"
+                     r"  File \".*bigscience_ops/trainer/train\.py\", line \d+ in main\n", output), output[-3000:]
     match = re.search(r"> signal received: saved and exiting at iteration (\d+)", output)
     assert match, output[-3000:]
     stopped = int(match.group(1))
