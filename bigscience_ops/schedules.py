@@ -94,28 +94,34 @@ class BatchSchedule:
 
     def sizes_of_steps(self, first: int, last: int) -> tuple[int, ...]:
         """The distinct global batch sizes of steps first..last (1-based, inclusive)."""
-        sizes = {inc.global_batch_size for inc in self.increments()
+        sizes = {inc.global_batch_size for inc in self._increments
                  if inc.first_step <= last and inc.first_step + inc.steps - 1 >= first}
         if last > self.rampup_steps and last >= first:
             sizes.add(self.global_batch_size)
         return tuple(sorted(sizes))
 
     def increments(self) -> list[Increment]:
+        """The rampup, one row per batch size (empty without a rampup)."""
+        return list(self._increments)
+
+    @cached_property
+    def _increments(self) -> tuple[Increment, ...]:
+        """`increments`, built once per schedule: the walk over every rampup step (23k for tr1-13B) is most
+        of the plan's time, and each node phase asks for the batch sizes it spans."""
         if not self.has_rampup:
-            return []
-        table: list[Increment] = []
+            return ()
+        rows: list[list[int]] = []  # [batch size, steps, samples, first step]
         previous = 0
         for step, consumed in enumerate(self._rampup_consumed, start=1):
-            gbs = consumed - previous
-            if table and table[-1].global_batch_size == gbs:
-                last = table[-1]
-                table[-1] = Increment(gbs, last.nominal_samples, last.naive_steps, last.steps + 1,
-                                      last.samples + gbs, last.first_step)
+            gbs, previous = consumed - previous, consumed
+            if rows and rows[-1][0] == gbs:
+                rows[-1][1] += 1
+                rows[-1][2] += gbs
             else:
-                nominal = self.samples_per_increment
-                table.append(Increment(gbs, nominal, int(nominal) // gbs, 1, gbs, step))
-            previous = consumed
-        return table
+                rows.append([gbs, 1, gbs, step])
+        nominal = self.samples_per_increment
+        return tuple(Increment(gbs, nominal, int(nominal) // gbs, steps, samples, first)
+                     for gbs, steps, samples, first in rows)
 
 
 @dataclass(frozen=True)
