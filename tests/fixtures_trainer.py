@@ -17,13 +17,16 @@ import dataclasses
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
 import pytest
 
 from bigscience_ops.config import load_experiment, to_dict
@@ -106,11 +109,6 @@ def launch(out: Path, nproc: int, env: dict | None = None, timeout: float = 300,
 def _end_hung(proc: subprocess.Popen) -> tuple[str, str]:
     """SIGUSR2 to every process of a hung launch (each trainer, and its DataLoader workers, writes its Python
     stacks to stderr: train.main), a second each to write them, then SIGKILL to all: (stdout, stderr)."""
-    import signal
-    import time
-
-    import psutil
-
     everyone = psutil.Process(proc.pid).children(recursive=True)  # torchrun starts the ranks in their own sessions
     for p in everyone:  # one at a time, so that their stacks do not interleave
         with contextlib.suppress(psutil.Error):
@@ -224,7 +222,6 @@ def spiked_run(tmp_path_factory, bundled_corpus) -> tuple[Experiment, Path, subp
 def single_rank_group():
     """A one-process gloo group on a free loopback port, for code that calls collectives; the signal
     handlers the code under test installs (SIGUSR1, SIGTERM) are put back afterwards."""
-    import signal
     import socket
 
     import torch.distributed as dist

@@ -10,24 +10,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bigscience_ops.ledger import latest_iteration
 from tests.fixtures_trainer import REPO, TORCHRUN, small_experiment, write_run
 
 pytestmark = pytest.mark.slow
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def test_sigusr1_saves_at_the_current_iteration_and_exits_0(tmp_path: Path) -> None:
@@ -54,7 +43,7 @@ def test_sigusr1_saves_at_the_current_iteration_and_exits_0(tmp_path: Path) -> N
                 break
         else:
             raise AssertionError("no iteration line within 180 s:\n" + "".join(lines[-30:]))
-        [worker] = _children(proc.pid)
+        [worker] = [p.pid for p in psutil.Process(proc.pid).children()]
         os.kill(worker, signal.SIGUSR2)  # on-call's look at a hung rank: its stacks, and it trains on
         os.kill(worker, signal.SIGUSR1)
         rest, _ = proc.communicate(timeout=120)

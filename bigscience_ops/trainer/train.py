@@ -369,14 +369,18 @@ class Trainer:
         s.consumed_train_samples += gbs
         s.consumed_train_tokens += gbs * seqlen
         if self.train_feed is not None:  # the same feed reads on past them: no new DataLoader workers mid-run
-            self.train_feed.skip(gbs // (self.exp.batch.micro_batch_size * self.dp))
+            self.train_feed.skip(self._micro_batches(gbs))
+
+    def _micro_batches(self, gbs: int) -> int:
+        """Micro-batches this rank reads in a step of global batch size `gbs`."""
+        return gbs // (self.exp.batch.micro_batch_size * self.dp)
 
     def evaluate(self) -> float | None:
         exp, e = self.exp, self.engine
         if exp.logging.eval_iters == 0 or self.valid_ds is None:
             return None
         gbs = self.schedule.batch_size_at(self.state.consumed_train_samples)
-        micro = gbs // (exp.batch.micro_batch_size * self.dp)
+        micro = self._micro_batches(gbs)
         self._activation_shape(exp.model.seq_length)  # validation reads whole samples, as Megatron's
         losses = []
         for _ in range(exp.logging.eval_iters):
