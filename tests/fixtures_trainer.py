@@ -108,7 +108,7 @@ def launch(out: Path, nproc: int, env: dict | None = None, timeout: float = 300,
 
 def _end_hung(proc: subprocess.Popen) -> tuple[str, str]:
     """SIGUSR2 to every process of a hung launch (each trainer, and its DataLoader workers, writes its Python
-    stacks to stderr: train.main), a second each to write them, then SIGKILL to all: (stdout, stderr)."""
+    stacks to stderr: trainer/stacks.py), a second each to write them, then SIGKILL to all: (stdout, stderr)."""
     everyone = psutil.Process(proc.pid).children(recursive=True)  # torchrun starts the ranks in their own sessions
     for p in everyone:  # one at a time, so that their stacks do not interleave
         with contextlib.suppress(psutil.Error):

@@ -231,6 +231,25 @@ class _RecordingBoard:
             self.scalars.append((tag, iteration, value))
 
 
+def test_a_data_worker_writes_its_stacks_on_sigusr2_and_reads_on(capfd):
+    """As its trainer does (trainer/stacks.py): the on-call look at a rank whose data worker hangs."""
+    import psutil
+
+    from bigscience_ops.trainer.data import MicroBatchFeed
+
+    before = {p.pid for p in psutil.Process().children()}
+    feed = MicroBatchFeed(SyntheticDataset(50, 8, 97, seed=3), 0, 2, 0, 1, 1, torch.device("cpu"))
+    first = list(feed.take(2))
+    [worker] = [p for p in psutil.Process().children() if p.pid not in before]
+    worker.send_signal(signal.SIGUSR2)
+    err, deadline = "", time.monotonic() + 60
+    while "(MainThread), most recent call first:" not in err and time.monotonic() < deadline:
+        time.sleep(0.1)
+        err += capfd.readouterr().err
+    assert "(MainThread), most recent call first:" in err and "in _worker_loop" in err, err
+    assert worker.is_running() and len(list(feed.take(2))) == 2 and len(first) == 2
+
+
 def test_metrics_window_averages_applied_finite_steps_between_lines():
     board, lines, norms = _RecordingBoard(), [], []
     metrics = Metrics(board, lambda *text: lines.extend(text), train_iters=4, log_interval=2, flops_per_token=1e6,

@@ -33,6 +33,7 @@ import torch
 from bigscience_ops.trainer.sampling import (  # noqa: F401  (re-exported for the trainer and its tests)
     SyntheticDataset, build_datasets, micro_batch_indices, sample_indices,
 )
+from bigscience_ops.trainer.stacks import serve_stack_dumps
 
 
 class TokenDataset(Protocol):
@@ -79,12 +80,15 @@ class MicroBatchSampler:
             yield micro_batch_indices(self.consumed, j, self.mbs, self.rank, self.dp, self.n)
 
 
-def _die_with_trainer(worker_id: int) -> None:
-    """DataLoader worker set-up: SIGKILL this worker when its trainer process ends, however it ends.
+def _set_up_worker(worker_id: int) -> None:
+    """DataLoader worker set-up: SIGUSR2 writes its stacks, as the trainer's (stacks.py; the worker was
+    forked with the signal blocked and without the thread that takes it), and it gets SIGKILL when
+    its trainer process ends, however it ends.
 
     A failed rank leaves with os._exit (train.py); without this its workers would linger until their
     next liveness check.
     """
+    serve_stack_dumps()
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -108,7 +112,7 @@ class MicroBatchFeed:
         self.loader = torch.utils.data.DataLoader(
             dataset, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
             pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None,
-            worker_init_fn=_die_with_trainer if num_workers else None)
+            worker_init_fn=_set_up_worker if num_workers else None)
         self._batches = iter(self.loader)
 
     def _to_device(self, batch: MicroBatch) -> MicroBatch:

@@ -23,16 +23,15 @@ main_log.txt) and exits at once, without the final barrier its peers could never
 peers' collectives then fail (gloo: connection closed) or time out (NCCL), and srun
 --kill-on-bad-exit ends the other nodes. BSOPS_FAIL_AT="RANK:ITERATION" injects such a failure
 (tests and fire drills): that rank raises before training iteration ITERATION.
-A rank that hangs shows where: SIGUSR2 writes the Python stack of each of its threads to its stderr.
+A rank that hangs shows where: SIGUSR2 writes the Python stack of each of its threads to its stderr
+(stacks.py, set up by __main__.py before torch loads).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import faulthandler
 import json
 import os
-import signal
 import sys
 import time
 import traceback
@@ -512,7 +511,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--synthetic-data", action="store_true",
                         help="train on generated token sequences instead of data.blend (tests and benchmarks)")
     args = parser.parse_args(argv)
-    faulthandler.register(signal.SIGUSR2, all_threads=True)  # `kill -USR2 PID`: where a hung rank waits
     try:
         exp = from_dict(json.loads(args.experiment.read_text(encoding="utf-8")), str(args.experiment))
         ds_config = json.loads(args.deepspeed_config.read_text(encoding="utf-8"))
