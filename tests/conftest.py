@@ -34,3 +34,13 @@ def trainings(tmp_path: Path) -> Path:
     directory = tmp_path / "trainings"
     shutil.copytree(REPO / "trainings", directory)
     return directory
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """With pytest-xdist (-n 2 --dist loadgroup, the README's fast loop) the tests that use the Slurm cluster or
+    launch the trainer run on one worker: each worker would start the cluster, and two launches side by side
+    (fixtures_trainer.concurrently) already keep 2 cores busy: more oversubscribe them (the whole suite on two
+    workers takes longer than on one)."""
+    for item in items:
+        if item.get_closest_marker("slurm") or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("cluster-and-launches"))
