@@ -1,13 +1,14 @@
-"""Fixtures for the trainer tests: a small experiment, a launcher for real torchrun runs, TensorBoard readers.
+"""Fixtures for the trainer tests: a small experiment, a launcher of real trainer ranks, TensorBoard readers.
 
-Runs are launched the way the job script launches them (torchrun -m bigscience_ops.trainer), on
-generated data (--synthetic-data) unless `synthetic=False`: the runs whose tokens `bsops samples` must
-reproduce train on the bundled corpus (`bundled_corpus`, `small_experiment(corpus=...)`), and their
-stdout is appended to main_log.txt as the job script does (`append_main_log`).
+Runs are launched as torchrun starts the job script's (`launch`: the ranks of `python -m
+bigscience_ops.trainer`), on generated data (--synthetic-data) unless
+`synthetic=False`: the runs whose tokens `bsops samples` must reproduce train on the bundled corpus
+(`bundled_corpus`, `small_experiment(corpus=...)`), and their stdout is appended to main_log.txt as
+the job script does (`append_main_log`).
 
-A launch costs ~5 s before its first step (every process imports torch and DeepSpeed and builds an
-engine) and keeps about one core busy, so fixtures launch independent runs `concurrently`, two at a
-time, and each test module shares its runs between its checks.
+A launch costs ~3 s of CPU a rank before its first step (every process imports torch and DeepSpeed
+and builds an engine), so fixtures launch independent runs `concurrently`, two at a time, and each
+test module shares its runs between its checks.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import glob
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -89,35 +92,80 @@ def write_run(exp: Experiment, out: Path) -> Path:
 
 def launch(out: Path, nproc: int, env: dict | None = None, timeout: float = 300,
            synthetic: bool = True) -> subprocess.CompletedProcess:
-    """One torchrun launch of the trainer on the experiment written in `out`."""
-    argv = [TORCHRUN, "--standalone", "--nproc_per_node", str(nproc), "-m", "bigscience_ops.trainer",
-            "--experiment", str(Path(out) / "experiment.json"), "--deepspeed-config", str(Path(out) / "ds_config.json"),
-            *(["--synthetic-data"] if synthetic else [])]
-    full_env = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
-    full_env.update({"DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", **(env or {})})
-    with subprocess.Popen(argv, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stdout, stderr = _end_hung(proc)
-            pytest.fail(f"the launch hung for {timeout} s; the stacks its processes were at are in its stderr\n"
-                        f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-20000:]}")
-    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+    """The trainer's `nproc` ranks on the experiment written in `out`."""
+    argv = ["-m", "bigscience_ops.trainer", "--experiment", str(Path(out) / "experiment.json"),
+            "--deepspeed-config", str(Path(out) / "ds_config.json"), *(["--synthetic-data"] if synthetic else [])]
+    return ranks(argv, nproc, env, timeout)
 
 
-def _end_hung(proc: subprocess.Popen) -> tuple[str, str]:
-    """SIGUSR2 to every process of a hung launch (each trainer, and its DataLoader workers, writes its Python
-    stacks to stderr: trainer/stacks.py), a second each to write them, then SIGKILL to all: (stdout, stderr)."""
-    everyone = psutil.Process(proc.pid).children(recursive=True)  # torchrun starts the ranks in their own sessions
-    for p in everyone:  # one at a time, so that their stacks do not interleave
+def ranks(args: list[str], nproc: int, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python ARGS` as `nproc` ranks of one process group, started as `torchrun --standalone` starts them: RANK,
+    LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, OMP_NUM_THREADS=1 for more than
+    one, one stdout and one stderr for all. Without torchrun's agent, which costs each launch as much CPU as a
+    rank's start: the launch tests run the job script's torchrun. As the agent does, the first rank to fail ends
+    the others (after a grace to write their own errors): its exit status is the launch's."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
+    common.update({"DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)})
+    if nproc > 1:
+        common.setdefault("OMP_NUM_THREADS", "1")
+    common.update(env or {})
+    argv = [sys.executable, *args]
+    with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "out", "a+") as out, \
+            open(Path(tmp) / "err", "a+") as err:  # appended to by every rank
+        procs = [subprocess.Popen(argv, cwd=REPO, env={**common, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                  stdout=out, stderr=err, text=True) for r in range(nproc)]
+        status, hung = _wait(procs, time.monotonic() + timeout)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if hung:
+        pytest.fail(f"the launch hung for {timeout} s; the stacks its processes were at are in its stderr\n"
+                    f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-20000:]}")
+    return subprocess.CompletedProcess(argv, status, stdout, stderr)
+
+
+FAILURE_GRACE_S = 10
+
+
+def _wait(procs: list[subprocess.Popen], deadline: float) -> tuple[int, bool]:
+    """(the first failing rank's exit status or 0, whether the launch hung) once every rank has ended."""
+    failed_at, status = None, 0
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if failed_at is None and (codes := [p.returncode for p in procs if p.returncode not in (None, 0)]):
+            failed_at, status = now, codes[0]
+        if failed_at is not None and now > failed_at + FAILURE_GRACE_S:
+            _kill(procs, stacks=False)
+        elif now > deadline:
+            _kill(procs, stacks=True)
+            return status, True
+        time.sleep(0.2)
+    if failed_at is None:
+        status = next((p.returncode for p in procs if p.returncode), 0)
+    return status, False
+
+
+def _kill(procs: list[subprocess.Popen], stacks: bool) -> None:
+    """SIGKILL to every rank and its DataLoader workers; with `stacks`, first SIGUSR2 to each, one at a time so that
+    their stacks do not interleave, and a second each to write them (trainer/stacks.py)."""
+    everyone = []
+    for proc in procs:
         with contextlib.suppress(psutil.Error):
-            p.send_signal(signal.SIGUSR2)
-            time.sleep(1)
-    for p in [*everyone, psutil.Process(proc.pid)]:
+            p = psutil.Process(proc.pid)
+            everyone += [p, *p.children(recursive=True)]
+    if stacks:
+        for p in everyone:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGUSR2)
+                time.sleep(1)
+    for p in everyone:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    return proc.communicate()
+    for proc in procs:
+        proc.wait()
 
 
 def run_ok(out: Path, nproc: int, env: dict | None = None, synthetic: bool = True) -> subprocess.CompletedProcess:

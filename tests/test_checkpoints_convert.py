@@ -31,7 +31,7 @@ from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.schema import DataSource
 from bigscience_ops.errors import BsopsError
 from tests.fixtures_git import bare_remote, blob_at, git, lfs_object, lfs_oid
-from tests.fixtures_trainer import REPO, TORCHRUN, concurrently, scalars, small_experiment, write_run
+from tests.fixtures_trainer import REPO, concurrently, run_ok, scalars, small_experiment, write_run
 
 VOCAB = 8192  # the bundled tokenizer's size
 PADDED = 8200  # TP=2 run: make_vocab_size_divisible_by 100 (x TP 2 = 200): 8 padding rows to remove
@@ -46,19 +46,14 @@ def corpus(tmp_path_factory) -> str:
 
 
 def _train(out: Path, corpus: str, tensor: int, pipeline: int, divisible: int):
-    """A real run on the bundled corpus (no --synthetic-data), launched as the job script launches it."""
+    """A real run on the bundled corpus (no --synthetic-data)."""
     exp = small_experiment(out, model=dict(vocab_size=VOCAB, make_vocab_size_divisible_by=divisible),
                            parallel=dict(tensor=tensor, pipeline=pipeline, zero_stage=0),
                            train=dict(samples=48, seed=1234, precision="fp32"),
                            checkpoint=dict(save_interval=100, exit_interval=None),
                            data=dict(blend=[DataSource(prefix=corpus)]))
     write_run(exp, out)
-    argv = [TORCHRUN, "--standalone", "--nproc_per_node", str(tensor * pipeline), "-m", "bigscience_ops.trainer",
-            "--experiment", str(out / "experiment.json"), "--deepspeed-config", str(out / "ds_config.json")]
-    env = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
-    env.update(DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"trainer exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    run_ok(out, tensor * pipeline, synthetic=False)
     return exp
 
 

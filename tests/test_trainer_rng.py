@@ -1,6 +1,6 @@
 """Dropout with TP > 1 (Megatron's model-parallel RNG tracker), on 2 CPU processes over gloo.
 
-The probe (this file run by torchrun) builds a TP=2 embedding and block seeded as the trainer seeds
+The probe (this file run as 2 ranks) builds a TP=2 embedding and block seeded as the trainer seeds
 them, gives rank 1 the same attention heads as rank 0 (so their attention inputs are identical and
 only the dropout masks can tell them apart), runs a training forward and saves what each dropout
 produced: attention must differ between the ranks (each draws its own masks), the embedding and the
@@ -10,7 +10,6 @@ trainer with dropout on, interrupted and resumed, continues bitwise.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures_trainer import (REPO, TORCHRUN, checkpoint_steps, concurrently, scalars, small_experiment,
+from tests.fixtures_trainer import (REPO, checkpoint_steps, concurrently, ranks, scalars, small_experiment,
                                      whole_and_resumed)
 
-pytestmark = pytest.mark.slow  # torchrun probes and trainer launches
+pytestmark = pytest.mark.slow  # 2-rank probes and trainer launches
 
 STEPS = 10
 
@@ -72,13 +71,12 @@ KERNELS = ["torch", "triton"]
 
 @pytest.fixture(scope="module")
 def probes(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
-    """kernels -> (folder, torchrun of the probe on 2 processes) for each kernel choice, side by side."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    """kernels -> (folder, the probe run as 2 ranks) for each kernel choice, side by side."""
+    env = {"TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     folders = {kernels: tmp_path_factory.mktemp(f"probe_{kernels}") for kernels in KERNELS}
 
     def probe(kernels: str) -> tuple[Path, subprocess.CompletedProcess]:
-        argv = [TORCHRUN, "--standalone", "--nproc_per_node", "2", __file__, str(folders[kernels]), kernels]
-        return folders[kernels], subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        return folders[kernels], ranks([__file__, str(folders[kernels]), kernels], 2, env)
 
     return concurrently({kernels: lambda kernels=kernels: probe(kernels) for kernels in reversed(KERNELS)})
 
@@ -125,5 +123,5 @@ def test_tp2_dropout_run_resumes_bitwise(tp_dropout_runs):
     assert torch.equal(states[0]["torch"], states[1]["torch"])  # the replicated regions' generator: shared
 
 
-if __name__ == "__main__":  # the probe, under torchrun
+if __name__ == "__main__":  # the probe, one rank of 2
     _probe(Path(sys.argv[1]), sys.argv[2])
