@@ -286,6 +286,7 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
             # Every "node" shares this machine: give each training process its share of the cores,
             # as Slurm's --cpus-per-task would, instead of each using them all.
             "OMP_NUM_THREADS": str(threads),
+            "BSOPS_MASTER_PORT": str(exp.slurm.master_port),  # the free port local_experiment chose, as it is
         })
         output = logs / f"{exp.slurm.job_name or exp.name}-{array_job_id}_{task}.out"
         start = time.time()

@@ -22,7 +22,7 @@ import jinja2
 
 from bigscience_ops import __version__, slurm
 from bigscience_ops.config import to_dict
-from bigscience_ops.schema import SLURM_CONSTRAINT, SLURM_NAME, SLURM_NAMES, SLURM_NODES, Experiment
+from bigscience_ops.schema import PORT_SPREAD, SLURM_CONSTRAINT, SLURM_NAME, SLURM_NAMES, SLURM_NODES, Experiment
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.plan import Plan
 from bigscience_ops.resources import bundled
@@ -182,6 +182,7 @@ def render(exp: Experiment, out_dir: Path, plan: Plan) -> Rendered:
         "env_setup": [Raw(line) for line in s.env_setup],
         "run_dir": str(out_dir),
         "threads_per_process": max(1, s.cpus_per_task // s.gpus_per_node),
+        "port_spread": PORT_SPREAD,
         "experiment_json": str(out_dir / EXPERIMENT_JSON),
         "deepspeed_json": str(out_dir / DEEPSPEED_JSON),
     }

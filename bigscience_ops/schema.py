@@ -39,6 +39,8 @@ YEAR_MINUTES = 525_600
 """Minutes of waiting, cooling down or timing out: at most a year."""
 MAX_LOG_LINES = 100_000
 """Iteration lines the watchdog reads back from the log (about 30 MB)."""
+PORT_SPREAD = 1000
+"""A job's rendezvous port is slurm.master_port + its job id % PORT_SPREAD (templates/train.slurm.j2)."""
 
 OUTPUT_PATH = Charset(r"[^\\\x00-\x1f\x7f\x85\u2028\u2029]",
                       "a path without backslash (Slurm drops it from --output and stops expanding %x there), "
@@ -246,7 +248,9 @@ class SlurmConfig:
     exclude: list[str] = documented(factory=list, doc="nodes to keep the job off (--exclude)", charset=SLURM_NODES)
     env_setup: list[str] = documented(factory=list, doc="shell lines run before training (trusted shell code, one line per item)",
                                       trusted_shell_line=True)
-    master_port: int = documented(6000, "rendezvous port on the first node", at_least=1, below=65536)
+    master_port: int = documented(6000, f"rendezvous ports on the first node start here: a job listens on master_port + "
+                                         f"its job id % {PORT_SPREAD}, so jobs sharing a node never meet",
+                                  at_least=1, below=65536 - PORT_SPREAD)
     failure_budget: int = documented(3, "array tasks in a row without progress before the next one stops; 0: never", at_least=0, below=10**6)
     signal_seconds: int | None = documented(
         None, "--signal=B:USR1@N: Slurm warns the job N s before its time limit and the trainer saves and exits; "

@@ -23,7 +23,7 @@ HOSTILE = {
     "an infinite learning rate": ("optimizer: {lr: .inf}\n", "optimizer.lr", "a finite number"),
     "a NaN learning rate": ("optimizer: {lr: .nan}\n", "optimizer.lr", "a finite number"),
     "a float beyond 1e308": ("optimizer: {lr: 1e400}\n", "optimizer.lr", "a finite number"),
-    "a port above 65535": ("slurm: {master_port: 999999}\n", "slurm.master_port", "[1, 65,536)"),
+    "a port above 65535": ("slurm: {master_port: 999999}\n", "slurm.master_port", "[1, 64,536)"),
     "an SMTP port above 65535": ("alerts: {smtp_port: 70000}\n", "alerts.smtp_port", "[1, 65,536)"),
     "1e41 layers": ("model: {num_layers: 1e41}\n", "model.num_layers", "at most 19 digits"),
     "1e30 samples": ("train: {samples: 1e30}\n", "train.samples", "at most 19 digits"),

@@ -46,6 +46,24 @@ def test_script_has_array_resources_and_derived_exit(tmp_path: Path) -> None:
     assert "source $six_ALL_CCFRWORK/code/tr1-13B/bigscience/train/tr1-13B-base/start-tr1-13B\n" in script
 
 
+def test_each_job_rendezvous_on_a_port_and_id_of_its_own(tmp_path: Path) -> None:
+    """Jobs sharing a node (an array task starting while the last one's processes still exit) must not meet on
+    one port: a task's second node once joined the ending task's rendezvous and waited for ever."""
+    exp = load_experiment("tr1-13B")
+    script = rendering.render(exp, tmp_path, make_plan(exp)).files["tr1-13B.slurm"]
+    [port_line] = [line for line in script.split("\n") if line.startswith("MASTER_PORT=")]
+    assert '--master_port "$MASTER_PORT"\n    --rdzv_id "${SLURM_JOB_ID:-none}"\n' in script
+
+    def port(**env: str) -> int:
+        shell = subprocess.run(["bash", "-c", f'{port_line}\necho "$MASTER_PORT"'], env={"PATH": os.environ["PATH"], **env},
+                               capture_output=True, text=True, check=True)
+        return int(shell.stdout)
+
+    assert exp.slurm.master_port == 6000
+    assert [port(SLURM_JOB_ID=str(job)) for job in (2896, 2897, 3999, 4000)] == [6896, 6897, 6999, 6000]
+    assert port(SLURM_JOB_ID="2897", BSOPS_MASTER_PORT="23456") == 23456  # bsops launch --local's free port
+
+
 def test_deepspeed_json_from_config(tmp_path: Path) -> None:
     exp = load_experiment("tr1-13B")
     ds = json.loads(rendering.render(exp, tmp_path, make_plan(exp)).files["ds_config.json"])
