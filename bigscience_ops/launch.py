@@ -164,7 +164,7 @@ class LocalRun:
 PORTS_FROM = 20000  # below: the well-known and registered ports services are likelier to hold
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A free TCP port for the rendezvous, below the kernel's ephemeral range (ip_local_port_range).
 
     The port goes into the job script when the launch starts, and the first node's torchrun listens on it
@@ -209,7 +209,7 @@ def local_experiment(exp: Experiment, run_dir: Path | None) -> Experiment:
                                     codecarbon=str(out / "codecarbon"))
         checkpoint = dataclasses.replace(exp.checkpoint, kill_switch_path=str(out / "kill-switch"))
         exp = dataclasses.replace(exp, checkpoint=checkpoint)
-    return dataclasses.replace(exp, paths=paths, slurm=dataclasses.replace(exp.slurm, master_port=_free_port()))
+    return dataclasses.replace(exp, paths=paths, slurm=dataclasses.replace(exp.slurm, master_port=free_port()))
 
 
 # The lines of a task's output worth showing while it runs: training progress and what the run decides.

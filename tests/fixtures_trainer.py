@@ -19,7 +19,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import psutil
 import pytest
 
 from bigscience_ops.config import load_experiment, to_dict
+from bigscience_ops.launch import free_port
 
 from bigscience_ops.schema import DataSource, Experiment, SaveRange
 from bigscience_ops.render import deepspeed_config
@@ -104,9 +104,7 @@ def ranks(args: list[str], nproc: int, env: dict | None = None, timeout: float =
     one, one stdout and one stderr for all. Without torchrun's agent, which costs each launch as much CPU as a
     rank's start: the launch tests run the job script's torchrun. As the agent does, the first rank to fail ends
     the others (after a grace to write their own errors): its exit status is the launch's."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # below the ephemeral range: no gloo or other launch can take it before rank 0 listens
     common = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
     common.update({"DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)})

@@ -103,7 +103,7 @@ def test_a_rendezvous_port_taken_by_another_program_fails_the_task_at_once(tmp_p
     with socket.socket() as other:  # a program that accepts connections and never answers
         other.bind(("", 0))
         other.listen(8)
-        monkeypatch.setattr(launch, "_free_port", lambda: other.getsockname()[1])
+        monkeypatch.setattr(launch, "free_port", lambda: other.getsockname()[1])
         exp = load_experiment("small", trainings)
         with pytest.raises(launch.LaunchError, match="array task 1: .* exited 1"):
             launch.launch_local(exp, tmp_path / "run", tasks=1, timeout_s=300)
@@ -115,7 +115,7 @@ def test_a_rendezvous_port_taken_by_another_program_fails_the_task_at_once(tmp_p
 def test_the_rendezvous_port_is_free_and_below_the_kernels_own_range():
     low, high = launch._ephemeral_ports()
     assert launch.PORTS_FROM < low <= high
-    ports = {launch._free_port() for _ in range(20)}
+    ports = {launch.free_port() for _ in range(20)}
     assert all(launch.PORTS_FROM <= port < low for port in ports) and len(ports) > 1
     with socket.socket() as s:
         s.bind(("", ports.pop()))  # free: it binds

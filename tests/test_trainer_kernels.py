@@ -5,7 +5,6 @@ CPU) as with the torch references, and the vocab-parallel Triton cross-entropy o
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 
 import pytest
@@ -14,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bigscience_ops.config import load_experiment
+from bigscience_ops.launch import free_port
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer.data import SyntheticDataset, step_micro_batches
 from bigscience_ops.trainer.model import build_sequential, loss_function
@@ -57,12 +57,6 @@ def test_kernels_switch_is_read_from_the_experiment():
     assert exp.model.kernels == "auto"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _tp_worker(rank: int, port: int, logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
                out: dict) -> None:
     os.environ["TRITON_INTERPRET"] = "1"
@@ -87,7 +81,7 @@ def test_vocab_parallel_triton_cross_entropy_over_two_gloo_ranks():
     ((expected * mask).sum() / mask.sum()).backward()
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.start_processes(_tp_worker, args=(_free_port(), logits, targets, mask, out), nprocs=2, join=True,
+        mp.start_processes(_tp_worker, args=(free_port(), logits, targets, mask, out), nprocs=2, join=True,
                            start_method="fork")
         results = dict(out)
     for rank in (0, 1):
