@@ -64,8 +64,11 @@ def test_the_watchdog_alerts_each_fault_two_iterations_after_it(spiked_run, tmp_
                                 health_settings=settings)
         assert f"health-{kind}" in {a.condition for a in result.report.alerts}, (kind, result.lines)
         tail, _ = runlog.tail(snapshot, (settings.window + settings.recent) * 4)  # what the watchdog read
-        newest = {f.kind: f.iteration for f in health.check(health.entries(tail), settings, recent=settings.recent)}
-        assert newest[kind] == iteration, (kind, newest)
+        found = [(f.kind, f.iteration) for f in health.check(health.entries(tail), settings, recent=settings.recent,
+                                                             every=True)]
+        assert (kind, iteration) in found, (kind, found)
+        if kind != "slow":  # other processes on this shared machine can slow the steps after the injected ones
+            assert max(i for k, i in found if k == kind) == iteration, (kind, found)
 
 
 def test_nan_and_overflowing_steps_are_skipped_not_applied(spiked_run):
