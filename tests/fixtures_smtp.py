@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import email
 import email.policy
-import socket
 import ssl
 import subprocess
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
+from bigscience_ops.launch import free_port
 from bigscience_ops.ops.mail import SmtpSettings
 
 PASSWORD = "s3cret-Pa55word"
@@ -45,12 +45,6 @@ class Inbox:
         if ok:
             self.logins.append(auth_data.login.decode())
         return AuthResult(success=ok, handled=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -268,14 +268,9 @@ def spiked_run(tmp_path_factory, bundled_corpus) -> tuple[Experiment, Path, subp
 def single_rank_group():
     """A one-process gloo group on a free loopback port, for code that calls collectives; the signal
     handlers the code under test installs (SIGUSR1, SIGTERM) are put back afterwards."""
-    import socket
-
     import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
     yield
     for sig, handler in handlers.items():
