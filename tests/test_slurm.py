@@ -372,6 +372,23 @@ def test_queries_ignore_the_callers_slurm_settings(slurm_cluster: SlurmCluster, 
     slurm.cancel([job_id], timeout=30)
 
 
+@pytest.mark.slurm
+def test_a_job_never_inherits_a_local_launchs_port_or_ids(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch hands the submitting shell's environment to the job: a shell where `bsops launch --local` variables
+    are set would give every job of the cluster the same rendezvous port (the job script takes BSOPS_MASTER_PORT)."""
+    monkeypatch.setenv("BSOPS_MASTER_PORT", "23456")
+    monkeypatch.setenv(slurm.LOCAL_LAUNCH, "1")
+    monkeypatch.setenv("BSOPS_TEST_KEPT", "yes")
+    seen = tmp_path / "env.txt"
+    job_id = slurm_cluster.submit(slurm_cluster.script(tmp_path, "env.sh", f"env > {seen}.part && mv {seen}.part {seen}"),
+                                  name=f"{slurm_cluster.prefix}-localenv")
+    wait_until("the job's environment written", seen.exists)
+    names = {line.partition("=")[0] for line in seen.read_text().split("\n")}
+    assert "BSOPS_TEST_KEPT" in names and "SLURM_JOB_ID" in names, job_id
+    assert not names & {"BSOPS_MASTER_PORT", slurm.LOCAL_LAUNCH}
+
+
 # --- the task environment, read and written --------------------------------------------------------
 
 @pytest.mark.parametrize("task", [

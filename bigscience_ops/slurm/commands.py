@@ -17,6 +17,7 @@ from bigscience_ops.slurm.output import (
     Jobs, SacctRecord, enforces_accounts, has_default_partition, new_terminator, parse_sacct, parse_sbatch_parsable,
     parse_scontrol_show_job, parse_squeue,
 )
+from bigscience_ops.slurm.taskenv import LOCAL_LAUNCH
 
 DEFAULT_TIMEOUT_S = 60.0
 """Slurm clients retry an absent controller for about a minute; a hung one must not hang a cron job."""
@@ -27,17 +28,22 @@ DEFAULT_TIMEOUT_S = 60.0
 # output, so it never lets them through.
 _USER_OUTPUT_PREFIXES = ("SQUEUE_", "SINFO_", "SACCT_", "SCONTROL_", "SCANCEL_", "SPRIO_", "SSHARE_", "SDIAG_")
 _USER_OUTPUT_VARIABLES = frozenset({"SLURM_TIME_FORMAT", "SLURM_BITSTR_LEN", "SLURM_CLUSTERS"})
+_LOCAL_LAUNCH_VARIABLES = frozenset({LOCAL_LAUNCH, "BSOPS_MASTER_PORT"})
+"""What `bsops launch --local` gives the job script it runs, found in a shell that also submits: sbatch hands the
+submitting environment to the job (--export=ALL), whose tasks would then all meet on one fixed port."""
+_DROPPED_VARIABLES = _USER_OUTPUT_VARIABLES | _LOCAL_LAUNCH_VARIABLES
 PINNED_ENV = {"SLURM_TIME_FORMAT": "standard"}
 """What every Slurm command runs with: ISO timestamps (`2021-08-16T03:52:02`), as the parsers read."""
 
 
 def pinned_env(env: Mapping[str, str] | None = None, settings: Mapping[str, str] | None = None
                ) -> dict[str, str]:
-    """`env` (default: this process's) without the variables that change Slurm's output, plus PINNED_ENV
-    and bsops' own `settings` for this command (squeue's format: `argv.squeue_env`)."""
+    """`env` (default: this process's) without the variables that change Slurm's output or would pass a local
+    launch's port to a job (_LOCAL_LAUNCH_VARIABLES), plus PINNED_ENV and bsops' own `settings` for this
+    command (squeue's format: `argv.squeue_env`)."""
     source = os.environ if env is None else env
     clean = {k: v for k, v in source.items()
-             if not k.startswith(_USER_OUTPUT_PREFIXES) and k not in _USER_OUTPUT_VARIABLES}
+             if not k.startswith(_USER_OUTPUT_PREFIXES) and k not in _DROPPED_VARIABLES}
     return {**clean, **PINNED_ENV, **(settings or {})}
 
 
