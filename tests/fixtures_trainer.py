@@ -6,13 +6,15 @@ bigscience_ops.trainer`), on generated data (--synthetic-data) unless
 (`bundled_corpus`, `small_experiment(corpus=...)`), and their stdout is appended to main_log.txt as
 the job script does (`append_main_log`).
 
-A launch costs ~3 s of CPU a rank before its first step (every process imports torch and DeepSpeed
-and builds an engine), so fixtures launch independent runs `concurrently`, two at a time, and each
-test module shares its runs between its checks.
+A rank would spend about 3.5 s of CPU importing torch, torch._dynamo and DeepSpeed before its first step:
+`ranks` forks them from a server that has imported those once (rank_server.py). Building each rank's
+engine still costs about a second, so fixtures launch independent runs `concurrently`, two at a time,
+and each test module shares its runs between its checks.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import glob
@@ -22,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +39,7 @@ from bigscience_ops.launch import free_port
 
 from bigscience_ops.schema import DataSource, Experiment, SaveRange
 from bigscience_ops.render import deepspeed_config
+from tests import rank_server
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -103,7 +107,11 @@ def ranks(args: list[str], nproc: int, env: dict | None = None, timeout: float =
     LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, OMP_NUM_THREADS=1 for more than
     one, one stdout and one stderr for all. Without torchrun's agent, which costs each launch as much CPU as a
     rank's start: the launch tests run the job script's torchrun. As the agent does, the first rank to fail ends
-    the others (after a grace to write their own errors): its exit status is the launch's."""
+    the others (after a grace to write their own errors): its exit status is the launch's.
+
+    The ranks are forks of this worker's rank server (rank_server.py), which has imported torch and DeepSpeed
+    once, unless `env` changes what a fresh interpreter reads at its start (PYTHONPATH, say) or
+    BSOPS_TEST_FRESH_RANKS=1: then each is a new interpreter."""
     port = free_port()  # below the ephemeral range: no gloo or other launch can take it before rank 0 listens
     common = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
     common.update({"DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1",
@@ -112,10 +120,15 @@ def ranks(args: list[str], nproc: int, env: dict | None = None, timeout: float =
         common.setdefault("OMP_NUM_THREADS", "1")
     common.update(env or {})
     argv = [sys.executable, *args]
+    server = None if os.environ.get("BSOPS_TEST_FRESH_RANKS") == "1" else _rank_server()
+    forked = server is not None and args[0] in ("-m", "-c") and rank_server.same_start(common, server.env)
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "out", "a+") as out, \
             open(Path(tmp) / "err", "a+") as err:  # appended to by every rank
-        procs = [subprocess.Popen(argv, cwd=REPO, env={**common, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                  stdout=out, stderr=err, text=True) for r in range(nproc)]
+        procs = []
+        for r in range(nproc):
+            rank_env = {**common, "RANK": str(r), "LOCAL_RANK": str(r)}
+            procs.append(server.start(args, rank_env, REPO, out.name, err.name) if forked else
+                         subprocess.Popen(argv, cwd=REPO, env=rank_env, stdout=out, stderr=err, text=True))
         status, hung = _wait(procs, time.monotonic() + timeout)
         out.seek(0), err.seek(0)
         stdout, stderr = out.read(), err.read()
@@ -125,10 +138,71 @@ def ranks(args: list[str], nproc: int, env: dict | None = None, timeout: float =
     return subprocess.CompletedProcess(argv, status, stdout, stderr)
 
 
+class RankServer:
+    """This worker's rank_server.py, started at its first launch and ended with the worker."""
+
+    def __init__(self) -> None:
+        self.env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}
+        self.env.pop("BSOPS_JOB_START_EPOCH", None)
+        self._proc = subprocess.Popen([sys.executable, rank_server.__file__], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, cwd=REPO, env=self.env, text=True)
+        self._lock = threading.Lock()  # launches run `concurrently`, and one request waits for its reply
+
+    def ask(self, request: dict) -> dict:
+        with self._lock:
+            assert self._proc.stdin is not None and self._proc.stdout is not None
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+            reply = self._proc.stdout.readline()
+        if not reply:
+            raise RuntimeError(f"the rank server ended (exit {self._proc.wait()}); its errors are in the worker's stderr")
+        return json.loads(reply)
+
+    def start(self, args: list[str], env: dict, cwd: Path, out: str, err: str) -> ForkedRank:
+        request = {"argv": args, "env": env, "cwd": str(cwd), "out": out, "err": err}
+        return ForkedRank(self, self.ask({"start": request})["pid"])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+        self._proc.wait(timeout=60)
+
+
+class ForkedRank:
+    """A rank the server forked, with what _wait and _kill use of a Popen."""
+
+    def __init__(self, server: RankServer, pid: int) -> None:
+        self.server, self.pid, self.returncode = server, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.ask({"poll": [self.pid]})["status"][str(self.pid)]
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(0.1)
+        return self.returncode
+
+
+_server: RankServer | None = None
+_server_lock = threading.Lock()
+
+
+def _rank_server() -> RankServer:
+    global _server
+    with _server_lock:
+        if _server is None:
+            _server = RankServer()
+            atexit.register(_server.close)
+        return _server
+
+
 FAILURE_GRACE_S = 10
 
 
-def _wait(procs: list[subprocess.Popen], deadline: float) -> tuple[int, bool]:
+def _wait(procs: list[subprocess.Popen | ForkedRank], deadline: float) -> tuple[int, bool]:
     """(the first failing rank's exit status or 0, whether the launch hung) once every rank has ended."""
     failed_at, status = None, 0
     while any(p.poll() is None for p in procs):
@@ -146,7 +220,7 @@ def _wait(procs: list[subprocess.Popen], deadline: float) -> tuple[int, bool]:
     return status, False
 
 
-def _kill(procs: list[subprocess.Popen], stacks: bool) -> None:
+def _kill(procs: list[subprocess.Popen | ForkedRank], stacks: bool) -> None:
     """SIGKILL to every rank and its DataLoader workers; with `stacks`, first SIGUSR2 to each, one at a time so that
     their stacks do not interleave, and a second each to write them (trainer/stacks.py)."""
     everyone = []

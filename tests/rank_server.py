@@ -1,0 +1,144 @@
+"""Test ranks forked from one process that has imported torch, torch._dynamo and DeepSpeed already.
+
+Each rank of `python -m bigscience_ops.trainer` spends about 3.5 s of CPU importing those before it trains a
+few tiny steps, and the suite starts about a hundred. Run as a script, this module imports them once and then
+forks each rank it is asked for: the child takes the rank's environment, folder, arguments and output files as
+the interpreter would at its start, runs the module as __main__ and exits as the interpreter does (threads
+joined, atexit handlers run, the exit status of SystemExit or 1 after a traceback, a signal's death for an
+unhandled SIGINT). fixtures_trainer.ranks sends only what a fork starts as a fresh interpreter would: the same
+values of what is read while starting or importing (START_KEYS). Every rank of a server shares its hash seed;
+the job-script tests start theirs fresh through torchrun.
+
+One request a line on stdin, one reply a line on stdout, in JSON:
+    {"start": {"argv": ["-m", MODULE, ...], "env": {...}, "cwd": DIR, "out": PATH, "err": PATH}} -> {"pid": PID}
+    {"poll": [PID, ...]} -> {"status": {"PID": RETURNCODE or null}}   (as Popen.returncode: -N killed by signal N)
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import signal
+import sys
+import threading
+import traceback
+
+PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "deepspeed", "numpy")
+START_KEYS = ("DS_ACCELERATOR",)
+"""Besides PYTHON*: environment read while the server imported PRELOAD (DeepSpeed picks its accelerator then)."""
+
+
+def same_start(env: dict[str, str], server_env: dict[str, str]) -> bool:
+    """Whether a process started with `env` starts as a fork of a server started with `server_env` does."""
+    keys = {k for k in (*env, *server_env) if k.startswith("PYTHON") or k in START_KEYS}
+    return all(env.get(k) == server_env.get(k) for k in keys)
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """What the interpreter exits with for an uncaught SystemExit."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _run(request: dict) -> None:
+    """In the forked child: become `python ARGV` and never return."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, request["out"]), (2, request["err"])):
+        target = os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(target, fd)
+        os.close(target)
+    if "OMP_NUM_THREADS" in os.environ:  # read by the OpenMP runtime when the server loaded it
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    argv = request["argv"]
+    code = 0
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[0] = ""
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_status(exc)
+    except KeyboardInterrupt as exc:
+        _print_traceback(exc)
+        _flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException as exc:  # noqa: BLE001 - what the interpreter does with any other uncaught exception
+        _print_traceback(exc)
+        code = 1
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # non-daemon threads, as at the interpreter's exit
+        atexit._run_exitfuncs()
+    finally:
+        _flush()
+        os._exit(code)
+
+
+def _print_traceback(exc: BaseException) -> None:
+    """The traceback the interpreter prints, which starts in the program: without this module's frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def _returncode(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def main() -> None:
+    for name in PRELOAD:
+        __import__(name)
+    requests, replies = sys.stdin.buffer, os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # a library's print in the server never lands in the replies
+    ended: dict[int, int] = {}
+    for line in requests:
+        request = json.loads(line)
+        if "start" in request:
+            pid = os.fork()
+            if pid == 0:
+                replies.close()
+                _run(request["start"])
+            replies.write(json.dumps({"pid": pid}) + "\n")
+        else:
+            status: dict[str, int | None] = {}
+            for pid in request["poll"]:
+                if pid not in ended:
+                    done, code = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        ended[pid] = _returncode(code)
+                status[str(pid)] = ended.get(pid)
+            replies.write(json.dumps({"status": status}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
