@@ -5,9 +5,10 @@ few tiny steps, and the suite starts about a hundred. Run as a script, this modu
 forks each rank it is asked for: the child takes the rank's environment, folder, arguments and output files as
 the interpreter would at its start, runs the module as __main__ and exits as the interpreter does (threads
 joined, atexit handlers run, the exit status of SystemExit or 1 after a traceback, a signal's death for an
-unhandled SIGINT). fixtures_trainer.ranks sends only what a fork starts as a fresh interpreter would: the same
-values of what is read while starting or importing (START_KEYS). Every rank of a server shares its hash seed;
-the job-script tests start theirs fresh through torchrun.
+unhandled SIGINT; `random` and numpy's global generator seeded from the OS). fixtures_trainer.ranks sends only
+what a fork starts as a fresh interpreter would: the same values of what is read while starting or importing
+(START_KEYS). Every rank of a server shares its string hash seed; the job-script tests start theirs fresh
+through torchrun.
 
 One request a line on stdin, one reply a line on stdout, in JSON:
     {"start": {"argv": ["-m", MODULE, ...], "env": {...}, "cwd": DIR, "out": PATH, "err": PATH}} -> {"pid": PID}
@@ -62,6 +63,9 @@ def _run(request: dict) -> None:
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    import numpy
+
+    numpy.random.seed()  # from the OS, as at a fresh import (`random` reseeds itself in a forked child)
     argv = request["argv"]
     code = 0
     try:
