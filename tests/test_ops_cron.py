@@ -154,6 +154,23 @@ def test_runner_respawns_and_submits_its_folder(cron_dir: Path, slurm_cluster, t
 
 
 @pytest.mark.slurm
+def test_a_pass_whose_next_runner_already_started_keeps_that_runners_successor(cron_dir: Path, slurm_cluster,
+                                                                             tmp_path: Path) -> None:
+    """A pass can outlast the start of the runner it re-armed (a late start, a short period): that runner re-arms
+    in turn, and its successor is then the one runner waiting, not an extra chain to cancel."""
+    settings = cron.load_settings(cron_dir)
+    name = cron.runner_name("hourly", settings.name_prefix)
+    runner = cron.write_runner(cron.render_runner(cron_dir, "hourly", settings))
+    started = slurm_cluster.submit(slurm_cluster.script(tmp_path, "next.sh", "sleep 60"), name=name)
+    wait_until("the re-armed runner running", lambda: [j for j in slurm_cluster.jobs(started) if j.state == "RUNNING"])
+    alone = cron.run_pass(cron_dir, "hourly", runner, rearmed_job=started, rearmed_for="now")  # not re-armed yet
+    successor = slurm_cluster.submit_held(name)
+    report = cron.run_pass(cron_dir, "hourly", runner, rearmed_job=started, rearmed_for="now")
+    assert not alone.failed and not report.failed and "cancelled" not in "\n".join(alone.lines + report.lines)
+    assert [j.state for j in slurm.query_jobs(timeout=30) if j.job_id == successor] == ["PENDING"]
+
+
+@pytest.mark.slurm
 def test_a_failed_submission_is_logged_as_alert(cron_dir: Path, slurm_cluster) -> None:
     (cron_dir / "cron.hourly" / "bad.slurm").write_text("#!/bin/bash\n#SBATCH --partition=no-such-partition\necho\n")
     report = cron.run_pass(cron_dir, "hourly", runner=None)

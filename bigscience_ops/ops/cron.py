@@ -212,7 +212,12 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
             return
         report.lines.append(log_line(now, f"re-armed {name} as job {report.rearmed_job} for {when}"))
         return
-    keep = report.rearmed_job or min(waiting, key=lambda j: int(j.array_job_id)).job_id
+    if not waiting:  # the runner re-armed has started already, and has not yet re-armed in turn
+        return
+    # Keep the runner this pass re-armed while it waits. Once it has started (a pass that outlasts the period's
+    # boundary), the runner that one re-armed waits: keep the oldest, which is that one unless a chain forked.
+    ids = [j.job_id for j in waiting]
+    keep = report.rearmed_job if report.rearmed_job in ids else min(waiting, key=lambda j: int(j.array_job_id)).job_id
     extras = [j.job_id for j in waiting if j.job_id != keep]
     if extras:
         try:
