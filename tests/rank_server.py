@@ -27,13 +27,15 @@ import threading
 import traceback
 
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "deepspeed", "numpy")
-START_KEYS = ("DS_ACCELERATOR",)
-"""Besides PYTHON*: environment read while the server imported PRELOAD (DeepSpeed picks its accelerator then)."""
+START_KEYS = ("PYTHON", "TORCH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "DS_ACCELERATOR")
+"""Environment read while the interpreter starts and the server imports PRELOAD (by prefix): the interpreter's,
+torch's, its thread runtimes' and DeepSpeed's, which picks its accelerator then. OMP_NUM_THREADS is set in the
+child (torch.set_num_threads)."""
 
 
 def same_start(env: dict[str, str], server_env: dict[str, str]) -> bool:
     """Whether a process started with `env` starts as a fork of a server started with `server_env` does."""
-    keys = {k for k in (*env, *server_env) if k.startswith("PYTHON") or k in START_KEYS}
+    keys = {k for k in (*env, *server_env) if k.startswith(START_KEYS) and k != "OMP_NUM_THREADS"}
     return all(env.get(k) == server_env.get(k) for k in keys)
 
 
