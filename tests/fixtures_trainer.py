@@ -113,9 +113,9 @@ def ranks(args: list[str], nproc: int, env: dict | None = None, timeout: float =
     once, unless `env` changes what a fresh interpreter reads at its start (PYTHONPATH, say) or
     BSOPS_TEST_FRESH_RANKS=1: then each is a new interpreter."""
     port = free_port()  # below the ephemeral range: no gloo or other launch can take it before rank 0 listens
-    common = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
-    common.update({"DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)})
+    common = _rank_env()
+    common.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc),
+                   "LOCAL_WORLD_SIZE": str(nproc)})
     if nproc > 1:
         common.setdefault("OMP_NUM_THREADS", "1")
     common.update(env or {})
@@ -138,12 +138,18 @@ def ranks(args: list[str], nproc: int, env: dict | None = None, timeout: float =
     return subprocess.CompletedProcess(argv, status, stdout, stderr)
 
 
+def _rank_env() -> dict[str, str]:
+    """What every rank starts with, and the rank server: this environment on the CPU, unbuffered, without the job
+    start time a test of the job script may have set."""
+    env = {k: v for k, v in os.environ.items() if k != "BSOPS_JOB_START_EPOCH"}
+    return {**env, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}
+
+
 class RankServer:
     """This worker's rank_server.py, started at its first launch and ended with the worker."""
 
     def __init__(self) -> None:
-        self.env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}
-        self.env.pop("BSOPS_JOB_START_EPOCH", None)
+        self.env = _rank_env()
         self._proc = subprocess.Popen([sys.executable, rank_server.__file__], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, cwd=REPO, env=self.env, text=True)
         self._lock = threading.Lock()  # launches run `concurrently`, and one request waits for its reply
@@ -177,7 +183,7 @@ class ForkedRank:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self.server.ask({"poll": [self.pid]})["status"][str(self.pid)]
+            self.returncode = self.server.ask({"poll": self.pid})["status"]
         return self.returncode
 
     def wait(self) -> int:

@@ -12,7 +12,7 @@ through torchrun.
 
 One request a line on stdin, one reply a line on stdout, in JSON:
     {"start": {"argv": ["-m", MODULE, ...], "env": {...}, "cwd": DIR, "out": PATH, "err": PATH}} -> {"pid": PID}
-    {"poll": [PID, ...]} -> {"status": {"PID": RETURNCODE or null}}   (as Popen.returncode: -N killed by signal N)
+    {"poll": PID} -> {"status": RETURNCODE or null}   (as Popen.returncode: -N killed by signal N; once, when it ends)
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ def _exit_status(exc: SystemExit) -> int:
 
 def _run(request: dict) -> None:
     """In the forked child: become `python ARGV` and never return."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -126,7 +125,6 @@ def main() -> None:
         __import__(name)
     requests, replies = sys.stdin.buffer, os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # a library's print in the server never lands in the replies
-    ended: dict[int, int] = {}
     for line in requests:
         request = json.loads(line)
         if "start" in request:
@@ -136,14 +134,8 @@ def main() -> None:
                 _run(request["start"])
             replies.write(json.dumps({"pid": pid}) + "\n")
         else:
-            status: dict[str, int | None] = {}
-            for pid in request["poll"]:
-                if pid not in ended:
-                    done, code = os.waitpid(pid, os.WNOHANG)
-                    if done:
-                        ended[pid] = _returncode(code)
-                status[str(pid)] = ended.get(pid)
-            replies.write(json.dumps({"status": status}) + "\n")
+            done, status = os.waitpid(request["poll"], os.WNOHANG)
+            replies.write(json.dumps({"status": _returncode(status) if done else None}) + "\n")
 
 
 if __name__ == "__main__":
