@@ -12,6 +12,7 @@ cpus=${BSOPS_SLURM_CPUS:-8}  # per node
 num_nodes=${BSOPS_SLURM_NODES:-2}
 partition=${BSOPS_SLURM_PARTITION:-bsops}
 conf=$dir/etc/slurm.conf
+socket=$dir/munge/munge.socket
 export SLURM_CONF=$conf
 
 say() { echo "slurm-up: $*" >&2; }
@@ -37,9 +38,55 @@ all_slurmd_alive() {
     for node in "${nodes[@]}"; do alive "$dir/run/slurmd-$node.pid" || return 1; done
 }
 
-# Already up: our three daemons are alive and the node is usable. (Checking the pid files first
-# avoids sinfo's retries against a controller that is not there.)
-if [[ -f $conf ]] && command -v sinfo >/dev/null && alive "$dir/run/munged.pid" \
+conf_text() {
+    cat <<EOF
+# Slurm on one machine for bigscience-ops tests; written by scripts/slurm-up.sh.
+ClusterName=bsops
+SlurmctldHost=$host(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$socket
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/slurmd-%n
+SlurmctldPidFile=$dir/run/slurmctld.pid
+SlurmdPidFile=$dir/run/slurmd-%n.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$dir/log/jobcomp.txt
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=2
+SlurmdParameters=config_overrides
+ScronParameters=enable
+ReturnToService=2
+MinJobAge=300
+# Slurm's default: scancel and the time limit leave a job's processes this long between SIGTERM and SIGKILL.
+KillWait=30
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+# Every node is this host: one slurmd each (slurmd -N NAME), on ports of their own.
+$(for ((i = 0; i < num_nodes; i++)); do
+    echo "NodeName=${nodes[i]} NodeHostname=$host NodeAddr=127.0.0.1 Port=$((17001 + i)) CPUs=$cpus State=UNKNOWN"
+done)
+PartitionName=$partition Nodes=$node_list Default=YES MaxTime=INFINITE State=UP
+# A partition that is always down: jobs sent there pend with reason PartitionDown.
+PartitionName=$partition-down Nodes=$node_list Default=NO MaxTime=INFINITE State=DOWN
+EOF
+}
+
+# Already up with this very config: our three daemons are alive and the node is usable. A config that
+# differs (an older slurm-up.sh wrote it) restarts the daemons with this one below. (Checking the pid
+# files first avoids sinfo's retries against a controller that is not there.)
+if [[ -f $conf && $(conf_text) == "$(cat "$conf")" ]] && command -v sinfo >/dev/null && alive "$dir/run/munged.pid" \
     && alive "$dir/run/slurmctld.pid" && all_slurmd_alive \
     && [[ $(cluster_state) =~ (idle|mixed|allocated) ]]; then
     print_env
@@ -102,49 +149,8 @@ if [[ ! -s $key ]]; then
     head -c 1024 /dev/urandom > "$key"
 fi
 chmod 400 "$key"
-socket=$dir/munge/munge.socket
 
-cat > "$conf" <<EOF
-# Slurm on one machine for bigscience-ops tests; written by scripts/slurm-up.sh.
-ClusterName=bsops
-SlurmctldHost=$host(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$socket
-StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool/slurmd-%n
-SlurmctldPidFile=$dir/run/slurmctld.pid
-SlurmdPidFile=$dir/run/slurmd-%n.pid
-SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/filetxt
-JobCompLoc=$dir/log/jobcomp.txt
-SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,sched_interval=2
-SlurmdParameters=config_overrides
-ScronParameters=enable
-ReturnToService=2
-MinJobAge=300
-KillWait=5
-SlurmctldTimeout=30
-SlurmdTimeout=30
-InactiveLimit=0
-# Every node is this host: one slurmd each (slurmd -N NAME), on ports of their own.
-$(for ((i = 0; i < num_nodes; i++)); do
-    echo "NodeName=${nodes[i]} NodeHostname=$host NodeAddr=127.0.0.1 Port=$((17001 + i)) CPUs=$cpus State=UNKNOWN"
-done)
-PartitionName=$partition Nodes=$node_list Default=YES MaxTime=INFINITE State=UP
-# A partition that is always down: jobs sent there pend with reason PartitionDown.
-PartitionName=$partition-down Nodes=$node_list Default=NO MaxTime=INFINITE State=DOWN
-EOF
+conf_text > "$conf"
 
 # --- start -------------------------------------------------------------------------------------
 started=$(date +%s%N)
