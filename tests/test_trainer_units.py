@@ -7,6 +7,7 @@ import dataclasses
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
@@ -248,6 +249,25 @@ def test_a_data_worker_writes_its_stacks_on_sigusr2_and_reads_on(capfd):
         err += capfd.readouterr().err
     assert "(MainThread), most recent call first:" in err and "in _worker_loop" in err, err
     assert worker.is_running() and len(list(feed.take(2))) == 2 and len(first) == 2
+
+
+def test_a_data_worker_outlives_a_sigterm_from_slurm_and_ends_on_its_trainers():
+    """scancel signals every process of the job: the worker must feed its trainer until it has saved. Its
+    trainer's own SIGTERM (the DataLoader's and multiprocessing's shutdown) still ends it."""
+    import psutil
+
+    from bigscience_ops.trainer.data import MicroBatchFeed
+
+    before = {p.pid for p in psutil.Process().children()}
+    feed = MicroBatchFeed(SyntheticDataset(500, 8, 97, seed=3), 0, 2, 0, 1, 1, torch.device("cpu"))
+    assert len(list(feed.take(2))) == 2
+    [worker] = [p for p in psutil.Process().children() if p.pid not in before]
+    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True, timeout=30)  # another sender, as slurmstepd
+    with pytest.raises(psutil.TimeoutExpired):
+        worker.wait(timeout=2)
+    assert len(list(feed.take(8))) == 8  # more than it had prefetched: it reads on
+    worker.send_signal(signal.SIGTERM)  # from its trainer
+    assert worker.wait(timeout=60) == 0
 
 
 def test_metrics_window_averages_applied_finite_steps_between_lines():

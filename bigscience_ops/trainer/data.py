@@ -21,8 +21,10 @@ sample is not used, and the next step still starts at the next sample.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from itertools import count
 from typing import Protocol
@@ -86,14 +88,30 @@ def _set_up_worker(worker_id: int) -> None:
     its trainer process ends, however it ends.
 
     A failed rank leaves with os._exit (train.py); without this its workers would linger until their
-    next liveness check.
+    next liveness check. SIGTERM ends it only when its trainer sends it (`_end_on_trainers_sigterm`).
     """
+    _end_on_trainers_sigterm()  # first: the threads started from here on inherit the blocked signal
     serve_stack_dumps()
     if sys.platform.startswith("linux"):
         import ctypes
 
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _end_on_trainers_sigterm() -> None:
+    """SIGTERM from the worker's trainer (shutting its workers down) ends the worker, as torch's own handler
+    does; from anyone else it is ignored. scancel and the time limit send SIGTERM to every process of the
+    job: a worker that died of it would fail the trainer's step instead of letting it save and exit. Only
+    sigwaitinfo tells the sender, so one thread takes the signal, blocked everywhere else."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def take() -> None:
+        while True:
+            if signal.sigwaitinfo({signal.SIGTERM}).si_pid == os.getppid():
+                os._exit(0)
+
+    threading.Thread(target=take, name="bsops-sigterm", daemon=True).start()
 
 
 class MicroBatchFeed:
