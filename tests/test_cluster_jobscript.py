@@ -1,5 +1,5 @@
-"""The rendered training job on the real cluster: the warning signal reaches every trainer, which
-saves and exits; one failing node ends the whole job; a spent failure budget cancels the array."""
+"""The rendered training job on the real cluster: the warning signal and scancel reach every trainer,
+which saves and exits; one failing node ends the whole job; a spent failure budget cancels the array."""
 
 from __future__ import annotations
 
@@ -46,27 +46,42 @@ def attempts(exp: Experiment) -> list[ledger.Attempt]:
 
 
 @pytest.mark.slow
-def test_the_warning_signal_reaches_the_trainers_which_save_and_exit(
+def test_the_warning_signal_and_scancel_both_let_the_trainers_save_and_the_next_task_resumes(
         slurm_cluster: SlurmCluster, trainings: Path, tmp_path: Path) -> None:
     exp = experiment(trainings, tmp_path / "run", slurm_cluster, "sig",
                      f"slurm: {{job_name: {slurm_cluster.prefix}-sig, partition: {slurm_cluster.partition}, "
-                     f"array: 1, time: '10'}}\n"
+                     f"array: 2, time: '10'}}\n"
                      "train: {samples: 100_000}\nlogging: {log_interval: 1, eval_interval: 100_000}\n"
                      "checkpoint: {save_interval: 100_000, exit_interval: 100_000}\n" + SHRUNK_MODEL)
     job_id = launch(exp, slurm_cluster)
     main_log = Path(exp.paths.logs) / "main_log.txt"
-    wait_until("the third iteration line", lambda: main_log.exists()
-               and re.search(r"^\s*iteration\s+3/", main_log.read_text(), re.M), timeout=240, interval=1)
+
+    def iterations_from(start: int) -> int:
+        lines = re.findall(r"^\s*iteration\s+(\d+)/", main_log.read_text(), re.M) if main_log.exists() else []
+        return sum(int(i) > start for i in lines)
+
+    def saved_on_signal() -> list[int]:
+        return [int(i) for i in re.findall(r"> signal received: saved and exiting at iteration (\d+)", main_log.read_text())]
+
+    wait_until("the third iteration line", lambda: iterations_from(0) >= 3, timeout=240, interval=1)
     # What Slurm does --signal=B:USR1@N seconds before the time limit: signal the batch shell only.
     slurm.run(slurm.scancel_argv([f"{job_id}_1"], signal="USR1", batch_only=True), timeout=30)
+    wait_until("array task 1 to end", lambda: [a for a in attempts(exp) if a.ended], timeout=180, interval=1)
+    [stopped] = saved_on_signal()
+    first = attempts(exp)[0]
+    assert first.exit_code == 0 and first.start_iteration == 0 and first.end_iteration == stopped >= 3
+
+    # Task 2 resumes there; a plain scancel (SIGTERM to every process of the job, SIGKILL after KillWait)
+    # lets its trainers save too, and the job script outlives the SIGTERM to record the task's end.
+    wait_until("task 2 to train on", lambda: iterations_from(stopped) >= 3, timeout=240, interval=1)
+    assert attempts(exp)[1].start_iteration == stopped
+    slurm.run(slurm.scancel_argv([job_id]), timeout=30)
     wait_until("the job to end", lambda: not slurm_cluster.jobs(job_id), timeout=180, interval=1)
-    log = main_log.read_text()
-    match = re.search(r"> signal received: saved and exiting at iteration (\d+)", log)
-    assert match, log[-3000:]
-    stopped = int(match.group(1))
-    assert stopped >= 3 and ledger.latest_iteration(Path(exp.paths.checkpoints)) == stopped
-    [attempt] = attempts(exp)
-    assert attempt.exit_code == 0 and attempt.end_iteration == stopped and attempt.progressed
+    [_, cancelled] = saved_on_signal()
+    assert cancelled > stopped and ledger.latest_iteration(Path(exp.paths.checkpoints)) == cancelled
+    second = attempts(exp)[1]
+    assert second.ended is not None and second.end_iteration == cancelled and second.progressed, second
+    assert "SIGTERM received (job cancelled or out of time" in main_log.read_text()
 
 
 def test_one_failing_node_ends_the_job_and_counts_against_the_budget(
