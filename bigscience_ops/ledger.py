@@ -81,8 +81,15 @@ def read(ledger: Path) -> list[TaskRecord]:
     return records
 
 
-def attempts(records: list[TaskRecord]) -> list[Attempt]:
-    """Begin/end pairs since the last launch, in order; a begin with no end (killed) made no progress."""
+def attempts(records: list[TaskRecord], resumed_at: int | None = None) -> list[Attempt]:
+    """Begin/end pairs since the last launch, in order.
+
+    A begin with no end is a task that runs, or was killed before it could record its end (its node
+    died, its save outlasted Slurm's KillWait). Once another task has begun, the checkpoint that one
+    began at is where the killed one left the run: that is its end iteration, so a task killed after it
+    saved counts as progress and one killed before any save does not. `resumed_at` (the latest
+    checkpoint's iteration, from a task about to begin) does the same for the last one.
+    """
     launches = [i for i, rec in enumerate(records) if rec.event == "launch"]
     records = records[launches[-1] + 1:] if launches else records
     out: list[Attempt] = []
@@ -95,9 +102,10 @@ def attempts(records: list[TaskRecord]) -> list[Attempt]:
             order.append(rec.job_id)
         elif rec.event == "end":
             ends[rec.job_id] = rec
-    for job_id in order:
+    for i, job_id in enumerate(order):
         begin, end = open_begin[job_id], ends.get(job_id)
-        out.append(Attempt(job_id, begin.nodes, begin.iteration, end.iteration if end else None,
+        left_at = open_begin[order[i + 1]].iteration if i + 1 < len(order) else resumed_at
+        out.append(Attempt(job_id, begin.nodes, begin.iteration, end.iteration if end else left_at,
                            end.exit_code if end else None, begin.time, end.time if end else None))
     return out
 
@@ -129,10 +137,11 @@ def begin(output: Path, checkpoints: Path, budget: int, env: dict[str, str] | No
     """Record a task start; returns the failing attempts when the budget is spent (do not train)."""
     task = slurm.TaskEnv.from_env(env)
     ledger = Path(output) / LEDGER_NAME
-    failing = exhausted(attempts(read(ledger)), budget)
+    start = latest_iteration(checkpoints)
+    failing = exhausted(attempts(read(ledger), resumed_at=start), budget)
     if failing is not None:
         return failing
-    append(ledger, TaskRecord("begin", _task_id(task), task.node_list, latest_iteration(checkpoints), time.time()))
+    append(ledger, TaskRecord("begin", _task_id(task), task.node_list, start, time.time()))
     return None
 
 

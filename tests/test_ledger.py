@@ -47,6 +47,19 @@ def test_a_killed_task_counts_as_no_progress(tmp_path: Path) -> None:
     assert ledger.begin(tmp_path, ck, 0, env_for("2", "n2")) is None  # 0 disables
 
 
+def test_a_killed_task_is_judged_by_the_checkpoint_the_next_task_begins_at(tmp_path: Path) -> None:
+    """No end record (its node died, its save outlasted Slurm's KillWait): a task that saved first made progress."""
+    ck = tmp_path / "checkpoints"
+    ledger.begin(tmp_path, ck, 1, env_for("1", "n1"))
+    save(ck, 50)  # then killed
+    assert ledger.begin(tmp_path, ck, 1, env_for("2", "n2")) is None  # killed with no save: the budget's 1 is spent
+    failing = ledger.begin(tmp_path, ck, 1, env_for("3", "n3"))
+    assert [(a.job_id, a.start_iteration, a.end_iteration, a.ended) for a in failing] == [("2_1", 50, 50, None)]
+    first, second = ledger.attempts(ledger.read(tmp_path / ledger.LEDGER_NAME))
+    assert first.progressed and first.end_iteration == 50 and first.ended is None and first.exit_code is None
+    assert second.end_iteration is None and ledger.running(ledger.read(tmp_path / ledger.LEDGER_NAME)) == second
+
+
 def test_unreadable_latest_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "latest").write_text("step12")
     with pytest.raises(BsopsError, match="global_stepN"):

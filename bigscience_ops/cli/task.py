@@ -77,7 +77,8 @@ def _stop_crash_loop(exp, failing: list, task_env) -> None:
         return
     ledger.mark_stop(output)
     tasks = "\n".join(f"- {a.job_id} on {a.nodes or '?'}: iteration {a.start_iteration} -> "
-                      f"{a.end_iteration if a.end_iteration is not None else 'killed'}, exit code {a.exit_code}"
+                      f"{a.end_iteration if a.end_iteration is not None else '?'}, "
+                      + ("killed before it recorded its end" if a.ended is None else f"exit code {a.exit_code}")
                       for a in failing)
     array = task_env.array_job_id
     in_slurm = bool(array) and not task_env.local
