@@ -74,6 +74,21 @@ def test_a_training_that_stopped_early_says_how(exp) -> None:
     assert "DUE TO TIME LIMIT" in alert.message and "100_3" in alert.message
 
 
+def test_a_run_stopped_by_its_kill_switch_is_an_info_line_until_the_switch_is_removed(exp) -> None:
+    task(exp, "100_1", 0, 120, 0)
+    switch = Path(exp.checkpoint.kill_switch_path)
+    switch.write_text("")
+    report = status.evaluate(exp.slurm.job_name, [], now=NOW, run=lifecycle.run_state(exp))
+    assert report.alerts == () and report.exit_code == status.EXIT_HEALTHY
+    [line] = report.lines
+    assert line.endswith(f"{exp.slurm.job_name} was stopped on purpose at iteration 120 of "
+                         f"{run_schedule(exp).train_iters}: its kill switch {switch} exists (remove it, then "
+                         f"`bsops launch life` to go on)")
+    switch.unlink()  # removed and not relaunched: gone
+    [alert] = status.evaluate(exp.slurm.job_name, [], now=NOW, run=lifecycle.run_state(exp)).alerts
+    assert alert.condition == "not-scheduled"
+
+
 @pytest.mark.parametrize("warm", [True, False])
 def test_a_run_not_launched_yet_is_an_info_line_not_an_alert(exp, warm: bool) -> None:
     checkpoints = Path(exp.paths.checkpoints)

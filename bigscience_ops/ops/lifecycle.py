@@ -2,7 +2,8 @@
 
 The watchdog asks this when no job of the training is queued: a training that reached its final
 iteration is done (healthy, announced once), one never launched (no task ledger, and no checkpoint or
-only a warm start's global_step0) is not launched yet, and any other is an alert that says how its
+only a warm start's global_step0) is not launched yet, one whose kill switch file exists was stopped on
+purpose (an info line, no alert), and any other is an alert that says how its
 last task ended: Slurm's accounting (sacct) where the cluster keeps it, else the task ledger and
 the end of Slurm's output file for that task (slurmstepd writes "CANCELLED ... DUE TO TIME LIMIT").
 """
@@ -36,6 +37,8 @@ class RunState:
     """Whether the task ledger records anything: a launch, a task, a resize."""
     warm_start: bool = False
     """Whether the latest checkpoint is a warm start's weights-only global_step0 (checkpoints/warm_start.py)."""
+    kill_switch: str | None = None
+    """checkpoint.kill_switch_path when that file exists: the run was stopped on purpose (README "Everyday use")."""
 
     @property
     def finished(self) -> bool:
@@ -58,8 +61,10 @@ def run_state(exp: Experiment, timeout: float = 30.0) -> RunState:
     iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
     records = ledger.read(output / ledger.LEDGER_NAME)
     history = ledger.attempts(records)
+    switch = exp.checkpoint.kill_switch_path
     return RunState(iteration, run_schedule(exp).train_iters, history[-1] if history else None, exp, timeout,
-                    launched=bool(records), warm_start=iteration == 0 and _warm_start(Path(exp.paths.checkpoints)))
+                    launched=bool(records), warm_start=iteration == 0 and _warm_start(Path(exp.paths.checkpoints)),
+                    kill_switch=switch if switch and Path(switch).exists() else None)
 
 
 def _warm_start(checkpoints: Path) -> bool:

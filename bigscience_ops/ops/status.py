@@ -164,8 +164,8 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
              contact: str = DEFAULT_CONTACT, run: RunState | None = None) -> StatusReport:
     """Decide from squeue's jobs (the log's progress, and the run folder's state) whether `job_name`
     needs a person. With `run`, nothing queued and the final iteration saved is a finished training,
-    and a run never launched (no task ledger; no checkpoint, or only a warm start's step 0) is not
-    launched yet: an info line, no alert.
+    a run never launched (no task ledger; no checkpoint, or only a warm start's step 0) is not
+    launched yet, and one whose kill switch exists was stopped on purpose: info lines, no alert.
 
     Alerts come in the order of what to do first: a job that will never start (release or cancel it:
     launching again beside it would queue a second array, so "not scheduled" is left out then),
@@ -217,6 +217,10 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
         elif run is not None and not run.launched and run.iteration == 0:
             start = "from its warm start (global_step0)" if run.warm_start else "from scratch"
             lines.append(f"{stamp} {job_name} has not been launched yet: it starts {start} with `bsops launch`")
+        elif run is not None and run.kill_switch is not None:
+            name = f" {run.experiment.name}" if run.experiment is not None else ""
+            lines.append(f"{stamp} {job_name} was stopped on purpose at iteration {run.iteration} of {run.train_iters}: "
+                         f"its kill switch {run.kill_switch} exists (remove it, then `bsops launch{name}` to go on)")
         elif run is not None:
             launch = f"bsops launch {run.experiment.name}" if run.experiment is not None else "bsops launch"
             alert("not-scheduled", f"is not RUNNING or SCHEDULED: it stopped at iteration {run.iteration} of "
