@@ -149,3 +149,22 @@ def test_leftover_tasks_of_a_finished_training_end_at_once_and_cancel_the_rest(
     assert sorted(p.name for p in Path(exp.paths.logs).glob("*.out")) == [f"{exp.slurm.job_name}-{job_id}_1.out"]
     assert attempts(exp) == [] and not (Path(exp.paths.logs) / "trained").exists()
     assert inbox.messages == []
+
+
+def test_a_task_that_stops_on_the_kill_switch_cancels_the_rest_of_the_array(
+        slurm_cluster: SlurmCluster, trainings: Path, tmp_path: Path, plain_server) -> None:
+    inbox, port = plain_server
+    switch = tmp_path / "kill-switch"
+    # The trainer finds the switch someone touched, saves and exits 0 (what a real cluster cannot time on demand).
+    setup = torchrun_shim(tmp_path / "shims", f"touch {switch}; exit 0\n")
+    exp = experiment(trainings, tmp_path / "run", slurm_cluster, "halt",
+                     f"slurm: {{job_name: {slurm_cluster.prefix}-halt, partition: {slurm_cluster.partition}, "
+                     f"array: 4, time: '10', failure_budget: 1, env_setup: [{json.dumps(setup)}]}}\n"
+                     f"checkpoint: {{kill_switch_path: {switch}}}\n" + alerts_yaml(port))
+    job_id = launch(exp, slurm_cluster)
+    wait_until("the array to leave the queue", lambda: not slurm_cluster.jobs(job_id), timeout=120, interval=1)
+    log = (Path(exp.paths.logs) / "main_log.txt").read_text()
+    assert f"the run is stopped by its kill switch: cancelled the pending tasks of array {job_id} ({job_id}_[2-4" in log
+    assert sorted(p.name for p in Path(exp.paths.logs).glob("*.out")) == [f"{exp.slurm.job_name}-{job_id}_1.out"]
+    [task] = attempts(exp)
+    assert task.exit_code == 0 and inbox.messages == []

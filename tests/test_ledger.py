@@ -87,3 +87,24 @@ def test_job_script_stops_a_crash_loop(tmp_path: Path, trainings: Path, plain_se
     [mail] = inbox.messages  # the fourth task stops without alerting again
     assert ledger.stopped(ledger.read(tmp_path / "run" / ledger.LEDGER_NAME))
     assert "crash loop" in mail["Subject"] and "500_1 on node-[a-b]" in mail.get_content()
+
+
+def test_job_script_tasks_end_at_once_without_a_failure_while_the_kill_switch_exists(
+        tmp_path: Path, trainings: Path, plain_server) -> None:
+    """Stopped on purpose: no task starts the trainer, none counts against the budget, no crash-loop mail."""
+    inbox, port = plain_server
+    (trainings / "halt.yaml").write_text(
+        tiny_yaml(tmp_path / "run", "slurm: {failure_budget: 1}\n", alerts_yaml(port)))
+    exp = load_experiment("halt", trainings)
+    script = rendering.write(rendering.render(exp, tmp_path / "r", make_plan(exp)), tmp_path / "r")
+    env = install_shims(tmp_path)
+    env["BSOPS_LOCAL_LAUNCH"] = "1"  # made-up Slurm ids: nothing to scancel
+    Path(exp.checkpoint.kill_switch_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(exp.checkpoint.kill_switch_path).touch()
+    for task in range(3):
+        env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"] = "600", str(task + 1)
+        assert subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60).returncode == 0
+    assert not (tmp_path / "argv.jsonl").exists(), "no task may start the trainer"
+    log = (tmp_path / "run" / "logs" / "main_log.txt").read_text()
+    assert log.count(f"not training: the kill switch {exp.checkpoint.kill_switch_path} exists") == 3, log
+    assert ledger.attempts(ledger.read(tmp_path / "run" / ledger.LEDGER_NAME)) == [] and inbox.messages == []

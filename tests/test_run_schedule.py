@@ -58,3 +58,16 @@ def test_a_launch_plans_the_experiment_at_its_phase(tmp_path) -> None:
     assert resumed.phase == second and resumed.experiment.slurm.nodes == second.nodes == 64
     assert resumed.plan.world_size == 64 * exp.slurm.gpus_per_node
     assert resumed.plan.train_iters == first.plan.train_iters == first.schedule.train_iters
+
+
+def test_a_launch_is_refused_while_the_runs_kill_switch_exists(tmp_path) -> None:
+    from bigscience_ops.prepare import KillSwitchOn
+
+    exp = load_experiment("tr1-13B")
+    switch = tmp_path / "kill switch"
+    exp = dataclasses.replace(exp, paths=dataclasses.replace(exp.paths, checkpoints=str(tmp_path)),
+                              checkpoint=dataclasses.replace(exp.checkpoint, kill_switch_path=str(switch)))
+    assert prepare_launch(exp).iteration == 0
+    switch.touch()
+    with pytest.raises(KillSwitchOn, match=f"the kill switch {switch} exists: .* Remove it \\(rm '{switch}'\\)"):
+        prepare_launch(exp)

@@ -1,4 +1,5 @@
-"""Hidden hooks the job script runs around each array task: the failure budget and the node schedule."""
+"""Hidden hooks the job script runs around each array task: the failure budget, the node schedule, and
+the ends of a run (finished, or stopped by its kill switch) that make the array's other tasks pointless."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from bigscience_ops.cli.base import EXIT_PROBLEMS, main
 from bigscience_ops.errors import BsopsError
 
 # `task begin` exits with this when the task has nothing to train: the training is finished (a leftover
-# task of a generously sized array), or its allocation is not its node phase's (the run goes on in an
-# array at the new size). The job script then ends without training and without counting a failure.
+# task of a generously sized array), the run's kill switch exists, or its allocation is not its node
+# phase's (the run goes on in an array at the new size). The job script then ends without training and without counting a failure.
 EXIT_NOT_TRAINING = 3
 
 
@@ -40,8 +41,9 @@ experiment_json_option = click.option(
 @task.command("begin")
 @experiment_json_option
 def task_begin(experiment_json: Path) -> None:
-    """Record a task start; exit 1 without training when the failure budget is spent, 3 when the task's
-    allocation is not the node count of the run's phase (the run is handed to an array of that size)."""
+    """Record a task start; exit 1 without training when the failure budget is spent, 3 when the training is
+    finished, the kill switch exists, or the task's allocation is not the node count of the run's phase (the
+    run is handed to an array of that size)."""
     from bigscience_ops import ledger, slurm
 
     exp = _resolved(experiment_json)
@@ -50,7 +52,13 @@ def task_begin(experiment_json: Path) -> None:
     if _finished(exp, iteration):
         click.echo(f"not training: the training finished at iteration {iteration}; task {ledger.slurm_job_id()} "
                    "ends at once (no nodes used, no failure counted)")
-        _cancel_pending(exp, task_env)
+        _cancel_pending(exp, task_env, "the training is finished")
+        sys.exit(EXIT_NOT_TRAINING)
+    switch = _kill_switch(exp)
+    if switch is not None:
+        click.echo(f"not training: the kill switch {switch} exists; task {ledger.slurm_job_id()} ends at once (no "
+                   f"failure counted). Remove it, then `bsops launch {exp.name}` to go on")
+        _cancel_pending(exp, task_env, "the run is stopped by its kill switch")
         sys.exit(EXIT_NOT_TRAINING)
     if _other_phase(exp, task_env):
         sys.exit(EXIT_NOT_TRAINING)
@@ -116,7 +124,9 @@ def task_end(experiment_json: Path, exit_code: int) -> None:
     verdict = "made progress" if attempt.progressed else "made NO progress"
     click.echo(f"task {attempt.job_id} ended with exit code {exit_code} at iteration {attempt.end_iteration}: {verdict}")
     if exit_code == 0 and _finished(exp, attempt.end_iteration or 0):
-        _cancel_pending(exp, task_env)  # the array's remaining tasks have nothing to train
+        _cancel_pending(exp, task_env, "the training is finished")  # the array's remaining tasks have nothing to train
+    elif exit_code == 0 and _kill_switch(exp) is not None:
+        _cancel_pending(exp, task_env, "the run is stopped by its kill switch")
     elif exit_code == 0:
         _other_phase(exp, task_env)  # the training stopped at a node phase's boundary: the next task runs at the new size
 
@@ -127,8 +137,14 @@ def _finished(exp, iteration: int) -> bool:
     return run_schedule(exp).finished(iteration)
 
 
-def _cancel_pending(exp, task_env) -> None:
-    """The training is finished: cancel the array's pending tasks so none waits for nodes only to end."""
+def _kill_switch(exp) -> Path | None:
+    """checkpoint.kill_switch_path when the file exists: the run is stopped on purpose, every task exits at once."""
+    path = exp.checkpoint.kill_switch_path
+    return Path(path) if path and Path(path).exists() else None
+
+
+def _cancel_pending(exp, task_env, why: str) -> None:
+    """Nothing is left to train (`why`): cancel the array's pending tasks so none waits for nodes only to end."""
     from bigscience_ops import slurm
     from bigscience_ops.submit import watched_users
 
@@ -142,7 +158,7 @@ def _cancel_pending(exp, task_env) -> None:
                    "each will end at once without training")
         return
     if ids:
-        click.echo(f"the training is finished: cancelled the pending tasks of array {array} ({', '.join(ids)})")
+        click.echo(f"{why}: cancelled the pending tasks of array {array} ({', '.join(ids)})")
 
 
 def _other_phase(exp, task_env) -> bool:
