@@ -36,7 +36,7 @@ from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ledger import latest_iteration
 from bigscience_ops.data.corpus import ensure_data
-from bigscience_ops.prepare import PreparedLaunch, prepare_launch
+from bigscience_ops.prepare import PreparedLaunch, kill_switch_on, prepare_launch
 from bigscience_ops.schema import Experiment
 
 
@@ -297,6 +297,9 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
         if code != 0:
             raise LaunchError(f"array task {task}: {script} exited {code}; see {output} and {logs / 'main_log.txt'}")
         if prepared.schedule.finished(latest_iteration(checkpoints)):
+            break
+        if kill_switch_on(exp):  # touched while the task trained: it saved and exited, the run stops here
+            progress(f"the kill switch {exp.checkpoint.kill_switch_path} exists: no further task is started")
             break
     return LocalRun(out, script, results, logs / "main_log.txt", checkpoints, Path(exp.paths.tensorboard),
                     prepared.schedule.finished(latest_iteration(checkpoints)))

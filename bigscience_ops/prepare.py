@@ -29,6 +29,12 @@ class KillSwitchOn(BsopsError):
     """The run's kill switch exists: every task of a launch would end at once without training."""
 
 
+def kill_switch_on(exp: Experiment) -> bool:
+    """Whether checkpoint.kill_switch_path exists: the run is stopped on purpose until the file is removed."""
+    switch = exp.checkpoint.kill_switch_path
+    return bool(switch) and Path(switch).exists()
+
+
 @dataclass(frozen=True)
 class PreparedLaunch:
     experiment: Experiment  # as launched: slurm.nodes is the phase's node count under a node schedule
@@ -46,8 +52,8 @@ def prepare_launch(exp: Experiment, schedule: RunSchedule | None = None, *, slur
 
     `slurm_job`: True for a Slurm job, False for a local launch, None to skip the site check (the next array
     of a run already launched). Raises KillSwitchOn while the run's kill switch file exists."""
-    switch = exp.checkpoint.kill_switch_path
-    if switch and Path(switch).exists():
+    if kill_switch_on(exp):
+        switch = str(exp.checkpoint.kill_switch_path)
         raise KillSwitchOn(f"the kill switch {switch} exists: every task would end at once without training. "
                            f"Remove it (rm {shlex.quote(switch)}) to launch {exp.name} again")
     iteration = latest_iteration(Path(exp.paths.checkpoints))

@@ -279,3 +279,34 @@ def test_sigterm_to_a_local_launch_stops_the_task_and_its_trainers(tmp_path):
     assert "stopping: the trainers save and exit first" in out
     main_log = (run / "logs" / "main_log.txt").read_text()
     assert f"> signal received: saved and exiting at iteration {saved}\n" in main_log, main_log[-3000:]
+
+
+@pytest.mark.slow
+def test_a_kill_switch_touched_during_a_local_launch_stops_it_after_the_save(tmp_path):
+    """The task saves and exits 0 on the switch; no further task starts, and a new launch is refused."""
+    shrunk = shrunk_tiny_yaml("halt", 1)
+    long = (shrunk.replace("train: {samples: 200}", "train: {samples: 2000}")
+            .replace("save_interval: 10, exit_interval: 15", "save_interval: 10000, exit_interval: 10000"))
+    assert long.count("10000") == 2 and "samples: 2000}" in long
+    trainings = small_trainings(tmp_path / "trainings", long)
+    run = tmp_path / "run"
+    argv = [BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.lstrip().startswith("iteration"):
+                break
+        (run / "kill-switch").touch()
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert f"the kill switch {run / 'kill-switch'} exists: no further task is started" in out
+    assert "array task 2/" not in out and "training not finished" in out
+    [saved] = checkpoint_steps(run)
+    assert f"> kill switch {run / 'kill-switch'} found: saved and exiting at iteration {saved}" in (
+        run / "logs" / "main_log.txt").read_text()
+    again = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and f"error: the kill switch {run / 'kill-switch'} exists" in again.stderr

@@ -45,6 +45,7 @@ def task_begin(experiment_json: Path) -> None:
     finished, the kill switch exists, or the task's allocation is not the node count of the run's phase (the
     run is handed to an array of that size)."""
     from bigscience_ops import ledger, slurm
+    from bigscience_ops.prepare import kill_switch_on
 
     exp = _resolved(experiment_json)
     task_env = slurm.TaskEnv.from_env()
@@ -54,10 +55,10 @@ def task_begin(experiment_json: Path) -> None:
                    "ends at once (no nodes used, no failure counted)")
         _cancel_pending(exp, task_env, "the training is finished")
         sys.exit(EXIT_NOT_TRAINING)
-    switch = _kill_switch(exp)
-    if switch is not None:
-        click.echo(f"not training: the kill switch {switch} exists; task {ledger.slurm_job_id()} ends at once (no "
-                   f"failure counted). Remove it, then `bsops launch {exp.name}` to go on")
+    if kill_switch_on(exp):
+        click.echo(f"not training: the kill switch {exp.checkpoint.kill_switch_path} exists; task "
+                   f"{ledger.slurm_job_id()} ends at once (no failure counted). Remove it, then `bsops launch "
+                   f"{exp.name}` to go on")
         _cancel_pending(exp, task_env, "the run is stopped by its kill switch")
         sys.exit(EXIT_NOT_TRAINING)
     if _other_phase(exp, task_env):
@@ -117,6 +118,7 @@ def _stop_crash_loop(exp, failing: list, task_env) -> None:
 def task_end(experiment_json: Path, exit_code: int) -> None:
     """Record a task end and whether it made progress."""
     from bigscience_ops import ledger, slurm
+    from bigscience_ops.prepare import kill_switch_on
 
     exp = _resolved(experiment_json)
     task_env = slurm.TaskEnv.from_env()
@@ -125,7 +127,7 @@ def task_end(experiment_json: Path, exit_code: int) -> None:
     click.echo(f"task {attempt.job_id} ended with exit code {exit_code} at iteration {attempt.end_iteration}: {verdict}")
     if exit_code == 0 and _finished(exp, attempt.end_iteration or 0):
         _cancel_pending(exp, task_env, "the training is finished")  # the array's remaining tasks have nothing to train
-    elif exit_code == 0 and _kill_switch(exp) is not None:
+    elif exit_code == 0 and kill_switch_on(exp):
         _cancel_pending(exp, task_env, "the run is stopped by its kill switch")
     elif exit_code == 0:
         _other_phase(exp, task_env)  # the training stopped at a node phase's boundary: the next task runs at the new size
@@ -135,12 +137,6 @@ def _finished(exp, iteration: int) -> bool:
     from bigscience_ops.run_schedule import run_schedule
 
     return run_schedule(exp).finished(iteration)
-
-
-def _kill_switch(exp) -> Path | None:
-    """checkpoint.kill_switch_path when the file exists: the run is stopped on purpose, every task exits at once."""
-    path = exp.checkpoint.kill_switch_path
-    return Path(path) if path and Path(path).exists() else None
 
 
 def _cancel_pending(exp, task_env, why: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from bigscience_ops import ledger, slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.prepare import kill_switch_on
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 
@@ -61,10 +62,9 @@ def run_state(exp: Experiment, timeout: float = 30.0) -> RunState:
     iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
     records = ledger.read(output / ledger.LEDGER_NAME)
     history = ledger.attempts(records)
-    switch = exp.checkpoint.kill_switch_path
     return RunState(iteration, run_schedule(exp).train_iters, history[-1] if history else None, exp, timeout,
                     launched=bool(records), warm_start=iteration == 0 and _warm_start(Path(exp.paths.checkpoints)),
-                    kill_switch=switch if switch and Path(switch).exists() else None)
+                    kill_switch=exp.checkpoint.kill_switch_path if kill_switch_on(exp) else None)
 
 
 def _warm_start(checkpoints: Path) -> bool:
