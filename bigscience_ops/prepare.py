@@ -5,9 +5,10 @@ checkpoint is in (with a node schedule: the job asks for that phase's node count
 plan of the experiment as launched, refusing it while the run's kill switch exists (its tasks would
 not train), when the plan finds errors, or when site values the job needs are missing
 (site_values.missing_site_values: a local launch needs data, a Slurm job also what the cluster asks
-for; `allow_incomplete` lets it through, listed in `site`). launch.py runs the
-result on this machine, submit.py sends it to Slurm; both render it with the plan made here, and
-both build missing bundled data with data.corpus.ensure_data.
+for; `allow_incomplete` lets it through, listed in `site`). launch.py runs the result on this
+machine, submit.py sends it to Slurm; both render it with the plan made here, and both build missing
+bundled data with data.corpus.ensure_data. `kill_switch_on` is the one check of the kill switch file
+(the task hooks and the watchdog ask it too).
 """
 
 from __future__ import annotations

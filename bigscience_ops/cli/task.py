@@ -14,7 +14,8 @@ from bigscience_ops.errors import BsopsError
 
 # `task begin` exits with this when the task has nothing to train: the training is finished (a leftover
 # task of a generously sized array), the run's kill switch exists, or its allocation is not its node
-# phase's (the run goes on in an array at the new size). The job script then ends without training and without counting a failure.
+# phase's (the run goes on in an array at the new size). The job script then ends without training and
+# without counting a failure.
 EXIT_NOT_TRAINING = 3
 
 

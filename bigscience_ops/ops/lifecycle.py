@@ -3,9 +3,9 @@
 The watchdog asks this when no job of the training is queued: a training that reached its final
 iteration is done (healthy, announced once), one never launched (no task ledger, and no checkpoint or
 only a warm start's global_step0) is not launched yet, one whose kill switch file exists was stopped on
-purpose (an info line, no alert), and any other is an alert that says how its
-last task ended: Slurm's accounting (sacct) where the cluster keeps it, else the task ledger and
-the end of Slurm's output file for that task (slurmstepd writes "CANCELLED ... DUE TO TIME LIMIT").
+purpose (an info line, no alert), and any other is an alert that says how its last task ended:
+Slurm's accounting (sacct) where the cluster keeps it, else the task ledger and the end of Slurm's
+output file for that task (slurmstepd writes "CANCELLED ... DUE TO TIME LIMIT").
 """
 
 from __future__ import annotations
