@@ -34,9 +34,9 @@ from pathlib import Path
 
 from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ledger import latest_iteration
+from bigscience_ops.ledger import kill_switch_on, latest_iteration
 from bigscience_ops.data.corpus import ensure_data
-from bigscience_ops.prepare import PreparedLaunch, kill_switch_on, prepare_launch
+from bigscience_ops.prepare import PreparedLaunch, prepare_launch
 from bigscience_ops.schema import Experiment
 
 

@@ -3,7 +3,8 @@
 A bad node crashes a training again and again when Slurm keeps handing it to the next array
 task, burning the whole array in minutes. Each task records where it ran and the checkpoint
 iteration it started and ended at; when the last `budget` finished tasks made no progress, the
-next task stops at once and the nodes involved are reported.
+next task stops at once and the nodes involved are reported. The run's kill switch
+(`kill_switch_on`) stops every task too, on purpose, and counts as no failure.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from bigscience_ops import slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.schema import Experiment
 
 LEDGER_NAME = "task-ledger.jsonl"
 
@@ -52,6 +54,13 @@ class Attempt:
     @property
     def progressed(self) -> bool:
         return self.end_iteration is not None and self.end_iteration > self.start_iteration
+
+
+def kill_switch_on(exp: Experiment) -> bool:
+    """Whether checkpoint.kill_switch_path exists: the run is stopped on purpose until the file is removed, and
+    no task trains (launch refuses, task begin ends the task, the watchdog does not alert)."""
+    switch = exp.checkpoint.kill_switch_path
+    return bool(switch) and Path(switch).exists()
 
 
 def latest_iteration(checkpoints: Path) -> int:

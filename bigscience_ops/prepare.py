@@ -7,8 +7,7 @@ not train), when the plan finds errors, or when site values the job needs are mi
 (site_values.missing_site_values: a local launch needs data, a Slurm job also what the cluster asks
 for; `allow_incomplete` lets it through, listed in `site`). launch.py runs the result on this
 machine, submit.py sends it to Slurm; both render it with the plan made here, and both build missing
-bundled data with data.corpus.ensure_data. `kill_switch_on` is the one check of the kill switch file
-(the task hooks and the watchdog ask it too).
+bundled data with data.corpus.ensure_data.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops.errors import BsopsError, PlanError
-from bigscience_ops.ledger import latest_iteration
+from bigscience_ops.ledger import kill_switch_on, latest_iteration
 from bigscience_ops.node_schedule import Phase, for_phase
 from bigscience_ops.plan import Plan, make_plan
 from bigscience_ops.run_schedule import RunSchedule, run_schedule
@@ -28,12 +27,6 @@ from bigscience_ops.site_values import SiteCheck, check_complete
 
 class KillSwitchOn(BsopsError):
     """The run's kill switch exists: every task of a launch would end at once without training."""
-
-
-def kill_switch_on(exp: Experiment) -> bool:
-    """Whether checkpoint.kill_switch_path exists: the run is stopped on purpose until the file is removed."""
-    switch = exp.checkpoint.kill_switch_path
-    return bool(switch) and Path(switch).exists()
 
 
 @dataclass(frozen=True)

@@ -247,28 +247,7 @@ def test_sigterm_to_a_local_launch_stops_the_task_and_its_trainers(tmp_path):
     """Left running without bsops, a task would train on unwatched, and the next launch would train the same run
     at the same time: bsops stops it and returns once none of its processes is left. Its trainers save first,
     as at Slurm's warning signal, so the next launch resumes where this one stopped."""
-    # Long enough, and no scheduled save or exit, that the one checkpoint can only be the signal's: bsops
-    # relays the first iteration line late under load, and the trainers train on meanwhile.
-    shrunk = shrunk_tiny_yaml("stop", 1)
-    long = (shrunk.replace("train: {samples: 200}", "train: {samples: 2000}")
-            .replace("save_interval: 10, exit_interval: 15", "save_interval: 10000, exit_interval: 10000"))
-    assert long.count("10000") == 2 and "samples: 2000}" in long
-    trainings = small_trainings(tmp_path / "trainings", long)
-    run = tmp_path / "run"
-    proc = subprocess.Popen([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.lstrip().startswith("iteration"):  # the trainers are training
-                break
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in processes_mentioning(str(run / "experiment.json")):
-            os.kill(pid, signal.SIGKILL)  # only where the test fails: nothing of the run may outlive it
+    proc, out, err, run, _ = _stopped_while_training(tmp_path, "stop", lambda proc, run: proc.send_signal(signal.SIGTERM))
     assert proc.returncode == 2, err  # bsops' exit code for an error
     assert "error: array task 1: stopped by SIGTERM; the task was stopped with it" in err
     assert processes_mentioning(str(run / "experiment.json")) == []
@@ -284,7 +263,23 @@ def test_sigterm_to_a_local_launch_stops_the_task_and_its_trainers(tmp_path):
 @pytest.mark.slow
 def test_a_kill_switch_touched_during_a_local_launch_stops_it_after_the_save(tmp_path):
     """The task saves and exits 0 on the switch; no further task starts, and a new launch is refused."""
-    shrunk = shrunk_tiny_yaml("halt", 1)
+    proc, out, err, run, argv = _stopped_while_training(tmp_path, "halt", lambda proc, run: (run / "kill-switch").touch())
+    assert proc.returncode == 0, err
+    assert f"the kill switch {run / 'kill-switch'} exists: no further task is started" in out
+    assert "array task 2/" not in out and "training not finished" in out
+    [saved] = checkpoint_steps(run)
+    assert f"> kill switch {run / 'kill-switch'} found: saved and exiting at iteration {saved}" in (
+        run / "logs" / "main_log.txt").read_text()
+    again = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and f"error: the kill switch {run / 'kill-switch'} exists" in again.stderr
+
+
+def _stopped_while_training(tmp_path, purpose, stop):
+    """`bsops launch --local` of a long shrunk run, `stop(proc, run)` once its trainers train; returns the finished
+    process, its stdout and stderr, the run folder and the argv. Long enough, and with no scheduled save or exit,
+    that its one checkpoint can only be the stop's: bsops relays the first iteration line late under load, and
+    the trainers train on meanwhile."""
+    shrunk = shrunk_tiny_yaml(purpose, 1)
     long = (shrunk.replace("train: {samples: 200}", "train: {samples: 2000}")
             .replace("save_interval: 10, exit_interval: 15", "save_interval: 10000, exit_interval: 10000"))
     assert long.count("10000") == 2 and "samples: 2000}" in long
@@ -295,18 +290,13 @@ def test_a_kill_switch_touched_during_a_local_launch_stops_it_after_the_save(tmp
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
-            if line.lstrip().startswith("iteration"):
+            if line.lstrip().startswith("iteration"):  # the trainers are training
                 break
-        (run / "kill-switch").touch()
+        stop(proc, run)
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
-    assert f"the kill switch {run / 'kill-switch'} exists: no further task is started" in out
-    assert "array task 2/" not in out and "training not finished" in out
-    [saved] = checkpoint_steps(run)
-    assert f"> kill switch {run / 'kill-switch'} found: saved and exiting at iteration {saved}" in (
-        run / "logs" / "main_log.txt").read_text()
-    again = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 2 and f"error: the kill switch {run / 'kill-switch'} exists" in again.stderr
+        for pid in processes_mentioning(str(run / "experiment.json")):
+            os.kill(pid, signal.SIGKILL)  # only where the test fails: nothing of the run may outlive it
+    return proc, out, err, run, argv

@@ -46,7 +46,6 @@ def task_begin(experiment_json: Path) -> None:
     finished, the kill switch exists, or the task's allocation is not the node count of the run's phase (the
     run is handed to an array of that size)."""
     from bigscience_ops import ledger, slurm
-    from bigscience_ops.prepare import kill_switch_on
 
     exp = _resolved(experiment_json)
     task_env = slurm.TaskEnv.from_env()
@@ -56,7 +55,7 @@ def task_begin(experiment_json: Path) -> None:
                    "ends at once (no nodes used, no failure counted)")
         _cancel_pending(exp, task_env, "the training is finished")
         sys.exit(EXIT_NOT_TRAINING)
-    if kill_switch_on(exp):
+    if ledger.kill_switch_on(exp):
         click.echo(f"not training: the kill switch {exp.checkpoint.kill_switch_path} exists; task "
                    f"{ledger.slurm_job_id()} ends at once (no failure counted). Remove it, then `bsops launch "
                    f"{exp.name}` to go on")
@@ -119,7 +118,6 @@ def _stop_crash_loop(exp, failing: list, task_env) -> None:
 def task_end(experiment_json: Path, exit_code: int) -> None:
     """Record a task end and whether it made progress."""
     from bigscience_ops import ledger, slurm
-    from bigscience_ops.prepare import kill_switch_on
 
     exp = _resolved(experiment_json)
     task_env = slurm.TaskEnv.from_env()
@@ -128,7 +126,7 @@ def task_end(experiment_json: Path, exit_code: int) -> None:
     click.echo(f"task {attempt.job_id} ended with exit code {exit_code} at iteration {attempt.end_iteration}: {verdict}")
     if exit_code == 0 and _finished(exp, attempt.end_iteration or 0):
         _cancel_pending(exp, task_env, "the training is finished")  # the array's remaining tasks have nothing to train
-    elif exit_code == 0 and kill_switch_on(exp):
+    elif exit_code == 0 and ledger.kill_switch_on(exp):
         _cancel_pending(exp, task_env, "the run is stopped by its kill switch")
     elif exit_code == 0:
         _other_phase(exp, task_env)  # the training stopped at a node phase's boundary: the next task runs at the new size

@@ -18,7 +18,6 @@ from pathlib import Path
 from bigscience_ops import ledger, slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.prepare import kill_switch_on
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 
@@ -64,7 +63,7 @@ def run_state(exp: Experiment, timeout: float = 30.0) -> RunState:
     history = ledger.attempts(records)
     return RunState(iteration, run_schedule(exp).train_iters, history[-1] if history else None, exp, timeout,
                     launched=bool(records), warm_start=iteration == 0 and _warm_start(Path(exp.paths.checkpoints)),
-                    kill_switch=exp.checkpoint.kill_switch_path if kill_switch_on(exp) else None)
+                    kill_switch=exp.checkpoint.kill_switch_path if ledger.kill_switch_on(exp) else None)
 
 
 def _warm_start(checkpoints: Path) -> bool:
