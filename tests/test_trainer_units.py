@@ -270,6 +270,22 @@ def test_a_data_worker_outlives_a_sigterm_from_slurm_and_ends_on_its_trainers():
     assert worker.wait(timeout=60) == 0
 
 
+def test_closing_a_feed_ends_its_workers_without_a_signal():
+    """The trainer closes its feeds before it exits: no SIGTERM that could merge with Slurm's."""
+    import psutil
+
+    from bigscience_ops.trainer.data import MicroBatchFeed
+
+    before = {p.pid for p in psutil.Process().children()}
+    feed = MicroBatchFeed(SyntheticDataset(500, 8, 97, seed=3), 0, 2, 0, 1, 2, torch.device("cpu"))
+    assert len(list(feed.take(2))) == 2
+    workers = [p for p in psutil.Process().children() if p.pid not in before]
+    assert len(workers) == 2
+    feed.close()
+    _, alive = psutil.wait_procs(workers, timeout=30)  # already reaped by the DataLoader's join when it returns
+    assert alive == []
+
+
 def test_metrics_window_averages_applied_finite_steps_between_lines():
     board, lines, norms = _RecordingBoard(), [], []
     metrics = Metrics(board, lambda *text: lines.extend(text), train_iters=4, log_interval=2, flops_per_token=1e6,

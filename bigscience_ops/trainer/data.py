@@ -157,6 +157,15 @@ class MicroBatchFeed:
         for _ in range(num_micro_batches):
             next(self._batches)
 
+    def close(self) -> None:
+        """End the workers now, through the DataLoader's own shutdown (a sentinel, no signal). Left to the
+        interpreter's exit, multiprocessing ends them with SIGTERM, which a worker tells from Slurm's only by
+        its sender: when scancel's SIGTERM is pending at that moment the two merge into one, the worker keeps
+        waiting and its trainer's exit with it (seen on the test cluster under load)."""
+        shutdown = getattr(self._batches, "_shutdown_workers", None)  # absent with num_workers 0
+        if shutdown is not None:
+            shutdown()
+
     def finish(self, step: Iterator[MicroBatch]) -> None:
         """Consume what the step did not read (the engine reads them all; this keeps the order if not)."""
         for _ in step:

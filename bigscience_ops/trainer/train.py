@@ -429,6 +429,9 @@ class Trainer:
         reason = self._loop()
         self.checkpointer.save(self.state.iteration)
         self.metrics.close()
+        for feed in (self.train_feed, self.valid_feed):
+            if feed is not None:
+                feed.close()
         _print(f"> {reason} at iteration {self.state.iteration}")
         return 0
 
