@@ -10,6 +10,10 @@ tiny's shape in fp32, and MFU only with --peak-tflops.
 
     python benchmarks/train_throughput.py [--device auto|cpu|cuda] [--model gpt2-124m|experiment]
                                           [--steps 10] [--rounds 3] [--micro-batch-size N] [--global-batch-size N]
+                                          [--kernels auto|triton|torch]
+
+--kernels sets model.kernels for both (auto: the Triton kernels on CUDA, the torch references on CPU);
+run it once with triton and once with torch to see what the fused kernels change in a whole step.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ GPT2_124M = dict(num_layers=12, hidden_size=768, num_attention_heads=12, seq_len
                  vocab_size=50257, ffn_hidden_size=3072, hidden_dropout=0.0, attention_dropout=0.0)
 
 
-def _experiment(name: str, out: Path, device: str, mbs: int | None, gbs: int | None, peak: float | None):
+def _experiment(name: str, out: Path, device: str, mbs: int | None, gbs: int | None, peak: float | None,
+                kernels: str | None):
     from bigscience_ops.config import load_experiment
 
     gpt2 = name == "gpt2-124m"
@@ -37,6 +42,7 @@ def _experiment(name: str, out: Path, device: str, mbs: int | None, gbs: int | N
     paths = dataclasses.replace(exp.paths, output=str(out), checkpoints=str(out / "checkpoints"),
                                 tensorboard=str(out / "tensorboard"), logs=str(out / "logs"))
     model = dataclasses.replace(exp.model, **GPT2_124M) if gpt2 else exp.model
+    model = dataclasses.replace(model, kernels=kernels or model.kernels)
     mbs = mbs or (16 if device == "cuda" else exp.batch.micro_batch_size)
     gbs = gbs or (4 * mbs if device == "cuda" else exp.batch.global_batch_size)
     return dataclasses.replace(
@@ -58,6 +64,8 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument("--global-batch-size", type=int, default=None)
     parser.add_argument("--peak-tflops", type=float, default=None, help="override the GPU's peak for MFU")
+    parser.add_argument("--kernels", choices=("auto", "triton", "torch"), default=None,
+                        help="model.kernels for both loops (default: the experiment's, auto)")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per measured round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -81,11 +89,12 @@ def main() -> None:
     from bigscience_ops.trainer.data import MicroBatchFeed
     from bigscience_ops.trainer.model import build_sequential, lm_loss, weight_decay_groups
     from bigscience_ops.trainer.report import mfu, peak_tflops
-    from bigscience_ops.trainer.train import Trainer, init_distributed
+    from bigscience_ops.trainer.pipeline_engine import init_distributed
+    from bigscience_ops.trainer.train import Trainer
 
     out = Path(tempfile.mkdtemp(prefix="bsops-bench-"))
     exp = _experiment(args.model or ("gpt2-124m" if device_kind == "cuda" else "tiny"), out, device_kind,
-                      args.micro_batch_size, args.global_batch_size, args.peak_tflops)
+                      args.micro_batch_size, args.global_batch_size, args.peak_tflops, args.kernels)
     device = init_distributed(device_kind)
     trainer = Trainer(exp, deepspeed_config(exp), synthetic_data=True, device=device)
     trainer._check_layout()
@@ -94,7 +103,7 @@ def main() -> None:
     trainer._build_feeds()
 
     shape = GPTShape.from_experiment(exp)
-    model = build_sequential(shape, exp.train.seed).to(device)
+    model = build_sequential(shape, exp.train.seed, exp.model.kernels).to(device)
     o = exp.optimizer
     cuda = device.type == "cuda"
     optimizer = torch.optim.AdamW(weight_decay_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2),
@@ -136,7 +145,8 @@ def main() -> None:
     where = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     peak = peak_tflops(exp.estimate.peak_tflops, device)
     print(f"model {args.model or ('gpt2-124m' if cuda else exp.name)}: {trainer.params} parameters, GBS {gbs}, "
-          f"MBS {mbs}, seq {exp.model.seq_length}, {exp.train.precision}, {where}, {steps} steps each, "
+          f"MBS {mbs}, seq {exp.model.seq_length}, {exp.train.precision}, kernels {exp.model.kernels}, {where}, "
+          f"{steps} steps each, "
           f"peak {peak if peak is not None else 'unknown'} TFLOPs")
     for name, rate in rates.items():
         achieved = rate * trainer.flops_per_token / 1e12
