@@ -64,8 +64,10 @@ def _cases(op: str, shape: Shape, dtype, device) -> tuple[Callable[[], tuple], d
     size = torch.tensor([], dtype=dtype).element_size()
     liger = _liger()
 
+    # Inputs come from the CPU generator: a failed CUDA-graph capture (an op that syncs the host) leaves the
+    # device generator unusable outside a capture.
     def leaf(*dims, scale=1.0):
-        return (torch.randn(dims, device=device, dtype=torch.float32) * scale).to(dtype).requires_grad_()
+        return (torch.randn(dims, dtype=torch.float32) * scale).to(device=device, dtype=dtype).requires_grad_()
 
     if op == "layernorm":
         h = shape.hidden
@@ -89,13 +91,19 @@ def _cases(op: str, shape: Shape, dtype, device) -> tuple[Callable[[], tuple], d
         impls = {"eager": cross_entropy_reference,
                  "triton (ours)": lambda z, t: kernels.cross_entropy(z, t, "triton")}
         if liger:
-            impls["liger"] = lambda z, t: liger.LigerCrossEntropyFunction.apply(z, t, None, -100, 0.0, 0.0, "none")
+            # liger 0.8 returns (loss, z_loss, token_accuracy, predicted_tokens)
+            impls["liger"] = lambda z, t: _first(liger.LigerCrossEntropyFunction.apply(z, t, None, -100, 0.0, 0.0,
+                                                                                       "none"))
 
         def inputs():
-            targets = torch.randint(0, shape.vocab, (shape.tokens,), device=device)
+            targets = torch.randint(0, shape.vocab, (shape.tokens,)).to(device)
             return leaf(shape.tokens, shape.vocab, scale=3.0), targets
         return inputs, impls, 3 * shape.tokens * shape.vocab * size
     raise SystemExit(f"unknown op {op!r}; allowed: layernorm, bias_gelu, attention, cross_entropy")
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
 
 
 def _liger():
@@ -109,8 +117,21 @@ def _liger():
                               LigerLayerNormFunction=LigerLayerNormFunction)
 
 
-def _measure(fn: Callable, inputs: tuple, reps: int) -> tuple[float, float]:
-    """(ms per forward + backward, peak MiB allocated above the inputs)."""
+@dataclass(frozen=True)
+class Timing:
+    ms: float
+    """Stream time per forward + backward, launched from Python as a training step launches it."""
+    host_ms: float
+    """Python's time to launch one forward + backward: when it is close to `ms`, the op is launch-bound."""
+    graph_ms: float | None
+    """The same step replayed from a CUDA graph: the GPU's own time (None when the op cannot be captured)."""
+    peak_mib: float
+    """Peak memory allocated above the inputs."""
+
+
+def _measure(fn: Callable, inputs: tuple, reps: int) -> Timing:
+    import time
+
     import torch
 
     def step():
@@ -130,11 +151,40 @@ def _measure(fn: Callable, inputs: tuple, reps: int) -> tuple[float, float]:
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    host = time.perf_counter()
     for _ in range(reps):
         step()
+    host = time.perf_counter() - host
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps, peak
+    return Timing(start.elapsed_time(end) / reps, 1e3 * host / reps, _graph_ms(step, reps), peak)
+
+
+def _graph_ms(step: Callable, reps: int) -> float | None:
+    """ms per replay of `step` captured in a CUDA graph, or None when it cannot be captured."""
+    import torch
+
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        graph.replay()
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - a host sync or an uncapturable launch: the row says so
+        torch.cuda.synchronize()
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
 
 
 def main() -> int:
@@ -160,27 +210,35 @@ def main() -> int:
     device = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  dtype {args.dtype}  "
           f"liger: {'yes' if _liger() else 'not installed (pip install liger-kernel)'}")
-    print(f"{'shape':<24} {'op':<14} {'implementation':<16} {'ms':>9} {'GB/s':>8} {'peak MiB':>9} {'vs eager':>9}")
+    print("ms: stream time per forward + backward launched from Python; host ms: Python's launch time alone (near ms:\n"
+          "launch-bound); graph ms: replayed from a CUDA graph, the GPU's own time, and GB/s and 'graph vs eager' from it")
+    print(f"{'shape':<24} {'op':<14} {'implementation':<16} {'ms':>8} {'host ms':>8} {'graph ms':>9} {'GB/s':>7} "
+          f"{'peak MiB':>9} {'vs eager':>9} {'graph vs eager':>15}")
     for shape_key in args.shapes.split(","):
         shape = SHAPES[shape_key]
         for op in args.ops.split(","):
             make_inputs, impls, traffic = _cases(op, shape, dtype, device)
             if not args.no_compile:
                 impls = {**impls, "torch.compile": torch.compile(impls["eager"])}
-            eager_ms = None
+            eager: Timing | None = None
             for name, fn in impls.items():
                 inputs = make_inputs()
                 try:
-                    ms, peak = _measure(fn, inputs, args.reps)
+                    t = _measure(fn, inputs, args.reps)
                 except Exception as exc:  # one failing baseline must not hide the other rows
                     print(f"{shape.name:<24} {op:<14} {name:<16} failed: {type(exc).__name__}: {exc}"[:200])
                     continue
                 finally:
                     del inputs
                     torch.cuda.empty_cache()
-                eager_ms = ms if name == "eager" else eager_ms
-                ratio = f"{eager_ms / ms:8.2f}x" if eager_ms else "        -"
-                print(f"{shape.name:<24} {op:<14} {name:<16} {ms:9.3f} {traffic / ms / 1e6:8.0f} {peak:9.1f} {ratio:>9}")
+                eager = t if name == "eager" else eager
+                ratio = f"{eager.ms / t.ms:8.2f}x" if eager else "-"
+                graph = f"{t.graph_ms:9.3f}" if t.graph_ms else f"{'-':>9}"
+                gpu_ms = t.graph_ms or t.ms
+                graph_ratio = (f"{eager.graph_ms / t.graph_ms:8.2f}x" if eager and eager.graph_ms and t.graph_ms
+                               else "-")
+                print(f"{shape.name:<24} {op:<14} {name:<16} {t.ms:8.3f} {t.host_ms:8.3f} {graph} "
+                      f"{traffic / gpu_ms / 1e6:7.0f} {t.peak_mib:9.1f} {ratio:>9} {graph_ratio:>15}")
     return 0
 
 
