@@ -1,4 +1,4 @@
-"""The fused kernels (kernels/) against torch eager, torch.compile and Liger-Kernel, forward + backward.
+"""The fused kernels (bigscience_ops/kernels/) against torch eager, torch.compile and Liger-Kernel, forward + backward.
 
 Shapes: GPT-2 124M (micro-batch 8 x 1024 tokens, h 768, 12 heads, vocab 50304) and one TP rank of
 a 13B model at TP=4 (1 x 2048 tokens, h 5120, 40/4 heads of 128, ffn 20480/4, vocab 51200/4).
@@ -55,11 +55,11 @@ def _cases(op: str, shape: Shape, dtype, device) -> tuple[Callable[[], tuple], d
     """(make inputs, {implementation: fn(*inputs) -> output}, minimum bytes moved by forward + backward)."""
     import torch
 
-    import kernels
-    from kernels.crossentropy import cross_entropy_reference
-    from kernels.gelu import bias_gelu_reference
-    from kernels.layernorm import layer_norm_reference
-    from kernels.softmax import causal_attention_reference
+    from bigscience_ops import kernels
+    from bigscience_ops.kernels.crossentropy import cross_entropy_reference
+    from bigscience_ops.kernels.gelu import bias_gelu_reference
+    from bigscience_ops.kernels.layernorm import layer_norm_reference
+    from bigscience_ops.kernels.softmax import causal_attention_reference
 
     size = torch.tensor([], dtype=dtype).element_size()
     liger = _liger()

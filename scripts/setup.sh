@@ -10,7 +10,7 @@ want=$(cat pyproject.toml setup.py bigscience_ops/data/*.c | sha256sum | cut -d'
 # An editable install leaves bsops' own modules uncompiled, and where PYTHONDONTWRITEBYTECODE is set
 # every process compiles them again (0.1 CPU s of each short command's start-up); compile them once,
 # as pip does for a wheel. Stale files are ignored by Python (it checks the source's time and size).
-compile_sources() { "$venv/bin/python" -m compileall -q bigscience_ops kernels >/dev/null; }
+compile_sources() { "$venv/bin/python" -m compileall -q bigscience_ops >/dev/null; }
 if [[ -x $venv/bin/bsops && -f $stamp && $(cat "$stamp") == "$want" ]]; then
     compile_sources
     exit 0

@@ -15,7 +15,7 @@ expected device, is recorded and raises `CollectiveDeviceError`. This is the bug
 `dist.all_reduce(torch.tensor(flags))`: it passes on gloo and fails on NCCL.
 
 `install()` works in-process; `SITECUSTOMIZE` installs it in every torchrun worker
-(BSOPS_COLLECTIVE_CHECK=<report dir>, scoped to bigscience_ops/ and kernels/).
+(BSOPS_COLLECTIVE_CHECK=<report dir>, scoped to bigscience_ops/).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def install_from_env() -> Checker | None:
     if not report_dir or "RANK" not in os.environ:
         return None
     device = os.environ.get(f"{ENV}_DEVICE", "cpu")
-    checker = install([str(REPO / "bigscience_ops"), str(REPO / "kernels")], torch.device(device), Path(report_dir))
+    checker = install([str(REPO / "bigscience_ops")], torch.device(device), Path(report_dir))
     atexit.register(checker.write_counts)
     return checker
 

@@ -21,7 +21,7 @@ import pytest
 pytestmark = pytest.mark.slow  # builds a wheel and installs it into a fresh venv
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ["pyproject.toml", "setup.py", "README.md", "bigscience_ops", "kernels", "templates", "trainings", "corpus",
+SOURCES = ["pyproject.toml", "setup.py", "README.md", "bigscience_ops", "templates", "trainings", "corpus",
            "cron"]
 SKIP = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "logs", "runners", "*.slurm")
 
@@ -54,10 +54,42 @@ def installed(tmp_path_factory) -> tuple[Path, dict]:
     purelib = Path(_run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                         tmp, env).stdout.strip())
     (purelib / "zz_borrowed_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    _run(pip + ["--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index", str(wheel)], tmp, env)
+    _run(pip + ["--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index", str(wheel),
+                str(_other_kernels_wheel(tmp, pip, env))], tmp, env)
     shutil.rmtree(source)  # nothing may come from the source tree
     env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
     return venv / "bin", env
+
+
+def _other_kernels_wheel(tmp: Path, pip: list, env: dict) -> Path:
+    """A wheel of another project's top-level package `kernels` (on the package index that name is Hugging Face's
+    kernel hub, which transformers looks for), installed beside bsops as a user may have it."""
+    source = tmp / "other-kernels"
+    (source / "kernels").mkdir(parents=True)
+    (source / "kernels" / "__init__.py").write_text('OWNER = "the other project"\n')
+    (source / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                                           '"setuptools.build_meta"\n[project]\nname = "kernels"\nversion = "9.9"\n'
+                                           '[tool.setuptools]\npackages = ["kernels"]\n')
+    _run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "other-dist"), str(source)], tmp, env)
+    [wheel] = (tmp / "other-dist").glob("kernels-*.whl")
+    return wheel
+
+
+def test_the_fused_kernels_live_in_bsops_namespace_beside_another_kernels_package(installed) -> None:
+    """bsops' wheel holds no top-level `kernels`: a distribution of that name installed beside it keeps its
+    `import kernels`, and the trainer's model still finds bsops' own kernels."""
+    bin_dir, env = installed
+    code = ("import json, kernels, torch, bigscience_ops.trainer.model as model; "
+            "from bigscience_ops.kernels.layernorm import layer_norm_reference; "
+            "x, w, b = torch.randn(3, 8), torch.ones(8), torch.zeros(8); "
+            "same = torch.equal(model.fused.layer_norm(x, w, b, 1e-5), layer_norm_reference(x, w, b, 1e-5)); "
+            "print(json.dumps([kernels.OWNER, kernels.__file__, model.fused.__name__, same]))")
+    owner, path, fused, same = json.loads(_run([str(bin_dir / "python"), "-c", code], bin_dir, env).stdout)
+    assert owner == "the other project" and path.startswith(str(bin_dir.parent)), path
+    assert fused == "bigscience_ops.kernels" and same
+    [record] = bin_dir.parent.glob("lib/python*/site-packages/bigscience_ops-*.dist-info/RECORD")
+    tops = {line.split("/", 1)[0] for line in record.read_text().splitlines() if "/" in line}
+    assert "kernels" not in tops and "bigscience_ops" in tops, sorted(tops)
 
 
 def test_wheel_holds_the_bundled_folders(installed) -> None:

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from kernels.attention import causal_attention_triton, draw_seed, dropout_keep_mask
-from kernels.softmax import alibi_bias, alibi_slopes, causal_attention_torch, causal_attention_reference, scaled_causal_softmax
+from bigscience_ops.kernels.attention import causal_attention_triton, draw_seed, dropout_keep_mask
+from bigscience_ops.kernels.softmax import alibi_bias, alibi_slopes, causal_attention_torch, causal_attention_reference, scaled_causal_softmax
 from tests.fixtures_kernels import DEVICE, DTYPES, _close, _qkv_views, _randn
 
 

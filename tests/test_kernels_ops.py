@@ -13,12 +13,12 @@ import math
 import pytest
 import torch
 
-import kernels
-from kernels.attention import causal_attention_triton, draw_seed, dropout_keep_mask
-from kernels.crossentropy import ce_partials, combine_partials, cross_entropy_reference, cross_entropy_triton
-from kernels.gelu import bias_gelu_reference, bias_gelu_triton
-from kernels.layernorm import layer_norm_reference, layer_norm_triton
-from kernels.softmax import causal_attention_reference, scaled_causal_softmax
+from bigscience_ops import kernels
+from bigscience_ops.kernels.attention import causal_attention_triton, draw_seed, dropout_keep_mask
+from bigscience_ops.kernels.crossentropy import ce_partials, combine_partials, cross_entropy_reference, cross_entropy_triton
+from bigscience_ops.kernels.gelu import bias_gelu_reference, bias_gelu_triton
+from bigscience_ops.kernels.layernorm import layer_norm_reference, layer_norm_triton
+from bigscience_ops.kernels.softmax import causal_attention_reference, scaled_causal_softmax
 from tests.fixtures_kernels import DEVICE, DTYPES, _close, _qkv_views, _randn
 
 

@@ -14,7 +14,7 @@ from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.model import EmbeddingPipe, FinalNorm, SelfAttention, TransformerBlock
 from bigscience_ops.trainer.tensor_parallel import TensorParallel
-from kernels.softmax import alibi_slopes
+from bigscience_ops.kernels.softmax import alibi_slopes
 from tests.fixtures_trainer import checkpoint_steps, scalars, small_experiment, whole_and_resumed
 
 STEPS = 10

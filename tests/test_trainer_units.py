@@ -159,7 +159,7 @@ def test_causal_lm_trains_a_few_steps(tmp_path):
 
 
 def test_kernel_references_agree():
-    from kernels.softmax import causal_attention_reference, causal_attention_torch
+    from bigscience_ops.kernels.softmax import causal_attention_reference, causal_attention_torch
 
     q, k, v = (torch.randn(2, 3, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
     torch.testing.assert_close(causal_attention_torch(q, k, v), causal_attention_reference(q, k, v))

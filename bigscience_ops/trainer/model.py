@@ -25,10 +25,10 @@ rank's heads) draws from the rank's own TP-region generator, embedding and hidde
 replicated activations) from the default one, the same on every TP rank (tensor_parallel.py).
 
 Positions (`position_embedding`): learned (a table added to the word embeddings) or alibi (BLOOM's:
-no table; each head adds slope * key position to its attention scores, kernels/softmax.py; with TP
+no table; each head adds slope * key position to its attention scores, bigscience_ops/kernels/softmax.py; with TP
 each rank uses the slopes of its own heads).
 
-Kernels: LayerNorm, bias-GeLU, attention and the LM cross-entropy go through kernels/ with the
+Kernels: LayerNorm, bias-GeLU, attention and the LM cross-entropy go through bigscience_ops/kernels/ with the
 experiment's `model.kernels` choice (`kernels` below: auto, triton or torch), passed to every layer
 and to the loss. It is not part of GPTShape: it changes how the math runs, not the model, so a
 checkpoint resumes under any choice.
@@ -43,11 +43,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import kernels as fused
+from bigscience_ops import kernels as fused
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer.tensor_parallel import (SINGLE, TensorParallel, copy_to_tp, mark_tensor_parallel,
                                                     reduce_from_tp, tp_region_rng, vocab_parallel_cross_entropy)
-from kernels.softmax import alibi_slopes
+from bigscience_ops.kernels.softmax import alibi_slopes
 
 
 def _generator(seed: int, layer_index: int) -> torch.Generator:

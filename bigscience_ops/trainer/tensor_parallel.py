@@ -31,7 +31,7 @@ from typing import Any, ContextManager
 import torch
 import torch.distributed as dist
 
-import kernels as fused
+from bigscience_ops import kernels as fused
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp
     loss = log(sum over all shards of exp(z - max)) - (z_target - max). The sums over shards use
     `reduce_from_tp`: its backward is the identity, which is exact because every TP rank computes
     the same loss from the reduced values; each rank's logits then get softmax - onehot for its slice.
-    With the Triton kernel (`kernels`, see kernels/__init__.py) the logits are read in chunks in
+    With the Triton kernel (`kernels`, see bigscience_ops/kernels/__init__.py) the logits are read in chunks in
     their own dtype and only per-token partials meet the collectives (`all_reduce_ce_partials`).
     """
     if fused.use_triton(kernels, logits):

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from bigscience_ops.errors import BsopsError
-from kernels.softmax import causal_attention_torch
+from bigscience_ops.kernels.softmax import causal_attention_torch
 
 CHOICES = ("auto", "triton", "torch")
 
@@ -49,18 +49,18 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
                kernels: str = "auto") -> torch.Tensor:
     """LayerNorm over the last dimension. x: (..., h); weight, bias: (h,)."""
     if use_triton(kernels, x):
-        from kernels.layernorm import layer_norm_triton
+        from bigscience_ops.kernels.layernorm import layer_norm_triton
         return layer_norm_triton(x, weight, bias, eps)
-    from kernels.layernorm import layer_norm_reference
+    from bigscience_ops.kernels.layernorm import layer_norm_reference
     return layer_norm_reference(x, weight, bias, eps)
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
     """gelu_tanh(x + bias). x: (..., f), bias: (f,)."""
     if use_triton(kernels, x):
-        from kernels.gelu import bias_gelu_triton
+        from bigscience_ops.kernels.gelu import bias_gelu_triton
         return bias_gelu_triton(x, bias)
-    from kernels.gelu import bias_gelu_reference
+    from bigscience_ops.kernels.gelu import bias_gelu_reference
     return bias_gelu_reference(x, bias)
 
 
@@ -72,7 +72,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
     Dropout draws from the default generator of q's device (see attention.py for the Triton seed).
     """
     if use_triton(kernels, q):
-        from kernels.attention import causal_attention_triton
+        from bigscience_ops.kernels.attention import causal_attention_triton
         return causal_attention_triton(q, k, v, dropout_p, alibi_slopes)
     return causal_attention_torch(q, k, v, dropout_p, alibi_slopes)
 
@@ -90,8 +90,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, kernels: str = "a
     trainer/tensor_parallel.py). The torch path takes the whole vocabulary only (vocab_start 0, no combine).
     """
     if use_triton(kernels, logits):
-        from kernels.crossentropy import cross_entropy_triton
+        from bigscience_ops.kernels.crossentropy import cross_entropy_triton
         return cross_entropy_triton(logits, targets, vocab_start, combine)
-    from kernels.crossentropy import cross_entropy_reference
+    from bigscience_ops.kernels.crossentropy import cross_entropy_reference
     assert vocab_start == 0 and combine is None, "the torch cross-entropy takes the whole vocabulary"
     return cross_entropy_reference(logits, targets)

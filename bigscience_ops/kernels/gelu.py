@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._launch import row_launch
+from bigscience_ops.kernels._launch import row_launch
 
 MAX_BLOCK_F = 1024  # columns per tile; wider MLPs get a second grid axis
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._launch import row_launch
+from bigscience_ops.kernels._launch import row_launch
 
 MAX_BLOCK_V = 4096  # vocabulary columns per chunk on a GPU
 Partials = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
