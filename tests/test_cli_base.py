@@ -81,3 +81,12 @@ def test_a_missing_slurm_conf_is_one_line_at_once_and_verbose_adds_the_command(t
         cron = CliRunner().invoke(main, argv)
         assert cron.exit_code == EXIT_ERROR and cron.stderr.startswith(f"error: {expected}: point SLURM_CONF")
         assert ("  command:   squeue" in cron.stderr) == ("--verbose" in argv)
+
+
+def test_option_precedence_is_command_line_then_experiment_then_default() -> None:
+    from bigscience_ops.cli.base import resolve
+
+    assert resolve(5, 7, 9) == 5 and resolve(None, 7, 9) == 7 and resolve(None, None, 9) == 9
+    assert resolve((), ("a@x",), ()) == ("a@x",) and resolve(("b@x",), ("a@x",)) == ("b@x",)
+    assert resolve(0.0, 7) == 0.0  # a value given as zero is given
+    assert resolve(None) is None

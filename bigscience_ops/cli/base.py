@@ -154,6 +154,15 @@ def trainings_option(func):
     )(func)
 
 
+def resolve(given, from_experiment=None, default=None):
+    """Option precedence, the one rule of every command: a value given on the command line, else the
+    experiment's, else bsops' default. "Not given" is None or an empty tuple (a repeatable option left out)."""
+    for value in (given, from_experiment):
+        if value is not None and value != ():
+            return value
+    return default
+
+
 def load_experiment(name: str, trainings_dir: Path | None):
     """The experiment NAME (or path), loaded without importing anything heavy at CLI start."""
     from bigscience_ops import config

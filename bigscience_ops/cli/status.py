@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    TEXT, FiniteFloat, SafePath, echo_detail, echo_run_folder, load_experiment, main, trainings_option, verbose_option,
+    TEXT, FiniteFloat, SafePath, echo_detail, echo_run_folder, load_experiment, main, resolve, trainings_option,
+    verbose_option,
 )
 
 
@@ -85,17 +86,17 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
         experiment = load_experiment(exp, trainings_dir)
         echo_run_folder(exp, trainings_dir, experiment)
         run = lifecycle.run_state(experiment, timeout=timeout)
-        job_name = job_name or experiment.slurm.job_name
-        log_path = log_path or Path(experiment.paths.logs) / "main_log.txt"
-        stall_minutes = stall_minutes or experiment.alerts.stall_minutes
-        group = group or experiment.slurm.group
         if not email_to and not no_email:
             smtp = mail.smtp_from_alerts(experiment.alerts)
-        cooldown_minutes = experiment.alerts.cooldown_minutes if cooldown_minutes is None else cooldown_minutes
         health = experiment.alerts.health
+    slurm_cfg, alerts = (experiment.slurm, experiment.alerts) if experiment else (None, None)
+    job_name = resolve(job_name, slurm_cfg and slurm_cfg.job_name)
+    log_path = resolve(log_path, experiment and Path(experiment.paths.logs) / "main_log.txt")
+    stall_minutes = resolve(stall_minutes, alerts and alerts.stall_minutes)
+    group = resolve(group, slurm_cfg and slurm_cfg.group)
+    cooldown_minutes = resolve(cooldown_minutes, alerts and alerts.cooldown_minutes, 60.0)
     if job_name is None:
         raise click.UsageError("give an experiment (EXP) or --job-name")
-    cooldown_minutes = 60.0 if cooldown_minutes is None else cooldown_minutes
     if email_to and not no_email:
         smtp = mail.SmtpSettings(
             host=smtp_host, port=smtp_port or mail.DEFAULT_PORTS[smtp_security], security=smtp_security,
