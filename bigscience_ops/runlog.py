@@ -1,7 +1,7 @@
 """The run's main_log.txt: find it, read its last lines, follow what is appended.
 
 The log lives in the run folder (paths.logs/main_log.txt) on the cluster; elsewhere it is read
-from the logs repo's clone that hub-sync keeps (<run>/hub/logs/, see ops/hubsync.py) or from any
+from the logs repo's clone that hub-sync keeps (<run>/hub/logs/, see ops/keep/hubsync.py) or from any
 clone of that repo. `follow` polls (no inotify: it also works on network file systems) and
 survives the file being rotated (renamed away, a new one created) or truncated: it then starts
 again from the new file's first line.

@@ -20,7 +20,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from bigscience_ops.launch import free_port
-from bigscience_ops.ops.mail import SmtpSettings
+from bigscience_ops.ops.tell.email import SmtpSettings
 
 PASSWORD = "s3cret-Pa55word"
 T0 = datetime(2026, 11, 22, 10, 0, 0)

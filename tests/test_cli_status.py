@@ -61,7 +61,7 @@ def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_
 
 def test_cron_status_job_runs_the_watchdog(watched: Path, tmp_path: Path, plain_server,
                                           slurm_cluster) -> None:
-    from bigscience_ops.ops import cron
+    from bigscience_ops.ops.schedule import cron
 
     inbox, _ = plain_server
     cron_dir = tmp_path / "cron"

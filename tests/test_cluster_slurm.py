@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import slurm
-from bigscience_ops.ops import status
+from bigscience_ops.ops.watch import status
 from tests.fixtures_slurm import SlurmCluster, wait_until
 
 pytestmark = pytest.mark.slurm

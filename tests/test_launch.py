@@ -17,7 +17,7 @@ import pytest
 from bigscience_ops import launch
 from bigscience_ops.config import load_experiment
 from bigscience_ops.launch import local_experiment
-from bigscience_ops.ops import chronicle
+from bigscience_ops.ops.keep import chronicle
 from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import processes_mentioning, shrunk_tiny_yaml, small_trainings
 from tests.fixtures_slurm import wait_until

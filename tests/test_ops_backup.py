@@ -19,7 +19,7 @@ from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.config import load_experiment
 from bigscience_ops.schema import Experiment
 from bigscience_ops.run_schedule import run_schedule
-from bigscience_ops.ops import backup
+from bigscience_ops.ops.keep import backup
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_trainer import concurrently, run_ok, small_experiment, write_run
@@ -123,7 +123,7 @@ import json, sys, time
 from pathlib import Path
 sys.path.insert(0, {repo!r})
 from bigscience_ops.config import from_dict
-from bigscience_ops.ops import backup
+from bigscience_ops.ops.keep import backup
 exp = from_dict(json.loads(Path({exp!r}).read_text()))
 original, calls = backup._copy_file, []
 def copy_then_hang(src, dst, advance):
@@ -228,7 +228,7 @@ def test_backup_alert_waits_out_the_cooldown_and_a_recovery_follows(trainings: P
     from click.testing import CliRunner
 
     from bigscience_ops.cli import main
-    from bigscience_ops.ops import notify
+    from bigscience_ops.ops.tell import notify
 
     inbox, port = plain_server
     run = tmp_path / "run"

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
-from bigscience_ops.ops import backup
+from bigscience_ops.ops.keep import backup
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import alerts_yaml
 

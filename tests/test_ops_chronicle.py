@@ -1,4 +1,4 @@
-"""The run's chronicle (ops/chronicle.py, `bsops chronicle`): its timeline read back from the ledger, main_log.txt,
+"""The run's chronicle (ops/keep/chronicle.py, `bsops chronicle`): its timeline read back from the ledger, main_log.txt,
 watchdog.log, rollbacks.jsonl and the backup manifests.
 
 A real two-task local launch is chronicled in tests/test_launch.py.
@@ -16,7 +16,7 @@ from bigscience_ops import ledger
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.iteration_log import IterationStats, iteration_line
-from bigscience_ops.ops import chronicle
+from bigscience_ops.ops.keep import chronicle
 from tests.fixtures_experiments import tiny_yaml
 
 T0 = time.mktime(time.strptime("2026-11-23 23:50:00", "%Y-%m-%d %H:%M:%S"))
@@ -88,7 +88,7 @@ def _saved(exp, *steps: int) -> None:
 
 def test_rollbacks_and_backups_are_in_the_timeline(trainings: Path, tmp_path: Path):
     from bigscience_ops.checkpoints.rollback import rollback
-    from bigscience_ops.ops import backup
+    from bigscience_ops.ops.keep import backup
 
     store = tmp_path / "store"
     (trainings / "kept.yaml").write_text(tiny_yaml(tmp_path / "kept", f"backup: {{dest: {str(store)!r}}}\n"))

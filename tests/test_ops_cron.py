@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from bigscience_ops import slurm
-from bigscience_ops.ops import cron
+from bigscience_ops.ops.schedule import cron
 from bigscience_ops.cli import main
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_smtp import alerts_yaml

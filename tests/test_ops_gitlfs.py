@@ -1,4 +1,4 @@
-"""bigscience_ops.ops.gitlfs: a push that keeps failing waits a bounded time, then raises the last error."""
+"""bigscience_ops.ops.keep.gitlfs: a push that keeps failing waits a bounded time, then raises the last error."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.ops import gitlfs
+from bigscience_ops.ops.keep import gitlfs
 from bigscience_ops.schema import HubConfig
 
 

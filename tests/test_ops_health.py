@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.iteration_log import IterationStats, iteration_line
-from bigscience_ops.ops import health
+from bigscience_ops.ops.watch import health
 from bigscience_ops.schema import HealthConfig
 
 Tweak = Callable[[int, IterationStats], None]
@@ -215,7 +215,7 @@ def test_settings_change_what_is_a_spike():
 def test_the_watchdog_alerts_a_spike_once_and_mails_the_recovery(tmp_path, plain_server):
     from datetime import datetime, timedelta
 
-    from bigscience_ops.ops import status, watchdog
+    from bigscience_ops.ops.watch import status, watchdog
     from tests.fixtures_smtp import plain_settings
     from tests.fixtures_status import seed_job
 
@@ -255,7 +255,7 @@ def test_the_alert_for_an_experiments_spike_says_the_exact_commands(tmp_path, tr
     from datetime import datetime, timedelta
 
     from bigscience_ops.config import load_experiment
-    from bigscience_ops.ops import lifecycle, watchdog
+    from bigscience_ops.ops.watch import lifecycle, watchdog
     from tests.fixtures_experiments import tiny_yaml
     from tests.fixtures_smtp import plain_settings
     from tests.fixtures_status import seed_job
@@ -289,7 +289,7 @@ def test_the_alert_for_an_experiments_spike_says_the_exact_commands(tmp_path, tr
 def test_the_watchdog_skips_health_when_switched_off(tmp_path):
     from datetime import datetime
 
-    from bigscience_ops.ops import watchdog
+    from bigscience_ops.ops.watch import watchdog
     from tests.fixtures_status import seed_job
 
     log = tmp_path / "main_log.txt"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.ops import gitlfs, hubsync
+from bigscience_ops.ops.keep import gitlfs, hubsync
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_git import bare_remote, blob_at, git, hub_experiment, lfs_object, lfs_oid
 from tests.fixtures_slurm import wait_until
@@ -153,7 +153,7 @@ import dataclasses, json, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
 from tests.fixtures_git import hub_experiment
-from bigscience_ops.ops import hubsync
+from bigscience_ops.ops.keep import hubsync
 exp = hub_experiment(Path({run!r}), Path({remotes!r}))
 result = hubsync.sync(exp, what=["logs"], wait_s={wait})[0]
 print(json.dumps({{"skipped": result.skipped, "commit": result.commit, "copied": result.copied}}))
@@ -377,7 +377,7 @@ def _sync_at(trainings: Path, clock: list, minutes: int):
 
 def test_a_failing_sync_emails_once_per_cooldown_then_one_recovery(git_lfs, trainings: Path, tmp_path: Path,
                                                                     plain_server, monkeypatch) -> None:
-    from bigscience_ops.ops import notify
+    from bigscience_ops.ops.tell import notify
 
     inbox, port = plain_server
     _alerting_experiment(trainings, tmp_path, port)
@@ -415,7 +415,7 @@ def test_a_failing_sync_emails_once_per_cooldown_then_one_recovery(git_lfs, trai
 
 def test_a_failure_never_emailed_clears_silently(git_lfs, trainings: Path, tmp_path: Path, plain_server,
                                                  monkeypatch) -> None:
-    from bigscience_ops.ops import notify
+    from bigscience_ops.ops.tell import notify
 
     inbox, port = plain_server
     _alerting_experiment(trainings, tmp_path, free_port())  # the SMTP server is down

@@ -12,7 +12,7 @@ import pytest
 
 from bigscience_ops import ledger
 from bigscience_ops.config import load_experiment
-from bigscience_ops.ops import lifecycle, status, watchdog
+from bigscience_ops.ops.watch import lifecycle, status, watchdog
 from bigscience_ops.run_schedule import run_schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import plain_settings

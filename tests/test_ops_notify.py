@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from aiosmtpd.controller import Controller
 
-from bigscience_ops.ops import mail, notify, status
-from bigscience_ops.ops.mail import NotifyError, SmtpSettings
+from bigscience_ops.ops.tell import email as mail
+from bigscience_ops.ops.tell import notify
+from bigscience_ops.ops.tell.email import NotifyError, SmtpSettings
+from bigscience_ops.ops.watch import status
 from tests.fixtures_smtp import PASSWORD, T0, Inbox, free_port, plain_settings, server_tls, serving
 
 
@@ -302,7 +304,7 @@ def test_job_cooldown_must_not_be_negative(tmp_path: Path) -> None:
                           cooldown_minutes=-1, now=T0)
 
 
-COUNT = ("import sys\nfrom pathlib import Path\nfrom bigscience_ops.ops import notify\n"
+COUNT = ("import sys\nfrom pathlib import Path\nfrom bigscience_ops.ops.tell import notify\n"
          "for _ in range(int(sys.argv[2])):\n"
          "    with notify._state_file(Path(sys.argv[1])) as state:\n"
          "        state.finished['count'] = state.finished.get('count', 0) + 1\n")

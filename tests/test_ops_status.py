@@ -1,4 +1,4 @@
-"""Watchdog decisions in bigscience_ops.ops.status, over recorded squeue output and real log files."""
+"""Watchdog decisions in bigscience_ops.ops.watch.status, over recorded squeue output and real log files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import slurm
-from bigscience_ops.ops import status
+from bigscience_ops.ops.watch import status
 from tests.fixtures_slurm import recorded_squeue, replay_squeue
 from tests.fixtures_status import ITERATION, seed_job
 

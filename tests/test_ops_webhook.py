@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.ops import mail, notify, status, watchdog
+from bigscience_ops.ops.tell import email as mail
+from bigscience_ops.ops.tell import notify
+from bigscience_ops.ops.watch import status, watchdog
 from bigscience_ops.schema import AlertsConfig
 from tests.fixtures_smtp import plain_settings
 from tests.fixtures_status import seed_job

@@ -110,7 +110,7 @@ def test_tasks_show_nodes_iterations_exits_and_times(exp, trainings: Path):
 
 
 def test_last_backup_is_read_from_the_stores_manifests(trainings: Path, tmp_path: Path):
-    from bigscience_ops.ops import backup
+    from bigscience_ops.ops.keep import backup
 
     store = tmp_path / "store"
     (trainings / "saved.yaml").write_text(tiny_yaml(tmp_path / "run", f"backup: {{dest: {json.dumps(str(store))}}}\n"))

@@ -184,7 +184,7 @@ def echo_run_folder(name: str, trainings_dir: Path | None, experiment, out: Path
 
 
 def default_cron_dir() -> Path:
-    from bigscience_ops.ops.cron import default_cron_dir as default
+    from bigscience_ops.ops.schedule.cron import default_cron_dir as default
 
     return default()
 

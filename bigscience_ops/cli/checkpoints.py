@@ -65,7 +65,7 @@ def convert_command(exp: str, trainings_dir: Path | None, step: int | None, out:
         click.echo(f"weights in {len(weights)} shards of at most {max_shard_size}: {weights[0]} ... {weights[-1]}, "
                    f"indexed by {convert.WEIGHTS_INDEX}")
     if push:
-        from bigscience_ops.ops.hubsync import publish_folder
+        from bigscience_ops.ops.keep.hubsync import publish_folder
 
         # Every file of the folder (the shards and their index too), one folder per step: global_stepN/.
         convert.check_pushable(result)

@@ -40,7 +40,7 @@ def _cron_dir(cron_dir: Path | None) -> Path:
 
 def _kinds(jobs: str | None, default: list[str]) -> list[str]:
     """--jobs as a list of hourly_jobs.JOBS (a usage error names the value and the allowed kinds)."""
-    from bigscience_ops.ops import hourly_jobs
+    from bigscience_ops.ops.schedule import hourly_jobs
 
     if jobs is None:
         return default
@@ -60,11 +60,11 @@ def _kinds(jobs: str | None, default: list[str]) -> list[str]:
 @verbose_option
 def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab: bool) -> None:
     """Submit the hourly and daily runner jobs, unless their chains are already queued."""
-    from bigscience_ops.ops import cron as cronlib
+    from bigscience_ops.ops.schedule import cron as cronlib
 
     cron_dir = _cron_dir(cron_dir)
     if use_scrontab:
-        from bigscience_ops.ops import scrontab
+        from bigscience_ops.ops.schedule import scrontab
 
         path, installed = scrontab.install(cron_dir)
         click.echo(f"wrote {path}" + ("; merged into your scrontab (your other entries are kept)" if installed else
@@ -80,7 +80,7 @@ def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab
 @verbose_option
 def cron_status(cron_dir: Path | None) -> None:
     """Show each runner chain and its next run; exit 1 when a chain is missing, forked or missed its period."""
-    from bigscience_ops.ops import cron as cronlib
+    from bigscience_ops.ops.schedule import cron as cronlib
 
     states = cronlib.chains(_cron_dir(cron_dir))
     for state in states:
@@ -101,8 +101,8 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
 
     Without --jobs, a job whose settings EXP lacks is left out, and the command says which and why."""
     from bigscience_ops.config import experiment_path, outputs_folder
-    from bigscience_ops.ops import cron as cronlib
-    from bigscience_ops.ops import hourly_jobs
+    from bigscience_ops.ops.schedule import cron as cronlib
+    from bigscience_ops.ops.schedule import hourly_jobs
 
     kinds = _kinds(jobs, [])
     cron_dir = _cron_dir(cron_dir)
@@ -127,7 +127,7 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
 @cron_dir_option
 def cron_list(cron_dir: Path | None) -> None:
     """List the jobs of the cron folder: experiment, job kind, period and file."""
-    from bigscience_ops.ops import hourly_jobs
+    from bigscience_ops.ops.schedule import hourly_jobs
 
     found = hourly_jobs.installed(_cron_dir(cron_dir))
     for job in found:
@@ -145,7 +145,7 @@ def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None) -> None:
     """Remove EXP's jobs that `bsops cron add` wrote (other files of the folder are left alone).
 
     Exits 1 when there was none to remove."""
-    from bigscience_ops.ops import hourly_jobs
+    from bigscience_ops.ops.schedule import hourly_jobs
 
     kinds = _kinds(jobs, list(hourly_jobs.JOBS))
     cron_dir = _cron_dir(cron_dir)
@@ -172,7 +172,7 @@ def cron_run(period: str, cron_dir: Path | None, runner: Path | None, period_sec
              rearmed: str | None, rearmed_for: str | None, rearm_error: str | None) -> None:
     """One runner pass after the script re-armed: submit every job of the folder not already queued."""
     from bigscience_ops import slurm
-    from bigscience_ops.ops import cron as cronlib
+    from bigscience_ops.ops.schedule import cron as cronlib
 
     report = cronlib.run_pass(cron_dir or default_cron_dir(), period, None if no_rearm else runner,
                               period_seconds, self_job_id=slurm.TaskEnv.from_env().job_id, rearmed_job=rearmed,

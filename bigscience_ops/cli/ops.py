@@ -37,7 +37,8 @@ def _run_alerting(exp, alert: bool, job: str, command: str, work: Callable[[], N
 
 def _notify(exp, job: str, command: str, error: str | None) -> bool:
     """Email the failure or the recovery as notify_job decides; False when an email could not be sent."""
-    from bigscience_ops.ops import mail, notify
+    from bigscience_ops.ops.tell import email as mail
+    from bigscience_ops.ops.tell import notify
 
     try:
         settings = mail.smtp_from_alerts(exp.alerts)
@@ -64,7 +65,7 @@ TRUSTED_HUB_FIELDS = ("hub.host", "hub.remote_template", "hub.token_env")
 def refuse_inherited_hub(exp: str, trainings_dir: Path | None) -> None:
     """Raise HubSyncError (exit 2, emailed with --alert) when hub.host, hub.remote_template or hub.token_env come
     from a base file."""
-    from bigscience_ops.ops.hubsync import HubSyncError
+    from bigscience_ops.ops.keep.hubsync import HubSyncError
     from bigscience_ops.site_values import inherited_site_values
 
     inherited = {f: src for f, src in inherited_site_values(exp, trainings_dir).items() if f in TRUSTED_HUB_FIELDS}
@@ -99,7 +100,7 @@ def hub_sync(exp: str, what: str | None, remote: str | None, wait_s: float, trus
     sync is refused (exit 2) unless --trust-inherited-hub. A file the remote's links would take out of
     the clone is refused (exit 2); the rest is pushed.
     """
-    from bigscience_ops.ops import hubsync
+    from bigscience_ops.ops.keep import hubsync
 
     experiment = load_experiment(exp, trainings_dir)
     echo_run_folder(exp, trainings_dir, experiment)
@@ -175,7 +176,7 @@ def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, training
     `latest` names nor any after it. Checkpoint files are never unpickled: model-states files are read
     with torch's restricted loader, and one it refuses is reported and its checkpoint left as it is.
     """
-    from bigscience_ops.ops import backup
+    from bigscience_ops.ops.keep import backup
 
     experiment = load_experiment(exp, trainings_dir)
     echo_run_folder(exp, trainings_dir, experiment)

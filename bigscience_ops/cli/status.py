@@ -66,7 +66,8 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
     import socket
 
     from bigscience_ops import slurm
-    from bigscience_ops.ops import mail, watchdog
+    from bigscience_ops.ops.tell import email as mail
+    from bigscience_ops.ops.watch import watchdog
 
     failures: list[slurm.SlurmError] = []
 
@@ -81,7 +82,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
     experiment = None
     run = health = None
     if exp is not None:
-        from bigscience_ops.ops import lifecycle
+        from bigscience_ops.ops.watch import lifecycle
 
         experiment = load_experiment(exp, trainings_dir)
         echo_run_folder(exp, trainings_dir, experiment)

@@ -90,7 +90,7 @@ def info_command(exp: str, trainings_dir: Path | None, as_json: bool) -> None:
 def chronicle_command(exp: str, trainings_dir: Path | None, out: Path | None) -> None:
     """EXP's run chronicle as Markdown: launches, array tasks with nodes, iterations and exits, saves,
     node phases, failure-budget stops, training-health findings and the alert emails, by day."""
-    from bigscience_ops.ops import chronicle
+    from bigscience_ops.ops.keep import chronicle
 
     experiment = load_experiment(exp, trainings_dir)
     echo_run_folder(exp, trainings_dir, experiment, err=out is None)  # stdout may be the Markdown

@@ -4,7 +4,7 @@ Read from the run's TensorBoard event files with TensorBoard's own reader (Event
 using the trainer's "<tag> vs samples" scalars (step = consumed samples; x = samples x seq_length
 tokens). A resumed run writes a new event file and logs again the steps after its checkpoint:
 files are read oldest first and a later value for the same x wins, so the curve shows what the
-run that continued recorded. The run chronicle's events (ops/chronicle.py: task starts, node-phase
+run that continued recorded. The run chronicle's events (ops/keep/chronicle.py: task starts, node-phase
 resizes, rollbacks, alerts) are vertical lines on the training-loss panel: at their iteration's
 consumed tokens where the run records the iteration, else (an alert) at the last point TensorBoard
 logged before it. Drawn with matplotlib's Agg backend (no display needed).
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops import chronicle
+from bigscience_ops.ops.keep import chronicle
 from bigscience_ops.run_schedule import run_schedule
 
 # (panel title, TensorBoard tag against consumed samples, y-axis label)

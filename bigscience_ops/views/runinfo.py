@@ -2,10 +2,10 @@
 
 What the run already records answers it: the last iteration lines of main_log.txt (parsed by the
 trainer's own reader, iteration_log.parse_iteration_line), `latest` and the complete checkpoints
-(checkpoints/layout.py), the last backup (the manifests ops/backup.py writes in the run's part of
+(checkpoints/layout.py), the last backup (the manifests ops/keep/backup.py writes in the run's part of
 the store, read as JSON: no checkpoint file is opened), the task ledger (ledger.py: array tasks with
 their nodes, iterations, times and exits), the open alerts of the watchdog and hourly jobs
-(ops/notify.py's state file), and the disk the run folder takes. Each part that cannot be read is reported in the result and
+(ops/tell/notify.py's state file), and the disk the run folder takes. Each part that cannot be read is reported in the result and
 the rest is still shown.
 """
 
@@ -23,7 +23,7 @@ from bigscience_ops import ledger, runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.iteration_log import IterationStats, parse_iteration_line
-from bigscience_ops.ops import backup as backups
+from bigscience_ops.ops.keep import backup as backups
 from bigscience_ops.schema import Experiment
 
 TAIL_LINES = 400  # lines read from the end of main_log.txt: enough for the recent iteration lines

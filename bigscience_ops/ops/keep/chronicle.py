@@ -3,7 +3,7 @@
 The BigScience runs kept this document by hand (launches, restarts, node counts, spikes, rollbacks).
 Here it is read back from the run folder: the task ledger (launches, array tasks with nodes, start and
 end iterations, exits and times, node-phase resizes, failure-budget stops), main_log.txt (per task:
-the saves, the stop reason, and the training-health findings of ops/health.py, checked over the whole
+the saves, the stop reason, and the training-health findings of ops/watch/health.py, checked over the whole
 log so a task is judged against the ones before it), rollbacks.jsonl (where `latest` went back to, the
 iterations skipped, where the later checkpoints were set aside), the backup store's manifests (each
 verified copy, grouped by backup run) and the watchdog's watchdog.log (the alert, recovery and finish
@@ -25,7 +25,8 @@ from bigscience_ops import ledger, rollbacks, runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.iteration_log import parse_iteration_line
-from bigscience_ops.ops import backup, health
+from bigscience_ops.ops.keep import backup
+from bigscience_ops.ops.watch import health
 from bigscience_ops.schema import Experiment
 
 WATCHDOG_LOG = "watchdog.log"
@@ -33,7 +34,7 @@ FILE_NAME = "CHRONICLE.md"
 """The chronicle's name in the Hub logs repo."""
 BACKUP_RUN_S = 600
 """Copies verified within this many seconds of the previous one belong to one backup run: one event."""
-# "[2026-11-24 03:00:00] alert email sent to a@b <id>: subject" (ops/watchdog.py)
+# "[2026-11-24 03:00:00] alert email sent to a@b <id>: subject" (ops/watch/watchdog.py)
 _EMAIL = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] (alert|recovery|finished) email sent to [^:]*: (.*)")
 _TASK = re.compile(r"task (\S+) begins at iteration (\d+)")
 _SAVED = re.compile(r"successfully saved checkpoint at iteration\s+(\d+)")

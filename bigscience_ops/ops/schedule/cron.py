@@ -6,7 +6,7 @@ anything that can fail runs; then `bsops cron run` (run_pass) submits every job 
 folder whose previous instance is not still queued, checks that the other chains are alive, and
 logs and emails every failure: a failing query, sbatch or re-arm never ends a chain silently.
 Where the cluster has `scrontab`, the same runs can be entries of the user's scrontab instead
-(ops/scrontab.py).
+(ops/schedule/scrontab.py).
 
 The cron folder is the user's own (`default_cron_dir`: $BSOPS_CRON_DIR, else $XDG_DATA_HOME/bsops/cron,
 else ~/.local/share/bsops/cron), never bsops' installed package. Every runner and job script names
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops import mail
+from bigscience_ops.ops.tell import email as mail
 from bigscience_ops.schema import SLURM_NAME, SLURM_NAMES, SLURM_TIME, AlertsConfig
 from bigscience_ops.slurm import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml

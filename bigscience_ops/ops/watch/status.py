@@ -23,7 +23,7 @@ from bigscience_ops import slurm
 from bigscience_ops.slurm import ACTIVE_STATES, NEVER_STARTS, WAITING_STATES, Job, format_duration
 
 if TYPE_CHECKING:
-    from bigscience_ops.ops.lifecycle import RunState
+    from bigscience_ops.ops.watch.lifecycle import RunState
 
 EXIT_HEALTHY = 0
 EXIT_ALERT = 1

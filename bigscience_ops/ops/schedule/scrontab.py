@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops.cron import PERIODS, CronSettings, RunnerScript, load_settings, runner_name, write_runner
+from bigscience_ops.ops.schedule.cron import PERIODS, CronSettings, RunnerScript, load_settings, runner_name, write_runner
 from bigscience_ops.schema import SLURM_TIME
 from bigscience_ops.typedyaml import PLAIN, check_charset, control_allowed, control_character
 

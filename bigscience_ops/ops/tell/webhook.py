@@ -2,7 +2,7 @@
 
 The webhook's URL is a secret (whoever holds it can post to the channel), so it is never in a YAML
 file, an argument, a log or an error: `alerts.webhook_url_env` names the environment variable that
-holds it, and only an https URL is used. mail.py posts every message it emails, under the same
+holds it, and only an https URL is used. email.py posts every message it emails, under the same
 cooldown and recovery rules but with a state of its own: a failing webhook is retried on the next run
 and neither repeats nor holds back the email (nor the email the webhook).
 """

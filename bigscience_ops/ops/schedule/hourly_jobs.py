@@ -4,7 +4,7 @@ One template (templates/hourly-job.slurm.j2) renders all three; `JOBS` says what
 command each runs, its time limit and the comment that tells a reader what the job does. hub-sync
 and backup run with `--alert`: on failure they exit non-zero and email the experiment's alerts
 recipients at most once per alerts.cooldown_minutes while it keeps failing, then once when it works
-again (ops/notify.py's cooldown state, shared with the watchdog). The watchdog's alert (exit 1) is
+again (ops/tell/notify.py's cooldown state, shared with the watchdog). The watchdog's alert (exit 1) is
 already emailed, so for the runner its job succeeded.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bigscience_ops import render as rendering
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.ops.cron import PERIODS, CronSettings, RunnerScript, folder_scripts
+from bigscience_ops.ops.schedule.cron import PERIODS, CronSettings, RunnerScript, folder_scripts
 from bigscience_ops.schema import Experiment
 
 

@@ -1,8 +1,8 @@
 """The status watchdog's run: check the queue and the run folder, watch the cron chains, email, log.
 
-status.py decides over parsed jobs, lifecycle.py says where the run stands, cron.py knows the chains,
-mail.py sends the emails, notify.py keeps the alert state; `watch` puts one hourly run together and
-appends every line to watchdog.log beside the run's main_log.txt.
+status.py decides over parsed jobs, lifecycle.py says where the run stands, schedule/cron.py knows the
+chains, tell/email.py sends the emails, tell/notify.py keeps the alert state; `watch` puts one hourly run
+together and appends every line to watchdog.log beside the run's main_log.txt.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from pathlib import Path
 
 from bigscience_ops import runlog, slurm
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops import cron, health, status
-from bigscience_ops.ops.lifecycle import RunState
-from bigscience_ops.ops.mail import NotifyError, SmtpSettings, destinations
-from bigscience_ops.ops.notify import Notice, default_state_path, notify
-from bigscience_ops.ops.status import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport
+from bigscience_ops.ops.schedule import cron
+from bigscience_ops.ops.tell.email import NotifyError, SmtpSettings, destinations
+from bigscience_ops.ops.tell.notify import Notice, default_state_path, notify
+from bigscience_ops.ops.watch import health, status
+from bigscience_ops.ops.watch.lifecycle import RunState
+from bigscience_ops.ops.watch.status import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport
 from bigscience_ops.schema import HealthConfig
 
 
@@ -54,7 +55,7 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
 
     The cooldown state lives in `state_path`, by default `.bsops-alerts.json` next to the log
     (or in ~/.cache/bsops/ without a log). With `health_settings` the log's recent iteration lines are
-    checked for training health too (ops/health.py): each finding is an alert of its own kind.
+    checked for training health too (ops/watch/health.py): each finding is an alert of its own kind.
     """
     report = status.check(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
                           now=now, contact=contact, timeout=timeout, run=run,

@@ -1,5 +1,5 @@
 """When alerts go out, for the watchdog and the hourly hub-sync and backup jobs: at most once per cooldown
-per condition, with a recovery message when the condition clears (mail.py sends them). The state
+per condition, with a recovery message when the condition clears (email.py sends them). The state
 between hourly runs is a small JSON file, `.bsops-alerts.json` beside the run's main_log.txt, which the
 watchdog and the jobs share: each read-modify-write holds an flock on `<state>.lock`.
 
@@ -21,11 +21,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from bigscience_ops.data import locks
-from bigscience_ops.ops import alert_text
-from bigscience_ops.ops.mail import (
+from bigscience_ops.ops.tell import alert_text
+from bigscience_ops.ops.tell.email import (
     CHANNELS, SUBJECT_MAX, NotifyError, SmtpSettings, build_message, channels, deliver, destinations, header_text,
 )
-from bigscience_ops.ops.status import StatusReport
+from bigscience_ops.ops.watch.status import StatusReport
 from bigscience_ops.redact import env_secrets, scrub
 
 # --- alerts with cooldown and recovery, per channel --------------------------------------------------

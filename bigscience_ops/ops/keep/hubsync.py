@@ -2,7 +2,7 @@
 
 `sync` mirrors the run's logs/, tensorboard/ and codecarbon/ folders into clones of hub.logs_repo,
 hub.tensorboard_repo and hub.codecarbon_repo (under <run>/hub/<what>/): it copies the files that
-changed, writes the run's chronicle (ops/chronicle.py) as CHRONICLE.md at the top of the logs clone,
+changed, writes the run's chronicle (ops/keep/chronicle.py) as CHRONICLE.md at the top of the logs clone,
 stores growing and large files with git-lfs (main_log.txt, TensorBoard event files,
 anything over hub.lfs_size_mb), commits only when something changed and pushes with retries. One
 flock per clone makes an overlapping run wait (up to wait_s) or skip; it never touches the clone
@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 
 from bigscience_ops import hub_remote
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops import chronicle, gitlfs
+from bigscience_ops.ops.keep import chronicle, gitlfs
 from bigscience_ops.redact import scrub
 from bigscience_ops.schema import Experiment
 

@@ -1,5 +1,5 @@
 """One message out: the SMTP settings, the message itself, and its delivery on each channel (email over
-SMTP, a Slack-compatible webhook over https, ops/webhook.py). notify.py decides when a message is due.
+SMTP, a Slack-compatible webhook over https, ops/tell/webhook.py). notify.py decides when a message is due.
 
 The SMTP password is read from the environment variable the settings name; it is never stored,
 logged, or put into an error message. Every subject and body is scrubbed of credentials
@@ -24,7 +24,7 @@ from email.utils import format_datetime, make_msgid
 from typing import TYPE_CHECKING
 
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops import webhook
+from bigscience_ops.ops.tell import webhook
 from bigscience_ops.redact import env_secrets, scrub
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class SmtpSettings:
     timeout_s: float = 30.0
     webhook_env: str | None = None
     """Name of the environment variable holding a Slack-compatible webhook URL that gets every message too
-    (ops/webhook.py); with it, `recipients` may be empty."""
+    (ops/tell/webhook.py); with it, `recipients` may be empty."""
 
     def __post_init__(self) -> None:
         recipients = (self.recipients,) if isinstance(self.recipients, str) else tuple(self.recipients)
