@@ -59,7 +59,9 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.rollbacks",
         "bigscience_ops.data",
     ]),
-    ("config loader: an experiment read from its file and bases", [
+    ("config loader: an experiment found, read from its file and bases, and checked across fields", [
+        "bigscience_ops.experiment_files",
+        "bigscience_ops.validation",
         "bigscience_ops.config",
         "bigscience_ops.site_values",
     ]),
@@ -135,7 +137,8 @@ def _resolve(name: str, known: dict[str, Path]) -> str | None:
 def _import_statements(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
     """The import statements of a block and of every block inside it (functions, classes, if, try, with, ...).
 
-    Only statements are walked: an import is never inside an expression, and skipping those saves a third of the time."""
+    Only statements are walked: an import is never inside an expression, and skipping expressions saves
+    a third of the time."""
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
