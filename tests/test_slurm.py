@@ -1,5 +1,5 @@
-"""Argv builders, Slurm commands and the task environment of bigscience_ops.slurm (the parsers of real
-output: test_slurm_output.py).
+"""Slurm commands and the task environment of bigscience_ops.slurm (the parsers of real output:
+test_slurm_output.py; the argv builders: test_slurm_argv.py).
 """
 
 from __future__ import annotations
@@ -13,40 +13,6 @@ import pytest
 from bigscience_ops import slurm
 from tests.fixtures_slurm import RECORDED as ASSETS
 from tests.fixtures_slurm import SlurmCluster, wait_until
-
-
-def test_sbatch_argv() -> None:
-    argv = slurm.sbatch_argv("run/tr1 13B.slurm", job_name="tr1-13B", array_tasks=5, after_any=["711114"],
-                             begin="now+2hours", exclude=["r7i5n2", "r7i5n6"], time_limit="20:00:00",
-                             partition="gpu_p13")
-    assert argv == ["sbatch", "--parsable", "--job-name=tr1-13B", "--array=1-5%1",
-                    "--dependency=afterany:711114", "--begin=now+2hours", "--partition=gpu_p13",
-                    "--time=20:00:00", "--exclude=r7i5n2,r7i5n6", "run/tr1 13B.slurm"]
-    test_only = slurm.sbatch_argv("x.slurm", test_only=True, hold=True, after_ok=["1", "2"])
-    assert test_only == ["sbatch", "--test-only", "--dependency=afterok:1:2", "--hold", "x.slurm"]
-
-
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"after_any": ["711114_4"]}, "'711114'"),
-    ({"after_any": "711114"}, "list"),
-    ({"array_tasks": 0}, ">= 1"),
-    ({"array_tasks": True}, ">= 1"),
-    ({"time_limit": "forever"}, "not one of"),
-    ({"job_name": "a\nb"}, "newlines"),
-])
-def test_sbatch_argv_refuses(kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        slurm.sbatch_argv("x.slurm", **kwargs)
-
-
-def test_squeue_scontrol_scancel_argv() -> None:
-    argv = slurm.squeue_argv(users=["stas", "teven"], name="tr1-13B")
-    assert argv == ["squeue", "--noheader", "--user=stas,teven", "--name=tr1-13B"]
-    assert slurm.scontrol_show_job_argv("711114_4") == ["scontrol", "--oneliner", "show", "job", "711114_4"]
-    assert slurm.scancel_argv(["12"], signal="USR1", batch_only=True) == [
-        "scancel", "--signal=USR1", "--batch", "12"]
-    with pytest.raises(ValueError, match="at least one"):
-        slurm.scancel_argv([])
 
 
 def test_run_refuses_other_commands_and_bad_timeouts() -> None:
