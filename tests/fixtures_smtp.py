@@ -1,6 +1,7 @@
 """A real SMTP server (aiosmtpd) on 127.0.0.1 for the alert tests: plain, STARTTLS with a login, a test certificate.
 
 `plain_server` and `starttls_server` give `(inbox, port)`; `inbox.messages` holds what was received.
+`plain_outbox(port)` sends to the plain server (and, given `webhook_env`, to a webhook too);
 `alerts_yaml(port)` is the `alerts:` section of an experiment that emails the plain server.
 """
 
@@ -20,7 +21,9 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from bigscience_ops.launch import free_port
-from bigscience_ops.ops.tell.email import SmtpSettings
+from bigscience_ops.ops.tell.channels import Outbox
+from bigscience_ops.ops.tell.email import EmailChannel, SmtpSettings
+from bigscience_ops.ops.tell.webhook import WebhookChannel, WebhookSettings
 
 PASSWORD = "s3cret-Pa55word"
 T0 = datetime(2026, 11, 22, 10, 0, 0)
@@ -95,10 +98,24 @@ def serving(inbox: Inbox, port: int) -> Iterator[None]:
 
 
 def plain_settings(port: int, **changes) -> SmtpSettings:
-    values = dict(host="127.0.0.1", port=port, security="none", sender="bsops-bot@example.org",
-                  recipients=("oncall@example.org", "lead@example.org"))
+    values = dict(host="127.0.0.1", port=port, security="none", recipients=("oncall@example.org", "lead@example.org"))
     values.update(changes)
     return SmtpSettings(**values)
+
+
+def plain_outbox(port: int, *, sender: str = "bsops-bot@example.org", webhook_env: str | None = None,
+                 **changes) -> Outbox:
+    """Email to the plain server on `port` (SmtpSettings `changes`), and to the webhook in `webhook_env` too when
+    given (trusting `ca_file`, as the email does)."""
+    found: list = [EmailChannel(plain_settings(port, **changes))]
+    if webhook_env is not None:
+        found.append(WebhookChannel(WebhookSettings(webhook_env, ca_file=changes.get("ca_file"))))
+    return Outbox(tuple(found), sender)
+
+
+def webhook_outbox(variable: str, cert: tuple[str, str], sender: str = "b@example.org") -> Outbox:
+    """The webhook in `variable` alone, trusting the test certificate."""
+    return Outbox((WebhookChannel(WebhookSettings(variable, ca_file=cert[0])),), sender)
 
 
 def alerts_yaml(port: int, cooldown_minutes: int | None = None) -> str:

@@ -216,7 +216,7 @@ def test_the_watchdog_alerts_a_spike_once_and_mails_the_recovery(tmp_path, plain
     from datetime import datetime, timedelta
 
     from bigscience_ops.ops.watch import status, watchdog
-    from tests.fixtures_smtp import plain_settings
+    from tests.fixtures_smtp import plain_outbox
     from tests.fixtures_status import seed_job
 
     inbox, port = plain_server
@@ -231,7 +231,7 @@ def test_the_watchdog_alerts_a_spike_once_and_mails_the_recovery(tmp_path, plain
     log.write_text("\n".join(_log(tweak=tweak)) + "\n")
 
     def watch(at: datetime) -> watchdog.WatchResult:
-        return watchdog.watch("tr1-13B-round3", query=lambda **_: [running], log_path=log, smtp=plain_settings(port),
+        return watchdog.watch("tr1-13B-round3", query=lambda **_: [running], log_path=log, outbox=plain_outbox(port),
                               now=at, cooldown_minutes=60, health_settings=HealthConfig(recent=30))
 
     first = watch(now)
@@ -257,7 +257,7 @@ def test_the_alert_for_an_experiments_spike_says_the_exact_commands(tmp_path, tr
     from bigscience_ops.config import load_experiment
     from bigscience_ops.ops.watch import lifecycle, watchdog
     from tests.fixtures_experiments import tiny_yaml
-    from tests.fixtures_smtp import plain_settings
+    from tests.fixtures_smtp import plain_outbox
     from tests.fixtures_status import seed_job
 
     inbox, port = plain_server
@@ -273,7 +273,7 @@ def test_the_alert_for_an_experiments_spike_says_the_exact_commands(tmp_path, tr
                    + "\n")
     now = datetime(2026, 11, 22, 12, 0, 0)
     running = seed_job(name=exp.slurm.job_name, start_time=now - timedelta(hours=2), elapsed_s=7200)
-    result = watchdog.watch(exp.slurm.job_name, query=lambda **_: [running], log_path=log, smtp=plain_settings(port),
+    result = watchdog.watch(exp.slurm.job_name, query=lambda **_: [running], log_path=log, outbox=plain_outbox(port),
                             now=now, experiment=exp.name, run=lifecycle.run_state(exp),
                             health_settings=HealthConfig(recent=30))
     [alert] = result.report.alerts

@@ -15,7 +15,7 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.ops.watch import lifecycle, status, watchdog
 from bigscience_ops.run_schedule import run_schedule
 from tests.fixtures_experiments import tiny_yaml
-from tests.fixtures_smtp import plain_settings
+from tests.fixtures_smtp import plain_outbox
 from tests.fixtures_status import ITERATION, seed_job
 
 NOW = datetime(2026, 11, 22, 12, 0, 0)
@@ -51,7 +51,7 @@ def test_a_finished_training_is_healthy_and_announced_once(exp, plain_server, tm
     log = Path(exp.paths.logs) / "main_log.txt"
     for _ in range(2):
         result = watchdog.watch(exp.slurm.job_name, query=lambda **_: [], run=run, log_path=log,
-                                smtp=plain_settings(port), now=NOW)
+                                outbox=plain_outbox(port), now=NOW)
         assert result.exit_code == status.EXIT_HEALTHY and result.report.finished_at == total
         assert f"training finished at iteration {total}" in result.lines[0]
     [mail] = inbox.messages

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 from datetime import datetime, timedelta
@@ -12,22 +11,27 @@ from pathlib import Path
 import pytest
 from aiosmtpd.controller import Controller
 
-from bigscience_ops.ops.tell import email as mail
-from bigscience_ops.ops.tell import notify
-from bigscience_ops.ops.tell.email import NotifyError, SmtpSettings
+from bigscience_ops.ops.tell import channels, notify
+from bigscience_ops.ops.tell.channels import Outbox
+from bigscience_ops.ops.tell.message import SUBJECT_MAX, NotifyError, header_text
 from bigscience_ops.ops.watch import status
-from tests.fixtures_smtp import PASSWORD, T0, Inbox, free_port, plain_settings, server_tls, serving
+from tests.fixtures_smtp import PASSWORD, T0, Inbox, free_port, plain_outbox, server_tls, serving
 
 
 def missing_report(now: datetime) -> status.StatusReport:
     return status.evaluate("tr1-13B-round3", [], now=now)
 
 
+def send(outbox: Outbox, env: dict[str, str] | None = None) -> str:
+    """One message on every channel of `outbox`: its Message-ID, or NotifyError."""
+    return outbox.send(outbox.compose("s", "b"), env=env)
+
+
 def test_alert_email_arrives_with_proper_headers(plain_server) -> None:
     inbox, port = plain_server
-    settings = plain_settings(port)
-    message = mail.build_message(settings, "subject", "body", now=T0)
-    message_id = mail.send(settings, message)
+    outbox = plain_outbox(port)
+    message = outbox.compose("subject", "body", now=T0)
+    message_id = outbox.send(message)
     got = inbox.messages[0]
     assert got["Message-ID"] == message_id and message_id.startswith("<") and message_id.endswith("@example.org>")
     assert parsedate_to_datetime(got["Date"]) == T0.astimezone()
@@ -37,10 +41,10 @@ def test_alert_email_arrives_with_proper_headers(plain_server) -> None:
 
 def test_notify_cooldown_and_recovery(plain_server, tmp_path: Path) -> None:
     inbox, port = plain_server
-    settings, state = plain_settings(port), tmp_path / "alerts.json"
+    outbox, state = plain_outbox(port), tmp_path / "alerts.json"
 
     def run(now: datetime, report: status.StatusReport) -> list[notify.Notice]:
-        return notify.notify(report, settings, state, experiment="tr1-13B", cooldown_minutes=60, now=now,
+        return notify.notify(report, outbox, state, experiment="tr1-13B", cooldown_minutes=60, now=now,
                              log_path="/runs/tr1-13B/logs/main_log.txt")
 
     first = run(T0, missing_report(T0))
@@ -78,7 +82,7 @@ def test_a_held_array_leads_with_its_release_not_a_second_launch(plain_server, t
     held = seed_job(job_id="720000_[1-5%1]", array_job_id="720000", array_task="1-5%1", state="PENDING",
                     reason="JobHeldAdmin", nodes="", elapsed_s=0, start_time=None)
     report = status.evaluate("tr1-13B-round3", [held], now=T0)
-    notify.notify(report, plain_settings(port), tmp_path / "alerts.json", experiment="tr1-13B", now=T0)
+    notify.notify(report, plain_outbox(port), tmp_path / "alerts.json", experiment="tr1-13B", now=T0)
     [msg] = inbox.messages
     assert msg["Subject"] == "[ALERT] tr1-13B: release held array 720000 (scontrol release 720000)"
     todo = msg.get_content().replace("\r\n", "\n").split("What to do:\n", 1)[1].split("\n")
@@ -97,8 +101,7 @@ def test_every_subject_leads_with_what_to_do_in_under_120_characters() -> None:
     alerts = [a for r in reports for a in r.alerts]
     assert [a.condition for a in alerts] == ["not-scheduled", "overlap", "never-starts"]
     for alert in alerts:
-        subject = mail.header_text(notify.alert_text.alert_email(name, reports[0], [alert], 60, None)[0],
-                                     mail.SUBJECT_MAX)
+        subject = header_text(notify.alert_text.alert_email(name, reports[0], [alert], 60, None)[0], SUBJECT_MAX)
         words = subject.split(": ", 1)[1]
         assert words.split()[0] in ("launch", "cancel", "release", "read", "check"), subject
         assert not words.endswith("..."), subject  # nothing of what to do was cut
@@ -110,44 +113,44 @@ def test_a_state_file_from_before_channels_keeps_its_cooldown_and_finish(plain_s
     state = tmp_path / "alerts.json"
     state.write_text(json.dumps({"version": 1, "finished": {"job-b": 120}, "jobs": {}, "active": {
         "tr1-13B-round3::not-scheduled": {"since": T0.isoformat(), "last_sent": T0.isoformat(), "message": "x"}}}))
-    settings = plain_settings(port)
-    assert notify.notify(missing_report(T0 + timedelta(minutes=30)), settings, state, cooldown_minutes=60,
+    outbox = plain_outbox(port)
+    assert notify.notify(missing_report(T0 + timedelta(minutes=30)), outbox, state, cooldown_minutes=60,
                          now=T0 + timedelta(minutes=30)) == []
     done = status.StatusReport("job-b", T0, ("finished",), finished_at=120)
-    assert notify.notify(done, settings, state, now=T0) == [] and inbox.messages == []  # announced already
+    assert notify.notify(done, outbox, state, now=T0) == [] and inbox.messages == []  # announced already
     assert json.loads(state.read_text())["active"]["tr1-13B-round3::not-scheduled"]["sent"]["email"] == T0.isoformat()
 
 
 def test_conditions_of_other_jobs_are_left_alone(plain_server, tmp_path: Path) -> None:
     inbox, port = plain_server
-    settings, state = plain_settings(port), tmp_path / "alerts.json"
-    notify.notify(status.evaluate("job-a", [], now=T0), settings, state, now=T0)
+    outbox, state = plain_outbox(port), tmp_path / "alerts.json"
+    notify.notify(status.evaluate("job-a", [], now=T0), outbox, state, now=T0)
     ok = status.StatusReport("job-b", T0, ())
-    assert notify.notify(ok, settings, state, now=T0) == []
+    assert notify.notify(ok, outbox, state, now=T0) == []
     assert list(json.loads(state.read_text())["active"]) == ["job-a::not-scheduled"]
 
 
 def test_starttls_login_with_password_from_the_environment(starttls_server, cert) -> None:
     inbox, port = starttls_server
-    settings = plain_settings(port, security="starttls", user="bot", password_env="BSOPS_TEST_SMTP_PASSWORD",
-                              ca_file=cert[0])
-    mail.send(settings, mail.build_message(settings, "s", "b"), env={"BSOPS_TEST_SMTP_PASSWORD": PASSWORD})
+    outbox = plain_outbox(port, security="starttls", user="bot", password_env="BSOPS_TEST_SMTP_PASSWORD",
+                          ca_file=cert[0])
+    send(outbox, env={"BSOPS_TEST_SMTP_PASSWORD": PASSWORD})
     assert inbox.logins == ["bot"] and len(inbox.messages) == 1
 
 
 def test_wrong_password_is_an_error_that_does_not_show_it(starttls_server, cert) -> None:
     inbox, port = starttls_server
-    settings = plain_settings(port, security="starttls", user="bot", password_env="PW", ca_file=cert[0])
+    outbox = plain_outbox(port, security="starttls", user="bot", password_env="PW", ca_file=cert[0])
     with pytest.raises(NotifyError, match=f"127.0.0.1:{port}") as info:
-        mail.send(settings, mail.build_message(settings, "s", "b"), env={"PW": "wrong-" + PASSWORD})
+        send(outbox, env={"PW": "wrong-" + PASSWORD})
     assert PASSWORD not in str(info.value) and inbox.messages == []
 
 
 def test_missing_password_variable_is_named(starttls_server, cert) -> None:
     _, port = starttls_server
-    settings = plain_settings(port, security="starttls", user="bot", password_env="BSOPS_NO_SUCH_VAR")
+    outbox = plain_outbox(port, security="starttls", user="bot", password_env="BSOPS_NO_SUCH_VAR")
     with pytest.raises(NotifyError, match="BSOPS_NO_SUCH_VAR"):
-        mail.send(settings, mail.build_message(settings, "s", "b"), env={})
+        send(outbox, env={})
 
 
 def test_implicit_tls(cert) -> None:
@@ -155,8 +158,7 @@ def test_implicit_tls(cert) -> None:
     controller = Controller(inbox, hostname="127.0.0.1", port=free_port(), ssl_context=server_tls(cert))
     controller.start()
     try:
-        settings = plain_settings(controller.port, security="ssl", ca_file=cert[0])
-        mail.send(settings, mail.build_message(settings, "s", "b"))
+        send(plain_outbox(controller.port, security="ssl", ca_file=cert[0]))
     finally:
         controller.stop()
     assert len(inbox.messages) == 1
@@ -164,15 +166,14 @@ def test_implicit_tls(cert) -> None:
 
 def test_untrusted_certificate_is_refused(starttls_server) -> None:
     _, port = starttls_server
-    settings = plain_settings(port, security="starttls")
     with pytest.raises(NotifyError, match="CERTIFICATE_VERIFY_FAILED|certificate"):
-        mail.send(settings, mail.build_message(settings, "s", "b"))
+        send(plain_outbox(port, security="starttls"))
 
 
 def test_failed_send_is_retried_on_the_next_run(tmp_path: Path) -> None:
     port = free_port()  # nothing listens here
     state = tmp_path / "alerts.json"
-    [failed] = notify.notify(missing_report(T0), plain_settings(port), state, now=T0)
+    [failed] = notify.notify(missing_report(T0), plain_outbox(port), state, now=T0)
     assert failed.kind == "alert" and failed.channels == ("email",) and f"127.0.0.1:{port}" in failed.error
     entry = json.loads(state.read_text())["active"]["tr1-13B-round3::not-scheduled"]
     assert entry["sent"] == {} and f"127.0.0.1:{port}" in entry["failed"]["email"]
@@ -180,7 +181,7 @@ def test_failed_send_is_retried_on_the_next_run(tmp_path: Path) -> None:
     controller = Controller(inbox, hostname="127.0.0.1", port=port)
     controller.start()
     try:
-        sent = notify.notify(missing_report(T0), plain_settings(port), state, now=T0 + timedelta(minutes=1))
+        sent = notify.notify(missing_report(T0), plain_outbox(port), state, now=T0 + timedelta(minutes=1))
     finally:
         controller.stop()
     assert [(n.kind, n.error) for n in sent] == [("alert", None)] and len(inbox.messages) == 1
@@ -197,7 +198,7 @@ def test_failed_send_is_retried_on_the_next_run(tmp_path: Path) -> None:
 ])
 def test_settings_are_validated(changes: dict, field_name: str) -> None:
     with pytest.raises(NotifyError, match=field_name):
-        plain_settings(**{"port": 25, **changes})
+        plain_outbox(**{"port": 25, **changes})
 
 
 # --- `bsops status`: one watchdog run end to end -----------------------------------------------------
@@ -239,68 +240,68 @@ def test_status_command_emails_once_when_slurm_cannot_be_queried(plain_server, t
 
 # --- the hourly jobs' failures: notify_job ------------------------------------------------------------
 
-def job(settings: SmtpSettings, state: Path, error: str | None, now: datetime) -> notify.JobNotice:
-    return notify.notify_job(settings, state, "hub-sync", error, experiment="tr1-13B",
+def job(outbox: Outbox, state: Path, error: str | None, now: datetime) -> notify.JobNotice:
+    return notify.notify_job(outbox, state, "hub-sync", error, experiment="tr1-13B",
                              command="bsops hub-sync tr1-13B", cooldown_minutes=60, now=now)
 
 
 def test_job_failure_is_emailed_once_per_cooldown_then_one_recovery(plain_server, tmp_path: Path) -> None:
     inbox, port = plain_server
-    settings, state = plain_settings(port), tmp_path / "logs" / ".bsops-alerts.json"
-    notify.notify(missing_report(T0), settings, state, now=T0)  # the watchdog shares the file
+    outbox, state = plain_outbox(port), tmp_path / "logs" / ".bsops-alerts.json"
+    notify.notify(missing_report(T0), outbox, state, now=T0)  # the watchdog shares the file
     assert len(inbox.messages) == 1
 
-    assert job(settings, state, "push refused: quota exceeded", T0).kind == "alert"
+    assert job(outbox, state, "push refused: quota exceeded", T0).kind == "alert"
     msg = inbox.messages[1]
     assert msg["Subject"] == "[bsops] tr1-13B: hub-sync failed"
     body = msg.get_content()
     assert "quota exceeded" in body and "bsops hub-sync tr1-13B" in body
     assert "repeats at most every 60 minutes while it keeps failing; a recovery email" in body
-    held = [job(settings, state, "push refused: quota exceeded", T0 + timedelta(minutes=m)) for m in (20, 40)]
+    held = [job(outbox, state, "push refused: quota exceeded", T0 + timedelta(minutes=m)) for m in (20, 40)]
     assert [h.kind for h in held] == ["held", "held"] and len(inbox.messages) == 2
     assert "held back" in held[0].line and f"last sent {T0.isoformat()}" in held[0].line
 
-    again = job(settings, state, "push refused: disk full", T0 + timedelta(minutes=61))
+    again = job(outbox, state, "push refused: disk full", T0 + timedelta(minutes=61))
     assert again.kind == "alert" and len(inbox.messages) == 3
     assert "failing since 2026-11-22 10:00 (1 h 01 min)" in inbox.messages[2].get_content()
-    assert job(settings, state, "push refused: disk full", T0 + timedelta(minutes=62)).kind == "held"
+    assert job(outbox, state, "push refused: disk full", T0 + timedelta(minutes=62)).kind == "held"
 
-    recovered = job(settings, state, None, T0 + timedelta(minutes=90))
+    recovered = job(outbox, state, None, T0 + timedelta(minutes=90))
     assert recovered.kind == "recovery" and len(inbox.messages) == 4
     last = inbox.messages[3]
     assert last["Subject"] == "[RECOVERED] tr1-13B: hub-sync works again"
     text = last.get_content()
     assert "failed from 2026-11-22 10:00 for 1 h 30 min" in text and "disk full" in text
-    assert job(settings, state, None, T0 + timedelta(minutes=150)).kind == "quiet" and len(inbox.messages) == 4
+    assert job(outbox, state, None, T0 + timedelta(minutes=150)).kind == "quiet" and len(inbox.messages) == 4
 
     saved = json.loads(state.read_text())
     assert saved["jobs"] == {} and list(saved["active"]) == ["tr1-13B-round3::not-scheduled"]
-    assert notify.notify(missing_report(T0 + timedelta(minutes=30)), settings, state,
+    assert notify.notify(missing_report(T0 + timedelta(minutes=30)), outbox, state,
                          now=T0 + timedelta(minutes=30)) == []  # the watchdog's cooldown survived the job's writes
 
 
 def test_job_failure_never_emailed_clears_silently_and_a_failed_send_is_retried(tmp_path: Path) -> None:
     port = free_port()  # nothing listens here yet
-    settings, state = plain_settings(port), tmp_path / "alerts.json"
+    outbox, state = plain_outbox(port), tmp_path / "alerts.json"
     with pytest.raises(NotifyError, match=f"127.0.0.1:{port}"):
-        job(settings, state, "backup store is full", T0)
+        job(outbox, state, "backup store is full", T0)
     assert json.loads(state.read_text())["jobs"]["hub-sync"]["sent"] == {}
     with pytest.raises(NotifyError):
-        job(settings, state, "backup store is full", T0 + timedelta(minutes=5))  # not held back: never sent
+        job(outbox, state, "backup store is full", T0 + timedelta(minutes=5))  # not held back: never sent
     inbox = Inbox()
     with serving(inbox, port):
-        assert job(settings, state, None, T0 + timedelta(minutes=10)).kind == "quiet"
+        assert job(outbox, state, None, T0 + timedelta(minutes=10)).kind == "quiet"
     assert json.loads(state.read_text())["jobs"] == {} and inbox.messages == []
     with pytest.raises(NotifyError):
-        job(settings, state, "backup store is full", T0 + timedelta(minutes=20))
+        job(outbox, state, "backup store is full", T0 + timedelta(minutes=20))
     with serving(inbox, port):
-        assert job(settings, state, "backup store is full", T0 + timedelta(minutes=21)).kind == "alert"
+        assert job(outbox, state, "backup store is full", T0 + timedelta(minutes=21)).kind == "alert"
     assert len(inbox.messages) == 1 and "since 2026-11-22 10:20" in inbox.messages[0].get_content()
 
 
 def test_job_cooldown_must_not_be_negative(tmp_path: Path) -> None:
     with pytest.raises(NotifyError, match=r"cooldown_minutes: got -1; allowed: 0 or more"):
-        notify.notify_job(plain_settings(25), tmp_path / "a.json", "backup", "x", experiment="e", command="c",
+        notify.notify_job(plain_outbox(25), tmp_path / "a.json", "backup", "x", experiment="e", command="c",
                           cooldown_minutes=-1, now=T0)
 
 
@@ -332,17 +333,17 @@ def test_a_job_name_with_any_line_break_still_sends_a_one_line_subject(plain_ser
     inbox, port = plain_server
     name = f"tr1{char}Bcc: victim@example.org{char}{char}x" + "y" * 300
     report = status.evaluate(name, [], now=T0)
-    sent = notify.notify(report, plain_settings(port), tmp_path / "alerts.json", now=T0)
+    sent = notify.notify(report, plain_outbox(port), tmp_path / "alerts.json", now=T0)
     assert [n.kind for n in sent] == ["alert"] and len(inbox.messages) == 1
     msg = inbox.messages[0]
     subject = msg["Subject"]
-    assert len(subject) <= mail.SUBJECT_MAX and subject.startswith("[ALERT] tr1 Bcc: victim@example.org x")
+    assert len(subject) <= SUBJECT_MAX and subject.startswith("[ALERT] tr1 Bcc: victim@example.org x")
     assert all(c.isprintable() for c in subject) and sent[0].subject == subject
     assert msg["Bcc"] is None and inbox.envelopes[0][1] == ["oncall@example.org", "lead@example.org"]
     assert "not RUNNING or SCHEDULED" in msg.get_content()  # the details are in the body
 
-    mail.send_alert(_alerts(port), f"[bsops] cron.hourly: {name} failed", f"argv: squeue {name}")
-    assert len(inbox.messages) == 2 and len(inbox.messages[1]["Subject"]) <= mail.SUBJECT_MAX
+    channels.send_alert(_alerts(port), f"[bsops] cron.hourly: {name} failed", f"argv: squeue {name}")
+    assert len(inbox.messages) == 2 and len(inbox.messages[1]["Subject"]) <= SUBJECT_MAX
 
 
 def _alerts(port: int):
@@ -357,13 +358,13 @@ def test_a_failure_text_with_credentials_is_scrubbed_in_the_email_and_the_state_
     inbox, port = plain_server
     token = "hf_" + "Ab3" * 8
     monkeypatch.setenv("BSOPS_SMTP_PASSWORD", "smtp-Pa55-word")
-    settings = plain_settings(port, user="bot", password_env="BSOPS_SMTP_PASSWORD")
-    settings = dataclasses.replace(settings, user=None)  # the plain server takes no login; the password is still known
+    # No login (the plain server takes none), but the password's variable is named: its value is a secret.
+    outbox = plain_outbox(port, password_env="BSOPS_SMTP_PASSWORD")
     error = (f"`git push https://bot:{token}@hub.example/x.git` exited 128: remote: denied\n"
              f"> Authorization: Bearer {token}\nfetch https://mirror.example/x?access_token=abcd1234&x=1\n"
              "the SMTP password smtp-Pa55-word leaked here")
     state = tmp_path / "logs" / ".bsops-alerts.json"
-    assert job(settings, state, error, T0).kind == "alert"
+    assert job(outbox, state, error, T0).kind == "alert"
     body = inbox.messages[0].get_content()
     saved = state.read_text()
     for text in (body, saved, inbox.messages[0]["Subject"]):
@@ -375,6 +376,6 @@ def test_a_failure_text_with_credentials_is_scrubbed_in_the_email_and_the_state_
 
 def test_addresses_with_line_breaks_are_refused_naming_the_field() -> None:
     with pytest.raises(NotifyError, match="smtp.recipients"):
-        plain_settings(25, recipients=("oncall@example.org\u2028Bcc: x@example.org",))
+        plain_outbox(25, recipients=("oncall@example.org\u2028Bcc: x@example.org",))
     with pytest.raises(NotifyError, match="smtp.sender"):
-        plain_settings(25, sender="bot@example.org\nBcc: x@example.org")
+        plain_outbox(25, sender="bot@example.org\nBcc: x@example.org")

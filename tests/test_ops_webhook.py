@@ -3,25 +3,28 @@ posted over https to a real local server; the URL, a secret, never shows."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from bigscience_ops.ops.tell import email as mail
-from bigscience_ops.ops.tell import notify
+from bigscience_ops.ops.tell import channels, notify
+from bigscience_ops.ops.tell.channels import Outbox
+from bigscience_ops.ops.tell.message import NotifyError
+from bigscience_ops.ops.tell.webhook import WebhookChannel
 from bigscience_ops.ops.watch import status, watchdog
 from bigscience_ops.schema import AlertsConfig
-from tests.fixtures_smtp import plain_settings
+from tests.fixtures_smtp import plain_outbox, webhook_outbox
 from tests.fixtures_status import seed_job
 
 NOW = datetime(2026, 11, 22, 12, 0, 0)
 VAR = "BSOPS_TEST_WEBHOOK"
 
 
-def _settings(port: int, cert: tuple[str, str], **changes) -> mail.SmtpSettings:
-    return plain_settings(port, webhook_env=VAR, ca_file=cert[0], **changes)
+def _outbox(port: int, cert: tuple[str, str], **changes) -> Outbox:
+    return plain_outbox(port, webhook_env=VAR, ca_file=cert[0], **changes)
 
 
 def test_alert_cooldown_and_recovery_reach_the_webhook_as_they_reach_email(plain_server, webhook_server, cert,
@@ -31,10 +34,10 @@ def test_alert_cooldown_and_recovery_reach_the_webhook_as_they_reach_email(plain
     log = tmp_path / "logs" / "main_log.txt"
     log.parent.mkdir()
     log.write_text("")
-    settings = _settings(port, cert)
+    outbox = _outbox(port, cert)
 
     def watch(jobs, at):
-        return watchdog.watch("tr1-13B-round3", query=lambda **_: jobs, log_path=log, smtp=settings, now=at,
+        return watchdog.watch("tr1-13B-round3", query=lambda **_: jobs, log_path=log, outbox=outbox, now=at,
                               cooldown_minutes=60)
 
     down = watch([], NOW)
@@ -53,10 +56,11 @@ def test_alert_cooldown_and_recovery_reach_the_webhook_as_they_reach_email(plain
 
 def test_a_webhook_alone_tells_the_hourly_jobs_failures(webhook_server, cert, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(VAR, webhook_server.url)
-    settings = mail.smtp_from_alerts(AlertsConfig(webhook_url_env=VAR))
-    assert settings is not None and settings.recipients == ()
-    settings = mail.SmtpSettings(**{**settings.__dict__, "ca_file": cert[0]})
-    outcome = notify.notify_job(settings, tmp_path / "state.json", "backup", "disk full", experiment="tiny",
+    outbox = channels.outbox_from_alerts(AlertsConfig(webhook_url_env=VAR))
+    assert outbox is not None and outbox.names == ("webhook",)
+    [hook] = outbox.channels
+    outbox = Outbox((WebhookChannel(dataclasses.replace(hook.settings, ca_file=cert[0])),), outbox.sender)
+    outcome = notify.notify_job(outbox, tmp_path / "state.json", "backup", "disk full", experiment="tiny",
                                 command="bsops backup tiny", now=NOW)
     assert outcome.kind == "alert" and f"${VAR}" in outcome.line and "SECRETPART" not in outcome.line
     [post] = webhook_server.posts
@@ -75,10 +79,9 @@ def test_unusable_webhook_settings_are_one_clear_error_without_the_url(url, expe
         monkeypatch.delenv(VAR, raising=False)
     else:
         monkeypatch.setenv(VAR, url)
-    settings = mail.SmtpSettings(host="127.0.0.1", sender="b@example.org", recipients=(), webhook_env=VAR,
-                                   ca_file=cert[0])
-    with pytest.raises(mail.NotifyError, match=expected) as err:
-        mail.send(settings, mail.build_message(settings, "[ALERT] tiny: x", "body"))
+    outbox = webhook_outbox(VAR, cert)
+    with pytest.raises(NotifyError, match=expected) as err:
+        outbox.send(outbox.compose("[ALERT] tiny: x", "body"))
     assert "SECRETPART" not in str(err.value) and VAR in str(err.value)
 
 
@@ -86,16 +89,15 @@ def test_a_failing_webhook_keeps_the_alert_due_for_the_next_run(webhook_server, 
                                                                  monkeypatch) -> None:
     monkeypatch.setenv(VAR, webhook_server.url)
     webhook_server.status = 500
-    settings = mail.SmtpSettings(host="127.0.0.1", sender="b@example.org", recipients=(), webhook_env=VAR,
-                                   ca_file=cert[0])
+    outbox = webhook_outbox(VAR, cert)
     state = tmp_path / "state.json"
-    with pytest.raises(mail.NotifyError, match="answered HTTP 500") as err:
-        notify.notify_job(settings, state, "hub-sync", "remote refused", experiment="tiny", command="c", now=NOW)
+    with pytest.raises(NotifyError, match="answered HTTP 500") as err:
+        notify.notify_job(outbox, state, "hub-sync", "remote refused", experiment="tiny", command="c", now=NOW)
     assert "SECRETPART" not in str(err.value) and f"${VAR}" in str(err.value)
     entry = json.loads(state.read_text())["jobs"]["hub-sync"]
     assert entry["sent"] == {} and "HTTP 500" in entry["failed"]["webhook"] and "SECRETPART" not in state.read_text()
     webhook_server.status = 200
-    outcome = notify.notify_job(settings, state, "hub-sync", "remote refused", experiment="tiny", command="c",
+    outcome = notify.notify_job(outbox, state, "hub-sync", "remote refused", experiment="tiny", command="c",
                                 now=NOW + timedelta(minutes=1))
     assert outcome.kind == "alert" and len(webhook_server.posts) == 2
     sent = json.loads(state.read_text())["jobs"]["hub-sync"]["sent"]
@@ -111,10 +113,10 @@ def test_a_failing_webhook_never_repeats_the_email_and_a_failing_email_never_blo
     webhook_server.status = 500
     log = tmp_path / "logs" / "main_log.txt"
     log.parent.mkdir()
-    settings = _settings(port, cert)
+    outbox = _outbox(port, cert)
 
     def watch(jobs, minutes):
-        return watchdog.watch("tr1-13B-round3", query=lambda **_: jobs, log_path=log, smtp=settings,
+        return watchdog.watch("tr1-13B-round3", query=lambda **_: jobs, log_path=log, outbox=outbox,
                               now=NOW + timedelta(minutes=minutes), cooldown_minutes=240)
 
     runs = [watch([], m) for m in (0, 60, 120)]
@@ -144,13 +146,13 @@ def test_a_failing_email_does_not_hold_back_the_webhook(webhook_server, cert, tm
     from tests.fixtures_smtp import free_port
 
     monkeypatch.setenv(VAR, webhook_server.url)
-    settings = _settings(free_port(), cert)  # nothing listens there
+    outbox = _outbox(free_port(), cert)  # nothing listens there
     state = tmp_path / "state.json"
-    with pytest.raises(mail.NotifyError, match="127.0.0.1") as err:
-        notify.notify_job(settings, state, "backup", "disk full", experiment="tiny", command="c", now=NOW)
+    with pytest.raises(NotifyError, match="127.0.0.1") as err:
+        notify.notify_job(outbox, state, "backup", "disk full", experiment="tiny", command="c", now=NOW)
     assert "webhook" in str(err.value) and "SECRETPART" not in str(err.value)  # says what did go out
     assert len(webhook_server.posts) == 1
-    with pytest.raises(mail.NotifyError):
-        notify.notify_job(settings, state, "backup", "disk full", experiment="tiny", command="c",
+    with pytest.raises(NotifyError):
+        notify.notify_job(outbox, state, "backup", "disk full", experiment="tiny", command="c",
                           now=NOW + timedelta(minutes=5))
     assert len(webhook_server.posts) == 1  # the webhook's cooldown holds; only the email is tried again

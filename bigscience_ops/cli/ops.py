@@ -37,19 +37,19 @@ def _run_alerting(exp, alert: bool, job: str, command: str, work: Callable[[], N
 
 def _notify(exp, job: str, command: str, error: str | None) -> bool:
     """Email the failure or the recovery as notify_job decides; False when an email could not be sent."""
-    from bigscience_ops.ops.tell import email as mail
-    from bigscience_ops.ops.tell import notify
+    from bigscience_ops.ops.tell import channels, notify
+    from bigscience_ops.ops.tell.message import NotifyError
 
     try:
-        settings = mail.smtp_from_alerts(exp.alerts)
-        if settings is None:
+        outbox = channels.outbox_from_alerts(exp.alerts)
+        if outbox is None:
             if error is not None:
                 click.echo("no alert email: alerts.email_to is empty", err=True)
             return True
         log = Path(exp.paths.logs) / "main_log.txt" if exp.paths.logs else None
-        outcome = notify.notify_job(settings, notify.default_state_path(log), job, error, experiment=exp.name,
+        outcome = notify.notify_job(outbox, notify.default_state_path(log), job, error, experiment=exp.name,
                                     command=command, cooldown_minutes=exp.alerts.cooldown_minutes)
-    except mail.NotifyError as exc:
+    except NotifyError as exc:
         kind = "alert" if error is not None else "recovery"
         click.echo(f"***ALERT: the {job} {kind} email could not be sent (the next run tries again): {exc}***", err=True)
         return False

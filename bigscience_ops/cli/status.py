@@ -66,7 +66,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
     import socket
 
     from bigscience_ops import slurm
-    from bigscience_ops.ops.tell import email as mail
+    from bigscience_ops.ops.tell import channels, email
     from bigscience_ops.ops.watch import watchdog
 
     failures: list[slurm.SlurmError] = []
@@ -78,7 +78,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
             failures.append(exc)
             raise
 
-    smtp = None
+    outbox = None
     experiment = None
     run = health = None
     if exp is not None:
@@ -88,7 +88,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
         echo_run_folder(exp, trainings_dir, experiment)
         run = lifecycle.run_state(experiment, timeout=timeout)
         if not email_to and not no_email:
-            smtp = mail.smtp_from_alerts(experiment.alerts)
+            outbox = channels.outbox_from_alerts(experiment.alerts)
         health = experiment.alerts.health
     slurm_cfg, alerts = (experiment.slurm, experiment.alerts) if experiment else (None, None)
     job_name = resolve(job_name, slurm_cfg and slurm_cfg.job_name)
@@ -99,12 +99,12 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
     if job_name is None:
         raise click.UsageError("give an experiment (EXP) or --job-name")
     if email_to and not no_email:
-        smtp = mail.SmtpSettings(
-            host=smtp_host, port=smtp_port or mail.DEFAULT_PORTS[smtp_security], security=smtp_security,
-            sender=email_from or f"bsops@{socket.getfqdn()}", recipients=email_to, user=smtp_user,
-            password_env=smtp_password_env)
+        smtp = email.SmtpSettings(host=smtp_host, port=smtp_port or email.DEFAULT_PORTS[smtp_security],
+                                  security=smtp_security, recipients=email_to, user=smtp_user,
+                                  password_env=smtp_password_env)
+        outbox = channels.Outbox((email.EmailChannel(smtp),), sender=email_from or f"bsops@{socket.getfqdn()}")
     result = watchdog.watch(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
-                            smtp=smtp, state_path=alert_state, cooldown_minutes=cooldown_minutes,
+                            outbox=outbox, state_path=alert_state, cooldown_minutes=cooldown_minutes,
                             experiment=experiment.name if experiment else None, timeout=timeout, run=run,
                             cron_dir=cron_dir, health_settings=health, query=query,
                             **({"contact": contact} if contact else {}))

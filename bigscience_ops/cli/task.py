@@ -73,7 +73,7 @@ def task_begin(experiment_json: Path) -> None:
 def _stop_crash_loop(exp, failing: list, task_env) -> None:
     """Alert once (email), then cancel the rest of the array so no task waits for nodes only to stop."""
     from bigscience_ops import ledger, slurm
-    from bigscience_ops.ops.tell import email as mail
+    from bigscience_ops.ops.tell import channels as mail  # send_alert
 
     output = Path(exp.paths.output)
     nodes = ", ".join(sorted({a.nodes for a in failing if a.nodes})) or "unknown"
@@ -173,7 +173,7 @@ def _other_phase(exp, task_env) -> bool:
         alert = (f"***ALERT: {exp.slurm.job_name}: node schedule: {mismatch.describe()}, and the array could not be "
                  f"resubmitted at {mismatch.phase.nodes} nodes: {exc}; run `bsops launch {exp.name}`***")
         click.echo(alert)
-        from bigscience_ops.ops.tell import email as mail
+        from bigscience_ops.ops.tell import channels as mail  # send_alert
 
         click.echo(mail.send_alert(exp.alerts, f"[bsops] {exp.name}: relaunch at {mismatch.phase.nodes} nodes", alert))
         return True

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops.tell import email as mail
+from bigscience_ops.ops.tell import channels
 from bigscience_ops.schema import SLURM_NAME, SLURM_NAMES, SLURM_TIME, AlertsConfig
 from bigscience_ops.slurm import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
@@ -261,7 +261,7 @@ def _email_failures(alerts: AlertsConfig, period: str, report: RunReport) -> str
     body = (f"The {period} cron runner hit {len(report.failed)} problem(s):\n{failures}\n\n"
             f"The runner was re-armed before anything else ran, so it tries again next {period} run; fix the "
             f"script or the cluster problem named above. `bsops cron status` shows the chains.")
-    return mail.send_alert(alerts, f"[bsops] cron.{period}: {report.failed[0][0]} failed", body)
+    return channels.send_alert(alerts, f"[bsops] cron.{period}: {report.failed[0][0]} failed", body)
 
 
 @dataclass(frozen=True)

@@ -1,2 +1,3 @@
 """Tell: what the alerts say (alert_text.py), when one is due and the state between runs (notify.py), and the
-channels that carry them: email (email.py) and a chat webhook (webhook.py)."""
+channels that carry them: the Channel protocol and the Message (message.py), the registry and the Outbox
+that sends on an alerts section's channels (channels.py), email (email.py) and a chat webhook (webhook.py)."""

@@ -3,8 +3,8 @@
 The watchdog's alerts carry their own headline and next step where the queue or the log make them exact
 (`release held array 720000 (scontrol release 720000)`, a health finding's rollback command); otherwise
 a condition's fixed headline and advice below are used. Subjects are fixed words, ids and numbers:
-never a job name from the queue or a log line (those go in the body), and email.build_message caps
-them at SUBJECT_MAX characters. email.py sends these texts; notify.py keeps the cooldown state.
+never a job name from the queue or a log line (those go in the body), and message.compose caps
+them at SUBJECT_MAX characters. The channels (channels.py) send these texts; notify.py keeps the cooldown state.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """When alerts go out, for the watchdog and the hourly hub-sync and backup jobs: at most once per cooldown
-per condition, with a recovery message when the condition clears (email.py sends them). The state
-between hourly runs is a small JSON file, `.bsops-alerts.json` beside the run's main_log.txt, which the
-watchdog and the jobs share: each read-modify-write holds an flock on `<state>.lock`.
+per condition, with a recovery message when the condition clears (an Outbox of channels.py sends them).
+The state between hourly runs is a small JSON file, `.bsops-alerts.json` beside the run's main_log.txt,
+which the watchdog and the jobs share: each read-modify-write holds an flock on `<state>.lock`.
 
-Email and webhook are channels with a state each: every condition records, per channel, when it was
-last sent and why the last try failed, so a channel that fails is tried again on the next run while
-the other keeps its cooldown (a webhook answering 500 never repeats the email), and each channel that
-told of an alert gets its own recovery. What the messages say is alert_text.py's. Every state entry
-is scrubbed of credentials (redact.scrub); the state file is written mode 0600.
+Each channel (channels.CHANNELS: email, webhook) has a state of its own, under its name: every condition
+records, per channel, when it was last sent and why the last try failed, so a channel that fails is
+tried again on the next run while the others keep their cooldown (a webhook answering 500 never repeats
+the email), and each channel that told of an alert gets its own recovery. What the messages say is
+alert_text.py's. Every state entry is scrubbed of credentials (redact.scrub); the state file is written
+mode 0600.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from pathlib import Path
 
 from bigscience_ops.data import locks
 from bigscience_ops.ops.tell import alert_text
-from bigscience_ops.ops.tell.email import (
-    CHANNELS, SUBJECT_MAX, NotifyError, SmtpSettings, build_message, channels, deliver, destinations, header_text,
-)
+from bigscience_ops.ops.tell.channels import NAMES, Outbox
+from bigscience_ops.ops.tell.message import SUBJECT_MAX, NotifyError, header_text
 from bigscience_ops.ops.watch.status import StatusReport
 from bigscience_ops.redact import env_secrets, scrub
 
@@ -39,8 +39,8 @@ class Notice:
     conditions: tuple[str, ...]
     message_id: str
     subject: str
-    channels: tuple[str, ...] = ("email",)
-    """Where it went (or, with `error`, where it could not go): email, webhook."""
+    channels: tuple[str, ...]
+    """Where it went (or, with `error`, where it could not go): channel names (email, webhook)."""
     error: str | None = None
     """Why those channels could not send it (scrubbed; the next run tries again); None when it went out."""
 
@@ -52,7 +52,7 @@ class _State:
     jobs: dict[str, dict] = field(default_factory=dict)  # failing hourly job ("hub-sync", "backup") -> entry
     # An entry: since (first seen), message (the latest text), sent (channel -> when last sent), failed
     # (channel -> why its last try failed, while it does). A file from before channels holds one last_sent
-    # for both, and one announced iteration per job: read as each channel's.
+    # for all, and one announced iteration per job: read as each channel's.
 
 
 def default_state_path(log_path: str | os.PathLike[str] | None) -> Path:
@@ -73,7 +73,7 @@ def _load_state(path: Path) -> _State:
     for entry in [*state.active.values(), *state.jobs.values()]:
         if "sent" not in entry:  # one time for every channel (version 1)
             last = entry.pop("last_sent", None)
-            entry["sent"] = {c: last for c in CHANNELS} if last else {}
+            entry["sent"] = {c: last for c in NAMES} if last else {}
     return state
 
 
@@ -166,12 +166,12 @@ def _check_cooldown(cooldown_minutes: float) -> None:
         raise NotifyError(f"cooldown_minutes: got {cooldown_minutes!r}; allowed: 0 or more minutes")
 
 
-def _send(settings: SmtpSettings, subject: str, body: str, on: Sequence[str], now: datetime,
+def _send(outbox: Outbox, subject: str, body: str, on: Sequence[str], now: datetime,
           env: Mapping[str, str] | None) -> tuple[str, list[str], dict[str, str]]:
     """Send one message on the channels `on`: (Message-ID, the channels it went out on, the failed ones with why)."""
-    message = build_message(settings, subject, body, now=now)
-    failed = deliver(settings, message, on, env=env)
-    return str(message["Message-ID"]), [c for c in on if c not in failed], failed
+    message = outbox.compose(subject, body, now=now)
+    failed = outbox.deliver(message, on, env=env)
+    return message.message_id, [c for c in on if c not in failed], failed
 
 
 def _notices(kind: str, conditions: tuple[str, ...], message_id: str, subject: str, sent: Sequence[str],
@@ -180,7 +180,7 @@ def _notices(kind: str, conditions: tuple[str, ...], message_id: str, subject: s
     return out + [Notice(kind, conditions, message_id, _subject(subject), (c,), why) for c, why in failed.items()]
 
 
-def notify(report: StatusReport, settings: SmtpSettings, state_path: str | os.PathLike[str], *,
+def notify(report: StatusReport, outbox: Outbox, state_path: str | os.PathLike[str], *,
            experiment: str | None = None, cooldown_minutes: float = 60.0, log_path: str | None = None,
            now: datetime | None = None, env: Mapping[str, str] | None = None) -> list[Notice]:
     """Send the report's alerts on each channel that has not sent the same condition within the cooldown,
@@ -195,7 +195,7 @@ def notify(report: StatusReport, settings: SmtpSettings, state_path: str | os.Pa
     experiment = experiment or report.job_name
     prefix = f"{report.job_name}::"
     current = {prefix + a.condition: a for a in report.alerts}
-    wanted = channels(settings)
+    wanted = outbox.names
     stamp = now.isoformat()
     notices: list[Notice] = []
     with _state_file(Path(state_path)) as state:
@@ -205,7 +205,7 @@ def notify(report: StatusReport, settings: SmtpSettings, state_path: str | os.Pa
         for keys, on in _groups(due):
             alerts = [current[k] for k in keys]
             subject, body = alert_text.alert_email(experiment, report, alerts, cooldown_minutes, log_path)
-            message_id, sent, failed = _send(settings, subject, body, on, now, env)
+            message_id, sent, failed = _send(outbox, subject, body, on, now, env)
             for key in keys:
                 for channel in on:
                     _tried(state.active[key], channel, failed.get(channel), stamp)
@@ -217,7 +217,7 @@ def notify(report: StatusReport, settings: SmtpSettings, state_path: str | os.Pa
             conditions = tuple(k[len(prefix):] for k in keys)
             subject, body = alert_text.recovery_email(experiment, report, [state.active[k] for k in keys],
                                                       conditions, now)
-            message_id, sent, failed = _send(settings, subject, body, on, now, env)
+            message_id, sent, failed = _send(outbox, subject, body, on, now, env)
             for key in keys:
                 for channel in on:
                     _tried(state.active[key], channel, failed.get(channel), None)
@@ -226,26 +226,26 @@ def notify(report: StatusReport, settings: SmtpSettings, state_path: str | os.Pa
             if not any(_sent_at(state.active[key], c) for c in wanted):
                 del state.active[key]
         if report.finished_at is not None:
-            notices += _announce_finish(report, settings, state, experiment, wanted, now, env)
+            notices += _announce_finish(report, outbox, state, experiment, now, env)
     return notices
 
 
-def _announce_finish(report: StatusReport, settings: SmtpSettings, state: _State, experiment: str,
-                     wanted: Sequence[str], now: datetime, env: Mapping[str, str] | None) -> list[Notice]:
+def _announce_finish(report: StatusReport, outbox: Outbox, state: _State, experiment: str, now: datetime,
+                     env: Mapping[str, str] | None) -> list[Notice]:
     """The finish, once per channel."""
     told = state.finished.get(report.job_name)
-    told = dict(told) if isinstance(told, dict) else {c: told for c in CHANNELS} if told is not None else {}
-    on = [c for c in wanted if told.get(c) != report.finished_at]
+    told = dict(told) if isinstance(told, dict) else {c: told for c in NAMES} if told is not None else {}
+    on = [c for c in outbox.names if told.get(c) != report.finished_at]
     if not on:
         return []
     subject, body = alert_text.finished_email(experiment, report)
-    message_id, sent, failed = _send(settings, subject, body, on, now, env)
+    message_id, sent, failed = _send(outbox, subject, body, on, now, env)
     state.finished[report.job_name] = told | {c: report.finished_at for c in sent}
     return _notices("finished", (), message_id, subject, sent, failed)
 
 
 def _subject(subject: str) -> str:
-    """The subject as build_message puts it in the header."""
+    """The subject as message.compose makes it (scrubbed, one line, capped)."""
     return header_text(scrub(subject), SUBJECT_MAX)
 
 
@@ -267,7 +267,7 @@ def _now() -> datetime:
     return datetime.now().replace(microsecond=0)
 
 
-def notify_job(settings: SmtpSettings, state_path: str | os.PathLike[str], job: str, error: str | None, *,
+def notify_job(outbox: Outbox, state_path: str | os.PathLike[str], job: str, error: str | None, *,
                experiment: str, command: str, cooldown_minutes: float = 60.0, now: datetime | None = None,
                env: Mapping[str, str] | None = None) -> JobNotice:
     """Report one run of an hourly job (`job`: hub-sync, backup) that failed with `error` or, with
@@ -281,8 +281,8 @@ def notify_job(settings: SmtpSettings, state_path: str | os.PathLike[str], job: 
     """
     _check_cooldown(cooldown_minutes)
     now = now or _now()
-    error = None if error is None else scrub(error, env_secrets([settings.password_env], env))
-    wanted = channels(settings)
+    error = None if error is None else scrub(error, env_secrets(outbox.secret_envs, env))
+    wanted = outbox.names
     with _state_file(Path(state_path)) as state:
         if error is not None:
             entry = _record(state.jobs, job, error, now)
@@ -294,27 +294,27 @@ def notify_job(settings: SmtpSettings, state_path: str | os.PathLike[str], job: 
                                          f"{cooldown_minutes:g} minutes while {job} keeps failing")
             subject, body = alert_text.job_alert_email(experiment, job, error, command,
                                                        datetime.fromisoformat(entry["since"]), cooldown_minutes, now)
-            message_id, sent, failed = _send(settings, subject, body, on, now, env)
+            message_id, sent, failed = _send(outbox, subject, body, on, now, env)
             for channel in on:
                 _tried(entry, channel, failed.get(channel), now.isoformat())
-            return _job_outcome("alert", settings, message_id, subject, sent, failed)
+            return _job_outcome("alert", outbox, message_id, subject, sent, failed)
         entry = state.jobs.get(job)
         on = [c for c in wanted if entry is not None and _sent_at(entry, c)]
         if entry is None or not on:  # no failure, or one never sent
             state.jobs.pop(job, None)
             return JobNotice("quiet", "")
         subject, body = alert_text.job_recovery_email(experiment, job, entry, now)
-        message_id, sent, failed = _send(settings, subject, body, on, now, env)
+        message_id, sent, failed = _send(outbox, subject, body, on, now, env)
         for channel in on:
             _tried(entry, channel, failed.get(channel), None)
         if not any(_sent_at(entry, c) for c in wanted):
             del state.jobs[job]
-        return _job_outcome("recovery", settings, message_id, subject, sent, failed)
+        return _job_outcome("recovery", outbox, message_id, subject, sent, failed)
 
 
-def _job_outcome(kind: str, settings: SmtpSettings, message_id: str, subject: str, sent: Sequence[str],
+def _job_outcome(kind: str, outbox: Outbox, message_id: str, subject: str, sent: Sequence[str],
                  failed: Mapping[str, str]) -> JobNotice:
-    line = f"{kind} email sent to {destinations(settings, sent)} ({message_id}): {_subject(subject)}" if sent else ""
+    line = f"{kind} email sent to {outbox.destinations(sent)} ({message_id}): {_subject(subject)}" if sent else ""
     if failed:
         raise NotifyError("; ".join(failed.values()) + (f" (the {kind} did go out: {line})" if line else ""))
     return JobNotice(kind, line)

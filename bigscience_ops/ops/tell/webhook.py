@@ -1,10 +1,10 @@
-"""Alerts to a chat webhook as well as by email: one Slack-compatible JSON POST per alert or recovery.
+"""The webhook channel: every alert as one Slack-compatible JSON POST, with settings of its own (WebhookSettings).
 
 The webhook's URL is a secret (whoever holds it can post to the channel), so it is never in a YAML
 file, an argument, a log or an error: `alerts.webhook_url_env` names the environment variable that
-holds it, and only an https URL is used. email.py posts every message it emails, under the same
-cooldown and recovery rules but with a state of its own: a failing webhook is retried on the next run
-and neither repeats nor holds back the email (nor the email the webhook).
+holds it, and only an https URL is used. It gets the same messages as email, under the same cooldown
+and recovery rules but with a state of its own (notify.py): a failing webhook is retried on the next
+run and neither repeats nor holds back the email (nor the email the webhook).
 """
 
 from __future__ import annotations
@@ -14,10 +14,16 @@ import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit
 
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops.tell.message import ChannelError, Message
 from bigscience_ops.redact import scrub
+
+if TYPE_CHECKING:
+    from bigscience_ops.schema import AlertsConfig
 
 
 class WebhookError(BsopsError):
@@ -53,3 +59,43 @@ def post(url: str, subject: str, body: str, *, timeout: float = 30.0, ca_file: s
         raise WebhookError(f"could not post to the webhook at {host}: {scrub(str(exc), [url])}") from None
     if not 200 <= status < 300:
         raise WebhookError(f"the webhook at {host} answered HTTP {status}")
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Where the webhook's URL is found and how it is reached."""
+
+    url_env: str
+    """Name of the environment variable holding the https URL (alerts.webhook_url_env); never the URL itself."""
+    ca_file: str | None = None
+    """CA bundle to verify the server with, instead of the system's (a site CA, a test server)."""
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class WebhookChannel:
+    """Every message, as one POST of {"text": subject, blank line, body}."""
+
+    settings: WebhookSettings
+    name: ClassVar[str] = "webhook"
+
+    @classmethod
+    def from_alerts(cls, alerts: AlertsConfig) -> WebhookChannel | None:
+        """alerts.webhook_url_env; None without it."""
+        return cls(WebhookSettings(alerts.webhook_url_env)) if alerts.webhook_url_env else None
+
+    @property
+    def secret_envs(self) -> tuple[str, ...]:
+        return ()
+
+    def destination(self) -> str:
+        return f"the webhook in ${self.settings.url_env}"
+
+    def send(self, message: Message, env: Mapping[str, str]) -> None:
+        variable = self.settings.url_env
+        try:
+            post(url_from(env, variable), message.subject, message.body, timeout=self.settings.timeout_s,
+                 ca_file=self.settings.ca_file)
+        except WebhookError as exc:
+            named = variable in str(exc)
+            raise ChannelError(self.name, f"{exc}{'' if named else f' (the webhook in ${variable})'}") from None

@@ -1,7 +1,7 @@
 """The status watchdog's run: check the queue and the run folder, watch the cron chains, email, log.
 
 status.py decides over parsed jobs, lifecycle.py says where the run stands, schedule/cron.py knows the
-chains, tell/email.py sends the emails, tell/notify.py keeps the alert state; `watch` puts one hourly run
+chains, tell/ sends the alerts on each channel and keeps their state; `watch` puts one hourly run
 together and appends every line to watchdog.log beside the run's main_log.txt.
 """
 
@@ -17,7 +17,8 @@ from pathlib import Path
 from bigscience_ops import runlog, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.schedule import cron
-from bigscience_ops.ops.tell.email import NotifyError, SmtpSettings, destinations
+from bigscience_ops.ops.tell.channels import Outbox
+from bigscience_ops.ops.tell.message import NotifyError
 from bigscience_ops.ops.tell.notify import Notice, default_state_path, notify
 from bigscience_ops.ops.watch import health, status
 from bigscience_ops.ops.watch.lifecycle import RunState
@@ -42,15 +43,15 @@ class WatchResult:
 
 def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
           log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
-          contact: str = DEFAULT_CONTACT, smtp: SmtpSettings | None = None,
+          contact: str = DEFAULT_CONTACT, outbox: Outbox | None = None,
           state_path: str | os.PathLike[str] | None = None, cooldown_minutes: float = 60.0,
           experiment: str | None = None, timeout: float = 60.0, now: datetime | None = None,
           env: Mapping[str, str] | None = None, run: RunState | None = None,
           cron_dir: str | os.PathLike[str] | None = None, query=None,
           health_settings: HealthConfig | None = None) -> WatchResult:
     """One watchdog run: query Slurm, decide (with `run`, the run folder's state), check the cron
-    chains of `cron_dir` (the watchers are watched too), email alerts/recoveries/the finish (when
-    `smtp` is given), and append every line to watchdog.log beside `log_path`, never to the
+    chains of `cron_dir` (the watchers are watched too), send alerts/recoveries/the finish (when
+    `outbox` is given), and append every line to watchdog.log beside `log_path`, never to the
     main_log.txt whose progress it measures.
 
     The cooldown state lives in `state_path`, by default `.bsops-alerts.json` next to the log
@@ -70,16 +71,16 @@ def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
     notices: list[Notice] = []
     errors, extra = [], []
-    if smtp is not None:
+    if outbox is not None:
         state_path = default_state_path(log_path) if state_path is None else state_path
         try:
-            notices = notify(report, smtp, state_path, experiment=experiment, cooldown_minutes=cooldown_minutes,
+            notices = notify(report, outbox, state_path, experiment=experiment, cooldown_minutes=cooldown_minutes,
                              log_path=str(log_path) if log_path else None, env=env)
         except NotifyError as exc:  # the alert state cannot be read or locked
             errors.append(str(exc))
             extra.append(f"{stamp} ***ALERT: the alert email could not be sent: {exc}***")
     for n in notices:  # one line per message and the channels it went out on, one per channel that failed
-        where = destinations(smtp, n.channels) if smtp is not None else ""
+        where = outbox.destinations(n.channels) if outbox is not None else ""
         if n.error is None:
             extra.append(f"{stamp} {n.kind} email sent to {where} {n.message_id}: {n.subject}")
         else:

@@ -1,0 +1,130 @@
+"""The alert channels as a protocol (ops/tell/channels.py): the registry builds an alerts section's channels, and a
+channel of its own, given one registration, gets the cooldown state, the delivery and the watchdog's lines with
+no other change."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from bigscience_ops.ops.tell import channels, notify
+from bigscience_ops.ops.tell.channels import Outbox
+from bigscience_ops.ops.tell.email import EmailChannel
+from bigscience_ops.ops.tell.message import ChannelError, Message, NotifyError
+from bigscience_ops.ops.tell.webhook import WebhookChannel
+from bigscience_ops.ops.watch import status, watchdog
+from bigscience_ops.schema import AlertsConfig
+from tests.fixtures_smtp import plain_settings
+from tests.fixtures_status import seed_job
+
+NOW = datetime(2026, 11, 22, 12, 0, 0)
+
+
+@dataclass(frozen=True)
+class Pager:
+    """A channel of the test's own: it keeps what it was sent, or fails while `down` holds True."""
+
+    number: str
+    sent: list[Message] = field(default_factory=list, compare=False)
+    down: list[bool] = field(default_factory=lambda: [False], compare=False)
+    name: ClassVar[str] = "pager"
+
+    @classmethod
+    def from_alerts(cls, alerts: AlertsConfig) -> Pager | None:
+        return cls("555-0100") if alerts.email_to else None
+
+    @property
+    def secret_envs(self) -> tuple[str, ...]:
+        return ("BSOPS_TEST_PAGER_PIN",)
+
+    def destination(self) -> str:
+        return f"the pager {self.number}"
+
+    def send(self, message: Message, env: Mapping[str, str]) -> None:
+        if self.down[0]:
+            raise ChannelError(self.name, f"the pager {self.number} did not answer")
+        self.sent.append(message)
+
+
+def test_an_alerts_section_gets_the_registered_channels_in_order() -> None:
+    alerts = AlertsConfig(email_to=["oncall@example.org", "lead@example.org"], webhook_url_env="TEAM_HOOK",
+                          email_from="bot@example.org")
+    outbox = channels.outbox_from_alerts(alerts)
+    assert outbox is not None and outbox.names == channels.NAMES == ("email", "webhook")
+    assert isinstance(outbox.channels[0], EmailChannel) and isinstance(outbox.channels[1], WebhookChannel)
+    assert outbox.sender == "bot@example.org" and outbox.channels[1].settings.url_env == "TEAM_HOOK"
+    assert outbox.destinations() == "oncall@example.org, lead@example.org and the webhook in $TEAM_HOOK"
+    assert outbox.destinations(["webhook"]) == "the webhook in $TEAM_HOOK"
+    assert channels.outbox_from_alerts(AlertsConfig()) is None
+    assert channels.send_alert(AlertsConfig(), "s", "b") == "no alert email: alerts.email_to is empty"
+
+
+def test_one_registration_line_makes_a_channel(monkeypatch) -> None:
+    monkeypatch.setattr(channels, "CHANNELS", (*channels.CHANNELS, Pager))
+    outbox = channels.outbox_from_alerts(AlertsConfig(email_to=["oncall@example.org"], email_from="bot@example.org"))
+    assert outbox is not None and outbox.names == ("email", "pager")
+    assert outbox.destinations(["pager"]) == "the pager 555-0100"
+
+
+def test_a_channel_of_its_own_gets_its_own_cooldown_state_and_watchdog_lines(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("BSOPS_TEST_PAGER_PIN", "pin-8231")
+    pager = Pager("555-0100")
+    outbox = Outbox((pager,), "bot@example.org")
+    log = tmp_path / "logs" / "main_log.txt"
+    log.parent.mkdir()
+    state = log.parent / ".bsops-alerts.json"
+
+    def watch(jobs, minutes: int) -> watchdog.WatchResult:
+        return watchdog.watch("tr1-13B-round3", query=lambda **_: jobs, log_path=log, outbox=outbox,
+                              now=NOW + timedelta(minutes=minutes), cooldown_minutes=60)
+
+    pager.down[0] = True
+    failed = watch([], 0)
+    assert failed.exit_code == status.EXIT_ERROR and pager.sent == []
+    assert "could not be sent to the pager 555-0100" in "\n".join(failed.lines)
+    entry = json.loads(state.read_text())["active"]["tr1-13B-round3::not-scheduled"]
+    assert entry["sent"] == {} and "did not answer" in entry["failed"]["pager"]
+    pager.down[0] = False
+    sent = watch([], 5)
+    assert sent.exit_code == status.EXIT_ALERT and len(pager.sent) == 1
+    assert f"alert email sent to the pager 555-0100 {pager.sent[0].message_id}" in "\n".join(sent.lines)
+    assert watch([], 10).exit_code == status.EXIT_ALERT and len(pager.sent) == 1  # within its cooldown
+    assert watch([seed_job(start_time=NOW, elapsed_s=60)], 20).exit_code == status.EXIT_HEALTHY
+    assert len(pager.sent) == 2 and pager.sent[1].subject.startswith("[RECOVERED]")
+    assert json.loads(state.read_text())["active"] == {}
+    # Its secret is no message's: the channel's secret_envs are scrubbed like the SMTP password.
+    outcome = notify.notify_job(outbox, state, "backup", "mount said pin-8231", experiment="tiny", command="c",
+                                now=NOW)
+    assert outcome.kind == "alert" and "pin-8231" not in pager.sent[-1].body
+
+
+def test_an_outbox_names_each_channel_once_and_a_sender_on_one_line() -> None:
+    email = EmailChannel(plain_settings(25))
+    with pytest.raises(NotifyError, match=r"alert channels: got \['email', 'email'\]"):
+        Outbox((email, email), "bot@example.org")
+    with pytest.raises(NotifyError, match="alert channels: got \\[\\]"):
+        Outbox((), "bot@example.org")
+    with pytest.raises(NotifyError, match="smtp.sender"):
+        Outbox((email,), "bot@example.org\u2028Bcc: x@example.org")
+
+
+def test_a_state_file_written_before_the_protocol_keeps_each_channels_keys(tmp_path: Path) -> None:
+    """A version-2 state file with the email and webhook keys, as the code before the channel protocol wrote it."""
+    stamp = NOW.isoformat()
+    state = tmp_path / "alerts.json"
+    backup = {"since": stamp, "message": "disk full", "sent": {"email": stamp}, "failed": {"webhook": "HTTP 500"}}
+    state.write_text(json.dumps({"version": 2, "finished": {"job-b": {"email": 120, "webhook": 120}},
+                                 "jobs": {"backup": backup}, "active": {}}))
+    pager = Pager("555-0100")
+    outbox = Outbox((pager,), "bot@example.org")
+    assert notify.notify_job(outbox, state, "backup", "disk full", experiment="tiny", command="c",
+                             now=NOW + timedelta(minutes=1)).kind == "alert"  # the pager never told of it
+    saved = json.loads(state.read_text())
+    assert saved["jobs"]["backup"]["sent"] == {"email": stamp, "pager": (NOW + timedelta(minutes=1)).isoformat()}
+    assert saved["jobs"]["backup"]["failed"] == {"webhook": "HTTP 500"} and saved["finished"]["job-b"]["webhook"] == 120
