@@ -81,8 +81,8 @@ def test_a_channel_of_its_own_gets_its_own_cooldown_state_and_watchdog_lines(tmp
     state = log.parent / ".bsops-alerts.json"
 
     def watch(jobs, minutes: int) -> watchdog.WatchResult:
-        return watchdog.watch("tr1-13B-round3", query=lambda **_: jobs, log_path=log, outbox=outbox,
-                              now=NOW + timedelta(minutes=minutes), cooldown_minutes=60)
+        settings = watchdog.WatchSettings("tr1-13B-round3", log_path=log, outbox=outbox, cooldown_minutes=60)
+        return watchdog.watch(settings, query=lambda **_: jobs, now=NOW + timedelta(minutes=minutes))
 
     pager.down[0] = True
     failed = watch([], 0)

@@ -231,8 +231,9 @@ def test_the_watchdog_alerts_a_spike_once_and_mails_the_recovery(tmp_path, plain
     log.write_text("\n".join(_log(tweak=tweak)) + "\n")
 
     def watch(at: datetime) -> watchdog.WatchResult:
-        return watchdog.watch("tr1-13B-round3", query=lambda **_: [running], log_path=log, outbox=plain_outbox(port),
-                              now=at, cooldown_minutes=60, health_settings=HealthConfig(recent=30))
+        settings = watchdog.WatchSettings("tr1-13B-round3", log_path=log, outbox=plain_outbox(port),
+                                          cooldown_minutes=60, health=HealthConfig(recent=30))
+        return watchdog.watch(settings, query=lambda **_: [running], now=at)
 
     first = watch(now)
     [alert] = first.report.alerts
@@ -273,9 +274,9 @@ def test_the_alert_for_an_experiments_spike_says_the_exact_commands(tmp_path, tr
                    + "\n")
     now = datetime(2026, 11, 22, 12, 0, 0)
     running = seed_job(name=exp.slurm.job_name, start_time=now - timedelta(hours=2), elapsed_s=7200)
-    result = watchdog.watch(exp.slurm.job_name, query=lambda **_: [running], log_path=log, outbox=plain_outbox(port),
-                            now=now, experiment=exp.name, run=lifecycle.run_state(exp),
-                            health_settings=HealthConfig(recent=30))
+    settings = watchdog.WatchSettings(exp.slurm.job_name, log_path=log, outbox=plain_outbox(port), experiment=exp.name,
+                                      health=HealthConfig(recent=30))
+    result = watchdog.watch(settings, query=lambda **_: [running], now=now, run=lifecycle.run_state(exp))
     [alert] = result.report.alerts
     [mail] = inbox.messages
     assert mail["Subject"] == ("[ALERT] spiky: read iteration 280's samples, roll back to 250, skip 251-280 if it "
@@ -297,8 +298,8 @@ def test_the_watchdog_skips_health_when_switched_off(tmp_path):
     running = seed_job()
 
     def conditions(settings):
-        result = watchdog.watch("tr1-13B-round3", query=lambda **_: [running], log_path=log, now=datetime(2026, 1, 1),
-                                health_settings=settings)
+        result = watchdog.watch(watchdog.WatchSettings("tr1-13B-round3", log_path=log, health=settings),
+                                query=lambda **_: [running], now=datetime(2026, 1, 1))
         return [a.condition for a in result.report.alerts]
     assert conditions(HealthConfig()) == ["health-nan"]
     assert conditions(HealthConfig(enabled=False)) == [] and conditions(None) == []

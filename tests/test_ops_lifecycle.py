@@ -50,8 +50,8 @@ def test_a_finished_training_is_healthy_and_announced_once(exp, plain_server, tm
     assert run.finished and run.iteration == total
     log = Path(exp.paths.logs) / "main_log.txt"
     for _ in range(2):
-        result = watchdog.watch(exp.slurm.job_name, query=lambda **_: [], run=run, log_path=log,
-                                outbox=plain_outbox(port), now=NOW)
+        settings = watchdog.WatchSettings(exp.slurm.job_name, log_path=log, outbox=plain_outbox(port))
+        result = watchdog.watch(settings, query=lambda **_: [], run=run, now=NOW)
         assert result.exit_code == status.EXIT_HEALTHY and result.report.finished_at == total
         assert f"training finished at iteration {total}" in result.lines[0]
     [mail] = inbox.messages
@@ -119,7 +119,8 @@ def test_a_hang_is_measured_from_the_last_iteration_line(tmp_path: Path) -> None
     running = seed_job(start_time=NOW - timedelta(hours=10), elapsed_s=36000)
 
     def watch(now: datetime) -> watchdog.WatchResult:
-        return watchdog.watch("tr1-13B-round3", query=lambda **_: [running], log_path=log, stall_minutes=60, now=now)
+        settings = watchdog.WatchSettings("tr1-13B-round3", log_path=log, stall_minutes=60)
+        return watchdog.watch(settings, query=lambda **_: [running], now=now)
 
     assert watch(NOW).exit_code == status.EXIT_HEALTHY
     assert log.read_text() == ITERATION + "\n" and log.stat().st_mtime == written.timestamp()

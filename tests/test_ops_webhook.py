@@ -37,8 +37,8 @@ def test_alert_cooldown_and_recovery_reach_the_webhook_as_they_reach_email(plain
     outbox = _outbox(port, cert)
 
     def watch(jobs, at):
-        return watchdog.watch("tr1-13B-round3", query=lambda **_: jobs, log_path=log, outbox=outbox, now=at,
-                              cooldown_minutes=60)
+        settings = watchdog.WatchSettings("tr1-13B-round3", log_path=log, outbox=outbox, cooldown_minutes=60)
+        return watchdog.watch(settings, query=lambda **_: jobs, now=at)
 
     down = watch([], NOW)
     assert down.exit_code == status.EXIT_ALERT and len(inbox.messages) == 1 and len(webhook_server.posts) == 1
@@ -116,8 +116,8 @@ def test_a_failing_webhook_never_repeats_the_email_and_a_failing_email_never_blo
     outbox = _outbox(port, cert)
 
     def watch(jobs, minutes):
-        return watchdog.watch("tr1-13B-round3", query=lambda **_: jobs, log_path=log, outbox=outbox,
-                              now=NOW + timedelta(minutes=minutes), cooldown_minutes=240)
+        settings = watchdog.WatchSettings("tr1-13B-round3", log_path=log, outbox=outbox, cooldown_minutes=240)
+        return watchdog.watch(settings, query=lambda **_: jobs, now=NOW + timedelta(minutes=minutes))
 
     runs = [watch([], m) for m in (0, 60, 120)]
     assert len(inbox.messages) == 1 and len(webhook_server.posts) == 3

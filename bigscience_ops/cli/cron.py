@@ -15,6 +15,7 @@ from bigscience_ops.cli.base import (
     default_cron_dir,
     load_experiment,
     main,
+    resolve,
     trainings_option,
     verbose_option,
 )
@@ -38,12 +39,13 @@ def _cron_dir(cron_dir: Path | None) -> Path:
     return chosen
 
 
-def _kinds(jobs: str | None, default: list[str]) -> list[str]:
-    """--jobs as a list of hourly_jobs.JOBS (a usage error names the value and the allowed kinds)."""
+def _kinds(jobs: str | None) -> list[str] | None:
+    """--jobs as a list of hourly_jobs.JOBS, None when not given (a usage error names the value and the allowed
+    kinds)."""
     from bigscience_ops.ops.schedule import hourly_jobs
 
     if jobs is None:
-        return default
+        return None
     kinds = [j.strip() for j in jobs.split(",") if j.strip()]
     if not kinds or [k for k in kinds if k not in hourly_jobs.JOBS]:
         raise click.BadParameter(f"got {jobs!r}; allowed: a comma-separated list of {', '.join(hourly_jobs.JOBS)}",
@@ -104,12 +106,12 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
     from bigscience_ops.ops.schedule import cron as cronlib
     from bigscience_ops.ops.schedule import hourly_jobs
 
-    kinds = _kinds(jobs, [])
+    given = _kinds(jobs)
     cron_dir = _cron_dir(cron_dir)
     settings = cronlib.load_settings(cron_dir)
     experiment = load_experiment(exp, trainings_dir)
-    if jobs is None:
-        kinds = hourly_jobs.configured(experiment)
+    kinds = resolve(given, hourly_jobs.configured(experiment))
+    if given is None:
         for kind in hourly_jobs.JOBS:
             if kind not in kinds:
                 field, what = hourly_jobs.missing_setting(kind, experiment)
@@ -147,7 +149,7 @@ def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None) -> None:
     Exits 1 when there was none to remove."""
     from bigscience_ops.ops.schedule import hourly_jobs
 
-    kinds = _kinds(jobs, list(hourly_jobs.JOBS))
+    kinds = resolve(_kinds(jobs), default=list(hourly_jobs.JOBS))
     cron_dir = _cron_dir(cron_dir)
     removed = hourly_jobs.remove(cron_dir, exp, kinds)
     for path in removed:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,6 +12,9 @@ from bigscience_ops.cli.base import (
     TEXT, FiniteFloat, SafePath, echo_detail, echo_run_folder, load_experiment, main, resolve, trainings_option,
     verbose_option,
 )
+
+if TYPE_CHECKING:
+    from bigscience_ops.ops.tell.channels import Outbox
 
 
 @main.command("status")
@@ -63,11 +67,10 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
     spikes, grad-norm explosions, fp16 loss-scale collapse, skipped steps, slow nodes).
     Exit code 0 healthy, 1 alert, 2 Slurm could not be queried or an alert email failed.
     """
-    import socket
-
     from bigscience_ops import slurm
-    from bigscience_ops.ops.tell import channels, email
+    from bigscience_ops.ops.tell import channels
     from bigscience_ops.ops.watch import watchdog
+    from bigscience_ops.ops.watch.status import DEFAULT_CONTACT
 
     failures: list[slurm.SlurmError] = []
 
@@ -78,38 +81,48 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
             failures.append(exc)
             raise
 
-    outbox = None
+    experiment_outbox = None
     experiment = None
-    run = health = None
+    run = None
     if exp is not None:
         from bigscience_ops.ops.watch import lifecycle
 
         experiment = load_experiment(exp, trainings_dir)
         echo_run_folder(exp, trainings_dir, experiment)
         run = lifecycle.run_state(experiment, timeout=timeout)
-        if not email_to and not no_email:
-            outbox = channels.outbox_from_alerts(experiment.alerts)
-        health = experiment.alerts.health
+        if not email_to and not no_email:  # --email-to replaces the experiment's channels: not even built then
+            experiment_outbox = channels.outbox_from_alerts(experiment.alerts)
     slurm_cfg, alerts = (experiment.slurm, experiment.alerts) if experiment else (None, None)
     job_name = resolve(job_name, slurm_cfg and slurm_cfg.job_name)
-    log_path = resolve(log_path, experiment and Path(experiment.paths.logs) / "main_log.txt")
-    stall_minutes = resolve(stall_minutes, alerts and alerts.stall_minutes)
-    group = resolve(group, slurm_cfg and slurm_cfg.group)
-    cooldown_minutes = resolve(cooldown_minutes, alerts and alerts.cooldown_minutes, 60.0)
     if job_name is None:
         raise click.UsageError("give an experiment (EXP) or --job-name")
+    given_outbox = None
     if email_to and not no_email:
-        smtp = email.SmtpSettings(host=smtp_host, port=smtp_port or email.DEFAULT_PORTS[smtp_security],
-                                  security=smtp_security, recipients=email_to, user=smtp_user,
-                                  password_env=smtp_password_env)
-        outbox = channels.Outbox((email.EmailChannel(smtp),), sender=email_from or f"bsops@{socket.getfqdn()}")
-    result = watchdog.watch(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
-                            outbox=outbox, state_path=alert_state, cooldown_minutes=cooldown_minutes,
-                            experiment=experiment.name if experiment else None, timeout=timeout, run=run,
-                            cron_dir=cron_dir, health_settings=health, query=query,
-                            **({"contact": contact} if contact else {}))
+        given_outbox = _email_outbox(email_to, email_from, smtp_host, smtp_port, smtp_security, smtp_user,
+                                     smtp_password_env)
+    settings = watchdog.WatchSettings(
+        job_name=job_name, users=users, group=resolve(group, slurm_cfg and slurm_cfg.group),
+        log_path=resolve(log_path, experiment and Path(experiment.paths.logs) / "main_log.txt"),
+        stall_minutes=resolve(stall_minutes, alerts and alerts.stall_minutes),
+        contact=resolve(contact or None, None, DEFAULT_CONTACT), outbox=resolve(given_outbox, experiment_outbox),
+        state_path=alert_state, cooldown_minutes=resolve(cooldown_minutes, alerts and alerts.cooldown_minutes, 60.0),
+        experiment=experiment.name if experiment else None, timeout=timeout, cron_dir=cron_dir,
+        health=alerts and alerts.health)
+    result = watchdog.watch(settings, run=run, query=query)
     for line in result.lines:
         click.echo(line)
     for failure in failures:
         echo_detail(failure)
     sys.exit(result.exit_code)
+
+
+def _email_outbox(email_to: tuple[str, ...], email_from: str | None, host: str, port: int | None, security: str,
+                  user: str | None, password_env: str | None) -> Outbox:
+    """The email channel that --email-to and the --smtp-* options describe, alone: no channel of the experiment's."""
+    import socket
+
+    from bigscience_ops.ops.tell import channels, email
+
+    smtp = email.SmtpSettings(host=host, port=port or email.DEFAULT_PORTS[security], security=security,
+                              recipients=email_to, user=user, password_env=password_env)
+    return channels.Outbox((email.EmailChannel(smtp),), sender=email_from or f"bsops@{socket.getfqdn()}")

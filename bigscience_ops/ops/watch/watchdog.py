@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -41,40 +41,69 @@ class WatchResult:
         return max(self.report.exit_code, EXIT_ERROR if self.email_error else 0)
 
 
-def watch(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
-          log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
-          contact: str = DEFAULT_CONTACT, outbox: Outbox | None = None,
-          state_path: str | os.PathLike[str] | None = None, cooldown_minutes: float = 60.0,
-          experiment: str | None = None, timeout: float = 60.0, now: datetime | None = None,
-          env: Mapping[str, str] | None = None, run: RunState | None = None,
-          cron_dir: str | os.PathLike[str] | None = None, query=None,
-          health_settings: HealthConfig | None = None) -> WatchResult:
-    """One watchdog run: query Slurm, decide (with `run`, the run folder's state), check the cron
-    chains of `cron_dir` (the watchers are watched too), send alerts/recoveries/the finish (when
-    `outbox` is given), and append every line to watchdog.log beside `log_path`, never to the
-    main_log.txt whose progress it measures.
+@dataclass(frozen=True)
+class WatchSettings:
+    """What one watchdog run watches and whom it tells. `bsops status` builds it from its options over the
+    experiment's values (cli.base.resolve); the hourly status job runs that command."""
 
-    The cooldown state lives in `state_path`, by default `.bsops-alerts.json` next to the log
-    (or in ~/.cache/bsops/ without a log). With `health_settings` the log's recent iteration lines are
-    checked for training health too (ops/watch/health.py): each finding is an alert of its own kind.
+    job_name: str
+    """The Slurm job name to watch (compared whole, any length)."""
+    users: tuple[str, ...] = ()
+    """Watch these users' jobs (and, with `group`, every user of it); neither: every user's."""
+    group: str | None = None
+    log_path: str | os.PathLike[str] | None = None
+    """The run's main_log.txt, read for progress and training health; watchdog.log goes beside it."""
+    stall_minutes: float | None = None
+    """Alert when a RUNNING job's log has had no new iteration line for this long; None: never."""
+    contact: str = DEFAULT_CONTACT
+    """Who the ALERT lines say to alert."""
+    outbox: Outbox | None = None
+    """The channels alerts, recoveries and the finish go out on; None: print and log only."""
+    state_path: str | os.PathLike[str] | None = None
+    """The cooldown state; None: `.bsops-alerts.json` next to the log (in ~/.cache/bsops/ without a log)."""
+    cooldown_minutes: float = 60.0
+    """Send the same alert at most once per this many minutes, on each channel."""
+    experiment: str | None = None
+    """The experiment's name, for the messages (default: the run's, else the job name)."""
+    timeout: float = 60.0
+    """Seconds each Slurm query (squeue, sacct, the cron chains' squeue) may take."""
+    cron_dir: str | os.PathLike[str] | None = None
+    """Also check the cron runner chains of this folder (the watchers are watched too)."""
+    health: HealthConfig | None = None
+    """Training health checks over the log's recent iteration lines (ops/watch/health.py); None: none."""
+
+    def __post_init__(self) -> None:
+        users = (self.users,) if isinstance(self.users, str) else tuple(self.users)
+        object.__setattr__(self, "users", users)
+
+
+def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime | None = None,
+          env: Mapping[str, str] | None = None, query: Callable[..., list[slurm.Job]] | None = None) -> WatchResult:
+    """One watchdog run: query Slurm (with `query`, default slurm.query_jobs), decide (with `run`, the run
+    folder's state), check the cron chains, send alerts/recoveries/the finish on the outbox's channels
+    (secrets read from `env`, default os.environ), and append every line to watchdog.log beside the log,
+    never to the main_log.txt whose progress it measures. Each training-health finding is an alert of its
+    own kind.
     """
-    report = status.check(job_name, users=users, group=group, log_path=log_path, stall_minutes=stall_minutes,
-                          now=now, contact=contact, timeout=timeout, run=run,
+    s = settings
+    report = status.check(s.job_name, users=s.users, group=s.group, log_path=s.log_path,
+                          stall_minutes=s.stall_minutes, now=now, contact=s.contact, timeout=s.timeout, run=run,
                           **({"query": query} if query is not None else {}))
-    if cron_dir is not None:
-        report = _with_chain_alerts(report, Path(cron_dir), contact, timeout)
-    if health_settings is not None and health_settings.enabled and log_path is not None:
+    if s.cron_dir is not None:
+        report = _with_chain_alerts(report, Path(s.cron_dir), s.contact, s.timeout)
+    if s.health is not None and s.health.enabled and s.log_path is not None:
         known = run.experiment if run is not None else None
         checkpoints = Path(known.paths.checkpoints) if known is not None else None
-        name = experiment or (known.name if known is not None else None)
-        report = _with_health_alerts(report, Path(log_path), health_settings, contact, name, checkpoints)
+        name = s.experiment or (known.name if known is not None else None)
+        report = _with_health_alerts(report, Path(s.log_path), s.health, s.contact, name, checkpoints)
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
     notices: list[Notice] = []
     errors, extra = [], []
+    outbox, log_path = s.outbox, s.log_path
     if outbox is not None:
-        state_path = default_state_path(log_path) if state_path is None else state_path
+        state_path = default_state_path(log_path) if s.state_path is None else s.state_path
         try:
-            notices = notify(report, outbox, state_path, experiment=experiment, cooldown_minutes=cooldown_minutes,
+            notices = notify(report, outbox, state_path, experiment=s.experiment, cooldown_minutes=s.cooldown_minutes,
                              log_path=str(log_path) if log_path else None, env=env)
         except NotifyError as exc:  # the alert state cannot be read or locked
             errors.append(str(exc))
