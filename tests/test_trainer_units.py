@@ -1,10 +1,9 @@
-"""Trainer pieces without a distributed launch: save schedule, resume checks, `latest`, stop reasons, data order,
-model, log lines and metrics."""
+"""Trainer pieces without a distributed launch: save schedule, resume checks, `latest`, data order, model, log lines
+and metrics. (Stop reasons: test_trainer_stopping.py.)"""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import signal
 import subprocess
@@ -17,17 +16,13 @@ from bigscience_ops import ledger
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.iteration_log import IterationStats, iteration_line
-from bigscience_ops.node_schedule import Phase
 from bigscience_ops.schedules import SaveSchedule
-from bigscience_ops.schema import CheckpointConfig
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
-from bigscience_ops.trainer import stopping
 from bigscience_ops.trainer.data import SyntheticDataset, sample_indices, step_micro_batches
 from bigscience_ops.trainer.metrics import Metrics, StepRecord
 from bigscience_ops.trainer.model import EmbeddingPipe, TransformerBlock, build_sequential, lm_loss
 from bigscience_ops.trainer.report import validation_lines
-from bigscience_ops.trainer.stopping import Stopper
 from tests.fixtures_trainer import small_experiment
 
 SEED_003 = SaveSchedule(((100, 10), (1000, 18)), 1500)
@@ -307,24 +302,3 @@ def test_metrics_window_averages_applied_finite_steps_between_lines():
     assert "number of skipped iterations:   0" in lines[0] and "number of skipped iterations:   1" in lines[1]
     assert [i for tag, i, _ in board.scalars if tag == "lm loss"] == [1, 2, 3, 4]
     assert [i for tag, i, _ in board.scalars if tag == "params-norm"] == [2, 4]
-
-
-def test_stop_reasons_in_order(tmp_path, single_rank_group):
-    switch = tmp_path / "kill-switch"
-    ck = CheckpointConfig(exit_interval=5, exit_duration_in_mins=60, kill_switch_path=str(switch))
-    phase = Phase(1, 2, first_step=8, start_samples=70, field="slurm.node_schedule[1].nodes")
-    now = time.time()
-    stopper = Stopper(ck, train_iters=20, next_phase=phase, job_start=now, device=torch.device("cpu"))
-    assert stopper.reason(20, 200, stepped=True) == stopping.FINISHED
-    assert stopper.reason(20, 200, stepped=False) == stopping.FINISHED  # resumed at the end: nothing to train
-    assert stopper.reason(4, 40, stepped=True) is None
-    assert stopper.reason(5, 40, stepped=False) is None  # exit interval and phase: only after a step of this task
-    assert stopper.reason(5, 40, stepped=True).startswith("exit interval 5")
-    assert stopper.reason(7, 70, stepped=True).startswith("node schedule: phase 1")
-    stopper.job_start = now - 61 * 60  # the job started 61 minutes ago
-    assert stopper.reason(6, 60, stepped=False) is None  # at least one step per task
-    assert stopper.reason(6, 60, stepped=True).startswith("exit duration of 60 min")
-    os.kill(os.getpid(), signal.SIGUSR1)
-    assert stopper.reason(6, 60, stepped=False) == "signal received: saved and exiting"
-    switch.touch()
-    assert stopper.reason(6, 60, stepped=True).startswith(f"kill switch {switch}")
