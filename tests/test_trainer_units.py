@@ -1,5 +1,5 @@
-"""Trainer pieces without a distributed launch: save schedule, resume checks, `latest`, data order, model, log lines
-and metrics. (Stop reasons: test_trainer_stopping.py.)"""
+"""Trainer pieces without a distributed launch: resume checks, `latest`, data order, model, log lines and metrics.
+(The save schedule and the save: test_trainer_checkpointer.py; stop reasons: test_trainer_stopping.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from bigscience_ops import ledger
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.iteration_log import IterationStats, iteration_line
-from bigscience_ops.schedules import SaveSchedule
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.data import SyntheticDataset, sample_indices, step_micro_batches
@@ -24,23 +23,6 @@ from bigscience_ops.trainer.metrics import Metrics, StepRecord
 from bigscience_ops.trainer.model import EmbeddingPipe, TransformerBlock, build_sequential, lm_loss
 from bigscience_ops.trainer.report import validation_lines
 from tests.fixtures_trainer import small_experiment
-
-SEED_003 = SaveSchedule(((100, 10), (1000, 18)), 1500)
-
-
-def test_seed_003_interpretability_schedule_in_one_run():
-    saves = SEED_003.steps(5500)
-    assert saves == [s for s in range(1, 5501) if SEED_003.due(s)]  # by ranges == step by step
-    assert saves[:10] == list(range(10, 101, 10))
-    assert saves[10:12] == [118, 136] and 1000 in saves and 982 in saves
-    assert [s for s in saves if s > 1000] == [2500, 4000, 5500]
-    assert len([s for s in saves if 100 < s <= 1000]) == 50
-
-
-def test_plain_save_interval_is_megatrons_modulo():
-    assert SaveSchedule((), 10).steps(25) == [10, 20, 25]
-    assert SaveSchedule((), None).steps(20) == [20]
-    assert [s for s in range(1, 26) if SaveSchedule((), 10).due(s)] == [10, 20]
 
 
 def _fake_checkpoint(root, step, meta):

@@ -1,0 +1,157 @@
+"""trainer/checkpointer.py: when the trainer saves (the run schedule's save steps, with SaveSchedule's
+ranges and interval) and the save itself: each rank's RNG state and rank 0's bsops.json written into
+`global_stepN/` before DeepSpeed's engine saves, a step never saved twice, a resumed step not saved again.
+Fast: the engine is a stand-in that records its calls, the folder a real one, and a one-process gloo group
+(the `single_rank_group` fixture) answers the ranks and barriers."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.schedules import SaveSchedule
+from bigscience_ops.trainer import checkpointing as ckpt
+from bigscience_ops.trainer.checkpointer import Checkpointer
+from bigscience_ops.trainer.metrics import Metrics
+
+SEED_003 = SaveSchedule(((100, 10), (1000, 18)), 1500)
+META = {"model": {"hidden_size": 64, "num_layers": 2}, "parallel": {"tensor": 1, "pipeline": 1}}
+"""What the trainer's meta() gives for rank 0's bsops.json (a part of it)."""
+
+
+class RecordingEngine:
+    """Stands for DeepSpeed's engine: records each save_checkpoint call and what the tag's folder held then."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict, list[str]]] = []
+
+    def save_checkpoint(self, save_dir: str, tag: str, client_state: dict) -> None:
+        held = sorted(p.name for p in (Path(save_dir) / tag).iterdir())
+        self.calls.append((save_dir, tag, client_state, held))
+
+    @property
+    def tags(self) -> list[str]:
+        return [tag for _, tag, _, _ in self.calls]
+
+
+class RecordingBoard:
+    def __init__(self) -> None:
+        self.scalars: list[tuple[str, int, float]] = []
+
+    def scalar(self, tag: str, value: float | None, iteration: int, consumed_samples: int | None = None) -> None:
+        self.scalars.append((tag, iteration, value))
+
+
+class Saving:
+    """A Checkpointer over tmp_path/checkpoints with the stand-in engine, and what it was asked for."""
+
+    def __init__(self, folder: Path, saves: SaveSchedule) -> None:
+        self.engine, self.board, self.lines, self.metas = RecordingEngine(), RecordingBoard(), [], 0
+        metrics = Metrics(self.board, self.lines.append, train_iters=100, log_interval=1, flops_per_token=1.0,
+                          peak_tflops=None, world_size=1, curriculum=False)
+        self.checkpointer = Checkpointer(folder, saves, self.engine, self.meta, metrics)
+
+    def meta(self) -> dict:
+        self.metas += 1
+        return dict(META)
+
+
+@pytest.fixture
+def saving(tmp_path: Path, single_rank_group: None):
+    return lambda saves: Saving(tmp_path / "checkpoints", saves)
+
+
+def test_seed_003_interpretability_schedule_in_one_run():
+    saves = SEED_003.steps(5500)
+    assert saves == [s for s in range(1, 5501) if SEED_003.due(s)]  # by ranges == step by step
+    assert saves[:10] == list(range(10, 101, 10))
+    assert saves[10:12] == [118, 136] and 1000 in saves and 982 in saves
+    assert [s for s in saves if s > 1000] == [2500, 4000, 5500]
+    assert len([s for s in saves if 100 < s <= 1000]) == 50
+
+
+def test_plain_save_interval_is_megatrons_modulo():
+    assert SaveSchedule((), 10).steps(25) == [10, 20, 25]
+    assert SaveSchedule((), None).steps(20) == [20]
+    assert [s for s in range(1, 26) if SaveSchedule((), 10).due(s)] == [10, 20]
+
+
+def test_the_trainer_saves_at_the_schedules_steps_only(saving, tmp_path: Path) -> None:
+    saves = SaveSchedule(((4, 2),), 3)  # every 2 steps up to 4, then every 3 counted from 4
+    run = saving(saves)
+    for iteration in range(1, 14):
+        run.checkpointer.step_done(iteration)
+    assert run.engine.tags == ["global_step2", "global_step4", "global_step7", "global_step10", "global_step13"]
+    assert run.engine.tags == [f"global_step{s}" for s in saves.steps(13)]  # what the plan lists
+    assert [c.step for c in layout.list_checkpoints(tmp_path / "checkpoints")] == [2, 4, 7, 10, 13]
+
+
+def test_a_save_writes_the_rng_state_and_meta_before_the_engine_saves(saving, tmp_path: Path) -> None:
+    run = saving(SaveSchedule((), 10))
+    run.checkpointer.save(7)
+    folder = tmp_path / "checkpoints"
+    assert run.engine.calls == [(str(folder), "global_step7", {"iteration": 7}, [layout.META, "rng_state_000.pt"])]
+    assert json.loads((folder / "global_step7" / layout.META).read_text()) == META
+    assert run.checkpointer.last_saved == 7 and run.metas == 1
+    [(tag, iteration, elapsed)] = run.board.scalars
+    assert (tag, iteration) == ("save-checkpoint-time", 7) and elapsed >= 0
+    assert len(run.lines) == 1
+
+
+def test_the_saved_rng_state_gives_back_the_same_draws(saving, tmp_path: Path) -> None:
+    run = saving(SaveSchedule((), 10))
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
+    run.checkpointer.save(3)
+    drawn = (torch.rand(4), random.random(), np.random.rand(2))
+    assert ckpt.load_rng(tmp_path / "checkpoints" / "global_step3", 0)
+    again = (torch.rand(4), random.random(), np.random.rand(2))
+    assert torch.equal(drawn[0], again[0]) and drawn[1] == again[1] and np.array_equal(drawn[2], again[2])
+
+
+def test_a_stop_right_after_a_scheduled_save_writes_nothing_twice(saving) -> None:
+    run = saving(SaveSchedule((), 4))
+    run.checkpointer.step_done(4)
+    run.checkpointer.save(4)  # the exit interval, a signal or the end at the same step
+    assert run.engine.tags == ["global_step4"] and run.metas == 1
+    run.checkpointer.step_done(5)
+    run.checkpointer.save(5)
+    assert run.engine.tags == ["global_step4", "global_step5"]
+
+
+def test_the_step_a_task_resumed_from_is_not_saved_again(saving, tmp_path: Path) -> None:
+    run = saving(SaveSchedule((), 10))
+    run.checkpointer.resumed_at(10)
+    run.checkpointer.step_done(10)
+    run.checkpointer.save(10)  # a task stopped (kill switch, signal) before its first step
+    assert run.engine.calls == [] and run.metas == 0
+    assert not (tmp_path / "checkpoints" / "global_step10").exists()
+    for iteration in range(11, 21):
+        run.checkpointer.step_done(iteration)
+    assert run.engine.tags == ["global_step20"]
+
+
+def test_without_a_save_interval_only_a_stop_saves(saving) -> None:
+    run = saving(SaveSchedule((), None))
+    for iteration in range(1, 51):
+        run.checkpointer.step_done(iteration)
+    assert run.engine.calls == []
+    run.checkpointer.save(50)
+    assert run.engine.tags == ["global_step50"]
+
+
+def test_another_rank_writes_its_rng_state_and_no_meta(saving, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    run = saving(SaveSchedule((), 10))
+    run.checkpointer.save(10)
+    assert [held for _, _, _, held in run.engine.calls] == [["rng_state_001.pt"]]
+    assert run.metas == 0 and not (tmp_path / "checkpoints" / "global_step10" / layout.META).exists()
