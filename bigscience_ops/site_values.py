@@ -29,7 +29,8 @@ from pathlib import Path
 import yaml
 
 from bigscience_ops import slurm
-from bigscience_ops.config import experiment_path, field_origins, load_experiment
+from bigscience_ops.config import field_origins, load_experiment
+from bigscience_ops.experiment_files import experiment_path
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.schema import Experiment, TokenizerConfig
 

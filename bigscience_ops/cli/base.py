@@ -174,7 +174,7 @@ def echo_run_folder(name: str, trainings_dir: Path | None, experiment, out: Path
                     err: bool = False) -> None:
     """Say which run folder the command reads or writes, and the rule that put it there: the first line of the
     command's report, or on stderr (`err`) where stdout is the data itself (a log, Markdown, JSON)."""
-    from bigscience_ops.config import experiment_path, run_folder_note
+    from bigscience_ops.experiment_files import experiment_path, run_folder_note
 
     if out is not None:
         click.echo(f"run folder: {Path(out).resolve()} (given by --out)", err=err)

@@ -33,7 +33,7 @@ allow_incomplete_option = click.option(
 @trainings_option
 def list_command(trainings_dir: Path | None) -> None:
     """List the experiments, local ones first, then bsops' bundled ones, with their descriptions."""
-    from bigscience_ops.config import find_experiments
+    from bigscience_ops.experiment_files import find_experiments
 
     folder = None
     for found in find_experiments(trainings_dir):
@@ -80,7 +80,7 @@ def _inherited_lines(exp: str, trainings_dir: Path | None, inherited: dict[str, 
     """The inherited site values, and where to set them: never advice to run the command that wrote the file."""
     if not inherited:
         return []
-    from bigscience_ops.config import experiment_path
+    from bigscience_ops.experiment_files import experiment_path
     from bigscience_ops.resources import is_bundled
 
     path = experiment_path(exp, trainings_dir)
@@ -124,7 +124,7 @@ def plan(exp: str, as_json: bool, nodes: int | None, allow_incomplete: bool, tra
     EXP does not set are listed as a to-do; exits 1 when any error is found or a value is missing
     (with --allow-incomplete only errors count).
     """
-    from bigscience_ops.config import experiment_path
+    from bigscience_ops.experiment_files import experiment_path
     from bigscience_ops.plan import make_plan
     from bigscience_ops.planview import plan_data, plan_text
     from bigscience_ops.site_values import missing_site_values
@@ -164,7 +164,7 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
     team: the new file sets them to empty so nothing of BASE's site is used without being written here.
     It then lists the fields a job needs that are still blank.
     """
-    from bigscience_ops.config import NAME, NAME_ALLOWED, local_trainings_dir
+    from bigscience_ops.experiment_files import NAME, NAME_ALLOWED, local_trainings_dir
     from bigscience_ops.site_values import missing_site_values, new_experiment_text
 
     # Never the bundled folder: a new experiment is the user's, beside their other files.
