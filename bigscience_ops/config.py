@@ -31,7 +31,6 @@ from bigscience_ops import sizing, validation
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.experiment_files import check_name, experiment_path, find_base, outputs_folder, project_folder
 from bigscience_ops.resources import ResourceError, bundled
-from bigscience_ops.rollbacks import with_recorded_skips
 from bigscience_ops.schema import Experiment
 from bigscience_ops.slurm import parse_time_limit
 from bigscience_ops.typedyaml import build, read_with_bases
@@ -41,16 +40,14 @@ from bigscience_ops.validation import SIGNAL_SECONDS_MAX
 # ----------------------------------------------------------------------------- loading
 
 def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
-    """Load, merge `base:` chains, coerce, validate and derive one experiment (with the skips its run's
-    rollbacks recorded)."""
+    """Load, merge `base:` chains, coerce, validate and derive one experiment. Nothing of its run folder is read:
+    what a run recorded (a rollback's skips) is applied by the launch plan (launch_plan.apply_overrides)."""
     path = experiment_path(name, trainings_dir)
     check_name(path.stem, str(path))
     inputs_root, outputs_root = project_folder(path), outputs_folder(path)  # where its relative paths resolve
     raw, origins = read_with_bases(path, partial(find_base, trainings_dir=trainings_dir), _one_node_plan)
     raw.pop("base", None)
-    exp = _build(path.stem, raw, origins, str(path), inputs_root, outputs_root)
-    # A rollback's skipped iterations are part of the run from then on (rollbacks.py).
-    return with_recorded_skips(exp)
+    return _build(path.stem, raw, origins, str(path), inputs_root, outputs_root)
 
 
 def field_origins(name: str, trainings_dir: Path | None = None) -> dict[str, str]:

@@ -1,7 +1,8 @@
-"""Launching an experiment locally: the rendered job array run on this machine (submit.py sends it to Slurm).
+"""The local executor: a LaunchPlan's job array run on this machine (submit.py sends it to Slurm).
 
-`launch_local` renders the same job script `bsops render` makes into the run folder and runs it
-with Slurm's environment emulated (slurm.TaskEnv.to_env): each array task gets SLURM_JOB_ID, SLURM_ARRAY_JOB_ID,
+`launch_local` plans the launch (launch_plan.py), and launch_plan.execute carries it out with
+LocalExecutor: the data is checked, the same job script `bsops render` makes is written into the run
+folder, then run with Slurm's environment emulated (slurm.TaskEnv.to_env): each array task gets SLURM_JOB_ID, SLURM_ARRAY_JOB_ID,
 SLURM_ARRAY_TASK_ID and a node list; small `srun` and `scontrol` shims (written into
 <run>/slurm-shims/) start one launcher per "node" with its SLURM_PROCID and expand the node list,
 which is all the script uses; as srun's --kill-on-bad-exit, a node that fails ends the others. The
@@ -17,7 +18,6 @@ to the trainers, which save and exit.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import random
 import re
@@ -34,9 +34,10 @@ from pathlib import Path
 
 from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ledger import kill_switch_on, latest_iteration
-from bigscience_ops.data.corpus import ensure_data
-from bigscience_ops.prepare import PreparedLaunch, prepare_launch
+from bigscience_ops.jobenv import job_environment
+from bigscience_ops.ledger import latest_iteration
+from bigscience_ops.launch_plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
+from bigscience_ops.run_records import read_records
 from bigscience_ops.schema import Experiment
 
 
@@ -199,19 +200,6 @@ def _write_shim(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def local_experiment(exp: Experiment, run_dir: Path | None) -> Experiment:
-    """The experiment as run locally: paths under `run_dir` (when given) and a free rendezvous port."""
-    paths = exp.paths
-    if run_dir is not None:
-        out = Path(run_dir).resolve()
-        paths = dataclasses.replace(paths, output=str(out), checkpoints=str(out / "checkpoints"),
-                                    tensorboard=str(out / "tensorboard"), logs=str(out / "logs"),
-                                    codecarbon=str(out / "codecarbon"))
-        checkpoint = dataclasses.replace(exp.checkpoint, kill_switch_path=str(out / "kill-switch"))
-        exp = dataclasses.replace(exp, checkpoint=checkpoint)
-    return dataclasses.replace(exp, paths=paths, slurm=dataclasses.replace(exp.slurm, master_port=free_port()))
-
-
 # The lines of a task's output worth showing while it runs: training progress and what the run decides.
 PROGRESS = re.compile(r"^\s*(iteration\s|validation loss|> |task |\*\*\*ALERT)")
 
@@ -239,70 +227,91 @@ def _follow(proc: subprocess.Popen, output: Path, progress: Callable[[str], None
 def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None = None,
                  timeout_s: float = 3600, progress: Callable[[str], None] = lambda line: None,
                  allow_incomplete: bool = False) -> LocalRun:
-    """Render the job script into the run folder and run its array tasks here, one after another.
+    """Plan the launch (`run_dir`: the run folder instead of paths.output) and run its array tasks here, one after
+    another.
 
     `progress` receives the iteration, validation and decision lines of each task as they come. An
-    experiment without data is refused (site_values.IncompleteExperiment) unless `allow_incomplete`.
+    experiment without data is refused (site_values.IncompleteExperiment) unless `allow_incomplete`;
+    nothing is written before the plan has been checked.
     """
-    exp = local_experiment(exp, run_dir)
-    # Checked before anything is written: an experiment without its plan or its data leaves no run folder.
-    first: PreparedLaunch | None = prepare_launch(exp, slurm_job=False, allow_incomplete=allow_incomplete)
-    out = Path(exp.paths.output)
-    shims = out / "slurm-shims"
-    shims.mkdir(parents=True, exist_ok=True)
-    _write_shim(shims / "srun", SRUN)
-    _write_shim(shims / "scontrol", SCONTROL)
-    logs, checkpoints = Path(exp.paths.logs), Path(exp.paths.checkpoints)  # the same for every node phase
-    logs.mkdir(parents=True, exist_ok=True)
-    array_job_id = int(time.time()) % 1_000_000
+    options = LaunchOptions(job="local", out=run_dir, master_port=free_port(), allow_incomplete=allow_incomplete)
+    return execute(build_launch_plan(exp, options), LocalExecutor(options, tasks, timeout_s, progress))
+
+
+@dataclass(frozen=True)
+class LocalExecutor:
+    """Writes the job script and the Slurm shims into the run folder and runs the array's tasks one after another
+    (launch_plan.execute calls the two in order). Each task runs at the node phase of the latest checkpoint:
+    the plan is made again before each task (the run schedule kept), and the script rendered again when the
+    node count changes, as the resubmitted arrays do on a cluster."""
+
+    options: LaunchOptions
+    tasks: int | None = None
+    timeout_s: float = 3600
+    progress: Callable[[str], None] = lambda line: None
+
+    def write(self, plan: LaunchPlan) -> Path:
+        out = plan.record_dir
+        shims = out / "slurm-shims"
+        shims.mkdir(parents=True, exist_ok=True)
+        _write_shim(shims / "srun", SRUN)
+        _write_shim(shims / "scontrol", SCONTROL)
+        Path(plan.experiment.paths.logs).mkdir(parents=True, exist_ok=True)
+        return rendering.write(plan.rendered, out)
+
+    def start(self, plan: LaunchPlan, script: Path) -> LocalRun:
+        out, exp = plan.record_dir, plan.experiment
+        logs, checkpoints = Path(exp.paths.logs), Path(exp.paths.checkpoints)  # the same for every node phase
+        array_job_id = int(time.time()) % 1_000_000
+        count = self.tasks or exp.slurm.array
+        results: list[LocalTask] = []
+        for task in range(1, count + 1):
+            if task > 1:  # the node phase of the latest checkpoint; a new script when its node count differs
+                nodes = plan.experiment.slurm.nodes
+                plan = build_launch_plan(plan.experiment, self.options, out, plan.schedule)
+                if plan.experiment.slurm.nodes != nodes:
+                    script = self.write(plan)
+            exp = plan.experiment
+            nodes = exp.slurm.nodes
+            output = logs / f"{exp.slurm.job_name or exp.name}-{array_job_id}_{task}.out"
+            env = _task_environment(exp, out, array_job_id, task)
+            start = time.time()
+            self.progress(f"array task {task}/{count}: started, output in {output} ({nodes} node(s))")
+            code = _run_task(script, env, output, self.progress, self.timeout_s, f"array task {task}", checkpoints,
+                             exp.slurm.signal_seconds)
+            results.append(LocalTask(task, code, time.time() - start, output))
+            if code != 0:
+                raise LaunchError(f"array task {task}: {script} exited {code}; see {output} and "
+                                  f"{logs / 'main_log.txt'}")
+            records = read_records(exp)
+            if plan.schedule.finished(records.iteration):
+                break
+            if records.kill_switch is not None:  # touched while the task trained: it saved and exited, the run stops
+                self.progress(f"the kill switch {records.kill_switch} exists: no further task is started")
+                break
+        return LocalRun(out, script, results, logs / "main_log.txt", checkpoints, Path(exp.paths.tensorboard),
+                        plan.schedule.finished(read_records(exp).iteration))
+
+
+def _task_environment(exp: Experiment, out: Path, array_job_id: int, task: int) -> dict[str, str]:
+    """One array task's environment: the job's (jobenv.py), the shims first on PATH, Slurm's task variables."""
+    nodes = exp.slurm.nodes
+    node_list = ",".join(["localhost"] + ["127.0.0.1"] * (nodes - 1))
+    processes = nodes * exp.slurm.gpus_per_node
+    threads = max(1, min(exp.slurm.cpus_per_task, (os.cpu_count() or 1) // processes))
     repo = Path(__file__).resolve().parents[1]
-    results: list[LocalTask] = []
-    prepared: PreparedLaunch | None = None
-    rendered_nodes = None
-    for task in range(1, (tasks or exp.slurm.array) + 1):
-        # Each task runs at the node phase of the latest checkpoint; the run schedule is computed once.
-        prepared = first or prepare_launch(exp, prepared.schedule if prepared else None, slurm_job=False,
-                                           allow_incomplete=allow_incomplete)
-        first = None
-        exp = prepared.experiment
-        nodes = exp.slurm.nodes
-        if nodes != rendered_nodes:
-            script = rendering.write(rendering.render(exp, out, prepared.plan), out)
-            rendered_nodes = nodes
-        if task == 1:
-            ensure_data(exp)  # a bundled corpus is built once the plan has been checked
-        node_list = ",".join(["localhost"] + ["127.0.0.1"] * (nodes - 1))
-        processes = nodes * exp.slurm.gpus_per_node
-        threads = max(1, min(exp.slurm.cpus_per_task, (os.cpu_count() or 1) // processes))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "BSOPS_JOB_START_EPOCH"}
-        env.update({
-            "PATH": os.pathsep.join([str(shims), str(Path(sys.executable).parent), env.get("PATH", "")]),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")])),
-            # These ids are made up (local=True): nothing may scancel them on a real cluster this machine can reach.
-            **slurm.TaskEnv(job_id=str(array_job_id + task), array_job_id=str(array_job_id), array_task_id=str(task),
-                            array_task_min="1", array_task_max=str(exp.slurm.array), node_list=node_list,
-                            num_nodes=nodes, local=True, job_name=exp.slurm.job_name or exp.name, submit_dir=str(out),
-                            cpus_per_task=str(exp.slurm.cpus_per_task)).to_env(),
-            # Every "node" shares this machine: give each training process its share of the cores,
-            # as Slurm's --cpus-per-task would, instead of each using them all.
-            "OMP_NUM_THREADS": str(threads),
-            "BSOPS_MASTER_PORT": str(exp.slurm.master_port),  # the free port local_experiment chose, as it is
-        })
-        output = logs / f"{exp.slurm.job_name or exp.name}-{array_job_id}_{task}.out"
-        start = time.time()
-        progress(f"array task {task}/{tasks or exp.slurm.array}: started, output in {output} ({nodes} node(s))")
-        code = _run_task(script, env, output, progress, timeout_s, f"array task {task}", checkpoints,
-                         exp.slurm.signal_seconds)
-        results.append(LocalTask(task, code, time.time() - start, output))
-        if code != 0:
-            raise LaunchError(f"array task {task}: {script} exited {code}; see {output} and {logs / 'main_log.txt'}")
-        if prepared.schedule.finished(latest_iteration(checkpoints)):
-            break
-        if kill_switch_on(exp):  # touched while the task trained: it saved and exited, the run stops here
-            progress(f"the kill switch {exp.checkpoint.kill_switch_path} exists: no further task is started")
-            break
-    return LocalRun(out, script, results, logs / "main_log.txt", checkpoints, Path(exp.paths.tensorboard),
-                    prepared.schedule.finished(latest_iteration(checkpoints)))
+    return job_environment(os.environ, local=True, first_on_path=[out / "slurm-shims"], extra={
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+        # These ids are made up (local=True): nothing may scancel them on a real cluster this machine can reach.
+        **slurm.TaskEnv(job_id=str(array_job_id + task), array_job_id=str(array_job_id), array_task_id=str(task),
+                        array_task_min="1", array_task_max=str(exp.slurm.array), node_list=node_list,
+                        num_nodes=nodes, local=True, job_name=exp.slurm.job_name or exp.name, submit_dir=str(out),
+                        cpus_per_task=str(exp.slurm.cpus_per_task)).to_env(),
+        # Every "node" shares this machine: give each training process its share of the cores,
+        # as Slurm's --cpus-per-task would, instead of each using them all.
+        "OMP_NUM_THREADS": str(threads),
+        "BSOPS_MASTER_PORT": str(exp.slurm.master_port),  # the free port launch_local chose, as it is
+    })
 
 
 def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callable[[str], None], timeout_s: float,

@@ -13,11 +13,10 @@ launch, the task hooks and the trainer read them there.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from bigscience_ops.schedules import BatchSchedule
-from bigscience_ops.schema import Experiment, SlurmConfig
+from bigscience_ops.schema import SlurmConfig
 
 
 @dataclass(frozen=True)
@@ -70,8 +69,3 @@ def next_boundary(phases: list[Phase], consumed_samples: int) -> Phase | None:
     """The next phase after the one of `consumed_samples`, or None in the last phase."""
     later = [p for p in phases if p.start_samples > consumed_samples]
     return later[0] if later else None
-
-
-def for_phase(exp: Experiment, phase: Phase) -> Experiment:
-    """The experiment as an array of this phase runs it: slurm.nodes is the phase's node count."""
-    return dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, nodes=phase.nodes))

@@ -26,6 +26,7 @@ from bigscience_ops.schema import PORT_SPREAD, SLURM_CONSTRAINT, SLURM_NAME, SLU
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.plan import Plan
 from bigscience_ops.resources import bundled
+from bigscience_ops.run_records import EXIT_NOT_TRAINING
 from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, Charset, check_charset, control_allowed, control_character
 
 TEMPLATES = bundled("templates")
@@ -157,7 +158,7 @@ def script_name(exp: Experiment) -> str:
 def render(exp: Experiment, out_dir: Path, plan: Plan) -> Rendered:
     """Render the job script for `out_dir`, where it will find experiment.json and ds_config.json.
 
-    `plan` is exp's plan (prepare.prepare_launch makes both); raises PlanError when it holds errors:
+    `plan` is exp's plan (launch_plan.build_launch_plan makes both); raises PlanError when it holds errors:
     nothing invalid is rendered.
     """
     if plan.errors:
@@ -183,6 +184,7 @@ def render(exp: Experiment, out_dir: Path, plan: Plan) -> Rendered:
         "run_dir": str(out_dir),
         "threads_per_process": max(1, s.cpus_per_task // s.gpus_per_node),
         "port_spread": PORT_SPREAD,
+        "exit_not_training": EXIT_NOT_TRAINING,
         "experiment_json": str(out_dir / EXPERIMENT_JSON),
         "deepspeed_json": str(out_dir / DEEPSPEED_JSON),
     }

@@ -2,20 +2,18 @@
 
 A rollback moves `latest` back to an earlier checkpoint, sets the later ones aside and may skip the
 iterations whose data caused the trouble. The skipped ranges are part of the run from then on:
-`load_experiment` adds them to train.skip_iterations, so the plan shows them, render writes them into
-experiment.json and the trainer steps over them (their data consumed, no update), as Megatron's
+the launch plan adds them to train.skip_iterations (run_records.py reads them, launch_plan.apply_overrides
+applies them), so the plan shows them, render writes them into experiment.json and the trainer steps over them (their data consumed, no update), as Megatron's
 --skip-train-iteration-range does. Pure Python, nothing heavy.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.schema import Experiment
 
 RECORD = "rollbacks.jsonl"
 
@@ -53,14 +51,3 @@ def append(output: Path, record: Rollback) -> None:
     Path(output).mkdir(parents=True, exist_ok=True)
     with open(Path(output) / RECORD, "a", encoding="utf-8") as handle:  # one short append: atomic on POSIX
         handle.write(json.dumps(asdict(record)) + "\n")
-
-
-def with_recorded_skips(exp: Experiment) -> Experiment:
-    """`exp` with the skip ranges its run's rollbacks recorded added to train.skip_iterations."""
-    if not exp.paths.output:
-        return exp
-    added = [r.skip for r in read(Path(exp.paths.output)) if r.skip and r.skip not in exp.train.skip_iterations]
-    if not added:
-        return exp
-    train = dataclasses.replace(exp.train, skip_iterations=[*exp.train.skip_iterations, *dict.fromkeys(added)])
-    return dataclasses.replace(exp, train=train)

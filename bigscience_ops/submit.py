@@ -1,9 +1,10 @@
-"""Submitting an experiment to the cluster: never overlap a running training, chain on the whole array.
+"""The Slurm executor: a LaunchPlan sent to the cluster, never overlapping a running training.
 
-A launch renders the job into a run record (`<output>/launches/<time>/`: script, experiment.json,
-ds_config.json, and after submission sbatch.json with the argv and Slurm's answer), checks the
-queue for a job of the same name (for every user of the experiment's group), refuses if one is
-there or, with after_current, depends on its whole array with afterany, then submits.
+A launch's run record is `<output>/launches/<time>/` (the job script, experiment.json,
+ds_config.json, and after submission sbatch.json with the argv and Slurm's answer). Before anything
+is written the queue is checked for a job of the same name (for every user of the experiment's
+group): the launch refuses if one is there or, with after_current, depends on its whole array with
+afterany. launch_plan.execute then checks the data, writes the record and submits.
 
 Node schedules: a launch runs at the node count of the phase the latest checkpoint is in. The
 tasks of one array share one node count, so when the run enters a phase of another size (the
@@ -13,21 +14,21 @@ submit the rest of the array at the new size, chained afterany on the old array 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import getpass
 import json
 import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops import ledger, render as rendering, slurm
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.jobenv import job_environment
+from bigscience_ops.launch_plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
 from bigscience_ops.node_schedule import Phase
-from bigscience_ops.prepare import prepare_launch
+from bigscience_ops.run_records import read_records
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 from bigscience_ops.site_values import SiteCheck
@@ -38,34 +39,67 @@ class LaunchError(BsopsError):
 
 
 @dataclass(frozen=True)
-class LaunchPlan:
-    experiment: Experiment
-    run_dir: Path
-    rendered: rendering.Rendered
+class QueueCheck:
+    """What the queue said about the experiment's job name, and the sbatch argv that follows from it."""
+
     argv: list[str]
     queued: list[slurm.Job]  # jobs of this experiment already in the queue
     after: list[str]  # whole array ids the launch waits for
-    phase: Phase | None = None  # the node schedule's phase the launch trains in (None without a schedule)
-    queue_note: str = ""  # what the queue check found, or why it could not be made (a dry run goes on without it)
-    queue_error: slurm.SlurmError | None = None  # why the queue could not be checked (its detail for --verbose)
-    site: SiteCheck | None = None  # site values missing but allowed through (--allow-incomplete), the cluster note
+    note: str = ""  # what the queue check found, or why it could not be made (a dry run goes on without it)
+    error: slurm.SlurmError | None = None  # why the queue could not be checked (its detail for --verbose)
+
+
+@dataclass(frozen=True)
+class SlurmLaunch:
+    """A LaunchPlan with its queue check: everything a dry run shows, nothing written yet."""
+
+    plan: LaunchPlan
+    queue: QueueCheck
 
     @property
-    def script(self) -> Path:
-        return self.run_dir / self.rendered.script
+    def experiment(self) -> Experiment:
+        return self.plan.experiment
+
+    @property
+    def run_dir(self) -> Path:
+        return self.plan.record_dir
+
+    @property
+    def rendered(self) -> rendering.Rendered:
+        return self.plan.rendered
+
+    @property
+    def phase(self) -> Phase | None:
+        return self.plan.phase
+
+    @property
+    def site(self) -> SiteCheck | None:
+        return self.plan.site
+
+    @property
+    def argv(self) -> list[str]:
+        return self.queue.argv
+
+    @property
+    def after(self) -> list[str]:
+        return self.queue.after
+
+    @property
+    def queue_note(self) -> str:
+        return self.queue.note
 
     def describe(self) -> list[str]:
         lines = [f"run record: {self.run_dir}"]
         if self.phase is not None:
             lines.append(f"node schedule: the latest checkpoint is in {self.phase.describe()}: "
                          f"launching at {self.phase.nodes} nodes")
-        if self.queue_note:
-            lines.append(self.queue_note)
-        for job in self.queued:
+        if self.queue.note:
+            lines.append(self.queue.note)
+        for job in self.queue.queued:
             lines.append(f"queued already: {job.job_id} {job.state.lower()} ({job.reason}) user {job.user}")
-        if self.after:
-            lines.append(f"chained after the whole array(s) {', '.join(self.after)} (afterany): no overlap")
-        lines.append("sbatch command: " + " ".join(self.argv))
+        if self.queue.after:
+            lines.append(f"chained after the whole array(s) {', '.join(self.queue.after)} (afterany): no overlap")
+        lines.append("sbatch command: " + " ".join(self.queue.argv))
         return lines
 
 
@@ -74,33 +108,27 @@ def watched_users(exp: Experiment) -> list[str]:
     return slurm.group_users(exp.slurm.group) if exp.slurm.group else [getpass.getuser()]
 
 
-def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetime | None = None,
-                dry_run: bool = False, allow_incomplete: bool = False, resubmission: bool = False) -> LaunchPlan:
-    """Render into a new run-record folder (not yet written) and decide the sbatch argv.
+def record_dir(exp: Experiment, now: dt.datetime) -> Path:
+    """A launch's run record: <output>/launches/<time>/."""
+    return Path(exp.paths.output) / "launches" / now.strftime("%Y%m%d-%H%M%S")
 
-    With a node schedule the job asks for the node count of the phase the latest checkpoint is in. A
-    dry run goes on when Slurm cannot be asked, and says why in its queue line. Missing site values
-    are refused (site_values.IncompleteExperiment) unless `allow_incomplete`; a `resubmission` (the
-    next array of a run already launched) is not checked again.
-    """
-    now = now or dt.datetime.now()
-    # Raises PlanError or IncompleteExperiment: nothing invalid or incomplete is submitted.
-    prepared = prepare_launch(exp, slurm_job=None if resubmission else True, allow_incomplete=allow_incomplete)
-    exp, phase = prepared.experiment, prepared.phase
-    run_dir = Path(exp.paths.output) / "launches" / now.strftime("%Y%m%d-%H%M%S")
-    rendered = rendering.render(exp, run_dir, prepared.plan)
+
+def check_queue(plan: LaunchPlan, *, after_current: bool = False, dry_run: bool = False) -> QueueCheck:
+    """The queue's jobs of the same name and the argv that waits for them (after_current) or a LaunchError.
+
+    A dry run goes on when Slurm cannot be asked, and says why in its note."""
+    exp, script = plan.experiment, plan.script
     try:
         users = watched_users(exp)
-        if prepared.site is not None and prepared.site.cluster_error is not None:
-            raise prepared.site.cluster_error  # the controller did not answer sinfo just now: squeue would wait again
+        if plan.site is not None and plan.site.cluster_error is not None:
+            raise plan.site.cluster_error  # the controller did not answer sinfo just now: squeue would wait again
         jobs = slurm.query_jobs(users=users, name=exp.slurm.job_name)
     except slurm.SlurmError as exc:
         if not dry_run:
             raise
         where = "" if "SLURM_CONF" in str(exc) else f" ({slurm.conf_note()})"
-        argv = slurm.sbatch_argv(run_dir / rendered.script, after_any=[])
-        return LaunchPlan(exp, run_dir, rendered, argv, [], [], phase,
-                          f"queue not checked: {exc}{where}; a real launch needs the queue", exc, prepared.site)
+        return QueueCheck(slurm.sbatch_argv(script, after_any=[]), [], [],
+                          f"queue not checked: {exc}{where}; a real launch needs the queue", exc)
     queued = [j for j in jobs if j.name == exp.slurm.job_name and j.state in slurm.QUEUED_STATES]
     note = (f"queue checked: no job named {exp.slurm.job_name!r} of {', '.join(users)} is queued" if not queued
             else f"queue checked: {len(queued)} job(s) named {exp.slurm.job_name!r} already queued")
@@ -109,37 +137,55 @@ def plan_launch(exp: Experiment, *, after_current: bool = False, now: dt.datetim
         raise LaunchError(f"{exp.slurm.job_name!r} is already in the queue: {listing}. Two trainings must never "
                           f"overlap: pass --after-current to start after the whole array, or scancel it first")
     after = sorted({j.array_job_id for j in queued}, key=int)
-    argv = slurm.sbatch_argv(run_dir / rendered.script, after_any=after)
-    return LaunchPlan(exp, run_dir, rendered, argv, queued, after, phase, note, None, prepared.site)
+    return QueueCheck(slurm.sbatch_argv(script, after_any=after), queued, after, note)
 
 
-def submit(plan: LaunchPlan, *, fresh_budget: bool = True) -> str:
-    """Write the run record, submit, record Slurm's answer and (unless told not to) start a fresh failure budget."""
-    if plan.run_dir.exists():
-        raise LaunchError(f"run record {plan.run_dir} already exists; launch again in a second")
-    from bigscience_ops.data.corpus import ensure_data  # numpy: only a real submission builds data
+def plan_launch(exp: Experiment, options: LaunchOptions = LaunchOptions(), *, after_current: bool = False,
+                dry_run: bool = False, now: dt.datetime | None = None) -> SlurmLaunch:
+    """The launch of `exp` on Slurm, rendered into a new run-record folder (not yet written), and its queue check.
 
-    ensure_data(plan.experiment)
-    rendering.write(plan.rendered, plan.run_dir)
-    Path(plan.experiment.paths.logs).mkdir(parents=True, exist_ok=True)  # sbatch --output needs it
-    record = plan.run_dir / "sbatch.json"
-    # The job inherits this environment (sbatch --export=ALL): put this bsops and its Python first on
-    # PATH, so the job runs the same installation; the experiment's env_setup lines run after and win.
-    # A job submitting the next array (a node schedule's next phase) passes on neither its start time nor
-    # its own SLURM_* job variables (sbatch reads some as options); SLURM_CONF names the cluster.
-    env = {k: v for k, v in os.environ.items()
-           if k != "BSOPS_JOB_START_EPOCH" and (not k.startswith("SLURM_") or k == "SLURM_CONF")}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    try:
-        job_id = slurm.submit(plan.argv, env=env)
-    except slurm.SlurmError as exc:
-        record.write_text(json.dumps({"argv": plan.argv, "error": str(exc)}, indent=2) + "\n")
-        raise
-    record.write_text(json.dumps({"argv": plan.argv, "job_id": job_id, "after": plan.after,
-                                  "submitted": dt.datetime.now().isoformat(timespec="seconds")}, indent=2) + "\n")
-    if fresh_budget:
-        ledger.mark_launch(Path(plan.experiment.paths.output), job_id)
-    return job_id
+    With a node schedule the job asks for the node count of the phase the latest checkpoint is in.
+    Missing site values are refused (site_values.IncompleteExperiment) unless options.allow_incomplete;
+    a resubmission (options.job) is not checked again.
+    """
+    plan = build_launch_plan(exp, options, record_dir(exp, now or dt.datetime.now()))
+    return SlurmLaunch(plan, check_queue(plan, after_current=after_current, dry_run=dry_run))
+
+
+@dataclass(frozen=True)
+class SlurmExecutor:
+    """Writes the run record and submits it with sbatch (launch_plan.execute calls the two in order)."""
+
+    queue: QueueCheck
+    fresh_budget: bool = True
+    """Start a fresh failure budget (a user's launch; not the resubmission of a running array)."""
+
+    def write(self, plan: LaunchPlan) -> Path:
+        if plan.record_dir.exists():
+            raise LaunchError(f"run record {plan.record_dir} already exists; launch again in a second")
+        script = rendering.write(plan.rendered, plan.record_dir)
+        Path(plan.experiment.paths.logs).mkdir(parents=True, exist_ok=True)  # sbatch --output needs it
+        return script
+
+    def start(self, plan: LaunchPlan, script: Path) -> str:
+        """Submit, record Slurm's answer (sbatch.json) and, unless told not to, start a fresh failure budget."""
+        record = plan.record_dir / "sbatch.json"
+        argv = self.queue.argv
+        try:
+            job_id = slurm.submit(argv, env=job_environment(os.environ, local=False))
+        except slurm.SlurmError as exc:
+            record.write_text(json.dumps({"argv": argv, "error": str(exc)}, indent=2) + "\n")
+            raise
+        record.write_text(json.dumps({"argv": argv, "job_id": job_id, "after": self.queue.after,
+                                      "submitted": dt.datetime.now().isoformat(timespec="seconds")}, indent=2) + "\n")
+        if self.fresh_budget:
+            ledger.mark_launch(Path(plan.experiment.paths.output), job_id)
+        return job_id
+
+
+def submit(launch: SlurmLaunch, *, fresh_budget: bool = True) -> str:
+    """Check the data, write the run record, submit; Slurm's job id."""
+    return execute(launch.plan, SlurmExecutor(launch.queue, fresh_budget))
 
 
 @dataclass(frozen=True)
@@ -167,7 +213,7 @@ def check_allocation(exp: Experiment, env: Mapping[str, str] | None = None) -> M
     if not exp.slurm.node_schedule:
         return None
     schedule = run_schedule(exp)
-    iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
+    iteration = read_records(exp).iteration
     if schedule.finished(iteration):
         return None
     phase = schedule.phase_of_iteration(iteration)
@@ -202,7 +248,7 @@ def resubmit_for_phase(exp: Experiment, mismatch: Mismatch, env: Mapping[str, st
         remaining = max(1, last - this)
     except ValueError:
         remaining = exp.slurm.array
-    rest = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, array=remaining))
-    job_id = submit(plan_launch(rest, after_current=True, resubmission=True), fresh_budget=False)
+    job_id = submit(plan_launch(exp, LaunchOptions(job="resubmission", array=remaining), after_current=True),
+                    fresh_budget=False)
     ledger.mark_resize(output, array, mismatch.phase.nodes, mismatch.iteration, job_id)
     return job_id

@@ -15,6 +15,7 @@ from bigscience_ops.checkpoints import layout
 from bigscience_ops.checkpoints.rollback import rollback
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
+from bigscience_ops.launch_plan import as_recorded
 from bigscience_ops.ops.keep import backup
 from tests.fixtures_experiments import tiny_yaml
 
@@ -50,9 +51,11 @@ def test_rollback_sets_aside_records_and_every_command_reads_the_skip(exp, train
     [record] = rollbacks.read(Path(exp.paths.output))
     assert (record.from_step, record.to_step, record.skip, record.set_aside) == (120, 50, "91-100", str(aside))
     again = load_experiment("run", trainings)
-    assert again.train.skip_iterations == ["91-100"]
+    assert again.train.skip_iterations == []  # reading a config never reads a run folder
+    assert as_recorded(again).train.skip_iterations == ["91-100"]
     plan = CliRunner().invoke(main, ["plan", "run", "--json", "--trainings-dir", str(trainings)])
     assert plan.exit_code in (0, 1), plan.output
+    assert [(s["first"], s["last"]) for s in json.loads(plan.output)["skips"]] == [(91, 100)]
     render = CliRunner().invoke(main, ["render", "run", "--trainings-dir", str(trainings), "--out",
                                        str(Path(exp.paths.output) / "rendered")])
     rendered = json.loads((Path(exp.paths.output) / "rendered" / "experiment.json").read_text())
@@ -114,7 +117,7 @@ def test_a_spike_rolled_back_with_its_data_skipped_trains_on_from_the_target(spi
     done = rollback(first, 40, f"44-{SPIKE_AT}")
     assert done.moved == [f"global_step{s}" for s in schedule.save_steps if s > 40]
     assert checkpoint_steps(out) == [10, 20, 30, 40]
-    relaunched = rollbacks.with_recorded_skips(first)  # what load_experiment hands every command
+    relaunched = as_recorded(first)  # what the next launch (and plan, samples) make of the run
     assert relaunched.train.skip_iterations == [f"44-{SPIKE_AT}"]
     write_run(relaunched, out)
     again = run_ok(out, 2, env={"BSOPS_RECORD_TOKENS_AT": str(SPIKE_AT + 1)}, synthetic=False)

@@ -16,7 +16,7 @@ import pytest
 
 from bigscience_ops import launch
 from bigscience_ops.config import load_experiment
-from bigscience_ops.launch import local_experiment
+from bigscience_ops.launch_plan import Overrides, apply_overrides
 from bigscience_ops.ops.keep import chronicle
 from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import processes_mentioning, shrunk_tiny_yaml, small_trainings
@@ -50,7 +50,7 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     assert sorted(losses) == list(range(1, 29))
     assert losses[28] < losses[1] - 0.5
     # `bsops info`'s reading of the finished run agrees with the checkpoints, the ledger and TensorBoard.
-    exp = local_experiment(load_experiment("small", trainings), run)
+    exp = apply_overrides(load_experiment("small", trainings), Overrides(out=run))
     info = runinfo.run_info(exp)
     assert info.latest == 28 and info.checkpoints == [10, 15, 20, 28] and not info.problems
     assert [(t.start_iteration, t.end_iteration, t.exit_code) for t in info.tasks] == [(0, 15, 0), (15, 28, 0)]

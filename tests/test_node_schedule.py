@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import node_schedule, plan, sizing
+from bigscience_ops.launch_plan import Overrides, apply_overrides
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.config import load_experiment
 from bigscience_ops.schema import NodePhase
@@ -128,7 +129,7 @@ def test_launch_size_follows_the_latest_checkpoint():
     assert run_schedule(exp).phase_of_iteration(first.last_step - 1).nodes == 16
     assert run_schedule(exp).phase_of_iteration(first.last_step).nodes == 64
     assert run_schedule(exp).phase_of_iteration(last.first_step - 1).nodes == 128
-    launched = node_schedule.for_phase(exp, run_schedule(exp).phase_of_iteration(last.first_step))
+    launched = apply_overrides(exp, Overrides(nodes=run_schedule(exp).phase_of_iteration(last.first_step).nodes))
     assert launched.slurm.nodes == 128 and launched.slurm.node_schedule == exp.slurm.node_schedule
     assert plan.make_plan(launched).dp == 64 and not plan.make_plan(launched).errors
 

@@ -8,7 +8,7 @@ import pytest
 
 from bigscience_ops.config import load_experiment
 from bigscience_ops.plan import make_plan
-from bigscience_ops.prepare import prepare_launch
+from bigscience_ops.launch_plan import build_launch_plan
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schedules import SaveSchedule
 
@@ -46,14 +46,14 @@ def test_the_plan_shows_the_schedule_the_run_runs(name: str) -> None:
 
 
 def test_a_launch_plans_the_experiment_at_its_phase(tmp_path) -> None:
-    """prepare_launch: the phase of the latest checkpoint, the experiment at its node count, the plan of that."""
+    """build_launch_plan: the phase of the latest checkpoint, the experiment at its node count, the plan of that."""
     exp = load_experiment("tr1-13B")  # 16 -> 64 -> 128 nodes
     exp = dataclasses.replace(exp, paths=dataclasses.replace(exp.paths, checkpoints=str(tmp_path)))
-    first = prepare_launch(exp)
+    first = build_launch_plan(exp)
     assert first.iteration == 0 and first.phase.nodes == 16 and first.experiment.slurm.nodes == 16
     second = first.schedule.node_phases[1]
     (tmp_path / "latest").write_text(f"global_step{second.first_step - 1}")  # saved at the boundary
-    resumed = prepare_launch(exp, first.schedule)
+    resumed = build_launch_plan(exp, schedule=first.schedule)
     assert resumed.schedule is first.schedule and resumed.iteration == second.first_step - 1
     assert resumed.phase == second and resumed.experiment.slurm.nodes == second.nodes == 64
     assert resumed.plan.world_size == 64 * exp.slurm.gpus_per_node
@@ -61,13 +61,13 @@ def test_a_launch_plans_the_experiment_at_its_phase(tmp_path) -> None:
 
 
 def test_a_launch_is_refused_while_the_runs_kill_switch_exists(tmp_path) -> None:
-    from bigscience_ops.prepare import KillSwitchOn
+    from bigscience_ops.launch_plan import KillSwitchOn
 
     exp = load_experiment("tr1-13B")
     switch = tmp_path / "kill switch"
     exp = dataclasses.replace(exp, paths=dataclasses.replace(exp.paths, checkpoints=str(tmp_path)),
                               checkpoint=dataclasses.replace(exp.checkpoint, kill_switch_path=str(switch)))
-    assert prepare_launch(exp).iteration == 0
+    assert build_launch_plan(exp).iteration == 0
     switch.touch()
     with pytest.raises(KillSwitchOn, match=f"the kill switch {switch} exists: .* Remove it \\(rm '{switch}'\\)"):
-        prepare_launch(exp)
+        build_launch_plan(exp)

@@ -66,5 +66,5 @@ def test_a_dry_run_without_slurm_renders_and_says_why_the_queue_was_not_checked(
     assert note == ("queue not checked: Slurm is not configured on this machine (SLURM_CONF is unset): no cluster "
                     "configuration found; set SLURM_CONF to your cluster's slurm.conf, or run on a login node; "
                     "a real launch needs the queue")
-    assert "Could not establish a configuration source" in plan.queue_error.detail()  # what --verbose adds
+    assert "Could not establish a configuration source" in plan.queue.error.detail()  # what --verbose adds
     assert "--format" not in note and plan.argv[0] == "sbatch" and not plan.run_dir.exists()

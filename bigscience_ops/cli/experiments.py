@@ -125,11 +125,12 @@ def plan(exp: str, as_json: bool, nodes: int | None, allow_incomplete: bool, tra
     (with --allow-incomplete only errors count).
     """
     from bigscience_ops.experiment_files import experiment_path
+    from bigscience_ops.launch_plan import as_recorded
     from bigscience_ops.plan import make_plan
     from bigscience_ops.planview import plan_data, plan_text
     from bigscience_ops.site_values import missing_site_values
 
-    experiment = load_experiment(exp, trainings_dir)
+    experiment = as_recorded(load_experiment(exp, trainings_dir))  # a rolled-back run's skips included
     if nodes is not None:
         experiment = dataclasses.replace(experiment, slurm=dataclasses.replace(experiment.slurm, nodes=nodes,
                                                                                 node_schedule=[]))
@@ -206,15 +207,15 @@ def render(exp: str, out: Path | None, allow_incomplete: bool, trainings_dir: Pa
     """Render EXP's Slurm job-array script and DeepSpeed JSON (refused if the plan finds errors, or if site
     values the job needs are missing, unless --allow-incomplete)."""
     from bigscience_ops import render as rendering
-    from bigscience_ops.prepare import prepare_launch
+    from bigscience_ops.launch_plan import LaunchOptions, build_launch_plan
 
     experiment = load_experiment(exp, trainings_dir)
     echo_run_folder(exp, trainings_dir, experiment)
     out = out or Path("rendered") / experiment.name
-    # What a launch would submit now: the phase of the latest checkpoint.
-    prepared = prepare_launch(experiment, allow_incomplete=allow_incomplete)
+    # What a launch would submit now: the phase of the latest checkpoint, the run's recorded skips.
+    prepared = build_launch_plan(experiment, LaunchOptions(allow_incomplete=allow_incomplete), out)
     _warn_incomplete(experiment.name, prepared.site)
-    script = rendering.write(rendering.render(prepared.experiment, out, prepared.plan), out)
+    script = rendering.write(prepared.rendered, out)
     click.echo(f"rendered {script}")
     click.echo(f"submit with: sbatch {shlex.quote(str(script))}   (or: bsops launch {shlex.quote(exp)})")
 
@@ -243,6 +244,7 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
     With --local the same job script runs here, its array tasks one after another.
     """
     from bigscience_ops.launch import launch_local
+    from bigscience_ops.launch_plan import LaunchOptions
 
     if not local and (out is not None or tasks is not None):
         raise click.UsageError("--out and --tasks apply to --local only")
@@ -253,13 +255,13 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
     if not local:
         from bigscience_ops import submit
 
-        launch_plan = submit.plan_launch(experiment, after_current=after_current, dry_run=dry_run,
-                                         allow_incomplete=allow_incomplete)
+        launch_plan = submit.plan_launch(experiment, LaunchOptions(allow_incomplete=allow_incomplete),
+                                         after_current=after_current, dry_run=dry_run)
         _warn_incomplete(experiment.name, launch_plan.site)
         for line in launch_plan.describe():
             click.echo(line)
-        if launch_plan.queue_error is not None:
-            echo_detail(launch_plan.queue_error)
+        if launch_plan.queue.error is not None:
+            echo_detail(launch_plan.queue.error)
         if dry_run:
             click.echo(f"dry run: nothing submitted. The job script:\n\n{launch_plan.rendered.files[launch_plan.rendered.script]}")
             return

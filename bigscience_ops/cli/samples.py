@@ -41,9 +41,10 @@ def samples_command(exp: str, trainings_dir: Path | None, iteration: int, ranks:
     """
     import json
 
+    from bigscience_ops.launch_plan import as_recorded
     from bigscience_ops.views import samples
 
-    result = samples.iteration_samples(load_experiment(exp, trainings_dir), iteration, dp=dp,
+    result = samples.iteration_samples(as_recorded(load_experiment(exp, trainings_dir)), iteration, dp=dp,
                                        micro_batch_size=micro_batch_size, ranks=ranks or None,
                                        micro_batches=micro_batches or None, text=not no_text)
     if as_json:

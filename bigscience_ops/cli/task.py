@@ -12,11 +12,10 @@ import click
 from bigscience_ops.cli.base import EXIT_PROBLEMS, main
 from bigscience_ops.errors import BsopsError
 
-# `task begin` exits with this when the task has nothing to train: the training is finished (a leftover
-# task of a generously sized array), the run's kill switch exists, or its allocation is not its node
-# phase's (the run goes on in an array at the new size). The job script then ends without training and
-# without counting a failure.
-EXIT_NOT_TRAINING = 3
+# `task begin` exits with run_records.EXIT_NOT_TRAINING (which render.py writes into the job script) when the
+# task has nothing to train: the training is finished (a leftover task of a generously sized array), the run's
+# kill switch exists, or its allocation is not its node phase's (the run goes on in an array at the new size).
+# The job script then ends without training and without counting a failure.
 
 
 @main.group(hidden=True)
@@ -46,17 +45,19 @@ def task_begin(experiment_json: Path) -> None:
     finished, the kill switch exists, or the task's allocation is not the node count of the run's phase (the
     run is handed to an array of that size)."""
     from bigscience_ops import ledger, slurm
+    from bigscience_ops.run_records import EXIT_NOT_TRAINING, read_records
 
     exp = _resolved(experiment_json)
     task_env = slurm.TaskEnv.from_env()
-    iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
+    records = read_records(exp)
+    iteration = records.iteration
     if _finished(exp, iteration):
         click.echo(f"not training: the training finished at iteration {iteration}; task {ledger.slurm_job_id()} "
                    "ends at once (no nodes used, no failure counted)")
         _cancel_pending(exp, task_env, "the training is finished")
         sys.exit(EXIT_NOT_TRAINING)
-    if ledger.kill_switch_on(exp):
-        click.echo(f"not training: the kill switch {exp.checkpoint.kill_switch_path} exists; task "
+    if records.kill_switch is not None:
+        click.echo(f"not training: the kill switch {records.kill_switch} exists; task "
                    f"{ledger.slurm_job_id()} ends at once (no failure counted). Remove it, then `bsops launch "
                    f"{exp.name}` to go on")
         _cancel_pending(exp, task_env, "the run is stopped by its kill switch")
@@ -118,6 +119,7 @@ def _stop_crash_loop(exp, failing: list, task_env) -> None:
 def task_end(experiment_json: Path, exit_code: int) -> None:
     """Record a task end and whether it made progress."""
     from bigscience_ops import ledger, slurm
+    from bigscience_ops.run_records import read_records
 
     exp = _resolved(experiment_json)
     task_env = slurm.TaskEnv.from_env()
@@ -126,7 +128,7 @@ def task_end(experiment_json: Path, exit_code: int) -> None:
     click.echo(f"task {attempt.job_id} ended with exit code {exit_code} at iteration {attempt.end_iteration}: {verdict}")
     if exit_code == 0 and _finished(exp, attempt.end_iteration or 0):
         _cancel_pending(exp, task_env, "the training is finished")  # the array's remaining tasks have nothing to train
-    elif exit_code == 0 and ledger.kill_switch_on(exp):
+    elif exit_code == 0 and read_records(exp).kill_switch is not None:
         _cancel_pending(exp, task_env, "the run is stopped by its kill switch")
     elif exit_code == 0:
         _other_phase(exp, task_env)  # the training stopped at a node phase's boundary: the next task runs at the new size

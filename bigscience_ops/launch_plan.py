@@ -1,0 +1,175 @@
+"""One launch, planned once, and carried out by one of two executors in the same order.
+
+`build_launch_plan` makes the immutable LaunchPlan from three things: the experiment as loaded,
+the run folder's records (run_records.py: latest iteration, kill switch, recorded skips) and the
+command's options. It refuses while the kill switch exists, when the plan finds errors, or when
+site values the job needs are missing (site_values.check_complete; `allow_incomplete` lets them
+through, listed in `site`), and renders the job before anything is written.
+
+`execute` carries a plan out with an Executor (submit.SlurmExecutor sends it to Slurm,
+launch.LocalExecutor runs it on this machine), always in this order: the data is checked (a
+missing bundled corpus is built), the run record and the job script are written, then the job is
+submitted or run.
+
+The experiment is transformed in two places only: the config's own derivation (config.derive) and
+`apply_overrides` here, which applies what a launch changes: the run folder (`launch --local --out`),
+the skips the run's rollbacks recorded, the node count of the phase the latest checkpoint is in,
+the number of array tasks (a node schedule's resubmission) and a local launch's rendezvous port.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from bigscience_ops import render as rendering
+from bigscience_ops.errors import BsopsError, PlanError
+from bigscience_ops.node_schedule import Phase
+from bigscience_ops.plan import Plan, make_plan
+from bigscience_ops.run_records import RunRecords, read_records
+from bigscience_ops.run_schedule import RunSchedule, run_schedule
+from bigscience_ops.schema import Experiment
+from bigscience_ops.site_values import SiteCheck, check_complete
+
+JOBS = ("slurm", "local", "resubmission")
+
+
+class KillSwitchOn(BsopsError):
+    """The run's kill switch exists: every task of a launch would end at once without training."""
+
+
+# ----------------------------------------------------------------------------- the one override step
+
+@dataclass(frozen=True)
+class Overrides:
+    """What a launch changes in the experiment; None (or no skips) leaves the field as the config says."""
+
+    out: Path | None = None
+    """The run folder (`launch --local --out`): paths.* and the kill switch move under it."""
+    skips: tuple[str, ...] = ()
+    """Skip ranges the run's rollbacks recorded, added to train.skip_iterations."""
+    nodes: int | None = None
+    """slurm.nodes: the node count of the phase the run is in (a node schedule)."""
+    array: int | None = None
+    """slurm.array: the tasks left to a node schedule's resubmitted array."""
+    master_port: int | None = None
+    """slurm.master_port: a local launch's free rendezvous port."""
+
+
+def apply_overrides(exp: Experiment, overrides: Overrides) -> Experiment:
+    """`exp` as a launch (or a view of the run as launched) runs it; the only place a launch changes an experiment."""
+    o = overrides
+    if o.out is not None:
+        out = Path(o.out).resolve()
+        paths = dataclasses.replace(exp.paths, output=str(out), checkpoints=str(out / "checkpoints"),
+                                    tensorboard=str(out / "tensorboard"), logs=str(out / "logs"),
+                                    codecarbon=str(out / "codecarbon"))
+        checkpoint = dataclasses.replace(exp.checkpoint, kill_switch_path=str(out / "kill-switch"))
+        exp = dataclasses.replace(exp, paths=paths, checkpoint=checkpoint)
+    added = [skip for skip in o.skips if skip not in exp.train.skip_iterations]
+    if added:
+        exp = dataclasses.replace(exp, train=dataclasses.replace(
+            exp.train, skip_iterations=[*exp.train.skip_iterations, *dict.fromkeys(added)]))
+    slurm = {k: v for k, v in (("nodes", o.nodes), ("array", o.array), ("master_port", o.master_port))
+             if v is not None}
+    return dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, **slurm)) if slurm else exp
+
+
+def as_recorded(exp: Experiment) -> Experiment:
+    """`exp` with the skips its run recorded: what `plan` and `samples` show of a run that was rolled back."""
+    return apply_overrides(exp, Overrides(skips=read_records(exp).skips))
+
+
+# ----------------------------------------------------------------------------- the plan
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What the command asked for."""
+
+    job: str = "slurm"
+    """slurm (a job submitted now), local (run on this machine) or resubmission (the next array of a run
+    already launched: its site values are not checked again)."""
+    out: Path | None = None
+    array: int | None = None
+    master_port: int | None = None
+    allow_incomplete: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    experiment: Experiment
+    """As launched: every override applied."""
+    schedule: RunSchedule
+    plan: Plan
+    """Of `experiment`; holds no errors."""
+    records: RunRecords
+    phase: Phase | None
+    """The node schedule's phase the launch trains in (None without a schedule)."""
+    site: SiteCheck | None
+    """The site values found missing (allowed through) and the cluster note; None when not checked."""
+    record_dir: Path
+    """Where the job script, experiment.json and ds_config.json go."""
+    rendered: rendering.Rendered
+
+    @property
+    def iteration(self) -> int:
+        return self.records.iteration
+
+    @property
+    def script(self) -> Path:
+        return self.record_dir / self.rendered.script
+
+
+def build_launch_plan(exp: Experiment, options: LaunchOptions = LaunchOptions(), record_dir: Path | None = None,
+                      schedule: RunSchedule | None = None) -> LaunchPlan:
+    """The launch of `exp` with `options`, its job rendered for `record_dir` (default: the run folder).
+
+    Raises KillSwitchOn, PlanError, or site_values.IncompleteExperiment (unless options.allow_incomplete).
+    `schedule`: the run schedule computed already (a local launch's next task), else computed here.
+    """
+    if options.job not in JOBS:
+        raise ValueError(f"LaunchOptions.job: got {options.job!r}; allowed: {', '.join(JOBS)}")
+    located = apply_overrides(exp, Overrides(out=options.out, array=options.array, master_port=options.master_port))
+    records = read_records(located)
+    if records.kill_switch is not None:
+        raise KillSwitchOn(f"the kill switch {records.kill_switch} exists: every task would end at once without "
+                           f"training. Remove it (rm {shlex.quote(records.kill_switch)}) to launch {exp.name} again")
+    recorded = apply_overrides(located, Overrides(skips=records.skips))
+    schedule = schedule or run_schedule(recorded)
+    phase = schedule.phase_of_iteration(records.iteration) if recorded.slurm.node_schedule else None
+    launched = apply_overrides(recorded, Overrides(nodes=phase.nodes if phase else None))
+    plan = make_plan(launched, schedule)
+    if plan.errors:
+        raise PlanError(plan.errors)
+    site = None if options.job == "resubmission" else check_complete(
+        launched, slurm_job=options.job == "slurm", allow_incomplete=options.allow_incomplete)
+    record_dir = Path(record_dir) if record_dir is not None else Path(launched.paths.output)
+    return LaunchPlan(launched, schedule, plan, records, phase, site, record_dir,
+                      rendering.render(launched, record_dir, plan))
+
+
+# ----------------------------------------------------------------------------- carrying it out
+
+Result = TypeVar("Result", covariant=True)
+
+
+class Executor(Protocol[Result]):
+    """Where a launch runs: Slurm (submit.SlurmExecutor) or this machine (launch.LocalExecutor)."""
+
+    def write(self, plan: LaunchPlan) -> Path:
+        """Write the run record and the job script; returns the script."""
+
+    def start(self, plan: LaunchPlan, script: Path) -> Result:
+        """Submit or run the written job."""
+
+
+def execute(plan: LaunchPlan, executor: Executor[Result]) -> Result:
+    """Check the data, write the run record and script, then submit or run: the same order for every executor."""
+    from bigscience_ops.data.corpus import ensure_data  # numpy: only a launch that runs builds data
+
+    ensure_data(plan.experiment)
+    script = executor.write(plan)
+    return executor.start(plan, script)
