@@ -57,6 +57,8 @@ class Overrides:
     """slurm.array: the tasks left to a node schedule's resubmitted array."""
     master_port: int | None = None
     """slurm.master_port: a local launch's free rendezvous port."""
+    nodes_all_along: int | None = None
+    """`plan --nodes N`: N nodes for the whole run, slurm.node_schedule set aside."""
 
 
 def apply_overrides(exp: Experiment, overrides: Overrides) -> Experiment:
@@ -73,8 +75,10 @@ def apply_overrides(exp: Experiment, overrides: Overrides) -> Experiment:
     if added:
         exp = dataclasses.replace(exp, train=dataclasses.replace(
             exp.train, skip_iterations=[*exp.train.skip_iterations, *dict.fromkeys(added)]))
-    slurm = {k: v for k, v in (("nodes", o.nodes), ("array", o.array), ("master_port", o.master_port))
-             if v is not None}
+    slurm: dict = {k: v for k, v in (("nodes", o.nodes), ("array", o.array), ("master_port", o.master_port))
+                   if v is not None}
+    if o.nodes_all_along is not None:
+        slurm.update(nodes=o.nodes_all_along, node_schedule=[])
     return dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, **slurm)) if slurm else exp
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 import sys
@@ -125,15 +124,13 @@ def plan(exp: str, as_json: bool, nodes: int | None, allow_incomplete: bool, tra
     (with --allow-incomplete only errors count).
     """
     from bigscience_ops.experiment_files import experiment_path
-    from bigscience_ops.launch_plan import as_recorded
+    from bigscience_ops.launch_plan import Overrides, apply_overrides, as_recorded
     from bigscience_ops.plan import make_plan
     from bigscience_ops.planview import plan_data, plan_text
     from bigscience_ops.site_values import missing_site_values
 
     experiment = as_recorded(load_experiment(exp, trainings_dir))  # a rolled-back run's skips included
-    if nodes is not None:
-        experiment = dataclasses.replace(experiment, slurm=dataclasses.replace(experiment.slurm, nodes=nodes,
-                                                                                node_schedule=[]))
+    experiment = apply_overrides(experiment, Overrides(nodes_all_along=nodes))
     result = make_plan(experiment)
     inherited = inherited_site_values(exp, trainings_dir)
     site = missing_site_values(experiment)
