@@ -11,7 +11,7 @@ launch.LocalExecutor runs it on this machine), always in this order: the data is
 missing bundled corpus is built), the run record and the job script are written, then the job is
 submitted or run.
 
-The experiment is transformed in two places only: the config's own derivation (config.derive) and
+The experiment is transformed in two places only: the config's own derivation (derivation.derive) and
 `apply_overrides` here, which applies what a launch changes: the run folder (`launch --local --out`),
 the skips the run's rollbacks recorded, the node count of the phase the latest checkpoint is in,
 the number of array tasks (a node schedule's resubmission) and a local launch's rendezvous port.

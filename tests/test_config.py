@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import resources
-from bigscience_ops.config import exit_margin_minutes, load_experiment, to_dict, from_dict
+from bigscience_ops.config import load_experiment, to_dict, from_dict
+from bigscience_ops.derivation import exit_margin_minutes
 from bigscience_ops.experiment_files import list_experiments
 from bigscience_ops.errors import ConfigError
 

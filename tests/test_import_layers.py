@@ -62,6 +62,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("config loader: an experiment found, read from its file and bases, and checked across fields", [
         "bigscience_ops.experiment_files",
         "bigscience_ops.validation",
+        "bigscience_ops.derivation",
         "bigscience_ops.config",
         "bigscience_ops.site_values",
     ]),
@@ -76,7 +77,6 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("plan and render: a run checked and written as a job", [
         "bigscience_ops.plan",
         "bigscience_ops.planview",
-        "bigscience_ops.prepare",
         "bigscience_ops.render",
     ]),
     ("run: launch and submit, the trainer, the hourly jobs and the on-call person's tools", [
