@@ -127,7 +127,7 @@ def check_queue(plan: LaunchPlan, *, after_current: bool = False, dry_run: bool 
         if not dry_run:
             raise
         where = "" if "SLURM_CONF" in str(exc) else f" ({slurm.conf_note()})"
-        return QueueCheck(slurm.sbatch_argv(script, after_any=[]), [], [],
+        return QueueCheck(slurm.sbatch_argv(script), [], [],
                           f"queue not checked: {exc}{where}; a real launch needs the queue", exc)
     queued = [j for j in jobs if j.name == exp.slurm.job_name and j.state in slurm.QUEUED_STATES]
     note = (f"queue checked: no job named {exp.slurm.job_name!r} of {', '.join(users)} is queued" if not queued
@@ -137,7 +137,7 @@ def check_queue(plan: LaunchPlan, *, after_current: bool = False, dry_run: bool 
         raise LaunchError(f"{exp.slurm.job_name!r} is already in the queue: {listing}. Two trainings must never "
                           f"overlap: pass --after-current to start after the whole array, or scancel it first")
     after = sorted({j.array_job_id for j in queued}, key=int)
-    return QueueCheck(slurm.sbatch_argv(script, after_any=after), queued, after, note)
+    return QueueCheck(slurm.sbatch_argv(script, slurm.SbatchOptions(after_any=after)), queued, after, note)
 
 
 def plan_launch(exp: Experiment, options: LaunchOptions = LaunchOptions(), *, after_current: bool = False,

@@ -45,7 +45,7 @@ class SlurmCluster:
                **options: object) -> str:
         """sbatch through bigscience_ops.slurm, with a --time (the backfill scheduler wants one)."""
         extra = [f"--output={output}", f"--chdir={script.parent}", *options.pop("extra", ())]  # type: ignore[misc]
-        argv = slurm.sbatch_argv(script, job_name=name, time_limit=time_limit, extra=extra, **options)  # type: ignore[arg-type]
+        argv = slurm.sbatch_argv(script, slurm.SbatchOptions(job_name=name, time_limit=time_limit, extra=extra, **options))  # type: ignore[arg-type]
         job_id = slurm.submit(argv, timeout=30)
         self.submitted.append(job_id)
         return job_id

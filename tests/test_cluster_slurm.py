@@ -149,8 +149,8 @@ def test_status_tells_a_hung_training_from_a_progressing_one(slurm_cluster: Slur
 
 def test_test_only_predicts_a_start(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     script = slurm_cluster.script(tmp_path, "noop.sh", "true")
-    argv = slurm.sbatch_argv(script, job_name=f"{slurm_cluster.prefix}-test-only", array_tasks=4,
-                             time_limit="2", test_only=True)
+    argv = slurm.sbatch_argv(script, slurm.SbatchOptions(job_name=f"{slurm_cluster.prefix}-test-only", array_tasks=4,
+                                                         time_limit="2", test_only=True))
     answer = slurm.parse_sbatch_test_only(slurm.run(argv, timeout=30).stderr)
     assert answer.partition == slurm_cluster.partition and answer.start_time is not None
     assert not [j for j in slurm.query_jobs(timeout=30) if j.name == f"{slurm_cluster.prefix}-test-only"]

@@ -13,13 +13,13 @@ import pytest
 from bigscience_ops import slurm
 
 def test_sbatch_argv() -> None:
-    argv = slurm.sbatch_argv("run/tr1 13B.slurm", job_name="tr1-13B", array_tasks=5, after_any=["711114"],
-                             begin="now+2hours", exclude=["r7i5n2", "r7i5n6"], time_limit="20:00:00",
-                             partition="gpu_p13")
+    argv = slurm.sbatch_argv("run/tr1 13B.slurm", slurm.SbatchOptions(
+        job_name="tr1-13B", array_tasks=5, after_any=["711114"], begin="now+2hours", exclude=["r7i5n2", "r7i5n6"],
+        time_limit="20:00:00", partition="gpu_p13"))
     assert argv == ["sbatch", "--parsable", "--job-name=tr1-13B", "--array=1-5%1",
                     "--dependency=afterany:711114", "--begin=now+2hours", "--partition=gpu_p13",
                     "--time=20:00:00", "--exclude=r7i5n2,r7i5n6", "run/tr1 13B.slurm"]
-    test_only = slurm.sbatch_argv("x.slurm", test_only=True, hold=True, after_ok=["1", "2"])
+    test_only = slurm.sbatch_argv("x.slurm", slurm.SbatchOptions(test_only=True, hold=True, after_ok=["1", "2"]))
     assert test_only == ["sbatch", "--test-only", "--dependency=afterok:1:2", "--hold", "x.slurm"]
 
 
@@ -33,7 +33,7 @@ def test_sbatch_argv() -> None:
 ])
 def test_sbatch_argv_refuses(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        slurm.sbatch_argv("x.slurm", **kwargs)
+        slurm.sbatch_argv("x.slurm", slurm.SbatchOptions(**kwargs))
 
 
 def test_squeue_scontrol_scancel_argv() -> None:
@@ -77,24 +77,24 @@ def test_squeue_env_carries_the_format_and_refuses_a_guessable_terminator() -> N
 # --- sbatch ------------------------------------------------------------------------------------------------
 
 def test_sbatch_argv_puts_extra_options_before_the_script_and_its_arguments_after() -> None:
-    argv = slurm.sbatch_argv(Path("/scratch/run/tr8-104B.slurm"), job_name="tr8,104B", after_any=["1", "2"],
-                             after_ok=["3"], extra=["--output=/scratch/logs/%x-%A_%a.out", "--chdir=/scratch"],
-                             script_args=["--resume", 5])
+    argv = slurm.sbatch_argv(Path("/scratch/run/tr8-104B.slurm"), slurm.SbatchOptions(
+        job_name="tr8,104B", after_any=["1", "2"], after_ok=["3"],
+        extra=["--output=/scratch/logs/%x-%A_%a.out", "--chdir=/scratch"]), script_args=["--resume", 5])
     assert argv == ["sbatch", "--parsable", "--job-name=tr8,104B", "--dependency=afterany:1:2,afterok:3",
                     "--output=/scratch/logs/%x-%A_%a.out", "--chdir=/scratch", "/scratch/run/tr8-104B.slurm",
                     "--resume", "5"]
     assert slurm.sbatch_argv("x.slurm") == ["sbatch", "--parsable", "x.slurm"]
-    assert slurm.sbatch_argv("x.slurm", test_only=True) == ["sbatch", "--test-only", "x.slurm"]
+    assert slurm.sbatch_argv("x.slurm", slurm.SbatchOptions(test_only=True)) == ["sbatch", "--test-only", "x.slurm"]
 
 
 @pytest.mark.parametrize("limit", ["5", "5:30", "20:00:00", "2-0", "1-02:30", "1-02:30:00"])
 def test_sbatch_argv_passes_every_time_format_as_written(limit: str) -> None:
-    assert slurm.sbatch_argv("x.slurm", time_limit=limit) == ["sbatch", "--parsable", f"--time={limit}", "x.slurm"]
+    assert slurm.sbatch_argv("x.slurm", slurm.SbatchOptions(time_limit=limit)) == ["sbatch", "--parsable", f"--time={limit}", "x.slurm"]
 
 
 def test_sbatch_argv_array_runs_one_task_at_a_time() -> None:
-    assert slurm.sbatch_argv("x.slurm", array_tasks=1)[2] == "--array=1-1%1"
-    assert slurm.sbatch_argv("x.slurm", array_tasks=40)[2] == "--array=1-40%1"
+    assert slurm.sbatch_argv("x.slurm", slurm.SbatchOptions(array_tasks=1))[2] == "--array=1-1%1"
+    assert slurm.sbatch_argv("x.slurm", slurm.SbatchOptions(array_tasks=40))[2] == "--array=1-40%1"
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -106,7 +106,7 @@ def test_sbatch_argv_array_runs_one_task_at_a_time() -> None:
 ])
 def test_sbatch_argv_refuses_every_value_slurm_would_misread(kwargs: dict) -> None:
     with pytest.raises(ValueError):
-        slurm.sbatch_argv("x.slurm", **kwargs)
+        slurm.sbatch_argv("x.slurm", slurm.SbatchOptions(**kwargs))
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def test_begin_arg_is_local_wall_clock_time(paris_clock: None) -> None:
     assert slurm.begin_arg(datetime(2021, 8, 16, 3, 52, 2)) == "2021-08-16T03:52:02"  # naive: already local
     # what sbatch is given reads back as the local time Slurm prints (parse_timestamp)
     assert slurm.parse_timestamp(slurm.begin_arg(summer)) == datetime(2021, 8, 16, 3, 52, 2)
-    assert slurm.sbatch_argv("x.slurm", begin=slurm.begin_arg(summer))[2] == "--begin=2021-08-16T03:52:02"
+    assert slurm.sbatch_argv("x.slurm", slurm.SbatchOptions(begin=slurm.begin_arg(summer)))[2] == "--begin=2021-08-16T03:52:02"
 
 
 # --- scontrol, sacct, sinfo, scancel ---------------------------------------------------------------------------

@@ -184,7 +184,7 @@ def test_submit_returns_the_id_sbatch_answers(tmp_path: Path, monkeypatch: pytes
     answer = tmp_path / "answer.txt"
     answer.write_text("712;jeanzay\n")
     _on_path(monkeypatch, _recording_bin(tmp_path, "sbatch", answer))
-    assert slurm.submit(slurm.sbatch_argv("x.slurm", job_name="tr1-13B"), timeout=10) == "712"
+    assert slurm.submit(slurm.sbatch_argv("x.slurm", slurm.SbatchOptions(job_name="tr1-13B")), timeout=10) == "712"
     assert _calls(tmp_path, "sbatch") == ["--parsable --job-name=tr1-13B x.slurm"]
 
 

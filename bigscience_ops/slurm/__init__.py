@@ -9,7 +9,7 @@
 """
 
 from bigscience_ops.slurm.argv import (
-    begin_arg, checked_item, sacct_argv, sbatch_argv, scancel_argv, scontrol_show_config_argv, scontrol_show_job_argv,
+    SbatchOptions, begin_arg, checked_item, sacct_argv, sbatch_argv, scancel_argv, scontrol_show_config_argv, scontrol_show_job_argv,
     sinfo_partitions_argv, squeue_argv, squeue_env,
 )
 from bigscience_ops.slurm.commands import (
@@ -36,7 +36,7 @@ __all__ = [
     "group_users", "has_default_partition", "job_accounting",
     "new_terminator", "output_path", "parse_duration", "parse_sacct", "parse_sbatch_parsable",
     "parse_sbatch_test_only", "parse_scontrol_show_job", "parse_squeue", "parse_time_limit", "parse_timestamp",
-    "pinned_env", "query_jobs", "run", "run_unchecked", "sacct_argv", "sbatch_argv", "sbatch_quote",
+    "pinned_env", "query_jobs", "run", "run_unchecked", "sacct_argv", "sbatch_argv", "SbatchOptions", "sbatch_quote",
     "sbatch_words", "scancel_argv", "scontrol_show_config_argv", "scontrol_show_job_argv", "sinfo_partitions_argv", "script_job_name", "script_options", "show_job",
     "squeue_argv", "squeue_env", "squeue_format", "submit", "unparsed_note",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from bigscience_ops.slurm.output import parse_time_limit, squeue_format
@@ -30,42 +31,58 @@ def squeue_env(terminator: str) -> dict[str, str]:
     return {"SQUEUE_FORMAT": squeue_format(terminator)}
 
 
-def sbatch_argv(script: str | os.PathLike[str], *, job_name: str | None = None,
-                array_tasks: int | None = None, after_any: Sequence[str] = (),
-                after_ok: Sequence[str] = (), begin: str | None = None,
-                partition: str | None = None, time_limit: str | None = None,
-                exclude: Sequence[str] = (), hold: bool = False, test_only: bool = False,
-                extra: Sequence[str] = (), script_args: Sequence[str] = ()) -> list[str]:
-    """sbatch argv: `--array=1-N%1` (one task at a time), dependencies on whole jobs, --parsable.
+@dataclass(frozen=True)
+class SbatchOptions:
+    """What an sbatch command line asks beyond the script's own #SBATCH lines (each checked by sbatch_argv)."""
 
-    `after_any`/`after_ok` take job ids; an array task id such as 711114_4 is refused, because a
-    dependency on one task lets the rest of the old array overlap the new one: pass 711114.
-    """
-    argv = ["sbatch"] if test_only else ["sbatch", "--parsable"]
-    if test_only:
+    job_name: str | None = None
+    array_tasks: int | None = None
+    """`--array=1-N%1`: N tasks, one at a time."""
+    after_any: Sequence[str] = ()
+    """Whole job ids to wait for (afterany). An array task id such as 711114_4 is refused: a dependency on one
+    task lets the rest of the old array overlap the new one; pass 711114."""
+    after_ok: Sequence[str] = ()
+    begin: str | None = None
+    """sbatch's --begin (begin_arg makes one from a datetime)."""
+    partition: str | None = None
+    time_limit: str | None = None
+    exclude: Sequence[str] = ()
+    hold: bool = False
+    test_only: bool = False
+    """`--test-only`: Slurm says when the job would start and submits nothing (no --parsable)."""
+    extra: Sequence[str] = ()
+    """Further options, passed as they are, before the script."""
+
+
+def sbatch_argv(script: str | os.PathLike[str], options: SbatchOptions = SbatchOptions(),
+                script_args: Sequence[str] = ()) -> list[str]:
+    """sbatch argv: the options (each value checked), --parsable (unless a test only), the script, its args."""
+    o = options
+    argv = ["sbatch"] if o.test_only else ["sbatch", "--parsable"]
+    if o.test_only:
         argv.append("--test-only")
-    if job_name is not None:
-        argv.append("--job-name=" + checked_item("job_name", job_name, comma=True))
-    if array_tasks is not None:
-        if isinstance(array_tasks, bool) or not isinstance(array_tasks, int) or array_tasks < 1:
-            raise ValueError(f"array_tasks must be a whole number >= 1; got {array_tasks!r}")
-        argv.append(f"--array=1-{array_tasks}%1")
-    deps = [f"afterany:{':'.join(_whole_job_ids('after_any', after_any))}"] if after_any else []
-    deps += [f"afterok:{':'.join(_whole_job_ids('after_ok', after_ok))}"] if after_ok else []
+    if o.job_name is not None:
+        argv.append("--job-name=" + checked_item("job_name", o.job_name, comma=True))
+    if o.array_tasks is not None:
+        if isinstance(o.array_tasks, bool) or not isinstance(o.array_tasks, int) or o.array_tasks < 1:
+            raise ValueError(f"array_tasks must be a whole number >= 1; got {o.array_tasks!r}")
+        argv.append(f"--array=1-{o.array_tasks}%1")
+    deps = [f"afterany:{':'.join(_whole_job_ids('after_any', o.after_any))}"] if o.after_any else []
+    deps += [f"afterok:{':'.join(_whole_job_ids('after_ok', o.after_ok))}"] if o.after_ok else []
     if deps:
         argv.append("--dependency=" + ",".join(deps))
-    if begin is not None:
-        argv.append("--begin=" + checked_item("begin", begin))
-    if partition is not None:
-        argv.append("--partition=" + checked_item("partition", partition))
-    if time_limit is not None:
-        parse_time_limit(time_limit)
-        argv.append(f"--time={time_limit}")
-    if exclude:
-        argv.append("--exclude=" + ",".join(_checked_list("exclude", exclude)))
-    if hold:
+    if o.begin is not None:
+        argv.append("--begin=" + checked_item("begin", o.begin))
+    if o.partition is not None:
+        argv.append("--partition=" + checked_item("partition", o.partition))
+    if o.time_limit is not None:
+        parse_time_limit(o.time_limit)
+        argv.append(f"--time={o.time_limit}")
+    if o.exclude:
+        argv.append("--exclude=" + ",".join(_checked_list("exclude", o.exclude)))
+    if o.hold:
         argv.append("--hold")
-    argv += [str(a) for a in extra]
+    argv += [str(a) for a in o.extra]
     argv.append(os.fspath(script))
     argv += [str(a) for a in script_args]
     return argv

@@ -206,7 +206,7 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
     if report.rearmed_job is None and not waiting:
         when = slurm.begin_arg(next_boundary(now, seconds))
         try:
-            report.rearmed_job = slurm.submit(slurm.sbatch_argv(runner, begin=when))
+            report.rearmed_job = slurm.submit(slurm.sbatch_argv(runner, slurm.SbatchOptions(begin=when)))
         except (BsopsError, ValueError) as exc:
             fail("re-arming again", slurm.said(exc))
             return
