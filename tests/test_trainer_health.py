@@ -19,7 +19,7 @@ import pytest
 
 from bigscience_ops import runlog
 from bigscience_ops.iteration_log import parse_iteration_line
-from bigscience_ops.ops import health, watchdog
+from bigscience_ops.ops.watch import health, watchdog
 from tests.fixtures_status import seed_job
 from tests.fixtures_trainer import INJECTED, SPIKE_AT, scalars
 
@@ -60,8 +60,8 @@ def test_the_watchdog_alerts_each_fault_two_iterations_after_it(spiked_run, tmp_
         snapshot = tmp_path / kind / runlog.LOG_NAME
         snapshot.parent.mkdir()
         snapshot.write_text("\n".join(lines[:last + 1]) + "\n")
-        result = watchdog.watch(running.name, query=lambda **_: [running], log_path=snapshot, now=datetime.now(),
-                                health_settings=settings)
+        result = watchdog.watch(watchdog.WatchSettings(running.name, log_path=snapshot, health=settings),
+                                query=lambda **_: [running], now=datetime.now())
         assert f"health-{kind}" in {a.condition for a in result.report.alerts}, (kind, result.lines)
         tail, _ = runlog.tail(snapshot, (settings.window + settings.recent) * 4)  # what the watchdog read
         found = [(f.kind, f.iteration) for f in health.check(health.entries(tail), settings, recent=settings.recent,

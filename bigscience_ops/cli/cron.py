@@ -102,7 +102,7 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
     """Render EXP's hourly jobs (status watchdog, Hub sync, checkpoint backup) into cron.hourly/.
 
     Without --jobs, a job whose settings EXP lacks is left out, and the command says which and why."""
-    from bigscience_ops.config import experiment_path, outputs_folder
+    from bigscience_ops.experiment_files import experiment_path, outputs_folder
     from bigscience_ops.ops.schedule import cron as cronlib
     from bigscience_ops.ops.schedule import hourly_jobs
 

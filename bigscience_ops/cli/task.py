@@ -74,7 +74,7 @@ def task_begin(experiment_json: Path) -> None:
 def _stop_crash_loop(exp, failing: list, task_env) -> None:
     """Alert once (email), then cancel the rest of the array so no task waits for nodes only to stop."""
     from bigscience_ops import ledger, slurm
-    from bigscience_ops.ops.tell import channels as mail  # send_alert
+    from bigscience_ops.ops.tell import channels
 
     output = Path(exp.paths.output)
     nodes = ", ".join(sorted({a.nodes for a in failing if a.nodes})) or "unknown"
@@ -96,7 +96,7 @@ def _stop_crash_loop(exp, failing: list, task_env) -> None:
             f"for nodes only to stop." if in_slurm else "This task stops.")
     subject = f"[bsops] {exp.name}: crash loop stopped, not training"
     # Email first: cancelling the array ends this very process.
-    click.echo(mail.send_alert(exp.alerts, subject, f"{alert}\n\nThe tasks:\n{tasks}\n\n{then} After fixing, "
+    click.echo(channels.send_alert(exp.alerts, subject, f"{alert}\n\nThe tasks:\n{tasks}\n\n{then} After fixing, "
                                                       f"`bsops launch {exp.name}` starts a fresh failure budget."))
     if not in_slurm:
         return
@@ -107,7 +107,7 @@ def _stop_crash_loop(exp, failing: list, task_env) -> None:
     except slurm.SlurmError as exc:
         failure = f"***ALERT: the rest of array {array} could not be cancelled: {exc}; run `scancel {array}`***"
         click.echo(failure)
-        click.echo(mail.send_alert(exp.alerts, f"[bsops] {exp.name}: cancel the crash-looping array", failure))
+        click.echo(channels.send_alert(exp.alerts, f"[bsops] {exp.name}: cancel the crash-looping array", failure))
         return
     if not ids:
         click.echo(f"array {array} of {exp.slurm.job_name!r} is not in the queue: nothing to cancel")
@@ -175,9 +175,9 @@ def _other_phase(exp, task_env) -> bool:
         alert = (f"***ALERT: {exp.slurm.job_name}: node schedule: {mismatch.describe()}, and the array could not be "
                  f"resubmitted at {mismatch.phase.nodes} nodes: {exc}; run `bsops launch {exp.name}`***")
         click.echo(alert)
-        from bigscience_ops.ops.tell import channels as mail  # send_alert
+        from bigscience_ops.ops.tell import channels
 
-        click.echo(mail.send_alert(exp.alerts, f"[bsops] {exp.name}: relaunch at {mismatch.phase.nodes} nodes", alert))
+        click.echo(channels.send_alert(exp.alerts, f"[bsops] {exp.name}: relaunch at {mismatch.phase.nodes} nodes", alert))
         return True
     click.echo(f"node schedule: {mismatch.describe()}: the rest of the array continues as job {job_id} at "
                f"{mismatch.phase.nodes} nodes")

@@ -64,7 +64,7 @@ def configured(exp: Experiment) -> list[str]:
 def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, settings: CronSettings,
            workdir: Path | None = None) -> RunnerScript:
     """cron.hourly/<exp>-<suffix>.slurm for one of JOBS; the job runs in `workdir` (default: the current folder),
-    the folder exp's relative outputs resolved against (config.outputs_folder). Raises ConfigError when exp
+    the folder exp's relative outputs resolved against (experiment_files.outputs_folder). Raises ConfigError when exp
     lacks a setting the job needs (missing_setting)."""
     if kind not in JOBS:
         raise ValueError(f"job kind {kind!r}: one of {', '.join(JOBS)}")
