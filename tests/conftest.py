@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,45 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _bundled_as_committed() -> Path:
+    """bsops' bundled folders as the repository holds them, apart from the checkout, named by BSOPS_DATA_DIR for
+    this process and every command a test starts: an experiment, a run or a cron job the user keeps in the
+    checkout's trainings/ or cron/ never reaches a test. templates/, trainings/ and cron/ are copied (their tracked
+    files); corpus/ is the checkout's own (the data bsops builds there is bsops' own)."""
+    folder = Path(tempfile.mkdtemp(prefix="bsops-test-bundled-"))
+    atexit.register(shutil.rmtree, folder, True)
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "templates", "trainings", "cron"],
+                             capture_output=True, text=True, timeout=60)
+    names = [n for n in tracked.stdout.split("\0") if n] if tracked.returncode == 0 else []
+    for name in names or [str(p.relative_to(REPO)) for d in ("templates", "trainings", "cron")
+                          for p in (REPO / d).rglob("*") if p.is_file()]:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, folder / name)
+    for name in ("templates", "trainings", "cron"):
+        (folder / name).mkdir(exist_ok=True)
+    (folder / "corpus").symlink_to(REPO / "corpus")
+    return folder
+
+
+os.environ["BSOPS_DATA_DIR"] = str(_bundled_as_committed())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_in_a_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The session's fixtures (the shared trained runs, the cluster) start in an empty folder too."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("session-cwd"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _in_a_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs in an empty folder of its own: what a bundled experiment writes under the current folder
+    (runs/NAME) and what a command reads there (./trainings) is the test's, never the checkout's."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
 
 pytest_plugins: list[str] = [
     "tests.fixtures_data",
