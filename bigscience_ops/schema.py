@@ -25,6 +25,7 @@ SLURM_CONSTRAINT = Charset(r"[A-Za-z0-9._@+,&|*:\[\]()-]", "node features: ASCII
                                                             "joined by & | , * : [ ] ( ), not starting with -")
 SLURM_NODES = Charset(r"[A-Za-z0-9._\[\],-]", "a node name or range (r7i4n[1-7]): ASCII letters, digits, . _ - "
                                               "and [ ] , for ranges, not starting with -")
+ENV_NAME = Charset(r"[A-Za-z0-9_]", "the name of an environment variable: ASCII letters, digits and _")
 SLURM_TIME = Charset(r"[0-9:-]", "a Slurm time limit: digits, ':' and '-' (20:00:00, 1-00:00:00)")
 # Bounds several fields share; each field's doc gives its unit. Every number has a lower and an upper
 # bound: far beyond any real run, close enough that no value overflows what reads it (timedelta, int64,
@@ -275,7 +276,8 @@ class HubConfig:
     checkpoints_repo: str | None = documented(None, "Hub repo for converted checkpoints")
     host: str = documented("huggingface.co", "the Hub's host (and port): its endpoint is https://HOST, and the token "
                                                "is offered to nothing else, and only over https")
-    token_env: str = documented("HF_TOKEN", "environment variable holding the Hub token (never a URL or a file)")
+    token_env: str = documented("HF_TOKEN", "environment variable holding the Hub token (never a URL or a file)",
+                                charset=ENV_NAME)
     remote_template: str | None = documented(
         None, "push to this git remote instead of the Hub, {repo} replaced by the repo name (file:///srv/mirror/{repo}.git); "
               "https://, ssh:// or file://, no credential inside: the token is offered only to https://HOST")
@@ -338,10 +340,11 @@ class AlertsConfig:
     smtp_port: int = documented(25, "SMTP port", at_least=1, below=65536)
     smtp_security: Literal["none", "starttls", "ssl"] = documented("none", "SMTP transport security")
     smtp_user: str | None = documented(None, "SMTP login")
-    smtp_password_env: str = documented("BSOPS_SMTP_PASSWORD", "environment variable holding the SMTP password")
+    smtp_password_env: str = documented("BSOPS_SMTP_PASSWORD", "environment variable holding the SMTP password",
+                                        charset=ENV_NAME)
     webhook_url_env: str | None = documented(
         None, "environment variable holding a Slack-compatible webhook URL (https) that gets every alert and recovery "
-              "too, under the same cooldown; the URL is a secret, so it is never written in this file")
+              "too, under the same cooldown; the URL is a secret, so it is never written in this file", charset=ENV_NAME)
     stall_minutes: int = documented(60, "alert when no iteration line was logged for this many minutes (at most a "
                                         "year)", at_least=1, at_most=YEAR_MINUTES)
     cooldown_minutes: int = documented(240, "minimum minutes between two emails about one condition (at most a year)",

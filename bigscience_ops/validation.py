@@ -22,7 +22,7 @@ from bigscience_ops import hub_remote, sizing
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.schedules import parse_skip_ranges
 from bigscience_ops.schema import (
-    MAX_STEPS, BatchConfig, CheckpointConfig, CurriculumConfig, DataConfig, Experiment, LRScheduleConfig, ModelConfig,
+    MAX_STEPS, AlertsConfig, BatchConfig, CheckpointConfig, CurriculumConfig, DataConfig, Experiment, LRScheduleConfig, ModelConfig,
     OptimizerConfig, ParallelConfig, SlurmConfig, TrainConfig,
 )
 from bigscience_ops.slurm import parse_time_limit
@@ -45,6 +45,7 @@ def validate(exp: Experiment, source: str) -> None:
     check_skips(exp.train, source)
     check_curriculum(exp.curriculum, exp.model, source)
     check_time_limit(exp.slurm, source)
+    check_alerts(exp.alerts, source)
 
 
 def check_derived(exp: Experiment, source: str) -> None:
@@ -182,6 +183,22 @@ def check_curriculum(c: CurriculumConfig | None, m: ModelConfig, source: str) ->
     _check(seq % c.difficulty_step == 0, source, "model.seq_length", seq,
            f"must be a multiple of curriculum.difficulty_step ({c.difficulty_step}), or the curriculum never "
            "reaches it")
+
+
+def is_email_address(text: object) -> bool:
+    """An email address on one line: an @, no control character, line break or space (nothing that could add a
+    header). The email channel checks the addresses it is given on the command line with this too."""
+    return isinstance(text, str) and "@" in text and text.isprintable() and " " not in text
+
+
+def check_alerts(alerts: AlertsConfig, source: str) -> None:
+    """Addresses an email can carry, checked when the experiment is read, not when the first alert goes out."""
+    for i, address in enumerate(alerts.email_to):
+        _check(is_email_address(address), source, f"alerts.email_to[{i}]", address,
+               "an email address without spaces, control characters or line breaks")
+    if alerts.email_from is not None:
+        _check(is_email_address(alerts.email_from), source, "alerts.email_from", alerts.email_from,
+               "an email address without spaces, control characters or line breaks")
 
 
 def check_time_limit(slurm: SlurmConfig, source: str) -> None:

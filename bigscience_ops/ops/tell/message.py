@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.redact import scrub
+from bigscience_ops.validation import is_email_address
 
 if TYPE_CHECKING:
     from bigscience_ops.schema import AlertsConfig
@@ -54,8 +55,9 @@ def header_text(text: str, limit: int | None = None) -> str:
 
 
 def one_address(address: str) -> bool:
-    """Whether `address` is an email address on one line: an @, no control character, line break or space."""
-    return "@" in address and header_text(address) == address and " " not in address
+    """Whether `address` is an email address on one line (validation.is_email_address, the rule the config's
+    addresses are checked with)."""
+    return is_email_address(address)
 
 
 @dataclass(frozen=True)

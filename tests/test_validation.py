@@ -1,0 +1,60 @@
+"""validation.py: the rules across an experiment's fields, each a named check, run from one place."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import validation
+from bigscience_ops.config import load_experiment
+from bigscience_ops.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _refused(trainings: Path, text: str) -> ConfigError:
+    (trainings / "bad.yaml").write_text("base: tiny\n" + text)
+    with pytest.raises(ConfigError) as err:
+        load_experiment("bad", trainings)
+    return err.value
+
+
+@pytest.mark.parametrize(("text", "field", "value"), [
+    ("model: {hidden_size: 100, num_attention_heads: 3}\n", "model.hidden_size", "100"),
+    ("batch: {global_batch_size: 16, micro_batch_size: 4, rampup: {start: 4, increment: 5, samples: 100}}\n",
+     "batch.rampup.increment", "5"),
+    ("lr_schedule: {warmup_samples: 10, warmup_iters: 2}\n", "lr_schedule.warmup_iters", "warmup_samples"),
+    ("optimizer: {lr: 0.001, min_lr: 0.01}\n", "optimizer.min_lr", "0.01"),
+    ("train: {skip_iterations: ['9-3']}\n", "train.skip_iterations", "9-3"),
+    ("alerts: {email_to: ['oncall at example.org']}\n", "alerts.email_to[0]", "oncall at example.org"),
+    ("alerts: {email_to: ['a@example.org', 'nobody']}\n", "alerts.email_to[1]", "nobody"),
+    ("alerts: {email_from: 'bsops'}\n", "alerts.email_from", "bsops"),
+    ("alerts: {webhook_url_env: 'A B'}\n", "alerts.webhook_url_env", "A B"),
+    ("alerts: {smtp_password_env: 'PASS-WORD'}\n", "alerts.smtp_password_env", "PASS-WORD"),
+    ("hub: {token_env: 'HF TOKEN'}\n", "hub.token_env", "HF TOKEN"),
+    ("slurm: {time: '3'}\n", "slurm.time", "3"),  # shorter than tiny's 5-minute exit margin
+    ("slurm: {time: 'soon'}\n", "slurm.time", "soon"),
+    ("slurm: {signal_seconds: 70000}\n", "slurm.signal_seconds", "70000"),
+])
+def test_each_rule_names_its_field_and_value(trainings: Path, text: str, field: str, value: str) -> None:
+    error = _refused(trainings, text)
+    assert error.field == field and value in str(error.value), (error.field, error.value)
+
+
+def test_an_address_is_one_line_with_an_at_sign() -> None:
+    assert validation.is_email_address("oncall@example.org")
+    for bad in ("oncall", "a b@example.org", "a@example.org\nBcc: x@evil", "a@example.org\u2028", "", None, 3):
+        assert not validation.is_email_address(bad), bad
+
+
+def test_the_rules_run_from_one_place() -> None:
+    """validate and check_derived are called once each, from config.py's _checked (files and run records alike)."""
+    calls = []
+    for path in sorted((REPO / "bigscience_ops").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+                    and node.func.value.id == "validation" and node.func.attr in ("validate", "check_derived"):
+                calls.append((path.name, node.func.attr))
+    assert sorted(calls) == [("config.py", "check_derived"), ("config.py", "validate")]
