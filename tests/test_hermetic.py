@@ -19,8 +19,8 @@ import pytest
 pytestmark = pytest.mark.slow  # a second pytest over a copy of the checkout
 
 REPO = Path(__file__).resolve().parents[1]
-# Tests that read tiny's default run folder (plan, render, dry-run launch, rollback) and the experiment list.
-SENSITIVE = ["tests/test_cli.py", "tests/test_render.py", "tests/test_checkpoints_rollback.py", "tests/test_plan.py"]
+# Tests that read tiny's default run folder (plan, render, dry-run launch) and the experiment list.
+SENSITIVE = ["tests/test_cli.py", "tests/test_launch_plan.py"]
 
 
 def _copy_of_the_checkout(dest: Path) -> None:
