@@ -174,7 +174,8 @@ class CheckpointConfig:
                                                          "derived from slurm.time", at_least=1, at_most=YEAR_MINUTES)
     exit_margin_mins: int | None = documented(None, "minutes kept free before the time limit (at most a day); derived "
                                                     "from model size", at_least=1, at_most=24 * 60)
-    kill_switch_path: str | None = documented(None, "if this file exists, save and exit; derived under paths.output")
+    kill_switch_path: str | None = documented(None, "if this file exists, save and exit; derived under paths.output",
+                                              charset=OUTPUT_PATH)
 
 
 @dataclass(frozen=True)

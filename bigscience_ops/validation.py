@@ -15,7 +15,10 @@ site_values.py's: both need more than the experiment's own fields.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import stat
+from pathlib import Path
 from typing import Any
 
 from bigscience_ops import hub_remote, sizing
@@ -52,6 +55,7 @@ def check_derived(exp: Experiment, source: str) -> None:
     """The rules on values derivation fills in (an exit duration from the time limit, the warning signal)."""
     check_exit_duration(exp, source)
     check_signal_seconds(exp.slurm, source)
+    check_kill_switch(exp, source)
 
 
 def _check(condition: bool, source: str, dotted: str, value: Any, allowed: str) -> None:
@@ -214,6 +218,28 @@ def check_exit_duration(exp: Experiment, source: str) -> None:
     if "checkpoint.exit_duration_in_mins" in exp.derived:
         _check(ck.exit_duration_in_mins is not None and ck.exit_duration_in_mins > 0, source, "slurm.time",
                exp.slurm.time, f"must be longer than the exit margin of {ck.exit_margin_mins} minutes")
+
+
+KILL_SWITCH_ALLOWED = ("the path of a file (existing or not) that is not a directory, a device, a pipe, the run "
+                       "folder, one of its folders or a folder above them, e.g. <output>/kill-switch (the default)")
+
+
+def check_kill_switch(exp: Experiment, source: str) -> None:
+    """The kill switch is a file: one the run or its folders would make exist (the run folder itself, `/`, the
+    checkpoints folder) or one that is not a regular file (/dev/null) would stop the run for ever, silently."""
+    switch = exp.checkpoint.kill_switch_path
+    if not switch:
+        return  # not derived yet (a hand-built config): the launch's own checks apply
+    path = Path(os.path.normpath(switch))
+    folders = [Path(os.path.normpath(f)) for f in (exp.paths.output, exp.paths.checkpoints, exp.paths.tensorboard,
+                                                   exp.paths.logs, exp.paths.codecarbon) if f]
+    _check(not any(path == folder or path in folder.parents for folder in folders), source,
+           "checkpoint.kill_switch_path", switch, KILL_SWITCH_ALLOWED)
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # not there (the usual case) or not reachable: the file a user touches to stop the run
+    _check(stat.S_ISREG(mode), source, "checkpoint.kill_switch_path", switch, KILL_SWITCH_ALLOWED)
 
 
 def check_signal_seconds(slurm: SlurmConfig, source: str) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,26 @@ def test_the_rules_run_from_one_place() -> None:
                     and node.func.value.id == "validation" and node.func.attr in ("validate", "check_derived"):
                 calls.append((path.name, node.func.attr))
     assert sorted(calls) == [("config.py", "check_derived"), ("config.py", "validate")]
+
+
+@pytest.mark.parametrize("switch", ["", "/", ".", "{run}", "{run}/checkpoints", "{run}/..", "/dev/null", "{dir}",
+                                    "{fifo}"])
+def test_a_kill_switch_that_would_stop_the_run_for_ever_is_refused(trainings: Path, tmp_path: Path, switch: str) -> None:
+    """The empty path (the project folder), `/`, the run folder and its folders, a device, a directory or a pipe:
+    each would read as "stopped on purpose" every hour, with no alert."""
+    (tmp_path / "a-dir").mkdir()
+    os.mkfifo(tmp_path / "a-fifo")
+    value = switch.format(run=tmp_path / "run", dir=tmp_path / "a-dir", fifo=tmp_path / "a-fifo")
+    error = _refused(trainings, f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
+                                f"checkpoint: {{kill_switch_path: {json.dumps(value)}}}\n")
+    assert error.field == "checkpoint.kill_switch_path"
+
+
+@pytest.mark.parametrize("switch", ["{run}/kill-switch", "{run}/stop/now", "{elsewhere}", "{existing}"])
+def test_a_kill_switch_file_anywhere_else_is_taken(trainings: Path, tmp_path: Path, switch: str) -> None:
+    (tmp_path / "existing").write_text("")  # the run stopped on purpose: still a valid experiment
+    value = switch.format(run=tmp_path / "run", elsewhere=tmp_path / "switches" / "run-1",
+                          existing=tmp_path / "existing")
+    (trainings / "ok.yaml").write_text(f"base: tiny\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
+                                       f"checkpoint: {{kill_switch_path: {json.dumps(value)}}}\n")
+    assert load_experiment("ok", trainings).checkpoint.kill_switch_path == value
