@@ -2,7 +2,8 @@
 
 The job inherits the launching shell's environment (sbatch --export=ALL; a local launch passes it
 on), with these changes:
-- `BSOPS_JOB_START_EPOCH` is dropped: each job measures exit_duration_in_mins from its own start;
+- `BSOPS_JOB_START_EPOCH` is dropped: each job measures exit_duration_in_mins from its own start, and
+  `BSOPS_RUN_LOCK_HELD`: a job holds its run's lock itself unless its launcher says it holds it (launch.py);
 - the shell's `SLURM_*` variables are dropped: a job that submits the next array (a node schedule's
   next phase) must pass on neither its own job's variables (sbatch reads some as options) nor, to a
   local launch, anything of a cluster. `SLURM_CONF`, which names the cluster, is kept for a Slurm
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-DROPPED = ("BSOPS_JOB_START_EPOCH",)
+DROPPED = ("BSOPS_JOB_START_EPOCH", "BSOPS_RUN_LOCK_HELD")
 
 
 def job_environment(environ: Mapping[str, str], *, local: bool, first_on_path: Sequence[Path] = (),

@@ -32,11 +32,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import render as rendering, slurm
+from bigscience_ops import render as rendering, run_lock, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.jobenv import job_environment
 from bigscience_ops.ledger import latest_iteration
-from bigscience_ops.launch_plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
+from bigscience_ops.launch_plan import LaunchOptions, LaunchPlan, Overrides, apply_overrides, build_launch_plan, execute
 from bigscience_ops.run_records import read_records
 from bigscience_ops.schema import Experiment
 
@@ -235,7 +235,14 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
     nothing is written before the plan has been checked.
     """
     options = LaunchOptions(job="local", out=run_dir, master_port=free_port(), allow_incomplete=allow_incomplete)
-    return execute(build_launch_plan(exp, options), LocalExecutor(options, tasks, timeout_s, progress))
+    folder = Path(apply_overrides(exp, Overrides(out=run_dir)).paths.output)
+    in_use = run_lock.holder(folder)  # before its records are read: another launch may be writing them
+    if in_use is not None:
+        raise run_lock.RunInUse(f"the run folder {folder} is in use by {in_use}; wait for it to end (or stop it) "
+                                "and run the command again")
+    plan = build_launch_plan(exp, options)  # checked before anything is written, the lock file included
+    with run_lock.hold(plan.record_dir, "bsops launch --local"):
+        return execute(plan, LocalExecutor(options, tasks, timeout_s, progress))
 
 
 @dataclass(frozen=True)
@@ -311,6 +318,7 @@ def _task_environment(exp: Experiment, out: Path, array_job_id: int, task: int) 
         # as Slurm's --cpus-per-task would, instead of each using them all.
         "OMP_NUM_THREADS": str(threads),
         "BSOPS_MASTER_PORT": str(exp.slurm.master_port),  # the free port launch_local chose, as it is
+        run_lock.HELD_ENV: str(out),  # launch_local holds the run's lock for its tasks
     })
 
 

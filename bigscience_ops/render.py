@@ -26,6 +26,7 @@ from bigscience_ops.schema import PORT_SPREAD, SLURM_CONSTRAINT, SLURM_NAME, SLU
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.plan import Plan
 from bigscience_ops.resources import bundled
+from bigscience_ops.run_lock import HELD_ENV, LOCK_NAME
 from bigscience_ops.run_records import EXIT_NOT_TRAINING
 from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, Charset, check_charset, control_allowed, control_character
 
@@ -185,6 +186,8 @@ def render(exp: Experiment, out_dir: Path, plan: Plan) -> Rendered:
         "threads_per_process": max(1, s.cpus_per_task // s.gpus_per_node),
         "port_spread": PORT_SPREAD,
         "exit_not_training": EXIT_NOT_TRAINING,
+        "run_lock": str(Path(exp.paths.output) / LOCK_NAME),
+        "run_lock_held": Raw(HELD_ENV),
         "experiment_json": str(out_dir / EXPERIMENT_JSON),
         "deepspeed_json": str(out_dir / DEEPSPEED_JSON),
     }

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import ledger, render as rendering, slurm
+from bigscience_ops import ledger, render as rendering, run_lock, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.jobenv import job_environment
 from bigscience_ops.launch_plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
@@ -148,6 +148,11 @@ def plan_launch(exp: Experiment, options: LaunchOptions = LaunchOptions(), *, af
     Missing site values are refused (site_values.IncompleteExperiment) unless options.allow_incomplete;
     a resubmission (options.job) is not checked again.
     """
+    in_use = None if options.job == "resubmission" else run_lock.holder(Path(exp.paths.output))
+    if in_use is not None and not in_use.startswith("Slurm job") and not dry_run:
+        # a local launch or a rollback of this run (a Slurm task of it is the queue check's to judge)
+        raise run_lock.RunInUse(f"the run folder {exp.paths.output} is in use by {in_use}; wait for it to end "
+                                "(or stop it) and launch again")
     plan = build_launch_plan(exp, options, record_dir(exp, now or dt.datetime.now()))
     return SlurmLaunch(plan, check_queue(plan, after_current=after_current, dry_run=dry_run))
 

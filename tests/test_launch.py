@@ -30,11 +30,27 @@ SMALL = shrunk_tiny_yaml("launch", 5)
 
 
 @pytest.mark.slow
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     trainings = small_trainings(tmp_path / "trainings", SMALL)
     run = tmp_path / "run dir"  # a space: every path in the script must be quoted
-    proc = subprocess.run([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    argv = [BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)]
+    first = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A second launch of the same run while the first trains: refused in one line naming the first, nothing written.
+    wait_until("the first launch to train", lambda: "iteration" in _text(run / "logs" / "main_log.txt"), timeout=300,
+               interval=0.5)
+    second = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2 and ": started" not in second.stdout, second.stdout + second.stderr
+    assert second.stderr.startswith(f"error: the run folder {run} is in use by bsops launch --local (pid {first.pid} on ")
+    assert len(second.stderr.strip().splitlines()) == 1
+    out, err = first.communicate(timeout=400)
+    proc = subprocess.CompletedProcess(argv, first.returncode, out, err)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"run folder: {run}" in proc.stdout
     assert proc.stdout.count(": started, output in") == 2 and proc.stdout.count(": exit 0 in") == 2

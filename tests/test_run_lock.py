@@ -1,0 +1,113 @@
+"""run_lock.py and the job script's lock: one launch per run folder, the second refused naming the holder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import render as rendering, run_lock
+from bigscience_ops.config import load_experiment
+from bigscience_ops.plan import make_plan
+from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_render import install_shims
+
+HOLD = ("import sys, time; from bigscience_ops import run_lock\n"
+        "with run_lock.hold(sys.argv[1], 'bsops launch --local'):\n"
+        "    print('held', flush=True); time.sleep(60)\n")
+
+
+@pytest.fixture
+def held(tmp_path: Path):
+    """The run folder tmp_path/run held by another process (as a running local launch holds it)."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    yield run, proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def test_a_second_holder_is_refused_naming_the_first(held) -> None:
+    run, pid = held
+    assert f"pid {pid} on " in (run_lock.holder(run) or "")
+    with pytest.raises(run_lock.RunInUse) as refused:
+        with run_lock.hold(run, "bsops rollback"):
+            pass
+    assert f"bsops launch --local (pid {pid} on " in str(refused.value) and " since " in str(refused.value)
+
+
+def test_the_lock_goes_with_its_holder_however_it_ends(held) -> None:
+    run, pid = held
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert run_lock.holder(run) is None
+    with run_lock.hold(run, "bsops rollback"):
+        assert "bsops rollback (pid" in (run_lock.holder(run) or "")  # seen from another open of the file
+    assert run_lock.holder(run) is None
+
+
+def test_a_link_or_a_pipe_in_the_locks_place_is_refused_and_never_written(tmp_path: Path) -> None:
+    target = tmp_path / "precious"
+    target.write_text("data\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / run_lock.LOCK_NAME).symlink_to(target)
+    with pytest.raises(run_lock.RunInUse, match="plain file"):
+        with run_lock.hold(run, "x"):
+            pass
+    assert target.read_text() == "data\n"
+    (run / run_lock.LOCK_NAME).unlink()
+    os.mkfifo(run / run_lock.LOCK_NAME)
+    with pytest.raises(run_lock.RunInUse, match="not a plain file"):
+        with run_lock.hold(run, "x"):
+            pass
+    assert run_lock.holder(run) is None
+
+
+def test_a_task_of_the_job_script_does_not_train_while_the_run_is_held(tmp_path: Path, trainings: Path, held) -> None:
+    """The array task on Slurm: its script finds the run in use by the local launch and ends before the trainer."""
+    run, pid = held
+    (trainings / "busy.yaml").write_text(tiny_yaml(run))
+    exp = load_experiment("busy", trainings)
+    script = rendering.write(rendering.render(exp, tmp_path / "r", make_plan(exp)), tmp_path / "r")
+    env = install_shims(tmp_path)
+    env["BSOPS_LOCAL_LAUNCH"] = "1"  # made-up Slurm ids: nothing to scancel
+    ended = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 1
+    assert not (tmp_path / "argv.jsonl").exists(), "the trainer must not start"
+    log = (run / "logs" / "main_log.txt").read_text()
+    assert f"not training: the run folder is in use by bsops launch --local (pid {pid} on " in log
+    assert "begins at iteration" not in log  # `bsops task begin` never ran: no ledger record
+
+
+def test_a_task_holds_the_run_until_it_ends(tmp_path: Path, trainings: Path) -> None:
+    """While a task's trainer runs, a rollback (or another launch) of the run is refused naming the job."""
+    run = tmp_path / "run"
+    (trainings / "own.yaml").write_text(tiny_yaml(run))
+    exp = load_experiment("own", trainings)
+    script = rendering.write(rendering.render(exp, tmp_path / "r", make_plan(exp)), tmp_path / "r")
+    env = install_shims(tmp_path)
+    env.update(BSOPS_LOCAL_LAUNCH="1", SLURM_ARRAY_JOB_ID="600", SLURM_ARRAY_TASK_ID="2")
+    probe = (f"from bigscience_ops import run_lock; import pathlib; "
+             f"pathlib.Path({str(tmp_path / 'seen')!r}).write_text(run_lock.holder({str(run)!r}) or 'free')")
+    torchrun = tmp_path / "shims" / "torchrun"  # the trainer: looks at the lock while the task holds it
+    torchrun.write_text(torchrun.read_text().replace("exit 0", f"{sys.executable} -c \"{probe}\"\nexit 0"))
+    assert subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=120).returncode == 0
+    assert (tmp_path / "seen").read_text().startswith("Slurm job 600_2 (pid ")
+    assert run_lock.holder(run) is None
+
+
+def test_a_slurm_launch_is_refused_while_a_local_launch_holds_the_run(trainings: Path, held) -> None:
+    from bigscience_ops import submit
+
+    run, pid = held
+    (trainings / "busy.yaml").write_text(tiny_yaml(run))
+    exp = load_experiment("busy", trainings)
+    with pytest.raises(run_lock.RunInUse, match=f"pid {pid} on "):
+        submit.plan_launch(exp)
+    assert not (run / "launches").exists()
