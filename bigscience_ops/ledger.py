@@ -12,15 +12,21 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from bigscience_ops import slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.rollbacks import Checked, append_line, build, check_int, check_str, check_time, checked_jsonl
 from bigscience_ops.schema import Experiment
 
 LEDGER_NAME = "task-ledger.jsonl"
+EVENTS = ("launch", "begin", "end", "stop", "resize")
+EXIT_CODES = (-(2**63), 2**63 - 1)
+"""The exit codes a record may hold (`task end --exit-code` takes any integer; a shell gives 0-255)."""
 
 
 class LedgerError(BsopsError):
@@ -70,24 +76,42 @@ def latest_iteration(checkpoints: Path) -> int:
 
 
 def append(ledger: Path, record: TaskRecord) -> None:
+    """Append one record in one write (fsynced); a line an interrupted writer left open is ended first."""
+    ledger = Path(ledger)
     ledger.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(asdict(record)) + "\n"
-    with open(ledger, "a", encoding="utf-8") as handle:  # one short append: atomic on POSIX
-        handle.write(line)
+    append_line(ledger, json.dumps(asdict(record), allow_nan=False))
+
+
+_RULES: dict[str, Callable[[Any], str | None]] = {
+    "event": lambda v: check_str(v, 16, choices=EVENTS),
+    "job_id": lambda v: check_str(v, 256),
+    "nodes": lambda v: check_str(v, 65536),
+    "iteration": check_int,
+    "time": check_time,
+    "exit_code": lambda v: None if v is None else check_int(v, *EXIT_CODES),
+    "next_job": lambda v: check_str(v, 256, optional=True),
+}
+
+
+def _record(data: dict) -> tuple[TaskRecord | None, str | None]:
+    return build(TaskRecord, data, _RULES, optional=("exit_code", "next_job"))
+
+
+def read_checked(ledger: Path) -> Checked[TaskRecord]:
+    """The ledger's records, in order, each field checked (types, finite numbers, ranges), and a problem for
+    each line that is not a record (a torn line, garbage, a field of the wrong type) or for a ledger that is not
+    a plain file: for the commands that report and go on (the watchdog, info, the chronicle)."""
+    return checked_jsonl(ledger, _record)
 
 
 def read(ledger: Path) -> list[TaskRecord]:
-    if not ledger.exists():
-        return []
-    records = []
-    for number, line in enumerate(ledger.read_text(encoding="utf-8").split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(TaskRecord(**json.loads(line)))
-        except (ValueError, TypeError) as exc:
-            raise LedgerError(f"{ledger}:{number}: unreadable record {line!r}: {exc}") from None
-    return records
+    """The ledger's records, in order; any line that is not one is a LedgerError naming the file, the line and
+    what was wrong (the task hooks and rollback refuse to act on a ledger they cannot read whole)."""
+    checked = read_checked(ledger)
+    if checked.problems:
+        more = f" (and {len(checked.problems) - 1} more)" if len(checked.problems) > 1 else ""
+        raise LedgerError(f"unreadable task ledger: {checked.problems[0]}{more}; repair or remove the line")
+    return checked.records
 
 
 def attempts(records: list[TaskRecord], resumed_at: int | None = None) -> list[Attempt]:

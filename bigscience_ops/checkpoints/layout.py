@@ -13,13 +13,13 @@ optimizer partitions), `rng_state_NNN.pt`, bsops.json. Pure Python: no torch her
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.rollbacks import Problem, RecordFileError, excerpt, kind_of, read_small, write_atomically
 
 META = "bsops.json"
 """The trainer's record in each checkpoint folder (written with write_meta)."""
@@ -35,17 +35,35 @@ OPTIMIZER_FILE = re.compile(r"(.*_)?optim_states\.pt")
 MODEL_STATES_FILE = re.compile(r"mp_rank_[0-9]+_model_states\.pt")
 
 
+META_LIMIT = 1 << 20
+"""The largest bsops.json read: the trainer writes a few kB."""
+
+
 class CheckpointError(BsopsError):
     """A checkpoint folder cannot be read or resumed from: names the folder, what is wrong, and what to do."""
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """One global_stepN folder."""
+    """One global_stepN folder (or a link of that name: listed so it can be refused by name, never read)."""
 
     tag: str
     step: int
     path: Path
+
+    @property
+    def is_link(self) -> bool:
+        """Whether the folder is a symbolic link: refused by every command (backup, retention, rollback, info)."""
+        return self.path.is_symlink()
+
+    def refusal(self) -> str | None:
+        """Why this is not a checkpoint folder any command may use (a link, not a folder), None when it is one."""
+        if self.is_link:
+            return (f"{self.path} is {kind_of(self.path)}, not the checkpoint's own folder; a checkpoint that is a "
+                    "link is refused by every command (move the folder itself there)")
+        if not self.path.is_dir():
+            return f"{self.path} is {kind_of(self.path)}, not a checkpoint folder"
+        return None
 
     def files(self) -> list[str]:
         """Every file below the folder, as sorted relative POSIX paths.
@@ -63,19 +81,29 @@ class Checkpoint:
         return found
 
     def meta(self) -> dict:
+        """The folder's bsops.json (a JSON object); a link, a FIFO, a huge or unreadable file is a CheckpointError."""
         file = self.path / META
+        refusal = self.refusal()
+        if refusal is not None:
+            raise CheckpointError(refusal)
         try:
-            return json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{file}: unreadable ({exc})") from None
+            data = read_small(file, META_LIMIT)
+            if data is None:
+                raise CheckpointError(f"{file}: missing; the save did not finish, or it was not written by bsops")
+            meta = json.loads(data.decode("utf-8"))
+        except RecordFileError as exc:
+            raise CheckpointError(str(exc)) from None
+        except (ValueError, RecursionError) as exc:
+            raise CheckpointError(f"{file}: unreadable ({type(exc).__name__}); expected the JSON object the trainer "
+                                  "writes") from None
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"{file}: got a JSON {type(meta).__name__}; expected the JSON object the trainer "
+                                  "writes")
+        return meta
 
 
 def _kind(path: Path) -> str:
-    if path.is_symlink():
-        return f"a symbolic link to {os.readlink(path)!r}"
-    if path.is_dir():
-        return "a folder"
-    return "a special file (FIFO, device or socket)" if path.exists() else "missing"
+    return kind_of(Path(path))
 
 
 def is_optimizer_file(relpath: str) -> bool:
@@ -94,7 +122,8 @@ def step_of(tag: str) -> int | None:
 
 
 def list_checkpoints(checkpoints: Path) -> list[Checkpoint]:
-    """Every global_stepN folder, oldest step first (complete or not)."""
+    """Every global_stepN folder, oldest step first (complete or not). A global_stepN that is a link (to a
+    folder) is listed too, so that each command can refuse it by name (Checkpoint.refusal); it is never complete."""
     checkpoints = Path(checkpoints)
     if not checkpoints.is_dir():
         return []
@@ -103,27 +132,43 @@ def list_checkpoints(checkpoints: Path) -> list[Checkpoint]:
     return sorted(found, key=lambda c: c.step)
 
 
+def linked_checkpoints(checkpoints: Path) -> list[Problem]:
+    """A problem for each global_stepN of the folder that is a symbolic link (refused by every command)."""
+    return [Problem(str(c.path), 0, f"is {kind_of(c.path)}: a checkpoint that is a link is refused by every command")
+            for c in list_checkpoints(checkpoints) if c.is_link]
+
+
+def saved_checkpoints(checkpoints: Path) -> list[Checkpoint]:
+    """The checkpoint folders with a bsops.json (saves that finished), whatever `latest` says, links left out: what
+    the watchdog falls back on to say where a run stands while `latest` cannot be read."""
+    return [c for c in list_checkpoints(checkpoints) if not c.is_link and (c.path / META).is_file()]
+
+
 def latest_tag(checkpoints: Path) -> str | None:
     """The tag `latest` names, None when there is no `latest` file.
 
     The one parser of `latest` (the trainer's resume, the ledger, backup and retention, warm starts):
     one line `global_stepN` as DeepSpeed writes it; anything else is a CheckpointError naming the file,
-    what it holds and the checkpoints the folder does hold.
+    what is wrong (with at most a short repr of what it holds) and the checkpoints the folder does hold.
+    A `latest` that is a link is refused unread, as a FIFO (a reader would block on it) or a folder is.
     """
     file = Path(checkpoints) / LATEST
-    if not file.exists():
-        return None
     expected = "expected one line 'global_stepN' as DeepSpeed writes it"
-    if not file.is_file():  # a FIFO would block the reader for good
-        raise CheckpointError(f"{file}: is {_kind(file)}, not a plain file; {expected}")
     try:
-        with open(file, "rb") as handle:
-            tag = handle.read(200).decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{file}: unreadable ({exc}); {expected}") from None
+        data = read_small(file, 200)
+    except RecordFileError as exc:
+        raise CheckpointError(f"{exc}; {expected}") from None
+    if data is None:
+        if file.is_symlink():  # a link to nothing
+            raise CheckpointError(f"{file}: is {kind_of(file)}, not a plain file; {expected}")
+        return None
+    try:
+        tag = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{file}: unreadable (not UTF-8 text: {excerpt(data)}); {expected}") from None
     if step_of(tag) is None:
         held = ", ".join(c.tag for c in list_checkpoints(checkpoints)[-5:]) or "none"
-        raise CheckpointError(f"{file}: got {tag[:60]!r}; {expected} (last checkpoints in the folder: {held})")
+        raise CheckpointError(f"{file}: got {excerpt(tag)}; {expected} (last checkpoints in the folder: {held})")
     return tag
 
 
@@ -133,49 +178,68 @@ def latest_step(checkpoints: Path) -> int | None:
     return None if tag is None else step_of(tag)
 
 
+def latest_checkpoint(checkpoints: Path) -> Checkpoint | None:
+    """The checkpoint `latest` names, None when there is no `latest`; a `latest` that cannot be read, or that names
+    a folder that is missing, a link or not a folder, is a CheckpointError."""
+    tag = latest_tag(checkpoints)
+    if tag is None:
+        return None
+    ckpt = Checkpoint(tag, step_of(tag), Path(checkpoints) / tag)
+    if not (ckpt.path.exists() or ckpt.path.is_symlink()):
+        held = ", ".join(c.tag for c in list_checkpoints(checkpoints)[-5:]) or "none"
+        raise CheckpointError(f"{Path(checkpoints) / LATEST}: names {tag}, which is not in the folder (last "
+                              f"checkpoints there: {held}); a write of `latest` was cut short, or the folder moved")
+    refusal = ckpt.refusal()
+    if refusal is not None:
+        raise CheckpointError(f"{Path(checkpoints) / LATEST}: names {tag}, but {refusal}")
+    return ckpt
+
+
 def write_latest(checkpoints: Path, tag: str) -> None:
-    """Point `latest` at `tag` in one atomic step (a reader sees the old tag or the new one, never half)."""
+    """Point `latest` at `tag` in one atomic step (a reader sees the old tag or the new one, never half):
+    written beside it, fsynced, renamed over it."""
     if step_of(tag) is None:
         raise ValueError(f"latest must name a tag 'global_stepN'; got {tag!r}")
-    folder = Path(checkpoints)
-    tmp = folder / f".{LATEST}.{os.getpid()}.tmp"
-    tmp.write_text(tag, encoding="utf-8")
-    os.replace(tmp, folder / LATEST)
+    write_atomically(Path(checkpoints) / LATEST, tag.encode("utf-8"))
 
 
 def write_meta(path: Path, meta: dict) -> None:
     """Write a checkpoint folder's bsops.json in one atomic step (before `latest` names the folder)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / f".{META}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path / META)
+    write_atomically(path / META, (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
 
 
 def complete_checkpoints(checkpoints: Path) -> list[Checkpoint]:
-    """The checkpoints a copy may read: with bsops.json and not newer than `latest` (a newer one is being saved)."""
+    """The checkpoints a copy may read: with bsops.json and not newer than `latest` (a newer one is being saved);
+    a folder that is a link is never one."""
     tag = latest_tag(checkpoints)
     if tag is None:
         return []
     last = step_of(tag)
-    return [c for c in list_checkpoints(checkpoints) if c.step <= last and (c.path / META).is_file()]
+    return [c for c in list_checkpoints(checkpoints)
+            if c.step <= last and not c.is_link and (c.path / META).is_file()]
 
 
 def run_id(checkpoints: Path) -> str | None:
     """The run id of the folder (see RUN_ID), None when it has none; anything else is a CheckpointError."""
     file = Path(checkpoints) / RUN_ID
-    if not file.exists() and not file.is_symlink():
-        return None
-    if file.is_symlink() or not file.is_file():
-        raise CheckpointError(f"{file}: is {_kind(file)}, not a plain file; expected one line of 32 hex digits")
+    expected = "expected one line of 32 hex digits"
     try:
-        with open(file, "rb") as handle:
-            value = handle.read(100).decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{file}: unreadable ({exc}); expected one line of 32 hex digits") from None
+        data = read_small(file, 100)
+    except RecordFileError as exc:
+        raise CheckpointError(f"{exc}; {expected}") from None
+    if data is None:
+        if file.is_symlink():
+            raise CheckpointError(f"{file}: is {kind_of(file)}, not a plain file; {expected}")
+        return None
+    try:
+        value = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{file}: unreadable (not UTF-8 text: {excerpt(data)}); {expected}") from None
     if not _RUN_ID.fullmatch(value):
-        raise CheckpointError(f"{file}: got {value[:80]!r}; expected one line of 32 hex digits (delete the file and "
-                              "the next backup names the run afresh)")
+        raise CheckpointError(f"{file}: got {excerpt(value)}; {expected} (delete the file and the next backup names "
+                              "the run afresh)")
     return value
 
 
@@ -184,9 +248,7 @@ def new_run_id(checkpoints: Path) -> str:
     folder = Path(checkpoints)
     folder.mkdir(parents=True, exist_ok=True)
     value = uuid.uuid4().hex
-    tmp = folder / f".{RUN_ID}.{os.getpid()}.tmp"
-    tmp.write_text(value + "\n", encoding="utf-8")
-    os.replace(tmp, folder / RUN_ID)
+    write_atomically(folder / RUN_ID, (value + "\n").encode("utf-8"))
     return value
 
 
