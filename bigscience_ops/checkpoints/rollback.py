@@ -2,7 +2,8 @@
 
 What the BigScience runs did by hand after a loss spike (edit `latest`, edit the YAML, hope retention
 does not delete what was set aside), as one step:
-- the target must be a complete checkpoint (bsops.json) at or before the one `latest` names, and no
+- the target must be a complete checkpoint (bsops.json) at or before the one `latest` names, a folder and
+  not a link (neither the target nor `latest` is ever read through a link), and no
   array task of the run may be training now (the CLI asks the task ledger; --force overrides);
 - every later checkpoint (and its universal copy) moves into <checkpoints>/rolled-back-<time>/, where
   nothing reads or deletes it: retention only ever looks at global_stepN folders at the top, and the
@@ -48,6 +49,10 @@ def rollback(exp: Experiment, to_step: int, skip: str | None = None, now: float 
     if latest is None:
         raise RollbackError(f"{checkpoints} has no `latest`: there is nothing to roll back")
     complete = {c.step: c for c in layout.complete_checkpoints(checkpoints)}
+    target = next((c for c in layout.list_checkpoints(checkpoints) if c.step == to_step), None)
+    refusal = target.refusal() if target is not None else None
+    if refusal is not None:  # a global_stepN that is a link is never a rollback's target
+        raise RollbackError(f"--to {to_step}: refused: {refusal}")
     if to_step not in complete:
         raise RollbackError(f"--to {to_step}: not a complete checkpoint of {checkpoints}; the complete ones up to "
                             f"latest (global_step{latest}) are {sorted(complete) or 'none'}")

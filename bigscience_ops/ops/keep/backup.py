@@ -39,6 +39,9 @@ from pathlib import Path
 from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.checkpoints.layout import Checkpoint
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.rollbacks import (
+    MAX_STEP, Checked, Problem, RecordFileError, check_int, excerpt, jsonl_lines, read_small, write_atomically,
+)
 from bigscience_ops.run_schedule import RunSchedule, run_schedule
 from bigscience_ops.schema import Experiment
 
@@ -48,6 +51,10 @@ JOURNAL = ".journal.jsonl"
 SOURCE = ".source.json"  # in a partial copy: the fingerprint of the checkpoint it is a copy of
 STORE_MARKER = ".bsops-store"
 CHUNK = 8 * 1024 * 1024
+MANIFEST_LIMIT = 64 << 20
+"""The largest manifest read: one of a checkpoint of ten thousand files is a few MB."""
+KINDS = ("whole", "weights-only")
+_SHA256 = frozenset("0123456789abcdef")
 
 
 class BackupError(BsopsError):
@@ -194,10 +201,11 @@ def _entry_for(store: Path, ckpt: Checkpoint, source: dict[str, list[int]]) -> s
     if partial.is_dir():
         for staged in sorted(partial.iterdir()):
             try:
-                if staged.is_dir() and json.loads((staged / SOURCE).read_text(encoding="utf-8")) == \
-                        {"tag": ckpt.tag, "source_files": source}:
+                if staged.is_dir() and not staged.is_symlink() and json.loads(
+                        read_small(staged / SOURCE, MANIFEST_LIMIT) or b"null") == {"tag": ckpt.tag,
+                                                                                    "source_files": source}:
                     return staged.name
-            except (OSError, ValueError):
+            except (BsopsError, OSError, ValueError, RecursionError):
                 continue
     # A folder without a manifest is a copy moved into place but never vouched for: it is finished (or redone).
     taken = set(entries(store)) | ({p.name for p in partial.iterdir()} if partial.is_dir() else set())
@@ -209,13 +217,88 @@ def _entry_for(store: Path, ckpt: Checkpoint, source: dict[str, list[int]]) -> s
 
 
 def read_manifest(dest: Path, tag: str) -> dict | None:
-    path = manifest_path(dest, tag)
-    if not path.is_file():
-        return None
+    """The manifest of entry `tag` when it is one this backup wrote (every field checked), else None: a copy
+    whose manifest is missing, unreadable or not such a manifest is not in the backup."""
+    return manifest_checked(dest, tag)[0]
+
+
+def manifest_checked(dest: Path, entry: str) -> tuple[dict | None, Problem | None]:
+    """(the manifest of `entry`, None), (None, None) when it has none, or (None, what is wrong with it): a link,
+    a FIFO, a huge file, no JSON object, a field of the wrong type or out of range."""
+    path = manifest_path(dest, entry)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
+        data = read_small(path, MANIFEST_LIMIT)
+    except RecordFileError as exc:
+        return None, Problem(str(path), 0, exc.what)
+    if data is None:
+        return None, None
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None, Problem(str(path), 0, "not a JSON manifest", excerpt(data))
+    why = _manifest_problem(manifest)
+    return (None, Problem(str(path), 0, why)) if why else (manifest, None)
+
+
+def _manifest_problem(manifest: object) -> str | None:
+    """What makes `manifest` not one this backup writes, or None."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not a manifest (a JSON object)"
+    tag = manifest.get("tag")
+    if not isinstance(tag, str) or layout.step_of(tag) is None:
+        return f"field tag: got {excerpt(str(tag))}; expected global_stepN"
+    why = check_int(manifest.get("step"), 0, MAX_STEP)
+    if why:
+        return f"field step: {why}"
+    if manifest.get("kind") not in KINDS:
+        return f"field kind: got {excerpt(str(manifest.get('kind')))}; expected one of {', '.join(KINDS)}"
+    try:
+        dt.datetime.fromisoformat(manifest.get("verified_at"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return f"field verified_at: got {excerpt(str(manifest.get('verified_at')))}; expected an ISO date and time"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(rel, str) and _file_entry(e) for rel, e in files.items()):
+        return "field files: expected {path: {size: bytes, sha256: 64 hex digits}} for every file"
+    source = manifest.get("source_files")
+    if not isinstance(source, dict) or not all(
+            isinstance(rel, str) and isinstance(v, list) and len(v) == 2 and not any(check_int(n, 0, 2**63) for n in v)
+            for rel, v in source.items()):
+        return "field source_files: expected {path: [size, mtime_ns]} for every file of the checkpoint"
+    if not isinstance(manifest.get("tar", False), bool):
+        return "field tar: expected true or false"
+    if manifest.get("tar") and check_int(manifest.get("tar_size"), 0, 2**63):
+        return "field tar_size: expected the tar's size in bytes"
+    return None
+
+
+def _file_entry(entry: object) -> bool:
+    return (isinstance(entry, dict) and check_int(entry.get("size"), 0, 2**63) is None
+            and isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64
+            and set(entry["sha256"]) <= _SHA256)
+
+
+def manifests(store: Path) -> Checked[tuple[str, dict]]:
+    """Every (entry, manifest) of a run's store, and a problem for each manifest that is not one this backup wrote."""
+    out: Checked[tuple[str, dict]] = Checked()
+    for entry in entries(store):
+        manifest, problem = manifest_checked(store, entry)
+        if problem is not None:
+            out.problems.append(problem)
+        elif manifest is not None:
+            out.records.append((entry, manifest))
+    return out
+
+
+def store_problems(store: Path) -> list[Problem]:
+    """What in a run's store cannot be read: manifests that are not this backup's, and journals of interrupted
+    copies with a bad line before their last (a last line cut short is what a killed copy leaves: it is redone)."""
+    problems = manifests(store).problems
+    partial = Path(store) / PARTIAL
+    if partial.is_dir() and not partial.is_symlink():
+        for staged in sorted(partial.iterdir()):
+            if staged.is_dir() and not staged.is_symlink():
+                problems += _journal_checked(staged)[1]
+    return problems
 
 
 def is_backed_up(dest: Path, tag: str) -> bool:
@@ -328,16 +411,23 @@ def _write_weights_only(src: Path, dst: Path, advance: Callable[[int], None]) ->
 
 
 def _journal(staging: Path) -> dict[str, dict]:
-    path = staging / JOURNAL
+    return _journal_checked(staging)[0]
+
+
+def _journal_checked(staging: Path) -> tuple[dict[str, dict], list[Problem]]:
+    """What an interrupted copy's journal vouches for, up to its first bad line (what follows is redone), and a
+    problem for a bad line that is not a last line cut short by the kill."""
     done: dict[str, dict] = {}
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").split("\n"):
-            try:
-                entry = json.loads(line)
-                done[entry["path"]] = {"size": entry["size"], "sha256": entry["sha256"]}
-            except (json.JSONDecodeError, KeyError):
-                break  # a line cut by the kill: what follows it is redone
-    return done
+    lines = list(jsonl_lines(staging / JOURNAL))
+    for i, (number, entry, problem) in enumerate(lines):
+        if problem is None and isinstance(entry, dict) and isinstance(entry.get("path"), str) and _file_entry(entry):
+            done[entry["path"]] = {"size": entry["size"], "sha256": entry["sha256"]}
+            continue
+        last_cut = i == len(lines) - 1 and problem is not None and problem.what.startswith("cut short")
+        if last_cut:
+            return done, []
+        return done, [problem or Problem(str(staging / JOURNAL), number, "not a journal line (path, size, sha256)")]
+    return done, []
 
 
 def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress, about: dict) -> bool:
@@ -402,9 +492,7 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress, a
         if final.exists():
             shutil.rmtree(final)
         staging.rename(final)
-    tmp_manifest = dest / PARTIAL / f"{entry}{MANIFEST_SUFFIX}.tmp"
-    tmp_manifest.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp_manifest, manifest_path(dest, entry))
+    write_atomically(manifest_path(dest, entry), (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
     if tar:
         shutil.rmtree(staging)
     progress.end(plan, resumed)
@@ -432,7 +520,11 @@ def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
     progress = progress or Progress()
     report = Report(dest, store=store)
     schedule = run_schedule(exp)
-    for ckpt in layout.complete_checkpoints(scratch):
+    for ckpt in _candidates(scratch):
+        refusal = ckpt.refusal()
+        if refusal is not None:  # a global_stepN that is a link: neither copied nor deleted
+            report.failed[ckpt.tag] = refusal
+            continue
         try:
             source = fingerprint(ckpt)
         except (BackupError, OSError) as exc:
@@ -456,6 +548,13 @@ def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
     report.deleted = applied.deleted
     report.left_on_scratch = dict(applied.refused)
     return report
+
+
+def _candidates(scratch: Path) -> list[Checkpoint]:
+    """The complete checkpoints, and every global_stepN up to `latest` that is a link (to be refused by name)."""
+    latest = layout.latest_step(scratch)
+    linked = [c for c in layout.list_checkpoints(scratch) if c.is_link and latest is not None and c.step <= latest]
+    return sorted(layout.complete_checkpoints(scratch) + linked, key=lambda c: c.step)
 
 
 def _copied(store: Path, ckpt: Checkpoint) -> bool:
