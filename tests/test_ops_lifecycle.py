@@ -4,6 +4,7 @@ ended early is an alert saying how, and stalls are measured from the trainer's o
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,12 +34,18 @@ def task(exp, job: str, start: int, end: int | None, code: int | None) -> None:
     env = {"SLURM_ARRAY_JOB_ID": job.split("_")[0], "SLURM_ARRAY_TASK_ID": job.split("_")[1],
            "SLURM_JOB_NODELIST": "hostn[1-2]"}
     checkpoints = Path(exp.paths.checkpoints)
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    (checkpoints / "latest").write_text(f"global_step{start}")
+    save(checkpoints, start)
     ledger.begin(Path(exp.paths.output), checkpoints, 0, env)
     if end is not None:
-        (checkpoints / "latest").write_text(f"global_step{end}")
+        save(checkpoints, end)
         ledger.end(Path(exp.paths.output), checkpoints, code, env)
+
+
+def save(checkpoints: Path, step: int) -> None:
+    """A finished save of `step` (its folder with bsops.json) and `latest` naming it, as the trainer leaves them."""
+    (checkpoints / f"global_step{step}").mkdir(parents=True, exist_ok=True)
+    (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+    (checkpoints / "latest").write_text(f"global_step{step}")
 
 
 def test_a_finished_training_is_healthy_and_announced_once(exp, plain_server, tmp_path: Path) -> None:

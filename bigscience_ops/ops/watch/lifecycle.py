@@ -6,18 +6,26 @@ only a warm start's global_step0) is not launched yet, one whose kill switch fil
 purpose (an info line, no alert), and any other is an alert that says how its last task ended:
 Slurm's accounting (sacct) where the cluster keeps it, else the task ledger and the end of Slurm's
 output file for that task (slurmstepd writes "CANCELLED ... DUE TO TIME LIMIT").
+
+The run's files are untrusted input: a torn ledger line, a `latest` cut short or a link, a bad line of
+rollbacks.jsonl, a manifest or journal of the backup store that is not one: each is a `Problem` in
+`RunState.problems` (the watchdog alerts about each file), and the rest is still read. With `latest`
+unreadable, the run stands at its newest finished save (a folder with bsops.json).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from bigscience_ops import ledger, slurm
+from bigscience_ops import ledger, rollbacks, slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.rollbacks import Problem, open_plain
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 
@@ -39,6 +47,8 @@ class RunState:
     """Whether the latest checkpoint is a warm start's weights-only global_step0 (checkpoints/warm_start.py)."""
     kill_switch: str | None = None
     """checkpoint.kill_switch_path when that file exists: the run was stopped on purpose (README "Everyday use")."""
+    problems: tuple[Problem, ...] = field(default=(), compare=False)
+    """What of the run's files could not be read (file, line, what): each file is an alert of the watchdog's."""
 
     @property
     def finished(self) -> bool:
@@ -57,25 +67,72 @@ class RunState:
 
 
 def run_state(exp: Experiment, timeout: float = 30.0) -> RunState:
-    output = Path(exp.paths.output)
-    iteration = ledger.latest_iteration(Path(exp.paths.checkpoints))
-    records = ledger.read(output / ledger.LEDGER_NAME)
-    history = ledger.attempts(records)
+    """Where `exp`'s run stands, from its folder; never raises for what the run's files hold (see the module)."""
+    output, checkpoints = Path(exp.paths.output), Path(exp.paths.checkpoints)
+    problems: list[Problem] = []
+    iteration, latest = _iteration(checkpoints, problems)
+    read = ledger.read_checked(output / ledger.LEDGER_NAME)
+    problems += read.problems
+    problems += rollbacks.read_checked(output).problems
+    problems += _store_problems(exp)
+    history = ledger.attempts(read.records)
+    # A ledger with lines, even none of them readable, is a launched run: never "not launched yet" (no alert).
+    launched = bool(read.records) or bool(read.problems)
     return RunState(iteration, run_schedule(exp).train_iters, history[-1] if history else None, exp, timeout,
-                    launched=bool(records), warm_start=iteration == 0 and _warm_start(Path(exp.paths.checkpoints)),
-                    kill_switch=exp.checkpoint.kill_switch_path if ledger.kill_switch_on(exp) else None)
+                    launched=launched, warm_start=iteration == 0 and _warm_start(latest),
+                    kill_switch=exp.checkpoint.kill_switch_path if ledger.kill_switch_on(exp) else None,
+                    problems=tuple(problems))
 
 
-def _warm_start(checkpoints: Path) -> bool:
+def _iteration(checkpoints: Path, problems: list[Problem]) -> tuple[int, layout.Checkpoint | None]:
+    """The latest checkpoint's iteration (0 before the first save) and the checkpoint; when `latest` cannot be read
+    or names no plain checkpoint folder, a problem and the newest finished save instead."""
+    try:
+        latest = layout.latest_checkpoint(checkpoints)
+    except BsopsError as exc:
+        saved = layout.saved_checkpoints(checkpoints)
+        try:  # a tag that reads but names no plain folder: the run stands there when nothing else was saved
+            named = layout.latest_step(checkpoints) or 0
+        except BsopsError:
+            named = 0
+        fallback = (f"; the newest finished save, {saved[-1].tag}, is taken as where the run stands" if saved
+                    else "; no finished save found")
+        problems.append(Problem(str(checkpoints / layout.LATEST), 0, f"{_without_file(exc, checkpoints)}{fallback}"))
+        return (saved[-1].step if saved else named), None
+    return (0 if latest is None else latest.step), latest
+
+
+def _without_file(exc: Exception, checkpoints: Path) -> str:
+    """The error's words without its leading `<file>: `, which the problem names already."""
+    text = " ".join(str(exc).split())
+    prefix = f"{checkpoints / layout.LATEST}: "
+    return text[len(prefix):] if text.startswith(prefix) else text
+
+
+def _store_problems(exp: Experiment) -> list[Problem]:
+    """The backup store's manifests and journals of this run that cannot be read (none without backup.dest)."""
+    if not exp.backup.dest:
+        return []
+    from bigscience_ops.ops.keep import backup  # the watchdog reads the store only where there is one
+
+    try:
+        run_id = layout.run_id(Path(exp.paths.checkpoints))
+        if run_id is None:
+            return []
+        return backup.store_problems(backup.run_store(Path(exp.backup.dest), exp.name, run_id))
+    except (BsopsError, OSError) as exc:
+        return [Problem(str(exp.backup.dest), 0, f"the backup store cannot be read: {' '.join(str(exc).split())}")]
+
+
+def _warm_start(latest: layout.Checkpoint | None) -> bool:
     """Whether `latest` names a step-0 checkpoint whose bsops.json says it holds weights only."""
-    tag = layout.latest_tag(checkpoints)
-    if tag is None or layout.step_of(tag) != 0:
+    if latest is None or latest.step != 0:
         return False
     try:
-        meta = layout.Checkpoint(tag, 0, checkpoints / tag).meta()
+        meta = latest.meta()
     except BsopsError:
         return False
-    return isinstance(meta, dict) and meta.get("weights_only") is True
+    return meta.get("weights_only") is True
 
 
 def _sacct_state(job_id: str, timeout: float) -> str | None:
@@ -94,13 +151,15 @@ def _ledger_and_output_state(exp: Experiment, last: ledger.Attempt) -> str:
     out = Path(exp.paths.logs) / f"{exp.slurm.job_name}-{last.job_id}.out"
     try:
         match = None
-        with out.open("rb") as handle:
-            handle.seek(max(0, out.stat().st_size - 65536))
-            for line in handle.read().decode(errors="replace").split("\n"):
-                match = STEPD_END.search(line) or match
+        handle = open_plain(out) if "/" not in last.job_id else None  # a plain file of the logs folder only
+        with handle or contextlib.nullcontext():
+            if handle is not None:
+                handle.seek(max(0, os.fstat(handle.fileno()).st_size - 65536))
+                for line in handle.read(65536).decode(errors="replace").split("\n"):
+                    match = STEPD_END.search(line) or match
         if match:
             where = f"; Slurm: CANCELLED{match.group(2) or ''} at {match.group(1)} ({out})"
-    except OSError:
+    except (OSError, BsopsError):
         pass
     if last.exit_code is None:
         return f"task {last.job_id} was killed before it recorded its end{where}"

@@ -3,6 +3,12 @@
 status.py decides over parsed jobs, lifecycle.py says where the run stands, schedule/cron.py knows the
 chains, tell/ sends the alerts on each channel and keeps their state; `watch` puts one hourly run
 together and appends every line to watchdog.log beside the run's main_log.txt.
+
+The watchdog always runs and always tells: a run file it cannot read (the task ledger, `latest`,
+rollbacks.jsonl, a backup manifest or journal: lifecycle.RunState.problems; the alert state itself:
+notify.state_problem) is an alert of its own, naming the file and the line, sent through the same
+channels and cooldown, while the rest of the check (the run's stopped or finished state, the queue,
+health) is still done.
 """
 
 from __future__ import annotations
@@ -14,15 +20,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from bigscience_ops import runlog, slurm
+from bigscience_ops import ledger, rollbacks, runlog, slurm
+from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.schedule import cron
 from bigscience_ops.ops.tell.channels import Outbox
 from bigscience_ops.ops.tell.message import NotifyError
-from bigscience_ops.ops.tell.notify import Notice, default_state_path, notify
+from bigscience_ops.ops.tell.notify import Notice, default_state_path, notify, state_problem
 from bigscience_ops.ops.watch import health, status
 from bigscience_ops.ops.watch.lifecycle import RunState
 from bigscience_ops.ops.watch.status import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport
+from bigscience_ops.rollbacks import Problem
 from bigscience_ops.schema import HealthConfig
 
 
@@ -89,6 +97,8 @@ def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime
     report = status.check(s.job_name, users=s.users, group=s.group, log_path=s.log_path,
                           stall_minutes=s.stall_minutes, now=now, contact=s.contact, timeout=s.timeout, run=run,
                           **({"query": query} if query is not None else {}))
+    if run is not None and run.problems:
+        report = _with_run_file_alerts(report, run.problems, s.contact)
     if s.cron_dir is not None:
         report = _with_chain_alerts(report, Path(s.cron_dir), s.contact, s.timeout)
     if s.health is not None and s.health.enabled and s.log_path is not None:
@@ -102,6 +112,10 @@ def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime
     outbox, log_path = s.outbox, s.log_path
     if outbox is not None:
         state_path = default_state_path(log_path) if s.state_path is None else s.state_path
+        unreadable = state_problem(state_path)
+        if unreadable is not None:  # told through the same channels: the state then starts afresh
+            report = _with_run_file_alerts(report, (unreadable,), s.contact, condition="alert-state")
+            stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
         try:
             notices = notify(report, outbox, state_path, experiment=s.experiment, cooldown_minutes=s.cooldown_minutes,
                              log_path=str(log_path) if log_path else None, env=env)
@@ -121,6 +135,56 @@ def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime
     if log_path is not None:
         status.append_to_log(status.watchdog_log(log_path), lines)
     return WatchResult(report, tuple(notices), error, lines)
+
+
+# The run's files by name: (condition, headline: what to do, then what is wrong; advice).
+RUN_FILES = {
+    ledger.LEDGER_NAME: ("run-file-ledger", "repair task-ledger.jsonl: a line cannot be read",
+                         "A line of the task ledger cannot be read (a node died mid-write, or the file was damaged); "
+                         "the watchdog skipped it and read the rest. Array tasks refuse a ledger they cannot read "
+                         "whole: remove or repair the line named above, then relaunch if the run stopped."),
+    layout.LATEST: ("run-file-latest", "point latest at a finished save: latest cannot be read",
+                    "`latest` cannot be read or names no checkpoint folder, so the next task cannot resume: write "
+                    "the tag of the newest complete checkpoint into it (one line, global_stepN; never a link), "
+                    "then relaunch."),
+    rollbacks.RECORD: ("run-file-rollbacks", "repair rollbacks.jsonl: a relaunch refuses it",
+                       "rollbacks.jsonl holds a line that is not a rollback: a launch refuses to start until it is "
+                       "repaired or removed (bsops rollback writes it, one JSON line per rollback)."),
+}
+BACKUP_FILE = ("run-file-backup", "look at the backup store: a manifest or journal cannot be read",
+               "A manifest or journal of the backup store cannot be read: that copy counts as missing (the next "
+               "backup makes it again, and retention deletes nothing because of it). Look at the file named above.")
+STATE_FILE = ("alert-state", "look at the alert state: it cannot be read",
+              "The alert state (cooldowns and who was told) cannot be read: it was set aside and started afresh, so "
+              "alerts may repeat once. Look at the file named above, then delete it.")
+SHOWN_PROBLEMS = 5
+"""Problems named per file in an alert; the rest are counted."""
+
+
+def _with_run_file_alerts(report: StatusReport, problems: tuple[Problem, ...], contact: str,
+                          condition: str | None = None) -> StatusReport:
+    """The report plus one alert per kind of run file with problems (ledger, latest, rollbacks, backup store;
+    `condition` forces one), each naming every file and its lines: through the same channels and cooldown."""
+    grouped: dict[tuple[str, str, str], dict[str, list[Problem]]] = {}
+    for problem in problems:
+        kind = STATE_FILE if condition == "alert-state" else RUN_FILES.get(Path(problem.file).name, BACKUP_FILE)
+        grouped.setdefault(kind, {}).setdefault(problem.file, []).append(problem)
+    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
+    alerts = []
+    for (key, headline, advice), files in grouped.items():
+        named = "; ".join(f"{file}: {_problem_lines(found)}" for file, found in files.items())
+        alerts.append(Alert(key, f"***ALERT: {report.job_name} cannot read its run file {named}! Alert someone at "
+                                 f"{contact}***", headline, advice))
+    return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
+                               alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
+
+
+def _problem_lines(found: list[Problem]) -> str:
+    """`line 3: cut short ...; line 9: ... (+N more)`: what each problem says, without its file."""
+    shown = [(f"line {p.line}: " if p.line else "") + p.what + (f" (held {p.held})" if p.held else "")
+             for p in found[:SHOWN_PROBLEMS]]
+    more = f" (+{len(found) - SHOWN_PROBLEMS} more)" if len(found) > SHOWN_PROBLEMS else ""
+    return " ".join("; ".join(shown).split()) + more
 
 
 def _with_chain_alerts(report: StatusReport, cron_dir: Path, contact: str, timeout: float) -> StatusReport:
