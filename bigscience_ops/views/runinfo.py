@@ -6,7 +6,8 @@ trainer's own reader, iteration_log.parse_iteration_line), `latest` and the comp
 the store, read as JSON: no checkpoint file is opened), the task ledger (ledger.py: array tasks with
 their nodes, iterations, times and exits), the open alerts of the watchdog and hourly jobs
 (ops/tell/notify.py's state file), and the disk the run folder takes. Each part that cannot be read is reported in the result and
-the rest is still shown.
+the rest is still shown: a ledger or rollbacks line, a manifest that is not one (each field is checked by its
+reader), a `latest` or global_stepN that is a link (refused, as by every command).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bigscience_ops import ledger, runlog
+from bigscience_ops import ledger, rollbacks, runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.iteration_log import IterationStats, parse_iteration_line
@@ -84,40 +85,41 @@ def run_info(exp: Experiment) -> RunInfo:
         saved_at = max((c.path.stat().st_mtime for c in done), default=None)
     except (OSError, BsopsError) as exc:
         problems.append(f"checkpoints {checkpoints}: {exc}")
-    records: list[ledger.TaskRecord] = []
+    problems += [f"checkpoints: {p}" for p in layout.linked_checkpoints(checkpoints)]
+    read = ledger.read_checked(out / ledger.LEDGER_NAME)
+    records = read.records
+    problems += [f"task ledger: {p}" for p in read.problems]
+    problems += [f"rollbacks: {p}" for p in rollbacks.read_checked(out).problems]
+    unreadable: list[str] = []
     try:
-        records = ledger.read(out / ledger.LEDGER_NAME)
-    except (OSError, BsopsError) as exc:
-        problems.append(f"task ledger: {exc}")
-    try:
-        copies = backup_info(exp)
+        copies = backup_info(exp, unreadable)
     except (OSError, BsopsError) as exc:
         copies = BackupInfo(note="could not be read")
         problems.append(f"backup: {exc}")
+    problems += [f"backup: {p}" for p in unreadable]
     return RunInfo(exp.name, out, log if log.is_file() else None, iterations[-1] if iterations else None,
                    _mtime(log), statistics.median(recent) if recent else None, latest, complete, saved_at,
                    sum(1 for r in records if r.event == "launch"), ledger.attempts(records), ledger.stopped(records),
                    [], {"run folder": _bytes(out), "checkpoints": _bytes(checkpoints)}, problems, copies)
 
 
-def backup_info(exp: Experiment) -> BackupInfo:
-    """The run's last backup, read from the manifests in its part of the store (never a checkpoint file)."""
+def backup_info(exp: Experiment, problems: list[str] | None = None) -> BackupInfo:
+    """The run's last backup, read from the manifests in its part of the store (never a checkpoint file); each
+    manifest that is not one this backup wrote is left out and named in `problems`."""
     if not exp.backup.dest:
         return BackupInfo(note="backup.dest is not set")
     run_id = layout.run_id(Path(exp.paths.checkpoints))
     if run_id is None:
         return BackupInfo(note="the run has no run id yet (no checkpoint saved): nothing backed up")
     store = backups.run_store(Path(exp.backup.dest), exp.name, run_id)
-    manifests = [(entry, backups.read_manifest(store, entry)) for entry in backups.entries(store)]
-    manifests = [(entry, m) for entry, m in manifests if isinstance(m, dict) and isinstance(m.get("step"), int)]
-    if not manifests:
+    found = backups.manifests(store)  # every field checked: step a whole number, verified_at an ISO time, kind known
+    if problems is not None:
+        problems += [str(p) for p in found.problems]
+    if not found.records:
         return BackupInfo(store, note=f"no copy in {store} yet")
-    entry, last = max(manifests, key=lambda em: (em[1]["step"], str(em[1].get("verified_at", ""))))
-    try:
-        verified = dt.datetime.fromisoformat(str(last.get("verified_at"))).timestamp()
-    except ValueError:
-        verified = None
-    return BackupInfo(store, len(manifests), entry, last["step"], str(last.get("kind", "?")), verified)
+    entry, last = max(found.records, key=lambda em: (em[1]["step"], em[1]["verified_at"]))
+    verified = dt.datetime.fromisoformat(last["verified_at"]).timestamp()
+    return BackupInfo(store, len(found.records), entry, last["step"], last["kind"], verified)
 
 
 def _mtime(path: Path) -> float | None:

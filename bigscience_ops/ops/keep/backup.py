@@ -40,7 +40,7 @@ from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.checkpoints.layout import Checkpoint
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.rollbacks import (
-    MAX_STEP, Checked, Problem, RecordFileError, check_int, excerpt, jsonl_lines, read_small, write_atomically,
+    MAX_STEP, Checked, Problem, RecordFileError, check_int, check_time, excerpt, jsonl_lines, read_small, write_atomically,
 )
 from bigscience_ops.run_schedule import RunSchedule, run_schedule
 from bigscience_ops.schema import Experiment
@@ -252,9 +252,11 @@ def _manifest_problem(manifest: object) -> str | None:
         return f"field step: {why}"
     if manifest.get("kind") not in KINDS:
         return f"field kind: got {excerpt(str(manifest.get('kind')))}; expected one of {', '.join(KINDS)}"
-    try:
-        dt.datetime.fromisoformat(manifest.get("verified_at"))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    try:  # a time the chronicle and `info` can show: from 1970 to the year 9999
+        verified = dt.datetime.fromisoformat(manifest.get("verified_at")).timestamp()  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, OSError):
+        verified = None
+    if verified is None or check_time(verified):
         return f"field verified_at: got {excerpt(str(manifest.get('verified_at')))}; expected an ISO date and time"
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(isinstance(rel, str) and _file_entry(e) for rel, e in files.items()):

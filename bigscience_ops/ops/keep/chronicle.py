@@ -11,12 +11,20 @@ emails, with their times). Events with a time are in time order under a heading 
 logged is listed under it. `bsops chronicle` prints it, hub-sync pushes it with the logs
 (CHRONICLE.md), and `bsops plot` marks its events on the loss curve (each event's kind and, where the
 run records it, its iteration).
+
+The page is read on the Hub, so everything it shows from a record, a log, a node or a job name is
+untrusted and written as plain text (`plain`): Markdown's control characters escaped, `<`, `>` and `&`
+as entities, no line break, nothing a renderer would make a link, an image or HTML of; paths go in
+code spans (`code`). A record line that cannot be read (ledger.read_checked, rollbacks.read_checked,
+backup.manifests) is skipped and listed at the end, the rest of the timeline still shown.
 """
 
 from __future__ import annotations
 
 import re
 import time
+import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +35,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.iteration_log import parse_iteration_line
 from bigscience_ops.ops.keep import backup
 from bigscience_ops.ops.watch import health
+from bigscience_ops.rollbacks import Problem, RecordFileError, open_plain
 from bigscience_ops.schema import Experiment
 
 WATCHDOG_LOG = "watchdog.log"
@@ -36,10 +45,22 @@ BACKUP_RUN_S = 600
 """Copies verified within this many seconds of the previous one belong to one backup run: one event."""
 # "[2026-11-24 03:00:00] alert email sent to a@b <id>: subject" (ops/watch/watchdog.py)
 _EMAIL = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] (alert|recovery|finished) email sent to [^:]*: (.*)")
-_TASK = re.compile(r"task (\S+) begins at iteration (\d+)")
-_SAVED = re.compile(r"successfully saved checkpoint at iteration\s+(\d+)")
+_TASK = re.compile(r"task (\S+) begins at iteration (\d{1,18})")
+_SAVED = re.compile(r"successfully saved checkpoint at iteration\s+(\d{1,18})")
 _STOPPED = re.compile(r"> (.+) at iteration \d+")  # the trainer's last line: why it stopped (trainer/train.py)
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+!|])")
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+!|~$])")
+"""ASCII punctuation a Markdown renderer acts on mid-line: each shown as itself with a backslash before it."""
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+"""Written as entities: a backslash does not stop raw HTML in every renderer (Python-Markdown passes `\\<b>`)."""
+_AUTOLINK = re.compile(r"(?i):(?=/)|(?<=www)\.|@")
+"""What GFM and linkify make a link of in plain text (`https://`, `www.`, an address): its colon, dot or at sign
+is escaped, which splits the text a link would be found in."""
+MAX_SHOWN = 300
+"""Characters of one untrusted value shown; the rest is cut (a 10 MB job name is named, not printed)."""
+MAX_LOG_LINE = 64 * 1024
+"""The longest main_log.txt or watchdog.log line read; longer ones are skipped unread."""
+SHOWN_PROBLEMS = 20
+"""Unreadable record lines listed at the end of the chronicle; the rest are counted."""
 
 
 @dataclass
@@ -51,6 +72,14 @@ class Event:
     iteration: int | None = None  # where in the training it happened, where the run records it
 
 
+@dataclass(frozen=True)
+class Chronicle:
+    """The run's events in time order, and what of its records could not be read (skipped)."""
+
+    events: list[Event]
+    problems: list[Problem]
+
+
 @dataclass
 class _TaskLog:
     saves: list[int] = field(default_factory=list)
@@ -58,9 +87,47 @@ class _TaskLog:
     health: list[str] = field(default_factory=list)
 
 
-def _safe(text: str) -> str:
-    """One line of untrusted text (a job name, a log line) as plain Markdown text."""
-    return _MARKDOWN.sub(r"\\\1", " ".join(text.split()))
+def plain(text: object) -> str:
+    """Untrusted text (a job or node name, a log line, a record's field) as one line of plain Markdown text: no
+    control or format character (bidi overrides, zero-width), no line break, no Markdown, HTML or link."""
+    text = str(text)
+    if len(text) > MAX_SHOWN:
+        text = f"{text[:MAX_SHOWN]}... ({len(text)} characters)"
+    text = " ".join("".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in text).split())
+    text = _MARKDOWN.sub(r"\\\1", text)
+    text = "".join(_ENTITIES.get(c, c) for c in text)
+    return _AUTOLINK.sub(lambda m: "\\" + m.group(0), text)
+
+
+_safe = plain
+
+
+def code(text: object) -> str:
+    """A path (or another untrusted value shown exactly) as an inline code span, in which a renderer acts on
+    nothing; as plain text when it holds a backtick or a character a code span cannot show."""
+    text = str(text)
+    if (not text.strip() or len(text) > MAX_SHOWN or "`" in text
+            or any(unicodedata.category(c)[0] in "CZ" and c != " " for c in text)):
+        return plain(text)
+    return f"`{text}`"
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of a log that is a plain file (never through a link, never a FIFO), split on newlines only;
+    a line longer than MAX_LOG_LINE is skipped unread. Nothing when the file is not there or not plain."""
+    try:
+        handle = open_plain(path)
+    except RecordFileError:
+        return
+    if handle is None:
+        return
+    with handle:
+        while raw := handle.readline(MAX_LOG_LINE + 1):
+            if len(raw) > MAX_LOG_LINE and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):
+                    raw = handle.readline(1 << 20)
+                continue
+            yield raw.decode("utf-8", errors="replace").rstrip("\n")
 
 
 def _task_logs(log: Path) -> dict[str, _TaskLog]:
@@ -70,60 +137,68 @@ def _task_logs(log: Path) -> dict[str, _TaskLog]:
     current: _TaskLog | None = None
     lines: list[str] = []
     owners: list[_TaskLog] = []  # the task of each iteration line of `lines`, in order
-    if not log.is_file():
-        return out
-    with open(log, encoding="utf-8", errors="replace", newline="\n") as handle:
-        for line in handle:
-            line = line.rstrip("\n")
-            begun = _TASK.search(line)
-            if begun:
-                current = out.setdefault(begun.group(1), _TaskLog())
-            if current is None:
-                continue
-            lines.append(line)
-            if parse_iteration_line(line) is not None:
-                owners.append(current)
-            saved = _SAVED.search(line)
-            if saved:
-                current.saves.append(int(saved.group(1)))
-            elif _STOPPED.fullmatch(line):
-                current.stop = line[2:]
+    for line in _lines(log):
+        begun = _TASK.search(line)
+        if begun:
+            current = out.setdefault(begun.group(1), _TaskLog())
+        if current is None:
+            continue
+        lines.append(line)
+        if parse_iteration_line(line) is not None:
+            owners.append(current)
+        saved = _SAVED.search(line)
+        if saved:
+            current.saves.append(int(saved.group(1)))
+        elif _STOPPED.fullmatch(line):
+            current.stop = line[2:]
     for finding in health.check(health.entries(lines), every=True):
-        owners[finding.entry].health.append(f"health: iteration {finding.iteration}: {_safe(finding.message)}")
+        owners[finding.entry].health.append(f"health: iteration {finding.iteration}: {plain(finding.message)}")
     return out
 
 
-def events(exp: Experiment) -> list[Event]:
-    """The run's events in time order."""
+def read(exp: Experiment) -> Chronicle:
+    """The run's events in time order, and a problem for each record line (or file) that could not be read."""
     out_dir = Path(exp.paths.output)
     log_path = Path(exp.paths.logs) / runlog.LOG_NAME
-    records = ledger.read(out_dir / ledger.LEDGER_NAME)
-    tasks = _task_logs(log_path)
+    ledger_read = ledger.read_checked(out_dir / ledger.LEDGER_NAME)
+    rollbacks_read = rollbacks.read_checked(out_dir)
+    backups, backup_problems = _backups(exp)
+    out = _ledger_events(ledger_read.records, _task_logs(log_path))
+    out += _rollbacks(rollbacks_read.records) + backups + _emails(log_path.parent / WATCHDOG_LOG)
+    problems = [*ledger_read.problems, *rollbacks_read.problems, *backup_problems]
+    return Chronicle(sorted(out, key=lambda e: e.when), problems)
+
+
+def events(exp: Experiment) -> list[Event]:
+    """The run's events in time order (the record lines that cannot be read are left out: `read` names them)."""
+    return read(exp).events
+
+
+def _ledger_events(records: list[ledger.TaskRecord], tasks: dict[str, _TaskLog]) -> list[Event]:
     ends = {r.job_id: r for r in records if r.event == "end"}
     out: list[Event] = []
     for rec in records:
         if rec.event == "launch":
-            out.append(Event(rec.time, f"launched: job array {_safe(rec.job_id)} submitted", kind="launch"))
+            out.append(Event(rec.time, f"launched: job array {plain(rec.job_id)} submitted", kind="launch"))
         elif rec.event == "begin":
             end = ends.get(rec.job_id)
             through = f"{rec.iteration} → {end.iteration}" if end else f"{rec.iteration} → (running or killed)"
             took = f", {(end.time - rec.time) / 60:.1f} min" if end else ""
             exit_code = f", exit {end.exit_code}" if end else ""
-            event = Event(rec.time, f"task {_safe(rec.job_id)} on {_safe(rec.nodes) or '?'}: iterations "
+            event = Event(rec.time, f"task {plain(rec.job_id)} on {plain(rec.nodes) or '?'}: iterations "
                                     f"{through}{exit_code}{took}", kind="task", iteration=rec.iteration)
             logged = tasks.get(rec.job_id)
             if logged is not None:
                 event.details += _task_details(logged)
             out.append(event)
         elif rec.event == "resize":
-            out.append(Event(rec.time, f"node phase: array {_safe(rec.job_id)} handed the run to job "
-                                       f"{_safe(rec.next_job or '?')} at {_safe(rec.nodes)} nodes, iteration "
+            out.append(Event(rec.time, f"node phase: array {plain(rec.job_id)} handed the run to job "
+                                       f"{plain(rec.next_job or '?')} at {plain(rec.nodes)} nodes, iteration "
                                        f"{rec.iteration}", kind="resize", iteration=rec.iteration))
         elif rec.event == "stop":
-            out.append(Event(rec.time, f"the failure budget stopped array task {_safe(rec.job_id)}'s array "
+            out.append(Event(rec.time, f"the failure budget stopped array task {plain(rec.job_id)}'s array "
                                        "(tasks that made no progress)", kind="stop"))
-    out += _rollbacks(out_dir) + _backups(exp) + _emails(log_path.parent / WATCHDOG_LOG)
-    return sorted(out, key=lambda e: e.when)
+    return out
 
 
 def _task_details(logged: _TaskLog) -> list[str]:
@@ -132,79 +207,98 @@ def _task_details(logged: _TaskLog) -> list[str]:
         details.append(f"checkpoints saved at iterations {', '.join(map(str, logged.saves))}")
     details += logged.health
     if logged.stop:
-        details.append(f"stopped: {_safe(logged.stop)}")
+        details.append(f"stopped: {plain(logged.stop)}")
     return details
 
 
-def _rollbacks(output: Path) -> list[Event]:
+def _rollbacks(records: list[rollbacks.Rollback]) -> list[Event]:
     out = []
-    for r in rollbacks.read(output):
-        skip = f"; iterations {_safe(r.skip)} skipped (their data consumed, no update)" if r.skip else ""
-        aside = (f"; the later checkpoints were set aside in `{_safe(r.set_aside)}` (nothing deleted)" if r.set_aside
+    for r in records:
+        skip = f"; iterations {plain(r.skip)} skipped (their data consumed, no update)" if r.skip else ""
+        aside = (f"; the later checkpoints were set aside in {code(r.set_aside)} (nothing deleted)" if r.set_aside
                  else "; no later checkpoint to set aside")
         out.append(Event(r.time, f"rollback: latest moved from global\\_step{r.from_step} back to global\\_step"
                                  f"{r.to_step}{skip}{aside}", kind="rollback", iteration=r.to_step))
     return out
 
 
-def _backups(exp: Experiment) -> list[Event]:
-    """One event per backup run: the checkpoints whose verified copies it made (the store's manifests)."""
+def _backups(exp: Experiment) -> tuple[list[Event], list[Problem]]:
+    """One event per backup run: the checkpoints whose verified copies it made (the store's manifests), and the
+    manifests that are not this backup's."""
     if not exp.backup.dest:
-        return []
+        return [], []
     try:
         run_id = layout.run_id(Path(exp.paths.checkpoints))
         store = backup.run_store(Path(exp.backup.dest), exp.name, run_id) if run_id else None
     except BsopsError:
-        return []
+        return [], []
+    if store is None:
+        return [], []
+    found = backup.manifests(store)
     copies = []
-    for entry in backup.entries(store) if store is not None else []:
-        manifest = backup.read_manifest(store, entry)
-        try:
-            when = datetime.fromisoformat(manifest["verified_at"]).timestamp()
-            copies.append((when, int(manifest["step"]), f"global\\_step{int(manifest['step'])} {manifest['kind']}"))
-        except (TypeError, KeyError, ValueError):
-            continue  # not a manifest this backup wrote
+    for _, manifest in found.records:  # every field checked by backup.manifests
+        when = datetime.fromisoformat(manifest["verified_at"]).timestamp()
+        copies.append((when, manifest["step"], f"global\\_step{manifest['step']} {plain(manifest['kind'])}"))
     runs: list[list[tuple[float, int, str]]] = []
     for copy in sorted(copies):
         if runs and copy[0] - runs[-1][-1][0] <= BACKUP_RUN_S:
             runs[-1].append(copy)
         else:
             runs.append([copy])
-    return [Event(run[0][0], f"backup: {len(run)} checkpoint(s) copied and verified in `{_safe(str(store))}`",
-                  [", ".join(what for _, _, what in run)], "backup", run[-1][1]) for run in runs]
+    return [Event(run[0][0], f"backup: {len(run)} checkpoint(s) copied and verified in {code(store)}",
+                  [", ".join(what for _, _, what in run)], "backup", run[-1][1]) for run in runs], found.problems
 
 
 def _emails(watchdog_log: Path) -> list[Event]:
     out = []
-    if not watchdog_log.is_file():
-        return out
-    with open(watchdog_log, encoding="utf-8", errors="replace", newline="\n") as handle:
-        for line in handle:
-            sent = _EMAIL.match(line.rstrip("\n"))
-            if sent:
-                stamp, kind, subject = sent.groups()
+    for line in _lines(watchdog_log):
+        sent = _EMAIL.match(line)
+        if sent:
+            stamp, kind, subject = sent.groups()
+            try:
                 when = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
-                out.append(Event(when, f"{kind} email: {_safe(subject)}", kind=kind))
+            except (ValueError, OverflowError):
+                continue  # "[2026-13-45 ...]": not a line the watchdog wrote
+            out.append(Event(when, f"{kind} email: {plain(subject)}", kind=kind))
     return out
 
 
 def markdown(exp: Experiment, now: float | None = None, *, writer: str = "`bsops chronicle`",
              stamped: bool = True) -> str:
-    """The chronicle of `exp`'s run, as written by `writer` at `now`; unstamped, it leaves out when (hub-sync's
-    copy then changes only when the run does)."""
+    """The chronicle of `exp`'s run, as written by `writer` (bsops' own words) at `now`; unstamped, it leaves out
+    when (hub-sync's copy then changes only when the run does). Record lines that cannot be read are skipped and
+    listed at the end."""
     when = f" {time.strftime('%Y-%m-%d %H:%M', time.localtime(time.time() if now is None else now))}" if stamped else ""
-    lines = [f"# {_safe(exp.name)}: run chronicle", "",
-             f"Run folder `{exp.paths.output}`; written{when} by {writer} from the task ledger, main_log.txt, "
+    lines = [f"# {plain(exp.name)}: run chronicle", "",
+             f"Run folder {code(exp.paths.output)}; written{when} by {writer} from the task ledger, main_log.txt, "
              "watchdog.log, rollbacks.jsonl and the backup manifests.", ""]
     day = None
-    found = events(exp)
-    if not found:
+    found = read(exp)
+    if not found.events:
         lines.append("Nothing recorded yet: the run has not started from this folder.")
-    for event in found:
+    for event in found.events:
         this_day = time.strftime("%Y-%m-%d", time.localtime(event.when))
         if this_day != day:
             lines += [f"## {this_day}", ""] if day is None else ["", f"## {this_day}", ""]
             day = this_day
         lines.append(f"- {time.strftime('%H:%M', time.localtime(event.when))} {event.text}")
         lines += [f"  - {detail}" for detail in event.details]
+    if found.problems:
+        lines += ["", "## Records not read", "",
+                  f"{len(found.problems)} record line(s) or file(s) could not be read and are left out above:", ""]
+        lines += [f"- {_problem(p, exp)}" for p in found.problems[:SHOWN_PROBLEMS]]
+        if len(found.problems) > SHOWN_PROBLEMS:
+            lines.append(f"- and {len(found.problems) - SHOWN_PROBLEMS} more")
     return "\n".join(lines) + "\n"
+
+
+def _problem(problem: Problem, exp: Experiment) -> str:
+    """A problem for the page: the file (relative to the run folder where it lies inside it), the line and what was
+    wrong, without what the line held (the page is public; the alert and `bsops info` show that)."""
+    path = Path(problem.file)
+    try:
+        shown = path.relative_to(exp.paths.output).as_posix()
+    except ValueError:
+        shown = path.name
+    where = f"{code(shown)} line {problem.line}" if problem.line else code(shown)
+    return f"{where}: {plain(problem.what)}"
