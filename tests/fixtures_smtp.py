@@ -163,3 +163,174 @@ def webhook_server(cert: tuple[str, str]) -> Iterator[Hooked]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- hostile servers: a loopback server whose every connection runs a script of the test's -----------------
+
+DRIP_S = 2.0
+"""How often a dripping server sends its next line: far longer than any deadline's tick, shorter than the limit."""
+
+
+class Loopback:
+    """A TCP server on 127.0.0.1 (`port`) that runs `serve(conn, stop)` for each connection in a thread of its
+    own, after a TLS handshake with `tls` when given. `stop` is set when the server closes, which also shuts
+    every connection down: a script that waits or drips for ever ends then. What a script raises (the client
+    went away) ends its connection quietly; `connections` counts them."""
+
+    def __init__(self, serve, tls: ssl.SSLContext | None = None) -> None:
+        import socket
+        import threading
+
+        self.serve, self.tls = serve, tls
+        self.stop = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections = 0
+        self._open: list = []
+        self._threads: list[threading.Thread] = []
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    def _accept(self) -> None:
+        import threading
+
+        self.listener.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            self._open.append(conn)
+            thread = threading.Thread(target=self._handle, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _handle(self, conn) -> None:
+        try:
+            conn.settimeout(30)
+            if self.tls is not None:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+                self._open.append(conn)
+            self.serve(conn, self.stop)
+        except (OSError, ValueError):
+            pass  # the client hung up (a deadline cut it off): what these servers are for
+        finally:
+            conn.close()
+
+    def close(self) -> list[str]:
+        """Stop; returns the scripts still running a few seconds later (none, unless one ignores `stop`)."""
+        import socket
+
+        self.stop.set()
+        self.listener.close()
+        for conn in list(self._open):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._accepting.join(5)
+        for thread in self._threads:
+            thread.join(5)
+        return [t.name for t in self._threads if t.is_alive()]
+
+
+def drip(conn, stop, line: bytes, every: float = DRIP_S) -> None:
+    """Send `line` now and every `every` seconds until the server stops or the client hangs up."""
+    conn.sendall(line)
+    while not stop.wait(every):
+        conn.sendall(line)
+
+
+def read_line(reader) -> bytes:
+    line = reader.readline(100_000)
+    if not line:
+        raise ConnectionAbortedError("the client hung up")
+    return line
+
+
+@dataclass
+class SmtpScript:
+    """What a scripted SMTP server answers: `banner`, then per command verb (EHLO, HELO, STARTTLS, AUTH, MAIL,
+    RCPT, DATA, `.` for the end of the message's data, QUIT) the raw reply lines in `replies`, else an
+    accepting default. A verb in `drips` (or `banner`) is answered with that line again every DRIP_S seconds
+    for ever; `silent_after` is a verb after whose reply nothing more is said (nor read, nor TLS begun)."""
+
+    banner: bytes = b"220 hostile.example ESMTP\r\n"
+    replies: dict[str, bytes] = field(default_factory=dict)
+    drips: dict[str, bytes] = field(default_factory=dict)
+    silent_after: str | None = None
+    tls: ssl.SSLContext | None = None
+    """The context STARTTLS upgrades with (advertised only with it)."""
+    pause_s: float = 0.0
+    """How long it thinks before each reply, the banner included (each well within a per-read timeout)."""
+    commands: list[str] = field(default_factory=list)
+    """The verbs the client sent, in order."""
+
+    DEFAULTS = {"EHLO": b"250-hostile.example\r\n250-AUTH PLAIN LOGIN\r\n250 8BITMIME\r\n",
+                "HELO": b"250 hostile.example\r\n", "STARTTLS": b"220 go ahead\r\n", "AUTH": b"235 welcome\r\n",
+                "MAIL": b"250 sender ok\r\n", "RCPT": b"250 recipient ok\r\n", "DATA": b"354 end with .\r\n",
+                ".": b"250 queued\r\n", "QUIT": b"221 bye\r\n", "RSET": b"250 ok\r\n", "NOOP": b"250 ok\r\n"}
+
+    def reply(self, verb: str) -> bytes:
+        if verb in self.replies:
+            return self.replies[verb]
+        if verb == "EHLO" and self.tls is not None:
+            return b"250-hostile.example\r\n250-STARTTLS\r\n250-AUTH PLAIN LOGIN\r\n250 8BITMIME\r\n"
+        return self.DEFAULTS.get(verb, b"502 not implemented\r\n")
+
+    def serve(self, conn, stop) -> None:
+        if "banner" in self.drips:
+            drip(conn, stop, self.drips["banner"])
+            return
+        stop.wait(self.pause_s)
+        conn.sendall(self.banner)
+        if self.silent_after == "banner" or not self.banner.startswith(b"220 "):
+            stop.wait()
+            return
+        reader = conn.makefile("rb")
+        while True:
+            line = read_line(reader)
+            verb = line.split(b" ", 1)[0].strip().upper().decode("ascii", "replace")
+            self.commands.append(verb)
+            if verb == "AUTH" and line.split()[1:2] == [b"LOGIN"] and len(line.split()) == 3:
+                conn.sendall(b"334 UGFzc3dvcmQ6\r\n")  # LOGIN with the name given: ask for the password
+                read_line(reader)
+            if verb in self.drips:
+                drip(conn, stop, self.drips[verb])
+                return
+            stop.wait(self.pause_s)
+            conn.sendall(self.reply(verb))
+            if self.silent_after == verb:
+                stop.wait()
+                return
+            if verb == "DATA" and self.reply(verb).startswith(b"354"):
+                while read_line(reader) != b".\r\n":
+                    pass
+                self.commands.append(".")
+                if "." in self.drips:
+                    drip(conn, stop, self.drips["."])
+                    return
+                conn.sendall(self.reply("."))
+            elif verb == "STARTTLS" and self.reply(verb).startswith(b"220") and self.tls is not None:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+                reader = conn.makefile("rb")
+            elif verb == "QUIT":
+                return
+
+
+@pytest.fixture
+def scripted_smtp() -> Iterator:
+    """`start(script) -> port`: a Loopback SMTP server running `script` (an SmtpScript) on each connection;
+    every server started is stopped, and must have stopped, at the end."""
+    servers: list[Loopback] = []
+
+    def start(script: SmtpScript, tls: ssl.SSLContext | None = None) -> int:
+        servers.append(Loopback(script.serve, tls))
+        return servers[-1].port
+
+    yield start
+    stuck = [name for server in servers for name in server.close()]
+    assert not stuck, f"scripts still running after the server stopped: {stuck}"
