@@ -5,6 +5,7 @@ no other change."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -13,14 +14,14 @@ from typing import ClassVar
 
 import pytest
 
-from bigscience_ops.ops.tell import channels, notify
+from bigscience_ops.ops.tell import channels, email, notify, webhook
 from bigscience_ops.ops.tell.channels import Outbox
 from bigscience_ops.ops.tell.email import EmailChannel
 from bigscience_ops.ops.tell.message import ChannelError, Message, NotifyError
-from bigscience_ops.ops.tell.webhook import WebhookChannel
+from bigscience_ops.ops.tell.webhook import WebhookChannel, WebhookSettings
 from bigscience_ops.ops.watch import status, watchdog
 from bigscience_ops.schema import AlertsConfig
-from tests.fixtures_smtp import plain_settings
+from tests.fixtures_smtp import SmtpScript, plain_settings
 from tests.fixtures_status import seed_job
 
 NOW = datetime(2026, 11, 22, 12, 0, 0)
@@ -128,3 +129,40 @@ def test_a_state_file_written_before_the_protocol_keeps_each_channels_keys(tmp_p
     saved = json.loads(state.read_text())
     assert saved["jobs"]["backup"]["sent"] == {"email": stamp, "pager": (NOW + timedelta(minutes=1)).isoformat()}
     assert saved["jobs"]["backup"]["failed"] == {"webhook": "HTTP 500"} and saved["finished"]["job-b"]["webhook"] == 120
+
+
+# --- each channel's send has a total time, not a time per read ----------------------------------------------
+
+def test_an_smtp_server_that_drips_its_banner_fails_the_email_alone_within_its_timeout(scripted_smtp, webhook_server,
+                                                                                       cert, monkeypatch) -> None:
+    """`220-` continuation lines every 2 s for ever: the email is a failed channel at its timeout, and the webhook
+    after it still gets the alert."""
+    port = scripted_smtp(SmtpScript(drips={"banner": b"220-still here\r\n"}))
+    monkeypatch.setenv("BSOPS_TEST_WEBHOOK", webhook_server.url)
+    outbox = Outbox((EmailChannel(plain_settings(port, timeout_s=2.0)),
+                     WebhookChannel(WebhookSettings("BSOPS_TEST_WEBHOOK", ca_file=cert[0]))), "bot@example.org")
+    started = time.monotonic()
+    failed = outbox.deliver(outbox.compose("[ALERT] tiny: not running", "body"))
+    assert time.monotonic() - started < 2.0 + 3 and set(failed) == {"email"}
+    assert len(webhook_server.posts) == 1
+
+
+def test_an_smtp_server_that_answers_every_command_slowly_is_cut_off_at_the_total(scripted_smtp) -> None:
+    """0.8 s before each reply is far within any time per read, but banner to end of data takes 7 of them: past
+    the 2 s the whole email may take, so the channel fails then (and does not wait for the rest)."""
+    script = SmtpScript(pause_s=0.8)
+    channel = EmailChannel(plain_settings(scripted_smtp(script), timeout_s=2.0))
+    started = time.monotonic()
+    with pytest.raises(ChannelError) as failed:
+        channel.send(channels.Outbox((channel,), "bot@example.org").compose("[ALERT] x", "b"), {})
+    assert time.monotonic() - started < 2.0 + 3 and failed.value.channel == "email" and "." not in script.commands
+    script.pause_s = 0.0
+    channel.send(channels.Outbox((channel,), "bot@example.org").compose("[ALERT] x", "b"), {})  # prompt: it goes
+    assert script.commands[-2:] == [".", "QUIT"]
+
+
+def test_the_channels_an_alerts_section_builds_have_the_modules_total_timeouts() -> None:
+    alerts = AlertsConfig(email_to=["oncall@example.org"], webhook_url_env="TEAM_HOOK", email_from="bot@example.org")
+    outbox = channels.outbox_from_alerts(alerts)
+    assert outbox is not None
+    assert [c.settings.timeout_s for c in outbox.channels] == [email.TIMEOUT_S, webhook.TIMEOUT_S] == [30.0, 30.0]

@@ -1,22 +1,32 @@
 """Alerts to a chat webhook (alerts.webhook_url_env): the same messages, cooldown and recovery as email,
-posted over https to a real local server; the URL, a secret, never shows."""
+posted over https to a real local server; the URL, a secret, never shows. A webhook that drips its answer or
+redirects is a failed channel within its timeout, recorded so the next run tries it again, and never holds
+the watchdog (`bsops status`) back."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
+import os
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from bigscience_ops.ops.tell import channels, notify
+from bigscience_ops.ops.tell import webhook as webhook_module
 from bigscience_ops.ops.tell.channels import Outbox
 from bigscience_ops.ops.tell.message import NotifyError
-from bigscience_ops.ops.tell.webhook import WebhookChannel
+from bigscience_ops.ops.tell.webhook import WebhookChannel, WebhookSettings
 from bigscience_ops.ops.watch import status, watchdog
 from bigscience_ops.schema import AlertsConfig
-from tests.fixtures_smtp import plain_outbox, webhook_outbox
+from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_https import OK, SCRIPTS, SECRET, answer, hostile_https, read_request, redirect  # noqa: F401
+from tests.fixtures_slurm import replay_squeue
+from tests.fixtures_smtp import alerts_yaml, plain_outbox, webhook_outbox
 from tests.fixtures_status import seed_job
 
 NOW = datetime(2026, 11, 22, 12, 0, 0)
@@ -156,3 +166,141 @@ def test_a_failing_email_does_not_hold_back_the_webhook(webhook_server, cert, tm
         notify.notify_job(outbox, state, "backup", "disk full", experiment="tiny", command="c",
                           now=NOW + timedelta(minutes=5))
     assert len(webhook_server.posts) == 1  # the webhook's cooldown holds; only the email is tried again
+
+
+# --- a webhook that never finishes, or sends the alert elsewhere, is a failed channel in bounded time -------
+
+def test_a_dripping_webhook_is_cut_off_at_its_timeout_and_the_state_says_it_failed(hostile_https, cert,
+                                                                                   tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """The issue's server: `200 OK`, then one header line every 2 s for ever. The POST ends at the channel's
+    timeout, the alert state is saved with the webhook failed, and the next run tries again."""
+    drip = hostile_https(SCRIPTS["drip headers"])
+    monkeypatch.setenv(VAR, drip.url())
+    outbox = Outbox((WebhookChannel(WebhookSettings(VAR, ca_file=cert[0], timeout_s=2.0)),), "b@example.org")
+    state = tmp_path / "state.json"
+    for minutes in (0, 60):
+        started = time.monotonic()
+        with pytest.raises(NotifyError) as err:
+            notify.notify_job(outbox, state, "hub-sync", "remote refused", experiment="tiny", command="c",
+                              now=NOW + timedelta(minutes=minutes))
+        assert time.monotonic() - started < 2.0 + 3 and SECRET not in str(err.value)
+        entry = json.loads(state.read_text())["jobs"]["hub-sync"]
+        assert entry["sent"] == {} and "webhook" in entry["failed"] and SECRET not in state.read_text()
+    assert len(drip.requests) == 2
+
+
+@pytest.mark.parametrize("code", [301, 302, 307])
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_redirecting_webhook_is_a_failed_channel_and_its_target_never_hears(code: int, scheme: str, hostile_https,
+                                                                              cert, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    target = hostile_https(answer(OK), tls=None if scheme == "http" else "default")
+    server = hostile_https(redirect(code, target.url(scheme)))
+    monkeypatch.setenv(VAR, server.url())
+    state = tmp_path / "state.json"
+    with pytest.raises(NotifyError, match=str(code)):
+        notify.notify_job(webhook_outbox(VAR, cert), state, "backup", "disk full", experiment="tiny", command="c",
+                          now=NOW)
+    entry = json.loads(state.read_text())["jobs"]["backup"]
+    assert entry["sent"] == {} and str(code) in entry["failed"]["webhook"]
+    assert target.loopback.connections == 0 and SECRET not in state.read_text()
+
+
+def _tunnel(conn, stop, server) -> None:
+    """An https proxy: CONNECT host:port, then bytes both ways until either side hangs up."""
+    import selectors
+    import socket
+
+    request = read_request(conn, server)
+    host, port = request.line.split()[1].decode().rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as upstream:
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        with selectors.DefaultSelector() as selector:
+            selector.register(conn, selectors.EVENT_READ, upstream)
+            selector.register(upstream, selectors.EVENT_READ, conn)
+            while not stop.is_set():
+                for key, _ in selector.select(0.2):
+                    data = key.fileobj.recv(65536)
+                    if not data:
+                        return
+                    key.data.sendall(data)
+
+
+def test_the_environments_https_proxy_carries_the_post_through_a_tunnel(webhook_server, hostile_https, cert,
+                                                                        monkeypatch) -> None:
+    """As urllib did: https_proxy (with its credentials) unless no_proxy names the host; TLS is still with the
+    webhook's own host, checked against its certificate."""
+    proxy = hostile_https(_tunnel, tls=None)
+    monkeypatch.setenv(VAR, webhook_server.url)
+    for name in ("no_proxy", "NO_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("https_proxy", f"http://ops:pr%40xy@127.0.0.1:{proxy.port}")
+    outbox = webhook_outbox(VAR, cert)
+    outbox.send(outbox.compose("[ALERT] tiny: x", "through the proxy"))
+    [connect] = proxy.requests
+    port = webhook_server.url.split(":")[2].split("/")[0]
+    assert connect.line.split()[:2] == [b"CONNECT", f"127.0.0.1:{port}".encode()]
+    assert connect.headers["proxy-authorization"] == "Basic " + base64.b64encode(b"ops:pr@xy").decode()
+    assert len(webhook_server.posts) == 1
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    outbox.send(outbox.compose("[ALERT] tiny: y", "straight"))
+    assert len(proxy.requests) == 1 and len(webhook_server.posts) == 2
+
+
+# --- end to end: `bsops status EXP` with a real SMTP sink and a dripping webhook ------------------------------
+
+def test_bsops_status_with_a_dripping_webhook_returns_in_time_mails_once_and_records_the_webhook_failed(
+        trainings: Path, plain_server, hostile_https, cert, tmp_path: Path, monkeypatch) -> None:
+    """The watchdog of an experiment whose alerts go to email and a webhook that answers `200 OK` then drips a
+    header line every 2 s: each `bsops status` returns within its Slurm timeout plus each channel's, the email
+    goes out once per cooldown, and the alert state says the webhook failed (so the next run tries it again)."""
+    from bigscience_ops import ledger
+    from bigscience_ops.cli import main
+    from bigscience_ops.config import load_experiment
+    from bigscience_ops.ops.tell import email, webhook
+
+    inbox, port = plain_server
+    drip = hostile_https(SCRIPTS["drip headers"])
+    monkeypatch.setattr(webhook, "TIMEOUT_S", 2.0)  # what from_alerts gives each channel
+    monkeypatch.setattr(email, "TIMEOUT_S", 2.0)
+    monkeypatch.setenv(VAR, drip.url())
+    monkeypatch.setenv("SSL_CERT_FILE", cert[0])  # the default context trusts the test CA (as a site CA would be)
+    monkeypatch.setenv("PATH", f"{replay_squeue(tmp_path / 'bin', 'squeue.txt')}:{os.environ['PATH']}")
+    alerts = alerts_yaml(port, 60).replace("smtp_security: none", f"smtp_security: none, webhook_url_env: {VAR}")
+    (trainings / "watched.yaml").write_text(tiny_yaml(tmp_path / "run", "slurm: {job_name: bsops-e2e-watched}\n",
+                                                      alerts))
+    exp = load_experiment("watched", trainings)
+    ledger.mark_launch(Path(exp.paths.output), "4242")  # launched and gone: an alert
+    slurm_timeout = 5.0
+
+    def run_status() -> int:
+        started = time.monotonic()
+        result = CliRunner().invoke(main, ["status", "watched", "--trainings-dir", str(trainings),
+                                           "--timeout", str(slurm_timeout)])
+        assert time.monotonic() - started < slurm_timeout + 2.0 + 2.0 + 3, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+        assert SECRET not in result.output
+        return result.exit_code
+
+    state_file = Path(exp.paths.logs) / ".bsops-alerts.json"
+    assert run_status() == status.EXIT_ERROR  # the alert, and a channel that could not take it
+    assert len(inbox.messages) == 1 and len(drip.requests) == 1
+    [entry] = json.loads(state_file.read_text())["active"].values()
+    assert set(entry["sent"]) == {"email"} and set(entry["failed"]) == {"webhook"}
+    assert run_status() == status.EXIT_ERROR  # within the cooldown: no email; the webhook tried again
+    assert len(inbox.messages) == 1 and len(drip.requests) == 2
+    [entry] = json.loads(state_file.read_text())["active"].values()
+    assert set(entry["sent"]) == {"email"} and set(entry["failed"]) == {"webhook"}
+    assert SECRET not in state_file.read_text() and SECRET not in (Path(exp.paths.logs) / "watchdog.log").read_text()
+
+
+def test_a_webhook_answer_that_comes_slowly_but_whole_is_cut_off_at_the_total(hostile_https, cert) -> None:
+    """Each line 0.8 s after the last is far within a time per read (the old limit), yet the whole answer takes
+    6 s: the POST fails at its 2 s, and the same server answering at once delivers."""
+    slow = hostile_https(SCRIPTS["a whole answer, one line every 0.8 s"])
+    started = time.monotonic()
+    with pytest.raises(webhook_module.WebhookError):
+        webhook_module.post(slow.url(), "s", "b", timeout=2.0, ca_file=cert[0])
+    assert time.monotonic() - started < 2.0 + 3 and len(slow.requests) == 1
+    webhook_module.post(hostile_https(answer(OK)).url(), "s", "b", timeout=2.0, ca_file=cert[0])
