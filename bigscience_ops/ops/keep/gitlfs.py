@@ -9,6 +9,12 @@ remote's .lfsconfig, a redirect), and plain http, get nothing. The helpers confi
 credential store that would save the token) are switched off the same way, and git may speak only
 https, ssh and file (`GIT_ALLOW_PROTOCOL`: no http, git://, or `ext::`, which runs a command).
 Every error is scrubbed of the token and anything else that looks like a credential.
+
+Every command has a total time (Git.timeout_s, and what is left of Git.deadline, the limit of a whole
+sync), not a time per read: git and what it starts (git-remote-https, git-lfs, ssh, the credential
+helper) run in a process group of their own, with no terminal and no stdin, and when the time is up
+the whole group is stopped (SIGTERM, so git removes its lock files, then SIGKILL), never only git
+while its children go on pushing. A push that keeps failing never waits past the deadline either.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +34,8 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.redact import scrub
 
 GIT_TIMEOUT_S = 1800  # a push of large LFS objects may take long; a hung one must still end
+STOP_GRACE_S = 5.0
+"""How long a timed-out command's processes have to end after SIGTERM (git removes its lock files) before SIGKILL."""
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HOST = re.compile(r"[a-z0-9.-]+(:[0-9]+)?")  # hub_remote checks hub.host fully; this keeps the helper's quoting sound
 _TOKEN = re.compile(r"[!-~]+")  # printable ASCII, no space: anything else could add lines to git's credential protocol
@@ -104,22 +113,82 @@ class Git:
     token_env: str | None = None
     host: str | None = None
     timeout_s: float = GIT_TIMEOUT_S
+    """The whole of one command at most, with everything it starts."""
+    deadline: float | None = None
+    """time.monotonic() by which every command on this clone must be over (a whole sync's limit); None: each
+    command has timeout_s alone."""
+
+    def time_left(self) -> float:
+        """Seconds the next command may take: timeout_s, or less when the deadline is nearer."""
+        if self.deadline is None:
+            return self.timeout_s
+        return min(self.timeout_s, self.deadline - time.monotonic())
 
     def run(self, *args: str, check: bool = True, hint: str = "", extra_env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess:
         argv = ["git", *args]
         env = {**git_env(self.token_env, self.host), **(extra_env or {})}
         secrets = [env[self.token_env]] if self.token_env and env.get(self.token_env) else []
-        try:
-            proc = subprocess.run(argv, cwd=self.cwd, env=env, capture_output=True, text=True, timeout=self.timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise GitError(argv, None, _text(exc.stderr), hint, secrets) from None
+        limit = self.time_left()
+        if limit <= 0:
+            raise GitError(argv, None, "not started: the sync's time limit has passed", hint, secrets)
+        proc = run_within(argv, self.cwd, env, limit)
+        if proc.returncode is None:
+            stopped = f"it ran out of its {limit:g} s and was stopped, with every process it started"
+            raise GitError(argv, None, proc.stderr, f"{stopped}. {hint}" if hint else stopped, secrets)
         if check and proc.returncode != 0:
             raise GitError(argv, proc.returncode, proc.stderr, hint, secrets)
         return proc
 
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()
+
+
+def run_within(argv: Sequence[str], cwd: Path, env: dict[str, str], timeout_s: float
+               ) -> subprocess.CompletedProcess:
+    """Run `argv` in a session of its own (no terminal, stdin empty) for `timeout_s` seconds in all; when the time
+    is up its whole process group is stopped (SIGTERM, then SIGKILL after STOP_GRACE_S) and the result has
+    returncode None with what was written until then."""
+    with subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+            return subprocess.CompletedProcess(list(argv), proc.returncode, stdout, stderr)
+        except subprocess.TimeoutExpired as exc:
+            partial = (exc.stdout, exc.stderr)
+        _stop_group(proc)
+        try:  # the group is gone, so are the pipes' writers: what it wrote before
+            stdout, stderr = proc.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:  # a process that left the group holds a pipe: keep what came
+            stdout, stderr = _text(partial[0]), _text(partial[1])
+        return subprocess.CompletedProcess(list(argv), None, stdout, stderr)  # type: ignore[arg-type]
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group `proc` leads; SIGKILL to whatever of it is left after STOP_GRACE_S."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < end and _group_alive(proc.pid):
+        try:
+            proc.wait(0.05)  # reaped, the leader no longer counts: only what it started does
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def without_credentials(url: str) -> str:
@@ -136,17 +205,19 @@ def _text(data: bytes | str | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
-def clone_or_open(remote: str, path: Path, token_env: str | None, host: str | None = None, branch: str = "main") -> Git:
+def clone_or_open(remote: str, path: Path, token_env: str | None, host: str | None = None, branch: str = "main", *,
+                  deadline: float | None = None) -> Git:
     """A clone of `remote` at `path` with LFS hooks and filters installed; an existing clone is reused as it is.
 
     An empty remote gives a clone on `branch` with no commit yet. New clones check symlinks out as
     plain files (core.symlinks false): a link committed in the remote never points out of the clone.
     An existing clone must push to `remote`; a credential an older clone holds in its origin URL is
-    removed from its config first.
+    removed from its config first. `deadline` (time.monotonic()) bounds every command on the clone, these
+    and all that the returned Git runs (Git.deadline).
     """
     path = Path(path)
     if (path / ".git").is_dir():
-        git = Git(path, token_env, host)
+        git = Git(path, token_env, host, deadline=deadline)
         url = git.out("remote", "get-url", "origin")
         if scrub(url) != url:
             url = without_credentials(url)
@@ -162,15 +233,15 @@ def clone_or_open(remote: str, path: Path, token_env: str | None, host: str | No
         tmp.unlink()
     elif tmp.exists():
         shutil.rmtree(tmp)
-    Git(path.parent, token_env, host).run("clone", "--quiet", "--no-recurse-submodules", "-c", "core.symlinks=false",
-                                          "--", remote, str(tmp),
-                                          hint="check the remote URL and that the token in hub.token_env may read it")
-    git = Git(tmp, token_env, host)
+    Git(path.parent, token_env, host, deadline=deadline).run(
+        "clone", "--quiet", "--no-recurse-submodules", "-c", "core.symlinks=false", "--", remote, str(tmp),
+        hint="check the remote URL and that the token in hub.token_env may read it")
+    git = Git(tmp, token_env, host, deadline=deadline)
     git.run("lfs", "install", "--local", hint="install git-lfs (apt-get install git-lfs)")
     if git.run("rev-parse", "--verify", "--quiet", "HEAD", check=False).returncode != 0:
         git.run("symbolic-ref", "HEAD", f"refs/heads/{branch}")
     tmp.rename(path)
-    return Git(path, token_env, host)
+    return Git(path, token_env, host, deadline=deadline)
 
 
 def lfs_patterns(git: Git) -> set[str]:
@@ -220,18 +291,19 @@ def push(git: Git, attempts: int, backoff_s: float = 10.0, sleep: Callable[[floa
     """Push HEAD to origin's branch, rebasing onto what others pushed in between; returns the attempts used.
 
     Waits backoff_s, 2 * backoff_s, ... (never more than MAX_WAIT_S) between tries, and raises the last
-    GitError after `attempts`.
+    GitError after `attempts`, or as soon as the next try could not start before the clone's deadline.
     """
     branch = git.out("symbolic-ref", "--short", "HEAD")
     for attempt in range(1, attempts + 1):
+        wait = min(backoff_s * 2 ** min(attempt - 1, 30), MAX_WAIT_S)
         try:
             git.run("push", "--quiet", "origin", f"HEAD:refs/heads/{branch}",
                     hint="check the remote and that the token in hub.token_env may write to it")
             return attempt
         except GitError:
-            if attempt == attempts:
-                raise
-        sleep(min(backoff_s * 2 ** min(attempt - 1, 30), MAX_WAIT_S))
+            if attempt == attempts or (git.deadline is not None and time.monotonic() + wait >= git.deadline):
+                raise  # no try left, or none that could start before the deadline
+        sleep(wait)
         if git.run("fetch", "--quiet", "origin", check=False).returncode == 0 and \
                 git.run("rev-parse", "--verify", "--quiet", f"refs/remotes/origin/{branch}", check=False).returncode == 0:
             git.run("rebase", "--quiet", f"origin/{branch}", hint="the remote changed in a way that conflicts; "
