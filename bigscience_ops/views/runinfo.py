@@ -81,6 +81,7 @@ def run_info(exp: Experiment) -> RunInfo:
     try:
         latest = layout.latest_step(checkpoints)
         done = layout.complete_checkpoints(checkpoints)
+        layout.latest_checkpoint(checkpoints)  # names a plain checkpoint folder: else a problem, the rest shown
         complete = [c.step for c in done]
         saved_at = max((c.path.stat().st_mtime for c in done), default=None)
     except (OSError, BsopsError) as exc:
