@@ -71,12 +71,20 @@ _FIELDS = {
 }
 
 
+MAX_LINE_CHARS = 16 << 10
+"""A longer line is no iteration line (they are under 1 KiB, srun's label included): a log's line of megabytes
+(a crashed node's NUL bytes, a dump without line breaks) is passed over without being split or matched."""
+
+
 def parse_iteration_line(line: str) -> IterationStats | None:
     """The stats of an iteration line (this trainer's or Megatron-DeepSpeed's), or None for any other line.
 
     Fields Megatron adds and this trainer does not (or the reverse) are ignored or left at their
-    defaults; a field whose value does not parse (a truncated line) leaves the line unread.
+    defaults; a field whose value does not parse (a truncated line, a number of thousands of digits)
+    leaves the line unread, and a line longer than MAX_LINE_CHARS is none.
     """
+    if len(line) > MAX_LINE_CHARS:
+        return None
     head, sep, rest = line.partition("|")
     counts = _ITERATION_HEAD.fullmatch(head)
     if not sep or counts is None:
