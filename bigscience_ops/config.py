@@ -31,7 +31,7 @@ def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
     path = experiment_path(name, trainings_dir)
     check_name(path.stem, str(path))
     inputs_root, outputs_root = project_folder(path), outputs_folder(path)  # where its relative paths resolve
-    raw, origins = read_with_bases(path, partial(find_base, trainings_dir=trainings_dir), _one_node_plan)
+    raw, origins = read_with_bases(path, partial(find_base, trainings_dir=trainings_dir), _before_merge)
     raw.pop("base", None)
     return _build(path.stem, raw, origins, str(path), inputs_root, outputs_root)
 
@@ -39,7 +39,14 @@ def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
 def field_origins(name: str, trainings_dir: Path | None = None) -> dict[str, str]:
     """For each field path written in EXP's file or its bases, the file that set it (the last one wins)."""
     path = experiment_path(name, trainings_dir)
-    return read_with_bases(path, partial(find_base, trainings_dir=trainings_dir), _one_node_plan)[1]
+    return read_with_bases(path, partial(find_base, trainings_dir=trainings_dir), _before_merge)[1]
+
+
+def _before_merge(data: dict, merged: dict, source: str) -> None:
+    """What a file says replaces some of what it inherits before it is merged: `record` is each file's own (an
+    experiment based on a seed's record is not a record), and the node plan (_one_node_plan)."""
+    merged.pop("record", None)
+    _one_node_plan(data, merged, source)
 
 
 def _one_node_plan(data: dict, merged: dict, source: str) -> None:
@@ -85,6 +92,7 @@ def to_dict(exp: Experiment) -> dict:
     """The resolved experiment as plain data (what `bsops show` prints and run records keep)."""
     data = dataclasses.asdict(exp)
     data.pop("derived")
+    data.pop("recorded")
     return data
 
 

@@ -61,6 +61,29 @@ def _resolve_input(value: str, root: Path, prefix: bool = False) -> str:
     return str(corpus.joinpath(*path.parts[1:]))
 
 
+RECORD_SET_ASIDE = ("paths.output", "paths.checkpoints", "paths.tensorboard", "paths.logs", "paths.codecarbon",
+                    "checkpoint.kill_switch_path", "backup.dest", "data.cache_dir", "alerts.email_to",
+                    "alerts.webhook_url_env", "hub.logs_repo", "hub.tensorboard_repo", "hub.codecarbon_repo",
+                    "hub.checkpoints_repo", "hub.remote_template")
+"""What a record (`record: true`, a seed's run) keeps only to show: where its run wrote, whom it told, where it pushed."""
+
+
+def _set_aside(exp: Experiment) -> Experiment:
+    """A record with its site values set aside (recorded), each back to its default: derived under the current
+    folder, nobody told, nothing pushed."""
+    recorded, sections = [], {}
+    for dotted in RECORD_SET_ASIDE:
+        section, name = dotted.split(".")
+        value = getattr(getattr(exp, section), name)
+        default = next(f for f in dataclasses.fields(getattr(exp, section)) if f.name == name)
+        empty = default.default_factory() if default.default_factory is not dataclasses.MISSING else default.default
+        if value != empty:
+            recorded.append((dotted, value))
+            sections.setdefault(section, {})[name] = empty
+    replaced = {section: dataclasses.replace(getattr(exp, section), **values) for section, values in sections.items()}
+    return dataclasses.replace(exp, **replaced, recorded=tuple(recorded))
+
+
 def derive(exp: Experiment, root: Path, output_root: Path | None = None) -> Experiment:
     """Fill every field left out that follows from others, and record which were filled.
 
@@ -69,6 +92,8 @@ def derive(exp: Experiment, root: Path, output_root: Path | None = None) -> Expe
     folders) against `output_root` (`root` when not given).
     """
     out_root = output_root or root
+    if exp.record:
+        exp = _set_aside(exp)
     derived: list[str] = []
 
     def fill(obj: Any, section: str, **values: Any) -> Any:

@@ -204,4 +204,7 @@ def show_text(exp: Experiment) -> str:
             if ".".join(stack) in derived:
                 line += "  # derived"
         out.append(line)
+    if exp.recorded:
+        out.append("# A record of another team's run (record: true): what that run used, set aside and not used here:")
+        out += [f"#   {dotted}: {value!r}" for dotted, value in exp.recorded]
     return "\n".join(out) + "\n"

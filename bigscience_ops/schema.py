@@ -383,7 +383,14 @@ class Experiment:
     backup: BackupConfig = documented(factory=BackupConfig, doc="checkpoint backup and scratch retention")
     alerts: AlertsConfig = documented(factory=AlertsConfig, doc="who is told, and how")
     estimate: EstimateConfig = documented(factory=EstimateConfig, doc="assumptions of the plan")
+    record: bool = documented(False, "a record of a run others made (bsops' bundled seeds): its run folder paths, "
+                                     "alert addresses and Hub repos are shown as what that run used and never used: "
+                                     "its outputs go under the current folder, and no alert or push goes out. A "
+                                     "file's own statement: never inherited through base:")
     derived: tuple[str, ...] = field(default=(), metadata={"doc": "field paths computed, not written", "internal": True})
+    recorded: tuple[tuple[str, object], ...] = field(default=(), metadata={
+        "doc": "a record's site values as its run used them, set aside by derivation (field path, value)",
+        "internal": True})
 
     @property
     def world_size(self) -> int:

@@ -15,7 +15,8 @@ experiment's to-do, and `render` and `launch` refuse without --allow-incomplete)
   answers; where it does not, they are not required, and the check says why it was not made;
 - a Slurm job on GPUs (`slurm.device: gpu`, a real cluster's): `slurm.env_setup` (the lines that load
   the nodes' modules and put bsops on the job's PATH) and an alert address (`alerts.email_to` or
-  `alerts.webhook_url_env`: a months-long training nobody hears about when it stops). A `device: cpu`
+  `alerts.webhook_url_env`: a months-long training nobody hears about when it stops; not for a record, whose
+  run's addresses are set aside: trying one mails nobody). A `device: cpu`
   experiment is a rehearsal on one machine (tiny): the job inherits the submitting shell's PATH and
   nobody is on call.
 """
@@ -198,7 +199,8 @@ def missing_site_values(exp: Experiment, *, slurm_job: bool = True, cluster: Clu
     if s.device == "gpu":
         if not s.env_setup:
             blanks.append(Blank("slurm.env_setup", SITE_FIELDS["slurm.env_setup"]))
-        if not exp.alerts.email_to and not exp.alerts.webhook_url_env:
+        # A record (bsops' bundled seeds) tells nobody on purpose: its run's addresses are set aside.
+        if not exp.alerts.email_to and not exp.alerts.webhook_url_env and not exp.record:
             blanks.append(Blank("alerts.email_to", SITE_FIELDS["alerts.email_to"]))
     return SiteCheck(blanks, note, error)
 

@@ -74,16 +74,35 @@ def test_base_merges_deeply_and_child_wins(trainings: Path) -> None:
     assert exp.optimizer.beta2 == 0.95 and exp.optimizer.beta1 == base.optimizer.beta1
     assert exp.slurm.partition == base.slurm.partition == "gpu_p13"
     assert exp.checkpoint.save_schedule == [] and base.checkpoint.save_schedule
-    assert exp.hub.tensorboard_repo is None and exp.hub.logs_repo == "bigscience/tr8-104B-logs"
+    # tr8-104B is a record of the seeds' run: its own Hub repo is shown as what that run used, never used.
+    assert exp.hub.tensorboard_repo is None and exp.hub.logs_repo is None
+    assert dict(exp.recorded)["hub.logs_repo"] == "bigscience/tr8-104B-logs"
 
 
-def test_derived_values_follow_their_sources(trainings: Path) -> None:
+def test_a_record_is_tried_under_the_current_folder_and_tells_nobody(trainings: Path, tmp_path: Path) -> None:
+    """The bundled seeds are records (record: true): their run folders, alert addresses and Hub repos are set
+    aside, so trying one never mails the seeds' list, pushes to their repos or writes to their scratch. An
+    experiment based on a record is not a record: it takes the seeds' values as they are written."""
+    exp = load_experiment("tr1-13B", trainings)
+    assert exp.record and exp.paths.output == str(tmp_path / "runs" / "tr1-13B")  # the project folder's runs/
+    assert exp.alerts.email_to == [] and exp.hub.logs_repo is None and exp.hub.checkpoints_repo is None
+    recorded = dict(exp.recorded)
+    assert recorded["paths.output"] == "/gpfsscratch/rech/six/commun/checkpoints/tr1-13B"
+    assert recorded["alerts.email_to"] == ["bigscience-jean-zay@groups.google.com"]
+    assert exp.slurm.account == "six@gpu"  # the cluster's values stay what the seeds used: a plan shows them
+    (trainings / "mine.yaml").write_text("base: tr1-13B\n")
+    mine = load_experiment("mine", trainings)
+    assert not mine.record and mine.recorded == ()
+    assert mine.alerts.email_to == ["bigscience-jean-zay@groups.google.com"]  # `bsops new` resets such values
+
+
+def test_derived_values_follow_their_sources(trainings: Path, tmp_path: Path) -> None:
     exp = load_experiment("tr8-104B", trainings)
     # Not copied from tr1-13B's 20480: derived from this experiment's own hidden size.
     assert exp.model.ffn_hidden_size == 4 * 16384
     assert "model.ffn_hidden_size" in exp.derived
     assert exp.slurm.job_name == "tr8-104B"
-    assert exp.paths.logs == "/gpfsscratch/rech/six/commun/checkpoints/tr8-104B/logs"
+    assert exp.paths.logs == str(tmp_path / "runs" / "tr8-104B" / "logs")  # a record's: its seed path set aside
     assert exp.checkpoint.exit_duration_in_mins == 20 * 60 - exit_margin_minutes(104e9)
 
 
@@ -306,8 +325,8 @@ def test_bundled_experiments_stay_reachable_beside_a_local_trainings_folder(tmp_
     assert run_folder_note(local / "myrun.yaml", load_experiment("myrun")) == (
         f"run folder: {tmp_path}/runs/myrun (relative paths of {local}/myrun.yaml resolve against {tmp_path})")
     assert run_folder_note(bundled / "tr1-13B-short.yaml", load_experiment("tr1-13B-short")) == (
-        f"run folder: /gpfsscratch/rech/six/commun/checkpoints/tr1-13B-short (paths.output of bsops' bundled "
-        "tr1-13B-short.yaml)")
+        f"run folder: {tmp_path}/runs/tr1-13B-short (tr1-13B-short is bundled with bsops: its runs go under the "
+        "current folder)")
     (local / "tiny.yaml").unlink()
     assert run_folder_note(bundled / "tiny.yaml", load_experiment("tiny")) == (
         f"run folder: {tmp_path}/runs/tiny (tiny is bundled with bsops: its runs go under the current folder)")

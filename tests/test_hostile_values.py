@@ -65,6 +65,7 @@ def _render_cron_runner(option: str) -> Callable[[str, Path], str]:
 def _render_hourly_job(kind: str, where: str) -> Callable[[str, Path], str]:
     def render(value: str, tmp_path: Path) -> str:
         exp = _replace(load_experiment("tr1-13B"), "backup.dest", str(tmp_path / "store"))  # the backup job needs one
+        exp = _replace(exp, "hub.logs_repo", "org/logs")  # the hub-sync job needs one (a record's are set aside)
         settings = cron.CronSettings()
         if where == "job_name":
             exp = _replace(exp, "slurm.job_name", value)

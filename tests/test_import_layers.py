@@ -73,6 +73,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.checkpoints",
         "bigscience_ops.ledger",
         "bigscience_ops.run_records",
+        "bigscience_ops.run_lock",
     ]),
     ("plan and render: a run checked and written as a job", [
         "bigscience_ops.plan",

@@ -87,10 +87,10 @@ def test_bundled_experiments_a_rehearsal_and_an_incomplete_one() -> None:
     # default partition still needs one.
     assert _fields(missing_site_values(load_experiment("tiny"), cluster=ClusterRules(partition=True))) == [
         "slurm.partition"]
-    assert _fields(missing_site_values(load_experiment("gpt-760M"), cluster=ANYWHERE)) == [
-        "slurm.env_setup", "alerts.email_to"]
-    with pytest.raises(IncompleteExperiment, match=r"gpt-760M is incomplete: 2 value\(s\) a job needs are not set "
-                                                   r"\(slurm.env_setup, alerts.email_to\); `bsops plan gpt-760M`"):
+    # gpt-760M is a record (record: true): nobody is told on purpose, so no alert address is asked for.
+    assert _fields(missing_site_values(load_experiment("gpt-760M"), cluster=ANYWHERE)) == ["slurm.env_setup"]
+    with pytest.raises(IncompleteExperiment, match=r"gpt-760M is incomplete: 1 value\(s\) a job needs are not set "
+                                                   r"\(slurm.env_setup\); `bsops plan gpt-760M`"):
         check_complete(load_experiment("gpt-760M"), slurm_job=True)
     assert check_complete(load_experiment("gpt-760M"), slurm_job=True, allow_incomplete=True).blanks
 
