@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from bigscience_ops import slurm
 from bigscience_ops.ops.schedule import cron
 from bigscience_ops.cli import main
-from tests.fixtures_slurm import wait_until
+from tests.fixtures_slurm import recorded_terminator, wait_until
 from tests.fixtures_smtp import alerts_yaml
 
 
@@ -180,10 +180,12 @@ def test_a_failed_submission_is_logged_as_alert(cron_dir: Path, slurm_cluster) -
 
 
 
-# squeue that also prints a recorded entry of another user's job whose name holds a real newline.
+# squeue that also prints the recorded jobs of another user whose names hold a real newline, U+2028, a forged
+# record...: squeue's own records, ended with this query's terminator (from its SQUEUE_FORMAT), as a real squeue
+# would print them.
 HOSTILE_SQUEUE = """#!/bin/bash
 {real} "$@" || exit
-cat {recorded}
+exec sed "s/{terminator}/${{SQUEUE_FORMAT##*$'\\x1f'}}/g" {recorded}
 """
 
 
@@ -191,13 +193,14 @@ cat {recorded}
 def test_one_bad_script_and_a_hostile_queue_entry_never_stop_a_pass(cron_dir: Path, slurm_cluster, plain_server,
                                                                      tmp_path: Path, monkeypatch) -> None:
     """A script sbatch would refuse (an unclosed quote) is logged, emailed and skipped; the job beside it
-    is submitted; an unparsable queue entry is counted in the log, not fatal."""
+    is submitted; queue entries with hostile names are counted in the log, not fatal."""
     inbox, port = plain_server
     with open(cron_dir / "cron.yaml", "a") as handle:
         handle.write(alerts_yaml(port))
     (tmp_path / "recorded").write_bytes((Path(__file__).parent / "assets" / "slurm" / "squeue-hostile-names.txt")
                                         .read_bytes())
-    (tmp_path / "squeue").write_text(HOSTILE_SQUEUE.format(real=shutil.which("squeue"), recorded=tmp_path / "recorded"))
+    (tmp_path / "squeue").write_text(HOSTILE_SQUEUE.format(real=shutil.which("squeue"), recorded=tmp_path / "recorded",
+                                                           terminator=recorded_terminator()))
     (tmp_path / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     (cron_dir / "cron.hourly" / "a-broken.slurm").write_text("#!/bin/bash\n#SBATCH --job-name='unclosed\necho\n")
@@ -209,7 +212,7 @@ def test_one_bad_script_and_a_hostile_queue_entry_never_stop_a_pass(cron_dir: Pa
     assert [name for name, _ in report.submitted] == [watchdog]
     assert [what for what, _ in report.failed] == [f"reading {cron_dir / 'cron.hourly' / 'a-broken.slurm'}"]
     log = cron.log_path(cron_dir, "hourly").read_text()
-    assert "unmatched" in log and "1 squeue entry did not parse and was skipped" in log
+    assert "unmatched" in log and "10 squeue entries did not parse and were skipped" in log
     [mail] = inbox.messages
     assert "a-broken.slurm" in mail.get_content()
 

@@ -379,3 +379,89 @@ def test_addresses_with_line_breaks_are_refused_naming_the_field() -> None:
         plain_outbox(25, recipients=("oncall@example.org\u2028Bcc: x@example.org",))
     with pytest.raises(NotifyError, match="smtp.sender"):
         plain_outbox(25, sender="bot@example.org\nBcc: x@example.org")
+
+
+# --- the state's lock is never held across a send; an unreadable state is set aside --------------------------
+
+class _SlowInbox(Inbox):
+    """A mail server that takes each message's data only once `release` is set (it tells `reached` first)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        super().__init__()
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    async def handle_DATA(self, server, session, envelope):
+        import asyncio
+
+        self.reached.set()
+        await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 60)
+        return await super().handle_DATA(server, session, envelope)
+
+
+def test_a_slow_mail_server_never_holds_the_state_lock_from_the_hourly_jobs(plain_server, tmp_path: Path) -> None:
+    """The watchdog's alert waits on a server that does not answer; hub-sync --alert of the same run, with the same
+    state file, sends its own alert meanwhile, and both end up in the state."""
+    import threading
+    import time
+
+    fast, fast_port = plain_server
+    slow = _SlowInbox()
+    controller = Controller(slow, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    state = tmp_path / "alerts.json"
+    watchdog_done: list[list[notify.Notice]] = []
+    watchdog = threading.Thread(target=lambda: watchdog_done.append(notify.notify(
+        missing_report(T0), plain_outbox(controller.port), state, now=T0)))
+    try:
+        watchdog.start()
+        assert slow.reached.wait(30), "the watchdog's message never reached the server"
+        started = time.monotonic()
+        told = notify.notify_job(plain_outbox(fast_port), state, "hub-sync", "push refused", experiment="e",
+                                 command="bsops hub-sync e", now=T0)
+        assert told.kind == "alert" and len(fast.messages) == 1 and time.monotonic() - started < 10
+        assert watchdog.is_alive()  # still waiting on the slow server
+    finally:
+        slow.release.set()
+        watchdog.join(60)
+        controller.stop()
+    [sent] = watchdog_done[0]
+    assert sent.kind == "alert" and sent.error is None and len(slow.messages) == 1
+    saved = json.loads(state.read_text())
+    assert saved["jobs"]["hub-sync"]["sent"]["email"] == T0.isoformat()
+    assert saved["active"]["tr1-13B-round3::not-scheduled"]["sent"]["email"] == T0.isoformat()
+
+
+@pytest.mark.parametrize("content", [b"{\"active\": {\"x::y\": {\"sin", b"\xff\xfe", b"[]", b'{"jobs": {"backup": 7}}'],
+                         ids=["torn", "binary", "a list", "an entry not an object"])
+def test_an_unreadable_state_is_set_aside_and_the_job_alert_still_goes_out(plain_server, tmp_path: Path,
+                                                                           content: bytes) -> None:
+    inbox, port = plain_server
+    state = tmp_path / "alerts.json"
+    state.write_bytes(content)
+    assert notify.state_problem(state) is not None
+    told = notify.notify_job(plain_outbox(port), state, "backup", "disk full", experiment="e", command="c", now=T0)
+    assert told.kind == "alert" and len(inbox.messages) == 1 and "set aside as" in told.line
+    [aside] = tmp_path.glob("alerts.json.unreadable-*")
+    assert aside.read_bytes() == content and json.loads(state.read_text())["jobs"]["backup"]["sent"]
+    assert state.stat().st_mode & 0o777 == 0o600
+    problem = notify.state_problem(state)  # the copy set aside keeps the watchdog's alert open until deleted
+    assert problem is not None and str(aside) in problem.what
+    aside.unlink()
+    assert notify.state_problem(state) is None
+
+
+def test_a_state_that_is_a_link_is_never_read_or_written_through(plain_server, tmp_path: Path) -> None:
+    inbox, port = plain_server
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"secret": "TOPSECRET"}')
+    state = tmp_path / "logs" / "alerts.json"
+    state.parent.mkdir()
+    state.symlink_to(outside)
+    problem = notify.state_problem(state)
+    assert problem is not None and "TOPSECRET" not in str(problem)
+    assert [n.kind for n in notify.notify(missing_report(T0), plain_outbox(port), state, now=T0)] == ["alert"]
+    assert outside.read_text() == '{"secret": "TOPSECRET"}' and not state.is_symlink()
+    [aside] = state.parent.glob("alerts.json.unreadable-*")
+    assert aside.is_symlink()  # moved as it was, its target untouched

@@ -137,22 +137,36 @@ def test_names_with_spaces_pipes_and_any_printable_text_are_kept() -> None:
     assert [j.name for j in jobs] == names and not jobs.unparsed
 
 
-def test_records_that_do_not_parse_are_skipped_and_counted() -> None:
-    """A record whose fields are not squeue's, a header, or a cut-off tail is set aside; it never hides the others."""
-    assert slurm.parse_squeue("JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)\n", T).unparsed == (
-        "JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)\n",)
-    bad, good = fields("5", "n", num_nodes="one"), fields("6", "fine")
-    jobs = slurm.parse_squeue(squeue_text(bad, good), T)
-    assert [j.name for j in jobs] == ["fine"] and jobs.unparsed == (D.join(bad),)
-    assert slurm.unparsed_note(jobs).startswith("1 squeue entry did not parse")
-    assert slurm.unparsed_note(slurm.parse_squeue(squeue_text(good), T)) is None
-    for changed in ({"own_id": "5x"}, {"num_nodes": "1x"}, {"job_id": "5\n6"}, {"state": "running"},
-                    {"array_job_id": ""}):
-        assert not slurm.parse_squeue(squeue_text(fields("5", "n", **changed)), T), changed
+def test_output_that_is_not_squeues_record_is_an_error_never_fewer_jobs() -> None:
+    """Everything before a name is Slurm's own text: a record whose fields do not parse, a header, a cut-off
+    tail or another query's terminator means the answer is not squeue's as asked. The queue is then unknown
+    (SlurmOutputError, which carries the output), never read as the jobs that did parse."""
+    header = "JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)\n"
+    with pytest.raises(slurm.SlurmOutputError) as info:
+        slurm.parse_squeue(header, T)
+    assert info.value.output == header and info.value.tool == "squeue"
+    assert isinstance(info.value, slurm.SlurmError)
+    good = fields("6", "fine")
+    for changed in ({"num_nodes": "one"}, {"own_id": "5x"}, {"num_nodes": "1x"}, {"job_id": "5\n6"},
+                    {"state": "running"}, {"array_job_id": ""}, {"elapsed": "soon"}, {"time_limit": "1:xx"},
+                    {"start_time": "2026-13-45T00:00:00"}):
+        with pytest.raises(slurm.SlurmOutputError) as info:
+            slurm.parse_squeue(squeue_text(fields("5", "n", **changed), good), T)
+        assert info.value.output == D.join(fields("5", "n", **changed)), changed
     cut = squeue_text(good) + D.join(fields("7", "cut"))[:40]
-    assert [j.name for j in slurm.parse_squeue(cut, T)] == ["fine"]
-    assert len(slurm.parse_squeue(cut, T).unparsed) == 1
-    assert not slurm.parse_squeue(squeue_text(good), "f" * 32)  # another query's terminator: nothing is a record
+    with pytest.raises(slurm.SlurmOutputError) as info:
+        slurm.parse_squeue(cut, T)
+    assert info.value.output == D.join(fields("7", "cut"))[:40]
+    with pytest.raises(slurm.SlurmOutputError):  # another query's terminator: nothing is a record
+        slurm.parse_squeue(squeue_text(good), "f" * 32)
+    assert [j.name for j in slurm.parse_squeue(squeue_text(good), T)] == ["fine"]
+
+
+def test_squeues_invalid_durations_are_read() -> None:
+    """squeue prints INVALID for a duration below zero or above a year (its _print_secs): a time limit of more
+    than a year is no limit, such an elapsed time 0; neither makes the queue unreadable."""
+    [job] = slurm.parse_squeue(squeue_text(fields("5", "long", elapsed="INVALID", time_limit="INVALID")), T)
+    assert (job.elapsed_s, job.time_limit_min) == (0, None)
 
 
 def test_recorded_queue_with_hostile_names() -> None:
@@ -283,9 +297,9 @@ def test_an_empty_queue_is_no_job_and_nothing_unparsed() -> None:
     assert slurm.unparsed_note([]) is None  # a plain list has nothing set aside
 
 
-def test_the_note_counts_every_skipped_record_and_shows_the_first_three() -> None:
-    bad = [fields(str(i), f"n{i}", num_nodes=f"bad{i}") for i in range(4)]
-    jobs = slurm.parse_squeue(squeue_text(*bad), T)
+def test_the_note_counts_every_skipped_job_and_shows_the_first_three() -> None:
+    hostile = [fields(str(i), f"n{i}\nbad{i}") for i in range(4)]
+    jobs = slurm.parse_squeue(squeue_text(*hostile), T)
     assert len(jobs.unparsed) == 4 and not jobs
     note = slurm.unparsed_note(jobs)
     assert note.startswith("4 squeue entries")

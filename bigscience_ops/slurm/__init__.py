@@ -16,7 +16,9 @@ from bigscience_ops.slurm.commands import (
     DEFAULT_TIMEOUT_S, GETENT_TIMEOUT_S, PINNED_ENV, cancel, cancel_array, cancel_pending, cluster_needs, group_users,
     job_accounting, pinned_env, query_jobs, run, run_unchecked, show_job, submit,
 )
-from bigscience_ops.slurm.errors import SlurmCommandError, SlurmError, check_conf, conf_note, missing_conf, said
+from bigscience_ops.slurm.errors import (
+    SlurmCommandError, SlurmError, SlurmOutputError, check_conf, conf_note, missing_conf, said,
+)
 from bigscience_ops.slurm.output import (
     ACTIVE_STATES, NEVER_STARTS, QUEUED_STATES, SQUEUE_DELIMITER, SQUEUE_FIELDS, WAITING_STATES, Job, Jobs,
     SacctRecord, TestOnlyAnswer, enforces_accounts, format_duration, has_default_partition, new_terminator,
@@ -31,7 +33,7 @@ from bigscience_ops.slurm.taskenv import LOCAL_LAUNCH, TaskEnv
 __all__ = [
     "ACTIVE_STATES", "DEFAULT_TIMEOUT_S", "GETENT_TIMEOUT_S", "LOCAL_LAUNCH", "NEVER_STARTS", "PINNED_ENV",
     "QUEUED_STATES", "SBATCH_PREFIX", "SQUEUE_DELIMITER", "SQUEUE_FIELDS", "WAITING_STATES",
-    "Job", "Jobs", "SacctRecord", "SlurmCommandError", "SlurmError", "TaskEnv", "TestOnlyAnswer",
+    "Job", "Jobs", "SacctRecord", "SlurmCommandError", "SlurmError", "SlurmOutputError", "TaskEnv", "TestOnlyAnswer",
     "begin_arg", "cancel", "check_conf", "checked_item", "conf_note", "missing_conf", "said", "cancel_array", "cancel_pending", "cluster_needs", "enforces_accounts", "format_duration",
     "group_users", "has_default_partition", "job_accounting",
     "new_terminator", "output_path", "parse_duration", "parse_sacct", "parse_sbatch_parsable",

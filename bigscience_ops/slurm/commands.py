@@ -34,6 +34,10 @@ submitting environment to the job (--export=ALL), whose tasks would then all mee
 _DROPPED_VARIABLES = _USER_OUTPUT_VARIABLES | _LOCAL_LAUNCH_VARIABLES
 PINNED_ENV = {"SLURM_TIME_FORMAT": "standard"}
 """What every Slurm command runs with: ISO timestamps (`2021-08-16T03:52:02`), as the parsers read."""
+_UNDECODABLE = "surrogateescape"
+"""How bytes that are not text in the locale's encoding are read (a job name is any user's bytes): kept as
+surrogate escapes, never a UnicodeDecodeError; the squeue parser sets such a job aside, and text read back
+(a scrontab) is written back byte for byte."""
 
 
 def pinned_env(env: Mapping[str, str] | None = None, settings: Mapping[str, str] | None = None
@@ -59,7 +63,7 @@ def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[st
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
     check_conf(argv, env)  # a SLURM_CONF naming no file would keep the client retrying for a minute
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+        proc = subprocess.run(argv, capture_output=True, text=True, errors=_UNDECODABLE, timeout=timeout,
                               env=pinned_env(env, settings), stdin=subprocess.DEVNULL, check=False)
     except FileNotFoundError as exc:
         raise SlurmCommandError(argv, None, str(exc),
@@ -88,8 +92,8 @@ def run_unchecked(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: 
     check_conf(argv, env)
     stdin = subprocess.DEVNULL if input is None else None
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=pinned_env(env),
-                              input=input, stdin=stdin, check=False)
+        return subprocess.run(argv, capture_output=True, text=True, errors=_UNDECODABLE, timeout=timeout,
+                              env=pinned_env(env), input=input, stdin=stdin, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SlurmCommandError(argv, None, str(exc), "could not run") from exc
 
@@ -132,14 +136,16 @@ def group_users(group: str, timeout: float = GETENT_TIMEOUT_S) -> list[str]:
 def query_jobs(*, users: Sequence[str] = (), name: str | None = None, job_ids: Sequence[str] = (),
                timeout: float = DEFAULT_TIMEOUT_S) -> Jobs:
     """One squeue call for these users' jobs (all users when empty), parsed without truncation; records
-    end with a terminator drawn for this call (`output.squeue_format`), so no job name forges one."""
+    end with a terminator drawn for this call (`output.squeue_format`), so no job name forges one. Raises
+    SlurmError when squeue fails, and SlurmOutputError when it exits 0 with output that does not parse (a site
+    wrapper, a cut answer): the queue is then unknown, never empty."""
     argv = squeue_argv(users=users, name=name, job_ids=job_ids)
     terminator = new_terminator()
     proc = run(argv, timeout=timeout, settings=squeue_env(terminator))
     if "error" in proc.stderr.lower():
         # squeue exits 0 on e.g. an unknown --user; an empty answer would then read as "no job".
         raise SlurmCommandError(argv, proc.returncode, proc.stderr, "reported an error")
-    return parse_squeue(proc.stdout, terminator)
+    return parse_squeue(proc.stdout, terminator)  # output that is not squeue's as asked: SlurmOutputError
 
 
 def submit(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> str:

@@ -24,6 +24,18 @@ class SlurmError(BsopsError):
     """A Slurm command failed or answered something unparseable."""
 
 
+class SlurmOutputError(SlurmError):
+    """A Slurm command exited 0 but its output is not what that command prints (a site wrapper, a cut answer):
+    the state is unknown, never "no job". Carries the tool, what did not parse and an excerpt of the output."""
+
+    def __init__(self, tool: str, problem: str, output: str) -> None:
+        self.tool, self.problem, self.output = tool, problem, output
+        excerpt = output if len(output) <= 200 else f"{output[:200]}... ({len(output)} characters)"
+        super().__init__(f"cannot query Slurm: {tool}'s output does not parse ({problem}): {excerpt!r}; is "
+                         f"`{tool}` on PATH Slurm's own client (`command -v {tool}`), or a site wrapper that "
+                         "changes what it prints?")
+
+
 def conf_note(env: Mapping[str, str] | None = None) -> str:
     """Which configuration Slurm's clients read: `SLURM_CONF=PATH`, or that it is unset."""
     conf = (os.environ if env is None else env).get("SLURM_CONF")

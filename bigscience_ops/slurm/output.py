@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from bigscience_ops.slurm.errors import SlurmError
+from bigscience_ops.slurm.errors import SlurmError, SlurmOutputError
 
 _TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (as sbatch --time)"
 
@@ -125,39 +125,46 @@ QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still ho
 
 
 class Jobs(list):
-    """squeue's jobs, and `unparsed`: the records set aside. Any user names their jobs, and a name may
-    hold line breaks or anything else: such a record is skipped and counted, so one hostile entry never
-    hides the rest of the queue."""
+    """squeue's jobs, and `unparsed`: the jobs set aside. Any user names their jobs, and a name may hold line
+    breaks or anything else: such a job is skipped and counted, so one hostile name never hides the rest of
+    the queue (a name can only be the last field, framed by the terminator: it never breaks a record)."""
 
     def __init__(self, jobs: Sequence[Job] = (), unparsed: Sequence[str] = ()) -> None:
         super().__init__(jobs)
         self.unparsed: tuple[str, ...] = tuple(unparsed)
 
 
-_HOSTILE_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-"""Control characters and Unicode line breaks: in no name bsops gives a job (config refuses them)."""
+_HOSTILE_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+"""Control characters, Unicode line breaks and bytes that were not text (surrogate escapes): in no name bsops
+gives a job (config refuses them)."""
 
 
 def parse_squeue(text: str, terminator: str) -> Jobs:
     """Parse squeue's output for `squeue_format(terminator)`. Records are split on the terminator, never
     on line breaks, so a job name holding `\\n`, U+2028 or a whole forged record stays inside its own
-    job's record. A record whose fields do not parse, or whose name holds a control character or a line
-    break (no job of bsops has one), goes to `Jobs.unparsed` and the others are kept."""
+    job's record. A job whose name holds a control character or a line break (no job of bsops has one)
+    goes to `Jobs.unparsed` and the others are kept.
+
+    Everything before a name is Slurm's own text (ids, states, times, partitions), so a record whose fields
+    do not parse, or text that is not a whole record (a cut answer, a header, a wrapper's own output, a
+    missing terminator), means the output is not squeue's as asked: SlurmOutputError, the queue is unknown.
+    Reading such output as "these jobs, and no other" would tell the on-call person a running training is gone."""
     end = SQUEUE_DELIMITER + terminator + "\n"
     *records, rest = text.split(end)
     jobs, unparsed = [], []
-    for record in records:
+    for number, record in enumerate(records, start=1):
         try:
             job = _squeue_job(record)
-        except ValueError:
-            unparsed.append(record)
-            continue
+        except ValueError as exc:
+            raise SlurmOutputError("squeue", f"record {number} of {len(records)}: {exc}", record) from None
         if _HOSTILE_NAME.search(job.name):
             unparsed.append(f"job {job.job_id} of {job.user} named {job.name}")
         else:
             jobs.append(job)
     if rest.strip():
-        unparsed.append(rest)  # not a whole record: squeue's output was cut, or it was not squeue's
+        where = f"after record {len(records)}" if records else "and no record at all"
+        raise SlurmOutputError("squeue", f"{len(rest)} characters {where} do not end with this query's "
+                                         "record terminator: the answer was cut, or it is not squeue's", rest)
     return Jobs(jobs, unparsed)
 
 
@@ -168,29 +175,40 @@ _PREFIX = {  # what Slurm prints in each field before the name; anything else is
 }
 
 
+_OVER_A_YEAR = "INVALID"
+"""What squeue prints for a duration below zero or above a year (its _print_secs): a time limit of more than a
+year is kept as no limit (None), such an elapsed time as 0."""
+
+
 def _squeue_job(record: str) -> Job:
+    """One record; ValueError naming the field that is not what squeue prints there."""
     parts = record.split(SQUEUE_DELIMITER, len(SQUEUE_FIELDS) - 1)
     if len(parts) != len(SQUEUE_FIELDS):
         raise ValueError(f"{len(parts)} fields, expected {len(SQUEUE_FIELDS)} separated by {SQUEUE_DELIMITER!r}")
     f = dict(zip((name for name, _ in SQUEUE_FIELDS), parts))
-    if any(not pattern.fullmatch(f[key]) for key, pattern in _PREFIX.items()) or \
-            any("\n" in f[key] for key, _ in SQUEUE_FIELDS[:-1]):
-        raise ValueError(f"fields do not look like squeue's: {record[:200]!r}")
-    return Job(
-        job_id=f["job_id"], array_job_id=f["array_job_id"],
-        array_task=None if f["array_task"] in ("N/A", "") else f["array_task"],
-        name=f["name"], user=f["user"], state=f["state"], reason=f["reason"],
-        partition=f["partition"], num_nodes=int(f["num_nodes"]), nodes=f["nodes"],
-        elapsed_s=parse_duration(f["elapsed"]),
-        time_limit_min=None if f["time_limit"] in ("UNLIMITED", "INFINITE", "NOT_SET")
-        else parse_time_limit(f["time_limit"]),
-        start_time=parse_timestamp(f["start_time"]), submit_time=parse_timestamp(f["submit_time"]),
-        dependency=None if f["dependency"] in ("(null)", "") else f["dependency"],
-    )
+    for key, _ in SQUEUE_FIELDS[:-1]:
+        pattern = _PREFIX.get(key)
+        if "\n" in f[key] or (pattern is not None and not pattern.fullmatch(f[key])):
+            raise ValueError(f"field {key} is {f[key][:80]!r}, not what squeue prints there")
+    try:
+        return Job(
+            job_id=f["job_id"], array_job_id=f["array_job_id"],
+            array_task=None if f["array_task"] in ("N/A", "") else f["array_task"],
+            name=f["name"], user=f["user"], state=f["state"], reason=f["reason"],
+            partition=f["partition"], num_nodes=int(f["num_nodes"]), nodes=f["nodes"],
+            elapsed_s=0 if f["elapsed"] == _OVER_A_YEAR else parse_duration(f["elapsed"]),
+            time_limit_min=None if f["time_limit"] in ("UNLIMITED", "INFINITE", "NOT_SET", _OVER_A_YEAR)
+            else parse_time_limit(f["time_limit"]),
+            start_time=parse_timestamp(f["start_time"]), submit_time=parse_timestamp(f["submit_time"]),
+            dependency=None if f["dependency"] in ("(null)", "") else f["dependency"],
+        )
+    except ValueError as exc:
+        raise ValueError(f"job {f['job_id']}: {exc}") from None
 
 
 def unparsed_note(jobs: Sequence[Job]) -> str | None:
-    """'2 squeue entries did not parse and were skipped: ...' for a Jobs with unparsed records, else None."""
+    """'2 squeue entries did not parse and were skipped: ...' for a Jobs with jobs set aside (hostile names), else
+    None."""
     unparsed = getattr(jobs, "unparsed", ())
     if not unparsed:
         return None
