@@ -108,3 +108,56 @@ def test_job_script_tasks_end_at_once_without_a_failure_while_the_kill_switch_ex
     log = (tmp_path / "run" / "logs" / "main_log.txt").read_text()
     assert log.count(f"not training: the kill switch {exp.checkpoint.kill_switch_path} exists") == 3, log
     assert ledger.attempts(ledger.read(tmp_path / "run" / ledger.LEDGER_NAME)) == [] and inbox.messages == []
+
+
+# --- untrusted lines ------------------------------------------------------------------------------------
+
+def test_a_line_torn_mid_write_loses_only_itself(tmp_path: Path) -> None:
+    """A node dies mid-append: the next record still starts a line of its own, the strict reader names the torn
+    line (file, line, a short excerpt) and the checked reader returns the rest."""
+    path = tmp_path / ledger.LEDGER_NAME
+    ledger.append(path, ledger.TaskRecord("begin", "1_1", "n1", 0, 1000.0))
+    with open(path, "ab") as handle:
+        handle.write(b'{"event": "end", "job_id": "1_1", "nodes": "n1", "iteration": 5' + b"x" * 500)
+    ledger.append(path, ledger.TaskRecord("begin", "1_2", "n2", 0, 2000.0))
+    checked = ledger.read_checked(path)
+    assert [r.job_id for r in checked.records] == ["1_1", "1_2"]
+    [problem] = checked.problems
+    assert (problem.file, problem.line) == (str(path), 2) and len(problem.held) < 120
+    with pytest.raises(ledger.LedgerError, match=f"{path}:2: ") as refused:
+        ledger.read(path)
+    assert "x" * 100 not in str(refused.value)  # a capped excerpt, never the whole line
+
+
+@pytest.mark.parametrize("line, field", [
+    ('{"event": "begin", "job_id": "1", "nodes": "n", "iteration": 1, "time": NaN}', "time"),
+    ('{"event": "begin", "job_id": "1", "nodes": ["n1"], "iteration": 1, "time": 1}', "nodes"),
+    ('{"event": "begin", "job_id": "1", "nodes": "n", "iteration": "1", "time": 1}', "iteration"),
+    ('{"event": "begin", "job_id": "1", "nodes": "n", "iteration": true, "time": 1}', "iteration"),
+    ('{"event": "end", "job_id": "1", "nodes": "n", "iteration": 1, "time": 1, "exit_code": 1.5}', "exit_code"),
+    ('{"event": "launch", "job_id": "1\\n2", "nodes": "", "iteration": 0, "time": 1}', "job_id"),
+])
+def test_each_field_is_checked_by_type_and_range(tmp_path: Path, line: str, field: str) -> None:
+    path = tmp_path / ledger.LEDGER_NAME
+    path.write_text(line + "\n")
+    [problem] = ledger.read_checked(path).problems
+    assert problem.line == 1 and f"field {field}:" in problem.what
+
+
+def test_a_ledger_that_is_a_fifo_or_a_link_is_never_opened(tmp_path: Path) -> None:
+    import os
+
+    fifo, link = tmp_path / "fifo.jsonl", tmp_path / "link.jsonl"
+    os.mkfifo(fifo)
+    (tmp_path / "secret").write_text('{"event": "launch", "job_id": "TOPSECRET", "nodes": "", "iteration": 0, '
+                                     '"time": 1}\n')
+    link.symlink_to(tmp_path / "secret")
+    for path in (fifo, link):
+        checked = ledger.read_checked(path)
+        assert checked.records == [] and [p.line for p in checked.problems] == [0]
+        assert "TOPSECRET" not in str(checked.problems[0])
+        with pytest.raises(ledger.LedgerError):
+            ledger.read(path)
+        with pytest.raises(BsopsError):
+            ledger.append(path, ledger.TaskRecord("launch", "1", "", 0, 1.0))
+    assert (tmp_path / "secret").read_text().count("\n") == 1
