@@ -150,3 +150,38 @@ def test_a_spike_rolled_back_with_its_data_skipped_trains_on_from_the_target(spi
     assert relaunch_lines >= 20 and "validation loss at iteration 50" in again.stdout
     found = health.check(health.entries(lines), relaunched.alerts.health, recent=relaunch_lines, every=True)
     assert [f for f in found if f.kind != "slow"] == []  # throughput: other processes share this machine's 2 cores
+
+
+# --- links: refused alike, never read ---------------------------------------------------------------------
+
+def test_a_latest_that_is_a_link_is_refused_without_quoting_what_it_points_to(exp, trainings: Path,
+                                                                              tmp_path: Path) -> None:
+    checkpoints = Path(exp.paths.checkpoints)
+    (tmp_path / "outside.txt").write_text("global_step50\nTOPSECRET the start of someone's file\n")
+    (checkpoints / layout.LATEST).unlink()
+    (checkpoints / layout.LATEST).symlink_to(tmp_path / "outside.txt")
+    before = sorted(p.name for p in checkpoints.iterdir())
+    for command in (["rollback", "run", "--to", "50"], ["backup", "run"], ["info", "run"]):  # backup names the run
+        result = CliRunner().invoke(main, [*command, "--trainings-dir", str(trainings)])
+        assert "TOPSECRET" not in result.output and "Traceback" not in result.output, result.output
+        assert f"{checkpoints / layout.LATEST}" in result.output and "symbolic link" in result.output, result.output
+        assert result.exit_code == (0 if command[0] == "info" else 2)
+    assert sorted(p.name for p in checkpoints.iterdir() if p.name != layout.RUN_ID) == before
+    assert (checkpoints / layout.LATEST).is_symlink() and rollbacks.read(Path(exp.paths.output)) == []
+
+
+def test_a_target_that_is_a_link_is_refused(exp, trainings: Path, tmp_path: Path) -> None:
+    checkpoints = Path(exp.paths.checkpoints)
+    os.rename(checkpoints / "global_step50", tmp_path / "elsewhere")
+    (checkpoints / "global_step50").symlink_to(tmp_path / "elsewhere")
+    result = CliRunner().invoke(main, ["rollback", "run", "--to", "50", "--trainings-dir", str(trainings)])
+    assert result.exit_code == 2 and "--to 50: refused" in result.output and "symbolic link" in result.output
+    assert layout.latest_step(checkpoints) == 120 and rollbacks.read(Path(exp.paths.output)) == []
+
+
+def test_a_torn_ledger_line_stops_a_rollback_naming_the_line(exp, trainings: Path) -> None:
+    with open(Path(exp.paths.output) / ledger.LEDGER_NAME, "ab") as handle:
+        handle.write(b'{"event": "begin", "job_id": "9_1", "nodes": "n1", "iter')
+    result = CliRunner().invoke(main, ["rollback", "run", "--to", "50", "--trainings-dir", str(trainings)])
+    assert result.exit_code == 2 and f"{Path(exp.paths.output) / ledger.LEDGER_NAME}:1: cut short" in result.output
+    assert layout.latest_step(Path(exp.paths.checkpoints)) == 120
