@@ -22,6 +22,7 @@ from pathlib import Path
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.resources import ResourceError, bundled, is_bundled
 from bigscience_ops.schema import Experiment
+from bigscience_ops.slurm.names import reserved_problem
 
 
 def local_trainings_dir(trainings_dir: Path | None = None) -> Path:
@@ -99,9 +100,14 @@ NAME_ALLOWED = ("allowed: 1-100 letters, digits, '.', '_' and '-', starting with
 
 
 def check_name(name: str, source: str) -> None:
-    """Refuse an experiment name that could not safely become a file, a job name and a shell word."""
-    if not NAME.fullmatch(name):
+    """Refuse an experiment name that could not safely become a file, a job name and a shell word, or that has
+    the form bsops reserves for its hourly jobs' names (`bsops.`..., slurm.names). Checks the text alone: no
+    path is built from it before."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ConfigError(source, "name", name, NAME_ALLOWED)
+    reserved = reserved_problem(name)
+    if reserved is not None:
+        raise ConfigError(source, "name", name, f"{reserved}; {NAME_ALLOWED}")
 
 
 def project_folder(experiment_file: Path) -> Path:

@@ -3,7 +3,8 @@
 What an experiment IS, field by field; config.py loads a YAML file into these, checks what spans
 several fields and derives what was left out. A field's own bounds (`at_least`, `above`, `below`,
 ...) are declared beside it here and checked by typedyaml while the value is read, so the error
-names the field, the value and the allowed range. Imports nothing of the package but typedyaml.
+names the field, the value and the allowed range. Imports nothing of the package but typedyaml (and
+slurm.names: the job-name form bsops reserves for its hourly jobs).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bigscience_ops.slurm.names import RESERVED_PREFIX, reserved_problem
 from bigscience_ops.typedyaml import Charset, documented
 
 # What may reach an `#SBATCH` or `#SCRON` line. Slurm reads those lines with parsers of its own, not
@@ -19,6 +21,19 @@ from bigscience_ops.typedyaml import Charset, documented
 # mean nothing to either parser; a path is written quoted for sbatch (render.py) and refused only
 # where Slurm cannot carry it.
 SLURM_NAME = Charset(r"[A-Za-z0-9._@+-]", "a Slurm name: ASCII letters, digits and . _ @ + -, not starting with -")
+
+
+@dataclass(frozen=True)
+class _JobNameCharset(Charset):
+    """SLURM_NAME, less the form of bsops' own hourly jobs (slurm.names): a training named so would be taken
+    for an hourly job of another experiment, and that job for the training."""
+
+    def problem(self, text: str) -> str | None:
+        return super().problem(text) or reserved_problem(text)
+
+
+SLURM_JOB_NAME = _JobNameCharset(SLURM_NAME.chars, f"{SLURM_NAME.allowed}, and not starting with "
+                                                   f"{RESERVED_PREFIX!r} (bsops' hourly jobs)")
 SLURM_NAMES = Charset(r"[A-Za-z0-9._@+,-]", "Slurm names separated by commas: ASCII letters, digits and . _ @ + -, "
                                             "not starting with -")
 SLURM_CONSTRAINT = Charset(r"[A-Za-z0-9._@+,&|*:\[\]()-]", "node features: ASCII letters, digits and . _ @ + - "
@@ -227,7 +242,7 @@ class NodePhase:
 
 @dataclass(frozen=True)
 class SlurmConfig:
-    job_name: str | None = documented(None, "Slurm job name; derived as the experiment name", charset=SLURM_NAME)
+    job_name: str | None = documented(None, "Slurm job name; derived as the experiment name", charset=SLURM_JOB_NAME)
     partition: str | None = documented(None, "--partition", charset=SLURM_NAMES)
     account: str | None = documented(None, "--account", charset=SLURM_NAME)
     constraint: str | None = documented(None, "--constraint", charset=SLURM_CONSTRAINT)

@@ -54,7 +54,7 @@ def test_cron_add_writes_three_jobs_that_run_and_email_failures(git_lfs, trainin
         "synced-backup.slurm", "synced-hub-sync.slurm", "synced-slurm-status.slurm"]
     for script in hourly.iterdir():
         assert subprocess.run(["bash", "-n", str(script)], timeout=30).returncode == 0
-    assert "#SBATCH --job-name=synced-hub-sync\n" in (hourly / "synced-hub-sync.slurm").read_text()
+    assert "#SBATCH --job-name=bsops.synced.hub-sync\n" in (hourly / "synced-hub-sync.slurm").read_text()
 
     only = CliRunner().invoke(main, ["cron", "add", "synced", "--jobs", "backup", "--cron-dir", str(tmp_path / "c2"),
                                      "--trainings-dir", str(trainings)])

@@ -142,7 +142,7 @@ def test_cron_scripts_carry_a_cron_folder_with_quotes_and_spaces(tmp_path: Path,
     [job] = (cron_dir / "cron.hourly").iterdir()
     parsed = dict(sbatch_options(job))
     assert parsed["output"] == slurm.output_path(cron_dir.resolve() / "logs", "%x-%j.out")
-    assert parsed["job-name"] == "tiny-slurm-status"
+    assert parsed["job-name"] == "bsops.tiny.slurm-status"
     refused = CliRunner().invoke(main, ["cron", "add", "tiny", "--cron-dir", str(tmp_path / "back\\slash")])
     assert refused.exit_code == EXIT_ERROR and "backslash" in refused.output
     assert json.dumps(str(cron_dir))  # the folder name is valid text

@@ -53,7 +53,7 @@ def test_runner_and_status_job_scripts_are_valid_bash(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["cron", "add", "tr1-13B", "--cron-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     status_job = tmp_path / "cron.hourly" / "tr1-13B-slurm-status.slurm"
-    assert "#SBATCH --job-name=tr1-13B-slurm-status\n" in status_job.read_text()
+    assert "#SBATCH --job-name=bsops.tr1-13B.slurm-status\n" in status_job.read_text()
     assert "bsops status tr1-13B --trainings-dir" in status_job.read_text()
     assert subprocess.run(["bash", "-n", str(status_job)], timeout=30).returncode == 0
 

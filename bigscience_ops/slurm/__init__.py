@@ -5,6 +5,7 @@
 - argv.py     command lines: squeue, sbatch, scontrol, sacct, scancel, each value checked
 - script.py   sbatch's own #SBATCH reader: how a value is written, how a script's options read back
 - taskenv.py  TaskEnv: a task's SLURM_* variables, read once (and written by a local launch)
+- names.py    bsops' own job names: the hourly jobs' reserved form `bsops.<job name>.<kind>`
 - commands.py run / run_unchecked (pinned environment, a timeout always) and the queries built on them
 """
 
@@ -19,6 +20,7 @@ from bigscience_ops.slurm.commands import (
 from bigscience_ops.slurm.errors import (
     SlurmCommandError, SlurmError, SlurmOutputError, check_conf, conf_note, missing_conf, said,
 )
+from bigscience_ops.slurm.names import RESERVED_PREFIX, hourly_job_name, is_hourly_job_name, reserved_problem
 from bigscience_ops.slurm.output import (
     ACTIVE_STATES, NEVER_STARTS, QUEUED_STATES, SQUEUE_DELIMITER, SQUEUE_FIELDS, WAITING_STATES, Job, Jobs,
     SacctRecord, TestOnlyAnswer, enforces_accounts, format_duration, has_default_partition, new_terminator,
@@ -32,13 +34,13 @@ from bigscience_ops.slurm.taskenv import LOCAL_LAUNCH, TaskEnv
 
 __all__ = [
     "ACTIVE_STATES", "DEFAULT_TIMEOUT_S", "GETENT_TIMEOUT_S", "LOCAL_LAUNCH", "NEVER_STARTS", "PINNED_ENV",
-    "QUEUED_STATES", "SBATCH_PREFIX", "SQUEUE_DELIMITER", "SQUEUE_FIELDS", "WAITING_STATES",
+    "QUEUED_STATES", "RESERVED_PREFIX", "SBATCH_PREFIX", "SQUEUE_DELIMITER", "SQUEUE_FIELDS", "WAITING_STATES",
     "Job", "Jobs", "SacctRecord", "SlurmCommandError", "SlurmError", "SlurmOutputError", "TaskEnv", "TestOnlyAnswer",
     "begin_arg", "cancel", "check_conf", "checked_item", "conf_note", "missing_conf", "said", "cancel_array", "cancel_pending", "cluster_needs", "enforces_accounts", "format_duration",
-    "group_users", "has_default_partition", "job_accounting",
+    "group_users", "has_default_partition", "hourly_job_name", "is_hourly_job_name", "job_accounting",
     "new_terminator", "output_path", "parse_duration", "parse_sacct", "parse_sbatch_parsable",
     "parse_sbatch_test_only", "parse_scontrol_show_job", "parse_squeue", "parse_time_limit", "parse_timestamp",
-    "pinned_env", "query_jobs", "run", "run_unchecked", "sacct_argv", "sbatch_argv", "SbatchOptions", "sbatch_quote",
+    "pinned_env", "query_jobs", "reserved_problem", "run", "run_unchecked", "sacct_argv", "sbatch_argv", "SbatchOptions", "sbatch_quote",
     "sbatch_words", "scancel_argv", "scontrol_show_config_argv", "scontrol_show_job_argv", "sinfo_partitions_argv", "script_job_name", "script_options", "show_job",
     "squeue_argv", "squeue_env", "squeue_format", "submit", "unparsed_note",
 ]

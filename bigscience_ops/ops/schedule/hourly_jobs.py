@@ -1,7 +1,9 @@
 """The experiment's hourly jobs for cron.hourly/: the status watchdog, the Hub sync and the backup.
 
 One template (templates/hourly-job.slurm.j2) renders all three; `JOBS` says what differs: the bsops
-command each runs, its time limit and the comment that tells a reader what the job does. hub-sync
+command each runs, its time limit and the comment that tells a reader what the job does. Each job is named
+`bsops.<training job name>.<suffix>` (slurm.names): experiment names and slurm.job_name refuse that form, so
+the watchdog never takes an hourly job for a training, nor `cron run` a training for an hourly job. hub-sync
 and backup run with `--alert`: on failure they exit non-zero and email the experiment's alerts
 recipients at most once per alerts.cooldown_minutes while it keeps failing, then once when it works
 again (ops/tell/notify.py's cooldown state, shared with the watchdog). The watchdog's alert (exit 1) is
@@ -10,10 +12,12 @@ already emailed, so for the runner its job succeeded.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import render as rendering
+from bigscience_ops import render as rendering, slurm
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.schedule.cron import PERIODS, CronSettings, RunnerScript, folder_scripts
 from bigscience_ops.schema import Experiment
@@ -21,7 +25,7 @@ from bigscience_ops.schema import Experiment
 
 @dataclass(frozen=True)
 class HourlyJob:
-    suffix: str  # of the job name and the script's file name
+    suffix: str  # the last part of the job name (bsops.<training>.<suffix>) and of the script's file name
     command: str  # the bsops command it runs
     time: str  # --time: one sync must end well before the next; a backup of a large checkpoint may take hours
     what: str
@@ -61,11 +65,23 @@ def configured(exp: Experiment) -> list[str]:
     return [kind for kind in JOBS if missing_setting(kind, exp) is None]
 
 
+def job_name_of(kind: str, exp: Experiment) -> str:
+    """The Slurm name of exp's hourly job `kind`: `bsops.<training job name>.<suffix>` (slurm.hourly_job_name), a
+    form no experiment's training can take, so neither is ever taken for the other. Raises ConfigError for a
+    training job name in that reserved form (an experiment built without the config's checks)."""
+    training = exp.slurm.job_name or exp.name
+    try:
+        return slurm.hourly_job_name(training, JOBS[kind].suffix)
+    except ValueError as exc:
+        raise ConfigError(f"experiment {exp.name}", "slurm.job_name", training, f"the hourly {kind} job: {exc}") \
+            from None
+
+
 def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, settings: CronSettings,
            workdir: Path | None = None) -> RunnerScript:
-    """cron.hourly/<exp>-<suffix>.slurm for one of JOBS; the job runs in `workdir` (default: the current folder),
-    the folder exp's relative outputs resolved against (experiment_files.outputs_folder). Raises ConfigError when exp
-    lacks a setting the job needs (missing_setting)."""
+    """cron.hourly/<exp>-<suffix>.slurm for one of JOBS, named job_name_of(kind, exp); the job runs in `workdir`
+    (default: the current folder), the folder exp's relative outputs resolved against
+    (experiment_files.outputs_folder). Raises ConfigError when exp lacks a setting the job needs (missing_setting)."""
     if kind not in JOBS:
         raise ValueError(f"job kind {kind!r}: one of {', '.join(JOBS)}")
     missing = missing_setting(kind, exp)
@@ -75,8 +91,7 @@ def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, sett
                           f"the hourly {kind} job needs {what}: set it, or leave {kind} out of --jobs")
     job = JOBS[kind]
     cron_dir = Path(cron_dir).resolve()
-    [(_, job_name)] = rendering.slurm_options(f"experiment {exp.name}", {
-        "job-name": f"{exp.slurm.job_name or exp.name}-{job.suffix}"})
+    [(_, job_name)] = rendering.slurm_options(f"experiment {exp.name}", {"job-name": job_name_of(kind, exp)})
     optional = rendering.slurm_options(f"{cron_dir / 'cron.yaml'}", {
         opt: getattr(settings, opt) or None for opt in ("partition", "account", "qos")})
     arguments = ["--cron-dir", str(cron_dir)] if kind == "status" else ["--alert"]
@@ -113,10 +128,7 @@ def installed(cron_dir: Path) -> list[Installed]:
     for period in PERIODS:
         for script in folder_scripts(cron_dir, period):
             experiment = kind = None
-            try:
-                ours = MARK in script.read_text(encoding="utf-8", errors="replace")[:4000]
-            except OSError:
-                ours = False
+            ours = MARK in _head(script)
             for name, job in JOBS.items():
                 if ours and script.stem.endswith(f"-{job.suffix}") and len(script.stem) > len(job.suffix) + 1:
                     experiment, kind = script.stem[:-len(job.suffix) - 1], name
@@ -133,3 +145,18 @@ def remove(cron_dir: Path, experiment: str, kinds: list[str]) -> list[Path]:
             job.path.unlink()
             removed.append(job.path)
     return removed
+
+
+def _head(script: Path, size: int = 4000) -> str:
+    """The first `size` bytes of a regular file as text ('' for a FIFO, a folder or an unreadable file: never
+    waited for, never read whole)."""
+    try:
+        fd = os.open(script, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        return os.pread(fd, size, 0).decode("utf-8", errors="replace") if stat.S_ISREG(os.fstat(fd).st_mode) else ""
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
