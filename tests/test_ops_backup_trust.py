@@ -351,3 +351,39 @@ def test_hostile_checkpoints_and_stores_give_one_clear_line_and_delete_nothing(c
     assert expected in errors[0], errors[0]
     assert {p.relative_to(checkpoints).as_posix() for p in checkpoints.rglob("*")} == before  # nothing deleted
     assert not (tmp_path / "owned").exists() and (tmp_path / "outside.txt").read_text() == "not a checkpoint"
+
+
+# --------------------------------------------------------------------------- manifests that are not this backup's
+
+FOREIGN_MANIFESTS = {
+    "kind is HTML": lambda m: m.update(kind="<img src=x onerror=alert(1)>"),
+    "step a string": lambda m: m.update(step="10"),
+    "files of the wrong shape": lambda m: m.update(files={"layer_00-model_states.pt": [1, 2]}),
+    "a sha256 that is no digest": lambda m: [e.update(sha256="z" * 64) for e in m["files"].values()],
+    "verified in the year 10000": lambda m: m.update(verified_at="10000-01-01T00:00:00"),
+    "source_files NaN": lambda m: m.update(source_files={"a": [float("nan"), 1]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOREIGN_MANIFESTS))
+def test_a_manifest_that_is_not_this_backups_is_no_copy_and_is_reported(case: str, make) -> None:
+    """A damaged or forged manifest never stands in for a copy: the checkpoint is copied again (tag.2) and only that
+    new, verified copy lets retention delete it; every reader names the manifest instead of failing on it."""
+    exp = make("forged", keep_last=None)
+    scratch = Path(exp.paths.checkpoints)
+    _save(scratch, 10)
+    first = backup.run_backup(exp)
+    assert first.backed_up == ["global_step10"]
+    path = backup.manifest_path(first.store, "global_step10")
+    manifest = json.loads(path.read_text())
+    FOREIGN_MANIFESTS[case](manifest)
+    path.write_text(json.dumps(manifest))
+    assert backup.read_manifest(first.store, "global_step10") is None
+    [problem] = backup.manifests(first.store).problems
+    assert problem.file == str(path)
+    assert backup.find_copy(first.store, layout.list_checkpoints(scratch)[0], backup.fingerprint(
+        layout.list_checkpoints(scratch)[0])) is None
+    again = backup.run_backup(exp)
+    assert again.backed_up == ["global_step10"] and backup.entries(again.store) == ["global_step10", "global_step10.2"]
+    assert backup.verify(again.store, "global_step10.2") == [] and (scratch / "global_step10").is_dir()
+    assert backup.store_problems(again.store) == [problem]
