@@ -145,3 +145,23 @@ def test_info_imports_neither_torch_nor_deepspeed(exp, trainings: Path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("[]")
+
+
+def test_hostile_records_and_a_linked_checkpoint_are_named_and_the_rest_shown(exp, tmp_path: Path):
+    out, checkpoints = Path(exp.paths.output), Path(exp.paths.checkpoints)
+    (checkpoints / "global_step5").mkdir(parents=True)
+    (checkpoints / "global_step5" / "bsops.json").write_text('{"iteration": 5}')
+    (checkpoints / "latest").write_text("global_step5")
+    (tmp_path / "elsewhere").mkdir()
+    (checkpoints / "global_step9").symlink_to(tmp_path / "elsewhere")
+    ledger.append(out / ledger.LEDGER_NAME, ledger.TaskRecord("begin", "7_1", "n1", 0, 1100.0))
+    with open(out / ledger.LEDGER_NAME, "a") as handle:
+        handle.write('{"event": "end", "job_id": "7_1", "nodes": {"x": [1]}, "iteration": 5, "time": 1e999}\n')
+        handle.write('{"event": "end", "job_id": "7_1", "nodes": "n1", "iteration": 5, "time": "soon"}\n')
+    (out / "rollbacks.jsonl").write_text('{"time": 1, "from_step": 9, "to_step": 5, "skip": "a-b", "set_aside": ""}\n')
+    info = runinfo.run_info(exp)
+    assert info.latest == 5 and info.checkpoints == [5] and [t.job_id for t in info.tasks] == ["7_1"]
+    assert [p.split(":", 1)[0] for p in info.problems] == ["checkpoints", "task ledger", "task ledger", "rollbacks"]
+    assert "global_step9" in info.problems[0] and f"{out / ledger.LEDGER_NAME}:2:" in info.problems[1]
+    assert json.loads(json.dumps(runinfo.info_data(info)))["problems"] == info.problems
+    assert runinfo.info_text(info).count("could not read:") == 4
