@@ -47,6 +47,7 @@ def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_
 
     job = slurm_cluster.script(tmp_path, "job.sh", "sleep 60")
     job_id = slurm_cluster.submit(job, name=exp.slurm.job_name)
+    ledger.mark_launch(Path(exp.paths.output), job_id)  # launched again: the run's own job, not a look-alike
     try:
         wait_until("the job running", lambda: [j for j in slurm_cluster.jobs(job_id) if j.state == "RUNNING"])
         code, out = status(watched)

@@ -233,3 +233,116 @@ def test_a_queue_with_hostile_names_still_shows_the_training_and_counts_what_it_
     assert "never-starts" in conditions and "slurm-error" not in conditions, report.lines
     assert not [line for line in report.lines if "is running" in line], report.lines  # the forged RUNNING record
     assert report.lines[-1].startswith("[2026-11-22 03:42:00] 10 squeue entries did not parse and were skipped: ")
+
+
+# --- a log that ends badly: read within a bound, and said -----------------------------------------------------
+
+def test_a_log_ending_in_nul_bytes_is_searched_within_a_bound_and_said(tmp_path: Path) -> None:
+    log = tmp_path / "main_log.txt"
+    with open(log, "wb") as f:
+        f.write((ITERATION + "\n").encode())
+        f.truncate(1 << 40)  # a terabyte of NUL bytes after the last iteration line (sparse: no disk)
+    os.utime(log, (NOW.timestamp(), NOW.timestamp()))
+    progress = status.read_progress(log)
+    assert progress.last_iteration is None and progress.searched == status.PROGRESS_BYTES
+    report = status.evaluate("tr1-13B-round3", [running_since(90)], now=NOW, progress=progress, log_path=log,
+                             stall_minutes=60)
+    assert [a.condition for a in report.alerts] == ["stalled"]
+    assert f"no iteration line in its last {status.PROGRESS_BYTES >> 20} MiB" in report.alerts[0].message
+    small = status.read_progress(log, max_bytes=1 << 20)
+    assert small.searched == 1 << 20 and small.last_iteration is None
+
+
+def test_the_last_iteration_is_found_before_a_line_without_end(tmp_path: Path) -> None:
+    log = tmp_path / "main_log.txt"
+    log.write_bytes((ITERATION + "\n").encode() + b"x" * (3 << 20))
+    assert status.read_progress(log).last_iteration == ITERATION.strip()
+    log.write_bytes(b"\0" * 100 + ITERATION.encode())  # NULs before the line, no line break after it
+    assert status.read_progress(log).last_iteration == ITERATION.strip()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_log_that_is_no_file_is_a_stall_that_names_it(tmp_path: Path, kind: str) -> None:
+    log = tmp_path / "main_log.txt"
+    os.mkfifo(log) if kind == "fifo" else log.mkdir()
+    progress = status.read_progress(log)
+    assert progress.exists and progress.problem is not None and "not a log file" in progress.problem
+    report = status.evaluate("tr1-13B-round3", [running_since(90)], now=NOW, log_path=log, stall_minutes=60)
+    assert [a.condition for a in report.alerts] == ["stalled"] and "cannot be read" in report.alerts[0].message
+
+
+def test_a_stamp_that_is_no_date_is_passed_over(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "main_log.txt", [ITERATION, "[2021-13-45 99:99:99] not a date",
+                                                "[2026-11-22 01:00:00] a real one"], NOW)
+    assert status.read_progress(log).seen_after == datetime(2026, 11, 22, 1, 0, 0)
+
+
+def test_watchdog_log_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "watchdog.log")
+    with pytest.raises(status.runlog.LogError, match="cannot write"):
+        status.append_to_log(tmp_path / "watchdog.log", ["line"])
+    (tmp_path / "folder.log").mkdir()
+    with pytest.raises(status.runlog.LogError, match="cannot write"):
+        status.append_to_log(tmp_path / "folder.log", ["line"])
+
+
+# --- the run's own jobs and look-alikes ------------------------------------------------------------------------
+
+def test_a_job_of_the_name_that_the_run_never_submitted_is_a_look_alike() -> None:
+    """A RUNNING job of the right name whose array the run never submitted is a job of another run: it is named
+    so, and the run (nothing of it queued) is not scheduled."""
+    other = seed_job(job_id="900001_1", array_job_id="900001", user="someone")
+    report = status.evaluate("tr1-13B-round3", [other], now=NOW, job_ids={"711114"})
+    assert [a.condition for a in report.alerts] == ["not-scheduled"]
+    assert "is a job of another run with this name" in report.lines[0] and "900001" in report.lines[0]
+    assert not [line for line in report.lines if "is running for" in line]
+    ours = status.evaluate("tr1-13B-round3", [other, seed_job()], now=NOW, job_ids={"711114_3", "650000"})
+    assert ours.exit_code == status.EXIT_HEALTHY and "is running for" in ours.lines[0]
+    assert "another run" in ours.lines[1]
+    assert status.evaluate("tr1-13B-round3", [other], now=NOW).exit_code == status.EXIT_HEALTHY  # no ids: by name
+
+
+def test_array_ids_of_every_form() -> None:
+    assert [status.array_id(i) for i in ("711114_4", "682842_[2-5%1]", "5+1", "712", " 9 ")] == [
+        "711114", "682842", "5", "712", "9"]
+
+
+def test_recorded_job_ids_come_from_the_ledger_and_the_launch_records(tmp_path: Path) -> None:
+    from bigscience_ops import ledger
+
+    assert status.recorded_job_ids(tmp_path) is None  # nothing recorded: by name alone
+    ledger.mark_launch(tmp_path, "1000")
+    ledger.mark_resize(tmp_path, "1000", 4, 300, "1001")
+    with open(tmp_path / ledger.LEDGER_NAME, "a") as f:
+        f.write('{"event": "begin", "job_id": "1002_3", "nodes": "n1", "iteration": 5, "time": 1.0}\n')
+        f.write('{"event": "begin", "job_id": "local-77", "nodes": "", "iteration": 5, "time": 1.0}\n')
+        f.write("torn line\n")
+    for name, content in (("a", {"job_id": "1003"}), ("b", {"job_id": None, "error": "sbatch failed"}),
+                          ("c", ["not", "an", "object"])):
+        (tmp_path / "launches" / name).mkdir(parents=True)
+        (tmp_path / "launches" / name / "sbatch.json").write_text(json.dumps(content))
+    (tmp_path / "launches" / "d").mkdir()
+    os.mkfifo(tmp_path / "launches" / "d" / "sbatch.json")  # never waited on
+    assert status.recorded_job_ids(tmp_path) == {"1000", "1001", "1002", "1003"}
+
+
+def test_check_tells_the_runs_jobs_from_look_alikes_by_what_its_folder_recorded(trainings: Path,
+                                                                                tmp_path: Path) -> None:
+    from bigscience_ops import ledger
+    from bigscience_ops.config import load_experiment
+    from bigscience_ops.ops.watch import lifecycle
+    from tests.fixtures_experiments import tiny_yaml
+
+    (trainings / "x-backup.yaml").write_text(tiny_yaml(tmp_path / "run"))
+    exp = load_experiment("x-backup", trainings)
+    ledger.mark_launch(Path(exp.paths.output), "5000")
+    run = lifecycle.run_state(exp)
+    mine = seed_job(name="x-backup", job_id="5000_1", array_job_id="5000")
+    theirs = seed_job(name="x-backup", job_id="6000_1", array_job_id="6000")
+    hourly = seed_job(name=slurm.hourly_job_name("x", "backup"), job_id="7000", array_job_id="7000", array_task=None)
+    gone = status.check("x-backup", query=lambda **_: [theirs, hourly], now=NOW, run=run)
+    assert [a.condition for a in gone.alerts] == ["not-scheduled"] and "another run" in gone.lines[0]
+    alive = status.check("x-backup", query=lambda **_: [theirs, mine, hourly], now=NOW, run=run)
+    assert alive.exit_code == status.EXIT_HEALTHY
+    given = status.check("x-backup", query=lambda **_: [theirs], now=NOW, run=run, job_ids={"6000"})
+    assert given.exit_code == status.EXIT_HEALTHY  # the caller's ids win over the folder's

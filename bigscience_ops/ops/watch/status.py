@@ -10,16 +10,19 @@ hang is measured from the last iteration line itself.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
-from collections.abc import Callable, Sequence
+import stat
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from bigscience_ops import slurm
+from bigscience_ops import runlog, slurm
+from bigscience_ops.errors import BsopsError
 from bigscience_ops.slurm import ACTIVE_STATES, NEVER_STARTS, WAITING_STATES, Job, format_duration
 
 if TYPE_CHECKING:
@@ -79,6 +82,10 @@ class Progress:
     """The last `iteration N/ M` line, stripped; None when there is none."""
     seen_after: datetime | None = None
     """The earliest time known to be after that line: a stamped line below it or the file's mtime."""
+    searched: int | None = None
+    """Bytes searched from the end when the log is larger than that (no iteration line was in them); None: all."""
+    problem: str | None = None
+    """Why the log could not be read (a FIFO or a folder in its place, an I/O error); None when it was."""
 
 
 def safe_id(job_id: str) -> str:
@@ -124,58 +131,72 @@ def describe_job(job: Job, now: datetime) -> _Verdict:
                              f"scheduled ({where})")
 
 
-def read_progress(log_path: str | os.PathLike[str], max_bytes: int = 64 << 20) -> Progress:
-    """Find the last iteration line of a log, reading backwards so months of log cost nothing."""
+PROGRESS_BYTES = 64 << 20
+"""Bytes read_progress searches from the end of a log for its last iteration line: the watchdog's time is bounded
+whatever the log ends with (a traceback of every rank, a crashed node's NUL bytes, a line without end)."""
+
+
+def read_progress(log_path: str | os.PathLike[str], max_bytes: int = PROGRESS_BYTES) -> Progress:
+    """Find the last iteration line of a log, reading backwards over at most `max_bytes` from its end (runlog's
+    bounded reader: linear, one cut line at a time), so months of log, or gigabytes without a line break, cost
+    the same. A path that is not a log file (a FIFO, a folder) is a Progress with its `problem`."""
     path = Path(log_path)
     try:
-        size = path.stat().st_size
-        mtime = datetime.fromtimestamp(path.stat().st_mtime)
+        st = path.stat()
     except FileNotFoundError:
         return Progress(exists=False)
+    except OSError as exc:
+        return Progress(True, problem=f"cannot read it: {exc.strerror}")
+    mtime = datetime.fromtimestamp(st.st_mtime)
     stamps_after: list[datetime] = []
-    tail = b""
-    pos = size
-    block = 1 << 16
-    with path.open("rb") as fh:
-        while pos > 0 and size - pos < max_bytes:
-            step = min(block, pos)
-            pos -= step
-            fh.seek(pos)
-            tail = fh.read(step) + tail
-            lines = tail.split(b"\n")
-            # The first piece may be a cut line unless we reached the start of the file.
-            complete, tail = (lines, b"") if pos == 0 else (lines[1:], lines[0])
-            for raw in reversed(complete):
-                line = raw.decode("utf-8", errors="replace")
-                if ITERATION_LINE.search(line):
-                    candidates = [mtime, *stamps_after]
-                    return Progress(True, line.strip(), min(candidates))
-                stamp = STAMPED_LINE.match(line)
-                if stamp:
-                    stamps_after.append(datetime.strptime(stamp.group(1).replace("T", " "), STAMP_FORMAT))
-            if pos == 0:
-                break
-            # Nothing complete left unscanned: the lines just examined are dropped from memory.
-    return Progress(True, None, None)
+    try:
+        for line in runlog.reverse_lines(path, max_bytes, partial=True):
+            if ITERATION_LINE.search(line):
+                return Progress(True, line.strip(), min([mtime, *stamps_after]))
+            stamp = _stamp(line)
+            if stamp is not None:
+                stamps_after.append(stamp)
+    except runlog.LogError as exc:
+        return Progress(True, problem=str(exc))
+    return Progress(True, None, None, searched=max_bytes if st.st_size > max_bytes else None)
+
+
+def _stamp(line: str) -> datetime | None:
+    """The wall-clock stamp near the start of a line; None without one, or where it is no date (2021-13-45)."""
+    found = STAMPED_LINE.match(line)
+    if found is None:
+        return None
+    try:
+        return datetime.strptime(found.group(1).replace("T", " "), STAMP_FORMAT)
+    except ValueError:
+        return None
 
 
 def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Progress | None = None,
              log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
-             contact: str = DEFAULT_CONTACT, run: RunState | None = None) -> StatusReport:
+             contact: str = DEFAULT_CONTACT, run: RunState | None = None,
+             job_ids: Collection[str] | None = None) -> StatusReport:
     """Decide from squeue's jobs (the log's progress, and the run folder's state) whether `job_name`
     needs a person. With `run`, nothing queued and the final iteration saved is a finished training,
     a run never launched (no task ledger; no checkpoint, or only a warm start's step 0) is not
     launched yet, and one whose kill switch exists was stopped on purpose: info lines, no alert.
 
+    With `job_ids`, the array ids the run submitted (recorded_job_ids), a job of the name whose array the
+    run never submitted is a look-alike: a line says it is a job of another run with this name, and it
+    counts for nothing (the run is not running because of it). None: every job of the name is the run's.
+
     Alerts come in the order of what to do first: a job that will never start (release or cancel it:
     launching again beside it would queue a second array, so "not scheduled" is left out then),
     two trainings at once, a stall, nothing queued."""
     stamp = f"[{now:{STAMP_FORMAT}}]"
-    matching = [j for j in jobs if j.name == job_name]
+    named = [j for j in jobs if j.name == job_name]
+    ours = None if job_ids is None else {array_id(i) for i in job_ids}
+    matching = [j for j in named if ours is None or array_id(j.array_job_id) in ours]
     verdicts = [(job, describe_job(job, now)) for job in matching]
     order = {"active": 0, "waiting": 1, "never": 2, "other": 3}
     verdicts.sort(key=lambda jv: order[jv[1].kind])  # stable: running first, then squeue's order
     lines = [f"{stamp} {job_name} {v.text}" for _, v in verdicts]
+    lines += [f"{stamp} {job_name}: {_look_alike(job, ours or set())}" for job in named if job not in matching]
     alerts: list[Alert] = []
 
     def alert(condition: str, what: str, headline: str = "", advice: str = "") -> None:
@@ -203,6 +224,10 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
             where = str(log_path) if log_path is not None else "the log"
             if not progress.exists:
                 what = f"{where} does not exist"
+            elif progress.problem is not None:
+                what = f"{where} cannot be read ({progress.problem})"
+            elif progress.last_iteration is None and progress.searched is not None:
+                what = f"{where} has no iteration line in its last {progress.searched >> 20} MiB"
             elif progress.last_iteration is None:
                 what = f"{where} has no iteration line"
             else:
@@ -233,6 +258,19 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
                         finished_at)
 
 
+def array_id(job_id: str) -> str:
+    """The whole array's id of a job id as squeue, sbatch or a task ledger writes it: `711114_4` -> `711114`,
+    `682842_[2-5%1]` -> `682842`, `5+1` (a heterogeneous job's component) -> `5`."""
+    return job_id.split("_", 1)[0].split("+", 1)[0].strip()
+
+
+def _look_alike(job: Job, ours: Collection[str]) -> str:
+    submitted = ", ".join(sorted(ours, key=lambda i: (len(i), i))[-3:]) or "none"
+    return (f"job {safe_id(job.job_id)} of user {job.user} ({job.state.lower()}) is a job of another run with this "
+            f"name: this run never submitted array {safe_id(job.array_job_id)} (its recorded arrays: {submitted}); "
+            "it is not counted as this run")
+
+
 def _never_starts_words(never: Sequence[Job], queued: bool) -> tuple[str, str]:
     """(headline, advice) for jobs that will never start: release a held array, else cancel it (and launch
     again, unless another job of the training is running or queued)."""
@@ -260,13 +298,19 @@ def _stalled_for(progress: Progress, started: datetime | None, now: datetime) ->
 def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
           log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
           now: datetime | None = None, contact: str = DEFAULT_CONTACT, timeout: float = slurm.DEFAULT_TIMEOUT_S,
-          query: Callable[..., list[Job]] = slurm.query_jobs, run: RunState | None = None) -> StatusReport:
+          query: Callable[..., list[Job]] = slurm.query_jobs, run: RunState | None = None,
+          job_ids: Collection[str] | None = None) -> StatusReport:
     """Query Slurm once (jobs of `users`, or of every user in `group`) and evaluate `job_name`.
 
-    A failing query is itself an alert (exit code EXIT_ERROR): the on-call person must hear about a
-    watchdog that cannot see the queue, not find a silent log.
+    The run's own jobs are told from look-alikes (jobs of another run with the same name) by `job_ids`, the
+    array ids the run submitted; when not given, they are read from `run`'s folder (recorded_job_ids).
+
+    A failing query, or an answer that does not parse, is itself an alert (exit code EXIT_ERROR): the on-call
+    person must hear about a watchdog that cannot see the queue, not find a silent log or a wrong verdict.
     """
     now = now or datetime.now().replace(microsecond=0)
+    if job_ids is None and run is not None and run.experiment is not None and run.experiment.paths.output:
+        job_ids = recorded_job_ids(Path(run.experiment.paths.output))
     try:
         who = list(users) + (slurm.group_users(group) if group else [])
         jobs = query(users=sorted(set(who)), timeout=timeout)
@@ -278,11 +322,54 @@ def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
         alert = Alert("slurm-error", message, "check the Slurm controller (sinfo, squeue): cannot query Slurm")
         return StatusReport(job_name, now, (f"{stamp} {message}",), (alert,), EXIT_ERROR)
     report = evaluate(job_name, jobs, now=now, log_path=log_path, stall_minutes=stall_minutes, contact=contact,
-                      run=run)
+                      run=run, job_ids=job_ids)
     note = slurm.unparsed_note(jobs)
     if note is None:
         return report
     return dataclasses.replace(report, lines=(*report.lines, f"[{now:{STAMP_FORMAT}}] {note}"))
+
+
+SBATCH_RECORD_BYTES = 1 << 20
+"""The most of a launch's sbatch.json read (a few hundred bytes when bsops writes it)."""
+
+
+def recorded_job_ids(output: Path) -> frozenset[str] | None:
+    """The Slurm array ids the run in `output` submitted, as its folder recorded them: the task ledger's launch
+    and resize records and its tasks' own ids, and each launches/<time>/sbatch.json. None when it recorded none
+    (a run launched before these were recorded, or only locally), or when its ledger cannot be read at all: the
+    watchdog then goes by the job name alone, as before."""
+    from bigscience_ops import ledger
+
+    ids: set[str] = set()
+    try:  # the lines that are records (a torn line is the watchdog's alert of its own, lifecycle's)
+        for record in ledger.read_checked(Path(output) / ledger.LEDGER_NAME).records:
+            ids.update(i for i in (record.job_id, record.next_job) if isinstance(i, str) and i)
+    except (OSError, BsopsError, UnicodeError):
+        return None
+    for record in sorted(Path(output).glob("launches/*/sbatch.json")):
+        job_id = _small_json(record).get("job_id")
+        if isinstance(job_id, (str, int)) and not isinstance(job_id, bool):
+            ids.add(str(job_id))
+    arrays = frozenset(a for a in map(array_id, ids) if a.isdigit())
+    return arrays or None
+
+
+def _small_json(path: Path) -> dict:
+    """A small JSON object of a regular file ({} for anything else: a FIFO, a folder, a huge or broken file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        data = os.pread(fd, SBATCH_RECORD_BYTES + 1, 0)
+        value = json.loads(data) if len(data) <= SBATCH_RECORD_BYTES else {}
+    except (OSError, ValueError, RecursionError):
+        return {}
+    finally:
+        os.close(fd)
+    return value if isinstance(value, dict) else {}
 
 
 def watchdog_log(log_path: str | os.PathLike[str]) -> Path:
@@ -291,8 +378,22 @@ def watchdog_log(log_path: str | os.PathLike[str]) -> Path:
 
 
 def append_to_log(log_path: str | os.PathLike[str], lines: Sequence[str]) -> None:
-    """Append lines to a log (created with its folder if missing)."""
+    """Append lines to a log (created with its folder if missing). Only a regular file is written: a FIFO in its
+    place is never waited on, and it, a folder or an unwritable file is a runlog.LogError naming it."""
     path = Path(log_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as fh:
-        fh.writelines(line + "\n" for line in lines)
+    data = "".join(line + "\n" for line in lines).encode("utf-8", errors="replace")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise runlog.LogError(f"cannot write {path}: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise runlog.LogError(f"cannot write {path}: it is not a regular file (mode {stat.filemode(mode)})")
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as exc:
+        raise runlog.LogError(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
