@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import slurm
+from bigscience_ops.slurm.script import SCRIPT_BYTES
 
 PLAIN = ["gpu_p13", "six@gpu", "v100-32g&ib", "gpu_p13,v100", "%x-%A_%a.out", "/scratch/run/logs/%x-%j.out",
          "1-5%1", "r7i4n[1-7]", "a=b", "a|b", "x:y", "a+b", "(x)", "*", "20:00:00", "tr8-104B", "-x"]
@@ -160,3 +161,26 @@ def test_output_path_doubles_the_folders_percent_signs_only(tmp_path: Path) -> N
 def test_output_path_refuses_a_backslash(folder: str) -> None:
     with pytest.raises(ValueError):
         slurm.output_path(folder, "%x.out")
+
+
+def test_a_script_that_is_no_file_or_too_large_is_refused_not_read(tmp_path: Path) -> None:
+    """A cron folder is shared scratch: a FIFO named *.slurm must not hang `cron run`, nor a huge file fill its
+    memory; both are a ValueError `cron run` reports and skips, as sbatch would refuse them."""
+    import os
+
+    fifo = tmp_path / "fifo.slurm"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        slurm.script_job_name(fifo)
+    (tmp_path / "folder.slurm").mkdir()
+    with pytest.raises(ValueError, match="not a regular file"):
+        slurm.script_job_name(tmp_path / "folder.slurm")
+    big = tmp_path / "big.slurm"
+    with open(big, "wb") as f:
+        f.write(b"#!/bin/bash\n#SBATCH --job-name=big\n")
+        f.truncate(SCRIPT_BYTES + 1)
+    with pytest.raises(ValueError, match="max_script_size"):
+        slurm.script_job_name(big)
+    with open(big, "r+b") as f:
+        f.truncate(SCRIPT_BYTES)
+    assert slurm.script_job_name(big) == "big"

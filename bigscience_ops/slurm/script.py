@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 #
@@ -67,11 +68,35 @@ def sbatch_words(text: str) -> list[str]:
         words.append("".join(word))
 
 
+SCRIPT_BYTES = 4 << 20
+"""The most of a job script read: Slurm's default max_script_size (slurm.conf SchedulerParameters), beyond which
+slurmctld refuses the job anyway."""
+
+
+def _script_text(script: Path) -> str:
+    """The script's text, if it is a regular file (a link to one is followed) of at most SCRIPT_BYTES: a FIFO
+    in a cron folder must not hang the runner, nor a huge file fill its memory. ValueError names what it is."""
+    fd = os.open(script, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{script} is not a regular file (mode {stat.filemode(st.st_mode)}); allowed: a job "
+                             "script file")
+        data = os.pread(fd, SCRIPT_BYTES + 1, 0)
+    finally:
+        os.close(fd)
+    if len(data) > SCRIPT_BYTES:
+        raise ValueError(f"{script} is larger than {SCRIPT_BYTES >> 20} MiB, Slurm's default max_script_size; "
+                         "allowed: a job script sbatch accepts")
+    return data.decode("utf-8", errors="replace")
+
+
 def script_options(script: Path) -> list[str]:
     """The words of a job script's #SBATCH lines, read up to its first command as sbatch does.
-    Raises ValueError where sbatch would refuse a line (an open quote), OSError where the file cannot be read."""
+    Raises ValueError where sbatch would refuse a line (an open quote) or the file (not a regular file, larger
+    than SCRIPT_BYTES), OSError where the file cannot be read."""
     words = []
-    for line in script.read_text(encoding="utf-8", errors="replace").split("\n"):
+    for line in _script_text(script).split("\n"):
         if line.startswith(SBATCH_PREFIX):
             words += sbatch_words(line[len(SBATCH_PREFIX):])
         elif line.strip() and not line.lstrip().startswith("#"):
