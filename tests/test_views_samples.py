@@ -194,3 +194,27 @@ def test_the_command_imports_neither_torch_nor_deepspeed(trainings, tmp_path, bu
             "assert r.exit_code == 0, r.output\nprint(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_a_start_line_no_task_can_have_is_reported_and_skipped(trainings, tmp_path, bundled_corpus):
+    """A task start line with micro batch size 0 (or DP 0, or a number of 5000 digits) made `bsops samples` divide by
+    zero; it is now skipped, named in the output, and the layout comes from the lines that can be right."""
+    run = tmp_path / "run"
+    _cli_experiment(trainings, run, bundled_corpus)
+    zero = TaskLayout("small", 1000, 1, 2, 2, 1, False, 28, 4).line().replace("micro batch size 1", "micro batch size 0")
+    huge = TaskLayout("small", 1000, 1, 2, 2, 1, False, 28, 5).line().replace("DP=2", "DP=" + "9" * 5000)
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "main_log.txt").write_text("\n".join([*_log((0, 2, 1, False)), zero, huge]) + "\n")
+    argv = ["samples", "small", "--iteration", "7", "--rank", "0", "--micro-batch", "0", "--trainings-dir",
+            str(trainings)]
+    result = CliRunner().invoke(main, [*argv, "--json", "--no-text"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert (data["layout"]["data"], data["layout"]["micro_batch_size"]) == (2, 1)  # the task that started at 0
+    assert len(data["skipped_log_lines"]) == 2
+    assert "micro batch size 0" in data["skipped_log_lines"][0] and "5000 digits" in data["skipped_log_lines"][1]
+    text = CliRunner().invoke(main, [*argv, "--no-text"])
+    assert text.exit_code == 0 and sum(line.startswith("warning: ") for line in text.output.splitlines()) == 2
+    (run / "logs" / "main_log.txt").write_text(zero + "\n")  # the only start line is impossible: the node phase's
+    alone = samples.iteration_samples(load_experiment("small", trainings), 7, text=False)
+    assert alone.layout.source.startswith("no task in main_log.txt") and len(alone.skipped_lines) == 1

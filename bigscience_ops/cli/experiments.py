@@ -162,16 +162,20 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
     team: the new file sets them to empty so nothing of BASE's site is used without being written here.
     It then lists the fields a job needs that are still blank.
     """
-    from bigscience_ops.experiment_files import NAME, NAME_ALLOWED, local_trainings_dir
+    from bigscience_ops.errors import ConfigError
+    from bigscience_ops.experiment_files import check_name, local_trainings_dir
     from bigscience_ops.site_values import missing_site_values, new_experiment_text
 
+    try:  # the name alone, before any path is built from it (a 300-character name is no file name)
+        check_name(name, "NAME")
+    except ConfigError as exc:
+        shown = repr(name) if len(name) <= 120 else f"{name[:100]!r}... ({len(name)} characters)"
+        raise click.UsageError(f"NAME {shown}: {exc.allowed}") from None
     # Never the bundled folder: a new experiment is the user's, beside their other files.
     directory = local_trainings_dir(trainings_dir)
     path = directory / f"{name}.yaml"
     if path.exists():
         raise click.UsageError(f"{path} exists; choose another NAME or edit it")
-    if not NAME.fullmatch(name):
-        raise click.UsageError(f"NAME {name!r}: {NAME_ALLOWED}")
     text = new_experiment_text(name, base, trainings_dir)  # the base must exist before anything is written
     directory.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")

@@ -130,11 +130,30 @@ _LAYOUT = re.compile(r"> training (?P<name>.+): (?P<parameters>\d+) parameters, 
                      r"(?P<iters>\d+) iterations, starting at (?P<start>\d+)")
 
 
+class LayoutLineError(ValueError):
+    """A task's start line whose numbers no task can have (a micro batch size or a parallel size of 0, a number
+    of thousands of digits): a torn or hostile log line, reported and skipped by its readers."""
+
+
+_AT_LEAST_ONE = {"tensor": "TP", "pipeline": "PP", "data": "DP", "mbs": "micro batch size"}
+_MAX_DIGITS = 30  # no count of a run has more; int() of thousands of digits is refused (and slow)
+
+
 def parse_layout_line(line: str) -> TaskLayout | None:
-    """The TaskLayout of a task's start line (after srun's "0: " label where the log has one), or None."""
+    """The TaskLayout of a task's start line (after srun's "0: " label where the log has one), or None for any
+    other line. Raises LayoutLineError for a start line whose TP, PP, DP or micro batch size is below 1, or
+    whose numbers are too long to be a run's."""
     found = _LAYOUT.search(line)
     if found is None:
         return None
     g = found.groupdict()
+    numbers = ("parameters", "tensor", "pipeline", "data", "mbs", "iters", "start")
+    long = [key for key in numbers if len(g[key]) > _MAX_DIGITS]
+    if long:
+        raise LayoutLineError(f"task start line: {long[0]} has {len(g[long[0]])} digits; allowed: at most "
+                              f"{_MAX_DIGITS}")
+    low = [(label, g[key]) for key, label in _AT_LEAST_ONE.items() if int(g[key]) < 1]
+    if low:
+        raise LayoutLineError(f"task start line: {low[0][0]} {low[0][1]}; allowed: 1 or more")
     return TaskLayout(g["name"], int(g["parameters"]), int(g["tensor"]), int(g["pipeline"]), int(g["data"]),
                       int(g["mbs"]), "--synthetic-data" in g["on"], int(g["iters"]), int(g["start"]))

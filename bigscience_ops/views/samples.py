@@ -27,7 +27,7 @@ from bigscience_ops.run_schedule import RunSchedule, run_schedule
 from bigscience_ops.schedules import in_skip_range
 from bigscience_ops.schema import Experiment
 from bigscience_ops.trainer.sampling import (
-    TaskLayout, build_datasets, dataset_sizes, micro_batch_positions, parse_layout_line, seqlen_at,
+    LayoutLineError, TaskLayout, build_datasets, dataset_sizes, micro_batch_positions, parse_layout_line, seqlen_at,
 )
 
 
@@ -87,23 +87,46 @@ class IterationSamples:
     dataset_samples: int  # the training dataset's length: positions wrap around it
     layout: Layout
     micro_batches: tuple[MicroBatch, ...]
+    skipped_lines: tuple[str, ...] = ()
+    """One note per task start line of the log skipped because no task can have its numbers (micro batch size 0)."""
+
+
+START_MARK = "> training "
+"""In every task's start line (trainer/sampling.TaskLayout.line)."""
+
+
+def read_layouts(lines: Iterable[str]) -> tuple[list[TaskLayout], list[str]]:
+    """The start line of every task in a log, oldest first, and one note per start line skipped because no task
+    can have its numbers (a micro batch size of 0: a torn or hostile line)."""
+    layouts, skipped = [], []
+    for line in lines:
+        try:
+            layout = parse_layout_line(line)
+        except LayoutLineError as exc:
+            shown = line if len(line) <= 200 else f"{line[:200]}... ({len(line)} characters)"
+            skipped.append(f"{exc}: {shown!r}")
+            continue
+        if layout is not None:
+            layouts.append(layout)
+    return layouts, skipped
 
 
 def task_layouts(lines: Iterable[str]) -> list[TaskLayout]:
-    """The start line of every task in a log, oldest first."""
-    return [layout for layout in map(parse_layout_line, lines) if layout is not None]
+    """The start line of every task in a log, oldest first (start lines no task can have are skipped)."""
+    return read_layouts(lines)[0]
 
 
-def _log_layouts(exp: Experiment) -> tuple[list[TaskLayout], str | None]:
+def _log_layouts(exp: Experiment) -> tuple[list[TaskLayout], list[str], str | None]:
     try:
         path = runlog.find_log(exp)
-    except runlog.LogError:
-        return [], None
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:  # streamed: a months-long log is large
-            return task_layouts(line for line in f if "> training " in line), str(path)
-    except OSError as exc:
-        raise SamplesError(f"cannot read {path}: {exc.strerror}") from None
+    except runlog.LogMissing:
+        return [], [], None
+    except runlog.LogError as exc:  # there, but not a file to read (a FIFO, a folder)
+        raise SamplesError(str(exc)) from None
+    try:  # streamed by runlog: linear in a months-long log, one line of bounded length at a time
+        return (*read_layouts(runlog.lines(path, containing=START_MARK.encode())), str(path))
+    except runlog.LogError as exc:
+        raise SamplesError(str(exc)) from None
 
 
 def layout_at(exp: Experiment, schedule: RunSchedule, iteration: int, tasks: list[TaskLayout],
@@ -180,9 +203,10 @@ def iteration_samples(exp: Experiment, iteration: int, *, dp: int | None = None,
     if not 1 <= iteration <= schedule.train_iters:
         raise SamplesError(f"--iteration: got {iteration}; {exp.name} trains iterations 1 to {schedule.train_iters}")
     if log_lines is not None:
-        tasks, log = task_layouts(log_lines), "the log given"
+        tasks, skipped = read_layouts(log_lines)
+        log = "the log given"
     else:
-        tasks, log = _log_layouts(exp)
+        tasks, skipped, log = _log_layouts(exp)
     layout = layout_at(exp, schedule, iteration, tasks, log)
     if dp is not None or micro_batch_size is not None:
         layout = Layout(dp or layout.data, micro_batch_size or layout.micro_batch_size,
@@ -211,7 +235,8 @@ def iteration_samples(exp: Experiment, iteration: int, *, dp: int | None = None,
                                micro_batch_positions(consumed, k, layout.micro_batch_size, r, layout.data)))
         for k in chosen for r in ranks)
     return IterationSamples(exp.name, iteration, schedule.train_iters, in_skip_range(iteration, schedule.skip_ranges),
-                            consumed, gbs, seqlen, len(train), layout, batches)
+                            consumed, gbs, seqlen, len(train), layout, batches,
+                            tuple(f"{log}: skipped {note}" for note in skipped))
 
 
 def samples_data(result: IterationSamples) -> dict:
@@ -223,6 +248,7 @@ def samples_data(result: IterationSamples) -> dict:
         "dataset_samples": result.dataset_samples,
         "layout": {"data": result.layout.data, "micro_batch_size": result.layout.micro_batch_size,
                    "source": result.layout.source},
+        "skipped_log_lines": list(result.skipped_lines),
         "micro_batches": [
             {"dp_rank": b.dp_rank, "micro_batch": b.micro_batch, "samples": [
                 {"position": s.position, "index": s.index, "source": s.source, "prefix": s.prefix,
@@ -251,6 +277,7 @@ def samples_text(result: IterationSamples, limit: int = 0) -> list[str]:
              f"samples {r.consumed_before} to {end} (of a training dataset of {r.dataset_samples}), "
              f"{r.seqlen} tokens each (+1 for the last label)",
              f"layout: DP {r.layout.data}, micro batch size {r.layout.micro_batch_size} (from {r.layout.source})"]
+    lines += [f"warning: {note}" for note in r.skipped_lines]
     if r.skipped:
         lines.append("skipped (train.skip_iterations): its data was consumed, no update was made")
     for b in r.micro_batches:
