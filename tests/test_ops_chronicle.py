@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import ledger
+from bigscience_ops import ledger, rollbacks
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.iteration_log import IterationStats, iteration_line
@@ -120,3 +120,103 @@ def test_chronicle_command_writes_the_file(run, trainings: Path, tmp_path: Path)
     result = CliRunner().invoke(main, ["chronicle", "run", "--trainings-dir", str(trainings), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_text().startswith("# run: run chronicle") and f"wrote {out}" in result.output
+
+
+# --- untrusted values are plain text on the Hub ---------------------------------------------------------------
+
+PAYLOADS = {
+    "script": "<script>alert(1)</script>",
+    "image calling out": "![pixel](https://evil.example/p.png?run=x)",
+    "javascript link": "[click](javascript:alert(1))",
+    "autolink": "<https://evil.example>",
+    "bare url": "see https://evil.example/x now",
+    "www": "www.evil.example",
+    "email address": "mail ops@evil.example",
+    "html entity": "&lt;b&gt;bold&lt;/b&gt;",
+    "img tag": "<img src=x onerror=alert(1)>",
+    "reference link": "[a][1]\n\n[1]: https://evil.example",
+    "heading and list": "# big\n- item\n1. one",
+    "code fence": "```\ncode\n```",
+    "table pipe": "a | b | c",
+    "bidi override": "\u202egnp.exe",
+    "zero width": "ev\u200bil",
+    "line separator": "one\u2028two\u2029three",
+    "emphasis": "**bold** _it_ ~~gone~~",
+    "math": "$$x^2$$",
+    "backslashes": "\\<b>\\</b>",
+    "huge": "x" * 100_000,
+}
+
+
+def _rendered_tags(page: str) -> set[str]:
+    """The HTML tags a page renders to, by Python-Markdown (tensorboard's dependency, which passes raw HTML) and,
+    where installed, markdown-it (CommonMark with GFM's tables and strikethrough, the Hub's kind of renderer), with
+    linkify where linkify-it is installed."""
+    from html.parser import HTMLParser
+
+    import markdown
+
+    found: set[str] = set()
+
+    class Tags(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list) -> None:
+            found.add(tag + "".join(f" {name}" for name, _ in attrs))
+
+    Tags().feed(markdown.markdown(page))
+    try:
+        from markdown_it import MarkdownIt
+    except ImportError:
+        return found
+    renderer = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
+    try:
+        import linkify_it  # noqa: F401  (bare URLs made links, as GFM does)
+
+        renderer = renderer.enable("linkify").set({"linkify": True})
+    except ImportError:
+        pass
+    Tags().feed(renderer.render(page))
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_a_payload_in_any_record_field_is_plain_text(name: str, trainings: Path, tmp_path: Path) -> None:
+    payload = PAYLOADS[name]
+    (trainings / "evil.yaml").write_text(tiny_yaml(tmp_path / "run"))
+    exp = load_experiment("evil", trainings)
+    out, logs = Path(exp.paths.output), Path(exp.paths.logs)
+    logs.mkdir(parents=True)
+    shown = payload.replace("\n", " ")  # a job id or node name holds no line break (the ledger refuses them)
+    for record in [ledger.TaskRecord("launch", shown, "", 0, T0), ledger.TaskRecord("begin", "7_1", shown, 0, T0 + 1),
+                   ledger.TaskRecord("resize", "7", shown, 5, T0 + 2, next_job=shown)]:
+        ledger.append(out / ledger.LEDGER_NAME, record)
+    rollbacks.append(out, rollbacks.Rollback(T0 + 3, 9, 5, None, f"/aside/{shown}"))
+    (logs / "main_log.txt").write_text(f"task 7_1 begins at iteration 0\n> {shown} at iteration 5\n")
+    (logs / chronicle.WATCHDOG_LOG).write_text(f"[2026-11-24 00:21:00] alert email sent to x <1@x>: {shown}\n")
+    page = chronicle.markdown(exp, now=T0)
+    assert _rendered_tags(page) <= {"h1", "h2", "p", "ul", "li", "code"}, page
+    assert "\u202e" not in page and "\u200b" not in page and "\u2028" not in page
+    assert all(len(line) < 2000 for line in page.splitlines())
+    if name != "huge":  # over the records' bounds: listed as not read instead (test_records_that_cannot_be_read...)
+        lines = page.splitlines()
+        assert [line[:2] for line in lines if line and not line.startswith(("#", "  - "))][1:] == ["- "] * 5, page
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("7_1", "7\\_1"), ("n[1-2]", "n\\[1-2\\]"), ("a<b>&c", "a&lt;b&gt;&amp;c"), ("https://x", "https\\://x"),
+    ("WWW.x.org", "WWW\\.x.org"), ("a@b", "a\\@b"), ("one\ntwo", "one two"),
+])
+def test_plain_escapes_exactly_what_a_renderer_acts_on(text: str, shown: str) -> None:
+    assert chronicle.plain(text) == shown
+
+
+def test_records_that_cannot_be_read_are_listed_and_the_rest_is_shown(run) -> None:
+    with open(Path(run.paths.output) / ledger.LEDGER_NAME, "ab") as handle:
+        handle.write(b'{"event": "begin", "job_id": "<b>x</b>", "nodes": ["n1"], "iteration": 1, "time": 1}\n')
+        handle.write(b'{"event": "end", "job_id": "7_2", "nod')
+    (Path(run.paths.output) / rollbacks.RECORD).write_text('{"time": NaN}\n')
+    page = chronicle.markdown(run, now=T0 + 7200)
+    assert "task 7\\_1 on n\\[1-2\\]: iterations 0 → 100, exit 0, 20.0 min" in page  # the rest still shown
+    listed = page.split("## Records not read")[1].strip().splitlines()
+    assert listed[0].startswith("3 record line(s)") and [line.split(":")[0] for line in listed[2:]] == [
+        "- `task-ledger.jsonl` line 6", "- `task-ledger.jsonl` line 7", "- `rollbacks.jsonl` line 1"]
+    assert "<b>" not in page
