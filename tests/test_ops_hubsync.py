@@ -484,3 +484,38 @@ def test_links_in_the_remote_never_take_a_sync_out_of_its_clone(git_lfs, tmp_pat
         hubsync.publish_folder(exp, src, "global_step10/inner")
     assert "global_step10" in str(err.value) and tree_snapshot(outside) == before
     assert git("--git-dir", str(ckpt), "rev-list", "--count", "main").strip() == "1"
+
+
+def test_hub_sync_alert_on_hostile_records_pushes_an_escaped_chronicle_and_tells_of_a_failure(
+        git_lfs, trainings: Path, tmp_path: Path, plain_server, monkeypatch) -> None:
+    """Records with wrong field types and Markdown/HTML payloads: hub-sync --alert still pushes the logs and the
+    chronicle (bad lines listed, payloads as text), and a sync that fails afterwards is still emailed."""
+    from bigscience_ops import ledger, rollbacks
+    from bigscience_ops.ops.tell import notify
+
+    inbox, port = plain_server
+    _alerting_experiment(trainings, tmp_path, port)
+    bare = bare_remote(tmp_path / "remotes", "bs/synced-logs")
+    run = tmp_path / "run"
+    ledger.append(run / ledger.LEDGER_NAME, ledger.TaskRecord("launch", "<script>alert(1)</script>", "", 0, 1.8e9))
+    ledger.append(run / ledger.LEDGER_NAME, ledger.TaskRecord("begin", "7_1", "![p](https://evil.example/p.png)", 0,
+                                                              1.8e9 + 60))
+    with open(run / ledger.LEDGER_NAME, "a") as handle:
+        handle.write('{"event": "end", "job_id": "7_1", "nodes": {"x": 1}, "iteration": "5", "time": NaN}\n')
+        handle.write('{"event": "end", "job_id": "7_1", "nodes": "n", "iteration": 5, "time": 1e400}\n')
+    (run / rollbacks.RECORD).write_text('{"time": "now", "from_step": [], "to_step": null}\n')
+    clock = [T0]
+    monkeypatch.setattr(notify, "_now", lambda: clock[0])
+
+    synced = _sync_at(trainings, clock, 0)
+    assert synced.exit_code == 0 and "Traceback" not in synced.output, synced.output
+    assert "CHRONICLE.md updated" in synced.output and inbox.messages == []
+    page = blob_at(bare, "CHRONICLE.md").decode()
+    assert "&lt;script&gt;" in page and "<script" not in page and "![p](" not in page
+    assert "## Records not read" in page and page.count("- `task-ledger.jsonl` line") == 2
+    assert "- `rollbacks.jsonl` line 1" in page
+
+    _refusing(bare, True)  # and when the sync itself fails, the alert still goes out
+    (run / "logs" / "main_log.txt").write_text("iteration 2/ 10 | lm loss: 8.7\n")
+    failed = _sync_at(trainings, clock, 10)
+    assert failed.exit_code == 2 and "Traceback" not in failed.output and len(inbox.messages) == 1
