@@ -80,3 +80,34 @@ def test_cron_status_job_runs_the_watchdog(watched: Path, tmp_path: Path, plain_
     assert "***ALERT" in run.stdout and len(inbox.messages) == 1
     assert f"{slurm_cluster.prefix}-wcron-hourly is not queued" in run.stdout
     assert f"{slurm_cluster.prefix}-wcron-daily" not in run.stdout  # never installed: not this watchdog's business
+
+
+@pytest.mark.parametrize("torn", ["task-ledger.jsonl", "checkpoints/latest", "rollbacks.jsonl"])
+def test_a_torn_run_file_is_emailed_with_the_stopped_run_on_the_real_cluster(watched: Path, plain_server,
+                                                                             torn: str) -> None:
+    """A node died mid-write: the status watchdog still runs (it exited 2 before it, telling nobody), emails that
+    the run stopped at 80 and names the torn file and line."""
+    import json
+
+    from bigscience_ops import ledger
+
+    inbox, _ = plain_server
+    exp = load_experiment("watched", watched)
+    out, checkpoints = Path(exp.paths.output), Path(exp.paths.checkpoints)
+    ledger.mark_launch(out, "4242")
+    for step in (40, 80):
+        (checkpoints / f"global_step{step}").mkdir(parents=True)
+        (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+    (checkpoints / "latest").write_text("global_step80")
+    with open(out / torn, "ab") as handle:
+        handle.write({"task-ledger.jsonl": b'{"event": "begin", "job_id": "4242_3", "no',
+                      "checkpoints/latest": b"", "rollbacks.jsonl": b'{"time": 1795000000, "from_s'}[torn])
+    if torn == "checkpoints/latest":
+        (out / torn).write_bytes(b"global_st")
+    code, output = status(watched)
+    assert code == 1 and "error:" not in output and "Traceback" not in output, output
+    assert f"{exp.slurm.job_name} is not RUNNING or SCHEDULED: it stopped at iteration 80 of" in output
+    [mail] = inbox.messages
+    body = mail.get_content()
+    assert "stopped at iteration 80 of" in body and str(out / torn) in body
+    assert str(out / torn) in (Path(exp.paths.logs) / "watchdog.log").read_text()
