@@ -146,7 +146,8 @@ def test_only_regular_files_are_read(tmp_path: Path, kind: str) -> None:
     else:
         path.symlink_to("/dev/zero")
     for read in (lambda: runlog.tail(path, 5), lambda: list(runlog.lines(path)),
-                 lambda: list(runlog.reverse_lines(path, 100)), lambda: next(runlog.follow(path, 0, stop=lambda: True))):
+                 lambda: list(runlog.reverse_lines(path, 100)),
+                 lambda: next(runlog.follow(path, 0, stop=lambda: True))):
         with pytest.raises(runlog.LogError, match="not a log file"):
             read()
 

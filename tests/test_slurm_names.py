@@ -34,7 +34,8 @@ def test_no_experiment_job_name_is_an_hourly_job_name(name: str) -> None:
     """Every name an experiment or slurm.job_name may take differs from every hourly job's name."""
     assert NAME.fullmatch(name) and SLURM_JOB_NAME.problem(name) is None
     check_name(name, "test")
-    hourly = {slurm.hourly_job_name(training, job.suffix) for training in (name, "x") for job in hourly_jobs.JOBS.values()}
+    hourly = {slurm.hourly_job_name(training, job.suffix) for training in (name, "x")
+              for job in hourly_jobs.JOBS.values()}
     assert name not in hourly and not slurm.is_hourly_job_name(name)
 
 

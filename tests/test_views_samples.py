@@ -201,7 +201,8 @@ def test_a_start_line_no_task_can_have_is_reported_and_skipped(trainings, tmp_pa
     zero; it is now skipped, named in the output, and the layout comes from the lines that can be right."""
     run = tmp_path / "run"
     _cli_experiment(trainings, run, bundled_corpus)
-    zero = TaskLayout("small", 1000, 1, 2, 2, 1, False, 28, 4).line().replace("micro batch size 1", "micro batch size 0")
+    zero = TaskLayout("small", 1000, 1, 2, 2, 1, False, 28, 4).line().replace("micro batch size 1",
+                                                                              "micro batch size 0")
     huge = TaskLayout("small", 1000, 1, 2, 2, 1, False, 28, 5).line().replace("DP=2", "DP=" + "9" * 5000)
     (run / "logs").mkdir(parents=True)
     (run / "logs" / "main_log.txt").write_text("\n".join([*_log((0, 2, 1, False)), zero, huge]) + "\n")
