@@ -89,11 +89,14 @@ def _iteration(checkpoints: Path, problems: list[Problem]) -> tuple[int, layout.
     or names no plain checkpoint folder, a problem and the newest finished save instead."""
     try:
         latest = layout.latest_checkpoint(checkpoints)
-    except BsopsError as exc:
-        saved = layout.saved_checkpoints(checkpoints)
+    except (BsopsError, OSError) as exc:
+        try:
+            saved = layout.saved_checkpoints(checkpoints)
+        except OSError:  # the folder cannot be listed: the problem says so
+            saved = []
         try:  # a tag that reads but names no plain folder: the run stands there when nothing else was saved
             named = layout.latest_step(checkpoints) or 0
-        except BsopsError:
+        except (BsopsError, OSError):
             named = 0
         fallback = (f"; the newest finished save, {saved[-1].tag}, is taken as where the run stands" if saved
                     else "; no finished save found")
