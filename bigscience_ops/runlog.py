@@ -10,7 +10,7 @@ A log is untrusted input: a node that crashed on NFS leaves hundreds of MB of NU
 can print a line of gigabytes without a line break, a clone can hold a FIFO or a link to a device.
 So every reader here is linear and bounded, whatever the lines are:
 
-- `read_tail`/`tail` read at most `TAIL_BYTES` from the end (fewer when the lines asked for are found
+- `read_tail`/`tail` read at most `TAIL_BYTES` (64 MiB) from the end (fewer when the lines asked for are found
   sooner), in one pass, and say what the window held (`Tail`: bytes read, NUL bytes, the bytes after
   the last line break, whether it stopped short of the lines asked for);
 - `reverse_lines` yields lines from the last one backwards over at most `max_bytes` from the end;
@@ -35,9 +35,10 @@ from bigscience_ops.errors import BsopsError
 
 LOG_NAME = "main_log.txt"
 _BLOCK = 64 * 1024
-TAIL_BYTES = 16 << 20
-"""At most this many bytes are read from the end of a log for its last lines (a 20-hour task's iteration lines
-are a few MB): `bsops logs`, `info` and the watchdog answer in the same time whatever the log holds."""
+TAIL_BYTES = 64 << 20
+"""At most this many bytes are read from the end of a log for its last lines, fewer when the lines asked for come
+sooner: `bsops logs`, `info` and the watchdog answer in the same time whatever the log ends with. 64 MiB hold the
+watchdog's largest health window (schema.MAX_LOG_LINES iteration lines of about 300 bytes, twice)."""
 LINE_BYTES = 64 << 10
 """A line longer than this is cut (Megatron's lines are well under 1 KiB; a traceback line under 10 KiB)."""
 CUT = " [line cut: {more} bytes not shown]"
