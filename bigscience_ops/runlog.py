@@ -7,7 +7,7 @@ survives the file being rotated (renamed away, a new one created) or truncated: 
 again from the new file's first line.
 
 A log is untrusted input: a node that crashed on NFS leaves hundreds of MB of NUL bytes, a process
-can print a line of gigabytes without a line break, a clone can hold a FIFO or a link to a device.
+can print a line of gigabytes without a line break, a clone can hold a FIFO or a link to a device or a secret.
 So every reader here is linear and bounded, whatever the lines are:
 
 - `read_tail`/`tail` read at most `TAIL_BYTES` (64 MiB) from the end (fewer when the lines asked for are found
@@ -17,8 +17,9 @@ So every reader here is linear and bounded, whatever the lines are:
 - `follow` and `lines` stream in blocks, holding at most one line of `LINE_BYTES`;
 - a line longer than `LINE_BYTES` is cut there (`CUT` says how much was left out), NUL bytes are
   dropped from every line, and bytes that are not UTF-8 become U+FFFD;
-- only a regular file (or a link to one) is read: a FIFO, a device or a folder is refused (opened
-  without blocking, checked with fstat on the descriptor read, so a swap after the check is caught).
+- only a regular file is read, never through a link (the run's other records are read so too): a link, a
+  FIFO, a device or a folder is refused by name (opened without following a link or blocking, checked with
+  fstat on the descriptor read, so a swap after a check is caught).
 """
 
 from __future__ import annotations
@@ -65,41 +66,45 @@ def log_candidates(exp, from_clone: Path | None = None) -> list[Path]:
 
 
 def find_log(exp, from_clone: Path | None = None) -> Path:
-    """The first existing main_log.txt of `log_candidates`; one that exists but is not a regular file (a FIFO, a
-    folder, a link to a device) is refused by name rather than passed over."""
+    """The first main_log.txt of `log_candidates` that is there; one that is not a regular file (a link, a FIFO, a
+    folder) is refused by name rather than passed over (LogError), and none there is LogMissing."""
     candidates = log_candidates(exp, from_clone)
     for path in candidates:
-        if path.is_file():
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue
+        if stat.S_ISREG(mode):
             return path
-        if path.exists():
-            raise LogError(f"{path} is {_kind(os.stat(path).st_mode)}, not a log file; allowed: a regular file "
-                           "(or a link to one)")
+        raise LogError(f"{path} is {_kind(mode)}, not a log file; allowed: a regular file")
     tried = ", ".join(str(p) for p in candidates) or "none (the experiment has no paths.logs)"
     raise LogMissing(f"no {LOG_NAME} for {exp.name!r}; looked at: {tried}. Has the run started, or has hub-sync "
-                   "cloned its logs repo? (a clone elsewhere: --from-clone DIR)")
+                     "cloned its logs repo? (a clone elsewhere: --from-clone DIR)")
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, name in ((stat.S_ISLNK, "a link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return name
     return "not a regular file"
 
 
 def open_regular(path: str | os.PathLike[str]) -> int:
-    """A read-only descriptor of `path` when it is a regular file (a link to one is followed). A FIFO is opened
-    without waiting for a writer and refused, as are folders and devices: LogError names what it is."""
+    """A read-only descriptor of `path` when it is a regular file, not a link. A FIFO is opened without waiting for
+    a writer and refused, as are links, folders and devices: LogError names what it is."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
-        if exc.errno == errno.EISDIR:
-            raise LogError(f"{path} is a folder, not a log file; allowed: a regular file") from None
+        if exc.errno == errno.ELOOP:
+            raise LogError(f"{path} is a link, not a log file; allowed: a regular file (bsops reads a run's files "
+                           "never through a link)") from None
         raise LogError(f"cannot read {path}: {exc.strerror}") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise LogError(f"{path} is {_kind(mode)}, not a log file; allowed: a regular file (or a link to one)")
+        raise LogError(f"{path} is {_kind(mode)}, not a log file; allowed: a regular file")
     return fd
 
 
@@ -276,7 +281,7 @@ def follow(path: Path, offset: int = 0, interval: float = 1.0, stop: Callable[[]
                 try:
                     fd = open_regular(path)
                 except LogError:
-                    if path.exists():  # there, but not a file to read: refused
+                    if os.path.lexists(path):  # there, but not a file to read (a link, a FIFO): refused
                         raise
                     fd = None  # not there (yet): waited for
                 else:

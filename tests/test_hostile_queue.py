@@ -373,24 +373,31 @@ def log_is_a_folder(tmp_path: Path, trainings: Path, **_) -> None:
 
 def log_links_to_a_device(tmp_path: Path, **_) -> None:
     (tmp_path / "main_log.txt").symlink_to("/dev/zero")
-    with pytest.raises(runlog.LogError, match="character device"):
+    with pytest.raises(runlog.LogError, match="is a link"):
         runlog.tail(tmp_path / "main_log.txt", 5)
-    assert "character device" in status.read_progress(tmp_path / "main_log.txt").problem
+    assert "is a link" in status.read_progress(tmp_path / "main_log.txt").problem
 
 
-def log_links_to_a_log(tmp_path: Path, **_) -> None:
-    (tmp_path / "real.txt").write_text(ITERATION + "\n")
-    (tmp_path / "main_log.txt").symlink_to(tmp_path / "real.txt")
-    assert runlog.tail(tmp_path / "main_log.txt", 5)[0] == [ITERATION]
+def log_links_to_a_secret(tmp_path: Path, trainings: Path, **_) -> None:
+    """A logs repo clone whose main_log.txt links to a key: `bsops logs --from-clone` refuses it by name."""
+    exp = _experiment(trainings, tmp_path, "linked")
+    (tmp_path / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    (clone / "main_log.txt").symlink_to(tmp_path / "id_rsa")
+    with pytest.raises(runlog.LogError, match="is a link"):
+        runlog.find_log(exp, clone)
+    result = CliRunner().invoke(main, ["logs", "linked", "--trainings-dir", str(trainings), "--from-clone", str(clone)])
+    assert result.exit_code == 2 and "PRIVATE KEY" not in result.output and "is a link" in result.output
 
 
 def log_link_dangles(tmp_path: Path, trainings: Path, **_) -> None:
     exp = _experiment(trainings, tmp_path, "dangling")
     Path(exp.paths.logs).mkdir(parents=True)
     (Path(exp.paths.logs) / "main_log.txt").symlink_to(tmp_path / "nowhere")
-    with pytest.raises(runlog.LogMissing):
+    with pytest.raises(runlog.LogError, match="is a link"):
         runlog.find_log(exp)
-    assert not status.read_progress(Path(exp.paths.logs) / "main_log.txt").exists
+    assert "is a link" in status.read_progress(Path(exp.paths.logs) / "main_log.txt").problem
 
 
 def iteration_number_of_5000_digits(**_) -> None:
@@ -458,7 +465,7 @@ CASES: list[Callable[..., None]] = [
     look_alike_running_job, hourly_job_is_not_a_training, cron_run_submits_x_backup_beside_experiment_x_backup,
     unicode_look_alike_name, name_with_a_trailing_space, name_cut_at_a_column_width_is_no_match,
     log_with_a_line_of_70_mb, log_ending_in_256_mb_of_nuls, log_of_binary_garbage, log_is_a_fifo, log_is_a_folder,
-    log_links_to_a_device, log_links_to_a_log, log_link_dangles, iteration_number_of_5000_digits,
+    log_links_to_a_device, log_links_to_a_secret, log_link_dangles, iteration_number_of_5000_digits,
     stamp_that_is_no_date, samples_start_line_with_micro_batch_size_0, crlf_and_carriage_returns,
     watchdog_log_is_a_fifo, cron_folder_holds_a_fifo_script,
 ]

@@ -139,10 +139,10 @@ whatever the log ends with (a traceback of every rank, a crashed node's NUL byte
 def read_progress(log_path: str | os.PathLike[str], max_bytes: int = PROGRESS_BYTES) -> Progress:
     """Find the last iteration line of a log, reading backwards over at most `max_bytes` from its end (runlog's
     bounded reader: linear, one cut line at a time), so months of log, or gigabytes without a line break, cost
-    the same. A path that is not a log file (a FIFO, a folder) is a Progress with its `problem`."""
+    the same. A path that is not a log file (a link, a FIFO, a folder) is a Progress with its `problem`."""
     path = Path(log_path)
     try:
-        st = path.stat()
+        st = path.lstat()  # a link is a problem of its own (runlog reads no log through a link)
     except FileNotFoundError:
         return Progress(exists=False)
     except OSError as exc:
