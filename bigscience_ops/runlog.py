@@ -362,6 +362,50 @@ class _Splitter:
         yield _line(line, skipped)
 
 
+def append_lines(path: str | os.PathLike[str], lines: list[str] | tuple[str, ...]) -> None:
+    """Append `lines` to bsops' own log `path` (watchdog.log, a cron log), created with its folder if missing. Only
+    a regular file is written, never through a link: a FIFO in its place is refused, never waited on (a writer
+    of a FIFO blocks until a reader comes), and it, a folder or an unwritable file is a LogError naming it."""
+    path = Path(path)
+    data = "".join(line + "\n" for line in lines).encode("utf-8", errors="replace")
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        try:  # what is there instead of a file, when something is (a FIFO without reader: ENXIO)
+            mode = os.lstat(path).st_mode
+            what = f"it is {_kind(mode)}" if not stat.S_ISREG(mode) else exc.strerror
+        except OSError:
+            what = exc.strerror
+        raise LogError(f"cannot write {path}: {what}; allowed: a regular file") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise LogError(f"cannot write {path}: it is {_kind(mode)}; allowed: a regular file")
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as exc:
+        raise LogError(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def head(path: str | os.PathLike[str], size: int) -> bytes | None:
+    """The first `size` bytes of a regular file (not a link), or None for anything else: nothing there, a link, a
+    FIFO (never waited on), a folder, an unreadable file. For bsops' own small files (job scripts' headers)."""
+    try:
+        fd = open_regular(path)
+    except LogError:
+        return None
+    try:
+        return _pread(fd, size, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _replaced(path: Path, identity: tuple[int, int] | None, position: int) -> bool:
     try:
         st = os.stat(path)

@@ -441,6 +441,21 @@ def cron_folder_holds_a_fifo_script(cluster: Cluster, tmp_path: Path, **_) -> No
     assert [i.kind for i in hourly_jobs.installed(folder)] == [None, None]  # read by name and head, never blocked
 
 
+def cron_log_and_runner_are_fifos(cluster: Cluster, tmp_path: Path, **_) -> None:
+    """A FIFO in place of the cron log or of a runner script never blocks `cron run` or `cron status`."""
+    folder = tmp_path / "cron"
+    (folder / "cron.hourly").mkdir(parents=True)
+    (folder / "logs").mkdir()
+    (folder / "runners").mkdir()
+    os.mkfifo(cron.log_path(folder, "hourly"))
+    os.mkfifo(folder / "runners" / f"{cron.runner_name('hourly')}.slurm")
+    assert cron.runner_period(folder, "hourly", "bsops-cron") == cron.PERIODS["hourly"]
+    with pytest.raises(runlog.LogError, match="FIFO"):
+        cron.run_pass(folder, "hourly", runner=None, now=datetime.now().astimezone())
+    states = cron.chains(folder)
+    assert [s.installed for s in states] == [True, False] and "not queued" in states[0].problems[0]
+
+
 # --- helpers and the table -------------------------------------------------------------------------------------
 
 def _experiment(trainings: Path, tmp_path: Path, name: str, *sections: str):
@@ -467,7 +482,7 @@ CASES: list[Callable[..., None]] = [
     log_with_a_line_of_70_mb, log_ending_in_256_mb_of_nuls, log_of_binary_garbage, log_is_a_fifo, log_is_a_folder,
     log_links_to_a_device, log_links_to_a_secret, log_link_dangles, iteration_number_of_5000_digits,
     stamp_that_is_no_date, samples_start_line_with_micro_batch_size_0, crlf_and_carriage_returns,
-    watchdog_log_is_a_fifo, cron_folder_holds_a_fifo_script,
+    watchdog_log_is_a_fifo, cron_folder_holds_a_fifo_script, cron_log_and_runner_are_fifos,
 ]
 
 

@@ -181,3 +181,23 @@ def test_a_log_truncated_while_read_is_read_again_or_refused(tmp_path: Path, mon
     monkeypatch.setattr(runlog, "_pread", lambda fd, size, offset: b"")  # always short: a file that keeps shrinking
     with pytest.raises(runlog.LogError, match="kept shrinking"):
         runlog.tail(log, 2)
+
+
+def test_bsops_own_logs_are_appended_only_as_regular_files(tmp_path: Path) -> None:
+    runlog.append_lines(tmp_path / "new" / "watchdog.log", ["one", "two"])
+    runlog.append_lines(tmp_path / "new" / "watchdog.log", ["three \udcff"])  # a surrogate escape: replaced
+    assert (tmp_path / "new" / "watchdog.log").read_text() == "one\ntwo\nthree ?\n"
+    os.mkfifo(tmp_path / "fifo.log")
+    (tmp_path / "folder.log").mkdir()
+    (tmp_path / "link.log").symlink_to(tmp_path / "new" / "watchdog.log")
+    for name, what in (("fifo.log", "cannot write"), ("folder.log", "cannot write"), ("link.log", "a link")):
+        with pytest.raises(runlog.LogError, match=what):
+            runlog.append_lines(tmp_path / name, ["x"])
+    assert (tmp_path / "new" / "watchdog.log").read_text().count("\n") == 3  # nothing written through the link
+
+
+def test_head_reads_the_start_of_a_regular_file_only(tmp_path: Path) -> None:
+    (tmp_path / "script.slurm").write_bytes(b"#!/bin/bash\n" + b"#" * 100_000)
+    assert runlog.head(tmp_path / "script.slurm", 12) == b"#!/bin/bash\n"
+    os.mkfifo(tmp_path / "fifo.slurm")
+    assert runlog.head(tmp_path / "fifo.slurm", 12) is None and runlog.head(tmp_path / "none", 12) is None

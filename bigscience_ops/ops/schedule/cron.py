@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bigscience_ops import render as rendering, slurm
+from bigscience_ops import render as rendering, runlog, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.tell import channels
 from bigscience_ops.schema import SLURM_NAME, SLURM_NAMES, SLURM_TIME, AlertsConfig
@@ -192,10 +192,7 @@ def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: i
         report.lines.append(log_line(now, _email_failures(settings.alerts, period, report)))
     report.lines.append(log_line(now, f"pass done: {len(report.submitted)} submitted, {len(report.skipped)} "
                                       f"skipped, {len(report.failed)} failed"))
-    log = log_path(cron_dir, period)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a", encoding="utf-8") as handle:
-        handle.write("\n".join(report.lines) + "\n")
+    runlog.append_lines(log_path(cron_dir, period), report.lines)  # a FIFO there: refused, never waited on
     return report
 
 
@@ -285,13 +282,15 @@ class ChainState:
         return text + "".join(f" ***ALERT: {p}***" for p in self.problems)
 
 
+RUNNER_BYTES = 1 << 16
+"""The most of a runner script read for its period (the script `render_runner` writes is about 2 KB)."""
+
+
 def runner_period(cron_dir: Path, period: str, prefix: str) -> int:
     """The period a chain was installed with (--period-seconds in its runner script), else the nominal one."""
     path = Path(cron_dir) / "runners" / f"{runner_name(period, prefix)}.slurm"
-    try:
-        match = re.search(r"--period-seconds (\d+)", path.read_text(encoding="utf-8"))
-    except OSError:
-        match = None
+    text = (runlog.head(path, RUNNER_BYTES) or b"").decode("utf-8", errors="replace")  # a FIFO: never waited on
+    match = re.search(r"--period-seconds (\d+)", text)
     return int(match.group(1)) if match else PERIODS[period]
 
 

@@ -12,12 +12,10 @@ already emailed, so for the runner its job succeeded.
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import render as rendering, slurm
+from bigscience_ops import render as rendering, runlog, slurm
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.schedule.cron import PERIODS, CronSettings, RunnerScript, folder_scripts
 from bigscience_ops.schema import Experiment
@@ -128,7 +126,7 @@ def installed(cron_dir: Path) -> list[Installed]:
     for period in PERIODS:
         for script in folder_scripts(cron_dir, period):
             experiment = kind = None
-            ours = MARK in _head(script)
+            ours = MARK in (runlog.head(script, 4000) or b"").decode("utf-8", errors="replace")
             for name, job in JOBS.items():
                 if ours and script.stem.endswith(f"-{job.suffix}") and len(script.stem) > len(job.suffix) + 1:
                     experiment, kind = script.stem[:-len(job.suffix) - 1], name
@@ -146,17 +144,3 @@ def remove(cron_dir: Path, experiment: str, kinds: list[str]) -> list[Path]:
             removed.append(job.path)
     return removed
 
-
-def _head(script: Path, size: int = 4000) -> str:
-    """The first `size` bytes of a regular file as text ('' for a FIFO, a folder or an unreadable file: never
-    waited for, never read whole)."""
-    try:
-        fd = os.open(script, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError:
-        return ""
-    try:
-        return os.pread(fd, size, 0).decode("utf-8", errors="replace") if stat.S_ISREG(os.fstat(fd).st_mode) else ""
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)

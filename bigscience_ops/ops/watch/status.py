@@ -378,22 +378,6 @@ def watchdog_log(log_path: str | os.PathLike[str]) -> Path:
 
 
 def append_to_log(log_path: str | os.PathLike[str], lines: Sequence[str]) -> None:
-    """Append lines to a log (created with its folder if missing). Only a regular file is written: a FIFO in its
-    place is never waited on, and it, a folder or an unwritable file is a runlog.LogError naming it."""
-    path = Path(log_path)
-    data = "".join(line + "\n" for line in lines).encode("utf-8", errors="replace")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o666)
-    except OSError as exc:
-        raise runlog.LogError(f"cannot write {path}: {exc.strerror}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise runlog.LogError(f"cannot write {path}: it is not a regular file (mode {stat.filemode(mode)})")
-        while data:
-            data = data[os.write(fd, data):]
-    except OSError as exc:
-        raise runlog.LogError(f"cannot write {path}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
+    """Append lines to a log (created with its folder if missing): runlog.append_lines, which writes only a regular
+    file (a FIFO in its place is refused, never waited on) and raises runlog.LogError naming what it found."""
+    runlog.append_lines(log_path, list(lines))
