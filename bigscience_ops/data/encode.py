@@ -5,12 +5,19 @@ non-string value) is dropped for every key; a key whose text gives no tokens has
 that key only, and the line's other keys still give theirs (as Megatron's tools/preprocess_data.py
 does). A chunk's documents are tokenized in one batch call; with a `CrossCheck`, a sample of them is
 re-encoded with the reference tokenizer and the first difference is returned as `mismatch`.
+
+Hostile lines cost bounded memory: a line longer than the run's maximum is `too_large` (the run stops
+there), and a chunk lists at most LISTED_PER_CHUNK problems, the first by line, and counts the rest
+by kind (a chunk of 2 MiB of blank lines is two million problems, each ~200 bytes as objects).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import json
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -18,6 +25,8 @@ from bigscience_ops.data.tokenizer import CrossCheck, Tokenizer
 
 PROBLEM_KINDS = ("invalid-utf8", "malformed-json", "not-an-object", "missing-key", "not-a-string", "empty")
 LINE_PROBLEMS = PROBLEM_KINDS[:-1]  # these drop the whole line; "empty" drops one key's document
+LISTED_PER_CHUNK = 20_000  # problems a chunk lists; more are counted (a chunk that bad is not a corpus)
+SHOWN_KEY_CHARS = 200  # of each key named in a missing-key problem (a key may be megabytes long)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,14 +46,42 @@ class Encoded:
 
     tokens: dict[str, np.ndarray | str]
     sizes: dict[str, np.ndarray]
-    problems: list[Problem]  # line numbers counted from the chunk's first line (0-based)
+    problems: list[Problem]  # the first LISTED_PER_CHUNK, by line; lines counted from the chunk's first (0-based)
     lines: int
     checked: int = 0  # documents re-encoded by the cross-check
     mismatch: Problem | None = None  # the cross-check's finding: the run stops
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)  # problems per kind, listed or not
+    too_large: tuple[int, int] | None = None  # (chunk line, the maximum): a line over it; the run stops
+
+    @property
+    def stops(self) -> bool:
+        return self.mismatch is not None or self.too_large is not None
+
+    def extend(self, other: Encoded) -> None:
+        """Append the result of the chunk's next piece (its lines follow this one's); tokens and sizes are
+        the caller's to gather."""
+        offset = self.lines
+        if sum(self.counts.values()) == len(self.problems):  # listed so far: a prefix, and more may follow
+            room = LISTED_PER_CHUNK - len(self.problems)
+            self.problems += [dataclasses.replace(p, line=p.line + offset) for p in other.problems[:room]]
+        for kind, n in other.counts.items():
+            self.counts[kind] = self.counts.get(kind, 0) + n
+        self.lines += other.lines
+        self.checked += other.checked
+        if other.mismatch is not None:
+            self.mismatch = dataclasses.replace(other.mismatch, line=other.mismatch.line + offset)
+        if other.too_large is not None:
+            self.too_large = (other.too_large[0] + offset, other.too_large[1])
+
+
+def _shown_key(key: str) -> str:
+    return key if len(key) <= SHOWN_KEY_CHARS else f"{key[:SHOWN_KEY_CHARS]}... ({len(key)} characters)"
 
 
 def line_problem(line: bytes, keys: tuple[str, ...]) -> tuple[tuple[str, str] | None, dict | None]:
     """(kind, detail) of why a line gives no document at all, else the decoded object."""
+    if not line.strip():  # what json.loads would refuse, told at once (a file may hold millions)
+        return ("malformed-json", "blank line"), None
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -53,11 +90,13 @@ def line_problem(line: bytes, keys: tuple[str, ...]) -> tuple[tuple[str, str] | 
         obj = json.loads(text)
     except ValueError as exc:
         return ("malformed-json", "blank line" if not text.strip() else str(exc)), None
+    except RecursionError:  # arrays or objects nested thousands deep
+        return ("malformed-json", "nested deeper than the JSON parser goes"), None
     if not isinstance(obj, dict):
         return ("not-an-object", f"a JSON {type(obj).__name__}, expected an object"), None
     for key in keys:
         if key not in obj:
-            present = ", ".join(sorted(obj)[:10]) or "none"
+            present = ", ".join(_shown_key(k) for k in sorted(obj)[:10]) or "none"
             return ("missing-key", f"no key {key!r}; keys present: {present}"), None
         value = obj[key]
         if not isinstance(value, str):
@@ -77,6 +116,13 @@ def split_lines(data: bytes) -> list[bytes]:
     return lines
 
 
+def _empty_problems(path: str, key: str, lines: list[int], limit: int) -> Iterator[Problem]:
+    for line in lines:
+        if line >= limit:
+            return
+        yield Problem(path, line, "empty", f"{key!r} is an empty document")
+
+
 @dataclasses.dataclass
 class Encoder:
     """A process's tokenizer and settings; `encode` turns a chunk's lines into tokens."""
@@ -86,21 +132,31 @@ class Encoder:
     eod: int | None  # appended to every document, or None
     dtype: np.dtype
     check: CrossCheck | None
+    max_bytes: int | None = None  # the longest line taken (newline not counted); None: no limit
 
     def encode(self, lines: list[bytes], path: str) -> Encoded:
-        problems: list[Problem] = []
+        listed: list[Problem] = []  # line problems, the first LISTED_PER_CHUNK
+        counts: dict[str, int] = {}
+        unlisted_from: int | None = None  # the first line whose line problem was only counted
         texts: dict[str, list[str]] = {k: [] for k in self.keys}
         line_of: list[int] = []  # the chunk line of each usable line
         for i, line in enumerate(lines):
+            if self.max_bytes is not None and len(line) > self.max_bytes:
+                return Encoded({}, {}, [], len(lines), 0, None, {}, (i, self.max_bytes))
             problem, obj = line_problem(line, self.keys)
             if problem is not None:
-                problems.append(Problem(path, i, *problem))
+                counts[problem[0]] = counts.get(problem[0], 0) + 1
+                if unlisted_from is None and len(listed) < LISTED_PER_CHUNK:
+                    listed.append(Problem(path, i, *problem))
+                elif unlisted_from is None:
+                    unlisted_from = i
                 continue
             line_of.append(i)
             for key in self.keys:
                 texts[key].append(obj[key])
         tokens: dict[str, np.ndarray | str] = {}
         sizes: dict[str, np.ndarray] = {}
+        empties: list[tuple[str, list[int]]] = []  # (key, the chunk lines of its empty documents)
         checked = 0
         for key in self.keys:
             ids, lengths = self.tok.encode_batch(texts[key])
@@ -113,13 +169,19 @@ class Encoder:
                     return Encoded({}, {}, [mismatch], len(lines), checked, mismatch)
             # As Megatron's: a key whose text gives no tokens has no document; the others still do.
             kept = lengths > 0
-            problems += [Problem(path, line_of[j], "empty", f"{key!r} is an empty document")
-                         for j in np.flatnonzero(~kept).tolist()]
+            empty = [line_of[j] for j in np.flatnonzero(~kept).tolist()]
+            if empty:
+                counts["empty"] = counts.get("empty", 0) + len(empty)
+                empties.append((key, empty))
             lengths = lengths[kept]
             if self.eod is not None:
                 ids = np.insert(ids, np.cumsum(lengths), self.eod)
                 lengths = lengths + 1
             tokens[key] = ids.astype(self.dtype)
             sizes[key] = lengths.astype(np.int32)
-        problems.sort(key=lambda p: p.line)  # stable: a line's keys stay in order
-        return Encoded(tokens, sizes, problems, len(lines), checked)
+        problems = listed
+        if empties:  # merged by line (stable: a line's keys stay in order), up to where listing stopped
+            limit = len(lines) if unlisted_from is None else unlisted_from
+            streams = [listed] + [_empty_problems(path, key, empty, limit) for key, empty in empties]
+            problems = list(itertools.islice(heapq.merge(*streams, key=lambda p: p.line), LISTED_PER_CHUNK))
+        return Encoded(tokens, sizes, problems, len(lines), checked, None, counts)

@@ -9,6 +9,13 @@
     process only appends finished parts in input order and reports progress from shared counters.
 
 `Run` holds what the main process tracks: finished shards, the merge, progress and its ETA.
+
+Memory is bounded whatever the inputs' compression ratio: every reader hands on about CHUNK_BYTES of
+whole lines at a time, a line longer than the run's maximum stops the run as soon as it passes it
+(DocumentTooLargeError, naming the file and line), and a worker decodes its .xz span as a stream,
+tokenizing it a piece at a time. An .xz whose index lists a block over XZ_WORKER_BLOCK_BYTES is read
+as one stream by the main process instead: a span of one such block would hold a gigabyte's
+document sizes in a worker.
 """
 
 from __future__ import annotations
@@ -22,11 +29,12 @@ from pathlib import Path
 
 from bigscience_ops.data import inputs as inputs_mod
 from bigscience_ops.data.encode import Encoded, Encoder, split_lines
-from bigscience_ops.data.errors import DataError
+from bigscience_ops.data.errors import DamagedInputError, DataError, DocumentTooLargeError
 from bigscience_ops.data.shards import Merger, Shard, ShardSink, ShardStats, work_folder
 from bigscience_ops.data.tokenizer import Tokenizer, TokenizerSpec
 
 CHUNK_BYTES = 1 << 21  # lines handed to a worker at a time: ~15 ms of fastokens work, even load at the end
+XZ_WORKER_BLOCK_BYTES = 256 << 20  # a multi-block .xz with a larger block is read as one stream (xz -9 -T0: 192 MiB)
 POLL_S = 0.5  # progress while whole shards are in the workers
 
 
@@ -53,6 +61,18 @@ class Progress:
         return f"Processed {self.docs} documents ({self.docs_per_s} docs/s, {self.mb_per_s} MB/s)."
 
 
+@dataclasses.dataclass(frozen=True)
+class EncodeSettings:
+    """What every process that tokenizes needs (the pool's initializer argument)."""
+
+    spec: TokenizerSpec  # with the backend the main process chose
+    keys: tuple[str, ...]
+    append_eod: bool
+    dtype: str
+    check_fraction: float
+    max_document_bytes: int  # the longest line taken (newline not counted)
+
+
 @dataclasses.dataclass
 class _Chunk:
     shard: int
@@ -69,16 +89,17 @@ class _Chunk:
 _worker: dict = {}
 
 
-def _init_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, dtype: str,
-                 check_fraction: float, spill: str | None, counters: tuple | None = None) -> None:
+def _init_worker(settings: EncodeSettings, spill: str | None, counters: tuple | None = None) -> None:
     import numpy as np
 
     from bigscience_ops.data.tokenizer import CrossCheck, build_tokenizer, reference_tokenizer
 
-    tok = build_tokenizer(spec)  # cached: forked workers inherit the main process's
-    check = CrossCheck(reference_tokenizer(spec), check_fraction) if cross_checked(tok, check_fraction) else None
-    _worker.update(encoder=Encoder(tok, keys, tok.eod if append_eod else None, np.dtype(dtype), check),
-                   spill=spill, spilled=0, counters=counters, xz_blocks={})
+    tok = build_tokenizer(settings.spec)  # cached: forked workers inherit the main process's
+    check = (CrossCheck(reference_tokenizer(settings.spec), settings.check_fraction)
+             if cross_checked(tok, settings.check_fraction) else None)
+    _worker.update(encoder=Encoder(tok, settings.keys, tok.eod if settings.append_eod else None,
+                                   np.dtype(settings.dtype), check, settings.max_document_bytes),
+                   spill=spill, spilled=0, counters=counters, xz_blocks={}, max_bytes=settings.max_document_bytes)
 
 
 def cross_checked(tok: Tokenizer, fraction: float) -> bool:
@@ -88,36 +109,83 @@ def cross_checked(tok: Tokenizer, fraction: float) -> bool:
 
 def _not_complete(path: str, exc: BaseException) -> DataError:
     """A compressed file that is not what its name says, or is cut short (never a traceback)."""
-    kind = inputs_mod.compression(path) or "jsonl"
-    return DataError(f"input {path}: not a complete {kind} file ({type(exc).__name__}: {exc}); nothing was "
-                     "written. Check the file (a download cut short?) or its name's extension")
+    return DamagedInputError(path, inputs_mod.compression(path) or "jsonl", f"{type(exc).__name__}: {exc}")
+
+
+def _xz_blocks(path: str) -> list:
+    from bigscience_ops.data import xz
+
+    return _worker["xz_blocks"].get(path) or _worker["xz_blocks"].setdefault(path, xz.blocks(path))
 
 
 def _chunk_data(chunk: _Chunk) -> bytes:
     if chunk.data is not None:
         return chunk.data
-    if chunk.xz_span is not None:
-        from bigscience_ops.data import xz
-
-        blocks = _worker["xz_blocks"].get(chunk.path) or _worker["xz_blocks"].setdefault(chunk.path,
-                                                                                          xz.blocks(chunk.path))
-        try:
-            return xz.read_span(chunk.path, blocks, *chunk.xz_span)
-        except inputs_mod.decode_errors() as exc:
-            raise _not_complete(chunk.path, exc) from None
     with open(chunk.path, "rb") as f:
         f.seek(chunk.offset)
         return f.read(chunk.length)
 
 
+def _spill_path() -> str:
+    """A new file in the spill folder, for tokens the main process copies in the kernel."""
+    _worker["spilled"] += 1
+    return os.path.join(_worker["spill"], f"{os.getpid()}-{_worker['spilled']}.bin")
+
+
+def _encode_span(chunk: _Chunk) -> tuple[Encoded, int]:
+    """A multi-block .xz span decoded and tokenized a piece at a time: tokens appended to spill files."""
+    import numpy as np
+
+    from bigscience_ops.data import xz
+
+    encoder = _worker["encoder"]
+    total = Encoded({}, {}, [], 0)
+    parts: dict[str, list] = {key: [] for key in encoder.keys}  # token arrays, or the one spill file
+    sizes: dict[str, list] = {key: [] for key in encoder.keys}
+    nbytes = 0
+    try:
+        for data in xz.span_pieces(chunk.path, _xz_blocks(chunk.path), *chunk.xz_span, CHUNK_BYTES,
+                                   _worker["max_bytes"]):
+            piece = encoder.encode(split_lines(data), chunk.path)
+            nbytes += len(data)
+            total.extend(piece)
+            if total.stops:
+                return total, nbytes
+            for key, tokens in piece.tokens.items():
+                sizes[key].append(piece.sizes[key])
+                if _worker["spill"] is None:
+                    parts[key].append(tokens)
+                else:
+                    if not parts[key]:
+                        parts[key].append(_spill_path())
+                    with open(parts[key][0], "ab") as f:
+                        tokens.tofile(f)
+    except inputs_mod.LineTooLong as exc:
+        total.too_large = (exc.index, _worker["max_bytes"])
+        return total, nbytes
+    except inputs_mod.decode_errors() as exc:
+        raise _not_complete(chunk.path, exc) from None
+    for key in encoder.keys:
+        total.sizes[key] = np.concatenate(sizes[key]) if sizes[key] else np.zeros(0, np.int32)
+        if not parts[key]:
+            total.tokens[key] = np.zeros(0, encoder.dtype)
+        elif isinstance(parts[key][0], str):
+            total.tokens[key] = parts[key][0]
+        else:
+            total.tokens[key] = np.concatenate(parts[key])
+    return total, nbytes
+
+
 def _encode_chunk(chunk: _Chunk) -> tuple[int, Encoded, int, int]:
     """(shard, its result, decompressed bytes, disk bytes done); tokens spilled to a file with workers."""
+    if chunk.xz_span is not None:
+        encoded, nbytes = _encode_span(chunk)
+        return chunk.shard, encoded, nbytes, chunk.disk_done
     data = _chunk_data(chunk)
     encoded = _worker["encoder"].encode(split_lines(data), chunk.path)
-    if _worker["spill"] is not None and encoded.mismatch is None:  # the main process copies it in the kernel
+    if _worker["spill"] is not None and not encoded.stops:  # the main process copies it in the kernel
         for key, tokens in encoded.tokens.items():
-            _worker["spilled"] += 1
-            path = os.path.join(_worker["spill"], f"{os.getpid()}-{_worker['spilled']}.bin")
+            path = _spill_path()
             tokens.tofile(path)
             encoded.tokens[key] = path
     return chunk.shard, encoded, len(data), chunk.disk_done
@@ -130,7 +198,7 @@ def _shard_task(args: tuple) -> tuple[int, ShardStats]:
     counters = _worker["counters"]  # lines, bytes, disk bytes over all workers, for the main's progress
     lines = disk = 0
     try:
-        for chunk in _shard_chunks(shard, xz_spans=False):
+        for chunk in _shard_chunks(shard, False, _worker["max_bytes"]):
             data = _chunk_data(chunk)
             sink.add(_worker["encoder"].encode(split_lines(data), chunk.path), len(data))
             for counter, n in zip(counters, (sink.stats.lines - lines, len(data), chunk.disk_done - disk)):
@@ -145,8 +213,8 @@ def _shard_task(args: tuple) -> tuple[int, ShardStats]:
 
 # --- main side -------------------------------------------------------------------------------
 
-def _shard_chunks(shard: Shard, xz_spans: bool) -> Iterator[_Chunk]:
-    """One shard's chunks in order (at least one, empty for an empty file)."""
+def _shard_chunks(shard: Shard, xz_spans: bool, max_bytes: int) -> Iterator[_Chunk]:
+    """One shard's chunks in order (at least one, empty for an empty file); a line over `max_bytes` stops it."""
     path = Path(shard.path)
     yielded = False
     try:
@@ -155,7 +223,7 @@ def _shard_chunks(shard: Shard, xz_spans: bool) -> Iterator[_Chunk]:
             from bigscience_ops.data import xz
 
             blocks = xz.blocks(shard.path)
-            if len(blocks) > 1:
+            if len(blocks) > 1 and max(b.size for b in blocks) <= XZ_WORKER_BLOCK_BYTES:
                 for first, last in xz.spans(blocks, CHUNK_BYTES):
                     yielded = True
                     yield _Chunk(shard.index, shard.path, 0, 0, None, (first, last),
@@ -164,16 +232,18 @@ def _shard_chunks(shard: Shard, xz_spans: bool) -> Iterator[_Chunk]:
         with open(path, "rb") as raw:
             reader = inputs_mod.open_decoded(path, raw)
             if reader is None:
-                for offset, length in inputs_mod.plain_cuts(raw, CHUNK_BYTES, shard.size):
+                for offset, length in inputs_mod.plain_cuts(raw, CHUNK_BYTES, shard.size, max_bytes):
                     yielded = True
                     yield _Chunk(shard.index, shard.path, offset, length, None, None, offset + length)
             else:
                 with reader:
-                    for data in inputs_mod.line_chunks(reader, CHUNK_BYTES):
+                    for data in inputs_mod.line_chunks(reader, CHUNK_BYTES, max_bytes):
                         yielded = True
                         yield _Chunk(shard.index, shard.path, 0, len(data), data, None, min(raw.tell(), shard.size))
     except DataError:
         raise
+    except inputs_mod.LineTooLong as exc:
+        raise DocumentTooLargeError(shard.path, exc.index + 1, max_bytes) from None
     except inputs_mod.decode_errors() as exc:
         raise _not_complete(shard.path, exc) from None
     if not yielded:
@@ -222,7 +292,7 @@ class Run:
         self.progress(Progress(docs, nbytes, seconds, min(1.0, done / self.disk_total) if self.disk_total else None,
                                eta, len(self.stats), len(self.shards)))
 
-    def by_chunks(self, pending: list[Shard], workers: int, init_args: tuple) -> None:
+    def by_chunks(self, pending: list[Shard], workers: int, settings: EncodeSettings) -> None:
         """The main process cuts (and decompresses) each input; one or more workers tokenize the chunks."""
         if not pending:
             self._started()
@@ -231,11 +301,11 @@ class Run:
 
         def chunks() -> Iterator[_Chunk]:
             for shard in pending:
-                yield from _shard_chunks(shard, xz_spans=workers > 1)
+                yield from _shard_chunks(shard, workers > 1, settings.max_document_bytes)
 
         with ExitStack() as stack:
             if workers == 1:
-                _init_worker(*init_args, None)
+                _init_worker(settings, None)
                 results: Iterator = map(_encode_chunk, chunks())
             else:
                 import shutil
@@ -246,7 +316,7 @@ class Run:
                 # the main process to copy in the kernel, rather than pickle them through a pipe.
                 spill = tempfile.mkdtemp(prefix="bsops-preprocess-")
                 stack.callback(shutil.rmtree, spill, True)
-                pool = self._pool(stack, workers, init_args + (spill,))
+                pool = self._pool(stack, workers, (settings, spill))
                 # Bound the chunks in flight: Pool.imap would otherwise read the whole input ahead.
                 # The feeder thread must not block forever when the run stops early (Pool.terminate joins it).
                 slots = threading.Semaphore(4 * workers)
@@ -303,7 +373,7 @@ class Run:
         stack.callback(pool.terminate)
         return pool
 
-    def in_workers(self, pending: list[Shard], workers: int, init_args: tuple) -> None:
+    def in_workers(self, pending: list[Shard], workers: int, settings: EncodeSettings) -> None:
         """Whole shards to the workers, longest first; finished parts appended in input order."""
         import multiprocessing
         from contextlib import ExitStack
@@ -314,7 +384,7 @@ class Run:
         order = sorted(pending, key=lambda s: -s.size)
         tasks = [(s, self.keys, self.dtype, self.settings, self.strict, self.names) for s in order]
         with ExitStack() as stack:
-            pool = self._pool(stack, workers, init_args + (None, counters))
+            pool = self._pool(stack, workers, (settings, None, counters))
             self._started()
             results = pool.imap_unordered(_shard_task, tasks)
             while True:

@@ -22,6 +22,12 @@ Every input is a shard with a part of its own, written atomically with a record 
 interrupted run of several inputs resumes without redoing the finished ones. Outputs appear only
 when complete (see `indexed.IndexedDatasetWriter`).
 
+Inputs are untrusted: a line longer than `max_document_bytes` stops the run naming its file and line
+(memory stays bounded whatever the compression ratio, see pipeline.py), a cut-short or damaged
+archive of any kind is refused, folders and globs give each file once and never bsops' own side
+files (inputs.py), and two inputs that are the same file or would write the same output are refused
+before anything is written.
+
 When the backend is fastokens, about `check_fraction` of the text is also encoded by the
 reference tokenizer (tiktoken, or tokenizers) and compared; a difference stops the run, naming the
 file and line, and writes nothing. For inputs under SMALL_INPUT_BYTES, `auto` takes tiktoken: its
@@ -40,13 +46,14 @@ from pathlib import Path
 
 from bigscience_ops.data import inputs as inputs_mod
 from bigscience_ops.data.encode import LINE_PROBLEMS, PROBLEM_KINDS, Problem
-from bigscience_ops.data.errors import DataError, TokenizerError
-from bigscience_ops.data.pipeline import CHUNK_BYTES, Progress, Run, cross_checked
+from bigscience_ops.data.errors import DataError, InputConflictError, NotCorpusError, TokenizerError
+from bigscience_ops.data.inputs import MAX_DOCUMENT_BYTES
+from bigscience_ops.data.pipeline import CHUNK_BYTES, EncodeSettings, Progress, Run, cross_checked
 from bigscience_ops.data.shards import KEEP_PROBLEMS, Shard, ShardStats, finished, output_prefix_for, plan_shards
 from bigscience_ops.data.tokenizer import Tokenizer, TokenizerSpec
 
 __all__ = ["preprocess", "PreprocessResult", "Progress", "Problem", "output_prefix_for", "PROBLEM_KINDS",
-           "CHUNK_BYTES", "CHECK_FRACTION"]
+           "CHUNK_BYTES", "CHECK_FRACTION", "MAX_DOCUMENT_BYTES"]
 
 CHECK_FRACTION = 0.01  # of a fastokens run's text re-encoded with the reference tokenizer
 SMALL_INPUT_BYTES = 4 << 20  # below this (decompressed, estimated), auto takes tiktoken over fastokens
@@ -74,6 +81,7 @@ class PreprocessResult:
     resumed: int = 0  # shards whose finished part was kept from an earlier run
     mode: str = "chunks"  # how the work was spread: sequential, chunks or shards (resumed: nothing left)
     startup_cpu_s: float = 0.0  # this process's CPU time (from its start) when the first chunk was handed out
+    problems_unlisted: int = 0  # counted in problem_counts but not in the problems file (too many to list)
 
     @property
     def lines_dropped(self) -> int:
@@ -105,11 +113,30 @@ def _choose_tokenizer(spec: TokenizerSpec, paths: list[Path]) -> Tokenizer:
     return build_tokenizer(spec)  # chooses the backend once, verified against tokenizers
 
 
-def _check_outputs(paths: list[Path], shards: list[Shard], outputs: list[str], keys: tuple[str, ...]) -> None:
-    """No output is a folder, and no input is one of the files this run writes (it would be overwritten)."""
-    written = [Path(f"{o}_problems.jsonl") for o in outputs]
-    written += [Path(f"{output_prefix_for(o, k)}{ext}") for o in outputs for k in keys for ext in (".bin", ".idx")]
-    written += [s.record_path for s in shards if s.recorded]
+def _written(shard: Shard, keys: tuple[str, ...]) -> list[Path]:
+    """The files a shard's part is published as."""
+    files = [Path(f"{output_prefix_for(shard.part, k)}{ext}") for k in keys for ext in (".bin", ".idx")]
+    return files + [shard.problems_path] + ([shard.record_path] if shard.recorded else [])
+
+
+def _check_outputs(paths: list[Path], shards: list[Shard], merged: str | None, keys: tuple[str, ...]) -> None:
+    """No output is a folder, no two shards write one file, and no input is a file this run writes."""
+    owner: dict[Path, Shard | None] = {}
+    for shard in shards:
+        for out in _written(shard, keys):
+            other = owner.setdefault(out.resolve(), shard)
+            if other is not shard:
+                raise InputConflictError(other.path, shard.path, f"would both be written to {out}; each input "
+                                         "needs outputs of its own (rename one, or give them in two runs)")
+    written = [out for shard in shards for out in _written(shard, keys)]
+    if merged is not None:
+        merged_files = [Path(f"{merged}_problems.jsonl")]
+        merged_files += [Path(f"{output_prefix_for(merged, k)}{ext}") for k in keys for ext in (".bin", ".idx")]
+        for out in merged_files:
+            if owner.get(out.resolve()) is not None:
+                raise InputConflictError(owner[out.resolve()].path, merged, f"(a part, and the merged output) "
+                                         f"would both be written to {out}; choose another --output-prefix")
+        written += merged_files
     for out in written:
         if out.is_dir():
             raise DataError(f"output {out} is a folder; choose another --output-prefix (the run writes {out.name} "
@@ -141,6 +168,8 @@ def preprocess(
     progress: Callable[[Progress], None] | None = None,
     check_fraction: float = CHECK_FRACTION,
     output_per_input: bool = False,
+    *,
+    max_document_bytes: int = MAX_DOCUMENT_BYTES,
 ) -> PreprocessResult:
     """Tokenize jsonl files, folders of them or globs into indexed datasets; see the module docstring."""
     start = time.monotonic()
@@ -148,8 +177,13 @@ def preprocess(
     if not paths:
         raise DataError("preprocess needs at least one input file; got none")
     for p in paths:
-        if not p.is_file():
+        odd = inputs_mod.not_a_file(p)
+        if odd is not None and odd[0] == "missing":
             raise DataError(f"input {p} does not exist or is not a file")
+        if odd is not None:
+            raise NotCorpusError(str(p), odd[0], f"does not exist or is not a file: it is {odd[1]}")
+    if max_document_bytes < 1:
+        raise DataError(f"the maximum document size must be at least 1 byte; got {max_document_bytes}")
     json_keys = tuple(json_keys)
     if not json_keys or len(set(json_keys)) != len(json_keys):
         raise DataError(f"json keys must be distinct and at least one; got {list(json_keys)}")
@@ -159,7 +193,7 @@ def preprocess(
         raise DataError(f"cross-check fraction must be between 0 and 1; got {check_fraction}")
     shards = plan_shards(paths, output_prefix, output_per_input)
     merged = not output_per_input and len(shards) > 1
-    _check_outputs(paths, shards, [s.part for s in shards] + ([output_prefix] if merged else []), json_keys)
+    _check_outputs(paths, shards, output_prefix if merged else None, json_keys)
     tok = _choose_tokenizer(tokenizer, paths)
     if append_eod and tok.eod is None:
         raise DataError(f"--append-eod needs an end-of-document token {'<|endoftext|>'!r}, "
@@ -187,12 +221,13 @@ def preprocess(
         mode = "chunks"
     run = Run(shards, stats, tok, reference, dtype, json_keys, strict, settings, progress,
                output_prefix if merged else None)
-    init_args = (dataclasses.replace(tokenizer, backend=tok.backend), json_keys, append_eod, dtype.str, check_fraction)
+    encode = EncodeSettings(dataclasses.replace(tokenizer, backend=tok.backend), json_keys, append_eod, dtype.str,
+                            check_fraction, max_document_bytes)
     try:
         if mode == "shards":
-            run.in_workers(pending, workers, init_args)
+            run.in_workers(pending, workers, encode)
         else:
-            run.by_chunks(pending, workers, init_args)
+            run.by_chunks(pending, workers, encode)
         run.finish()
     except BaseException:
         run.abort()
@@ -202,6 +237,7 @@ def preprocess(
         total.lines += s.lines
         total.bytes_in += s.bytes_in
         total.cross_checked += s.cross_checked
+        total.unlisted += s.unlisted
         for key in json_keys:
             total.docs_out[key] = total.docs_out.get(key, 0) + s.docs_out.get(key, 0)
             total.tokens_out[key] = total.tokens_out.get(key, 0) + s.tokens_out.get(key, 0)
@@ -220,6 +256,6 @@ def preprocess(
         problems=kept, problems_file=problems_file, seconds=time.monotonic() - start,
         cross_checked=total.cross_checked, reference=reference,
         shard_outputs=[s.part for s in shards] if output_per_input else [], shards=len(shards), resumed=resumed,
-        mode=mode, startup_cpu_s=run.startup_cpu_s)
+        mode=mode, startup_cpu_s=run.startup_cpu_s, problems_unlisted=total.unlisted)
 
 

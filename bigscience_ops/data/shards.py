@@ -25,12 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from bigscience_ops.data.encode import Encoded, Problem
-from bigscience_ops.data.errors import BadInputError, DataError, TokenizerError
+from bigscience_ops.data.errors import (BadInputError, DataError, DocumentTooLargeError, InputConflictError,
+                                        TokenizerError)
 from bigscience_ops.data.indexed import IndexedDataset, IndexedDatasetWriter
 from bigscience_ops.data.inputs import shard_stem
 
 RECORD_FORMAT = 1
-KEEP_PROBLEMS = 100  # problems kept in a part's record and in the run's result; all go to the problems file
+KEEP_PROBLEMS = 100  # problems kept in a part's record and in the run's result
+LISTED_PER_SHARD = 1_000_000  # problems a part's problems file lists (~150 MB); more are counted only
 
 
 def output_prefix_for(output_prefix: str, key: str) -> str:
@@ -67,6 +69,7 @@ class ShardStats:
     problem_counts: dict[str, int] = dataclasses.field(default_factory=dict)
     problems: list[Problem] = dataclasses.field(default_factory=list)  # the first KEEP_PROBLEMS
     cross_checked: int = 0
+    unlisted: int = 0  # problems counted but not in the problems file (over LISTED_PER_CHUNK or LISTED_PER_SHARD)
 
 
 def work_folder(output_prefix: str) -> Path:
@@ -82,9 +85,9 @@ def plan_shards(paths: list[Path], output_prefix: str, per_input: bool) -> list[
         stem = shard_stem(path)
         if per_input:
             part = f"{output_prefix}_{stem}"
-            if stem in seen and seen[stem].resolve() != path.resolve():
-                raise DataError(f"inputs {seen[stem]} and {path} would both be written to {part}_*; with "
-                                "--output-per-input each input's file name (without suffixes) must be unique")
+            if stem in seen:
+                raise InputConflictError(str(seen[stem]), str(path), f"would both be written to {part}_*; with "
+                                         "--output-per-input each input's file name (without suffixes) must be unique")
             seen[stem] = path
         elif len(paths) == 1:
             part = output_prefix
@@ -150,6 +153,7 @@ class ShardSink:
         self.stats = ShardStats()
         self._problems_tmp = Path(f"{shard.problems_path}.tmp-{os.getpid()}")
         self._problems_file = None
+        self._listed = 0
 
     def add(self, encoded: Encoded, bytes_in: int) -> None:
         """Append a chunk's documents; its unusable lines are counted and listed (or stop a strict run)."""
@@ -161,19 +165,30 @@ class ShardSink:
                 f"{p.path}:{base + p.line}: the {tok} tokenizer and the reference {reference} disagree on this "
                 f"document ({p.detail}); nothing was written. Rerun with --tokenizer-backend tiktoken or "
                 "tokenizers, and report the line to fastokens.")
+        if encoded.too_large is not None:
+            line, limit = encoded.too_large
+            raise DocumentTooLargeError(self.shard.path, base + line, limit)
         self.stats.cross_checked += encoded.checked
+        if self.strict and encoded.problems:
+            p = encoded.problems[0]
+            raise BadInputError(p.path, base + p.line, p.kind, p.detail)
+        for kind, n in encoded.counts.items():
+            self.stats.problem_counts[kind] = self.stats.problem_counts.get(kind, 0) + n
+        listed = 0
         for p in encoded.problems:
+            if self._listed + listed >= LISTED_PER_SHARD:
+                break
             line = base + p.line
-            if self.strict:
-                raise BadInputError(p.path, line, p.kind, p.detail)
             if self._problems_file is None:
                 self._problems_file = open(self._problems_tmp, "w", encoding="utf-8")
-            self.stats.problem_counts[p.kind] = self.stats.problem_counts.get(p.kind, 0) + 1
             if len(self.stats.problems) < KEEP_PROBLEMS:
                 self.stats.problems.append(dataclasses.replace(p, line=line))
             # A plain dict, not dataclasses.asdict: a corpus can have millions of empty documents.
             self._problems_file.write(json.dumps({"path": p.path, "line": line, "kind": p.kind,
                                                   "detail": p.detail}) + "\n")
+            listed += 1
+        self._listed += listed
+        self.stats.unlisted += sum(encoded.counts.values()) - listed
         for key, writer in self.writers.items():
             tokens = encoded.tokens[key]
             if isinstance(tokens, str):  # a worker's spill file: copied by the kernel
