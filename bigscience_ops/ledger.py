@@ -5,6 +5,10 @@ task, burning the whole array in minutes. Each task records where it ran and the
 iteration it started and ended at; when the last `budget` finished tasks made no progress, the
 next task stops at once and the nodes involved are reported. The run's kill switch
 (`kill_switch_on`) stops every task too, on purpose, and counts as no failure.
+
+The ledger is the run's own file, so it is untrusted input: `read_checked` returns the records whose every
+field passes its check and a problem per other line (the watchdog, info and the chronicle report them and go
+on); `read` refuses a ledger with any such line (the task hooks and rollback act on a whole ledger only).
 """
 
 from __future__ import annotations
