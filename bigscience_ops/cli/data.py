@@ -23,6 +23,29 @@ _NO_MEANING = {
     "datasets": "--datasets (unused by Megatron's preprocess_data.py too; use bsops merge-datasets)",
 }
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "PretrainedFromHF")
+_UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3}
+MAX_DOCUMENT_LIMIT = 1 << 40  # an option value above this is a typo
+
+
+class _Bytes(click.ParamType):
+    """A byte count: 65536, 64KiB, 64MiB, 1GiB (or KB, MB, GB: powers of 1000)."""
+
+    name = "bytes"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            number = value
+        else:
+            text = str(value).strip()
+            digits = text.rstrip("KMGIBkmgib ")
+            unit = text[len(digits):].strip().upper()
+            if not digits.isdigit() or unit not in _UNITS:
+                self.fail(f"got {value!r}; allowed: a whole number of bytes, optionally with KiB, MiB or GiB "
+                          "(64MiB)", param, ctx)
+            number = int(digits) * _UNITS[unit]
+        if not 1 <= number <= MAX_DOCUMENT_LIMIT:
+            self.fail(f"got {value!r}; allowed: 1 byte to 1 TiB", param, ctx)
+        return number
 
 
 class _MegatronCommand(click.Command):
@@ -111,6 +134,10 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes: whole shards each when the inputs balance over them, else chunks of each input.")
 @click.option("--strict", is_flag=True, help="Stop at the first unusable line instead of counting it.")
+@click.option("--max-document-bytes", type=_Bytes(), default="64MiB", show_default=True,
+              help="The longest line (one JSON document) taken, e.g. 64MiB. A longer one stops the run, naming "
+                   "its file and line, as soon as it passes the limit: each worker holds one line whole, so this "
+                   "bounds memory whatever a file's compression ratio.")
 @click.option("--log-interval", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Documents between progress lines (when stderr is not a terminal).")
 @click.option("--dataset-impl", type=click.Choice(["mmap"]), default=None,
@@ -124,8 +151,8 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
                tokenizer_type: str | None, tokenizer_name_or_path: str | None, vocab_file: str | None,
                merges_file: str | None, tokenizer_backend: str, cross_check: float, special_text: str,
                append_eod: bool,
-               output_prefix: str, workers: int, strict: bool, log_interval: int, split_sentences: bool,
-               **megatron_only: object) -> None:
+               output_prefix: str, workers: int, strict: bool, max_document_bytes: int, log_interval: int,
+               split_sentences: bool, **megatron_only: object) -> None:
     """Tokenize jsonl documents into Megatron's indexed format (.bin/.idx).
 
     Megatron's tools/preprocess_data.py command lines work as they are (--tokenizer-type,
@@ -136,7 +163,7 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
     # numpy's OpenBLAS starts (and spins) a thread per core on import; preprocessing does no linear algebra,
     # and those threads cost ~0.06 CPU s of every run's start-up and take cores from the workers.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from bigscience_ops.data.inputs import decoder_notes, expand_inputs
+    from bigscience_ops.data.inputs import decoder_notes, find_inputs
     from bigscience_ops.data.preprocess import Progress
     from bigscience_ops.data.preprocess import preprocess as run_preprocess
     from bigscience_ops.data.tokenizer import resolve_tokenizer
@@ -168,11 +195,20 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
                 click.echo(f"  {p.fraction:.1%} of the input{eta}{shards}", err=True)
             state["next_log"] = (p.docs // log_interval + 1) * log_interval
 
-    paths = expand_inputs(list(inputs))
+    found = find_inputs(list(inputs))
+    paths = found.files
     for note in decoder_notes(paths):
         click.echo(f"note: {note}", err=True)
+    for left_out, kept in found.links:
+        click.echo(f"note: {left_out} is the same file as {kept} (a link): read once", err=True)
+    if found.side_files:
+        shown = ", ".join(p.name for p in found.side_files[:5])
+        more = f" and {len(found.side_files) - 5} more" if len(found.side_files) > 5 else ""
+        click.echo(f"note: left out {len(found.side_files)} file(s) bsops wrote (records, problem lists, "
+                   f"datasets): {shown}{more}", err=True)
     result = run_preprocess(paths, output_prefix, spec, _split_keys(json_keys), append_eod,
-                            workers, strict, report, cross_check, output_per_input)
+                            workers, strict, report, cross_check, output_per_input,
+                            max_document_bytes=max_document_bytes)
     if on_terminal:
         click.echo("", err=True)
     shown = result.problems[:20]
@@ -181,6 +217,9 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
     if sum(result.problem_counts.values()) > len(shown):
         click.echo(f"... {sum(result.problem_counts.values()) - len(shown)} more in {result.problems_file}",
                    err=True)
+    if result.problems_unlisted:
+        click.echo(f"note: {result.problems_unlisted} of the problems were counted but not listed in "
+                   f"{result.problems_file} (too many to list)", err=True)
     click.echo(f"tokenizer {result.tokenizer}, tokens {result.dtype}")
     if result.reference:
         click.echo(f"cross-checked {result.cross_checked} documents against {result.reference}: identical ids")
@@ -208,13 +247,19 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
 
 
 def _merge(prefixes: tuple[str, ...], folder: Path | None, output_prefix: str) -> None:
-    from bigscience_ops.data.indexed import IndexedDataset, merge_datasets, prefixes_in
+    from bigscience_ops.data.indexed import IndexedDataset, prefixes_in
+    from bigscience_ops.data.shards import merge_checked
 
     if folder is not None:
         prefixes = tuple(prefixes) + tuple(prefixes_in(folder))
     if not prefixes:
         raise click.UsageError("give --input-prefix (repeat, in order) or --input FOLDER")
-    out = merge_datasets(list(prefixes), output_prefix)
+    result = merge_checked(list(prefixes), output_prefix)
+    for prefix in result.unrecorded:
+        click.echo(f"warning: {prefix} has no bsops record (PART.preprocess.json, written with "
+                   "--output-per-input): its tokenizer could not be compared with the others', only its token "
+                   "dtype", err=True)
+    out = result.prefix
     merged = IndexedDataset(out)
     click.echo(f"wrote {out}.bin/.idx from {len(prefixes)} datasets: {len(merged)} documents, "
                f"{merged.num_tokens} tokens")
@@ -243,7 +288,9 @@ def merge_datasets_command(prefixes: tuple[str, ...], folder: Path | None, outpu
 
     The bytes equal those of preprocessing the inputs' jsonl concatenated in the same order:
     `bsops preprocess --output-per-input` then `merge-datasets` gives the .bin/.idx a single run
-    over all the shards gives.
+    over all the shards gives. Datasets whose records (PART.preprocess.json) name other tokenizer
+    files, special text or token dtype are refused; one without a record (Megatron's, or a one-output
+    run's) is named in a warning, and only its token dtype is compared.
     """
     _merge(prefixes, folder, output_prefix)
 

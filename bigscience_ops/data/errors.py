@@ -60,7 +60,7 @@ class InputConflictError(DataError):
 class IncompatibleDatasetsError(DataError):
     """Datasets to merge were made differently (tokenizer, special text or token dtype); nothing is merged."""
 
-    def __init__(self, field: str, values: dict[str, object]) -> None:
+    def __init__(self, field: str, values: dict[str, object]) -> None:  # field: tokenizers, special texts, token dtypes
         self.field, self.values = field, values
         listing = "; ".join(f"{prefix}: {value}" for prefix, value in values.items())
         super().__init__(f"cannot merge datasets with different {field} ({listing}); nothing was merged. "

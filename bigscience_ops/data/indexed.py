@@ -26,7 +26,7 @@ from types import TracebackType
 
 import numpy as np
 
-from bigscience_ops.data.errors import DataError, DataFormatError
+from bigscience_ops.data.errors import DataError, DataFormatError, IncompatibleDatasetsError
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -276,10 +276,8 @@ def merge_datasets(prefixes: list[str], output_prefix: str) -> str:
         raise DataError("merge needs at least one input prefix; got none")
     datasets = [IndexedDataset(p) for p in prefixes]
     dtypes = {str(d.dtype) for d in datasets}
-    if len(dtypes) > 1:
-        listing = ", ".join(f"{d.prefix}: {d.dtype}" for d in datasets)
-        raise DataError(f"cannot merge datasets with different token dtypes ({listing}); "
-                        "they were made with tokenizers of different vocabulary sizes")
+    if len(dtypes) > 1:  # made with tokenizers of different vocabulary sizes
+        raise IncompatibleDatasetsError("token dtypes", {d.prefix: str(d.dtype) for d in datasets})
     if os.path.abspath(output_prefix) in {os.path.abspath(p) for p in prefixes}:
         raise DataError(f"output prefix {output_prefix} is also an input; choose another output prefix")
     dtype = datasets[0].dtype

@@ -12,6 +12,11 @@ another tokenizer, redoes it. Where the parts are:
     without its .jsonl/.json and compression suffixes), next to its record;
   - several inputs, one output: `PREFIX.shards/en_00-HASH` (HASH: of the input's path), appended in
     input order to `PREFIX_KEY_document` and removed once the merged output is in place.
+
+A record also says how a per-input output was made when it is merged later: `merge_checked` refuses
+datasets whose records name other tokenizer files, special text or token dtype, and names the
+datasets that have no record (Megatron's, or a one-output run's) since their tokenizer cannot be
+compared; their token dtype still is (from the .idx).
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from bigscience_ops.data.encode import Encoded, Problem
-from bigscience_ops.data.errors import (BadInputError, DataError, DocumentTooLargeError, InputConflictError,
-                                        TokenizerError)
+from bigscience_ops.data.errors import (BadInputError, DataError, DocumentTooLargeError, IncompatibleDatasetsError,
+                                        InputConflictError, TokenizerError)
 from bigscience_ops.data.indexed import IndexedDataset, IndexedDatasetWriter
 from bigscience_ops.data.inputs import shard_stem
 
 RECORD_FORMAT = 1
+RECORD_MAX_BYTES = 16 << 20  # a larger file named like a record is not one of ours
 KEEP_PROBLEMS = 100  # problems kept in a part's record and in the run's result
 LISTED_PER_SHARD = 1_000_000  # problems a part's problems file lists (~150 MB); more are counted only
 
@@ -276,3 +282,60 @@ class Merger:
             writer.abort()
         self._problems.close()
         self._problems_tmp.unlink(missing_ok=True)
+
+
+def dataset_record(prefix: str) -> dict | None:
+    """The record of the part dataset PREFIX (`PART_KEY_document`) was written as, when it describes this very
+    .bin (its key among the record's and the size it recorded); None otherwise."""
+    stem = os.fspath(prefix)
+    if not stem.endswith("_document"):
+        return None
+    stem = stem[:-len("_document")]
+    try:
+        size = Path(f"{prefix}.bin").stat().st_size
+    except OSError:
+        return None
+    cut = len(stem)
+    while (cut := stem.rfind("_", 0, cut)) > 0:  # PART_KEY: either may hold underscores
+        part, key = stem[:cut], stem[cut + 1:]
+        path = Path(f"{part}.preprocess.json")
+        try:
+            if not path.is_file() or path.stat().st_size > RECORD_MAX_BYTES:
+                continue
+            record = json.loads(path.read_text(encoding="utf-8"))
+            settings = record["settings"]
+            if (record.get("format") == RECORD_FORMAT and key in settings["keys"]
+                    and record["bin_bytes"][key] == size):
+                return record
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _tokenizer_of(settings: dict) -> str:
+    return f"{settings['kind']} files sha256 {', '.join(str(h)[:12] for h in settings['tokenizer'])}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeResult:
+    prefix: str  # the merged dataset
+    unrecorded: list[str]  # inputs without a record: their tokenizer could not be compared
+
+
+def merge_checked(prefixes: list[str], output_prefix: str) -> MergeResult:
+    """Merge datasets (indexed.merge_datasets) after checking that their records agree on how they were made.
+
+    IncompatibleDatasetsError when two records name other tokenizer files, special text or token dtype
+    (or two .idx other dtypes); nothing is written then.
+    """
+    from bigscience_ops.data.indexed import merge_datasets
+
+    records = {p: dataset_record(p) for p in prefixes}
+    recorded = {p: r["settings"] for p, r in records.items() if r is not None}
+    for field, value in (("tokenizers", _tokenizer_of), ("special texts", lambda s: s.get("special_text")),
+                         ("token dtypes", lambda s: s["dtype"])):
+        values = {p: value(s) for p, s in recorded.items()}
+        if len(set(values.values())) > 1:
+            raise IncompatibleDatasetsError(field, values)
+    out = merge_datasets(list(prefixes), output_prefix)
+    return MergeResult(out, [p for p, r in records.items() if r is None])
