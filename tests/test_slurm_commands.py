@@ -70,6 +70,22 @@ def test_squeue_error_with_exit_code_zero_is_an_error(tmp_path: Path, monkeypatc
         slurm.query_jobs(users=["nosuch"], timeout=5)
 
 
+@pytest.mark.parametrize("printed", [
+    "hello from the site squeue wrapper",  # garbage, no record at all
+    "JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)",  # a header: the format was not ours
+    "712\x1f712\x1fN/A\x1f712\x1fu\x1fRUNNING",  # a record cut short, no terminator
+])
+def test_squeue_output_that_does_not_parse_is_an_error_not_an_empty_queue(printed: str, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrapper that exits 0 with output that is not squeue's records: the queue is unknown (SlurmOutputError,
+    which carries the output), never read as "no job"."""
+    bindir = _fake_bin(tmp_path, "squeue", f"printf '%s\\n' '{printed}'; exit 0")
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(slurm.SlurmOutputError) as info:
+        slurm.query_jobs(timeout=5)
+    assert info.value.output.strip() == printed and isinstance(info.value, slurm.SlurmError)
+
+
 def test_group_users() -> None:
     assert "root" in slurm.group_users("root")
     with pytest.raises(slurm.SlurmError, match="does not exist"):
