@@ -4,7 +4,7 @@ another exception.
 
 The webhook rows run against real https servers with a test certificate (tests/fixtures_https.py); the email
 rows against a scripted SMTP server (tests/fixtures_smtp.py, SmtpScript). A server that drips sends its next
-line every DRIP_S seconds for ever: only the whole exchange's deadline (message.Deadline) ends it.
+line every DRIP_S seconds for ever: only the whole exchange's deadline (deadline.Deadline) ends it.
 """
 
 from __future__ import annotations

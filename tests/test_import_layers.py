@@ -45,6 +45,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     ("tools: one outside thing each (YAML, the bundled folders, a log file, Slurm, the GPU kernels)", [
         "bigscience_ops.typedyaml",
+        "bigscience_ops.runfiles",
+        "bigscience_ops.deadline",
         "bigscience_ops.resources",
         "bigscience_ops.runlog",
         "bigscience_ops.slurm",

@@ -119,10 +119,9 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
 def _email_outbox(email_to: tuple[str, ...], email_from: str | None, host: str, port: int | None, security: str,
                   user: str | None, password_env: str | None) -> Outbox:
     """The email channel that --email-to and the --smtp-* options describe, alone: no channel of the experiment's."""
-    import socket
-
+    from bigscience_ops.deadline import this_host
     from bigscience_ops.ops.tell import channels, email
 
     smtp = email.SmtpSettings(host=host, port=port or email.DEFAULT_PORTS[security], security=security,
                               recipients=email_to, user=user, password_env=password_env)
-    return channels.Outbox((email.EmailChannel(smtp),), sender=email_from or f"bsops@{socket.getfqdn()}")
+    return channels.Outbox((email.EmailChannel(smtp),), sender=email_from or f"bsops@{this_host()}")

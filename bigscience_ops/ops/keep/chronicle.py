@@ -35,7 +35,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.iteration_log import parse_iteration_line
 from bigscience_ops.ops.keep import backup
 from bigscience_ops.ops.watch import health
-from bigscience_ops.rollbacks import Problem, RecordFileError, open_plain
+from bigscience_ops.runfiles import Problem, RecordFileError, open_plain
 from bigscience_ops.schema import Experiment
 
 WATCHDOG_LOG = "watchdog.log"

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from bigscience_ops import hub_remote
+from bigscience_ops.deadline import Deadline, in_time
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.keep import chronicle, gitlfs
 from bigscience_ops.redact import scrub
@@ -104,6 +105,13 @@ def hub_endpoint(exp: Experiment) -> str:
     return endpoint
 
 
+HUB_API_S = 60.0
+"""Seconds the Hub's API may take to create (or find) a repo: huggingface_hub's call takes no total timeout."""
+SYNC_LIMIT_S = 45 * 60.0
+"""Seconds one `bsops hub-sync` of a run may take, every git and git-lfs command and the waits between pushes
+included: the hourly job's Slurm limit is longer, so a stuck sync still ends in time to send its alert."""
+
+
 def ensure_hub_repo(exp: Experiment, repo: str) -> None:
     """Create the repo on the Hub when missing (private unless hub.private is false)."""
     from huggingface_hub import HfApi  # lazy: only Hub remotes need it
@@ -114,7 +122,8 @@ def ensure_hub_repo(exp: Experiment, repo: str) -> None:
                            f"with write access to {repo!r} in it, or set hub.remote_template for another git remote")
     gitlfs.check_token(exp.hub.token_env, os.environ)
     try:
-        HfApi(endpoint=hub_endpoint(exp), token=token).create_repo(repo, private=exp.hub.private, exist_ok=True)
+        in_time(lambda: HfApi(endpoint=hub_endpoint(exp), token=token).create_repo(
+            repo, private=exp.hub.private, exist_ok=True), Deadline(HUB_API_S), f"creating Hub repo {repo!r}")
     except HubSyncError:
         raise
     except Exception as exc:  # huggingface_hub raises many types; the message matters here
@@ -277,14 +286,16 @@ def _commit_and_push(exp: Experiment, git: gitlfs.Git, what: str, message: str, 
         result.push_attempts = gitlfs.push(git, exp.hub.push_attempts, backoff_s)
 
 
-def _open_clone(exp: Experiment, what: str, repo: str, remote: str | None) -> tuple[gitlfs.Git, str, frozenset[str]]:
-    """The clone, its remote and the links its index records, checked (see check_clone)."""
+def _open_clone(exp: Experiment, what: str, repo: str, remote: str | None,
+                deadline: float | None = None) -> tuple[gitlfs.Git, str, frozenset[str]]:
+    """The clone, its remote and the links its index records, checked (see check_clone); `deadline`
+    (time.monotonic()) bounds every git command on it."""
     url, is_hub = remote_for(exp, repo, remote)
     path = clone_path(exp, what)
     if is_hub and not (path / ".git").is_dir():
         ensure_hub_repo(exp, repo)
     try:
-        git = gitlfs.clone_or_open(url, path, exp.hub.token_env, exp.hub.host)
+        git = gitlfs.clone_or_open(url, path, exp.hub.token_env, exp.hub.host, deadline=deadline)
     except gitlfs.GitError as exc:
         if url.lower().startswith("https://") and not hub_remote.offers_token(url, exp.hub.host):
             raise gitlfs.GitError(exc.argv, exc.returncode, exc.stderr,
@@ -324,13 +335,15 @@ def selected(exp: Experiment, what: Sequence[str] | None, remote: str | None) ->
 
 
 def sync(exp: Experiment, what: Sequence[str] | None = None, remote: str | None = None, wait_s: float = 0.0,
-         backoff_s: float = 10.0) -> list[SyncResult]:
-    """Sync each selected kind; one result per repo."""
-    return [sync_one(exp, w, remote, wait_s, backoff_s) for w in selected(exp, what, remote)]
+         backoff_s: float = 10.0, limit_s: float | None = SYNC_LIMIT_S) -> list[SyncResult]:
+    """Sync each selected kind; one result per repo. All of it ends within `limit_s` (None: no limit): a git
+    command still running then is stopped and its sync fails with a GitError naming it."""
+    deadline = None if limit_s is None else time.monotonic() + limit_s
+    return [sync_one(exp, w, remote, wait_s, backoff_s, deadline) for w in selected(exp, what, remote)]
 
 
 def sync_one(exp: Experiment, what: str, remote: str | None = None, wait_s: float = 0.0,
-             backoff_s: float = 10.0) -> SyncResult:
+             backoff_s: float = 10.0, deadline: float | None = None) -> SyncResult:
     repo = _repo_name(exp, what, remote)
     src = Path(getattr(exp.paths, what))
     path = clone_path(exp, what)
@@ -340,7 +353,7 @@ def sync_one(exp: Experiment, what: str, remote: str | None = None, wait_s: floa
         if not held:
             result.skipped = f"another sync of {path} has held its lock for {wait_s:g} s; this run leaves it alone"
             return result
-        git, result.remote, links = _open_clone(exp, what, repo, remote)
+        git, result.remote, links = _open_clone(exp, what, repo, remote, deadline)
         if src.is_dir():
             result.copied, result.refused = copy_changed(src, path, links)
             if what == "logs":

@@ -10,12 +10,12 @@ goes out in and its destinations are listed in.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from bigscience_ops.deadline import this_host
 from bigscience_ops.ops.tell.email import EmailChannel
 from bigscience_ops.ops.tell.message import Channel, ChannelError, Message, NotifyError, compose, one_address
 from bigscience_ops.ops.tell.webhook import WebhookChannel
@@ -95,7 +95,7 @@ def outbox_from_alerts(alerts: AlertsConfig) -> Outbox | None:
     found = tuple(channel for kind in CHANNELS if (channel := kind.from_alerts(alerts)) is not None)
     if not found:
         return None
-    return Outbox(found, sender=alerts.email_from or f"bsops@{socket.getfqdn()}")
+    return Outbox(found, sender=alerts.email_from or f"bsops@{this_host()}")
 
 
 def send_alert(alerts: AlertsConfig, subject: str, body: str) -> str:

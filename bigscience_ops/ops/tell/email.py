@@ -6,7 +6,7 @@ Addresses are checked to be one line each, as the subject is (message.header_tex
 setting holds can add a header. A failure names the server, never the password.
 
 One email is one exchange with the server, and it has a total time (SmtpSettings.timeout_s,
-message.Deadline): the connection, the banner, STARTTLS or TLS, the login and the message must all be
+deadline.Deadline): the connection, the banner, STARTTLS or TLS, the login and the message must all be
 done within it, so a server that drips its banner or answers each command slowly is cut off when the
 time is up, and the channel has failed. Once the server has taken the message, a slow goodbye (QUIT)
 no longer counts as a failure: the alert went out, and sending it again would repeat it.
@@ -22,9 +22,8 @@ from email.message import EmailMessage
 from email.utils import format_datetime
 from typing import TYPE_CHECKING, ClassVar
 
-from bigscience_ops.ops.tell.message import (
-    ChannelError, Deadline, Message, NotifyError, connect, header_text, in_time, tls_context,
-)
+from bigscience_ops.deadline import Deadline, connect, in_time, tls_context
+from bigscience_ops.ops.tell.message import ChannelError, Message, NotifyError, header_text
 from bigscience_ops.redact import scrub
 
 if TYPE_CHECKING:
@@ -38,7 +37,7 @@ TIMEOUT_S = 30.0
 
 
 class _Smtp(smtplib.SMTP):
-    """smtplib's client on a connection that keeps `deadline` (message.connect) from the first byte."""
+    """smtplib's client on a connection that keeps `deadline` (deadline.connect) from the first byte."""
 
     def __init__(self, deadline: Deadline, host: str, port: int, **options: object) -> None:
         self.deadline = deadline  # before smtplib's __init__, which connects
@@ -50,7 +49,7 @@ class _Smtp(smtplib.SMTP):
 
 class _SmtpSsl(smtplib.SMTP_SSL):
     """SMTP over TLS from the start: _Smtp's connection, wrapped with the settings' context (whose TLS sockets keep
-    the same deadline, message.tls_context)."""
+    the same deadline, deadline.tls_context)."""
 
     def __init__(self, deadline: Deadline, host: str, port: int, **options: object) -> None:
         self.deadline = deadline

@@ -11,26 +11,18 @@ A channel (channels.py lists them) is a small class: its `name` keys its part of
 says where it delivers without a secret, `secret_envs` names the variables whose values no message may
 carry, and `send` delivers one message or raises ChannelError naming what failed.
 
-Every connection a channel makes keeps one Deadline: a total time for the whole exchange (name
-lookup, connect, TLS handshake, every read and write), not a time per read. Its sockets (`connect`,
-and the TLS sockets a `tls_context` makes) set their timeout to what is left before each operation
-and refuse any operation once nothing is left, so a server that answers one byte at a time, or one
-header line every few seconds, is cut off when the channel's time is up. No signal, no thread per
-read: a name lookup alone runs in a daemon thread, since the resolver takes no timeout.
+Every connection a channel makes keeps one total deadline (deadline.py): a time for the whole exchange
+(name lookup, connect, TLS handshake, every read and write), not a time per read.
 """
 
 from __future__ import annotations
 
 import re
-import socket
-import ssl
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import make_msgid
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.redact import scrub
@@ -121,143 +113,3 @@ class Channel(Protocol):
     def send(self, message: Message, env: Mapping[str, str]) -> None:
         """Deliver `message` (secrets read from `env`); raises ChannelError naming the destination and the cause."""
         ...
-
-
-class DeadlineExceeded(TimeoutError):
-    """A connection's Deadline passed: the exchange did not end within the time it was given."""
-
-
-class Deadline:
-    """The moment (time.monotonic) by which one whole exchange with a server must be over."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.at = time.monotonic() + seconds
-
-    @property
-    def expired(self) -> bool:
-        return time.monotonic() >= self.at
-
-    def remaining(self) -> float:
-        """Seconds left; raises DeadlineExceeded when none are."""
-        left = self.at - time.monotonic()
-        if left <= 0:
-            raise DeadlineExceeded(f"the {self.seconds:g} s allowed for the whole exchange ran out")
-        return left
-
-
-class _DeadlineSocket(socket.socket):
-    """A TCP socket whose every operation may take only what is left of its deadline."""
-
-    deadline: Deadline
-
-    def _arm(self) -> None:
-        self.settimeout(self.deadline.remaining())
-
-    def connect(self, address: Any) -> None:
-        self._arm()
-        super().connect(address)
-
-    def recv(self, *args: Any) -> bytes:
-        self._arm()
-        return super().recv(*args)
-
-    def recv_into(self, *args: Any) -> int:
-        self._arm()
-        return super().recv_into(*args)
-
-    def send(self, *args: Any) -> int:
-        self._arm()
-        return super().send(*args)
-
-    def sendall(self, *args: Any) -> None:  # one call: CPython bounds the whole of it by the timeout
-        self._arm()
-        super().sendall(*args)
-
-
-class _DeadlineSSLSocket(ssl.SSLSocket):
-    """A TLS socket whose handshake, reads and writes may each take only what is left of the deadline of the
-    context that made it (a subclass per context sets `deadline`; tls_context)."""
-
-    deadline: ClassVar[Deadline]
-
-    def _arm(self) -> None:
-        self.settimeout(self.deadline.remaining())
-
-    def do_handshake(self, *args: Any) -> None:
-        self._arm()
-        super().do_handshake(*args)
-
-    def read(self, *args: Any) -> Any:
-        self._arm()
-        return super().read(*args)
-
-    def write(self, *args: Any) -> int:
-        self._arm()
-        return super().write(*args)
-
-    def recv(self, *args: Any) -> bytes:
-        self._arm()
-        return super().recv(*args)
-
-    def recv_into(self, *args: Any) -> int:
-        self._arm()
-        return super().recv_into(*args)
-
-    def send(self, *args: Any) -> int:  # sendall sends through here, piece by piece
-        self._arm()
-        return super().send(*args)
-
-    def unwrap(self) -> socket.socket:
-        self._arm()
-        return super().unwrap()
-
-
-def tls_context(ca_file: str | None, deadline: Deadline) -> ssl.SSLContext:
-    """The default client context (certificate and host name checked; `ca_file` instead of the system's CAs when
-    given), whose sockets all keep `deadline`, the handshake included."""
-    context = ssl.create_default_context(cafile=ca_file)
-    context.sslsocket_class = type("DeadlineSSLSocket", (_DeadlineSSLSocket,), {"deadline": deadline})
-    return context
-
-
-def in_time(work: Any, deadline: Deadline, what: str) -> Any:
-    """`work()` (a blocking call that takes no timeout: the resolver) run in a daemon thread, waited for until
-    `deadline`; raises DeadlineExceeded naming `what` when it has not returned by then (the thread is left to
-    end on its own: it holds no socket of ours and never keeps the process alive)."""
-    done: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            done["value"] = work()
-        except BaseException as exc:  # noqa: BLE001 (handed to the caller's thread as it is)
-            done["error"] = exc
-
-    thread = threading.Thread(target=run, name=f"bsops-{what}", daemon=True)
-    thread.start()
-    thread.join(deadline.remaining())
-    if thread.is_alive():
-        raise DeadlineExceeded(f"{what} did not end within the {deadline.seconds:g} s allowed")
-    if "error" in done:
-        raise done["error"]
-    return done["value"]
-
-
-def connect(host: str, port: int, deadline: Deadline) -> socket.socket:
-    """A TCP connection to host:port (each address the name has, in turn) whose every later operation keeps
-    `deadline`; the name lookup and each connect attempt keep it too."""
-    addresses = in_time(lambda: socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM), deadline,
-                        f"looking up {host}")
-    error: OSError = OSError(f"{host} has no address")
-    for family, kind, proto, _, address in addresses:
-        sock = _DeadlineSocket(family, kind, proto)
-        sock.deadline = deadline
-        try:
-            sock.connect(address)
-            return sock
-        except OSError as exc:
-            sock.close()
-            error = exc
-            if deadline.expired:
-                break
-    raise error

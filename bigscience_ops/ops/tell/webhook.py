@@ -8,7 +8,7 @@ run and neither repeats nor holds back the email (nor the email the webhook).
 
 One POST is one exchange with the URL's host (through the https proxy of the environment, when one is
 set, as a CONNECT tunnel: the TLS session is still with that host), and it has a total time
-(WebhookSettings.timeout_s, message.Deadline) from the name lookup to the answer's last byte: a server
+(WebhookSettings.timeout_s, deadline.Deadline) from the name lookup to the answer's last byte: a server
 that holds the answer back, or drips it, is a failed channel when that time is up. Only a 2xx answer,
 read whole (at most MAX_ANSWER_BYTES), delivers the alert. A redirect is never followed (it would send
 the alert elsewhere, or drop it): it is a failed channel like any other status, named by its number.
@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import unquote, urlsplit
 
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops.tell.message import ChannelError, Deadline, Message, connect, header_text, tls_context
+from bigscience_ops.deadline import Deadline, connect, tls_context
+from bigscience_ops.ops.tell.message import ChannelError, Message, header_text
 from bigscience_ops.redact import scrub
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from pathlib import Path
 from bigscience_ops import ledger, rollbacks, slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.rollbacks import Problem, open_plain
+from bigscience_ops.runfiles import Problem, open_plain
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 

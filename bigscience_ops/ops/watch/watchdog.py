@@ -30,7 +30,7 @@ from bigscience_ops.ops.tell.notify import Notice, default_state_path, notify, s
 from bigscience_ops.ops.watch import health, status
 from bigscience_ops.ops.watch.lifecycle import RunState
 from bigscience_ops.ops.watch.status import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport
-from bigscience_ops.rollbacks import Problem
+from bigscience_ops.runfiles import Problem
 from bigscience_ops.schema import HealthConfig
 
 
