@@ -110,7 +110,8 @@ def read_checked(ledger: Path) -> Checked[TaskRecord]:
 
 def read(ledger: Path) -> list[TaskRecord]:
     """The ledger's records, in order; any line that is not one is a LedgerError naming the file, the line and
-    what was wrong (the task hooks and rollback refuse to act on a ledger they cannot read whole)."""
+    what was wrong (rollback refuses to act on a ledger it cannot read whole; the task hooks pass over a bad line
+    and say so, see begin)."""
     checked = read_checked(ledger)
     if checked.problems:
         more = f" (and {len(checked.problems) - 1} more)" if len(checked.problems) > 1 else ""
@@ -175,7 +176,9 @@ def begin(output: Path, checkpoints: Path, budget: int, env: dict[str, str] | No
     task = slurm.TaskEnv.from_env(env)
     ledger = Path(output) / LEDGER_NAME
     start = latest_iteration(checkpoints)
-    failing = exhausted(attempts(read(ledger), resumed_at=start), budget)
+    # A torn line (a node that died mid-write) costs only itself: the task trains on, the hook says which line
+    # was skipped (skipped_lines), and the watchdog alerts about it.
+    failing = exhausted(attempts(read_checked(ledger).records, resumed_at=start), budget)
     if failing is not None:
         return failing
     append(ledger, TaskRecord("begin", _task_id(task), task.node_list, start, time.time()))
@@ -188,7 +191,12 @@ def end(output: Path, checkpoints: Path, exit_code: int, env: dict[str, str] | N
     ledger = Path(output) / LEDGER_NAME
     job_id = _task_id(task)
     append(ledger, TaskRecord("end", job_id, task.node_list, latest_iteration(checkpoints), time.time(), exit_code))
-    return next(a for a in reversed(attempts(read(ledger))) if a.job_id == job_id)
+    return next(a for a in reversed(attempts(read_checked(ledger).records)) if a.job_id == job_id)
+
+
+def skipped_lines(output: Path) -> list[str]:
+    """Each ledger line the task hooks passed over because it is not a record (file, line, what was wrong)."""
+    return [str(problem) for problem in read_checked(Path(output) / LEDGER_NAME).problems]
 
 
 def stopped(records: list[TaskRecord]) -> bool:

@@ -161,3 +161,21 @@ def test_a_ledger_that_is_a_fifo_or_a_link_is_never_opened(tmp_path: Path) -> No
         with pytest.raises(BsopsError):
             ledger.append(path, ledger.TaskRecord("launch", "1", "", 0, 1.0))
     assert (tmp_path / "secret").read_text().count("\n") == 1
+
+
+def test_the_task_hooks_pass_over_a_torn_line_and_keep_counting(tmp_path: Path) -> None:
+    """A node died mid-write: the next task begins and ends (the torn line costs only itself), the budget still
+    counts the tasks around it, and the hook names the line it passed over."""
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    path = out / ledger.LEDGER_NAME
+    env = {"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "9", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_NODELIST": "n1"}
+    assert ledger.begin(out, out / "checkpoints", budget=2, env=env) is None
+    with open(path, "ab") as handle:
+        handle.write(b'{"event": "end", "job_id": "9_1", "nod')  # the node died here
+    env2 = {**env, "SLURM_ARRAY_TASK_ID": "2"}
+    assert ledger.begin(out, out / "checkpoints", budget=2, env=env2) is None
+    attempt = ledger.end(out, out / "checkpoints", 1, env=env2)
+    assert (attempt.job_id, attempt.exit_code) == ("9_2", 1)
+    [skipped] = ledger.skipped_lines(out)
+    assert skipped.startswith(f"{path}:2: ")

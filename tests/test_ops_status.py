@@ -346,3 +346,14 @@ def test_check_tells_the_runs_jobs_from_look_alikes_by_what_its_folder_recorded(
     assert alive.exit_code == status.EXIT_HEALTHY
     given = status.check("x-backup", query=lambda **_: [theirs], now=NOW, run=run, job_ids={"6000"})
     assert given.exit_code == status.EXIT_HEALTHY  # the caller's ids win over the folder's
+
+
+def test_the_watchdog_says_it_cannot_write_its_log_and_still_reports(tmp_path: Path) -> None:
+    from bigscience_ops.ops.watch import watchdog
+
+    log = tmp_path / "main_log.txt"
+    log.write_text("")
+    os.mkfifo(tmp_path / "watchdog.log")
+    job = seed_job()
+    result = watchdog.watch(watchdog.WatchSettings(job.name, log_path=log), query=lambda **_: [job], now=NOW)
+    assert result.report.lines and "watchdog.log cannot be written" in result.lines[-1]

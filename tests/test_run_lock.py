@@ -111,3 +111,14 @@ def test_a_slurm_launch_is_refused_while_a_local_launch_holds_the_run(trainings:
     with pytest.raises(run_lock.RunInUse, match=f"pid {pid} on "):
         submit.plan_launch(exp)
     assert not (run / "launches").exists()
+
+
+def test_a_rollback_is_refused_while_the_run_trains(trainings: Path, held) -> None:
+    from click.testing import CliRunner
+
+    from bigscience_ops.cli import main
+
+    run, pid = held
+    (trainings / "busy.yaml").write_text(tiny_yaml(run))
+    result = CliRunner().invoke(main, ["rollback", "busy", "--to", "10", "--trainings-dir", str(trainings)])
+    assert result.exit_code == 2 and f"in use by bsops launch --local (pid {pid} on " in result.output

@@ -39,12 +39,13 @@ def test_no_experiment_job_name_is_an_hourly_job_name(name: str) -> None:
     assert name not in hourly and not slurm.is_hourly_job_name(name)
 
 
-@pytest.mark.parametrize("name", ["bsops.x", "bsops.x.backup", "bsops.tr8.slurm-status"])
+@pytest.mark.parametrize("name", ["bsops.x", "bsops.x.backup", "bsops.tr8.slurm-status", "bsops-cron-hourly",
+                                  "bsops-cron-daily"])
 def test_the_reserved_form_is_refused_as_experiment_and_job_name(name: str, trainings: Path) -> None:
     with pytest.raises(ConfigError) as info:
         check_name(name, "NAME")
-    assert info.value.field == "name" and info.value.value == name and "bsops." in info.value.allowed
-    assert "bsops." in SLURM_JOB_NAME.problem(name)
+    assert info.value.field == "name" and info.value.value == name and "bsops" in info.value.allowed
+    assert "bsops" in SLURM_JOB_NAME.problem(name)
     (trainings / "lookalike.yaml").write_text(f"base: tiny\nslurm: {{job_name: {name}}}\n")
     with pytest.raises(ConfigError) as info:
         load_experiment("lookalike", trainings)

@@ -155,3 +155,19 @@ def test_another_rank_writes_its_rng_state_and_no_meta(saving, tmp_path: Path,
     run.checkpointer.save(10)
     assert [held for _, _, _, held in run.engine.calls] == [["rng_state_001.pt"]]
     assert run.metas == 0 and not (tmp_path / "checkpoints" / "global_step10" / layout.META).exists()
+
+
+def test_a_resume_never_goes_through_a_linked_checkpoint(tmp_path: Path) -> None:
+    """The trainer refuses a `global_stepN` that is a link, as rollback, backup and info do."""
+    from bigscience_ops.checkpoints.layout import CheckpointError
+    from bigscience_ops.trainer.checkpointing import find_resume
+
+    elsewhere = tmp_path / "elsewhere" / "global_step5"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "bsops.json").write_text('{"iteration": 5}')
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "global_step5").symlink_to(elsewhere)
+    (checkpoints / "latest").write_text("global_step5")
+    with pytest.raises(CheckpointError, match="global_step5"):
+        find_resume(checkpoints)

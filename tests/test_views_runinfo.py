@@ -165,3 +165,17 @@ def test_hostile_records_and_a_linked_checkpoint_are_named_and_the_rest_shown(ex
     assert "global_step9" in info.problems[0] and f"{out / ledger.LEDGER_NAME}:2:" in info.problems[1]
     assert json.loads(json.dumps(runinfo.info_data(info)))["problems"] == info.problems
     assert runinfo.info_text(info).count("could not read:") == 4
+
+
+def test_a_log_ending_in_a_line_longer_than_the_window_is_said_not_shown_as_empty(exp):
+    """64 MiB of NULs a crashed node left: info names what it could not read instead of 'no iteration logged'."""
+    import os
+
+    logs = Path(exp.paths.logs)
+    logs.mkdir(parents=True)
+    log = logs / "main_log.txt"
+    log.write_text(iteration_line(_stats(random.Random(2))) + "\n")
+    with open(log, "ab") as handle:
+        handle.truncate(os.path.getsize(log) + (65 << 20))  # a sparse run of NULs past the tail's window
+    info = runinfo.run_info(exp)
+    assert any("NUL bytes" in problem for problem in info.problems), info.problems

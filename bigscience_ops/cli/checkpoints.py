@@ -137,17 +137,20 @@ def rollback_command(exp: str, trainings_dir: Path | None, to_step: int, skip: s
     """
     import shlex
 
-    from bigscience_ops import ledger
+    from bigscience_ops import ledger, run_lock
     from bigscience_ops.checkpoints import rollback
 
     experiment = load_experiment(exp, trainings_dir)
     echo_run_folder(exp, trainings_dir, experiment)
-    task = ledger.running(ledger.read(Path(experiment.paths.output) / ledger.LEDGER_NAME))
-    if task is not None and not force:
-        raise rollback.RollbackError(
-            f"array task {task.job_id} began at iteration {task.start_iteration} and has not ended: a rollback now "
-            "would race its saves. scancel the job first (or, if it was killed without an end record, pass --force)")
-    done = rollback.rollback(experiment, to_step, skip)
+    # The run's lock: a local launch or an array task that trains it now refuses the rollback, naming itself.
+    with run_lock.hold(Path(experiment.paths.output), "bsops rollback"):
+        task = ledger.running(ledger.read(Path(experiment.paths.output) / ledger.LEDGER_NAME))
+        if task is not None and not force:
+            raise rollback.RollbackError(
+                f"array task {task.job_id} began at iteration {task.start_iteration} and has not ended: a rollback "
+                "now would race its saves. scancel the job first (or, if it was killed without an end record, pass "
+                "--force)")
+        done = rollback.rollback(experiment, to_step, skip)
     record = done.record
     click.echo(f"latest: global_step{record.from_step} -> global_step{record.to_step}")
     if done.moved:

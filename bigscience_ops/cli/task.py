@@ -64,6 +64,8 @@ def task_begin(experiment_json: Path) -> None:
         sys.exit(EXIT_NOT_TRAINING)
     if _other_phase(exp, task_env):
         sys.exit(EXIT_NOT_TRAINING)
+    for skipped in ledger.skipped_lines(Path(exp.paths.output)):
+        click.echo(f"warning: passed over a ledger line that is no record: {skipped}")
     failing = ledger.begin(Path(exp.paths.output), Path(exp.paths.checkpoints), exp.slurm.failure_budget)
     if failing is not None:
         _stop_crash_loop(exp, failing, task_env)

@@ -18,8 +18,15 @@ RESERVED_PREFIX = "bsops."
 _KIND = re.compile(r"[a-z][a-z-]*")
 
 
+RUNNER_NAMES = ("bsops-cron-hourly", "bsops-cron-daily")
+"""The cron runners' job names (ops/schedule/cron.py, with cron.yaml's default name_prefix): reserved too, so no
+training is taken for a runner, nor a runner cancelled as an extra chain."""
+
+
 def reserved_problem(name: str) -> str | None:
     """Why `name` cannot be an experiment's job name (it has bsops' reserved form), else None."""
+    if name in RUNNER_NAMES:
+        return f"it is the job name of bsops' {name.rsplit('-', 1)[1]} cron runner, which bsops reserves"
     if name.startswith(RESERVED_PREFIX):
         return (f"it starts with {RESERVED_PREFIX!r}, the form bsops reserves for its hourly jobs' names "
                 f"({RESERVED_PREFIX}<job name>.<kind>), so no training can be taken for one of them")

@@ -46,6 +46,7 @@ def find_resume(checkpoints: Path) -> Resume | None:
     if not path.is_dir():
         raise CheckpointError(f"{latest}: names {tag!r}, which is not a checkpoint folder in {checkpoints}; "
                               f"available: {', '.join(tags) or 'none'}")
+    layout.latest_checkpoint(checkpoints)  # one rule for links in a run: a global_stepN that is one is refused
     meta_file = path / META
     if not meta_file.is_file():
         raise CheckpointError(f"{path}: no {META}: not written by bsops' trainer, or the save did not finish; "

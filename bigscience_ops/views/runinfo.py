@@ -72,7 +72,11 @@ def run_info(exp: Experiment) -> RunInfo:
     lines: list[str] = []
     if log.is_file():
         try:
-            lines, _ = runlog.tail(log, TAIL_LINES)
+            found = runlog.read_tail(log, TAIL_LINES)
+            lines = found.lines
+            note = runlog.unread_note(found, TAIL_LINES)  # one huge last line, NULs: said, not "nothing logged"
+            if note is not None:
+                problems.append(f"log {log}: {note}")
         except (OSError, BsopsError) as exc:
             problems.append(f"log {log}: {exc}")
     iterations = [stats for stats in map(parse_iteration_line, lines) if stats is not None]

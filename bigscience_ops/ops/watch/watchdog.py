@@ -133,7 +133,10 @@ def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime
     error = "; ".join(errors) or None
     lines = (*report.lines, *extra)
     if log_path is not None:
-        status.append_to_log(status.watchdog_log(log_path), lines)
+        try:
+            status.append_to_log(status.watchdog_log(log_path), lines)
+        except runlog.LogError as exc:  # a FIFO or a folder in watchdog.log's place: said here, the check stands
+            lines = (*lines, f"{stamp} ***ALERT: watchdog.log cannot be written: {exc}***")
     return WatchResult(report, tuple(notices), error, lines)
 
 
@@ -141,8 +144,9 @@ def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime
 RUN_FILES = {
     ledger.LEDGER_NAME: ("run-file-ledger", "repair task-ledger.jsonl: a line cannot be read",
                          "A line of the task ledger cannot be read (a node died mid-write, or the file was damaged); "
-                         "the watchdog skipped it and read the rest. Array tasks refuse a ledger they cannot read "
-                         "whole: remove or repair the line named above, then relaunch if the run stopped."),
+                         "the watchdog skipped it and read the rest, and so do the array tasks (each says so in "
+                         "main_log.txt). Remove or repair the line named above: `bsops rollback` refuses a ledger it "
+                         "cannot read whole."),
     layout.LATEST: ("run-file-latest", "point latest at a finished save: latest cannot be read",
                     "`latest` cannot be read or names no checkpoint folder, so the next task cannot resume: write "
                     "the tag of the newest complete checkpoint into it (one line, global_stepN; never a link), "
