@@ -5,8 +5,9 @@ Modules:
   tokenizer.py    GPT-2 BPE from vocab.json + merges.txt, any tokenizer.json; fastokens and tiktoken fast paths
   tokenizer_cache.py  the backend probe's outcome kept in the user cache ($XDG_CACHE_HOME/bsops)
   preprocess.py   jsonl shards -> tokens as Megatron's preprocess_data.py: inputs, choices, the result
-  inputs.py       files, folders and globs; .gz (isal), .xz, .zst decoders; whole-line chunks
-  xz.py           multi-block .xz read block by block (in the workers)
+  inputs.py       files, folders and globs (each file once, never bsops' own); decoders; bounded whole-line chunks
+  xz.py           multi-block .xz read block by block (in the workers), streamed
+  zst.py          a .zst's frames walked before it is read (a cut-short file is refused)
   encode.py       lines -> tokens per key, bad-line accounting, the cross-check
   pipeline.py     the work over processes: sequential, chunks of one input, or whole shards; progress
   shards.py       one part per input shard, written atomically with a record: resume, merge

@@ -80,7 +80,7 @@ def _shown_key(key: str) -> str:
 
 def line_problem(line: bytes, keys: tuple[str, ...]) -> tuple[tuple[str, str] | None, dict | None]:
     """(kind, detail) of why a line gives no document at all, else the decoded object."""
-    if not line.strip():  # what json.loads would refuse, told at once (a file may hold millions)
+    if not line or line.isspace():  # what json.loads would refuse, told at once (a file may hold millions)
         return ("malformed-json", "blank line"), None
     try:
         text = line.decode("utf-8")

@@ -30,7 +30,7 @@ from pathlib import Path
 from bigscience_ops.data import inputs as inputs_mod
 from bigscience_ops.data.encode import Encoded, Encoder, split_lines
 from bigscience_ops.data.errors import DamagedInputError, DataError, DocumentTooLargeError
-from bigscience_ops.data.shards import Merger, Shard, ShardSink, ShardStats, work_folder
+from bigscience_ops.data.shards import Merger, Shard, ShardSink, ShardStats, remove_stale_temporaries, work_folder
 from bigscience_ops.data.tokenizer import Tokenizer, TokenizerSpec
 
 CHUNK_BYTES = 1 << 21  # lines handed to a worker at a time: ~15 ms of fastokens work, even load at the end
@@ -376,13 +376,25 @@ class Run:
     def in_workers(self, pending: list[Shard], workers: int, settings: EncodeSettings) -> None:
         """Whole shards to the workers, longest first; finished parts appended in input order."""
         import multiprocessing
-        from contextlib import ExitStack
 
         ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
                                           else "forkserver")
         counters = tuple(ctx.Value("q", 0) for _ in range(3))  # lines, bytes, disk bytes, over all workers
         order = sorted(pending, key=lambda s: -s.size)
         tasks = [(s, self.keys, self.dtype, self.settings, self.strict, self.names) for s in order]
+        try:
+            self._shards_in_pool(workers, settings, tasks, counters)
+        except BaseException:
+            # The pool was terminated (its workers killed mid-part, and reaped): what they were writing goes.
+            for shard in pending:
+                remove_stale_temporaries(shard.part)
+            raise
+
+    def _shards_in_pool(self, workers: int, settings: EncodeSettings, tasks: list[tuple], counters: tuple) -> None:
+        """in_workers' pool: terminated (its workers killed and reaped) when anything goes wrong."""
+        import multiprocessing
+        from contextlib import ExitStack
+
         with ExitStack() as stack:
             pool = self._pool(stack, workers, (settings, None, counters))
             self._started()

@@ -125,7 +125,7 @@ def finished(shard: Shard, settings: dict, keys: tuple[str, ...]) -> ShardStats 
         return None
 
 
-def _remove_stale_temporaries(part: str) -> None:
+def remove_stale_temporaries(part: str) -> None:
     """Temporary files a killed run left for this part (their process is gone)."""
     folder, name = os.path.split(part)
     try:
@@ -153,7 +153,7 @@ class ShardSink:
         self.names = tokenizer_names
         if shard.recorded:
             shard.record_path.unlink(missing_ok=True)  # the part is no longer known to be complete
-            _remove_stale_temporaries(shard.part)
+            remove_stale_temporaries(shard.part)
         Path(shard.part).parent.mkdir(parents=True, exist_ok=True)
         self.writers = {key: IndexedDatasetWriter(output_prefix_for(shard.part, key), dtype) for key in keys}
         self.stats = ShardStats()
@@ -239,7 +239,7 @@ class Merger:
 
     def __init__(self, output_prefix: str, keys: tuple[str, ...], dtype: np.dtype) -> None:
         self.output_prefix, self.keys = output_prefix, keys
-        _remove_stale_temporaries(output_prefix)  # a killed run's merge
+        remove_stale_temporaries(output_prefix)  # a killed run's merge
         self.writers = {key: IndexedDatasetWriter(output_prefix_for(output_prefix, key), dtype) for key in keys}
         self.problems_path = Path(f"{output_prefix}_problems.jsonl")
         self._problems_tmp = Path(f"{self.problems_path}.tmp-{os.getpid()}")
