@@ -81,3 +81,20 @@ def read_like_megatron(prefix: str) -> tuple[np.dtype, list[np.ndarray], np.ndar
     data = Path(prefix + ".bin").read_bytes()
     items = [np.frombuffer(data, dtype=dtype, count=int(s), offset=int(p)) for s, p in zip(sizes, pointers)]
     return dtype, items, doc_idx
+
+
+# --- hostile inputs (tests/test_hostile_archives.py) ------------------------------------------------
+
+BOMB_LIMIT = 1 << 20  # --max-document-bytes of the bomb runs: a bomb crosses it after 1 MiB of decoding
+
+
+@pytest.fixture(scope="session")
+def bombs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Decompression bombs of a few kilobytes, after 1000 valid lines: .zst with a 512 MiB line of zeros, and a
+    two-stream .xz whose second block is 200 MiB of zeros (under pipeline.XZ_WORKER_BLOCK_BYTES, so two workers
+    decode it as a span). Unbounded, either takes over 200 MB of memory to refuse; ~1 s to write."""
+    from benchmarks.preprocess_bombs import write_xz_bomb, write_zst_bomb
+
+    d = tmp_path_factory.mktemp("bombs")
+    return {"zst": write_zst_bomb(d / "line.jsonl.zst", 512 << 20),
+            "xz": write_xz_bomb(d / "block.jsonl.xz", 200 << 20)}
