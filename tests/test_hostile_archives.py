@@ -261,6 +261,9 @@ CASES: dict[str, Case] = {
                                            errors.DocumentTooLargeError, _too_large("b.jsonl.zst", 41)),
     "zst bomb, 2 workers": Case(_write("b.jsonl.zst", lambda: _zst(GOOD + ZEROS + GOOD)), ("b.jsonl.zst",),
                                 errors.DocumentTooLargeError, _too_large("b.jsonl.zst", 41), workers=2),
+    "zst bomb read by the zstd command": Case(_write("b.jsonl.zst", lambda: _zst(GOOD + ZEROS)), ("b.jsonl.zst",),
+                                              errors.DocumentTooLargeError, _too_large("b.jsonl.zst", 41),
+                                              patch=_hide_zstandard),
     "xz bomb, one block": Case(_write("b.jsonl.xz", lambda: lzma.compress(GOOD + ZEROS)), ("b.jsonl.xz",),
                                errors.DocumentTooLargeError, _too_large("b.jsonl.xz", 41)),
     "xz bomb across many blocks, spans in 2 workers": Case(
@@ -414,6 +417,9 @@ CASES: dict[str, Case] = {
                                         errors.NotCorpusError, _not_corpus("in/b.jsonl", "folder")),
     "a link to itself given": Case(_link("self.jsonl", "self.jsonl"), ("self.jsonl",), errors.NotCorpusError,
                                    _not_corpus("self.jsonl", "unreadable")),
+    "a FIFO where a part's record goes is replaced, never read": Case(
+        _all(_write("in/a.jsonl", GOOD), _fifo("out/run_a.preprocess.json")), ("in",), per_input=True,
+        check=_holds(shards=1, resumed=0, docs_in=40)),
     # --- two inputs, one output: refused before anything is written
     "the same file given twice": Case(_write("a.jsonl", GOOD), ("a.jsonl", "a.jsonl"), errors.InputConflictError,
                                       lambda t: {"first": str(t / "a.jsonl"), "second": str(t / "a.jsonl")}),

@@ -109,6 +109,8 @@ def finished(shard: Shard, settings: dict, keys: tuple[str, ...]) -> ShardStats 
     if not shard.recorded:
         return None
     try:
+        if not shard.record_path.is_file() or shard.record_path.stat().st_size > RECORD_MAX_BYTES:
+            return None  # a FIFO there would block the read; a huge file is not a record of ours
         record = json.loads(shard.record_path.read_text(encoding="utf-8"))
         if (record.get("format") != RECORD_FORMAT or record["input"] != str(Path(shard.path).resolve())
                 or record["size"] != shard.size or record["mtime_ns"] != shard.mtime_ns
