@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from bigscience_ops.cli import main
 from bigscience_ops.data.errors import BadInputError
 from bigscience_ops.data.indexed import IndexedDataset
-from bigscience_ops.data.preprocess import preprocess
+from bigscience_ops.data.preprocess import Limits, preprocess
 from bigscience_ops.data.tokenizer import resolve_tokenizer
 
 GOOD = ["First document.", "Ünïcödé and emoji 😀 here", "  whitespace   runs\n\n\tend", "x"]
@@ -287,7 +287,7 @@ def test_every_backend_writes_the_same_bytes_and_fastokens_runs_are_cross_checke
     written = {}
     for backend in ("tokenizers", "tiktoken", "fastokens"):
         r = preprocess([src], str(tmp_path / backend), resolve_tokenizer("gpt2", backend=backend),
-                       append_eod=True, workers=workers, check_fraction=0.2)
+                       append_eod=True, workers=workers, limits=Limits(check_fraction=0.2))
         assert r.tokenizer.startswith(backend)
         written[backend] = [Path(r.outputs["text"] + ext).read_bytes() for ext in (".bin", ".idx")]
         assert r.problem_counts["empty"] == 1 + 400 // 9 + 1  # write_mixed's one, and i % 9 == 0
@@ -321,11 +321,11 @@ def test_a_cross_check_difference_stops_the_run_naming_the_line(tmp_path, monkey
     with pytest.raises(TokenizerError, match=rf"{src}:51: the fastokens:\S+ tokenizer and the reference "
                                              r"tiktoken:\S+ disagree .*first difference at id 2: \[\d+\] vs \[\d+\]"):
         preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2", backend="fastokens"), workers=workers,
-                   check_fraction=1.0)
+                   limits=Limits(check_fraction=1.0))
     assert not list(tmp_path.glob("out_*.bin")) and not list(tmp_path.glob("out_*.idx"))
     # Turned off, the same run goes through (and writes the wrong id: the check is what stands guard).
     r = preprocess([src], str(tmp_path / "out"), resolve_tokenizer("gpt2", backend="fastokens"), workers=workers,
-                   check_fraction=0.0)
+                   limits=Limits(check_fraction=0.0))
     assert r.reference is None and r.docs_out == {"text": 101}
 
 

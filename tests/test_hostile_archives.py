@@ -28,7 +28,7 @@ from click.testing import CliRunner
 
 from bigscience_ops.cli import main
 from bigscience_ops.data import errors, inputs
-from bigscience_ops.data.preprocess import preprocess
+from bigscience_ops.data.preprocess import Limits, preprocess
 from bigscience_ops.data.shards import merge_checked
 from bigscience_ops.data.tokenizer import resolve_tokenizer
 from tests.fixtures_data import BOMB_LIMIT, write_indexed
@@ -491,7 +491,7 @@ def _run(t: Path, case: Case):
     if case.merge:
         return merge_checked(_ran_inputs(t, case), str(t / "merged"))
     return preprocess(_ran_inputs(t, case), str(t / case.prefix), SPEC, json_keys=case.keys, workers=case.workers,
-                      output_per_input=case.per_input, max_document_bytes=case.limit)
+                      output_per_input=case.per_input, limits=Limits(max_document_bytes=case.limit))
 
 
 def _outputs(t: Path) -> set[str]:

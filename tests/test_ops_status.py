@@ -344,7 +344,7 @@ def test_check_tells_the_runs_jobs_from_look_alikes_by_what_its_folder_recorded(
     assert [a.condition for a in gone.alerts] == ["not-scheduled"] and "another run" in gone.lines[0]
     alive = status.check("x-backup", query=lambda **_: [theirs, mine, hourly], now=NOW, run=run)
     assert alive.exit_code == status.EXIT_HEALTHY
-    given = status.check("x-backup", query=lambda **_: [theirs], now=NOW, run=run, job_ids={"6000"})
+    given = status.evaluate("x-backup", [theirs], now=NOW, run=run, job_ids={"6000"})
     assert given.exit_code == status.EXIT_HEALTHY  # the caller's ids win over the folder's
 
 

@@ -165,7 +165,7 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from bigscience_ops.data.inputs import decoder_notes, find_inputs
     from bigscience_ops.data.preprocess import Progress
-    from bigscience_ops.data.preprocess import preprocess as run_preprocess
+    from bigscience_ops.data.preprocess import Limits, preprocess as run_preprocess
     from bigscience_ops.data.tokenizer import resolve_tokenizer
 
     if split_sentences:
@@ -206,9 +206,8 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
         more = f" and {len(found.side_files) - 5} more" if len(found.side_files) > 5 else ""
         click.echo(f"note: left out {len(found.side_files)} file(s) bsops wrote (records, problem lists, "
                    f"datasets): {shown}{more}", err=True)
-    result = run_preprocess(paths, output_prefix, spec, _split_keys(json_keys), append_eod,
-                            workers, strict, report, cross_check, output_per_input,
-                            max_document_bytes=max_document_bytes)
+    result = run_preprocess(paths, output_prefix, spec, _split_keys(json_keys), append_eod, workers, strict, report,
+                            output_per_input, limits=Limits(max_document_bytes, cross_check))
     if on_terminal:
         click.echo("", err=True)
     shown = result.problems[:20]

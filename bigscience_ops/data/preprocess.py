@@ -41,6 +41,7 @@ import dataclasses
 import heapq
 import os
 import time
+from dataclasses import dataclass
 from collections.abc import Callable
 from pathlib import Path
 
@@ -157,6 +158,16 @@ def _settings(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, dtyp
             "keys": list(keys), "append_eod": append_eod, "dtype": dtype}
 
 
+@dataclass(frozen=True)
+class Limits:
+    """How much a run takes and checks: the longest document, and the share of the text cross-checked."""
+
+    max_document_bytes: int = MAX_DOCUMENT_BYTES
+    """The longest line taken (a longer one stops the run, naming its file and line)."""
+    check_fraction: float = CHECK_FRACTION
+    """About this share of a fastokens run's text is encoded again by the reference tokenizer and compared."""
+
+
 def preprocess(
     inputs: list[str | os.PathLike],
     output_prefix: str,
@@ -166,13 +177,13 @@ def preprocess(
     workers: int = 1,
     strict: bool = False,
     progress: Callable[[Progress], None] | None = None,
-    check_fraction: float = CHECK_FRACTION,
     output_per_input: bool = False,
     *,
-    max_document_bytes: int = MAX_DOCUMENT_BYTES,
+    limits: Limits = Limits(),
 ) -> PreprocessResult:
     """Tokenize jsonl files, folders of them or globs into indexed datasets; see the module docstring."""
     start = time.monotonic()
+    check_fraction, max_document_bytes = limits.check_fraction, limits.max_document_bytes
     paths = inputs_mod.expand_inputs(list(inputs))
     if not paths:
         raise DataError("preprocess needs at least one input file; got none")

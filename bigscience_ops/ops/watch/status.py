@@ -298,18 +298,18 @@ def _stalled_for(progress: Progress, started: datetime | None, now: datetime) ->
 def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
           log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
           now: datetime | None = None, contact: str = DEFAULT_CONTACT, timeout: float = slurm.DEFAULT_TIMEOUT_S,
-          query: Callable[..., list[Job]] = slurm.query_jobs, run: RunState | None = None,
-          job_ids: Collection[str] | None = None) -> StatusReport:
+          query: Callable[..., list[Job]] = slurm.query_jobs, run: RunState | None = None) -> StatusReport:
     """Query Slurm once (jobs of `users`, or of every user in `group`) and evaluate `job_name`.
 
-    The run's own jobs are told from look-alikes (jobs of another run with the same name) by `job_ids`, the
-    array ids the run submitted; when not given, they are read from `run`'s folder (recorded_job_ids).
+    The run's own jobs are told from look-alikes (jobs of another run with the same name) by the array ids the
+    run submitted, read from `run`'s folder (recorded_job_ids; `evaluate` takes them from a caller).
 
     A failing query, or an answer that does not parse, is itself an alert (exit code EXIT_ERROR): the on-call
     person must hear about a watchdog that cannot see the queue, not find a silent log or a wrong verdict.
     """
     now = now or datetime.now().replace(microsecond=0)
-    if job_ids is None and run is not None and run.experiment is not None and run.experiment.paths.output:
+    job_ids = None
+    if run is not None and run.experiment is not None and run.experiment.paths.output:
         job_ids = recorded_job_ids(Path(run.experiment.paths.output))
     try:
         who = list(users) + (slurm.group_users(group) if group else [])
