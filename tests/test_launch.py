@@ -29,7 +29,6 @@ BSOPS = str(Path(sys.executable).with_name("bsops"))
 SMALL = shrunk_tiny_yaml("launch", 5)
 
 
-@pytest.mark.slow
 def _text(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
@@ -37,6 +36,7 @@ def _text(path: Path) -> str:
         return ""
 
 
+@pytest.mark.slow
 def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     trainings = small_trainings(tmp_path / "trainings", SMALL)
     run = tmp_path / "run dir"  # a space: every path in the script must be quoted
