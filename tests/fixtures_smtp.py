@@ -167,7 +167,7 @@ def webhook_server(cert: tuple[str, str]) -> Iterator[Hooked]:
 
 # --- hostile servers: a loopback server whose every connection runs a script of the test's -----------------
 
-DRIP_S = 2.0
+DRIP_S = 0.4
 """How often a dripping server sends its next line: far longer than any deadline's tick, shorter than the limit."""
 
 

@@ -324,10 +324,14 @@ class Run:
                 stack.callback(stop.set)  # runs first on the way out
 
                 def bounded() -> Iterator[_Chunk]:
+                    # Pool.terminate waits for this generator (in the pool's task thread) to return: once the
+                    # run stops it must cut no further chunk, or a refused bomb would be read to its end first.
                     for chunk in chunks():
                         while not slots.acquire(timeout=0.1):
                             if stop.is_set():
                                 return
+                        if stop.is_set():
+                            return
                         yield chunk
 
                 results = pool.imap(_encode_chunk, bounded(), chunksize=1)
