@@ -399,10 +399,28 @@ class Run:
         import multiprocessing
         from contextlib import ExitStack
 
+        import threading
+
         with ExitStack() as stack:
             pool = self._pool(stack, workers, (settings, None, counters))
+            # The shards go to the pool's task thread one at a time, at most `workers` ahead of the results:
+            # Pool.terminate waits for that thread, which must never be stuck writing a task to workers it
+            # has just killed (a refused run hung there for minutes under load).
+            slots = threading.Semaphore(workers)
+            stop = threading.Event()
+            stack.callback(stop.set)  # runs first on the way out
+
+            def fed() -> Iterator[tuple]:
+                for task in tasks:
+                    while not slots.acquire(timeout=0.1):
+                        if stop.is_set():
+                            return
+                    if stop.is_set():
+                        return
+                    yield task
+
             self._started()
-            results = pool.imap_unordered(_shard_task, tasks)
+            results = pool.imap_unordered(_shard_task, fed())
             while True:
                 try:
                     index, stats = results.next(timeout=POLL_S)
@@ -411,6 +429,7 @@ class Run:
                 except StopIteration:
                     break
                 else:
+                    slots.release()
                     self._shard_done(index, stats)
                 self.docs, self.bytes, self.disk = (c.value for c in counters)
                 self._report(self.docs, self.bytes, self.disk)
