@@ -250,6 +250,29 @@ def _shard_chunks(shard: Shard, xz_spans: bool, max_bytes: int) -> Iterator[_Chu
         yield _Chunk(shard.index, shard.path, 0, 0, b"", None, shard.size)
 
 
+END_S = 60.0
+"""Seconds a stopped run's workers get to finish the few tasks they hold before they are killed."""
+
+
+def _end_pool(pool, failure: type[BaseException] | None) -> bool:
+    """End a pool its run is done with. Its feeders hand out no further task by now (their stop events are set),
+    so the workers finish what they hold and exit: Pool.terminate alone kills them, and one killed while writing
+    its result holds the result queue's lock for ever, which hangs terminate's own join (seen under load when a
+    run refused a bomb). Killed only after END_S, or at once on Ctrl-C (the workers got the SIGINT too)."""
+    import threading
+
+    pool.close()
+    if failure is not None and issubclass(failure, KeyboardInterrupt):
+        pool.terminate()
+        return False
+    ending = threading.Thread(target=pool.join, name="bsops-pool-end", daemon=True)
+    ending.start()
+    ending.join(END_S if failure is not None else None)
+    if ending.is_alive():
+        pool.terminate()
+    return False
+
+
 class Run:
     """One run's state in the main process: finished shards, the merge in input order, progress."""
 
@@ -371,10 +394,10 @@ class Run:
         # process (gc.freeze's own use case).
         gc.freeze()
         try:
-            pool = stack.enter_context(multiprocessing.get_context(method).Pool(workers, _init_worker, init_args))
+            pool = multiprocessing.get_context(method).Pool(workers, _init_worker, init_args)
         finally:
             gc.unfreeze()
-        stack.callback(pool.terminate)
+        stack.push(lambda kind, error, trace: _end_pool(pool, kind))
         return pool
 
     def in_workers(self, pending: list[Shard], workers: int, settings: EncodeSettings) -> None:
