@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from bigscience_ops import render as rendering
+from bigscience_ops.data.preflight import DataCheck, check_data
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.node_schedule import Phase
 from bigscience_ops.plan import Plan, make_plan
@@ -117,6 +118,8 @@ class LaunchPlan:
     record_dir: Path
     """Where the job script, experiment.json and ds_config.json go."""
     rendered: rendering.Rendered
+    data: DataCheck | None = None
+    """The data's pre-flight checks (data/preflight.py): notes and warnings to show; it holds no refusing error."""
 
     @property
     def iteration(self) -> int:
@@ -131,7 +134,9 @@ def build_launch_plan(exp: Experiment, options: LaunchOptions = LaunchOptions(),
                       schedule: RunSchedule | None = None) -> LaunchPlan:
     """The launch of `exp` with `options`, its job rendered for `record_dir` (default: the run folder).
 
-    Raises KillSwitchOn, PlanError, or site_values.IncompleteExperiment (unless options.allow_incomplete).
+    Raises KillSwitchOn, PlanError, site_values.IncompleteExperiment (unless options.allow_incomplete), or
+    preflight.DataRefused when the data would fail the run (a missing file, token ids beyond the vocabulary,
+    another tokenizer): all before anything is written.
     `schedule`: the run schedule computed already (a local launch's next task), else computed here.
     """
     if options.job not in JOBS:
@@ -150,9 +155,13 @@ def build_launch_plan(exp: Experiment, options: LaunchOptions = LaunchOptions(),
         raise PlanError(plan.errors)
     site = None if options.job == "resubmission" else check_complete(
         launched, slurm_job=options.job == "slurm", allow_incomplete=options.allow_incomplete)
+    data = check_data(launched, plan.dataset_sizes[0])
+    refusal = data.refusal()
+    if refusal is not None:
+        raise refusal
     record_dir = Path(record_dir) if record_dir is not None else Path(launched.paths.output)
     return LaunchPlan(launched, schedule, plan, records, phase, site, record_dir,
-                      rendering.render(launched, record_dir, plan))
+                      rendering.render(launched, record_dir, plan), data)
 
 
 # ----------------------------------------------------------------------------- carrying it out

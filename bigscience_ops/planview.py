@@ -9,6 +9,7 @@ import yaml
 
 from bigscience_ops.config import to_dict
 
+from bigscience_ops.data.preflight import DataCheck
 from bigscience_ops.schema import Experiment
 from bigscience_ops.plan import Plan
 from bigscience_ops.sizing import GB, TRAIN_BYTES
@@ -56,11 +57,24 @@ def plan_data(plan: Plan) -> dict[str, Any]:
     return data
 
 
+def data_check_data(data: DataCheck) -> dict[str, Any]:
+    """The pre-flight checks for `plan --json`: each blend entry, the errors (refusing or not), warnings and notes."""
+    entries = []
+    for entry in data.entries:
+        shown = dataclasses.asdict(entry)
+        shown["max_id"] = dataclasses.asdict(entry.max_id) if entry.max_id is not None else None
+        entries.append(shown)
+    return {"entries": entries, "refused": bool(data.refusing),
+            "errors": [{"kind": type(e).__name__, "field": e.field, "path": e.path, "text": str(e)} for e in data.errors],
+            "warnings": list(data.warnings), "notes": list(data.notes)}
+
+
 def _whole(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-def plan_text(plan: Plan, exp: Experiment) -> str:
+def plan_text(plan: Plan, exp: Experiment, data: DataCheck | None = None) -> str:
+    """The plan as `bsops plan` prints it; `data`: the data's pre-flight checks (a section, and their problems)."""
     m, p, b = exp.model, exp.parallel, exp.batch
     lines = [f"plan for {plan.name}: {exp.description}".rstrip(": "), ""]
     add = lines.append
@@ -170,14 +184,23 @@ def plan_text(plan: Plan, exp: Experiment) -> str:
                 f"{ph.samples:>17,} {_b(ph.tokens):>11} {_duration(ph.days):>11}   {', '.join(map(str, sizes))}")
         add(f"  {'total':>6} {'':>7} {'':>7} {'':>6} {plan.train_iters:>14} {plan.train_samples:>17,} "
             f"{_b(plan.tokens):>11} {_duration(plan.days):>11}")
-    if plan.notes:
+    if data is not None and data.entries:
+        add("")
+        add("data (pre-flight checks: files, largest token id, tokenizer, epochs)")
+        lines.extend(f"  {entry.line(m.seq_length)}" for entry in data.entries)
+    notes = plan.notes + (data.notes if data is not None else [])
+    if notes:
         add("")
         add("notes")
-        lines.extend(f"  - {n}" for n in plan.notes)
-    if plan.problems:
+        lines.extend(f"  - {n}" for n in notes)
+    problems = [f"{pr.severity}: {pr}" for pr in plan.problems]
+    if data is not None:
+        problems += [f"{'error' if data.refusing else 'warning'}: {e}" for e in data.errors]
+        problems += [f"warning: {w}" for w in data.warnings]
+    if problems:
         add("")
         add("problems")
-        lines.extend(f"  - {pr.severity}: {pr}" for pr in plan.problems)
+        lines.extend(f"  - {pr}" for pr in problems)
     return "\n".join(lines) + "\n"
 
 

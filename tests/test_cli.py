@@ -21,16 +21,18 @@ def test_light_commands_import_neither_torch_nor_deepspeed(tmp_path: Path) -> No
 import sys
 from click.testing import CliRunner
 from bigscience_ops.cli import main
-for args in (["--help"], ["list"], ["show", "tr1-13B"], ["plan", "tr8-104B"], ["plan", "tiny", "--json"],
-             ["render", "tr1-13B", "--out", {str(tmp_path)!r}]):
+for args in (["--help"], ["list"], ["show", "tr1-13B"], ["plan", "tr8-104B"],
+             ["render", "tr1-13B", "--out", {str(tmp_path)!r}], ["plan", "tiny", "--json"]):
+    if args[:2] == ["plan", "tiny"]:  # the data's pre-flight check reads tiny's dataset with numpy, and only that
+        print(sorted(m for m in ("numpy",) if m in sys.modules))
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, (args, result.output)
-heavy = sorted(m for m in ("torch", "deepspeed", "triton", "transformers", "numpy") if m in sys.modules)
+heavy = sorted(m for m in ("torch", "deepspeed", "triton", "transformers") if m in sys.modules)
 print(heavy)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.split() == ["[]", "[]"]
 
 
 def test_plan_json_has_the_numbers() -> None:

@@ -60,6 +60,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.hub_remote",
         "bigscience_ops.rollbacks",
         "bigscience_ops.data",
+        "bigscience_ops.data.preflight",  # the data's pre-flight checks: reads data and the schema, never a run folder
     ]),
     ("config loader: an experiment found, read from its file and bases, and checked across fields", [
         "bigscience_ops.experiment_files",
@@ -76,6 +77,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.ledger",
         "bigscience_ops.run_records",
         "bigscience_ops.run_lock",
+        "bigscience_ops.runs_index",  # the user's index of the runs they launched (each launch appends)
     ]),
     ("plan and render: a run checked and written as a job", [
         "bigscience_ops.plan",
@@ -92,6 +94,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     ("views: a run read back as it recorded itself", [
         "bigscience_ops.views",
+        "bigscience_ops.run_ref",  # a run named by its experiment or folder, read as its record says
     ]),
     ("cli: parse, call one library function, print", [
         "bigscience_ops.cli",

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
 from bigscience_ops.cli.base import (
+    EXIT_ERROR,
     EXIT_PROBLEMS,
     TEXT,
     SafePath,
@@ -21,6 +24,7 @@ from bigscience_ops.cli.base import (
     verbose_option,
 )
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.redact import scrub
 
 allow_incomplete_option = click.option(
     "--allow-incomplete", is_flag=True,
@@ -104,6 +108,27 @@ def _todo_lines(site, path: Path | None = None) -> list[str]:
     return lines
 
 
+@contextlib.contextmanager
+def _data_checked() -> Iterator[None]:
+    """The data's pre-flight refusal (data/preflight.py) as one `error:` line per finding, naming its file."""
+    from bigscience_ops.data.preflight import DataRefused
+
+    try:
+        yield
+    except DataRefused as exc:
+        for error in exc.errors:
+            click.echo(f"error: {scrub(str(error))}", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+def _echo_data(data) -> None:
+    """The data check's warnings and notes (a launch that goes on)."""
+    for kind, lines in (("warning", data.errors + data.warnings if data is not None else []),
+                        ("note", data.notes if data is not None else [])):
+        for line in lines:
+            click.echo(f"{kind}: {scrub(str(line))}", err=True)
+
+
 def _warn_incomplete(name: str, site) -> None:
     for blank in site.blanks if site is not None else []:
         click.echo(f"warning: {name} is incomplete (--allow-incomplete): {blank.line()}", err=True)
@@ -123,30 +148,33 @@ def plan(exp: str, as_json: bool, nodes: int | None, allow_incomplete: bool, tra
     EXP does not set are listed as a to-do; exits 1 when any error is found or a value is missing
     (with --allow-incomplete only errors count).
     """
+    from bigscience_ops.data.preflight import check_data
     from bigscience_ops.experiment_files import experiment_path
     from bigscience_ops.launch_plan import Overrides, apply_overrides, as_recorded
     from bigscience_ops.plan import make_plan
-    from bigscience_ops.planview import plan_data, plan_text
+    from bigscience_ops.planview import data_check_data, plan_data, plan_text
     from bigscience_ops.site_values import missing_site_values
 
     experiment = as_recorded(load_experiment(exp, trainings_dir))  # a rolled-back run's skips included
     experiment = apply_overrides(experiment, Overrides(nodes_all_along=nodes))
     result = make_plan(experiment)
+    data = check_data(experiment, result.dataset_sizes[0])  # the data's pre-flight checks, as a launch makes them
     inherited = inherited_site_values(exp, trainings_dir)
     site = missing_site_values(experiment)
     if as_json:
         click.echo(json.dumps(plan_data(result) | {
+            "data": data_check_data(data),
             "inherited_site_values": inherited,
             "missing_site_values": [{"field": b.field, "what": b.what} for b in site.blanks],
             "cluster_not_checked": site.cluster_note}, indent=2))
     else:
-        click.echo(plan_text(result, experiment), nl=False)
+        click.echo(plan_text(result, experiment, data), nl=False)
         for lines in (_inherited_lines(exp, trainings_dir, inherited),
                       _todo_lines(site, experiment_path(exp, trainings_dir))):
             if lines:
                 click.echo("")
                 click.echo("\n".join(lines))
-    if result.errors or site.blanks and not allow_incomplete:
+    if result.errors or data.refusing or site.blanks and not allow_incomplete:
         sys.exit(EXIT_PROBLEMS)
 
 
@@ -214,8 +242,10 @@ def render(exp: str, out: Path | None, allow_incomplete: bool, trainings_dir: Pa
     echo_run_folder(exp, trainings_dir, experiment)
     out = out or Path("rendered") / experiment.name
     # What a launch would submit now: the phase of the latest checkpoint, the run's recorded skips.
-    prepared = build_launch_plan(experiment, LaunchOptions(allow_incomplete=allow_incomplete), out)
+    with _data_checked():
+        prepared = build_launch_plan(experiment, LaunchOptions(allow_incomplete=allow_incomplete), out)
     _warn_incomplete(experiment.name, prepared.site)
+    _echo_data(prepared.data)
     script = rendering.write(prepared.rendered, out)
     click.echo(f"rendered {script}")
     click.echo(f"submit with: sbatch {shlex.quote(str(script))}   (or: bsops launch {shlex.quote(exp)})")
@@ -256,9 +286,11 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
     if not local:
         from bigscience_ops import submit
 
-        launch_plan = submit.plan_launch(experiment, LaunchOptions(allow_incomplete=allow_incomplete),
-                                         after_current=after_current, dry_run=dry_run)
+        with _data_checked():
+            launch_plan = submit.plan_launch(experiment, LaunchOptions(allow_incomplete=allow_incomplete),
+                                             after_current=after_current, dry_run=dry_run)
         _warn_incomplete(experiment.name, launch_plan.site)
+        _echo_data(launch_plan.plan.data)
         for line in launch_plan.describe():
             click.echo(line)
         if launch_plan.queue.error is not None:
@@ -270,7 +302,8 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
         click.echo(f"submitted job array {job_id} ({experiment.slurm.array} tasks, one at a time)")
         click.echo(f"watch it with: bsops status {shlex.quote(exp)}    log: {Path(experiment.paths.logs) / 'main_log.txt'}")
         return
-    result = launch_local(experiment, out, tasks, progress=click.echo, allow_incomplete=allow_incomplete)
+    with _data_checked():
+        result = launch_local(experiment, out, tasks, progress=click.echo, allow_incomplete=allow_incomplete)
     for task in result.tasks:
         click.echo(f"array task {task.array_task_id}: exit {task.returncode} in {task.seconds:.0f} s ({task.output})")
     click.echo(f"run folder: {result.run_dir}")

@@ -70,7 +70,22 @@ def task_begin(experiment_json: Path) -> None:
     if failing is not None:
         _stop_crash_loop(exp, failing, task_env)
         sys.exit(EXIT_PROBLEMS)
+    refused = _data_refused(exp)
+    if refused:  # recorded as a task that began and never ended: a crash loop of them spends the failure budget
+        for line in refused:
+            click.echo(f"error: {line}")
+        click.echo(f"not training: the data would fail the run ({len(refused)} finding(s) above); fix it, then "
+                   f"`bsops launch {exp.name}`")
+        sys.exit(EXIT_PROBLEMS)
     click.echo(f"task {ledger.slurm_job_id()} begins at iteration {ledger.latest_iteration(Path(exp.paths.checkpoints))}")
+
+
+def _data_refused(exp) -> list[str]:
+    """The data's pre-flight errors (data/preflight.py) at the task's start: files gone or changed since the launch."""
+    from bigscience_ops.data.preflight import check_data
+    from bigscience_ops.plan import make_plan
+
+    return [str(e) for e in check_data(exp, make_plan(exp).dataset_sizes[0]).refusing]
 
 
 def _stop_crash_loop(exp, failing: list, task_env) -> None:

@@ -52,6 +52,7 @@ class Encoded:
     mismatch: Problem | None = None  # the cross-check's finding: the run stops
     counts: dict[str, int] = dataclasses.field(default_factory=dict)  # problems per kind, listed or not
     too_large: tuple[int, int] | None = None  # (chunk line, the maximum): a line over it; the run stops
+    max_id: dict[str, int] = dataclasses.field(default_factory=dict)  # per key, the largest token id (none: no token)
 
     @property
     def stops(self) -> bool:
@@ -68,6 +69,8 @@ class Encoded:
             self.counts[kind] = self.counts.get(kind, 0) + n
         self.lines += other.lines
         self.checked += other.checked
+        for key, high in other.max_id.items():
+            self.max_id[key] = max(high, self.max_id.get(key, high))
         if other.mismatch is not None:
             self.mismatch = dataclasses.replace(other.mismatch, line=other.mismatch.line + offset)
         if other.too_large is not None:
@@ -158,6 +161,7 @@ class Encoder:
         sizes: dict[str, np.ndarray] = {}
         empties: list[tuple[str, list[int]]] = []  # (key, the chunk lines of its empty documents)
         checked = 0
+        max_id: dict[str, int] = {}
         for key in self.keys:
             ids, lengths = self.tok.encode_batch(texts[key])
             if self.check is not None:
@@ -177,6 +181,8 @@ class Encoder:
             if self.eod is not None:
                 ids = np.insert(ids, np.cumsum(lengths), self.eod)
                 lengths = lengths + 1
+            if ids.size:  # recorded with the part: the launch's pre-flight check reads it instead of a scan
+                max_id[key] = int(ids.max())
             tokens[key] = ids.astype(self.dtype)
             sizes[key] = lengths.astype(np.int32)
         problems = listed
@@ -184,4 +190,4 @@ class Encoder:
             limit = len(lines) if unlisted_from is None else unlisted_from
             streams = [listed] + [_empty_problems(path, key, empty, limit) for key, empty in empties]
             problems = list(itertools.islice(heapq.merge(*streams, key=lambda p: p.line), LISTED_PER_CHUNK))
-        return Encoded(tokens, sizes, problems, len(lines), checked, None, counts)
+        return Encoded(tokens, sizes, problems, len(lines), checked, None, counts, max_id=max_id)

@@ -76,6 +76,7 @@ class ShardStats:
     problems: list[Problem] = dataclasses.field(default_factory=list)  # the first KEEP_PROBLEMS
     cross_checked: int = 0
     unlisted: int = 0  # problems counted but not in the problems file (over LISTED_PER_CHUNK or LISTED_PER_SHARD)
+    max_id: dict[str, int] = dataclasses.field(default_factory=dict)  # per key, the largest token id written
 
 
 def work_folder(output_prefix: str) -> Path:
@@ -204,6 +205,8 @@ class ShardSink:
                 os.unlink(tokens)
             else:
                 writer.add_documents(tokens, encoded.sizes[key])
+        for key, high in encoded.max_id.items():
+            self.stats.max_id[key] = max(high, self.stats.max_id.get(key, high))
         self.stats.lines += encoded.lines
         self.stats.bytes_in += bytes_in
 

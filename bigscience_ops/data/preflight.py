@@ -1,0 +1,373 @@
+"""The data's pre-flight checks: what a launch would find wrong with the data, found before anything is written.
+
+`check_data(exp, train_samples)` reads the experiment's inputs (never a run folder) and returns a DataCheck:
+- every blend prefix's `.bin` and `.idx` exist, are readable and describe each other (indexed.IndexedDataset);
+  the bundled corpus a launch builds when it is missing (corpus.ensure_data) is "built at launch", not an error;
+- the tokenizer's files exist (kind gpt2-bpe: vocab_file and merges_file; json: json_file);
+- the largest token id of each dataset is below the model's padded vocabulary (sizing.padded_vocab_size): from
+  the dataset's `PART.preprocess.json` record when it holds one (preprocess records it while encoding), else from
+  one scan of the `.bin` (numpy memmap in chunks: disk speed, bounded memory), kept in `PREFIX.maxid` beside the
+  `.idx` keyed by the `.bin`'s size and mtime (not kept where the folder is not writable);
+- the tokenizer the dataset was made with (the sha256 of its files, in the record) is the experiment's; a dataset
+  without a record gets a note, since its tokenizer cannot be compared;
+- how many times the run reads each blend entry's training documents (epochs, as the GPT dataset builds them:
+  gpt_dataset.py, index_mappings.num_epochs_needed); more than one is a warning: the run repeats data.
+
+Each error is a DataCheckError naming the field, the file and what is allowed, in one line. `refusal` is what
+render and launch raise (DataRefused, listing them all). A record of another team's run (`record: true`) reads
+data that lives on that team's cluster: its findings are warnings there, never a refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bigscience_ops.data.errors import DataError
+from bigscience_ops.schema import Experiment, TokenizerConfig
+from bigscience_ops.sizing import padded_vocab_size
+
+SCAN_CHUNK = 1 << 24  # token ids read at once by a scan (32-128 MiB of memory by dtype)
+CACHE_SUFFIX = ".maxid"  # PREFIX.maxid: the scan's result, beside PREFIX.idx
+CACHE_FORMAT = 1
+CACHE_MAX_BYTES = 4096  # a larger file named like a cache is not one of ours
+BUNDLED_DATASET = "tiny_text_document"  # the name corpus.ensure_data builds at launch (corpus.NAME's text key)
+
+
+# ----------------------------------------------------------------------------- errors
+
+class DataCheckError(DataError):
+    """One thing wrong with the data a run would read: the field, the file and the problem, in one line."""
+
+    def __init__(self, field: str, path: str, problem: str) -> None:
+        self.field, self.path, self.problem = field, path, problem
+        super().__init__(f"{field}: {path}: {problem}")
+
+    def __reduce__(self):
+        return type(self), (self.field, self.path, self.problem)
+
+
+class MissingDataFile(DataCheckError):
+    """A blend prefix's .bin or .idx (or the bundled corpus a launch would build it from) does not exist."""
+
+
+class UnreadableDataFile(DataCheckError):
+    """A dataset file exists but cannot be read, or the .bin and .idx do not describe each other."""
+
+
+class MissingTokenizerFile(DataCheckError):
+    """A file of data.tokenizer does not exist or cannot be read."""
+
+
+class TokenIdBeyondVocab(DataCheckError):
+    """A dataset holds a token id the model has no embedding row for."""
+
+
+class OtherTokenizer(DataCheckError):
+    """A dataset's record says it was made with other tokenizer files than the experiment's."""
+
+
+class NoTrainingData(DataCheckError):
+    """data.split leaves a dataset no training documents, or they hold too few tokens for a sample."""
+
+
+class DataRefused(DataError):
+    """The data checks found errors: render and launch refuse, and nothing is written."""
+
+    def __init__(self, errors: list[DataCheckError]) -> None:
+        self.errors = list(errors)
+        super().__init__("; ".join(str(e) for e in self.errors))
+
+
+# ----------------------------------------------------------------------------- results
+
+@dataclass(frozen=True)
+class MaxId:
+    value: int | None  # None: the dataset holds no token
+    source: str  # "record" (PATH), "cache" (PATH), "scan" or "scan, not cached: why"
+
+
+@dataclass(frozen=True)
+class BlendEntry:
+    """One blend entry as the run would read it."""
+
+    index: int
+    prefix: str
+    state: str  # "ready", "built at launch" or "missing"
+    documents: int = 0
+    train_documents: int = 0
+    train_tokens: int = 0
+    samples: int = 0  # training samples the run asks of this entry (a blend asks 0.5% over its share)
+    epochs: float = 0.0  # how many times those samples read the training documents
+    index_epochs: int = 0  # the whole epochs the dataset's index is built of (Megatron's num_epochs)
+    max_id: MaxId | None = None
+
+    def line(self, seq_length: int) -> str:
+        """The plan's line for this entry."""
+        head = f"data.blend[{self.index}] {self.prefix}"
+        if self.state != "ready":
+            return f"{head}: {self.state}"
+        return (f"{head}: {self.train_documents:,} of {self.documents:,} documents for training, "
+                f"{self.train_tokens:,} tokens; {self.samples:,} samples x {seq_length} tokens read them "
+                f"{self.epochs:.2f} times ({self.index_epochs} epoch(s) in the index)")
+
+
+@dataclass(frozen=True)
+class DataCheck:
+    entries: list[BlendEntry] = field(default_factory=list)
+    errors: list[DataCheckError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    record: bool = False  # the experiment is a record of another team's run: errors do not refuse
+
+    @property
+    def refusing(self) -> list[DataCheckError]:
+        """The errors that refuse a launch (none for a record)."""
+        return [] if self.record else self.errors
+
+    def refusal(self) -> DataRefused | None:
+        return DataRefused(self.refusing) if self.refusing else None
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+def tokenizer_files(tok: TokenizerConfig) -> list[tuple[str, str | None]]:
+    """(field, path) of each file the tokenizer kind reads."""
+    if tok.kind == "gpt2-bpe":
+        return [("data.tokenizer.vocab_file", tok.vocab_file), ("data.tokenizer.merges_file", tok.merges_file)]
+    return [("data.tokenizer.json_file", tok.json_file)]
+
+
+def _readable(path: Path) -> str | None:
+    """Why `path` is not a readable regular file, or None."""
+    try:
+        if not path.exists():
+            return "does not exist"
+        if not path.is_file():
+            return "is not a regular file"
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    return None
+
+
+def _check_tokenizer(tok: TokenizerConfig) -> tuple[list[DataCheckError], list[str] | None]:
+    """The tokenizer's missing files, and the sha256 of its files when all are there (as preprocess records them)."""
+    errors: list[DataCheckError] = []
+    for name, path in tokenizer_files(tok):
+        if path is None:  # a blank site value: the site check's to report
+            return errors, None
+        why = _readable(Path(path))
+        if why is not None:
+            allowed = ("kind gpt2-bpe reads vocab_file and merges_file" if tok.kind == "gpt2-bpe"
+                       else "kind json reads json_file")
+            errors.append(MissingTokenizerFile(name, path, f"{why}; {allowed}: give the path of an existing file"))
+    if errors:
+        return errors, None
+    from bigscience_ops.data.tokenizer_cache import _sha256_file
+
+    return errors, [_sha256_file(path) for _, path in tokenizer_files(tok)]
+
+
+def _recorded_tokenizer(settings: dict) -> str:
+    return f"{settings.get('kind')} files sha256 {', '.join(str(h)[:12] for h in settings.get('tokenizer', []))}"
+
+
+# ----------------------------------------------------------------------------- largest token id
+
+def cache_path(prefix: str) -> Path:
+    return Path(f"{prefix}{CACHE_SUFFIX}")
+
+
+def _record_key(prefix: str, record: dict) -> str | None:
+    keys = record.get("settings", {}).get("keys", [])
+    found = [k for k in keys if isinstance(k, str) and prefix.endswith(f"_{k}_document")]
+    return max(found, key=len) if found else None
+
+
+def _from_record(prefix: str, record: dict | None) -> int | None | bool:
+    """The record's largest id of this dataset; False when the record does not hold one."""
+    if record is None:
+        return False
+    key = _record_key(prefix, record)
+    value = record.get("stats", {}).get("max_id", {}).get(key) if key is not None else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value >= 0 else None
+    return False
+
+
+def _read_cache(path: Path, size: int, mtime_ns: int) -> int | None | bool:
+    """The cached largest id when the cache describes this very .bin; False otherwise."""
+    try:
+        if not path.is_file() or path.stat().st_size > CACHE_MAX_BYTES:
+            return False
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if (isinstance(data, dict) and data.get("format") == CACHE_FORMAT and data.get("bin_bytes") == size
+                and data.get("bin_mtime_ns") == mtime_ns):
+            value = data.get("max_id")
+            if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                return value
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def scan_max_id(bin_file: Path, dtype) -> int | None:
+    """The largest token id in a .bin of `dtype` tokens, read in chunks of SCAN_CHUNK ids; None when empty."""
+    import numpy as np
+
+    size = bin_file.stat().st_size
+    count = size // np.dtype(dtype).itemsize
+    if count == 0:
+        return None
+    tokens = np.memmap(bin_file, mode="r", dtype=dtype, shape=(count,))
+    try:
+        best = None
+        for start in range(0, count, SCAN_CHUNK):
+            high = int(tokens[start:start + SCAN_CHUNK].max())
+            best = high if best is None else max(best, high)
+        return best
+    finally:
+        del tokens
+
+
+def max_token_id(prefix: str, dtype, record: dict | None = None) -> MaxId:
+    """The dataset's largest token id: the record's, else the cache's, else a scan (cached when the folder allows)."""
+    recorded = _from_record(prefix, record)
+    if recorded is not False:
+        return MaxId(recorded, "record")
+    bin_file = Path(f"{prefix}.bin")
+    st = bin_file.stat()
+    cache = cache_path(prefix)
+    cached = _read_cache(cache, st.st_size, st.st_mtime_ns)
+    if cached is not False:
+        return MaxId(cached, f"cache {cache}")
+    value = scan_max_id(bin_file, dtype)
+    tmp = Path(f"{cache}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "bin_bytes": st.st_size, "bin_mtime_ns": st.st_mtime_ns,
+                                   "max_id": value}), encoding="utf-8")
+        os.replace(tmp, cache)
+    except OSError as exc:  # a read-only data folder: the scan is not kept
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return MaxId(value, f"scan, not cached ({exc.strerror or exc})")
+    return MaxId(value, "scan")
+
+
+# ----------------------------------------------------------------------------- the checks
+
+def _bundled_build(prefix: Path) -> tuple[bool, list[Path]]:
+    """Whether a launch builds `prefix` from the bundled corpus (corpus.ensure_data's rule, by the name alone), and
+    its missing sources."""
+    if prefix.name != BUNDLED_DATASET:
+        return False, []
+    from bigscience_ops.data import corpus  # numpy and the preprocess pipeline: only for the bundled corpus
+
+    return True, [f for f in (corpus.CORPUS_FILE, corpus.TOKENIZER_FILE) if not f.is_file()]
+
+
+def _epochs(entry: BlendEntry, sizes, split: str, samples: int, seq_length: int) -> BlendEntry | DataCheckError:
+    from bigscience_ops.data.gpt_dataset import split_boundaries
+    from bigscience_ops.data.index_mappings import num_epochs_needed
+
+    first, end = split_boundaries(split, len(sizes))[:2]
+    tokens = int(sizes[first:end].sum(dtype="int64"))
+    field = f"data.blend[{entry.index}].prefix"
+    if end <= first or tokens <= 1:
+        return NoTrainingData(field, entry.prefix, f"data.split {split!r} leaves {end - first} training documents "
+                                                   f"({tokens} tokens) of {len(sizes)}; a sample needs at least 2 "
+                                                   "tokens: use more data or another split")
+    return BlendEntry(entry.index, entry.prefix, "ready", len(sizes), end - first, tokens, samples,
+                      (samples * seq_length + 1) / tokens, num_epochs_needed(tokens, seq_length, samples))
+
+
+def check_data(exp: Experiment, train_samples: int) -> DataCheck:
+    """The pre-flight checks of `exp`'s data for a run of `train_samples` training samples (the module docstring)."""
+    errors: list[DataCheckError] = []
+    warnings: list[str] = []
+    notes: list[str] = []
+    entries: list[BlendEntry] = []
+    tok_errors, tok_hashes = _check_tokenizer(exp.data.tokenizer)
+    errors += tok_errors
+    m, p = exp.model, exp.parallel
+    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, p.tensor)
+    blend = exp.data.blend
+    total_weight = sum(s.weight for s in blend)
+    for i, source in enumerate(blend):
+        field = f"data.blend[{i}].prefix"
+        prefix = source.prefix
+        samples = train_samples if len(blend) == 1 else math.ceil(train_samples * source.weight / total_weight * 1.005)
+        files = [Path(f"{prefix}.bin"), Path(f"{prefix}.idx")]
+        missing = [f for f in files if not f.exists()]
+        if missing:
+            bundled, sources = _bundled_build(Path(prefix))
+            if bundled and not sources:
+                entries.append(BlendEntry(i, prefix, "built at launch from the bundled corpus"))
+                notes.append(f"{field}: {prefix}.bin/.idx will be built at launch from the bundled corpus")
+                continue
+            for f in sources or missing:
+                what = "a bundled corpus file the launch builds the dataset from" if sources else "an indexed dataset"
+                errors.append(MissingDataFile(field, str(f), f"does not exist; {what} needs it "
+                                                             "(bsops preprocess writes PREFIX.bin and PREFIX.idx)"))
+            entries.append(BlendEntry(i, prefix, "missing"))
+            continue
+        unreadable = [(f, why) for f in files if (why := _readable(f)) is not None]
+        if unreadable:
+            errors += [UnreadableDataFile(field, str(f), f"{why}; the run reads it") for f, why in unreadable]
+            entries.append(BlendEntry(i, prefix, "missing"))
+            continue
+        from bigscience_ops.data.errors import DataFormatError
+        from bigscience_ops.data.indexed import IndexedDataset
+        from bigscience_ops.data.shards import dataset_record
+
+        try:
+            indexed = IndexedDataset(prefix)
+        except (DataFormatError, OSError, ValueError) as exc:
+            errors.append(UnreadableDataFile(field, f"{prefix}.idx", f"not a dataset the run can read: {exc}"))
+            entries.append(BlendEntry(i, prefix, "missing"))
+            continue
+        counted = _epochs(BlendEntry(i, prefix, "ready"), indexed.sizes, exp.data.split, samples, m.seq_length)
+        if isinstance(counted, DataCheckError):
+            errors.append(counted)
+            counted = BlendEntry(i, prefix, "ready", len(indexed.sizes))
+        record = dataset_record(prefix)
+        try:
+            high = max_token_id(prefix, indexed.dtype, record)
+        except OSError as exc:
+            errors.append(UnreadableDataFile(field, f"{prefix}.bin", f"cannot be read ({exc.strerror or exc})"))
+            high = None
+        entries.append(BlendEntry(**{**counted.__dict__, "max_id": high}))
+        del indexed
+        if high is not None and high.value is not None and high.value >= vocab:
+            where = "its preprocess record" if high.source == "record" else "a scan of the file"
+            errors.append(TokenIdBeyondVocab(
+                field, f"{prefix}.bin", f"holds token id {high.value} ({where}); the model's vocabulary is "
+                f"model.vocab_size {m.vocab_size} padded to {vocab} (make_vocab_size_divisible_by "
+                f"{m.make_vocab_size_divisible_by} x TP {p.tensor}): ids must be below {vocab}. Preprocess the data "
+                f"with the experiment's tokenizer, or set model.vocab_size to at least {high.value + 1}"))
+        if record is None:
+            notes.append(f"{field}: {prefix} has no preprocess record: the tokenizer it was made with is not known, "
+                         "so it was not compared with data.tokenizer")
+        elif tok_hashes is not None:
+            settings = record.get("settings", {})
+            if settings.get("kind") != exp.data.tokenizer.kind or settings.get("tokenizer") != tok_hashes:
+                ours = f"{exp.data.tokenizer.kind} files sha256 {', '.join(h[:12] for h in tok_hashes)}"
+                errors.append(OtherTokenizer(
+                    field, f"{prefix}.bin", f"was made with another tokenizer: its record names "
+                    f"{_recorded_tokenizer(settings)}, data.tokenizer is {ours} "
+                    f"({', '.join(str(path) for _, path in tokenizer_files(exp.data.tokenizer))}); preprocess the "
+                    "data again with data.tokenizer, or set data.tokenizer to the files it was made with"))
+        if counted.epochs > 1:
+            warnings.append(f"{field}: the run reads {prefix}'s {counted.train_tokens:,} training tokens "
+                            f"{counted.epochs:.2f} times: samples repeat (more data, or fewer train.samples)")
+    if exp.record and errors:
+        notes.append(f"{exp.name} is a record of another team's run: its data is on that team's cluster, so what "
+                     "is missing here is shown, not refused")
+    return DataCheck(entries, errors, warnings, notes, exp.record)

@@ -1,0 +1,184 @@
+"""The data's pre-flight checks (data/preflight.py) on real datasets, and `plan` / `launch --dry-run` refusing them.
+
+Each dataset is written by the project's own writer (indexed.IndexedDatasetWriter) or by preprocess on a few
+lines with the bundled tokenizer; each experiment is `base: tiny` (vocabulary 8192) in the test's trainings
+folder. A refusal is one `error:` line naming the file, and nothing is written: the folders are listed before
+and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from bigscience_ops.cli import main
+from bigscience_ops.config import load_experiment
+from bigscience_ops.data import preflight
+from bigscience_ops.data.corpus import bundled_tokenizer
+from bigscience_ops.data.preprocess import preprocess
+from bigscience_ops.plan import make_plan
+from tests.fixtures_data import write_indexed
+from tests.fixtures_experiments import tiny_yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER = REPO / "corpus" / "tokenizer.json"
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def experiment(trainings: Path, tmp_path: Path, prefix: str, tokenizer: Path = TOKENIZER) -> str:
+    """A `base: tiny` experiment `x` reading `prefix` with the json tokenizer `tokenizer`; its run under tmp_path."""
+    data = f"data: {{blend: [{{prefix: {json.dumps(prefix)}}}], tokenizer: {{kind: json, json_file: {json.dumps(str(tokenizer))}}}}}\n"
+    (trainings / "x.yaml").write_text(tiny_yaml(tmp_path / "runs" / "x", data))
+    return "x"
+
+
+def listing(*folders: Path) -> list[str]:
+    return sorted(str(p) for folder in folders for p in folder.rglob("*"))
+
+
+def refused_by_plan_and_dry_run(trainings: Path, tmp_path: Path, path: str, kind: type) -> None:
+    """`plan` exits 1 and `launch --dry-run` 2, each with one error line naming `path`; nothing is written."""
+    before = listing(tmp_path, Path.cwd())
+    planned = run("plan", "x", "--trainings-dir", str(trainings))
+    assert planned.exit_code == 1
+    assert len([line for line in planned.output.splitlines() if line.startswith("  - error:") and path in line]) == 1
+    as_json = json.loads(run("plan", "x", "--json", "--trainings-dir", str(trainings)).stdout)
+    assert as_json["data"]["refused"] and [e["kind"] for e in as_json["data"]["errors"]] == [kind.__name__]
+    assert as_json["data"]["errors"][0]["path"] == path
+    dry = run("launch", "x", "--dry-run", "--trainings-dir", str(trainings))
+    assert dry.exit_code == 2
+    errors = [line for line in dry.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and path in errors[0]
+    assert "dry run" not in dry.stdout
+    assert listing(tmp_path, Path.cwd()) == before
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ids_beyond_the_padded_vocabulary_are_refused(trainings: Path, tmp_path: Path) -> None:
+    prefix = write_indexed(tmp_path / "data" / "gpt2_text_document", [[464, 3290, 50256], [11, 50256]] * 50)
+    experiment(trainings, tmp_path, prefix)
+    run("plan", "x", "--trainings-dir", str(trainings))  # the first scan keeps its result beside the .idx
+    refused_by_plan_and_dry_run(trainings, tmp_path, f"{prefix}.bin", preflight.TokenIdBeyondVocab)
+
+
+def test_a_missing_tokenizer_file_is_refused(trainings: Path, tmp_path: Path) -> None:
+    prefix = write_indexed(tmp_path / "data" / "ok_text_document", [[5, 6, 7, 0]] * 100)
+    experiment(trainings, tmp_path, prefix, tmp_path / "no-such-tokenizer.json")
+    run("plan", "x", "--trainings-dir", str(trainings))
+    refused_by_plan_and_dry_run(trainings, tmp_path, str(tmp_path / "no-such-tokenizer.json"),
+                                preflight.MissingTokenizerFile)
+
+
+def test_a_missing_bin_is_refused(trainings: Path, tmp_path: Path) -> None:
+    prefix = write_indexed(tmp_path / "data" / "ok_text_document", [[5, 6, 7, 0]] * 100)
+    os.unlink(f"{prefix}.bin")
+    experiment(trainings, tmp_path, prefix)
+    refused_by_plan_and_dry_run(trainings, tmp_path, f"{prefix}.bin", preflight.MissingDataFile)
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> str:
+    """A dataset preprocessed with the bundled tokenizer, with its record (one part per input)."""
+    lines = [{"text": "In the beginning God created the heaven and the earth."},
+             {"text": "And the earth was without form, and void; and darkness was upon the face of the deep."}]
+    source = tmp_path / "genesis.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines * 20))
+    result = preprocess([source], str(tmp_path / "data" / "gen"), bundled_tokenizer(), ("text",), output_per_input=True)
+    return f"{result.shard_outputs[0]}_text_document"
+
+
+def test_a_dataset_made_with_another_tokenizer_is_refused(trainings: Path, tmp_path: Path, recorded: str) -> None:
+    other = tmp_path / "other-tokenizer.json"  # the same vocabulary, another file: its sha256 differs
+    other.write_bytes(TOKENIZER.read_bytes() + b"\n")
+    experiment(trainings, tmp_path, recorded, other)
+    refused_by_plan_and_dry_run(trainings, tmp_path, f"{recorded}.bin", preflight.OtherTokenizer)
+
+
+def test_a_recorded_dataset_gives_its_largest_id_without_a_scan(trainings: Path, tmp_path: Path,
+                                                                recorded: str) -> None:
+    record = json.loads(Path(f"{recorded[:-len('_text_document')]}.preprocess.json").read_text())
+    tokens = np.fromfile(f"{recorded}.bin", dtype=np.uint16)
+    assert record["stats"]["max_id"] == {"text": int(tokens.max())}  # preprocess records it while encoding
+    exp = load_experiment(experiment(trainings, tmp_path, recorded), trainings)
+    check = preflight.check_data(exp, make_plan(exp).dataset_sizes[0])
+    assert check.errors == [] and check.entries[0].max_id == preflight.MaxId(int(tokens.max()), "record")
+    assert not preflight.cache_path(recorded).exists()
+
+
+def test_the_scan_is_cached_and_done_again_when_the_bin_changes(tmp_path: Path) -> None:
+    prefix = write_indexed(tmp_path / "d_text_document", [[1, 2, 3], [700, 4]])
+    first = preflight.max_token_id(prefix, np.uint16)
+    assert first == preflight.MaxId(700, "scan") and preflight.cache_path(prefix).is_file()
+    assert preflight.max_token_id(prefix, np.uint16) == preflight.MaxId(700, f"cache {preflight.cache_path(prefix)}")
+    write_indexed(tmp_path / "d_text_document", [[1, 2, 3], [900, 4, 5]])  # another size: the cache is stale
+    assert preflight.max_token_id(prefix, np.uint16) == preflight.MaxId(900, "scan")
+    tokens = np.fromfile(f"{prefix}.bin", dtype=np.uint16)
+    tokens[0] = 901  # the same size, a later mtime
+    tokens.tofile(f"{prefix}.bin")
+    os.utime(f"{prefix}.bin", ns=(os.stat(f"{prefix}.bin").st_atime_ns, os.stat(f"{prefix}.bin").st_mtime_ns + 10**9))
+    assert preflight.max_token_id(prefix, np.uint16) == preflight.MaxId(901, "scan")
+
+
+def test_a_scan_reads_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(preflight, "SCAN_CHUNK", 7)
+    docs = [list(range(i, i + 5)) for i in range(0, 60, 5)] + [[12345, 3]]
+    prefix = write_indexed(tmp_path / "c_text_document", docs)
+    assert preflight.scan_max_id(Path(f"{prefix}.bin"), np.uint16) == 12345
+    empty = write_indexed(tmp_path / "e_text_document", [])
+    assert preflight.scan_max_id(Path(f"{empty}.bin"), np.uint16) is None
+
+
+def test_the_plan_shows_the_epochs_and_warns_when_data_repeats(trainings: Path, tmp_path: Path) -> None:
+    prefix = write_indexed(tmp_path / "data" / "small_text_document", [[5, 6, 7, 8, 9, 0]] * 1000)
+    exp = load_experiment(experiment(trainings, tmp_path, prefix), trainings)
+    samples = make_plan(exp).dataset_sizes[0]
+    check = preflight.check_data(exp, samples)
+    entry = check.entries[0]
+    assert check.errors == [] and entry.documents == 1000 and entry.train_documents == 949
+    assert entry.train_tokens == 949 * 6 and entry.samples == samples == 3200
+    assert entry.epochs == pytest.approx((3200 * 128 + 1) / (949 * 6)) and entry.index_epochs == 72
+    assert len(check.warnings) == 1 and prefix in check.warnings[0]
+    planned = run("plan", "x", "--trainings-dir", str(trainings))
+    assert planned.exit_code == 0
+    assert f"  {entry.line(128)}" in planned.output.splitlines()
+    assert any(line.startswith("  - warning: data.blend[0].prefix") for line in planned.output.splitlines())
+
+
+def test_the_bundled_corpus_is_built_at_launch_not_refused(trainings: Path, tmp_path: Path) -> None:
+    prefix = str(tmp_path / "build" / "tiny_text_document")
+    exp = load_experiment(experiment(trainings, tmp_path, prefix), trainings)
+    check = preflight.check_data(exp, 3200)
+    assert check.errors == [] and check.entries[0].state.startswith("built at launch")
+    assert run("plan", "x", "--trainings-dir", str(trainings)).exit_code == 0
+    assert not (tmp_path / "build").exists()
+
+
+def test_a_record_of_another_teams_run_is_shown_not_refused() -> None:
+    exp = load_experiment("tr1-13B")
+    check = preflight.check_data(exp, make_plan(exp).dataset_sizes[0])
+    assert {type(e) for e in check.errors} == {preflight.MissingDataFile, preflight.MissingTokenizerFile}
+    assert check.refusing == [] and check.refusal() is None
+
+
+def test_task_begin_refuses_data_gone_since_the_launch(trainings: Path, tmp_path: Path) -> None:
+    """The job script's `bsops task begin` checks the data again: a .bin removed after the launch stops the task."""
+    prefix = write_indexed(tmp_path / "data" / "ok_text_document", [[5, 6, 7, 0]] * 100)
+    experiment(trainings, tmp_path, prefix)
+    rendered = run("render", "x", "--out", str(tmp_path / "rendered"), "--trainings-dir", str(trainings))
+    assert rendered.exit_code == 0, rendered.output
+    os.unlink(f"{prefix}.bin")
+    begun = run("task", "begin", "--experiment", str(tmp_path / "rendered" / "experiment.json"))
+    assert begun.exit_code == 1
+    assert [line for line in begun.output.splitlines() if line.startswith("error:")] == [
+        f"error: data.blend[0].prefix: {prefix}.bin: does not exist; an indexed dataset needs it (bsops preprocess "
+        "writes PREFIX.bin and PREFIX.idx)"]
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
