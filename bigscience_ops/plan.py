@@ -16,10 +16,11 @@ from bigscience_ops.node_schedule import Phase
 from bigscience_ops.run_schedule import RunSchedule, SkipSpan, run_schedule
 from bigscience_ops.schedules import Increment
 from bigscience_ops.schema import Experiment
-from bigscience_ops.sizing import GIB, Memory, ParamCount, RunSize, Storage, size_run
+from bigscience_ops.sizing import GIB, Memory, ParamCount, RunSize, Storage, saved_steps, size_run
 from bigscience_ops.slurm import parse_time_limit
 
 NEAR_LIMIT = 0.85  # above this share of a GPU's memory the plan warns: CUDA context, NCCL buffers, fragmentation
+OVER_BUDGET = 1.25  # above this multiple of estimate.budget_days / budget_storage_tb the plan warns
 
 
 # ----------------------------------------------------------------------------- node phases
@@ -35,8 +36,8 @@ class PhasePlan:
     last_step: int  # first_step - 1 when the training ends before the phase starts
     samples: int
     tokens: int
-    days: float
-    days_seed_rounded: float
+    days: float | None  # None on CPU: no time estimate
+    days_seed_rounded: float | None
     batch_sizes: tuple[int, ...]  # every global batch size of the phase's steps
 
     @property
@@ -86,8 +87,8 @@ class Plan:
     warmup_steps: int
     decay_samples: int
     decay_steps: int
-    days: float
-    days_seed_rounded: float
+    days: float | None  # at estimate.tflops_per_gpu; None on CPU (the TFLOPs assumption is a GPU's)
+    days_seed_rounded: float | None
     phases: list[PhasePlan]  # one per slurm.node_schedule phase (one without a schedule): steps, tokens, days
     nodes_during_rampup: list[int]
     nodes_after_rampup: list[int]
@@ -214,6 +215,22 @@ def _check_memory(exp: Experiment, mem: Memory) -> list[Problem]:
     return []
 
 
+def _check_budget(exp: Experiment, days: float | None, storage: Storage) -> list[Problem]:
+    """A warning where the estimated days or the checkpoints left on scratch are far beyond the experiment's budget."""
+    est, problems = exp.estimate, []
+    if est.budget_days is not None and days is not None and days > OVER_BUDGET * est.budget_days:
+        problems.append(Problem("estimate.budget_days", est.budget_days,
+                                f"the plan estimates {days:.1f} days at {est.tflops_per_gpu:g} TFLOPs/GPU, "
+                                f"{days / est.budget_days:.1f}x the budget", "warning"))
+    tb = storage.scratch / 1e12
+    if est.budget_storage_tb is not None and tb > OVER_BUDGET * est.budget_storage_tb:
+        problems.append(Problem("estimate.budget_storage_tb", est.budget_storage_tb,
+                                f"the checkpoints left on scratch fill {tb:.1f} TB, {tb / est.budget_storage_tb:.1f}x "
+                                "the budget; backup.keep_last / keep_every, or a longer save_interval, keep fewer",
+                                "warning"))
+    return problems
+
+
 def _notes(run: RunSchedule) -> list[str]:
     notes = []
     schedule, warmup_samples, warmup_steps = run.batch, run.warmup_samples, run.warmup_steps
@@ -238,6 +255,19 @@ def _notes(run: RunSchedule) -> list[str]:
     return notes
 
 
+def _exit_stops(exit_interval: int | None, first: int, last: int, train_iters: int) -> int:
+    """Tasks that end at a multiple of checkpoint.exit_interval within steps first..last (not at the end)."""
+    if not exit_interval:
+        return 0
+    last = min(last, train_iters - 1)
+    return max(0, last // exit_interval - (first - 1) // exit_interval)
+
+
+def _total(days) -> float | None:
+    values = list(days)
+    return None if any(d is None for d in values) else sum(values)
+
+
 def make_plan(exp: Experiment, run: RunSchedule | None = None) -> Plan:
     """The plan of `exp`; `run` is its RunSchedule when the caller has built it already.
 
@@ -248,8 +278,12 @@ def make_plan(exp: Experiment, run: RunSchedule | None = None) -> Plan:
     gpus = [span.phase.nodes * exp.slurm.gpus_per_node for span in run.spans]
     # The memory of the phase with the fewest DP ranks: ZeRO shards least and the most micro-batches are in flight.
     fewest = min(gpus) / mp
-    size = size_run(exp, int(fewest) if fewest == int(fewest) else 1, run.save_steps,
-                    [(span.tokens, world) for span, world in zip(run.spans, gpus)])
+    saves = saved_steps(run.save_steps, run.train_iters, exp.checkpoint.exit_interval,
+                        [span.last_step for span in run.spans[:-1]])
+    exit_stops = [_exit_stops(exp.checkpoint.exit_interval, span.phase.first_step, span.last_step, run.train_iters)
+                  for span in run.spans]
+    size = size_run(exp, int(fewest) if fewest == int(fewest) else 1, saves,
+                    [(span.tokens, world) for span, world in zip(run.spans, gpus)], len(run.save_steps), exit_stops)
     phases = plan_phases(run, gpus, mp, size)
     schedule, iters, samples = run.batch, run.train_iters, run.train_samples
     gbs, ev = schedule.global_batch_size, exp.logging
@@ -260,6 +294,7 @@ def make_plan(exp: Experiment, run: RunSchedule | None = None) -> Plan:
         schedule_problems = [Problem("slurm.node_schedule", [dataclasses.asdict(p) for p in exp.slurm.node_schedule],
                                      run.node_schedule_error)]
     memory_problems, notes = _check_memory(exp, size.memory), _notes(run)
+    budget_problems = _check_budget(exp, _total(ph.days for ph in phases), size.storage)
     return Plan(
         name=exp.name,
         params=size.params,
@@ -279,8 +314,8 @@ def make_plan(exp: Experiment, run: RunSchedule | None = None) -> Plan:
         warmup_steps=run.warmup_steps,
         decay_samples=run.decay_samples,
         decay_steps=run.decay_steps,
-        days=sum(ph.days for ph in phases),
-        days_seed_rounded=sum(ph.days_seed_rounded for ph in phases),
+        days=_total(ph.days for ph in phases),
+        days_seed_rounded=_total(ph.days_seed_rounded for ph in phases),
         phases=phases,
         nodes_during_rampup=valid_node_counts(exp, rampup_sizes) if schedule.has_rampup else [],
         nodes_after_rampup=valid_node_counts(exp, [gbs]),
@@ -289,6 +324,6 @@ def make_plan(exp: Experiment, run: RunSchedule | None = None) -> Plan:
         exit_duration_in_mins=exp.checkpoint.exit_duration_in_mins,
         exit_margin_mins=exp.checkpoint.exit_margin_mins,
         skips=list(run.skip_spans),
-        problems=schedule_problems + _check(exp, run, size, phases) + memory_problems,
+        problems=schedule_problems + _check(exp, run, size, phases) + memory_problems + budget_problems,
         notes=notes,
     )

@@ -12,7 +12,7 @@ from bigscience_ops.config import to_dict
 from bigscience_ops.data.preflight import DataCheck
 from bigscience_ops.schema import Experiment
 from bigscience_ops.plan import Plan
-from bigscience_ops.sizing import GB, TRAIN_BYTES
+from bigscience_ops.sizing import GB, TRAIN_BYTES, partitioned_optimizer
 
 
 
@@ -32,7 +32,9 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
-def _duration(days: float) -> str:
+def _duration(days: float | None) -> str:
+    if days is None:
+        return "-"
     for unit, scale in (("days", 1), ("hours", 24), ("minutes", 1440)):
         if days * scale >= 1:
             return f"{days * scale:.2f} {unit}"
@@ -115,18 +117,17 @@ def plan_text(plan: Plan, exp: Experiment, data: DataCheck | None = None) -> str
     limit = (f" of {_gib(mem.gpu_limit)} ({mem.gpu_limit_source}): {mem.largest_total / mem.gpu_limit:.0%}"
              if mem.gpu_limit else (" (no GPU limit known: set slurm.gpu_memory_gb)" if exp.slurm.device == "gpu" else ""))
     add(f"  largest stage {mem.largest_stage}: {_gib(mem.largest_total)}{limit}")
-    add(f"  checkpoint: {_gb(mem.checkpoint_with_optimizer)} with optimizer states, {_gb(mem.checkpoint_without_optimizer)} without")
     add("")
     st, bk = plan.storage, exp.backup
     add("storage over the run")
-    add(f"  the save schedule writes {st.saves} checkpoints of {_gb(st.checkpoint_bytes)}: {_gb(st.written)}")
+    lines.extend(_storage_lines(plan, exp))
     if bk.keep_last is not None:
         every = f" and every step multiple of {bk.keep_every}" if bk.keep_every else ""
         add(f"  on scratch, keeping the newest {bk.keep_last}{every}: {st.kept_on_scratch} checkpoints, {_gb(st.scratch)}")
     else:
-        add(f"  on scratch: all {st.saves} stay ({_gb(st.scratch)}); backup.keep_last / keep_every would delete old ones")
+        add(f"  on scratch: all {st.kept_on_scratch} stay ({_gb(st.scratch)}); backup.keep_last / keep_every would delete old ones")
     if bk.dest is not None:
-        add(f"  in the backup ({bk.dest}): {st.saves - st.backed_up_whole} weights-only of {_gb(st.weights_bytes)} and "
+        add(f"  in the backup ({bk.dest}): {st.total_saves - st.backed_up_whole} weights-only of {_gb(st.weights_bytes)} and "
             f"{st.backed_up_whole} whole: {_gb(st.backup)}")
     else:
         add("  no backup (backup.dest is not set)")
@@ -168,10 +169,13 @@ def plan_text(plan: Plan, exp: Experiment, data: DataCheck | None = None) -> str
     tr, va, te = plan.dataset_sizes
     add(f"  dataset target sizes: train {tr}, validation {va}, test {te}")
     add(f"  exit after {plan.exit_duration_in_mins} min of each {exp.slurm.time} task (margin {plan.exit_margin_mins} min)")
-    rounded = f" ({_duration(plan.days_seed_rounded)} with the size rounded)" if pc.total >= GB else ""
-    gpus = f"on {plan.world_size} GPUs" if len(plan.phases) == 1 else f"over the {len(plan.phases)} node phases"
-    add(f"  estimated time at {exp.estimate.tflops_per_gpu:g} TFLOPs/GPU {gpus}: {_duration(plan.days)}"
-        f"{rounded}; 8 x tokens x params / (GPUs x FLOPs)")
+    if plan.days is None:
+        add("  no time estimate on CPU (slurm.device: cpu): the TFLOPs assumption is for GPUs")
+    else:
+        rounded = f" ({_duration(plan.days_seed_rounded)} with the size rounded)" if pc.total >= GB else ""
+        gpus = f"on {plan.world_size} GPUs" if len(plan.phases) == 1 else f"over the {len(plan.phases)} node phases"
+        add(f"  estimated time at {exp.estimate.tflops_per_gpu:g} TFLOPs/GPU {gpus}: {_duration(plan.days)}"
+            f"{rounded}; 8 x tokens x params / (GPUs x FLOPs)")
     if len(plan.phases) > 1:
         add("")
         add("node schedule (each array task trains in one phase; at a boundary it saves, exits and the array "
@@ -202,6 +206,24 @@ def plan_text(plan: Plan, exp: Experiment, data: DataCheck | None = None) -> str
         add("problems")
         lines.extend(f"  - {pr}" for pr in problems)
     return "\n".join(lines) + "\n"
+
+
+def _storage_lines(plan: Plan, exp: Experiment) -> list[str]:
+    """What one checkpoint holds and how many the trainer writes (the first lines of "storage over the run")."""
+    st, ck = plan.storage, plan.storage.checkpoint
+    master = " and fp32 master weights" if exp.train.precision != "fp32" or partitioned_optimizer(exp) else ""
+    lines = [f"  one checkpoint: {_gb(ck.total)} in {ck.files} files: weights {_gb(ck.weights)}, optimizer states "
+             f"(Adam moments{master}) {_gb(ck.optimizer)}, RNG states and records {_gb(ck.records)}"]
+    why = [f"{st.schedule_saves} by the save schedule (the final one included)"]
+    if st.exit_saves:
+        ends = [f"checkpoint.exit_interval {exp.checkpoint.exit_interval}" if exp.checkpoint.exit_interval else "",
+                "node phase boundaries" if len(plan.phases) > 1 else ""]
+        why.append(f"{st.exit_saves} where a task ends ({', '.join(e for e in ends if e)})")
+    lines.append(f"  the trainer saves {st.saves} checkpoints, {'; '.join(why)}: {_gb(st.saves * st.checkpoint_bytes)}")
+    if st.time_exit_saves:
+        lines.append(f"  and about {st.time_exit_saves} more where a task reaches checkpoint.exit_duration_in_mins "
+                     f"({exp.checkpoint.exit_duration_in_mins} min) at the estimated time: {_gb(st.written)} in all")
+    return lines
 
 
 def _list(nodes: list[int], limit: int = 14) -> str:

@@ -375,6 +375,12 @@ class EstimateConfig:
     peak_tflops: float | None = documented(
         None, "dense bf16/fp16 peak TFLOPs of one GPU for MFU, in (0, 1e5]; detected for V100, A100, H100 and H200 "
               "when left out", above=0, at_most=1e5)
+    budget_days: float | None = documented(
+        None, "the days the run may take, in (0, 1e4]: `bsops plan` warns when its estimate is over 1.25x this",
+        above=0, at_most=1e4)
+    budget_storage_tb: float | None = documented(
+        None, "the TB (1e12 bytes) of scratch the run's checkpoints may fill, in (0, 1e6]: `bsops plan` warns when "
+              "they would fill over 1.25x this", above=0, at_most=1e6)
 
 
 @dataclass(frozen=True)

@@ -188,8 +188,6 @@ TRAIN_BYTES = {
     "mixed": {"fp32 weights": 4, "half weights": 2, "optimizer states": 8, "gradients": 4},
     "fp32": {"fp32 weights": 4, "optimizer states": 8, "gradients": 4},
 }
-# What a checkpoint holds per parameter: half (or fp32) weights, and optionally fp32 master + Adam.
-CHECKPOINT_BYTES = {"mixed": (2, 2 + 4 + 8), "fp32": (4, 4 + 8)}
 
 
 def estimate_days(tokens: float, params: float, gpus: int, tflops_per_gpu: float) -> float:
@@ -284,7 +282,111 @@ def gpu_memory_from_constraint(constraint: str | None) -> tuple[str, float] | No
     return None
 
 
+# ----------------------------------------------------------------------------- one checkpoint's files
+
+# What a checkpoint of this trainer holds besides its tensors' own bytes, measured on its checkpoints
+# (DeepSpeed's layout in torch's zip format): each torch.save file's headers and pickle, each stored
+# tensor's zip entries and alignment, an unsharded Adam state's records per parameter (step, exp_avg,
+# exp_avg_sq), an engine-state file, a ZeRO partition file's own records, each rank's RNG states and
+# bsops.json (the resolved config). A 64-wide test model feels them (5% of its checkpoint); from tiny's
+# 5M parameters on they are below 0.2%.
+TORCH_FILE_BYTES = 1_400
+TENSOR_ENTRY_BYTES = 290
+ADAM_ENTRY_BYTES = 780
+MODEL_STATES_FILE_BYTES = 3_000
+OPTIM_FILE_BYTES = 6_000
+RNG_STATE_BYTES = 19_800
+META_BYTES = 6_000
+BLOCK_TENSORS = 12  # two LayerNorms, QKV, attention output, two MLP matrices: a weight and a bias each
+
+
+def layer_tensors(model: ModelConfig) -> list[int]:
+    """Parameter tensors of each of pipeline_layers' layers: the embedding (words, positions, its
+    LayerNorm), the blocks, the final LayerNorm, the head (the tied word embedding)."""
+    embedding = 1 + (1 if _positions(model) else 0) + (2 if model.embed_layernorm else 0)
+    return [embedding] + [BLOCK_TENSORS] * model.num_layers + [2, 1]
+
+
+@dataclass(frozen=True)
+class CheckpointSize:
+    """One `global_stepN/` of this trainer, file by file, in bytes.
+
+    weights: DeepSpeed's `layer_NN[-model_TT]-model_states.pt`, one per layer and TP rank at the
+    training precision's width; the tied head is the embedding's module, saved once. optimizer: Adam's
+    two fp32 moments per parameter, plus fp32 master weights under mixed precision and in ZeRO's
+    partitions; held by each model-parallel rank's `mp_rank_NN_model_states.pt` at ZeRO-0 (fp32 or fp16),
+    else split over the DP ranks' `*zero_pp_rank_D_mp_rank_NN_optim_states.pt` (ZeRO-1, and DeepSpeed's
+    bf16 optimizer at any stage). The tied word embedding is in the optimizer of both stages that hold
+    it. records: the engine-state files, every rank's `rng_state_NNN.pt`, bsops.json.
+    """
+
+    weights: int
+    optimizer: int
+    records: int
+    files: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.optimizer + self.records
+
+    @property
+    def weights_only(self) -> int:
+        """What a weights-only backup copy keeps: everything but the optimizer states."""
+        return self.weights + self.records
+
+
+def partitioned_optimizer(exp: Experiment) -> bool:
+    """Whether DeepSpeed saves the optimizer in per-DP-rank partition files (ZeRO-1, or its bf16 optimizer)."""
+    return exp.parallel.zero_stage >= 1 or exp.train.precision == "bf16"
+
+
+def checkpoint_size(exp: Experiment, params: ParamCount, dp: int) -> CheckpointSize:
+    """The bytes of one checkpoint of `exp` trained at `dp` DP ranks, from the shapes."""
+    tp, pp, dp = exp.parallel.tensor, exp.parallel.pipeline, max(dp, 1)
+    layers, tensors = pipeline_layers(exp.model, tp), layer_tensors(exp.model)
+    width = 4 if exp.train.precision == "fp32" else 2
+    weights = tp * sum(width * count + TORCH_FILE_BYTES + TENSOR_ENTRY_BYTES * n
+                       for (_, count), n in zip(layers[:-1], tensors[:-1]))
+    stage_tensors = []
+    for start, stop in zip(params.parts, params.parts[1:]):
+        n = sum(t for (name, _), t in zip(layers[start:stop], tensors[start:stop]) if name != EMBEDDING)
+        if start == 0 and stop > 0:
+            n += tensors[0]
+        elif stop == len(layers) and stop > start:
+            n += tensors[-1]
+        stage_tensors.append(n)
+    partitioned = partitioned_optimizer(exp)
+    per_param = 8 + (4 if partitioned or width == 2 else 0)  # Adam's moments, fp32 master weights
+    optimizer = tp * sum(per_param * count for count in params.per_stage)
+    if partitioned:
+        optimizer += tp * pp * dp * OPTIM_FILE_BYTES
+    else:
+        optimizer += tp * ADAM_ENTRY_BYTES * sum(stage_tensors)
+    records = tp * pp * MODEL_STATES_FILE_BYTES + tp * pp * dp * RNG_STATE_BYTES + META_BYTES
+    files = tp * (len(layers) - 1) + tp * pp * (1 + dp * (2 if partitioned else 1)) + 1  # layers, mp_rank, optim, rng
+    return CheckpointSize(weights, optimizer, records, files)
+
+
 # ----------------------------------------------------------------------------- checkpoints over a run
+
+def saved_steps(schedule_steps: Sequence[int], train_iters: int, exit_interval: int | None,
+                phase_ends: Sequence[int]) -> list[int]:
+    """Every step the trainer saves at (trainer/stopping.py, checkpointer.py): the save schedule's, the
+    final step included; each multiple of checkpoint.exit_interval before the end (the task saves and
+    exits, the next resumes there); the last step of each node phase but the last (the task saves and
+    exits, the next trains at the new size). A step saved twice is written once."""
+    steps = set(schedule_steps) | {s for s in phase_ends if 0 < s < train_iters}
+    if exit_interval:
+        steps |= set(range(exit_interval, train_iters, exit_interval))
+    return sorted(steps)
+
+
+def time_limit_exits(phase_minutes: Sequence[float], exit_minutes: int, stops_per_phase: Sequence[int]) -> int:
+    """About how many tasks end at checkpoint.exit_duration_in_mins (each saves): a phase of M minutes
+    takes ceil(M / exit_minutes) tasks, less the task ends its exit-interval saves make already."""
+    return sum(max(0, math.ceil(minutes / exit_minutes) - 1 - stops)
+               for minutes, stops in zip(phase_minutes, stops_per_phase))
+
 
 def kept_on_scratch(steps: list[int], keep_last: int | None, keep_every: int | None) -> list[int]:
     """The checkpoints retention leaves at the end: the newest keep_last and every keep_every-th step."""
@@ -302,8 +404,6 @@ class Memory:
     training_total: int  # bytes per model replica (TP x PP GPUs)
     training_seed_rounded: int  # bytes_per_param x size rounded to whole billions, as the training notes write it
     per_gpu: int  # model states of the largest stage, ZeRO / bf16-optimizer sharding included
-    checkpoint_with_optimizer: int
-    checkpoint_without_optimizer: int
     sharded_over: int  # DP ranks the fp32 master weights and Adam moments are split over (1: not sharded)
     model_states_per_stage: tuple[int, ...]  # bytes per GPU of each stage: weights, gradients, optimizer
     activations: tuple[StageActivations, ...]
@@ -348,7 +448,6 @@ def memory(exp: Experiment, params: ParamCount, dp: int) -> Memory:
     sharded = parts["optimizer states"] + (parts["fp32 weights"] if kind == "mixed" else 0)
     shard = sharded_over(exp, dp)
     states = tuple(math.ceil(n * ((per_param - sharded) + sharded / shard)) for n in params.per_stage)
-    without, with_optim = CHECKPOINT_BYTES[kind]
     b, p = exp.batch, exp.parallel
     micro_batches = max(1, b.global_batch_size // max(1, b.micro_batch_size * max(dp, 1)))
     activations = activation_bytes(exp.model, b.micro_batch_size, p.tensor, p.pipeline, micro_batches,
@@ -356,34 +455,47 @@ def memory(exp: Experiment, params: ParamCount, dp: int) -> Memory:
                                    4 if exp.train.precision == "fp32" else 2, params.blocks_per_stage)
     limit, source = gpu_limit(exp)
     return Memory(per_param, per_param * params.total, per_param * round(params.total / GB) * GB, max(states),
-                  with_optim * params.total, without * params.total, shard, states, activations, limit, source)
+                  shard, states, activations, limit, source)
 
 
 @dataclass(frozen=True)
 class Storage:
-    """Checkpoints over the whole run: what the save schedule writes and what retention and backup keep."""
+    """Checkpoints over the whole run: what the trainer saves and what retention and backup keep."""
 
-    saves: int  # checkpoints the schedule writes, the final one included
-    checkpoint_bytes: int  # one checkpoint on scratch: weights and optimizer states
+    saves: int  # checkpoints the trainer writes: the save schedule's, the final one and the task ends it knows
+    schedule_saves: int  # of them, the save schedule's (save_interval, save_schedule), the final one included
+    exit_saves: int  # of them, task ends at checkpoint.exit_interval and node phase boundaries
+    time_exit_saves: int | None  # about this many more at exit_duration_in_mins at the estimated time; None: unknown
+    checkpoint: CheckpointSize  # one checkpoint's files
+    checkpoint_bytes: int  # one checkpoint on scratch: weights, optimizer states, records
     weights_bytes: int  # one checkpoint without optimizer states
-    written: int  # saves x checkpoint_bytes: scratch at the end with no retention
-    kept_on_scratch: int  # checkpoints retention leaves (backup.keep_last / keep_every); == saves without it
+    written: int  # (saves + time_exit_saves) x checkpoint_bytes: scratch at the end with no retention
+    kept_on_scratch: int  # checkpoints retention leaves (backup.keep_last / keep_every); all without it
     scratch: int  # bytes on scratch at the end of the run
     backed_up_whole: int  # checkpoints the backup keeps with optimizer states (the last, every keep_optimizer_every-th)
     backup: int  # bytes in the backup (0 without backup.dest)
 
+    @property
+    def total_saves(self) -> int:
+        """The saves the trainer writes, those at time limits included (about)."""
+        return self.saves + (self.time_exit_saves or 0)
 
-def storage(exp: Experiment, params: ParamCount, steps: Sequence[int]) -> Storage:
-    """Checkpoint bytes of a run saving at `steps` (the run schedule's save steps)."""
+
+def storage(exp: Experiment, params: ParamCount, dp: int, steps: Sequence[int], schedule_saves: int,
+            time_exit_saves: int | None = None) -> Storage:
+    """Checkpoint bytes of a run saving at `steps` (saved_steps: `schedule_saves` of them the save
+    schedule's) at `dp` DP ranks, and about `time_exit_saves` more at task time limits."""
     bk, steps = exp.backup, list(steps)
-    without, with_optim = CHECKPOINT_BYTES["fp32" if exp.train.precision == "fp32" else "mixed"]
-    whole, weights = with_optim * params.total, without * params.total
+    ck = checkpoint_size(exp, params, dp)
+    whole, weights = ck.total, ck.weights_only
+    more = time_exit_saves or 0
+    count = len(steps) + more
     kept = kept_on_scratch(steps, bk.keep_last, bk.keep_every)
-    if bk.dest is None:
-        return Storage(len(steps), whole, weights, len(steps) * whole, len(kept), len(kept) * whole, 0, 0)
+    on_scratch = len(kept) + (more if bk.keep_last is None else 0)
     full = [s for s in steps if s == steps[-1] or (bk.keep_optimizer_every and s % bk.keep_optimizer_every == 0)]
-    backup = len(full) * whole + (len(steps) - len(full)) * weights
-    return Storage(len(steps), whole, weights, len(steps) * whole, len(kept), len(kept) * whole, len(full), backup)
+    backup = 0 if bk.dest is None else len(full) * whole + (count - len(full)) * weights
+    return Storage(len(steps), schedule_saves, len(steps) - schedule_saves, time_exit_saves, ck, whole, weights,
+                   count * whole, on_scratch, on_scratch * whole, len(full) if bk.dest else 0, backup)
 
 
 @dataclass(frozen=True)
@@ -394,20 +506,32 @@ class RunSize:
     ffn: int  # the model's ffn size, derived (4 x hidden) when not given
     memory: Memory
     storage: Storage
-    days: tuple[float, ...]  # per node phase, at estimate.tflops_per_gpu
-    days_seed_rounded: tuple[float, ...]  # likewise, with the seed formula's size rounded to whole billions
+    days: tuple[float | None, ...]  # per node phase, at estimate.tflops_per_gpu; None on CPU (no estimate)
+    days_seed_rounded: tuple[float | None, ...]  # likewise, with the seed formula's size rounded to whole billions
 
 
-def size_run(exp: Experiment, dp: int, save_steps: Sequence[int],
-             phase_work: Sequence[tuple[int, int]]) -> RunSize:
-    """The run's sizes: memory at `dp` DP ranks, storage of `save_steps`, and the days of each phase's
-    (tokens, GPUs) in `phase_work`."""
+def size_run(exp: Experiment, dp: int, save_steps: Sequence[int], phase_work: Sequence[tuple[int, int]],
+             schedule_saves: int | None = None, exit_stops: Sequence[int] = ()) -> RunSize:
+    """The run's sizes: memory at `dp` DP ranks, storage of `save_steps` (saved_steps; `schedule_saves` of
+    them the save schedule's, all by default), and the days of each phase's (tokens, GPUs) in `phase_work`,
+    with `exit_stops` exit-interval task ends in each phase (for the time-limit ends between them).
+
+    A CPU run (slurm.device: cpu) gets no time: the TFLOPs rate is a GPU's, and nothing measures a CPU's.
+    """
     p, tflops = exp.parallel, exp.estimate.tflops_per_gpu
     params = count_parameters(exp.model, p.tensor, p.pipeline, p.partition_method)
     rounded = round(params.seed_formula / GB) * GB
-    return RunSize(params, ffn_size(exp.model), memory(exp, params, dp), storage(exp, params, save_steps),
-                   tuple(estimate_days(tokens, params.total, gpus, tflops) for tokens, gpus in phase_work),
-                   tuple(estimate_days(tokens, rounded, gpus, tflops) for tokens, gpus in phase_work))
+    days: tuple[float | None, ...] = tuple(None for _ in phase_work)
+    days_rounded = days
+    time_exits = None
+    if exp.slurm.device == "gpu":
+        days = tuple(estimate_days(tokens, params.total, gpus, tflops) for tokens, gpus in phase_work)
+        days_rounded = tuple(estimate_days(tokens, rounded, gpus, tflops) for tokens, gpus in phase_work)
+        time_exits = time_limit_exits([d * 1440 for d in days], exp.checkpoint.exit_duration_in_mins,
+                                      list(exit_stops) or [0] * len(days))
+    schedule = len(save_steps) if schedule_saves is None else schedule_saves
+    return RunSize(params, ffn_size(exp.model), memory(exp, params, dp),
+                   storage(exp, params, dp, save_steps, schedule, time_exits), days, days_rounded)
 
 
 @dataclass(frozen=True)

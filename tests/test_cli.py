@@ -44,7 +44,9 @@ def test_plan_json_has_the_numbers() -> None:
     assert data["params"]["padded_vocab"] == 50432
     assert data["increments"][0]["steps"] == 4961
     assert [p for p in data["problems"] if p["severity"] == "error"] == []
-    assert data["storage"]["saves"] == 268 and data["storage"]["written"] == 268 * data["storage"]["checkpoint_bytes"]
+    storage = data["storage"]
+    assert storage["schedule_saves"] == 268 and storage["saves"] == 270 and storage["time_exit_saves"] == 54
+    assert storage["written"] == (270 + 54) * storage["checkpoint_bytes"]
     mem = data["memory"]
     assert mem["largest_total"] == max(mem["total_per_stage"]) < mem["gpu_limit"]
     assert [a["in_flight"] for a in mem["activations"]] == [4, 3, 2, 1]

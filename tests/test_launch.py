@@ -17,6 +17,7 @@ import pytest
 from bigscience_ops import launch
 from bigscience_ops.config import load_experiment
 from bigscience_ops.launch_plan import Overrides, apply_overrides
+from bigscience_ops.plan import make_plan
 from bigscience_ops.ops.keep import chronicle
 from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import processes_mentioning, shrunk_tiny_yaml, small_trainings
@@ -67,6 +68,12 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     assert losses[28] < losses[1] - 0.5
     # `bsops info`'s reading of the finished run agrees with the checkpoints, the ledger and TensorBoard.
     exp = apply_overrides(load_experiment("small", trainings), Overrides(out=run))
+    # tiny's save shape (save_interval, an exit_interval ending task 1, the final save): the plan's storage is
+    # what the run wrote, `du -b` of its checkpoints, within 5%, at the plan's count of saves.
+    storage = make_plan(exp).storage
+    assert storage.saves == 4 and storage.exit_saves == 1
+    written = sum(f.stat().st_size for f in (run / "checkpoints").glob("global_step*/*"))
+    assert written == pytest.approx(storage.written, rel=0.05)
     info = runinfo.run_info(exp)
     assert info.latest == 28 and info.checkpoints == [10, 15, 20, 28] and not info.problems
     assert [(t.start_iteration, t.end_iteration, t.exit_code) for t in info.tasks] == [(0, 15, 0), (15, 28, 0)]

@@ -7,6 +7,7 @@ import pytest
 
 from bigscience_ops import sizing
 from bigscience_ops.config import load_experiment
+from bigscience_ops.errors import ConfigError
 from bigscience_ops.plan import make_plan, valid_node_counts
 from bigscience_ops.planview import plan_text
 from bigscience_ops.run_schedule import run_schedule
@@ -67,7 +68,7 @@ def test_training_memory_seed_and_exact(tr1) -> None:
     tr8 = make_plan(load_experiment("tr8-104B"))
     assert tr8.memory.training_seed_rounded == 1872 * 10**9  # 18 x 104
     # The tr1-13B notes' checkpoints without optimizer states are "26GB": 2 bytes per parameter.
-    assert round(plan.memory.checkpoint_without_optimizer / 1e9) == 26
+    assert round(plan.storage.weights_bytes / 1e9) == 26
 
 
 def test_days_estimate_seed_003() -> None:
@@ -275,13 +276,18 @@ def test_gpu_memory_known_from_constraint(constraint, gb) -> None:
 
 # ----------------------------------------------------------------------------- storage over the run
 
-def test_tr1_13B_schedule_writes_268_checkpoints_of_180GB(tr1) -> None:
+def test_tr1_13B_schedule_writes_268_checkpoints_of_183GB(tr1) -> None:
     plan = make_plan(tr1)
     st = plan.storage
     expected = saved_step_by_step(tr1, plan.train_iters)
-    assert st.saves == len(expected) == 268
-    assert round(st.checkpoint_bytes / 1e9) == 180
-    assert 48e12 < st.written == 268 * st.checkpoint_bytes < 49e12
+    assert st.schedule_saves == len(expected) == 268
+    # Each node phase ends with a save (the task exits, the next trains at the new size): steps 4960 and 117694.
+    assert st.saves == 270 and st.exit_saves == 2
+    # 14 bytes per parameter, and the tied word embedding's fp32 master and Adam moments on both end stages.
+    assert round(st.checkpoint_bytes / 1e9) == 183
+    # 45.65 days in tasks of 1190 minutes: 56 tasks, 2 of them end at phase boundaries, 54 at the time limit.
+    assert st.time_exit_saves == 54
+    assert 59e12 < st.written == (270 + 54) * st.checkpoint_bytes < 60e12
     assert st.scratch == st.written and st.backup == 0
 
 
@@ -290,12 +296,12 @@ def test_retention_and_backup_bring_it_down(tr1) -> None:
                                  keep_optimizer_every=100_000)
     plan = make_plan(dataclasses.replace(tr1, backup=backup))
     st = plan.storage
-    steps = saved_step_by_step(tr1, plan.train_iters)
+    steps = sorted(set(saved_step_by_step(tr1, plan.train_iters)) | {4960, 117694})
     kept = set(steps[-3:]) | {s for s in steps if s % 10_000 == 0}
     assert st.kept_on_scratch == len(kept) and st.scratch == len(kept) * st.checkpoint_bytes
     whole = {steps[-1]} | {s for s in steps if s % 100_000 == 0}
     assert st.backed_up_whole == len(whole)
-    assert st.backup == len(whole) * st.checkpoint_bytes + (268 - len(whole)) * st.weights_bytes
+    assert st.backup == len(whole) * st.checkpoint_bytes + (270 + 54 - len(whole)) * st.weights_bytes
     assert st.scratch < st.written / 10 and st.backup < st.written / 5
 
 
@@ -403,3 +409,54 @@ def test_a_skip_past_the_last_iteration_is_a_warning(tr1) -> None:
     assert skip.samples == 2 * tr1.batch.global_batch_size  # only the iterations the run has
     [warning] = [p for p in plan.warnings if p.field == "train.skip_iterations"]
     assert f"past the last iteration {last}" in warning.message
+
+
+# ----------------------------------------------------------------------------- time on CPU, and the budget
+
+def test_a_cpu_run_gets_no_time_from_gpu_tflops() -> None:
+    """tiny (slurm.device: cpu) took 9 minutes where 45 TFLOPs/GPU said 0.19 seconds: no estimate on CPU."""
+    exp = load_experiment("tiny")
+    plan = make_plan(exp)
+    assert plan.days is None and [ph.days for ph in plan.phases] == [None]
+    text = plan_text(plan, exp)
+    assert "no time estimate on CPU (slurm.device: cpu): the TFLOPs assumption is for GPUs" in text
+    assert "TFLOPs/GPU" not in text and "seconds" not in text
+    gpu = dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, device="gpu"))
+    assert make_plan(gpu).days == pytest.approx(estimate_days(make_plan(gpu).tokens, plan.params.total, 2, 45))
+
+
+def _budget(exp, **values):
+    return dataclasses.replace(exp, estimate=dataclasses.replace(exp.estimate, **values))
+
+
+def test_a_plan_far_beyond_the_budget_says_so_in_one_line(tr1) -> None:
+    plan = make_plan(tr1)  # 45.65 days; 59.4 TB left on scratch (324 checkpoints, no retention)
+    assert plan.days == pytest.approx(45.65, abs=0.01) and round(plan.storage.scratch / 1e12, 1) == 59.4
+    assert not [p for p in plan.problems if "budget" in p.field]
+    # within 1.25x of the budget: no warning
+    assert not [p for p in make_plan(_budget(tr1, budget_days=37, budget_storage_tb=48)).problems if "budget" in p.field]
+    over = make_plan(_budget(tr1, budget_days=30, budget_storage_tb=40))
+    found = {p.field: p for p in over.problems if "budget" in p.field}
+    assert found["estimate.budget_days"].severity == found["estimate.budget_storage_tb"].severity == "warning"
+    assert str(found["estimate.budget_days"]) == ("estimate.budget_days: 30: the plan estimates 45.7 days at 45 "
+                                                  "TFLOPs/GPU, 1.5x the budget")
+    assert "fill 59.4 TB, 1.5x the budget" in str(found["estimate.budget_storage_tb"])
+    assert not over.errors
+    lines = [line for line in plan_text(over, tr1).splitlines() if "budget" in line]
+    assert len(lines) == 2 and all(line.startswith("  - warning: estimate.budget_") for line in lines)
+    # retention brings the scratch down under the budget
+    kept = dataclasses.replace(tr1.backup, keep_last=3)
+    assert not [p for p in make_plan(dataclasses.replace(_budget(tr1, budget_storage_tb=40), backup=kept)).problems
+                if "budget" in p.field]
+    # tiny on CPU has no days to compare: only its storage is checked
+    tiny = make_plan(_budget(load_experiment("tiny"), budget_days=1e-6, budget_storage_tb=1e-6))
+    assert [p.field for p in tiny.problems if "budget" in p.field] == ["estimate.budget_storage_tb"]
+
+
+@pytest.mark.parametrize("field, value", [("budget_days", 0), ("budget_days", -1), ("budget_storage_tb", 0),
+                                          ("budget_storage_tb", 2e6)])
+def test_budget_fields_out_of_bounds_are_refused(tmp_path, field, value) -> None:
+    (tmp_path / "bad.yaml").write_text(f"base: tiny\nestimate: {{{field}: {value}}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment("bad", tmp_path)
+    assert f"estimate.{field}" in str(err.value) and str(value) in str(err.value)

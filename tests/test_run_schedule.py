@@ -41,7 +41,7 @@ def test_the_plan_shows_the_schedule_the_run_runs(name: str) -> None:
     assert (plan.train_iters, plan.train_samples) == (run.train_iters, run.batch.consumed_after(run.train_iters))
     assert plan.rampup_steps == run.batch.rampup_steps and plan.increments == run.batch.increments()
     assert [ph.phase for ph in plan.phases] == list(run.node_phases)
-    assert plan.storage.saves == len(run.saves.steps(run.train_iters))
+    assert plan.storage.schedule_saves == len(run.saves.steps(run.train_iters))
     assert plan.decay_steps == run.batch.steps_to_consume(run.decay_samples)
 
 

@@ -129,3 +129,63 @@ def test_30_layers_train_on_pp4(tmp_path):
     losses = scalars(tmp_path / "tensorboard", "lm loss")
     assert sorted(losses) == list(range(1, run_schedule(exp).train_iters + 1))
     assert losses[max(losses)] < losses[1]
+
+
+# ----------------------------------------------------------------------------- checkpoint storage from the shapes
+
+def _du(folder) -> int:
+    """`du -b` of a folder: the bytes of its files."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def test_tinys_checkpoints_from_the_shapes_are_what_its_run_wrote() -> None:
+    """`bsops launch tiny --local` wrote 6 checkpoints of 80,372,596-80,372,605 bytes (du -b of each
+    global_stepN, measured 2026-11-27): 5 by save_interval 50 (the final step 221 included) and one where
+    array task 1 ends at exit_interval 120. The plan counted 5 of 63.5 MB before: without the exit save,
+    the tied embedding's Adam moments on the last stage, and the files' records. The slow tests below
+    hold the same against live runs."""
+    exp = load_experiment("tiny")
+    st = plan.make_plan(exp).storage
+    assert sizing.saved_steps(run_schedule(exp).save_steps, 221, 120, []) == [50, 100, 120, 150, 200, 221]
+    assert (st.saves, st.schedule_saves, st.exit_saves, st.time_exit_saves) == (6, 5, 1, None)
+    assert st.checkpoint.files == 11  # 6 layer files, 2 mp_rank, 2 rng_state, bsops.json
+    assert st.checkpoint_bytes == pytest.approx(80_372_604, rel=0.001)
+    assert st.written == pytest.approx(6 * 80_372_604, rel=0.001)
+
+
+def test_saves_at_exit_intervals_and_node_phase_ends_once_each() -> None:
+    # an exit at 120 and 240; at 360 (the end) the final save; 300 is both a scheduled save and a phase end
+    assert sizing.saved_steps([100, 200, 300, 360], 360, 120, [300]) == [100, 120, 200, 240, 300, 360]
+    assert sizing.saved_steps([10, 15], 15, 5, []) == [5, 10, 15]
+    # tasks of 100 minutes over phases of 250 and 99 minutes: 2 + 0 time-limit ends, less the exit-interval ends
+    assert sizing.time_limit_exits([250, 99], 100, [0, 0]) == 2
+    assert sizing.time_limit_exits([250, 99], 100, [1, 0]) == 1
+    assert sizing.time_limit_exits([250], 100, [5]) == 0
+
+
+@pytest.mark.parametrize("precision, zero, per_param", [("fp32", 0, 8), ("fp32", 1, 12), ("bf16", 0, 12),
+                                                         ("fp16", 0, 12), ("fp16", 1, 12)])
+def test_optimizer_bytes_per_parameter(precision, zero, per_param) -> None:
+    """Adam's two fp32 moments; fp32 master weights too under mixed precision and in ZeRO's partitions."""
+    exp = load_experiment("tiny")
+    exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, precision=precision),
+                              parallel=dataclasses.replace(exp.parallel, zero_stage=zero))
+    params = sizing.count_parameters(exp.model, 1, 2)
+    ck = sizing.checkpoint_size(exp, params, 2)  # at DP 2: partitions split the same bytes over 2 files
+    assert ck.optimizer // sum(params.per_stage) == per_param
+    width = 4 if precision == "fp32" else 2
+    assert ck.weights // params.total == width  # the head's tied embedding is saved once
+
+
+@pytest.mark.slow  # reads the session's golden run (no launch of its own)
+def test_the_golden_runs_checkpoints_are_the_plans_size(golden_run) -> None:
+    """fp32, ZeRO-0, PP=2, a 64-wide model whose files' own records weigh 5%: every checkpoint is the
+    plan's size within 1%, with the plan's files, at the plan's steps."""
+    exp, out, _ = golden_run
+    st = plan.make_plan(exp).storage
+    folders = sorted((out / "checkpoints").glob("global_step*"), key=lambda p: int(p.name[len("global_step"):]))
+    assert len(folders) == st.saves == 6
+    for folder in folders:
+        assert _du(folder) == pytest.approx(st.checkpoint_bytes, rel=0.01), folder
+        assert len(list(folder.iterdir())) == st.checkpoint.files
+    assert sum(_du(f) for f in folders) == pytest.approx(st.written, rel=0.05)

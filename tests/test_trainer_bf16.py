@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bigscience_ops import sizing
 from tests.fixtures_trainer import checkpoint_steps, run_ok, scalars, small_experiment, write_run
 
 pytestmark = pytest.mark.slow
@@ -27,6 +28,13 @@ def test_bf16_zero1_checkpointed_trains_and_resumes(tmp_path: Path, golden_run) 
     losses = scalars(out / "tensorboard", "lm loss")
     total = max(losses)
     assert sorted(losses) == list(range(1, total + 1)) and checkpoint_steps(out) == [6, total]
+    # bf16 with ZeRO-1: bf16 layer files, fp32 master weights and Adam moments in bf16_zero_pp_rank_* partitions
+    params = sizing.count_parameters(exp.model, 1, 2)
+    expected = sizing.checkpoint_size(exp, params, 1)
+    for step in (6, total):
+        folder = out / "checkpoints" / f"global_step{step}"
+        assert len(list(folder.iterdir())) == expected.files
+        assert sum(f.stat().st_size for f in folder.iterdir()) == pytest.approx(expected.total, rel=0.02)
     assert all(math.isfinite(v) for v in losses.values())
     # bf16 follows the fp32 golden run closely on the same samples, and both learn.
     _, gout, _ = golden_run
