@@ -32,10 +32,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import render as rendering, run_lock, slurm
+from bigscience_ops import render as rendering, run_lock, runlog, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.jobenv import job_environment
 from bigscience_ops.ledger import latest_iteration
+from bigscience_ops.launch_console import stop_line, task_end
 from bigscience_ops.launch_plan import LaunchOptions, LaunchPlan, Overrides, apply_overrides, build_launch_plan, execute
 from bigscience_ops.run_records import read_records
 from bigscience_ops.schema import Experiment
@@ -46,7 +47,20 @@ class LaunchError(BsopsError):
 
 
 class Stopped(LaunchError):
-    """bsops itself was told to stop (SIGTERM, SIGHUP) while a task ran."""
+    """bsops itself was told to stop (SIGTERM, SIGHUP) while a task ran; `cause` names the signal."""
+
+    def __init__(self, message: str, cause: str = "") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class Interrupted(Stopped):
+    """Ctrl-C while a task ran: the message says what the task saved (no error: the user asked for it)."""
+
+
+STOP_REASON = "stop-reason"
+"""In <run>/slurm-shims/: why bsops sends the job script SIGUSR1, which the script's log line names
+(BSOPS_STOP_REASON_FILE; absent, as under Slurm, the signal is the time limit's)."""
 
 
 SRUN = '''#!{python}
@@ -55,7 +69,10 @@ SRUN = '''#!{python}
 With --kill-on-bad-exit=1, as srun, the first process to exit non-zero ends the others (SIGTERM, then
 SIGKILL after 30 s): a node that failed must not leave the other nodes waiting for it. SIGUSR1 sent to it
 goes, as srun's does, to every process of the step: each node's command and all that it started, the
-trainers too, which torchrun starts in sessions of their own."""
+trainers too, which torchrun starts in sessions of their own. SIGTERM (bsops stopping the task's process
+group, as scancel the job's) goes on to the processes of the step that it missed, the trainers, and srun
+waits for the step to end as srun does (SIGKILL to all of it after 50 s): the job script records the task's
+end only once the trainers have saved and exited, not before."""
 import os, signal, subprocess, sys
 
 args = sys.argv[1:]
@@ -72,8 +89,11 @@ while args and args[0].startswith("-"):
 
 
 def kill_the_rest(signum, frame):
-    for _, proc in running.values():
-        proc.kill()
+    for pid in step_processes():  # the trainers too: torchrun killed could not end them
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def step_processes():
@@ -102,8 +122,23 @@ def forward(signum, frame):
             pass
 
 
+def terminate(signum, frame):
+    """The step's processes in this process group had the signal with it; the others (the trainers) get it
+    now. The step then ends as it would (the trainers save and exit), or is killed after 50 s."""
+    own = os.getpgrp()
+    for pid in step_processes():
+        try:
+            if os.getpgid(pid) != own:
+                os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+    signal.signal(signal.SIGALRM, kill_the_rest)
+    signal.alarm(50)
+
+
 running = {{}}
 signal.signal(signal.SIGUSR1, forward)  # before the first node starts: none may miss it
+signal.signal(signal.SIGTERM, terminate)
 for rank in range(nodes):
     env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NODEID=str(rank), SLURM_LOCALID="0",
                SLURM_STEP_NUM_NODES=str(nodes), SLURM_STEP_NUM_TASKS=str(nodes))
@@ -149,6 +184,8 @@ class LocalTask:
     returncode: int
     seconds: float
     output: Path
+    end: str = ""
+    """Its end in one line (launch_console.task_end): finished, stopped and why, not training and why, failed."""
 
 
 @dataclass(frozen=True)
@@ -205,23 +242,26 @@ PROGRESS = re.compile(r"^\s*(iteration\s|validation loss|> |task |\*\*\*ALERT)")
 
 
 def _follow(proc: subprocess.Popen, output: Path, progress: Callable[[str], None], timeout_s: float) -> int:
-    """Wait for the task, passing its progress lines to `progress` as they are written."""
+    """Wait for the task, passing its progress lines to `progress` as they are written: its output is read in
+    bounded blocks (runlog.follow: a line longer than runlog.LINE_BYTES is cut, whatever the task prints)."""
     deadline = time.monotonic() + timeout_s
-    pending = b""
-    with open(output, "rb") as reader:
-        while True:
-            code = proc.poll()
-            pending += reader.read()
-            *lines, pending = pending.split(b"\n")
-            for raw in lines:
-                line = raw.decode(errors="replace").rstrip()
-                if PROGRESS.match(line):
-                    progress(line.strip())
-            if code is not None:
-                return code
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(proc.args, timeout_s)
-            time.sleep(0.5)
+    ended = False
+
+    def done() -> bool:  # asked when nothing new is there; once the task has ended, its last lines are read first
+        nonlocal ended
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        if ended:
+            return True
+        ended = proc.poll() is not None
+        return False
+
+    for line in runlog.follow(output, interval=0.5, stop=done):
+        if PROGRESS.match(line):
+            progress(line.strip())
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+    return proc.wait()
 
 
 def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None = None,
@@ -282,14 +322,18 @@ class LocalExecutor:
             nodes = exp.slurm.nodes
             output = logs / f"{exp.slurm.job_name or exp.name}-{array_job_id}_{task}.out"
             env = _task_environment(exp, out, array_job_id, task)
-            start = time.time()
-            self.progress(f"array task {task}/{count}: started, output in {output} ({nodes} node(s))")
-            code = _run_task(script, env, output, self.progress, self.timeout_s, f"array task {task}", checkpoints,
+            start, label = time.time(), f"array task {task}/{count}"
+            before = latest_iteration(checkpoints)
+            self.progress(f"{label}: started, output in {output} ({nodes} node(s))")
+            code = _run_task(script, env, output, self.progress, self.timeout_s, label, checkpoints,
                              exp.slurm.signal_seconds)
-            results.append(LocalTask(task, code, time.time() - start, output))
-            if code != 0:
-                raise LaunchError(f"array task {task}: {script} exited {code}; see {output} and "
-                                  f"{logs / 'main_log.txt'}")
+            seconds = time.time() - start
+            end = task_end(label, code, seconds, output, before, latest_iteration(checkpoints),
+                           plan.schedule.train_iters)
+            results.append(LocalTask(task, code, seconds, output, end.line))
+            if code != 0:  # the line names the error and the task's output; the log holds every task's
+                raise LaunchError(f"{end.line} (every task's lines: {logs / 'main_log.txt'})")
+            self.progress(end.line)
             records = read_records(exp)
             if plan.schedule.finished(records.iteration):
                 break
@@ -319,6 +363,7 @@ def _task_environment(exp: Experiment, out: Path, array_job_id: int, task: int) 
         "OMP_NUM_THREADS": str(threads),
         "BSOPS_MASTER_PORT": str(exp.slurm.master_port),  # the free port launch_local chose, as it is
         run_lock.HELD_ENV: str(out),  # launch_local holds the run's lock for its tasks
+        "BSOPS_STOP_REASON_FILE": str(out / "slurm-shims" / STOP_REASON),  # why SIGUSR1 comes (_save_first)
     })
 
 
@@ -328,9 +373,14 @@ def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callabl
 
     Stopped (SIGTERM, SIGHUP, Ctrl-C) once its trainers train, the task is first asked to save and exit, as
     Slurm's warning signal asks (SIGUSR1 to the job script, which srun hands to the trainers), for up to
-    `save_s` seconds (a second stop ends the wait); whatever is left of it is then stopped (`_stop`).
+    `save_s` seconds (a second stop ends the wait); whatever is left of it is then stopped (`_stop`). What it
+    saved is read from `latest` once none of its processes is left (launch_console.stop_line): Ctrl-C raises
+    Interrupted, SIGTERM and SIGHUP Stopped, each saying it.
     """
     training = False
+    before = latest_iteration(checkpoints)
+    with contextlib.suppress(OSError):  # a reason left by an earlier stop is no reason for this task's signal
+        (script.parent / "slurm-shims" / STOP_REASON).unlink(missing_ok=True)
 
     def report(line: str) -> None:
         nonlocal training
@@ -347,32 +397,39 @@ def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callabl
             _stop(proc)
             raise LaunchError(f"{label} ran past {timeout_s:.0f} s; see {output}") from None
         except (Stopped, KeyboardInterrupt) as exc:
+            cause = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else exc.cause or "a signal"
+            saved = False
             try:
-                saved = training and _save_first(proc, progress, save_s)
+                saved = training and _save_first(proc, progress, save_s, script.parent / "slurm-shims" / STOP_REASON,
+                                                 cause)
             finally:
                 _stop(proc)  # what is left, or all of it when it was not training yet
-            lost = (f"its trainers saved iteration {latest_iteration(checkpoints)} first" if saved
-                    else "losing what it trained since its last checkpoint")
+            try:
+                after = latest_iteration(checkpoints)
+            except BsopsError as err:
+                after, cause = before, f"{cause} (and `latest` is unreadable: {err})"
+            told = stop_line(label, cause, before, after, training, training and not saved, output)
             if isinstance(exc, KeyboardInterrupt):
-                with contextlib.suppress(OSError):
-                    progress(f"{label}: stopped by Ctrl-C, {lost} (see {output}): run the same command again to "
-                             f"resume")
-                raise
-            raise Stopped(f"{label}: {exc}; the task was stopped with it, {lost} (see {output}): run the same "
-                          f"command again to resume") from None
+                raise Interrupted(told, cause) from None
+            raise Stopped(told, cause) from None
         except BaseException:
             _stop(proc)  # bsops failing (its output closed, a bug) takes the task's launchers and trainers with it
             raise
 
 
-def _save_first(proc: subprocess.Popen, progress: Callable[[str], None], save_s: float) -> bool:
+def _save_first(proc: subprocess.Popen, progress: Callable[[str], None], save_s: float,
+                reason_file: Path | None = None, cause: str = "") -> bool:
     """SIGUSR1 to the job script, as Slurm's --signal=B:USR1, and wait up to `save_s` for the task to end; True
-    when it ended with 0 (the script's code is its trainers': 0 once they have saved and exited)."""
+    when it ended with 0 (the script's code is its trainers': 0 once they have saved and exited). `reason_file`
+    first gets why (the script's log line names it: `cause`, asked by bsops launch --local)."""
     if proc.poll() is not None:  # it ended by itself as bsops was stopped
         return proc.returncode == 0
+    if reason_file is not None:
+        with contextlib.suppress(OSError):
+            reason_file.write_text(f"stop asked by bsops launch --local: {cause}\n", encoding="utf-8")
     with contextlib.suppress(OSError):  # a terminal closed (SIGHUP) takes the line, not the save
-        progress(f"stopping: the trainers save and exit first (up to {save_s:.0f} s; Ctrl-C or SIGTERM again "
-                 f"stops them without the save)")
+        progress(f"stopping{f' ({cause})' if cause else ''}: the trainers save and exit first (up to {save_s:.0f} s; "
+                 f"Ctrl-C or SIGTERM again ends the wait: what is left of the task is stopped, saved or not)")
     with contextlib.suppress(Stopped, KeyboardInterrupt, subprocess.TimeoutExpired), \
             _raising_on(signal.SIGTERM, signal.SIGHUP):
         os.kill(proc.pid, signal.SIGUSR1)
@@ -390,7 +447,7 @@ def _raising_on(*signals: signal.Signals) -> Iterator[None]:
         return
 
     def stopped(signum: int, frame: object) -> None:
-        raise Stopped(f"stopped by {signal.Signals(signum).name}")
+        raise Stopped(f"stopped by {signal.Signals(signum).name}", signal.Signals(signum).name)
 
     before = {s: signal.signal(s, stopped) for s in signals if signal.getsignal(s) is not signal.SIG_IGN}
     try:

@@ -88,6 +88,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.launch_plan",
         "bigscience_ops.jobenv",
         "bigscience_ops.launch",
+        "bigscience_ops.launch_console",
         "bigscience_ops.submit",
         "bigscience_ops.trainer",
         "bigscience_ops.ops",

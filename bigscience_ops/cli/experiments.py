@@ -129,6 +129,36 @@ def _echo_data(data) -> None:
             click.echo(f"{kind}: {scrub(str(line))}", err=True)
 
 
+EXIT_INTERRUPTED = 130
+"""A launch stopped by Ctrl-C exits as a shell's command stopped by SIGINT does."""
+
+
+@contextlib.contextmanager
+def _console() -> Iterator:
+    """The local launch's console (launch_console.Console): a progress bar on a terminal, progress lines in a log.
+    Ctrl-C ends it with the line saying what the running task saved, instead of click's `Aborted!`."""
+    import shutil
+
+    from bigscience_ops.launch import Interrupted
+    from bigscience_ops.launch_console import Console
+
+    console = Console(lambda text, newline: click.echo(text, nl=newline), sys.stdout.isatty(),
+                      width=lambda: shutil.get_terminal_size().columns)
+    try:
+        yield console
+    except Interrupted as exc:
+        console.close()
+        click.echo(scrub(str(exc)), err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt:
+        console.close()
+        click.echo("stopped by Ctrl-C before or between the array's tasks (no task was running); run the same "
+                   "command again to go on", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        console.close()
+
+
 def _warn_incomplete(name: str, site) -> None:
     for blank in site.blanks if site is not None else []:
         click.echo(f"warning: {name} is incomplete (--allow-incomplete): {blank.line()}", err=True)
@@ -303,9 +333,8 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
         click.echo(f"watch it with: bsops status {shlex.quote(exp)}    log: {Path(experiment.paths.logs) / 'main_log.txt'}")
         return
     with _data_checked():
-        result = launch_local(experiment, out, tasks, progress=click.echo, allow_incomplete=allow_incomplete)
-    for task in result.tasks:
-        click.echo(f"array task {task.array_task_id}: exit {task.returncode} in {task.seconds:.0f} s ({task.output})")
+        with _console() as console:  # each task's end was told as it came (launch_console.task_end)
+            result = launch_local(experiment, out, tasks, progress=console.feed, allow_incomplete=allow_incomplete)
     click.echo(f"run folder: {result.run_dir}")
     click.echo(f"  log:         {result.main_log}")
     click.echo(f"  checkpoints: {result.checkpoints}")

@@ -63,6 +63,8 @@ def task_begin(experiment_json: Path) -> None:
         _cancel_pending(exp, task_env, "the run is stopped by its kill switch")
         sys.exit(EXIT_NOT_TRAINING)
     if _other_phase(exp, task_env):
+        click.echo("not training: this task's node count is not that of the node phase the run is in (the node "
+                   "schedule line above); no failure counted")
         sys.exit(EXIT_NOT_TRAINING)
     for skipped in ledger.skipped_lines(Path(exp.paths.output)):
         click.echo(f"warning: passed over a ledger line that is no record: {skipped}")
