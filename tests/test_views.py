@@ -194,3 +194,31 @@ def test_plot_marks_the_chronicles_events_on_the_loss_curve(run_exp, tmp_path):
     assert sorted((m.kind, m.tokens) for m in result.markers) == sorted([
         ("task", 0), ("resize", at(2) * SEQ), ("task", at(2) * SEQ), ("rollback", at(1) * SEQ), ("alert", 24 * SEQ)])
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_after_a_rollback_draws_the_live_branch_and_the_abandoned_points_apart(run_exp, tmp_path):
+    """Trained to 8, rolled back to 4, relaunched to 6: the curves are 1-6 (5 and 6 the relaunch's values), the
+    first branch's 5-8 are grey 'rolled back' points; the learning rate never jumps back up on the live curve."""
+    import time
+
+    from bigscience_ops import rollbacks
+    from bigscience_ops.run_schedule import run_schedule
+
+    at = run_schedule(run_exp).batch.consumed_after
+    tb = Path(run_exp.paths.tensorboard)
+    first = {"lm loss": [(at(i), 10.0 - i) for i in range(1, 9)], "learning-rate": [(at(i), i * 1e-5) for i in
+                                                                                    range(1, 9)]}
+    _write_events(tb, first)
+    os.utime(next(tb.iterdir()), (1, 1))  # the first branch's file is the older one
+    rollbacks.append(run_exp.paths.output, rollbacks.Rollback(time.time(), 8, 4, None, ""))
+    _write_events(tb, {"lm loss": [(at(i), 20.0 + i) for i in (5, 6)],
+                       "learning-rate": [(at(i), i * 1e-5) for i in (5, 6)]}, iteration_base=4)
+    result = plot.plot(run_exp, tmp_path / "p.png")
+    loss, lr = result.series["training loss"], result.series["learning rate"]
+    assert loss.tokens == [at(i) * SEQ for i in range(1, 7)]
+    assert loss.values == pytest.approx([9, 8, 7, 6, 25, 26])  # the relaunch's 5 and 6, never the first branch's
+    assert loss.abandoned_tokens == [at(i) * SEQ for i in range(5, 9)]
+    assert loss.abandoned_values == pytest.approx([5, 4, 3, 2])
+    assert lr.values == sorted(lr.values) and lr.tokens[-1] == at(6) * SEQ
+    assert result.series["grad norm"].abandoned_values == []
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -179,3 +179,73 @@ def test_a_log_ending_in_a_line_longer_than_the_window_is_said_not_shown_as_empt
         handle.truncate(os.path.getsize(log) + (65 << 20))  # a sparse run of NULs past the tail's window
     info = runinfo.run_info(exp)
     assert any("NUL bytes" in problem for problem in info.problems), info.problems
+
+
+def _checkpoint(exp, step: int) -> None:
+    """A complete checkpoint as info and `bsops rollback` read it (bsops.json), `latest` naming it."""
+    folder = Path(exp.paths.checkpoints) / f"global_step{step}"
+    folder.mkdir(parents=True)
+    (folder / "bsops.json").write_text(json.dumps({"iteration": step}))
+    (Path(exp.paths.checkpoints) / "latest").write_text(f"global_step{step}")
+
+
+def _log_task(exp, start: int, last: int, mtime: float) -> None:
+    """A task of tiny (221 iterations, logged every 10) resumed at `start`, logged to `last`, as the trainer writes
+    it; main_log.txt is then dated `mtime`."""
+    import os
+
+    from bigscience_ops.trainer.sampling import TaskLayout
+
+    rng = random.Random(start)
+    lines = [TaskLayout(exp.name, 1000, 1, 1, 1, 1, False, 221, start).line()]
+    logged = range(start + 10 - start % 10, last + 1, 10)  # every log_interval
+    lines += [iteration_line(IterationStats(i, 221, 16 * i, 2048 * i, 10.0, 1e-4, 16, rng.uniform(4, 9), 1.0, 1.0,
+                                            None, 0, 0, 2.0, 0.1)) for i in logged]
+    log = Path(exp.paths.logs) / "main_log.txt"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as handle:
+        handle.write("\n".join(lines) + "\n")
+    os.utime(log, (mtime, mtime))
+
+
+def test_a_finished_run_is_finished_though_its_last_iteration_is_not_logged(exp):
+    """tiny logs every 10 iterations: its last line is 220 of 221, and its exit save global_step221 says it trained
+    221, its last (iterations are 1-based)."""
+    import time
+
+    _log_task(exp, 0, 221, time.time())
+    for step in (50, 100, 150, 200, 221):
+        _checkpoint(exp, step)
+    info = runinfo.run_info(exp)
+    text = runinfo.info_text(info)
+    assert "progress:    iteration 221/221 (100.0%): finished" in text and "99.5%" not in text
+    assert (info.last.iteration, info.iteration, info.train_iters, info.finished) == (220, 221, 221, True)
+    assert "last line:   iteration 220, lm loss" in text
+    assert runinfo.info_data(info)["finished"] is True
+    (Path(exp.paths.checkpoints) / "latest").write_text("global_step200")  # a run that stopped at 200
+    stopped = runinfo.run_info(exp)
+    assert (stopped.iteration, stopped.finished) == (220, False) and ": finished" not in runinfo.info_text(stopped)
+
+
+def test_after_a_rollback_info_shows_the_live_iteration(exp):
+    """rollback --to 100 of a finished run: iteration 100 (not 221, not finished) until a task runs again, then the
+    relaunch's iterations; the abandoned lines are never the last line."""
+    import time
+
+    from bigscience_ops.checkpoints.rollback import rollback
+
+    now = time.time()
+    _log_task(exp, 0, 221, now - 600)
+    for step in (50, 100, 150, 200, 221):
+        _checkpoint(exp, step)
+    rollback(exp, 100, "103-110", now=now - 300)
+    info = runinfo.run_info(exp)
+    text = runinfo.info_text(info, now=now)
+    assert "progress:    iteration 100/221 (45.2%)" in text and ": finished" not in text
+    assert (info.iteration, info.finished, info.last.iteration, info.relaunched) == (100, False, 100, False)
+    assert "rollback:    from global_step221 to global_step100, skipping 103-110" in text and "not relaunched" in text
+    assert info.rollback.to_step == 100 and runinfo.info_data(info)["rollback"]["skip"] == "103-110"
+    _log_task(exp, 100, 150, now)  # the relaunch, started at 100: still running
+    again = runinfo.run_info(exp)
+    assert (again.iteration, again.last.iteration, again.relaunched, again.finished) == (150, 150, True, False)
+    assert "progress:    iteration 150/221" in runinfo.info_text(again, now=now)

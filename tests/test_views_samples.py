@@ -106,7 +106,7 @@ def test_curriculum_trains_a_prefix_of_each_sample(exp):
 
 def test_a_skipped_iteration_is_marked_and_the_next_reads_on_after_its_data(exp):
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, skip_iterations=["7-8"]))
-    log = _log((0, 1, 2, False))
+    log = [*_log((0, 1, 2, False)), " iteration 10/ 28 | lm loss: 9 |"]  # the run trained past them
     skipped = samples.iteration_samples(exp, 8, log_lines=log, text=False)
     after = samples.iteration_samples(exp, 9, log_lines=log, text=False)
     assert skipped.skipped and not after.skipped
@@ -218,4 +218,138 @@ def test_a_start_line_no_task_can_have_is_reported_and_skipped(trainings, tmp_pa
     assert text.exit_code == 0 and sum(line.startswith("warning: ") for line in text.output.splitlines()) == 2
     (run / "logs" / "main_log.txt").write_text(zero + "\n")  # the only start line is impossible: the node phase's
     alone = samples.iteration_samples(load_experiment("small", trainings), 7, text=False)
-    assert alone.layout.source.startswith("no task in main_log.txt") and len(alone.skipped_lines) == 1
+    assert "no task in main_log.txt trained it yet" in alone.layout.source and len(alone.skipped_lines) == 1
+
+
+# ---------------------------------------------------------------- the data folder, predictions, rollbacks
+
+
+def _folder(path: Path) -> dict[str, tuple[int, str]]:
+    """Every file of a folder: name -> (size, sha256)."""
+    import hashlib
+
+    return {p.name: (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest()) for p in sorted(path.iterdir())}
+
+
+def test_samples_never_writes_into_the_data_folder_and_reads_the_trainers_index_files(tmp_path, bundled_corpus):
+    """The index files the trainer wrote beside the data are read when whole; what is missing or torn is built in
+    BSOPS_CACHE_DIR (the test's: conftest), and the data folder stays byte-identical."""
+    import os
+    import shutil
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for path in Path(bundled_corpus).parent.glob(Path(bundled_corpus).name + ".*"):
+        if "_indexmap_" not in path.name:  # the data alone: no index file of any run
+            shutil.copy2(path, data / path.name)
+    exp = small_experiment(tmp_path / "run", str(data / Path(bundled_corpus).name))
+    cache = Path(os.environ["BSOPS_CACHE_DIR"]) / "indices"
+    before = _folder(data)
+    result = samples.iteration_samples(exp, 9, log_lines=[], text=False)
+    assert _folder(data) == before  # names, sizes and hashes
+    built = sorted(p.name for p in cache.rglob("*.npy"))
+    assert len(built) >= 3 and all("_indexmap_" in name for name in built)
+    # the trainer's datasets: their index files beside the data, the samples the same
+    train, _, _ = build_datasets(exp, dataset_sizes(exp, run_schedule(exp)), synthetic=False)
+    for s in (s for b in result.micro_batches for s in b.samples):
+        assert list(s.tokens) == train[s.index][:result.seqlen + 1].tolist()
+    shutil.rmtree(cache)
+    trained = _folder(data)
+    assert len(trained) > len(before)
+    again = samples.iteration_samples(exp, 9, log_lines=[], text=False)
+    assert not cache.exists() and _folder(data) == trained  # read where the trainer wrote them, read only
+    torn = next(data.glob("*_train_indexmap_*_shuffle_idx.npy"))
+    with open(torn, "r+b") as handle:
+        handle.truncate(torn.stat().st_size // 2)
+    trained = _folder(data)
+    third = samples.iteration_samples(exp, 9, log_lines=[], text=False)
+    assert _folder(data) == trained and len(list(cache.rglob("*_shuffle_idx.npy"))) == 1  # rebuilt in the cache
+    assert [s.tokens for b in third.micro_batches for s in b.samples] == [
+        s.tokens for b in again.micro_batches for s in b.samples]
+
+
+def test_an_iteration_the_run_has_not_trained_is_a_prediction_naming_no_task(exp):
+    log = [*_log((0, 2, 1, False)), " iteration 6/ 28 | lm loss: 9 |"]
+    past = samples.iteration_samples(exp, 6, log_lines=log, text=False)
+    ahead = samples.iteration_samples(exp, 9, log_lines=log, text=False)
+    text = samples.samples_text(ahead)
+    assert "not trained yet: predicted from the plan" in text[2] and "reach iteration 6" in text[2]
+    assert "the task that started" not in text[1] and "not trained yet: predicted from the plan" in text[1]
+    assert past.trained and past.status == "trained" and past.layout.source == "the log given: the task that " \
+                                                                              "started at iteration 0"
+    assert not ahead.trained and ahead.status == "predicted" and ahead.trained_through == 6
+    assert ahead.layout.source.startswith("not trained yet: predicted from the plan")
+    assert (ahead.layout.data, ahead.layout.micro_batch_size) == (2, 1)  # the last task's
+    data = samples.samples_data(ahead)
+    assert (data["trained"], data["status"], data["trained_through"]) == (False, "predicted", 6)
+    assert samples.samples_data(past)["status_line"] is None
+    nothing = samples.iteration_samples(exp, 3, log_lines=[], text=False)  # no log, no checkpoint: all predicted
+    assert nothing.status == "predicted" and nothing.layout.source.startswith("not trained yet: predicted")
+
+
+def _checkpoint(exp, step: int) -> None:
+    """A complete checkpoint folder as `bsops rollback` and `info` read it (bsops.json), and `latest` naming it."""
+    folder = Path(exp.paths.checkpoints) / f"global_step{step}"
+    folder.mkdir(parents=True)
+    (folder / "bsops.json").write_text(json.dumps({"iteration": step}))
+    (Path(exp.paths.checkpoints) / "latest").write_text(f"global_step{step}")
+
+
+def _trained_log(exp, start: int, last: int, mtime: float) -> Path:
+    """A task's start line at `start` and its iteration lines to `last`, as the trainer writes them, appended to
+    main_log.txt, which is then dated `mtime`."""
+    import os
+
+    from bigscience_ops.iteration_log import IterationStats, iteration_line
+
+    lines = [TaskLayout(exp.name, 1000, 1, 1, 1, 2, False, 28, start).line()]
+    lines += [iteration_line(IterationStats(i, 28, 6 * i, 6 * i * 32, 10.0, 1e-4, 6, 7.0, 1.0, 1.0, None, 0, 0, 1.0,
+                                            0.0)) for i in range(start + 1, last + 1)]
+    log = Path(exp.paths.logs) / "main_log.txt"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as handle:
+        handle.write("\n".join(lines) + "\n")
+    os.utime(log, (mtime, mtime))
+    return log
+
+
+def test_right_after_a_rollback_the_skip_range_is_what_the_relaunch_will_do(exp):
+    """rollback --to 10 --skip 12-14 of a run that trained 20: until the relaunch has trained past them, 12-14 'will
+    be skipped at the relaunch'; iterations the abandoned branch trained are predictions again."""
+    import time
+
+    from bigscience_ops.checkpoints.rollback import rollback
+    from bigscience_ops.launch_plan import as_recorded
+
+    now = time.time()
+    for step in (10, 20):
+        _checkpoint(exp, step)
+    _trained_log(exp, 0, 20, now - 600)
+    rollback(exp, 10, "12-14", now=now - 300)
+    recorded = as_recorded(exp)  # the skip, as `bsops samples` applies it
+    pending = samples.iteration_samples(recorded, 13, text=False)
+    line = samples.samples_text(pending)[2]
+    assert "will be skipped at the relaunch: its data consumed, no update" in line
+    assert "rollback to iteration 10" in line
+    assert "consumed their data" not in line and "was consumed" not in line
+    assert (pending.status, pending.trained_through) == ("will be skipped", 10)
+    assert samples.iteration_samples(recorded, 18, text=False).status == "predicted"  # the abandoned branch's
+    _trained_log(exp, 10, 16, now)  # the relaunch: starts at 10, steps over 12-14, trains to 16
+    done = samples.iteration_samples(recorded, 13, text=False)
+    assert (done.status, done.trained_through) == ("skipped", 16)
+    assert samples.samples_text(done)[2] == "skipped (train.skip_iterations): its data was consumed, no update was made"
+    assert samples.iteration_samples(recorded, 18, text=False).status == "predicted"
+    assert samples.iteration_samples(recorded, 15, text=False).layout.source.endswith("started at iteration 10")
+
+
+def test_the_index_cache_is_bsops_cache_dir_else_the_xdg_cache_else_home(monkeypatch, tmp_path):
+    from bigscience_ops.data.gpt_dataset import user_index_cache
+
+    monkeypatch.setenv("BSOPS_CACHE_DIR", str(tmp_path / "bsops"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert user_index_cache() == tmp_path / "bsops" / "indices"
+    monkeypatch.delenv("BSOPS_CACHE_DIR")
+    assert user_index_cache() == tmp_path / "xdg" / "bsops" / "indices"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert user_index_cache() == tmp_path / "home" / ".cache" / "bsops" / "indices"

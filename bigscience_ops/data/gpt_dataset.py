@@ -16,19 +16,24 @@ Index files are cached next to the data (or in `cache_dir`) and reused when the 
 the data's token count, num_samples, seq_length and seed all match; building is done by one
 process under a lock (flock, or a lock file where the filesystem lacks flock), straight into the
 files in bounded memory (index_files.py; index_mappings.py holds Megatron's in-memory reference);
-the others wait and load.
+the others wait and load. A reader that must never write beside the data (`bsops samples`) passes
+`ReadOnlyIndices`: the trainer's files are read where they are whole, anything else is built in the
+user's cache (`user_index_cache`), one folder per dataset.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from bigscience_ops.data.errors import DataError
 from bigscience_ops.data.index_files import write_index_mappings
+from bigscience_ops.data.index_mappings import index_plan
 from bigscience_ops.data.indexed import IndexedDataset
 from bigscience_ops.data.locks import build_lock
 
@@ -74,17 +79,77 @@ def index_cache_base(prefix: str, name: str, first_doc: int, end_doc: int, num_d
     return folder / stem
 
 
+@dataclass(frozen=True)
+class ReadOnlyIndices:
+    """Where a reader that never writes beside the data (`bsops samples`) finds the index files: where the trainer
+    writes them (`trainer_dir`: the run's data.cache_dir; None: beside each dataset), read only, when all three are
+    there and whole; else in `cache` (`user_index_cache()`), loaded or built there."""
+
+    trainer_dir: str | None
+    cache: Path
+
+
+def user_index_cache() -> Path:
+    """$BSOPS_CACHE_DIR/indices, else $XDG_CACHE_HOME/bsops/indices, else ~/.cache/bsops/indices."""
+    root = os.environ.get("BSOPS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "bsops")
+    return Path(root) / "indices"
+
+
+def _user_cache_base(cache: Path, indexed: IndexedDataset, trainer_base: Path, first_doc: int, end_doc: int) -> Path:
+    """The trainer's file name in a folder of the dataset's own (its name and a hash of its absolute path), with a
+    hash of the documents' sizes (all the indices depend on) added: two datasets never share or clash."""
+    where = hashlib.sha1(os.path.realpath(indexed.prefix).encode()).hexdigest()[:12]
+    sizes = np.ascontiguousarray(indexed.sizes[first_doc:end_doc])
+    digest = hashlib.blake2b(sizes.dtype.str.encode(), digest_size=8)
+    digest.update(memoryview(sizes).cast("B"))
+    return cache / f"{Path(indexed.prefix).name}-{where}" / f"{trainer_base.name}_{digest.hexdigest()}"
+
+
+def _whole(paths: list[Path], shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, ...] | None:
+    """The three arrays memory-mapped, or None unless each is a plain file holding an integer array of its shape."""
+    if not all(p.is_file() for p in paths):
+        return None
+    try:
+        arrays = tuple(np.load(p, mmap_mode="r", allow_pickle=False) for p in paths)
+    except (OSError, ValueError, EOFError):
+        return None
+    if any(a.shape != shape or a.dtype.kind not in "iu" for a, shape in zip(arrays, shapes)):
+        return None
+    return arrays
+
+
+def _shapes(indexed: IndexedDataset, first_doc: int, end_doc: int, num_samples: int,
+            seq_length: int) -> list[tuple[int, ...]]:
+    """The shapes of doc_idx, sample_idx and shuffle_idx for these parameters (index_plan's epochs)."""
+    tokens_per_epoch, num_epochs, _, _ = index_plan(indexed.sizes, first_doc, end_doc, num_samples, seq_length)
+    total = (num_epochs * tokens_per_epoch - 1) // seq_length
+    return [(num_epochs * (end_doc - first_doc),), (total + 1, 2), (total,)]
+
+
 def load_or_build_index_mappings(indexed: IndexedDataset, name: str, first_doc: int, end_doc: int,
                                  num_samples: int, seq_length: int, seed: int,
-                                 cache_dir: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """The three arrays (memory-mapped from the cache) and whether they were built now."""
+                                 cache_dir: str | ReadOnlyIndices | None = None
+                                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """The three arrays (memory-mapped from the cache) and whether they were built now. With ReadOnlyIndices
+    nothing is written where the trainer writes: its files are read when whole, else the user cache is used."""
     tokens = int(indexed.sizes[first_doc:end_doc].sum(dtype=np.int64))
+    trainer_dir = cache_dir.trainer_dir if isinstance(cache_dir, ReadOnlyIndices) else cache_dir
     base = index_cache_base(indexed.prefix, name, first_doc, end_doc, len(indexed), tokens,
-                            num_samples, seq_length, seed, cache_dir)
+                            num_samples, seq_length, seed, trainer_dir)
     paths = [Path(f"{base}_{part}_idx.npy") for part in ("doc", "sample", "shuffle")]
+    ready = lambda: all(p.is_file() for p in paths)  # noqa: E731
+    if isinstance(cache_dir, ReadOnlyIndices):
+        shapes = _shapes(indexed, first_doc, end_doc, num_samples, seq_length)
+        found = _whole(paths, shapes)
+        if found is not None:
+            return (*found, False)
+        base = _user_cache_base(cache_dir.cache, indexed, base, first_doc, end_doc)
+        paths = [Path(f"{base}_{part}_idx.npy") for part in ("doc", "sample", "shuffle")]
+        ready = lambda: _whole(paths, shapes) is not None  # noqa: E731  a torn file is built again
     built = False
-    if not all(p.is_file() for p in paths):
-        with build_lock(Path(f"{base}.lock"), lambda: all(p.is_file() for p in paths)) as build:
+    if not ready():
+        with build_lock(Path(f"{base}.lock"), ready) as build:
             if build:  # else another process built them meanwhile
                 write_index_mappings(indexed.sizes, first_doc, end_doc, num_samples, seq_length, seed,
                                      (paths[0], paths[1], paths[2]))
@@ -99,7 +164,7 @@ class GPTDataset:
     """Samples of seq_length + 1 tokens from documents [first_doc, end_doc) of one indexed dataset."""
 
     def __init__(self, name: str, indexed: IndexedDataset, first_doc: int, end_doc: int, num_samples: int,
-                 seq_length: int, seed: int, cache_dir: str | None = None) -> None:
+                 seq_length: int, seed: int, cache_dir: str | ReadOnlyIndices | None = None) -> None:
         if not 0 <= first_doc < end_doc <= len(indexed):
             raise DataError(f"document range [{first_doc}, {end_doc}) is empty or outside the "
                             f"{len(indexed)} documents of {indexed.prefix}")
@@ -208,7 +273,7 @@ def build_train_valid_test_datasets(
     seq_length: int,
     seed: int,
     num_samples: tuple[int, int, int],
-    cache_dir: str | None = None,
+    cache_dir: str | ReadOnlyIndices | None = None,
 ) -> tuple[GPTDataset | BlendedDataset | None, GPTDataset | BlendedDataset | None,
            GPTDataset | BlendedDataset | None]:
     """Train, valid and test datasets over weighted prefixes; None where a split has no documents.

@@ -64,8 +64,9 @@ def dataset_sizes(exp: Experiment, schedule: RunSchedule) -> tuple[int, int, int
     return train, valid, log.eval_iters * gbs
 
 
-def build_datasets(exp: Experiment, num_samples: tuple[int, int, int], synthetic: bool) -> tuple:
-    """(train, valid, test) datasets; a split may be None when the data split leaves it empty."""
+def build_datasets(exp: Experiment, num_samples: tuple[int, int, int], synthetic: bool, indices=None) -> tuple:
+    """(train, valid, test) datasets; a split may be None when the data split leaves it empty. `indices` (a
+    gpt_dataset.ReadOnlyIndices, for `bsops samples`) reads the index files the trainer wrote and writes none there."""
     m = exp.model
     if synthetic:
         train, valid, test = num_samples
@@ -75,7 +76,7 @@ def build_datasets(exp: Experiment, num_samples: tuple[int, int, int], synthetic
 
     prefixes = [(src.weight, src.prefix) for src in exp.data.blend]
     return build_train_valid_test_datasets(prefixes, exp.data.split, m.seq_length, exp.train.seed, num_samples,
-                                           cache_dir=exp.data.cache_dir)
+                                           cache_dir=exp.data.cache_dir if indices is None else indices)
 
 
 def micro_batch_positions(consumed: int, k: int, micro_batch_size: int, dp_rank: int, dp_size: int) -> range:

@@ -7,7 +7,10 @@ files are read oldest first and a later value for the same x wins, so the curve 
 run that continued recorded. The run chronicle's events (ops/keep/chronicle.py: task starts, node-phase
 resizes, rollbacks, alerts) are vertical lines on the training-loss panel: at their iteration's
 consumed tokens where the run records the iteration, else (an alert) at the last point TensorBoard
-logged before it. Drawn with matplotlib's Agg backend (no display needed).
+logged before it. After a rollback (rollbacks.jsonl) the curves are the live branch's: a point past the
+rollback's target logged before the rollback is the abandoned branch's (views/branch.py), drawn apart in
+grey as "rolled back" and never the curve's, even where the relaunch has not logged that point again.
+Drawn with matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bigscience_ops import rollbacks
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.keep import chronicle
 from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.views import branch
 
 # (panel title, TensorBoard tag against consumed samples, y-axis label)
 PANELS = (
@@ -49,6 +54,8 @@ class Series:
     tokens: list[float] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # when each value was logged (epoch seconds)
+    abandoned_tokens: list[float] = field(default_factory=list)  # the points a rollback abandoned, x in tokens
+    abandoned_values: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -74,8 +81,10 @@ def event_files(tensorboard_dir: Path) -> list[Path]:
     return [Path(p) for p in sorted(files, key=lambda p: (os.path.getmtime(p), p))]
 
 
-def read_series(tensorboard_dir: Path, seq_length: int) -> tuple[dict[str, Series], list[Path]]:
-    """Every panel's series from the event files under `tensorboard_dir`, x converted to tokens."""
+def read_series(tensorboard_dir: Path, seq_length: int,
+                cutoffs: list[tuple[float, int]] = ()) -> tuple[dict[str, Series], list[Path]]:
+    """Every panel's series from the event files under `tensorboard_dir`, x converted to tokens. `cutoffs` (each
+    rollback's time and its target's consumed samples) set the abandoned branches' points apart."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     files = event_files(tensorboard_dir)
@@ -83,19 +92,32 @@ def read_series(tensorboard_dir: Path, seq_length: int) -> tuple[dict[str, Serie
         raise PlotError(f"no TensorBoard event files (events.out.tfevents.*) under {tensorboard_dir}; "
                         "has the run logged its first iteration (logging.tensorboard true)?")
     points: dict[str, dict[int, tuple[float, float]]] = {tag: {} for _, tag, _ in PANELS}
+    gone: dict[str, dict[int, float]] = {tag: {} for _, tag, _ in PANELS}
     for path in files:
         acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
         acc.Reload()
         available = set(acc.Tags().get("scalars", []))
         for tag, values in points.items():
             if tag in available:
-                values.update({e.step: (e.value, e.wall_time) for e in acc.Scalars(tag)})
+                for e in acc.Scalars(tag):
+                    if branch.abandoned(e.step, e.wall_time, cutoffs):
+                        gone[tag][e.step] = e.value
+                    else:
+                        values[e.step] = (e.value, e.wall_time)
     series = {}
     for name, tag, _ in PANELS:
-        steps = sorted(points[tag])
+        steps, left = sorted(points[tag]), sorted(gone[tag])
         series[name] = Series(name, tag, [s * seq_length for s in steps], [points[tag][s][0] for s in steps],
-                              [points[tag][s][1] for s in steps])
+                              [points[tag][s][1] for s in steps], [s * seq_length for s in left],
+                              [gone[tag][s] for s in left])
     return series, files
+
+
+def rollback_cutoffs(exp) -> list[tuple[float, int]]:
+    """(time, consumed samples after its target) of each rollback the run folder records; none where they cannot be
+    read (`bsops info` names a bad line)."""
+    batch = run_schedule(exp).batch
+    return [(r.time, batch.consumed_after(r.to_step)) for r in rollbacks.read_checked(exp.paths.output).records]
 
 
 def markers(exp, loss: Series) -> list[Marker]:
@@ -126,7 +148,8 @@ def draw(series: dict[str, Series], out: Path, title: str, marks: list[Marker] =
     fig, axes = plt.subplots(3, 2, figsize=(13, 11), constrained_layout=True)
     fig.suptitle(title, fontsize=15)
     cells = list(axes.flat)
-    right = max((s.tokens[-1] for s in series.values() if s.tokens), default=1.0)
+    right = max((max(s.tokens[-1:] + s.abandoned_tokens[-1:]) for s in series.values()
+                 if s.tokens or s.abandoned_tokens), default=1.0)
     for ax, (name, _, ylabel) in zip(cells, PANELS):
         s = series[name]
         ax.set_title(name, fontsize=13)
@@ -135,14 +158,20 @@ def draw(series: dict[str, Series], out: Path, title: str, marks: list[Marker] =
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         ax.set_xlim(0, right * 1.02)  # one x range for every panel, so they line up
         ax.grid(True, alpha=0.3)
-        if not s.values:
+        if not s.values and not s.abandoned_values:
             ax.text(0.5, 0.5, "no data yet", transform=ax.transAxes, ha="center", va="center", color="gray")
             continue
         marker = "o" if len(s.values) < 30 else None
         steps = "steps-post" if name == "batch size" else "default"  # the rampup changes it in steps
-        ax.plot(s.tokens, s.values, marker=marker, markersize=4, linewidth=1.4, drawstyle=steps)
+        if s.abandoned_values:  # drawn first, under the live curve
+            ax.plot(s.abandoned_tokens, s.abandoned_values, color="0.65", linestyle=":", linewidth=1.2,
+                    marker="x" if len(s.abandoned_values) < 30 else None, markersize=4, drawstyle=steps,
+                    label="rolled back", gid="rolled-back")
+        ax.plot(s.tokens, s.values, marker=marker, markersize=4, linewidth=1.4, drawstyle=steps, gid="live")
         if name == "training loss":
             _draw_markers(ax, marks)
+        if s.abandoned_values or (name == "training loss" and marks):
+            ax.legend(loc="upper right", fontsize=9)
         if name == "batch size":
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         if name == "learning rate":
@@ -177,15 +206,18 @@ def _draw_markers(ax, marks: list[Marker]) -> None:
         ax.axvline(mark.tokens, color=colour, linestyle="--", linewidth=0.9, alpha=0.8, gid=f"event:{mark.kind}",
                    label=label if mark.kind not in labelled else None)
         labelled.add(mark.kind)
-    if labelled:
-        ax.legend(loc="upper right", fontsize=9)
 
 
 def plot(exp, out: Path, tensorboard_dir: Path | None = None) -> Plot:
     """Read `exp`'s TensorBoard events (paths.tensorboard, or `tensorboard_dir`) and write the PNG `out`, the
-    run chronicle's events marked on the loss curve (none when the run folder's records cannot be read)."""
+    run chronicle's events marked on the loss curve (none when the run folder's records cannot be read), the
+    points its rollbacks abandoned drawn apart."""
     directory = Path(tensorboard_dir or exp.paths.tensorboard)
-    series, files = read_series(directory, exp.model.seq_length)
+    try:
+        cutoffs = rollback_cutoffs(exp)
+    except (BsopsError, OSError):
+        cutoffs = []
+    series, files = read_series(directory, exp.model.seq_length, cutoffs)
     try:
         marks = markers(exp, series["training loss"])
     except (BsopsError, OSError):

@@ -1,13 +1,18 @@
 """`bsops info`: a run's state at a glance, read from its folder alone (no Slurm, no torch).
 
 What the run already records answers it: the last iteration lines of main_log.txt (parsed by the
-trainer's own reader, iteration_log.parse_iteration_line), `latest` and the complete checkpoints
+trainer's own reader, iteration_log.parse_iteration_line) on the run's live branch (views/branch.py: after a
+rollback, the abandoned iterations are not the run's progress), `latest` and the complete checkpoints
 (checkpoints/layout.py), the last backup (the manifests ops/keep/backup.py writes in the run's part of
 the store, read as JSON: no checkpoint file is opened), the task ledger (ledger.py: array tasks with
 their nodes, iterations, times and exits), the open alerts of the watchdog and hourly jobs
 (ops/tell/notify.py's state file), and the disk the run folder takes. Each part that cannot be read is reported in the result and
 the rest is still shown: a ledger or rollbacks line, a manifest that is not one (each field is checked by its
 reader), a `latest` or global_stepN that is a link (refused, as by every command).
+
+The run's iteration is the live branch's: its last iteration line, or its latest checkpoint where that is later
+(a trainer logs every log_interval iterations, so the last iteration is often not logged). A run whose latest
+checkpoint is its last iteration (iterations are 1-based: step train_iters) is finished.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from typing import Any
 from bigscience_ops import ledger, rollbacks, runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.iteration_log import IterationStats, parse_iteration_line
+from bigscience_ops.iteration_log import IterationStats
 from bigscience_ops.ops.keep import backup as backups
+from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
+from bigscience_ops.views import branch
 
 TAIL_LINES = 400  # lines read from the end of main_log.txt: enough for the recent iteration lines
 THROUGHPUT_WINDOW = 20  # iteration lines the median throughput is taken over
@@ -62,6 +69,11 @@ class RunInfo:
     disk: dict[str, int]  # bytes: "run folder", "checkpoints"
     problems: list[str] = field(default_factory=list)  # what could not be read, one line each
     backup: BackupInfo = field(default_factory=BackupInfo)
+    iteration: int | None = None  # the live branch's: its last iteration line or latest checkpoint, the later
+    train_iters: int | None = None  # the trainer's (its log line), else the experiment's
+    finished: bool = False  # the latest checkpoint is step train_iters: the last iteration trained and saved
+    rollback: rollbacks.Rollback | None = None  # the last rollback
+    relaunched: bool = True  # a task has run since the last rollback (True without one)
 
 
 def run_info(exp: Experiment) -> RunInfo:
@@ -79,8 +91,6 @@ def run_info(exp: Experiment) -> RunInfo:
                 problems.append(f"log {log}: {note}")
         except (OSError, BsopsError) as exc:
             problems.append(f"log {log}: {exc}")
-    iterations = [stats for stats in map(parse_iteration_line, lines) if stats is not None]
-    recent = [s.samples_per_second for s in iterations[-THROUGHPUT_WINDOW:] if s.samples_per_second > 0]
     latest, complete, saved_at = None, [], None
     try:
         latest = layout.latest_step(checkpoints)
@@ -94,7 +104,14 @@ def run_info(exp: Experiment) -> RunInfo:
     read = ledger.read_checked(out / ledger.LEDGER_NAME)
     records = read.records
     problems += [f"task ledger: {p}" for p in read.problems]
-    problems += [f"rollbacks: {p}" for p in rollbacks.read_checked(out).problems]
+    done = rollbacks.read_checked(out)
+    problems += [f"rollbacks: {p}" for p in done.problems]
+    live = branch.live_branch(lines, latest=latest, rollbacks=done.records, log_mtime=_mtime(log),
+                              begins=[r.time for r in records if r.event == "begin"], keep=THROUGHPUT_WINDOW)
+    iterations = live.lines
+    recent = [s.samples_per_second for s in iterations[-THROUGHPUT_WINDOW:] if s.samples_per_second > 0]
+    train_iters = iterations[-1].train_iters if iterations else _train_iters(exp)
+    iteration = live.trained if iterations or latest is not None else None
     unreadable: list[str] = []
     try:
         copies = backup_info(exp, unreadable)
@@ -105,7 +122,16 @@ def run_info(exp: Experiment) -> RunInfo:
     return RunInfo(exp.name, out, log if log.is_file() else None, iterations[-1] if iterations else None,
                    _mtime(log), statistics.median(recent) if recent else None, latest, complete, saved_at,
                    sum(1 for r in records if r.event == "launch"), ledger.attempts(records), ledger.stopped(records),
-                   [], {"run folder": _bytes(out), "checkpoints": _bytes(checkpoints)}, problems, copies)
+                   [], {"run folder": _bytes(out), "checkpoints": _bytes(checkpoints)}, problems, copies,
+                   iteration, train_iters, latest is not None and train_iters is not None and latest >= train_iters,
+                   live.rollback, live.relaunched)
+
+
+def _train_iters(exp: Experiment) -> int | None:
+    try:
+        return run_schedule(exp).train_iters
+    except (BsopsError, ValueError):
+        return None
 
 
 def backup_info(exp: Experiment, problems: list[str] | None = None) -> BackupInfo:
@@ -172,17 +198,25 @@ def info_text(info: RunInfo, now: float | None = None) -> str:
         lines[0] += " (no such folder: this run was not launched from here; paths resolve as the README's"
         lines[0] += " 'Where paths resolve' says)"
     last = info.last
-    if last is None:
+    if info.iteration is None:
         lines.append(f"  progress:    no iteration logged yet ({info.log or 'no main_log.txt'})")
     else:
+        total = info.train_iters
+        share = f" ({100 * info.iteration / max(1, total):.1f}%)" if total else ""
+        done = f": finished, the last checkpoint is the final step {info.latest}" if info.finished else ""
+        lines.append(f"  progress:    iteration {info.iteration}/{total or '?'}{share}{done}")
+    r = info.rollback
+    if r is not None:
+        skip = f", skipping {r.skip}" if r.skip else ""
+        lines.append(f"  rollback:    from global_step{r.from_step} to global_step{r.to_step}{skip} "
+                     f"{_when(r.time, now)}; " + ("the live branch trained on from it" if info.relaunched else
+                                                 "not relaunched yet: the iterations after it are set aside"))
+    if last is not None:
         loss = "loss not logged" if last.lm_loss is None else f"lm loss {last.lm_loss:.4f}"
         median = (f" (median of the last {THROUGHPUT_WINDOW} lines: {info.median_samples_per_second:.2f})"
                   if info.median_samples_per_second is not None else "")
-        lines.append(f"  progress:    iteration {last.iteration}/{last.train_iters} "
-                     f"({100 * last.iteration / max(1, last.train_iters):.1f}%), {loss}, "
-                     f"{last.samples_per_second:.2f} samples/s{median}; logged {_when(info.logged_at, now)}")
-        if info.latest is not None and info.latest >= last.train_iters:
-            lines.append(f"  finished:    the last checkpoint is the final step {info.latest}")
+        lines.append(f"  last line:   iteration {last.iteration}, {loss}, {last.samples_per_second:.2f} samples/s"
+                     f"{median}; logged {_when(info.logged_at, now)}")
     if info.latest is None:
         lines.append("  checkpoint:  none yet")
     else:

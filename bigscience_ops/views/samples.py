@@ -12,6 +12,11 @@ the trainer's own functions (trainer/sampling.py), so it is what the trainer rea
 - the data: the datasets `build_datasets` builds with the trainer's `dataset_sizes`; a blend maps a
   sample to its dataset (BlendedDataset.source), and the GPT dataset's shuffle, sample and document
   indices to (document, offset, length) pieces (GPTDataset.pieces), decoded with the experiment's tokenizer.
+  The index files the trainer wrote are read where it wrote them; nothing is ever written into the data
+  folder: what is missing is built in the user's cache (gpt_dataset.ReadOnlyIndices, user_index_cache);
+- the record: an iteration the run's live branch has trained (views/branch.py: its log and checkpoints, after
+  its rollbacks) is a record; a later one is a prediction from the plan, said as such, and a skipped one
+  not reached yet "will be skipped" (at the relaunch, right after a rollback).
 
 numpy only (no torch): it runs on a login node while the training holds the GPUs.
 """
@@ -20,15 +25,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
-from bigscience_ops import runlog
+from bigscience_ops import ledger, rollbacks, runlog
+from bigscience_ops.checkpoints import layout as checkpoint_layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.run_schedule import RunSchedule, run_schedule
-from bigscience_ops.schedules import in_skip_range
+from bigscience_ops.schedules import in_skip_range, parse_skip_ranges
 from bigscience_ops.schema import Experiment
 from bigscience_ops.trainer.sampling import (
     LayoutLineError, TaskLayout, build_datasets, dataset_sizes, micro_batch_positions, parse_layout_line, seqlen_at,
 )
+from bigscience_ops.views import branch
 
 
 class SamplesError(BsopsError):
@@ -89,10 +97,41 @@ class IterationSamples:
     micro_batches: tuple[MicroBatch, ...]
     skipped_lines: tuple[str, ...] = ()
     """One note per task start line of the log skipped because no task can have its numbers (micro batch size 0)."""
+    trained_through: int | None = None
+    """The last iteration the run's live branch trained (its log and checkpoints); None: not known, a record."""
+    pending: rollbacks.Rollback | None = None
+    """The run's last rollback while no task has run since it."""
+
+    @property
+    def trained(self) -> bool:
+        """The run trained this iteration: the samples are a record, not a prediction from the plan."""
+        return self.trained_through is None or self.iteration <= self.trained_through
+
+    @property
+    def status(self) -> str:
+        """trained, skipped (its data consumed, no update), predicted, or will be skipped."""
+        if self.trained:
+            return "skipped" if self.skipped else "trained"
+        return "will be skipped" if self.skipped else "predicted"
+
+    def status_line(self) -> str | None:
+        """The status in words, None for a trained iteration."""
+        r = self.pending
+        if self.status == "skipped":
+            return "skipped (train.skip_iterations): its data was consumed, no update was made"
+        if self.trained:
+            return None
+        line = (f"not trained yet: predicted from the plan (the run's log and checkpoints reach iteration "
+                f"{self.trained_through})")
+        if self.skipped and r is not None and r.skip and in_skip_range(self.iteration, parse_skip_ranges([r.skip])):
+            return (f"{line}; will be skipped at the relaunch: its data consumed, no update (rollback to iteration "
+                    f"{r.to_step}, skip {r.skip})")
+        if self.skipped:
+            return f"{line}; will be skipped when the run reaches it: its data consumed, no update"
+        return line
 
 
-START_MARK = "> training "
-"""In every task's start line (trainer/sampling.TaskLayout.line)."""
+START_MARK = branch.START_MARK
 
 
 def read_layouts(lines: Iterable[str]) -> tuple[list[TaskLayout], list[str]]:
@@ -116,36 +155,75 @@ def task_layouts(lines: Iterable[str]) -> list[TaskLayout]:
     return read_layouts(lines)[0]
 
 
-def _log_layouts(exp: Experiment) -> tuple[list[TaskLayout], list[str], str | None]:
+@dataclass(frozen=True)
+class _RunLog:
+    tasks: list[TaskLayout]
+    skipped: list[str]
+    log: str | None
+    live: branch.LiveBranch
+
+
+def _read_log(exp: Experiment, log_lines: Iterable[str] | None) -> _RunLog:
+    """The task start lines of the run's log (or of `log_lines`) and its live branch, in one streamed pass: linear
+    in a months-long log, one line of bounded length at a time (runlog)."""
+    out = Path(exp.paths.output)
     try:
-        path = runlog.find_log(exp)
-    except runlog.LogMissing:
-        return [], [], None
-    except runlog.LogError as exc:  # there, but not a file to read (a FIFO, a folder)
-        raise SamplesError(str(exc)) from None
-    try:  # streamed by runlog: linear in a months-long log, one line of bounded length at a time
-        return (*read_layouts(runlog.lines(path, containing=START_MARK.encode())), str(path))
+        latest = checkpoint_layout.latest_step(Path(exp.paths.checkpoints))
+    except (BsopsError, OSError):  # a `latest` that cannot be read: the log alone tells what was trained
+        latest = None
+    begins = [r.time for r in ledger.read_checked(out / ledger.LEDGER_NAME).records if r.event == "begin"]
+    done = rollbacks.read_checked(out).records
+    starts: list[str] = []
+
+    def spy(lines: Iterable[str]) -> Iterable[str]:
+        for line in lines:
+            if START_MARK in line:
+                starts.append(line)
+            yield line
+
+    path, mtime = None, None
+    if log_lines is None:
+        try:
+            path = runlog.find_log(exp)
+            mtime = path.stat().st_mtime
+        except runlog.LogMissing:
+            pass
+        except (runlog.LogError, OSError) as exc:  # there, but not a file to read (a FIFO, a folder)
+            raise SamplesError(str(exc)) from None
+    try:
+        lines = log_lines if log_lines is not None else runlog.lines(path, containing=branch.LOG_FILTER) if path else []
+        live = branch.live_branch(spy(lines), latest=latest, rollbacks=done, begins=begins, log_mtime=mtime)
     except runlog.LogError as exc:
         raise SamplesError(str(exc)) from None
+    tasks, skipped = read_layouts(starts)
+    return _RunLog(tasks, skipped, "the log given" if log_lines is not None else str(path) if path else None, live)
 
 
 def layout_at(exp: Experiment, schedule: RunSchedule, iteration: int, tasks: list[TaskLayout],
-              log: str | None = None) -> Layout:
+              log: str | None = None, trained: bool = True) -> Layout:
     """DP and micro-batch size of the task that trained `iteration`: the last task in the log that started
-    before it (a relaunch after a rollback trains it again), else the node phase's processes / (TP x PP)."""
+    before it (a relaunch after a rollback trains it again), else the node phase's processes / (TP x PP).
+    An iteration not `trained` yet is predicted: with the last task's layout, named as a prediction."""
     trained_by = [t for t in tasks if t.start < iteration]
     if trained_by:
         task = trained_by[-1]
         if task.synthetic:
-            raise SamplesError(f"iteration {iteration} of {exp.name} was trained on generated data "
-                               f"(--synthetic-data, the task that started at iteration {task.start} in {log}): "
-                               "it has no corpus, documents or text to show")
+            what = (f"was trained on generated data (--synthetic-data, the task that started at iteration "
+                    f"{task.start} in {log})" if trained else f"is not trained yet, and the last task (started at "
+                    f"iteration {task.start} in {log}) trains on generated data (--synthetic-data)")
+            raise SamplesError(f"iteration {iteration} of {exp.name} {what}: it has no corpus, documents or text "
+                               "to show")
+        if not trained:
+            return Layout(task.data, task.micro_batch_size,
+                          f"not trained yet: predicted from the plan, with the layout of the last task in {log} "
+                          f"(started at iteration {task.start}), which has not trained it")
         return Layout(task.data, task.micro_batch_size,
                       f"{log}: the task that started at iteration {task.start}")
     phase = schedule.phase_of_iteration(iteration - 1)
     p = exp.parallel
     processes = phase.nodes * exp.slurm.gpus_per_node
     why = "no task in main_log.txt trained it yet" if log is not None else "no main_log.txt"
+    why = f"not trained yet: predicted from the plan ({why})" if not trained else why
     return Layout(processes // (p.tensor * p.pipeline), exp.batch.micro_batch_size,
                   f"{why}: {processes} processes of {phase.describe()} / (TP {p.tensor} x PP {p.pipeline}), "
                   "batch.micro_batch_size")
@@ -202,12 +280,9 @@ def iteration_samples(exp: Experiment, iteration: int, *, dp: int | None = None,
     schedule = run_schedule(exp)
     if not 1 <= iteration <= schedule.train_iters:
         raise SamplesError(f"--iteration: got {iteration}; {exp.name} trains iterations 1 to {schedule.train_iters}")
-    if log_lines is not None:
-        tasks, skipped = read_layouts(log_lines)
-        log = "the log given"
-    else:
-        tasks, skipped, log = _log_layouts(exp)
-    layout = layout_at(exp, schedule, iteration, tasks, log)
+    run = _read_log(exp, log_lines)
+    tasks, skipped, log, live = run.tasks, run.skipped, run.log, run.live
+    layout = layout_at(exp, schedule, iteration, tasks, log, trained=iteration <= live.trained)
     if dp is not None or micro_batch_size is not None:
         layout = Layout(dp or layout.data, micro_batch_size or layout.micro_batch_size,
                         f"given (--dp/--micro-batch-size); the run's: {layout.source}")
@@ -225,7 +300,10 @@ def iteration_samples(exp: Experiment, iteration: int, *, dp: int | None = None,
         if any(not 0 <= v < limit for v in values):
             raise SamplesError(f"{name}: got {', '.join(map(str, values))}; iteration {iteration} has 0 to {limit - 1} "
                                f"(DP {layout.data}, {count} micro-batches of {layout.micro_batch_size} per rank)")
-    train, _, _ = build_datasets(exp, dataset_sizes(exp, schedule), synthetic=False)
+    from bigscience_ops.data.gpt_dataset import ReadOnlyIndices, user_index_cache
+
+    indices = ReadOnlyIndices(exp.data.cache_dir, user_index_cache())  # nothing written beside the data
+    train, _, _ = build_datasets(exp, dataset_sizes(exp, schedule), synthetic=False, indices=indices)
     if train is None:
         raise SamplesError(f"data.split: got {exp.data.split!r}; the training split is empty")
     seqlen = seqlen_at(schedule, iteration)
@@ -236,14 +314,16 @@ def iteration_samples(exp: Experiment, iteration: int, *, dp: int | None = None,
         for k in chosen for r in ranks)
     return IterationSamples(exp.name, iteration, schedule.train_iters, in_skip_range(iteration, schedule.skip_ranges),
                             consumed, gbs, seqlen, len(train), layout, batches,
-                            tuple(f"{log}: skipped {note}" for note in skipped))
+                            tuple(f"{log}: skipped {note}" for note in skipped), live.trained, live.pending)
 
 
 def samples_data(result: IterationSamples) -> dict:
     """The result as plain data (`bsops samples --json`)."""
     return {
         "experiment": result.experiment, "iteration": result.iteration, "train_iters": result.train_iters,
-        "skipped": result.skipped, "consumed_before": result.consumed_before,
+        "skipped": result.skipped, "trained": result.trained, "status": result.status,
+        "status_line": result.status_line(), "trained_through": result.trained_through,
+        "consumed_before": result.consumed_before,
         "global_batch_size": result.global_batch_size, "seqlen": result.seqlen,
         "dataset_samples": result.dataset_samples,
         "layout": {"data": result.layout.data, "micro_batch_size": result.layout.micro_batch_size,
@@ -278,8 +358,9 @@ def samples_text(result: IterationSamples, limit: int = 0) -> list[str]:
              f"{r.seqlen} tokens each (+1 for the last label)",
              f"layout: DP {r.layout.data}, micro batch size {r.layout.micro_batch_size} (from {r.layout.source})"]
     lines += [f"warning: {note}" for note in r.skipped_lines]
-    if r.skipped:
-        lines.append("skipped (train.skip_iterations): its data was consumed, no update was made")
+    status = r.status_line()
+    if status is not None:
+        lines.append(status)
     for b in r.micro_batches:
         lines.append(f"dp rank {b.dp_rank}, micro-batch {b.micro_batch}:")
         for s in b.samples:
