@@ -54,7 +54,10 @@ def _session_in_a_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory) ->
 def _in_a_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test runs in an empty folder of its own: what a bundled experiment writes under the current folder
     (runs/NAME) and what a command reads there (./trainings) is the test's, never the checkout's."""
-    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    cwd = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(cwd)
+    # The cache `bsops samples` builds index files in (never the data folder) is the test's, never the user's.
+    monkeypatch.setenv("BSOPS_CACHE_DIR", str(cwd.parent / f"{cwd.name}-cache"))
 
 
 pytest_plugins: list[str] = [
