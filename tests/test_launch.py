@@ -84,7 +84,8 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     assert last.train_iters == 28 and last.lm_loss == pytest.approx(sum(losses[k] for k in interval) / len(interval),
                                                                      rel=1e-5)
     text = runinfo.info_text(info)
-    assert f"iteration {last.iteration}/28" in text and "final step 28" in text and "2 recorded" in text
+    assert "iteration 28/28 (100.0%): finished" in text and "final step 28" in text and "2 recorded" in text
+    assert f"last line:   iteration {last.iteration}, lm loss" in text  # 25: logged every 5, 28 is its exit save
     # The chronicle of the same run: both tasks, what each saved and why it stopped.
     story = chronicle.markdown(exp)
     assert "iterations 0 → 15, exit 0" in story and "iterations 15 → 28, exit 0" in story
