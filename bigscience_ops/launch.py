@@ -37,7 +37,9 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.jobenv import job_environment
 from bigscience_ops.ledger import latest_iteration
 from bigscience_ops.launch_console import stop_line, task_end
-from bigscience_ops.launch_plan import LaunchOptions, LaunchPlan, Overrides, apply_overrides, build_launch_plan, execute
+from bigscience_ops.launch_plan import (
+    LaunchOptions, LaunchPlan, Overrides, Started, apply_overrides, build_launch_plan, execute,
+)
 from bigscience_ops.run_records import read_records
 from bigscience_ops.schema import Experiment
 
@@ -306,10 +308,11 @@ class LocalExecutor:
         Path(plan.experiment.paths.logs).mkdir(parents=True, exist_ok=True)
         return rendering.write(plan.rendered, out)
 
-    def start(self, plan: LaunchPlan, script: Path) -> LocalRun:
+    def start(self, plan: LaunchPlan, script: Path, started: Started = lambda job, job_id: None) -> LocalRun:
         out, exp = plan.record_dir, plan.experiment
         logs, checkpoints = Path(exp.paths.logs), Path(exp.paths.checkpoints)  # the same for every node phase
         array_job_id = int(time.time()) % 1_000_000
+        started("local", str(array_job_id))
         count = self.tasks or exp.slurm.array
         results: list[LocalTask] = []
         for task in range(1, count + 1):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -167,6 +168,8 @@ def build_launch_plan(exp: Experiment, options: LaunchOptions = LaunchOptions(),
 # ----------------------------------------------------------------------------- carrying it out
 
 Result = TypeVar("Result", covariant=True)
+Started = Callable[[str, str], None]
+"""What an executor calls once its job has started: (job kind, job id)."""
 
 
 class Executor(Protocol[Result]):
@@ -175,14 +178,21 @@ class Executor(Protocol[Result]):
     def write(self, plan: LaunchPlan) -> Path:
         """Write the run record and the job script; returns the script."""
 
-    def start(self, plan: LaunchPlan, script: Path) -> Result:
-        """Submit or run the written job."""
+    def start(self, plan: LaunchPlan, script: Path, started: Started) -> Result:
+        """Submit or run the written job; call `started(job, job_id)` once it has started (job: slurm, local or
+        resubmission), before a local launch trains."""
 
 
 def execute(plan: LaunchPlan, executor: Executor[Result]) -> Result:
-    """Check the data, write the run record and script, then submit or run: the same order for every executor."""
+    """Check the data, write the run record and script, then submit or run: the same order for every executor.
+    Once the job has started, the launch goes into the user's runs index (runs_index.py; `bsops runs`)."""
+    from bigscience_ops import runs_index
     from bigscience_ops.data.corpus import ensure_data  # numpy: only a launch that runs builds data
+
+    def started(job: str, job_id: str) -> None:
+        # The job runs already: an index that cannot be written costs its line, never the launch.
+        runs_index.record_launch(plan.experiment.name, Path(plan.experiment.paths.output), job, job_id)
 
     ensure_data(plan.experiment)
     script = executor.write(plan)
-    return executor.start(plan, script)
+    return executor.start(plan, script, started)

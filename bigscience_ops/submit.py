@@ -26,7 +26,7 @@ from pathlib import Path
 from bigscience_ops import ledger, render as rendering, run_lock, slurm
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.jobenv import job_environment
-from bigscience_ops.launch_plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
+from bigscience_ops.launch_plan import LaunchOptions, LaunchPlan, Started, build_launch_plan, execute
 from bigscience_ops.node_schedule import Phase
 from bigscience_ops.run_records import read_records
 from bigscience_ops.run_schedule import run_schedule
@@ -172,7 +172,7 @@ class SlurmExecutor:
         Path(plan.experiment.paths.logs).mkdir(parents=True, exist_ok=True)  # sbatch --output needs it
         return script
 
-    def start(self, plan: LaunchPlan, script: Path) -> str:
+    def start(self, plan: LaunchPlan, script: Path, started: Started = lambda job, job_id: None) -> str:
         """Submit, record Slurm's answer (sbatch.json) and, unless told not to, start a fresh failure budget."""
         record = plan.record_dir / "sbatch.json"
         argv = self.queue.argv
@@ -185,6 +185,7 @@ class SlurmExecutor:
                                       "submitted": dt.datetime.now().isoformat(timespec="seconds")}, indent=2) + "\n")
         if self.fresh_budget:
             ledger.mark_launch(Path(plan.experiment.paths.output), job_id)
+        started("slurm" if self.fresh_budget else "resubmission", job_id)
         return job_id
 
 

@@ -53,9 +53,11 @@ def _session_in_a_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture(autouse=True)
 def _in_a_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test runs in an empty folder of its own: what a bundled experiment writes under the current folder
-    (runs/NAME) and what a command reads there (./trainings) is the test's, never the checkout's."""
+    (runs/NAME) and what a command reads there (./trainings) is the test's, never the checkout's. Its runs index
+    (the launches `bsops runs` lists) is its own too: no test writes the user's."""
     cwd = tmp_path_factory.mktemp("cwd")
     monkeypatch.chdir(cwd)
+    monkeypatch.setenv("BSOPS_RUNS_INDEX", str(cwd.parent / f"{cwd.name}-runs.jsonl"))
     # The cache `bsops samples` builds index files in (never the data folder) is the test's, never the user's.
     monkeypatch.setenv("BSOPS_CACHE_DIR", str(cwd.parent / f"{cwd.name}-cache"))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import launch_plan, rollbacks
+from bigscience_ops import launch_plan, rollbacks, runs_index
 from bigscience_ops.config import load_experiment
 from bigscience_ops.jobenv import job_environment
 from bigscience_ops.launch_plan import LaunchOptions, Overrides, apply_overrides, build_launch_plan
@@ -85,13 +85,16 @@ def test_both_executors_check_the_data_then_write_then_start(exp, monkeypatch) -
             calls.append("write")
             return plan.script
 
-        def start(self, plan, script):
+        def start(self, plan, script, started):
             calls.append("start")
+            started("local", "7")
             return script
 
     plan = build_launch_plan(exp, LaunchOptions(job="local", allow_incomplete=True))
     assert launch_plan.execute(plan, Recording()) == plan.script
     assert calls == ["data", "write", "start"]
+    [line] = runs_index.read_index().records  # the launch, once its job started: the one place both executors share
+    assert (line.experiment, line.folder, line.job, line.job_id) == (exp.name, exp.paths.output, "local", "7")
 
 
 def test_the_job_environment_is_built_once_for_both_executors(monkeypatch) -> None:

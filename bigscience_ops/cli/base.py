@@ -60,7 +60,8 @@ def main() -> None:
 
     An experiment is a YAML file NAME.yaml, looked up in the local trainings folder (--trainings-dir,
     $BSOPS_TRAININGS or ./trainings) first, then among bsops' bundled experiments; EXP is its NAME
-    or a path to the file.
+    or a path to the file. A command that reads a run also takes the run folder as EXP (or --run
+    PATH) and reads the experiment the run recorded; `bsops runs` lists the runs you launched.
 
     \b
     First steps:
@@ -181,6 +182,53 @@ def echo_run_folder(name: str, trainings_dir: Path | None, experiment, out: Path
         return
     experiment_file = experiment_path(name, trainings_dir)
     click.echo(run_folder_note(experiment_file, experiment), err=err)
+
+
+run_option = click.option(
+    "--run", "run", type=SafePath(file_okay=False, path_type=Path), default=None,
+    help="The run folder to read (one holding experiment.json or launches/*/experiment.json, e.g. made by "
+         "launch --local --out); EXP may then be left out, or names the experiment it must have recorded. A folder "
+         "given as EXP is read the same way.")
+
+
+def open_run(exp: str | None, run: Path | None, trainings_dir: Path | None, err: bool = False,
+             say_folder: bool = True):
+    """The run EXP (a name, a YAML file or a run folder) or --run names, as the run recorded itself
+    (run_ref.open_run). Says which run folder it is (on stderr with `err`: where stdout is the data; not at all
+    without `say_folder`) and, in one line on stderr, where the experiment file now differs from the run's record
+    in a field that changes the data order or the model: the run is shown as recorded."""
+    from bigscience_ops import run_ref
+
+    opened = run_ref.open_run(exp, trainings_dir, run)
+    if say_folder:
+        _say_folder(opened, trainings_dir, err)
+    note = opened.differs_note()
+    if note is not None:
+        click.echo(note, err=True)
+    return opened
+
+
+def _say_folder(opened, trainings_dir: Path | None, err: bool) -> None:
+    if opened.by_folder:
+        moved = f"; moved from {opened.moved_from}, its paths taken under it" if opened.moved_from else ""
+        click.echo(f"run folder: {opened.folder} (named on the command line; recorded in {opened.record}{moved})",
+                   err=err)
+        return
+    echo_run_folder(str(opened.yaml), trainings_dir, opened.experiment, err=err)
+    if opened.record is None and not opened.folder.exists():
+        _elsewhere(opened.experiment.name)
+
+
+def _elsewhere(name: str) -> None:
+    """Where the runs index knows runs of `name` when there is none where the experiment puts it (a bundled
+    experiment's run goes under the folder it was launched from)."""
+    from bigscience_ops import runs_index
+
+    folders = [launch.folder for launch, _ in runs_index.latest_by_folder(runs_index.read_index().records)
+               if launch.experiment == name and Path(launch.folder).is_dir()]
+    if folders:
+        click.echo(f"note: no run of {name} here; your runs index (bsops runs) has {len(folders)}, the newest in "
+                   f"{folders[0]}: name a run by its folder (bsops info FOLDER)", err=True)
 
 
 def default_cron_dir() -> Path:

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import TEXT, SafePath, echo_run_folder, load_experiment, main, trainings_option
+from bigscience_ops.cli.base import (
+    TEXT, SafePath, echo_run_folder, load_experiment, main, open_run, run_option, trainings_option,
+)
 
 
 @main.command("convert")
-@click.argument("exp", type=TEXT)
+@click.argument("exp", type=TEXT, required=False)
+@run_option
 @trainings_option
 @click.option("--step", type=click.IntRange(min=0), default=None,
               help="Convert global_stepN (default: the checkpoint 'latest' names).")
@@ -31,8 +34,8 @@ from bigscience_ops.cli.base import TEXT, SafePath, echo_run_folder, load_experi
 @click.option("--push", is_flag=True,
               help="Upload the folder to hub.checkpoints_repo as global_stepN/ (one folder per step).")
 @click.option("--remote", type=TEXT, default=None, help="With --push: any git remote URL instead of the Hub.")
-def convert_command(exp: str, trainings_dir: Path | None, step: int | None, out: Path, dtype: str, overwrite: bool,
-                    max_shard_size: str, push: bool, remote: str | None) -> None:
+def convert_command(exp: str | None, run: Path | None, trainings_dir: Path | None, step: int | None, out: Path,
+                    dtype: str, overwrite: bool, max_shard_size: str, push: bool, remote: str | None) -> None:
     """Convert EXP's DeepSpeed checkpoint into a transformers GPT-2 model.
 
     TP shards and pipeline stages are merged and the vocabulary padding removed, one layer at a time;
@@ -42,8 +45,7 @@ def convert_command(exp: str, trainings_dir: Path | None, step: int | None, out:
     """
     from bigscience_ops.checkpoints import convert
 
-    experiment = load_experiment(exp, trainings_dir)
-    echo_run_folder(exp, trainings_dir, experiment)
+    experiment = open_run(exp, run, trainings_dir).experiment  # the model and tokenizer the run trained with
     if push:
         convert.check_push(experiment, remote, max_shard_size)
     bar = click.progressbar(length=1, label="converting layers", file=sys.stderr) if sys.stderr.isatty() else None
@@ -120,7 +122,8 @@ def warm_start_command(source: str, exp: str, trainings_dir: Path | None) -> Non
 
 
 @main.command("rollback")
-@click.argument("exp", type=TEXT)
+@click.argument("exp", type=TEXT, required=False)
+@run_option
 @trainings_option
 @click.option("--to", "to_step", type=click.IntRange(min=0), required=True,
               help="The step to go back to: a complete checkpoint at or before the one `latest` names.")
@@ -128,20 +131,19 @@ def warm_start_command(source: str, exp: str, trainings_dir: Path | None) -> Non
               help="Iterations A to B (after --to) to step over when the run trains them again: their data is "
                    "consumed, no update is made (Megatron's --skip-train-iteration-range).")
 @click.option("--force", is_flag=True, help="Roll back although the ledger shows a task that began and never ended.")
-def rollback_command(exp: str, trainings_dir: Path | None, to_step: int, skip: str | None, force: bool) -> None:
+def rollback_command(exp: str | None, run: Path | None, trainings_dir: Path | None, to_step: int, skip: str | None,
+                     force: bool) -> None:
     """Move EXP's run back to global_step<TO>, setting the later checkpoints aside (nothing is deleted).
 
     `latest` names the target afterwards; the later checkpoints move into
     <checkpoints>/rolled-back-<time>/, which retention never touches; the event and the skipped range
     go into <run>/rollbacks.jsonl, which plan, render and the trainer read from then on. Then relaunch.
     """
-    import shlex
-
     from bigscience_ops import ledger, run_lock
     from bigscience_ops.checkpoints import rollback
 
-    experiment = load_experiment(exp, trainings_dir)
-    echo_run_folder(exp, trainings_dir, experiment)
+    opened = open_run(exp, run, trainings_dir)
+    experiment = opened.experiment
     # The run's lock: a local launch or an array task that trains it now refuses the rollback, naming itself.
     with run_lock.hold(Path(experiment.paths.output), "bsops rollback"):
         task = ledger.running(ledger.read(Path(experiment.paths.output) / ledger.LEDGER_NAME))
@@ -158,4 +160,15 @@ def rollback_command(exp: str, trainings_dir: Path | None, to_step: int, skip: s
     if record.skip:
         click.echo(f"iterations {record.skip} will be stepped over (data consumed, no update): recorded in "
                    f"{Path(experiment.paths.output) / 'rollbacks.jsonl'}")
-    click.echo(f"relaunch with: bsops launch {shlex.quote(exp)}")
+    click.echo(f"relaunch with: {_relaunch(exp, opened)}")
+
+
+def _relaunch(exp: str | None, opened) -> str:
+    """The launch that resumes the run: EXP's; for a run named by its folder, its experiment, with --local --out
+    FOLDER where a local launch wrote the record."""
+    import shlex
+
+    name = shlex.quote(str(exp) if opened.yaml is not None else opened.experiment.name)
+    local = opened.record is not None and opened.record.parent == opened.folder
+    out = f" --local --out {shlex.quote(str(opened.folder))}" if opened.by_folder and local else ""
+    return f"bsops launch {name}{out}"

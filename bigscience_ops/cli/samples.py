@@ -9,11 +9,12 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import load_experiment, main, trainings_option
+from bigscience_ops.cli.base import TEXT, main, open_run, run_option, trainings_option
 
 
 @main.command("samples")
-@click.argument("exp")
+@click.argument("exp", type=TEXT, required=False)
+@run_option
 @trainings_option
 @click.option("--iteration", "-i", type=click.IntRange(min=1), required=True, help="The training iteration (1-based).")
 @click.option("--rank", "ranks", type=click.IntRange(min=0), multiple=True,
@@ -28,9 +29,9 @@ from bigscience_ops.cli.base import load_experiment, main, trainings_option
 @click.option("--chars", type=click.IntRange(min=0), default=300, show_default=True,
               help="Characters of each document's text shown (0: all; --json always has all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the samples as JSON (token ids, documents, text).")
-def samples_command(exp: str, trainings_dir: Path | None, iteration: int, ranks: tuple[int, ...],
-                    micro_batches: tuple[int, ...], dp: int | None, micro_batch_size: int | None, no_text: bool,
-                    chars: int, as_json: bool) -> None:
+def samples_command(exp: str | None, run: Path | None, trainings_dir: Path | None, iteration: int,
+                    ranks: tuple[int, ...], micro_batches: tuple[int, ...], dp: int | None, micro_batch_size: int | None,
+                    no_text: bool, chars: int, as_json: bool) -> None:
     """The samples EXP's training consumed at an iteration, per data-parallel rank and micro-batch.
 
     For each: its global sample index, the blend entry and sample it comes from, the documents and
@@ -41,10 +42,11 @@ def samples_command(exp: str, trainings_dir: Path | None, iteration: int, ranks:
     """
     import json
 
-    from bigscience_ops.launch_plan import as_recorded
     from bigscience_ops.views import samples
 
-    result = samples.iteration_samples(as_recorded(load_experiment(exp, trainings_dir)), iteration, dp=dp,
+    # The run as it recorded itself (its rollbacks' skips included); where the YAML differs, one line on stderr.
+    experiment = open_run(exp, run, trainings_dir, err=True, say_folder=False).experiment
+    result = samples.iteration_samples(experiment, iteration, dp=dp,
                                        micro_batch_size=micro_batch_size, ranks=ranks or None,
                                        micro_batches=micro_batches or None, text=not no_text)
     if as_json:

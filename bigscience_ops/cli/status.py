@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import click
 
 from bigscience_ops.cli.base import (
-    TEXT, FiniteFloat, SafePath, echo_detail, echo_run_folder, load_experiment, main, resolve, trainings_option,
-    verbose_option,
+    TEXT, FiniteFloat, SafePath, echo_detail, echo_run_folder, load_experiment, main, open_run, resolve, run_option,
+    trainings_option, verbose_option,
 )
 
 if TYPE_CHECKING:
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 @main.command("status")
 @click.argument("exp", type=TEXT, required=False)
+@run_option
 @trainings_option
 @click.option("--job-name", type=TEXT, default=None, help="The Slurm job name to watch (compared whole, any length).")
 @click.option("--log", "log_path", type=SafePath(dir_okay=False, path_type=Path), default=None,
@@ -51,8 +52,8 @@ if TYPE_CHECKING:
 @click.option("--cooldown-minutes", type=FiniteFloat(0, 525_600, unit="minutes"), default=None,
               help="Send the same alert at most once per this many minutes (default: alerts.cooldown_minutes, or 60).")
 @verbose_option
-def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | None, log_path: Path | None,
-                   cron_dir: Path | None, stall_minutes: float | None, group: str | None,
+def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None, job_name: str | None,
+                   log_path: Path | None, cron_dir: Path | None, stall_minutes: float | None, group: str | None,
                    users: tuple[str, ...], contact: str | None, timeout: float, no_email: bool,
                    email_to: tuple[str, ...],
                    email_from: str | None, smtp_host: str, smtp_port: int | None, smtp_security: str,
@@ -61,7 +62,8 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
     """Is EXP (or --job-name) running or scheduled? Prints one line per job and ALERT lines.
 
     With EXP, the job name, the run's main_log.txt, the stall limit, the group and the alert
-    emails come from the experiment's config; options given explicitly win. With EXP the run folder
+    emails come from the experiment's config; options given explicitly win (a run named by its folder, EXP or
+    --run, reads the experiment the run recorded). With EXP the run folder
     also tells a finished training (healthy, announced once) from one that ended without finishing,
     and the log's recent iteration lines are checked for training health (alerts.health: NaN, loss
     spikes, grad-norm explosions, fp16 loss-scale collapse, skipped steps, slow nodes).
@@ -83,13 +85,17 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
 
     experiment_outbox = None
     experiment = None
-    run = None
-    if exp is not None:
+    state = None
+    if exp is not None or run is not None:
         from bigscience_ops.ops.watch import lifecycle
+        from bigscience_ops.run_ref import is_run_folder_name
 
-        experiment = load_experiment(exp, trainings_dir)
-        echo_run_folder(exp, trainings_dir, experiment)
-        run = lifecycle.run_state(experiment, timeout=timeout)
+        if run is not None or is_run_folder_name(exp):  # a run named by its folder: as it recorded itself
+            experiment = open_run(exp, run, trainings_dir).experiment
+        else:  # by its experiment: today's alert channels and limits, which the on-call person changes without a launch
+            experiment = load_experiment(exp, trainings_dir)
+            echo_run_folder(exp, trainings_dir, experiment)
+        state = lifecycle.run_state(experiment, timeout=timeout)
         if not email_to and not no_email:  # --email-to replaces the experiment's channels: not even built then
             experiment_outbox = channels.outbox_from_alerts(experiment.alerts)
     slurm_cfg, alerts = (experiment.slurm, experiment.alerts) if experiment else (None, None)
@@ -108,7 +114,7 @@ def status_command(exp: str | None, trainings_dir: Path | None, job_name: str | 
         state_path=alert_state, cooldown_minutes=resolve(cooldown_minutes, alerts and alerts.cooldown_minutes, 60.0),
         experiment=experiment.name if experiment else None, timeout=timeout, cron_dir=cron_dir,
         health=alerts and alerts.health)
-    result = watchdog.watch(settings, run=run, query=query)
+    result = watchdog.watch(settings, run=state, query=query)
     for line in result.lines:
         click.echo(line)
     for failure in failures:

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, echo_run_folder, load_experiment, main, trainings_option
+from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, main, open_run, run_option, trainings_option
 
 
 @main.command("logs")
-@click.argument("exp", type=TEXT)
+@click.argument("exp", type=TEXT, required=False)
+@run_option
 @trainings_option
 @click.option("-n", "--lines", "lines", type=click.IntRange(min=0), default=20, show_default=True,
               help="How many of the last lines to print.")
@@ -23,13 +24,12 @@ from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, echo_run_folder
               help="Read main_log.txt from this clone of the logs repo instead of the run folder.")
 @click.option("--interval", type=FiniteFloat(0, 3600, low_open=True, unit="seconds"), default=1.0, show_default=True,
               help="With --follow: seconds between checks for new lines.")
-def logs_command(exp: str, trainings_dir: Path | None, lines: int, follow: bool, from_clone: Path | None,
-                 interval: float) -> None:
+def logs_command(exp: str | None, run: Path | None, trainings_dir: Path | None, lines: int, follow: bool,
+                 from_clone: Path | None, interval: float) -> None:
     """Print the tail of EXP's main_log.txt (the run folder's, else hub-sync's clone of the logs repo)."""
     from bigscience_ops import runlog
 
-    experiment = load_experiment(exp, trainings_dir)
-    echo_run_folder(exp, trainings_dir, experiment, err=True)  # stdout is the log's lines
+    experiment = open_run(exp, run, trainings_dir, err=True).experiment  # stdout is the log's lines
     path = runlog.find_log(experiment, from_clone)
     last, offset = runlog.tail(path, lines)
     for line in last:
@@ -46,27 +46,29 @@ def logs_command(exp: str, trainings_dir: Path | None, lines: int, follow: bool,
 
 
 @main.command("plot")
-@click.argument("exp", type=TEXT)
+@click.argument("exp", type=TEXT, required=False)
+@run_option
 @trainings_option
 @click.option("--out", type=SafePath(dir_okay=False, path_type=Path), required=True, help="The PNG file to write.")
 @click.option("--tensorboard-dir", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Read the event files here instead of paths.tensorboard (e.g. a clone of the tensorboard repo).")
-def plot_command(exp: str, trainings_dir: Path | None, out: Path, tensorboard_dir: Path | None) -> None:
+def plot_command(exp: str | None, run: Path | None, trainings_dir: Path | None, out: Path,
+                 tensorboard_dir: Path | None) -> None:
     """Draw EXP's training loss, validation loss, learning rate, batch size and grad norm against tokens."""
     from bigscience_ops.views import plot
 
-    experiment = load_experiment(exp, trainings_dir)
-    echo_run_folder(exp, trainings_dir, experiment)
+    experiment = open_run(exp, run, trainings_dir).experiment
     result = plot.plot(experiment, out, tensorboard_dir)
     counts = ", ".join(f"{name} {len(s.values)}" for name, s in result.series.items())
     click.echo(f"{result.out}: points per panel: {counts} (from {len(result.event_files)} event file(s))")
 
 
 @main.command("info")
-@click.argument("exp", type=TEXT)
+@click.argument("exp", type=TEXT, required=False)
+@run_option
 @trainings_option
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON (times in epoch seconds, sizes in bytes).")
-def info_command(exp: str, trainings_dir: Path | None, as_json: bool) -> None:
+def info_command(exp: str | None, run: Path | None, trainings_dir: Path | None, as_json: bool) -> None:
     """EXP's run at a glance, from its folder alone (no Slurm needed).
 
     The last iteration with its loss and throughput, the latest and complete checkpoints, the array
@@ -76,24 +78,23 @@ def info_command(exp: str, trainings_dir: Path | None, as_json: bool) -> None:
 
     from bigscience_ops.views import runinfo
 
-    experiment = load_experiment(exp, trainings_dir)
-    echo_run_folder(exp, trainings_dir, experiment, err=as_json)
+    experiment = open_run(exp, run, trainings_dir, err=as_json).experiment
     info = runinfo.run_info(experiment)
     click.echo(json.dumps(runinfo.info_data(info), indent=1) if as_json else runinfo.info_text(info))
 
 
 @main.command("chronicle")
-@click.argument("exp", type=TEXT)
+@click.argument("exp", type=TEXT, required=False)
+@run_option
 @trainings_option
 @click.option("--out", type=SafePath(dir_okay=False, path_type=Path), default=None,
               help="Write the Markdown to this file instead of printing it.")
-def chronicle_command(exp: str, trainings_dir: Path | None, out: Path | None) -> None:
+def chronicle_command(exp: str | None, run: Path | None, trainings_dir: Path | None, out: Path | None) -> None:
     """EXP's run chronicle as Markdown: launches, array tasks with nodes, iterations and exits, saves,
     node phases, failure-budget stops, training-health findings and the alert emails, by day."""
     from bigscience_ops.ops.keep import chronicle
 
-    experiment = load_experiment(exp, trainings_dir)
-    echo_run_folder(exp, trainings_dir, experiment, err=out is None)  # stdout may be the Markdown
+    experiment = open_run(exp, run, trainings_dir, err=out is None).experiment  # stdout may be the Markdown
     text = chronicle.markdown(experiment)
     if out is None:
         click.echo(text, nl=False)

@@ -187,6 +187,14 @@ def state_problem(path: str | os.PathLike[str]) -> Problem | None:
     return None
 
 
+def open_alerts(path: str | os.PathLike[str]) -> tuple[list[tuple[str, dict]], Problem | None]:
+    """The conditions the alert state at `path` holds open (the watchdog's and the hourly jobs'), as (condition,
+    entry with `since` and `message`), the newest first, and what makes the file unreadable. Reads only."""
+    state, problem = _read_state(Path(path))
+    entries = [*state.active.items(), *state.jobs.items()]
+    return sorted(entries, key=lambda ce: str(ce[1].get("since", "")), reverse=True), problem
+
+
 def _save_state(path: Path, state: _State) -> None:
     """Write the state atomically (written beside it, fsynced, renamed), mode 0600 (it holds error texts), every
     message scrubbed once more."""
