@@ -152,8 +152,8 @@ def _console() -> Iterator:
         sys.exit(EXIT_INTERRUPTED)
     except KeyboardInterrupt:
         console.close()
-        click.echo("stopped by Ctrl-C before or between the array's tasks (no task was running); run the same "
-                   "command again to go on", err=True)
+        click.echo("stopped by Ctrl-C; run the same command again to go on (`bsops info` says where the run "
+                   "stands)", err=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         console.close()
