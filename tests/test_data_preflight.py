@@ -182,3 +182,18 @@ def test_task_begin_refuses_data_gone_since_the_launch(trainings: Path, tmp_path
         f"error: data.blend[0].prefix: {prefix}.bin: does not exist; an indexed dataset needs it (bsops preprocess "
         "writes PREFIX.bin and PREFIX.idx)"]
     shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+
+
+def test_a_hostile_record_is_read_as_no_answer(trainings: Path, tmp_path: Path, recorded: str) -> None:
+    """A record is untrusted: a largest id of the wrong type is no answer (a scan gives it), and its tokenizer
+    reaches the message as one line of plain words."""
+    path = Path(f"{recorded[:-len('_text_document')]}.preprocess.json")
+    record = json.loads(path.read_text())
+    record["stats"] = ["not", "stats"]
+    record["settings"]["tokenizer"] = ["ab\ncd\x1b[2J" * 20]
+    path.write_text(json.dumps(record))
+    exp = load_experiment(experiment(trainings, tmp_path, recorded), trainings)
+    check = preflight.check_data(exp, 3200)
+    assert check.entries[0].max_id.source == "scan"
+    assert [type(e) for e in check.errors] == [preflight.OtherTokenizer]
+    assert "\n" not in str(check.errors[0]) and "\x1b" not in str(check.errors[0])

@@ -174,7 +174,15 @@ def _check_tokenizer(tok: TokenizerConfig) -> tuple[list[DataCheckError], list[s
 
 
 def _recorded_tokenizer(settings: dict) -> str:
-    return f"{settings.get('kind')} files sha256 {', '.join(str(h)[:12] for h in settings.get('tokenizer', []))}"
+    """The record's tokenizer as a message shows it; a record is untrusted: only short plain words get through."""
+    kind, hashes = settings.get("kind"), settings.get("tokenizer")
+    shown = [_plain(h)[:12] for h in hashes] if isinstance(hashes, list) else [_plain(hashes)]
+    return f"{_plain(kind)} files sha256 {', '.join(shown[:4]) or 'none'}"
+
+
+def _plain(value: object) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return "".join(ch for ch in text[:64] if ch.isalnum() or ch in "-_.") or "?"
 
 
 # ----------------------------------------------------------------------------- largest token id
@@ -184,7 +192,10 @@ def cache_path(prefix: str) -> Path:
 
 
 def _record_key(prefix: str, record: dict) -> str | None:
-    keys = record.get("settings", {}).get("keys", [])
+    """The json key of the record's dataset `prefix` (PART_KEY_document)."""
+    settings = record.get("settings")
+    keys = settings.get("keys") if isinstance(settings, dict) else None
+    keys = keys if isinstance(keys, list) else []
     found = [k for k in keys if isinstance(k, str) and prefix.endswith(f"_{k}_document")]
     return max(found, key=len) if found else None
 
@@ -194,7 +205,9 @@ def _from_record(prefix: str, record: dict | None) -> int | None | bool:
     if record is None:
         return False
     key = _record_key(prefix, record)
-    value = record.get("stats", {}).get("max_id", {}).get(key) if key is not None else None
+    stats = record.get("stats")
+    highs = stats.get("max_id") if isinstance(stats, dict) else None
+    value = highs.get(key) if isinstance(highs, dict) and key is not None else None
     if isinstance(value, int) and not isinstance(value, bool):
         return value if value >= 0 else None
     return False
@@ -356,7 +369,7 @@ def check_data(exp: Experiment, train_samples: int) -> DataCheck:
             notes.append(f"{field}: {prefix} has no preprocess record: the tokenizer it was made with is not known, "
                          "so it was not compared with data.tokenizer")
         elif tok_hashes is not None:
-            settings = record.get("settings", {})
+            settings = record.get("settings") if isinstance(record.get("settings"), dict) else {}
             if settings.get("kind") != exp.data.tokenizer.kind or settings.get("tokenizer") != tok_hashes:
                 ours = f"{exp.data.tokenizer.kind} files sha256 {', '.join(h[:12] for h in tok_hashes)}"
                 errors.append(OtherTokenizer(
