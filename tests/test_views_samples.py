@@ -274,17 +274,18 @@ def test_an_iteration_the_run_has_not_trained_is_a_prediction_naming_no_task(exp
     ahead = samples.iteration_samples(exp, 9, log_lines=log, text=False)
     text = samples.samples_text(ahead)
     assert "not trained yet: predicted from the plan" in text[2] and "reach iteration 6" in text[2]
-    assert "the task that started" not in text[1] and "not trained yet: predicted from the plan" in text[1]
+    assert "the task that started" not in text[1] and "(predicted from the plan (not trained yet): the layout of the " \
+                                                      "last task in the log given (started at iteration 0)" in text[1]
     assert past.trained and past.status == "trained" and past.layout.source == "the log given: the task that " \
                                                                               "started at iteration 0"
     assert not ahead.trained and ahead.status == "predicted" and ahead.trained_through == 6
-    assert ahead.layout.source.startswith("not trained yet: predicted from the plan")
+    assert ahead.layout.source.startswith("predicted from the plan (not trained yet)")
     assert (ahead.layout.data, ahead.layout.micro_batch_size) == (2, 1)  # the last task's
     data = samples.samples_data(ahead)
     assert (data["trained"], data["status"], data["trained_through"]) == (False, "predicted", 6)
     assert samples.samples_data(past)["status_line"] is None
     nothing = samples.iteration_samples(exp, 3, log_lines=[], text=False)  # no log, no checkpoint: all predicted
-    assert nothing.status == "predicted" and nothing.layout.source.startswith("not trained yet: predicted")
+    assert nothing.status == "predicted" and nothing.layout.source.startswith("predicted from the plan (not trained")
 
 
 def _checkpoint(exp, step: int) -> None:

@@ -208,7 +208,7 @@ def info_text(info: RunInfo, now: float | None = None) -> str:
     r = info.rollback
     if r is not None:
         skip = f", skipping {r.skip}" if r.skip else ""
-        lines.append(f"  rollback:    from global_step{r.from_step} to global_step{r.to_step}{skip} "
+        lines.append(f"  rollback:    from global_step{r.from_step} to global_step{r.to_step}{skip}, "
                      f"{_when(r.time, now)}; " + ("the live branch trained on from it" if info.relaunched else
                                                  "not relaunched yet: the iterations after it are set aside"))
     if last is not None:

@@ -215,15 +215,15 @@ def layout_at(exp: Experiment, schedule: RunSchedule, iteration: int, tasks: lis
                                "to show")
         if not trained:
             return Layout(task.data, task.micro_batch_size,
-                          f"not trained yet: predicted from the plan, with the layout of the last task in {log} "
-                          f"(started at iteration {task.start}), which has not trained it")
+                          f"predicted from the plan (not trained yet): the layout of the last task in {log} (started "
+                          f"at iteration {task.start}), which has not trained it")
         return Layout(task.data, task.micro_batch_size,
                       f"{log}: the task that started at iteration {task.start}")
     phase = schedule.phase_of_iteration(iteration - 1)
     p = exp.parallel
     processes = phase.nodes * exp.slurm.gpus_per_node
     why = "no task in main_log.txt trained it yet" if log is not None else "no main_log.txt"
-    why = f"not trained yet: predicted from the plan ({why})" if not trained else why
+    why = f"predicted from the plan (not trained yet; {why})" if not trained else why
     return Layout(processes // (p.tensor * p.pipeline), exp.batch.micro_batch_size,
                   f"{why}: {processes} processes of {phase.describe()} / (TP {p.tensor} x PP {p.pipeline}), "
                   "batch.micro_batch_size")
@@ -356,7 +356,8 @@ def samples_text(result: IterationSamples, limit: int = 0) -> list[str]:
     lines = [f"{r.experiment} iteration {r.iteration}/{r.train_iters}: global batch size {r.global_batch_size}, "
              f"samples {r.consumed_before} to {end} (of a training dataset of {r.dataset_samples}), "
              f"{r.seqlen} tokens each (+1 for the last label)",
-             f"layout: DP {r.layout.data}, micro batch size {r.layout.micro_batch_size} (from {r.layout.source})"]
+             f"layout: DP {r.layout.data}, micro batch size {r.layout.micro_batch_size} "
+             f"({'' if r.layout.source.startswith('predicted') else 'from '}{r.layout.source})"]
     lines += [f"warning: {note}" for note in r.skipped_lines]
     status = r.status_line()
     if status is not None:
