@@ -245,7 +245,40 @@ def test_after_a_rollback_info_shows_the_live_iteration(exp):
     assert (info.iteration, info.finished, info.last.iteration, info.relaunched) == (100, False, 100, False)
     assert "rollback:    from global_step221 to global_step100, skipping 103-110" in text and "not relaunched" in text
     assert info.rollback.to_step == 100 and runinfo.info_data(info)["rollback"]["skip"] == "103-110"
-    _log_task(exp, 100, 150, now)  # the relaunch, started at 100: still running
+    ledger.append(Path(exp.paths.output) / ledger.LEDGER_NAME, ledger.TaskRecord("begin", "8_1", "n1", 100, now - 60))
+    begun = runinfo.run_info(exp)  # the relaunch began; its trainer has logged nothing yet
+    assert (begun.iteration, begun.last.iteration, begun.relaunched) == (100, 100, True)
+    with open(Path(exp.paths.logs) / "main_log.txt", "a") as handle:
+        handle.write("task 8_1 begins at iteration 100\n")  # as `bsops task begin` writes it
+    assert runinfo.run_info(exp).iteration == 100
+    _log_task(exp, 100, 150, now)  # the relaunch's trainer, started at 100: still running
     again = runinfo.run_info(exp)
     assert (again.iteration, again.last.iteration, again.relaunched, again.finished) == (150, 150, True, False)
     assert "progress:    iteration 150/221" in runinfo.info_text(again, now=now)
+
+
+def test_the_live_branch_starts_at_the_relaunchs_begin_line_not_at_an_abandoned_task_that_started_there():
+    """The abandoned task had itself resumed at the rollback's target (100): until the relaunch's job script writes its
+    begin line, its iteration lines are not the live branch's, though the ledger says a task began."""
+    import dataclasses
+
+    from bigscience_ops import rollbacks
+    from bigscience_ops.trainer.sampling import TaskLayout
+    from bigscience_ops.views import branch
+
+    def task(start: int, last: int) -> list[str]:
+        return [TaskLayout("run", 1000, 1, 1, 1, 1, False, 221, start).line(),
+                *(iteration_line(dataclasses.replace(_stats(random.Random(i)), iteration=i, train_iters=221))
+                  for i in range(start + 10, last + 1, 10))]
+
+    log = [*task(0, 120), *task(100, 150)]  # a task resumed at 100 and trained to 150: rolled back to 100
+    done = [rollbacks.Rollback(1000.0, 150, 100, "101-110", "")]
+    before = branch.live_branch(log, latest=100, rollbacks=done, begins=[10.0], log_mtime=900.0)
+    assert (before.trained, before.relaunched, before.pending) == (100, False, done[0])
+    began = branch.live_branch(log, latest=100, rollbacks=done, begins=[10.0, 1100.0], log_mtime=1100.0)
+    assert (began.trained, began.relaunched, began.pending) == (150, True, None)  # its begin line not written yet
+    log.append("task 9_1 begins at iteration 100")
+    relaunch = branch.live_branch(log, latest=100, rollbacks=done, begins=[10.0, 1100.0], log_mtime=1100.0, keep=5)
+    assert relaunch.trained == 100 and all(s.iteration <= 100 for s in relaunch.lines)  # of the last 5 read
+    log += task(100, 130)[1:]  # its trainer's lines (its start line at 100 too)
+    assert branch.live_branch(log, latest=100, rollbacks=done, begins=[10.0, 1100.0], log_mtime=1200.0).trained == 130
