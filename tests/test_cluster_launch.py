@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from bigscience_ops import ledger, submit
+from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.run_schedule import run_schedule
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
@@ -41,3 +44,10 @@ def test_tiny_array_trains_on_two_nodes_and_resumes(tmp_path: Path, trainings: P
     assert "resumed from" in log and f"training finished at iteration {total}" in log
     outputs = sorted(p.name for p in Path(exp.paths.logs).glob("*.out"))
     assert outputs == [f"{exp.slurm.job_name}-{job_id}_1.out", f"{exp.slurm.job_name}-{job_id}_2.out"]
+    # The launch is in the user's runs index with its Slurm job id: `bsops runs` lists it, finished, and `bsops info`
+    # names it by its folder (its record is launches/<time>/experiment.json).
+    listed = CliRunner().invoke(main, ["runs", "--json"])
+    [row] = json.loads(listed.stdout)["runs"]
+    assert (row["folder"], row["state"], row["job"], row["job_id"]) == (exp.paths.output, "finished", "slurm", job_id)
+    shown = CliRunner().invoke(main, ["info", exp.paths.output])
+    assert shown.exit_code == 0 and f"run folder: {exp.paths.output} (named on the command line" in shown.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -91,6 +92,15 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     assert "iterations 0 → 15, exit 0" in story and "iterations 15 → 28, exit 0" in story
     assert "checkpoints saved at iterations 10, 15" in story and "checkpoints saved at iterations 20, 28" in story
     assert "health:" not in story
+    # The launch is in the user's runs index: `bsops runs` from another folder lists it, finished, and `bsops info`
+    # names the run by its folder (a --out run has no other name).
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    runs = subprocess.run([BSOPS, "runs", "--json"], cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    [row] = json.loads(runs.stdout)["runs"]
+    assert (row["experiment"], row["folder"], row["state"], row["job"]) == ("small", str(run), "finished", "local")
+    shown = subprocess.run([BSOPS, "info", str(run)], cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and f"run folder: {run} (named on the command line" in shown.stdout, shown.stderr
 
 
 @pytest.mark.slow

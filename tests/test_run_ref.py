@@ -175,3 +175,25 @@ def test_launch_local_out_reads_the_out_folders_skips_not_the_default_folders(tr
     plan = build_launch_plan(exp, LaunchOptions(job="local", out=out, allow_incomplete=True))
     assert plan.experiment.train.skip_iterations == ["14-15"] and plan.record_dir == out.resolve()
     assert plan.experiment.paths.checkpoints == str(out.resolve() / "checkpoints")
+
+
+def test_plot_draws_the_recorded_run_against_its_recorded_sequence_length(trainings, tmp_path):
+    from bigscience_ops.trainer.report import Board
+    from bigscience_ops.views import plot
+
+    run = tmp_path / "run"
+    _launched(trainings, run)
+    board = Board(str(run / "tensorboard"))
+    for iteration, samples_seen in enumerate((8, 16, 24), 1):
+        board.scalar("lm loss", 9.0 - iteration, iteration, samples_seen)
+    board.close()
+    path = trainings / "small.yaml"
+    path.write_text(path.read_text().replace("seq_length: 64", "seq_length: 32"))  # the YAML moved on
+    argv = ["plot", "small", "--trainings-dir", str(trainings), "--out", str(tmp_path / "p.png")]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.output
+    [note] = _notes(result.output)
+    assert "model.seq_length (64 -> 32)" in note
+    shown = open_run("small", trainings).experiment  # what the command drew: plot.plot reads it so
+    series, _ = plot.read_series(Path(shown.paths.tensorboard), shown.model.seq_length)
+    assert series["training loss"].tokens == [8 * 64, 16 * 64, 24 * 64]  # the record's tokens per sample
