@@ -89,8 +89,11 @@ class OpenedRun:
 
 
 def is_run_folder_name(text: str) -> bool:
-    """Whether EXP names a run folder: an existing folder (an experiment name or a YAML file is never one)."""
-    return os.path.isdir(text)
+    """Whether EXP names a run folder: an existing folder given as a path (`runs/tiny`, `.`), or a bare name that is
+    a folder holding a run's record here; a bare name that is any other folder stays an experiment's name."""
+    if not os.path.isdir(text):
+        return False
+    return os.sep in text or text in (".", "..") or newest_record(Path(text)) is not None
 
 
 def open_run(exp: str | None, trainings_dir: Path | None = None, run: Path | None = None) -> OpenedRun:

@@ -197,3 +197,13 @@ def test_plot_draws_the_recorded_run_against_its_recorded_sequence_length(traini
     shown = open_run("small", trainings).experiment  # what the command drew: plot.plot reads it so
     series, _ = plot.read_series(Path(shown.paths.tensorboard), shown.model.seq_length)
     assert series["training loss"].tokens == [8 * 64, 16 * 64, 24 * 64]  # the record's tokens per sample
+
+
+def test_a_bare_name_is_a_run_folder_only_where_a_folder_of_that_name_holds_a_record(trainings, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    _launched(trainings, run)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "small").mkdir()  # a folder that only shares the experiment's name
+    assert not run_ref.is_run_folder_name("small") and open_run("small", trainings).yaml is not None
+    assert run_ref.is_run_folder_name("run") and open_run("run").by_folder
+    assert run_ref.is_run_folder_name(str(tmp_path / "small"))  # a path: a folder named, record or not
