@@ -15,6 +15,7 @@ from bigscience_ops import ledger, run_lock, runs_index
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment, to_dict
 from bigscience_ops.ledger import TaskRecord
+from bigscience_ops.run_ref import open_run
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 
 SMALL = (SHRUNK_MODEL, "batch: {global_batch_size: 8, micro_batch_size: 2, rampup: {start: 4, increment: 2, samples: 40}}\n"
@@ -123,3 +124,14 @@ def test_a_bundled_experiments_run_elsewhere_is_pointed_to(trainings, tmp_path):
     result = CliRunner().invoke(main, ["info", "tiny"])  # the bundled tiny: its run would be under this folder
     assert result.exit_code == 0
     assert f"your runs index (bsops runs) has 1, the newest in {run}" in result.output
+
+
+def test_rollback_names_a_run_by_its_folder_and_says_how_to_relaunch_that_folder(trainings, tmp_path):
+    run = _run(trainings, "small", tmp_path / "out run")  # a launch --local --out run: no experiment puts it there
+    for step in (10, 20):
+        _saved(run, step)
+    result = CliRunner().invoke(main, ["rollback", "--run", str(run), "--to", "10", "--skip", "11-12"])
+    assert result.exit_code == 0, result.output
+    assert (run / "checkpoints" / "latest").read_text().strip() == "global_step10"
+    assert f"relaunch with: bsops launch small --local --out '{run}'" in result.output
+    assert open_run(str(run)).experiment.train.skip_iterations == ["11-12"]  # what every view and the relaunch read
