@@ -117,6 +117,8 @@ def test_the_index_is_in_the_users_data_folder_unless_named(tmp_path):
     link.symlink_to(tmp_path / "elsewhere")
     assert "cannot be written" in runs_index.record_launch("x", tmp_path, "local", "1", path=link)
     assert not (tmp_path / "elsewhere").exists()
+    [problem] = runs_index.read_index(link).problems  # nor read through one: reported, not followed
+    assert "link" in problem.what
 
 
 def test_a_bundled_experiments_run_elsewhere_is_pointed_to(trainings, tmp_path):
