@@ -183,7 +183,8 @@ class Console:
     printed as they come.
 
     On a terminal (`tty`) the progress is one bar line rewritten in place, below the other lines; in a log it is a
-    plain line for a task's first iteration line, then at most one every `interval_s` seconds, and the last one.
+    plain line for a task's first iteration line, then at most one every `interval_s` seconds, and the task's last
+    one before its end line.
     `echo(text, newline)` writes; `clock` and `width` are the time and the terminal's width.
     """
 
@@ -193,6 +194,7 @@ class Console:
         self.shown: str | None = None  # the bar on screen (tty)
         self.last: IterationStats | None = None
         self.printed_at: float | None = None  # when the last plain progress line was printed (log)
+        self.pending: IterationStats | None = None  # the last progress not printed yet (log)
 
     def feed(self, line: str) -> None:
         stats = parse_iteration_line(line)
@@ -203,6 +205,9 @@ class Console:
 
     def message(self, line: str) -> None:
         """A line that is not progress (a task's start and end, validation, the trainers' decisions)."""
+        if line.startswith("array task ") and not self.tty and self.pending is not None:
+            self.echo(progress_text(self.pending), True)  # where the task got to, before its end line
+            self.pending = None
         if line.startswith("array task ") and ": started" in line:
             self.printed_at = None  # each task's first progress line is printed
         if self.tty and self.shown is not None:
@@ -221,8 +226,10 @@ class Console:
         now = self.clock()
         due = self.printed_at is None or now - self.printed_at >= self.interval_s
         if due or stats.iteration >= stats.train_iters:
-            self.printed_at = now
+            self.printed_at, self.pending = now, None
             self.echo(progress_text(stats), True)
+        else:
+            self.pending = stats
 
     def close(self) -> None:
         """Ends the bar's line (a terminal), so that what is printed next starts on a line of its own."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import launch
+from bigscience_ops import launch, ledger
 from bigscience_ops.config import load_experiment
 from bigscience_ops.launch_plan import Overrides, apply_overrides
 from bigscience_ops.plan import make_plan
@@ -55,9 +55,17 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     proc = subprocess.CompletedProcess(argv, first.returncode, out, err)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"run folder: {run}" in proc.stdout
-    assert proc.stdout.count(": started, output in") == 2 and proc.stdout.count(": exit 0 in") == 2
-    # Progress while it runs: iteration lines and the resume, not only a summary at the end.
-    assert re.search(r"^iteration\s+15/\s+28 \|", proc.stdout, re.M) and "> resumed from" in proc.stdout
+    assert proc.stdout.count(": started, output in") == 2
+    # Each task's end in one line, as it ends: why it stopped, then the end of the training.
+    assert re.search(r"^array task 1/2: iterations 0 → 15 of 28 in \d+ s: exit interval 15 reached: saved and "
+                     r"exiting$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^array task 2/2: finished: iteration 28/28 \(iterations 15 → 28 of 28 in \d+ s\)$",
+                     proc.stdout, re.M), proc.stdout
+    # Progress while it runs (a log: plain lines, each task's first, at most one per 30 s, its last), and the resume.
+    progress = re.findall(r"^iteration (\d+)/28 \(\d+%\) \| lm loss \S+ \| \S+ (?:it/s|s/it), \S+ tokens/s \| ETA ",
+                          proc.stdout, re.M)
+    assert {"5", "15", "20", "25"} <= set(progress), proc.stdout
+    assert "> resumed from" in proc.stdout
     assert (run / "small.slurm").is_file() and (run / "experiment.json").is_file()
     # 200 samples with the rampup: 28 steps; task 1 exits at 15, task 2 resumes and finishes
     assert checkpoint_steps(run) == [10, 15, 20, 28]
@@ -139,7 +147,8 @@ def test_a_rendezvous_port_taken_by_another_program_fails_the_task_at_once(tmp_p
         other.listen(8)
         monkeypatch.setattr(launch, "free_port", lambda: other.getsockname()[1])
         exp = load_experiment("small", trainings)
-        with pytest.raises(launch.LaunchError, match="array task 1: .* exited 1"):
+        with pytest.raises(launch.LaunchError, match=r"^array task 1/1: failed with exit code 1 after \d+ s: .+; read "
+                                                     r".*small-\d+_1\.out \(every task's lines: "):
             launch.launch_local(exp, tmp_path / "run", tasks=1, timeout_s=300)
     output = next((tmp_path / "run" / "logs").glob("small-*_1.out")).read_text()
     assert "EADDRINUSE" in output
@@ -277,20 +286,27 @@ def test_a_failing_bsops_takes_its_running_task_down_with_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_to_a_local_launch_stops_the_task_and_its_trainers(tmp_path):
+def test_ctrl_c_on_a_local_launch_stops_the_task_and_its_trainers_after_their_save(tmp_path):
     """Left running without bsops, a task would train on unwatched, and the next launch would train the same run
     at the same time: bsops stops it and returns once none of its processes is left. Its trainers save first,
-    as at Slurm's warning signal, so the next launch resumes where this one stopped."""
-    proc, out, err, run, _ = _stopped_while_training(tmp_path, "stop", lambda proc, run: proc.send_signal(signal.SIGTERM))
-    assert proc.returncode == 2, err  # bsops' exit code for an error
-    assert "error: array task 1: stopped by SIGTERM; the task was stopped with it" in err
+    as at Slurm's warning signal, so the next launch resumes where this one stopped; bsops says which iteration
+    they saved, as `latest` names it and the ledger's end record says (SIGTERM and SIGHUP take the same path)."""
+    proc, out, err, run, _ = _stopped_while_training(tmp_path, "stop", lambda proc, run: proc.send_signal(signal.SIGINT))
+    assert proc.returncode == 130, err  # as a shell's command stopped by Ctrl-C
+    assert "Aborted!" not in err and "Traceback" not in err and "error:" not in err, err
     assert processes_mentioning(str(run / "experiment.json")) == []
     # Saved at the iteration it stopped at, the run unfinished (about 250 iterations).
     [saved] = checkpoint_steps(run)
     assert 1 <= saved < 200, out + err
-    assert f"its trainers saved iteration {saved} first" in err
-    assert "stopping: the trainers save and exit first" in out
+    assert ledger.latest_iteration(run / "checkpoints") == saved
+    assert re.fullmatch(rf"array task 1/\d+: stopped by Ctrl-C: the trainers saved iteration {saved}; run the same "
+                        rf"command again to resume from it \(see .*\.out\)\n", err), err
+    end = ledger.read(run / ledger.LEDGER_NAME)[-1]
+    assert (end.event, end.iteration, end.exit_code) == ("end", saved, 0)
+    assert "stopping (Ctrl-C): the trainers save and exit first" in out
     main_log = (run / "logs" / "main_log.txt").read_text()
+    assert "SIGUSR1 received (stop asked by bsops launch --local: Ctrl-C): passing" in main_log, main_log[-3000:]
+    assert "time limit near" not in main_log
     assert f"> signal received: saved and exiting at iteration {saved}\n" in main_log, main_log[-3000:]
 
 
@@ -302,6 +318,8 @@ def test_a_kill_switch_touched_during_a_local_launch_stops_it_after_the_save(tmp
     assert f"the kill switch {run / 'kill-switch'} exists: no further task is started" in out
     assert "array task 2/" not in out and "training not finished" in out
     [saved] = checkpoint_steps(run)
+    assert re.search(rf"^array task 1/\d+: iterations 0 → {saved} of \d+ in .*: kill switch {re.escape(str(run))}"
+                     rf"/kill-switch found: saved and exiting$", out, re.M), out
     assert f"> kill switch {run / 'kill-switch'} found: saved and exiting at iteration {saved}" in (
         run / "logs" / "main_log.txt").read_text()
     again = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 START = ["START TIME: Fri Nov 27 05:00:00 UTC 2026 job 77 array task 1 on localhost run dir /r",
          "task 77_1 begins at iteration 0"]
-END = ["task 77_1 ended with exit code {code} at iteration {it}: made progress", "END TIME: Fri Nov 27 exit code {code}"]
+END = ["task 77_1 ended with exit code {code} at iteration {it}: made progress",
+       "END TIME: Fri Nov 27 exit code {code}"]
 
 # torch 2.x's worker traceback and torchrun's summary after it, as a task's .out holds them.
 CRASH = """[rank0]: Traceback (most recent call last):
@@ -171,11 +172,17 @@ def test_a_log_gets_a_plain_progress_line_per_interval_and_the_last_one():
         now[0] = t
         console.feed(iteration_line(_stats(it)))
     console.feed(" validation loss at iteration 40 | lm loss value: 5.1 |")
+    console.feed("array task 2/2: started, output in y (2 node(s))")
+    for it, t in ((50, 46), (60, 50)):  # a task's first line, then its last one (not logged) before its end
+        now[0] = t
+        console.feed(iteration_line(_stats(it)))
+    console.feed("array task 2/2: iterations 40 → 64 of 221 in 5 s: exit interval 64 reached: saved and exiting")
     lines = [text for text, nl in printed]
     assert all(nl for _, nl in printed) and not any(CLEAR in text for text in lines)
-    assert [line.split(" |")[0] for line in lines] == [
-        "array task 1/2: started, output in x (2 node(s))", "iteration 10/221 (4%)", "iteration 30/221 (13%)",
-        "iteration 221/221 (100%)", " validation loss at iteration 40"]
+    assert [line.split(" |")[0].split(":")[0] for line in lines] == [
+        "array task 1/2", "iteration 10/221 (4%)", "iteration 30/221 (13%)", "iteration 221/221 (100%)",
+        " validation loss at iteration 40", "array task 2/2", "iteration 50/221 (22%)", "iteration 60/221 (27%)",
+        "array task 2/2"]
 
 
 def test_a_terminal_gets_one_bar_rewritten_in_place_below_the_other_lines():
@@ -236,7 +243,7 @@ sys.exit(subprocess.run([sys.executable, __file__, checkpoints, "trainer"], star
 # resumed after a trap, then the task's end recorded in the ledger (what `bsops task end` does).
 SCRIPT = """
 set +e
-{python} -c 'import sys; from pathlib import Path; from bigscience_ops import ledger; ledger.begin(Path(sys.argv[1]), Path(sys.argv[2]), 0)' {run} {checkpoints}
+{python} {hooks} begin {run} {checkpoints}
 {srun} --nodes=1 --kill-on-bad-exit=1 {python} {node} {checkpoints} &
 srun_pid=$!
 trap 'kill -USR1 "$srun_pid" 2>/dev/null' TERM
@@ -246,7 +253,19 @@ while :; do
     if ((status > 128)) && kill -0 "$srun_pid" 2>/dev/null; then continue; fi
     break
 done
-{python} -c 'import sys; from pathlib import Path; from bigscience_ops import ledger; ledger.end(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))' {run} {checkpoints} "$status"
+{python} {hooks} end {run} {checkpoints} "$status"
+"""
+
+# What `bsops task begin` and `bsops task end` record in the ledger, without the rest of the CLI.
+HOOKS = """
+import sys
+from pathlib import Path
+from bigscience_ops import ledger
+event, run, checkpoints = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+if event == "begin":
+    ledger.begin(run, checkpoints, 0)
+else:
+    ledger.end(run, checkpoints, int(sys.argv[4]))
 """
 
 
@@ -260,9 +279,10 @@ def test_a_stopped_task_records_its_end_after_the_trainers_save(tmp_path):
     srun = tmp_path / "srun"
     launch._write_shim(srun, launch.SRUN)
     (tmp_path / "node.py").write_text(NODE)
+    (tmp_path / "hooks.py").write_text(HOOKS)
     script = tmp_path / "task.sh"
     script.write_text(SCRIPT.format(python=sys.executable, run=run, checkpoints=checkpoints, srun=srun,
-                                    node=tmp_path / "node.py"))
+                                    node=tmp_path / "node.py", hooks=tmp_path / "hooks.py"))
     env = dict(os.environ, SLURM_JOB_ID="77", PYTHONPATH=str(REPO))
     proc = subprocess.Popen(["bash", str(script)], env=env, start_new_session=True)
     try:
