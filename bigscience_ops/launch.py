@@ -60,9 +60,10 @@ class Interrupted(Stopped):
     """Ctrl-C while a task ran: the message says what the task saved (no error: the user asked for it)."""
 
 
-STOP_REASON = "stop-reason"
-"""In <run>/slurm-shims/: why bsops sends the job script SIGUSR1, which the script's log line names
-(BSOPS_STOP_REASON_FILE; absent, as under Slurm, the signal is the time limit's)."""
+def stop_reason_file(run_dir: Path) -> Path:
+    """Why bsops sends the job script SIGUSR1, which the script's log line names (BSOPS_STOP_REASON_FILE; absent, as
+    under Slurm, the signal is the time limit's)."""
+    return run_dir / "slurm-shims" / "stop-reason"
 
 
 SRUN = '''#!{python}
@@ -366,7 +367,7 @@ def _task_environment(exp: Experiment, out: Path, array_job_id: int, task: int) 
         "OMP_NUM_THREADS": str(threads),
         "BSOPS_MASTER_PORT": str(exp.slurm.master_port),  # the free port launch_local chose, as it is
         run_lock.HELD_ENV: str(out),  # launch_local holds the run's lock for its tasks
-        "BSOPS_STOP_REASON_FILE": str(out / "slurm-shims" / STOP_REASON),  # why SIGUSR1 comes (_save_first)
+        "BSOPS_STOP_REASON_FILE": str(stop_reason_file(out)),  # why SIGUSR1 comes (_save_first)
     })
 
 
@@ -383,7 +384,7 @@ def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callabl
     training = False
     before = latest_iteration(checkpoints)
     with contextlib.suppress(OSError):  # a reason left by an earlier stop is no reason for this task's signal
-        (script.parent / "slurm-shims" / STOP_REASON).unlink(missing_ok=True)
+        stop_reason_file(script.parent).unlink(missing_ok=True)
 
     def report(line: str) -> None:
         nonlocal training
@@ -403,8 +404,7 @@ def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callabl
             cause = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else exc.cause or "a signal"
             saved = False
             try:
-                saved = training and _save_first(proc, progress, save_s, script.parent / "slurm-shims" / STOP_REASON,
-                                                 cause)
+                saved = training and _save_first(proc, progress, save_s, stop_reason_file(script.parent), cause)
             finally:
                 _stop(proc)  # what is left, or all of it when it was not training yet
             try:
