@@ -361,7 +361,7 @@ def log_is_a_fifo(tmp_path: Path, trainings: Path, **_) -> None:
     assert result.exit_code == 2 and "FIFO" in result.output
     assert "not a log file" in status.read_progress(log).problem
     with pytest.raises(samples.SamplesError, match="FIFO"):
-        samples._log_layouts(exp)
+        samples._read_log(exp, None)
 
 
 def log_is_a_folder(tmp_path: Path, trainings: Path, **_) -> None:
