@@ -207,6 +207,17 @@ def differences(recorded: Experiment, today: Experiment) -> tuple[Difference, ..
     return tuple(found)
 
 
+def relaunch_differences(exp: Experiment, folder: Path) -> tuple[Path | None, tuple[Difference, ...]]:
+    """Where `exp` (what a launch is about to train) differs from the last launch recorded in the run folder `folder`
+    in a field of ORDER_FIELDS: (the record, the differences); (None, ()) for a run never launched. A relaunch with
+    another seed, blend or model trains on from the checkpoint with them, which is sometimes meant and never silent.
+    Raises RunRecordError for a record that cannot be read."""
+    found = newest_record(folder)
+    if found is None:
+        return None, ()
+    return found, differences(read_record(found), exp)
+
+
 def _leaves(data: dict, prefix: str = "") -> dict[str, object]:
     """Dotted paths to the values of nested mappings (a list, such as data.blend, is one value)."""
     out: dict[str, object] = {}

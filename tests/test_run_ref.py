@@ -207,3 +207,21 @@ def test_a_bare_name_is_a_run_folder_only_where_a_folder_of_that_name_holds_a_re
     assert not run_ref.is_run_folder_name("small") and open_run("small", trainings).yaml is not None
     assert run_ref.is_run_folder_name("run") and open_run("run").by_folder
     assert run_ref.is_run_folder_name(str(tmp_path / "small"))  # a path: a folder named, record or not
+
+
+def test_a_relaunch_with_another_seed_than_the_runs_last_launch_warns_in_one_line(trainings, tmp_path, bundled_corpus):
+    run = tmp_path / "run"
+    _launched(trainings, run, corpus=bundled_corpus)
+    argv = ["launch", "small", "--dry-run", "--allow-incomplete", "--trainings-dir", str(trainings)]
+    same = CliRunner().invoke(main, argv)
+    assert same.exit_code == 0, same.output
+    assert "differs from the run's last launch" not in same.output
+    _reseed(trainings)
+    moved = CliRunner().invoke(main, argv)
+    assert moved.exit_code == 0, moved.output
+    [warning] = [line for line in moved.stderr.splitlines() if "differs from the run's last launch" in line]
+    assert warning.startswith("warning: ") and "train.seed (1234 -> 42)" in warning
+    assert str(run / "experiment.json") in warning
+    (run / "experiment.json").write_text('{"name": "small", "model": ')  # torn: said, and the launch goes on
+    torn = CliRunner().invoke(main, argv)
+    assert torn.exit_code == 0 and "not JSON" in torn.stderr and "not compared with this launch" in torn.stderr

@@ -282,6 +282,22 @@ def render(exp: str, out: Path | None, allow_incomplete: bool, trainings_dir: Pa
 
 
 
+def _warn_if_the_run_recorded_otherwise(experiment, out: Path | None) -> None:
+    """One warning line when the run folder's last launch trained another seed, data or model than this one will."""
+    from bigscience_ops import run_ref
+
+    folder = Path(out) if out is not None else Path(experiment.paths.output)
+    try:
+        record, found = run_ref.relaunch_differences(experiment, folder)
+    except run_ref.RunRecordError as exc:
+        click.echo(f"warning: {exc}; not compared with this launch", err=True)
+        return
+    if found:
+        shown = ", ".join(map(str, found[:4])) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        click.echo(f"warning: this launch differs from the run's last launch ({record}) in {shown}: the run trains on "
+                   "from its checkpoint with the new values (the data order or the model change from there)", err=True)
+
+
 @main.command()
 @click.argument("exp", type=TEXT, default="tiny")
 @click.option("--local", "local", is_flag=True,
@@ -313,6 +329,7 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
         raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
     experiment = load_experiment(exp, trainings_dir)
     echo_run_folder(exp, trainings_dir, experiment, out if local else None)
+    _warn_if_the_run_recorded_otherwise(experiment, out if local else None)
     if not local:
         from bigscience_ops import submit
 
