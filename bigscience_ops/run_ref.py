@@ -17,6 +17,7 @@ Reading the YAML never reads the run folder (config.py); this module does, on pu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -205,6 +206,23 @@ def differences(recorded: Experiment, today: Experiment) -> tuple[Difference, ..
             if before.get(key) != after.get(key):
                 found.append(Difference(key, before.get(key), after.get(key)))
     return tuple(found)
+
+
+def with_configured_channels(opened: OpenedRun, trainings_dir: Path | None = None) -> Experiment:
+    """The run as recorded, with the `alerts` and `hub` sections of its experiment file as it is today.
+
+    Who is told, which host an SMTP password or a Hub token goes to and the environment variables they are read
+    from are configuration: never taken from a run's own files, which are untrusted input (a record rewritten to
+    name another SMTP host would otherwise get the password). Raises RunRecordError when no experiment file of
+    the recorded name is found (or it does not load): the caller then sends nothing.
+    """
+    name = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
+    try:
+        today = config.load_experiment(name, trainings_dir)
+    except ConfigError as exc:
+        raise RunRecordError(f"alert channels and Hub settings come from the experiment file, never from a run's "
+                             f"record, and {opened.experiment.name!r} has none that loads here ({exc})") from None
+    return dataclasses.replace(opened.experiment, alerts=today.alerts, hub=today.hub)
 
 
 def relaunch_differences(exp: Experiment, folder: Path) -> tuple[Path | None, tuple[Difference, ...]]:

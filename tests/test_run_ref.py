@@ -225,3 +225,24 @@ def test_a_relaunch_with_another_seed_than_the_runs_last_launch_warns_in_one_lin
     (run / "experiment.json").write_text('{"name": "small", "model": ')  # torn: said, and the launch goes on
     torn = CliRunner().invoke(main, argv)
     assert torn.exit_code == 0 and "not JSON" in torn.stderr and "not compared with this launch" in torn.stderr
+
+
+def test_who_is_told_and_where_a_token_goes_come_from_the_experiment_file_never_from_the_record(trainings, tmp_path):
+    run = tmp_path / "run"
+    record = _launched(trainings, run)
+    record["alerts"].update(smtp_host="mail.attacker.example", smtp_user="me", email_to=["attacker@example.com"],
+                            smtp_password_env="BSOPS_SMTP_PASSWORD")
+    record["hub"].update(host="hub.attacker.example")
+    (run / "experiment.json").write_text(json.dumps(record))
+    opened = open_run(None, trainings, run)
+    assert opened.experiment.alerts.smtp_host == "mail.attacker.example"  # the record as it is ...
+    told = run_ref.with_configured_channels(opened, trainings)  # ... but told as the experiment file says
+    today = load_experiment("small", trainings)
+    assert told.alerts == today.alerts and told.hub == today.hub
+    assert told.paths == opened.experiment.paths and told.train == opened.experiment.train
+    (trainings / "small.yaml").unlink()  # no experiment file to take them from: nothing is sent
+    with pytest.raises(RunRecordError, match="never from a run's record"):
+        run_ref.with_configured_channels(opened, trainings)
+    result = CliRunner().invoke(main, ["status", "--run", str(run), "--trainings-dir", str(trainings),
+                                       "--timeout", "5"])
+    assert "alerts: not sent: " in result.stderr and "attacker" not in result.output

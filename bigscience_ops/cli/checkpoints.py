@@ -45,8 +45,15 @@ def convert_command(exp: str | None, run: Path | None, trainings_dir: Path | Non
     """
     from bigscience_ops.checkpoints import convert
 
-    experiment = open_run(exp, run, trainings_dir).experiment  # the model and tokenizer the run trained with
+    opened = open_run(exp, run, trainings_dir)
+    experiment = opened.experiment  # the model and tokenizer the run trained with
     if push:
+        from bigscience_ops import run_ref
+
+        try:  # where the weights and the token go: the experiment file's hub section, never the record's
+            experiment = run_ref.with_configured_channels(opened, trainings_dir)
+        except run_ref.RunRecordError as exc:
+            raise run_ref.RunRecordError(f"--push: {exc}") from None
         convert.check_push(experiment, remote, max_shard_size)
     bar = click.progressbar(length=1, label="converting layers", file=sys.stderr) if sys.stderr.isatty() else None
 

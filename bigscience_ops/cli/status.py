@@ -91,7 +91,7 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
         from bigscience_ops.run_ref import is_run_folder_name
 
         if run is not None or is_run_folder_name(exp):  # a run named by its folder: as it recorded itself
-            experiment = open_run(exp, run, trainings_dir).experiment
+            experiment = _with_configured_channels(open_run(exp, run, trainings_dir), trainings_dir, email_to)
         else:  # by its experiment: today's alert channels and limits, which the on-call person changes without a launch
             experiment = load_experiment(exp, trainings_dir)
             echo_run_folder(exp, trainings_dir, experiment)
@@ -120,6 +120,24 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
     for failure in failures:
         echo_detail(failure)
     sys.exit(result.exit_code)
+
+
+def _with_configured_channels(opened, trainings_dir: Path | None, email_to: tuple[str, ...]):
+    """The run as recorded, told through its experiment file's channels (run_ref.with_configured_channels); with no
+    experiment file to take them from, through --email-to alone (a line says so)."""
+    import dataclasses
+
+    from bigscience_ops import run_ref
+    from bigscience_ops.schema import AlertsConfig
+
+    try:
+        return run_ref.with_configured_channels(opened, trainings_dir)
+    except run_ref.RunRecordError as exc:
+        if not email_to:
+            click.echo(f"alerts: not sent: {exc}; pass --email-to to be told", err=True)
+        return dataclasses.replace(opened.experiment, alerts=dataclasses.replace(
+            AlertsConfig(), stall_minutes=opened.experiment.alerts.stall_minutes,
+            cooldown_minutes=opened.experiment.alerts.cooldown_minutes, health=opened.experiment.alerts.health))
 
 
 def _email_outbox(email_to: tuple[str, ...], email_from: str | None, host: str, port: int | None, security: str,
