@@ -219,9 +219,10 @@ def with_configured_channels(opened: OpenedRun, trainings_dir: Path | None = Non
     name = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
     try:
         today = config.load_experiment(name, trainings_dir)
-    except ConfigError as exc:
+    except ConfigError:
         raise RunRecordError(f"alert channels and Hub settings come from the experiment file, never from a run's "
-                             f"record, and {opened.experiment.name!r} has none that loads here ({exc})") from None
+                             f"record, and no experiment file of {opened.experiment.name!r} loads here "
+                             f"(`bsops show {opened.experiment.name}` says why)") from None
     return dataclasses.replace(opened.experiment, alerts=today.alerts, hub=today.hub)
 
 
