@@ -289,8 +289,14 @@ def test_alibi_is_refused_before_any_checkpoint_is_looked_for_and_a_push_names_r
 def test_convert_command(runs, trainings, tmp_path, gpt2_files):
     exp, _, _ = runs["pp2"]
     src = Path(exp.paths.output)
-    _conv_yaml(trainings, exp, "conv", src)
+    _conv_yaml(trainings, exp, "conv", tmp_path / "run")  # a run folder of its own (no record): today's YAML
     out = tmp_path / "cli"
+    by_folder = CliRunner().invoke(main, ["convert", "--run", str(src), "--out", str(tmp_path / "by-folder")])
+    assert by_folder.exit_code == 0, by_folder.output  # the run named by its folder: the model its record holds
+    assert (tmp_path / "by-folder" / "model.safetensors").is_file()
+    other = CliRunner().invoke(main, ["convert", "conv", "--run", str(src), "--trainings-dir", str(trainings),
+                                      "--out", str(tmp_path / "other")])
+    assert other.exit_code == EXIT_ERROR and "records experiment 'tiny', not 'conv'" in other.stderr
     result = CliRunner().invoke(main, ["convert", "conv", "--trainings-dir", str(trainings), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert (out / "model.safetensors").is_file()
@@ -335,7 +341,7 @@ def test_convert_push_publishes_one_folder_per_step(runs, trainings, tmp_path, g
     exp, _, _ = runs["pp2"]
     remotes = tmp_path / "remotes"
     bare = bare_remote(remotes, "bs/conv-checkpoints")
-    _conv_yaml(trainings, exp, "pushed", Path(exp.paths.output),
+    _conv_yaml(trainings, exp, "pushed", tmp_path / "run",
                f"hub: {{checkpoints_repo: bs/conv-checkpoints, remote_template: 'file://{remotes}/{{repo}}.git'}}\n")
     out = tmp_path / "pushed"
     result = CliRunner().invoke(main, ["convert", "pushed", "--trainings-dir", str(trainings), "--out", str(out), "--push"])
