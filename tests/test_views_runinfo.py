@@ -19,6 +19,7 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.iteration_log import IterationStats, iteration_line, parse_iteration_line
 from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_runs import complete_checkpoint
 
 SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
 
@@ -181,14 +182,6 @@ def test_a_log_ending_in_a_line_longer_than_the_window_is_said_not_shown_as_empt
     assert any("NUL bytes" in problem for problem in info.problems), info.problems
 
 
-def _checkpoint(exp, step: int) -> None:
-    """A complete checkpoint as info and `bsops rollback` read it (bsops.json), `latest` naming it."""
-    folder = Path(exp.paths.checkpoints) / f"global_step{step}"
-    folder.mkdir(parents=True)
-    (folder / "bsops.json").write_text(json.dumps({"iteration": step}))
-    (Path(exp.paths.checkpoints) / "latest").write_text(f"global_step{step}")
-
-
 def _log_task(exp, start: int, last: int, mtime: float) -> None:
     """A task of tiny (221 iterations, logged every 10) resumed at `start`, logged to `last`, as the trainer writes
     it; main_log.txt is then dated `mtime`."""
@@ -215,7 +208,7 @@ def test_a_finished_run_is_finished_though_its_last_iteration_is_not_logged(exp)
 
     _log_task(exp, 0, 221, time.time())
     for step in (50, 100, 150, 200, 221):
-        _checkpoint(exp, step)
+        complete_checkpoint(exp, step)
     info = runinfo.run_info(exp)
     text = runinfo.info_text(info)
     assert "progress:    iteration 221/221 (100.0%): finished" in text and "99.5%" not in text
@@ -237,7 +230,7 @@ def test_after_a_rollback_info_shows_the_live_iteration(exp):
     now = time.time()
     _log_task(exp, 0, 221, now - 600)
     for step in (50, 100, 150, 200, 221):
-        _checkpoint(exp, step)
+        complete_checkpoint(exp, step)
     rollback(exp, 100, "103-110", now=now - 300)
     info = runinfo.run_info(exp)
     text = runinfo.info_text(info, now=now)

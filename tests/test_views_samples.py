@@ -29,6 +29,7 @@ from bigscience_ops.views import samples
 from tests.fixtures_data import write_indexed
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 from tests.fixtures_trainer import small_experiment
+from tests.fixtures_runs import complete_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -288,14 +289,6 @@ def test_an_iteration_the_run_has_not_trained_is_a_prediction_naming_no_task(exp
     assert nothing.status == "predicted" and nothing.layout.source.startswith("predicted from the plan (not trained")
 
 
-def _checkpoint(exp, step: int) -> None:
-    """A complete checkpoint folder as `bsops rollback` and `info` read it (bsops.json), and `latest` naming it."""
-    folder = Path(exp.paths.checkpoints) / f"global_step{step}"
-    folder.mkdir(parents=True)
-    (folder / "bsops.json").write_text(json.dumps({"iteration": step}))
-    (Path(exp.paths.checkpoints) / "latest").write_text(f"global_step{step}")
-
-
 def _trained_log(exp, start: int, last: int, mtime: float) -> Path:
     """A task's start line at `start` and its iteration lines to `last`, as the trainer writes them, appended to
     main_log.txt, which is then dated `mtime`."""
@@ -324,7 +317,7 @@ def test_right_after_a_rollback_the_skip_range_is_what_the_relaunch_will_do(exp)
 
     now = time.time()
     for step in (10, 20):
-        _checkpoint(exp, step)
+        complete_checkpoint(exp, step)
     _trained_log(exp, 0, 20, now - 600)
     rollback(exp, 10, "12-14", now=now - 300)
     recorded = as_recorded(exp)  # the skip, as `bsops samples` applies it
