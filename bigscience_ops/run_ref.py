@@ -199,7 +199,7 @@ def read_record(path: Path) -> Experiment:
 
 def differences(recorded: Experiment, today: Experiment) -> tuple[Difference, ...]:
     """The fields of ORDER_FIELDS (each leaf) where `today` says another thing than `recorded`."""
-    before, after = _leaves(config.to_dict(recorded)), _leaves(config.to_dict(today))
+    before, after = _leaves(dataclasses.asdict(recorded)), _leaves(dataclasses.asdict(today))
     found = []
     for key in sorted(set(before) | set(after)):
         if any(key == f or key.startswith(f + ".") for f in ORDER_FIELDS) and key not in SAME_MATH:
