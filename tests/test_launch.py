@@ -109,6 +109,23 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     assert (row["experiment"], row["folder"], row["state"], row["job"]) == ("small", str(run), "finished", "local")
     shown = subprocess.run([BSOPS, "info", str(run)], cwd=elsewhere, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and f"run folder: {run} (named on the command line" in shown.stdout, shown.stderr
+    # The YAML moves on after the training (another seed): samples, info and plot show the run as it trained, each
+    # with one line saying the file differs, and the data folder is left as it was.
+    data_dir = Path(exp.data.blend[0].prefix).parent
+    listing = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in data_dir.iterdir())
+    by_run = ["--run", str(run), "--trainings-dir", str(trainings)]
+    sampled = [BSOPS, "samples", "small", *by_run, "--iteration", "3", "--json", "--no-text"]
+    trained = subprocess.run(sampled, cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert trained.returncode == 0 and "differs" not in trained.stderr, trained.stderr
+    yaml = trainings / "small.yaml"
+    yaml.write_text(yaml.read_text().replace("train: {samples: 200}", "train: {samples: 200, seed: 4321}"))
+    note = "now differs from the run's record in train.seed (1234 -> 4321); showing the run as recorded"
+    for argv in (sampled, [BSOPS, "info", "small", *by_run], [BSOPS, "plot", "small", *by_run, "--out", "c.png"]):
+        moved = subprocess.run(argv, cwd=elsewhere, capture_output=True, text=True, timeout=120)
+        assert moved.returncode == 0 and moved.stderr.count(note) == 1, moved.stdout + moved.stderr
+    assert moved.stdout.startswith(f"run folder: {run}") and (elsewhere / "c.png").is_file()
+    assert subprocess.run(sampled, cwd=elsewhere, capture_output=True, text=True, timeout=120).stdout == trained.stdout
+    assert sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in data_dir.iterdir()) == listing
 
 
 @pytest.mark.slow
