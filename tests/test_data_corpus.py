@@ -51,4 +51,5 @@ def test_build_without_flock(tmp_path, monkeypatch):
     monkeypatch.setattr(locks, "try_flock", lambda f: False)  # as on a filesystem without flock
     prefix = ensure_bundled_corpus(tmp_path)
     assert len(IndexedDataset(prefix)) == 1189
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny_text_document.bin", "tiny_text_document.idx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny_text_document.bin", "tiny_text_document.dataset.json",
+                                                          "tiny_text_document.idx"]  # the dataset and its record

@@ -110,6 +110,10 @@ def test_a_recorded_dataset_gives_its_largest_id_without_a_scan(trainings: Path,
     assert record["stats"]["max_id"] == {"text": int(tokens.max())}  # preprocess records it while encoding
     exp = load_experiment(experiment(trainings, tmp_path, recorded), trainings)
     check = preflight.check_data(exp, make_plan(exp).dataset_sizes[0])
+    own = f"record {recorded}.dataset.json"  # the dataset's own record first
+    assert check.errors == [] and check.entries[0].max_id == preflight.MaxId(int(tokens.max()), own)
+    os.unlink(f"{recorded}.dataset.json")  # then the part's
+    check = preflight.check_data(exp, make_plan(exp).dataset_sizes[0])
     assert check.errors == [] and check.entries[0].max_id == preflight.MaxId(int(tokens.max()), "record")
     assert not preflight.cache_path(recorded).exists()
 
@@ -129,7 +133,9 @@ def test_the_scan_is_cached_and_done_again_when_the_bin_changes(tmp_path: Path) 
 
 
 def test_a_scan_reads_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(preflight, "SCAN_CHUNK", 7)
+    from bigscience_ops.data import dataset_record
+
+    monkeypatch.setattr(dataset_record, "SCAN_CHUNK", 7)
     docs = [list(range(i, i + 5)) for i in range(0, 60, 5)] + [[12345, 3]]
     prefix = write_indexed(tmp_path / "c_text_document", docs)
     assert preflight.scan_max_id(Path(f"{prefix}.bin"), np.uint16) == 12345
@@ -187,6 +193,7 @@ def test_task_begin_refuses_data_gone_since_the_launch(trainings: Path, tmp_path
 def test_a_hostile_record_is_read_as_no_answer(trainings: Path, tmp_path: Path, recorded: str) -> None:
     """A record is untrusted: a largest id of the wrong type is no answer (a scan gives it), and its tokenizer
     reaches the message as one line of plain words."""
+    os.unlink(f"{recorded}.dataset.json")  # the part's record is read only without the dataset's own
     path = Path(f"{recorded[:-len('_text_document')]}.preprocess.json")
     record = json.loads(path.read_text())
     record["stats"] = ["not", "stats"]
@@ -197,3 +204,64 @@ def test_a_hostile_record_is_read_as_no_answer(trainings: Path, tmp_path: Path, 
     assert check.entries[0].max_id.source == "scan"
     assert [type(e) for e in check.errors] == [preflight.OtherTokenizer]
     assert "\n" not in str(check.errors[0]) and "\x1b" not in str(check.errors[0])
+
+
+# ----------------------------------------------------------------------------- the dataset's own record
+
+@pytest.fixture
+def one_output(tmp_path: Path) -> str:
+    """A dataset preprocessed with the bundled tokenizer into one output (no part record: only its own)."""
+    source = tmp_path / "genesis.jsonl"
+    lines = [{"text": "And God said, Let there be light: and there was light."},
+             {"text": "And God saw the light, that it was good."}]
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = preprocess([source], str(tmp_path / "data" / "one"), bundled_tokenizer(), ("text",))
+    return result.outputs["text"]
+
+
+def test_a_one_output_run_records_its_tokenizer_and_largest_id(one_output: str) -> None:
+    from bigscience_ops import __version__
+    from bigscience_ops.data.tokenizer_cache import _sha256_file
+
+    record = json.loads(Path(f"{one_output}.dataset.json").read_text())
+    tokens = np.fromfile(f"{one_output}.bin", dtype=np.uint16)
+    assert record == {"format": "bsops-dataset", "version": 1, "dtype": "<u2",
+                      "tokenizer": {"kind": "json", "tokenizer": [_sha256_file(str(TOKENIZER))],
+                                    "special_text": "plain"},
+                      "documents": 2, "tokens": len(tokens), "max_id": int(tokens.max()), "bsops": __version__}
+    assert not list(Path(one_output).parent.glob("*.preprocess.json"))
+
+
+def test_a_one_output_dataset_made_with_another_tokenizer_is_refused(trainings: Path, tmp_path: Path,
+                                                                     one_output: str) -> None:
+    other = tmp_path / "other-tokenizer.json"
+    other.write_bytes(TOKENIZER.read_bytes() + b"\n")
+    experiment(trainings, tmp_path, one_output, other)
+    refused_by_plan_and_dry_run(trainings, tmp_path, f"{one_output}.bin", preflight.OtherTokenizer)
+
+
+@pytest.mark.parametrize("spoil", ["torn", "other counts", "wrong types", "too large", "a folder"])
+def test_a_record_not_of_this_dataset_is_ignored_with_a_note(trainings: Path, tmp_path: Path, one_output: str,
+                                                             spoil: str) -> None:
+    path = Path(f"{one_output}.dataset.json")
+    record = json.loads(path.read_text())
+    record["max_id"] = 3  # were it read, the id would not be the scan's
+    if spoil == "torn":
+        path.write_text(json.dumps(record)[:40])
+    elif spoil == "other counts":
+        path.write_text(json.dumps({**record, "documents": record["documents"] + 1}))
+    elif spoil == "wrong types":
+        path.write_text(json.dumps({**record, "tokenizer": {"kind": ["\x1b[2J"]}}))
+    elif spoil == "too large":
+        path.write_text(json.dumps(record) + " " * (1 << 16))
+    else:
+        path.unlink()
+        path.mkdir()
+    exp = load_experiment(experiment(trainings, tmp_path, one_output), trainings)
+    check = preflight.check_data(exp, 3200)
+    tokens = np.fromfile(f"{one_output}.bin", dtype=np.uint16)
+    assert check.entries[0].max_id == preflight.MaxId(int(tokens.max()), "scan")
+    notes = [n for n in check.notes if one_output in n]
+    assert len(notes) == 2 and notes[0].startswith(f"data.blend[0].prefix: {path} ") and notes[0].endswith("; not used")
+    assert "has no bsops record" in notes[1]
+    assert "\x1b" not in "".join(check.notes)

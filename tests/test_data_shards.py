@@ -91,6 +91,26 @@ def test_output_per_input_then_merge_datasets_equals_one_run(tmp_path, spec):
     ds = IndexedDataset(ref.outputs["text"])
     assert [i.tolist() for i in items] == [ds[i].tolist() for i in range(len(ds))]
     assert doc_idx.tolist() == list(range(len(ds) + 1)) and dtype == ds.dtype
+    # Its record (merged from the inputs' records) is the one-output run's: same tokenizer, counts, largest id.
+    record = json.loads(Path(f"{tmp_path / 'merged'}.dataset.json").read_text())
+    assert record == json.loads(Path(f"{ref.outputs['text']}.dataset.json").read_text())
+    assert record["max_id"] == max(json.loads(Path(f"{p}.dataset.json").read_text())["max_id"] for p in prefixes)
+
+
+def test_a_merge_with_an_unrecorded_input_records_no_tokenizer_and_the_largest_id(tmp_path, spec):
+    """The largest id of an input without a record comes from a scan; the merged record names no tokenizer."""
+    from tests.fixtures_data import write_indexed
+
+    write_shards(tmp_path / "in", 1)
+    recorded = preprocess([tmp_path / "in"], str(tmp_path / "a"), spec).outputs["text"]
+    bare = write_indexed(tmp_path / "bare_text_document", [[5, 60000, 7], [1]])  # Megatron's: no record
+    res = CliRunner().invoke(main, ["merge-datasets", "--input-prefix", recorded, "--input-prefix", bare,
+                                    "--output-prefix", str(tmp_path / "m")])
+    assert res.exit_code == 0, res.output
+    assert f"warning: {bare} has no bsops record" in res.stderr
+    record = json.loads((tmp_path / "m.dataset.json").read_text())
+    assert record["tokenizer"] is None and record["max_id"] == 60000  # above GPT-2's ids (EOD 50256)
+    assert record["documents"] == len(IndexedDataset(recorded)) + 2
 
 
 def test_a_changed_shard_is_redone_and_the_others_are_kept(tmp_path, spec):
@@ -105,6 +125,8 @@ def test_a_changed_shard_is_redone_and_the_others_are_kept(tmp_path, spec):
     assert len(IndexedDataset(tmp_path / "out_part_02_text_document")) == 7
     kept = {p: p.stat().st_mtime_ns for p in records}
     assert [p.name for p in records if kept[p] != records[p]] == ["out_part_02.preprocess.json"]
+    own = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("out_*_text_document.dataset.json")}
+    assert len(own) == 4 and own["out_part_02_text_document.dataset.json"]["documents"] == 7  # each output's record
     # Another tokenizer setting (no EOD) redoes them all.
     other = preprocess([tmp_path / "in"], str(tmp_path / "out"), spec, append_eod=False, output_per_input=True)
     assert other.resumed == 0

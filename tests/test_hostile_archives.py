@@ -442,6 +442,9 @@ CASES: dict[str, Case] = {
         _earlier_run_in_folder, ("in",), check=_holds(shards=2, docs_in=81)),
     "a run record given": Case(_earlier_run_in_folder, ("in/old_a.preprocess.json",), errors.NotCorpusError,
                                _not_corpus("in/old_a.preprocess.json", "run-record")),
+    "a dataset's record given": Case(_earlier_run_in_folder, ("in/old_a_text_document.dataset.json",),
+                                     errors.NotCorpusError,
+                                     _not_corpus("in/old_a_text_document.dataset.json", "dataset-record")),
     "a problems list given": Case(_earlier_run_in_folder, ("in/old_b_problems.jsonl",), errors.NotCorpusError,
                                   _not_corpus("in/old_b_problems.jsonl", "problems-list")),
     "a dataset's .idx given": Case(_earlier_run_in_folder, ("in/old_a_text_document.idx",), errors.NotCorpusError,
@@ -499,7 +502,8 @@ def _outputs(t: Path) -> set[str]:
     found = set()
     for folder, _, files in os.walk(t):
         for name in files:
-            if name.endswith((".bin", ".idx", "_problems.jsonl", ".preprocess.json")) or ".tmp-" in name:
+            ours = (".bin", ".idx", "_problems.jsonl", ".preprocess.json", ".dataset.json")
+            if name.endswith(ours) or ".tmp-" in name:
                 found.add(os.path.relpath(os.path.join(folder, name), t))
     return found
 
@@ -576,13 +580,14 @@ def test_folders_report_links_read_once_and_side_files_left_out(tmp_path):
     found = inputs.find_inputs([tmp_path / "in"])
     assert [p.name for p in found.files] == ["a.jsonl", "b.jsonl"]
     assert [(p.name, q.name) for p, q in found.links] == [("c.jsonl", "a.jsonl")]
-    assert sorted(p.name for p in found.side_files) == ["old_a.preprocess.json", "old_b.preprocess.json",
-                                                        "old_b_problems.jsonl"]
+    assert sorted(p.name for p in found.side_files) == ["old_a.preprocess.json", "old_a_text_document.dataset.json",
+                                                        "old_b.preprocess.json", "old_b_problems.jsonl",
+                                                        "old_b_text_document.dataset.json"]
     res = CliRunner().invoke(main, ["preprocess", "--input", str(tmp_path / "in"), "--tokenizer", "gpt2",
                                     "--output-prefix", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     notes = [line for line in res.stderr.splitlines() if line.startswith("note:")]
-    assert len(notes) == 2 and str(tmp_path / "in" / "c.jsonl") in notes[0] and "3 file(s)" in notes[1]
+    assert len(notes) == 2 and str(tmp_path / "in" / "c.jsonl") in notes[0] and "5 file(s)" in notes[1]
 
 
 def test_merge_datasets_names_a_dataset_without_a_record(tmp_path):

@@ -61,6 +61,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.rollbacks",
         "bigscience_ops.data",
         "bigscience_ops.data.preflight",  # the data's pre-flight checks: reads data and the schema, never a run folder
+        "bigscience_ops.data.dataset_record",  # PREFIX.dataset.json: what a dataset bsops wrote holds (preflight reads it)
     ]),
     ("config loader: an experiment found, read from its file and bases, and checked across fields", [
         "bigscience_ops.experiment_files",

@@ -254,14 +254,16 @@ def _merge(prefixes: tuple[str, ...], folder: Path | None, output_prefix: str) -
     if not prefixes:
         raise click.UsageError("give --input-prefix (repeat, in order) or --input FOLDER")
     result = merge_checked(list(prefixes), output_prefix)
+    for why in result.ignored:
+        click.echo(f"note: {why}; not used", err=True)
     for prefix in result.unrecorded:
-        click.echo(f"warning: {prefix} has no bsops record (PART.preprocess.json, written with "
+        click.echo(f"warning: {prefix} has no bsops record (PREFIX.dataset.json, or PART.preprocess.json of "
                    "--output-per-input): its tokenizer could not be compared with the others', only its token "
-                   "dtype", err=True)
+                   "dtype; the merged record names no tokenizer", err=True)
     out = result.prefix
     merged = IndexedDataset(out)
     click.echo(f"wrote {out}.bin/.idx from {len(prefixes)} datasets: {len(merged)} documents, "
-               f"{merged.num_tokens} tokens")
+               f"{merged.num_tokens} tokens; its record {result.record}")
 
 
 _MERGE_OPTIONS = [
@@ -287,9 +289,10 @@ def merge_datasets_command(prefixes: tuple[str, ...], folder: Path | None, outpu
 
     The bytes equal those of preprocessing the inputs' jsonl concatenated in the same order:
     `bsops preprocess --output-per-input` then `merge-datasets` gives the .bin/.idx a single run
-    over all the shards gives. Datasets whose records (PART.preprocess.json) name other tokenizer
-    files, special text or token dtype are refused; one without a record (Megatron's, or a one-output
-    run's) is named in a warning, and only its token dtype is compared.
+    over all the shards gives. Datasets whose records (PREFIX.dataset.json, PART.preprocess.json) name
+    other tokenizer files, special text or token dtype are refused; one without a record (Megatron's)
+    is named in a warning, and only its token dtype is compared. The merged dataset gets its own
+    record (OUTPUT_PREFIX.dataset.json): their tokenizer and the largest of their token ids.
     """
     _merge(prefixes, folder, output_prefix)
 

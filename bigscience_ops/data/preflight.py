@@ -5,11 +5,13 @@
   the bundled corpus a launch builds when it is missing (corpus.ensure_data) is "built at launch", not an error;
 - the tokenizer's files exist (kind gpt2-bpe: vocab_file and merges_file; json: json_file);
 - the largest token id of each dataset is below the model's padded vocabulary (sizing.padded_vocab_size): from
-  the dataset's `PART.preprocess.json` record when it holds one (preprocess records it while encoding), else from
+  the dataset's own record `PREFIX.dataset.json` (dataset_record.py: every dataset bsops writes has one; a record
+  that is torn, hostile or whose counts differ from the .idx is ignored with a note), else from the
+  `PART.preprocess.json` record of the part it was written as (preprocess records it while encoding), else from
   one scan of the `.bin` (numpy memmap in chunks: disk speed, bounded memory), kept in `PREFIX.maxid` beside the
   `.idx` keyed by the `.bin`'s size and mtime (not kept where the folder is not writable);
-- the tokenizer the dataset was made with (the sha256 of its files, in the record) is the experiment's; a dataset
-  without a record gets a note, since its tokenizer cannot be compared;
+- the tokenizer the dataset was made with (the sha256 of its files, in either record) is the experiment's; a
+  dataset without a record (Megatron's, or a merge of such) gets a note, since its tokenizer cannot be compared;
 - how many times the run reads each blend entry's training documents (epochs, as the GPT dataset builds them:
   gpt_dataset.py, index_mappings.num_epochs_needed); more than one is a warning: the run repeats data.
 
@@ -26,11 +28,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bigscience_ops.data import dataset_record as own_record
+from bigscience_ops.data.dataset_record import scan_max_id
 from bigscience_ops.data.errors import DataError
 from bigscience_ops.schema import Experiment, TokenizerConfig
 from bigscience_ops.sizing import padded_vocab_size
 
-SCAN_CHUNK = 1 << 24  # token ids read at once by a scan (32-128 MiB of memory by dtype)
 CACHE_SUFFIX = ".maxid"  # PREFIX.maxid: the scan's result, beside PREFIX.idx
 CACHE_FORMAT = 1
 CACHE_MAX_BYTES = 4096  # a larger file named like a cache is not one of ours
@@ -87,7 +90,8 @@ class DataRefused(DataError):
 @dataclass(frozen=True)
 class MaxId:
     value: int | None  # None: the dataset holds no token
-    source: str  # "record" (PATH), "cache" (PATH), "scan" or "scan, not cached: why"
+    source: str  # "record PATH" (its PREFIX.dataset.json), "record" (its part's), "cache PATH", "scan", "scan, not
+    # cached: why"
 
 
 @dataclass(frozen=True)
@@ -229,25 +233,6 @@ def _read_cache(path: Path, size: int, mtime_ns: int) -> int | None | bool:
     return False
 
 
-def scan_max_id(bin_file: Path, dtype) -> int | None:
-    """The largest token id in a .bin of `dtype` tokens, read in chunks of SCAN_CHUNK ids; None when empty."""
-    import numpy as np
-
-    size = bin_file.stat().st_size
-    count = size // np.dtype(dtype).itemsize
-    if count == 0:
-        return None
-    tokens = np.memmap(bin_file, mode="r", dtype=dtype, shape=(count,))
-    try:
-        best = None
-        for start in range(0, count, SCAN_CHUNK):
-            high = int(tokens[start:start + SCAN_CHUNK].max())
-            best = high if best is None else max(best, high)
-        return best
-    finally:
-        del tokens
-
-
 def max_token_id(prefix: str, dtype, record: dict | None = None) -> MaxId:
     """The dataset's largest token id: the record's, else the cache's, else a scan (cached when the folder allows)."""
     recorded = _from_record(prefix, record)
@@ -350,26 +335,34 @@ def check_data(exp: Experiment, train_samples: int) -> DataCheck:
         if isinstance(counted, DataCheckError):
             errors.append(counted)
             counted = BlendEntry(i, prefix, "ready", len(indexed.sizes))
-        record = dataset_record(prefix)
+        own, ignored = own_record.read(prefix, indexed)  # the dataset's own record, else its part's
+        if ignored is not None:
+            notes.append(f"{field}: {ignored}; not used")
+        record = dataset_record(prefix) if own is None else None
         try:
-            high = max_token_id(prefix, indexed.dtype, record)
+            high = (MaxId(own["max_id"], f"record {own_record.record_path(prefix)}") if own is not None
+                    else max_token_id(prefix, indexed.dtype, record))
         except OSError as exc:
             errors.append(UnreadableDataFile(field, f"{prefix}.bin", f"cannot be read ({exc.strerror or exc})"))
             high = None
         entries.append(BlendEntry(**{**counted.__dict__, "max_id": high}))
         del indexed
         if high is not None and high.value is not None and high.value >= vocab:
-            where = "its preprocess record" if high.source == "record" else "a scan of the file"
+            where = "its preprocess record" if high.source.startswith("record") else "a scan of the file"
             errors.append(TokenIdBeyondVocab(
                 field, f"{prefix}.bin", f"holds token id {high.value} ({where}); the model's vocabulary is "
                 f"model.vocab_size {m.vocab_size} padded to {vocab} (make_vocab_size_divisible_by "
                 f"{m.make_vocab_size_divisible_by} x TP {p.tensor}): ids must be below {vocab}. Preprocess the data "
                 f"with the experiment's tokenizer, or set model.vocab_size to at least {high.value + 1}"))
-        if record is None:
-            notes.append(f"{field}: {prefix} has no preprocess record: the tokenizer it was made with is not known, "
-                         "so it was not compared with data.tokenizer")
+        if own is not None and own["tokenizer"] is None:
+            notes.append(f"{field}: {prefix} was merged from datasets some of which had no record: the tokenizer it "
+                         "was made with is not known, so it was not compared with data.tokenizer")
+        elif own is None and record is None:
+            notes.append(f"{field}: {prefix} has no bsops record ({own_record.record_path(prefix).name}): the "
+                         "tokenizer it was made with is not known, so it was not compared with data.tokenizer")
         elif tok_hashes is not None:
-            settings = record.get("settings") if isinstance(record.get("settings"), dict) else {}
+            settings = own["tokenizer"] if own is not None else record.get("settings")
+            settings = settings if isinstance(settings, dict) else {}
             if settings.get("kind") != exp.data.tokenizer.kind or settings.get("tokenizer") != tok_hashes:
                 ours = f"{exp.data.tokenizer.kind} files sha256 {', '.join(h[:12] for h in tok_hashes)}"
                 errors.append(OtherTokenizer(

@@ -20,7 +20,8 @@ The work is spread over `workers` processes in one of two ways, chosen per run (
 
 Every input is a shard with a part of its own, written atomically with a record (shards.py), so an
 interrupted run of several inputs resumes without redoing the finished ones. Outputs appear only
-when complete (see `indexed.IndexedDatasetWriter`).
+when complete (see `indexed.IndexedDatasetWriter`); each output's record `PREFIX.dataset.json`
+(dataset_record.py: its tokenizer, counts and largest token id) is written last.
 
 Inputs are untrusted: a line longer than `max_document_bytes` stops the run naming its file and line
 (memory stays bounded whatever the compression ratio, see pipeline.py), a cut-short or damaged
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from pathlib import Path
 
-from bigscience_ops.data import inputs as inputs_mod
+from bigscience_ops.data import dataset_record, inputs as inputs_mod
 from bigscience_ops.data.encode import LINE_PROBLEMS, PROBLEM_KINDS, Problem
 from bigscience_ops.data.errors import DataError, InputConflictError, NotCorpusError, TokenizerError
 from bigscience_ops.data.inputs import MAX_DOCUMENT_BYTES
@@ -117,7 +118,27 @@ def _choose_tokenizer(spec: TokenizerSpec, paths: list[Path]) -> Tokenizer:
 def _written(shard: Shard, keys: tuple[str, ...]) -> list[Path]:
     """The files a shard's part is published as."""
     files = [Path(f"{output_prefix_for(shard.part, k)}{ext}") for k in keys for ext in (".bin", ".idx")]
+    files += [dataset_record.record_path(output_prefix_for(shard.part, k)) for k in keys]  # when final
     return files + [shard.problems_path] + ([shard.record_path] if shard.recorded else [])
+
+
+def _final_outputs(shards: list[Shard], output_prefix: str, per_input: bool,
+                   keys: tuple[str, ...]) -> dict[str, tuple[str, list[int]]]:
+    """Each dataset the run leaves (not a merge's parts): prefix -> (its key, the shards whose tokens it holds)."""
+    if per_input:
+        return {output_prefix_for(s.part, k): (k, [s.index]) for s in shards for k in keys}
+    return {output_prefix_for(output_prefix, k): (k, [s.index for s in shards]) for k in keys}
+
+
+def _max_id(prefix: str, key: str, stats: list[ShardStats], dtype) -> int | None:
+    """The largest token id of a dataset of these shards' `key` tokens: their stats', or a scan where a part's
+    record was written before bsops recorded it."""
+    held = [s for s in stats if s.tokens_out.get(key)]
+    if all(key in s.max_id for s in held):
+        return max((s.max_id[key] for s in held), default=None)
+    from bigscience_ops.data.dataset_record import scan_max_id
+
+    return scan_max_id(Path(f"{prefix}.bin"), dtype)
 
 
 def _check_outputs(paths: list[Path], shards: list[Shard], merged: str | None, keys: tuple[str, ...]) -> None:
@@ -132,7 +153,8 @@ def _check_outputs(paths: list[Path], shards: list[Shard], merged: str | None, k
     written = [out for shard in shards for out in _written(shard, keys)]
     if merged is not None:
         merged_files = [Path(f"{merged}_problems.jsonl")]
-        merged_files += [Path(f"{output_prefix_for(merged, k)}{ext}") for k in keys for ext in (".bin", ".idx")]
+        merged_files += [Path(f"{output_prefix_for(merged, k)}{ext}") for k in keys
+                         for ext in (".bin", ".idx", dataset_record.SUFFIX)]
         for out in merged_files:
             if owner.get(out.resolve()) is not None:
                 raise InputConflictError(owner[out.resolve()].path, merged, f"(a part, and the merged output) "
@@ -230,6 +252,10 @@ def preprocess(
         mode = "shards"
     else:
         mode = "chunks"
+    outputs = _final_outputs(shards, output_prefix, output_per_input, json_keys)
+    for prefix, (_, indices) in outputs.items():  # rewritten by this run: their old record no longer describes them
+        if merged or any(i not in stats for i in indices):
+            dataset_record.remove(prefix)
     run = Run(shards, stats, tok, reference, dtype, json_keys, strict, settings, progress,
                output_prefix if merged else None)
     encode = EncodeSettings(dataclasses.replace(tokenizer, backend=tok.backend), json_keys, append_eod, dtype.str,
@@ -243,6 +269,9 @@ def preprocess(
     except BaseException:
         run.abort()
         raise
+    for prefix, (key, indices) in outputs.items():  # last: the .bin/.idx are final
+        dataset_record.write(prefix, dataset_record.identity(settings),
+                             _max_id(prefix, key, [stats[i] for i in indices], dtype))
     total = ShardStats()
     for s in stats.values():
         total.lines += s.lines

@@ -7,16 +7,17 @@ the bytes (tokenizer files' sha256, keys, EOD, special text, dtype) and the part
 is done when its record matches its input and the run's settings; a changed shard, or a run with
 another tokenizer, redoes it. Where the parts are:
 
-  - one input, one output: the part is the output itself (no record: there is nothing to resume);
+  - one input, one output: the part is the output itself (no part record: there is nothing to resume);
   - `--output-per-input`: the part of `DIR/en_00.jsonl.gz` is `PREFIX_en_00` (the shard's file name
     without its .jsonl/.json and compression suffixes), next to its record;
   - several inputs, one output: `PREFIX.shards/en_00-HASH` (HASH: of the input's path), appended in
     input order to `PREFIX_KEY_document` and removed once the merged output is in place.
 
-A record also says how a per-input output was made when it is merged later: `merge_checked` refuses
-datasets whose records name other tokenizer files, special text or token dtype, and names the
-datasets that have no record (Megatron's, or a one-output run's) since their tokenizer cannot be
-compared; their token dtype still is (from the .idx).
+Every final output also gets its own record, `PREFIX.dataset.json` (dataset_record.py). Either record
+says how a dataset was made when it is merged later: `merge_checked` refuses datasets whose records
+name other tokenizer files, special text or token dtype, and names the datasets that have no record
+(Megatron's) since their tokenizer cannot be compared; their token dtype still is (from the .idx).
+The merged dataset gets its own record.
 """
 
 from __future__ import annotations
@@ -325,22 +326,62 @@ def _tokenizer_of(settings: dict) -> str:
 class MergeResult:
     prefix: str  # the merged dataset
     unrecorded: list[str]  # inputs without a record: their tokenizer could not be compared
+    ignored: list[str] = dataclasses.field(default_factory=list)  # why a file named like a record was not one
+    record: str | None = None  # the merged dataset's record (dataset_record.py)
+
+
+def made_with(prefix: str) -> tuple[dict | None, int | None | bool, str | None]:
+    """How dataset PREFIX was made, from its records: (tokenizer identity and dtype as `settings`, its largest
+    token id (False: not recorded), why a dataset record there was ignored). Its own record (PREFIX.dataset.json)
+    first, then the record of the part it was written as."""
+    from bigscience_ops.data import dataset_record as own_record
+
+    own, why = own_record.read(prefix)
+    if own is not None and own["tokenizer"] is not None:
+        return {**own["tokenizer"], "dtype": own["dtype"]}, own["max_id"], None
+    part = dataset_record(prefix)
+    high = own["max_id"] if own is not None else False
+    if part is None:
+        return None, high, why
+    if high is False:
+        stats = part.get("stats")
+        highs = stats.get("max_id") if isinstance(stats, dict) else None
+        key = max((k for k in part["settings"]["keys"] if prefix.endswith(f"_{k}_document")), key=len, default=None)
+        value = highs.get(key) if isinstance(highs, dict) else None
+        high = value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else False
+    return part["settings"], high, why
 
 
 def merge_checked(prefixes: list[str], output_prefix: str) -> MergeResult:
-    """Merge datasets (indexed.merge_datasets) after checking that their records agree on how they were made.
+    """Merge datasets (indexed.merge_datasets) after checking that their records agree on how they were made,
+    then write the merged dataset's record (dataset_record.py): their tokenizer when every input has a record,
+    and the largest of their token ids (a scan gives an input's that no record holds).
 
     IncompatibleDatasetsError when two records name other tokenizer files, special text or token dtype
     (or two .idx other dtypes); nothing is written then.
     """
+    from bigscience_ops.data import dataset_record as own_record
     from bigscience_ops.data.indexed import merge_datasets
 
-    records = {p: dataset_record(p) for p in prefixes}
-    recorded = {p: r["settings"] for p, r in records.items() if r is not None}
+    found = {p: made_with(p) for p in prefixes}
+    recorded = {p: settings for p, (settings, _, _) in found.items() if settings is not None}
     for field, value in (("tokenizers", _tokenizer_of), ("special texts", lambda s: s.get("special_text")),
                          ("token dtypes", lambda s: s["dtype"])):
         values = {p: value(s) for p, s in recorded.items()}
         if len(set(values.values())) > 1:
             raise IncompatibleDatasetsError(field, values)
+    own_record.remove(output_prefix)
     out = merge_datasets(list(prefixes), output_prefix)
-    return MergeResult(out, [p for p, r in records.items() if r is None])
+    highs = []
+    for p, (_, high, _) in found.items():
+        if high is False:
+            from bigscience_ops.data.indexed import IndexedDataset
+            from bigscience_ops.data.dataset_record import scan_max_id
+
+            high = scan_max_id(Path(f"{p}.bin"), IndexedDataset(p).dtype)
+        if high is not None:
+            highs.append(high)
+    unrecorded = [p for p in prefixes if found[p][0] is None]
+    tokenizer = own_record.identity(next(iter(recorded.values()))) if recorded and not unrecorded else None
+    path = own_record.write(out, tokenizer, max(highs, default=None))
+    return MergeResult(out, unrecorded, [why for _, _, why in found.values() if why is not None], str(path))
