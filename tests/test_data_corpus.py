@@ -28,6 +28,11 @@ def test_build_reuse_and_content(tmp_path):
     idx_mtime = (tmp_path / "tiny_text_document.idx").stat().st_mtime_ns
     assert ensure_bundled_corpus(tmp_path) == prefix
     assert (tmp_path / "tiny_text_document.idx").stat().st_mtime_ns == idx_mtime
+    record = json.loads((tmp_path / "tiny_text_document.dataset.json").read_text())
+    assert record["documents"] == 1189 and record["max_id"] == int(ds.tokens.max())
+    (tmp_path / "tiny_text_document.dataset.json").unlink()  # a build from before records: built again, with one
+    assert ensure_bundled_corpus(tmp_path) == prefix
+    assert (tmp_path / "tiny_text_document.dataset.json").is_file()
     with lzma.open(CORPUS_FILE, "rt", encoding="utf-8") as f:
         first = json.loads(f.readline())["text"]
     tok = HFTokenizer(TokenizerSpec("json", json_file=str(TOKENIZER_FILE)))

@@ -1,7 +1,8 @@
 """The bundled corpus (corpus/kjv.jsonl.xz + corpus/tokenizer.json) built into .bin/.idx on demand.
 
 The `tiny` experiment trains on `corpus/build/tiny_text_document`; `ensure_bundled_corpus` makes it
-with no download (about a second) and rebuilds it when the corpus or tokenizer file is newer.
+with no download (about a second), with its record (dataset_record.py), and rebuilds it when the
+corpus or tokenizer file is newer or the record is missing.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bigscience_ops.data.dataset_record import record_path
 from bigscience_ops.data.errors import DataError
 from bigscience_ops.data.indexed import exists, idx_path
 from bigscience_ops.data.locks import build_lock
@@ -42,8 +44,9 @@ def ensure_bundled_corpus(out_dir: str | os.PathLike) -> str:
     prefix = output_prefix_for(str(out / NAME), "text")
     sources_mtime = max(CORPUS_FILE.stat().st_mtime, TOKENIZER_FILE.stat().st_mtime)
 
-    def up_to_date() -> bool:
-        return exists(prefix) and idx_path(prefix).stat().st_mtime >= sources_mtime
+    def up_to_date() -> bool:  # a build from before datasets had a record (dataset_record.py) is built again
+        return (exists(prefix) and record_path(prefix).is_file()
+                and idx_path(prefix).stat().st_mtime >= sources_mtime)
 
     with build_lock(out / f".{NAME}.lock", up_to_date) as build:  # several ranks may ask at once
         if build:
