@@ -230,6 +230,10 @@ def test_a_one_output_run_records_its_tokenizer_and_largest_id(one_output: str) 
                                     "special_text": "plain"},
                       "documents": 2, "tokens": len(tokens), "max_id": int(tokens.max()), "bsops": __version__}
     assert not list(Path(one_output).parent.glob("*.preprocess.json"))
+    stale = Path(f"{one_output}.dataset.json.tmp-99999999")  # a killed run's, its process gone
+    stale.write_text("{")
+    preprocess([Path(one_output).parents[1] / "genesis.jsonl"], one_output[:-len("_text_document")], bundled_tokenizer())
+    assert not stale.exists() and json.loads(Path(f"{one_output}.dataset.json").read_text()) == record
 
 
 def test_a_one_output_dataset_made_with_another_tokenizer_is_refused(trainings: Path, tmp_path: Path,

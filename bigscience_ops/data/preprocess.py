@@ -51,7 +51,8 @@ from bigscience_ops.data.encode import LINE_PROBLEMS, PROBLEM_KINDS, Problem
 from bigscience_ops.data.errors import DataError, InputConflictError, NotCorpusError, TokenizerError
 from bigscience_ops.data.inputs import MAX_DOCUMENT_BYTES
 from bigscience_ops.data.pipeline import CHUNK_BYTES, EncodeSettings, Progress, Run, cross_checked
-from bigscience_ops.data.shards import KEEP_PROBLEMS, Shard, ShardStats, finished, output_prefix_for, plan_shards
+from bigscience_ops.data.shards import (KEEP_PROBLEMS, Shard, ShardStats, finished, output_prefix_for, plan_shards,
+                                        remove_stale_temporaries)
 from bigscience_ops.data.tokenizer import Tokenizer, TokenizerSpec
 
 __all__ = ["preprocess", "PreprocessResult", "Progress", "Problem", "output_prefix_for", "PROBLEM_KINDS",
@@ -256,6 +257,7 @@ def preprocess(
     for prefix, (_, indices) in outputs.items():  # rewritten by this run: their old record no longer describes them
         if merged or any(i not in stats for i in indices):
             dataset_record.remove(prefix)
+            remove_stale_temporaries(prefix)  # a killed run's record (or dataset) not yet renamed
     run = Run(shards, stats, tok, reference, dtype, json_keys, strict, settings, progress,
                output_prefix if merged else None)
     encode = EncodeSettings(dataclasses.replace(tokenizer, backend=tok.backend), json_keys, append_eod, dtype.str,
