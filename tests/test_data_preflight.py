@@ -236,6 +236,19 @@ def test_a_one_output_run_records_its_tokenizer_and_largest_id(one_output: str) 
     assert not stale.exists() and json.loads(Path(f"{one_output}.dataset.json").read_text()) == record
 
 
+def test_a_failed_rerun_keeps_the_record_of_the_dataset_it_did_not_replace(tmp_path: Path, one_output: str) -> None:
+    from bigscience_ops.data import dataset_record
+    from bigscience_ops.data.errors import BadInputError
+
+    before = Path(f"{one_output}.dataset.json").read_text()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "a longer first document than the others"}) + "\nnot json\n")
+    with pytest.raises(BadInputError):
+        preprocess([bad], one_output[:-len("_text_document")], bundled_tokenizer(), strict=True)
+    assert Path(f"{one_output}.dataset.json").read_text() == before
+    assert dataset_record.read(one_output)[0] is not None
+
+
 def test_a_one_output_dataset_made_with_another_tokenizer_is_refused(trainings: Path, tmp_path: Path,
                                                                      one_output: str) -> None:
     other = tmp_path / "other-tokenizer.json"

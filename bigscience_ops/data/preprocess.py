@@ -254,9 +254,8 @@ def preprocess(
     else:
         mode = "chunks"
     outputs = _final_outputs(shards, output_prefix, output_per_input, json_keys)
-    for prefix, (_, indices) in outputs.items():  # rewritten by this run: their old record no longer describes them
+    for prefix, (_, indices) in outputs.items():  # rewritten by this run (their record goes as they are replaced)
         if merged or any(i not in stats for i in indices):
-            dataset_record.remove(prefix)
             remove_stale_temporaries(prefix)  # a killed run's record (or dataset) not yet renamed
     run = Run(shards, stats, tok, reference, dtype, json_keys, strict, settings, progress,
                output_prefix if merged else None)

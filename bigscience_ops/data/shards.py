@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bigscience_ops.data import dataset_record as own_record
 from bigscience_ops.data.encode import Encoded, Problem
 from bigscience_ops.data.errors import (BadInputError, DataError, DocumentTooLargeError, IncompatibleDatasetsError,
                                         InputConflictError, TokenizerError)
@@ -214,7 +215,8 @@ class ShardSink:
     def finish(self) -> ShardStats:
         self.stats.docs_out = {k: w.num_docs for k, w in self.writers.items()}
         self.stats.tokens_out = {k: w.num_tokens for k, w in self.writers.items()}
-        for writer in self.writers.values():
+        for key, writer in self.writers.items():
+            own_record.remove(output_prefix_for(self.shard.part, key))  # it describes the dataset replaced now
             writer.finalize()
         if self._problems_file is not None:
             self._problems_file.close()
@@ -268,6 +270,7 @@ class Merger:
     def finish(self, work: Path) -> None:
         """Publish the merged outputs, then remove the parts (their bytes are in the outputs now)."""
         for key, writer in self.writers.items():
+            own_record.remove(output_prefix_for(self.output_prefix, key))  # it describes the dataset replaced now
             writer.finalize()
             merged = Path(f"{output_prefix_for(self.output_prefix, key)}.bin").stat().st_size
             if merged != self._bytes[key]:  # the parts stay for the next run
@@ -334,8 +337,6 @@ def made_with(prefix: str) -> tuple[dict | None, int | None | bool, str | None]:
     """How dataset PREFIX was made, from its records: (tokenizer identity and dtype as `settings`, its largest
     token id (False: not recorded), why a dataset record there was ignored). Its own record (PREFIX.dataset.json)
     first, then the record of the part it was written as."""
-    from bigscience_ops.data import dataset_record as own_record
-
     own, why = own_record.read(prefix)
     if own is not None and own["tokenizer"] is not None:
         return {**own["tokenizer"], "dtype": own["dtype"]}, own["max_id"], None
@@ -360,7 +361,6 @@ def merge_checked(prefixes: list[str], output_prefix: str) -> MergeResult:
     IncompatibleDatasetsError when two records name other tokenizer files, special text or token dtype
     (or two .idx other dtypes); nothing is written then.
     """
-    from bigscience_ops.data import dataset_record as own_record
     from bigscience_ops.data.indexed import merge_datasets
 
     found = {p: made_with(p) for p in prefixes}
@@ -370,15 +370,13 @@ def merge_checked(prefixes: list[str], output_prefix: str) -> MergeResult:
         values = {p: value(s) for p, s in recorded.items()}
         if len(set(values.values())) > 1:
             raise IncompatibleDatasetsError(field, values)
-    own_record.remove(output_prefix)
+    if os.path.abspath(output_prefix) not in {os.path.abspath(p) for p in prefixes}:  # else merge_datasets refuses
+        own_record.remove(output_prefix)  # it describes the dataset replaced now
     out = merge_datasets(list(prefixes), output_prefix)
     highs = []
     for p, (_, high, _) in found.items():
         if high is False:
-            from bigscience_ops.data.indexed import IndexedDataset
-            from bigscience_ops.data.dataset_record import scan_max_id
-
-            high = scan_max_id(Path(f"{p}.bin"), IndexedDataset(p).dtype)
+            high = own_record.scan_max_id(Path(f"{p}.bin"), IndexedDataset(p).dtype)
         if high is not None:
             highs.append(high)
     unrecorded = [p for p in prefixes if found[p][0] is None]
