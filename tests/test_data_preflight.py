@@ -236,7 +236,8 @@ def test_a_one_output_run_records_its_tokenizer_and_largest_id(one_output: str) 
     assert not stale.exists() and json.loads(Path(f"{one_output}.dataset.json").read_text()) == record
 
 
-def test_a_failed_rerun_keeps_the_record_of_the_dataset_it_did_not_replace(tmp_path: Path, one_output: str) -> None:
+def test_a_failed_rerun_keeps_the_record_of_the_dataset_it_did_not_replace(tmp_path: Path,
+                                                                           one_output: str) -> None:
     from bigscience_ops.data import dataset_record
     from bigscience_ops.data.errors import BadInputError
 
