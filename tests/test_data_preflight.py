@@ -232,7 +232,8 @@ def test_a_one_output_run_records_its_tokenizer_and_largest_id(one_output: str) 
     assert not list(Path(one_output).parent.glob("*.preprocess.json"))
     stale = Path(f"{one_output}.dataset.json.tmp-99999999")  # a killed run's, its process gone
     stale.write_text("{")
-    preprocess([Path(one_output).parents[1] / "genesis.jsonl"], one_output[:-len("_text_document")], bundled_tokenizer())
+    again = Path(one_output).parents[1] / "genesis.jsonl"
+    preprocess([again], one_output[:-len("_text_document")], bundled_tokenizer())
     assert not stale.exists() and json.loads(Path(f"{one_output}.dataset.json").read_text()) == record
 
 
