@@ -208,22 +208,23 @@ def differences(recorded: Experiment, today: Experiment) -> tuple[Difference, ..
     return tuple(found)
 
 
-def with_configured_channels(opened: OpenedRun, trainings_dir: Path | None = None) -> Experiment:
-    """The run as recorded, with the `alerts` and `hub` sections of its experiment file as it is today.
+def with_configured_settings(opened: OpenedRun, trainings_dir: Path | None = None) -> Experiment:
+    """The run as recorded, with the `alerts`, `hub` and `backup` sections of its experiment file as it is today.
 
-    Who is told, which host an SMTP password or a Hub token goes to and the environment variables they are read
-    from are configuration: never taken from a run's own files, which are untrusted input (a record rewritten to
-    name another SMTP host would otherwise get the password). Raises RunRecordError when no experiment file of
-    the recorded name is found (or it does not load): the caller then sends nothing.
+    Who is told, which host an SMTP password or a Hub token goes to, the environment variables they are read
+    from, and where checkpoints are copied before scratch copies are deleted are configuration: never taken from a
+    run's own files, which are untrusted input (a record rewritten to name another SMTP host would otherwise get
+    the password). Raises RunRecordError when no experiment file of the recorded name is found (or it does not
+    load): the caller then sends, pushes and deletes nothing.
     """
     name = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
     try:
         today = config.load_experiment(name, trainings_dir)
     except ConfigError:
-        raise RunRecordError(f"alert channels and Hub settings come from the experiment file, never from a run's "
-                             f"record, and no experiment file of {opened.experiment.name!r} loads here "
+        raise RunRecordError(f"alert channels, Hub and backup settings come from the experiment file, never from a "
+                             f"run's record, and no experiment file of {opened.experiment.name!r} loads here "
                              f"(`bsops show {opened.experiment.name}` says why)") from None
-    return dataclasses.replace(opened.experiment, alerts=today.alerts, hub=today.hub)
+    return dataclasses.replace(opened.experiment, alerts=today.alerts, hub=today.hub, backup=today.backup)
 
 
 def relaunch_differences(exp: Experiment, folder: Path) -> tuple[Path | None, tuple[Difference, ...]]:

@@ -233,16 +233,35 @@ def test_who_is_told_and_where_a_token_goes_come_from_the_experiment_file_never_
     record["alerts"].update(smtp_host="mail.attacker.example", smtp_user="me", email_to=["attacker@example.com"],
                             smtp_password_env="BSOPS_SMTP_PASSWORD")
     record["hub"].update(host="hub.attacker.example")
+    record["backup"].update(dest=str(tmp_path / "attacker-store"))
     (run / "experiment.json").write_text(json.dumps(record))
     opened = open_run(None, trainings, run)
     assert opened.experiment.alerts.smtp_host == "mail.attacker.example"  # the record as it is ...
-    told = run_ref.with_configured_channels(opened, trainings)  # ... but told as the experiment file says
+    told = run_ref.with_configured_settings(opened, trainings)  # ... but told as the experiment file says
     today = load_experiment("small", trainings)
-    assert told.alerts == today.alerts and told.hub == today.hub
+    assert told.alerts == today.alerts and told.hub == today.hub and told.backup == today.backup
     assert told.paths == opened.experiment.paths and told.train == opened.experiment.train
     (trainings / "small.yaml").unlink()  # no experiment file to take them from: nothing is sent
     with pytest.raises(RunRecordError, match="never from a run's record"):
-        run_ref.with_configured_channels(opened, trainings)
+        run_ref.with_configured_settings(opened, trainings)
     result = CliRunner().invoke(main, ["status", "--run", str(run), "--trainings-dir", str(trainings),
                                        "--timeout", "5"])
     assert "alerts: not sent: " in result.stderr and "attacker" not in result.output
+
+
+def test_hub_sync_and_backup_take_a_run_folder_and_its_experiment_files_destinations(trainings, tmp_path):
+    run = tmp_path / "run"
+    record = _launched(trainings, run)
+    (run / "checkpoints").mkdir()
+    shown = CliRunner().invoke(main, ["backup", str(run), "--dry-run", "--to", str(tmp_path / "store"),
+                                      "--trainings-dir", str(trainings)])
+    assert shown.exit_code == 0, shown.output
+    assert f"run folder: {run} (named on the command line" in shown.output and "no new checkpoint" in shown.output
+    record["hub"].update(host="hub.attacker.example", logs_repo="bs/logs")
+    (run / "experiment.json").write_text(json.dumps(record))
+    (trainings / "small.yaml").unlink()  # nothing to take the Hub host and token from: nothing is pushed
+    for argv in (["hub-sync", "--run", str(run)], ["backup", str(run), "--dry-run"]):
+        refused = CliRunner().invoke(main, [*argv, "--trainings-dir", str(trainings)])
+        assert refused.exit_code == 2 and "never from a run's record" in refused.stderr, refused.output
+        assert "attacker" not in refused.output
+    assert not (run / "hub").exists()

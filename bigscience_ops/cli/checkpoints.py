@@ -51,7 +51,7 @@ def convert_command(exp: str | None, run: Path | None, trainings_dir: Path | Non
         from bigscience_ops import run_ref
 
         try:  # where the weights and the token go: the experiment file's hub section, never the record's
-            experiment = run_ref.with_configured_channels(opened, trainings_dir)
+            experiment = run_ref.with_configured_settings(opened, trainings_dir)
         except run_ref.RunRecordError as exc:
             raise run_ref.RunRecordError(f"--push: {exc}") from None
         convert.check_push(experiment, remote, max_shard_size)

@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    EXIT_ERROR, TEXT, FiniteFloat, SafePath, echo_run_folder, load_experiment, main, trainings_option,
+    EXIT_ERROR, TEXT, FiniteFloat, SafePath, echo_run_folder, load_experiment, main, open_run, run_option,
+    trainings_option,
 )
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.redact import env_secrets, scrub
@@ -76,8 +77,24 @@ def refuse_inherited_hub(exp: str, trainings_dir: Path | None) -> None:
             "--trust-inherited-hub if that base is your own team's")
 
 
+def _configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None):
+    """The run EXP names, and the experiment file to check: today's YAML for an experiment (what the hourly jobs
+    name); for a run named by its folder (EXP a folder, or --run), its record, with the alert, Hub and backup
+    settings of its experiment file (run_ref.with_configured_settings: never a record's)."""
+    from bigscience_ops import run_ref
+
+    if run is None and exp is not None and not run_ref.is_run_folder_name(exp):
+        experiment = load_experiment(exp, trainings_dir)
+        echo_run_folder(exp, trainings_dir, experiment)
+        return experiment, exp
+    opened = open_run(exp, run, trainings_dir)
+    named = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
+    return run_ref.with_configured_settings(opened, trainings_dir), named
+
+
 @main.command("hub-sync")
-@click.argument("exp", type=TEXT)
+@click.argument("exp", type=TEXT, required=False)
+@run_option
 @click.option("--what", type=TEXT, default=None, metavar="LIST",
               help="Comma-separated: logs, tensorboard, codecarbon (default: every kind with a hub.*_repo).")
 @click.option("--remote", type=TEXT, default=None, metavar="URL",
@@ -88,8 +105,8 @@ def refuse_inherited_hub(exp: str, trainings_dir: Path | None) -> None:
               help="Sync although hub.host, hub.remote_template or hub.token_env come from a base file.")
 @alert_option
 @trainings_option
-def hub_sync(exp: str, what: str | None, remote: str | None, wait_s: float, trust_inherited_hub: bool, alert: bool,
-             trainings_dir: Path | None) -> None:
+def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | None, wait_s: float,
+             trust_inherited_hub: bool, alert: bool, trainings_dir: Path | None) -> None:
     """Push EXP's logs, TensorBoard events and codecarbon records to their Hub repos.
 
     Keeps one git clone per repo under the run folder (hub/<what>/), copies what changed, stores
@@ -102,8 +119,7 @@ def hub_sync(exp: str, what: str | None, remote: str | None, wait_s: float, trus
     """
     from bigscience_ops.ops.keep import hubsync
 
-    experiment = load_experiment(exp, trainings_dir)
-    echo_run_folder(exp, trainings_dir, experiment)
+    experiment, exp = _configured_run(exp, run, trainings_dir)
     kinds = [w.strip() for w in what.split(",") if w.strip()] if what else None
 
     def work() -> None:
@@ -159,13 +175,15 @@ def _mb(nbytes: int) -> str:
 
 
 @main.command("backup")
-@click.argument("exp", type=TEXT)
+@click.argument("exp", type=TEXT, required=False)
+@run_option
 @click.option("--to", "dest", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Backup folder (default: backup.dest of the experiment).")
 @click.option("--dry-run", is_flag=True, help="Show what would be copied and deleted; change nothing.")
 @alert_option
 @trainings_option
-def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, trainings_dir: Path | None) -> None:
+def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bool, alert: bool,
+               trainings_dir: Path | None) -> None:
     """Copy EXP's new checkpoints to the backup, verify them, then apply scratch retention.
 
     Each checkpoint is copied without optimizer state except the final one (and every
@@ -178,8 +196,7 @@ def backup_cmd(exp: str, dest: Path | None, dry_run: bool, alert: bool, training
     """
     from bigscience_ops.ops.keep import backup
 
-    experiment = load_experiment(exp, trainings_dir)
-    echo_run_folder(exp, trainings_dir, experiment)
+    experiment, _ = _configured_run(exp, run, trainings_dir)
 
     def work() -> None:
         report = backup.run_backup(experiment, dest, dry_run=dry_run, progress=None if dry_run else _ShownProgress())

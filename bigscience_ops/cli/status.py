@@ -123,7 +123,7 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
 
 
 def _with_configured_channels(opened, trainings_dir: Path | None, email_to: tuple[str, ...]):
-    """The run as recorded, told through its experiment file's channels (run_ref.with_configured_channels); with no
+    """The run as recorded, told through its experiment file's channels (run_ref.with_configured_settings); with no
     experiment file to take them from, through --email-to alone (a line says so)."""
     import dataclasses
 
@@ -131,7 +131,7 @@ def _with_configured_channels(opened, trainings_dir: Path | None, email_to: tupl
     from bigscience_ops.schema import AlertsConfig
 
     try:
-        return run_ref.with_configured_channels(opened, trainings_dir)
+        return run_ref.with_configured_settings(opened, trainings_dir)
     except run_ref.RunRecordError as exc:
         if not email_to:
             click.echo(f"alerts: not sent: {exc}; pass --email-to to be told", err=True)
