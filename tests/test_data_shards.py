@@ -208,3 +208,21 @@ def test_an_interrupted_run_resumes_without_redoing_finished_shards(tmp_path, mo
     ref = preprocess([tmp_path / "all.jsonl"], str(tmp_path / "ref"), resolve_tokenizer("gpt2"))
     assert pair(r.outputs["text"]) == pair(ref.outputs["text"])
     assert not work.exists() and not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_a_part_record_whose_settings_lack_a_field_is_no_record_to_a_merge(tmp_path, spec):
+    """A part record edited by hand (settings without `kind`) is not read as one: the merge warns as for a dataset
+    without a record, instead of a traceback."""
+    write_shards(tmp_path / "in", 2)
+    preprocess([tmp_path / "in"], str(tmp_path / "out"), spec, output_per_input=True)
+    prefixes = [str(tmp_path / f"out_part_{s:02d}_text_document") for s in range(2)]
+    Path(f"{prefixes[1]}.dataset.json").unlink()  # only the part record tells how it was made now
+    part = tmp_path / "out_part_01.preprocess.json"
+    record = json.loads(part.read_text())
+    del record["settings"]["kind"]
+    part.write_text(json.dumps(record))
+    res = CliRunner().invoke(main, ["merge-datasets", "--input-prefix", prefixes[0], "--input-prefix", prefixes[1],
+                                    "--output-prefix", str(tmp_path / "m")])
+    assert res.exit_code == 0, res.output
+    assert f"warning: {prefixes[1]} has no bsops record" in res.stderr
+    assert json.loads((tmp_path / "m.dataset.json").read_text())["tokenizer"] is None

@@ -89,6 +89,13 @@ def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def valid_settings(settings: object) -> bool:
+    """Whether a part record's `settings` (preprocess._settings) have the shape merge and the pre-flight read: the
+    tokenizer identity, the token dtype and the keys, each of its type."""
+    return (isinstance(settings, dict) and _valid_tokenizer({k: settings.get(k) for k in IDENTITY})
+            and isinstance(settings.get("dtype"), str) and isinstance(settings.get("keys"), list))
+
+
 def _valid_tokenizer(value: object) -> bool:
     if value is None:
         return True

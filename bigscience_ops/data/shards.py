@@ -313,7 +313,8 @@ def dataset_record(prefix: str) -> dict | None:
                 continue
             record = json.loads(path.read_text(encoding="utf-8"))
             settings = record["settings"]
-            if (record.get("format") == RECORD_FORMAT and key in settings["keys"]
+            if (record.get("format") == RECORD_FORMAT and own_record.valid_settings(settings)
+                    and key in settings["keys"]
                     and record["bin_bytes"][key] == size):
                 return record
         except (OSError, ValueError, KeyError, TypeError):
