@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from bigscience_ops import launch, ledger
+from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.launch_plan import Overrides, apply_overrides
 from bigscience_ops.plan import make_plan
@@ -39,7 +41,7 @@ def _text(path: Path) -> str:
 
 
 @pytest.mark.slow
-def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
+def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path, monkeypatch):
     trainings = small_trainings(tmp_path / "trainings", SMALL)
     run = tmp_path / "run dir"  # a space: every path in the script must be quoted
     argv = [BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)]
@@ -104,27 +106,28 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path):
     # names the run by its folder (a --out run has no other name).
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    runs = subprocess.run([BSOPS, "runs", "--json"], cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    monkeypatch.chdir(elsewhere)  # the commands below run in this process, from another folder
+    runs = CliRunner().invoke(main, ["runs", "--json"])
     [row] = json.loads(runs.stdout)["runs"]
     assert (row["experiment"], row["folder"], row["state"], row["job"]) == ("small", str(run), "finished", "local")
-    shown = subprocess.run([BSOPS, "info", str(run)], cwd=elsewhere, capture_output=True, text=True, timeout=120)
-    assert shown.returncode == 0 and f"run folder: {run} (named on the command line" in shown.stdout, shown.stderr
+    shown = CliRunner().invoke(main, ["info", str(run)])
+    assert shown.exit_code == 0 and f"run folder: {run} (named on the command line" in shown.stdout, shown.output
     # The YAML moves on after the training (another seed): samples, info and plot show the run as it trained, each
     # with one line saying the file differs, and the data folder is left as it was.
     data_dir = Path(exp.data.blend[0].prefix).parent
     listing = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in data_dir.iterdir())
     by_run = ["--run", str(run), "--trainings-dir", str(trainings)]
-    sampled = [BSOPS, "samples", "small", *by_run, "--iteration", "3", "--json", "--no-text"]
-    trained = subprocess.run(sampled, cwd=elsewhere, capture_output=True, text=True, timeout=120)
-    assert trained.returncode == 0 and "differs" not in trained.stderr, trained.stderr
+    sampled = ["samples", "small", *by_run, "--iteration", "3", "--json", "--no-text"]
+    trained = CliRunner().invoke(main, sampled)
+    assert trained.exit_code == 0 and "differs" not in trained.stderr, trained.output
     yaml = trainings / "small.yaml"
     yaml.write_text(yaml.read_text().replace("train: {samples: 200}", "train: {samples: 200, seed: 4321}"))
     note = "now differs from the run's record in train.seed (1234 -> 4321); showing the run as recorded"
-    for argv in (sampled, [BSOPS, "info", "small", *by_run], [BSOPS, "plot", "small", *by_run, "--out", "c.png"]):
-        moved = subprocess.run(argv, cwd=elsewhere, capture_output=True, text=True, timeout=120)
-        assert moved.returncode == 0 and moved.stderr.count(note) == 1, moved.stdout + moved.stderr
+    for argv in (sampled, ["info", "small", *by_run], ["plot", "small", *by_run, "--out", "c.png"]):
+        moved = CliRunner().invoke(main, argv)
+        assert moved.exit_code == 0 and moved.stderr.count(note) == 1, moved.output
     assert moved.stdout.startswith(f"run folder: {run}") and (elsewhere / "c.png").is_file()
-    assert subprocess.run(sampled, cwd=elsewhere, capture_output=True, text=True, timeout=120).stdout == trained.stdout
+    assert CliRunner().invoke(main, sampled).stdout == trained.stdout
     assert sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in data_dir.iterdir()) == listing
 
 
