@@ -358,7 +358,10 @@ def _stopped_while_training(tmp_path, purpose, stop):
     trainings = small_trainings(tmp_path / "trainings", long)
     run = tmp_path / "run"
     argv = [BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)]
-    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal's Ctrl-C sends it, even where pytest runs as a background job: such a job inherits SIGINT
+    # ignored, and Python keeps an ignored SIGINT ignored (the Ctrl-C test then waited for the whole run).
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
