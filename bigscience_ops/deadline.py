@@ -41,43 +41,44 @@ class Deadline:
         return left
 
 
-class _DeadlineSocket(socket.socket):
-    """A TCP socket whose every operation may take only what is left of its deadline."""
+class _Armed:
+    """Each I/O call of a socket may take only what is left of its deadline (mixed in before the socket class)."""
 
     deadline: Deadline
 
     def _arm(self) -> None:
-        self.settimeout(self.deadline.remaining())
+        self.settimeout(self.deadline.remaining())  # type: ignore[attr-defined]
+
+    def recv(self, *args: Any) -> bytes:
+        self._arm()
+        return super().recv(*args)  # type: ignore[misc]
+
+    def recv_into(self, *args: Any) -> int:
+        self._arm()
+        return super().recv_into(*args)  # type: ignore[misc]
+
+    def send(self, *args: Any) -> int:  # an SSL socket's sendall sends through here, piece by piece
+        self._arm()
+        return super().send(*args)  # type: ignore[misc]
+
+
+class _DeadlineSocket(_Armed, socket.socket):
+    """A TCP socket whose every operation may take only what is left of its deadline."""
 
     def connect(self, address: Any) -> None:
         self._arm()
         super().connect(address)
-
-    def recv(self, *args: Any) -> bytes:
-        self._arm()
-        return super().recv(*args)
-
-    def recv_into(self, *args: Any) -> int:
-        self._arm()
-        return super().recv_into(*args)
-
-    def send(self, *args: Any) -> int:
-        self._arm()
-        return super().send(*args)
 
     def sendall(self, *args: Any) -> None:  # one call: CPython bounds the whole of it by the timeout
         self._arm()
         super().sendall(*args)
 
 
-class _DeadlineSSLSocket(ssl.SSLSocket):
+class _DeadlineSSLSocket(_Armed, ssl.SSLSocket):
     """A TLS socket whose handshake, reads and writes may each take only what is left of the deadline of the
     context that made it (a subclass per context sets `deadline`; tls_context)."""
 
     deadline: ClassVar[Deadline]
-
-    def _arm(self) -> None:
-        self.settimeout(self.deadline.remaining())
 
     def do_handshake(self, *args: Any) -> None:
         self._arm()
@@ -90,18 +91,6 @@ class _DeadlineSSLSocket(ssl.SSLSocket):
     def write(self, *args: Any) -> int:
         self._arm()
         return super().write(*args)
-
-    def recv(self, *args: Any) -> bytes:
-        self._arm()
-        return super().recv(*args)
-
-    def recv_into(self, *args: Any) -> int:
-        self._arm()
-        return super().recv_into(*args)
-
-    def send(self, *args: Any) -> int:  # sendall sends through here, piece by piece
-        self._arm()
-        return super().send(*args)
 
     def unwrap(self) -> socket.socket:
         self._arm()

@@ -266,11 +266,13 @@ def checked_jsonl(path: str | os.PathLike[str], make: Callable[[dict], tuple[T |
 
 # --- writing: whole files replaced atomically, records appended in one write
 
-def write_atomically(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
+def write_atomically(path: str | os.PathLike[str], data: bytes, mode: int = 0o644,
+                     tmp: str | os.PathLike[str] | None = None) -> None:
     """Replace `path` with `data` so that no reader ever sees part of it: a new file beside it (never through a
-    link), written and fsynced, renamed over it, the folder fsynced."""
+    link), written and fsynced, renamed over it, the folder fsynced. `tmp`: the new file's name where a writer's
+    temporaries follow a convention of their own (a dataset's `NAME.tmp-PID`, which preprocess clears)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = Path(tmp) if tmp is not None else path.with_name(f".{path.name}.{os.getpid()}.tmp")
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)

@@ -221,12 +221,12 @@ def one_output(tmp_path: Path) -> str:
 
 def test_a_one_output_run_records_its_tokenizer_and_largest_id(one_output: str) -> None:
     from bigscience_ops import __version__
-    from bigscience_ops.data.tokenizer_cache import _sha256_file
+    from bigscience_ops.data.tokenizer_cache import sha256_file
 
     record = json.loads(Path(f"{one_output}.dataset.json").read_text())
     tokens = np.fromfile(f"{one_output}.bin", dtype=np.uint16)
     assert record == {"format": "bsops-dataset", "version": 1, "dtype": "<u2",
-                      "tokenizer": {"kind": "json", "tokenizer": [_sha256_file(str(TOKENIZER))],
+                      "tokenizer": {"kind": "json", "tokenizer": [sha256_file(str(TOKENIZER))],
                                     "special_text": "plain"},
                       "documents": 2, "tokens": len(tokens), "max_id": int(tokens.max()), "bsops": __version__}
     assert not list(Path(one_output).parent.glob("*.preprocess.json"))

@@ -21,6 +21,8 @@ import json
 import os
 from pathlib import Path
 
+from bigscience_ops.runfiles import write_atomically
+
 FORMAT = "bsops-dataset"  # the first key of the file: inputs.side_file tells the record by it
 VERSION = 1
 SUFFIX = ".dataset.json"
@@ -53,16 +55,7 @@ def write(prefix: str | os.PathLike, tokenizer: dict | None, max_id: int | None)
               "documents": len(indexed), "tokens": indexed.num_tokens, "max_id": max_id, "bsops": __version__}
     del indexed
     path = record_path(prefix)
-    tmp = Path(f"{path}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(record))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(path, json.dumps(record).encode("utf-8"), tmp=f"{path}.tmp-{os.getpid()}")
     return path
 
 

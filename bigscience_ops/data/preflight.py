@@ -172,9 +172,9 @@ def _check_tokenizer(tok: TokenizerConfig) -> tuple[list[DataCheckError], list[s
             errors.append(MissingTokenizerFile(name, path, f"{why}; {allowed}: give the path of an existing file"))
     if errors:
         return errors, None
-    from bigscience_ops.data.tokenizer_cache import _sha256_file
+    from bigscience_ops.data.tokenizer_cache import sha256_file
 
-    return errors, [_sha256_file(path) for _, path in tokenizer_files(tok)]
+    return errors, [sha256_file(path) for _, path in tokenizer_files(tok)]
 
 
 def _recorded_tokenizer(settings: dict) -> str:

@@ -174,10 +174,10 @@ def _check_outputs(paths: list[Path], shards: list[Shard], merged: str | None, k
 
 def _settings(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, dtype: str) -> dict:
     """What shapes a part's bytes: a finished part made with other settings is redone."""
-    from bigscience_ops.data.tokenizer_cache import _sha256_file
+    from bigscience_ops.data.tokenizer_cache import sha256_file
 
     files = [spec.json_file] if spec.kind == "json" else [spec.vocab_file, spec.merges_file]
-    return {"tokenizer": [_sha256_file(f) for f in files], "kind": spec.kind, "special_text": spec.special_text,
+    return {"tokenizer": [sha256_file(f) for f in files], "kind": spec.kind, "special_text": spec.special_text,
             "keys": list(keys), "append_eod": append_eod, "dtype": dtype}
 
 

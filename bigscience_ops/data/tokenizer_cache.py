@@ -38,7 +38,7 @@ def cache_dir() -> Path:
     return Path(base) / "bsops"
 
 
-def _sha256_file(path: str) -> str:
+def sha256_file(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -59,7 +59,7 @@ def _library_stamp(name: str) -> list:
 
 def key_of(files: list[str], kind: str, special_text: str) -> str:
     """The cache key of a tokenizer: its files' contents, how special text is read, the libraries."""
-    parts = [FORMAT, kind, special_text, [_sha256_file(f) for f in files], [_library_stamp(n) for n in LIBRARIES]]
+    parts = [FORMAT, kind, special_text, [sha256_file(f) for f in files], [_library_stamp(n) for n in LIBRARIES]]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
 
@@ -92,7 +92,7 @@ def load(key: str) -> Entry | None:
             return None
         ranks_file = None
         if record["ranks_sha256"] is not None:
-            if _sha256_file(str(ranks_path)) != record["ranks_sha256"]:
+            if sha256_file(str(ranks_path)) != record["ranks_sha256"]:
                 return None
             ranks_file = ranks_path
         verdicts = {str(k): str(v) for k, v in record["verdicts"].items()}
