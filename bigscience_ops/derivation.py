@@ -26,7 +26,7 @@ from bigscience_ops import sizing
 from bigscience_ops.resources import ResourceError, bundled
 from bigscience_ops.schema import Experiment
 from bigscience_ops.slurm import parse_time_limit
-from bigscience_ops.validation import SIGNAL_SECONDS_MAX
+from bigscience_ops.validation import SIGNAL_SECONDS_MAX, is_task_file
 
 
 def exit_margin_minutes(num_params: float) -> int:
@@ -125,7 +125,11 @@ def derive(exp: Experiment, root: Path, output_root: Path | None = None) -> Expe
     backup = exp.backup
     if backup.dest is not None:
         backup = dataclasses.replace(backup, dest=_resolve_path(backup.dest, out_root))
-    exp = dataclasses.replace(exp, model=m, paths=paths, data=data, slurm=slurm, backup=backup)
+    evaluation = dataclasses.replace(
+        exp.eval, tasks=[_resolve_input(t, root) if is_task_file(t) else t for t in exp.eval.tasks],
+        sources={name: _resolve_input(path, root) for name, path in exp.eval.sources.items()})
+    evaluation = fill(evaluation, "eval", nodes=math.ceil(exp.parallel.tensor * exp.parallel.pipeline / slurm.gpus_per_node))
+    exp = dataclasses.replace(exp, model=m, paths=paths, data=data, slurm=slurm, backup=backup, eval=evaluation)
     params = sizing.count_parameters(exp.model, exp.parallel.tensor).total
     ck = fill(exp.checkpoint, "checkpoint", exit_margin_mins=exit_margin_minutes(params),
               kill_switch_path=f"{output}/kill-switch")

@@ -383,6 +383,53 @@ class EstimateConfig:
               "they would fill over 1.25x this", above=0, at_most=1e6)
 
 
+METRIC_NAME = Charset(r"[A-Za-z0-9._,@+-]", "an lm-eval task or source name: ASCII letters, digits and . _ , @ + -, "
+                                          "not starting with -")
+METRIC_KEY = Charset(r"[A-Za-z0-9._,@+/-]", "a metric as task/metric (lambada_openai/acc, pile_cc/bits_per_byte): "
+                                           "ASCII letters, digits and . _ , @ + - around one /")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Downstream evaluation of the run's checkpoints (`bsops eval`, the hourly eval job): lm-evaluation-harness
+    tasks and bits per byte on held-out sources, scored by the model in its checkpoint's TP/PP layout."""
+
+    tasks: list[str] = documented(
+        factory=list, doc="lm-eval tasks: registered names (lambada_openai, piqa, hellaswag: lm-eval reads their data "
+                          "through `datasets`, so from your cache or mirror) or task YAML files of your own (a path "
+                          "ending .yaml or .yml; relative data_files inside are read from the YAML's folder)")
+    sources: dict[str, str] = documented(
+        factory=dict, doc="held-out jsonl files scored for bits per byte, by source name ({pile_cc: /data/cc.jsonl}); "
+                          "each line a JSON object with the text under text_key")
+    text_key: str = documented("text", "the key of a source line's text")
+    docs_per_source: int = documented(3000, "documents scored per source, the first ones of the file",
+                                      at_least=1, below=10**9)
+    batch_size: int = documented(8, "sequences per forward pass", at_least=1, below=2**16)
+    limit: int | None = documented(None, "examples per lm-eval task (lm-eval's --limit), for smoke runs; default: all",
+                                   at_least=1, below=10**9)
+    every_saves: int = documented(1, "the hourly job evaluates every Nth saved checkpoint (and the run's last)",
+                                  at_least=1, below=MAX_STEPS)
+    alert_drop: dict[str, float] = documented(
+        factory=dict, doc="task/metric -> margin: the watchdog alerts when a checkpoint's metric is worse than the "
+                          "run's best so far by more than the margin (in the metric's units), in (0, 1e9]",
+        above=0, at_most=1e9)
+    references: dict[str, dict[str, float]] = documented(
+        factory=dict, doc="reference models shown beside the run's results: name -> task/metric -> value "
+                          "({GPT2-Large: {lambada_openai/acc: 0.476}})")
+    partition: str | None = documented(None, "--partition of the eval job; default: slurm.partition", charset=SLURM_NAMES)
+    account: str | None = documented(None, "--account of the eval job; default: slurm.account", charset=SLURM_NAME)
+    qos: str | None = documented(None, "--qos of the eval job; default: slurm.qos", charset=SLURM_NAME)
+    nodes: int | None = documented(
+        None, "--nodes of the eval job; derived as the checkpoint's TP x PP processes over slurm.gpus_per_node",
+        at_least=1, below=2**20)
+    time: str = documented("02:00:00", "--time of the eval job", charset=SLURM_TIME)
+
+    @property
+    def configured(self) -> bool:
+        """Whether there is anything to evaluate."""
+        return bool(self.tasks or self.sources)
+
+
 @dataclass(frozen=True)
 class Experiment:
     model: ModelConfig = documented(doc="GPT shape")
@@ -404,6 +451,7 @@ class Experiment:
     backup: BackupConfig = documented(factory=BackupConfig, doc="checkpoint backup and scratch retention")
     alerts: AlertsConfig = documented(factory=AlertsConfig, doc="who is told, and how")
     estimate: EstimateConfig = documented(factory=EstimateConfig, doc="assumptions of the plan")
+    eval: EvalConfig = documented(factory=EvalConfig, doc="downstream evaluation of checkpoints (bsops eval)")
     record: bool = documented(False, "a record of a run others made (bsops' bundled seeds): its run folder paths, "
                                      "alert addresses and Hub repos are shown as what that run used and never used: "
                                      "its outputs go under the current folder, and no alert or push goes out. A "

@@ -274,6 +274,8 @@ def _describe(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin is list:
         return "a list of " + _describe(typing.get_args(tp)[0]).removeprefix("a ")
+    if origin is dict:
+        return "a mapping of names to " + _describe(typing.get_args(tp)[1]).removeprefix("a ")
     if dataclasses.is_dataclass(tp):
         return "a mapping with keys " + ", ".join(_public_fields(tp))
     return str(tp)
@@ -343,6 +345,12 @@ def _coerce(tp: Any, value: Any, dotted: str, origins: dict, default_source: str
             raise fail()
         (item_tp,) = typing.get_args(tp)
         return [_coerce(item_tp, item, f"{dotted}[{i}]", origins, default_source, text) for i, item in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise fail()
+        key_tp, item_tp = typing.get_args(tp)
+        return {_coerce(key_tp, key, f"{dotted} (key {key!r})", origins, default_source, text):
+                _coerce(item_tp, item, f"{dotted}.{key}", origins, default_source, text) for key, item in value.items()}
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise fail()
@@ -362,8 +370,13 @@ def build(cls: type, data: dict, prefix: str, origins: dict, default_source: str
         text = next(f.metadata.get("text", PLAIN) for f in dataclasses.fields(cls) if f.name == key)
         kwargs[key] = _coerce(hints[key], value, dotted, origins, default_source, text)
         bounds = next(f.metadata.get("bounds") for f in dataclasses.fields(cls) if f.name == key)
-        if bounds and kwargs[key] is not None and not _within(kwargs[key], bounds):
-            raise ConfigError(_source_of(origins, dotted, default_source), dotted, value, bounds_text(bounds))
+        if bounds and kwargs[key] is not None:
+            # A mapping's bounds hold for each of its values (eval.alert_drop: a margin per metric).
+            items = kwargs[key].items() if isinstance(kwargs[key], dict) else [(None, kwargs[key])]
+            for name, number in items:
+                if not _within(number, bounds):
+                    where, written = (dotted, value) if name is None else (f"{dotted}.{name}", value[name])
+                    raise ConfigError(_source_of(origins, where, default_source), where, written, bounds_text(bounds))
         charset = next(f.metadata.get("charset") for f in dataclasses.fields(cls) if f.name == key)
         refused = check_charset(charset, kwargs[key]) if charset and kwargs[key] is not None else None
         if refused is not None:

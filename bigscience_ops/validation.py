@@ -25,8 +25,8 @@ from bigscience_ops import hub_remote, sizing
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.schedules import parse_skip_ranges
 from bigscience_ops.schema import (
-    MAX_STEPS, AlertsConfig, BatchConfig, CheckpointConfig, CurriculumConfig, DataConfig, Experiment, LRScheduleConfig, ModelConfig,
-    OptimizerConfig, ParallelConfig, SlurmConfig, TrainConfig,
+    MAX_STEPS, METRIC_KEY, METRIC_NAME, AlertsConfig, BatchConfig, CheckpointConfig, CurriculumConfig, DataConfig, EvalConfig,
+    Experiment, LRScheduleConfig, ModelConfig, OptimizerConfig, ParallelConfig, SlurmConfig, TrainConfig,
 )
 from bigscience_ops.slurm import parse_time_limit
 
@@ -49,6 +49,7 @@ def validate(exp: Experiment, source: str) -> None:
     check_curriculum(exp.curriculum, exp.model, source)
     check_time_limit(exp.slurm, source)
     check_alerts(exp.alerts, source)
+    check_eval(exp.eval, source)
 
 
 def check_derived(exp: Experiment, source: str) -> None:
@@ -203,6 +204,48 @@ def check_alerts(alerts: AlertsConfig, source: str) -> None:
     if alerts.email_from is not None:
         _check(is_email_address(alerts.email_from), source, "alerts.email_from", alerts.email_from,
                "an email address without spaces, control characters or line breaks")
+
+
+TASK_FILE_SUFFIXES = (".yaml", ".yml")
+
+
+def is_task_file(task: str) -> bool:
+    """Whether an eval.tasks entry names a task YAML file of the user's own (else an lm-eval registered task)."""
+    return task.lower().endswith(TASK_FILE_SUFFIXES)
+
+
+def eval_task_names(ev: EvalConfig) -> list[str]:
+    """The registered task names of eval.tasks (the files' task names are in the files)."""
+    return [t for t in ev.tasks if not is_task_file(t)]
+
+
+def check_eval(ev: EvalConfig, source: str) -> None:
+    """Task and source names an lm-eval result and a TensorBoard tag can carry, metrics written task/metric, no
+    source named as a task (both give rows of one table), an eval job time Slurm reads."""
+    for i, task in enumerate(ev.tasks):
+        if not is_task_file(task):
+            problem = METRIC_NAME.problem(task)
+            _check(problem is None, source, f"eval.tasks[{i}]", task,
+                   f"{problem}; allowed: {METRIC_NAME.allowed}, or a task YAML file (a path ending .yaml or .yml)")
+    for name in ev.sources:
+        problem = METRIC_NAME.problem(name)
+        _check(problem is None, source, f"eval.sources.{name}", name, f"source name: {problem}; allowed: {METRIC_NAME.allowed}")
+        _check(name not in eval_task_names(ev), source, f"eval.sources.{name}", name,
+               "a name no entry of eval.tasks has (a source and a task would share one row of the results)")
+    keyed = [("eval.alert_drop", key) for key in ev.alert_drop]
+    keyed += [(f"eval.references.{ref}", key) for ref, values in ev.references.items() for key in values]
+    for where, key in keyed:
+        problem = METRIC_KEY.problem(key)
+        task, slash, metric = key.partition("/")
+        _check(problem is None and bool(slash and task and metric) and "/" not in metric, source, f"{where}.{key}", key,
+               f"a metric written task/metric (lambada_openai/acc, pile_cc/bits_per_byte): {METRIC_KEY.allowed}")
+    for name in ev.references:
+        _check(METRIC_NAME.problem(name) is None and len(name) <= 64, source, f"eval.references.{name}", name,
+               f"a reference model name of at most 64 characters: {METRIC_NAME.allowed}")
+    try:
+        parse_time_limit(ev.time)
+    except ValueError as exc:
+        raise ConfigError(source, "eval.time", ev.time, str(exc)) from None
 
 
 def check_time_limit(slurm: SlurmConfig, source: str) -> None:

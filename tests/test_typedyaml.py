@@ -55,3 +55,20 @@ def test_a_value_past_2_53_with_no_upper_bound_loads_and_one_outside_the_range_i
     assert str(refused.value) == "f.yaml: s.tries: got 1000; must be in [1, 10]"
     with pytest.raises(ConfigError, match=r"s.rate: got -1; must be above 0"):
         build(_Section, {"rate": -1}, "s", {}, "f.yaml")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mapped:
+    margins: dict[str, float] = dataclasses.field(default_factory=dict, metadata={"bounds": {"above": 0}})
+    nested: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+
+def test_a_mapping_field_coerces_each_value_and_bounds_each_value() -> None:
+    built = build(_Mapped, {"margins": {"a/acc": "0.5", 3: 1}, "nested": {"m": {"x/y": 2}}}, "s", {}, "f.yaml")
+    assert built.margins == {"a/acc": 0.5, "3": 1.0} and built.nested == {"m": {"x/y": 2.0}}
+    with pytest.raises(ConfigError) as refused:
+        build(_Mapped, {"margins": {"a/acc": -1}}, "s", {}, "f.yaml")
+    assert refused.value.field == "s.margins.a/acc"
+    for bad in ({"margins": ["a"]}, {"margins": {"a": "x"}}, {"nested": {"m": 1}}, {"margins": {"a\nb": 1}}):
+        with pytest.raises(ConfigError):
+            build(_Mapped, bad, "s", {}, "f.yaml")

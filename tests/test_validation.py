@@ -39,6 +39,15 @@ def _refused(trainings: Path, text: str) -> ConfigError:
     ("slurm: {time: '3'}\n", "slurm.time", "3"),  # shorter than tiny's 5-minute exit margin
     ("slurm: {time: 'soon'}\n", "slurm.time", "soon"),
     ("slurm: {signal_seconds: 70000}\n", "slurm.signal_seconds", "70000"),
+    ("eval: {tasks: ['lambada openai']}\n", "eval.tasks[0]", "lambada openai"),
+    ("eval: {tasks: [kjv], sources: {kjv: held.jsonl}}\n", "eval.sources.kjv", "kjv"),
+    ("eval: {sources: {'a b': held.jsonl}}\n", "eval.sources.a b", "a b"),
+    ("eval: {alert_drop: {lambada_acc: 0.01}}\n", "eval.alert_drop.lambada_acc", "lambada_acc"),
+    ("eval: {alert_drop: {lambada/acc: 0}}\n", "eval.alert_drop.lambada/acc", "0"),
+    ("eval: {references: {GPT2: {piqa/acc/x: 0.7}}}\n", "eval.references.GPT2.piqa/acc/x", "piqa/acc/x"),
+    ("eval: {references: {GPT2: {piqa/acc: high}}}\n", "eval.references.GPT2.piqa/acc", "high"),
+    ("eval: {references: [GPT2]}\n", "eval.references", "GPT2"),
+    ("eval: {time: 'tomorrow'}\n", "eval.time", "tomorrow"),
 ])
 def test_each_rule_names_its_field_and_value(trainings: Path, text: str, field: str, value: str) -> None:
     error = _refused(trainings, text)
@@ -83,3 +92,18 @@ def test_a_kill_switch_file_anywhere_else_is_taken(trainings: Path, tmp_path: Pa
     (trainings / "ok.yaml").write_text(f"base: tiny\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
                                        f"checkpoint: {{kill_switch_path: {json.dumps(value)}}}\n")
     assert load_experiment("ok", trainings).checkpoint.kill_switch_path == value
+
+
+def test_eval_paths_resolve_like_data_paths_and_nodes_cover_the_layout(trainings: Path, tmp_path: Path) -> None:
+    """Task files and sources are absolute after loading (corpus/ falls back to the bundled corpus as data paths
+    do), registered task names stay names, and the eval job's nodes hold TP x PP processes."""
+    (trainings / "ev.yaml").write_text("base: tiny\nparallel: {tensor: 2, pipeline: 2}\nslurm: {gpus_per_node: 3}\n"
+                                       "eval: {tasks: [piqa, mine/last.yaml], sources: {cc: held/cc.jsonl},\n"
+                                       "       alert_drop: {piqa/acc: 0.02}, references: {GPT2-XL: {piqa/acc: 0.7078}}}\n")
+    exp = load_experiment("ev", trainings)
+    root = trainings.parent
+    assert exp.eval.tasks == ["piqa", str(root / "mine/last.yaml")]
+    assert exp.eval.sources == {"cc": str(root / "held/cc.jsonl")}
+    assert exp.eval.nodes == 2 and "eval.nodes" in exp.derived
+    assert exp.eval.alert_drop == {"piqa/acc": 0.02} and exp.eval.references == {"GPT2-XL": {"piqa/acc": 0.7078}}
+    assert exp.eval.configured
