@@ -209,12 +209,14 @@ def differences(recorded: Experiment, today: Experiment) -> tuple[Difference, ..
 
 
 def with_configured_settings(opened: OpenedRun, trainings_dir: Path | None = None) -> Experiment:
-    """The run as recorded, with the `alerts`, `hub` and `backup` sections of its experiment file as it is today.
+    """The run as recorded, with the `alerts`, `hub`, `backup` and `eval` sections of its experiment file as it is
+    today.
 
     Who is told, which host an SMTP password or a Hub token goes to, the environment variables they are read
     from, and where checkpoints are copied before scratch copies are deleted are configuration: never taken from a
     run's own files, which are untrusted input (a record rewritten to name another SMTP host would otherwise get
-    the password). Raises RunRecordError when no experiment file of the recorded name is found (or it does not
+    the password). What a checkpoint is evaluated on, the references and alert margins, and the eval job's resources
+    are configuration too: a run launched before its `eval:` section was written is evaluated by it. Raises RunRecordError when no experiment file of the recorded name is found (or it does not
     load): the caller then sends, pushes and deletes nothing.
     """
     name = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
@@ -224,7 +226,8 @@ def with_configured_settings(opened: OpenedRun, trainings_dir: Path | None = Non
         raise RunRecordError(f"alert channels, Hub and backup settings come from the experiment file, never from a "
                              f"run's record, and no experiment file of {opened.experiment.name!r} loads here "
                              f"(`bsops show {opened.experiment.name}` says why)") from None
-    return dataclasses.replace(opened.experiment, alerts=today.alerts, hub=today.hub, backup=today.backup)
+    return dataclasses.replace(opened.experiment, alerts=today.alerts, hub=today.hub, backup=today.backup,
+                               eval=today.eval)
 
 
 def relaunch_differences(exp: Experiment, folder: Path) -> tuple[Path | None, tuple[Difference, ...]]:

@@ -234,12 +234,14 @@ def test_who_is_told_and_where_a_token_goes_come_from_the_experiment_file_never_
                             smtp_password_env="BSOPS_SMTP_PASSWORD")
     record["hub"].update(host="hub.attacker.example")
     record["backup"].update(dest=str(tmp_path / "attacker-store"))
+    record["eval"] = {"tasks": ["mmlu"], "sources": {"x": "/etc/shadow"}, "partition": "gpu-big"}
     (run / "experiment.json").write_text(json.dumps(record))
     opened = open_run(None, trainings, run)
     assert opened.experiment.alerts.smtp_host == "mail.attacker.example"  # the record as it is ...
     told = run_ref.with_configured_settings(opened, trainings)  # ... but told as the experiment file says
     today = load_experiment("small", trainings)
     assert told.alerts == today.alerts and told.hub == today.hub and told.backup == today.backup
+    assert told.eval == today.eval and opened.experiment.eval.tasks == ["mmlu"]
     assert told.paths == opened.experiment.paths and told.train == opened.experiment.train
     (trainings / "small.yaml").unlink()  # no experiment file to take them from: nothing is sent
     with pytest.raises(RunRecordError, match="never from a run's record"):
