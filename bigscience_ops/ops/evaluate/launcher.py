@@ -1,0 +1,254 @@
+"""Starting the evaluation ranks: the checks that need no rank, and the argv that starts them.
+
+`checkpoint` is what every start checks first (`bsops eval` before torchrun, each rank again in a
+Slurm job): the folder `global_step<N>` is complete (its bsops.json is there and its step is not
+newer than the one `latest` names: a newer folder is a save in progress), the layout asked for fits
+the model, and every layer file the ranks will read is a plain file whose zip directory (what
+torch.save writes) is readable, so a missing or cut-short file is one line here, not a failure
+inside a rank. `run_local` starts the ranks on this machine with `torchrun --standalone`, their
+output streamed through; Ctrl-C or SIGTERM ends the whole process group. `worker_argv` is the
+`python -m ...` part the Slurm template runs under srun + torchrun.
+
+No torch here: `bsops eval` imports this module to refuse a bad request at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints.layout import CheckpointError
+from bigscience_ops.ops.evaluate import EvalError
+
+WORKER_MODULE = "bigscience_ops.ops.evaluate.worker"
+STOP_GRACE_S = 30
+"""After Ctrl-C or SIGTERM, how long torchrun's process group has to end before it is killed."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The checkpoint to evaluate and the layout to score it in."""
+
+    tag: str
+    step: int
+    path: Path
+    meta: dict
+    saved_tensor: int
+    saved_pipeline: int
+    tensor: int
+    pipeline: int
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor * self.pipeline
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.meta["model"]["num_layers"])
+
+
+def checkpoint(exp, step: int, tensor: int | None = None, pipeline: int | None = None,
+               check_files: bool = True) -> Target:
+    """The complete checkpoint `global_step<step>` of `exp`'s run, in its own layout or TP=`tensor` / PP=`pipeline`.
+
+    Raises EvalError naming the folder and what is wrong: no `latest`, a step newer than `latest` (a save in
+    progress), a missing folder or bsops.json, a bsops.json of another trainer, a layout the model cannot take,
+    a layer file missing or cut short (with `check_files`).
+    """
+    checkpoints = Path(exp.paths.checkpoints)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise EvalError(f"step {step!r} is not a checkpoint step; allowed: a whole number >= 0")
+    try:
+        saved = layout.list_checkpoints(checkpoints)
+        last = layout.latest_step(checkpoints)
+    except CheckpointError as exc:
+        raise EvalError(str(exc)) from None
+    complete = ", ".join(str(c.step) for c in saved if last is not None and c.step <= last) or "none"
+    if last is None:
+        raise EvalError(f"{checkpoints}: no 'latest' file, so no complete checkpoint to evaluate "
+                        f"(folders there: {', '.join(c.tag for c in saved[-5:]) or 'none'})")
+    tag = f"global_step{step}"
+    if step > last:
+        raise EvalError(f"{checkpoints / tag}: step {step} is newer than the one 'latest' names ({last}): a save in "
+                        f"progress, or one that did not finish; complete steps: {complete}")
+    found = next((c for c in saved if c.step == step), None)
+    if found is None:
+        raise EvalError(f"{checkpoints}: no checkpoint {tag}; complete steps: {complete}")
+    try:
+        meta = found.meta()
+    except CheckpointError as exc:
+        raise EvalError(str(exc)) from None
+    model, parallel = meta.get("model"), meta.get("parallel")
+    ok = (isinstance(model, dict) and isinstance(parallel, dict)
+          and all(isinstance(model.get(k), int) for k in ("num_layers", "num_attention_heads", "hidden_size",
+                                                             "ffn_hidden_size", "padded_vocab_size", "seq_length"))
+          and all(isinstance(parallel.get(k), int) and parallel[k] >= 1 for k in ("tensor", "pipeline"))
+          and isinstance(meta.get("experiment", {}).get("model", {}).get("vocab_size"), int))
+    if not ok:
+        raise EvalError(f"{found.path / layout.META}: lacks model sizes, parallel.tensor/pipeline or "
+                        "experiment.model.vocab_size; not written by this version of bsops' trainer")
+    target = Target(tag, step, found.path, meta, parallel["tensor"], parallel["pipeline"],
+                    parallel["tensor"] if tensor is None else tensor,
+                    parallel["pipeline"] if pipeline is None else pipeline)
+    check_layout(target)
+    if check_files:
+        check_layer_files(target, range(target.num_layers + 2))
+    return target
+
+
+def check_layout(target: Target) -> None:
+    """Refuse a TP/PP the model cannot be split into (TP must divide the heads and the MLP width)."""
+    model = target.meta["model"]
+    heads, ffn = model["num_attention_heads"], model["ffn_hidden_size"]
+    for name, value in (("tensor", target.tensor), ("pipeline", target.pipeline)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise EvalError(f"--{name} {value!r}: allowed: a whole number >= 1")
+    if heads % target.tensor or ffn % target.tensor:
+        allowed = [t for t in range(1, heads + 1) if heads % t == 0 and ffn % t == 0]
+        raise EvalError(f"--tensor {target.tensor}: the model's {heads} attention heads and MLP width {ffn} must "
+                        f"split evenly over TP ranks; allowed: {', '.join(map(str, allowed))}")
+    layers = model["num_layers"] + 3  # the embedding, the blocks, the final LayerNorm, the tied head
+    if target.pipeline > layers - 1:
+        raise EvalError(f"--pipeline {target.pipeline}: the model has {model['num_layers']} blocks; allowed: 1 to "
+                        f"{layers - 1} stages")
+
+
+def layer_file(path: Path, index: int, tensor: int, rank: int) -> Path:
+    """DeepSpeed's file of pipeline layer `index` for TP rank `rank` of a checkpoint written with TP=`tensor`."""
+    if tensor == 1:
+        return Path(path) / f"layer_{index:02d}-model_states.pt"
+    return Path(path) / f"layer_{index:02d}-model_{rank:02d}-model_states.pt"
+
+
+def check_layer_files(target: Target, layers) -> None:
+    """Every TP shard of each layer in `layers` is a plain file with a readable zip directory (torch.save's format)."""
+    problems = []
+    for index in layers:
+        for rank in range(target.saved_tensor):
+            file = layer_file(target.path, index, target.saved_tensor, rank)
+            if file.is_symlink() or not file.is_file():
+                problems.append(f"{file.name} is missing" if not file.exists() and not file.is_symlink()
+                                else f"{file.name} is not a plain file")
+                continue
+            try:
+                with zipfile.ZipFile(file) as archive:
+                    archive.infolist()
+            except (zipfile.BadZipFile, OSError, ValueError) as exc:
+                problems.append(f"{file.name} is unreadable ({type(exc).__name__}: {exc}; cut short?)")
+    if problems:
+        raise EvalError(f"{target.path}: {problems[0]}"
+                        + (f" (and {len(problems) - 1} more layer file problems)" if len(problems) > 1 else "")
+                        + f"; the checkpoint is torn or incomplete (expected {target.num_layers + 2} layers x "
+                          f"TP={target.saved_tensor} files); evaluate another step")
+
+
+def worker_argv(experiment: str, step: int, tensor: int | None = None, pipeline: int | None = None,
+                trainings_dir: Path | str | None = None, cwd: Path | str | None = None) -> list[str]:
+    """`-m bigscience_ops.ops.evaluate.worker ...`: what torchrun runs (after its own options) on every node."""
+    argv = ["-m", WORKER_MODULE, "--experiment", str(experiment), "--step", str(int(step))]
+    if trainings_dir is not None:
+        argv += ["--trainings-dir", str(trainings_dir)]
+    if tensor is not None:
+        argv += ["--tensor", str(int(tensor))]
+    if pipeline is not None:
+        argv += ["--pipeline", str(int(pipeline))]
+    if cwd is not None:
+        argv += ["--cwd", str(cwd)]
+    return argv
+
+
+def torchrun_argv(nproc: int, worker: list[str]) -> list[str]:
+    """`torchrun --standalone --nproc-per-node N <worker>`, with this interpreter's torchrun."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
+            "--max-restarts=0", *_module_args(worker)]
+
+
+def _module_args(worker: list[str]) -> list[str]:
+    """torchrun takes a module as `-m MODULE args` (its `--module` flag then the name)."""
+    if worker[:1] == ["-m"]:
+        return ["--module", *worker[1:]]
+    return worker
+
+
+def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = None,
+              trainings_dir: Path | str | None = None, experiment: str | None = None,
+              env: dict[str, str] | None = None) -> int:
+    """Evaluate `global_step<step>` of `exp` on this machine: checks first (EvalError), then TP x PP ranks under
+    torchrun, their output streamed through; the exit code of torchrun (0: the result file is written).
+
+    No time limit; Ctrl-C (or SIGTERM) stops every rank: torchrun's process group gets SIGTERM, then SIGKILL
+    after STOP_GRACE_S, and KeyboardInterrupt is raised again once it has ended. The ranks read `exp` itself
+    (written resolved to a temporary experiment.json, as the trainer reads its run's), unless `experiment` names
+    the experiment (a name or YAML file, found with `trainings_dir`).
+    """
+    import json
+    import tempfile
+
+    from bigscience_ops.config import to_dict
+
+    target = checkpoint(exp, step, tensor, pipeline)
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if target.world_size > 1:
+        child_env.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory(prefix="bsops-eval-") as tmp:
+        if experiment is None:
+            experiment = str(Path(tmp) / "experiment.json")
+            Path(experiment).write_text(json.dumps(to_dict(exp), indent=1), encoding="utf-8")
+        worker = worker_argv(experiment, step, tensor, pipeline, trainings_dir, Path.cwd())
+        proc = subprocess.Popen(torchrun_argv(target.world_size, worker), env=child_env,
+                                start_new_session=True)  # its own group: stopped as one
+        try:
+            with _raising_on_term():
+                return proc.wait()
+        except BaseException:
+            stop(proc)
+            raise
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM while waiting: handled as Ctrl-C is."""
+
+
+@contextlib.contextmanager
+def _raising_on_term():
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise _Terminated(f"stopped by {signal.Signals(signum).name}")
+
+    before = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to the process group of `proc` (torchrun passes it to the ranks), SIGKILL after `grace_s`."""
+    import time
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        proc.poll()
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
