@@ -220,3 +220,38 @@ def test_records_that_cannot_be_read_are_listed_and_the_rest_is_shown(run) -> No
     assert listed[0].startswith("3 record line(s)") and [line.split(":")[0] for line in listed[2:]] == [
         "- `task-ledger.jsonl` line 6", "- `task-ledger.jsonl` line 7", "- `rollbacks.jsonl` line 1"]
     assert "<b>" not in page
+
+
+# --- the evaluation table ---------------------------------------------------------------------------------------
+
+def _cells(line: str) -> list[str]:
+    """A Markdown table row's cells (a pipe escaped as \\| stays inside its cell)."""
+    import re
+
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+
+
+def test_the_evaluation_table_has_steps_then_references_and_plain_names(run) -> None:
+    import dataclasses
+
+    from tests.test_ops_evaluate_results import write_results
+
+    output = Path(run.paths.output)
+    evil = "<img src=x onerror=alert(1)> | x"
+    write_results(output, {100: {"smoke_choice/acc": 0.5}, 150: {"smoke_choice/acc": 0.625, f"{evil}/acc": 0.25}},
+                  bpb={150: {"cc": 1.5}})
+    (output / "eval" / "global_step50.json").write_text('{"results": {')  # torn: listed, the rest shown
+    exp = dataclasses.replace(run, eval=dataclasses.replace(run.eval, references={
+        "GPT2 [Large]": {"smoke_choice/acc": 0.476, "cc/bits_per_byte": 1.2}}))
+    page = chronicle.markdown(exp, now=T0 + 7200)
+    section = page.split("## Evaluation")[1].split("## Records not read")[0].strip().splitlines()
+    table = [line for line in section if line.startswith("|")]
+    assert _cells(table[0]) == ["metric", "step 100", "step 150", "GPT2 \\[Large\\]"]
+    rows = {cells[0]: cells[1:] for cells in map(_cells, table[2:])}
+    assert rows["smoke\\_choice/acc"] == ["0.5000", "0.6250", "0.4760"]
+    assert rows["cc/bits\\_per\\_byte (lower)"] == ["-", "1.5000", "1.2000"]
+    assert rows["&lt;img src=x onerror=alert\\(1\\)&gt; \\| x/acc"] == ["-", "0.2500", "-"]
+    assert all(len(_cells(line)) == 4 for line in table)
+    assert "- `eval/global_step50.json`: not JSON" in page.split("## Records not read")[1]
+    assert _rendered_tags(page) <= {"h1", "h2", "p", "ul", "li", "code", "table", "thead", "tbody", "tr", "th", "td",
+                                    'th style', 'td style'}, page

@@ -8,7 +8,9 @@ log so a task is judged against the ones before it), rollbacks.jsonl (where `lat
 iterations skipped, where the later checkpoints were set aside), the backup store's manifests (each
 verified copy, grouped by backup run) and the watchdog's watchdog.log (the alert, recovery and finish
 emails, with their times). Events with a time are in time order under a heading per day; what a task
-logged is listed under it. `bsops chronicle` prints it, hub-sync pushes it with the logs
+logged is listed under it. The evaluation results of the run's checkpoints (eval/global_stepN.json,
+ops/evaluate/results.py; those of a branch a rollback abandoned left out) follow as a table of metrics by
+step, the experiment's eval.references beside. `bsops chronicle` prints it, hub-sync pushes it with the logs
 (CHRONICLE.md), and `bsops plot` marks its events on the loss curve (each event's kind and, where the
 run records it, its iteration).
 
@@ -33,6 +35,7 @@ from bigscience_ops import ledger, rollbacks, runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.iteration_log import parse_iteration_line
+from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import backup
 from bigscience_ops.ops.watch import health
 from bigscience_ops.runfiles import Problem, RecordFileError, open_plain
@@ -61,6 +64,8 @@ MAX_LOG_LINE = 64 * 1024
 """The longest main_log.txt or watchdog.log line read; longer ones are skipped unread."""
 SHOWN_PROBLEMS = 20
 """Unreadable record lines listed at the end of the chronicle; the rest are counted."""
+EVAL_STEPS = 12
+"""Evaluated steps shown in the evaluation table, the newest; the earlier ones are counted."""
 
 
 @dataclass
@@ -78,6 +83,8 @@ class Chronicle:
 
     events: list[Event]
     problems: list[Problem]
+    evaluations: list[eval_results.Result] = field(default_factory=list)
+    """The live branch's evaluation results, by step."""
 
 
 @dataclass
@@ -165,8 +172,10 @@ def read(exp: Experiment) -> Chronicle:
     backups, backup_problems = _backups(exp)
     out = _ledger_events(ledger_read.records, _task_logs(log_path))
     out += _rollbacks(rollbacks_read.records) + backups + _emails(log_path.parent / WATCHDOG_LOG)
-    problems = [*ledger_read.problems, *rollbacks_read.problems, *backup_problems]
-    return Chronicle(sorted(out, key=lambda e: e.when), problems)
+    evaluated, eval_problems = eval_results.read_all(out_dir)
+    problems = [*ledger_read.problems, *rollbacks_read.problems, *backup_problems, *eval_problems]
+    return Chronicle(sorted(out, key=lambda e: e.when), problems,
+                     eval_results.live(evaluated, rollbacks_read.records))
 
 
 def events(exp: Experiment) -> list[Event]:
@@ -271,7 +280,7 @@ def markdown(exp: Experiment, now: float | None = None, *, writer: str = "`bsops
     when = f" {time.strftime('%Y-%m-%d %H:%M', time.localtime(time.time() if now is None else now))}" if stamped else ""
     lines = [f"# {plain(exp.name)}: run chronicle", "",
              f"Run folder {code(exp.paths.output)}; written{when} by {writer} from the task ledger, main_log.txt, "
-             "watchdog.log, rollbacks.jsonl and the backup manifests.", ""]
+             "watchdog.log, rollbacks.jsonl, the backup manifests and the evaluation results.", ""]
     day = None
     found = read(exp)
     if not found.events:
@@ -283,6 +292,8 @@ def markdown(exp: Experiment, now: float | None = None, *, writer: str = "`bsops
             day = this_day
         lines.append(f"- {time.strftime('%H:%M', time.localtime(event.when))} {event.text}")
         lines += [f"  - {detail}" for detail in event.details]
+    if found.evaluations:
+        lines += ["", *evaluation_table(found.evaluations, exp.eval.references)]
     if found.problems:
         lines += ["", "## Records not read", "",
                   f"{len(found.problems)} record line(s) or file(s) could not be read and are left out above:", ""]
@@ -290,6 +301,22 @@ def markdown(exp: Experiment, now: float | None = None, *, writer: str = "`bsops
         if len(found.problems) > SHOWN_PROBLEMS:
             lines.append(f"- and {len(found.problems) - SHOWN_PROBLEMS} more")
     return "\n".join(lines) + "\n"
+
+
+def evaluation_table(evaluated: list[eval_results.Result], references: dict[str, dict[str, float]]) -> list[str]:
+    """The "Evaluation" section: a Markdown table of the metrics by evaluated step (the newest EVAL_STEPS), the
+    references beside; every name from a result file or the experiment written as plain text."""
+    table = eval_results.table(evaluated, references, max_steps=EVAL_STEPS)
+    earlier = f" ({table.left_out} earlier evaluated step(s) left out)" if table.left_out else ""
+    lines = ["## Evaluation", "",
+             f"`bsops eval` results by checkpoint step{earlier}" + (", references beside" if table.references else "")
+             + "; a metric marked (lower) is better when lower.", "",
+             "| metric | " + " | ".join(plain(c) for c in table.columns) + " |",
+             "| --- |" + " ---: |" * len(table.columns)]
+    for row in table.rows:
+        name = plain(row.metric) + ("" if row.higher_is_better else " (lower)")
+        lines.append(f"| {name} | " + " | ".join(plain(eval_results.shown(v)) for v in row.values) + " |")
+    return lines
 
 
 def _problem(problem: Problem, exp: Experiment) -> str:
