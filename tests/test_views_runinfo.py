@@ -142,7 +142,7 @@ def test_info_imports_neither_torch_nor_deepspeed(exp, trainings: Path):
 
     code = ("import sys; from bigscience_ops.cli import main; "
             f"main(['info', 'run', '--trainings-dir', {str(trainings)!r}], standalone_mode=False); "
-            "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'deepspeed', 'lm_eval') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("[]")
@@ -275,3 +275,26 @@ def test_the_live_branch_starts_at_the_relaunchs_begin_line_not_at_an_abandoned_
     assert relaunch.trained == 100 and all(s.iteration <= 100 for s in relaunch.lines)  # of the last 5 read
     log += task(100, 130)[1:]  # its trainer's lines (its start line at 100 too)
     assert branch.live_branch(log, latest=100, rollbacks=done, begins=[10.0, 1100.0], log_mtime=1200.0).trained == 130
+
+
+def test_the_evaluation_table_shows_steps_and_references_and_a_bad_result_file_is_named(exp):
+    import dataclasses
+
+    from tests.test_ops_evaluate_results import write_results
+
+    out = Path(exp.paths.output)
+    write_results(out, {s: {"smoke_choice/acc": s / 1000} for s in range(100, 900, 100)}, bpb={800: {"cc": 1.25}})
+    (out / "eval" / "global_step900.json").write_bytes(b"\xff")
+    exp = dataclasses.replace(exp, eval=dataclasses.replace(exp.eval, references={"GPT2-XL": {"cc/bits_per_byte": 1.1}}))
+    info = runinfo.run_info(exp)
+    table = info.evaluation
+    assert table.steps == [300, 400, 500, 600, 700, 800] and table.left_out == 2 and table.references == ["GPT2-XL"]
+    assert {r.metric: r.values for r in table.rows}["cc/bits_per_byte"] == [None] * 5 + [1.25, 1.1]
+    assert [p.split(":")[0] for p in info.problems] == ["evaluation"] and "global_step900.json" in info.problems[0]
+    lines = runinfo.info_text(info).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  evaluation:"))
+    assert lines[start + 1].split() == ["metric", "step", "300", "step", "400", "step", "500", "step", "600", "step",
+                                        "700", "step", "800", "GPT2-XL"]
+    assert lines[start + 3].split() == ["smoke_choice/acc", "0.3000", "0.4000", "0.5000", "0.6000", "0.7000",
+                                        "0.8000", "-"]
+    assert json.loads(json.dumps(runinfo.info_data(info)))["evaluation"]["steps"][-1] == 800

@@ -5,8 +5,10 @@ trainer's own reader, iteration_log.parse_iteration_line) on the run's live bran
 rollback, the abandoned iterations are not the run's progress), `latest` and the complete checkpoints
 (checkpoints/layout.py), the last backup (the manifests ops/keep/backup.py writes in the run's part of
 the store, read as JSON: no checkpoint file is opened), the task ledger (ledger.py: array tasks with
-their nodes, iterations, times and exits), the open alerts of the watchdog and hourly jobs
-(ops/tell/notify.py's state file), and the disk the run folder takes. Each part that cannot be read is reported in the result and
+their nodes, iterations, times and exits), the evaluation results of its checkpoints (eval/global_stepN.json,
+ops/evaluate/results.py: a table of metrics by step, the experiment's eval.references beside; the results of a
+branch a rollback abandoned left out), the open alerts of the watchdog and hourly jobs (ops/tell/notify.py's
+state file), and the disk the run folder takes. Each part that cannot be read is reported in the result and
 the rest is still shown: a ledger or rollbacks line, a manifest that is not one (each field is checked by its
 reader), a `latest` or global_stepN that is a link (refused, as by every command).
 
@@ -29,6 +31,7 @@ from bigscience_ops import ledger, rollbacks, runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.iteration_log import IterationStats
+from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import backup as backups
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
@@ -36,6 +39,7 @@ from bigscience_ops.views import branch
 
 TAIL_LINES = 400  # lines read from the end of main_log.txt: enough for the recent iteration lines
 THROUGHPUT_WINDOW = 20  # iteration lines the median throughput is taken over
+EVAL_STEPS = 6  # evaluated steps shown in the evaluation table, the newest (a terminal's width)
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class RunInfo:
     finished: bool = False  # the latest checkpoint is step train_iters: the last iteration trained and saved
     rollback: rollbacks.Rollback | None = None  # the last rollback
     relaunched: bool = True  # a task has run since the last rollback (True without one)
+    evaluation: eval_results.Table | None = None  # metrics by evaluated step, references beside; None: none yet
 
 
 def run_info(exp: Experiment) -> RunInfo:
@@ -119,12 +124,16 @@ def run_info(exp: Experiment) -> RunInfo:
         copies = BackupInfo(note="could not be read")
         problems.append(f"backup: {exc}")
     problems += [f"backup: {p}" for p in unreadable]
+    evaluated, eval_problems = eval_results.read_all(out)
+    evaluated = eval_results.live(evaluated, done.records)
+    problems += [f"evaluation: {p}" for p in eval_problems]
+    evaluation = eval_results.table(evaluated, exp.eval.references, EVAL_STEPS) if evaluated else None
     return RunInfo(exp.name, out, log if log.is_file() else None, iterations[-1] if iterations else None,
                    _mtime(log), statistics.median(recent) if recent else None, latest, complete, saved_at,
                    sum(1 for r in records if r.event == "launch"), ledger.attempts(records), ledger.stopped(records),
                    [], {"run folder": _bytes(out), "checkpoints": _bytes(checkpoints)}, problems, copies,
                    iteration, train_iters, latest is not None and train_iters is not None and latest >= train_iters,
-                   live.rollback, live.relaunched)
+                   live.rollback, live.relaunched, evaluation)
 
 
 def _train_iters(exp: Experiment) -> int | None:
@@ -238,6 +247,11 @@ def info_text(info: RunInfo, now: float | None = None) -> str:
     else:
         lines.append(f"  backup:      {b.last} ({b.kind}), verified {_when(b.verified_at, now)}; {b.copies} cop"
                      f"{'y' if b.copies == 1 else 'ies'} in {b.store}")
+    table = info.evaluation
+    if table is not None:
+        evaluated = len(table.steps) + table.left_out
+        lines.append(f"  evaluation:  {evaluated} checkpoint(s) evaluated, the newest global_step{table.steps[-1]}")
+        lines.extend(f"    {line}" for line in table.text().splitlines())
     if info.alerts:
         lines.append(f"  alerts:      {len(info.alerts)} open")
         lines.extend(f"    {a['condition']} since {a['since']}: {a['message']}" for a in info.alerts)
