@@ -94,14 +94,16 @@ def cron_status(cron_dir: Path | None) -> None:
 @cron.command("add")
 @click.argument("exp", type=TEXT)
 @click.option("--jobs", type=TEXT, default=None, metavar="LIST",
-              help="Comma-separated hourly jobs to write: status (the watchdog), hub-sync, backup. Default: the "
-                   "watchdog and each other job whose settings EXP has (hub repos, backup.dest).")
+              help="Comma-separated hourly jobs to write: status (the watchdog), hub-sync, backup, eval (the eval "
+                   "scheduler: `bsops eval EXP --next`, written only when named). Default: the watchdog and each of "
+                   "hub-sync and backup whose settings EXP has (hub repos, backup.dest).")
 @cron_dir_option
 @trainings_option
 def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: Path | None) -> None:
-    """Render EXP's hourly jobs (status watchdog, Hub sync, checkpoint backup) into cron.hourly/.
+    """Render EXP's hourly jobs (status watchdog, Hub sync, checkpoint backup, eval scheduler) into cron.hourly/.
 
-    Without --jobs, a job whose settings EXP lacks is left out, and the command says which and why."""
+    Without --jobs, a job whose settings EXP lacks is left out, and the command says which and why; the eval
+    scheduler, which submits eval jobs of its own, is written only when --jobs names it."""
     from bigscience_ops.experiment_files import experiment_path, outputs_folder
     from bigscience_ops.ops.schedule import cron as cronlib
     from bigscience_ops.ops.schedule import hourly_jobs
@@ -113,9 +115,15 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
     kinds = resolve(given, hourly_jobs.configured(experiment))
     if given is None:
         for kind in hourly_jobs.JOBS:
-            if kind not in kinds:
-                field, what = hourly_jobs.missing_setting(kind, experiment)
-                click.echo(f"not adding the {kind} job: {field} is not set ({what})")
+            if kind in kinds:
+                continue
+            missing = hourly_jobs.missing_setting(kind, experiment)
+            if missing is None:  # an opt-in job EXP has the settings for
+                click.echo(f"not adding the {kind} job: it is written only when asked (--jobs "
+                           f"{','.join([*kinds, kind])})")
+                continue
+            field, what = missing
+            click.echo(f"not adding the {kind} job: {field} is not set ({what})")
     path = experiment_path(exp, trainings_dir)
     folder, workdir = path.parent, outputs_folder(path)  # the jobs resolve EXP's outputs as this command did
     rendered = [hourly_jobs.render(kind, cron_dir, experiment, folder, settings, workdir) for kind in kinds]
@@ -141,7 +149,7 @@ def cron_list(cron_dir: Path | None) -> None:
 @cron.command("remove")
 @click.argument("exp", type=TEXT)
 @click.option("--jobs", type=TEXT, default=None, metavar="LIST",
-              help="Comma-separated jobs to remove: status, hub-sync, backup (default: all of EXP's).")
+              help="Comma-separated jobs to remove: status, hub-sync, backup, eval (default: all of EXP's).")
 @cron_dir_option
 def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None) -> None:
     """Remove EXP's jobs that `bsops cron add` wrote (other files of the folder are left alone).

@@ -1,12 +1,14 @@
-"""The experiment's hourly jobs for cron.hourly/: the status watchdog, the Hub sync and the backup.
+"""The experiment's hourly jobs for cron.hourly/: the status watchdog, the Hub sync, the backup and the eval scheduler.
 
-One template (templates/hourly-job.slurm.j2) renders all three; `JOBS` says what differs: the bsops
+One template (templates/hourly-job.slurm.j2) renders all four; `JOBS` says what differs: the bsops
 command each runs, its time limit and the comment that tells a reader what the job does. Each job is named
 `bsops.<training job name>.<suffix>` (slurm.names): experiment names and slurm.job_name refuse that form, so
 the watchdog never takes an hourly job for a training, nor `cron run` a training for an hourly job. hub-sync
 and backup run with `--alert`: on failure they exit non-zero and email the experiment's alerts
 recipients at most once per alerts.cooldown_minutes while it keeps failing, then once when it works
-again (ops/tell/notify.py's cooldown state, shared with the watchdog). The watchdog's alert (exit 1) is
+again (ops/tell/notify.py's cooldown state, shared with the watchdog). The eval scheduler (`bsops eval --next
+--alert`) submits the eval jobs themselves, named `bsops.<training job name>.eval`: it is named `...eval-next` so
+that neither `cron run` nor the scheduler's own queue check takes one for the other. The watchdog's alert (exit 1) is
 already emailed, so for the runner its job succeeded.
 """
 
@@ -29,6 +31,11 @@ class HourlyJob:
     what: str
     about: tuple[str, ...]
     alert_is_success: bool = False
+    arguments: tuple[str, ...] = ("--alert",)
+    """What follows `bsops <command> EXP --trainings-dir DIR` (the watchdog's are its cron folder's)."""
+    opt_in: bool = False
+    """Written only when --jobs names it: the eval scheduler submits jobs of its own (GPU hours), which a run that
+    sets eval: for `bsops eval --step` by hand may not want every hour."""
 
 
 JOBS: dict[str, HourlyJob] = {
@@ -44,6 +51,11 @@ JOBS: dict[str, HourlyJob] = {
         "backup", "backup", "12:00:00", "checkpoint backup",
         ("It copies new checkpoints to backup.dest with a verified manifest each, finishes a copy an",
          "earlier run left half-done, applies scratch retention, and emails the on-call people on a failure.")),
+    "eval": HourlyJob(
+        "eval-next", "eval", "00:10:00", "eval scheduler",
+        ("It submits an eval job (eval.partition, eval.nodes, eval.time) for the newest complete checkpoint without",
+         "a result, one at a time, and emails the on-call people when an eval job failed."),
+        arguments=("--next", "--alert"), opt_in=True),
 }
 
 
@@ -55,12 +67,15 @@ def missing_setting(kind: str, exp: Experiment) -> tuple[str, str] | None:
     hub = exp.hub
     if kind == "hub-sync" and not (hub.logs_repo or hub.tensorboard_repo or hub.codecarbon_repo):
         return "hub.logs_repo", "at least one of hub.logs_repo, hub.tensorboard_repo, hub.codecarbon_repo"
+    if kind == "eval" and not exp.eval.configured:
+        return "eval.tasks", "something to evaluate: eval.tasks (lm-eval task names or task YAML files) or eval.sources"
     return None
 
 
 def configured(exp: Experiment) -> list[str]:
-    """The jobs of JOBS that exp has the settings for (the watchdog always)."""
-    return [kind for kind in JOBS if missing_setting(kind, exp) is None]
+    """The jobs `cron add` writes without --jobs: those of JOBS that exp has the settings for (the watchdog always),
+    the opt-in ones left out."""
+    return [kind for kind, job in JOBS.items() if not job.opt_in and missing_setting(kind, exp) is None]
 
 
 def job_name_of(kind: str, exp: Experiment) -> str:
@@ -92,7 +107,7 @@ def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, sett
     [(_, job_name)] = rendering.slurm_options(f"experiment {exp.name}", {"job-name": job_name_of(kind, exp)})
     optional = rendering.slurm_options(f"{cron_dir / 'cron.yaml'}", {
         opt: getattr(settings, opt) or None for opt in ("partition", "account", "qos")})
-    arguments = ["--cron-dir", str(cron_dir)] if kind == "status" else ["--alert"]
+    arguments = ["--cron-dir", str(cron_dir)] if kind == "status" else list(job.arguments)
     text = rendering.environment().get_template("hourly-job.slurm.j2").render(
         job_name=job_name, experiment=exp.name,
         trainings_dir=str(Path(trainings_dir).resolve()), time=job.time, what=job.what, about=job.about,

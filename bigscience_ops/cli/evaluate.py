@@ -1,0 +1,158 @@
+"""`bsops eval`: evaluate a checkpoint of a run here (--step, --latest), or choose and submit the next eval job
+(--next, what the hourly eval job runs).
+
+torch and lm_eval are imported by the ranks only (ops/evaluate/worker.py), never here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import click
+
+from bigscience_ops.cli.base import EXIT_ERROR, EXIT_PROBLEMS, TEXT, main, open_run, run_option, trainings_option
+from bigscience_ops.cli.ops import _configured_run, _run_alerting, alert_option
+from bigscience_ops.errors import ConfigError
+from bigscience_ops.runfiles import MAX_STEP
+
+WHAT_TO_SET = ("set eval.tasks (lm-eval task names, or task YAML files of your own) or eval.sources (held-out jsonl "
+               "files by source name) in the experiment's file")
+
+
+def _require_configured(exp, named: str, trainings_dir: Path | None) -> None:
+    """ConfigError naming the experiment file and its eval section when that holds nothing to evaluate."""
+    from bigscience_ops.experiment_files import experiment_path
+
+    if not exp.eval.configured:
+        try:
+            source = str(experiment_path(named, trainings_dir))
+        except ConfigError:
+            source = named
+        raise ConfigError(source, "eval", {}, f"nothing to evaluate: {WHAT_TO_SET}")
+
+
+def _with_configured_eval(exp, named: str, trainings_dir: Path | None):
+    """The run with the eval section of its experiment file as it is today (what to evaluate is configuration: a
+    run recorded before it was set has none)."""
+    from bigscience_ops import config
+
+    try:
+        today = config.load_experiment(named, trainings_dir)
+    except ConfigError:
+        return exp  # a run whose file no longer loads: its record's own eval section
+    return dataclasses.replace(exp, eval=today.eval)
+
+
+def _worker_experiment(named: str, trainings_dir: Path | None) -> str:
+    """What the ranks load: the experiment's file as an absolute path (a name could resolve elsewhere in the job's
+    folder), else the name."""
+    from bigscience_ops.experiment_files import experiment_path
+
+    try:
+        return str(experiment_path(named, trainings_dir).resolve())
+    except ConfigError:
+        return named
+
+
+@main.command("eval")
+@click.argument("exp", type=TEXT, required=False)
+@run_option
+@click.option("--step", type=click.IntRange(min=0, max=MAX_STEP), default=None,
+              help="Evaluate the checkpoint global_stepN (complete: its bsops.json there, not newer than `latest`).")
+@click.option("--latest", is_flag=True, help="Evaluate the checkpoint `latest` names.")
+@click.option("--next", "next_job", is_flag=True,
+              help="Submit an eval job for the newest complete checkpoint without a result (what the hourly eval "
+                   "job runs): every eval.every_saves-th save and the final step, one job at a time.")
+@click.option("--tensor", type=click.IntRange(min=1, max=4096), default=None,
+              help="With --step/--latest: score in this TP instead of the checkpoint's own.")
+@click.option("--pipeline", type=click.IntRange(min=1, max=4096), default=None,
+              help="With --step/--latest: score in this PP instead of the checkpoint's own.")
+@alert_option
+@trainings_option
+def eval_command(exp: str | None, run: Path | None, step: int | None, latest: bool, next_job: bool,
+                 tensor: int | None, pipeline: int | None, alert: bool, trainings_dir: Path | None) -> None:
+    """Evaluate EXP's checkpoints on the lm-eval tasks and held-out sources of its `eval:` section.
+
+    With --step N or --latest: the checkpoint is scored here, in its own TP/PP layout (or --tensor/--pipeline), by
+    TP x PP processes under torchrun; rank 0 runs the lm-eval tasks and the bits per byte of each source, writes
+    <run>/eval/global_stepN.json and TensorBoard scalars eval/<task>/<metric>, and the run's results table is
+    printed (references beside). Exit 2 when the evaluation could not run or failed, 1 when some result file of
+    the run cannot be read.
+
+    With --next (the hourly job `bsops cron add EXP --jobs eval` writes): submits one Slurm eval job (eval.partition,
+    eval.nodes, eval.time) for the newest complete checkpoint without a result, unless an eval job of the run is
+    queued or running; records it in <run>/eval/jobs.jsonl, and a job that left the queue without its result file
+    as failed (with --alert, emailed naming the step and the job's log; a checkpoint failed twice is skipped).
+    """
+    chosen = [flag for flag, on in (("--step", step is not None), ("--latest", latest), ("--next", next_job)) if on]
+    if len(chosen) != 1:
+        raise click.UsageError(f"got {' and '.join(chosen) or 'none of them'}; allowed: exactly one of --step N, "
+                               "--latest, --next")
+    if next_job and (tensor is not None or pipeline is not None):
+        raise click.UsageError("--tensor/--pipeline go with --step or --latest; --next evaluates in the run's layout")
+    if alert and not next_job:
+        raise click.UsageError("--alert goes with --next (the hourly job); --step and --latest report on the terminal")
+    if next_job:
+        _next(exp, run, alert, trainings_dir)
+        return
+    _here(exp, run, step, latest, tensor, pipeline, trainings_dir)
+
+
+def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, tensor: int | None,
+          pipeline: int | None, trainings_dir: Path | None) -> None:
+    from bigscience_ops.checkpoints import layout
+    from bigscience_ops.ops.evaluate import EvalError, launcher, results
+
+    opened = open_run(exp, run, trainings_dir)
+    named = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
+    experiment = _with_configured_eval(opened.experiment, named, trainings_dir)
+    _require_configured(experiment, named, trainings_dir)
+    if latest:
+        step = layout.latest_step(Path(experiment.paths.checkpoints))
+        if step is None:
+            raise EvalError(f"{experiment.paths.checkpoints}: no `latest` file, so no complete checkpoint to "
+                            "evaluate yet; allowed: --latest once the run has saved")
+    assert step is not None  # exactly one of --step/--latest/--next, checked above
+    code = launcher.run_local(experiment, step, tensor, pipeline, trainings_dir,
+                              experiment=_worker_experiment(named, trainings_dir))
+    tag = f"global_step{step}"
+    if code != 0:
+        click.echo(f"error: the evaluation of {tag} failed (exit code {code}; the ranks' output above says why); no "
+                   "result written", err=True)
+        sys.exit(EXIT_ERROR)
+    found, problems = results.read_all(Path(experiment.paths.output))
+    click.echo(f"{tag}: {results.result_path(experiment, tag)}")
+    click.echo(results.table(found, experiment.eval.references).text())
+    for problem in problems:
+        click.echo(f"unreadable result: {problem}", err=True)
+    if problems:
+        sys.exit(EXIT_PROBLEMS)
+
+
+def _next(exp: str | None, run: Path | None, alert: bool, trainings_dir: Path | None) -> None:
+    from bigscience_ops import submit
+    from bigscience_ops.ops.evaluate import jobscript, schedule
+
+    experiment, named = _configured_run(exp, run, trainings_dir)
+    if run is not None or exp is None or named != exp:  # named by its folder: the eval section of today's file
+        experiment = _with_configured_eval(experiment, named, trainings_dir)
+    worker = _worker_experiment(named, trainings_dir)
+    workdir = Path.cwd()  # the hourly job runs in the folder the experiment's relative outputs resolved against
+
+    def submit_job(ckpt, folder: Path):
+        job = jobscript.render(experiment, ckpt, folder, experiment=worker, trainings_dir=trainings_dir,
+                               workdir=workdir)
+        return jobscript.submit(job, ckpt.tag)
+
+    def work() -> None:
+        _require_configured(experiment, named, trainings_dir)
+        report = schedule.run_next(experiment, submit_job, users=submit.watched_users(experiment))
+        for line in report.lines:
+            click.echo(line)
+        failure = report.failure_text()
+        if failure is not None:
+            raise schedule.ScheduleError(failure)
+
+    _run_alerting(experiment, alert, "eval", f"bsops eval {experiment.name} --next", work)

@@ -1,0 +1,92 @@
+"""The eval job: templates/eval.slurm.j2 rendered for one checkpoint, and its submission by sbatch.
+
+The job starts the same ranks as `bsops eval --step N` does on one machine (launcher.worker_argv), one torchrun per
+node under srun with the training's rendezvous (templates/train.slurm.j2): TP x PP processes of the config's layout,
+over eval.nodes nodes (derived: the processes over slurm.gpus_per_node). Its partition, account, qos and time are
+eval.*'s, each falling back to slurm.*'s; the GPUs per node, device, CPUs and environment set-up are slurm.*'s.
+Every value goes through the template environment of render.py: shell values quoted, #SBATCH values written for
+sbatch's own parser, Slurm names checked against their character sets, so `sbatch -vv` reads each as one value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigscience_ops import __version__, render as rendering, slurm
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.errors import ConfigError
+from bigscience_ops.ops.evaluate import launcher
+from bigscience_ops.ops.evaluate.schedule import job_name
+from bigscience_ops.schema import PORT_SPREAD, Experiment
+
+TEMPLATE = "eval.slurm.j2"
+SCRIPTS = "jobs"
+"""<output>/eval/jobs/<tag>.slurm: the script of the last eval job of each checkpoint."""
+LOGS = "logs"
+"""<output>/eval/logs/<tag>-<job id>.out: each eval job's output."""
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """One rendered eval job: its script's path and text, and its log file's pattern (%j: the job id)."""
+
+    script: Path
+    text: str
+    log_folder: Path
+
+    def log(self, tag: str, job_id: str) -> Path:
+        return self.log_folder / f"{tag}-{job_id}.out"
+
+
+def shape(exp: Experiment) -> tuple[int, int]:
+    """(nodes, processes per node) of exp's eval job: TP x PP processes over eval.nodes (derived when unset). Raises
+    ConfigError when they do not split evenly over the nodes, or need more GPUs per node than slurm.gpus_per_node."""
+    processes = exp.parallel.tensor * exp.parallel.pipeline
+    per_node = exp.slurm.gpus_per_node
+    nodes = exp.eval.nodes or -(-processes // per_node)
+    if processes % nodes or (exp.slurm.device == "gpu" and processes // nodes > per_node):
+        raise ConfigError(f"experiment {exp.name}", "eval.nodes", nodes,
+                          f"the eval job runs TP x PP = {processes} processes, the same number on each node, at most "
+                          f"slurm.gpus_per_node = {per_node} per node; allowed: a divisor of {processes} of at least "
+                          f"{-(-processes // per_node)}")
+    return nodes, processes // nodes
+
+
+def render(exp: Experiment, ckpt: layout.Checkpoint, folder: Path, *, experiment: str,
+           trainings_dir: Path | None, workdir: Path) -> EvalJob:
+    """The eval job of checkpoint `ckpt` of `exp`'s run, its script and logs under `folder` (<output>/eval/).
+    `experiment` is what the ranks load (launcher.worker_argv's; a YAML path or a name found in `trainings_dir`)."""
+    folder = Path(folder).resolve()
+    nodes, per_node = shape(exp)
+    where = f"experiment {exp.name}"
+    [(_, name)] = rendering.slurm_options(where, {"job-name": job_name(exp)})
+    ev, s = exp.eval, exp.slurm
+    optional = rendering.slurm_options(where, {"partition": ev.partition or s.partition or None,
+                                              "account": ev.account or s.account or None,
+                                              "qos": ev.qos or s.qos or None})
+    logs = folder / LOGS
+    worker = launcher.worker_argv(experiment, ckpt.step, exp.parallel.tensor, exp.parallel.pipeline,
+                                  None if trainings_dir is None else Path(trainings_dir).resolve(),
+                                  Path(workdir).resolve())
+    text = rendering.environment().get_template(TEMPLATE).render(
+        version=__version__, job_name=name, experiment_name=exp.name, tag=ckpt.tag, nodes=nodes,
+        nproc_per_node=per_node, processes=nodes * per_node, tensor=exp.parallel.tensor,
+        pipeline=exp.parallel.pipeline, gpu=s.device == "gpu", gpus_per_node=s.gpus_per_node,
+        cpus_per_task=s.cpus_per_task, time=ev.time, optional=optional,
+        output=rendering.output_option(logs, f"{ckpt.tag}-%j.out"),
+        env_setup=[rendering.Raw(line) for line in s.env_setup], workdir=str(Path(workdir).resolve()),
+        master_port=s.master_port, port_spread=PORT_SPREAD,
+        threads_per_process=max(1, s.cpus_per_task // per_node), worker=worker,
+    )
+    return EvalJob(folder / SCRIPTS / f"{ckpt.tag}.slurm", text, logs)
+
+
+def submit(job: EvalJob, tag: str) -> tuple[str, Path]:
+    """Write the script, make its log folder (Slurm does not) and sbatch it: (the job id, its log file)."""
+    job.script.parent.mkdir(parents=True, exist_ok=True)
+    job.log_folder.mkdir(parents=True, exist_ok=True)
+    job.script.write_text(job.text, encoding="utf-8")
+    job.script.chmod(0o755)
+    job_id = slurm.submit(slurm.sbatch_argv(job.script))
+    return job_id, job.log(tag, job_id)

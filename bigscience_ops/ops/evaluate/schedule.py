@@ -1,0 +1,281 @@
+"""The hourly eval job's decision: which checkpoint to evaluate next, and the ledger of the eval jobs it submitted.
+
+`bsops eval EXP --next` runs this every hour (`bsops cron add EXP --jobs eval`). It evaluates:
+- only complete checkpoints: with bsops.json and never newer than the one `latest` names (a newer folder is a save
+  in progress; layout.complete_checkpoints);
+- every `eval.every_saves`-th save: the steps that are multiples of every_saves x checkpoint.save_interval (a rule
+  of the step alone, so that deleting old checkpoints never changes which ones are chosen; with 1, every saved
+  checkpoint, those an exit or a time limit saved included), and the run's final step always;
+- newest first among those without a result file (<output>/eval/<tag>.json): the newest model is the one people
+  ask about, and the backlog follows hour after hour;
+- one job at a time: none while a job named `bsops.<training job name>.eval` of the run's users is queued or
+  running (found by name, so a job whose submission was never recorded still counts);
+- never a checkpoint whose eval failed MAX_FAILURES times: it is skipped, and said so every run.
+
+`<output>/eval/jobs.jsonl` records each submission (job id, tag, time, log file) and, once the job has left the queue,
+its outcome: done when its result file is there, else failed (the hourly job then alerts, naming the step and the
+log). The ledger is the run's own file, so untrusted input: each line is checked, and a bad one is reported and
+passed over. `decide` is pure apart from reading the checkpoint folder and whether result files exist; `run_next`
+adds the lock, the queue query, the sbatch and the ledger lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bigscience_ops import slurm
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.errors import BsopsError, ConfigError
+from bigscience_ops.ops.evaluate import results
+from bigscience_ops.runfiles import (
+    Checked, Problem, append_line, build, check_int, check_str, check_time, checked_jsonl,
+)
+from bigscience_ops.schema import Experiment
+
+LEDGER_NAME = "jobs.jsonl"
+LOCK_NAME = ".schedule.lock"
+SUFFIX = "eval"
+"""The last part of the eval job's name: bsops.<training job name>.eval (slurm.hourly_job_name)."""
+EVENTS = ("submitted", "done", "failed")
+MAX_FAILURES = 2
+"""A checkpoint whose eval job failed this many times is skipped (a retry would fail the same way every hour)."""
+
+
+class ScheduleError(BsopsError):
+    """The hourly eval job cannot decide or submit (an unreadable `latest`, a job that cannot be rendered), or an eval
+    job it submitted failed: names the step, the job and its log."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One line of jobs.jsonl."""
+
+    event: str
+    """submitted (sbatch answered), done (it left the queue with its result file), failed (without it)."""
+    job_id: str
+    tag: str
+    step: int
+    time: float
+    log: str | None = None
+    """The job's Slurm output file."""
+
+
+_RULES: dict[str, Callable[[Any], str | None]] = {
+    "event": lambda v: check_str(v, 16, choices=EVENTS),
+    "job_id": lambda v: check_str(v, 256),
+    "tag": lambda v: None if isinstance(v, str) and layout.step_of(v) is not None
+    else f"got {v!r:.60}; expected global_stepN",
+    "step": check_int,
+    "time": check_time,
+    "log": lambda v: check_str(v, 4096, optional=True),
+}
+
+
+def _record(data: dict) -> tuple[JobRecord | None, str | None]:
+    record, why = build(JobRecord, data, _RULES, optional=("log",))
+    if record is not None and layout.step_of(record.tag) != record.step:
+        return None, f"field step: {record.step} is not the step of {record.tag}"
+    return record, why
+
+
+def eval_dir(exp: Experiment) -> Path:
+    """<paths.output>/eval/: the result files, the ledger, the eval jobs' scripts and logs."""
+    return Path(exp.paths.output) / results.FOLDER
+
+
+def ledger_path(exp: Experiment) -> Path:
+    return eval_dir(exp) / LEDGER_NAME
+
+
+def has_result(exp: Experiment, tag: str) -> bool:
+    """Whether checkpoint `tag` has a result file (whatever it holds: reading it is the table's business)."""
+    return os.path.lexists(results.result_path(exp, tag))
+
+
+def read_ledger(path: Path) -> Checked[JobRecord]:
+    """jobs.jsonl's records in order, and a problem for each line that is not one (or for a file that is not plain)."""
+    return checked_jsonl(path, _record)
+
+
+def append(path: Path, record: JobRecord) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    append_line(path, json.dumps(dataclasses.asdict(record), allow_nan=False))
+
+
+def job_name(exp: Experiment) -> str:
+    """The eval job's Slurm name: `bsops.<training job name>.eval`, the hourly jobs' reserved form."""
+    training = exp.slurm.job_name or exp.name
+    try:
+        return slurm.hourly_job_name(training, SUFFIX)
+    except ValueError as exc:
+        raise ConfigError(f"experiment {exp.name}", "slurm.job_name", training, f"the eval job: {exc}") from None
+
+
+def chosen(step: int, every_saves: int, save_interval: int, final_step: int | None) -> bool:
+    """Whether the hourly job evaluates the checkpoint of `step` (see the module's rules)."""
+    return every_saves <= 1 or step == final_step or step % (every_saves * save_interval) == 0
+
+
+def final_step_of(exp: Experiment) -> int | None:
+    """The run's last training step (its schedule's train_iters); None when the schedule cannot be made."""
+    from bigscience_ops.run_schedule import run_schedule
+
+    try:
+        return run_schedule(exp).train_iters
+    except (BsopsError, ValueError, ArithmeticError):
+        return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one pass found and decided."""
+
+    submit: layout.Checkpoint | None
+    """The checkpoint to evaluate now; None: nothing (see `reason`)."""
+    reason: str
+    """One line: why this one, or why none."""
+    outcomes: tuple[JobRecord, ...] = ()
+    """Submitted jobs found to have left the queue since the last pass: done or failed (to append to the ledger)."""
+    queued: tuple[slurm.Job, ...] = ()
+    """Eval jobs of this run in the queue."""
+    skipped: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(tag, the logs of its failed jobs) of each chosen checkpoint left out after MAX_FAILURES failures."""
+    left: int = 0
+    """Chosen checkpoints still without a result after this submission (the backlog)."""
+
+
+def decide(exp: Experiment, records: Sequence[JobRecord], queue: Sequence[slurm.Job], *, final_step: int | None,
+           now: float) -> Decision:
+    """The pass's decision over the ledger's `records`, the queue's jobs (any names: those of this run's eval job are
+    picked here) and the run's checkpoint folder. Raises layout's CheckpointError when `latest` cannot be read."""
+    name = job_name(exp)
+    queued = tuple(j for j in queue if j.name == name and j.state in slurm.QUEUED_STATES)
+    in_queue = {i for j in queued for i in (j.job_id, j.array_job_id)}
+    open_jobs: dict[str, JobRecord] = {}  # submissions without an outcome recorded after them (ids may recur)
+    for record in records:
+        if record.event == "submitted":
+            open_jobs[record.job_id] = record
+        else:
+            open_jobs.pop(record.job_id, None)
+    outcomes = [dataclasses.replace(record, event="done" if has_result(exp, record.tag) else "failed", time=now)
+                for job_id, record in open_jobs.items() if job_id not in in_queue]
+    failed: dict[str, list[str]] = {}
+    for record in (*records, *outcomes):
+        if record.event == "failed":
+            failed.setdefault(record.tag, []).append(record.log or f"job {record.job_id}")
+    if queued:
+        shown = ", ".join(f"{j.job_id} ({j.state.lower()})" for j in queued)
+        return Decision(None, f"eval job {shown} of this run is in the queue: one at a time, nothing submitted",
+                        tuple(outcomes), queued)
+    complete = layout.complete_checkpoints(Path(exp.paths.checkpoints))
+    every, interval = exp.eval.every_saves, exp.checkpoint.save_interval
+    todo = [c for c in complete if chosen(c.step, every, interval, final_step) and not has_result(exp, c.tag)]
+    skipped = tuple((c.tag, tuple(failed[c.tag])) for c in todo if len(failed.get(c.tag, ())) >= MAX_FAILURES)
+    eligible = [c for c in todo if len(failed.get(c.tag, ())) < MAX_FAILURES]
+    if not eligible:
+        if not complete:
+            reason = f"no complete checkpoint in {exp.paths.checkpoints} yet (`latest` names none)"
+        else:
+            reason = (f"nothing to evaluate: each chosen checkpoint of the {len(complete)} complete has its result"
+                      + (f" or failed {MAX_FAILURES} times" if skipped else ""))
+        return Decision(None, reason, tuple(outcomes), (), skipped)
+    pick = eligible[-1]
+    retry = f" (again: its last eval job failed, log {failed[pick.tag][-1]})" if pick.tag in failed else ""
+    return Decision(pick, f"{pick.tag}: the newest complete checkpoint without a result{retry}", tuple(outcomes), (),
+                    skipped, len(eligible) - 1)
+
+
+# ----------------------------------------------------------------------------- one pass of the hourly job
+
+@dataclass(frozen=True)
+class NextReport:
+    lines: tuple[str, ...]
+    """What the pass found and did, one line each."""
+    failures: tuple[JobRecord, ...] = ()
+    """Eval jobs found failed in this pass (the caller alerts)."""
+    submitted: JobRecord | None = None
+    problems: tuple[Problem, ...] = ()
+    """Lines of jobs.jsonl that are not records (passed over)."""
+
+    def failure_text(self) -> str | None:
+        """The alert's text: each failed job, its step and its log; None when none failed."""
+        if not self.failures:
+            return None
+        parts = []
+        for record in self.failures:
+            parts.append(f"the eval job {record.job_id} of {record.tag} (step {record.step}) left the queue without "
+                         f"its result file; its log: {record.log or 'not recorded'}")
+        return "; ".join(parts)
+
+
+Submitter = Callable[[layout.Checkpoint, Path], tuple[str, Path]]
+"""(checkpoint, the eval folder) -> (the new job's id, its log file): renders and sbatches the job."""
+
+
+def run_next(exp: Experiment, submit: Submitter, *, users: Sequence[str],
+             query: Callable[..., list[slurm.Job]] | None = None, now: Callable[[], float] = time.time
+             ) -> NextReport:
+    """One pass: under the run's schedule lock, read the ledger, ask the queue, decide, record the outcomes found, and
+    submit the chosen checkpoint's job with `submit`. Raises slurm.SlurmError when the queue cannot be asked (the
+    state is unknown: nothing is decided) and ScheduleError when the run's eval folder cannot be used."""
+    folder = eval_dir(exp)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise ScheduleError(f"{folder}: cannot be used for the eval jobs' records ({exc.strerror or exc}); allowed: "
+                            "a folder of plain files this user can write") from None
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return NextReport((f"another `bsops eval --next` of this run is deciding now ({folder / LOCK_NAME}): "
+                               "nothing done",))
+        return _pass(exp, submit, users, query or slurm.query_jobs, now)
+    finally:
+        os.close(lock)
+
+
+def _pass(exp: Experiment, submit: Submitter, users: Sequence[str], query: Callable[..., list[slurm.Job]],
+          now: Callable[[], float]) -> NextReport:
+    path = ledger_path(exp)
+    checked = read_ledger(path)
+    queue = query(users=list(users), name=job_name(exp))  # before the result files are looked at: see decide
+    try:
+        decision = decide(exp, checked.records, queue, final_step=final_step_of(exp), now=now())
+    except layout.CheckpointError as exc:
+        raise ScheduleError(f"cannot choose a checkpoint to evaluate: {exc}") from None
+    lines = [f"{path}: {problem} (line passed over)" for problem in checked.problems]
+    for record in decision.outcomes:
+        append(path, record)
+        if record.event == "done":
+            lines.append(f"eval job {record.job_id} of {record.tag} done: {results.result_path(exp, record.tag)}")
+        else:
+            again = ("skipped from now on" if sum(r.tag == record.tag and r.event == "failed"
+                                                  for r in (*checked.records, *decision.outcomes)) >= MAX_FAILURES
+                     else "tried once more")
+            lines.append(f"eval job {record.job_id} of {record.tag} left the queue without its result: failed "
+                         f"({again}); log: {record.log or 'not recorded'}")
+    for tag, logs in decision.skipped:
+        lines.append(f"skipped {tag}: its eval failed {len(logs)} times (logs: {', '.join(logs)}); run "
+                     f"`bsops eval {exp.name} --step {layout.step_of(tag)}` to see why")
+    failures = tuple(r for r in decision.outcomes if r.event == "failed")
+    if decision.submit is None:
+        lines.append(decision.reason)
+        return NextReport(tuple(lines), failures, None, tuple(checked.problems))
+    ckpt = decision.submit
+    job_id, log = submit(ckpt, eval_dir(exp))
+    record = JobRecord("submitted", job_id, ckpt.tag, ckpt.step, now(), str(log))
+    append(path, record)
+    backlog = f"; {decision.left} more chosen checkpoint(s) wait" if decision.left else ""
+    lines.append(f"submitted eval job {job_id} for {decision.reason}; log: {log}{backlog}")
+    return NextReport(tuple(lines), failures, record, tuple(checked.problems))
+

@@ -1,0 +1,141 @@
+"""`bsops eval` and `bsops cron add --jobs eval` at the command line: refusals, the table, the hourly job's pass.
+
+The ranks never start here (launcher.run_local and sbatch/squeue are stand-ins): the evaluation itself is tested with
+the worker's own tests and, on the Slurm cluster, by tests/test_cluster_evaluate.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bigscience_ops import slurm
+from bigscience_ops.cli import EXIT_ERROR, main
+from bigscience_ops.ops.evaluate import launcher, results, schedule
+from tests.fixtures_experiments import tiny_yaml
+
+
+def _write(trainings: Path, tmp_path: Path, evaluation: str | None = "sources: {held: HELD}") -> str:
+    held = tmp_path / "held.jsonl"
+    held.write_text('{"text": "held out"}\n')
+    section = "" if evaluation is None else f"eval: {{{evaluation.replace('HELD', json.dumps(str(held)))}}}\n"
+    (trainings / "ev.yaml").write_text(tiny_yaml(tmp_path / "run", section))
+    return "ev"
+
+
+def _saved(tmp_path: Path, *steps: int, latest: int, meta: bool = True) -> Path:
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for step in steps:
+        (checkpoints / f"global_step{step}").mkdir(parents=True)
+        if meta:
+            (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+    (checkpoints / "latest").write_text(f"global_step{latest}")
+    return checkpoints
+
+
+def _eval(trainings: Path, *args: str):
+    return CliRunner().invoke(main, ["eval", "ev", *args, "--trainings-dir", str(trainings)])
+
+
+def _one_error(result) -> str:
+    assert result.exit_code == EXIT_ERROR, result.output
+    assert "Traceback" not in result.output
+    [line] = [line for line in result.output.split("\n") if line.startswith("error: ")]
+    return line
+
+
+def test_nothing_configured_is_refused_naming_the_section(trainings: Path, tmp_path: Path) -> None:
+    _write(trainings, tmp_path, evaluation=None)
+    _saved(tmp_path, 50, latest=50)
+    for args in (["--step", "50"], ["--latest"], ["--next"]):
+        line = _one_error(_eval(trainings, *args))
+        assert "ev.yaml: eval: got {}" in line and "eval.tasks" in line and "eval.sources" in line
+
+
+@pytest.mark.parametrize("args", [[], ["--step", "50", "--latest"], ["--latest", "--next"],
+                                  ["--step", "50", "--alert"], ["--next", "--tensor", "2"]])
+def test_exactly_one_of_step_latest_next(args: list[str], trainings: Path, tmp_path: Path) -> None:
+    _write(trainings, tmp_path)
+    assert "eval --help" in _one_error(_eval(trainings, *args))
+
+
+def test_checkpoints_that_cannot_be_evaluated_are_refused(trainings: Path, tmp_path: Path, monkeypatch) -> None:
+    _write(trainings, tmp_path)
+    started = []
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: started.append(a))
+    assert "latest" in _one_error(_eval(trainings, "--latest"))
+    checkpoints = _saved(tmp_path, 50, 100, latest=50)
+    (checkpoints / "global_step60").mkdir()  # no bsops.json
+    (checkpoints / "latest").write_text("global_step60")
+    refusals = {"75": "global_step75", "100": "newer than", "60": "bsops.json"}
+    for step, named in refusals.items():
+        assert named in _one_error(_eval(trainings, "--step", step))
+    assert started == []
+
+
+def test_a_finished_evaluation_prints_the_table(trainings: Path, tmp_path: Path, monkeypatch) -> None:
+    _write(trainings, tmp_path, "sources: {held: HELD}, references: {GPT2-XL: {held/bits_per_byte: 1.5}}")
+    _saved(tmp_path, 50, latest=50)
+    calls = []
+
+    def run_local(exp, step, tensor=None, pipeline=None, trainings_dir=None, experiment=None, env=None) -> int:
+        calls.append((step, tensor, pipeline, experiment))
+        results.write(results.result_path(exp, f"global_step{step}"), {
+            "results": {}, "bsops": {"format": 1, "experiment": "ev", "tag": f"global_step{step}", "step": step,
+                                     "iteration": step, "bits_per_byte": {"held": {"bits_per_byte": 1.25}}}})
+        return 0
+
+    monkeypatch.setattr(launcher, "run_local", run_local)
+    result = _eval(trainings, "--latest", "--tensor", "1", "--pipeline", "1")
+    assert result.exit_code == 0, result.output
+    assert calls == [(50, 1, 1, str((trainings / "ev.yaml").resolve()))]
+    [row] = [line.split() for line in result.output.split("\n") if line.startswith("held/bits_per_byte")]
+    assert row[-2:] == ["1.2500", "1.5000"]
+
+    monkeypatch.setattr(launcher, "run_local", lambda *a, **k: 1)
+    assert "global_step50" in _one_error(_eval(trainings, "--step", "50"))
+
+
+def test_the_hourly_pass_submits_records_and_reports_a_failure(trainings: Path, tmp_path: Path, monkeypatch) -> None:
+    _write(trainings, tmp_path)
+    _saved(tmp_path, 50, latest=50)
+    queue: list[slurm.Job] = []
+    submitted: list[list[str]] = []
+    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: list(queue))
+    monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: submitted.append(argv) or str(40 + len(submitted)))
+    first = _eval(trainings, "--next", "--alert")
+    assert first.exit_code == 0, first.output
+    script = Path(submitted[0][-1])
+    assert script == tmp_path / "run" / "eval" / "jobs" / "global_step50.slurm"
+    assert slurm.script_job_name(script) == "bsops.ev.eval"
+    assert (tmp_path / "run" / "eval" / "logs").is_dir()  # Slurm writes the log there and makes no folder
+    # The job left the queue without a result: exit 2 naming the step and its log, and it is tried once more.
+    failed = _eval(trainings, "--next", "--alert")
+    line = _one_error(failed)
+    assert "global_step50" in line and str(tmp_path / "run" / "eval" / "logs" / "global_step50-41.out") in line
+    assert "no alert email: alerts.email_to is empty" in failed.output and len(submitted) == 2
+    records = schedule.read_ledger(tmp_path / "run" / "eval" / "jobs.jsonl").records
+    assert [(r.event, r.job_id) for r in records] == [("submitted", "41"), ("failed", "41"), ("submitted", "42")]
+
+
+def test_cron_add_writes_the_eval_scheduler_only_when_asked(trainings: Path, tmp_path: Path) -> None:
+    _write(trainings, tmp_path)
+    cron_dir = tmp_path / "cron"
+    add = ["cron", "add", "ev", "--cron-dir", str(cron_dir), "--trainings-dir", str(trainings)]
+    default = CliRunner().invoke(main, add)
+    assert default.exit_code == 0 and "not adding the eval job" in default.output
+    assert [p.name for p in (cron_dir / "cron.hourly").iterdir()] == ["ev-slurm-status.slurm"]
+    asked = CliRunner().invoke(main, [*add, "--jobs", "eval"])
+    assert asked.exit_code == 0, asked.output
+    job = cron_dir / "cron.hourly" / "ev-eval-next.slurm"
+    assert slurm.script_job_name(job) == "bsops.ev.eval-next"  # not the eval jobs' own name
+    assert f"bsops eval ev --trainings-dir {trainings.resolve()} --next --alert\n" in job.read_text()
+    listed = CliRunner().invoke(main, ["cron", "list", "--cron-dir", str(cron_dir)])
+    assert [line.split()[:2] for line in listed.output.strip().split("\n")] == [["ev", "eval"], ["ev", "status"]]
+
+    _write(trainings, tmp_path, evaluation=None)
+    refused = CliRunner().invoke(main, [*add, "--jobs", "eval", "--cron-dir", str(tmp_path / "c2")])
+    assert "eval.tasks" in _one_error(refused) and not (tmp_path / "c2" / "cron.hourly").exists()
