@@ -10,7 +10,11 @@ consumed tokens where the run records the iteration, else (an alert) at the last
 logged before it. After a rollback (rollbacks.jsonl) the curves are the live branch's: a point past the
 rollback's target logged before the rollback is the abandoned branch's (views/branch.py), drawn apart in
 grey as "rolled back" and never the curve's, even where the relaunch has not logged that point again.
-Drawn with matplotlib's Agg backend (no display needed).
+Where the run's checkpoints were evaluated (eval/global_stepN.json, ops/evaluate/results.py), two more panels
+show the results over the checkpoints' iterations, one line per metric: the metrics better when higher
+(accuracies) and those better when lower (perplexities, bits per byte; a log scale), each
+eval.references value a dotted level in its metric's colour. A result file that cannot be read is left out
+and named in the result (`Plot.problems`). Drawn with matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from pathlib import Path
 
 from bigscience_ops import rollbacks
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import chronicle
 from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.runfiles import Problem
 from bigscience_ops.views import branch
 
 # (panel title, TensorBoard tag against consumed samples, y-axis label)
@@ -39,6 +45,12 @@ PANELS = (
 # chronicle event kind -> (legend label, colour) of its vertical line
 MARKED = {"task": ("task start", "0.6"), "resize": ("node phase", "tab:purple"), "rollback": ("rollback", "tab:red"),
           "alert": ("alert", "tab:orange")}
+EVAL_PANELS = (("evaluation: higher is better", True), ("evaluation: lower is better", False))
+"""The eval panels' titles and which metrics each draws (their higher_is_better)."""
+EVAL_LINES = 10
+"""Metrics drawn per eval panel, by name; the others are counted in its title (`bsops info` tables them all)."""
+LABEL_CHARS = 60
+"""Characters of a metric or reference name shown in a legend."""
 
 
 class PlotError(BsopsError):
@@ -73,6 +85,10 @@ class Plot:
     event_files: list[Path]
     markers: list[Marker] = field(default_factory=list)
     """The markers drawn, read back from the loss panel's lines."""
+    evaluation: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """Each metric drawn on an eval panel: its (iteration, value) points, read back from the panel's lines."""
+    problems: list[Problem] = field(default_factory=list)
+    """The result files that could not be read (left out of the eval panels)."""
 
 
 def event_files(tensorboard_dir: Path) -> list[Path]:
@@ -136,16 +152,20 @@ def markers(exp, loss: Series) -> list[Marker]:
     return out
 
 
-def draw(series: dict[str, Series], out: Path, title: str, marks: list[Marker] = ()) -> list[Marker]:
+def draw(series: dict[str, Series], out: Path, title: str, marks: list[Marker] = (),
+         evaluations: list[eval_results.Result] = (), references: dict[str, dict[str, float]] | None = None,
+         drawn_eval: dict[str, list[tuple[float, float]]] | None = None) -> list[Marker]:
     """One panel per series on a 3 x 2 grid, `marks` as vertical lines on the training loss; the sixth
-    cell sums up the latest values. Returns the markers as drawn (read back from the panel's lines)."""
+    cell sums up the latest values. With `evaluations`, a fourth row of eval panels (`draw_evaluation`), whose
+    points as drawn go into `drawn_eval`. Returns the markers as drawn (read back from the panel's lines)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import EngFormatter, MaxNLocator
 
-    fig, axes = plt.subplots(3, 2, figsize=(13, 11), constrained_layout=True)
+    rows = 4 if evaluations else 3
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 11 * rows / 3), constrained_layout=True)
     fig.suptitle(title, fontsize=15)
     cells = list(axes.flat)
     right = max((max(s.tokens[-1:] + s.abandoned_tokens[-1:]) for s in series.values()
@@ -185,6 +205,11 @@ def draw(series: dict[str, Series], out: Path, title: str, marks: list[Marker] =
         else:
             lines.append(f"{name}: none yet")
     summary.text(0.02, 0.95, "\n".join(lines), va="top", family="monospace", fontsize=11)
+    if evaluations:
+        for ax, (name, higher) in zip(cells[6:], EVAL_PANELS):
+            points = draw_evaluation(ax, name, evaluations, references or {}, higher)
+            if drawn_eval is not None:
+                drawn_eval.update(points)
     drawn = [Marker(line.get_gid().split(":", 1)[1], float(line.get_xdata()[0])) for line in cells[0].get_lines()
              if (line.get_gid() or "").startswith("event:")]
     out = Path(out)
@@ -195,6 +220,47 @@ def draw(series: dict[str, Series], out: Path, title: str, marks: list[Marker] =
         raise PlotError(f"cannot write {out}: {exc.strerror}") from None
     finally:
         plt.close(fig)
+    return drawn
+
+
+def _label(text: str) -> str:
+    """An untrusted name as a legend label: capped, one line, `$` shown as itself (never mathtext), never hidden
+    (matplotlib leaves out a label that starts with `_`)."""
+    text = " ".join(text.split())
+    text = text if len(text) <= LABEL_CHARS else text[:LABEL_CHARS - 3] + "..."
+    return ("\u200a" if text.startswith("_") else "") + text.replace("$", r"\$")
+
+
+def draw_evaluation(ax, title: str, evaluations: list[eval_results.Result], references: dict[str, dict[str, float]],
+                    higher: bool) -> dict[str, list[tuple[float, float]]]:
+    """One line per metric whose direction is `higher` over the results' iterations (the first EVAL_LINES by name),
+    each reference's value a dotted level in the metric's colour. Returns each metric's points as drawn."""
+    ordered = sorted(evaluations, key=lambda r: r.iteration)
+    names = sorted({m for r in ordered for m, h in r.higher_is_better.items() if h is higher})
+    more = len(names) - EVAL_LINES
+    ax.set_title(title + (f" ({more} more metrics: bsops info)" if more > 0 else ""), fontsize=13)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("metric value")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.3)
+    if not names:
+        ax.text(0.5, 0.5, "no such metric evaluated", transform=ax.transAxes, ha="center", va="center", color="gray")
+        return {}
+    drawn: dict[str, list[tuple[float, float]]] = {}
+    for metric in names[:EVAL_LINES]:
+        points = [(r.iteration, r.metrics[metric]) for r in ordered if metric in r.metrics]
+        (line,) = ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=4, linewidth=1.4,
+                          label=_label(metric))
+        drawn[metric] = [(float(x), float(y)) for x, y in zip(line.get_xdata(), line.get_ydata())]
+        for name, values in references.items():
+            value = values.get(metric)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                ax.axhline(value, color=line.get_color(), linestyle=":", linewidth=1.0, alpha=0.8)
+    if not higher and all(y > 0 for points in drawn.values() for _, y in points if y == y):
+        ax.set_yscale("log")  # perplexities of tens of thousands beside bits per byte near 1
+    ax.legend(loc="best", fontsize=8, title="dotted: references" if references else None, title_fontsize=8)
     return drawn
 
 
@@ -222,5 +288,11 @@ def plot(exp, out: Path, tensorboard_dir: Path | None = None) -> Plot:
         marks = markers(exp, series["training loss"])
     except (BsopsError, OSError):
         marks = []
-    drawn = draw(series, out, f"{exp.name}: training curves", marks)
-    return Plot(Path(out), series, files, drawn)
+    evaluated, problems = eval_results.read_all(exp.paths.output)
+    try:
+        evaluated = eval_results.live(evaluated, rollbacks.read_checked(exp.paths.output).records)
+    except (BsopsError, OSError):
+        pass
+    points: dict[str, list[tuple[float, float]]] = {}
+    drawn = draw(series, out, f"{exp.name}: training curves", marks, evaluated, exp.eval.references, points)
+    return Plot(Path(out), series, files, drawn, points, problems)
