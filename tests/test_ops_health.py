@@ -303,3 +303,63 @@ def test_the_watchdog_skips_health_when_switched_off(tmp_path):
         return [a.condition for a in result.report.alerts]
     assert conditions(HealthConfig()) == ["health-nan"]
     assert conditions(HealthConfig(enabled=False)) == [] and conditions(None) == []
+
+
+def test_an_eval_metric_that_falls_is_an_alert_with_the_rollback_and_a_bad_result_file_is_named(
+        tmp_path, trainings, plain_server):
+    import json
+    from datetime import datetime, timedelta
+
+    from bigscience_ops.config import load_experiment
+    from bigscience_ops.ops.watch import lifecycle, status, watchdog
+    from tests.fixtures_experiments import tiny_yaml
+    from tests.fixtures_smtp import plain_outbox
+    from tests.fixtures_status import seed_job
+    from tests.test_ops_evaluate_results import write_results
+
+    inbox, port = plain_server
+    (trainings / "evals.yaml").write_text(tiny_yaml(tmp_path / "run"))
+    exp = load_experiment("evals", trainings)
+    exp = dataclasses.replace(exp, eval=dataclasses.replace(exp.eval, alert_drop={"smoke_choice/acc": 0.05,
+                                                                                  "cc/bits_per_byte": 0.5}))
+    checkpoints, output = Path(exp.paths.checkpoints), Path(exp.paths.output)
+    log = Path(exp.paths.logs) / "main_log.txt"
+    for step in (100, 200, 300):
+        (checkpoints / f"global_step{step}").mkdir(parents=True)
+        (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+    (checkpoints / "latest").write_text("global_step300")
+    log.parent.mkdir(parents=True)
+    log.write_text("\n".join(_log()) + "\n")
+    write_results(output, {100: {"smoke_choice/acc": 0.40}, 200: {"smoke_choice/acc": 0.50},
+                           300: {"smoke_choice/acc": 0.42}}, bpb={s: {"cc": 1.5} for s in (100, 200, 300)})
+    (output / "eval" / "global_step250.json").write_text('{"results": {"x": ')  # torn
+    now = datetime(2026, 11, 22, 12, 0, 0)
+    running = seed_job(name=exp.slurm.job_name, start_time=now - timedelta(hours=2), elapsed_s=7200)
+
+    def watch(at: datetime) -> watchdog.WatchResult:
+        settings = watchdog.WatchSettings(exp.slurm.job_name, log_path=log, outbox=plain_outbox(port),
+                                          experiment=exp.name, health=HealthConfig(recent=30), cooldown_minutes=60)
+        return watchdog.watch(settings, query=lambda **_: [running], now=at, run=lifecycle.run_state(exp))
+
+    first = watch(now)
+    assert sorted(a.condition for a in first.report.alerts) == ["eval-drop:smoke_choice/acc", "eval-result-file"]
+    assert first.exit_code == status.EXIT_ALERT
+    [mail] = inbox.messages
+    assert "roll back to 200" in mail["Subject"]
+    body = mail.get_content().replace("\r\n", "\n")
+    todo = body.split("What to do:\n", 1)[1]
+    assert "`bsops samples evals --iteration N` for N from 201 to 300" in todo
+    assert "`bsops rollback evals --to 200 --skip 201-300`" in todo and "EXP" not in todo
+    assert str(output / "eval" / "global_step250.json") in body
+    assert watch(now + timedelta(minutes=10)).exit_code == status.EXIT_ALERT and len(inbox.messages) == 1  # cooldown
+    (output / "eval" / "global_step250.json").unlink()
+    write_results(output, {400: {"smoke_choice/acc": 0.48}}, bpb={400: {"cc": 1.5}})  # back within the margin
+    recovered = watch(now + timedelta(minutes=70))
+    assert recovered.exit_code == status.EXIT_HEALTHY and len(inbox.messages) == 2
+    assert "recover" in inbox.messages[1]["Subject"].lower()
+
+
+def test_an_eval_drop_finding_without_a_checkpoint_to_roll_back_to(tmp_path):
+    found = health.eval_drop(300, 300, "t/ppl", float("nan"), 12.0, 200, 1.0, "run", tmp_path)
+    assert found.kind == "eval-drop" and found.iteration == 300
+    assert "no complete checkpoint at or before step 200" in found.next_step and "--to" not in found.next_step

@@ -29,6 +29,8 @@ HEADLINES = {
     "health-grad-norm": "watch the loss: grad norm explosion",
     "health-slow": "find and exclude the slow node: throughput fell",
     "health-unreadable": "check the log file: training health unreadable",
+    "eval-drop": "read the samples, roll back if it stays: an eval metric fell",
+    "eval-result-file": "look at the eval results: a result file cannot be read",
 }
 """A condition's subject words when its alert brings none: what to do, then what is wrong."""
 
@@ -57,12 +59,22 @@ ADVICE = {
     "health-slow": "A slow or bad node: find the outlier in the job's per-node timings, exclude it "
                    "(slurm.exclude) and requeue.",
     "health-unreadable": "The watchdog cannot read the run's log: check the file and its permissions.",
+    "eval-drop": "An evaluation metric fell below the run's best so far by more than its eval.alert_drop margin: "
+                 "read the samples trained on since the best checkpoint (`bsops samples EXP --iteration N`); if the "
+                 "next evaluation does not come back, roll back to it (`bsops rollback EXP --to STEP --skip A-B`).",
+    "eval-result-file": "A result file of `bsops eval` cannot be read: evaluate that checkpoint again (`bsops eval EXP "
+                        "--step N`) or move the file away.",
 }
-"""A condition's next step when its alert brings none; EXP becomes the experiment's name."""
+"""A condition's next step when its alert brings none; EXP becomes the experiment's name. A condition with a
+subject after a colon (`eval-drop:lambada_openai/acc`) takes its kind's."""
+
+
+def _kind(condition: str) -> str:
+    return condition.split(":", 1)[0]
 
 
 def headline(alert: Alert) -> str:
-    return alert.headline or HEADLINES.get(alert.condition, alert.condition)
+    return alert.headline or HEADLINES.get(alert.condition) or HEADLINES.get(_kind(alert.condition), alert.condition)
 
 
 def _sentence(text: str) -> str:
@@ -74,7 +86,7 @@ def alert_email(experiment: str, report: StatusReport, due: Sequence[Alert], coo
     """(subject, body) of the watchdog's alert about `due` (the first one's headline leads the subject)."""
     more = f" (+{len(due) - 1} more)" if len(due) > 1 else ""
     subject = f"[ALERT] {experiment}: {headline(due[0])}{more}"
-    advice = "\n".join(f"- {_sentence(a.advice or ADVICE.get(a.condition, 'Look at the status lines above.'))}"
+    advice = "\n".join(f"- {_sentence(a.advice or ADVICE.get(_kind(a.condition), 'Look at the status lines above.'))}"
                        for a in due)
     body = "\n".join([
         f"Experiment: {experiment}",

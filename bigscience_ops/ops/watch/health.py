@@ -25,6 +25,10 @@ phase on fewer nodes is not. Each finding names the iteration, the values and th
 makes the step exact (the experiment, the checkpoint to roll back to, the iterations to skip) and the
 watchdog turns findings into alerts with the usual cooldown and recovery mail. The thresholds are the
 experiment's `alerts.health` (schema.HealthConfig).
+
+The run's downstream evaluation is health too: a metric of the newest evaluated checkpoint worse than the run's
+best so far by more than its `eval.alert_drop` margin (ops/evaluate/results.drops) is a finding of its own
+(`eval_drop`), with the same advice: the samples trained on since the best checkpoint, and the rollback to it.
 """
 
 from __future__ import annotations
@@ -268,6 +272,32 @@ def rollback_target(checkpoints: Path, iteration: int) -> int | None:
     except (BsopsError, OSError):
         return None
     return max(steps, default=None)
+
+
+def eval_drop(step: int, iteration: int, metric: str, value: float, best: float, best_step: int, margin: float,
+              experiment: str | None, checkpoints: Path | None) -> Finding:
+    """An evaluation metric's drop (ops/evaluate/results.Drop's fields) as a finding whose next step reads the
+    samples trained on since the best checkpoint and rolls back to the last complete checkpoint at or before it,
+    skipping the iterations since (shell-quoted, ready to paste)."""
+    by = abs(value - best) if math.isfinite(value) else math.inf
+    message = (f"{metric} {value:.4g} at step {step}, worse than the run's best {best:.4g} (step {best_step}) by "
+               f"{by:.4g}, more than the alert_drop margin {margin:g}")
+    exp = shlex.quote(experiment) if experiment is not None else "EXP"
+    first = best_step + 1
+    samples = f"`bsops samples {exp} --iteration N` for N from {first} to {iteration}"
+    target = rollback_target(checkpoints, first) if checkpoints is not None else None
+    if target is None:
+        where = f"in {checkpoints}" if checkpoints is not None else "known to the watchdog"
+        rollback = f"no complete checkpoint at or before step {best_step} is {where}: roll back by hand"
+        headline = f"read the samples since step {best_step}, roll back if it stays: {metric} fell at step {step}"
+    else:
+        rollback = (f"roll back to the last complete checkpoint at or before the best one and skip the iterations "
+                    f"since: `bsops rollback {exp} --to {target} --skip {target + 1}-{step}`")
+        headline = (f"read the samples since step {best_step}, roll back to {target} if it stays: {metric} fell at "
+                    f"step {step}")
+    next_step = (f"read the samples the run trained on since its best checkpoint ({samples}; start where main_log.txt's "
+                 f"loss rose); if the next evaluation does not come back, {rollback}")
+    return Finding("eval-drop", iteration, message, next_step, headline)
 
 
 def advise(finding: Finding, experiment: str | None, checkpoints: Path | None) -> Finding:

@@ -9,6 +9,11 @@ rollbacks.jsonl, a backup manifest or journal: lifecycle.RunState.problems; the 
 notify.state_problem) is an alert of its own, naming the file and the line, sent through the same
 channels and cooldown, while the rest of the check (the run's stopped or finished state, the queue,
 health) is still done.
+
+With the run's experiment known, its evaluation results are health too (`eval.alert_drop`): a metric of the
+newest evaluated checkpoint worse than the run's best so far by more than its margin is an alert per metric
+(condition `eval-drop:<task/metric>`, health.eval_drop's advice), and a result file that cannot be read is an
+alert naming it (`eval-result-file`), never left out in silence.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 from bigscience_ops import ledger, rollbacks, runlog, slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.schedule import cron
 from bigscience_ops.ops.tell.channels import Outbox
 from bigscience_ops.ops.tell.message import NotifyError
@@ -106,6 +112,8 @@ def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime
         checkpoints = Path(known.paths.checkpoints) if known is not None else None
         name = s.experiment or (known.name if known is not None else None)
         report = _with_health_alerts(report, Path(s.log_path), s.health, s.contact, name, checkpoints)
+    if run is not None and run.experiment is not None:
+        report = _with_eval_alerts(report, run.experiment, s.contact, s.experiment or run.experiment.name)
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
     notices: list[Notice] = []
     errors, extra = [], []
@@ -227,5 +235,40 @@ def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthCo
         return report
     alerts = [Alert(f"health-{f.kind}", f"***ALERT: training health: {f}! Alert someone at {contact}***", f.headline,
                     f.next_step) for f in findings]
+    return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
+                               alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
+
+
+EVAL_FILE = ("eval-result-file", "look at the eval results: a result file cannot be read",
+             "A result file of `bsops eval` cannot be read (cut short, damaged or not one bsops wrote): it is left out "
+             "of the eval.alert_drop check, the tables and the plot. Evaluate that checkpoint again (`bsops eval EXP "
+             "--step N`) to write it anew, or move the file away.")
+
+
+def _with_eval_alerts(report: StatusReport, exp, contact: str, experiment: str) -> StatusReport:
+    """The report plus an alert per metric of eval.alert_drop whose newest result fell against the run's best so far
+    (the live branch's results: ops/evaluate/results.py), and one naming the result files that cannot be read.
+    Nothing when the experiment evaluates nothing and alerts on no drop."""
+    if not (exp.eval.alert_drop or exp.eval.configured):
+        return report
+    output = Path(exp.paths.output)
+    found, problems = eval_results.read_all(output)
+    found = eval_results.live(found, rollbacks.read_checked(output).records)
+    checkpoints = Path(exp.paths.checkpoints)
+    alerts = []
+    for d in eval_results.drops(found, exp.eval.alert_drop):
+        f = health.eval_drop(d.step, d.iteration, d.metric, d.value, d.best, d.best_step, d.margin, experiment,
+                             checkpoints)
+        alerts.append(Alert(f"eval-drop:{d.metric}", f"***ALERT: evaluation: {f}! Alert someone at {contact}***",
+                            f.headline, f.next_step))
+    if problems:
+        key, headline, advice = EVAL_FILE
+        named = "; ".join(f"{p.file}: {_problem_lines([p])}" for p in problems[:SHOWN_PROBLEMS])
+        more = f" (+{len(problems) - SHOWN_PROBLEMS} more files)" if len(problems) > SHOWN_PROBLEMS else ""
+        alerts.append(Alert(key, f"***ALERT: {report.job_name} cannot read its evaluation result file {named}{more}! "
+                                 f"Alert someone at {contact}***", headline, advice.replace("EXP", experiment)))
+    if not alerts:
+        return report
+    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
     return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
                                alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
