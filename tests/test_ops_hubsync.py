@@ -519,3 +519,28 @@ def test_hub_sync_alert_on_hostile_records_pushes_an_escaped_chronicle_and_tells
     (run / "logs" / "main_log.txt").write_text("iteration 2/ 10 | lm loss: 8.7\n")
     failed = _sync_at(trainings, clock, 10)
     assert failed.exit_code == 2 and "Traceback" not in failed.output and len(inbox.messages) == 1
+
+
+def test_the_eval_result_files_go_to_the_logs_repo_under_eval(git_lfs, tmp_path: Path) -> None:
+    from bigscience_ops.ops.evaluate import results
+    from tests.test_ops_evaluate_results import write_results
+
+    run, remotes = tmp_path / "run", tmp_path / "remotes"
+    logs = bare_remote(remotes, "bs/tiny-logs")
+    _write_run(run)
+    write_results(run, {100: {"smoke_choice/acc": 0.5}})
+    (run / "eval" / "jobs.jsonl").write_text('{"event": "submitted"}\n')  # the scheduler's ledger stays here
+    (run / "eval" / ".global_step200.json.77.tmp").write_text("{")  # a write in progress
+    outside = tmp_path / "secret.json"
+    outside.write_text('{"token": "x"}\n')
+    os.symlink(outside, run / "eval" / "global_step300.json")  # never followed
+    with open(run / "eval" / "global_step400.json", "wb") as handle:
+        handle.truncate(results.MAX_RESULT + 1)  # over what any reader reads: named, not pushed
+    exp = hub_experiment(run, remotes)
+    first = hubsync.sync(exp, what=["logs"])[0]
+    assert [c for c in first.copied if c.startswith("eval/")] == ["eval/global_step100.json"] and first.commit
+    assert first.too_large == ["eval/global_step400.json"]
+    assert blob_at(logs, "eval/global_step100.json") == (run / "eval" / "global_step100.json").read_bytes()
+    tree = git("--git-dir", str(logs), "ls-tree", "-r", "--name-only", "main").split()
+    assert [name for name in tree if name.startswith("eval/")] == ["eval/global_step100.json"]
+    assert "## Evaluation" in blob_at(logs, "CHRONICLE.md").decode()

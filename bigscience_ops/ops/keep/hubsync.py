@@ -2,7 +2,8 @@
 
 `sync` mirrors the run's logs/, tensorboard/ and codecarbon/ folders into clones of hub.logs_repo,
 hub.tensorboard_repo and hub.codecarbon_repo (under <run>/hub/<what>/): it copies the files that
-changed, writes the run's chronicle (ops/keep/chronicle.py) as CHRONICLE.md at the top of the logs clone,
+changed, the run's evaluation results (<run>/eval/global_stepN.json, ops/evaluate/results.py) into the logs
+clone's eval/ folder, writes the run's chronicle (ops/keep/chronicle.py) as CHRONICLE.md at the top of the logs clone,
 stores growing and large files with git-lfs (main_log.txt, TensorBoard event files,
 anything over hub.lfs_size_mb), commits only when something changed and pushes with retries. One
 flock per clone makes an overlapping run wait (up to wait_s) or skip; it never touches the clone
@@ -29,7 +30,7 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -37,6 +38,7 @@ from pathlib import Path, PurePosixPath
 from bigscience_ops import hub_remote
 from bigscience_ops.deadline import Deadline, in_time
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import chronicle, gitlfs
 from bigscience_ops.redact import scrub
 from bigscience_ops.schema import Experiment
@@ -68,6 +70,8 @@ class SyncResult:
     """Files not written because the clone holds a link at or above them (see the module's doc)."""
     chronicle: str | None = None
     """logs only: `updated` when CHRONICLE.md changed, or why it could not be written; None when unchanged."""
+    too_large: list[str] = field(default_factory=list)
+    """logs only: eval result files larger than results.MAX_RESULT (no reader reads them), not pushed."""
 
     def describe(self) -> str:
         if self.skipped:
@@ -77,7 +81,9 @@ class SyncResult:
         refused = f"; {len(self.refused)} refused (a link in the clone): {', '.join(self.refused[:5])}" \
             if self.refused else ""
         told = f"; {chronicle.FILE_NAME} {self.chronicle}" if self.chronicle else ""
-        return f"{self.what} -> {self.repo}: {len(self.copied)} file(s) copied{told}, {made}{pushed}{refused}"
+        large = (f"; {len(self.too_large)} eval result(s) over {eval_results.MAX_RESULT >> 20} MiB not pushed (not "
+                 f"one bsops eval wrote): {', '.join(self.too_large[:5])}" if self.too_large else "")
+        return f"{self.what} -> {self.repo}: {len(self.copied)} file(s) copied{told}, {made}{pushed}{refused}{large}"
 
 
 def remote_for(exp: Experiment, repo: str, override: str | None = None) -> tuple[str, bool]:
@@ -195,20 +201,23 @@ def _link_at(root: Path, rel: PurePosixPath, links: frozenset[str]) -> str | Non
     return None
 
 
-def copy_changed(src: Path, clone: Path, links: frozenset[str] = frozenset(), prefix: PurePosixPath = PurePosixPath()
-                 ) -> tuple[list[str], list[str]]:
+def copy_changed(src: Path, clone: Path, links: frozenset[str] = frozenset(), prefix: PurePosixPath = PurePosixPath(),
+                 keep: Callable[[PurePosixPath], bool] | None = None) -> tuple[list[str], list[str]]:
     """Copy each file of src whose size or mtime differs from its copy in the clone's `prefix` folder:
     (copied, refused) paths relative to src.
 
     Links in src are not followed. A file whose place in the clone is, or lies under, a link (`links`:
     the paths the clone records as links) is refused, never written through. bsops' own bookkeeping
-    beside the logs (`.bsops-*`: the alert state with its error texts, its lock) stays on the cluster.
+    beside the logs (`.bsops-*`: the alert state with its error texts, its lock) stays on the cluster. `keep`: only
+    the files (path relative to src) it says yes to.
     """
     copied, refused = [], []
     dst = clone.joinpath(*prefix.parts)
     for path in _walk_files(src):
         rel = PurePosixPath(path.relative_to(src).as_posix())
         if rel.parts[0] in (".git", ".gitattributes", ".lfsconfig", ".gitmodules") or path.name.startswith(BOOKKEEPING):
+            continue
+        if keep is not None and not keep(rel):
             continue
         if _link_at(clone, prefix / rel, links) is not None:
             refused.append(rel.as_posix())
@@ -227,6 +236,24 @@ def copy_changed(src: Path, clone: Path, links: frozenset[str] = frozenset(), pr
         os.replace(tmp, target)
         copied.append(rel.as_posix())
     return copied, refused
+
+
+def copy_results(output: Path, clone: Path, links: frozenset[str] = frozenset()
+                 ) -> tuple[list[str], list[str], list[str]]:
+    """The run's evaluation result files (<output>/eval/global_stepN.json: plain files, no link followed) copied
+    into the clone's eval/ folder where changed, as copy_changed does: (copied, refused, too large) as eval/NAME.
+    The eval folder's other files (the scheduler's jobs.jsonl, temporaries) stay on the cluster, and so does a
+    result file larger than results.MAX_RESULT, which no reader reads."""
+    src = output / eval_results.FOLDER
+    if src.is_symlink() or not src.is_dir():
+        return [], [], []
+    prefix = PurePosixPath(eval_results.FOLDER)
+    oversized = [path.name for path in _walk_files(src) if path.parent == src
+                 and eval_results.FILE.fullmatch(path.name) and path.stat().st_size > eval_results.MAX_RESULT]
+    copied, refused = copy_changed(src, clone, links, prefix, keep=lambda rel: len(rel.parts) == 1 and bool(
+        eval_results.FILE.fullmatch(rel.name)) and rel.name not in oversized)
+    return ([f"{prefix}/{name}" for name in copied], [f"{prefix}/{name}" for name in refused],
+            [f"{prefix}/{name}" for name in oversized])
 
 
 def write_chronicle(exp: Experiment, clone: Path, links: frozenset[str]) -> str | None:
@@ -357,6 +384,9 @@ def sync_one(exp: Experiment, what: str, remote: str | None = None, wait_s: floa
         if src.is_dir():
             result.copied, result.refused = copy_changed(src, path, links)
             if what == "logs":
+                evaluated, refused, result.too_large = copy_results(run_dir(exp), path, links)
+                result.copied += evaluated
+                result.refused += refused
                 result.chronicle = write_chronicle(exp, path, links)
         elif not _unpushed(git):
             result.skipped = f"{src} does not exist yet"
