@@ -6,7 +6,6 @@ torch and lm_eval are imported by the ranks only (ops/evaluate/worker.py), never
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -31,18 +30,6 @@ def _require_configured(exp, named: str, trainings_dir: Path | None) -> None:
         except ConfigError:
             source = named
         raise ConfigError(source, "eval", {}, f"nothing to evaluate: {WHAT_TO_SET}")
-
-
-def _with_configured_eval(exp, named: str, trainings_dir: Path | None):
-    """The run with the eval section of its experiment file as it is today (what to evaluate is configuration: a
-    run recorded before it was set has none)."""
-    from bigscience_ops import config
-
-    try:
-        today = config.load_experiment(named, trainings_dir)
-    except ConfigError:
-        return exp  # a run whose file no longer loads: its record's own eval section
-    return dataclasses.replace(exp, eval=today.eval)
 
 
 def _worker_experiment(named: str, trainings_dir: Path | None) -> str:
@@ -105,9 +92,11 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
     from bigscience_ops.checkpoints import layout
     from bigscience_ops.ops.evaluate import EvalError, launcher, results
 
+    from bigscience_ops import run_ref
+
     opened = open_run(exp, run, trainings_dir)
     named = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
-    experiment = _with_configured_eval(opened.experiment, named, trainings_dir)
+    experiment = run_ref.with_configured_settings(opened, trainings_dir)  # what to evaluate on: today's eval:
     _require_configured(experiment, named, trainings_dir)
     if latest:
         step = layout.latest_step(Path(experiment.paths.checkpoints))
@@ -135,9 +124,7 @@ def _next(exp: str | None, run: Path | None, alert: bool, trainings_dir: Path | 
     from bigscience_ops import submit
     from bigscience_ops.ops.evaluate import jobscript, schedule
 
-    experiment, named = _configured_run(exp, run, trainings_dir)
-    if run is not None or exp is None or named != exp:  # named by its folder: the eval section of today's file
-        experiment = _with_configured_eval(experiment, named, trainings_dir)
+    experiment, named = _configured_run(exp, run, trainings_dir)  # eval: and alerts: of today's experiment file
     worker = _worker_experiment(named, trainings_dir)
     workdir = Path.cwd()  # the hourly job runs in the folder the experiment's relative outputs resolved against
 
