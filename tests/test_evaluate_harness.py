@@ -1,0 +1,243 @@
+"""bsops' model as an lm-eval LM (harness.py) agrees with lm-eval's own `hf` model on `bsops convert`'s export.
+
+One trained run (the session's spiked_run: PP=2, the bundled tokenizer's 8192 tokens, sequences of 32 tokens)
+is scored two ways on the same three small lm-eval tasks the test writes (YAML over a few held-out KJV lines):
+lm-eval's HFLM on the converted folder, and BsopsLM over scorer.py's Scorer holding the checkpoint in this
+process (TP=1 PP=1, a world of one). The tasks cover each request type lm-eval scores: a last-word
+loglikelihood task (acc, perplexity; contexts longer than 32 tokens, so HFLM's left truncation is used), a
+two-choice multiple_choice task (acc, acc_norm), a loglikelihood_rolling task over whole chapters (several
+windows each; bits_per_byte, word and byte perplexity). Per request the log-likelihoods agree within 1e-4
+relative, and every metric (accuracies exactly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import lzma
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops.data.corpus import CORPUS_FILE
+from bigscience_ops.ops.evaluate import EvalError, driver, harness
+from bigscience_ops.schema import EvalConfig
+from tests.fixtures_trainer import scalars
+
+REL = 1e-4
+
+LAST_WORD = """task: t_last_word
+dataset_path: json
+dataset_kwargs: {data_files: {test: data/last_word.jsonl}}
+output_type: loglikelihood
+test_split: test
+doc_to_text: "{{text.split(' ')[:-1]|join(' ')}}"
+doc_to_target: "{{' '+text.split(' ')[-1]}}"
+metric_list:
+  - {metric: perplexity, aggregation: perplexity, higher_is_better: false}
+  - {metric: acc, aggregation: mean, higher_is_better: true}
+"""
+TWO_CHOICE = """task: t_two_choice
+dataset_path: json
+dataset_kwargs: {data_files: {test: data/two_choice.jsonl}}
+output_type: multiple_choice
+test_split: test
+doc_to_text: "{{context}}"
+doc_to_choice: "{{choices}}"
+doc_to_target: label
+metric_list: [{metric: acc, aggregation: mean, higher_is_better: true},
+              {metric: acc_norm, aggregation: mean, higher_is_better: true}]
+"""
+ROLLING = """task: t_rolling
+dataset_path: json
+dataset_kwargs: {data_files: {test: data/rolling.jsonl}}
+output_type: loglikelihood_rolling
+test_split: test
+doc_to_text: ""
+doc_to_target: "{{text}}"
+metric_list: [{metric: word_perplexity}, {metric: byte_perplexity}, {metric: bits_per_byte}]
+"""
+
+
+def write_tasks(folder: Path) -> list[str]:
+    """The three task YAMLs (data_files relative to their folder) over held-out KJV text; their paths."""
+    with lzma.open(CORPUS_FILE, "rt", encoding="utf-8") as f:
+        chapters = [json.loads(line) for line in f][-4:]
+    verses = [v.split(" ", 1)[1] for ch in chapters[:2] for v in ch["text"].split("\n")[2:] if " " in v][:14]
+    rng = random.Random(0)
+    choices = []
+    for i in range(10):
+        true, other = (" ".join(v.split()[:6]) for v in (verses[i + 1], verses[(i + 5) % len(verses)]))
+        label = rng.randrange(2)
+        pair = [true, other] if label == 0 else [other, true]
+        choices.append({"context": verses[i], "choices": pair, "label": label})
+    rolling = [{"text": ch["text"][:1200]} for ch in chapters[2:]] + [{"text": "Amen."}]
+    data = folder / "data"
+    data.mkdir(parents=True)
+    for name, rows in (("last_word", [{"text": v} for v in verses]), ("two_choice", choices), ("rolling", rolling)):
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    paths = []
+    for name, text in (("last_word", LAST_WORD), ("two_choice", TWO_CHOICE), ("rolling", ROLLING)):
+        (folder / f"{name}.yaml").write_text(text, encoding="utf-8")
+        paths.append(str(folder / f"{name}.yaml"))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def model(spiked_run, tmp_path_factory):
+    """(experiment, its last checkpoint's Target, the export folder, a Scorer in this process over it)."""
+    import torch
+
+    from bigscience_ops.checkpoints import convert, layout
+    from bigscience_ops.ops.evaluate import launcher
+    from bigscience_ops.ops.evaluate.scorer import Scorer
+
+    exp, _, _ = spiked_run
+    step = layout.latest_step(Path(exp.paths.checkpoints))
+    folder = tmp_path_factory.mktemp("export") / "hf"
+    convert.convert(exp, folder, step=step)
+    target = launcher.checkpoint(exp, step, 1, 1)
+    return exp, target, folder, Scorer(exp, target, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def hf(model):
+    """lm-eval's own `hf` model on the export."""
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=str(model[2]), batch_size=4, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def runs(model, hf, tmp_path_factory) -> dict:
+    """backend -> lm-eval's output (samples kept) of the three tasks: "hf" (HFLM on the export), "bsops"."""
+    exp, _, folder, scorer = model
+    tasks = write_tasks(tmp_path_factory.mktemp("tasks"))
+    lines: list[str] = []
+    ours = harness.build_lm(dataclasses.replace(exp, eval=EvalConfig(batch_size=4)), scorer, lines.append)
+    out = {"hf": driver.run_tasks(hf, tasks, log_samples=True),
+           "bsops": driver.run_tasks(ours, tasks, log=lines.append, log_samples=True), "lines": lines, "tasks": tasks}
+    return out
+
+
+def _loglikelihoods(samples: list[dict]) -> list[float]:
+    """Every request's log-likelihood, in document order."""
+    out = []
+    for sample in sorted(samples, key=lambda s: s["doc_id"]):
+        for resp in sample["resps"]:
+            value = resp[0]
+            out.append(float(value[0] if isinstance(value, (list, tuple)) else value))
+    return out
+
+
+@pytest.mark.slow  # the session's trained run, transformers and lm-eval
+def test_log_likelihoods_and_metrics_equal_lm_evals_hf_model(runs):
+    hf, ours = runs["hf"], runs["bsops"]
+    assert sorted(hf["results"]) == sorted(ours["results"]) == ["t_last_word", "t_rolling", "t_two_choice"]
+    counts = {"t_last_word": 14, "t_two_choice": 20, "t_rolling": 3}  # requests per task
+    for task, count in counts.items():
+        a, b = _loglikelihoods(hf["samples"][task]), _loglikelihoods(ours["samples"][task])
+        assert len(a) == len(b) == count, task
+        for x, y in zip(a, b):
+            assert math.isfinite(x) and abs(x - y) <= REL * abs(x), (task, x, y)
+    for task, metrics in hf["results"].items():
+        for key, value in metrics.items():
+            theirs = ours["results"][task][key]
+            if key.startswith(("acc,", "acc_norm,")):
+                assert theirs == value, (task, key)
+            elif isinstance(value, float) and "stderr" not in key:
+                assert abs(theirs - value) <= REL * abs(value), (task, key, value, theirs)
+    # the greedy answers too (acc of the last-word task is "the word is the greedy continuation")
+    greedy = [[r[0][1] for r in s["resps"]] for task in ("t_last_word",) for s in hf["samples"][task]]
+    assert greedy == [[r[0][1] for r in s["resps"]] for s in ours["samples"]["t_last_word"]]
+    assert any(line.startswith("loglikelihood_rolling") for line in runs["lines"])
+
+
+@pytest.mark.slow  # the session's trained run, transformers and lm-eval
+def test_bits_per_byte_equals_lm_evals_rolling_task(runs, model):
+    """bpb.py over the rolling task's documents gives lm-eval's bits_per_byte of that task (hf backend)."""
+    from bigscience_ops.ops.evaluate.bpb import bits_per_byte
+
+    source = Path(runs["tasks"][2]).parent / "data" / "rolling.jsonl"
+    got = bits_per_byte(source, harness.build_lm(model[0], model[3]), docs=100)
+    expected = runs["hf"]["results"]["t_rolling"]["bits_per_byte,none"]
+    assert got.documents == 3 and got.skipped == 0
+    assert abs(got.bits_per_byte - expected) <= REL * expected, (got.bits_per_byte, expected)
+    assert got.nats == pytest.approx(-sum(_loglikelihoods(runs["hf"]["samples"]["t_rolling"])), rel=REL)
+
+
+@pytest.mark.slow  # the session's trained run, transformers and lm-eval
+def test_truncation_and_windows_are_exercised(runs, model):
+    """The tasks reach what they are meant to test: contexts cut from the left, documents over several windows."""
+    scorer = model[3]
+    contexts = [s["arguments"][0][0] for s in runs["bsops"]["samples"]["t_last_word"]]
+    lm = harness.build_lm(model[0], scorer)
+    assert max(len(lm.tok_encode(c)) for c in contexts) > scorer.max_length
+    docs = [s["arguments"][0][0] for s in runs["bsops"]["samples"]["t_rolling"]]
+    windows = [harness.rolling_windows(lm.tok_encode(d), lm.eot_token_id, scorer.max_length) for d in docs]
+    assert max(map(len, windows)) >= 5 and min(map(len, windows)) == 1
+
+
+@pytest.mark.slow  # the session's trained run, transformers and lm-eval
+def test_generate_until_equals_hf_greedy_generation(model, hf):
+    from lm_eval.api.instance import Instance
+
+    exp, _, folder, scorer = model
+    kwargs = [{"until": ["\n"], "max_gen_toks": 6, "do_sample": False}, {"until": [" the"], "max_gen_toks": 4}]
+    requests = [Instance("generate_until", {}, (text, kw), i) for i, (text, kw) in enumerate(
+        [("And I saw", kwargs[0]), ("In the beginning God created the heaven and", kwargs[1]),
+         ("And he said unto them,", kwargs[0])])]
+    theirs = hf.generate_until(requests, disable_tqdm=True)
+    ours = harness.build_lm(exp, scorer).generate_until(requests)
+    assert ours == theirs and all(isinstance(t, str) for t in ours)
+    with pytest.raises(EvalError, match="greedily"):
+        harness.build_lm(exp, scorer).generate_until(
+            [Instance("generate_until", {}, ("And", {"do_sample": True, "temperature": 0.7}), 0)])
+
+
+@pytest.mark.slow  # the session's trained run, transformers and lm-eval
+def test_evaluate_writes_the_result_file_and_tensorboard_scalars(model, runs, tmp_path):
+    exp, target, _, scorer = model
+    source = tmp_path / "held_out.jsonl"
+    source.write_text("".join(json.dumps({"body": t}) + "\n" for t in ("Grace be with you all. Amen.", "Selah.")))
+    out = tmp_path / "run"
+    exp = dataclasses.replace(
+        exp, paths=dataclasses.replace(exp.paths, output=str(out), tensorboard=str(out / "tensorboard")),
+        eval=EvalConfig(tasks=[runs["tasks"][1]], sources={"psalms": str(source), "gone": str(tmp_path / "nope")},
+                        text_key="body", limit=4, batch_size=4))
+    lines: list[str] = []
+    path = driver.evaluate(exp, target.path, target.meta, scorer, lines.append)
+    assert path == out / "eval" / f"{target.tag}.json"
+    result = json.loads(path.read_text(encoding="utf-8"))
+    section = result["bsops"]
+    assert section["step"] == target.step and section["iteration"] == target.meta["iteration"]
+    assert section["consumed_tokens"] == target.meta["consumed_tokens"] > 0
+    assert section["layout"] == {"tensor": 1, "pipeline": 1}
+    assert result["results"]["t_two_choice"]["sample_len"] == 4 and "samples" not in result
+    assert sorted(section["bits_per_byte"]) == ["psalms"] and section["bits_per_byte"]["psalms"]["documents"] == 2
+    assert len(section["problems"]) == 1 and "gone" in section["problems"][0]
+    acc = result["results"]["t_two_choice"]["acc,none"]
+    bpb = section["bits_per_byte"]["psalms"]["bits_per_byte"]
+    board = out / "tensorboard"
+    assert scalars(board, "eval/t_two_choice/acc") == {target.meta["iteration"]: pytest.approx(acc)}
+    assert scalars(board, "eval/psalms/bits_per_byte vs tokens") == {target.meta["consumed_tokens"]: pytest.approx(bpb)}
+
+
+def test_task_files_data_files_made_absolute(tmp_path):
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "base.yaml").write_text("output_type: loglikelihood\ntest_split: test\n")
+    (folder / "t.yaml").write_text("include: base.yaml\ntask: t\ndataset_path: json\ndataset_kwargs:\n"
+                                   "  data_files: {test: [a.jsonl, /abs/b.jsonl, 'hf://x/c.jsonl'], train: d.jsonl}\n")
+    config = driver.task_config(folder / "t.yaml", cache_dir=str(tmp_path / "cache"))
+    assert config["output_type"] == "loglikelihood"  # include followed by lm-eval's own loader
+    assert config["dataset_kwargs"]["data_files"] == {
+        "test": [str(folder / "a.jsonl"), "/abs/b.jsonl", "hf://x/c.jsonl"], "train": str(folder / "d.jsonl")}
+    assert config["dataset_kwargs"]["cache_dir"] == str(tmp_path / "cache")
+    with pytest.raises(EvalError, match="does not exist"):
+        driver.task_config(folder / "missing.yaml")
+    (folder / "bad.yaml").write_text("task: [unclosed\n")
+    with pytest.raises(EvalError, match="bad.yaml"):
+        driver.task_config(folder / "bad.yaml")
