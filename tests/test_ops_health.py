@@ -363,3 +363,10 @@ def test_an_eval_drop_finding_without_a_checkpoint_to_roll_back_to(tmp_path):
     found = health.eval_drop(300, 300, "t/ppl", float("nan"), 12.0, 200, 1.0, "run", tmp_path)
     assert found.kind == "eval-drop" and found.iteration == 300
     assert "no complete checkpoint at or before step 200" in found.next_step and "--to" not in found.next_step
+
+
+def test_an_eval_alert_without_words_of_its_own_takes_its_kinds():
+    from bigscience_ops.ops.tell import alert_text
+    from bigscience_ops.ops.watch.status import Alert
+
+    assert alert_text.headline(Alert("eval-drop:t/acc", "m")) == alert_text.HEADLINES["eval-drop"]
