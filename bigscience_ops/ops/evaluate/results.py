@@ -21,7 +21,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -293,7 +293,8 @@ def from_dict(data: Any, step: int, path: Path | None = None) -> Result:
     if why is not None:
         raise ResultError(f"bsops.iteration: {why}")
     values, higher = metrics_and_directions(data)
-    return Result(f"global_step{step}", step, iteration, _optional_int(section, "consumed_tokens"), values, higher,
+    tag = path.stem if path is not None else f"global_step{step}"  # the checkpoint folder's name, as written
+    return Result(tag, step, iteration, _optional_int(section, "consumed_tokens"), values, higher,
                   path, _finished(section.get("finished")))
 
 
