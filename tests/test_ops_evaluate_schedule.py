@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from bigscience_ops import slurm
+from bigscience_ops import rollbacks, slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import ConfigError
@@ -53,8 +55,8 @@ def _rec(event: str, job_id: str, step: int, log: str | None = None) -> schedule
     return schedule.JobRecord(event, job_id, f"global_step{step}", step, 1.0, log)
 
 
-def _decide(exp, records=(), queue=(), final: int | None = FINAL) -> schedule.Decision:
-    return schedule.decide(exp, list(records), list(queue), final_step=final, now=2.0)
+def _decide(exp, records=(), queue=()) -> schedule.Decision:
+    return schedule.decide(exp, list(records), list(queue), keep=schedule.chooser(exp), now=2.0)
 
 
 def test_the_newest_complete_checkpoint_not_newer_than_latest(trainings: Path, tmp_path: Path) -> None:
@@ -67,6 +69,16 @@ def test_the_newest_complete_checkpoint_not_newer_than_latest(trainings: Path, t
     assert (decision.submit.step, decision.left) == (50, 0)
     _result(exp, 50)
     assert _decide(exp).submit is None
+
+
+def test_a_step_saved_again_after_a_rollback_is_evaluated_again(trainings: Path, tmp_path: Path) -> None:
+    exp = _exp(trainings, tmp_path)
+    _saved(exp, 50, 100)
+    _result(exp, 50)
+    _result(exp, 100)
+    assert _decide(exp).submit is None
+    rollbacks.append(exp.paths.output, rollbacks.Rollback(time.time() + 5, 100, 50, None, ""))
+    assert _decide(exp).submit.step == 100  # its result is the abandoned branch's; 50's still counts
 
 
 def test_no_checkpoint_yet(trainings: Path, tmp_path: Path) -> None:
@@ -82,8 +94,15 @@ def test_every_saves_keeps_every_nth_save_and_the_final_step(trainings: Path, tm
         chosen.append(pick.step)
         _result(exp, pick.step)
     assert chosen == [FINAL, 200, 100]
-    assert [s for s in (50, 100, 120, 150, 200, FINAL) if schedule.chosen(s, 1, 50, FINAL)] == [50, 100, 120, 150,
-                                                                                                 200, FINAL]
+    shutil.rmtree(Path(exp.paths.checkpoints) / "global_step50")  # retention: the choice stays
+    assert [s for s in range(FINAL + 1) if schedule.chooser(exp)(s)] == [100, 200, FINAL]
+    every = _exp(trainings, tmp_path, name="all")
+    assert all(schedule.chooser(every)(s) for s in (50, 120, 150))
+    (trainings / "ranges.yaml").write_text(tiny_yaml(tmp_path / "r", "checkpoint: {save_schedule: [{until: 60, interval: "
+                                                     "20}, {until: 221, interval: 70}]}\neval: {every_saves: 2, sources: "
+                                                     f"{{held: {json.dumps(str(tmp_path / 'held.jsonl'))}}}}}\n"))
+    ranges = load_experiment("ranges", trainings)
+    assert [s for s in range(FINAL + 1) if schedule.chooser(ranges)(s)] == [40, 130, FINAL]
 
 
 def test_one_eval_job_of_the_run_at_a_time(trainings: Path, tmp_path: Path) -> None:
@@ -151,10 +170,13 @@ def test_a_pass_records_submissions_and_failures(trainings: Path, tmp_path: Path
     assert again.submitted.tag == "global_step100"
     events = [(r.event, r.job_id) for r in schedule.read_ledger(ledger).records]
     assert events == [("submitted", "101"), ("failed", "101"), ("submitted", "102")]
-    # Its result lands: done; the older checkpoint goes next.
+    # While the retry runs, the alert lasts (its cooldown holds the emails back); once its result lands, it is over
+    # (done), and the older checkpoint goes next.
+    waiting = _pass(exp, queue=[_job("102", schedule.job_name(exp))])
+    assert waiting.failures == () and "101" in waiting.failure_text() and "102" in waiting.failure_text()
     _result(exp, 100)
     done = _pass(exp)
-    assert done.failures == () and done.submitted.tag == "global_step50"
+    assert done.failures == () and done.failure_text() is None and done.submitted.tag == "global_step50"
     assert [r.event for r in schedule.read_ledger(ledger).records][-2:] == ["done", "submitted"]
 
 

@@ -3,11 +3,12 @@
 `bsops eval EXP --next` runs this every hour (`bsops cron add EXP --jobs eval`). It evaluates:
 - only complete checkpoints: with bsops.json and never newer than the one `latest` names (a newer folder is a save
   in progress; layout.complete_checkpoints);
-- every `eval.every_saves`-th save: the steps that are multiples of every_saves x checkpoint.save_interval (a rule
-  of the step alone, so that deleting old checkpoints never changes which ones are chosen; with 1, every saved
-  checkpoint, those an exit or a time limit saved included), and the run's final step always;
-- newest first among those without a result file (<output>/eval/<tag>.json): the newest model is the one people
-  ask about, and the backlog follows hour after hour;
+- every `eval.every_saves`-th step of the run's save schedule and its final step (`chooser`: a rule of the schedule,
+  so that deleting old checkpoints never changes which ones are chosen; with 1, every saved checkpoint, those an
+  exit or a time limit saved included);
+- newest first among those without a result file (<output>/eval/<tag>.json) of the live branch (a result written
+  before a rollback to an earlier step is the abandoned branch's): the newest model is the one people ask about,
+  and the backlog follows hour after hour;
 - one job at a time: none while a job named `bsops.<training job name>.eval` of the run's users is queued or
   running (found by name, so a job whose submission was never recorded still counts);
 - never a checkpoint whose eval failed MAX_FAILURES times: it is skipped, and said so every run.
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bigscience_ops import slurm
+from bigscience_ops import rollbacks, slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError, ConfigError
 from bigscience_ops.ops.evaluate import results
@@ -95,9 +96,26 @@ def ledger_path(exp: Experiment) -> Path:
     return eval_dir(exp) / LEDGER_NAME
 
 
-def has_result(exp: Experiment, tag: str) -> bool:
-    """Whether checkpoint `tag` has a result file (whatever it holds: reading it is the table's business)."""
-    return os.path.lexists(results.result_path(exp, tag))
+Cuts = Sequence[tuple[float, int]]
+"""(time, to_step) of each rollback of the run (rollbacks.jsonl)."""
+
+
+def rollback_cuts(exp: Experiment) -> list[tuple[float, int]]:
+    """The run's rollbacks as (time, to_step); a line that is not a record is passed over (info and the watchdog
+    report it)."""
+    return [(r.time, r.to_step) for r in rollbacks.read_checked(exp.paths.output).records]
+
+
+def has_result(exp: Experiment, tag: str, cuts: Cuts = ()) -> bool:
+    """Whether checkpoint `tag` has a result file of the run's live branch (whatever it holds: reading it is the
+    table's business). A result written before a rollback to an earlier step is of the abandoned branch, whose
+    checkpoint was set aside (results.live): the step saved again is evaluated again."""
+    try:
+        written = os.lstat(results.result_path(exp, tag)).st_mtime
+    except FileNotFoundError:
+        return False
+    step = layout.step_of(tag)
+    return not any(step is not None and step > to_step and written < when for when, to_step in cuts)
 
 
 def read_ledger(path: Path) -> Checked[JobRecord]:
@@ -119,19 +137,23 @@ def job_name(exp: Experiment) -> str:
         raise ConfigError(f"experiment {exp.name}", "slurm.job_name", training, f"the eval job: {exc}") from None
 
 
-def chosen(step: int, every_saves: int, save_interval: int, final_step: int | None) -> bool:
-    """Whether the hourly job evaluates the checkpoint of `step` (see the module's rules)."""
-    return every_saves <= 1 or step == final_step or step % (every_saves * save_interval) == 0
-
-
-def final_step_of(exp: Experiment) -> int | None:
-    """The run's last training step (its schedule's train_iters); None when the schedule cannot be made."""
+def chooser(exp: Experiment) -> Callable[[int], bool]:
+    """Whether the hourly job evaluates the checkpoint of a step: with eval.every_saves N, the N-th, 2N-th, ... step
+    of the run's save schedule (run_schedule's save_steps: checkpoint.save_interval or save_schedule), and its final
+    step; with 1 (or a schedule that cannot be made), every saved checkpoint, those an exit saved included. A rule of
+    the schedule alone: deleting old checkpoint folders never changes which ones are chosen."""
     from bigscience_ops.run_schedule import run_schedule
 
+    every = exp.eval.every_saves
+    if every <= 1:
+        return lambda step: True
     try:
-        return run_schedule(exp).train_iters
+        schedule = run_schedule(exp)
+        saves, final = schedule.save_steps, schedule.train_iters
     except (BsopsError, ValueError, ArithmeticError):
-        return None
+        return lambda step: True
+    kept = frozenset(step for i, step in enumerate(saves, 1) if i % every == 0) | {final}
+    return kept.__contains__
 
 
 @dataclass(frozen=True)
@@ -152,11 +174,12 @@ class Decision:
     """Chosen checkpoints still without a result after this submission (the backlog)."""
 
 
-def decide(exp: Experiment, records: Sequence[JobRecord], queue: Sequence[slurm.Job], *, final_step: int | None,
+def decide(exp: Experiment, records: Sequence[JobRecord], queue: Sequence[slurm.Job], *, keep: Callable[[int], bool],
            now: float) -> Decision:
     """The pass's decision over the ledger's `records`, the queue's jobs (any names: those of this run's eval job are
-    picked here) and the run's checkpoint folder. Raises layout's CheckpointError when `latest` cannot be read."""
-    name = job_name(exp)
+    picked here), the steps to evaluate (`keep`: chooser's) and the run's checkpoint folder. Raises layout's
+    CheckpointError when `latest` cannot be read."""
+    name, cuts = job_name(exp), rollback_cuts(exp)
     queued = tuple(j for j in queue if j.name == name and j.state in slurm.QUEUED_STATES)
     in_queue = {i for j in queued for i in (j.job_id, j.array_job_id)}
     open_jobs: dict[str, JobRecord] = {}  # submissions without an outcome recorded after them (ids may recur)
@@ -165,7 +188,7 @@ def decide(exp: Experiment, records: Sequence[JobRecord], queue: Sequence[slurm.
             open_jobs[record.job_id] = record
         else:
             open_jobs.pop(record.job_id, None)
-    outcomes = [dataclasses.replace(record, event="done" if has_result(exp, record.tag) else "failed", time=now)
+    outcomes = [dataclasses.replace(record, event="done" if has_result(exp, record.tag, cuts) else "failed", time=now)
                 for job_id, record in open_jobs.items() if job_id not in in_queue]
     failed: dict[str, list[str]] = {}
     for record in (*records, *outcomes):
@@ -176,8 +199,7 @@ def decide(exp: Experiment, records: Sequence[JobRecord], queue: Sequence[slurm.
         return Decision(None, f"eval job {shown} of this run is in the queue: one at a time, nothing submitted",
                         tuple(outcomes), queued)
     complete = layout.complete_checkpoints(Path(exp.paths.checkpoints))
-    every, interval = exp.eval.every_saves, exp.checkpoint.save_interval
-    todo = [c for c in complete if chosen(c.step, every, interval, final_step) and not has_result(exp, c.tag)]
+    todo = [c for c in complete if keep(c.step) and not has_result(exp, c.tag, cuts)]
     skipped = tuple((c.tag, tuple(failed[c.tag])) for c in todo if len(failed.get(c.tag, ())) >= MAX_FAILURES)
     eligible = [c for c in todo if len(failed.get(c.tag, ())) < MAX_FAILURES]
     if not eligible:
@@ -200,20 +222,23 @@ class NextReport:
     lines: tuple[str, ...]
     """What the pass found and did, one line each."""
     failures: tuple[JobRecord, ...] = ()
-    """Eval jobs found failed in this pass (the caller alerts)."""
+    """Eval jobs found failed in this pass."""
     submitted: JobRecord | None = None
     problems: tuple[Problem, ...] = ()
     """Lines of jobs.jsonl that are not records (passed over)."""
+    retrying: tuple[tuple[JobRecord, JobRecord], ...] = ()
+    """(the last failed job, its retry without an outcome yet) of each checkpoint being tried again."""
 
     def failure_text(self) -> str | None:
-        """The alert's text: each failed job, its step and its log; None when none failed."""
-        if not self.failures:
-            return None
-        parts = []
-        for record in self.failures:
-            parts.append(f"the eval job {record.job_id} of {record.tag} (step {record.step}) left the queue without "
-                         f"its result file; its log: {record.log or 'not recorded'}")
-        return "; ".join(parts)
+        """The alert's text (None: nothing failed): each job found failed in this pass, its step and its log, and each
+        failure whose retry has no outcome yet, so that the alert lasts (repeated at most once per cooldown) until the
+        retry has its result, and the email saying it works again means that."""
+        parts = [f"the eval job {r.job_id} of {r.tag} (step {r.step}) left the queue without its result file; its "
+                 f"log: {r.log or 'not recorded'}" for r in self.failures]
+        found = {r.job_id for r in self.failures}
+        parts += [f"the eval job {r.job_id} of {r.tag} (step {r.step}) failed (log: {r.log or 'not recorded'}); its "
+                  f"retry, job {retry.job_id}, has no result yet" for r, retry in self.retrying if r.job_id not in found]
+        return "; ".join(parts) or None
 
 
 Submitter = Callable[[layout.Checkpoint, Path], tuple[str, Path]]
@@ -250,7 +275,7 @@ def _pass(exp: Experiment, submit: Submitter, users: Sequence[str], query: Calla
     checked = read_ledger(path)
     queue = query(users=list(users), name=job_name(exp))  # before the result files are looked at: see decide
     try:
-        decision = decide(exp, checked.records, queue, final_step=final_step_of(exp), now=now())
+        decision = decide(exp, checked.records, queue, keep=chooser(exp), now=now())
     except layout.CheckpointError as exc:
         raise ScheduleError(f"cannot choose a checkpoint to evaluate: {exc}") from None
     lines = [f"{path}: {problem} (line passed over)" for problem in checked.problems]
@@ -268,14 +293,29 @@ def _pass(exp: Experiment, submit: Submitter, users: Sequence[str], query: Calla
         lines.append(f"skipped {tag}: its eval failed {len(logs)} times (logs: {', '.join(logs)}); run "
                      f"`bsops eval {exp.name} --step {layout.step_of(tag)}` to see why")
     failures = tuple(r for r in decision.outcomes if r.event == "failed")
+    record = None
     if decision.submit is None:
         lines.append(decision.reason)
-        return NextReport(tuple(lines), failures, None, tuple(checked.problems))
-    ckpt = decision.submit
-    job_id, log = submit(ckpt, eval_dir(exp))
-    record = JobRecord("submitted", job_id, ckpt.tag, ckpt.step, now(), str(log))
-    append(path, record)
-    backlog = f"; {decision.left} more chosen checkpoint(s) wait" if decision.left else ""
-    lines.append(f"submitted eval job {job_id} for {decision.reason}; log: {log}{backlog}")
-    return NextReport(tuple(lines), failures, record, tuple(checked.problems))
+    else:
+        ckpt = decision.submit
+        job_id, log = submit(ckpt, eval_dir(exp))
+        record = JobRecord("submitted", job_id, ckpt.tag, ckpt.step, now(), str(log))
+        append(path, record)
+        backlog = f"; {decision.left} more chosen checkpoint(s) wait" if decision.left else ""
+        lines.append(f"submitted eval job {job_id} for {decision.reason}; log: {log}{backlog}")
+    every = [*checked.records, *decision.outcomes, *([record] if record else [])]
+    return NextReport(tuple(lines), failures, record, tuple(checked.problems), retries(every))
+
+
+def retries(records: Sequence[JobRecord]) -> tuple[tuple[JobRecord, JobRecord], ...]:
+    """(the last failed job, the submission after it) of each checkpoint whose latest record is a submission without
+    an outcome made after a failure: a retry in flight."""
+    last: dict[str, JobRecord] = {}
+    failed: dict[str, JobRecord] = {}
+    for record in records:
+        last[record.tag] = record
+        if record.event == "failed":
+            failed[record.tag] = record
+    return tuple((failed[tag], record) for tag, record in last.items()
+                 if record.event == "submitted" and tag in failed)
 
