@@ -117,9 +117,10 @@ def test_a_bad_file_is_a_problem_naming_it_and_the_others_are_read(tmp_path: Pat
     assert len(str(problems[0])) < 400  # what was wrong, never the file's content
 
 
-def test_write_refuses_a_result_no_reader_would_read(tmp_path: Path):
+def test_write_refuses_a_result_no_reader_would_read(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(results, "MAX_RESULT", 1000)
     with pytest.raises(results.ResultError):
-        results.write(tmp_path / "eval" / "global_step1.json", {"results": {}, "configs": "x" * results.MAX_RESULT})
+        results.write(tmp_path / "eval" / "global_step1.json", {"results": {}, "configs": "x" * 1000})
     with pytest.raises(results.ResultError):
         results.result_path(tmp_path, "global_step1/../../x")
     assert not (tmp_path / "eval" / "global_step1.json").exists()
