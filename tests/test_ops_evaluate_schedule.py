@@ -252,6 +252,15 @@ def test_the_eval_job_shape_follows_the_layout(trainings: Path, tmp_path: Path) 
     exp = _exp(trainings, tmp_path)  # TP 1 x PP 2, one process per node
     assert jobscript.shape(exp) == (2, 1)
     held = json.dumps(str(tmp_path / "held.jsonl"))
+    (trainings / "gpu.yaml").write_text(tiny_yaml(tmp_path / "g", "slurm: {device: gpu, gpus_per_node: 4}\n",
+                                                  f"eval: {{sources: {{held: {held}}}}}\n"))
+    gpu = load_experiment("gpu", trainings)
+    assert jobscript.shape(gpu) == (1, 2)
+    _saved(gpu, 50)
+    [ckpt] = layout.complete_checkpoints(Path(gpu.paths.checkpoints))
+    text = jobscript.render(gpu, ckpt, tmp_path / "e", experiment="gpu", trainings_dir=trainings, workdir=tmp_path).text
+    assert "#SBATCH --nodes=1\n" in text and "#SBATCH --gres=gpu:2\n" in text and "DS_ACCELERATOR" not in text
+    assert "    --nproc_per_node 2\n" in text
     for nodes in (3, 1):  # 2 processes: not over 3 nodes; not 2 on one node of 1 GPU
         (trainings / "gpu.yaml").write_text(tiny_yaml(tmp_path / "g", "slurm: {device: gpu, gpus_per_node: 1}\n",
                                                       f"eval: {{sources: {{held: {held}}}, nodes: {nodes}}}\n"))

@@ -3,7 +3,8 @@
 The job starts the same ranks as `bsops eval --step N` does on one machine (launcher.worker_argv), one torchrun per
 node under srun with the training's rendezvous (templates/train.slurm.j2): TP x PP processes of the config's layout,
 over eval.nodes nodes (derived: the processes over slurm.gpus_per_node). Its partition, account, qos and time are
-eval.*'s, each falling back to slurm.*'s; the GPUs per node, device, CPUs and environment set-up are slurm.*'s.
+eval.*'s, each falling back to slurm.*'s; the device, CPUs and environment set-up are slurm.*'s, and the job asks
+for the GPUs its processes use on each node (at most slurm.gpus_per_node).
 Every value goes through the template environment of render.py: shell values quoted, #SBATCH values written for
 sbatch's own parser, Slurm names checked against their character sets, so `sbatch -vv` reads each as one value.
 """
@@ -72,7 +73,7 @@ def render(exp: Experiment, ckpt: layout.Checkpoint, folder: Path, *, experiment
     text = rendering.environment().get_template(TEMPLATE).render(
         version=__version__, job_name=name, experiment_name=exp.name, tag=ckpt.tag, nodes=nodes,
         nproc_per_node=per_node, processes=nodes * per_node, tensor=exp.parallel.tensor,
-        pipeline=exp.parallel.pipeline, gpu=s.device == "gpu", gpus_per_node=s.gpus_per_node,
+        pipeline=exp.parallel.pipeline, gpu=s.device == "gpu",
         cpus_per_task=s.cpus_per_task, time=ev.time, optional=optional,
         output=rendering.output_option(logs, f"{ckpt.tag}-%j.out"),
         env_setup=[rendering.Raw(line) for line in s.env_setup], workdir=str(Path(workdir).resolve()),
