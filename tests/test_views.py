@@ -168,6 +168,10 @@ def test_plot_command(run_exp, trainings, tmp_path):
     result = runner.invoke(main, ["plot", "run", "--trainings-dir", str(trainings), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (Path(run_exp.paths.output) / "eval").mkdir()
+    (Path(run_exp.paths.output) / "eval" / "global_step8.json").write_text('{"bsops": ')  # torn: named, plot drawn
+    torn = runner.invoke(main, ["plot", "run", "--trainings-dir", str(trainings), "--out", str(out)])
+    assert torn.exit_code == 0 and "global_step8.json" in torn.stderr
 
 
 def test_plot_marks_the_chronicles_events_on_the_loss_curve(run_exp, tmp_path):

@@ -61,6 +61,8 @@ def plot_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
     result = plot.plot(experiment, out, tensorboard_dir)
     counts = ", ".join(f"{name} {len(s.values)}" for name, s in result.series.items())
     click.echo(f"{result.out}: points per panel: {counts} (from {len(result.event_files)} event file(s))")
+    for problem in result.problems:  # an unreadable eval result file: said, and the plot drawn without it
+        click.echo(f"warning: not drawn: {problem}", err=True)
 
 
 @main.command("info")
