@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from bigscience_ops import slurm
@@ -19,9 +20,17 @@ from tests.fixtures_experiments import tiny_yaml
 
 
 def _write(trainings: Path, tmp_path: Path, evaluation: str | None = "sources: {held: HELD}") -> str:
+    """ev.yaml: tiny with its run in tmp_path/run and this eval section; None: tiny without one (a whole copy, as a
+    base's eval: section cannot be emptied by a mapping that merges into it)."""
     held = tmp_path / "held.jsonl"
     held.write_text('{"text": "held out"}\n')
-    section = "" if evaluation is None else f"eval: {{{evaluation.replace('HELD', json.dumps(str(held)))}}}\n"
+    if evaluation is None:
+        data = yaml.safe_load((trainings / "tiny.yaml").read_text())
+        data.pop("eval", None)
+        data["paths"] = {"output": str(tmp_path / "run")}
+        (trainings / "ev.yaml").write_text(yaml.safe_dump(data))
+        return "ev"
+    section = f"eval: {{{evaluation.replace('HELD', json.dumps(str(held)))}}}\n"
     (trainings / "ev.yaml").write_text(tiny_yaml(tmp_path / "run", section))
     return "ev"
 

@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SMALL = ("batch: {global_batch_size: 8, micro_batch_size: 2, rampup: {start: 4, increment: 2, samples: 40}}\n"
          "train: {samples: 200}\nlr_schedule: {warmup_samples: 40}\n"
          "checkpoint: {save_interval: 15, exit_interval: null}\nlogging: {log_interval: 5, eval_interval: 100}\n")
-EVAL = "eval: {sources: {epistles: corpus/eval/kjv_epistles.jsonl}, docs_per_source: 3, time: '00:10:00'}\n"
+EVAL = ("eval: {tasks: [], sources: {epistles: corpus/eval/kjv_epistles.jsonl}, docs_per_source: 3, every_saves: 1, "
+        "time: '00:10:00'}\n")
 
 
 def test_every_saved_checkpoint_is_evaluated_once_one_job_at_a_time(tmp_path: Path, trainings: Path, slurm_cluster,

@@ -96,7 +96,7 @@ def test_every_saves_keeps_every_nth_save_and_the_final_step(trainings: Path, tm
     assert chosen == [FINAL, 200, 100]
     shutil.rmtree(Path(exp.paths.checkpoints) / "global_step50")  # retention: the choice stays
     assert [s for s in range(FINAL + 1) if schedule.chooser(exp)(s)] == [100, 200, FINAL]
-    every = _exp(trainings, tmp_path, name="all")
+    every = _exp(trainings, tmp_path, ", every_saves: 1", name="all")
     assert all(schedule.chooser(every)(s) for s in (50, 120, 150))
     (trainings / "ranges.yaml").write_text(tiny_yaml(tmp_path / "r", "checkpoint: {save_schedule: [{until: 60, interval: "
                                                      "20}, {until: 221, interval: 70}]}\neval: {every_saves: 2, sources: "
