@@ -16,6 +16,8 @@ from bigscience_ops.cli.ops import _configured_run, _run_alerting, alert_option
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.runfiles import MAX_STEP
 
+TABLE_STEPS = 6
+"""The newest evaluated steps the table after an evaluation shows (as `bsops info` does)."""
 WHAT_TO_SET = ("set eval.tasks (lm-eval task names, or task YAML files of your own) or eval.sources (held-out jsonl "
                "files by source name) in the experiment's file")
 
@@ -92,7 +94,7 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
     from bigscience_ops.checkpoints import layout
     from bigscience_ops.ops.evaluate import EvalError, launcher, results
 
-    from bigscience_ops import run_ref
+    from bigscience_ops import rollbacks, run_ref
 
     opened = open_run(exp, run, trainings_dir)
     named = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
@@ -112,8 +114,9 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
                    "result written", err=True)
         sys.exit(EXIT_ERROR)
     found, problems = results.read_all(Path(experiment.paths.output))
+    live = results.live(found, rollbacks.read_checked(experiment.paths.output).records)  # an abandoned branch's: out
     click.echo(f"{tag}: {results.result_path(experiment, tag)}")
-    click.echo(results.table(found, experiment.eval.references).text())
+    click.echo(results.table(live, experiment.eval.references, max_steps=TABLE_STEPS).text())
     for problem in problems:
         click.echo(f"unreadable result: {problem}", err=True)
     if problems:
