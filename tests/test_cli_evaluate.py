@@ -100,7 +100,7 @@ def test_a_finished_evaluation_prints_the_table(trainings: Path, tmp_path: Path,
     monkeypatch.setattr(launcher, "run_local", run_local)
     result = _eval(trainings, "--latest", "--tensor", "1", "--pipeline", "1")
     assert result.exit_code == 0, result.output
-    assert calls == [(50, 1, 1, str((trainings / "ev.yaml").resolve()))]
+    assert calls == [(50, 1, 1, None)]  # the ranks read the experiment as the command has it
     [row] = [line.split() for line in result.output.split("\n") if line.startswith("held/bits_per_byte")]
     assert row[-2:] == ["1.2500", "1.5000"]
 
@@ -119,6 +119,8 @@ def test_the_hourly_pass_submits_records_and_reports_a_failure(trainings: Path, 
     assert first.exit_code == 0, first.output
     script = Path(submitted[0][-1])
     assert script == tmp_path / "run" / "eval" / "jobs" / "global_step50.slurm"
+    assert json.loads(script.with_suffix(".experiment.json").read_text())["eval"]["sources"] == {
+        "held": str(tmp_path / "held.jsonl")}
     assert slurm.script_job_name(script) == "bsops.ev.eval"
     assert (tmp_path / "run" / "eval" / "logs").is_dir()  # Slurm writes the log there and makes no folder
     # The job left the queue without a result: exit 2 naming the step and its log, and it is tried once more.

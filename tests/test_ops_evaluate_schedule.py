@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import rollbacks, slurm
+from bigscience_ops import config, rollbacks, slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import ConfigError
@@ -227,9 +227,7 @@ def test_the_eval_job_script_reads_back_as_rendered(tmp_path: Path, sbatch_optio
     [ckpt] = layout.complete_checkpoints(Path(exp.paths.checkpoints))
     workdir = tmp_path / "work dir; $(x)"
     workdir.mkdir()
-    yaml = str(trainings / "ev.yaml")
-    job = jobscript.render(exp, ckpt, Path(exp.paths.output) / "eval", experiment=yaml, trainings_dir=trainings,
-                           workdir=workdir)
+    job = jobscript.render(exp, ckpt, Path(exp.paths.output) / "eval", workdir=workdir)
     job.script.parent.mkdir(parents=True)
     job.script.write_text(job.text)
     parsed = sbatch_options(job.script)
@@ -242,9 +240,11 @@ def test_the_eval_job_script_reads_back_as_rendered(tmp_path: Path, sbatch_optio
     array = job.text.split("WORKER=(", 1)[1].split("\n)\n", 1)[0]
     words = subprocess.run(["bash", "-c", f"WORKER=({array})\nprintf '%s\\n' \"${{WORKER[@]}}\""], capture_output=True,
                            text=True, timeout=30).stdout.split("\n")[:-1]
-    assert words == ["-m", "bigscience_ops.ops.evaluate.worker", "--experiment", yaml, "--step", "50",
-                     "--trainings-dir", str(trainings.resolve()), "--tensor", "1", "--pipeline", "2",
-                     "--cwd", str(workdir.resolve())]
+    record = Path(exp.paths.output).resolve() / "eval" / "jobs" / "global_step50.experiment.json"
+    assert words == ["-m", "bigscience_ops.ops.evaluate.worker", "--experiment", str(record), "--step", "50",
+                     "--tensor", "1", "--pipeline", "2", "--cwd", str(workdir.resolve())]
+    assert job.experiment == record  # the ranks read the experiment the scheduler decided with, as it reads back
+    assert config.to_dict(config.from_dict(json.loads(job.experiment_text), "record")) == config.to_dict(exp)
     assert f"cd {shlex.quote(str(workdir.resolve()))}\n" in job.text
 
 
@@ -258,7 +258,7 @@ def test_the_eval_job_shape_follows_the_layout(trainings: Path, tmp_path: Path) 
     assert jobscript.shape(gpu) == (1, 2)
     _saved(gpu, 50)
     [ckpt] = layout.complete_checkpoints(Path(gpu.paths.checkpoints))
-    text = jobscript.render(gpu, ckpt, tmp_path / "e", experiment="gpu", trainings_dir=trainings, workdir=tmp_path).text
+    text = jobscript.render(gpu, ckpt, tmp_path / "e", workdir=tmp_path).text
     assert "#SBATCH --nodes=1\n" in text and "#SBATCH --gres=gpu:2\n" in text and "DS_ACCELERATOR" not in text
     assert "    --nproc_per_node 2\n" in text
     for nodes in (3, 1):  # 2 processes: not over 3 nodes; not 2 on one node of 1 GPU

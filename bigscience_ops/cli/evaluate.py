@@ -34,17 +34,6 @@ def _require_configured(exp, named: str, trainings_dir: Path | None) -> None:
         raise ConfigError(source, "eval", {}, f"nothing to evaluate: {WHAT_TO_SET}")
 
 
-def _worker_experiment(named: str, trainings_dir: Path | None) -> str:
-    """What the ranks load: the experiment's file as an absolute path (a name could resolve elsewhere in the job's
-    folder), else the name."""
-    from bigscience_ops.experiment_files import experiment_path
-
-    try:
-        return str(experiment_path(named, trainings_dir).resolve())
-    except ConfigError:
-        return named
-
-
 @main.command("eval")
 @click.argument("exp", type=TEXT, required=False)
 @run_option
@@ -106,8 +95,7 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
             raise EvalError(f"{experiment.paths.checkpoints}: no `latest` file, so no complete checkpoint to "
                             "evaluate yet; allowed: --latest once the run has saved")
     assert step is not None  # exactly one of --step/--latest/--next, checked above
-    code = launcher.run_local(experiment, step, tensor, pipeline, trainings_dir,
-                              experiment=_worker_experiment(named, trainings_dir))
+    code = launcher.run_local(experiment, step, tensor, pipeline)  # the ranks read `experiment` itself
     tag = f"global_step{step}"
     if code != 0:
         click.echo(f"error: the evaluation of {tag} failed (exit code {code}; the ranks' output above says why); no "
@@ -128,13 +116,10 @@ def _next(exp: str | None, run: Path | None, alert: bool, trainings_dir: Path | 
     from bigscience_ops.ops.evaluate import jobscript, schedule
 
     experiment, named = _configured_run(exp, run, trainings_dir)  # eval: and alerts: of today's experiment file
-    worker = _worker_experiment(named, trainings_dir)
     workdir = Path.cwd()  # the hourly job runs in the folder the experiment's relative outputs resolved against
 
     def submit_job(ckpt, folder: Path):
-        job = jobscript.render(experiment, ckpt, folder, experiment=worker, trainings_dir=trainings_dir,
-                               workdir=workdir)
-        return jobscript.submit(job, ckpt.tag)
+        return jobscript.submit(jobscript.render(experiment, ckpt, folder, workdir=workdir), ckpt.tag)
 
     def work() -> None:
         _require_configured(experiment, named, trainings_dir)

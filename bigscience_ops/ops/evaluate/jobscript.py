@@ -1,7 +1,10 @@
 """The eval job: templates/eval.slurm.j2 rendered for one checkpoint, and its submission by sbatch.
 
 The job starts the same ranks as `bsops eval --step N` does on one machine (launcher.worker_argv), one torchrun per
-node under srun with the training's rendezvous (templates/train.slurm.j2): TP x PP processes of the config's layout,
+node under srun with the training's rendezvous (templates/train.slurm.j2). The ranks read the experiment the
+scheduler decided with, written resolved beside the script (<tag>.experiment.json, as a launch writes the trainer's
+experiment.json), so an edit of the YAML between the submission and the job's start changes nothing of it; they
+run TP x PP processes of the config's layout,
 over eval.nodes nodes (derived: the processes over slurm.gpus_per_node). Its partition, account, qos and time are
 eval.*'s, each falling back to slurm.*'s; the device, CPUs and environment set-up are slurm.*'s, and the job asks
 for the GPUs its processes use on each node (at most slurm.gpus_per_node).
@@ -11,30 +14,35 @@ sbatch's own parser, Slurm names checked against their character sets, so `sbatc
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops import __version__, render as rendering, slurm
 from bigscience_ops.checkpoints import layout
+from bigscience_ops.config import to_dict
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.evaluate import launcher
 from bigscience_ops.ops.evaluate.schedule import job_name
+from bigscience_ops.runfiles import write_atomically
 from bigscience_ops.schema import PORT_SPREAD, Experiment
 
 TEMPLATE = "eval.slurm.j2"
 SCRIPTS = "jobs"
-"""<output>/eval/jobs/<tag>.slurm: the script of the last eval job of each checkpoint."""
+"""<output>/eval/jobs/<tag>.slurm and <tag>.experiment.json: the last eval job of each checkpoint."""
 LOGS = "logs"
 """<output>/eval/logs/<tag>-<job id>.out: each eval job's output."""
 
 
 @dataclass(frozen=True)
 class EvalJob:
-    """One rendered eval job: its script's path and text, and its log file's pattern (%j: the job id)."""
+    """One rendered eval job: its script's path and text, the experiment its ranks read, and its logs' folder."""
 
     script: Path
     text: str
     log_folder: Path
+    experiment: Path
+    experiment_text: str
 
     def log(self, tag: str, job_id: str) -> Path:
         return self.log_folder / f"{tag}-{job_id}.out"
@@ -54,11 +62,11 @@ def shape(exp: Experiment) -> tuple[int, int]:
     return nodes, processes // nodes
 
 
-def render(exp: Experiment, ckpt: layout.Checkpoint, folder: Path, *, experiment: str,
-           trainings_dir: Path | None, workdir: Path) -> EvalJob:
-    """The eval job of checkpoint `ckpt` of `exp`'s run, its script and logs under `folder` (<output>/eval/).
-    `experiment` is what the ranks load (launcher.worker_argv's; a YAML path or a name found in `trainings_dir`)."""
+def render(exp: Experiment, ckpt: layout.Checkpoint, folder: Path, *, workdir: Path) -> EvalJob:
+    """The eval job of checkpoint `ckpt` of `exp`'s run, its script, experiment record and logs under `folder`
+    (<output>/eval/); the ranks start in `workdir`."""
     folder = Path(folder).resolve()
+    record = folder / SCRIPTS / f"{ckpt.tag}.experiment.json"
     nodes, per_node = shape(exp)
     where = f"experiment {exp.name}"
     [(_, name)] = rendering.slurm_options(where, {"job-name": job_name(exp)})
@@ -67,8 +75,7 @@ def render(exp: Experiment, ckpt: layout.Checkpoint, folder: Path, *, experiment
                                               "account": ev.account or s.account or None,
                                               "qos": ev.qos or s.qos or None})
     logs = folder / LOGS
-    worker = launcher.worker_argv(experiment, ckpt.step, exp.parallel.tensor, exp.parallel.pipeline,
-                                  None if trainings_dir is None else Path(trainings_dir).resolve(),
+    worker = launcher.worker_argv(str(record), ckpt.step, exp.parallel.tensor, exp.parallel.pipeline, None,
                                   Path(workdir).resolve())
     text = rendering.environment().get_template(TEMPLATE).render(
         version=__version__, job_name=name, experiment_name=exp.name, tag=ckpt.tag, nodes=nodes,
@@ -80,14 +87,16 @@ def render(exp: Experiment, ckpt: layout.Checkpoint, folder: Path, *, experiment
         master_port=s.master_port, port_spread=PORT_SPREAD,
         threads_per_process=max(1, s.cpus_per_task // per_node), worker=worker,
     )
-    return EvalJob(folder / SCRIPTS / f"{ckpt.tag}.slurm", text, logs)
+    return EvalJob(folder / SCRIPTS / f"{ckpt.tag}.slurm", text, logs, record,
+                   json.dumps(to_dict(exp), indent=1) + "\n")
 
 
 def submit(job: EvalJob, tag: str) -> tuple[str, Path]:
-    """Write the script, make its log folder (Slurm does not) and sbatch it: (the job id, its log file)."""
+    """Write the script and the experiment record, make the log folder (Slurm does not) and sbatch the script:
+    (the job id, its log file)."""
     job.script.parent.mkdir(parents=True, exist_ok=True)
     job.log_folder.mkdir(parents=True, exist_ok=True)
-    job.script.write_text(job.text, encoding="utf-8")
-    job.script.chmod(0o755)
+    write_atomically(job.experiment, job.experiment_text.encode("utf-8"))
+    write_atomically(job.script, job.text.encode("utf-8"), mode=0o755)
     job_id = slurm.submit(slurm.sbatch_argv(job.script))
     return job_id, job.log(tag, job_id)
