@@ -241,3 +241,26 @@ def test_task_files_data_files_made_absolute(tmp_path):
     (folder / "bad.yaml").write_text("task: [unclosed\n")
     with pytest.raises(EvalError, match="bad.yaml"):
         driver.task_config(folder / "bad.yaml")
+
+
+def test_requests_are_cut_as_hflm_cuts_them_and_scored_longest_first_once():
+    """HFLM's left truncation to max_length + 1 tokens, each distinct pair scored once, longest first, answers in
+    the order asked; a continuation longer than the model's sequence is refused by name."""
+    from lm_eval.api.instance import Instance
+
+    from tests.test_evaluate_bpb import WindowScorer, _lm
+
+    assert harness.fit(list(range(10)), [1, 2, 3], 8) == ([4, 5, 6, 7, 8, 9], [1, 2, 3])
+    assert harness.fit([5], [1] * 8, 8) == ([5], [1] * 8)
+    with pytest.raises(EvalError, match="continuation of 9 tokens"):
+        harness.fit([5], [1] * 9, 8)
+    lm = _lm()
+    pairs = [([1], [2]), (list(range(20)), [3, 4]), ([1], [2]), ([7, 8], [9])]
+    got = lm.score(pairs, "test")
+    seen = lm.scorer.windows
+    assert seen == [(list(range(13, 20)), [3, 4]), ([7, 8], [9]), ([1], [2])]
+    assert got[0] == got[2] and len(got) == 4
+    assert got == [WindowScorer().score([harness.fit(c, x, 8)])[0] for c, x in pairs]
+    long = Instance("loglikelihood", {}, ("And it came to pass", " that" * 12), 0)
+    with pytest.raises(EvalError, match="continuation of 12 tokens"):
+        lm.loglikelihood([long])

@@ -17,6 +17,7 @@ counted, the first SHOWN_PROBLEMS named by file:line, and skipped: it never stop
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -158,6 +159,15 @@ def _text(raw: bytes, text_key: str) -> tuple[str | None, str]:
     return text, ""
 
 
+@contextlib.contextmanager
+def _read_errors(name: str) -> Iterator[None]:
+    """A source that fails while it is read (EIO, a file removed from a network filesystem) as an EvalError."""
+    try:
+        yield
+    except OSError as exc:
+        raise EvalError(f"eval source {name} cannot be read ({exc.strerror or exc})") from None
+
+
 def bits_per_byte(path: str | os.PathLike[str], lm: BsopsLM, text_key: str = "text", docs: int = 3000,
                   log: Callable[[str], None] = lambda line: None) -> SourceBpb:
     """Score the first `docs` documents of the jsonl source at `path` with `lm`'s Scorer (see the module docstring)."""
@@ -174,7 +184,7 @@ def bits_per_byte(path: str | os.PathLike[str], lm: BsopsLM, text_key: str = "te
         pending.clear()
         return sum(logprob for logprob, _ in scored)
 
-    with open_source(path) as handle:
+    with open_source(path) as handle, _read_errors(name):
         for text in documents(handle, name, text_key, problems):
             ids = tokenizer.encode_array(text)
             for window in windows(ids, prefix, max_length):

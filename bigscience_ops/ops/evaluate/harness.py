@@ -36,6 +36,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from bigscience_ops.ops.evaluate import EvalError
+from bigscience_ops.runfiles import excerpt
 
 if TYPE_CHECKING:
     from lm_eval.api.instance import Instance
@@ -145,6 +146,12 @@ class BsopsLM(TemplateLM):
     def _loglikelihood_tokens(self, requests: list[tuple[Any, list[int], list[int]]],
                               disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
         """(log-likelihood, greedy) per (request, context ids, continuation ids), in the order given."""
+        for strings, _, continuation in requests:
+            if len(continuation) > self.max_length:
+                text = strings[1] if isinstance(strings, tuple) and len(strings) == 2 else ""
+                raise EvalError(f"a task asks for the log-likelihood of a continuation of {len(continuation)} tokens "
+                                f"({excerpt(str(text))}); the model reads at most {self.max_length} tokens "
+                                "(model.seq_length): the task's continuations must be shorter")
         return self.score([(context, continuation) for _, context, continuation in requests], "loglikelihood")
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
