@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -181,7 +182,9 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
               trainings_dir: Path | str | None = None, experiment: str | None = None,
               env: dict[str, str] | None = None) -> int:
     """Evaluate `global_step<step>` of `exp` on this machine: checks first (EvalError), then TP x PP ranks under
-    torchrun, their output streamed through; the exit code of torchrun (0: the result file is written).
+    torchrun, their output streamed through (less torchrun's own report of a failed rank: AgentNoise). Returns 0
+    when the result file is written, EXIT_ERROR when a rank said why it failed (its one `error: ...` line), else
+    torchrun's exit code.
 
     No time limit; Ctrl-C (or SIGTERM) stops every rank: torchrun's process group gets SIGTERM, then SIGKILL
     after STOP_GRACE_S, and KeyboardInterrupt is raised again once it has ended. The ranks read `exp` itself
@@ -190,6 +193,7 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
     """
     import json
     import tempfile
+    import threading
 
     from bigscience_ops.config import to_dict
 
@@ -202,14 +206,72 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
             experiment = str(Path(tmp) / "experiment.json")
             Path(experiment).write_text(json.dumps(to_dict(exp), indent=1), encoding="utf-8")
         worker = worker_argv(experiment, step, tensor, pipeline, trainings_dir, Path.cwd())
-        proc = subprocess.Popen(torchrun_argv(target.world_size, worker), env=child_env,
-                                start_new_session=True)  # its own group: stopped as one
+        proc = subprocess.Popen(torchrun_argv(target.world_size, worker), env=child_env, stderr=subprocess.PIPE,
+                                text=True, errors="replace", start_new_session=True)  # its own group: stopped as one
+        noise = AgentNoise(sys.stderr)
+        reader = threading.Thread(target=noise.pump, args=(proc.stderr,), daemon=True)
+        reader.start()
         try:
             with _raising_on_term():
-                return proc.wait()
+                code = proc.wait()
         except BaseException:
             stop(proc)
             raise
+        finally:
+            reader.join(timeout=10)
+    return EXIT_ERROR if code != 0 and noise.errors else code
+
+
+EXIT_ERROR = 2
+"""run_local's exit code when a rank said why it failed (an `error: ...` line): the request cannot be evaluated."""
+
+
+class AgentNoise:
+    """The ranks' stderr passed through line by line, less what torchrun's agent adds when a rank fails: its log
+    lines (`E1127 08:22:28.628000 29777 torch/distributed/elastic/...`) and the ChildFailedError traceback and
+    summary, which only repeat that a rank exited non-zero, after the rank's own `error: ...` line. Anything else,
+    a rank's traceback included, is written as it came."""
+
+    AGENT_LOG = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S*torch/distributed/")
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.errors = 0  # `error: ` lines of the ranks
+        self._traceback: list[str] | None = None
+        self._done = False  # the agent's failure report has begun: the rest is its summary
+
+    def pump(self, stream) -> None:
+        for line in stream:
+            self.line(line)
+        self.flush()
+
+    def line(self, line: str) -> None:
+        if self._done or self.AGENT_LOG.match(line):
+            return
+        if self._traceback is not None:
+            self._traceback.append(line)
+            if line[:1] not in (" ", "\t") and not line.startswith("Traceback"):
+                block, self._traceback = self._traceback, None
+                if "ChildFailedError" in line or any("torch/distributed/run.py" in b for b in block):
+                    self._done = True
+                else:
+                    self._write("".join(block))
+            return
+        if line.startswith("Traceback (most recent call last):"):
+            self._traceback = [line]
+            return
+        if line.startswith("error: "):
+            self.errors += 1
+        self._write(line)
+
+    def flush(self) -> None:
+        if self._traceback:
+            self._write("".join(self._traceback))
+            self._traceback = None
+
+    def _write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
 
 
 class _Terminated(KeyboardInterrupt):

@@ -210,6 +210,9 @@ class Scorer:
         shape, seed = self.shape, 0
         start, stop = self.parts[self.place.stage], self.parts[self.place.stage + 1]
         for index in range(start, stop):
+            if index == self.last_layer and self.layers and self.layers[0][0] == 0:
+                self.head = self.layers[0][1]  # one stage holds both ends: the embedding is the head (tied)
+                continue
             with torch.device("meta"):  # the layer's own initialisation is skipped: the checkpoint replaces it
                 if index == 0:
                     module: nn.Module = EmbeddingPipe(shape, seed, tp=self.tp, kernels=self.kernels)
@@ -232,11 +235,11 @@ class Scorer:
         files = self._files(source)
         shards = [_read(file) for file in files]
         wanted = set(module.state_dict())
-        state = self._reshard(shards, wanted, files)
-        missing, extra = sorted(wanted - set(state)), sorted(set(state) - wanted)
-        if missing or extra:
+        held = set(shards[0])
+        if not (wanted <= held if index == self.last_layer else wanted == held):
             raise EvalError(f"{files[0]}: holds {sorted(shards[0])}; layer {index} expects {sorted(wanted)} "
                             "(another model than bsops.json describes, or another trainer's checkpoint)")
+        state = self._reshard(shards, wanted, files)
         try:
             module.load_state_dict(state, strict=True)
         except RuntimeError as exc:
@@ -449,7 +452,7 @@ def _read(file) -> dict:
     except FileNotFoundError:
         raise EvalError(f"{file.parent}: missing {file.name}; the checkpoint is incomplete") from None
     except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a torn or foreign file
-        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        reason = (str(exc).strip().splitlines() or [""])[0].split(" (Could this error message be improved?")[0][:200]
         raise EvalError(f"{file}: unreadable ({type(exc).__name__}: {reason}); the checkpoint is torn or was not "
                         "written by torch.save; evaluate another step") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
