@@ -358,6 +358,6 @@ def test_cron_add_list_remove_in_the_default_folder(trainings: Path, tmp_path: P
     assert removed.exit_code == 0 and removed.stdout == f"removed {default / 'cron.hourly' / 'full-backup.slurm'}\n"
     assert CliRunner().invoke(main, ["cron", "remove", "full"]).exit_code == 0
     again = CliRunner().invoke(main, ["cron", "remove", "full"])
-    assert again.exit_code == 1 and "no status/hub-sync/backup job of full" in again.stdout
+    assert again.exit_code == 1 and "no status/hub-sync/backup/eval job of full" in again.stdout
     assert CliRunner().invoke(main, ["cron", "remove", "mine"]).exit_code == 1  # not one cron add wrote: kept
     assert sorted(p.name for p in (default / "cron.hourly").iterdir()) == ["mine.slurm", "tiny-slurm-status.slurm"]

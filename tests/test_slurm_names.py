@@ -57,20 +57,22 @@ def test_the_reserved_form_is_refused_as_experiment_and_job_name(name: str, trai
 
 
 def test_rendered_hourly_jobs_carry_the_reserved_names(trainings: Path, tmp_path: Path) -> None:
+    (trainings / "held.jsonl").write_text('{"text": "x"}\n')
     (trainings / "x.yaml").write_text("base: tiny\nbackup: {dest: /tmp/store}\n"
-                                      "hub: {logs_repo: bs/x-logs}\n")
+                                      "hub: {logs_repo: bs/x-logs}\neval: {sources: {held: held.jsonl}}\n")
     (trainings / "named.yaml").write_text("base: tiny\nslurm: {job_name: tr-named}\n")
     x, named = load_experiment("x", trainings), load_experiment("named", trainings)
     settings = cron.CronSettings()
     scripts = {kind: hourly_jobs.render(kind, tmp_path, x, trainings, settings) for kind in hourly_jobs.JOBS}
     assert {kind: slurm.script_job_name(_written(s)) for kind, s in scripts.items()} == {
-        "status": "bsops.x.slurm-status", "hub-sync": "bsops.x.hub-sync", "backup": "bsops.x.backup"}
-    assert sorted(s.path.name for s in scripts.values()) == ["x-backup.slurm", "x-hub-sync.slurm",
+        "status": "bsops.x.slurm-status", "hub-sync": "bsops.x.hub-sync", "backup": "bsops.x.backup",
+        "eval": "bsops.x.eval-next"}
+    assert sorted(s.path.name for s in scripts.values()) == ["x-backup.slurm", "x-eval-next.slurm", "x-hub-sync.slurm",
                                                               "x-slurm-status.slurm"]  # file names as before
     status = _written(hourly_jobs.render("status", tmp_path, named, trainings, settings))
     assert slurm.script_job_name(status) == "bsops.tr-named.slurm-status"
     assert [(i.experiment, i.kind) for i in hourly_jobs.installed(tmp_path)] == [
-        ("named", "status"), ("x", "backup"), ("x", "hub-sync"), ("x", "status")]
+        ("named", "status"), ("x", "backup"), ("x", "eval"), ("x", "hub-sync"), ("x", "status")]
 
 
 def _written(script: cron.RunnerScript) -> Path:
