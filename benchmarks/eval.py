@@ -81,7 +81,8 @@ def _train(root: Path, env: dict[str, str]) -> Path:
 def _latest(checkpoints: Path) -> str:
     latest = checkpoints / "latest"
     if not latest.is_file():
-        sys.exit(f"{checkpoints} has no `latest` file: give --run a trained tiny run folder (or leave it out to train one)")
+        sys.exit(f"{checkpoints} has no `latest` file: give --run a trained tiny run folder "
+                 "(or leave it out to train one)")
     return latest.read_text().strip()
 
 
@@ -221,7 +222,8 @@ def memory(root: Path, megabytes: int, doc_kb: int) -> None:
             sys.exit(f"scoring {path} exited {done.returncode}: {done.stderr[-3000:]}")
         rows.append((mb, path.stat().st_size, docs, json.loads(done.stdout.strip().splitlines()[-1])))
         path.unlink()
-    print(f"{'source':>8} {'docs':>6} {'tokens':>10} {'bits/byte':>9} {'seconds':>8} {'RSS before':>11} {'peak RSS':>9}")
+    print(f"{'source':>8} {'docs':>6} {'tokens':>10} {'bits/byte':>9} {'seconds':>8} {'RSS before':>11} "
+          f"{'peak RSS':>9}")
     for mb, size, docs, r in rows:
         print(f"{size / 2**20:>5.1f} MB {docs:>6} {r['tokens']:>10} {r['bits_per_byte']:>9.4f} {r['seconds']:>8.1f} "
               f"{r['before_kb'] / 1024:>8.0f} MB {r['peak_kb'] / 1024:>6.0f} MB")

@@ -92,7 +92,8 @@ def last_word_items(docs: list[dict], seen_in_training, rng: random.Random) -> l
                 continue
             lines = [f"{number} {m.group(1)} {m.group(2)}"]
             for before in reversed(vs[max(0, i - 2):i]):  # up to two verses before, while they fit
-                if seen_in_training(before[1]) or sum(len(x) + 1 for x in lines) + len(_line(*before)) > MAX_CONTEXT_CHARS:
+                length = sum(len(x) + 1 for x in lines) + len(_line(*before))
+                if seen_in_training(before[1]) or length > MAX_CONTEXT_CHARS:
                     break
                 lines.insert(0, _line(*before))
             if sum(len(x) + 1 for x in lines) > MAX_CONTEXT_CHARS:
