@@ -227,12 +227,13 @@ EXIT_ERROR = 2
 
 
 class AgentNoise:
-    """The ranks' stderr passed through line by line, less what torchrun's agent adds when a rank fails: its log
-    lines (`E1127 08:22:28.628000 29777 torch/distributed/elastic/...`) and the ChildFailedError traceback and
-    summary, which only repeat that a rank exited non-zero, after the rank's own `error: ...` line. Anything else,
-    a rank's traceback included, is written as it came."""
+    """The ranks' stderr passed through line by line, less what torchrun's agent adds when a rank fails or it is
+    stopped: its log lines (`E1127 08:22:28.628000 29777 torch/distributed/elastic/...`, also when they follow a
+    rank's progress bar on the same line) and the ChildFailedError traceback and summary, which only repeat that
+    a rank exited non-zero, after the rank's own `error: ...` line. Anything else, a rank's traceback included, is
+    written as it came."""
 
-    AGENT_LOG = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S*torch/distributed/")
+    AGENT_LOG = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S*torch/distributed/(elastic/|run\.py)")
 
     def __init__(self, out) -> None:
         self.out = out
@@ -246,7 +247,11 @@ class AgentNoise:
         self.flush()
 
     def line(self, line: str) -> None:
-        if self._done or self.AGENT_LOG.match(line):
+        if self._done:
+            return
+        if agent := self.AGENT_LOG.search(line):  # at the start, or after a rank's progress bar (no newline)
+            if agent.start() > 0:
+                self._write(line[:agent.start()] + "\n")
             return
         if self._traceback is not None:
             self._traceback.append(line)
@@ -297,20 +302,54 @@ def _raising_on_term():
 
 
 def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM to the process group of `proc` (torchrun passes it to the ranks), SIGKILL after `grace_s`."""
+    """SIGTERM to torchrun's process group (torchrun passes it to the ranks), then SIGKILL after `grace_s` to it and
+    to every process below it: torchrun starts each rank in a session of its own, so killing torchrun alone would
+    leave them running."""
     import time
 
+    ranks = descendants(proc.pid)  # now: once torchrun has ended, its ranks are no longer below it
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         proc.poll()
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
+        if proc.returncode is not None and not any(_alive(pid) for pid in ranks):
             return
         time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in [proc.pid, *ranks]:
+        if pid == proc.pid or _alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids below `pid` (from /proc's parent links; none where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or one that has just ended
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found
