@@ -205,7 +205,8 @@ def test_evaluate_writes_the_result_file_and_tensorboard_scalars(model, runs, tm
     out = tmp_path / "run"
     exp = dataclasses.replace(
         exp, paths=dataclasses.replace(exp.paths, output=str(out), tensorboard=str(out / "tensorboard")),
-        eval=EvalConfig(tasks=[runs["tasks"][1]], sources={"psalms": str(source), "gone": str(tmp_path / "nope")},
+        eval=EvalConfig(tasks=[runs["tasks"][1], str(tmp_path / "missing.yaml")],
+                        sources={"psalms": str(source), "gone": str(tmp_path / "nope")},
                         text_key="body", limit=4, batch_size=4))
     lines: list[str] = []
     path = driver.evaluate(exp, target.path, target.meta, scorer, lines.append)
@@ -217,12 +218,16 @@ def test_evaluate_writes_the_result_file_and_tensorboard_scalars(model, runs, tm
     assert section["layout"] == {"tensor": 1, "pipeline": 1}
     assert result["results"]["t_two_choice"]["sample_len"] == 4 and "samples" not in result
     assert sorted(section["bits_per_byte"]) == ["psalms"] and section["bits_per_byte"]["psalms"]["documents"] == 2
-    assert len(section["problems"]) == 1 and "gone" in section["problems"][0]
+    assert len(section["problems"]) == 2 and "missing.yaml" in section["problems"][0]
+    assert "gone" in section["problems"][1]
     acc = result["results"]["t_two_choice"]["acc,none"]
     bpb = section["bits_per_byte"]["psalms"]["bits_per_byte"]
     board = out / "tensorboard"
     assert scalars(board, "eval/t_two_choice/acc") == {target.meta["iteration"]: pytest.approx(acc)}
     assert scalars(board, "eval/psalms/bits_per_byte vs tokens") == {target.meta["consumed_tokens"]: pytest.approx(bpb)}
+    nothing = dataclasses.replace(exp, eval=EvalConfig(sources={"gone": str(tmp_path / "nope")}))
+    with pytest.raises(EvalError, match="nothing of"):
+        driver.evaluate(nothing, target.path, target.meta, scorer)
 
 
 def test_task_files_data_files_made_absolute(tmp_path):

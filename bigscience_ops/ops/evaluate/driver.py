@@ -11,8 +11,10 @@ checkpoint (the other ranks serve the Scorer's forward passes meanwhile):
    `dataset_kwargs.data_files` made absolute against the YAML's folder; eval.limit examples per task;
    no request or response cache, per-sample output off, a local YAML task's `datasets` cache in a
    temporary folder (never the user's home), stderr by BOOTSTRAP_ITERS resamples in this process;
-2. bits per byte of each eval.sources file (bpb.py); a source that cannot be scored is named in the
-   result's bsops.problems and the others are still scored;
+2. bits per byte of each eval.sources file (bpb.py);
+   a task that cannot be loaded (an unknown name, data not in the cache offline, a broken task file) or
+   a source that cannot be scored is a line in the result's bsops.problems and the others still run;
+   nothing at all evaluated is an EvalError (the worker exits 2, the hourly job alerts);
 3. the result, lm-eval's own output (results, configs, versions, n-shot, higher-is-better, n-samples, ...)
    with a "bsops" section (the checkpoint's step, iteration and consumed tokens, the layout it was scored
    in, the sources' bits per byte), written to <paths.output>/eval/<tag>.json (results.write: atomic);
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.ops.evaluate import EvalError, results
+from bigscience_ops.validation import TASK_FILE_SUFFIXES, is_task_file
 
 if TYPE_CHECKING:
     from bigscience_ops.ops.evaluate.harness import BsopsLM, Scorer
@@ -41,13 +44,6 @@ if TYPE_CHECKING:
 
 BOOTSTRAP_ITERS = 1000
 """Resamples for the stderr of bootstrapped metrics (perplexity); lm-eval's default 100000 costs minutes."""
-TASK_FILE_SUFFIXES = (".yaml", ".yml")
-FORMAT = 1
-
-
-def is_task_file(task: str) -> bool:
-    """Whether an eval.tasks entry names a task YAML file rather than a registered task."""
-    return task.endswith(TASK_FILE_SUFFIXES)
 
 
 def _absolute(files: Any, folder: Path) -> Any:
@@ -104,27 +100,56 @@ def _quiet_lm_eval() -> Iterator[None]:
 
 
 def run_tasks(lm: Any, tasks: list[str], limit: int | None = None, log: Callable[[str], None] = lambda line: None,
-              log_samples: bool = False) -> dict:
+              log_samples: bool = False, problems: list[str] | None = None) -> dict:
     """lm-eval's output of simple_evaluate for `tasks` (registered names and task YAML files) on `lm` (a BsopsLM,
-    or any lm-eval LM), its per-sample output ("samples") only with log_samples."""
+    or any lm-eval LM), its per-sample output ("samples") only with log_samples. A task that cannot be loaded
+    (no such name, its data not to be had, a broken task file) is an EvalError naming it, or, given `problems`,
+    a line appended there and the task left out ({} when none is left)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    def failed(message: str) -> None:
+        if problems is None:
+            raise EvalError(message)
+        problems.append(message)
+        log(f"skipped: {message}")
+
     with tempfile.TemporaryDirectory(prefix="bsops-eval-datasets-") as cache, _quiet_lm_eval():
-        specs = [task_config(t, cache) if is_task_file(t) else t for t in tasks]
-        registered = [t for t in specs if isinstance(t, str) and not is_task_file(t)]
+        registered = [t for t in tasks if not is_task_file(t)]
         log(f"lm-eval tasks: {', '.join(tasks)}" + (" (indexing lm-eval's registered tasks)" if registered else ""))
         manager = TaskManager(include_defaults=bool(registered))
-        unknown = [t for t in registered if t not in manager.all_tasks]
-        if unknown:
-            raise EvalError(f"eval.tasks: {', '.join(unknown)}: no such lm-eval {lm_eval.__version__} task; allowed: "
-                            "a registered task, group or tag name (`lm-eval ls tasks`), or a task YAML file "
-                            f"({'/'.join(TASK_FILE_SUFFIXES)})")
-        out = lm_eval.simple_evaluate(model=lm, tasks=specs, limit=limit, task_manager=manager, log_samples=log_samples,
+        built = []
+        for task in tasks:
+            try:
+                if task in registered and task not in manager.all_tasks:
+                    raise EvalError(f"eval.tasks: {task}: no such lm-eval {lm_eval.__version__} task; allowed: a "
+                                    "registered task, group or tag name (`lm-eval ls tasks`), or a task YAML file "
+                                    f"({'/'.join(TASK_FILE_SUFFIXES)})")
+                built += _build(manager, task_config(task, cache) if is_task_file(task) else task, task)
+            except EvalError as exc:
+                failed(str(exc))
+        if not built:
+            return {}
+        out = lm_eval.simple_evaluate(model=lm, tasks=built, limit=limit, task_manager=manager, log_samples=log_samples,
                                       cache_requests=False, use_cache=None, bootstrap_iters=BOOTSTRAP_ITERS)
     if out is None:
         raise EvalError("lm-eval returned no results (it returns them on rank 0 only, with LOCAL_RANK 0)")
     return {k: v for k, v in dict(out).items() if log_samples or k != "samples"}
+
+
+def _build(manager: Any, spec: str | dict, task: str) -> list:
+    """The lm-eval Task or Group (or a tag's Tasks) of one eval.tasks entry, its data loaded, as a list; a task
+    whose data cannot be had is an EvalError naming it."""
+    from lm_eval.api.group import Group
+    from lm_eval.api.task import Task
+
+    try:
+        built = manager._load_spec(spec)  # what TaskManager.load does per entry (lm-eval 0.4.13)
+    except Exception as exc:  # datasets', huggingface_hub's, yaml's and a task's own errors alike
+        raise EvalError(f"eval.tasks: {task}: lm-eval cannot load it: {type(exc).__name__}: {exc}; a registered "
+                        "task's data comes through `datasets`, from your cache or a mirror (HF_ENDPOINT; offline "
+                        "with HF_DATASETS_OFFLINE=1 once cached), a task file's from its data_files") from None
+    return [built] if isinstance(built, (Task, Group)) else list(built)
 
 
 def source_bits_per_byte(exp: Experiment, lm: BsopsLM, log: Callable[[str], None]) -> tuple[dict, list[str]]:
@@ -141,14 +166,19 @@ def source_bits_per_byte(exp: Experiment, lm: BsopsLM, log: Callable[[str], None
     return scored, problems
 
 
+def result_tag(checkpoint: str | os.PathLike[str]) -> str:
+    """The checkpoint's tag (global_stepN), its folder's name."""
+    return Path(checkpoint).name
+
+
 def bsops_section(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer, bits: dict, problems: list[str],
                   seconds: float) -> dict:
     """The result's "bsops" section: what was evaluated, in which layout, and the sources' bits per byte."""
-    tag = Path(checkpoint).name
+    tag = result_tag(checkpoint)
     step = layout.step_of(tag)
     parallel = meta.get("parallel") if isinstance(meta.get("parallel"), dict) else {}
     return {
-        "format": FORMAT, "experiment": exp.name, "tag": tag, "step": step,
+        "format": results.FORMAT, "experiment": exp.name, "tag": tag, "step": step,
         "iteration": meta.get("iteration", step),
         "consumed_samples": meta.get("consumed_train_samples"), "consumed_tokens": meta.get("consumed_tokens"),
         "layout": dict(getattr(scorer, "layout", None) or {"tensor": parallel.get("tensor"),
@@ -190,8 +220,12 @@ def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
     if not exp.eval.configured:
         raise EvalError(f"experiment {exp.name} has no eval.tasks and no eval.sources; nothing to evaluate")
     lm = build_lm(exp, scorer, log)
-    result = run_tasks(lm, list(exp.eval.tasks), exp.eval.limit, log) if exp.eval.tasks else {}
-    bits, problems = source_bits_per_byte(exp, lm, log)
+    problems: list[str] = []
+    result = run_tasks(lm, list(exp.eval.tasks), exp.eval.limit, log, problems=problems) if exp.eval.tasks else {}
+    bits, unscored = source_bits_per_byte(exp, lm, log)
+    problems += unscored
+    if not result.get("results") and not bits:
+        raise EvalError(f"nothing of {result_tag(checkpoint)} could be evaluated: " + "; ".join(problems))
     result["bsops"] = bsops_section(exp, Path(checkpoint), meta, scorer, bits, problems, time.monotonic() - started)
     path = results.result_path(exp, result["bsops"]["tag"])
     results.write(path, result)
