@@ -230,7 +230,8 @@ def _foreign_zip(file: Path) -> None:
 
 
 def test_a_rank_that_cannot_load_ends_every_rank_with_one_line(copied, tmp_path):
-    """The stage-1 rank fails to read its layer; rank 0 says so in one line and both exit 2 at once."""
+    """The stage-1 rank fails to read its layer; rank 0 says so in one line and both exit 2 at once. A step newer
+    than `latest` is refused by every rank before the process group forms, rank 0 saying why."""
     exp, checkpoints, step = copied
     _foreign_zip(launcher.layer_file(checkpoints / f"global_step{step}", exp.model.num_layers, 1, 0))
     proc = _worker(tmp_path, step, tmp_path / "none.json", tmp_path / "none-out.json", 2)
@@ -238,6 +239,10 @@ def test_a_rank_that_cannot_load_ends_every_rank_with_one_line(copied, tmp_path)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"layer_{exp.model.num_layers:02d}-model_states.pt" in errors[0], proc.stderr
     assert not (tmp_path / "none-out.json").exists()
+    shutil.copytree(checkpoints / f"global_step{step}", checkpoints / f"global_step{step + 5}")  # a save under way
+    proc = _worker(tmp_path, step + 5, tmp_path / "none.json", tmp_path / "none-out.json", 2)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "newer" in errors[0], proc.stderr
 
 
 def test_worker_argv_and_torchrun_argv():

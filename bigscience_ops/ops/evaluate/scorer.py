@@ -446,9 +446,13 @@ class Scorer:
 
 
 def _read(file) -> dict:
-    """One layer file's state dict (tensors only), mapped rather than read where torch can."""
+    """One layer file's state dict (tensors only), mapped rather than read where torch can (files of older torch
+    versions are read whole)."""
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:
+            state = torch.load(file, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise EvalError(f"{file.parent}: missing {file.name}; the checkpoint is incomplete") from None
     except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a torn or foreign file
