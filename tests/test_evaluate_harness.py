@@ -269,3 +269,27 @@ def test_requests_are_cut_as_hflm_cuts_them_and_scored_longest_first_once():
     long = Instance("loglikelihood", {}, ("And it came to pass", " that" * 12), 0)
     with pytest.raises(EvalError, match="continuation of 12 tokens"):
         lm.loglikelihood([long])
+
+
+def test_generate_until_stops_at_a_stop_string_the_end_of_document_or_max_gen_toks():
+    from lm_eval.api.instance import Instance
+
+    from tests.test_evaluate_bpb import WindowScorer, _lm
+
+    lm = _lm()
+    script = lm.tok_encode(" it came to pass\n that") + [lm.eot_token_id]
+    base = len(lm.tok_encode("And"))
+
+    class Scripted(WindowScorer):
+        max_length = 64
+
+        def next_tokens(self, contexts):
+            return [script[min(len(c) - base, len(script) - 1)] for c in contexts]
+
+    lm.scorer = Scripted()
+    asks = [{"until": ["\n"], "max_gen_toks": 20}, {"until": [" came"], "max_gen_toks": 9},
+            {"until": "zzz", "max_gen_toks": 2}, {"until": ["zzz"], "max_gen_toks": 40}]
+    got = lm.generate_until([Instance("generate_until", {}, ("And", kw), i) for i, kw in enumerate(asks)])
+    assert got == [" it came to pass", " it", lm.tok_decode(script[:2]), " it came to pass\n that"]
+    empty = Instance("generate_until", {}, ("", {"until": ["\n"], "max_gen_toks": 3}), 0)
+    assert _lm().generate_until([empty]) == [""]  # the end-of-document token as context; it answers that token

@@ -186,12 +186,14 @@ class BsopsLM(TemplateLM):
             until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
             max_gen = int(kwargs.pop("max_gen_toks"))
             if not 0 < max_gen < self.max_length:
-                raise EvalError(f"max_gen_toks {max_gen} must be at least 1 and below the model's sequence "
-                                f"length {self.max_length}")
+                raise EvalError(f"a task asks to generate max_gen_toks {max_gen} tokens ({MAX_GEN_TOKS} where it "
+                                f"names none); allowed: 1 to {self.max_length - 1}, below the model's sequence length "
+                                f"{self.max_length} (room for the context)")
             order = sorted(indices, key=lambda i: -len(requests[i].args[0]))
             for start in range(0, len(order), self.batch_size):
                 batch = order[start:start + self.batch_size]
-                contexts = [self.tok_encode(requests[i].args[0])[-(self.max_length - max_gen):] for i in batch]
+                contexts = [self.tok_encode(requests[i].args[0])[-(self.max_length - max_gen):] or [self.eot_token_id]
+                            for i in batch]  # an empty context: the end-of-document token, as for loglikelihood
                 for i, text in zip(batch, self._greedy(contexts, until, max_gen), strict=True):
                     out[i] = postprocess_generated_text(text, until, None)
                     self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
