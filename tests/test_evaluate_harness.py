@@ -266,6 +266,10 @@ def test_requests_are_cut_as_hflm_cuts_them_and_scored_longest_first_once():
     assert seen == [(list(range(13, 20)), [3, 4]), ([7, 8], [9]), ([1], [2])]
     assert got[0] == got[2] and len(got) == 4
     assert got == [WindowScorer().score([harness.fit(c, x, 8)])[0] for c, x in pairs]
+    small = WindowScorer()
+    small.vocab_size = 300
+    with pytest.raises(EvalError, match="8192 tokens"):
+        _lm(small)
     long = Instance("loglikelihood", {}, ("And it came to pass", " that" * 12), 0)
     with pytest.raises(EvalError, match="continuation of 12 tokens"):
         lm.loglikelihood([long])

@@ -99,6 +99,10 @@ class BsopsLM(TemplateLM):
         if tokenizer.eod is None:
             raise EvalError(f"tokenizer {tokenizer.name} has no <|endoftext|> token; lm-eval's requests need one "
                             "(the context of an empty-context request and of a document's first window)")
+        if tokenizer.vocab_size > scorer.vocab_size:
+            raise EvalError(f"tokenizer {tokenizer.name} has {tokenizer.vocab_size} tokens but the model's vocabulary "
+                            f"has {scorer.vocab_size}; ids past {scorer.vocab_size - 1} would have no embedding: "
+                            "evaluate with the tokenizer the model was trained with")
         if tokenizer.eod != scorer.eod:
             raise EvalError(f"the tokenizer's end-of-document id {tokenizer.eod} is not the model's "
                             f"{scorer.eod}; evaluate with the tokenizer the model was trained with")
