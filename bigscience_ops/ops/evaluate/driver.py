@@ -219,6 +219,7 @@ def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
     started = time.monotonic()
     if not exp.eval.configured:
         raise EvalError(f"experiment {exp.name} has no eval.tasks and no eval.sources; nothing to evaluate")
+    path = results.result_path(exp, result_tag(checkpoint))  # a folder not named global_stepN: refused before work
     lm = build_lm(exp, scorer, log)
     problems: list[str] = []
     result = run_tasks(lm, list(exp.eval.tasks), exp.eval.limit, log, problems=problems) if exp.eval.tasks else {}
@@ -227,9 +228,12 @@ def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
     if not result.get("results") and not bits:
         raise EvalError(f"nothing of {result_tag(checkpoint)} could be evaluated: " + "; ".join(problems))
     result["bsops"] = bsops_section(exp, Path(checkpoint), meta, scorer, bits, problems, time.monotonic() - started)
-    path = results.result_path(exp, result["bsops"]["tag"])
     results.write(path, result)
-    written = write_scalars(exp, result)
+    try:
+        written = write_scalars(exp, result)
+    except OSError as exc:  # the result file is written: a TensorBoard folder that cannot take an event file is told
+        written = 0
+        log(f"TensorBoard scalars not written to {exp.paths.tensorboard}: {exc.strerror or exc}")
     log(f"evaluation of {result['bsops']['tag']} written to {path} ({written} metrics, "
         f"{result['bsops']['seconds']:.0f} s)")
     return path
