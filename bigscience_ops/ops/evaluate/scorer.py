@@ -2,7 +2,7 @@
 
 Layout: ranks are laid out as the trainer's DeepSpeed topology with one data-parallel replica,
 rank = stage * TP + tp_rank (TP fastest). Each rank builds only its pipeline stage's layers (the
-trainer's own classes, trainer/model.py, on the meta device first: no random initialisation), with
+trainer's own classes, trainer/model.py, without their random initialisation: `_uninitialised`), with
 the stage split the trainer's PipelineModule makes (sizing.partition, parallel.partition_method),
 in eval mode (no dropout), without DeepSpeed's engine or an optimizer.
 
@@ -17,8 +17,9 @@ The tied output head of the last stage is the word embedding of layer 0's files.
 One forward pass (`Scorer._forward` on rank 0, `Scorer.follow` on the others):
     rank 0 broadcasts a command [op, B, T] (op 0: stop), then one (3, B, T) int64 tensor:
         inputs, targets and a mask of the positions to score (right padded);
-    each stage receives the activations (B, T, h) from the same TP rank of the stage before
-        (torch.distributed send/recv on the compute device), runs its layers, sends them on;
+    each stage receives the activations (b, T, h) from the same TP rank of the stage before
+        (torch.distributed send/recv on the compute device), runs its layers, sends them on, one
+        micro-batch of b rows after the other (about 2 x PP of them: the stages overlap, as a pipeline);
     the last stage runs the final norm's output through the tied head for the masked positions only,
         in chunks, and computes a vocab-parallel log-softmax over the REAL vocabulary (padded rows
         masked to -inf, as the export drops them): max and sum-exp all-reduced over TP, the target
@@ -32,8 +33,10 @@ on GPUs the layers run in the training precision and the log-softmax in fp32.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from collections.abc import Iterator
 from datetime import timedelta
 from functools import cached_property
 
@@ -213,7 +216,7 @@ class Scorer:
             if index == self.last_layer and self.layers and self.layers[0][0] == 0:
                 self.head = self.layers[0][1]  # one stage holds both ends: the embedding is the head (tied)
                 continue
-            with torch.device("meta"):  # the layer's own initialisation is skipped: the checkpoint replaces it
+            with _uninitialised():
                 if index == 0:
                     module: nn.Module = EmbeddingPipe(shape, seed, tp=self.tp, kernels=self.kernels)
                 elif index <= shape.num_layers:
@@ -222,7 +225,7 @@ class Scorer:
                     module = FinalNorm(shape, self.kernels)
                 else:
                     module = EmbeddingPipe(shape, seed, with_positions=False, tp=self.tp, kernels=self.kernels)
-            module = module.to_empty(device=self.device).to(self.dtype).eval()
+            module = module.to(device=self.device, dtype=self.dtype).eval()
             self._load(module, index)
             if index == self.last_layer:
                 self.head = module
@@ -383,19 +386,28 @@ class Scorer:
 
     @torch.no_grad()
     def _step(self, data: torch.Tensor) -> torch.Tensor | None:
-        """This stage's part of one forward pass; the last stage returns the per-item results (CPU, float64)."""
+        """This stage's part of one forward pass; the last stage returns the per-item results (CPU, float64).
+
+        With PP > 1 the batch goes through in micro-batches (about 2 x PP of them), so that the stages work at the
+        same time on consecutive ones, as a pipeline does; each stage receives, runs and sends them in order."""
         tokens, targets, mask = data.to(self.device).unbind(0)
         batch, width = tokens.shape
-        x = None
-        if self.place.stage > 0:
-            x = torch.empty(batch, width, self.shape.hidden_size, dtype=self.dtype, device=self.device)
-            dist.recv(x, self.place.rank_of(self.place.stage - 1, self.place.tp_rank))
-        for index, module in self.layers:
-            x = module(tokens) if index == 0 else module(x)
-        if not self.place.is_last:
-            dist.send(x.to(self.dtype).contiguous(), self.place.rank_of(self.place.stage + 1, self.place.tp_rank))
-            return None
-        return self._results(x, targets, mask)
+        micro = batch if self.target.pipeline == 1 else -(-batch // (2 * self.target.pipeline))
+        results = []
+        for lo in range(0, batch, micro):
+            rows = slice(lo, min(lo + micro, batch))
+            x = None
+            if self.place.stage > 0:
+                x = torch.empty(rows.stop - rows.start, width, self.shape.hidden_size, dtype=self.dtype,
+                                device=self.device)
+                dist.recv(x, self.place.rank_of(self.place.stage - 1, self.place.tp_rank))
+            for index, module in self.layers:
+                x = module(tokens[rows]) if index == 0 else module(x)
+            if not self.place.is_last:
+                dist.send(x.to(self.dtype).contiguous(), self.place.rank_of(self.place.stage + 1, self.place.tp_rank))
+                continue
+            results.append(self._results(x, targets[rows], mask[rows]))
+        return torch.cat(results) if results else None
 
     def _results(self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Per item: [sum of log p(target) over the masked positions, all argmax == target, argmax at the last one]."""
@@ -443,6 +455,32 @@ class Scorer:
             dist.all_reduce(sums, group=group)
             dist.all_reduce(candidate, op=dist.ReduceOp.MIN, group=group)
         return sums[1] - top - sums[0].log(), candidate
+
+
+@contextlib.contextmanager
+def _uninitialised() -> Iterator[None]:
+    """Inside: the trainer's layers are built without their random initialisation, since the checkpoint's weights
+    replace every parameter. The trainer draws each full matrix from the layer's generator and then cuts this rank's
+    slice (trainer/model.py): for a 100B model, minutes of random numbers and a full matrix in memory per weight.
+    (Building on the meta device instead would import torch._dynamo for the meta kernels: over a second per rank.)"""
+    from unittest import mock
+
+    from bigscience_ops.trainer import model
+
+    def sharded(rows: int, cols: int, std: float, gen: torch.Generator, tp: TensorParallel, dim: int) -> nn.Parameter:
+        shape = [rows, cols]
+        shape[dim] //= tp.size
+        param = nn.Parameter(torch.empty(shape))
+        return model.mark_tensor_parallel(param) if tp.size > 1 else param
+
+    with mock.patch.object(model, "_sharded_normal", sharded), mock.patch.object(model, "_normal_", _nothing), \
+            mock.patch.object(nn.Linear, "reset_parameters", _nothing), \
+            mock.patch.object(nn.Embedding, "reset_parameters", _nothing):
+        yield
+
+
+def _nothing(*args: object) -> None:
+    return None
 
 
 def _read(file) -> dict:

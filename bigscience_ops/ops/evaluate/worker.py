@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -113,6 +114,7 @@ def run(exp, target, device, evaluate: Callable | None = None) -> int:
 
     rank = dist.get_rank()
     built, error = None, None
+    started = time.monotonic()
     try:
         built = Scorer(exp, target, device)
     except BsopsError as exc:
@@ -128,6 +130,9 @@ def run(exp, target, device, evaluate: Callable | None = None) -> int:
             _print_error(first)
         return EXIT_ERROR
     assert built is not None
+    if rank == 0:
+        _log(f"loaded {target.tag} of {target.path.parent} in TP={target.tensor} x PP={target.pipeline} "
+             f"({target.world_size} ranks) in {time.monotonic() - started:.1f} s")
     if rank != 0:
         built.follow()
         return 0
