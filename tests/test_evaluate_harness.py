@@ -297,3 +297,32 @@ def test_generate_until_stops_at_a_stop_string_the_end_of_document_or_max_gen_to
     assert got == [" it came to pass", " it", lm.tok_decode(script[:2]), " it came to pass\n that"]
     empty = Instance("generate_until", {}, ("", {"until": ["\n"], "max_gen_toks": 3}), 0)
     assert _lm().generate_until([empty]) == [""]  # the end-of-document token as context; it answers that token
+
+
+@pytest.mark.slow  # the session's trained run, a torchrun launch of two ranks, lm-eval
+def test_bsops_eval_in_the_checkpoints_pp2_layout_gives_lm_evals_hf_metrics(runs, model, tmp_path):
+    """The whole path: `bsops eval`'s launcher starts the checkpoint's own two pipeline ranks under torchrun, rank 0
+    runs the same three tasks and bits per byte of the rolling task's documents through the driver, and the result
+    file it writes holds lm-eval hf's metrics on the export: accuracies equal, the rest within 1e-4 relative."""
+    from bigscience_ops.checkpoints import layout
+    from bigscience_ops.ops.evaluate import launcher, results
+
+    exp, target, _, _ = model
+    assert (exp.parallel.tensor, exp.parallel.pipeline) == (1, 2)
+    rolling = Path(runs["tasks"][2]).parent / "data" / "rolling.jsonl"
+    evaluated = dataclasses.replace(
+        exp, eval=EvalConfig(tasks=runs["tasks"], sources={"held": str(rolling)}, batch_size=4),
+        paths=dataclasses.replace(exp.paths, output=str(tmp_path / "run"), tensorboard=str(tmp_path / "tb")))
+    step = layout.latest_step(Path(exp.paths.checkpoints))
+    assert launcher.run_local(evaluated, step) == 0
+    written = json.loads(results.result_path(evaluated, f"global_step{step}").read_text())
+    assert written["bsops"]["layout"] == {"tensor": 1, "pipeline": 2} and written["bsops"]["step"] == step
+    hf = runs["hf"]["results"]
+    for task, metrics in hf.items():
+        for key, value in metrics.items():
+            if key.startswith(("acc,", "acc_norm,")):
+                assert written["results"][task][key] == value, (task, key)
+            elif isinstance(value, float) and "stderr" not in key:
+                assert abs(written["results"][task][key] - value) <= REL * abs(value), (task, key, value)
+    bpb = written["bsops"]["bits_per_byte"]["held"]["bits_per_byte"]
+    assert abs(bpb - hf["t_rolling"]["bits_per_byte,none"]) <= REL * bpb
