@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None, evaluate: Callable | None = None) -> int
     if world != target.world_size:
         if rank == 0:
             _print_error(f"{world} ranks started for TP={target.tensor} x PP={target.pipeline}; allowed: "
-                         f"{target.world_size} (torchrun --nproc-per-node {target.world_size} on one node)")
+                         f"{target.world_size} processes in all (TP x PP; torchrun's --nproc-per-node times the nodes)")
         return EXIT_ERROR
 
     import torch.distributed as dist
