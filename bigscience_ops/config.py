@@ -12,6 +12,8 @@ record (experiment.json) alike. Nothing here reads a run folder.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from functools import partial
 from pathlib import Path
 
@@ -44,9 +46,39 @@ def field_origins(name: str, trainings_dir: Path | None = None) -> dict[str, str
 
 def _before_merge(data: dict, merged: dict, source: str) -> None:
     """What a file says replaces some of what it inherits before it is merged: `record` is each file's own (an
-    experiment based on a seed's record is not a record), and the node plan (_one_node_plan)."""
+    experiment based on a seed's record is not a record), the node plan (_one_node_plan), and a mapping field
+    (eval.sources, eval.references, ...) the file sets, as a list is: a whole value, not merged name by name (an
+    experiment based on tiny that names its own held-out sources is not also evaluated on tiny's)."""
     merged.pop("record", None)
     _one_node_plan(data, merged, source)
+    for path in MAPPING_FIELDS:
+        own, inherited = data, merged
+        for key in path[:-1]:
+            own, inherited = own.get(key), inherited.get(key)
+            if not isinstance(own, dict) or not isinstance(inherited, dict):
+                break
+        else:
+            if path[-1] in own:
+                inherited.pop(path[-1], None)
+
+
+def _mapping_fields(cls: type, prefix: tuple[str, ...] = ()) -> tuple[tuple[str, ...], ...]:
+    """The field paths of `cls` whose values are mappings of names (dict fields), nested sections followed."""
+    hints = typing.get_type_hints(cls)
+    found: list[tuple[str, ...]] = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (
+            typing.Union, types.UnionType) else [tp]
+        tp = args[0] if args else tp
+        if typing.get_origin(tp) is dict:
+            found.append(prefix + (f.name,))
+        elif dataclasses.is_dataclass(tp):
+            found.extend(_mapping_fields(tp, prefix + (f.name,)))
+    return tuple(found)
+
+
+MAPPING_FIELDS = _mapping_fields(Experiment)
 
 
 def _one_node_plan(data: dict, merged: dict, source: str) -> None:

@@ -330,3 +330,13 @@ def test_bundled_experiments_stay_reachable_beside_a_local_trainings_folder(tmp_
     (local / "tiny.yaml").unlink()
     assert run_folder_note(bundled / "tiny.yaml", load_experiment("tiny")) == (
         f"run folder: {tmp_path}/runs/tiny (tiny is bundled with bsops: its runs go under the current folder)")
+
+
+def test_a_mapping_field_a_file_sets_replaces_its_bases_whole(trainings) -> None:
+    """eval.sources of an experiment based on tiny is its own (tiny's held-out sources not added); a section set
+    around it still merges key by key, and a file that leaves the mapping out inherits it."""
+    (trainings / "own.yaml").write_text("base: tiny\neval: {sources: {held: held.jsonl}, every_saves: 2}\n")
+    (trainings / "kept.yaml").write_text("base: tiny\neval: {every_saves: 3}\n")
+    own, kept, tiny = (load_experiment(name, trainings) for name in ("own", "kept", "tiny"))
+    assert list(own.eval.sources) == ["held"] and own.eval.every_saves == 2 and own.eval.tasks == tiny.eval.tasks
+    assert kept.eval.sources == tiny.eval.sources and kept.eval.every_saves == 3
