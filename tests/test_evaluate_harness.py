@@ -326,3 +326,42 @@ def test_bsops_eval_in_the_checkpoints_pp2_layout_gives_lm_evals_hf_metrics(runs
                 assert abs(written["results"][task][key] - value) <= REL * abs(value), (task, key, value)
     bpb = written["bsops"]["bits_per_byte"]["held"]["bits_per_byte"]
     assert abs(bpb - hf["t_rolling"]["bits_per_byte,none"]) <= REL * bpb
+
+
+@pytest.mark.slow  # the session's trained run
+def test_bits_per_byte_is_the_trainers_loss_on_the_same_text_converted_by_tokens_per_byte(runs, model):
+    """The trainer's own model and loss (trainer/model.py's layers and lm_loss, what its validation reports as "lm
+    loss value", in nats per token) over the same documents, fed in the windows bits per byte scores them in,
+    converted by tokens per byte: the source's bits per byte. The windows are lm-eval's: each document whole, its
+    first token predicted from the end-of-document token (the trainer's validation samples run across document
+    boundaries instead, so its logged value over another cut of the text differs by that context)."""
+    import torch
+
+    from bigscience_ops.ops.evaluate.bpb import bits_per_byte
+    from bigscience_ops.ops.evaluate.scorer import eval_shape
+    from bigscience_ops.trainer.model import build_sequential, lm_loss
+
+    exp, target, _, scorer = model
+    gpt = build_sequential(eval_shape(target), exp.train.seed, kernels="torch").eval()
+    layers = [gpt.embedding, *gpt.blocks, gpt.final_norm]
+    for index, layer in enumerate(layers):  # the checkpoint's layer files, as DeepSpeed saved them (TP=1)
+        layer.load_state_dict(torch.load(target.path / f"layer_{index:02d}-model_states.pt", weights_only=True))
+    source = Path(runs["tasks"][2]).parent / "data" / "rolling.jsonl"
+    docs = [json.loads(line)["text"] for line in source.read_text(encoding="utf-8").splitlines()]
+    lm = harness.build_lm(exp, scorer)
+    weighted, tokens = 0.0, 0
+    for doc in docs:
+        for context, continuation in harness.rolling_windows(lm.tok_encode(doc), lm.eot_token_id, scorer.max_length):
+            window = context + continuation
+            mask = [0] * (len(context) - 1) + [1] * len(continuation)
+            with torch.no_grad():
+                logits = gpt(torch.tensor([window[:-1]]))
+                loss = lm_loss(logits, (torch.tensor([window[1:]]), torch.tensor([mask])), "torch")
+            weighted += float(loss) * len(continuation)
+            tokens += len(continuation)
+    validation_loss = weighted / tokens  # nats per token over the whole text
+    n_bytes = sum(len(doc.encode("utf-8")) for doc in docs)
+    got = bits_per_byte(source, lm, docs=100)
+    assert (got.tokens, got.bytes) == (tokens, n_bytes) and tokens > 3 * scorer.max_length
+    converted = validation_loss * (tokens / n_bytes) / math.log(2)
+    assert abs(got.bits_per_byte - converted) <= REL * converted, (got.bits_per_byte, converted)
