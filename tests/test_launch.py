@@ -133,11 +133,13 @@ def test_launch_tiny_local_runs_the_array_and_resumes(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_local_launch_sizes_each_task_by_its_node_phase(tmp_path):
-    """1 "node" of 2 processes, then 2 once the rampup 4, 8 is over: task 2 runs the script rendered for 2 nodes."""
+    """1 "node", then 2 once the rampup 4, 8 is over: task 2 runs the script rendered for 2 nodes. One process a
+    node (PP=1: DP 1, then 2), the fewest that change size: each costs a fresh interpreter's start and exit. The
+    cluster's node-phase test (test_cluster_launch_phases.py) moves PP=2 from 2 processes to 4."""
     trainings = small_trainings(tmp_path / "trainings", SMALL.replace("increment: 2", "increment: 4").replace(
         "exit_interval: 15", "exit_interval: null") + """
-parallel: {zero_stage: 1}
-slurm: {gpus_per_node: 2, node_schedule: [{nodes: 1}, {nodes: 2, from_iteration: 12}]}
+parallel: {pipeline: 1, zero_stage: 1}
+slurm: {gpus_per_node: 1, node_schedule: [{nodes: 1}, {nodes: 2, from_iteration: 12}]}
 """)
     run = tmp_path / "run"
     proc = subprocess.run([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
