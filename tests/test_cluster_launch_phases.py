@@ -27,11 +27,11 @@ def test_tiny_moves_from_one_node_to_two_at_its_phase_boundary(tmp_path: Path, t
     (trainings / "tinyph.yaml").write_text(tiny_yaml(
         tmp_path / "run",
         # A rampup 8, 16 keeps every step boundary a multiple of MBS x DP = 4 x 2 (see the plan's warning).
-        "train: {samples: 800}\nparallel: {zero_stage: 1}\nbatch: {rampup: {start: 8, increment: 8, samples: 300}}\n"
+        "train: {samples: 480}\nparallel: {zero_stage: 1}\nbatch: {rampup: {start: 8, increment: 8, samples: 160}}\n"
         "checkpoint: {exit_interval: null, save_interval: 1000}\nlogging: {eval_interval: 1000}\n",
         SHRUNK_MODEL,  # tiny's model shrunk to seconds: the phases, not the model, are under test
         f"slurm: {{job_name: {slurm_cluster.prefix}-phases, partition: {slurm_cluster.partition}, gpus_per_node: 2, "
-        "array: 3, node_schedule: [{nodes: 1}, {nodes: 2, from_samples: 600}]}\n"))
+        "array: 3, node_schedule: [{nodes: 1}, {nodes: 2, from_samples: 320}]}\n"))
     exp = load_experiment("tinyph", trainings)
     assert not make_plan(exp).problems
     first, second = run_schedule(exp).phases()
@@ -49,10 +49,10 @@ def test_tiny_moves_from_one_node_to_two_at_its_phase_boundary(tmp_path: Path, t
     def resized() -> str | None:
         return ledger.resized(ledger.read(records), job_id) if records.exists() else None
 
-    next_job = wait_until("the first array to hand the run on", resized, timeout=600, interval=2)
+    next_job = wait_until("the first array to hand the run on", resized, timeout=600, interval=0.5)
     slurm_cluster.submitted.append(next_job)
     wait_until("both arrays to finish", lambda: not slurm_cluster.jobs(job_id) and not slurm_cluster.jobs(next_job),
-               timeout=600, interval=2)
+               timeout=600, interval=0.5)
 
     assert ledger.latest_iteration(Path(exp.paths.checkpoints)) == total
     attempts = ledger.attempts(ledger.read(records))
