@@ -106,9 +106,11 @@ def test_the_trainer_reads_model_kernels_and_trains_the_same_losses(tmp_path):
 
     def train(choice: str) -> dict[int, float]:
         out = tmp_path / choice
+        # Two steps: the second's loss follows a backward and an update through the kernels (an interpreted
+        # Triton step costs about 2 CPU s).
         exp = small_experiment(out, model=dict(kernels=choice, hidden_dropout=0.0, attention_dropout=0.0),
                                parallel=dict(pipeline=1),
-                               checkpoint=dict(save_interval=100, exit_interval=4))
+                               checkpoint=dict(save_interval=100, exit_interval=2))
         write_run(exp, out)
         run_ok(out, 1, env={"TRITON_INTERPRET": "1"})
         return scalars(out / "tensorboard", "lm loss")
