@@ -63,20 +63,20 @@ def test_the_warning_signal_and_scancel_both_let_the_trainers_save_and_the_next_
     def saved_on_signal() -> list[int]:
         return [int(i) for i in re.findall(r"> signal received: saved and exiting at iteration (\d+)", main_log.read_text())]
 
-    wait_until("the third iteration line", lambda: iterations_from(0) >= 3, timeout=240, interval=1)
+    wait_until("the third iteration line", lambda: iterations_from(0) >= 3, timeout=240, interval=0.5)
     # What Slurm does --signal=B:USR1@N seconds before the time limit: signal the batch shell only.
     slurm.run(slurm.scancel_argv([f"{job_id}_1"], signal="USR1", batch_only=True), timeout=30)
-    wait_until("array task 1 to end", lambda: [a for a in attempts(exp) if a.ended], timeout=180, interval=1)
+    wait_until("array task 1 to end", lambda: [a for a in attempts(exp) if a.ended], timeout=180, interval=0.5)
     [stopped] = saved_on_signal()
     first = attempts(exp)[0]
     assert first.exit_code == 0 and first.start_iteration == 0 and first.end_iteration == stopped >= 3
 
     # Task 2 resumes there; a plain scancel (SIGTERM to every process of the job, SIGKILL after KillWait)
     # lets its trainers save too, and the job script outlives the SIGTERM to record the task's end.
-    wait_until("task 2 to train on", lambda: iterations_from(stopped) >= 3, timeout=240, interval=1)
+    wait_until("task 2 to train on", lambda: iterations_from(stopped) >= 3, timeout=240, interval=0.5)
     assert attempts(exp)[1].start_iteration == stopped
     slurm.run(slurm.scancel_argv([job_id]), timeout=30)
-    wait_until("the job to end", lambda: not slurm_cluster.jobs(job_id), timeout=180, interval=1)
+    wait_until("the job to end", lambda: not slurm_cluster.jobs(job_id), timeout=180, interval=0.5)
     [_, cancelled] = saved_on_signal()
     assert cancelled > stopped and ledger.latest_iteration(Path(exp.paths.checkpoints)) == cancelled
     second = attempts(exp)[1]
@@ -93,7 +93,7 @@ def test_one_failing_node_ends_the_job_and_counts_against_the_budget(
                      f"slurm: {{job_name: {slurm_cluster.prefix}-onefails, partition: {slurm_cluster.partition}, "
                      f"array: 1, time: '10', env_setup: [{json.dumps(setup)}]}}\n")
     job_id = launch(exp, slurm_cluster)
-    wait_until("the job to end", lambda: not slurm_cluster.jobs(job_id), timeout=90, interval=1)
+    wait_until("the job to end", lambda: not slurm_cluster.jobs(job_id), timeout=90, interval=0.5)
     [attempt] = attempts(exp)
     assert attempt.exit_code not in (0, None) and not attempt.progressed
     # srun's own report of the failing task reaches the run's log. (The task's last stderr line may not:
@@ -111,7 +111,7 @@ def test_a_spent_failure_budget_cancels_the_rest_of_the_array_and_alerts_once(
                      f"array: 5, time: '10', failure_budget: 2, env_setup: [{json.dumps(setup)}]}}\n"
                      + alerts_yaml(port))
     job_id = launch(exp, slurm_cluster)
-    wait_until("the array to leave the queue", lambda: not slurm_cluster.jobs(job_id), timeout=120, interval=1)
+    wait_until("the array to leave the queue", lambda: not slurm_cluster.jobs(job_id), timeout=120, interval=0.5)
     # Each task failed: its launchers exit 1, or srun's --kill-on-bad-exit ends the slower one first (143).
     tasks = attempts(exp)
     assert [a.job_id for a in tasks] == [f"{job_id}_1", f"{job_id}_2"]
@@ -141,7 +141,7 @@ def test_leftover_tasks_of_a_finished_training_end_at_once_and_cancel_the_rest(
     (checkpoints / f"global_step{final}" / "bsops.json").write_text(json.dumps({"iteration": final}))
     (checkpoints / "latest").write_text(f"global_step{final}")
     job_id = launch(exp, slurm_cluster)
-    wait_until("the array to leave the queue", lambda: not slurm_cluster.jobs(job_id), timeout=120, interval=1)
+    wait_until("the array to leave the queue", lambda: not slurm_cluster.jobs(job_id), timeout=120, interval=0.5)
     log = (Path(exp.paths.logs) / "main_log.txt").read_text()
     assert f"not training: the training finished at iteration {final}" in log
     assert f"cancelled the pending tasks of array {job_id} ({job_id}_[2-4" in log
@@ -162,7 +162,7 @@ def test_a_task_that_stops_on_the_kill_switch_cancels_the_rest_of_the_array(
                      f"array: 4, time: '10', failure_budget: 1, env_setup: [{json.dumps(setup)}]}}\n"
                      f"checkpoint: {{kill_switch_path: {switch}}}\n" + alerts_yaml(port))
     job_id = launch(exp, slurm_cluster)
-    wait_until("the array to leave the queue", lambda: not slurm_cluster.jobs(job_id), timeout=120, interval=1)
+    wait_until("the array to leave the queue", lambda: not slurm_cluster.jobs(job_id), timeout=120, interval=0.5)
     log = (Path(exp.paths.logs) / "main_log.txt").read_text()
     assert f"the run is stopped by its kill switch: cancelled the pending tasks of array {job_id} ({job_id}_[2-4" in log
     assert sorted(p.name for p in Path(exp.paths.logs).glob("*.out")) == [f"{exp.slurm.job_name}-{job_id}_1.out"]
