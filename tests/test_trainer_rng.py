@@ -1,6 +1,6 @@
 """Dropout with TP > 1 (Megatron's model-parallel RNG tracker), on 2 CPU processes over gloo.
 
-The probe (this file run as 2 ranks) builds a TP=2 embedding and block seeded as the trainer seeds
+The probe (this file's _probe run as 2 ranks) builds a TP=2 embedding and block seeded as the trainer seeds
 them, gives rank 1 the same attention heads as rank 0 (so their attention inputs are identical and
 only the dropout masks can tell them apart), runs a training forward and saves what each dropout
 produced: attention must differ between the ranks (each draws its own masks), the embedding and the
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures_trainer import (REPO, checkpoint_steps, concurrently, ranks, scalars, small_experiment,
+from tests.fixtures_trainer import (checkpoint_steps, concurrently, ranks, scalars, small_experiment,
                                      whole_and_resumed)
 
 pytestmark = pytest.mark.slow  # 2-rank probes and trainer launches
@@ -71,12 +71,16 @@ KERNELS = ["torch", "triton"]
 
 @pytest.fixture(scope="module")
 def probes(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
-    """kernels -> (folder, the probe run as 2 ranks) for each kernel choice, side by side."""
-    env = {"TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    """kernels -> (folder, the probe run as 2 ranks) for each kernel choice, side by side. `python -c` (from the
+    repository, as ranks() starts it) rather than this file: the ranks are then forks of the rank server, which
+    has imported torch already, instead of fresh interpreters."""
+    env = {"TRITON_INTERPRET": "1"}
     folders = {kernels: tmp_path_factory.mktemp(f"probe_{kernels}") for kernels in KERNELS}
+    code = ("import sys; from pathlib import Path; from tests.test_trainer_rng import _probe; "
+            "_probe(Path(sys.argv[1]), sys.argv[2])")
 
     def probe(kernels: str) -> tuple[Path, subprocess.CompletedProcess]:
-        return folders[kernels], ranks([__file__, str(folders[kernels]), kernels], 2, env)
+        return folders[kernels], ranks(["-c", code, str(folders[kernels]), kernels], 2, env)
 
     return concurrently({kernels: lambda kernels=kernels: probe(kernels) for kernels in reversed(KERNELS)})
 
