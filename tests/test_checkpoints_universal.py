@@ -37,7 +37,8 @@ CHAIN = ((4, (2, 1, 1)), (7, (1, 2, 1)), (STEPS, (1, 1, 2)))
 """The reshaped run's launches, one after another in one folder: (the step it exits at, its layout (tensor,
 pipeline, data)). Each resumes the last one's checkpoint with another layout (the micro-batch is 2 // data)."""
 HOPS = {"tp2_to_pp2": 1, "pp2_dp1_to_dp2": 2}
-"""name: the launch of CHAIN that resumes with a layout of its own: TP 2 -> 1 (and PP 1 -> 2); PP 2 -> 1 and DP 1 -> 2."""
+"""name: the launch of CHAIN that resumes with a layout of its own: TP 2 -> 1 (and PP 1 -> 2); PP 2 -> 1 and
+DP 1 -> 2."""
 RECORD_AT = (3, 5, 8, STEPS)  # the rampup (batch 4) with TP=2; batch 4 after the PP resume; 6 after the DP one; 8
 RECORD = {"BSOPS_RECORD_TOKENS_AT": ",".join(map(str, RECORD_AT))}
 
