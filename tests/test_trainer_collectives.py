@@ -15,10 +15,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.fixtures_collectives import ENV, SITECUSTOMIZE, CollectiveDeviceError, install
-from tests.fixtures_trainer import run_ok, small_experiment, write_run
+from tests.fixtures_collectives import ENV, CollectiveDeviceError, install
+from tests.fixtures_trainer import ranks, small_experiment, write_run
 
 CPU = torch.device("cpu")
+CHECKED_TRAINER = ("from tests.fixtures_collectives import install_from_env; install_from_env(); import runpy; "
+                   "runpy.run_module('bigscience_ops.trainer', run_name='__main__', alter_sys=True)")
+"""A rank of `python -m bigscience_ops.trainer ARGS` under the checker (BSOPS_COLLECTIVE_CHECK names its reports)."""
 
 
 @pytest.fixture()
@@ -53,9 +56,6 @@ def test_checker_passes_tensors_on_the_engine_device(checker):
 
 @pytest.mark.slow
 def test_tp2_pp2_run_hands_collectives_only_engine_device_tensors(tmp_path: Path):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     reports = tmp_path / "reports"
     reports.mkdir()
     out = tmp_path / "run"
@@ -64,7 +64,12 @@ def test_tp2_pp2_run_hands_collectives_only_engine_device_tensors(tmp_path: Path
                            logging=dict(log_interval=2, eval_interval=2, eval_iters=1),
                            checkpoint=dict(save_interval=3, exit_interval=4))
     write_run(exp, out)
-    proc = run_ok(out, 4, env={"PYTHONPATH": str(site), ENV: str(reports)})
+    # Each rank installs the checker (as SITECUSTOMIZE does in a fresh interpreter) before it imports the project,
+    # then runs the trainer: `python -c` from the repository, so that the ranks are forks of the rank server.
+    trainer = ["--experiment", str(out / "experiment.json"), "--deepspeed-config", str(out / "ds_config.json"),
+               "--synthetic-data"]
+    proc = ranks(["-c", CHECKED_TRAINER, *trainer], 4, env={ENV: str(reports)})
+    assert proc.returncode == 0, f"trainer exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     assert "exit interval 4 reached" in proc.stdout
     assert not list(reports.glob("violations-*.jsonl")), [p.read_text() for p in reports.glob("violations-*")]
     checked: dict[str, int] = {}
