@@ -31,11 +31,15 @@ START_KEYS = ("PYTHON", "TORCH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "DS_ACCELE
 """Environment read while the interpreter starts and the server imports PRELOAD (by prefix): the interpreter's,
 torch's, its thread runtimes' and DeepSpeed's, which picks its accelerator then. OMP_NUM_THREADS is set in the
 child (torch.set_num_threads)."""
+READ_LATER = ("OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR")
+"""START_KEYS a fork still honours from its own environment: OMP_NUM_THREADS (set in the child), and inductor's cache
+folder, read when something is compiled (importing transformers in a test's process sets it; before, every later
+launch of that worker then started fresh interpreters, 10-20 s each)."""
 
 
 def same_start(env: dict[str, str], server_env: dict[str, str]) -> bool:
     """Whether a process started with `env` starts as a fork of a server started with `server_env` does."""
-    keys = {k for k in (*env, *server_env) if k.startswith(START_KEYS) and k != "OMP_NUM_THREADS"}
+    keys = {k for k in (*env, *server_env) if k.startswith(START_KEYS) and k not in READ_LATER}
     return all(env.get(k) == server_env.get(k) for k in keys)
 
 
