@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,11 +135,14 @@ def test_status_tells_a_hung_training_from_a_progressing_one(slurm_cluster: Slur
     live_id = cluster.submit(live, name=f"{cluster.prefix}-live")
 
     def both_running_for(seconds: int) -> bool:
+        """Both jobs running that long, and the hung one's line written that long ago (its script may start a few
+        seconds after the job does on a loaded machine: the stall counts from the later of the two)."""
         jobs = cluster.jobs()
         ages = [j.elapsed_s for j in jobs if j.array_job_id in (hung_id, live_id) and j.state == "RUNNING"]
-        return len(ages) == 2 and min(ages) >= seconds
+        written = hung_log.exists() and time.time() - hung_log.stat().st_mtime >= seconds
+        return len(ages) == 2 and min(ages) >= seconds and written
 
-    wait_until("both jobs running for 8 s", lambda: both_running_for(8), timeout=30)
+    wait_until("both jobs running for 8 s", lambda: both_running_for(8), timeout=60)
     hung_report = status.check(f"{cluster.prefix}-hung", log_path=hung_log, stall_minutes=0.1, timeout=30)
     assert [a.condition for a in hung_report.alerts] == ["stalled"], hung_report.lines
     assert hung_report.exit_code == status.EXIT_ALERT and "iteration 1/ 100" in hung_report.alerts[0].message
