@@ -31,10 +31,11 @@ START_KEYS = ("PYTHON", "TORCH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "DS_ACCELE
 """Environment read while the interpreter starts and the server imports PRELOAD (by prefix): the interpreter's,
 torch's, its thread runtimes' and DeepSpeed's, which picks its accelerator then. OMP_NUM_THREADS is set in the
 child (torch.set_num_threads)."""
-READ_LATER = ("OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR")
-"""START_KEYS a fork still honours from its own environment: OMP_NUM_THREADS (set in the child), and inductor's cache
-folder, read when something is compiled (importing transformers in a test's process sets it; before, every later
-launch of that worker then started fresh interpreters, 10-20 s each)."""
+READ_LATER = ("OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK")
+"""START_KEYS that do not make a fork differ from a fresh start: OMP_NUM_THREADS (set in the child), inductor's cache
+folder (read when something is compiled) and KMP_DUPLICATE_LIB_OK (read when a second OpenMP runtime loads, which a
+fork of the server never does). A test's process that runs transformers or lm-eval sets the last two; before, every
+later launch of that worker then started fresh interpreters, 10-20 s each."""
 
 
 def same_start(env: dict[str, str], server_env: dict[str, str]) -> bool:
