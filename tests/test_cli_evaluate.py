@@ -86,7 +86,8 @@ def test_checkpoints_that_cannot_be_evaluated_are_refused(trainings: Path, tmp_p
 
 
 def test_a_finished_evaluation_prints_the_table(trainings: Path, tmp_path: Path, monkeypatch) -> None:
-    _write(trainings, tmp_path, "sources: {held: HELD}, references: {GPT2-XL: {held/bits_per_byte: 1.5}}")
+    _write(trainings, tmp_path, "sources: {held: HELD}, references: {GPT2-XL: {held/bits_per_byte: 1.5}}, "
+                                "alert_drop: {held/bits_per_byte: 0.1, lambada/acc: 0.02}")
     _saved(tmp_path, 50, latest=50)
     calls = []
 
@@ -103,6 +104,8 @@ def test_a_finished_evaluation_prints_the_table(trainings: Path, tmp_path: Path,
     assert calls == [(50, 1, 1, None)]  # the ranks read the experiment as the command has it
     [row] = [line.split() for line in result.output.split("\n") if line.startswith("held/bits_per_byte")]
     assert row[-2:] == ["1.2500", "1.5000"]
+    [warning] = [line for line in result.stderr.splitlines() if line.startswith("warning: eval.alert_drop")]
+    assert "lambada/acc" in warning and "held/bits_per_byte" in warning.split("allowed:")[1]  # the one that cannot fire
 
     monkeypatch.setattr(launcher, "run_local", lambda *a, **k: 1)
     assert "global_step50" in _one_error(_eval(trainings, "--step", "50"))

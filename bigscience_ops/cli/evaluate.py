@@ -107,6 +107,10 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
     click.echo(results.table(live, experiment.eval.references, max_steps=TABLE_STEPS).text())
     for problem in problems:
         click.echo(f"unreadable result: {problem}", err=True)
+    measured = {name for result in live for name in result.metrics}
+    for name in sorted(set(experiment.eval.alert_drop) - measured):  # an alert that could never fire: said
+        click.echo(f"warning: eval.alert_drop: {name} is no metric of this run's results, so it never alerts; "
+                   f"allowed: {', '.join(sorted(measured)) or 'none yet'}", err=True)
     if problems:
         sys.exit(EXIT_PROBLEMS)
 
