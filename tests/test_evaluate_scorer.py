@@ -111,6 +111,7 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
+@pytest.mark.slow  # the session's golden run (a trainer launch) and its checkpoint
 def test_layouts_agree(scored):
     assert scored["pp2"]["layout"] == {"tensor": 1, "pipeline": 2}
     assert scored["tp2"]["layout"] == {"tensor": 2, "pipeline": 1}
@@ -140,6 +141,7 @@ def environment_kept():
     os.environ.update(before)
 
 
+@pytest.mark.slow  # the session's golden run (a trainer launch) and its checkpoint
 def test_one_rank_in_process(scored, single_rank_group, environment_kept):
     """TP=1 x PP=1 in this process: one stage holds both ends, the tied head is the embedding itself."""
     from bigscience_ops.ops.evaluate.scorer import Scorer
@@ -157,6 +159,7 @@ def test_one_rank_in_process(scored, single_rank_group, environment_kept):
     scorer.close()
 
 
+@pytest.mark.slow  # the session's golden run (a trainer launch) and its checkpoint
 def test_scores_equal_the_converted_model(scored, tmp_path, environment_kept):
     """transformers' GPT-2 on the weights `bsops convert` writes (padding rows removed) gives the same sums, greedy
     flags and next tokens."""
@@ -196,6 +199,7 @@ def copied(golden_run, tmp_path):
     return _copy(golden_run, tmp_path)
 
 
+@pytest.mark.slow  # the session's golden run (a trainer launch) and its checkpoint
 def test_refuses_what_is_not_a_complete_checkpoint(copied):
     exp, checkpoints, step = copied
     target = launcher.checkpoint(exp, step)
@@ -229,6 +233,7 @@ def _foreign_zip(file: Path) -> None:
         archive.writestr("archive/data.pkl", b"not a pickle")
 
 
+@pytest.mark.slow  # the session's golden run (a trainer launch) and its checkpoint
 def test_a_rank_that_cannot_load_ends_every_rank_with_one_line(copied, tmp_path):
     """The stage-1 rank fails to read its layer; rank 0 says so in one line and both exit 2 at once. A step newer
     than `latest` is refused by every rank before the process group forms, rank 0 saying why."""
