@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import EXIT_ERROR, EXIT_PROBLEMS, TEXT, main, open_run, run_option, trainings_option
-from bigscience_ops.cli.ops import _configured_run, _run_alerting, alert_option
+from bigscience_ops.cli.ops import configured_run, run_alerting, alert_option
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.runfiles import MAX_STEP
 
@@ -119,7 +119,7 @@ def _next(exp: str | None, run: Path | None, alert: bool, trainings_dir: Path | 
     from bigscience_ops import submit
     from bigscience_ops.ops.evaluate import jobscript, schedule
 
-    experiment, named = _configured_run(exp, run, trainings_dir)  # eval: and alerts: of today's experiment file
+    experiment, named = configured_run(exp, run, trainings_dir)  # eval: and alerts: of today's experiment file
     workdir = Path.cwd()  # the hourly job runs in the folder the experiment's relative outputs resolved against
 
     def submit_job(ckpt, folder: Path):
@@ -134,4 +134,4 @@ def _next(exp: str | None, run: Path | None, alert: bool, trainings_dir: Path | 
         if failure is not None:
             raise schedule.ScheduleError(failure)
 
-    _run_alerting(experiment, alert, "eval", f"bsops eval {experiment.name} --next", work)
+    run_alerting(experiment, alert, "eval", f"bsops eval {experiment.name} --next", work)

@@ -22,7 +22,7 @@ alert_option = click.option(
          "watchdog does); the cron jobs pass it.")
 
 
-def _run_alerting(exp, alert: bool, job: str, command: str, work: Callable[[], None]) -> None:
+def run_alerting(exp, alert: bool, job: str, command: str, work: Callable[[], None]) -> None:
     """Run `work`; print a failure and exit 2. With --alert, report the outcome (failed or worked) to
     notify_job, whose cooldown state is the watchdog's `.bsops-alerts.json` beside the run's log."""
     try:
@@ -77,7 +77,7 @@ def refuse_inherited_hub(exp: str, trainings_dir: Path | None) -> None:
             "--trust-inherited-hub if that base is your own team's")
 
 
-def _configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None):
+def configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None):
     """The run EXP names, and the experiment file to check: today's YAML for an experiment (what the hourly jobs
     name); for a run named by its folder (EXP a folder, or --run), its record, with the alert, Hub and backup
     settings of its experiment file (run_ref.with_configured_settings: never a record's)."""
@@ -119,7 +119,7 @@ def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | 
     """
     from bigscience_ops.ops.keep import hubsync
 
-    experiment, exp = _configured_run(exp, run, trainings_dir)
+    experiment, exp = configured_run(exp, run, trainings_dir)
     kinds = [w.strip() for w in what.split(",") if w.strip()] if what else None
 
     def work() -> None:
@@ -136,7 +136,7 @@ def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | 
 
     # A run of some kinds only neither clears nor repeats the alert of a full run.
     job = f"hub-sync --what {','.join(sorted(set(kinds)))}" if kinds else "hub-sync"
-    _run_alerting(experiment, alert, job, f"bsops {job} {experiment.name}", work)
+    run_alerting(experiment, alert, job, f"bsops {job} {experiment.name}", work)
 
 
 class _ShownProgress:
@@ -196,7 +196,7 @@ def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bo
     """
     from bigscience_ops.ops.keep import backup
 
-    experiment, _ = _configured_run(exp, run, trainings_dir)
+    experiment, _ = configured_run(exp, run, trainings_dir)
 
     def work() -> None:
         report = backup.run_backup(experiment, dest, dry_run=dry_run, progress=None if dry_run else _ShownProgress())
@@ -222,4 +222,4 @@ def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bo
             raise backup.BackupError(f"{', '.join(counts)} (the rest was done): {lines}")
 
     job = "backup --dry-run" if dry_run else "backup"  # a dry run that works says nothing of the backup
-    _run_alerting(experiment, alert, job, f"bsops {job} {experiment.name}", work)
+    run_alerting(experiment, alert, job, f"bsops {job} {experiment.name}", work)

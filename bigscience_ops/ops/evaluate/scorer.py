@@ -246,8 +246,9 @@ class Scorer:
         try:
             module.load_state_dict(state, strict=True)
         except RuntimeError as exc:
+            last = str(exc).strip().split("\n")[-1].strip()  # "\n" only: a name in it may hold U+2028
             raise EvalError(f"{files[0]}: does not fit layer {index} of the model bsops.json describes "
-                            f"({str(exc).strip().splitlines()[-1].strip()})") from None
+                            f"({last})") from None
 
     def _files(self, index: int) -> list:
         saved = self.target.saved_tensor
@@ -494,7 +495,7 @@ def _read(file) -> dict:
     except FileNotFoundError:
         raise EvalError(f"{file.parent}: missing {file.name}; the checkpoint is incomplete") from None
     except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a torn or foreign file
-        reason = (str(exc).strip().splitlines() or [""])[0].split(" (Could this error message be improved?")[0][:200]
+        reason = str(exc).strip().split("\n")[0].split(" (Could this error message be improved?")[0][:200]
         raise EvalError(f"{file}: unreadable ({type(exc).__name__}: {reason}); the checkpoint is torn or was not "
                         "written by torch.save; evaluate another step") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
