@@ -61,8 +61,9 @@ def test_every_saved_checkpoint_is_evaluated_once_one_job_at_a_time(tmp_path: Pa
         evaluating = [j for j in slurm.query_jobs(timeout=30) if j.name == name]
         most[0] = max(most[0], len(evaluating))
         saved = layout.complete_checkpoints(Path(exp.paths.checkpoints))
+        done = {r.step for r in schedule.read_ledger(ledger).records if r.event == "done"}  # a pass records it
         return (not slurm_cluster.jobs(training) and not evaluating and bool(saved)
-                and all(schedule.has_result(exp, c.tag) for c in saved))
+                and all(schedule.has_result(exp, c.tag) and c.step in done for c in saved))
 
     wait_until("every saved checkpoint to be evaluated", hourly_pass, timeout=900, interval=3)
 
