@@ -36,6 +36,7 @@ from bigscience_ops import rollbacks, slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError, ConfigError
 from bigscience_ops.ops.evaluate import results
+from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.runfiles import (
     Checked, Problem, append_line, build, check_int, check_str, check_time, checked_jsonl,
 )
@@ -233,11 +234,13 @@ class NextReport:
         """The alert's text (None: nothing failed): each job found failed in this pass, its step and its log, and each
         failure whose retry has no outcome yet, so that the alert lasts (repeated at most once per cooldown) until the
         retry has its result, and the email saying it works again means that."""
-        parts = [f"the eval job {r.job_id} of {r.tag} (step {r.step}) left the queue without its result file; its "
-                 f"log: {r.log or 'not recorded'}" for r in self.failures]
+        q = quote_untrusted  # a job id and a log path are jobs.jsonl's words: printable, bounded, never a link
+        parts = [f"the eval job {q(r.job_id)} of {r.tag} (step {r.step}) left the queue without its result file; its "
+                 f"log: {q(r.log) if r.log else 'not recorded'}" for r in self.failures]
         found = {r.job_id for r in self.failures}
-        parts += [f"the eval job {r.job_id} of {r.tag} (step {r.step}) failed (log: {r.log or 'not recorded'}); its "
-                  f"retry, job {retry.job_id}, has no result yet" for r, retry in self.retrying if r.job_id not in found]
+        parts += [f"the eval job {q(r.job_id)} of {r.tag} (step {r.step}) failed (log: {q(r.log or 'not recorded')}); "
+                  f"its retry, job {q(retry.job_id)}, has no result yet" for r, retry in self.retrying
+                  if r.job_id not in found]
         return "; ".join(parts) or None
 
 

@@ -5,6 +5,10 @@ The watchdog's alerts carry their own headline and next step where the queue or 
 a condition's fixed headline and advice below are used. Subjects are fixed words, ids and numbers:
 never a job name from the queue or a log line (those go in the body), and message.compose caps
 them at SUBJECT_MAX characters. The channels (channels.py) send these texts; notify.py keeps the cooldown state.
+
+A value from a run's files is never a link here: the watchdog quotes each one where it enters an alert
+(quoting.quote_untrusted), a failing job's error and a message read back from the alert state go through it
+line by line (untrusted_text), and message.compose lays quoting.defang_block over every subject and body.
 """
 
 from __future__ import annotations
@@ -13,7 +17,11 @@ import socket
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from bigscience_ops.ops.tell.quoting import LINE_MAX, quote_untrusted
 from bigscience_ops.ops.watch.status import Alert, StatusReport
+
+ERROR_LINES = 40
+"""Lines of a failing job's error text (or of a message read back from the alert state) shown at most."""
 
 HEADLINES = {
     "not-scheduled": "launch it again: nothing running or queued",
@@ -112,7 +120,8 @@ def alert_email(experiment: str, report: StatusReport, due: Sequence[Alert], coo
 def recovery_email(experiment: str, report: StatusReport, entries: Sequence[dict], conditions: Sequence[str],
                    now: datetime) -> tuple[str, str]:
     subject = f"[RECOVERED] {experiment}: {', '.join(conditions)} cleared"
-    lasted = [f"- {e.get('message', c)} (since {e.get('since', '?')})" for c, e in zip(conditions, entries)]
+    lasted = [f"- {untrusted_text(str(e.get('message', c)))} (since {e.get('since', '?')})"
+              for c, e in zip(conditions, entries)]  # the state file beside the log is the run's: its words quoted
     body = "\n".join([
         f"Experiment: {experiment}",
         f"Slurm job name: {report.job_name}",
@@ -139,7 +148,7 @@ def job_alert_email(experiment: str, job: str, error: str, command: str, since: 
                     now: datetime) -> tuple[str, str]:
     """(subject, body) of an hourly job's failure (`job`: hub-sync, backup)."""
     failing = f"\n\nIt has been failing since {since:%Y-%m-%d %H:%M} ({lasted(now - since)})." if since < now else ""
-    body = (f"{job} of {experiment} failed:\n\n{error}{failing}\n\n"
+    body = (f"{job} of {experiment} failed:\n\n{untrusted_text(error)}{failing}\n\n"
             f"The next hourly run tries again; run `{command}` by hand to see it now.\n\n"
             f"This alert repeats at most every {cooldown:g} minutes while it keeps failing; a recovery email\n"
             f"follows when {job} works again.\n")
@@ -150,8 +159,17 @@ def job_recovery_email(experiment: str, job: str, entry: dict, now: datetime) ->
     since = datetime.fromisoformat(entry["since"])
     body = (f"{job} of {experiment} works again (checked at {now:%Y-%m-%d %H:%M:%S} on {socket.gethostname()}).\n\n"
             f"It failed from {since:%Y-%m-%d %H:%M} for {lasted(now - since)}. The last error was:\n\n"
-            f"{entry.get('message', '(not recorded)')}\n\nNothing more to do for it.\n")
+            f"{untrusted_text(str(entry.get('message', '(not recorded)')))}\n\nNothing more to do for it.\n")
     return f"[RECOVERED] {experiment}: {job} works again", body
+
+
+def untrusted_text(text: str) -> str:
+    """A text that mixes bsops' words with a run's file's (an error naming a jobs.jsonl line, git's output, a message
+    read back from the alert state): each of its first ERROR_LINES lines through quoting.quote_untrusted (printable,
+    bounded, no link), the line breaks kept."""
+    lines = text.split("\n")
+    more = [f"(+{len(lines) - ERROR_LINES} more lines)"] if len(lines) > ERROR_LINES else []
+    return "\n".join([*(quote_untrusted(line, LINE_MAX, mark=False) for line in lines[:ERROR_LINES]), *more])
 
 
 def lasted(span: timedelta) -> str:

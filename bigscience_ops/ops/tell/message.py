@@ -3,7 +3,9 @@
 A message is made once (`compose`) and goes out on each channel as it is: its subject is scrubbed of
 credentials (redact.scrub), made one safe line and capped at SUBJECT_MAX characters, since a job name or
 an error text may hold any control character or Unicode line break (U+2028, U+0085, ...), which email
-refuses in a header; the details (argv, log lines, errors) go in the body, scrubbed too. Its
+refuses in a header; the details (argv, log lines, errors) go in the body, scrubbed too. Neither holds a live
+link or a raw control character, whatever built them (quoting.defang_block: the values of a run's files are
+quoted one by one before, quoting.quote_untrusted). Its
 Message-ID, made in the sender's domain, names it in logs whichever channels carried it.
 
 A channel (channels.py lists them) is a small class: its `name` keys its part of the alert state,
@@ -25,6 +27,7 @@ from email.utils import make_msgid
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops.tell.quoting import defang_block
 from bigscience_ops.redact import scrub
 from bigscience_ops.validation import is_email_address
 
@@ -79,12 +82,20 @@ class Message:
     """`<...@domain>`, unique: how logs and the alert state name it."""
 
 
+def subject_line(subject: str, secrets: Sequence[str] = ()) -> str:
+    """The subject as a message carries it: scrubbed of credentials and `secrets`, made one safe line (header_text),
+    no link (quoting.defang_block) and capped at SUBJECT_MAX characters."""
+    return header_text(defang_block(header_text(scrub(subject, secrets))), SUBJECT_MAX)
+
+
 def compose(sender: str, subject: str, body: str, *, now: datetime | None = None,
             secrets: Sequence[str] = ()) -> Message:
-    """A message from `sender`: the subject scrubbed of credentials and `secrets`, made one safe line and
-    capped (header_text); the body scrubbed the same way, its line ends made `\\n`."""
-    lines = re.sub(r"\r\n|\r", "\n", scrub(body, secrets))
-    return Message(sender=sender, subject=header_text(scrub(subject, secrets), SUBJECT_MAX),
+    """A message from `sender`: the subject scrubbed of credentials and `secrets`, made one safe line without a link
+    and capped (subject_line); the body scrubbed the same way, its line ends made `\\n`, every line printable and
+    without a live link (quoting.defang_block: the net under the values from a run's files, which alert_text and
+    the watchdog quote one by one with quoting.quote_untrusted)."""
+    lines = defang_block(re.sub(r"\r\n|\r", "\n", scrub(body, secrets)))
+    return Message(sender=sender, subject=subject_line(subject, secrets),
                    body=lines if lines.endswith("\n") else lines + "\n", date=(now or datetime.now()).astimezone(),
                    message_id=make_msgid(idstring="bsops", domain=sender.rpartition("@")[2]))
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from bigscience_ops.data import locks
 from bigscience_ops.ops.tell import alert_text
 from bigscience_ops.ops.tell.channels import NAMES, Outbox
-from bigscience_ops.ops.tell.message import SUBJECT_MAX, NotifyError, header_text
+from bigscience_ops.ops.tell.message import NotifyError, subject_line
 from bigscience_ops.ops.watch.status import StatusReport
 from bigscience_ops.redact import env_secrets, scrub
 from bigscience_ops.runfiles import MAX_STEP, Problem, RecordFileError, excerpt, kind_of, read_small, write_atomically
@@ -391,8 +391,8 @@ def _told(state: _State, job_name: str) -> dict:
 
 
 def _subject(subject: str) -> str:
-    """The subject as message.compose makes it (scrubbed, one line, capped)."""
-    return header_text(scrub(subject), SUBJECT_MAX)
+    """The subject as message.compose makes it (scrubbed, one line, no link, capped)."""
+    return subject_line(subject)
 
 
 # --- the hourly jobs' failures (hub-sync, backup) -------------------------------------------------

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from bigscience_ops import runlog, slurm
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.slurm import ACTIVE_STATES, NEVER_STARTS, WAITING_STATES, Job, format_duration
 
 if TYPE_CHECKING:
@@ -225,13 +226,13 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
             if not progress.exists:
                 what = f"{where} does not exist"
             elif progress.problem is not None:
-                what = f"{where} cannot be read ({progress.problem})"
+                what = f"{where} cannot be read ({quote_untrusted(progress.problem, 400, mark=False)})"
             elif progress.last_iteration is None and progress.searched is not None:
                 what = f"{where} has no iteration line in its last {progress.searched >> 20} MiB"
             elif progress.last_iteration is None:
                 what = f"{where} has no iteration line"
             else:
-                what = f"{where} has no new iteration line (last: {progress.last_iteration[:100]!r})"
+                what = f"{where} has no new iteration line (last: {quote_untrusted(progress.last_iteration, 100)})"
             span = format_duration(stalled.total_seconds())
             alert("stalled", f"is RUNNING but {what} for {span} (limit {stall_minutes:g} min)",
                   f"read the log, scancel a hung task: no new iteration for {span}")
@@ -248,8 +249,9 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
                          f"its kill switch {run.kill_switch} exists (remove it, then `bsops launch{name}` to go on)")
         elif run is not None:
             launch = f"bsops launch {run.experiment.name}" if run.experiment is not None else "bsops launch"
+            ended = quote_untrusted(run.ended, 1000, mark=False) if run.ended else "no array task has run yet"
             alert("not-scheduled", f"is not RUNNING or SCHEDULED: it stopped at iteration {run.iteration} of "
-                                   f"{run.train_iters}; {run.ended or 'no array task has run yet'}",
+                                   f"{run.train_iters}; {ended}",
                   f"launch it again ({launch}): stopped at iteration {run.iteration}, nothing queued")
         else:
             alert("not-scheduled", "is not RUNNING or SCHEDULED")
@@ -316,7 +318,7 @@ def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
         jobs = query(users=sorted(set(who)), timeout=timeout)
     except slurm.SlurmError as exc:
         stamp = f"[{now:{STAMP_FORMAT}}]"
-        detail = " ".join(str(exc).split())
+        detail = quote_untrusted(" ".join(str(exc).split()), 1000, mark=False)  # squeue's own words
         message = (f"***ALERT: cannot query Slurm for {job_name}, its state is unknown ({detail})! "
                    f"Alert someone at {contact}***")
         alert = Alert("slurm-error", message, "check the Slurm controller (sinfo, squeue): cannot query Slurm")

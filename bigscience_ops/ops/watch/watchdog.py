@@ -33,6 +33,7 @@ from bigscience_ops.ops.schedule import cron
 from bigscience_ops.ops.tell.channels import Outbox
 from bigscience_ops.ops.tell.message import NotifyError
 from bigscience_ops.ops.tell.notify import Notice, default_state_path, notify, state_problem
+from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.ops.watch import health, status
 from bigscience_ops.ops.watch.lifecycle import RunState
 from bigscience_ops.ops.watch.status import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport
@@ -184,16 +185,23 @@ def _with_run_file_alerts(report: StatusReport, problems: tuple[Problem, ...], c
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
     alerts = []
     for (key, headline, advice), files in grouped.items():
-        named = "; ".join(f"{file}: {_problem_lines(found)}" for file, found in files.items())
+        named = "; ".join(f"{_path(file)}: {_problem_lines(found)}" for file, found in files.items())
         alerts.append(Alert(key, f"***ALERT: {report.job_name} cannot read its run file {named}! Alert someone at "
                                  f"{contact}***", headline, advice))
     return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
                                alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
 
 
+def _path(file: str) -> str:
+    """A run file's path for an alert: its name may come from a listing of the run's folders (quote_untrusted)."""
+    return quote_untrusted(file, 1000, mark=False)
+
+
 def _problem_lines(found: list[Problem]) -> str:
-    """`line 3: cut short ...; line 9: ... (+N more)`: what each problem says, without its file."""
-    shown = [(f"line {p.line}: " if p.line else "") + p.what + (f" (held {p.held})" if p.held else "")
+    """`line 3: cut short ...; line 9: ... (+N more)`: what each problem says, without its file. A problem quotes
+    the file's own bytes (an excerpt, a name it refused): each goes through quote_untrusted, never a link."""
+    shown = [(f"line {p.line}: " if p.line else "") + quote_untrusted(p.what, 400, mark=False)
+             + (f" (held {quote_untrusted(p.held, 200, mark=False)})" if p.held else "")
              for p in found[:SHOWN_PROBLEMS]]
     more = f" (+{len(found) - SHOWN_PROBLEMS} more)" if len(found) > SHOWN_PROBLEMS else ""
     return " ".join("; ".join(shown).split()) + more
@@ -206,6 +214,7 @@ def _with_chain_alerts(report: StatusReport, cron_dir: Path, contact: str, timeo
         problems = [p for state in cron.chains(cron_dir, timeout=timeout) if state.installed for p in state.problems]
     except (slurm.SlurmError, BsopsError) as exc:
         problems = [f"the cron chains of {cron_dir} cannot be checked: {' '.join(str(exc).split())}"]
+    problems = [quote_untrusted(p, 1000, mark=False) for p in problems]  # a chain's job name or log is the queue's
     if not problems:
         return report
     stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
@@ -224,7 +233,8 @@ def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthCo
     try:
         lines, _ = runlog.tail(log_path, (settings.window + settings.recent) * 4)
     except (OSError, BsopsError) as exc:
-        alert = Alert("health-unreadable", f"***ALERT: the training health of {log_path} cannot be read ({exc})! "
+        why = quote_untrusted(str(exc), 400, mark=False)
+        alert = Alert("health-unreadable", f"***ALERT: the training health of {log_path} cannot be read ({why})! "
                                            f"Alert someone at {contact}***", "check the log file: training health "
                                                                              "unreadable")
         return dataclasses.replace(report, lines=(*report.lines, f"{stamp} {alert.message}"),
@@ -263,7 +273,7 @@ def _with_eval_alerts(report: StatusReport, exp, contact: str, experiment: str) 
                             f.headline, f.next_step))
     if problems:
         key, headline, advice = EVAL_FILE
-        named = "; ".join(f"{p.file}: {_problem_lines([p])}" for p in problems[:SHOWN_PROBLEMS])
+        named = "; ".join(f"{_path(p.file)}: {_problem_lines([p])}" for p in problems[:SHOWN_PROBLEMS])
         more = f" (+{len(problems) - SHOWN_PROBLEMS} more files)" if len(problems) > SHOWN_PROBLEMS else ""
         alerts.append(Alert(key, f"***ALERT: {report.job_name} cannot read its evaluation result file {named}{more}! "
                                  f"Alert someone at {contact}***", headline, advice.replace("EXP", experiment)))

@@ -1,0 +1,123 @@
+"""Text from a run's files, made fit for an alert: printable, bounded, never a link, marked as quoted data.
+
+Whoever can write a run's files (a record, eval/jobs.jsonl, a result file, a log line, a task name) can put a
+phishing link in front of the on-call person through a genuine alert. So every value that comes from those files
+goes through `quote_untrusted` before it reaches a mail, a webhook or a console alert line:
+
+- printable only: NFKC first (fullwidth `ｈｔｔｐｓ：` is `https:`), then every character str.isprintable() refuses
+  (controls, CR/LF, VT, FF, U+001C-U+001E, U+0085, U+2028/U+2029, bidi overrides, zero-width characters, NUL)
+  becomes a visible escape (`\\u2028`), and a backslash becomes `\\\\`, so an escape cannot be forged;
+- bounded: at most `limit` characters of the value are shown, with how long it was when cut;
+- scheme-less: `http://` becomes `hxxp[:]//`, `https` `hxxps`, `ftp` `fxp`; every other `scheme://` and the
+  schemes that need no slashes (`javascript:`, `data:`, `mailto:`, ...) get `[:]`; the dots of a host after a
+  scheme or `//`, of `www.` names, of e-mail addresses, IPv4 addresses, punycode (`xn--`) and names ending in a
+  common top-level domain become `[.]`; square and angle brackets become ［ ］ and ‹ ›, so no markdown link
+  (`[text](url)`), Slack link (`<url|text>`) or HTML tag (`<a href=...>`, `<img ...>`) stays whole;
+- marked: the result is in double quotes (a quote inside is `\\"`), so a reader sees where the file's words begin
+  and end. `mark=False` is for a text that mixes bsops' words with a file's (a record's problem, an error).
+
+`defang_block` is the net under it, which message.compose lays over every subject and body, whatever built them:
+each line printable and cut at LINE_MAX, and the same scheme, `www.` and host rules, with markdown's `](` broken.
+It keeps the rest as it is (addresses, paths, brackets of bsops' own words), and running it twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from bigscience_ops.redact import REDACTED
+
+QUOTE_MAX = 200
+"""Characters of one value shown in an alert at most (a job id, a log path, a task name, a log line)."""
+LINE_MAX = 4000
+"""Characters of one line of an alert's body at most."""
+
+_RENAMED = {"http": "hxxp", "https": "hxxps", "ftp": "fxp", "ftps": "fxps", "sftp": "sfxp"}
+# Schemes a client may follow without `//`: their colon is defanged wherever one is followed by something.
+_BARE_SCHEMES = (r"https?|s?ftps?|wss?|file|javascript|vbscript|livescript|data|blob|mailto|tel|callto|sms|skype|"
+                 r"irc|ircs|news|nntp|telnet|ssh|git|svn|ldaps?|smb|afp|nfs|about|view-source|chrome|jar|intent|"
+                 r"market|steam|itms[a-z-]*|ms-[a-z-]+|feed|webcal|magnet|xmpp|sip|facetime")
+_SCHEME = re.compile(rf"(?i)\b({_BARE_SCHEMES}):(?=\S)")
+_ANY_SCHEME = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,30}):(?=//|\\\\|/\\|\\/)")
+# A host: what follows a scheme's slashes (or a protocol-relative `//`), up to a path, a query or a space.
+_HOST = r"[^\s/\\?#\"'‹›<>()\[\]｛｝［］|,;`]+"
+_AFTER_SCHEME = re.compile(rf"(\[:\](?:[/\\]{{1,4}}|(?=\S)))({_HOST})")
+_PROTOCOL_RELATIVE = re.compile(rf"(?:^|(?<=[\s\"'(=:,;‹]))((?://|\\{{2,4}})\s*)({_HOST})")
+_WWW = re.compile(rf"(?i)\b(www\d{{0,3}}\.{_HOST})")
+_MARKDOWN = re.compile(r"\]\(")
+# Quoted values only: names a mail client links without a scheme.
+_TLDS = (r"com|net|org|info|biz|io|co|xyz|app|dev|me|ly|gl|gd|to|ru|cn|uk|de|fr|nl|eu|us|example|online|site|top|"
+         r"link|click|live|shop|store|zip|mov|page|cloud|ai|tk|ml|ga|cf|gq|su|pw|cc|ws|tv|xn--[a-z0-9-]+")
+_NAMED_HOST = re.compile(rf"(?i)(?<![\w/\\.@-])((?:[\w-]+\.)+(?:{_TLDS}))(?![\w-])")
+_PUNYCODE = re.compile(r"(?i)(?<![\w/\\.-])((?:[\w-]+\.)*xn--[\w-]+(?:\.[\w-]+)*)")
+_EMAIL = re.compile(r"(?i)(?<=[\w.+-]@)([\w-]+(?:\.[\w-]+)+)")
+_IPV4 = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d{1,3}){3})(?![\w.])")
+_BRACKETS = str.maketrans({"[": "［", "]": "］", "<": "‹", ">": "›"})
+_REDACTED_QUOTED = REDACTED.translate(_BRACKETS)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _printable(text: str, keep: str = "") -> str:
+    """`text` with every character isprintable() refuses (but those in `keep`) escaped."""
+    return "".join(c if c.isprintable() or c in keep else _escape(c) for c in text)
+
+
+def _scheme(match: re.Match[str]) -> str:
+    name = match.group(1)
+    return _RENAMED.get(name.lower(), name) + "[:]"
+
+
+def _dots(match: re.Match[str]) -> str:
+    """The match with every dot of its last group made `[.]`."""
+    head = match.group(0)[:match.start(match.lastindex) - match.start(0)] if match.lastindex else ""
+    return head + match.group(match.lastindex or 0).replace(".", "[.]")
+
+
+def _defang(text: str) -> str:
+    """Schemes, their hosts, protocol-relative hosts and `www.` names made dead (the rules both modes share)."""
+    text = _SCHEME.sub(_scheme, text)
+    text = _ANY_SCHEME.sub(_scheme, text)
+    text = _AFTER_SCHEME.sub(_dots, text)
+    text = _PROTOCOL_RELATIVE.sub(_dots, text)
+    return _WWW.sub(_dots, text)
+
+
+def quote_untrusted(value: object, limit: int = QUOTE_MAX, *, mark: bool = True) -> str:
+    """`value` (a run's file's text; anything else is str()'d) fit for an alert: printable, at most `limit` of its
+    characters, no link, in double quotes (`mark=False`: without them, for a text that already mixes bsops' words
+    with the file's). See the module for the rules."""
+    text = value if isinstance(value, str) else str(value)
+    cut = len(text) > limit
+    shown = unicodedata.normalize("NFKC", text[:limit])
+    if mark:
+        shown = shown.replace("\\", "\\\\").replace('"', '\\"')
+        shown = "".join(c if c.isprintable() else _escape(c) for c in shown)
+    else:
+        shown = _printable(shown)  # a backslash kept: a record's problem quotes its excerpt as repr() does
+    shown = shown.translate(_BRACKETS).replace(_REDACTED_QUOTED, REDACTED)  # redact.scrub's mark stays as it is
+    shown = _defang(shown)
+    for rule in (_EMAIL, _IPV4, _PUNYCODE, _NAMED_HOST):
+        shown = rule.sub(_dots, shown)
+    if len(shown) > 4 * limit + 16:  # escapes and [.] make it longer: still bounded
+        shown = shown[:4 * limit]
+    more = f"... ({len(text)} characters)" if cut else ""
+    return f'"{shown}"{more}' if mark else f"{shown}{more}"
+
+
+def defang_block(text: str, line_max: int = LINE_MAX) -> str:
+    """The net under every message (message.compose): each line of `text` printable (a tab kept), cut at `line_max`
+    characters, its schemes, their hosts and `www.` names made dead and markdown's `](` broken; the line breaks
+    (`\\n`) stay. Idempotent."""
+    lines = []
+    for line in text.split("\n"):
+        cut = len(line) > line_max
+        line = unicodedata.normalize("NFKC", line[:line_max])
+        line = _printable(line, keep="\t")
+        line = _MARKDOWN.sub("] (", _defang(line))
+        lines.append(line + ("..." if cut else ""))
+    return "\n".join(lines)
