@@ -105,6 +105,7 @@ def test_a_dataset_made_with_another_tokenizer_is_refused(trainings: Path, tmp_p
 
 def test_a_recorded_dataset_gives_its_largest_id_without_a_scan(trainings: Path, tmp_path: Path,
                                                                 recorded: str) -> None:
+    """The record's largest id, its .bin hashed whole in its binding; a part's record never gives one: a scan does."""
     record = json.loads(Path(f"{recorded[:-len('_text_document')]}.preprocess.json").read_text())
     tokens = np.fromfile(f"{recorded}.bin", dtype=np.uint16)
     assert record["stats"]["max_id"] == {"text": int(tokens.max())}  # preprocess records it while encoding
@@ -112,10 +113,13 @@ def test_a_recorded_dataset_gives_its_largest_id_without_a_scan(trainings: Path,
     check = preflight.check_data(exp, make_plan(exp).dataset_sizes[0])
     own = f"record {recorded}.dataset.json"  # the dataset's own record first
     assert check.errors == [] and check.entries[0].max_id == preflight.MaxId(int(tokens.max()), own)
-    os.unlink(f"{recorded}.dataset.json")  # then the part's
-    check = preflight.check_data(exp, make_plan(exp).dataset_sizes[0])
-    assert check.errors == [] and check.entries[0].max_id == preflight.MaxId(int(tokens.max()), "record")
     assert not preflight.cache_path(recorded).exists()
+    os.unlink(f"{recorded}.dataset.json")  # then a scan (the part's record names the tokenizer only), kept
+    check = preflight.check_data(exp, make_plan(exp).dataset_sizes[0])
+    assert check.errors == [] and check.entries[0].max_id == preflight.MaxId(int(tokens.max()), "scan")
+    check = preflight.check_data(exp, make_plan(exp).dataset_sizes[0])
+    cached = f"cache {preflight.cache_path(recorded)}"
+    assert check.errors == [] and check.entries[0].max_id == preflight.MaxId(int(tokens.max()), cached)
 
 
 def test_the_scan_is_cached_and_done_again_when_the_bin_changes(tmp_path: Path) -> None:
@@ -133,9 +137,9 @@ def test_the_scan_is_cached_and_done_again_when_the_bin_changes(tmp_path: Path) 
 
 
 def test_a_scan_reads_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bigscience_ops.data import dataset_record
+    from bigscience_ops.data import binding
 
-    monkeypatch.setattr(dataset_record, "SCAN_CHUNK", 7)
+    monkeypatch.setattr(binding, "SCAN_CHUNK", 7)
     docs = [list(range(i, i + 5)) for i in range(0, 60, 5)] + [[12345, 3]]
     prefix = write_indexed(tmp_path / "c_text_document", docs)
     assert preflight.scan_max_id(Path(f"{prefix}.bin"), np.uint16) == 12345
@@ -221,6 +225,7 @@ def one_output(tmp_path: Path) -> str:
 
 def test_a_one_output_run_records_its_tokenizer_and_largest_id(one_output: str) -> None:
     from bigscience_ops import __version__
+    from bigscience_ops.data import binding
     from bigscience_ops.data.tokenizer_cache import sha256_file
 
     record = json.loads(Path(f"{one_output}.dataset.json").read_text())
@@ -228,7 +233,10 @@ def test_a_one_output_run_records_its_tokenizer_and_largest_id(one_output: str) 
     assert record == {"format": "bsops-dataset", "version": 1, "dtype": "<u2",
                       "tokenizer": {"kind": "json", "tokenizer": [sha256_file(str(TOKENIZER))],
                                     "special_text": "plain"},
-                      "documents": 2, "tokens": len(tokens), "max_id": int(tokens.max()), "bsops": __version__}
+                      "documents": 2, "tokens": len(tokens), "max_id": int(tokens.max()), "bsops": __version__,
+                      "binding": {"idx_sha256": sha256_file(f"{one_output}.idx"), "bin_bytes": tokens.nbytes,
+                                  "bin_sha256": sha256_file(f"{one_output}.bin")}}
+    assert record["binding"] == binding.compute(one_output)
     assert not list(Path(one_output).parent.glob("*.preprocess.json"))
     stale = Path(f"{one_output}.dataset.json.tmp-99999999")  # a killed run's, its process gone
     stale.write_text("{")

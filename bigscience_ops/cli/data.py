@@ -66,7 +66,15 @@ class _MegatronCommand(click.Command):
 
 
 def _split_keys(values: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(k for v in values for k in v.replace(",", " ").split())
+    """The keys of `--json-keys a,b c`: split on commas and spaces only (a newline or other separator inside a value
+    stays in its key, which check_json_keys then refuses)."""
+    keys = tuple(k for v in values for k in v.replace(",", " ").split(" ") if k)
+    from bigscience_ops.data.preprocess import BadJsonKey, check_json_keys
+
+    try:
+        return check_json_keys(keys)
+    except BadJsonKey as exc:
+        raise click.UsageError(f"--json-keys: {exc}") from None
 
 
 def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or_path: str | None,
@@ -132,7 +140,8 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
               help="Writes PREFIX_KEY_document.bin/.idx. With several inputs, each input's finished part waits "
                    "in PREFIX.shards/ (kept across an interruption) until they are merged into it.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes: whole shards each when the inputs balance over them, else chunks of each input.")
+              help="Processes: whole shards each when the inputs balance over them, else chunks of each input. "
+                   "Capped at this machine's cores and at the pieces of work the input gives (a note says so).")
 @click.option("--strict", is_flag=True, help="Stop at the first unusable line instead of counting it.")
 @click.option("--max-document-bytes", type=_Bytes(), default="64MiB", show_default=True,
               help="The longest line (one JSON document) taken, e.g. 64MiB. A longer one stops the run, naming "
@@ -165,12 +174,13 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from bigscience_ops.data.inputs import decoder_notes, find_inputs
     from bigscience_ops.data.preprocess import Progress
-    from bigscience_ops.data.preprocess import Limits, preprocess as run_preprocess
+    from bigscience_ops.data.preprocess import Limits, Workers, preprocess as run_preprocess
     from bigscience_ops.data.tokenizer import resolve_tokenizer
 
     if split_sentences:
         raise click.UsageError("--split-sentences (Megatron's NLTK sentence splitting, for BERT) is not "
                                "supported; GPT pretraining data is one document per item")
+    keys = _split_keys(json_keys)  # a key names output files: checked before anything is read or written
     ignored = [why for name, why in _NO_MEANING.items() if megatron_only.get(name)]
     if ignored:
         click.echo("warning: these options have no meaning here and are ignored: " + "; ".join(ignored),
@@ -206,8 +216,12 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
         more = f" and {len(found.side_files) - 5} more" if len(found.side_files) > 5 else ""
         click.echo(f"note: left out {len(found.side_files)} file(s) bsops wrote (records, problem lists, "
                    f"datasets): {shown}{more}", err=True)
-    result = run_preprocess(paths, output_prefix, spec, _split_keys(json_keys), append_eod, workers, strict, report,
-                            output_per_input, limits=Limits(max_document_bytes, cross_check))
+    def capped(used: Workers) -> None:
+        if used.capped:
+            click.echo(f"note: {used.line()}", err=True)
+
+    result = run_preprocess(paths, output_prefix, spec, keys, append_eod, workers, strict, report,
+                            output_per_input, limits=Limits(max_document_bytes, cross_check), on_workers=capped)
     if on_terminal:
         click.echo("", err=True)
     shown = result.problems[:20]

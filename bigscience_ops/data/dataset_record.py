@@ -8,19 +8,27 @@ output, one per input, or the merge of several inputs) and the output of `merge-
     some of which had no record, since their tokenizer is not known;
   - `dtype`, `documents`, `tokens`: what the .idx describes (a record whose counts differ from the .idx it sits
     beside is not this dataset's record: an interrupted rewrite, or a dataset copied over another's);
-  - `max_id`: the largest token id (null: no token), so the pre-flight checks need no scan;
+  - `max_id`: the largest token id (null: no token);
+  - `binding`: what ties it to its data's content (binding.py: the .idx's sha256, the .bin's size and its
+    sha256, or sampled blocks' for a .bin over 64 MiB); absent in records written before bsops bound them;
   - `bsops`: the version that wrote it.
 
-A record is untrusted input when read (`read`): bounded size, and anything torn, of the wrong types or not
-matching the .idx is ignored with the reason, never an exception.
+A record is a claim, checked when read (`inspect`): only a regular file is read, never through a link (a link is
+`link`, which the pre-flight refuses); bounded size; anything torn, of the wrong types, not matching the .idx or
+bound to other data is not used, with the reason, never an exception. The largest id it claims is checked by a
+scan of the .bin once per file (binding.checked_max_id, cached): a record that claims another is not used. A
+record without a binding whose claim the scan bears out gets its binding then, where the folder is writable.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+from bigscience_ops.data import binding as bind
+from bigscience_ops.data.binding import scan_max_id  # noqa: F401  (merge and preprocess scan through here)
 from bigscience_ops.runfiles import write_atomically
 
 FORMAT = "bsops-dataset"  # the first key of the file: inputs.side_file tells the record by it
@@ -28,7 +36,6 @@ VERSION = 1
 SUFFIX = ".dataset.json"
 MAX_BYTES = 1 << 16  # a larger file named like a record is not one of ours
 IDENTITY = ("kind", "tokenizer", "special_text")  # the settings that name the tokenizer (shards.merge_checked)
-SCAN_CHUNK = 1 << 24  # token ids read at once by a scan (32-128 MiB of memory by dtype)
 
 
 def record_path(prefix: str | os.PathLike) -> Path:
@@ -46,36 +53,35 @@ def remove(prefix: str | os.PathLike) -> None:
 
 
 def write(prefix: str | os.PathLike, tokenizer: dict | None, max_id: int | None) -> Path:
-    """Write PREFIX's record (atomically: a temporary, fsync, rename) from its final .idx; returns its path."""
+    """Write PREFIX's record (atomically: a temporary, fsync, rename) from its final .idx, bound to its .bin and .idx
+    as they are now; returns its path. `max_id`, the writer's count, is checked by a scan of the .bin (`_scan`):
+    where they differ (a part record of an earlier run that lied), the scan's is written."""
     from bigscience_ops import __version__
     from bigscience_ops.data.indexed import IndexedDataset
 
     indexed = IndexedDataset(prefix)
+    bound = bind.compute(prefix)
+    scanned = _scan(prefix, indexed.dtype, bound)[0]
     record = {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer, "dtype": indexed.dtype.str,
-              "documents": len(indexed), "tokens": indexed.num_tokens, "max_id": max_id, "bsops": __version__}
+              "documents": len(indexed), "tokens": indexed.num_tokens,
+              "max_id": scanned, "binding": bound, "bsops": __version__}
     del indexed
+    return _put(prefix, record)
+
+
+def _scan(prefix: str | os.PathLike, dtype, bound: dict) -> tuple[int | None, str]:
+    """The .bin's largest id, from a scan: a .bin hashed whole is scanned at once (under 64 MiB: its binding already
+    says it is the very data a scan of its writer saw); a sampled one through the cache kept per file, so it is
+    scanned once per file (a copy, or an edit in place, again)."""
+    if bind.sampled(bound):
+        return bind.checked_max_id(prefix, dtype, bound)
+    return bind.scan_max_id(Path(f"{os.fspath(prefix)}.bin"), dtype), "scan"
+
+
+def _put(prefix: str | os.PathLike, record: dict) -> Path:
     path = record_path(prefix)
     write_atomically(path, json.dumps(record).encode("utf-8"), tmp=f"{path}.tmp-{os.getpid()}")
     return path
-
-
-def scan_max_id(bin_file: Path, dtype) -> int | None:
-    """The largest token id in a .bin of `dtype` tokens, read in chunks of SCAN_CHUNK ids; None when empty."""
-    import numpy as np
-
-    size = bin_file.stat().st_size
-    count = size // np.dtype(dtype).itemsize
-    if count == 0:
-        return None
-    tokens = np.memmap(bin_file, mode="r", dtype=dtype, shape=(count,))
-    try:
-        best = None
-        for start in range(0, count, SCAN_CHUNK):
-            high = int(tokens[start:start + SCAN_CHUNK].max())
-            best = high if best is None else max(best, high)
-        return best
-    finally:
-        del tokens
 
 
 def _count(value: object) -> bool:
@@ -97,31 +103,37 @@ def _valid_tokenizer(value: object) -> bool:
             and (value["special_text"] is None or isinstance(value["special_text"], str)))
 
 
-def read(prefix: str | os.PathLike, indexed=None) -> tuple[dict | None, str | None]:
-    """(record, None) when PREFIX.dataset.json is a record of this very dataset; (None, why it was ignored) when a
-    file is there but is not; (None, None) when there is none. `indexed`: the dataset's IndexedDataset, if open."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What `inspect` made of PREFIX.dataset.json."""
+
+    record: dict | None = None  # the record, when it is this dataset's and its largest id was borne out
+    why: str | None = None  # why a file there was not used (None with no record: there is none)
+    link: bool = False  # the record's path is a symbolic link (never read through)
+    max_id: tuple[int | None, str] | None = None  # the record's largest id, checked, and where the check came from
+    binding: dict | None = None  # the data's binding, when it was computed
+
+
+def inspect(prefix: str | os.PathLike, indexed=None) -> Reading:
+    """PREFIX.dataset.json checked against its data (the module docstring). `indexed`: the dataset's
+    IndexedDataset, if open."""
     path = record_path(prefix)
+    found = bind.read_regular(path, MAX_BYTES)
+    if found.data is None:
+        return Reading(why=found.why, link=found.link)
     try:
-        if not path.exists():
-            return None, None
-        if not path.is_file():
-            return None, f"{path} is not a regular file"
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            return None, f"{path} holds {size} bytes; a record of bsops' holds at most {MAX_BYTES}"
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, f"{path} cannot be read ({getattr(exc, 'strerror', None) or exc})"
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None, f"{path} is not JSON (cut short or damaged)"
+        data = json.loads(found.data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return Reading(why=f"{path} is not JSON (cut short or damaged)")
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
-        return None, f"{path} is not a dataset record of this bsops (format {FORMAT!r} version {VERSION})"
+        return Reading(why=f"{path} is not a dataset record of this bsops (format {FORMAT!r} version {VERSION})")
     high = data.get("max_id")
     if (not isinstance(data.get("dtype"), str) or not _count(data.get("documents")) or not _count(data.get("tokens"))
-            or not (high is None or _count(high)) or not _valid_tokenizer(data.get("tokenizer"))):
-        return None, f"{path} has fields of the wrong types"
+            or not (high is None or _count(high)) or not _valid_tokenizer(data.get("tokenizer"))
+            or not ("binding" not in data or bind.valid(data["binding"]))):
+        return Reading(why=f"{path} has fields of the wrong types")
     if indexed is None:
         from bigscience_ops.data.errors import DataFormatError
         from bigscience_ops.data.indexed import IndexedDataset
@@ -129,11 +141,37 @@ def read(prefix: str | os.PathLike, indexed=None) -> tuple[dict | None, str | No
         try:
             indexed = IndexedDataset(prefix)
         except (DataFormatError, OSError, ValueError) as exc:
-            return None, f"{path} sits beside a dataset that cannot be read ({exc})"
+            return Reading(why=f"{path} sits beside a dataset that cannot be read ({exc})")
     actual = {"dtype": indexed.dtype.str, "documents": len(indexed), "tokens": indexed.num_tokens}
     differ = [f"{k} {data[k]!r:.24} (the .idx: {v!r})" for k, v in actual.items() if data[k] != v]
     if differ:
-        return None, f"{path} describes another dataset: {', '.join(differ)}"
+        return Reading(why=f"{path} describes another dataset: {', '.join(differ)}")
     if (high is None) != (data["tokens"] == 0):
-        return None, f"{path} has max_id {high} for {data['tokens']} tokens"
-    return data, None
+        return Reading(why=f"{path} has max_id {high} for {data['tokens']} tokens")
+    try:
+        bound = bind.compute(prefix)
+        if "binding" in data and data["binding"] != bound:
+            return Reading(why=f"{path} was written for other data (its binding differs from the content of "
+                               f"{os.fspath(prefix)}.bin/.idx: a record copied beside changed data)", binding=bound)
+        if "binding" in data and not bind.sampled(bound):  # the whole .bin's hash: the data its writer scanned
+            return Reading(data, max_id=(high, f"record {path}"), binding=bound)
+        value = _scan(prefix, indexed.dtype, bound)[0]
+    except OSError as exc:
+        return Reading(why=f"{path} sits beside a dataset that cannot be read ({exc.strerror or exc})")
+    if value != high:
+        return Reading(why=f"{path} claims max_id {high}, a scan of {os.fspath(prefix)}.bin finds {value}",
+                       binding=bound)
+    if "binding" not in data:  # written before records were bound: bound now, where the folder allows
+        data = {**data, "binding": bound}
+        try:
+            _put(prefix, data)
+        except OSError:
+            pass
+    return Reading(data, max_id=(value, f"record {path}"), binding=bound)
+
+
+def read(prefix: str | os.PathLike, indexed=None) -> tuple[dict | None, str | None]:
+    """(record, None) when PREFIX.dataset.json is a record of this very dataset whose claims hold; (None, why it was
+    not used) when a file is there but is not; (None, None) when there is none (`inspect`)."""
+    reading = inspect(prefix, indexed)
+    return reading.record, reading.why

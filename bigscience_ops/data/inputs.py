@@ -193,7 +193,8 @@ def side_file(path: Path) -> tuple[str, str] | None:
     """(what, description) when `path` is a file bsops writes next to its outputs, else None.
 
     By name and, for names a corpus could also have, by content: a run record `PART.preprocess.json`
-    (it starts `{"format": `), a dataset's record `PREFIX.dataset.json` (it starts `{"format": "bsops-dataset"`),
+    (it starts `{"format": `), a dataset's record `PREFIX.dataset.json` (it starts `{"format": "bsops-dataset"`), a
+    scan's result `PREFIX.maxid` (it starts `{"format": `),
     a problems list `*_problems.jsonl` (lines of path, line, kind, detail), an
     indexed dataset's `.idx` (Megatron's magic) or `.bin` (with its `.idx`), a writer's temporary
     (`*.bin.tmp-PID`, ...) and a worker's token spill (in a `bsops-preprocess-*` folder). The caller
@@ -209,6 +210,8 @@ def side_file(path: Path) -> tuple[str, str] | None:
         return "run-record", "a run record bsops writes next to a finished part (PART.preprocess.json)"
     if low.endswith(".dataset.json") and _first_line(path).startswith(b'{"format": "bsops-dataset"'):
         return "dataset-record", "a dataset's record bsops writes beside its .bin/.idx (PREFIX.dataset.json)"
+    if low.endswith(".maxid") and _first_line(path).startswith(b'{"format": '):
+        return "scan-cache", "the largest token id of a dataset's .bin as a scan found it (PREFIX.maxid)"
     if low.endswith("_problems.jsonl"):
         try:
             first = json.loads(_first_line(path))

@@ -4,12 +4,15 @@
 - every blend prefix's `.bin` and `.idx` exist, are readable and describe each other (indexed.IndexedDataset);
   the bundled corpus a launch builds when it is missing (corpus.ensure_data) is "built at launch", not an error;
 - the tokenizer's files exist (kind gpt2-bpe: vocab_file and merges_file; json: json_file);
-- the largest token id of each dataset is below the model's padded vocabulary (sizing.padded_vocab_size): from
-  the dataset's own record `PREFIX.dataset.json` (dataset_record.py: every dataset bsops writes has one; a record
-  that is torn, hostile or whose counts differ from the .idx is ignored with a note), else from the
-  `PART.preprocess.json` record of the part it was written as (preprocess records it while encoding), else from
-  one scan of the `.bin` (numpy memmap in chunks: disk speed, bounded memory), kept in `PREFIX.maxid` beside the
-  `.idx` keyed by the `.bin`'s size and mtime (not kept where the folder is not writable);
+- the largest token id of each dataset is below the model's padded vocabulary (sizing.padded_vocab_size). A record
+  is a claim, checked: the dataset's own record `PREFIX.dataset.json` (dataset_record.py: every dataset bsops
+  writes has one) is read only as a regular file (a symbolic link there is refused, LinkedRecord), is bound to its
+  data's content (binding.py), and the id it claims is borne out by a scan of the `.bin` once per file (numpy
+  memmap in chunks: disk speed, bounded memory; kept in `PREFIX.maxid`, else in the user cache, keyed by the
+  binding). A record that is torn, hostile, whose counts differ from the .idx, that is bound to other data (a
+  record copied beside changed data) or whose claim the scan refutes is not used, with a note, and the scan's id
+  is the one checked (a refusal then names the record too). A part's `PART.preprocess.json` says which tokenizer
+  made the data, never its largest id;
 - the tokenizer the dataset was made with (the sha256 of its files, in either record) is the experiment's; a
   dataset without a record (Megatron's, or a merge of such) gets a note, since its tokenizer cannot be compared;
 - how many times the run reads each blend entry's training documents (epochs, as the GPT dataset builds them:
@@ -22,21 +25,17 @@ data that lives on that team's cluster: its findings are warnings there, never a
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bigscience_ops.data import binding
 from bigscience_ops.data import dataset_record as own_record
-from bigscience_ops.data.dataset_record import scan_max_id
+from bigscience_ops.data.binding import cache_path, scan_max_id  # noqa: F401  (the pre-flight's cache and scan)
 from bigscience_ops.data.errors import DataError
 from bigscience_ops.schema import Experiment, TokenizerConfig
 from bigscience_ops.sizing import padded_vocab_size
 
-CACHE_SUFFIX = ".maxid"  # PREFIX.maxid: the scan's result, beside PREFIX.idx
-CACHE_FORMAT = 1
-CACHE_MAX_BYTES = 4096  # a larger file named like a cache is not one of ours
 BUNDLED_DATASET = "tiny_text_document"  # the name corpus.ensure_data builds at launch (corpus.NAME's text key)
 
 
@@ -65,6 +64,10 @@ class MissingTokenizerFile(DataCheckError):
     """A file of data.tokenizer does not exist or cannot be read."""
 
 
+class LinkedRecord(DataCheckError):
+    """A dataset's record is a symbolic link: a record is read only as the regular file beside its data."""
+
+
 class TokenIdBeyondVocab(DataCheckError):
     """A dataset holds a token id the model has no embedding row for."""
 
@@ -90,7 +93,7 @@ class DataRefused(DataError):
 @dataclass(frozen=True)
 class MaxId:
     value: int | None  # None: the dataset holds no token
-    source: str  # "record PATH" (its PREFIX.dataset.json), "record" (its part's), "cache PATH", "scan", "scan, not
+    source: str  # "record PATH" (its PREFIX.dataset.json, its claim checked), "cache PATH", "scan", "scan, not
     # cached: why"
 
 
@@ -191,72 +194,10 @@ def _plain(value: object) -> str:
 
 # ----------------------------------------------------------------------------- largest token id
 
-def cache_path(prefix: str) -> Path:
-    return Path(f"{prefix}{CACHE_SUFFIX}")
-
-
-def _record_key(prefix: str, record: dict) -> str | None:
-    """The json key of the record's dataset `prefix` (PART_KEY_document)."""
-    settings = record.get("settings")
-    keys = settings.get("keys") if isinstance(settings, dict) else None
-    keys = keys if isinstance(keys, list) else []
-    found = [k for k in keys if isinstance(k, str) and prefix.endswith(f"_{k}_document")]
-    return max(found, key=len) if found else None
-
-
-def _from_record(prefix: str, record: dict | None) -> int | None | bool:
-    """The record's largest id of this dataset; False when the record does not hold one."""
-    if record is None:
-        return False
-    key = _record_key(prefix, record)
-    stats = record.get("stats")
-    highs = stats.get("max_id") if isinstance(stats, dict) else None
-    value = highs.get(key) if isinstance(highs, dict) and key is not None else None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if value >= 0 else None
-    return False
-
-
-def _read_cache(path: Path, size: int, mtime_ns: int) -> int | None | bool:
-    """The cached largest id when the cache describes this very .bin; False otherwise."""
-    try:
-        if not path.is_file() or path.stat().st_size > CACHE_MAX_BYTES:
-            return False
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if (isinstance(data, dict) and data.get("format") == CACHE_FORMAT and data.get("bin_bytes") == size
-                and data.get("bin_mtime_ns") == mtime_ns):
-            value = data.get("max_id")
-            if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-                return value
-    except (OSError, ValueError):
-        pass
-    return False
-
-
-def max_token_id(prefix: str, dtype, record: dict | None = None) -> MaxId:
-    """The dataset's largest token id: the record's, else the cache's, else a scan (cached when the folder allows)."""
-    recorded = _from_record(prefix, record)
-    if recorded is not False:
-        return MaxId(recorded, "record")
-    bin_file = Path(f"{prefix}.bin")
-    st = bin_file.stat()
-    cache = cache_path(prefix)
-    cached = _read_cache(cache, st.st_size, st.st_mtime_ns)
-    if cached is not False:
-        return MaxId(cached, f"cache {cache}")
-    value = scan_max_id(bin_file, dtype)
-    tmp = Path(f"{cache}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "bin_bytes": st.st_size, "bin_mtime_ns": st.st_mtime_ns,
-                                   "max_id": value}), encoding="utf-8")
-        os.replace(tmp, cache)
-    except OSError as exc:  # a read-only data folder: the scan is not kept
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        return MaxId(value, f"scan, not cached ({exc.strerror or exc})")
-    return MaxId(value, "scan")
+def max_token_id(prefix: str, dtype, bound: dict | None = None) -> MaxId:
+    """The dataset's largest token id from a scan of its .bin, kept (binding.checked_max_id: beside the .idx, else in
+    the user cache) for data with this binding. `bound`: the data's binding, when the caller computed it."""
+    return MaxId(*binding.checked_max_id(prefix, dtype, bound))
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -335,20 +276,28 @@ def check_data(exp: Experiment, train_samples: int) -> DataCheck:
         if isinstance(counted, DataCheckError):
             errors.append(counted)
             counted = BlendEntry(i, prefix, "ready", len(indexed.sizes))
-        own, ignored = own_record.read(prefix, indexed)  # the dataset's own record, else its part's
-        if ignored is not None:
-            notes.append(f"{field}: {ignored}; not used")
-        record = dataset_record(prefix) if own is None else None
+        reading = own_record.inspect(prefix, indexed)  # the dataset's own record, its claims checked
+        own = reading.record
+        if reading.link:
+            errors.append(LinkedRecord(
+                field, str(own_record.record_path(prefix)), "is a symbolic link; a dataset's record is read only "
+                "as the regular file bsops wrote beside its .bin/.idx (a link can name another dataset's record): "
+                "replace the link with that file, or remove it (the .bin is then scanned)"))
+        elif reading.why is not None:
+            notes.append(f"{field}: {reading.why}; not used")
+        record = dataset_record(prefix) if own is None else None  # its part's: which tokenizer made it
         try:
-            high = (MaxId(own["max_id"], f"record {own_record.record_path(prefix)}") if own is not None
-                    else max_token_id(prefix, indexed.dtype, record))
+            high = (MaxId(*reading.max_id) if own is not None
+                    else max_token_id(prefix, indexed.dtype, reading.binding))
         except OSError as exc:
             errors.append(UnreadableDataFile(field, f"{prefix}.bin", f"cannot be read ({exc.strerror or exc})"))
             high = None
         entries.append(BlendEntry(**{**counted.__dict__, "max_id": high}))
         del indexed
         if high is not None and high.value is not None and high.value >= vocab:
-            where = "its preprocess record" if high.source.startswith("record") else "a scan of the file"
+            where = "its record, checked" if high.source.startswith("record") else "a scan of the file"
+            if own is None and reading.why is not None:
+                where += f"; {reading.why}"  # the record that claimed otherwise, named
             errors.append(TokenIdBeyondVocab(
                 field, f"{prefix}.bin", f"holds token id {high.value} ({where}); the model's vocabulary is "
                 f"model.vocab_size {m.vocab_size} padded to {vocab} (make_vocab_size_divisible_by "

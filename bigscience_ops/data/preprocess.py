@@ -23,6 +23,13 @@ interrupted run of several inputs resumes without redoing the finished ones. Out
 when complete (see `indexed.IndexedDatasetWriter`); each output's record `PREFIX.dataset.json`
 (dataset_record.py: its tokenizer, counts and largest token id) is written last.
 
+The number of workers is capped (`cap_workers`) at this machine's cores (those this process may run on) and at
+the pieces of work the inputs give (each input's chunks of CHUNK_BYTES, a compressed one's estimated from its size),
+so `--workers 1000000` on a 50-line file runs in this process alone; `on_workers` hears the cap before any work.
+A json key becomes part of an output's file name (`{prefix}_{key}_document`): one that could name a file outside
+the output prefix's folder, or hold a control or separator character, is refused (`check_json_keys`) before
+anything is written.
+
 Inputs are untrusted: a line longer than `max_document_bytes` stops the run naming its file and line
 (memory stays bounded whatever the compression ratio, see pipeline.py), a cut-short or damaged
 archive of any kind is refused, folders and globs give each file once and never bsops' own side
@@ -40,7 +47,9 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import os
+import re
 import time
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -62,6 +71,68 @@ CHECK_FRACTION = 0.01  # of a fastokens run's text re-encoded with the reference
 SMALL_INPUT_BYTES = 4 << 20  # below this (decompressed, estimated), auto takes tiktoken over fastokens
 COMPRESSED_RATIO = 4  # estimated decompressed / on-disk size of compressed text
 SHARD_MODE_BUSY = 0.9  # whole shards to workers when a longest-first schedule keeps them this busy
+COMPRESSED_MAX_RATIO = 64  # a compressed input's work is estimated at up to this ratio (text compresses 3-10x)
+JSON_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+JSON_KEY_ALLOWED = ("allowed: 1-100 ASCII letters, digits, '_', '-' and '.', starting with a letter, digit or '_' "
+                    "(each key names an output file PREFIX_KEY_document.bin, in the output prefix's folder)")
+
+
+class BadJsonKey(DataError):
+    """A json key that cannot be part of an output's file name (it would leave the prefix's folder, or hide)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        shown = repr(key) if len(key) <= 60 else f"{key[:40]!r}... ({len(key)} characters)"
+        super().__init__(f"json key {shown}: {JSON_KEY_ALLOWED}")
+
+    def __reduce__(self):
+        return type(self), (self.key,)
+
+
+def check_json_keys(keys) -> tuple[str, ...]:
+    """The keys, when each can be part of an output file's name (JSON_KEY); BadJsonKey for the first that cannot."""
+    keys = tuple(keys)
+    for key in keys:
+        if not isinstance(key, str) or not JSON_KEY.fullmatch(key):
+            raise BadJsonKey(str(key))
+    return keys
+
+
+@dataclass(frozen=True)
+class Workers:
+    """How many worker processes a run starts: the number asked, capped at the cores and at the pieces of work."""
+
+    asked: int
+    used: int
+    cores: int  # this process may run on (os.sched_getaffinity), as nproc counts them
+    pieces: int  # of work the pending inputs give: chunks of CHUNK_BYTES (at least one per input)
+
+    @property
+    def capped(self) -> bool:
+        return self.used < self.asked
+
+    def line(self) -> str:
+        return (f"--workers {self.asked} capped to {self.used}: this machine has {self.cores} core(s) and the input "
+                f"gives {self.pieces} piece(s) of work (a chunk of lines, or a whole input, each)")
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as nproc counts them), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def cap_workers(asked: int, shards: list[Shard]) -> Workers:
+    """`asked` capped at the cores and at the pieces of work `shards` give (at least 1 worker)."""
+    from bigscience_ops.data import pipeline
+
+    chunk = pipeline.CHUNK_BYTES  # read now: tests make chunks smaller
+    pieces = sum(max(1, math.ceil(s.size * (COMPRESSED_MAX_RATIO if inputs_mod.compression(s.path) else 1) / chunk))
+                 for s in shards)
+    cores = available_cores()
+    return Workers(asked, max(1, min(asked, cores, pieces)), cores, pieces)
 
 
 @dataclasses.dataclass
@@ -85,6 +156,7 @@ class PreprocessResult:
     mode: str = "chunks"  # how the work was spread: sequential, chunks or shards (resumed: nothing left)
     startup_cpu_s: float = 0.0  # this process's CPU time (from its start) when the first chunk was handed out
     problems_unlisted: int = 0  # counted in problem_counts but not in the problems file (too many to list)
+    workers: Workers | None = None  # the worker processes asked for and used (1: this process alone)
 
     @property
     def lines_dropped(self) -> int:
@@ -203,6 +275,7 @@ def preprocess(
     output_per_input: bool = False,
     *,
     limits: Limits = Limits(),
+    on_workers: Callable[[Workers], None] | None = None,
 ) -> PreprocessResult:
     """Tokenize jsonl files, folders of them or globs into indexed datasets; see the module docstring."""
     start = time.monotonic()
@@ -218,7 +291,7 @@ def preprocess(
             raise NotCorpusError(str(p), odd[0], f"does not exist or is not a file: it is {odd[1]}")
     if max_document_bytes < 1:
         raise DataError(f"the maximum document size must be at least 1 byte; got {max_document_bytes}")
-    json_keys = tuple(json_keys)
+    json_keys = check_json_keys(json_keys)  # before any name is built from them
     if not json_keys or len(set(json_keys)) != len(json_keys):
         raise DataError(f"json keys must be distinct and at least one; got {list(json_keys)}")
     if workers < 1:
@@ -245,6 +318,10 @@ def preprocess(
             stats[shard.index] = done
     resumed = len(stats)
     pending = [s for s in shards if s.index not in stats]
+    capped = cap_workers(workers, pending)
+    if on_workers is not None:
+        on_workers(capped)
+    workers = capped.used
     if not pending:
         mode = "resumed"
     elif workers == 1:
@@ -297,6 +374,6 @@ def preprocess(
         problems=kept, problems_file=problems_file, seconds=time.monotonic() - start,
         cross_checked=total.cross_checked, reference=reference,
         shard_outputs=[s.part for s in shards] if output_per_input else [], shards=len(shards), resumed=resumed,
-        mode=mode, startup_cpu_s=run.startup_cpu_s, problems_unlisted=total.unlisted)
+        mode=mode, startup_cpu_s=run.startup_cpu_s, problems_unlisted=total.unlisted, workers=capped)
 
 
