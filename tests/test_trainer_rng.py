@@ -56,6 +56,14 @@ def _probe(out: Path, kernels: str) -> None:
         return y
 
     model.fused.causal_attention = recording
+    residual_layer_norm = model.fused.residual_layer_norm
+
+    def recording_residual(x, branch, *args, **kwargs):  # the attention output's dropout, fused with the residual add
+        s, normed = residual_layer_norm(x, branch, *args, **kwargs)
+        seen["hidden"].append((s - x).detach().clone())  # dropout(branch): exactly 0 where dropped
+        return s, normed
+
+    model.fused.residual_layer_norm = recording_residual
     embedding.drop.register_forward_hook(lambda m, i, o: seen["embedding"].append(o.detach().clone()))
     block.drop.register_forward_hook(lambda m, i, o: seen["hidden"].append(o.detach().clone()))
     tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))

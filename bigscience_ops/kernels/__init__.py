@@ -1,14 +1,17 @@
 """Fused kernels: each module holds Triton kernels, their launcher, the autograd wrapper and a plain-torch reference.
 
     layernorm.py      LayerNorm (fp32 statistics, fp32 weight/bias gradient reduction)
+    residual_layernorm.py  dropout + residual add + LayerNorm in one kernel each way
     gelu.py           bias + GeLU (tanh), Megatron's fused bias_gelu
     attention.py      causal flash attention with dropout and ALiBi (reference and slopes in softmax.py)
     crossentropy.py   chunked (vocab-parallel) cross-entropy: per-shard partials, no fp32 logits copy
 
-The model calls the functions below with its `model.kernels` choice:
-    auto    Triton on CUDA tensors, the references elsewhere (the default);
+The model calls the functions below with each op's implementation from its KernelChoice (choice.py:
+the experiment's `model.kernels`, resolved per op before the model is built; on CUDA `auto` is
+measured there). What each name means here, for one op:
+    auto    Triton on CUDA tensors, the references elsewhere (an op the run did not resolve);
     triton  Triton everywhere: CUDA, or CPU tensors under Triton's interpreter (TRITON_INTERPRET=1);
-    torch   the references everywhere.
+    torch   the references everywhere (attention: torch's SDPA, FlashAttention inside on CUDA).
 The Triton modules are imported only when a Triton kernel is about to run, so the torch path
 works on machines where Triton has no driver (softmax.py, torch only, is imported at once).
 """
@@ -53,6 +56,17 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
         return layer_norm_triton(x, weight, bias, eps)
     from bigscience_ops.kernels.layernorm import layer_norm_reference
     return layer_norm_reference(x, weight, bias, eps)
+
+
+def residual_layer_norm(x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                        dropout_p: float = 0.0, kernels: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, LayerNorm(s)) with s = x + dropout(branch, dropout_p): the residual stream and the next LayerNorm's
+    output. x, branch: (..., h); weight, bias: (h,); dropout_p 0 outside training."""
+    if use_triton(kernels, x):
+        from bigscience_ops.kernels.residual_layernorm import residual_layer_norm_triton
+        return residual_layer_norm_triton(x, branch, weight, bias, eps, dropout_p)
+    from bigscience_ops.kernels.residual_layernorm import residual_layer_norm_reference
+    return residual_layer_norm_reference(x, branch, weight, bias, eps, dropout_p)
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, kernels: str = "auto") -> torch.Tensor:

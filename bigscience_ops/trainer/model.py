@@ -28,10 +28,14 @@ Positions (`position_embedding`): learned (a table added to the word embeddings)
 no table; each head adds slope * key position to its attention scores, bigscience_ops/kernels/softmax.py; with TP
 each rank uses the slopes of its own heads).
 
-Kernels: LayerNorm, bias-GeLU, attention and the LM cross-entropy go through bigscience_ops/kernels/ with the
-experiment's `model.kernels` choice (`kernels` below: auto, triton or torch), passed to every layer
-and to the loss. It is not part of GPTShape: it changes how the math runs, not the model, so a
-checkpoint resumes under any choice.
+Kernels: LayerNorm, the attention output's dropout + residual add + LayerNorm, bias-GeLU, attention and
+the LM cross-entropy go through bigscience_ops/kernels/ with the run's KernelChoice (`kernels` below:
+one name for every op, auto, triton or torch, or a per-op choice, bigscience_ops/kernels/choice.py),
+passed to every layer and to the loss. It is not part of GPTShape: it changes how the math runs, not
+the model, so a checkpoint resumes under any choice.
+
+`compile` (model.compile): each TransformerBlock is compiled in place by torch.compile (trainer/compiled.py),
+its parameter names unchanged; its ops then run their torch references, which inductor fuses itself.
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ from bigscience_ops import kernels as fused
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer.tensor_parallel import (SINGLE, TensorParallel, copy_to_tp, mark_tensor_parallel,
                                                     reduce_from_tp, tp_region_rng, vocab_parallel_cross_entropy)
+from bigscience_ops.kernels.choice import KernelChoice, as_choice
 from bigscience_ops.kernels.softmax import alibi_slopes
+
+Kernels = str | KernelChoice
 
 
 def _generator(seed: int, layer_index: int) -> torch.Generator:
@@ -94,7 +101,7 @@ class EmbeddingPipe(nn.Module):
     """
 
     def __init__(self, shape: GPTShape, seed: int, with_positions: bool = True, tp: TensorParallel = SINGLE,
-                 kernels: str = "auto") -> None:
+                 kernels: Kernels = "auto") -> None:
         super().__init__()
         self.shape = shape
         self.tp = tp
@@ -107,7 +114,7 @@ class EmbeddingPipe(nn.Module):
             if self.learned_positions:
                 self.position_embeddings = nn.Embedding(shape.max_position_embeddings, shape.hidden_size)
                 _normal_(self.position_embeddings.weight, shape.init_method_std, gen)
-            self.embed_norm = (LayerNorm(shape.hidden_size, shape.layernorm_epsilon, kernels)
+            self.embed_norm = (LayerNorm(shape.hidden_size, shape.layernorm_epsilon, as_choice(kernels).layer_norm)
                                if shape.embed_layernorm else None)
             self.drop = nn.Dropout(shape.hidden_dropout)
 
@@ -153,11 +160,11 @@ class SelfAttention(nn.Module):
     """Fused QKV (column-parallel: this rank's heads), attention, output projection (row-parallel)."""
 
     def __init__(self, shape: GPTShape, gen: torch.Generator, tp: TensorParallel = SINGLE,
-                 kernels: str = "auto") -> None:
+                 kernels: Kernels = "auto") -> None:
         super().__init__()
         h = shape.hidden_size
         self.tp = tp
-        self.kernels = kernels
+        self.kernels = as_choice(kernels).attention
         self.n_head = shape.num_attention_heads // tp.size  # heads on this rank
         self.head_size = h // shape.num_attention_heads
         # fused QKV in Megatron's per-head [q k v] row layout: a contiguous row slice is whole heads
@@ -196,11 +203,11 @@ class MLP(nn.Module):
     """h -> ffn (column-parallel) with bias-GeLU, ffn -> h (row-parallel, bias after the all-reduce)."""
 
     def __init__(self, shape: GPTShape, gen: torch.Generator, tp: TensorParallel = SINGLE,
-                 kernels: str = "auto") -> None:
+                 kernels: Kernels = "auto") -> None:
         super().__init__()
         h, f = shape.hidden_size, shape.ffn_hidden_size
         self.tp = tp
-        self.kernels = kernels
+        self.kernels = as_choice(kernels).bias_gelu
         self.dense_h_to_4h = nn.Linear(h, f // tp.size, bias=False)
         self.bias_h_to_4h = _zeros(f, tp)  # added inside bias_gelu, as Megatron fuses it
         self.dense_4h_to_h = nn.Linear(f // tp.size, h)
@@ -215,32 +222,44 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-LayerNorm block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x)))."""
+    """Pre-LayerNorm block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x))).
+
+    The attention output's dropout, its residual add and the post-attention LayerNorm are one op
+    (kernels.residual_layer_norm: one kernel each way when Triton runs it). With `compile` the block is
+    compiled in place and its ops run the torch references (inductor fuses them)."""
 
     def __init__(self, shape: GPTShape, seed: int, layer_number: int, tp: TensorParallel = SINGLE,
-                 kernels: str = "auto") -> None:
+                 kernels: Kernels = "auto", compile: bool = False) -> None:
         super().__init__()
+        k = as_choice("torch" if compile else kernels)
         gen = _generator(seed, layer_number)
-        self.input_layernorm = LayerNorm(shape.hidden_size, shape.layernorm_epsilon, kernels)
-        self.self_attention = SelfAttention(shape, gen, tp, kernels)
-        self.post_attention_layernorm = LayerNorm(shape.hidden_size, shape.layernorm_epsilon, kernels)
-        self.mlp = MLP(shape, gen, tp, kernels)
+        self.input_layernorm = LayerNorm(shape.hidden_size, shape.layernorm_epsilon, k.layer_norm)
+        self.self_attention = SelfAttention(shape, gen, tp, k)
+        self.post_attention_layernorm = LayerNorm(shape.hidden_size, shape.layernorm_epsilon, k.residual_layer_norm)
+        self.mlp = MLP(shape, gen, tp, k)
         self.drop = nn.Dropout(shape.hidden_dropout)
+        if compile:
+            from bigscience_ops.trainer.compiled import compile_block
+            compile_block(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.self_attention(self.input_layernorm(x)))
-        return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
+        ln = self.post_attention_layernorm
+        dropout = self.drop.p if self.training else 0.0
+        x, normed = fused.residual_layer_norm(x, self.self_attention(self.input_layernorm(x)), ln.weight, ln.bias,
+                                              ln.eps, dropout, ln.kernels)
+        return x + self.drop(self.mlp(normed))
 
 
 class FinalNorm(LayerNorm):
-    def __init__(self, shape: GPTShape, kernels: str = "auto") -> None:
-        super().__init__(shape.hidden_size, shape.layernorm_epsilon, kernels)
+    def __init__(self, shape: GPTShape, kernels: Kernels = "auto") -> None:
+        super().__init__(shape.hidden_size, shape.layernorm_epsilon, as_choice(kernels).layer_norm)
 
 
-def lm_loss(logits: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor], kernels: str = "auto") -> torch.Tensor:
+def lm_loss(logits: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor], kernels: Kernels = "auto") -> torch.Tensor:
     """Megatron's masked LM loss: sum(CE * mask) / sum(mask), in fp32. logits (B, T, V)."""
     targets, loss_mask = labels
-    losses = fused.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), kernels)
+    losses = fused.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                                 as_choice(kernels).cross_entropy)
     mask = loss_mask.reshape(-1).float()
     return (losses * mask).sum() / mask.sum()
 
@@ -249,9 +268,9 @@ class LMLoss:
     """`lm_loss` for logits split over TP along the vocabulary (B, T, V/tp) (the vocab-parallel CE),
     or over the whole vocabulary with TP=1; `kernels` chooses the cross-entropy kernel."""
 
-    def __init__(self, tp: TensorParallel, kernels: str = "auto") -> None:
+    def __init__(self, tp: TensorParallel, kernels: Kernels = "auto") -> None:
         self.tp = tp
-        self.kernels = kernels
+        self.kernels = as_choice(kernels).cross_entropy
 
     def __call__(self, logits: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         if self.tp.size == 1:
@@ -263,32 +282,36 @@ class LMLoss:
         return (losses * mask).sum() / mask.sum()
 
 
-def loss_function(tp: TensorParallel = SINGLE, kernels: str = "auto") -> LMLoss:
+def loss_function(tp: TensorParallel = SINGLE, kernels: Kernels = "auto") -> LMLoss:
     """The pipeline's loss: Megatron's masked LM loss, vocab-parallel when TP > 1."""
     return LMLoss(tp, kernels)
 
 
-def layer_specs(shape: GPTShape, seed: int, tp: TensorParallel = SINGLE, kernels: str = "auto") -> list:
-    """The model as pipeline layer specs: embedding, blocks, final norm, tied head (this TP rank's shards)."""
+def layer_specs(shape: GPTShape, seed: int, tp: TensorParallel = SINGLE, kernels: Kernels = "auto",
+                compile: bool = False) -> list:
+    """The model as pipeline layer specs: embedding, blocks (compiled with `compile`), final norm, tied head (this
+    TP rank's shards)."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
     specs: list = [TiedLayerSpec("word_embeddings", EmbeddingPipe, shape, seed, tp=tp, kernels=kernels,
                                  tied_weight_attr="word_embeddings.weight")]
-    specs += [LayerSpec(TransformerBlock, shape, seed, i + 1, tp=tp, kernels=kernels) for i in range(shape.num_layers)]
+    specs += [LayerSpec(TransformerBlock, shape, seed, i + 1, tp=tp, kernels=kernels, compile=compile)
+              for i in range(shape.num_layers)]
     specs.append(LayerSpec(FinalNorm, shape, kernels))
     specs.append(TiedLayerSpec("word_embeddings", EmbeddingPipe, shape, seed, with_positions=False, tp=tp,
                                forward_fn=head_forward, tied_weight_attr="word_embeddings.weight"))
     return specs
 
 
-def build_sequential(shape: GPTShape, seed: int, kernels: str = "auto") -> nn.Module:
-    """The same layers as one plain nn.Module, for the plain-PyTorch baseline of the benchmark."""
+def build_sequential(shape: GPTShape, seed: int, kernels: Kernels = "auto", compile: bool = False) -> nn.Module:
+    """The same layers as one plain nn.Module, for the plain-PyTorch baseline of the benchmark (`compile`: each
+    block compiled, as model.compile does in the trainer)."""
 
     class GPT(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.embedding = EmbeddingPipe(shape, seed, kernels=kernels)
-            self.blocks = nn.ModuleList(TransformerBlock(shape, seed, i + 1, kernels=kernels)
+            self.blocks = nn.ModuleList(TransformerBlock(shape, seed, i + 1, kernels=kernels, compile=compile)
                                         for i in range(shape.num_layers))
             self.final_norm = FinalNorm(shape, kernels)
 
