@@ -82,8 +82,10 @@ class ModelConfig:
     attention_dropout: float = documented(0.1, "dropout on attention probabilities", at_least=0, below=1)
     layernorm_epsilon: float = documented(1e-5, "LayerNorm epsilon, in (0, 1]", above=0, at_most=1)
     kernels: Literal["auto", "triton", "torch"] = documented(
-        "auto", "LayerNorm, bias-GeLU, attention and cross-entropy kernels: auto (Triton on CUDA, torch "
-                "elsewhere), triton (CUDA, or CPU under TRITON_INTERPRET=1) or torch (the references)")
+        "auto", "LayerNorm, residual+LayerNorm, bias-GeLU, attention and cross-entropy kernels: auto (on CUDA each "
+                "op timed at the run's shape, Triton kept where it is faster; torch elsewhere), triton (CUDA, or "
+                "CPU under TRITON_INTERPRET=1) or torch (the references: eager, SDPA for attention)")
+    compile: bool = documented(False, "compile each transformer block with torch.compile (recompiles bounded)")
 
 
 @dataclass(frozen=True)
