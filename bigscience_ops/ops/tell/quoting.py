@@ -11,7 +11,7 @@ goes through `quote_untrusted` before it reaches a mail, a webhook or a console 
 - scheme-less: `http://` becomes `hxxp[:]//`, `https` `hxxps`, `ftp` `fxp`; every other `scheme://` and the
   schemes that need no slashes (`javascript:`, `data:`, `mailto:`, ...) get `[:]`; the dots of a host after a
   scheme or `//`, of `www.` names, of e-mail addresses, IPv4 addresses, punycode (`xn--`) and names ending in a
-  common top-level domain become `[.]`; square and angle brackets become ［ ］ and ‹ ›, so no markdown link
+  common top-level domain become `[.]`; square and angle brackets become ⟦ ⟧ and ‹ ›, so no markdown link
   (`[text](url)`), Slack link (`<url|text>`) or HTML tag (`<a href=...>`, `<img ...>`) stays whole;
 - marked: the result is in double quotes (a quote inside is `\\"`), so a reader sees where the file's words begin
   and end. `mark=False` is for a text that mixes bsops' words with a file's (a record's problem, an error).
@@ -41,7 +41,7 @@ _BARE_SCHEMES = (r"https?|s?ftps?|wss?|file|javascript|vbscript|livescript|data|
 _SCHEME = re.compile(rf"(?i)\b({_BARE_SCHEMES}):(?=\S)")
 _ANY_SCHEME = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,30}):(?=//|\\\\|/\\|\\/)")
 # A host: what follows a scheme's slashes (or a protocol-relative `//`), up to a path, a query or a space.
-_HOST = r"[^\s/\\?#\"'‹›<>()\[\]｛｝［］|,;`]+"
+_HOST = r"[^\s/\\?#\"'‹›<>()\[\]⟦⟧|,;`]+"
 _AFTER_SCHEME = re.compile(rf"(\[:\](?:[/\\]{{1,4}}|(?=\S)))({_HOST})")
 _PROTOCOL_RELATIVE = re.compile(rf"(?:^|(?<=[\s\"'(=:,;‹]))((?://|\\{{2,4}})\s*)({_HOST})")
 _WWW = re.compile(rf"(?i)\b(www\d{{0,3}}\.{_HOST})")
@@ -53,7 +53,7 @@ _NAMED_HOST = re.compile(rf"(?i)(?<![\w/\\.@-])((?:[\w-]+\.)+(?:{_TLDS}))(?![\w-
 _PUNYCODE = re.compile(r"(?i)(?<![\w/\\.-])((?:[\w-]+\.)*xn--[\w-]+(?:\.[\w-]+)*)")
 _EMAIL = re.compile(r"(?i)(?<=[\w.+-]@)([\w-]+(?:\.[\w-]+)+)")
 _IPV4 = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d{1,3}){3})(?![\w.])")
-_BRACKETS = str.maketrans({"[": "［", "]": "］", "<": "‹", ">": "›"})
+_BRACKETS = str.maketrans({"[": "⟦", "]": "⟧", "<": "‹", ">": "›"})
 _REDACTED_QUOTED = REDACTED.translate(_BRACKETS)
 
 
