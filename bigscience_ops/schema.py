@@ -425,6 +425,18 @@ class EvalConfig:
         None, "--nodes of the eval job; derived as the checkpoint's TP x PP processes over slurm.gpus_per_node",
         at_least=1, below=2**20)
     time: str = documented("02:00:00", "--time of the eval job", charset=SLURM_TIME)
+    trust_task_code: bool = documented(
+        False, "task YAML files are code the team trusts: `!function` tags, `include:` outside a task file's folder "
+               "and unsandboxed templates, as lm-eval runs them; default: refused")
+    bootstrap_iters: int = documented(
+        100000, "resamples for the stderr of bootstrapped metrics (perplexity); lm-eval's default; 0: no stderr",
+        at_least=0, below=10**7)
+    dtype: Literal["training", "fp32"] = documented(
+        "training", "precision the checkpoint is scored in on GPUs: the training's (train.precision) or fp32 (as "
+                    "lm-eval's hf model loads an export by default); CPUs score in fp32")
+    hf_cache: str | None = documented(
+        None, "shared Hugging Face cache folder for lm-eval's registered tasks' datasets: `bsops eval --prefetch` "
+              "fills it on a login node, the eval job reads it offline; default: the environment's own cache")
 
     @property
     def configured(self) -> bool:

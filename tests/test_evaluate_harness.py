@@ -209,8 +209,9 @@ def test_evaluate_writes_the_result_file_and_tensorboard_scalars(model, runs, tm
                         sources={"psalms": str(source), "gone": str(tmp_path / "nope")},
                         text_key="body", limit=4, batch_size=4))
     lines: list[str] = []
-    path = driver.evaluate(exp, target.path, target.meta, scorer, lines.append)
-    assert path == out / "eval" / f"{target.tag}.json"
+    with pytest.raises(driver.MissingTasks, match="missing.yaml"):  # the others' result written first
+        driver.evaluate(exp, target.path, target.meta, scorer, lines.append)
+    path = out / "eval" / f"{target.tag}.json"
     result = json.loads(path.read_text(encoding="utf-8"))
     section = result["bsops"]
     assert section["step"] == target.step and section["iteration"] == target.meta["iteration"]
@@ -218,8 +219,9 @@ def test_evaluate_writes_the_result_file_and_tensorboard_scalars(model, runs, tm
     assert section["layout"] == {"tensor": 1, "pipeline": 1}
     assert result["results"]["t_two_choice"]["sample_len"] == 4 and "samples" not in result
     assert sorted(section["bits_per_byte"]) == ["psalms"] and section["bits_per_byte"]["psalms"]["documents"] == 2
-    assert len(section["problems"]) == 2 and "missing.yaml" in section["problems"][0]
-    assert "gone" in section["problems"][1]
+    assert sorted(section["missing"]) == sorted([str(tmp_path / "missing.yaml"), "gone"])
+    assert "does not exist" in section["missing"][str(tmp_path / "missing.yaml")]
+    assert section["bootstrap_iters"] == 100000 and section["dtype"] == "float32"
     acc = result["results"]["t_two_choice"]["acc,none"]
     bpb = section["bits_per_byte"]["psalms"]["bits_per_byte"]
     board = out / "tensorboard"

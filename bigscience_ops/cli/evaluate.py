@@ -81,7 +81,7 @@ def eval_command(exp: str | None, run: Path | None, step: int | None, latest: bo
 def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, tensor: int | None,
           pipeline: int | None, trainings_dir: Path | None) -> None:
     from bigscience_ops.checkpoints import layout
-    from bigscience_ops.ops.evaluate import EvalError, launcher, results
+    from bigscience_ops.ops.evaluate import EvalError, launcher, results, taskfiles
 
     from bigscience_ops import rollbacks, run_ref
 
@@ -95,15 +95,19 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
             raise EvalError(f"{experiment.paths.checkpoints}: no `latest` file, so no complete checkpoint to "
                             "evaluate yet; allowed: --latest once the run has saved")
     assert step is not None  # exactly one of --step/--latest/--next, checked above
-    code = launcher.run_local(experiment, step, tensor, pipeline)  # the ranks read `experiment` itself
+    taskfiles.check_experiment(experiment)  # a refused task file is one line here, before any rank starts
     tag = f"global_step{step}"
-    if code != 0:
+    path = results.result_path(experiment, tag)
+    before = _stamp(path)
+    code = launcher.run_local(experiment, step, tensor, pipeline)  # the ranks read `experiment` itself
+    written = _stamp(path) not in (None, before)
+    if code != 0 and not written:
         click.echo(f"error: the evaluation of {tag} failed (exit code {code}; the ranks' output above says why); no "
                    "result written", err=True)
         sys.exit(EXIT_ERROR)
     found, problems = results.read_all(Path(experiment.paths.output))
     live = results.live(found, rollbacks.read_checked(experiment.paths.output).records)  # an abandoned branch's: out
-    click.echo(f"{tag}: {results.result_path(experiment, tag)}")
+    click.echo(f"{tag}: {path}")
     click.echo(results.table(live, experiment.eval.references, max_steps=TABLE_STEPS).text())
     for problem in problems:
         click.echo(f"unreadable result: {problem}", err=True)
@@ -111,13 +115,29 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
     for name in sorted(set(experiment.eval.alert_drop) - measured):  # an alert that could never fire: said
         click.echo(f"warning: eval.alert_drop: {name} is no metric of this run's results, so it never alerts; "
                    f"allowed: {', '.join(sorted(measured)) or 'none yet'}", err=True)
+    mine = next((r for r in live if r.step == step), None)
+    if code != 0 or (mine is not None and mine.missing):
+        left_out = sorted(mine.missing) if mine is not None else []
+        click.echo(f"error: the evaluation of {tag} left out {len(left_out)} configured task(s) or source(s)"
+                   + (f" ({', '.join(left_out)}: see `missing` above)" if left_out else "")
+                   + f"; exit code {code}", err=True)
+        sys.exit(EXIT_ERROR)
     if problems:
         sys.exit(EXIT_PROBLEMS)
 
 
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """(mtime in ns, inode) of the file at `path`, None when there is none: tells a result this run wrote."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_ino
+
+
 def _next(exp: str | None, run: Path | None, alert: bool, trainings_dir: Path | None) -> None:
-    from bigscience_ops import submit
-    from bigscience_ops.ops.evaluate import jobscript, schedule
+    from bigscience_ops import rollbacks, submit
+    from bigscience_ops.ops.evaluate import jobscript, results, schedule
 
     experiment, named = configured_run(exp, run, trainings_dir)  # eval: and alerts: of today's experiment file
     workdir = Path.cwd()  # the hourly job runs in the folder the experiment's relative outputs resolved against
@@ -130,8 +150,10 @@ def _next(exp: str | None, run: Path | None, alert: bool, trainings_dir: Path | 
         report = schedule.run_next(experiment, submit_job, users=submit.watched_users(experiment))
         for line in report.lines:
             click.echo(line)
-        failure = report.failure_text()
-        if failure is not None:
-            raise schedule.ScheduleError(failure)
+        found, _ = results.read_all(Path(experiment.paths.output))
+        newest = results.live(found, rollbacks.read_checked(experiment.paths.output).records)
+        failures = [text for text in (report.failure_text(), results.missing_alert(newest)) if text]
+        if failures:
+            raise schedule.ScheduleError("; ".join(failures))
 
     run_alerting(experiment, alert, "eval", f"bsops eval {experiment.name} --next", work)

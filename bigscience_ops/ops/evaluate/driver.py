@@ -5,27 +5,30 @@ checkpoint (the other ranks serve the Scorer's forward passes meanwhile):
 
 1. the experiment's model as an lm-eval LM (harness.py) runs eval.tasks through `lm_eval.simple_evaluate`:
    registered names as they are (lm-eval's TaskManager scans its own task folders, about 10 s, only when
-   one is named; their data comes through `datasets`, so from the user's cache or mirror, and
-   HF_DATASETS_OFFLINE is honoured by `datasets` itself), task YAML files loaded as task config dicts
-   (lm-eval's own loader: `include` and `!function` work) with their relative
-   `dataset_kwargs.data_files` made absolute against the YAML's folder; eval.limit examples per task;
-   no request or response cache, per-sample output off, a local YAML task's `datasets` cache in a
-   temporary folder (never the user's home), stderr by BOOTSTRAP_ITERS resamples in this process;
+   one is named; their data comes through `datasets`, from eval.hf_cache or the user's cache, offline in
+   the eval job), task YAML files read by taskfiles.py (never lm-eval's loader: task files are code, so
+   `!function` and an `include:` outside the file's folder are refused and templates sandboxed unless
+   eval.trust_task_code) with their relative `dataset_kwargs.data_files` made absolute against the YAML's
+   folder; eval.limit examples per task; no request or response cache, per-sample output off, a local YAML
+   task's `datasets` cache in a temporary folder (never the user's home), stderr by eval.bootstrap_iters
+   resamples (lm-eval's default 100000) in this process;
 2. bits per byte of each eval.sources file (bpb.py);
-   a task that cannot be loaded (an unknown name, data not in the cache offline, a broken task file) or
-   a source that cannot be scored is a line in the result's bsops.problems and the others still run;
-   nothing at all evaluated is an EvalError (the worker exits 2, the hourly job alerts);
+   a task that cannot be loaded (an unknown name, data not in the cache offline, a refused task file) or
+   a source that cannot be scored is left out, named with its reason in the result's bsops.missing, and
+   the others still run; the result is written and MissingTasks raised after (the worker exits 2, so
+   `bsops eval` exits non-zero and the hourly job alerts); nothing at all evaluated is an EvalError;
 3. the result, lm-eval's own output (results, configs, versions, n-shot, higher-is-better, n-samples, ...)
-   with a "bsops" section (the checkpoint's step, iteration and consumed tokens, the layout it was scored
-   in, the sources' bits per byte), written to <paths.output>/eval/<tag>.json (results.write: atomic);
+   with a "bsops" section (the checkpoint's step, iteration and consumed tokens, the layout and precision
+   it was scored in, the bootstrap resamples, the sources' bits per byte, what is missing), written to
+   <paths.output>/eval/<tag>.json (results.write: atomic; an earlier result of the step is replaced, said);
 4. TensorBoard scalars `eval/<task>/<metric>` at the checkpoint's iteration and `eval/<task>/<metric> vs
-   tokens` at its consumed tokens, in paths.tensorboard (an event file of the evaluation's own).
+   tokens` at its consumed tokens, in paths.tensorboard: an event file of the checkpoint's own, which
+   replaces those of its earlier evaluations (one point per metric and step).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import tempfile
 import time
@@ -42,8 +45,8 @@ if TYPE_CHECKING:
     from bigscience_ops.ops.evaluate.harness import BsopsLM, Scorer
     from bigscience_ops.schema import Experiment
 
-BOOTSTRAP_ITERS = 1000
-"""Resamples for the stderr of bootstrapped metrics (perplexity); lm-eval's default 100000 costs minutes."""
+BOOTSTRAP_ITERS = 100000
+"""Resamples for the stderr of bootstrapped metrics (perplexity): lm-eval's default (eval.bootstrap_iters)."""
 
 
 def _absolute(files: Any, folder: Path) -> Any:
@@ -57,30 +60,22 @@ def _absolute(files: Any, folder: Path) -> Any:
     return files
 
 
-def task_config(path: str | os.PathLike[str], cache_dir: str | None = None) -> dict | str:
-    """A task YAML file as lm-eval's config dict, its relative dataset_kwargs.data_files made absolute against
-    the file's folder (and, with `cache_dir`, `datasets`' cache for its local files there unless it names one).
-    A group file (no single `task` name) is handed to lm-eval as its path."""
-    from lm_eval.tasks._yaml_loader import load_yaml
+def task_config(path: str | os.PathLike[str], cache_dir: str | None = None, trust: bool = False) -> dict:
+    """A task YAML file as lm-eval's config dict (taskfiles.load: read with limits, `include:` kept in the file's
+    folder and `!function` refused unless `trust`, every name checked), its relative dataset_kwargs.data_files
+    made absolute against the file's folder (and, with `cache_dir`, `datasets`' cache for its local files there
+    unless it names one); a trusted file's `!function` tags imported as lm-eval imports them."""
+    from bigscience_ops.ops.evaluate import taskfiles
 
     path = Path(path)
-    if not path.is_file():
-        raise EvalError(f"eval.tasks: task file {path} does not exist; a task file is an lm-eval task YAML")
-    try:
-        config = load_yaml(path, resolve_func=True)
-    except Exception as exc:  # yaml's, lm-eval's and an imported !function's errors alike
-        raise EvalError(f"eval.tasks: task file {path} cannot be read as an lm-eval task YAML: "
-                        f"{type(exc).__name__}: {exc}") from None
-    if not isinstance(config.get("task"), str):
-        return str(path)
-    config = copy.copy(config)
+    config = taskfiles.load(path, trust=trust)
     kwargs = config.get("dataset_kwargs")
     if isinstance(kwargs, dict) and "data_files" in kwargs:
         kwargs = {**kwargs, "data_files": _absolute(kwargs["data_files"], path.parent)}
         if cache_dir is not None:
             kwargs.setdefault("cache_dir", cache_dir)
         config["dataset_kwargs"] = kwargs
-    return config
+    return taskfiles.resolve_functions(config) if trust else config
 
 
 @contextlib.contextmanager
@@ -100,70 +95,133 @@ def _quiet_lm_eval() -> Iterator[None]:
 
 
 def run_tasks(lm: Any, tasks: list[str], limit: int | None = None, log: Callable[[str], None] = lambda line: None,
-              log_samples: bool = False, problems: list[str] | None = None) -> dict:
+              log_samples: bool = False, missing: dict[str, str] | None = None, *, trust: bool = False,
+              bootstrap_iters: int = BOOTSTRAP_ITERS, num_fewshot: int | None = None,
+              prefetch: str = "bsops eval EXP --prefetch") -> dict:
     """lm-eval's output of simple_evaluate for `tasks` (registered names and task YAML files) on `lm` (a BsopsLM,
-    or any lm-eval LM), its per-sample output ("samples") only with log_samples. A task that cannot be loaded
-    (no such name, its data not to be had, a broken task file) is an EvalError naming it, or, given `problems`,
-    a line appended there and the task left out ({} when none is left)."""
+    or any lm-eval LM), its per-sample output ("samples") only with log_samples, task templates sandboxed unless
+    `trust` (taskfiles.py). A task that cannot be loaded (no such name, its data not to be had, a refused or broken
+    task file) or whose result carries a name the rules refuse is an EvalError naming it, or, given `missing`,
+    entered there (eval.tasks entry -> one line why) and left out ({} when none is left)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    def failed(message: str) -> None:
-        if problems is None:
-            raise EvalError(message)
-        problems.append(message)
-        log(f"skipped: {message}")
+    from bigscience_ops.ops.evaluate import taskfiles
 
-    with tempfile.TemporaryDirectory(prefix="bsops-eval-datasets-") as cache, _quiet_lm_eval():
+    def failed(task: str, message: str) -> None:
+        if missing is None:
+            raise EvalError(message)
+        missing[task] = one_line(message)
+        log(f"skipped: {one_line(message)}")
+
+    with tempfile.TemporaryDirectory(prefix="bsops-eval-datasets-") as cache, _quiet_lm_eval(), \
+            taskfiles.sandboxed_templates(trust):
         registered = [t for t in tasks if not is_task_file(t)]
         log(f"lm-eval tasks: {', '.join(tasks)}" + (" (indexing lm-eval's registered tasks)" if registered else ""))
         manager = TaskManager(include_defaults=bool(registered))
-        built = []
+        built, owners = [], {}
         for task in tasks:
             try:
                 if task in registered and task not in manager.all_tasks:
                     raise EvalError(f"eval.tasks: {task}: no such lm-eval {lm_eval.__version__} task; allowed: a "
                                     "registered task, group or tag name (`lm-eval ls tasks`), or a task YAML file "
                                     f"({'/'.join(TASK_FILE_SUFFIXES)})")
-                built += _build(manager, task_config(task, cache) if is_task_file(task) else task, task)
+                spec = task_config(task, cache, trust) if is_task_file(task) else task
+                made = _build(manager, spec, task, prefetch)
             except EvalError as exc:
-                failed(str(exc))
+                failed(task, str(exc))
+                continue
+            built += made
+            for item in made:
+                owners[_name_of(item)] = task
         if not built:
             return {}
         out = lm_eval.simple_evaluate(model=lm, tasks=built, limit=limit, task_manager=manager, log_samples=log_samples,
-                                      cache_requests=False, use_cache=None, bootstrap_iters=BOOTSTRAP_ITERS)
+                                      cache_requests=False, use_cache=None, bootstrap_iters=bootstrap_iters,
+                                      num_fewshot=num_fewshot)
     if out is None:
         raise EvalError("lm-eval returned no results (it returns them on rank 0 only, with LOCAL_RANK 0)")
-    return {k: v for k, v in dict(out).items() if log_samples or k != "samples"}
+    out = {k: v for k, v in dict(out).items() if log_samples or k != "samples"}
+    for name, why in refused_names(out).items():
+        _drop(out, name)
+        failed(owners.get(name, name) if taskfiles.name_problem(name) is None else owners.get(name, "a task"),
+               f"eval.tasks: a task's result is refused: {why}")
+    return out
 
 
-def _build(manager: Any, spec: str | dict, task: str) -> list:
+def _name_of(item: Any) -> str:
+    name = getattr(item, "group_name", None) or getattr(item, "task_name", None) or getattr(item, "name", None)
+    return name if isinstance(name, str) else str(item)
+
+
+def refused_names(out: dict) -> dict[str, str]:
+    """Task or group name -> why, for each entry of lm-eval's output whose name or metric names break the name rules
+    (taskfiles.name_problem: what reaches result files, TensorBoard, tables and mail), never quoting the name."""
+    from bigscience_ops.ops.evaluate import taskfiles
+
+    refused: dict[str, str] = {}
+    for section in ("results", "groups"):
+        for name, metrics in (out.get(section) or {}).items():
+            problem = taskfiles.name_problem(name)
+            if problem is not None:
+                refused[name] = f"a task name: {problem}"
+                continue
+            for key in metrics if isinstance(metrics, dict) else ():
+                metric, _, filtered = str(key).partition(",")
+                if metric in results.NOT_METRICS:
+                    continue
+                for part, what in ((metric.removesuffix("_stderr"), "a metric name"), (filtered, "a filter name")):
+                    problem = taskfiles.name_problem(part) if part else None
+                    if problem is not None:
+                        refused[name] = f"{what} of task {name}: {problem}"
+    return refused
+
+
+def _drop(out: dict, name: str) -> None:
+    for section in ("results", "groups", "configs", "versions", "n-shot", "higher_is_better", "n-samples", "samples"):
+        if isinstance(out.get(section), dict):
+            out[section].pop(name, None)
+    if isinstance(out.get("group_subtasks"), dict):
+        out["group_subtasks"].pop(name, None)
+
+
+def one_line(text: str, cap: int = 400) -> str:
+    """`text` as one bounded line of printable characters (a line break or control character becomes a space)."""
+    flat = "".join(c if c.isprintable() else " " for c in str(text))
+    flat = " ".join(flat.split())
+    return flat if len(flat) <= cap else flat[:cap - 3] + "..."
+
+
+def _build(manager: Any, spec: str | dict, task: str, prefetch: str = "bsops eval EXP --prefetch") -> list:
     """The lm-eval Task or Group (or a tag's Tasks) of one eval.tasks entry, its data loaded, as a list; a task
-    whose data cannot be had is an EvalError naming it."""
+    whose data cannot be had is an EvalError naming it (the cause in one line)."""
     from lm_eval.api.group import Group
     from lm_eval.api.task import Task
 
     try:
         built = manager._load_spec(spec)  # what TaskManager.load does per entry (lm-eval 0.4.13)
-    except Exception as exc:  # datasets', huggingface_hub's, yaml's and a task's own errors alike
-        raise EvalError(f"eval.tasks: {task}: lm-eval cannot load it: {type(exc).__name__}: {exc}; a registered "
-                        "task's data comes through `datasets`, from your cache or a mirror (HF_ENDPOINT; offline "
-                        "with HF_DATASETS_OFFLINE=1 once cached), a task file's from its data_files") from None
+    except Exception as exc:  # datasets', huggingface_hub's, jinja's sandbox and a task's own errors alike
+        cause = one_line(f"{type(exc).__name__}: {exc}", 300)
+        if is_task_file(task):
+            raise EvalError(f"eval.tasks: {task}: lm-eval cannot build the task ({cause}); a task file's data comes "
+                            f"from its data_files, or through `datasets` (fetch it with network: {prefetch})") from None
+        raise EvalError(f"eval.tasks: {task}: lm-eval cannot load it ({cause}); its data comes through `datasets`: "
+                        f"fetch it on a machine with network: {prefetch}") from None
     return [built] if isinstance(built, (Task, Group)) else list(built)
 
 
-def source_bits_per_byte(exp: Experiment, lm: BsopsLM, log: Callable[[str], None]) -> tuple[dict, list[str]]:
-    """source -> bpb.SourceBpb.to_dict() of each eval.sources file, and the sources that could not be scored."""
+def source_bits_per_byte(exp: Experiment, lm: BsopsLM, log: Callable[[str], None]) -> tuple[dict, dict[str, str]]:
+    """source -> bpb.SourceBpb.to_dict() of each eval.sources file, and source -> why for those not scored."""
     from bigscience_ops.ops.evaluate.bpb import bits_per_byte
 
-    scored, problems = {}, []
+    scored, missing = {}, {}
     for name, path in exp.eval.sources.items():
         try:
             scored[name] = bits_per_byte(path, lm, exp.eval.text_key, exp.eval.docs_per_source, log).to_dict()
         except EvalError as exc:
-            problems.append(f"eval.sources {name}: {exc}")
-            log(f"skipped source {name}: {exc}")
-    return scored, problems
+            missing[name] = one_line(f"eval.sources {name}: {exc}")
+            log(f"skipped source {name}: {one_line(str(exc))}")
+    return scored, missing
 
 
 def result_tag(checkpoint: str | os.PathLike[str]) -> str:
@@ -171,35 +229,46 @@ def result_tag(checkpoint: str | os.PathLike[str]) -> str:
     return Path(checkpoint).name
 
 
-def bsops_section(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer, bits: dict, problems: list[str],
+def bsops_section(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer, bits: dict, missing: dict[str, str],
                   seconds: float) -> dict:
-    """The result's "bsops" section: what was evaluated, in which layout, and the sources' bits per byte."""
+    """The result's "bsops" section: what was evaluated, in which layout and precision, with how many bootstrap
+    resamples, the sources' bits per byte, and each configured task or source that did not run, with why."""
     tag = result_tag(checkpoint)
     step = layout.step_of(tag)
     parallel = meta.get("parallel") if isinstance(meta.get("parallel"), dict) else {}
+    dtype = getattr(scorer, "dtype", None)
     return {
         "format": results.FORMAT, "experiment": exp.name, "tag": tag, "step": step,
         "iteration": meta.get("iteration", step),
         "consumed_samples": meta.get("consumed_train_samples"), "consumed_tokens": meta.get("consumed_tokens"),
         "layout": dict(getattr(scorer, "layout", None) or {"tensor": parallel.get("tensor"),
                                                             "pipeline": parallel.get("pipeline")}),
-        "bits_per_byte": bits, "problems": problems, "seconds": round(seconds, 3),
+        "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+        "bootstrap_iters": exp.eval.bootstrap_iters,
+        "bits_per_byte": bits, "missing": missing, "problems": list(missing.values()), "seconds": round(seconds, 3),
         "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
 
-def write_scalars(exp: Experiment, result: dict) -> int:
-    """`eval/<task>/<metric>` at the checkpoint's iteration and `... vs tokens` at its consumed tokens, in an
-    event file of its own in paths.tensorboard; how many metrics were written (none with logging.tensorboard
-    off or no paths.tensorboard)."""
+EVENT_SUFFIX = ".eval.{tag}"
+"""The suffix of the event file that holds one evaluated checkpoint's scalars (its tag in the name)."""
+
+
+def write_scalars(exp: Experiment, result: dict) -> tuple[int, int]:
+    """`eval/<task>/<metric>` at the checkpoint's iteration and `... vs tokens` at its consumed tokens, in a fresh
+    event file of this checkpoint's own in paths.tensorboard (EVENT_SUFFIX), then the event files of its earlier
+    evaluations removed, so that a step has one point per metric: (metrics written, event files replaced). None
+    with logging.tensorboard off or no paths.tensorboard."""
     folder = exp.paths.tensorboard
     if not exp.logging.tensorboard or not folder:
-        return 0
+        return 0, 0
     from torch.utils.tensorboard import SummaryWriter
 
     section = result["bsops"]
+    suffix = EVENT_SUFFIX.format(tag=section["tag"])
+    earlier = earlier_event_files(folder, section["tag"])
     values = results.metrics(result)
-    writer = SummaryWriter(log_dir=folder, filename_suffix=".eval")
+    writer = SummaryWriter(log_dir=folder, filename_suffix=suffix)
     try:
         for name, value in sorted(values.items()):
             writer.add_scalar(f"eval/{name}", value, section["iteration"])
@@ -208,32 +277,61 @@ def write_scalars(exp: Experiment, result: dict) -> int:
         writer.flush()
     finally:
         writer.close()
-    return len(values)
+    for old in earlier:
+        with contextlib.suppress(FileNotFoundError):
+            old.unlink()
+    return len(values), len(earlier)
+
+
+def earlier_event_files(folder: str | os.PathLike[str], tag: str) -> list[Path]:
+    """The plain event files of earlier evaluations of checkpoint `tag` in the TensorBoard folder."""
+    suffix = EVENT_SUFFIX.format(tag=tag)
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    return [Path(e.path) for e in entries if e.name.startswith("events.out.tfevents.") and e.name.endswith(suffix)
+            and e.is_file(follow_symlinks=False)]
+
+
+class MissingTasks(EvalError):
+    """Configured tasks or sources did not run; the result of the others is written (named here)."""
 
 
 def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
              log: Callable[[str], None] = lambda line: None) -> Path:
-    """Evaluate the checkpoint the Scorer holds (see the module docstring); the result file's path."""
+    """Evaluate the checkpoint the Scorer holds (see the module docstring); the result file's path. When a configured
+    task or source did not run, the result of the others is written and MissingTasks raised after, naming them."""
     from bigscience_ops.ops.evaluate.harness import build_lm
 
     started = time.monotonic()
     if not exp.eval.configured:
         raise EvalError(f"experiment {exp.name} has no eval.tasks and no eval.sources; nothing to evaluate")
-    path = results.result_path(exp, result_tag(checkpoint))  # a folder not named global_stepN: refused before work
+    tag = result_tag(checkpoint)
+    path = results.result_path(exp, tag)  # a folder not named global_stepN: refused before work
     lm = build_lm(exp, scorer, log)
-    problems: list[str] = []
-    result = run_tasks(lm, list(exp.eval.tasks), exp.eval.limit, log, problems=problems) if exp.eval.tasks else {}
+    missing: dict[str, str] = {}
+    result = run_tasks(lm, list(exp.eval.tasks), exp.eval.limit, log, missing=missing, trust=exp.eval.trust_task_code,
+                       bootstrap_iters=exp.eval.bootstrap_iters,
+                       prefetch=f"bsops eval {exp.name} --prefetch") if exp.eval.tasks else {}
     bits, unscored = source_bits_per_byte(exp, lm, log)
-    problems += unscored
+    missing.update(unscored)
     if not result.get("results") and not bits:
-        raise EvalError(f"nothing of {result_tag(checkpoint)} could be evaluated: " + "; ".join(problems))
-    result["bsops"] = bsops_section(exp, Path(checkpoint), meta, scorer, bits, problems, time.monotonic() - started)
+        raise EvalError(f"nothing of {tag} could be evaluated: " + "; ".join(missing.values()))
+    result["bsops"] = bsops_section(exp, Path(checkpoint), meta, scorer, bits, missing, time.monotonic() - started)
+    replaced = path.is_file()
     results.write(path, result)
+    if replaced:
+        log(f"replaced the earlier result file of {tag}: {path}")
     try:
-        written = write_scalars(exp, result)
+        written, old = write_scalars(exp, result)
     except OSError as exc:  # the result file is written: a TensorBoard folder that cannot take an event file is told
-        written = 0
+        written, old = 0, 0
         log(f"TensorBoard scalars not written to {exp.paths.tensorboard}: {exc.strerror or exc}")
-    log(f"evaluation of {result['bsops']['tag']} written to {path} ({written} metrics, "
-        f"{result['bsops']['seconds']:.0f} s)")
+    if old:
+        log(f"replaced {tag}'s TensorBoard points of {old} earlier evaluation(s) in {exp.paths.tensorboard}")
+    log(f"evaluation of {tag} written to {path} ({written} metrics, {result['bsops']['seconds']:.0f} s)")
+    if missing:
+        raise MissingTasks(f"{len(missing)} configured task(s) or source(s) of {tag} did not run ({path} holds the "
+                           "others): " + "; ".join(f"{name}: {why}" for name, why in missing.items()))
     return path

@@ -21,15 +21,16 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.runfiles import (
-    MAX_STEP, Problem, RecordFileError, check_int, check_str, excerpt, read_small, write_atomically,
+    MAX_STEP, Problem, RecordFileError, check_int, excerpt, read_small, write_atomically,
 )
+from bigscience_ops.schema import METRIC_NAME
 
 FOLDER = "eval"
 """The results' folder in the run folder."""
@@ -65,6 +66,7 @@ class Result:
     higher_is_better: dict[str, bool]  # "task/metric" -> whether a higher value is better
     path: Path | None = None
     finished: float | None = None  # when the evaluation ended (epoch seconds), where the file says
+    missing: dict[str, str] = field(default_factory=dict)  # configured task or source -> why it did not run
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,8 @@ class Table:
     rows: list[Row]
     left_out: int = 0
     """Earlier evaluated steps not shown (`table`'s max_steps)."""
+    missing: tuple[tuple[int, str, str], ...] = ()
+    """(step, task or source, why) of each configured task or source a shown step's evaluation left out."""
 
     @property
     def columns(self) -> list[str]:
@@ -119,6 +123,7 @@ class Table:
                            enumerate(zip(line, widths))).rstrip() for line in [head, *body]]
         if self.left_out:
             lines.append(f"({self.left_out} earlier evaluated step(s) not shown)")
+        lines += [f"missing at step {step}: {name}: {why}" for step, name, why in self.missing]
         return "\n".join(lines)
 
 
@@ -178,10 +183,20 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def name_problem(name: Any) -> str | None:
+    """Why `name` cannot be a task, group, source, metric or filter name (what reaches result files, TensorBoard
+    tags, tables and alert mail: eval.tasks entries' rule, schema.METRIC_NAME, at most MAX_NAME characters), never
+    quoting more than the one character that is wrong; None when it can."""
+    if not isinstance(name, str):
+        return f"got a {type(name).__name__}; expected text"
+    if len(name) > MAX_NAME:
+        return f"got {len(name)} characters; allowed: at most {MAX_NAME}"
+    problem = METRIC_NAME.problem(name)
+    return None if problem is None else f"{problem}; allowed: {METRIC_NAME.allowed}"
+
+
 def _name(value: Any, what: str) -> str:
-    why = check_str(value, MAX_NAME)
-    if why is None and not value.strip():
-        why = "got an empty name"
+    why = name_problem(value)
     if why is not None:
         raise ResultError(f"{what}: {why}")
     return value
@@ -208,16 +223,22 @@ def metrics_and_directions(result: Mapping[str, Any]) -> tuple[dict[str, float],
     for task, entry in tasks.items():
         _name(task, "results: a task name")
         if not isinstance(entry, Mapping):
-            raise ResultError(f"results {excerpt(task)}: got a JSON {type(entry).__name__}; expected an object of "
+            raise ResultError(f"results {task}: got a JSON {type(entry).__name__}; expected an object of "
                               "metrics")
         directions = stated.get(task, {})
         if not isinstance(directions, Mapping):
-            raise ResultError(f"higher_is_better {excerpt(task)}: got a JSON {type(directions).__name__}; expected an "
+            raise ResultError(f"higher_is_better {task}: got a JSON {type(directions).__name__}; expected an "
                               "object of metrics")
         for key, value in entry.items():
-            _name(key, f"results {excerpt(task)}: a metric name")
+            if not isinstance(key, str):
+                raise ResultError(f"results {task}: a metric name: got a {type(key).__name__}; expected text")
             metric, _, filtered = key.partition(",")
-            if metric in NOT_METRICS or metric.endswith("_stderr") or not _number(value):
+            if metric in NOT_METRICS:
+                continue
+            _name(metric.removesuffix("_stderr"), f"results {task}: a metric name")
+            if filtered:
+                _name(filtered, f"results {task}: a filter name")
+            if metric.endswith("_stderr") or not _number(value):
                 continue
             name = f"{task}/{metric}" if filtered in ("", "none") else f"{task}/{metric},{filtered}"
             values[name] = float(value)
@@ -244,11 +265,9 @@ def _bits_per_byte(result: Mapping[str, Any]) -> dict[str, float]:
     out = {}
     for source, entry in sources.items():
         _name(source, "bsops.bits_per_byte: a source name")
-        if "/" in source:
-            raise ResultError(f"bsops.bits_per_byte: a source name: got {excerpt(source)}; expected no /")
         value = entry.get(BITS_PER_BYTE) if isinstance(entry, Mapping) else None
         if not _number(value):
-            raise ResultError(f"bsops.bits_per_byte {excerpt(source)}: expected an object with bits_per_byte, a "
+            raise ResultError(f"bsops.bits_per_byte {source}: expected an object with bits_per_byte, a "
                               "number")
         out[source] = float(value)
     return out
@@ -295,7 +314,26 @@ def from_dict(data: Any, step: int, path: Path | None = None) -> Result:
     values, higher = metrics_and_directions(data)
     tag = path.stem if path is not None else f"global_step{step}"  # the checkpoint folder's name, as written
     return Result(tag, step, iteration, _optional_int(section, "consumed_tokens"), values, higher,
-                  path, _finished(section.get("finished")))
+                  path, _finished(section.get("finished")), _missing(section.get("missing", {})))
+
+
+MAX_MISSING = 1000
+"""Characters of a missing task's entry (a registered name or a task file's path) and of its reason."""
+
+
+def _missing(value: Any) -> dict[str, str]:
+    """bsops.missing: eval.tasks entry or source -> why it did not run, each one printable line (no control
+    character or Unicode line break), bounded."""
+    if not isinstance(value, Mapping):
+        raise ResultError(f"bsops.missing: got a JSON {type(value).__name__}; expected an object of reasons")
+    if len(value) > 1000:
+        raise ResultError(f"bsops.missing: {len(value)} entries; expected at most 1000")
+    for name, why in value.items():
+        for text, what in ((name, "a task or source"), (why, "a reason")):
+            if not isinstance(text, str) or len(text) > MAX_MISSING or not text.isprintable():
+                raise ResultError(f"bsops.missing: {what}: expected one line of at most {MAX_MISSING} printable "
+                                  "characters")
+    return dict(value)
 
 
 def read(path: str | os.PathLike[str]) -> Result | None:
@@ -382,7 +420,20 @@ def table(results: Sequence[Result], references: Mapping[str, Mapping[str, float
         values: list[float | None] = [r.metrics.get(metric) for r in shown_results]
         values += [_reference_value(references[name], metric) for name in references]
         rows.append(Row(metric, higher, values))
-    return Table([r.step for r in shown_results], list(references), rows, left_out)
+    missing = tuple((r.step, name, why) for r in shown_results for name, why in sorted(r.missing.items()))
+    return Table([r.step for r in shown_results], list(references), rows, left_out, missing)
+
+
+def missing_alert(results: Sequence[Result]) -> str | None:
+    """The hourly job's alert text when the newest evaluated step left out a configured task or source (each named
+    with why: data not in the cache, a refused task file); None when it left out none. Once a later step runs them
+    all, the alert recovers."""
+    newest = max(results, key=lambda r: r.step, default=None)
+    if newest is None or not newest.missing:
+        return None
+    return (f"the evaluation of {newest.tag} (step {newest.step}) left out {len(newest.missing)} configured task(s) or "
+            "source(s), so they are not scored: " + "; ".join(f"{name}: {why}" for name, why in
+                                                              sorted(newest.missing.items())))
 
 
 def _reference_value(values: Mapping[str, Any], metric: str) -> float | None:

@@ -28,7 +28,7 @@ One forward pass (`Scorer._forward` on rank 0, `Scorer.follow` on the others):
         last scored position] (float64, on the CPU).
 Commands and results travel through gloo on CPU tensors; activations on the compute device (gloo on
 CPU, NCCL on GPUs, as the trainer's `cpu:gloo,cuda:nccl` group). The arithmetic is fp32 on the CPU;
-on GPUs the layers run in the training precision and the log-softmax in fp32.
+on GPUs the layers run in the training precision (or fp32: eval.dtype) and the log-softmax in fp32.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ def init_distributed(exp) -> torch.device:
 
 
 def compute_dtype(exp, device: torch.device) -> torch.dtype:
-    """fp32 on the CPU; the training precision on GPUs."""
-    if device.type != "cuda":
+    """fp32 on the CPU; on GPUs the training precision, or fp32 when eval.dtype says so (as lm-eval's hf model
+    loads an export by default)."""
+    if device.type != "cuda" or getattr(getattr(exp, "eval", None), "dtype", "training") == "fp32":
         return torch.float32
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(exp.train.precision, torch.float32)
 
