@@ -105,7 +105,7 @@ def test_a_dataset_made_with_another_tokenizer_is_refused(trainings: Path, tmp_p
 
 def test_a_recorded_dataset_gives_its_largest_id_without_a_scan(trainings: Path, tmp_path: Path,
                                                                 recorded: str) -> None:
-    """The record's largest id, its .bin hashed whole in its binding; a part's record never gives one: a scan does."""
+    """The record's largest id, borne out by a scan; a part's record never gives one: a scan does."""
     record = json.loads(Path(f"{recorded[:-len('_text_document')]}.preprocess.json").read_text())
     tokens = np.fromfile(f"{recorded}.bin", dtype=np.uint16)
     assert record["stats"]["max_id"] == {"text": int(tokens.max())}  # preprocess records it while encoding
@@ -113,16 +113,16 @@ def test_a_recorded_dataset_gives_its_largest_id_without_a_scan(trainings: Path,
     check = preflight.check_data(exp, make_plan(exp).dataset_sizes[0])
     own = f"record {recorded}.dataset.json"  # the dataset's own record first
     assert check.errors == [] and check.entries[0].max_id == preflight.MaxId(int(tokens.max()), own)
-    assert not preflight.cache_path(recorded).exists()
-    os.unlink(f"{recorded}.dataset.json")  # then a scan (the part's record names the tokenizer only), kept
+    os.unlink(f"{recorded}.dataset.json")  # then a scan (the part's record names the tokenizer only)
     check = preflight.check_data(exp, make_plan(exp).dataset_sizes[0])
     assert check.errors == [] and check.entries[0].max_id == preflight.MaxId(int(tokens.max()), "scan")
-    check = preflight.check_data(exp, make_plan(exp).dataset_sizes[0])
-    cached = f"cache {preflight.cache_path(recorded)}"
-    assert check.errors == [] and check.entries[0].max_id == preflight.MaxId(int(tokens.max()), cached)
+    assert not preflight.cache_path(recorded).exists()  # a .bin hashed whole: its scan is not kept
 
 
-def test_the_scan_is_cached_and_done_again_when_the_bin_changes(tmp_path: Path) -> None:
+def test_the_scan_is_cached_and_done_again_when_the_bin_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bigscience_ops.data import binding
+
+    monkeypatch.setattr(binding, "FULL_HASH_BYTES", 4)  # a .bin hashed whole is scanned each time: none kept
     prefix = write_indexed(tmp_path / "d_text_document", [[1, 2, 3], [700, 4]])
     first = preflight.max_token_id(prefix, np.uint16)
     assert first == preflight.MaxId(700, "scan") and preflight.cache_path(prefix).is_file()
@@ -292,3 +292,72 @@ def test_a_record_not_of_this_dataset_is_ignored_with_a_note(trainings: Path, tm
     assert len(notes) == 2 and notes[0].startswith(f"data.blend[0].prefix: {path} ") and notes[0].endswith("; not used")
     assert "has no bsops record" in notes[1]
     assert "\x1b" not in "".join(check.notes)
+
+
+# ----------------------------------------------------------------------------- a large .bin: sampled binding
+
+def test_a_sampled_binding_is_checked_by_a_scan_once_per_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over FULL_HASH_BYTES the binding samples blocks; a change between them is caught by the scan kept per file:
+    a copy (another inode) or an edit in place (another mtime) is scanned again, the same file is not."""
+    from bigscience_ops.data import binding, dataset_record
+
+    for name, value in (("FULL_HASH_BYTES", 64), ("SAMPLES", 2), ("SAMPLE_BYTES", 4)):
+        monkeypatch.setattr(binding, name, value)  # sampled: the first and the last two tokens
+    prefix = write_indexed(tmp_path / "big_text_document", [list(range(1, 200)), [5, 6, 7]])
+    dataset_record.write(prefix, None, 199)
+    record = json.loads(Path(f"{prefix}.dataset.json").read_text())
+    assert set(record["binding"]) == {"idx_sha256", "bin_bytes", "bin_sampled_sha256"}
+    scans = []
+    real_scan = binding.scan_max_id
+    monkeypatch.setattr(binding, "scan_max_id", lambda *a: scans.append(a) or real_scan(*a))
+    reading = dataset_record.inspect(prefix)
+    assert reading.record is not None and reading.max_id == (199, f"record {prefix}.dataset.json") and scans == []
+
+    def spoil(path: str) -> None:  # one token between the sampled blocks, the size kept
+        tokens = np.fromfile(f"{path}.bin", dtype=np.uint16)
+        tokens[100] = 9000
+        tokens.tofile(f"{path}.bin")
+
+    copy = str(tmp_path / "copy_text_document")
+    for ext in (".bin", ".idx", ".dataset.json", ".maxid"):
+        shutil.copy2(f"{prefix}{ext}", f"{copy}{ext}")  # the record and the scan's cache copied, mtime kept
+    spoil(copy)
+    os.utime(f"{copy}.bin", ns=(os.stat(f"{prefix}.bin").st_atime_ns, os.stat(f"{prefix}.bin").st_mtime_ns))
+    assert binding.compute(copy) == record["binding"]  # the sampled blocks do not see it
+    reading = dataset_record.inspect(copy)
+    assert reading.record is None and "claims max_id 199" in reading.why and "finds 9000" in reading.why
+    assert len(scans) == 1
+    spoil(prefix)  # in place: a later mtime
+    os.utime(f"{prefix}.bin", ns=(os.stat(f"{prefix}.bin").st_atime_ns, os.stat(f"{prefix}.bin").st_mtime_ns + 10**9))
+    assert dataset_record.inspect(prefix).record is None and len(scans) == 2
+    assert preflight.max_token_id(prefix, np.uint16) == preflight.MaxId(9000, f"cache {preflight.cache_path(prefix)}")
+    assert len(scans) == 2  # the scan was kept for this very file
+
+
+def _copy(prefix: str, to: Path) -> str:
+    to.mkdir()
+    for ext in (".bin", ".idx", ".dataset.json"):
+        shutil.copyfile(f"{prefix}{ext}", to / f"{Path(prefix).name}{ext}")
+    return str(to / Path(prefix).name)
+
+
+def test_a_record_reached_through_a_link_is_refused_by_plan_and_launch(trainings: Path, tmp_path: Path,
+                                                                       one_output: str) -> None:
+    copy = _copy(one_output, tmp_path / "copy")
+    os.unlink(f"{copy}.dataset.json")
+    os.symlink(f"{one_output}.dataset.json", f"{copy}.dataset.json")  # the record of the very same data
+    experiment(trainings, tmp_path, copy)
+    refused_by_plan_and_dry_run(trainings, tmp_path, f"{copy}.dataset.json", preflight.LinkedRecord)
+
+
+def test_a_copied_record_whose_max_id_lies_is_refused_by_plan_and_launch(trainings: Path, tmp_path: Path,
+                                                                         one_output: str) -> None:
+    copy = _copy(one_output, tmp_path / "copy")
+    tokens = np.fromfile(f"{copy}.bin", dtype=np.uint16)
+    tokens[3] = 50256  # one token beyond the tiny model's 8192; the original's record kept beside it
+    tokens.tofile(f"{copy}.bin")
+    experiment(trainings, tmp_path, copy)
+    refused_by_plan_and_dry_run(trainings, tmp_path, f"{copy}.bin", preflight.TokenIdBeyondVocab)
+    [error] = json.loads(run("plan", "x", "--json", "--trainings-dir", str(trainings)).stdout)["data"]["errors"]
+    assert "holds token id 50256" in error["text"] and "below 8192" in error["text"]
+    assert f"{copy}.dataset.json" in error["text"]  # the record that claimed otherwise, named

@@ -10,10 +10,10 @@ A record (dataset_record.py) is a claim about the `.bin`/`.idx` beside it. Its `
     and last included), with their offsets: milliseconds on a terabyte, but a change inside no sampled block is
     not seen. That is why a record's largest id is also checked by a scan, once per file (below).
 
-The scan reads the .bin at disk speed (numpy memmap in chunks of SCAN_CHUNK ids, bounded memory). Its result is
-kept in `PREFIX.maxid` beside the .idx, else (a read-only data folder) in the user cache ($BSOPS_CACHE_DIR/maxid,
-else $XDG_CACHE_HOME/bsops/maxid), keyed by the binding and, where the binding samples, by the .bin's inode, size
-and mtime: a copy of the data, or an edit in place, is scanned again. Records and caches are read only as regular
+The scan reads the .bin at disk speed (numpy memmap in chunks of SCAN_CHUNK ids, bounded memory). A .bin hashed whole
+is scanned each time (as cheap as its hash). A larger one's result is kept in `PREFIX.maxid` beside the .idx, else
+(a read-only data folder) in the user cache ($BSOPS_CACHE_DIR/maxid, else $XDG_CACHE_HOME/bsops/maxid), keyed by
+the binding and by the .bin's inode, size and mtime: a copy of the data, or an edit in place, is scanned again. Records and caches are read only as regular
 files (`read_regular`: never through a link, never a FIFO), of a bounded size.
 """
 
@@ -178,12 +178,9 @@ def user_cache_path(prefix: str | os.PathLike) -> Path:
 
 
 def _key(prefix: str, bound: dict) -> dict:
-    """What a cached scan is valid for: the binding, and where it samples, this very file as it is now."""
-    key = {"binding": bound}
-    if sampled(bound):
-        st = os.stat(f"{prefix}.bin")
-        key["file"] = {"inode": st.st_ino, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
-    return key
+    """What a cached scan is valid for: the binding, and this very file as it is now."""
+    st = os.stat(f"{prefix}.bin")
+    return {"binding": bound, "file": {"inode": st.st_ino, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}}
 
 
 def _cached(path: Path, key: dict) -> int | None | bool:
@@ -213,8 +210,11 @@ def _keep(path: Path, key: dict, value: int | None) -> None:
 
 def checked_max_id(prefix: str | os.PathLike, dtype, bound: dict | None = None) -> tuple[int | None, str]:
     """(the largest token id of PREFIX.bin, where it came from: "cache PATH", "scan" or "scan, not cached: why").
-    `bound`: the data's binding when the caller has computed it."""
+    `bound`: the data's binding when the caller has computed it. A .bin of at most FULL_HASH_BYTES is scanned each
+    time and nothing is kept (the scan costs what its hash would: a cache would save nothing)."""
     prefix = os.fspath(prefix)
+    if (bound["bin_bytes"] if bound is not None else os.stat(f"{prefix}.bin").st_size) <= FULL_HASH_BYTES:
+        return scan_max_id(Path(f"{prefix}.bin"), dtype), "scan"
     key = _key(prefix, bound if bound is not None else compute(prefix))
     beside, user = cache_path(prefix), user_cache_path(prefix)
     for path in (beside, user):

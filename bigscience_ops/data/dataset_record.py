@@ -16,8 +16,9 @@ output, one per input, or the merge of several inputs) and the output of `merge-
 A record is a claim, checked when read (`inspect`): only a regular file is read, never through a link (a link is
 `link`, which the pre-flight refuses); bounded size; anything torn, of the wrong types, not matching the .idx or
 bound to other data is not used, with the reason, never an exception. The largest id it claims is checked by a
-scan of the .bin once per file (binding.checked_max_id, cached): a record that claims another is not used. A
-record without a binding whose claim the scan bears out gets its binding then, where the folder is writable.
+scan of the .bin: each time for a .bin hashed whole (as cheap as the hash), once per file for a larger one
+(binding.checked_max_id, cached by binding and file): a record that claims another id is not used. A record
+without a binding whose claim the scan bears out gets its binding then, where the folder is writable.
 """
 
 from __future__ import annotations
@@ -54,28 +55,19 @@ def remove(prefix: str | os.PathLike) -> None:
 
 def write(prefix: str | os.PathLike, tokenizer: dict | None, max_id: int | None) -> Path:
     """Write PREFIX's record (atomically: a temporary, fsync, rename) from its final .idx, bound to its .bin and .idx
-    as they are now; returns its path. `max_id`, the writer's count, is checked by a scan of the .bin (`_scan`):
+    as they are now; returns its path. `max_id`, the writer's count, is checked by a scan of the .bin:
     where they differ (a part record of an earlier run that lied), the scan's is written."""
     from bigscience_ops import __version__
     from bigscience_ops.data.indexed import IndexedDataset
 
     indexed = IndexedDataset(prefix)
     bound = bind.compute(prefix)
-    scanned = _scan(prefix, indexed.dtype, bound)[0]
+    scanned = bind.checked_max_id(prefix, indexed.dtype, bound)[0]
     record = {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer, "dtype": indexed.dtype.str,
               "documents": len(indexed), "tokens": indexed.num_tokens,
               "max_id": scanned, "binding": bound, "bsops": __version__}
     del indexed
     return _put(prefix, record)
-
-
-def _scan(prefix: str | os.PathLike, dtype, bound: dict) -> tuple[int | None, str]:
-    """The .bin's largest id, from a scan: a .bin hashed whole is scanned at once (under 64 MiB: its binding already
-    says it is the very data a scan of its writer saw); a sampled one through the cache kept per file, so it is
-    scanned once per file (a copy, or an edit in place, again)."""
-    if bind.sampled(bound):
-        return bind.checked_max_id(prefix, dtype, bound)
-    return bind.scan_max_id(Path(f"{os.fspath(prefix)}.bin"), dtype), "scan"
 
 
 def _put(prefix: str | os.PathLike, record: dict) -> Path:
@@ -153,9 +145,7 @@ def inspect(prefix: str | os.PathLike, indexed=None) -> Reading:
         if "binding" in data and data["binding"] != bound:
             return Reading(why=f"{path} was written for other data (its binding differs from the content of "
                                f"{os.fspath(prefix)}.bin/.idx: a record copied beside changed data)", binding=bound)
-        if "binding" in data and not bind.sampled(bound):  # the whole .bin's hash: the data its writer scanned
-            return Reading(data, max_id=(high, f"record {path}"), binding=bound)
-        value = _scan(prefix, indexed.dtype, bound)[0]
+        value = bind.checked_max_id(prefix, indexed.dtype, bound)[0]
     except OSError as exc:
         return Reading(why=f"{path} sits beside a dataset that cannot be read ({exc.strerror or exc})")
     if value != high:
