@@ -6,27 +6,47 @@ folder, beside the cron chains: $BSOPS_RUNS_INDEX, else $XDG_DATA_HOME/bsops/run
 ~/.local/share/bsops/runs.jsonl.
 
 A line is {"time": epoch seconds, "experiment": name, "folder": the run folder, "job": slurm, local
-or resubmission, "job_id": the Slurm job id or the local launch's made-up one}. The file is
-untrusted like a run's records (runfiles.py): a torn, huge or hostile line is a Problem, reported
-and skipped; the rest is still listed. A launch never fails for the index: the job has started when
-the line is written, so a failure to write is returned, never raised.
+or resubmission, "job_id": the Slurm job id or the local launch's made-up one}. The index only says
+where runs are: what a run is (its experiment, job and state) is read from the run's own records
+(views/runs.py), and a line's claims are shown only where the run has no readable record.
+
+The file is untrusted like a run's records (runfiles.py): it is opened only as a plain file (never
+through a link, never a FIFO), and each line is checked field by field: the experiment by the
+experiment-name rules (experiment_files.check_name), the job id digits with one optional `_digits`
+(a Slurm job or array task), the folder an absolute path of printable characters. A torn, huge or
+hostile line is a Problem, skipped and counted; the rest is still listed. Only the newest MAX_READ
+bytes of an index are read (the end of the file: lines are appended); the older lines are counted,
+never parsed, and the count is reported. A launch never fails for the index: the job has started
+when the line is written, so a failure to write is returned, never raised.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from bigscience_ops.runfiles import Checked, RecordFileError, append_line, build, check_str, check_time, checked_jsonl
+from bigscience_ops.errors import ConfigError
+from bigscience_ops.experiment_files import NAME_ALLOWED, check_name
+from bigscience_ops.runfiles import (
+    MAX_LINE, Checked, Problem, RecordFileError, append_line, build, check_str, check_time, excerpt, open_plain,
+)
 
 INDEX_ENV = "BSOPS_RUNS_INDEX"
 JOBS = ("slurm", "local", "resubmission")
 MAX_PATH = 4096
 """The longest run folder an index line may name (PATH_MAX)."""
+JOB_ID = re.compile(r"[0-9]{1,20}(?:_[0-9]{1,10})?")
+JOB_ID_ALLOWED = "allowed: a job id of digits, with an optional _digits (an array task), or null"
+MAX_READ = 64 << 20
+"""Bytes of the index read at most, the newest (its end): 150,000 launches of long folder names."""
+MAX_COUNT = 1 << 30
+"""Bytes of the older part of a larger index whose lines are counted (not parsed); beyond, 'at least'."""
 
 
 @dataclass(frozen=True)
@@ -38,13 +58,55 @@ class Launch:
     job_id: str | None = None
 
 
+def check_experiment(value: Any) -> str | None:
+    """None when `value` is an experiment name a config could have (experiment_files.check_name), else why not."""
+    if not isinstance(value, str):
+        return f"got a {type(value).__name__}; expected an experiment name ({NAME_ALLOWED})"
+    try:
+        check_name(value, "runs index")
+    except ConfigError:
+        return f"got {excerpt(value)}; expected an experiment name ({NAME_ALLOWED})"
+    return None
+
+
+def check_job_id(value: Any) -> str | None:
+    """None for a Slurm job or array-task id (digits[_digits]) or None, else why not."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not JOB_ID.fullmatch(value):
+        return f"got {excerpt(value) if isinstance(value, str) else 'a ' + type(value).__name__}; {JOB_ID_ALLOWED}"
+    return None
+
+
+def _check_folder(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"got a {type(value).__name__}; expected text"
+    if len(value) > MAX_PATH:
+        return f"got {len(value)} characters; expected at most {MAX_PATH}"
+    if not value.isprintable():  # controls, U+2028, bidi overrides, zero-width: a line break or a lie on the terminal
+        return f"got {excerpt(value)}; expected a path of printable characters"
+    return None if os.path.isabs(value) else f"got {excerpt(value)}; expected an absolute path"
+
+
 RULES = {
     "time": check_time,
-    "experiment": lambda v: check_str(v, 100),
-    "folder": lambda v: check_str(v, MAX_PATH) or (None if os.path.isabs(v) else "expected an absolute path"),
+    "experiment": check_experiment,
+    "folder": _check_folder,
     "job": lambda v: check_str(v, 20, choices=JOBS),
-    "job_id": lambda v: check_str(v, 100, optional=True),
+    "job_id": check_job_id,
 }
+
+
+@dataclass(frozen=True)
+class IndexRead(Checked[Launch]):
+    """The launches of the index's newest MAX_READ bytes, a problem for each line there that is not one, and the
+    older lines that were not read."""
+
+    unread: int = 0
+    """Lines before the part read (an index larger than MAX_READ): counted, not parsed."""
+    unread_bytes: int = 0
+    counted_all: bool = True
+    """Whether `unread` counts every older line (False: at least that many; the older part is over MAX_COUNT)."""
 
 
 def index_path(env: Mapping[str, str] | None = None) -> Path:
@@ -70,10 +132,83 @@ def record_launch(experiment: str, folder: Path, job: str, job_id: str | None, *
     return None
 
 
-def read_index(path: Path | None = None) -> Checked[Launch]:
-    """Every launch the index records, in file order, and a problem for each line that is not one."""
-    return checked_jsonl(index_path() if path is None else Path(path),
-                         lambda data: build(Launch, data, RULES, optional=("job_id",)))
+def read_index(path: Path | None = None, limit: int | None = None) -> IndexRead:
+    """Every launch of the index's newest `limit` bytes (default MAX_READ), in file order; a problem for each line
+    there that is not one (or one at line 0 for a file that is not plain), and the count of the older lines not
+    read."""
+    path = index_path() if path is None else Path(path)
+    limit = MAX_READ if limit is None else limit
+    try:
+        handle = open_plain(path)
+    except RecordFileError as exc:
+        return IndexRead(problems=[Problem(str(path), 0, exc.what)])
+    if handle is None:
+        return IndexRead()
+    records: list[Launch] = []
+    problems: list[Problem] = []
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        unread, unread_bytes, counted_all, number = 0, 0, True, 0
+        if size > limit:
+            unread, unread_bytes, counted_all = _skip_older(handle, size - limit)
+            number = unread
+        end = handle.tell() + limit + MAX_LINE  # a file still growing is read to where it was, give or take a line
+        while handle.tell() < end and (raw := handle.readline(MAX_LINE + 1)):
+            number += 1
+            if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+                size_seen = len(raw)
+                while raw and not raw.endswith(b"\n") and handle.tell() < end:
+                    raw = handle.readline(1 << 20)
+                    size_seen += len(raw)
+                problems.append(Problem(str(path), number, f"a line of {size_seen} bytes; an index line is under "
+                                                           f"{MAX_LINE} bytes: not read"))
+                continue
+            launch, problem = _launch(str(path), number, raw)
+            if launch is not None:
+                records.append(launch)
+            elif problem is not None:
+                problems.append(problem)
+    return IndexRead(records, problems, unread, unread_bytes, counted_all)
+
+
+def _skip_older(handle, start: int) -> tuple[int, int, bool]:
+    """Count the lines before byte `start` (up to MAX_COUNT bytes of them) and leave `handle` at the first line that
+    begins at or after it: (lines skipped, bytes skipped, whether all were counted)."""
+    handle.seek(start - 1)
+    if handle.read(1) != b"\n":  # the rest of a line begun before `start`: skipped whole, read in bounded pieces
+        while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
+            pass
+    skipped = handle.tell()
+    handle.seek(0)
+    lines, counted = 0, 0
+    while counted < min(skipped, MAX_COUNT):
+        chunk = handle.read(min(8 << 20, skipped - counted, MAX_COUNT - counted))
+        if not chunk:
+            break
+        lines += chunk.count(b"\n")
+        counted += len(chunk)
+    handle.seek(skipped)
+    return lines, skipped, counted >= skipped
+
+
+def _launch(name: str, number: int, raw: bytes) -> tuple[Launch | None, Problem | None]:
+    cut = not raw.endswith(b"\n")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, Problem(name, number, "not UTF-8 text", excerpt(raw))
+    if not text.strip():
+        return None, None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        why = "cut short: it has no end of line (a write interrupted)" if cut else "not a JSON record"
+        return None, Problem(name, number, why, excerpt(text.strip()))
+    if not isinstance(data, dict):
+        return None, Problem(name, number, f"a JSON {type(data).__name__}, not a launch (a JSON object)",
+                             excerpt(text.strip()))
+    launch, why = build(Launch, data, RULES, optional=("job_id",))
+    return launch, None if launch is not None else Problem(name, number, why or "not a launch")
 
 
 def latest_by_folder(launches: list[Launch]) -> list[tuple[Launch, int]]:

@@ -30,6 +30,8 @@ def _run(trainings: Path, name: str, folder: Path, record_in: str = "", job: str
     record = folder / record_in / "experiment.json"
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps(to_dict(load_experiment(name, trainings))))
+    if record_in:  # a Slurm launch folder: sbatch's answer beside the record (submit.SlurmExecutor.start)
+        (record.parent / "sbatch.json").write_text(json.dumps({"argv": ["sbatch", "x"], "job_id": job_id}))
     assert runs_index.record_launch(name, folder, job, job_id) is None
     return folder
 
@@ -97,10 +99,14 @@ def test_runs_lists_each_launched_run_with_its_state_from_any_folder(trainings, 
 
 def test_a_launch_of_a_run_listed_twice_is_one_row_with_its_newest_launch(trainings, tmp_path):
     run = _run(trainings, "again", tmp_path / "run", job_id="1")
+    _task(run, "1_1", 0, 5, 0)
     runs_index.record_launch("again", run, "local", "2", now=time.time() + 5)
+    _task(run, "2_1", 5, None, None)  # the second local launch's first task (its id: the made-up array id, 2)
     result = CliRunner().invoke(main, ["runs", "--json"])
     [row] = json.loads(result.stdout)["runs"]
-    assert (row["launches"], row["job_id"]) == (2, "2")
+    assert (row["launches"], row["job"], row["job_id"], row["index_says"]) == (2, "local", "2", [])
+    text = CliRunner().invoke(main, ["runs"]).output
+    assert "launched 2 times" in text
 
 
 def test_no_index_yet_says_how_one_comes(tmp_path):

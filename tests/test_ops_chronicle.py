@@ -18,6 +18,7 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.iteration_log import IterationStats, iteration_line
 from bigscience_ops.ops.keep import chronicle
 from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_runs import complete_checkpoint
 
 T0 = time.mktime(time.strptime("2026-11-23 23:50:00", "%Y-%m-%d %H:%M:%S"))
 
@@ -238,11 +239,13 @@ def test_the_evaluation_table_has_steps_then_references_and_plain_names(run) -> 
 
     output = Path(run.paths.output)
     evil = "<img src=x onerror=alert(1)> | x"
-    write_results(output, {100: {"smoke_choice/acc": 0.5}, 150: {"smoke_choice/acc": 0.625, f"{evil}/acc": 0.25}},
-                  bpb={150: {"cc": 1.5}})
+    for step in (50, 100, 150):
+        complete_checkpoint(run, step)
+    write_results(output, {100: {"smoke_choice/acc": 0.5}, 150: {"smoke_choice/acc": 0.625}}, bpb={150: {"cc": 1.5}})
+    write_results(output, {84: {"smoke_choice/acc": 0.0}})  # a step the run never saved: not in the table, listed
     (output / "eval" / "global_step50.json").write_text('{"results": {')  # torn: listed, the rest shown
     exp = dataclasses.replace(run, eval=dataclasses.replace(run.eval, references={
-        "GPT2 [Large]": {"smoke_choice/acc": 0.476, "cc/bits_per_byte": 1.2}}))
+        "GPT2 [Large]": {"smoke_choice/acc": 0.476, "cc/bits_per_byte": 1.2, f"{evil}/acc": 0.25}}))
     page = chronicle.markdown(exp, now=T0 + 7200)
     section = page.split("## Evaluation")[1].split("## Records not read")[0].strip().splitlines()
     table = [line for line in section if line.startswith("|")]
@@ -250,8 +253,10 @@ def test_the_evaluation_table_has_steps_then_references_and_plain_names(run) -> 
     rows = {cells[0]: cells[1:] for cells in map(_cells, table[2:])}
     assert rows["smoke\\_choice/acc"] == ["0.5000", "0.6250", "0.4760"]
     assert rows["cc/bits\\_per\\_byte (lower)"] == ["-", "1.5000", "1.2000"]
-    assert rows["&lt;img src=x onerror=alert\\(1\\)&gt; \\| x/acc"] == ["-", "0.2500", "-"]
+    assert rows["&lt;img src=x onerror=alert\\(1\\)&gt; \\| x/acc"] == ["-", "-", "0.2500"]
     assert all(len(_cells(line)) == 4 for line in table)
-    assert "- `eval/global_step50.json`: not JSON" in page.split("## Records not read")[1]
+    listed = page.split("## Records not read")[1]
+    assert "- `eval/global_step50.json`: not JSON" in listed
+    assert "- `eval/global_step84.json`: a result of step 84, which the run has no checkpoint of" in listed
     assert _rendered_tags(page) <= {"h1", "h2", "p", "ul", "li", "code", "table", "thead", "tbody", "tr", "th", "td",
                                     'th style', 'td style'}, page

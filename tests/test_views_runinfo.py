@@ -283,14 +283,18 @@ def test_the_evaluation_table_shows_steps_and_references_and_a_bad_result_file_i
     from tests.test_ops_evaluate_results import write_results
 
     out = Path(exp.paths.output)
+    for step in range(100, 1000, 100):
+        complete_checkpoint(exp, step)
     write_results(out, {s: {"smoke_choice/acc": s / 1000} for s in range(100, 900, 100)}, bpb={800: {"cc": 1.25}})
+    write_results(out, {850: {"smoke_choice/acc": 0.01}})  # a step never saved: named, not counted
     (out / "eval" / "global_step900.json").write_bytes(b"\xff")
     exp = dataclasses.replace(exp, eval=dataclasses.replace(exp.eval, references={"GPT2-XL": {"cc/bits_per_byte": 1.1}}))
     info = runinfo.run_info(exp)
     table = info.evaluation
     assert table.steps == [300, 400, 500, 600, 700, 800] and table.left_out == 2 and table.references == ["GPT2-XL"]
     assert {r.metric: r.values for r in table.rows}["cc/bits_per_byte"] == [None] * 5 + [1.25, 1.1]
-    assert [p.split(":")[0] for p in info.problems] == ["evaluation"] and "global_step900.json" in info.problems[0]
+    assert [p.split(":")[0] for p in info.problems] == ["evaluation", "evaluation"]
+    assert "global_step900.json" in info.problems[0] and "global_step850.json" in info.problems[1]
     lines = runinfo.info_text(info).splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("  evaluation:"))
     assert lines[start + 1].split() == ["metric", "step", "300", "step", "400", "step", "500", "step", "600", "step",

@@ -74,13 +74,15 @@ def info_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
     """EXP's run at a glance, from its folder alone (no Slurm needed).
 
     The last iteration with its loss and throughput, the latest and complete checkpoints, the array
-    tasks since the last launch (nodes, iterations, exit, times), open alerts and the disk used.
+    tasks since the last launch (nodes, iterations, exit, times), the last backup, the evaluation
+    results, open alerts and the disk used. The run is shown as it recorded itself; its backup and
+    eval settings (backup.dest, eval.references) are its experiment file's today, as status takes them.
     """
     import json
 
     from bigscience_ops.views import runinfo
 
-    experiment = open_run(exp, run, trainings_dir, err=as_json).experiment
+    experiment = configured(open_run(exp, run, trainings_dir, err=as_json), trainings_dir)
     info = runinfo.run_info(experiment)
     click.echo(json.dumps(runinfo.info_data(info), indent=1) if as_json else runinfo.info_text(info))
 
@@ -93,13 +95,35 @@ def info_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
               help="Write the Markdown to this file instead of printing it.")
 def chronicle_command(exp: str | None, run: Path | None, trainings_dir: Path | None, out: Path | None) -> None:
     """EXP's run chronicle as Markdown: launches, array tasks with nodes, iterations and exits, saves,
-    node phases, failure-budget stops, training-health findings and the alert emails, by day."""
+    node phases, failure-budget stops, training-health findings and the alert emails, by day; backups and
+    evaluation results as the experiment file's backup and eval settings find them today."""
     from bigscience_ops.ops.keep import chronicle
 
-    experiment = open_run(exp, run, trainings_dir, err=out is None).experiment  # stdout may be the Markdown
+    experiment = configured(open_run(exp, run, trainings_dir, err=out is None), trainings_dir)  # stdout: the Markdown
     text = chronicle.markdown(experiment)
     if out is None:
         click.echo(text, nl=False)
         return
     out.write_text(text, encoding="utf-8")
     click.echo(f"wrote {out}")
+
+
+def configured(opened, trainings_dir: Path | None):
+    """The run as recorded, with the alerts, hub, backup and eval sections of its experiment file as it is today
+    (run_ref.with_configured_settings, as status and the hourly jobs take them): a backup configured after the launch
+    is shown, and where a record names another store or references, they are not read. With no experiment file of the
+    run's name here, one line says so and those sections are shown empty (no store read, no reference)."""
+    import dataclasses
+
+    from bigscience_ops import run_ref
+    from bigscience_ops.schema import AlertsConfig, BackupConfig, EvalConfig, HubConfig
+
+    try:
+        return run_ref.with_configured_settings(opened, trainings_dir)
+    except run_ref.RunRecordError as exc:
+        click.echo(f"note: {exc}; the run is shown without backup and evaluation settings", err=True)
+        recorded = opened.experiment.alerts
+        return dataclasses.replace(opened.experiment, hub=HubConfig(), backup=BackupConfig(), eval=EvalConfig(),
+                                   alerts=dataclasses.replace(AlertsConfig(), stall_minutes=recorded.stall_minutes,
+                                                              cooldown_minutes=recorded.cooldown_minutes,
+                                                              health=recorded.health))

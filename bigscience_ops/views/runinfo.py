@@ -7,10 +7,15 @@ rollback, the abandoned iterations are not the run's progress), `latest` and the
 the store, read as JSON: no checkpoint file is opened), the task ledger (ledger.py: array tasks with
 their nodes, iterations, times and exits), the evaluation results of its checkpoints (eval/global_stepN.json,
 ops/evaluate/results.py: a table of metrics by step, the experiment's eval.references beside; the results of a
-branch a rollback abandoned left out), the open alerts of the watchdog and hourly jobs (ops/tell/notify.py's
+branch a rollback abandoned left out, and those of a step the run has no checkpoint of: ops/keep/evaluated.py),
+the open alerts of the watchdog and hourly jobs (ops/tell/notify.py's
 state file), and the disk the run folder takes. Each part that cannot be read is reported in the result and
 the rest is still shown: a ledger or rollbacks line, a manifest that is not one (each field is checked by its
 reader), a `latest` or global_stepN that is a link (refused, as by every command).
+
+The backup store and the references are the experiment file's (`bsops info` passes the run with its file's
+backup and eval sections: cli/views.configured), never what the launch record says: a backup configured after
+the launch is shown, and a record rewritten to name another store is not read.
 
 The run's iteration is the live branch's: its last iteration line, or its latest checkpoint where that is later
 (a trainer logs every log_interval iterations, so the last iteration is often not logged). A run whose latest
@@ -33,6 +38,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.iteration_log import IterationStats
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import backup as backups
+from bigscience_ops.ops.keep import evaluated as evaluated_steps
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 from bigscience_ops.views import branch
@@ -125,8 +131,8 @@ def run_info(exp: Experiment) -> RunInfo:
         problems.append(f"backup: {exc}")
     problems += [f"backup: {p}" for p in unreadable]
     evaluated, eval_problems = eval_results.read_all(out)
-    evaluated = eval_results.live(evaluated, done.records)
-    problems += [f"evaluation: {p}" for p in eval_problems]
+    evaluated, uncounted = evaluated_steps.counted(eval_results.live(evaluated, done.records), exp)
+    problems += [f"evaluation: {p}" for p in [*eval_problems, *uncounted]]
     evaluation = eval_results.table(evaluated, exp.eval.references, EVAL_STEPS) if evaluated else None
     return RunInfo(exp.name, out, log if log.is_file() else None, iterations[-1] if iterations else None,
                    _mtime(log), statistics.median(recent) if recent else None, latest, complete, saved_at,

@@ -9,9 +9,11 @@ iterations skipped, where the later checkpoints were set aside), the backup stor
 verified copy, grouped by backup run) and the watchdog's watchdog.log (the alert, recovery and finish
 emails, with their times). Events with a time are in time order under a heading per day; what a task
 logged is listed under it. The evaluation results of the run's checkpoints (eval/global_stepN.json,
-ops/evaluate/results.py; those of a branch a rollback abandoned left out) follow as a table of metrics by
-step, the experiment's eval.references beside. `bsops chronicle` prints it, hub-sync pushes it with the logs
-(CHRONICLE.md), and `bsops plot` marks its events on the loss curve (each event's kind and, where the
+ops/evaluate/results.py; those of a branch a rollback abandoned left out, and those of a step the run has no
+checkpoint of: ops/keep/evaluated.py) follow as a table of metrics by step, the experiment's eval.references
+beside. The backup store and the references are the experiment file's (`bsops chronicle` and hub-sync pass the
+run with its file's backup and eval sections), never a launch record's. `bsops chronicle` prints it, hub-sync
+pushes it with the logs (CHRONICLE.md), and `bsops plot` marks its events on the loss curve (each event's kind and, where the
 run records it, its iteration).
 
 The page is read on the Hub, so everything it shows from a record, a log, a node or a job name is
@@ -37,6 +39,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.iteration_log import parse_iteration_line
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import backup
+from bigscience_ops.ops.keep import evaluated as evaluated_steps
 from bigscience_ops.ops.watch import health
 from bigscience_ops.runfiles import Problem, RecordFileError, open_plain
 from bigscience_ops.schema import Experiment
@@ -173,9 +176,9 @@ def read(exp: Experiment) -> Chronicle:
     out = _ledger_events(ledger_read.records, _task_logs(log_path))
     out += _rollbacks(rollbacks_read.records) + backups + _emails(log_path.parent / WATCHDOG_LOG)
     evaluated, eval_problems = eval_results.read_all(out_dir)
-    problems = [*ledger_read.problems, *rollbacks_read.problems, *backup_problems, *eval_problems]
-    return Chronicle(sorted(out, key=lambda e: e.when), problems,
-                     eval_results.live(evaluated, rollbacks_read.records))
+    evaluated, uncounted = evaluated_steps.counted(eval_results.live(evaluated, rollbacks_read.records), exp)
+    problems = [*ledger_read.problems, *rollbacks_read.problems, *backup_problems, *eval_problems, *uncounted]
+    return Chronicle(sorted(out, key=lambda e: e.when), problems, evaluated)
 
 
 def events(exp: Experiment) -> list[Event]:
