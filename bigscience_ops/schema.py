@@ -417,7 +417,7 @@ class EvalConfig:
         above=0, at_most=1e9)
     references: dict[str, dict[str, float]] = documented(
         factory=dict, doc="reference models shown beside the run's results: name -> task/metric -> value "
-                          "({GPT2-Large: {lambada_openai/acc: 0.476}})")
+                          "({GPT2-Large: {lambada_openai/acc: 0.476}}), each in [-1e9, 1e9]", at_least=-1e9, at_most=1e9)
     partition: str | None = documented(None, "--partition of the eval job; default: slurm.partition", charset=SLURM_NAMES)
     account: str | None = documented(None, "--account of the eval job; default: slurm.account", charset=SLURM_NAME)
     qos: str | None = documented(None, "--qos of the eval job; default: slurm.qos", charset=SLURM_NAME)

@@ -13,7 +13,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -371,11 +371,11 @@ def build(cls: type, data: dict, prefix: str, origins: dict, default_source: str
         kwargs[key] = _coerce(hints[key], value, dotted, origins, default_source, text)
         bounds = next(f.metadata.get("bounds") for f in dataclasses.fields(cls) if f.name == key)
         if bounds and kwargs[key] is not None:
-            # A mapping's bounds hold for each of its values (eval.alert_drop: a margin per metric).
-            items = kwargs[key].items() if isinstance(kwargs[key], dict) else [(None, kwargs[key])]
-            for name, number in items:
+            # A mapping's bounds hold for each of its values (eval.alert_drop: a margin per metric), and for each
+            # value of a mapping of mappings (eval.references: model -> metric -> value).
+            for name, number, written in _bounded_values(kwargs[key], value):
                 if not _within(number, bounds):
-                    where, written = (dotted, value) if name is None else (f"{dotted}.{name}", value[name])
+                    where = dotted if name is None else f"{dotted}.{name}"
                     raise ConfigError(_source_of(origins, where, default_source), where, written, bounds_text(bounds))
         charset = next(f.metadata.get("charset") for f in dataclasses.fields(cls) if f.name == key)
         refused = check_charset(charset, kwargs[key]) if charset and kwargs[key] is not None else None
@@ -386,6 +386,17 @@ def build(cls: type, data: dict, prefix: str, origins: dict, default_source: str
             dotted = f"{prefix}.{f.name}" if prefix else f.name
             raise ConfigError(default_source, dotted, None, f"required: {f.metadata.get('doc', '')} ({_describe(hints[f.name])})")
     return cls(**kwargs)
+
+
+def _bounded_values(value: Any, written: Any, name: str | None = None) -> Iterator[tuple[str | None, float, Any]]:
+    """(dotted name under the field, number, as written) of each number a field holds: itself, or each value of its
+    mapping, however deep."""
+    if not isinstance(value, dict):
+        yield name, value, written
+        return
+    raw = list(written.values()) if isinstance(written, dict) and len(written) == len(value) else list(value.values())
+    for (key, item), as_written in zip(value.items(), raw):  # in the file's order (a key may be coerced: 5 -> "5")
+        yield from _bounded_values(item, as_written, key if name is None else f"{name}.{key}")
 
 
 def _within(value: float, bounds: dict[str, float]) -> bool:
