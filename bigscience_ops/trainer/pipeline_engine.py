@@ -4,7 +4,8 @@
 first) and returns the device. `build` makes the PipelineModule from the model's layer specs (on the
 (pipe, data, model) topology when TP > 1), checks that DeepSpeed split the layers where the plan did,
 and wraps it with AdamW in `deepspeed.initialize`; on plain fp32 it guards the optimizer step so a
-step with non-finite gradients is skipped, as DeepSpeed's ZeRO, bf16 and fp16 paths do.
+step with non-finite gradients is skipped, as DeepSpeed's ZeRO, bf16 and fp16 paths do. What the trainer then
+reads off the engine goes through deepspeed_state.py, which checks the optimizer wrapper DeepSpeed chose.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from bigscience_ops import sizing
 from bigscience_ops.schema import Experiment
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import tensor_parallel
+from bigscience_ops.trainer.deepspeed_state import DeepSpeedState
 from bigscience_ops.trainer.errors import TrainerError
 from bigscience_ops.trainer.faults import Faults, with_faults
+from bigscience_ops.kernels.choice import KernelChoice
+from bigscience_ops.kernels.measure import select_kernels
 from bigscience_ops.trainer.model import layer_specs, loss_function, weight_decay_groups
 
 
@@ -32,10 +36,14 @@ from bigscience_ops.trainer.model import layer_specs, loss_function, weight_deca
 class Built:
     engine: object
     """DeepSpeed's PipelineEngine."""
+    state: DeepSpeedState
+    """What the trainer reads off the engine (loss scale, applied steps, grad norm, LR, checkpoint loads)."""
     tp: tensor_parallel.TensorParallel
     """This rank's tensor-parallel group and position."""
     loss_fn: Callable
     parameters: int
+    kernels: KernelChoice | None = None
+    """The implementation of each fused op (model.kernels resolved; measured on CUDA for auto)."""
     """Parameters this rank holds (its stage, its tensor-parallel shard)."""
 
 
@@ -71,6 +79,8 @@ def build(exp: Experiment, ds_config: dict, shape: GPTShape, dp: int, device: to
     import deepspeed
     from deepspeed.pipe import PipelineModule
 
+    kernels = select_kernels(exp.model.kernels, shape, exp.batch.micro_batch_size, exp.parallel.tensor,
+                             exp.train.precision, device)  # before the seed: its inputs draw on no training RNG
     torch.manual_seed(exp.train.seed)
     if exp.parallel.tensor == 1:  # DeepSpeed's 2-D (pipe, data) grid: TP=1 checkpoints keep their file names
         layout: dict = {"num_stages": exp.parallel.pipeline}
@@ -80,9 +90,9 @@ def build(exp: Experiment, ds_config: dict, shape: GPTShape, dp: int, device: to
         layout = {"topology": topology}
         tp = tensor_parallel.from_topology(topology)
     tensor_parallel.seed_model_parallel_rng(exp.train.seed, tp)  # attention dropout: per TP rank
-    loss_fn = with_faults(loss_function(tp, exp.model.kernels), faults)
+    loss_fn = with_faults(loss_function(tp, kernels), faults)
     module = PipelineModule(
-        layers=layer_specs(shape, exp.train.seed, tp, exp.model.kernels),
+        layers=layer_specs(shape, exp.train.seed, tp, kernels, compile=exp.model.compile),
         loss_fn=loss_fn,
         **layout,
         partition_method=exp.parallel.partition_method,
@@ -105,13 +115,8 @@ def build(exp: Experiment, ds_config: dict, shape: GPTShape, dp: int, device: to
     config["train_batch_size"] = first_batch_size
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
     _guard_fp32_steps(engine)
-    return Built(engine, tp, loss_fn, sum(p.numel() for p in module.parameters()))
-
-
-def set_lr(engine, lr: float) -> None:
-    """The learning rate of the next step, in every parameter group."""
-    for group in engine.optimizer.param_groups:
-        group["lr"] = lr
+    state = DeepSpeedState(engine, exp.train.precision, exp.parallel.zero_stage)
+    return Built(engine, state, tp, loss_fn, sum(p.numel() for p in module.parameters()), kernels)
 
 
 def _guard_fp32_steps(engine) -> None:

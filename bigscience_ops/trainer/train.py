@@ -164,7 +164,9 @@ class Trainer:
     def _build_engine(self) -> None:
         built = pipeline_engine.build(self.exp, self.ds_config, self.shape, self.dp, self.device, self.faults,
                              self.schedule.batch_size_at(0))
-        self.engine, self.tp, self.loss_fn = built.engine, built.tp, built.loss_fn
+        self.engine, self.ds_state, self.tp, self.loss_fn = built.engine, built.state, built.tp, built.loss_fn
+        self.kernels = built.kernels
+        _print(self.kernels.describe())  # once, rank 0: each fused op's implementation (and its timings on CUDA)
         self.dp_rank = self.engine.grid.get_data_parallel_id()
         self.stage = self.engine.stage_id
         if self.dp_rank == 0:  # Megatron's line, from every (tensor, pipeline) rank of the first replica
@@ -248,8 +250,7 @@ class Trainer:
                 layout.new_run_id(self.checkpoints)
             return
         if resume.meta.get("weights_only"):  # bsops warm-start: weights only, fresh schedules, optimizer and data
-            load_path, _ = self.engine.load_checkpoint(str(self.checkpoints), tag=resume.tag, load_module_only=True,
-                                                       load_optimizer_states=False, load_lr_scheduler_states=False)
+            load_path = self.ds_state.load(self.checkpoints, resume.tag, weights_only=True)
             if load_path is None:
                 raise CheckpointError(f"{resume.path}: DeepSpeed could not load its weights")
             self.checkpointer.resumed_at(0)
@@ -258,8 +259,7 @@ class Trainer:
             _print(f"> warm start from {resume.path} (weights only): iteration 0, consumed samples 0")
             return
         tag = resume.tag if self.reshape is None else universal.universal_path(resume.path).name
-        load_path, _ = self.engine.load_checkpoint(str(self.checkpoints), tag=tag, load_optimizer_states=True,
-                                                   load_lr_scheduler_states=False)
+        load_path = self.ds_state.load(self.checkpoints, tag)
         if load_path is None:
             raise CheckpointError(f"{resume.path}: DeepSpeed could not load it")
         meta = resume.meta
@@ -293,6 +293,7 @@ class Trainer:
             "model": dataclasses.asdict(self.shape),
             "parallel": {"tensor": self.exp.parallel.tensor, "pipeline": self.exp.parallel.pipeline, "data": self.dp},
             "experiment": to_dict(self.exp),
+            "kernels": self.kernels.record(),
         }
 
     # ------------------------------------------------------------------ steps
@@ -318,14 +319,14 @@ class Trainer:
         seqlen = self.seqlen_at(s.iteration + 1)  # Megatron: update_difficulty(iteration + 1)
         e.set_train_batch_size(gbs)
         self._activation_shape(seqlen)
-        pipeline_engine.set_lr(e, self._scheduled_lr())
+        self.ds_state.set_learning_rate(self._scheduled_lr())
         data = self.train_feed.take(e.micro_batches, seqlen) if self.train_feed is not None else None
         loss = float(e.train_batch(data_iter=self._with_faults(data, s.iteration + 1)))
         if hasattr(self.loss_fn, "iteration"):
             self.loss_fn.iteration = 0  # validation is never faulted
         if self.train_feed is not None:
             self.train_feed.finish(data)
-        applied = e.was_step_applied()
+        applied = self.ds_state.step_applied()
         s.iteration += 1
         s.consumed_train_samples += gbs
         s.consumed_train_tokens += gbs * seqlen
@@ -337,7 +338,7 @@ class Trainer:
         else:
             s.skipped_iterations += 1
         # Megatron's scheduler steps right after the optimizer: the LR logged is the next step's.
-        pipeline_engine.set_lr(e, self._scheduled_lr())
+        self.ds_state.set_learning_rate(self._scheduled_lr())
         return loss, applied, gbs, seqlen
 
     def _with_faults(self, data, iteration: int):
@@ -470,15 +471,14 @@ class Trainer:
 
     def _step_record(self, loss: float, applied: bool, gbs: int, seqlen: int, elapsed: float) -> StepRecord:
         """What the metrics need of a trained iteration, read off the engine right after its step."""
-        s, e = self.state, self.engine
+        s, ds = self.state, self.ds_state
         if self.train_feed is not None and self.train_feed.seen_seqlen is not None:
             seqlen = self.train_feed.seen_seqlen  # the length the model was fed
-        grad_norm = e.get_global_grad_norm() if applied else None  # Megatron logs none for a skipped update
         return StepRecord(
             iteration=s.iteration, loss=loss, applied=applied, global_batch_size=gbs, seqlen=seqlen, elapsed=elapsed,
-            learning_rate=e.optimizer.param_groups[0]["lr"],
-            grad_norm=float(grad_norm) if grad_norm is not None else None,
-            loss_scale=float(getattr(e.optimizer, "cur_scale", 1.0)) if self.exp.train.precision == "fp16" else 1.0,
+            learning_rate=ds.learning_rate(),
+            grad_norm=ds.grad_norm() if applied else None,  # Megatron logs none for a skipped update
+            loss_scale=ds.loss_scale(),
             consumed_samples=s.consumed_train_samples, consumed_tokens=s.consumed_train_tokens)
 
 
