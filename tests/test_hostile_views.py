@@ -155,9 +155,8 @@ def test_a_200000_line_index_is_read_from_its_newest_end_and_the_rest_is_counted
     """200,000 launches of 200,000 folders over the read cap (shrunk to 2 MiB here: the same path as 64 MiB): the
     newest lines are read, every older one counted, the folders past --limit counted: 200,000 in all, said."""
     monkeypatch.setattr(runs_index, "MAX_READ", 2 << 20)
-    lines = (json.dumps({"time": 1.7e9 + i, "experiment": "tr1-13B", "folder": f"{tmp_path}/gone/{i}",
-                         "job": "slurm", "job_id": str(10**6 + i)}) for i in range(200_000))
-    _index("\n".join(lines).encode() + b"\n")
+    line = '{"time": %d, "experiment": "tr1-13B", "folder": "%s/gone/%d", "job": "slurm", "job_id": "%d"}\n'
+    _index("".join(line % (1.7e9 + i, tmp_path, i, 10**6 + i) for i in range(200_000)).encode())
     started = time.monotonic()
     data, text = _runs()
     assert time.monotonic() - started < 20
@@ -296,3 +295,19 @@ def test_a_result_for_a_checkpoint_the_run_does_not_have_is_not_counted(case, tr
     table = page.split("## Evaluation")[1].split("## Records not read")[0]
     assert "step 5" in table and "step 84" not in table and "0.0100" not in table
     assert "`eval/global_step84.json`: a result of step 84" in page.split("## Records not read")[1]
+
+
+def test_runs_reads_no_backup_store_a_record_names(trainings: Path, tmp_path: Path):
+    """A record rewritten to name another store (whose manifest is damaged): `runs` opens nothing there."""
+    from bigscience_ops.checkpoints import layout
+
+    run = _local_run(trainings, tmp_path / "run")
+    record = json.loads((run / "experiment.json").read_text())
+    record["backup"]["dest"] = str(tmp_path / "their-store")
+    (run / "experiment.json").write_text(json.dumps(record))
+    run_id = layout.ensure_run_id(run / "checkpoints")
+    (tmp_path / "their-store" / "small" / run_id).mkdir(parents=True)
+    (tmp_path / "their-store" / "small" / run_id / "global_step5.manifest.json").write_text("{not json")
+    _index(_line(run))
+    [row] = _runs()[0]["runs"]
+    assert (row["state"], row["problems"]) == ("stopped", [])

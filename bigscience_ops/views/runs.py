@@ -27,6 +27,7 @@ or the folder is a link).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -38,6 +39,7 @@ from bigscience_ops import ledger, run_lock, runs_index
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.runfiles import Problem, RecordFileError, excerpt, kind_of, read_small
 from bigscience_ops.runs_index import Launch
+from bigscience_ops.schema import BackupConfig
 
 ALERT_CHARS = 120
 MAX_ROWS = 100
@@ -154,7 +156,9 @@ def run_row(launch: Launch, launches: int = 1) -> RunRow:
                       from_record=False, **claimed, **row)
     try:
         opened = open_run(None, run=folder)
-        state = lifecycle.run_state(opened.experiment)
+        # The store is the experiment file's to name, never a record's (run_ref.with_configured_settings): `runs` loads
+        # no experiment file, so it reads no store; status and info report the store's problems.
+        state = lifecycle.run_state(dataclasses.replace(opened.experiment, backup=BackupConfig()))
     except (BsopsError, OSError) as exc:
         return RunRow(state="unreadable", detail=str(exc), iteration=None, total=None, from_record=False, **claimed,
                       **row)
