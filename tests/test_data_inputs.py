@@ -146,3 +146,22 @@ def test_a_missing_decoder_is_named_once_on_stderr_and_the_bytes_stay_the_same(t
         "(pip install 'bigscience-ops[corpus]')"]
     for ext in (".bin", ".idx"):
         assert (tmp_path / f"a_text_document{ext}").read_bytes() == (tmp_path / f"b_text_document{ext}").read_bytes()
+
+
+def test_a_folder_of_datasets_gives_no_scan_cache_as_input(tmp_path, monkeypatch):
+    """A dataset's kept scan (PREFIX.maxid, over 64 MiB) is bsops' side file: a glob over the folder leaves it out;
+    a corpus file that only shares the suffix is read."""
+    import numpy as np
+
+    from bigscience_ops.data import binding
+
+    from tests.fixtures_data import write_indexed
+
+    monkeypatch.setattr(binding, "FULL_HASH_BYTES", 0)  # sampled, as a large .bin: its scan is kept beside it
+    prefix = write_indexed(tmp_path / "d_text_document", [[1, 2, 3]])
+    binding.checked_max_id(prefix, np.uint16)
+    (tmp_path / "notes.maxid").write_bytes(b'{"text": "not a cache"}\n')
+    found = inputs.find_inputs([str(tmp_path / "*")])
+    assert [p.name for p in found.files] == ["notes.maxid"]
+    assert sorted(p.name for p in found.side_files) == ["d_text_document.bin", "d_text_document.idx",
+                                                         "d_text_document.maxid"]

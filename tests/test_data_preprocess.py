@@ -391,3 +391,24 @@ def test_hostile_data_files_are_one_clear_error_and_nothing_is_overwritten(case,
     assert res.exit_code == 2 and len(errors) == 1 and "Traceback" not in res.output and "Aborted" not in res.output
     assert expected in errors[0], errors[0]
     assert {p.name: (p.read_bytes() if p.is_file() else None) for p in tmp_path.iterdir()} == before
+
+
+def test_workers_are_capped_at_the_cores_and_the_pieces_of_work(tmp_path, monkeypatch):
+    """cap_workers: plain inputs give one piece per CHUNK_BYTES (at least one each), compressed ones up to
+    COMPRESSED_MAX_RATIO times their size; never more workers than cores, never fewer than one."""
+    import bigscience_ops.data.pipeline as pp
+    from bigscience_ops.data import preprocess as pre
+    from bigscience_ops.data.shards import plan_shards
+
+    monkeypatch.setattr(pp, "CHUNK_BYTES", 1000)
+    (tmp_path / "a.jsonl").write_bytes(b"x" * 2500)  # 3 pieces
+    (tmp_path / "b.jsonl").write_bytes(b"")  # 1
+    (tmp_path / "c.jsonl.gz").write_bytes(b"z" * 20)  # 20 * 64 / 1000 -> 2
+    shards = plan_shards([tmp_path / n for n in ("a.jsonl", "b.jsonl", "c.jsonl.gz")], str(tmp_path / "o"), False)
+    monkeypatch.setattr(pre, "available_cores", lambda: 64)
+    assert pre.cap_workers(10 ** 6, shards) == pre.Workers(10 ** 6, 6, 64, 6)
+    assert pre.cap_workers(4, shards) == pre.Workers(4, 4, 64, 6) and not pre.cap_workers(4, shards).capped
+    monkeypatch.setattr(pre, "available_cores", lambda: 2)
+    assert pre.cap_workers(10 ** 6, shards).used == 2 and pre.cap_workers(10 ** 6, []).used == 1
+    assert pre.Workers(10 ** 6, 2, 2, 6).line().startswith("--workers 1000000 capped to 2:")
+    assert 1 <= pre.available_cores() <= (os.cpu_count() or 1)
