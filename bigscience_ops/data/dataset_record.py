@@ -143,8 +143,9 @@ def inspect(prefix: str | os.PathLike, indexed=None) -> Reading:
     try:
         bound = bind.compute(prefix)
         if "binding" in data and data["binding"] != bound:
-            return Reading(why=f"{path} was written for other data (its binding differs from the content of "
-                               f"{os.fspath(prefix)}.bin/.idx: a record copied beside changed data)", binding=bound)
+            return Reading(why=f"{path} was written for other data: its binding differs from what "
+                               f"{os.fspath(prefix)}.bin/.idx hold now, as a record copied beside changed data's "
+                               "would", binding=bound)
         value = bind.checked_max_id(prefix, indexed.dtype, bound)[0]
     except OSError as exc:
         return Reading(why=f"{path} sits beside a dataset that cannot be read ({exc.strerror or exc})")
