@@ -4,6 +4,7 @@ CPU) as with the torch references, and the vocab-parallel Triton cross-entropy o
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -13,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bigscience_ops.config import load_experiment
+from bigscience_ops.kernels.choice import OPS
 from bigscience_ops.launch import free_port
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer.data import SyntheticDataset, step_micro_batches
@@ -113,6 +115,9 @@ def test_the_trainer_reads_model_kernels_and_trains_the_same_losses(tmp_path):
                                checkpoint=dict(save_interval=100, exit_interval=2))
         write_run(exp, out)
         run_ok(out, 1, env={"TRITON_INTERPRET": "1"})
+        # the run's record: each op ran what the experiment named (a named choice is never measured)
+        record = json.loads((out / "checkpoints" / "global_step2" / "bsops.json").read_text())["kernels"]
+        assert record["ops"] == {op: choice for op in OPS} and record["timings_ms"] == {}, record
         return scalars(out / "tensorboard", "lm loss")
 
     def triton_then_without_the_interpreter() -> tuple[dict[int, float], subprocess.CompletedProcess]:

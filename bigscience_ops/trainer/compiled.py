@@ -18,12 +18,15 @@ reproducible under either.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 import torch.nn as nn
 
-BACKEND = "inductor"
+BACKEND = os.environ.get("BSOPS_COMPILE_BACKEND", "inductor")
+"""The torch.compile backend: inductor, or aot_eager (dynamo and AOTAutograd without code generation) to tell a
+compiler fault from a tracing one, as torch's own debugging advice goes."""
 RECOMPILE_LIMIT = 8
 """Graphs per code object before dynamo stops recompiling it (torch's default: what 8 shapes cost at most)."""
 
