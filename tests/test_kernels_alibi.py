@@ -74,19 +74,25 @@ def test_triton_alibi_with_dropout_matches_the_masked_reference():
     _close(qkv.grad, ref_qkv.grad, torch.float32, "grad qkv")
 
 
-@pytest.mark.parametrize("T", [1, 33])
-def test_torch_path_alibi_equals_the_explicit_reference(T):
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T", [1, 33, 130])
+def test_torch_path_alibi_equals_the_explicit_reference(T, dtype):
+    """The torch path (what `auto` takes for attention where SDPA is faster): SDPA with ALiBi and the causal mask
+    as one additive bias, against the explicit softmax with BLOOM's bias, forward and the fused QKV's gradient."""
     B, H, D = 2, 6, 8
     slopes = torch.tensor(alibi_slopes(H), device=DEVICE)
-    qkv, (q, k, v) = _qkv_views(B, T, H, D, torch.float32, seed=24)
+    qkv, (q, k, v) = _qkv_views(B, T, H, D, dtype, seed=24)
     out = causal_attention_torch(q, k, v, 0.0, slopes)
+    assert out.dtype == dtype
     ref_qkv, (rq, rk, rv) = _leaf_views(qkv, D)
     expected = causal_attention_reference(rq, rk, rv, 0.0, slopes)
-    _close(out, expected, torch.float32, "output")
+    _close(out, expected, dtype, "output")
     grad = _randn(*out.shape, seed=25)
-    out.backward(grad)
-    expected.backward(grad)
-    _close(qkv.grad, ref_qkv.grad, torch.float32, "grad qkv")
+    out.backward(grad.to(dtype))
+    expected.backward(grad.to(dtype).float())
+    _close(qkv.grad, ref_qkv.grad, dtype, "grad qkv")
+    if T > 1:
+        assert (causal_attention_reference(rq, rk, rv) - expected).abs().max() > 1e-2, "the bias must change it"
 
 
 def test_dropout_seed_comes_from_the_device_generator():
