@@ -228,9 +228,10 @@ def test_plot_after_a_rollback_draws_the_live_branch_and_the_abandoned_points_ap
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_plot_draws_the_evaluation_results_over_iterations(run_exp, tmp_path):
-    """One line per metric on the eval panels (higher-is-better metrics apart from perplexities and bits per byte),
-    read back from the panels; a torn result file is named and the rest drawn; names are never mathtext."""
+def test_plot_draws_the_evaluation_results_one_axis_per_kind_against_tokens(run_exp, tmp_path):
+    """The eval panels: one per kind of metric (accuracies, perplexities, bits per byte: each its own axis), one line
+    per metric against the checkpoints' consumed tokens as the other panels, read back from the panels; a torn result
+    file is named and the rest drawn; a name that matplotlib would hide (a leading _) is still drawn."""
     import dataclasses
 
     from tests.test_ops_evaluate_results import write_results
@@ -238,18 +239,22 @@ def test_plot_draws_the_evaluation_results_over_iterations(run_exp, tmp_path):
     _write_events(Path(run_exp.paths.tensorboard), {"lm loss": [(8, 9.0), (16, 8.5)]})
     out = tmp_path / "p.png"
     output = Path(run_exp.paths.output)
-    write_results(output, {20: {"smoke_choice/acc": 0.25, "$\\frac{1}{_x/acc": 0.5}, 10: {"smoke_choice/acc": 0.5}},
+    write_results(output, {20: {"smoke_choice/acc": 0.25, "_x/acc": 0.5}, 10: {"smoke_choice/acc": 0.5}},
                   bpb={20: {"cc": 1.5}})
     (output / "eval" / "global_step30.json").write_text('{"bsops": ')
     exp = dataclasses.replace(run_exp, eval=dataclasses.replace(run_exp.eval,
                                                                 references={"ref": {"cc/bits_per_byte": 1.2}}))
     result = plot.plot(exp, out)
-    assert result.evaluation["smoke_choice/acc"] == [(10, 0.5), (20, 0.25)]
-    assert result.evaluation["$\\frac{1}{_x/acc"] == [(20, 0.5)]
-    assert result.evaluation["cc/bits_per_byte"] == [(20, 1.5)]
+    tokens = {step: step * 8 * 64 for step in (10, 20)}  # the result files' consumed tokens (eval_result)
+    assert result.evaluation["smoke_choice/acc"] == [(tokens[10], 0.5), (tokens[20], 0.25)]
+    assert result.evaluation["_x/acc"] == [(tokens[20], 0.5)]
+    assert result.evaluation["cc/bits_per_byte"] == [(tokens[20], 1.5)]
     ppl = pytest.approx(55.6965641)
-    assert result.evaluation["smoke_lastword/perplexity"] == [(10, ppl), (20, ppl)]
+    assert result.evaluation["smoke_lastword/perplexity"] == [(tokens[10], ppl), (tokens[20], ppl)]
+    assert sorted(result.eval_panels) == ["accuracy", "bits_per_byte", "perplexity"]
+    assert result.eval_panels["bits_per_byte"] == ["cc/bits_per_byte", "smoke_ppl/bits_per_byte"]
+    assert all(plot.metric_kind(m, False) == "perplexity" for m in result.eval_panels["perplexity"])
     assert [Path(p.file).name for p in result.problems] == ["global_step30.json"]
     import matplotlib.image
 
-    assert matplotlib.image.imread(out).shape[0] > 1400  # a fourth row of panels (three rows are 1210 pixels high)
+    assert matplotlib.image.imread(out).shape[0] > 1800  # two more rows of panels (three rows are 1210 pixels high)

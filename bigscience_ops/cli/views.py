@@ -54,7 +54,12 @@ def logs_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
               help="Read the event files here instead of paths.tensorboard (e.g. a clone of the tensorboard repo).")
 def plot_command(exp: str | None, run: Path | None, trainings_dir: Path | None, out: Path,
                  tensorboard_dir: Path | None) -> None:
-    """Draw EXP's training loss, validation loss, learning rate, batch size and grad norm against tokens."""
+    """Draw EXP's training loss, validation loss, learning rate, batch size and grad norm against tokens.
+
+    When the run's checkpoints were evaluated (`bsops eval`: <run>/eval/global_stepN.json), eval panels follow,
+    against the same consumed tokens: one per kind of metric, each on its own axis (accuracies and scores,
+    perplexities on a log scale, bits per byte, other lower-is-better metrics), eval.references as dotted levels.
+    """
     from bigscience_ops.views import plot
 
     experiment = open_run(exp, run, trainings_dir).experiment

@@ -10,10 +10,11 @@ consumed tokens where the run records the iteration, else (an alert) at the last
 logged before it. After a rollback (rollbacks.jsonl) the curves are the live branch's: a point past the
 rollback's target logged before the rollback is the abandoned branch's (views/branch.py), drawn apart in
 grey as "rolled back" and never the curve's, even where the relaunch has not logged that point again.
-Where the run's checkpoints were evaluated (eval/global_stepN.json, ops/evaluate/results.py), two more panels
-show the results over the checkpoints' iterations, one line per metric: the metrics better when higher
-(accuracies) and those better when lower (perplexities, bits per byte; a log scale), each
-eval.references value a dotted level in its metric's colour. A result file that cannot be read is left out
+Where the run's checkpoints were evaluated (eval/global_stepN.json, ops/evaluate/results.py), more panels
+show the results against the checkpoints' consumed tokens (the x of every other panel), one panel per kind of
+metric, each on an axis of its own: accuracies and other scores better when higher, perplexities (a log
+scale: tens of thousands early in a run), bits per byte, and any other metric better when lower; one line per
+metric, each eval.references value a dotted level in its metric's colour. A result file that cannot be read is left out
 and named in the result (`Plot.problems`). Drawn with matplotlib's Agg backend (no display needed).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,8 +47,11 @@ PANELS = (
 # chronicle event kind -> (legend label, colour) of its vertical line
 MARKED = {"task": ("task start", "0.6"), "resize": ("node phase", "tab:purple"), "rollback": ("rollback", "tab:red"),
           "alert": ("alert", "tab:orange")}
-EVAL_PANELS = (("evaluation: higher is better", True), ("evaluation: lower is better", False))
-"""The eval panels' titles and which metrics each draws (their higher_is_better)."""
+EVAL_PANELS = (("accuracy", "evaluation: accuracies and scores (higher is better)", "score"),
+               ("perplexity", "evaluation: perplexities (lower is better)", "perplexity (log scale)"),
+               ("bits_per_byte", "evaluation: bits per byte (lower is better)", "bits per byte"),
+               ("lower", "evaluation: other metrics (lower is better)", "metric value"))
+"""The eval panels in order, one per kind of metric (`metric_kind`): (kind, title, y-axis label)."""
 EVAL_LINES = 10
 """Metrics drawn per eval panel, by name; the others are counted in its title (`bsops info` tables them all)."""
 LABEL_CHARS = 60
@@ -86,9 +91,11 @@ class Plot:
     markers: list[Marker] = field(default_factory=list)
     """The markers drawn, read back from the loss panel's lines."""
     evaluation: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    """Each metric drawn on an eval panel: its (iteration, value) points, read back from the panel's lines."""
+    """Each metric drawn on an eval panel: its (consumed tokens, value) points, read back from the panel's lines."""
     problems: list[Problem] = field(default_factory=list)
     """The result files that could not be read (left out of the eval panels)."""
+    eval_panels: dict[str, list[str]] = field(default_factory=dict)
+    """Each eval panel's kind (EVAL_PANELS) and the metrics it draws."""
 
 
 def event_files(tensorboard_dir: Path) -> list[Path]:
@@ -152,24 +159,49 @@ def markers(exp, loss: Series) -> list[Marker]:
     return out
 
 
+def metric_kind(metric: str, higher: bool) -> str:
+    """The eval panel a "task/metric" goes on: perplexity, bits_per_byte, accuracy (any other metric better when
+    higher) or lower (any other better when lower)."""
+    name = metric.rpartition("/")[2].partition(",")[0]
+    if "perplexity" in name or name == "ppl":
+        return "perplexity"
+    if name in ("bits_per_byte", "bpb"):
+        return "bits_per_byte"
+    return "accuracy" if higher else "lower"
+
+
+def eval_kinds(evaluations: list[eval_results.Result]) -> dict[str, list[str]]:
+    """kind -> its metrics (by name), for the kinds the results hold, in EVAL_PANELS' order."""
+    found: dict[str, set[str]] = {}
+    for result in evaluations:
+        for metric, higher in result.higher_is_better.items():
+            found.setdefault(metric_kind(metric, higher), set()).add(metric)
+    return {kind: sorted(found[kind]) for kind, _, _ in EVAL_PANELS if kind in found}
+
+
 def draw(series: dict[str, Series], out: Path, title: str, marks: list[Marker] = (),
          evaluations: list[eval_results.Result] = (), references: dict[str, dict[str, float]] | None = None,
-         drawn_eval: dict[str, list[tuple[float, float]]] | None = None) -> list[Marker]:
+         drawn_eval: dict[str, list[tuple[float, float]]] | None = None,
+         tokens_of: Callable[[eval_results.Result], float | None] = lambda r: r.consumed_tokens,
+         panels: dict[str, list[str]] | None = None) -> list[Marker]:
     """One panel per series on a 3 x 2 grid, `marks` as vertical lines on the training loss; the sixth
-    cell sums up the latest values. With `evaluations`, a fourth row of eval panels (`draw_evaluation`), whose
-    points as drawn go into `drawn_eval`. Returns the markers as drawn (read back from the panel's lines)."""
+    cell sums up the latest values. With `evaluations`, a row of eval panels for each two kinds of metric
+    (`draw_evaluation`, x `tokens_of` each result), whose points as drawn go into `drawn_eval` and metrics into
+    `panels`. Returns the markers as drawn (read back from the panel's lines)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import EngFormatter, MaxNLocator
 
-    rows = 4 if evaluations else 3
+    kinds = (eval_kinds(evaluations) or {"accuracy": []}) if evaluations else {}
+    rows = 3 + -(-len(kinds) // 2)
     fig, axes = plt.subplots(rows, 2, figsize=(13, 11 * rows / 3), constrained_layout=True)
     fig.suptitle(title, fontsize=15)
     cells = list(axes.flat)
     right = max((max(s.tokens[-1:] + s.abandoned_tokens[-1:]) for s in series.values()
                  if s.tokens or s.abandoned_tokens), default=1.0)
+    right = max([right, *(x for r in evaluations if (x := tokens_of(r)) is not None)])  # evaluated beyond the logs
     for ax, (name, _, ylabel) in zip(cells, PANELS):
         s = series[name]
         ax.set_title(name, fontsize=13)
@@ -205,11 +237,16 @@ def draw(series: dict[str, Series], out: Path, title: str, marks: list[Marker] =
         else:
             lines.append(f"{name}: none yet")
     summary.text(0.02, 0.95, "\n".join(lines), va="top", family="monospace", fontsize=11)
-    if evaluations:
-        for ax, (name, higher) in zip(cells[6:], EVAL_PANELS):
-            points = draw_evaluation(ax, name, evaluations, references or {}, higher)
-            if drawn_eval is not None:
-                drawn_eval.update(points)
+    titles = {kind: (title, label) for kind, title, label in EVAL_PANELS}
+    for ax, (kind, metrics) in zip(cells[6:], kinds.items()):
+        points = draw_evaluation(ax, *titles[kind], kind, metrics, evaluations, references or {}, tokens_of,
+                                 right * 1.02)
+        if drawn_eval is not None:
+            drawn_eval.update(points)
+        if panels is not None:
+            panels[kind] = sorted(points)
+    for ax in cells[6 + len(kinds):]:
+        ax.axis("off")
     drawn = [Marker(line.get_gid().split(":", 1)[1], float(line.get_xdata()[0])) for line in cells[0].get_lines()
              if (line.get_gid() or "").startswith("event:")]
     out = Path(out)
@@ -231,26 +268,28 @@ def _label(text: str) -> str:
     return ("\u200a" if text.startswith("_") else "") + text.replace("$", r"\$")
 
 
-def draw_evaluation(ax, title: str, evaluations: list[eval_results.Result], references: dict[str, dict[str, float]],
-                    higher: bool) -> dict[str, list[tuple[float, float]]]:
-    """One line per metric whose direction is `higher` over the results' iterations (the first EVAL_LINES by name),
-    each reference's value a dotted level in the metric's colour. Returns each metric's points as drawn."""
+def draw_evaluation(ax, title: str, ylabel: str, kind: str, names: list[str], evaluations: list[eval_results.Result],
+                    references: dict[str, dict[str, float]], tokens_of: Callable[[eval_results.Result], float | None],
+                    right: float) -> dict[str, list[tuple[float, float]]]:
+    """One line per metric of `names` (the first EVAL_LINES) against the results' consumed tokens (a result whose
+    tokens are unknown is left out), each reference's value a dotted level in the metric's colour, x from 0 to
+    `right` as the other panels. Returns each metric's points as drawn."""
+    from matplotlib.ticker import EngFormatter
+
     ordered = sorted(evaluations, key=lambda r: r.iteration)
-    names = sorted({m for r in ordered for m, h in r.higher_is_better.items() if h is higher})
     more = len(names) - EVAL_LINES
     ax.set_title(title + (f" ({more} more metrics: bsops info)" if more > 0 else ""), fontsize=13)
-    from matplotlib.ticker import MaxNLocator
-
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("metric value")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("consumed tokens")
+    ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.set_xlim(0, right)
     ax.grid(True, alpha=0.3)
     if not names:
-        ax.text(0.5, 0.5, "no such metric evaluated", transform=ax.transAxes, ha="center", va="center", color="gray")
+        ax.text(0.5, 0.5, "no metric evaluated", transform=ax.transAxes, ha="center", va="center", color="gray")
         return {}
     drawn: dict[str, list[tuple[float, float]]] = {}
     for metric in names[:EVAL_LINES]:
-        points = [(r.iteration, r.metrics[metric]) for r in ordered if metric in r.metrics]
+        points = [(x, r.metrics[metric]) for r in ordered if metric in r.metrics and (x := tokens_of(r)) is not None]
         (line,) = ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=4, linewidth=1.4,
                           label=_label(metric))
         drawn[metric] = [(float(x), float(y)) for x, y in zip(line.get_xdata(), line.get_ydata())]
@@ -258,8 +297,8 @@ def draw_evaluation(ax, title: str, evaluations: list[eval_results.Result], refe
             value = values.get(metric)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 ax.axhline(value, color=line.get_color(), linestyle=":", linewidth=1.0, alpha=0.8)
-    if not higher and all(y > 0 for points in drawn.values() for _, y in points if y == y):
-        ax.set_yscale("log")  # perplexities of tens of thousands beside bits per byte near 1
+    if kind == "perplexity" and all(y > 0 for points in drawn.values() for _, y in points if y == y):
+        ax.set_yscale("log")  # perplexities of tens of thousands early in a run, tens later
     ax.legend(loc="best", fontsize=8, title="dotted: references" if references else None, title_fontsize=8)
     return drawn
 
@@ -294,5 +333,24 @@ def plot(exp, out: Path, tensorboard_dir: Path | None = None) -> Plot:
     except (BsopsError, OSError):
         pass
     points: dict[str, list[tuple[float, float]]] = {}
-    drawn = draw(series, out, f"{exp.name}: training curves", marks, evaluated, exp.eval.references, points)
-    return Plot(Path(out), series, files, drawn, points, problems)
+    panels: dict[str, list[str]] = {}
+    drawn = draw(series, out, f"{exp.name}: training curves", marks, evaluated, exp.eval.references, points,
+                 _tokens_of(exp), panels)
+    return Plot(Path(out), series, files, drawn, points, problems, panels)
+
+
+def _tokens_of(exp) -> Callable[[eval_results.Result], float | None]:
+    """A result's consumed tokens: as its file records them, else from the run's batch schedule at its iteration."""
+    try:
+        batch = run_schedule(exp).batch
+    except (BsopsError, ValueError):
+        batch = None
+
+    def tokens(result: eval_results.Result) -> float | None:
+        if result.consumed_tokens is not None:
+            return float(result.consumed_tokens)
+        if batch is None:
+            return None
+        return float(batch.consumed_after(result.iteration) * exp.model.seq_length)
+
+    return tokens
