@@ -43,14 +43,22 @@ def _require_configured(exp, named: str, trainings_dir: Path | None) -> None:
 @click.option("--next", "next_job", is_flag=True,
               help="Submit an eval job for the newest complete checkpoint without a result (what the hourly eval "
                    "job runs): every eval.every_saves-th save and the final step, one job at a time.")
+@click.option("--prefetch", is_flag=True,
+              help="Download the datasets of eval.tasks' lm-eval tasks into eval.hf_cache and check that they load "
+                   "offline (run it where there is network, e.g. a login node); the eval job then reads them there "
+                   "with HF_DATASETS_OFFLINE=1.")
+@click.option("--from", "source", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="With --prefetch: build the datasets from this local mirror (DIR/<dataset_path>/...) instead of "
+                   "downloading them.")
 @click.option("--tensor", type=click.IntRange(min=1, max=4096), default=None,
               help="With --step/--latest: score in this TP instead of the checkpoint's own.")
 @click.option("--pipeline", type=click.IntRange(min=1, max=4096), default=None,
               help="With --step/--latest: score in this PP instead of the checkpoint's own.")
 @alert_option
 @trainings_option
-def eval_command(exp: str | None, run: Path | None, step: int | None, latest: bool, next_job: bool,
-                 tensor: int | None, pipeline: int | None, alert: bool, trainings_dir: Path | None) -> None:
+def eval_command(exp: str | None, run: Path | None, step: int | None, latest: bool, next_job: bool, prefetch: bool,
+                 source: Path | None, tensor: int | None, pipeline: int | None, alert: bool,
+                 trainings_dir: Path | None) -> None:
     """Evaluate EXP's checkpoints on the lm-eval tasks and held-out sources of its `eval:` section.
 
     With --step N or --latest: the checkpoint is scored here, in its own TP/PP layout (or --tensor/--pipeline), by
@@ -63,11 +71,24 @@ def eval_command(exp: str | None, run: Path | None, step: int | None, latest: bo
     eval.nodes, eval.time) for the newest complete checkpoint without a result, unless an eval job of the run is
     queued or running; records it in <run>/eval/jobs.jsonl, and a job that left the queue without its result file
     as failed (with --alert, emailed naming the step and the job's log; a checkpoint failed twice is skipped).
+    A configured task or source that did not run (its data not in the cache offline, a refused task file) is named
+    with why under the table; the command then exits 2 and the hourly job alerts until a later step runs them all.
+
+    With --prefetch (on a machine with network): lm-eval's registered tasks' datasets into eval.hf_cache, checked
+    offline and recorded in <eval.hf_cache>/bsops-prefetch.json; the eval job reads that cache offline.
     """
-    chosen = [flag for flag, on in (("--step", step is not None), ("--latest", latest), ("--next", next_job)) if on]
+    chosen = [flag for flag, on in (("--step", step is not None), ("--latest", latest), ("--next", next_job),
+                                    ("--prefetch", prefetch)) if on]
     if len(chosen) != 1:
         raise click.UsageError(f"got {' and '.join(chosen) or 'none of them'}; allowed: exactly one of --step N, "
-                               "--latest, --next")
+                               "--latest, --next, --prefetch")
+    if source is not None and not prefetch:
+        raise click.UsageError("--from goes with --prefetch")
+    if prefetch:
+        if tensor is not None or pipeline is not None or alert:
+            raise click.UsageError("--prefetch takes no --tensor, --pipeline or --alert")
+        _prefetch(exp, run, source, trainings_dir)
+        return
     if next_job and (tensor is not None or pipeline is not None):
         raise click.UsageError("--tensor/--pipeline go with --step or --latest; --next evaluates in the run's layout")
     if alert and not next_job:
@@ -99,7 +120,10 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
     tag = f"global_step{step}"
     path = results.result_path(experiment, tag)
     before = _stamp(path)
-    code = launcher.run_local(experiment, step, tensor, pipeline)  # the ranks read `experiment` itself
+    from bigscience_ops.ops.evaluate.prefetch import cache_env
+
+    hf = cache_env(experiment.eval.hf_cache, offline=bool(experiment.eval.hf_cache))  # the prefetched cache, offline
+    code = launcher.run_local(experiment, step, tensor, pipeline, env=hf)  # the ranks read `experiment` itself
     written = _stamp(path) not in (None, before)
     if code != 0 and not written:
         click.echo(f"error: the evaluation of {tag} failed (exit code {code}; the ranks' output above says why); no "
@@ -124,6 +148,16 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
         sys.exit(EXIT_ERROR)
     if problems:
         sys.exit(EXIT_PROBLEMS)
+
+
+def _prefetch(exp: str | None, run: Path | None, source: Path | None, trainings_dir: Path | None) -> None:
+    from bigscience_ops.ops.evaluate import prefetch
+
+    experiment, named = configured_run(exp, run, trainings_dir)
+    _require_configured(experiment, named, trainings_dir)
+    manifest = prefetch.prefetch(experiment, source, click.echo)
+    cache = Path(experiment.eval.hf_cache).expanduser().absolute()
+    click.echo(f"{len(manifest['tasks'])} task(s) ready offline in {cache} (recorded in {cache / prefetch.MANIFEST})")
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

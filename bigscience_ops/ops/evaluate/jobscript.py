@@ -6,7 +6,9 @@ over eval.nodes nodes (derived: the processes over slurm.gpus_per_node). The ran
 decided with, written resolved beside the script (<tag>.experiment.json, as a launch writes the trainer's
 experiment.json), so an edit of the YAML between the submission and the job's start changes nothing of it. The
 job's partition, account, qos and time are eval.*'s, each falling back to slurm.*'s; the device, CPUs and
-environment set-up are slurm.*'s, and it asks for the GPUs its processes use on each node.
+environment set-up are slurm.*'s, and it asks for the GPUs its processes use on each node. The job runs offline
+(HF_DATASETS_OFFLINE, HF_HUB_OFFLINE), reading lm-eval's datasets from eval.hf_cache (HF_HOME, HF_DATASETS_CACHE,
+HF_HUB_CACHE) when it is set: `bsops eval --prefetch` fills it where there is network.
 Every value goes through the template environment of render.py: shell values quoted, #SBATCH values written for
 sbatch's own parser, Slurm names checked against their character sets, so `sbatch -vv` reads each as one value.
 """
@@ -22,6 +24,7 @@ from bigscience_ops.checkpoints import layout
 from bigscience_ops.config import to_dict
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.evaluate import launcher
+from bigscience_ops.ops.evaluate.prefetch import cache_env
 from bigscience_ops.ops.evaluate.schedule import job_name
 from bigscience_ops.runfiles import write_atomically
 from bigscience_ops.schema import PORT_SPREAD, Experiment
@@ -85,6 +88,7 @@ def render(exp: Experiment, ckpt: layout.Checkpoint, folder: Path, *, workdir: P
         env_setup=[rendering.Raw(line) for line in s.env_setup], workdir=str(Path(workdir).resolve()),
         master_port=s.master_port, port_spread=PORT_SPREAD,
         threads_per_process=max(1, s.cpus_per_task // per_node), worker=worker,
+        hf_env=sorted(cache_env(ev.hf_cache, offline=True).items()),
     )
     return EvalJob(folder / SCRIPTS / f"{ckpt.tag}.slurm", text, logs, record,
                    json.dumps(to_dict(exp), indent=1) + "\n")
