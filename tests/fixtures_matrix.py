@@ -1,0 +1,160 @@
+"""The configurations matrix: every precision x ZeRO stage x layout the schema accepts, trained to an exit interval,
+saved and resumed by the next launch, beside the same configuration trained uninterrupted.
+
+One module a precision (tests/test_trainer_matrix_{fp32,bf16,fp16}.py) so that pytest-xdist spreads them over its
+workers; each module's twelve launches run two at a time. fp16 cannot be initialized on this CPU (DeepSpeed's CPU
+accelerator says so when oneDNN has no fp16 kernels): its ranks run the trainer under `FP16_ON_CPU`, which lifts
+that one check, so DeepSpeed's real fp16 wrappers (FP16_UnfusedOptimizer, ZeRO's with its loss scaler) train,
+save and resume here; CPU is the rehearsal, benchmarks/gpu.sh runs the same matrix on a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bigscience_ops import sizing
+from bigscience_ops.iteration_log import parse_iteration_line
+from bigscience_ops.schema import Experiment
+from tests.fixtures_trainer import checkpoint_steps, concurrently, ranks, scalars, small_experiment, write_run
+
+
+@dataclass(frozen=True)
+class Layout:
+    pipeline: int
+    tensor: int
+    processes: int
+
+    @property
+    def data(self) -> int:
+        return self.processes // (self.pipeline * self.tensor)
+
+
+LAYOUTS = {"pp2": Layout(2, 1, 2), "tp2": Layout(1, 2, 2), "dp2": Layout(1, 1, 2), "pp1": Layout(1, 1, 1)}
+ZERO_STAGES = (0, 1)
+CHECKPOINTED = {(1, "pp2"), (0, "tp2")}
+"""(ZeRO stage, layout) trained with activation checkpointing: each stage with it on and off."""
+EXIT_AT, STEPS = 3, 8  # 40 samples in tiny's shrunk rampup (4, 6, then 8 a step)
+TIMING = ("elapsed_ms", "samples_per_second", "tflops", "mfu")
+FP16_ON_CPU = ("import sys, deepspeed.accelerator.cpu_accelerator as cpu; "
+               "cpu.CPU_Accelerator.is_fp16_supported = lambda self: True; "
+               "from bigscience_ops.trainer.train import main; sys.exit(main(sys.argv[1:]))")
+"""A trainer rank for which DeepSpeed's CPU accelerator accepts fp16 (torch computes it on CPU, slowly)."""
+
+
+def matrix_experiment(out: Path, precision: str, zero: int, layout: str, exit_interval: int | None,
+                      **sections: dict) -> Experiment:
+    """The shrunk tiny model in one cell of the matrix, logging every iteration, without validation."""
+    grid = LAYOUTS[layout]
+    base = dict(
+        train=dict(precision=precision, samples=40),
+        parallel=dict(pipeline=grid.pipeline, tensor=grid.tensor, zero_stage=zero,
+                      activation_checkpointing=(zero, layout) in CHECKPOINTED),
+        batch=dict(micro_batch_size=1 if grid.data > 1 else 2),  # 6 samples a step over 2 DP ranks
+        checkpoint=dict(save_interval=100, exit_interval=exit_interval),
+        logging=dict(log_interval=1, eval_interval=100, eval_iters=0),
+        estimate=dict(peak_tflops=0.25),  # MFU beside TFLOPs (a CPU has no entry in the peaks table)
+        **({"slurm": dict(device="gpu")} if precision == "fp16" else {}),  # fp16 is refused on a cpu device
+    )
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return small_experiment(out, **base)
+
+
+def train(out: Path, exp: Experiment, processes: int, env: dict | None = None) -> subprocess.CompletedProcess:
+    """One launch of `exp` on `processes` ranks (written into `out` first), fp16 under FP16_ON_CPU; fails the test
+    if it fails."""
+    write_run(exp, out)
+    args = ["--experiment", str(out / "experiment.json"), "--deepspeed-config", str(out / "ds_config.json"),
+            "--synthetic-data"]
+    argv = ["-c", FP16_ON_CPU, *args] if exp.train.precision == "fp16" else ["-m", "bigscience_ops.trainer", *args]
+    proc = ranks(argv, processes, env)
+    p = exp.parallel
+    assert proc.returncode == 0, (f"{exp.train.precision} ZeRO-{p.zero_stage} TP={p.tensor} PP={p.pipeline} in "
+                                  f"{out.name}: trainer exited {proc.returncode}\n{proc.stdout[-3000:]}\n"
+                                  f"{proc.stderr[-5000:]}")
+    return proc
+
+
+@dataclass
+class Cell:
+    """One (ZeRO stage, layout) of a precision: its two run folders and each launch's stdout."""
+
+    zero: int
+    layout: str
+    whole: Path
+    resumed: Path
+    whole_out: str = ""
+    resumed_out: list[str] = dataclasses.field(default_factory=list)
+
+
+def _launch_cell(cell: Cell, precision: str, which: str) -> None:
+    processes = LAYOUTS[cell.layout].processes
+    if which == "whole":
+        exp = matrix_experiment(cell.whole, precision, cell.zero, cell.layout, None)
+        cell.whole_out = train(cell.whole, exp, processes).stdout
+        return
+    for exit_interval in (EXIT_AT, None):
+        exp = matrix_experiment(cell.resumed, precision, cell.zero, cell.layout, exit_interval)
+        cell.resumed_out.append(train(cell.resumed, exp, processes).stdout)
+
+
+def matrix_runs(tmp_path_factory, precision: str) -> dict[tuple[int, str], Cell]:
+    """Every (ZeRO stage, layout) of `precision`: trained uninterrupted, and to EXIT_AT then resumed to the end."""
+    cells = {(zero, layout): Cell(zero, layout, tmp_path_factory.mktemp(f"{precision}z{zero}{layout}whole"),
+                                  tmp_path_factory.mktemp(f"{precision}z{zero}{layout}resumed"))
+             for zero in ZERO_STAGES for layout in LAYOUTS}
+    jobs = {(key, which): (lambda cell=cell, which=which: _launch_cell(cell, precision, which))
+            for key, cell in cells.items() for which in ("resumed", "whole")}
+    concurrently(jobs)
+    return cells
+
+
+def iteration_lines(stdout: str) -> dict[int, dict]:
+    """iteration -> the fields of its Megatron line but the timings."""
+    lines = {}
+    for line in stdout.splitlines():
+        stats = parse_iteration_line(line)
+        if stats is not None:
+            fields = dataclasses.asdict(stats)
+            for key in TIMING:
+                fields.pop(key)
+            lines[stats.iteration] = fields
+    return lines
+
+
+def assert_resumes_exactly(cells: dict[tuple[int, str], Cell]) -> None:
+    """Each cell's first launch stopped at EXIT_AT with a checkpoint, the second resumed from it, and the two
+    together logged the uninterrupted run's iteration lines (every field but the timings) and its TensorBoard
+    losses bit for bit."""
+    for (zero, layout), cell in cells.items():
+        name = f"ZeRO-{zero} {layout}"
+        assert f"exit interval {EXIT_AT} reached" in cell.resumed_out[0], name
+        assert f"resumed from {cell.resumed / 'checkpoints' / f'global_step{EXIT_AT}'}" in cell.resumed_out[1], name
+        assert checkpoint_steps(cell.resumed) == [EXIT_AT, STEPS] and checkpoint_steps(cell.whole) == [STEPS], name
+        whole = iteration_lines(cell.whole_out)
+        resumed = {**iteration_lines(cell.resumed_out[0]), **iteration_lines(cell.resumed_out[1])}
+        assert sorted(whole) == list(range(1, STEPS + 1)), name
+        for it in whole:
+            assert resumed.get(it) == whole[it], (name, it, resumed.get(it), whole[it])
+        losses = scalars(cell.whole / "tensorboard", "lm loss")
+        assert scalars(cell.resumed / "tensorboard", "lm loss") == losses, name
+
+
+def assert_checkpoint_sizes(cells: dict[tuple[int, str], Cell], precision: str) -> None:
+    """Every checkpoint has the files and bytes sizing.checkpoint_size computes for its cell (the plan's storage)."""
+    for (zero, layout), cell in cells.items():
+        exp = matrix_experiment(cell.whole, precision, zero, layout, None)
+        p = exp.parallel
+        params = sizing.count_parameters(exp.model, p.tensor, p.pipeline, p.partition_method)
+        expected = sizing.checkpoint_size(exp, params, LAYOUTS[layout].data)
+        for folder in (cell.whole / "checkpoints" / f"global_step{STEPS}",
+                       cell.resumed / "checkpoints" / f"global_step{EXIT_AT}"):
+            files = list(folder.iterdir())
+            assert len(files) == expected.files, (precision, zero, layout, sorted(f.name for f in files))
+            total = sum(f.stat().st_size for f in files)
+            assert total == pytest.approx(expected.total, rel=0.02), (precision, zero, layout, total, expected)

@@ -1,0 +1,44 @@
+"""bf16 x ZeRO-0/1 x PP=2, TP=2, DP=2, PP=1: each trains to an exit interval, saves, and resumes in the next launch
+with the uninterrupted run's iteration lines; each checkpoint is the size the plan computes (fixtures_matrix.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fixtures_matrix import assert_checkpoint_sizes, assert_resumes_exactly, matrix_runs
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cells(tmp_path_factory):
+    return matrix_runs(tmp_path_factory, "bf16")
+
+
+def test_every_layout_and_zero_stage_resumes_with_the_uninterrupted_lines(cells):
+    assert_resumes_exactly(cells)
+
+
+def test_every_checkpoint_is_the_size_the_plan_computes(cells):
+    assert_checkpoint_sizes(cells, "bf16")
+
+
+def test_every_cell_learns_the_same_losses_and_reports_mfu(cells):
+    """Every layout and stage sees the same samples a step: bf16's losses agree across them to bf16's rounding, and
+    fall; MFU is TFLOPs over estimate.peak_tflops (0.25: a CPU has no entry in the peaks table)."""
+    import math
+
+    from tests.fixtures_trainer import scalars
+
+    reference = scalars(cells[(0, "pp1")].whole / "tensorboard", "lm loss")
+    for (zero, layout), cell in cells.items():
+        board = cell.whole / "tensorboard"
+        losses = scalars(board, "lm loss")
+        assert sorted(losses) == sorted(reference), (zero, layout)
+        for step, value in losses.items():
+            assert math.isclose(value, reference[step], rel_tol=5e-3), (zero, layout, step, value, reference[step])
+        assert losses[max(losses)] < losses[1], (zero, layout)
+        tflops, mfu = scalars(board, "TFLOPs per GPU"), scalars(board, "MFU")
+        assert sorted(mfu) == sorted(tflops) == sorted(losses), (zero, layout)
+        for step in mfu:
+            assert math.isclose(mfu[step], tflops[step] / 0.25, rel_tol=1e-5), (zero, layout, step)
