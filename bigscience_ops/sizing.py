@@ -295,6 +295,7 @@ TENSOR_ENTRY_BYTES = 290
 ADAM_ENTRY_BYTES = 780
 MODEL_STATES_FILE_BYTES = 3_000
 OPTIM_FILE_BYTES = 6_000
+BF16_STATE_BYTES = 4_000  # bf16 without ZeRO: the optimizer's state dict records in each model-states file
 RNG_STATE_BYTES = 19_800
 META_BYTES = 6_000
 BLOCK_TENSORS = 12  # two LayerNorms, QKV, attention output, two MLP matrices: a weight and a bias each
@@ -316,10 +317,11 @@ class CheckpointSize:
     two fp32 moments per parameter, plus fp32 master weights under mixed precision and in ZeRO's
     partitions; held by each model-parallel rank's `mp_rank_NN_model_states.pt` at ZeRO-0 (fp32 or fp16),
     else split over the DP ranks' `*zero_pp_rank_D_mp_rank_NN_optim_states.pt` (ZeRO-1, and DeepSpeed's
-    bf16 optimizer at any stage). The tied word embedding is in the optimizer of both stages that hold
-    it. records: the engine-state files, every rank's `rng_state_NNN.pt`, bsops.json. Measured on CPU
-    runs (fp32 and bf16, ZeRO-0 and 1, TP, PP, DP: within 0.2%); fp16 at ZeRO-0 (FP16_Optimizer keeps
-    its fp32 master weights in the engine-state file) follows DeepSpeed's code, as fp16 cannot run on CPU.
+    bf16 optimizer at any stage; without ZeRO that optimizer's state of DP rank 0 is written into the
+    model-states file as well). The tied word embedding is in the optimizer of both stages that hold it.
+    records: the engine-state files, every rank's `rng_state_NNN.pt`, bsops.json. Checked against every run
+    of the configurations matrix (tests/test_trainer_matrix_*.py: fp32, bf16 and fp16 x ZeRO-0 and 1 x
+    PP, TP, DP; within 2%).
     """
 
     weights: int
@@ -362,6 +364,8 @@ def checkpoint_size(exp: Experiment, params: ParamCount, dp: int) -> CheckpointS
     optimizer = tp * sum(per_param * count for count in params.per_stage)
     if partitioned:
         optimizer += tp * pp * dp * OPTIM_FILE_BYTES
+        if exp.parallel.zero_stage == 0:  # bf16 without ZeRO: each model-states file holds DP rank 0's partition too
+            optimizer += tp * sum(12 * (count // dp) for count in params.per_stage) + tp * pp * BF16_STATE_BYTES
     else:
         optimizer += tp * ADAM_ENTRY_BYTES * sum(stage_tensors)
     records = tp * pp * MODEL_STATES_FILE_BYTES + tp * pp * dp * RNG_STATE_BYTES + META_BYTES
