@@ -10,6 +10,7 @@ cache is cold).
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -119,3 +120,28 @@ def test_the_trainer_compiles_its_blocks_and_records_its_kernels(tmp_path):
         assert KernelChoice.from_record(record).ops() == {op: "torch" for op in OPS}
         assert record["requested"] == "auto" and record["timings_ms"] == {}
     assert compiled_meta["experiment"]["model"]["compile"] is True
+
+
+def test_with_dropout_and_the_trainers_rng_a_block_is_one_graph(fresh_dynamo):
+    """Dropout on, the TP-region generator seeded as the trainer seeds it: with TP=1 the compiled block does not
+    fork that generator (dynamo cannot trace the fork: it would split every block into several graphs), so a
+    training step compiles one graph for all blocks; eager blocks still draw attention dropout from it."""
+    from dataclasses import replace
+
+    from bigscience_ops.trainer import tensor_parallel
+    from bigscience_ops.trainer.tensor_parallel import SINGLE
+
+    tensor_parallel.seed_model_parallel_rng(1234, SINGLE)
+    try:
+        shape = replace(SHAPE, hidden_dropout=0.1, attention_dropout=0.1)
+        before = compiled.compiled_graphs()
+        losses = _train(True, 2, shape)
+        assert compiled.compiled_graphs() - before == 1
+        assert all(math.isfinite(loss) for loss in losses)
+        eager = TransformerBlock(shape, 7, 1).train()
+        x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(3))
+        state = tensor_parallel.rng_tracker_states()
+        eager(x)
+        assert not torch.equal(tensor_parallel.rng_tracker_states()["model-parallel-rng"], state["model-parallel-rng"])
+    finally:
+        tensor_parallel._rng_tracker().reset()

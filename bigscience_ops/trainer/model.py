@@ -194,7 +194,11 @@ class SelfAttention(nn.Module):
         qkv = self.query_key_value(copy_to_tp(x, self.tp)).view(B, T, self.n_head, 3 * hs)  # (B, T, nh/tp, 3 hs)
         q, k, v = qkv.transpose(1, 2).split(hs, dim=-1)  # (B, nh/tp, T, hs)
         dropout = self.attention_dropout if self.training else 0.0
-        with tp_region_rng(self.tp) if dropout > 0.0 else contextlib.nullcontext():  # own heads, own masks
+        # Own heads, own masks: the TP region's generator. Compiled with TP=1 there is nothing to keep apart, and
+        # dynamo cannot trace the tracker's fork (a graph break in every block): the masks come from the compiled
+        # graph's own seeded stream, as every dropout mask there does.
+        own_masks = dropout > 0.0 and not (self.tp.size == 1 and torch.compiler.is_compiling())
+        with tp_region_rng(self.tp) if own_masks else contextlib.nullcontext():
             y = fused.causal_attention(q, k, v, dropout, self.kernels, self._alibi(x.device))  # (B, nh/tp, T, hs)
         return _row_parallel(self.dense, y.transpose(1, 2).reshape(B, T, self.n_head * hs), self.tp)
 
