@@ -7,12 +7,15 @@ bandwidth over the op's minimum memory traffic (GB/s), the peak memory above the
 the speed-up against eager measured in the same run (eager ms / ms: above 1 is faster).
 
     pip install -e '.[bench]'          # liger-kernel, the Triton baseline
-    python benchmarks/kernels.py [--shapes gpt2,13b-tp4] [--ops layernorm,bias_gelu,attention,cross_entropy]
+    python benchmarks/kernels.py [--shapes gpt2,13b-tp4]
+                                 [--ops layernorm,residual_layernorm,bias_gelu,attention,cross_entropy]
                                  [--dtype bf16] [--reps 50] [--no-compile]
 
 Needs a CUDA GPU: on a machine without one it says so and exits 0. Liger has no bias-GeLU and no
 attention; those rows are left out. For attention, `sdpa` is torch's scaled_dot_product_attention
 (FlashAttention/cuDNN inside), and eager the explicit softmax(q k^T) v with the T x T matrix.
+`residual_layernorm` is the block's dropout(0.1) + residual add + LayerNorm: eager runs it as torch ops,
+ours as one kernel each way (kernels/residual_layernorm.py).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Shape:
         return self.batch * self.seq
 
 
+OPS = ("layernorm", "residual_layernorm", "bias_gelu", "attention", "cross_entropy")
 SHAPES = {
     "gpt2": Shape("gpt2-124M", batch=8, seq=1024, hidden=768, heads=12, head_size=64, ffn=3072,
                   vocab=50304),
@@ -59,6 +63,7 @@ def _cases(op: str, shape: Shape, dtype, device) -> tuple[Callable[[], tuple], d
     from bigscience_ops.kernels.crossentropy import cross_entropy_reference
     from bigscience_ops.kernels.gelu import bias_gelu_reference
     from bigscience_ops.kernels.layernorm import layer_norm_reference
+    from bigscience_ops.kernels.residual_layernorm import residual_layer_norm_reference
     from bigscience_ops.kernels.softmax import causal_attention_reference
 
     size = torch.tensor([], dtype=dtype).element_size()
@@ -76,6 +81,13 @@ def _cases(op: str, shape: Shape, dtype, device) -> tuple[Callable[[], tuple], d
         if liger:
             impls["liger"] = lambda x, w, b: liger.LigerLayerNormFunction.apply(x, w, b, 1e-5)
         return (lambda: (leaf(shape.tokens, h), leaf(h), leaf(h))), impls, 5 * shape.tokens * h * size
+    if op == "residual_layernorm":
+        h, p = shape.hidden, 0.1
+        impls = {"eager": lambda x, a, w, b: sum(residual_layer_norm_reference(x, a, w, b, 1e-5, p)),
+                 "triton (ours)": lambda x, a, w, b: sum(kernels.residual_layer_norm(x, a, w, b, 1e-5, p, "triton"))}
+        # forward reads x, a and writes s, y; backward reads s and both gradients, writes dx, da
+        return (lambda: (leaf(shape.tokens, h), leaf(shape.tokens, h), leaf(h), leaf(h))), impls, \
+            9 * shape.tokens * h * size
     if op == "bias_gelu":
         f = shape.ffn
         impls = {"eager": bias_gelu_reference, "triton (ours)": lambda x, b: kernels.bias_gelu(x, b, "triton")}
@@ -99,7 +111,7 @@ def _cases(op: str, shape: Shape, dtype, device) -> tuple[Callable[[], tuple], d
             targets = torch.randint(0, shape.vocab, (shape.tokens,)).to(device)
             return leaf(shape.tokens, shape.vocab, scale=3.0), targets
         return inputs, impls, 3 * shape.tokens * shape.vocab * size
-    raise SystemExit(f"unknown op {op!r}; allowed: layernorm, bias_gelu, attention, cross_entropy")
+    raise SystemExit(f"unknown op {op!r}; allowed: {', '.join(OPS)}")
 
 
 def _first(out):
@@ -190,7 +202,7 @@ def _graph_ms(step: Callable, reps: int) -> float | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="gpt2,13b-tp4", help=f"comma-separated: {', '.join(SHAPES)}")
-    parser.add_argument("--ops", default="layernorm,bias_gelu,attention,cross_entropy")
+    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated: {', '.join(OPS)}")
     parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     parser.add_argument("--reps", type=int, default=50, help="timed repetitions per implementation")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
