@@ -43,6 +43,7 @@ def validate(exp: Experiment, source: str) -> None:
     check_optimizer(exp.optimizer, source)
     check_save_schedule(exp.checkpoint, source)
     check_precision(exp.train, exp.slurm, source)
+    check_resumable(exp.train, exp.parallel, exp.slurm, source)
     check_data(exp.data, source)
     hub_remote.check_hub(exp.hub, source)
     check_skips(exp.train, source)
@@ -153,6 +154,18 @@ def check_precision(t: TrainConfig, slurm: SlurmConfig, source: str) -> None:
     if slurm.device == "cpu":
         _check(t.precision != "fp16", source, "train.precision", t.precision,
                "fp16 needs a GPU; with slurm.device: cpu use fp32 or bf16")
+
+
+def check_resumable(t: TrainConfig, p: ParallelConfig, slurm: SlurmConfig, source: str) -> None:
+    """Every task resumes the last one's checkpoint (tests/test_trainer_matrix_*.py launch each precision x ZeRO x
+    layout). A node phase changes DP between tasks: without ZeRO, DeepSpeed's bf16 optimizer still keeps its state
+    in per-DP-rank partitions, which load only at the DP size that wrote them and which the universal converter
+    takes only from ZeRO's optimizer (checkpoints/universal.py), so the first phase change would fail at resume."""
+    if t.precision == "bf16" and p.zero_stage == 0 and slurm.node_schedule:
+        raise ConfigError(source, "parallel.zero_stage", 0,
+                          "must be 1 when train.precision is bf16 and slurm.node_schedule changes the node count: "
+                          "a bf16 checkpoint without ZeRO cannot be resumed at another DP size (or drop the "
+                          "node_schedule)")
 
 
 def check_data(data: DataConfig, source: str) -> None:

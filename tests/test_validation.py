@@ -107,3 +107,36 @@ def test_eval_paths_resolve_like_data_paths_and_nodes_cover_the_layout(trainings
     assert exp.eval.nodes == 2 and "eval.nodes" in exp.derived
     assert exp.eval.alert_drop == {"piqa/acc": 0.02} and exp.eval.references == {"GPT2-XL": {"piqa/acc": 0.7078}}
     assert exp.eval.configured
+
+
+# What the schema accepts but a run could not train, save or resume is refused by `bsops plan` before anything runs;
+# every other precision x ZeRO stage x layout is launched, saved and resumed by tests/test_trainer_matrix_*.py.
+PHASES = "  node_schedule: [{nodes: 2}, {nodes: 4, from_iteration: 100}]\n"
+
+
+@pytest.mark.parametrize(("text", "field", "value"), [
+    ("train: {precision: fp16}\n", "train.precision", "fp16"),  # tiny: slurm.device cpu
+    ("train: {precision: bf16}\nparallel: {zero_stage: 0}\nslurm:\n" + PHASES, "parallel.zero_stage", "0"),
+])
+def test_plan_refuses_what_could_not_train_or_resume_in_one_line(trainings: Path, text: str, field: str,
+                                                                 value: str) -> None:
+    from click.testing import CliRunner
+
+    from bigscience_ops.cli import main
+
+    (trainings / "bad.yaml").write_text("base: tiny\n" + text)
+    result = CliRunner().invoke(main, ["plan", "bad", "--trainings-dir", str(trainings)])
+    assert result.exit_code == 2, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert f"{field}: got {value}" in line or f"{field}: got {value!r}" in line or f"{field}: got '{value}'" in line, line
+
+
+@pytest.mark.parametrize("text", [
+    "train: {precision: bf16}\nparallel: {zero_stage: 1}\nslurm:\n" + PHASES,  # ZeRO's partitions convert
+    "train: {precision: fp32}\nparallel: {zero_stage: 0}\nslurm:\n" + PHASES,  # loads at another DP as it is
+    "train: {precision: bf16}\nparallel: {zero_stage: 0}\n",  # one node count: resumes (the matrix)
+])
+def test_the_combinations_that_resume_are_accepted(trainings: Path, text: str) -> None:
+    (trainings / "ok.yaml").write_text("base: tiny\n" + text)
+    exp = load_experiment("ok", trainings)
+    assert exp.train.precision in ("fp32", "bf16")
