@@ -16,13 +16,27 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from bigscience_ops.kernels.choice import IMPLEMENTATIONS, OPS, KernelChoice, Timings, resolve
-from bigscience_ops.sizing import GPTShape
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ModelShape(Protocol):
+    """What the measurement reads of the model's shape (the trainer's GPTShape; the kernels sit below sizing)."""
+
+    seq_length: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    padded_vocab_size: int
+    hidden_dropout: float
+    attention_dropout: float
+    position_embedding: str
+    layernorm_epsilon: float
 
 
 @dataclass(frozen=True)
@@ -52,7 +66,7 @@ class OpShapes:
                 f"{self.ffn}, vocab {self.vocab}, {str(self.dtype).removeprefix('torch.')}, {name}")
 
 
-def op_shapes(shape: GPTShape, micro_batch_size: int, tensor_parallel: int, precision: str) -> OpShapes:
+def op_shapes(shape: ModelShape, micro_batch_size: int, tensor_parallel: int, precision: str) -> OpShapes:
     return OpShapes(batch=micro_batch_size, seq=shape.seq_length, hidden=shape.hidden_size,
                     heads=shape.num_attention_heads // tensor_parallel,
                     head_size=shape.hidden_size // shape.num_attention_heads,
@@ -136,7 +150,7 @@ def measure(s: OpShapes, device: torch.device, iters: int = 5, warmup: int = 2,
     return timings
 
 
-def select_kernels(requested: str, shape: GPTShape, micro_batch_size: int, tensor_parallel: int, precision: str,
+def select_kernels(requested: str, shape: ModelShape, micro_batch_size: int, tensor_parallel: int, precision: str,
                    device: torch.device, iters: int = 5) -> KernelChoice:
     """The run's KernelChoice (choice.resolve): measured here on CUDA for `auto`; with a process group of more than
     one rank, rank 0's choice for every rank."""
