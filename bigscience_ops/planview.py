@@ -7,12 +7,13 @@ from typing import Any
 
 import yaml
 
+from bigscience_ops.benchmark_results import Measured, measured_tflops, read_results
 from bigscience_ops.config import to_dict
 
 from bigscience_ops.data.preflight import DataCheck
 from bigscience_ops.schema import Experiment
 from bigscience_ops.plan import Plan
-from bigscience_ops.sizing import GB, TRAIN_BYTES, partitioned_optimizer
+from bigscience_ops.sizing import GB, TRAIN_BYTES, gpu_memory_from_constraint, partitioned_optimizer
 
 
 
@@ -176,6 +177,12 @@ def plan_text(plan: Plan, exp: Experiment, data: DataCheck | None = None) -> str
         gpus = f"on {plan.world_size} GPUs" if len(plan.phases) == 1 else f"over the {len(plan.phases)} node phases"
         add(f"  estimated time at {exp.estimate.tflops_per_gpu:g} TFLOPs/GPU {gpus}: {_duration(plan.days)}"
             f"{rounded}; 8 x tokens x params / (GPUs x FLOPs)")
+        measured = measured_on_gpu(exp)
+        if measured is not None:
+            trained = f" ({measured.model})" if measured.model else ""
+            add(f"  measured on {measured.gpu} ({measured.date}, benchmarks/RESULTS.md): {measured.tflops:g} TFLOPs/GPU "
+                f"by the trainer{trained}: {_duration(plan.days * exp.estimate.tflops_per_gpu / measured.tflops)} "
+                "at that rate")
     if len(plan.phases) > 1:
         add("")
         add("node schedule (each array task trains in one phase; at a boundary it saves, exits and the array "
@@ -206,6 +213,14 @@ def plan_text(plan: Plan, exp: Experiment, data: DataCheck | None = None) -> str
         add("problems")
         lines.extend(f"  - {pr}" for pr in problems)
     return "\n".join(lines) + "\n"
+
+
+def measured_on_gpu(exp: Experiment) -> Measured | None:
+    """The trainer's TFLOPs measured on the GPU slurm.constraint names, as benchmarks/RESULTS.md has them (a
+    source checkout), or None."""
+    gpu = gpu_memory_from_constraint(exp.slurm.constraint) if exp.slurm.device == "gpu" else None
+    text = read_results() if gpu is not None else None
+    return measured_tflops(gpu[0], text) if text else None
 
 
 def _storage_lines(plan: Plan, exp: Experiment) -> list[str]:

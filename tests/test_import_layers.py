@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.runlog",
         "bigscience_ops.slurm",
         "bigscience_ops.kernels",
+        "bigscience_ops.benchmark_results",  # benchmarks/RESULTS.md's measured trainer TFLOPs (bsops plan shows them)
     ]),
     ("schema: the experiment's fields, and the arithmetic and formats that read them", [
         "bigscience_ops.schema",
