@@ -91,7 +91,8 @@ def test_a_finished_evaluation_prints_the_table(trainings: Path, tmp_path: Path,
     _saved(tmp_path, 50, latest=50)
     calls = []
 
-    def run_local(exp, step, tensor=None, pipeline=None, trainings_dir=None, experiment=None, env=None) -> int:
+    def run_local(exp, step, tensor=None, pipeline=None, trainings_dir=None, experiment=None, env=None,
+                  log_samples=False) -> int:
         calls.append((step, tensor, pipeline, experiment))
         results.write(results.result_path(exp, f"global_step{step}"), {
             "results": {}, "bsops": {"format": 1, "experiment": "ev", "tag": f"global_step{step}", "step": step,

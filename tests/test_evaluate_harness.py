@@ -210,7 +210,9 @@ def test_evaluate_writes_the_result_file_and_tensorboard_scalars(model, runs, tm
                         text_key="body", limit=4, batch_size=4))
     lines: list[str] = []
     with pytest.raises(driver.MissingTasks, match="missing.yaml"):  # the others' result written first
-        driver.evaluate(exp, target.path, target.meta, scorer, lines.append)
+        driver.evaluate(exp, target.path, target.meta, scorer, lines.append, log_samples=True)
+    kept = out / "eval" / f"{target.tag}.samples" / "t_two_choice.jsonl"  # lm-eval's per-sample output beside it
+    assert [json.loads(line)["doc_id"] for line in kept.read_text().splitlines()] == [0, 1, 2, 3]
     path = out / "eval" / f"{target.tag}.json"
     result = json.loads(path.read_text(encoding="utf-8"))
     section = result["bsops"]
@@ -367,3 +369,47 @@ def test_bits_per_byte_is_the_trainers_loss_on_the_same_text_converted_by_tokens
     assert (got.tokens, got.bytes) == (tokens, n_bytes) and tokens > 3 * scorer.max_length
     converted = validation_loss * (tokens / n_bytes) / math.log(2)
     assert abs(got.bits_per_byte - converted) <= REL * converted, (got.bits_per_byte, converted)
+
+
+@pytest.mark.slow  # the session's trained run, lm-eval's command line under torchrun (two ranks), transformers
+def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, model, hf, tmp_path):
+    """`lm-eval run --model bsops` (plugin.py, lm-eval's own command line) in the checkpoint's PP=2 layout with
+    --num_fewshot 3 --limit 20 --log_samples: its results file holds the metrics of bsops' own path and of lm-eval's
+    hf model on the export (accuracies equal, the rest within 1e-4 relative), and the samples it logged."""
+    import glob
+    import os
+    import subprocess
+
+    from bigscience_ops.config import to_dict
+    from bigscience_ops.ops.evaluate import launcher
+
+    exp, target, _, scorer = model
+    tasks = runs["tasks"][:2]  # the last-word and the two-choice task
+    ours = driver.run_tasks(harness.build_lm(dataclasses.replace(exp, eval=EvalConfig(batch_size=4)), scorer), tasks,
+                            limit=20, num_fewshot=3)
+    theirs = driver.run_tasks(hf, tasks, limit=20, num_fewshot=3)
+    record = tmp_path / "experiment.json"
+    record.write_text(json.dumps(to_dict(exp)))
+    out = tmp_path / "out"
+    argv = launcher.torchrun_argv(2, ["-m", "bigscience_ops.ops.evaluate.plugin", "run", "--model", "bsops",
+                                      "--model_args", f"run={record},step={target.step}", "--tasks", *tasks,
+                                      "--num_fewshot", "3", "--limit", "20", "--batch_size", "4", "--log_samples",
+                                      "--output_path", str(out)])
+    done = subprocess.run(argv, cwd=Path(tasks[0]).parent, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    [written] = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
+    plugin = json.loads(Path(written).read_text())
+    assert plugin["config"]["bsops_layout"] == {"tensor": 1, "pipeline": 2}
+    assert plugin["n-shot"] == {"t_last_word": 3, "t_two_choice": 3}
+    for task, metrics in theirs["results"].items():
+        for key, value in metrics.items():
+            if not isinstance(value, float) or "stderr" in key:
+                continue
+            for got in (ours["results"][task][key], plugin["results"][task][key]):
+                if key.startswith(("acc,", "acc_norm,")):
+                    assert got == value, (task, key, got, value)
+                else:
+                    assert abs(got - value) <= REL * abs(value), (task, key, got, value)
+    samples = glob.glob(str(out / "**" / "samples_t_last_word_*.jsonl"), recursive=True)
+    assert len(samples) == 1 and len(Path(samples[0]).read_text().splitlines()) == 14  # the task's 14 < --limit 20

@@ -50,6 +50,9 @@ def _require_configured(exp, named: str, trainings_dir: Path | None) -> None:
 @click.option("--from", "source", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="With --prefetch: build the datasets from this local mirror (DIR/<dataset_path>/...) instead of "
                    "downloading them.")
+@click.option("--log-samples", is_flag=True,
+              help="With --step/--latest: keep lm-eval's per-sample output beside the result "
+                   "(<run>/eval/global_stepN.samples/<task>.jsonl), as lm-eval's --log_samples writes it.")
 @click.option("--tensor", type=click.IntRange(min=1, max=4096), default=None,
               help="With --step/--latest: score in this TP instead of the checkpoint's own.")
 @click.option("--pipeline", type=click.IntRange(min=1, max=4096), default=None,
@@ -57,7 +60,7 @@ def _require_configured(exp, named: str, trainings_dir: Path | None) -> None:
 @alert_option
 @trainings_option
 def eval_command(exp: str | None, run: Path | None, step: int | None, latest: bool, next_job: bool, prefetch: bool,
-                 source: Path | None, tensor: int | None, pipeline: int | None, alert: bool,
+                 source: Path | None, log_samples: bool, tensor: int | None, pipeline: int | None, alert: bool,
                  trainings_dir: Path | None) -> None:
     """Evaluate EXP's checkpoints on the lm-eval tasks and held-out sources of its `eval:` section.
 
@@ -89,6 +92,8 @@ def eval_command(exp: str | None, run: Path | None, step: int | None, latest: bo
             raise click.UsageError("--prefetch takes no --tensor, --pipeline or --alert")
         _prefetch(exp, run, source, trainings_dir)
         return
+    if log_samples and (next_job or prefetch):
+        raise click.UsageError("--log-samples goes with --step or --latest")
     if next_job and (tensor is not None or pipeline is not None):
         raise click.UsageError("--tensor/--pipeline go with --step or --latest; --next evaluates in the run's layout")
     if alert and not next_job:
@@ -96,11 +101,11 @@ def eval_command(exp: str | None, run: Path | None, step: int | None, latest: bo
     if next_job:
         _next(exp, run, alert, trainings_dir)
         return
-    _here(exp, run, step, latest, tensor, pipeline, trainings_dir)
+    _here(exp, run, step, latest, tensor, pipeline, trainings_dir, log_samples)
 
 
 def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, tensor: int | None,
-          pipeline: int | None, trainings_dir: Path | None) -> None:
+          pipeline: int | None, trainings_dir: Path | None, log_samples: bool = False) -> None:
     from bigscience_ops.checkpoints import layout
     from bigscience_ops.ops.evaluate import EvalError, launcher, results, taskfiles
 
@@ -123,7 +128,7 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
     from bigscience_ops.ops.evaluate.prefetch import cache_env
 
     hf = cache_env(experiment.eval.hf_cache, offline=bool(experiment.eval.hf_cache))  # the prefetched cache, offline
-    code = launcher.run_local(experiment, step, tensor, pipeline, env=hf)  # the ranks read `experiment` itself
+    code = launcher.run_local(experiment, step, tensor, pipeline, env=hf, log_samples=log_samples)  # the ranks read `experiment` itself
     written = _stamp(path) not in (None, before)
     if code != 0 and not written:
         click.echo(f"error: the evaluation of {tag} failed (exit code {code}; the ranks' output above says why); no "

@@ -294,12 +294,34 @@ def earlier_event_files(folder: str | os.PathLike[str], tag: str) -> list[Path]:
             and e.is_file(follow_symlinks=False)]
 
 
+def write_samples(result_path: Path, samples: dict) -> Path:
+    """lm-eval's per-sample output (`--log_samples`), one JSON line per document, in `<tag>.samples/<task>.jsonl`
+    beside the result file (the folder replaced whole: an earlier evaluation's samples do not stay)."""
+    import json
+    import shutil
+
+    from bigscience_ops.runfiles import write_atomically
+
+    folder = result_path.with_name(result_path.stem + ".samples")
+    fresh = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir(parents=True)
+    for task, rows in samples.items():
+        if results.name_problem(task) is not None:
+            continue  # refused_names has left it out of the result
+        lines = [json.dumps(row, default=results._json_safe, ensure_ascii=False) for row in rows]
+        write_atomically(fresh / f"{task}.jsonl", ("\n".join(lines) + "\n").encode("utf-8"))
+    shutil.rmtree(folder, ignore_errors=True)
+    fresh.rename(folder)
+    return folder
+
+
 class MissingTasks(EvalError):
     """Configured tasks or sources did not run; the result of the others is written (named here)."""
 
 
 def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
-             log: Callable[[str], None] = lambda line: None) -> Path:
+             log: Callable[[str], None] = lambda line: None, log_samples: bool = False) -> Path:
     """Evaluate the checkpoint the Scorer holds (see the module docstring); the result file's path. When a configured
     task or source did not run, the result of the others is written and MissingTasks raised after, naming them."""
     from bigscience_ops.ops.evaluate.harness import build_lm
@@ -311,7 +333,7 @@ def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
     path = results.result_path(exp, tag)  # a folder not named global_stepN: refused before work
     lm = build_lm(exp, scorer, log)
     missing: dict[str, str] = {}
-    result = run_tasks(lm, list(exp.eval.tasks), exp.eval.limit, log, missing=missing, trust=exp.eval.trust_task_code,
+    result = run_tasks(lm, list(exp.eval.tasks), exp.eval.limit, log, log_samples, missing, trust=exp.eval.trust_task_code,
                        bootstrap_iters=exp.eval.bootstrap_iters,
                        prefetch=f"bsops eval {exp.name} --prefetch") if exp.eval.tasks else {}
     bits, unscored = source_bits_per_byte(exp, lm, log)
@@ -321,6 +343,9 @@ def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
     result["bsops"] = bsops_section(exp, Path(checkpoint), meta, scorer, bits, missing, time.monotonic() - started)
     replaced = path.is_file()
     results.write(path, result)
+    if log_samples and isinstance(result.get("samples"), dict):
+        folder = write_samples(path, result["samples"])
+        log(f"lm-eval's per-sample output of {len(result['samples'])} task(s) in {folder}")
     if replaced:
         log(f"replaced the earlier result file of {tag}: {path}")
     try:

@@ -151,7 +151,8 @@ def check_layer_files(target: Target, layers) -> None:
 
 
 def worker_argv(experiment: str, step: int, tensor: int | None = None, pipeline: int | None = None,
-                trainings_dir: Path | str | None = None, cwd: Path | str | None = None) -> list[str]:
+                trainings_dir: Path | str | None = None, cwd: Path | str | None = None,
+                log_samples: bool = False) -> list[str]:
     """`-m bigscience_ops.ops.evaluate.worker ...`: what torchrun runs (after its own options) on every node."""
     argv = ["-m", WORKER_MODULE, "--experiment", str(experiment), "--step", str(int(step))]
     if trainings_dir is not None:
@@ -162,6 +163,8 @@ def worker_argv(experiment: str, step: int, tensor: int | None = None, pipeline:
         argv += ["--pipeline", str(int(pipeline))]
     if cwd is not None:
         argv += ["--cwd", str(cwd)]
+    if log_samples:
+        argv.append("--log-samples")
     return argv
 
 
@@ -180,7 +183,7 @@ def _module_args(worker: list[str]) -> list[str]:
 
 def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = None,
               trainings_dir: Path | str | None = None, experiment: str | None = None,
-              env: dict[str, str] | None = None) -> int:
+              env: dict[str, str] | None = None, log_samples: bool = False) -> int:
     """Evaluate `global_step<step>` of `exp` on this machine: checks first (EvalError), then TP x PP ranks under
     torchrun, their output streamed through (less torchrun's own report of a failed rank: AgentNoise). Returns 0
     when the result file is written, EXIT_ERROR when a rank said why it failed (its one `error: ...` line), else
@@ -205,7 +208,7 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
         if experiment is None:
             experiment = str(Path(tmp) / "experiment.json")
             Path(experiment).write_text(json.dumps(to_dict(exp), indent=1), encoding="utf-8")
-        worker = worker_argv(experiment, step, tensor, pipeline, trainings_dir, Path.cwd())
+        worker = worker_argv(experiment, step, tensor, pipeline, trainings_dir, Path.cwd(), log_samples)
         proc = subprocess.Popen(torchrun_argv(target.world_size, worker), env=child_env, stderr=subprocess.PIPE,
                                 text=True, errors="replace", start_new_session=True)  # its own group: stopped as one
         noise = AgentNoise(sys.stderr)

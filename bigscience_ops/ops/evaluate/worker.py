@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tensor", type=int, default=None, help="TP of the evaluation (default: the checkpoint's)")
     parser.add_argument("--pipeline", type=int, default=None, help="PP of the evaluation (default: the checkpoint's)")
     parser.add_argument("--cwd", type=Path, default=None, help="folder relative paths are resolved in")
+    parser.add_argument("--log-samples", action="store_true",
+                        help="keep lm-eval's per-sample output beside the result (<tag>.samples/<task>.jsonl)")
     return parser.parse_args(argv)
 
 
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None, evaluate: Callable | None = None) -> int
     from bigscience_ops.ops.evaluate import scorer as scoring
 
     device = scoring.init_distributed(exp)
-    code = run(exp, target, device, evaluate)
+    code = run(exp, target, device, evaluate, args.log_samples)
     if code == 0:
         dist.destroy_process_group()
         return 0
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None, evaluate: Callable | None = None) -> int
     return code
 
 
-def run(exp, target, device, evaluate: Callable | None = None) -> int:
+def run(exp, target, device, evaluate: Callable | None = None, log_samples: bool = False) -> int:
     """Build this rank's scorer, agree with the others that all loaded, then drive (rank 0) or follow."""
     import torch.distributed as dist
 
@@ -141,7 +143,7 @@ def run(exp, target, device, evaluate: Callable | None = None) -> int:
             from bigscience_ops.ops.evaluate import driver
 
             evaluate = driver.evaluate
-        path = evaluate(exp, target.path, target.meta, built, _log)
+        path = evaluate(exp, target.path, target.meta, built, _log, **({"log_samples": True} if log_samples else {}))
         _log(f"evaluated {target.tag} (TP={target.tensor} PP={target.pipeline}): {path}")
         return 0
     except BsopsError as exc:

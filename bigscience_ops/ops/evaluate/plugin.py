@@ -1,0 +1,141 @@
+"""bsops' scorer as lm-eval's model `bsops`: lm-eval's whole command line over a checkpoint in its TP/PP layout.
+
+    torchrun --standalone --nproc-per-node TPxPP -m bigscience_ops.ops.evaluate.plugin run --model bsops \\
+        --model_args run=RUN,step=N[,tensor=T,pipeline=P,dtype=fp32] --tasks lambada_openai --num_fewshot 3 \\
+        --limit 20 --log_samples --output_path out/ [every other lm-eval option]
+
+(one process: `python -m bigscience_ops.ops.evaluate.plugin run ...` for a TP=1 PP=1 layout.) RUN is an experiment
+name or YAML file, or a run folder (its experiment.json); step a checkpoint step or `latest`. Every rank builds its
+part of the model (scorer.py, as `bsops eval`'s worker does); rank 0 runs lm-eval with BsopsLM (harness.py: the same
+scorer and tokenizer `bsops eval` uses, so the numbers are the same), the others serve its forward passes and exit
+when it is done.
+
+How lm-eval finds `bsops`: lm-eval 0.4.13 knows the models of its own MODEL_MAPPING (lm_eval/models/__init__.py)
+and any class a module imported before the run registered with `lm_eval.api.registry.register_model`. Its Registry
+can hold an importlib.metadata EntryPoint as a lazy placeholder, but nothing in lm-eval scans an entry-point group,
+and `--include_path` adds task folders only. So this module registers BsopsModel when imported and, run as a
+module, hands its arguments to lm-eval's own command line (lm_eval.__main__.cli_evaluate): `lm_eval` itself has no
+way to import it. In Python, `import bigscience_ops.ops.evaluate.plugin` then `lm_eval.simple_evaluate(model="bsops",
+model_args=...)` works the same.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import lm_eval.models  # noqa: F401 - lm-eval's own models first: get_model imports them only into an empty registry
+from lm_eval.api.registry import register_model
+
+from bigscience_ops.ops.evaluate import EvalError
+from bigscience_ops.ops.evaluate.harness import BsopsLM, experiment_tokenizer
+
+NAME = "bsops"
+
+
+def load_run(run: str, trainings_dir: str | None = None) -> Any:
+    """The experiment of `run` as `bsops eval` reads it: a run folder or an experiment name or YAML file (the run
+    as recorded, with today's eval: settings), or a resolved experiment .json (what the eval job's ranks read)."""
+    from bigscience_ops import run_ref
+    from bigscience_ops.ops.evaluate.worker import load
+
+    if run.endswith(".json") and Path(run).is_file():
+        return load(run)
+    where = Path(trainings_dir) if trainings_dir else None
+    return run_ref.with_configured_settings(run_ref.open_run(run, where), where)
+
+
+def _step(exp: Any, step: Any) -> int:
+    from bigscience_ops.checkpoints import layout
+
+    if step in (None, "latest"):
+        found = layout.latest_step(Path(exp.paths.checkpoints))
+        if found is None:
+            raise EvalError(f"{exp.paths.checkpoints}: no `latest`, so no complete checkpoint; allowed: step=N once "
+                            "the run has saved")
+        return found
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise EvalError(f"step={step!r}: allowed: a checkpoint step (a whole number >= 0) or latest")
+    return step
+
+
+def _standalone() -> None:
+    """A process group of one when started without torchrun."""
+    if "RANK" in os.environ:
+        return
+    from bigscience_ops.launch import free_port
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
+
+
+@register_model(NAME)
+class BsopsModel(BsopsLM):
+    """lm-eval's `--model bsops`: model_args run=RUN, step=N|latest, tensor, pipeline (another layout), dtype
+    (training|fp32: eval.dtype), trainings_dir; batch_size (an int; default eval.batch_size)."""
+
+    def __init__(self, run: str, step: Any = "latest", tensor: int | None = None, pipeline: int | None = None,
+                 dtype: str | None = None, trainings_dir: str | None = None, batch_size: Any = None,
+                 max_batch_size: Any = None, device: Any = None, **unknown: Any) -> None:
+        if unknown:
+            raise EvalError(f"--model_args {', '.join(sorted(unknown))}: not known to --model {NAME}; allowed: run, "
+                            "step, tensor, pipeline, dtype, trainings_dir")
+        from bigscience_ops.ops.evaluate import launcher
+
+        if dtype not in (None, "training", "fp32"):
+            raise EvalError(f"dtype={dtype}: allowed: training, fp32")
+        exp = load_run(str(run), trainings_dir)
+        if dtype is not None:
+            exp = dataclasses.replace(exp, eval=dataclasses.replace(exp.eval, dtype=dtype))
+        target = launcher.checkpoint(exp, _step(exp, step), tensor, pipeline)
+        import torch.distributed as dist  # torch only once the request is known to be sound
+
+        from bigscience_ops.ops.evaluate import scorer as scoring
+
+        _standalone()
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world != target.world_size:
+            raise EvalError(f"{world} processes started for TP={target.tensor} x PP={target.pipeline}; allowed: "
+                            f"{target.world_size} (torchrun --nproc-per-node {target.world_size})")
+        device_ = scoring.init_distributed(exp) if not dist.is_initialized() else None
+        built = scoring.Scorer(exp, target, device_)
+        if dist.get_rank() != 0:  # a follower: serve rank 0's forward passes, then leave lm-eval's command line
+            built.follow()
+            dist.destroy_process_group()
+            sys.stdout.flush()
+            os._exit(0)
+        if isinstance(batch_size, str) and batch_size.isdigit():
+            batch_size = int(batch_size)
+        size = batch_size if isinstance(batch_size, int) and batch_size > 0 else exp.eval.batch_size
+        super().__init__(built, experiment_tokenizer(exp), batch_size=size, log=lambda line: print(line, flush=True))
+        self.experiment, self.target = exp, target
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Tell the followers to stop (once), and leave the process group."""
+        import torch.distributed as dist
+
+        self.scorer.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def get_model_info(self) -> dict:
+        return {**super().get_model_info(), "bsops_run": str(self.target.path.parent), "bsops_tag": self.target.tag,
+                "bsops_layout": {"tensor": self.target.tensor, "pipeline": self.target.pipeline},
+                "bsops_dtype": str(self.scorer.dtype).removeprefix("torch.")}
+
+
+def main() -> None:
+    """lm-eval's command line with `--model bsops` registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    sys.argv[0] = "lm-eval"
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()
