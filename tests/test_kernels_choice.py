@@ -8,6 +8,7 @@ The CUDA timer itself (CUDA events) needs a GPU; here a timer is fed in that run
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -164,6 +165,7 @@ def test_select_kernels_on_cpu_is_the_references_unmeasured():
     assert chosen.ops() == {op: "torch" for op in OPS} and chosen.requested == "auto" and not chosen.timings
 
 
+@functools.cache
 def _block_step(kernels) -> tuple[torch.Tensor, list[torch.Tensor]]:
     torch.manual_seed(0)
     model = build_sequential(SHAPE, 5, kernels)
