@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -92,18 +93,35 @@ def test_resolve_measures_only_auto_on_cuda():
 
     def measured():
         calls.append(1)
-        return H200_GPT2, "16 x 1024 tokens"
+        return H200_GPT2
 
     def never():
         raise AssertionError("measured where it should not")
 
-    on_cpu = resolve("auto", "cpu", never)
+    def here():
+        return "16 x 1024 tokens"
+
+    on_cpu = resolve("auto", "cpu", never, here)
     assert on_cpu.ops() == {op: "torch" for op in OPS} and on_cpu.requested == "auto" and not on_cpu.timings
     for fixed in ("torch", "triton"):
-        assert resolve(fixed, "cuda", never) == uniform(fixed)
-    on_gpu = resolve("auto", "cuda", measured)
+        assert resolve(fixed, "cuda", never, here) == uniform(fixed)
+    on_gpu = resolve("auto", "cuda", measured, here)
     assert calls == [1] and on_gpu.ops() == {op: choose(H200_GPT2)[op] for op in OPS}
     assert on_gpu.record()["timings_ms"] == H200_GPT2 and on_gpu.measured_at == "16 x 1024 tokens"
+
+
+def test_a_resumed_run_keeps_the_choice_measured_at_its_shape():
+    """The checkpoint's record is reused where it was measured at the same shape and device (a resumed run runs the
+    same kernels, bitwise the same steps); measured again where anything differs."""
+    recorded = KernelChoice.from_record(json.loads(json.dumps(
+        from_timings("auto", {"attention": {"torch": 1.0, "triton": 0.5}}, "16 x 1024 tokens").record())))
+    other = {"attention": {"torch": 0.5, "triton": 1.0}}
+    kept = resolve("auto", "cuda", lambda: other, lambda: "16 x 1024 tokens", recorded)
+    assert kept == recorded and kept.attention == "triton"
+    remeasured = resolve("auto", "cuda", lambda: other, lambda: "8 x 1024 tokens", recorded)
+    assert remeasured.attention == "torch" and remeasured.measured_at == "8 x 1024 tokens"
+    unmeasured = replace(uniform("torch"), requested="auto")  # a CPU run's record, resumed on a GPU: measure
+    assert resolve("auto", "cuda", lambda: other, lambda: "", unmeasured).timings == other
 
 
 SHAPE = GPTShape(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, seq_length=16,

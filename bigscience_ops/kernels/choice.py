@@ -132,14 +132,18 @@ def from_timings(requested: str, timings: Timings, measured_at: str, margin: flo
                         measured_at=measured_at)
 
 
-def resolve(requested: str, device_type: str, measure: Callable[[], tuple[Timings, str]]) -> KernelChoice:
-    """The run's choice: torch and triton as named; auto on CUDA from `measure()` (timings, where measured); auto
-    elsewhere the torch references, unmeasured."""
+def resolve(requested: str, device_type: str, measure: Callable[[], Timings], where: Callable[[], str],
+            recorded: KernelChoice | None = None) -> KernelChoice:
+    """The run's choice: torch and triton as named; auto elsewhere than CUDA the torch references, unmeasured; auto
+    on CUDA the `recorded` choice (the checkpoint's a run resumes from) when it was measured `where()` this run
+    would measure, so a resumed run keeps its kernels, else a choice from `measure()`."""
     fixed = uniform(requested)
     if requested != "auto":
         return fixed
     if device_type != "cuda":
         return replace(uniform("torch"), requested="auto")
-    timings, measured_at = measure()
-    return from_timings(requested, timings, measured_at)
+    here = where()
+    if recorded is not None and recorded.requested == "auto" and recorded.timings and recorded.measured_at == here:
+        return recorded
+    return from_timings(requested, measure(), here)
 

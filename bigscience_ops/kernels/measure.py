@@ -14,7 +14,7 @@ ranks run the same kernels. `select_kernels` is what the trainer calls.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -151,11 +151,13 @@ def measure(s: OpShapes, device: torch.device, iters: int = 5, warmup: int = 2,
 
 
 def select_kernels(requested: str, shape: ModelShape, micro_batch_size: int, tensor_parallel: int, precision: str,
-                   device: torch.device, iters: int = 5) -> KernelChoice:
-    """The run's KernelChoice (choice.resolve): measured here on CUDA for `auto`; with a process group of more than
-    one rank, rank 0's choice for every rank."""
+                   device: torch.device, iters: int = 5, recorded: Mapping | None = None) -> KernelChoice:
+    """The run's KernelChoice (choice.resolve): measured here on CUDA for `auto`, unless `recorded` (the `kernels`
+    record of the checkpoint the run resumes from) was measured at this very shape and device; with a process group
+    of more than one rank, rank 0's choice for every rank."""
     s = op_shapes(shape, micro_batch_size, tensor_parallel, precision)
-    choice = resolve(requested, device.type, lambda: (measure(s, device, iters), s.describe(device)))
+    previous = KernelChoice.from_record(recorded) if recorded else None
+    choice = resolve(requested, device.type, lambda: measure(s, device, iters), lambda: s.describe(device), previous)
     import torch.distributed as dist
 
     if choice.timings and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
