@@ -65,7 +65,8 @@ OUTPUT_PATH = Charset(r"[^\\\x00-\x1f\x7f\x85\u2028\u2029]",
 
 @dataclass(frozen=True)
 class ModelConfig:
-    num_layers: int = documented(doc="transformer blocks", at_least=1, below=2**14)
+    num_layers: int = documented(doc="transformer blocks, at most 512 (DeepSpeed's balanced pipeline partition, which "
+                                     "the plan computes too, is quadratic in them)", at_least=1, at_most=512)
     hidden_size: int = documented(doc="model width h", at_least=1, below=2**20)
     num_attention_heads: int = documented(doc="attention heads; must divide hidden_size", at_least=1, below=2**14)
     seq_length: int = documented(doc="tokens per sample", at_least=1, below=2**22)
@@ -91,7 +92,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor: int = documented(1, "tensor-parallel size (TP); must divide the attention heads", at_least=1, below=2**16)
-    pipeline: int = documented(1, "pipeline-parallel size (PP); at most num_layers", at_least=1, below=2**14)
+    pipeline: int = documented(1, "pipeline-parallel size (PP); at most num_layers and 128 (the balanced partition "
+                                  "over the stages takes seconds there)", at_least=1, at_most=128)
     partition_method: str = documented(
         "type:transformer", "how DeepSpeed splits the layers over the PP stages, as Megatron-DeepSpeed's "
                             "--pp-partition-method: type:transformer (balanced blocks), type:transformer|embedding "
