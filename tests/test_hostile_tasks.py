@@ -79,6 +79,8 @@ HOSTILE = {  # name -> (the task file's text, or a function of its folder that w
     "tag with a space": f'task: t\ntag: ["a {SECRET}"]\n',
     "group member with a link": f'group: g\ntask: ["https://evil.example/{SECRET}"]\n',
     "group name with U+0085": f'group: "g\\x85{SECRET}"\ntask: [t]\n',
+    "metric fetched by HF evaluate": f"task: t\nmetric_list: [{{metric: acc, hf_evaluate: true}}]\n# {SECRET}\n",
+    "metric lm-eval does not know": "task: t\nmetric_list: [{metric: pwn_metric}]\n",
     "python object tag": f"task: !!python/object/apply:os.system ['echo {SECRET}']\n",
     "alias bomb": _bomb(),
     "nesting too deep": "task: t\nx: " + "[" * 100 + "]" * 100 + "\n",

@@ -69,6 +69,7 @@ def task_config(path: str | os.PathLike[str], cache_dir: str | None = None, trus
 
     path = Path(path)
     config = taskfiles.load(path, trust=trust)
+    taskfiles.check_metrics(config, path, trust)
     kwargs = config.get("dataset_kwargs")
     if isinstance(kwargs, dict) and "data_files" in kwargs:
         kwargs = {**kwargs, "data_files": _absolute(kwargs["data_files"], path.parent)}

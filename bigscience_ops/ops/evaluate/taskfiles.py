@@ -18,6 +18,8 @@ in a Jinja environment that is not sandboxed (`{{ cycler.__init__.__globals__.os
   of eval.tasks entries (results.name_problem), wherever it was set;
 - an error names the file, the line and what was wrong, never what the file holds (a YAML error's quoted
   token is left out);
+- a metric is one of lm-eval's own (`check_metrics`: an unknown name or `hf_evaluate: true` makes lm-eval fetch
+  and run a metric script through Hugging Face `evaluate`), unless trusted;
 - `sandboxed_templates()` renders lm-eval's Jinja templates in jinja2's SandboxedEnvironment (no attribute
   starting with `_`, no unsafe callables, `*` and `**` of bounded size) while the tasks run, unless trusted.
 
@@ -271,6 +273,30 @@ def check_names(config: dict, path: Path, where: str = "") -> None:
 
 
 # ----------------------------------------------------------------------------- lm-eval's side (the ranks' only)
+
+def check_metrics(config: dict, path: Path, trust: bool) -> None:
+    """Unless `trust`: every metric of metric_list is one of lm-eval's own (its metric registry), never one lm-eval
+    would fetch through Hugging Face `evaluate` (`hf_evaluate: true`, or a name it does not know: `evaluate.load`
+    downloads a metric's Python script from the Hub, or runs one from a folder of that name, and imports it)."""
+    if trust:
+        return
+    import lm_eval.api.metrics  # noqa: F401 - registers lm-eval's metrics
+    from lm_eval.api.registry import metric_registry
+
+    known = set(metric_registry.keys())
+    entries = config.get("metric_list") or []
+    for i, entry in enumerate(entries if isinstance(entries, list) else [entries]):
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("hf_evaluate"):
+            raise TaskFileError(f"{path}: metric_list[{i}].hf_evaluate: a metric of Hugging Face `evaluate` is a Python "
+                                f"script it fetches and runs; allowed: lm-eval's own metrics, unless the experiment "
+                                f"says {TRUST}")
+        if isinstance(entry.get("metric"), str) and entry["metric"] not in known:
+            raise TaskFileError(f"{path}: metric_list[{i}].metric is not one of lm-eval's metrics, so lm-eval would "
+                                f"fetch and run it through Hugging Face `evaluate`; allowed: {', '.join(sorted(known))}, "
+                                f"unless the experiment says {TRUST}")
+
 
 def resolve_functions(value: Any) -> Any:
     """`value` with each FunctionRef imported as lm-eval imports a `!function` (lm_eval's own loader's function:
