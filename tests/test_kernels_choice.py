@@ -3,7 +3,8 @@ function of the timings, recorded and read back; on CPU auto is the torch refere
 measurement runs every candidate at the run's shape without moving the training's RNG; and a model
 built with any per-op choice computes what the all-torch model computes, forward and gradients.
 
-The CUDA timer itself (CUDA events) needs a GPU; here a timer is fed in that runs each candidate once.
+The CUDA timer itself (CUDA events) needs a GPU; here a timer is fed in that runs each candidate once. Candidates
+and models run on CPU tensors under Triton's interpreter, on CUDA with BSOPS_KERNEL_DEVICE=cuda (gpu_acceptance.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from bigscience_ops.kernels.choice import OPS, KernelChoice, KernelChoiceError, 
 from bigscience_ops.kernels.measure import OpShapes, measure, op_shapes, select_kernels
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer.model import TransformerBlock, build_sequential, lm_loss
-from tests.fixtures_kernels import _close
+from tests.fixtures_kernels import DEVICE, _close
 
 # As RESULTS.md measured them on an H200 at GPT-2's shape (bf16, graph ms): attention SDPA 0.200 vs Triton 0.448,
 # LayerNorm 0.067 vs 0.091, bias-GeLU 0.177 vs 0.151, cross-entropy 5.359 vs 0.942.
@@ -151,9 +152,12 @@ def test_measure_runs_every_candidate_with_equal_numbers_and_leaves_the_rng_alon
         ran[(op, impl)] = (out.detach(), [t.grad for t in leaves.values() if t.grad is not None])
         return table[op][impl]
 
-    state = torch.get_rng_state()
-    timings = measure(s, torch.device("cpu"), timer=timer)
-    assert torch.equal(torch.get_rng_state(), state)
+    def states():
+        return [torch.get_rng_state()] + ([torch.cuda.get_rng_state(DEVICE)] if DEVICE.type == "cuda" else [])
+
+    before = states()
+    timings = measure(s, DEVICE, timer=timer)
+    assert all(torch.equal(a, b) for a, b in zip(states(), before))
     assert timings == table
     for op in OPS:
         (ref, ref_grads), (out, grads) = ran[(op, "torch")], ran[(op, "triton")]
@@ -186,9 +190,9 @@ def test_select_kernels_on_cpu_is_the_references_unmeasured():
 @functools.cache
 def _block_step(kernels) -> tuple[torch.Tensor, list[torch.Tensor]]:
     torch.manual_seed(0)
-    model = build_sequential(SHAPE, 5, kernels)
-    tokens = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
-    loss = lm_loss(model(tokens), (tokens.roll(-1, 1), torch.ones(2, 16)), kernels)
+    model = build_sequential(SHAPE, 5, kernels).to(DEVICE)
+    tokens = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    loss = lm_loss(model(tokens), (tokens.roll(-1, 1), torch.ones(2, 16, device=DEVICE)), kernels)
     loss.backward()
     return loss.detach(), [p.grad for p in model.parameters()]
 
