@@ -413,3 +413,37 @@ def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, mod
                     assert abs(got - value) <= REL * abs(value), (task, key, got, value)
     samples = glob.glob(str(out / "**" / "samples_t_last_word_*.jsonl"), recursive=True)
     assert len(samples) == 1 and len(Path(samples[0]).read_text().splitlines()) == 14  # the task's 14 < --limit 20
+
+
+@pytest.mark.slow  # the session's trained run, transformers and lm-eval, in bf16 on the CPU (about 3x fp32's time)
+def test_bf16_scoring_agrees_with_lm_evals_hf_model_in_bf16(model, runs, tmp_path):
+    """The training precision as a GPU scores in it (eval.dtype: training, bf16 here): the Scorer's layers in bf16
+    against lm-eval's hf model loading the export in bf16, on the last-word and two-choice tasks. The two compute
+    in another order (fused QKV, the trainer's kernels), so bf16's 8 bits of mantissa leave per-request
+    differences: within BF16_REL of the log-likelihood, and the accuracies within one request of each other."""
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    from bigscience_ops.ops.evaluate.scorer import Scorer
+
+    exp, target, folder, _ = model
+    tasks = runs["tasks"][:2]
+    bf16 = Scorer(exp, target, torch.device("cpu"), dtype=torch.bfloat16)
+    ours = driver.run_tasks(harness.build_lm(dataclasses.replace(exp, eval=EvalConfig(batch_size=4)), bf16), tasks,
+                            log_samples=True, bootstrap_iters=10)
+    theirs = driver.run_tasks(HFLM(pretrained=str(folder), batch_size=4, device="cpu", dtype="bfloat16"), tasks,
+                              log_samples=True, bootstrap_iters=10)
+    worst = 0.0
+    for task in ("t_last_word", "t_two_choice"):
+        a, b = _loglikelihoods(theirs["samples"][task]), _loglikelihoods(ours["samples"][task])
+        worst = max(worst, *(abs(x - y) / abs(x) for x, y in zip(a, b)))
+        n = len(theirs["samples"][task])
+        for key in ("acc,none", "acc_norm,none"):
+            if key in theirs["results"][task]:
+                assert abs(ours["results"][task][key] - theirs["results"][task][key]) <= 1 / n + 1e-9, (task, key)
+    print(f"bf16: worst relative log-likelihood difference {worst:.2e}")
+    assert worst <= BF16_REL, worst
+
+
+BF16_REL = 0.02
+"""Relative difference of a request's log-likelihood between two bf16 implementations of one model."""
