@@ -1,7 +1,8 @@
 """Every number the loader accepts is one every later stage accepts: each bounded field of the schema at its smallest
 and largest allowed value, on an experiment based on tiny, through `bsops plan`, `render` and `launch --dry-run`
-(and `status` for the watchdog's own settings). Each either works or is refused with an `error:` line, never a
-traceback, and in seconds (a value a later stage takes minutes over is no value to accept)."""
+(and `status` for the watchdog's own settings, `eval --next` for the eval section's, whose resolved experiment the
+ranks must load again). Each either works or is refused with an `error:` line, never a traceback, and in seconds
+(a value a later stage takes minutes over is no value to accept)."""
 
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ def test_the_table_covers_every_kind_of_bounded_field() -> None:
 
 
 @pytest.mark.parametrize(("path", "which"), CASES)
-def test_each_bounds_extreme_works_or_is_refused_clearly(path: tuple, which: str, trainings: Path) -> None:
+def test_each_bounds_extreme_works_or_is_refused_clearly(path: tuple, which: str, trainings: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     tp, bounds = FIELDS[path]
     value = extremes(tp, bounds)[0 if which == "min" else 1]
     data = {"base": "tiny", **section(path, value)}
@@ -113,4 +115,41 @@ def test_each_bounds_extreme_works_or_is_refused_clearly(path: tuple, which: str
             assert result.exit_code in (0, 1, 2), said  # 2: Slurm cannot be asked here; the values were read
         elif result.exit_code != 0:
             assert result.exit_code in (1, 2) and "error:" in result.output, said
-            break  # the loader or the plan refused it: the later commands load the same file
+            return  # the loader or the plan refused it: the later commands load the same file
+    if path[0] == "eval":
+        _eval_next_takes(value, path, monkeypatch, trainings)
+
+
+def _eval_next_takes(value, path: tuple, monkeypatch: pytest.MonkeyPatch, trainings: Path) -> None:
+    """`bsops eval edge --next` writes the eval job of a complete checkpoint (sbatch a stand-in), and the resolved
+    experiment it writes beside the script is one the ranks' loader (config.from_dict) takes."""
+    from bigscience_ops import slurm
+    from bigscience_ops.config import from_dict
+
+    checkpoint = trainings.parent / "runs/edge/checkpoints/global_step50"  # where tiny's relative paths resolve
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "bsops.json").write_text('{"iteration": 50}')
+    (checkpoint.parent / "latest").write_text("global_step50")
+    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
+    submitted: list[list[str]] = []
+    monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: submitted.append(argv) or "77")
+    result = CliRunner().invoke(main, ["eval", "edge", "--next", "--trainings-dir", str(trainings)])
+    said = f"eval --next with {path} = {value!r}: exit {result.exit_code}\n{result.output}"
+    assert result.exception is None or isinstance(result.exception, SystemExit), said
+    if result.exit_code != 0:
+        assert result.exit_code == 2 and "error:" in result.output, said
+        return
+    if not submitted:  # eval.every_saves chose no saved step: nothing to write
+        assert path[1] == "every_saves", said
+        return
+    written = Path(submitted[0][-1]).with_suffix(".experiment.json")
+    assert written.is_file(), said
+    from_dict(yaml.safe_load(written.read_text()), str(written))
+
+
+def test_a_reference_of_1e308_is_refused_by_plan_naming_it(trainings: Path) -> None:
+    """It passed the loader, and then the resolved experiment.json the ranks read was refused: every eval failed."""
+    # As a person writes it: YAML reads `1e308` (no dot) as text, which the loader took as the float it spells.
+    (trainings / "edge.yaml").write_text(f"base: tiny\neval: {{references: {{GPT2: {{{METRIC}: 1e308}}}}}}\n")
+    result = CliRunner().invoke(main, ["plan", "edge", "--trainings-dir", str(trainings)])
+    assert result.exit_code == 2 and f"eval.references.GPT2.{METRIC}" in result.output, result.output
