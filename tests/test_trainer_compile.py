@@ -145,3 +145,22 @@ def test_with_dropout_and_the_trainers_rng_a_block_is_one_graph(fresh_dynamo):
         assert not torch.equal(tensor_parallel.rng_tracker_states()["model-parallel-rng"], state["model-parallel-rng"])
     finally:
         tensor_parallel._rng_tracker().reset()
+
+
+@pytest.mark.slow
+def test_inductor_redraws_the_same_dropout_masks_from_the_same_generator_state(fresh_dynamo, monkeypatch):
+    """Activation checkpointing runs a block's forward without gradients, then again with them from the restored
+    generator state: compiled, those are two graphs, and their dropout masks must be the same (else the backward
+    would be taken through other masks than the loss saw); and the next draw gives other masks."""
+    from dataclasses import replace
+
+    monkeypatch.setattr(compiled, "BACKEND", "inductor")
+    block = TransformerBlock(replace(SHAPE, hidden_dropout=0.3, attention_dropout=0.3), 7, 1, compile=True).train()
+    x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(4))
+    state = torch.get_rng_state()
+    with torch.no_grad():
+        first = block(x)
+    torch.set_rng_state(state)
+    again = block(x.clone().requires_grad_())
+    assert torch.equal(first, again.detach())
+    assert not torch.equal(first, block(x.clone().requires_grad_()).detach())
