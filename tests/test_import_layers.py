@@ -94,10 +94,11 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.submit",
         "bigscience_ops.trainer",
         "bigscience_ops.ops",
+        "bigscience_ops.run_ref",  # a run named by its experiment or folder, read as its record says (lm-eval's
+                                   # model plugin opens a run as bsops eval does)
     ]),
     ("views: a run read back as it recorded itself", [
         "bigscience_ops.views",
-        "bigscience_ops.run_ref",  # a run named by its experiment or folder, read as its record says
     ]),
     ("cli: parse, call one library function, print", [
         "bigscience_ops.cli",
