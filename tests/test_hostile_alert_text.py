@@ -87,7 +87,7 @@ LIVE = [
     re.compile(r"(?i)\b(https?|ftp|javascript|vbscript|data|mailto|file):\S"),
     re.compile(r"(?i)\bwww\."),
     re.compile(r"(?i)evil\.example|xn--80ak6aa92e\.com|раураl\.com|203\.0\.113\.7"),
-    re.compile(r"\[[^\]\n]*\]\s*\("),
+    re.compile(r"\[[^\]\n]*\]\("),  # CommonMark: an inline link's `(` follows its `]` at once
     re.compile(r"(?i)<\s*(a|img)\b|<https?:"),
 ]
 

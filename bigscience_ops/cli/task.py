@@ -95,8 +95,10 @@ def _stop_crash_loop(exp, failing: list, task_env) -> None:
     from bigscience_ops import ledger, slurm
     from bigscience_ops.ops.tell import channels
 
+    from bigscience_ops.ops.tell.quoting import quote_untrusted as q  # the ledger's words: never a link in an alert
+
     output = Path(exp.paths.output)
-    nodes = ", ".join(sorted({a.nodes for a in failing if a.nodes})) or "unknown"
+    nodes = q(", ".join(sorted({a.nodes for a in failing if a.nodes})), 1000, mark=False) or "unknown"
     alert = (f"***ALERT: {exp.slurm.job_name}: the last {len(failing)} array tasks made no progress "
              f"(iteration {failing[-1].start_iteration}; nodes {nodes}); not training. "
              f"Check the nodes, add bad ones to slurm.exclude, then relaunch***")
@@ -105,7 +107,8 @@ def _stop_crash_loop(exp, failing: list, task_env) -> None:
         click.echo("the rest of the array was stopped and the alert sent already")
         return
     ledger.mark_stop(output)
-    tasks = "\n".join(f"- {a.job_id} on {a.nodes or '?'}: iteration {a.start_iteration} -> "
+    tasks = "\n".join(f"- {q(a.job_id, mark=False)} on {q(a.nodes or '?', 1000, mark=False)}: iteration "
+                      f"{a.start_iteration} -> "
                       f"{a.end_iteration if a.end_iteration is not None else '?'}, "
                       + ("killed before it recorded its end" if a.ended is None else f"exit code {a.exit_code}")
                       for a in failing)

@@ -254,7 +254,9 @@ def log_path(cron_dir: Path, period: str) -> Path:
 
 
 def _email_failures(alerts: AlertsConfig, period: str, report: RunReport) -> str:
-    failures = "\n".join(f"- {what}: {error}" for what, error in report.failed)
+    from bigscience_ops.ops.tell.quoting import quote_untrusted as q  # a script's name and output: never a link
+
+    failures = "\n".join(f"- {q(what, mark=False)}: {q(error, 2000, mark=False)}" for what, error in report.failed)
     body = (f"The {period} cron runner hit {len(report.failed)} problem(s):\n{failures}\n\n"
             f"The runner was re-armed before anything else ran, so it tries again next {period} run; fix the "
             f"script or the cluster problem named above. `bsops cron status` shows the chains.")

@@ -12,7 +12,8 @@ goes through `quote_untrusted` before it reaches a mail, a webhook or a console 
   schemes that need no slashes (`javascript:`, `data:`, `mailto:`, ...) get `[:]`; the dots of a host after a
   scheme or `//`, of `www.` names, of e-mail addresses, IPv4 addresses, punycode (`xn--`) and names ending in a
   common top-level domain become `[.]`; square and angle brackets become ⟦ ⟧ and ‹ ›, so no markdown link
-  (`[text](url)`), Slack link (`<url|text>`) or HTML tag (`<a href=...>`, `<img ...>`) stays whole;
+  (`[text](url)`), Slack link (`<url|text>`) or HTML tag (`<a href=...>`, `<img ...>`) stays whole (with
+  `mark=False`, square brackets stay, as in a node range `r7i4n[1-7]`, and markdown's `](` is broken instead);
 - marked: the result is in double quotes (a quote inside is `\\"`), so a reader sees where the file's words begin
   and end. `mark=False` is for a text that mixes bsops' words with a file's (a record's problem, an error).
 
@@ -54,7 +55,7 @@ _PUNYCODE = re.compile(r"(?i)(?<![\w/\\.-])((?:[\w-]+\.)*xn--[\w-]+(?:\.[\w-]+)*
 _EMAIL = re.compile(r"(?i)(?<=[\w.+-]@)([\w-]+(?:\.[\w-]+)+)")
 _IPV4 = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d{1,3}){3})(?![\w.])")
 _BRACKETS = str.maketrans({"[": "⟦", "]": "⟧", "<": "‹", ">": "›"})
-_REDACTED_QUOTED = REDACTED.translate(_BRACKETS)
+_REDACTED_QUOTED = REDACTED.replace("<", "‹").replace(">", "›")
 
 
 def _escape(char: str) -> str:
@@ -99,10 +100,14 @@ def quote_untrusted(value: object, limit: int = QUOTE_MAX, *, mark: bool = True)
         shown = "".join(c if c.isprintable() else _escape(c) for c in shown)
     else:
         shown = _printable(shown)  # a backslash kept: a record's problem quotes its excerpt as repr() does
-    shown = shown.translate(_BRACKETS).replace(_REDACTED_QUOTED, REDACTED)  # redact.scrub's mark stays as it is
+    if mark:
+        shown = shown.translate(_BRACKETS)
+    else:  # bsops' words keep their brackets (a node range r7i4n[1-7], <redacted>): no link or tag stays whole
+        shown = shown.replace("<", "‹").replace(">", "›").replace(_REDACTED_QUOTED, REDACTED)
     shown = _defang(shown)
     for rule in (_EMAIL, _IPV4, _PUNYCODE, _NAMED_HOST):
         shown = rule.sub(_dots, shown)
+    shown = _MARKDOWN.sub("] (", shown)  # also after a `[:]` made of `javascript:(...)`
     if len(shown) > 4 * limit + 16:  # escapes and [.] make it longer: still bounded
         shown = shown[:4 * limit]
     more = f"... ({len(text)} characters)" if cut else ""
