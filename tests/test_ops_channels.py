@@ -166,3 +166,42 @@ def test_the_channels_an_alerts_section_builds_have_the_modules_total_timeouts()
     outbox = channels.outbox_from_alerts(alerts)
     assert outbox is not None
     assert [c.settings.timeout_s for c in outbox.channels] == [email.TIMEOUT_S, webhook.TIMEOUT_S] == [30.0, 30.0]
+
+
+def test_a_message_holds_no_live_link_and_no_raw_control_character_whoever_built_it() -> None:
+    """message.compose's net (quoting.defang_block) over a subject and body no quoting reached: schemes and `www.`
+    names dead, markdown's `](` broken, every control or separator character a visible escape, a tab and the line
+    breaks kept; a text already quoted goes through unchanged."""
+    from bigscience_ops.ops.tell.quoting import quote_untrusted
+
+    outbox = Outbox((EmailChannel(plain_settings(25)),), "bot@example.org")
+    body = ("see [here](https://evil.example/login)\u2028or www.evil.example\tnow\r\nnext line\x00\n"
+            + quote_untrusted("https://evil.example/x") + "\n")
+    message = outbox.compose("[bsops] x: HTTPS://evil.example/a\u202e", body)
+    assert "://" not in message.subject and "\u202e" not in message.subject and len(message.subject) <= 120
+    lines = message.body.split("\n")
+    assert lines[0] == ("see [here] (hxxps[:]//evil[.]example/login)\\u2028or www[.]evil[.]example\tnow")
+    assert lines[1] == "next line\\x00"
+    assert lines[2] == quote_untrusted("https://evil.example/x") == '"hxxps[:]//evil[.]example/x"'
+    assert lines[3:] == [""]
+    again = outbox.compose(message.subject, message.body)
+    assert (again.subject, again.body) == (message.subject, message.body)
+
+
+@pytest.mark.parametrize(("value", "limit", "shown"), [
+    ("x" * 1000, 50, 50), ("https://a.example/" + "b" * 500, 100, 100), ("short", 200, 5)])
+def test_a_quoted_value_is_bounded_and_says_how_long_it_was(value: str, limit: int, shown: int) -> None:
+    from bigscience_ops.ops.tell.quoting import quote_untrusted
+
+    quoted = quote_untrusted(value, limit)
+    inside, _, rest = quoted[1:].partition('"')
+    assert len(inside) <= shown + 8  # the defanging's [:] and [.] at most
+    assert (str(len(value)) in rest) == (len(value) > limit)
+
+
+def test_a_quoted_value_cannot_forge_an_escape_or_its_end() -> None:
+    from bigscience_ops.ops.tell.quoting import quote_untrusted
+
+    assert quote_untrusted('a\\u2028" fake end \u2028') == '"a\\\\u2028\\" fake end \\u2028"'
+    assert quote_untrusted("r7i4n[1-7] <redacted>", mark=False) == "r7i4n[1-7] <redacted>"
+    assert quote_untrusted("r7i4n[1-7]") == '"r7i4n⟦1-7⟧"'
