@@ -529,6 +529,10 @@ def test_the_eval_result_files_go_to_the_logs_repo_under_eval(git_lfs, tmp_path:
     logs = bare_remote(remotes, "bs/tiny-logs")
     _write_run(run)
     write_results(run, {100: {"smoke_choice/acc": 0.5}})
+    step = run / "checkpoints" / "global_step100"  # the chronicle counts a result only for a checkpoint the run has
+    step.mkdir(parents=True)
+    (step / "bsops.json").write_text('{"iteration": 100}')
+    (run / "checkpoints" / "latest").write_text("global_step100")
     (run / "eval" / "jobs.jsonl").write_text('{"event": "submitted"}\n')  # the scheduler's ledger stays here
     (run / "eval" / ".global_step200.json.77.tmp").write_text("{")  # a write in progress
     outside = tmp_path / "secret.json"
