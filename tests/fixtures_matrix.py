@@ -158,3 +158,49 @@ def assert_checkpoint_sizes(cells: dict[tuple[int, str], Cell], precision: str) 
             assert len(files) == expected.files, (precision, zero, layout, sorted(f.name for f in files))
             total = sum(f.stat().st_size for f in files)
             assert total == pytest.approx(expected.total, rel=0.02), (precision, zero, layout, total, expected)
+
+
+def reshape_and_warm_starts(cells: dict[tuple[int, str], Cell], precision: str, tmp_path_factory) -> dict:
+    """What a run of `precision` may do to its checkpoints besides resuming them, from the matrix's PP=1 cells:
+    "reshape": the ZeRO-1 checkpoint at EXIT_AT resumed at DP=2 (DeepSpeed's universal checkpoint, converted once);
+    ("warm", stage): the stage's last checkpoint warm-started (weights only) into a 3-block model of the same
+    precision and stage, trained a few steps. Each entry: (run folder, stdout)."""
+    import shutil
+
+    from bigscience_ops.checkpoints import warm_start
+
+    def reshape() -> tuple[Path, str]:
+        out = tmp_path_factory.mktemp(f"{precision}reshape")
+        source = cells[(1, "pp1")].resumed / "checkpoints"
+        shutil.copytree(source / f"global_step{EXIT_AT}", out / "checkpoints" / f"global_step{EXIT_AT}")
+        (out / "checkpoints" / "latest").write_text(f"global_step{EXIT_AT}")
+        exp = matrix_experiment(out, precision, 1, "dp2", None)
+        return out, train(out, exp, LAYOUTS["dp2"].processes).stdout
+
+    def warm(zero: int) -> tuple[Path, str]:
+        out = tmp_path_factory.mktemp(f"{precision}z{zero}warm")
+        exp = matrix_experiment(out, precision, zero, "pp1", None, model=dict(num_layers=3), train=dict(samples=8))
+        write_run(exp, out)
+        source = cells[(zero, "pp1")].whole
+        warm_start.build(exp, warm_start.find_source(source / "checkpoints", None, str(source)))
+        return out, train(out, exp, 1).stdout
+
+    jobs = {"reshape": reshape, ("warm", 0): lambda: warm(0), ("warm", 1): lambda: warm(1)}
+    return concurrently(jobs)
+
+
+def assert_reshaped_and_warm_started(runs: dict, cells: dict[tuple[int, str], Cell], tolerance: float) -> None:
+    """The DP=2 resume converted once and continued the uninterrupted PP=1 run's losses (to `tolerance`: the
+    reduction over two ranks rounds otherwise); each warm start trained its own fresh steps from iteration 1."""
+    out, stdout = runs["reshape"]
+    assert f"global_step{EXIT_AT}_universal" in stdout and (out / "checkpoints" / f"global_step{STEPS}").is_dir()
+    whole = scalars(cells[(1, "pp1")].whole / "tensorboard", "lm loss")
+    reshaped = scalars(out / "tensorboard", "lm loss")
+    assert sorted(reshaped) == list(range(EXIT_AT + 1, STEPS + 1))
+    for step, value in reshaped.items():
+        assert abs(value - whole[step]) <= tolerance * abs(whole[step]), (step, value, whole[step])
+    for zero in ZERO_STAGES:
+        out, stdout = runs[("warm", zero)]
+        lines = sorted(iteration_lines(stdout))
+        assert "warm start from" in stdout and lines == list(range(1, len(lines) + 1)), (zero, lines)
+        assert checkpoint_steps(out) == [0, lines[-1]], zero

@@ -42,3 +42,16 @@ def test_every_cell_learns_the_same_losses_and_reports_mfu(cells):
         assert sorted(mfu) == sorted(tflops) == sorted(losses), (zero, layout)
         for step in mfu:
             assert math.isclose(mfu[step], tflops[step] / 0.25, rel_tol=1e-5), (zero, layout, step)
+
+
+@pytest.fixture(scope="module")
+def reshaped(cells, tmp_path_factory):
+    from tests.fixtures_matrix import reshape_and_warm_starts
+
+    return reshape_and_warm_starts(cells, "bf16", tmp_path_factory)
+
+
+def test_reshape_and_warm_start_at_each_stage(reshaped, cells):
+    from tests.fixtures_matrix import assert_reshaped_and_warm_started
+
+    assert_reshaped_and_warm_started(reshaped, cells, tolerance=1e-2)

@@ -86,3 +86,16 @@ def test_the_watchdog_alerts_the_collapse_from_the_trainers_own_lines(overflowed
         conditions = {alert.condition for alert in result.report.alerts}
         assert "health-loss-scale" in conditions and "health-skipped" in conditions, (zero, conditions)
     assert sum("loss scale" in m.get_content() for m in inbox.messages) == 2
+
+
+@pytest.fixture(scope="module")
+def reshaped(cells, tmp_path_factory):
+    from tests.fixtures_matrix import reshape_and_warm_starts
+
+    return reshape_and_warm_starts(cells, "fp16", tmp_path_factory)
+
+
+def test_reshape_and_warm_start_at_each_stage(reshaped, cells):
+    from tests.fixtures_matrix import assert_reshaped_and_warm_started
+
+    assert_reshaped_and_warm_started(reshaped, cells, tolerance=1e-2)
