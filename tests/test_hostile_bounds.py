@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import types
 import typing
 from pathlib import Path
 
@@ -34,8 +35,8 @@ def bounded_fields(cls: type, prefix: tuple = ()) -> dict[tuple, tuple[type, dic
         if f.metadata.get("internal"):
             continue
         tp, path = hints[f.name], (*prefix, f.name)
-        tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp) if typing.get_origin(tp) in (
-            typing.Union, getattr(__import__("types"), "UnionType", None)) else tp
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):  # X | None: X
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
         while typing.get_origin(tp) in (list, dict):
             inner = typing.get_args(tp)[-1]
             path, tp = (*path, "[]" if typing.get_origin(tp) is list else "{}"), inner
