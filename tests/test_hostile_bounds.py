@@ -27,7 +27,7 @@ SECONDS = 10.0
 
 
 def bounded_fields(cls: type, prefix: tuple = ()) -> dict[tuple, tuple[type, dict]]:
-    """Every bounded number under `cls` by path: ("model", "num_layers"), ("slurm", "node_schedule", "[]", "nodes")
+    """Every number under `cls` with its bounds, by path: ("model", "num_layers"), ("slurm", "node_schedule", "[]", "nodes")
     for a field of a list's items, ("eval", "references", "{}", "{}") for the values of a mapping (of mappings)."""
     out: dict[tuple, tuple[type, dict]] = {}
     hints = typing.get_type_hints(cls)
@@ -42,12 +42,13 @@ def bounded_fields(cls: type, prefix: tuple = ()) -> dict[tuple, tuple[type, dic
             path, tp = (*path, "[]" if typing.get_origin(tp) is list else "{}"), inner
         if dataclasses.is_dataclass(tp):
             out |= bounded_fields(tp, path)
-        elif tp in (int, float) and f.metadata.get("bounds"):
-            out[path] = (tp, f.metadata["bounds"])
+        elif tp in (int, float):
+            out[path] = (tp, f.metadata.get("bounds", {}))
     return out
 
 
-FIELDS = bounded_fields(schema.Experiment)
+NUMBERS = bounded_fields(schema.Experiment)
+FIELDS = {path: kind for path, kind in NUMBERS.items() if kind[1]}
 
 
 def extremes(tp: type, bounds: dict) -> tuple:
@@ -85,6 +86,13 @@ CASES = [pytest.param(path, which, id=f"{'.'.join(p for p in path if p not in ('
          for path in FIELDS for which in ("min", "max")]
 WATCHDOG = ("alerts",)
 """Sections `bsops status` reads too (its Slurm query fails fast here: the run's values are still read and checked)."""
+
+
+def test_no_number_hides_unbounded_in_a_list_or_a_mapping() -> None:
+    """test_schema checks the plain fields; a mapping's values (eval.references was one) and a list's items too."""
+    unbounded = [path for path, (_, bounds) in NUMBERS.items()
+                 if not ({"at_least", "above"} & set(bounds) and {"below", "at_most"} & set(bounds))]
+    assert unbounded == []
 
 
 def test_the_table_covers_every_kind_of_bounded_field() -> None:
