@@ -163,10 +163,11 @@ def test_saves_at_exit_intervals_and_node_phase_ends_once_each() -> None:
     assert sizing.time_limit_exits([250], 100, [5]) == 0
 
 
-@pytest.mark.parametrize("precision, zero, per_param", [("fp32", 0, 8), ("fp32", 1, 12), ("bf16", 0, 12),
-                                                         ("fp16", 0, 12), ("fp16", 1, 12)])
+@pytest.mark.parametrize("precision, zero, per_param", [("fp32", 0, 8), ("fp32", 1, 12), ("bf16", 0, 18),
+                                                         ("bf16", 1, 12), ("fp16", 0, 12), ("fp16", 1, 12)])
 def test_optimizer_bytes_per_parameter(precision, zero, per_param) -> None:
-    """Adam's two fp32 moments; fp32 master weights too under mixed precision and in ZeRO's partitions."""
+    """Adam's two fp32 moments; fp32 master weights too under mixed precision and in ZeRO's partitions; bf16 without
+    ZeRO also writes DP rank 0's partition (12 bytes a parameter over DP 2) into the model-states file."""
     exp = load_experiment("tiny")
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, precision=precision),
                               parallel=dataclasses.replace(exp.parallel, zero_stage=zero))
