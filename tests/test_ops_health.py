@@ -353,10 +353,15 @@ def test_an_eval_metric_that_falls_is_an_alert_with_the_rollback_and_a_bad_resul
     assert str(output / "eval" / "global_step250.json") in body
     assert watch(now + timedelta(minutes=10)).exit_code == status.EXIT_ALERT and len(inbox.messages) == 1  # cooldown
     (output / "eval" / "global_step250.json").unlink()
-    write_results(output, {400: {"smoke_choice/acc": 0.48}}, bpb={400: {"cc": 1.5}})  # back within the margin
+    write_results(output, {400: {"smoke_choice/acc": 0.48}}, bpb={400: {"cc": 1.5}})  # back within the margin...
+    uncounted = watch(now + timedelta(minutes=15))  # ...but step 400 was never saved: the drop stays
+    assert [a.condition for a in uncounted.report.alerts] == ["eval-drop:smoke_choice/acc"]
+    assert len(inbox.messages) == 2 and "eval-result-file" in inbox.messages[1]["Subject"]  # the torn file's recovery
+    (checkpoints / "global_step400").mkdir()
+    (checkpoints / "global_step400" / "bsops.json").write_text(json.dumps({"iteration": 400}))
     recovered = watch(now + timedelta(minutes=70))
-    assert recovered.exit_code == status.EXIT_HEALTHY and len(inbox.messages) == 2
-    assert "recover" in inbox.messages[1]["Subject"].lower()
+    assert recovered.exit_code == status.EXIT_HEALTHY and len(inbox.messages) == 3
+    assert all("recover" in m["Subject"].lower() for m in inbox.messages[1:])
 
 
 def test_an_eval_drop_finding_without_a_checkpoint_to_roll_back_to(tmp_path):

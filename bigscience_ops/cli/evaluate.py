@@ -136,6 +136,10 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
         sys.exit(EXIT_ERROR)
     found, problems = results.read_all(Path(experiment.paths.output))
     live = results.live(found, rollbacks.read_checked(experiment.paths.output).records)  # an abandoned branch's: out
+    from bigscience_ops.ops.keep import evaluated
+
+    live, uncounted = evaluated.counted(live, experiment)  # a result of a step never saved: named, not tabled
+    problems = [*problems, *uncounted]
     click.echo(f"{tag}: {path}")
     click.echo(results.table(live, experiment.eval.references, max_steps=TABLE_STEPS).text())
     for problem in problems:
