@@ -10,8 +10,8 @@ Checks (each a row or rows of pass/fail with its figures; `--only` picks some):
               the first line is the wrapper's (4096 for fp16, else 1) and the resumed run's losses equal the
               uninterrupted run's (figure: the largest relative difference; GPUs may differ in the last bits)
   eval        `bsops eval` of the bf16 ZeRO-0 run's last checkpoint against lm-eval's own `hf` backend on
-              `bsops convert`'s export, both in bf16, on tiny's bundled tasks: accuracies within one answer,
-              the other metrics within 1e-2 relative (figure: the largest difference)
+              `bsops convert`'s export, both in bf16, on tiny's bundled tasks: at most 2% of the answers differ
+              (bf16 rounding flips near-ties), the other metrics within 1e-2 relative
   kernels     the kernel tests (tests/test_kernels_*.py) compiled for the GPU, 8 pytest-xdist workers
   throughput  benchmarks/train_throughput.py at gpt2-124m and 760m: the trainer against the plain PyTorch
               loop and the compiled plain loop (figures: each one's MFU and the trainer's ratios)
@@ -33,6 +33,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,7 @@ CHECKS = ("env", "matrix", "eval", "kernels", "throughput")
 PRECISIONS = ("fp32", "bf16", "fp16")
 INITIAL_SCALE = 2.0**12  # render.deepspeed_config's initial_scale_power
 LOSS_TOLERANCE = 1e-3
+ACC_FLIPS, METRIC_TOLERANCE = 0.02, 1e-2  # eval: answers that may differ in bf16, relative tolerance of the rest
 ITERATION = re.compile(r"^ iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: ([0-9.eE+-]+|nan|inf) \| loss scale: ([0-9.eE+-]+) \|")
 
 
@@ -98,11 +100,14 @@ def bsops(*args: str, cwd: Path, timeout: float, log: Path) -> subprocess.Comple
     """`bsops ARGS` in `cwd`, output kept in `log`. This repository is importable and `bsops` and `torchrun` are on
     the PATH of what it starts (the job script calls both): a source tree on a machine where bsops is not
     installed runs as it would installed."""
-    shims = Path(tempfile.gettempdir()) / "bsops-acceptance-bin"
-    shims.mkdir(exist_ok=True)
+    shims = Path(tempfile.gettempdir()) / f"bsops-acceptance-bin-{os.getpid()}"
     shim = shims / "bsops"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "from bigscience_ops.cli import main; main()" "$@"\n')
-    shim.chmod(0o755)
+    if not shim.exists():  # written once, before the matrix's threads start their launches
+        shims.mkdir(exist_ok=True)
+        staged = shims / ".bsops"
+        staged.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "from bigscience_ops.cli import main; main()" "$@"\n')
+        staged.chmod(0o755)
+        staged.rename(shim)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO)])),
            "PATH": os.pathsep.join([str(shims), str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     return run([str(shim), *args], cwd=cwd, timeout=timeout, log=log, env=env)
@@ -166,6 +171,7 @@ def _matrix_cell(args, precision: str, zero: int, project: Path, timeout: float)
     names = {kind: f"acc-{precision}-z{zero}-{kind}" for kind in ("array", "whole")}
     procs = {}
     for kind, name in names.items():
+        shutil.rmtree(project / "runs" / name, ignore_errors=True)  # an earlier acceptance run's: never judged again
         (project / "trainings" / f"{name}.yaml").write_text(experiment_yaml(precision, zero, args.device, kind == "whole"))
         procs[kind] = bsops("launch", name, "--local", cwd=project, timeout=timeout,
                             log=args.out / "logs" / f"matrix-{name}.txt")
@@ -200,6 +206,7 @@ def _matrix_cell(args, precision: str, zero: int, project: Path, timeout: float)
 def check_matrix(args, deadline: float) -> list[Row]:
     project = args.out / "project"
     (project / "trainings").mkdir(parents=True, exist_ok=True)
+    bsops("--version", cwd=project, timeout=60, log=args.out / "logs" / "bsops-version.txt")  # the shim, once
     cells = [(p, z) for p in PRECISIONS for z in (0, 1)]
     rows, jobs = [], {}
     timeout = max(30.0, deadline - time.time())
@@ -245,17 +252,20 @@ def check_eval(args, deadline: float) -> list[Row]:
     theirs = json.loads(hf.stdout.strip().splitlines()[-1])
     rows = []
     for task, metrics in theirs.items():
-        worst, ok = 0.0, True
+        n = max(ours_json.get("n-samples", {}).get(task, {}).get("effective", 1), 1)
+        worst, flipped, ok = 0.0, 0, True
         for key, value in metrics.items():
             mine = ours_json["results"].get(task, {}).get(key)
             if not isinstance(value, float) or "stderr" in key or mine is None:
                 continue
-            diff = abs(mine - value) / max(abs(value), 1e-12)
-            worst = max(worst, diff)
-            limit = 1.0 / max(ours_json.get("n-samples", {}).get(task, {}).get("effective", 1), 1) \
-                if key.startswith(("acc,", "acc_norm,")) else 1e-2
-            ok = ok and (abs(mine - value) <= limit + 1e-12 if key.startswith("acc") else diff <= limit)
-        rows.append(Row("eval", f"{task}: bsops vs hf (bf16)", ok, f"max rel diff {worst:.1e}", time.time() - start))
+            if key.startswith(("acc,", "acc_norm,")):  # bf16 rounding flips near-ties: at most 2% of the answers
+                flipped = max(flipped, round(abs(mine - value) * n))
+                ok = ok and flipped <= max(1, ACC_FLIPS * n)
+            else:
+                worst = max(worst, abs(mine - value) / max(abs(value), 1e-12))
+                ok = ok and worst <= METRIC_TOLERANCE
+        rows.append(Row("eval", f"{task}: bsops vs hf (bf16)", ok,
+                        f"{flipped} of {n} answers differ; max rel diff of the rest {worst:.1e}", time.time() - start))
     return rows or [Row("eval", "bsops eval vs hf (bf16)", False, "no metric compared", time.time() - start)]
 
 
