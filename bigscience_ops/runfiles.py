@@ -167,14 +167,15 @@ def jsonl_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict | None
                 yield number, None, Problem(name, number, f"a line of {size} bytes or more; a record is under "
                                                           f"{MAX_LINE} bytes: not read")
             else:
-                yield number, *_json_object(name, number, raw)
+                yield number, *json_object(name, number, raw)
             if read > MAX_FILE:
                 yield number, None, Problem(name, 0, f"is more than {MAX_FILE} bytes long; the lines after line "
                                                      f"{number} were not read")
                 return
 
 
-def _json_object(name: str, number: int, raw: bytes) -> tuple[dict | None, Problem | None]:
+def json_object(name: str, number: int, raw: bytes) -> tuple[dict | None, Problem | None]:
+    """Line `number` of `name` as a JSON object, or the problem with it (None, None for a blank line)."""
     cut = not raw.endswith(b"\n")
     try:
         text = raw.decode("utf-8")

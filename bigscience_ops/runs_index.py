@@ -34,7 +34,8 @@ from typing import Any
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.experiment_files import NAME_ALLOWED, check_name
 from bigscience_ops.runfiles import (
-    MAX_LINE, Checked, Problem, RecordFileError, append_line, build, check_str, check_time, excerpt, open_plain,
+    MAX_LINE, Checked, Problem, RecordFileError, append_line, build, check_str, check_time, excerpt, json_object,
+    open_plain,
 )
 
 INDEX_ENV = "BSOPS_RUNS_INDEX"
@@ -192,21 +193,9 @@ def _skip_older(handle, start: int) -> tuple[int, int, bool]:
 
 
 def _launch(name: str, number: int, raw: bytes) -> tuple[Launch | None, Problem | None]:
-    cut = not raw.endswith(b"\n")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None, Problem(name, number, "not UTF-8 text", excerpt(raw))
-    if not text.strip():
-        return None, None
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        why = "cut short: it has no end of line (a write interrupted)" if cut else "not a JSON record"
-        return None, Problem(name, number, why, excerpt(text.strip()))
-    if not isinstance(data, dict):
-        return None, Problem(name, number, f"a JSON {type(data).__name__}, not a launch (a JSON object)",
-                             excerpt(text.strip()))
+    data, problem = json_object(name, number, raw)
+    if data is None:
+        return None, problem
     launch, why = build(Launch, data, RULES, optional=("job_id",))
     return launch, None if launch is not None else Problem(name, number, why or "not a launch")
 

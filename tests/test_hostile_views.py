@@ -96,7 +96,7 @@ HOSTILE_LINES = {
     "huge-line": (lambda f: _json(_line(f, "x" * (1 << 20))), "too long"),
     "torn-last-line": (lambda f: _json(_line(f))[:40], "cut short"),
     "not-utf8": (lambda f: b'{"time": 1, "experiment": "\xff\xfe"}\n', "not UTF-8 text"),
-    "json-list": (lambda f: b'["small", "/x"]\n', "a JSON list, not a launch"),
+    "json-list": (lambda f: b'["small", "/x"]\n', "a JSON list, not a record"),
     "nested-deep": (lambda f: b"[" * 20_000 + b"]" * 20_000 + b"\n", "not a JSON record"),
     "ansi-after-json": (lambda f: _json(_line(f))[:-1] + b"\x1b[2J\n", "not a JSON record"),
 }
