@@ -204,3 +204,32 @@ def assert_reshaped_and_warm_started(runs: dict, cells: dict[tuple[int, str], Ce
         lines = sorted(iteration_lines(stdout))
         assert "warm start from" in stdout and lines == list(range(1, len(lines) + 1)), (zero, lines)
         assert checkpoint_steps(out) == [0, lines[-1]], zero
+
+
+def matrix_tests(precision: str):
+    """A precision's module of the matrix: its runs (a module fixture) and the checks every precision passes, as
+    `cells, test_resumes, test_sizes = matrix_tests("bf16")` at the top of tests/test_trainer_matrix_bf16.py."""
+    @pytest.fixture(scope="module")
+    def cells(tmp_path_factory):
+        return matrix_runs(tmp_path_factory, precision)
+
+    def test_every_layout_and_zero_stage_resumes_with_the_uninterrupted_lines(cells):
+        assert_resumes_exactly(cells)
+
+    def test_every_checkpoint_is_the_size_the_plan_computes(cells):
+        assert_checkpoint_sizes(cells, precision)
+
+    return (cells, test_every_layout_and_zero_stage_resumes_with_the_uninterrupted_lines,
+            test_every_checkpoint_is_the_size_the_plan_computes)
+
+
+def reshape_tests(precision: str, tolerance: float):
+    """The reshape and warm starts of a mixed precision (reshape_and_warm_starts), as a module fixture and its check."""
+    @pytest.fixture(scope="module")
+    def reshaped(cells, tmp_path_factory):
+        return reshape_and_warm_starts(cells, precision, tmp_path_factory)
+
+    def test_reshape_and_warm_start_at_each_stage(reshaped, cells):
+        assert_reshaped_and_warm_started(reshaped, cells, tolerance)
+
+    return reshaped, test_reshape_and_warm_start_at_each_stage

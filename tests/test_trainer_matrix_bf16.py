@@ -5,22 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures_matrix import assert_checkpoint_sizes, assert_resumes_exactly, matrix_runs
+from tests.fixtures_matrix import matrix_tests, reshape_tests
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def cells(tmp_path_factory):
-    return matrix_runs(tmp_path_factory, "bf16")
-
-
-def test_every_layout_and_zero_stage_resumes_with_the_uninterrupted_lines(cells):
-    assert_resumes_exactly(cells)
-
-
-def test_every_checkpoint_is_the_size_the_plan_computes(cells):
-    assert_checkpoint_sizes(cells, "bf16")
+cells, test_every_layout_and_zero_stage_resumes_with_the_uninterrupted_lines, \
+    test_every_checkpoint_is_the_size_the_plan_computes = matrix_tests("bf16")
+reshaped, test_reshape_and_warm_start_at_each_stage = reshape_tests("bf16", tolerance=1e-2)
 
 
 def test_every_cell_learns_the_same_losses_and_reports_mfu(cells):
@@ -42,16 +33,3 @@ def test_every_cell_learns_the_same_losses_and_reports_mfu(cells):
         assert sorted(mfu) == sorted(tflops) == sorted(losses), (zero, layout)
         for step in mfu:
             assert math.isclose(mfu[step], tflops[step] / 0.25, rel_tol=1e-5), (zero, layout, step)
-
-
-@pytest.fixture(scope="module")
-def reshaped(cells, tmp_path_factory):
-    from tests.fixtures_matrix import reshape_and_warm_starts
-
-    return reshape_and_warm_starts(cells, "bf16", tmp_path_factory)
-
-
-def test_reshape_and_warm_start_at_each_stage(reshaped, cells):
-    from tests.fixtures_matrix import assert_reshaped_and_warm_started
-
-    assert_reshaped_and_warm_started(reshaped, cells, tolerance=1e-2)

@@ -11,8 +11,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from bigscience_ops.schema import HealthConfig
-from tests.fixtures_matrix import (assert_checkpoint_sizes, assert_resumes_exactly, iteration_lines, matrix_experiment,
-                                   matrix_runs, train)
+from tests.fixtures_matrix import iteration_lines, matrix_experiment, matrix_tests, reshape_tests, train
 from tests.fixtures_trainer import append_main_log, concurrently, scalars
 
 pytestmark = pytest.mark.slow
@@ -21,10 +20,9 @@ INITIAL_SCALE = 2.0**12  # render.deepspeed_config: initial_scale_power 12
 OVERFLOWS = range(14, 20)  # in the last batch size's segment (from iteration 10), after the watchdog's initial search
 # (3 lines) and one settled line
 
-
-@pytest.fixture(scope="module")
-def cells(tmp_path_factory):
-    return matrix_runs(tmp_path_factory, "fp16")
+cells, test_every_layout_and_zero_stage_resumes_with_the_uninterrupted_lines, \
+    test_every_checkpoint_is_the_size_the_plan_computes = matrix_tests("fp16")
+reshaped, test_reshape_and_warm_start_at_each_stage = reshape_tests("fp16", tolerance=1e-2)
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +36,6 @@ def overflowed(tmp_path_factory):
         append_main_log(exp, proc)
         return exp, out, proc.stdout
     return concurrently({zero: (lambda zero=zero: run(zero)) for zero in (0, 1)})
-
-
-def test_every_layout_and_zero_stage_resumes_with_the_uninterrupted_lines(cells):
-    assert_resumes_exactly(cells)
-
-
-def test_every_checkpoint_is_the_size_the_plan_computes(cells):
-    assert_checkpoint_sizes(cells, "fp16")
 
 
 def test_the_loss_scale_logged_is_the_optimizers_at_both_stages(cells):
@@ -86,16 +76,3 @@ def test_the_watchdog_alerts_the_collapse_from_the_trainers_own_lines(overflowed
         conditions = {alert.condition for alert in result.report.alerts}
         assert "health-loss-scale" in conditions and "health-skipped" in conditions, (zero, conditions)
     assert sum("loss scale" in m.get_content() for m in inbox.messages) == 2
-
-
-@pytest.fixture(scope="module")
-def reshaped(cells, tmp_path_factory):
-    from tests.fixtures_matrix import reshape_and_warm_starts
-
-    return reshape_and_warm_starts(cells, "fp16", tmp_path_factory)
-
-
-def test_reshape_and_warm_start_at_each_stage(reshaped, cells):
-    from tests.fixtures_matrix import assert_reshaped_and_warm_started
-
-    assert_reshaped_and_warm_started(reshaped, cells, tolerance=1e-2)

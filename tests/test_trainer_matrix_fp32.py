@@ -5,19 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures_matrix import assert_checkpoint_sizes, assert_resumes_exactly, matrix_runs
+from tests.fixtures_matrix import matrix_tests
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def cells(tmp_path_factory):
-    return matrix_runs(tmp_path_factory, "fp32")
-
-
-def test_every_layout_and_zero_stage_resumes_with_the_uninterrupted_lines(cells):
-    assert_resumes_exactly(cells)
-
-
-def test_every_checkpoint_is_the_size_the_plan_computes(cells):
-    assert_checkpoint_sizes(cells, "fp32")
+cells, test_every_layout_and_zero_stage_resumes_with_the_uninterrupted_lines, \
+    test_every_checkpoint_is_the_size_the_plan_computes = matrix_tests("fp32")
