@@ -243,6 +243,12 @@ def test_the_evaluation_table_has_steps_then_references_and_plain_names(run) -> 
         complete_checkpoint(run, step)
     write_results(output, {100: {"smoke_choice/acc": 0.5}, 150: {"smoke_choice/acc": 0.625}}, bpb={150: {"cc": 1.5}})
     write_results(output, {84: {"smoke_choice/acc": 0.0}})  # a step the run never saved: not in the table, listed
+    import json
+
+    newest = output / "eval" / "global_step150.json"  # a configured task that did not run at 150: said under the table
+    data = json.loads(newest.read_text())
+    data["bsops"]["missing"] = {"lambada_openai": "its dataset is not in eval.hf_cache <b>x</b>"}
+    newest.write_text(json.dumps(data))
     (output / "eval" / "global_step50.json").write_text('{"results": {')  # torn: listed, the rest shown
     exp = dataclasses.replace(run, eval=dataclasses.replace(run.eval, references={
         "GPT2 [Large]": {"smoke_choice/acc": 0.476, "cc/bits_per_byte": 1.2, f"{evil}/acc": 0.25}}))
@@ -255,6 +261,9 @@ def test_the_evaluation_table_has_steps_then_references_and_plain_names(run) -> 
     assert rows["cc/bits\\_per\\_byte (lower)"] == ["-", "1.5000", "1.2000"]
     assert rows["&lt;img src=x onerror=alert\\(1\\)&gt; \\| x/acc"] == ["-", "-", "0.2500"]
     assert all(len(_cells(line)) == 4 for line in table)
+    [missing] = [line for line in section if line.startswith("- missing")]
+    assert missing.startswith("- missing at step 150: lambada\\_openai: its dataset is not in eval.hf\\_cache")
+    assert "<b>" not in missing
     listed = page.split("## Records not read")[1]
     assert "- `eval/global_step50.json`: not JSON" in listed
     assert "- `eval/global_step84.json`: a result of step 84, which the run has no checkpoint of" in listed

@@ -319,6 +319,8 @@ def evaluation_table(evaluated: list[eval_results.Result], references: dict[str,
     for row in table.rows:
         name = plain(row.metric) + ("" if row.higher_is_better else " (lower)")
         lines.append(f"| {name} | " + " | ".join(plain(eval_results.shown(v)) for v in row.values) + " |")
+    if table.missing:  # a configured task or source that did not run is said, never left out in silence
+        lines += ["", *(f"- missing at step {step}: {plain(name)}: {plain(why)}" for step, name, why in table.missing)]
     return lines
 
 
