@@ -294,7 +294,7 @@ def check_throughput(args, deadline: float) -> list[Row]:
     for model in ("gpt2-124m", "760m"):
         start = time.time()
         proc = run([sys.executable, str(REPO / "benchmarks" / "train_throughput.py"), "--device", "cuda", "--model", model],
-                   cwd=REPO, timeout=max(30.0, min(200.0, deadline - time.time())),
+                   cwd=REPO, timeout=max(30.0, min(300.0, deadline - time.time())),
                    log=args.out / "logs" / f"throughput-{model}.txt")
         ratios = [float(x) for x in re.findall(r"ratio[^0-9]*([0-9.]+)x?", proc.stdout)]
         mfu = re.findall(r"MFU[^0-9]*([0-9.]+ ?%)", proc.stdout)

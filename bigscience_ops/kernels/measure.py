@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from bigscience_ops.kernels.choice import IMPLEMENTATIONS, OPS, KernelChoice, Timings, resolve
+from bigscience_ops.kernels.choice import IMPLEMENTATIONS, OPS, KernelChoice, KernelChoiceError, Timings, resolve
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -156,7 +156,10 @@ def select_kernels(requested: str, shape: ModelShape, micro_batch_size: int, ten
     record of the checkpoint the run resumes from) was measured at this very shape and device; with a process group
     of more than one rank, rank 0's choice for every rank."""
     s = op_shapes(shape, micro_batch_size, tensor_parallel, precision)
-    previous = KernelChoice.from_record(recorded) if recorded else None
+    try:
+        previous = KernelChoice.from_record(recorded) if recorded else None
+    except KernelChoiceError:  # a record this version cannot read (or a damaged one): measured again
+        previous = None
     choice = resolve(requested, device.type, lambda: measure(s, device, iters), lambda: s.describe(device), previous)
     import torch.distributed as dist
 

@@ -74,13 +74,14 @@ def init_distributed(device: str, timeout_minutes: int = 30) -> torch.device:
 
 
 def build(exp: Experiment, ds_config: dict, shape: GPTShape, dp: int, device: torch.device, faults: Faults,
-          first_batch_size: int) -> Built:
-    """The engine for `exp` on this rank; `first_batch_size` is the batch size of the first step."""
+          first_batch_size: int, recorded_kernels: dict | None = None) -> Built:
+    """The engine for `exp` on this rank; `first_batch_size` is the batch size of the first step; `recorded_kernels`
+    the kernel choice of the checkpoint the run resumes from (kept when measured at this shape and device)."""
     import deepspeed
     from deepspeed.pipe import PipelineModule
 
     kernels = select_kernels(exp.model.kernels, shape, exp.batch.micro_batch_size, exp.parallel.tensor,
-                             exp.train.precision, device)  # before the seed: its inputs draw on no training RNG
+                             exp.train.precision, device, recorded=recorded_kernels)  # before the seed: its inputs draw on no training RNG
     torch.manual_seed(exp.train.seed)
     if exp.parallel.tensor == 1:  # DeepSpeed's 2-D (pipe, data) grid: TP=1 checkpoints keep their file names
         layout: dict = {"num_stages": exp.parallel.pipeline}

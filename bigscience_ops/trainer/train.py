@@ -161,9 +161,10 @@ class Trainer:
                                    f"by micro_batch_size x DP = {mbs} x {self.dp}; run `bsops plan {exp.name}` for "
                                    "valid node counts")
 
-    def _build_engine(self) -> None:
+    def _build_engine(self, resume: ckpt.Resume | None = None) -> None:
+        recorded = resume.meta.get("kernels") if resume is not None else None  # a resumed run keeps its kernels
         built = pipeline_engine.build(self.exp, self.ds_config, self.shape, self.dp, self.device, self.faults,
-                             self.schedule.batch_size_at(0))
+                                      self.schedule.batch_size_at(0), recorded if isinstance(recorded, dict) else None)
         self.engine, self.ds_state, self.tp, self.loss_fn = built.engine, built.state, built.tp, built.loss_fn
         self.kernels = built.kernels
         _print(self.kernels.describe())  # once, rank 0: each fused op's implementation (and its timings on CUDA)
@@ -418,7 +419,7 @@ class Trainer:
         self._check_layout()
         resume = self._find_resume()
         self.stopper = Stopper(exp.checkpoint, self.train_iters, self.next_phase, self.job_start, self.device)
-        self._build_engine()
+        self._build_engine(resume)
         self._build_data()
         self._build_outputs()
         self._resume(resume)

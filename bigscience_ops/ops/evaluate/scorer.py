@@ -161,7 +161,10 @@ class Scorer:
         self.vocab_size = int(target.meta["experiment"]["model"]["vocab_size"])
         self.max_length = self.shape.seq_length
         self.batch_size = int(getattr(getattr(exp, "eval", None), "batch_size", None) or DEFAULT_BATCH_SIZE)
-        self.kernels = getattr(exp.model, "kernels", "auto")
+        # The torch references (SDPA's flash attention on CUDA) unless the experiment names triton: `auto` is a
+        # training-speed choice measured at the training shape, and the references are what scoring is checked
+        # against lm-eval's hf model with. ("auto" here would mean Triton for every op on CUDA, unmeasured.)
+        self.kernels = "triton" if exp.model.kernels == "triton" else "torch"
         self.tp = self._tp_group()
         self.parts = stage_bounds(exp, target)
         self.last_layer = self.shape.num_layers + 2  # the head's index among the pipeline layers
