@@ -22,7 +22,6 @@ model_args=...)` works the same.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -89,10 +88,9 @@ class BsopsModel(BsopsLM):
         if dtype not in (None, "training", "fp32"):
             raise EvalError(f"dtype={dtype}: allowed: training, fp32")
         exp = load_run(str(run), trainings_dir)
-        if dtype is not None:
-            exp = dataclasses.replace(exp, eval=dataclasses.replace(exp.eval, dtype=dtype))
         target = launcher.checkpoint(exp, _step(exp, step), tensor, pipeline)
-        import torch.distributed as dist  # torch only once the request is known to be sound
+        import torch  # torch only once the request is known to be sound
+        import torch.distributed as dist
 
         from bigscience_ops.ops.evaluate import scorer as scoring
 
@@ -102,7 +100,8 @@ class BsopsModel(BsopsLM):
             raise EvalError(f"{world} processes started for TP={target.tensor} x PP={target.pipeline}; allowed: "
                             f"{target.world_size} (torchrun --nproc-per-node {target.world_size})")
         device_ = scoring.init_distributed(exp) if not dist.is_initialized() else None
-        built = scoring.Scorer(exp, target, device_)
+        built = scoring.Scorer(exp, target, device_, dtype=scoring.compute_dtype(exp, device_ or torch.device("cpu"),
+                                                                                   dtype))
         if dist.get_rank() != 0:  # a follower: serve rank 0's forward passes, then leave lm-eval's command line
             built.follow()
             dist.destroy_process_group()

@@ -83,10 +83,10 @@ def init_distributed(exp) -> torch.device:
     return torch.device("cpu")
 
 
-def compute_dtype(exp, device: torch.device) -> torch.dtype:
-    """fp32 on the CPU; on GPUs the training precision, or fp32 when eval.dtype says so (as lm-eval's hf model
-    loads an export by default)."""
-    if device.type != "cuda" or getattr(getattr(exp, "eval", None), "dtype", "training") == "fp32":
+def compute_dtype(exp, device: torch.device, choice: str | None = None) -> torch.dtype:
+    """fp32 on the CPU; on GPUs the training precision, or fp32 when eval.dtype (or `choice`, which overrides it)
+    says so (as lm-eval's hf model loads an export by default)."""
+    if device.type != "cuda" or (choice or exp.eval.dtype) == "fp32":
         return torch.float32
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(exp.train.precision, torch.float32)
 
