@@ -20,6 +20,7 @@ import pytest
 from bigscience_ops import sizing
 from bigscience_ops.iteration_log import parse_iteration_line
 from bigscience_ops.schema import Experiment
+from bigscience_ops.trainer.checkpointing import find_resume
 from tests.fixtures_trainer import checkpoint_steps, concurrently, ranks, scalars, small_experiment, write_run
 
 
@@ -38,7 +39,7 @@ LAYOUTS = {"pp2": Layout(2, 1, 2), "tp2": Layout(1, 2, 2), "dp2": Layout(1, 1, 2
 ZERO_STAGES = (0, 1)
 CHECKPOINTED = {(1, "pp2"), (0, "tp2")}
 """(ZeRO stage, layout) trained with activation checkpointing: each stage with it on and off."""
-EXIT_AT, STEPS = 3, 8  # 40 samples in tiny's shrunk rampup (4, 6, then 8 a step)
+EXIT_AT, STEPS = 2, 5  # 4 samples a step, no rampup: each launch is mostly its start-up
 TIMING = ("elapsed_ms", "samples_per_second", "tflops", "mfu")
 FP16_ON_CPU = ("import sys, deepspeed.accelerator.cpu_accelerator as cpu; "
                "cpu.CPU_Accelerator.is_fp16_supported = lambda self: True; "
@@ -51,10 +52,11 @@ def matrix_experiment(out: Path, precision: str, zero: int, layout: str, exit_in
     """The shrunk tiny model in one cell of the matrix, logging every iteration, without validation."""
     grid = LAYOUTS[layout]
     base = dict(
-        train=dict(precision=precision, samples=40),
+        train=dict(precision=precision, samples=4 * STEPS),
+        lr_schedule=dict(warmup_samples=8),
         parallel=dict(pipeline=grid.pipeline, tensor=grid.tensor, zero_stage=zero,
                       activation_checkpointing=(zero, layout) in CHECKPOINTED),
-        batch=dict(micro_batch_size=1 if grid.data > 1 else 2),  # 6 samples a step over 2 DP ranks
+        batch=dict(global_batch_size=4, micro_batch_size=1 if grid.data > 1 else 2, rampup=None),  # 2 micro-batches
         checkpoint=dict(save_interval=100, exit_interval=exit_interval),
         logging=dict(log_interval=1, eval_interval=100, eval_iters=0),
         estimate=dict(peak_tflops=0.25),  # MFU beside TFLOPs (a CPU has no entry in the peaks table)
@@ -136,6 +138,8 @@ def assert_resumes_exactly(cells: dict[tuple[int, str], Cell]) -> None:
         assert f"exit interval {EXIT_AT} reached" in cell.resumed_out[0], name
         assert f"resumed from {cell.resumed / 'checkpoints' / f'global_step{EXIT_AT}'}" in cell.resumed_out[1], name
         assert checkpoint_steps(cell.resumed) == [EXIT_AT, STEPS] and checkpoint_steps(cell.whole) == [STEPS], name
+        grid, meta = LAYOUTS[layout], find_resume(cell.resumed / "checkpoints").meta
+        assert meta["parallel"] == {"tensor": grid.tensor, "pipeline": grid.pipeline, "data": grid.data}, name
         whole = iteration_lines(cell.whole_out)
         resumed = {**iteration_lines(cell.resumed_out[0]), **iteration_lines(cell.resumed_out[1])}
         assert sorted(whole) == list(range(1, STEPS + 1)), name
