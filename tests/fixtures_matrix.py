@@ -1,5 +1,8 @@
-"""The configurations matrix: every precision x ZeRO stage x layout the schema accepts, trained to an exit interval,
-saved and resumed by the next launch, beside the same configuration trained uninterrupted.
+"""The configurations matrix: every precision x ZeRO stage x layout the schema accepts, trained uninterrupted with a
+save at EXIT_AT, and resumed from that save by the next launch, as the next array task resumes (the same files in a
+run folder of its own): the resumed launch must log the uninterrupted run's iteration lines. Stopping at an exit
+interval does not depend on the configuration (test_trainer_runs.py stops there; benchmarks/gpu_acceptance.py runs
+every precision x stage as two array tasks through `bsops launch --local`).
 
 One module a precision (tests/test_trainer_matrix_{fp32,bf16,fp16}.py) so that pytest-xdist spreads them over its
 workers; each module's twelve launches run two at a time. fp16 cannot be initialized on this CPU (DeepSpeed's CPU
@@ -47,8 +50,7 @@ FP16_ON_CPU = ("import sys, deepspeed.accelerator.cpu_accelerator as cpu; "
 """A trainer rank for which DeepSpeed's CPU accelerator accepts fp16 (torch computes it on CPU, slowly)."""
 
 
-def matrix_experiment(out: Path, precision: str, zero: int, layout: str, exit_interval: int | None,
-                      **sections: dict) -> Experiment:
+def matrix_experiment(out: Path, precision: str, zero: int, layout: str, **sections: dict) -> Experiment:
     """The shrunk tiny model in one cell of the matrix, logging every iteration, without validation."""
     grid = LAYOUTS[layout]
     base = dict(
@@ -57,7 +59,7 @@ def matrix_experiment(out: Path, precision: str, zero: int, layout: str, exit_in
         parallel=dict(pipeline=grid.pipeline, tensor=grid.tensor, zero_stage=zero,
                       activation_checkpointing=(zero, layout) in CHECKPOINTED),
         batch=dict(global_batch_size=4, micro_batch_size=1 if grid.data > 1 else 2, rampup=None),  # 2 micro-batches
-        checkpoint=dict(save_interval=100, exit_interval=exit_interval),
+        checkpoint=dict(save_interval=EXIT_AT, exit_interval=None),
         logging=dict(log_interval=1, eval_interval=100, eval_iters=0),
         estimate=dict(peak_tflops=0.25),  # MFU beside TFLOPs (a CPU has no entry in the peaks table)
         **({"slurm": dict(device="gpu")} if precision == "fp16" else {}),  # fp16 is refused on a cpu device
@@ -91,28 +93,32 @@ class Cell:
     whole: Path
     resumed: Path
     whole_out: str = ""
-    resumed_out: list[str] = dataclasses.field(default_factory=list)
+    resumed_out: str = ""
 
 
-def _launch_cell(cell: Cell, precision: str, which: str) -> None:
+def resume_from(source: Path, out: Path, step: int) -> None:
+    """`out`'s checkpoints: `source`'s global_stepN alone, named by `latest`, as the next array task finds them."""
+    import shutil
+
+    shutil.copytree(source / "checkpoints" / f"global_step{step}", out / "checkpoints" / f"global_step{step}")
+    (out / "checkpoints" / "latest").write_text(f"global_step{step}")
+
+
+def _launch_cell(cell: Cell, precision: str) -> None:
     processes = LAYOUTS[cell.layout].processes
-    if which == "whole":
-        exp = matrix_experiment(cell.whole, precision, cell.zero, cell.layout, None)
-        cell.whole_out = train(cell.whole, exp, processes).stdout
-        return
-    for exit_interval in (EXIT_AT, None):
-        exp = matrix_experiment(cell.resumed, precision, cell.zero, cell.layout, exit_interval)
-        cell.resumed_out.append(train(cell.resumed, exp, processes).stdout)
+    cell.whole_out = train(cell.whole, matrix_experiment(cell.whole, precision, cell.zero, cell.layout),
+                           processes).stdout
+    resume_from(cell.whole, cell.resumed, EXIT_AT)
+    cell.resumed_out = train(cell.resumed, matrix_experiment(cell.resumed, precision, cell.zero, cell.layout),
+                             processes).stdout
 
 
 def matrix_runs(tmp_path_factory, precision: str) -> dict[tuple[int, str], Cell]:
-    """Every (ZeRO stage, layout) of `precision`: trained uninterrupted, and to EXIT_AT then resumed to the end."""
+    """Every (ZeRO stage, layout) of `precision`: trained uninterrupted, then resumed from its save at EXIT_AT."""
     cells = {(zero, layout): Cell(zero, layout, tmp_path_factory.mktemp(f"{precision}z{zero}{layout}whole"),
                                   tmp_path_factory.mktemp(f"{precision}z{zero}{layout}resumed"))
              for zero in ZERO_STAGES for layout in LAYOUTS}
-    jobs = {(key, which): (lambda cell=cell, which=which: _launch_cell(cell, precision, which))
-            for key, cell in cells.items() for which in ("resumed", "whole")}
-    concurrently(jobs)
+    concurrently({key: (lambda cell=cell: _launch_cell(cell, precision)) for key, cell in cells.items()})
     return cells
 
 
@@ -130,34 +136,32 @@ def iteration_lines(stdout: str) -> dict[int, dict]:
 
 
 def assert_resumes_exactly(cells: dict[tuple[int, str], Cell]) -> None:
-    """Each cell's first launch stopped at EXIT_AT with a checkpoint, the second resumed from it, and the two
-    together logged the uninterrupted run's iteration lines (every field but the timings) and its TensorBoard
-    losses bit for bit."""
+    """Each cell's resumed launch started from the save at EXIT_AT and logged the uninterrupted run's iteration lines
+    from there (every field but the timings) and its TensorBoard losses bit for bit."""
+    saves = list(range(EXIT_AT, STEPS, EXIT_AT)) + [STEPS]
     for (zero, layout), cell in cells.items():
         name = f"ZeRO-{zero} {layout}"
-        assert f"exit interval {EXIT_AT} reached" in cell.resumed_out[0], name
-        assert f"resumed from {cell.resumed / 'checkpoints' / f'global_step{EXIT_AT}'}" in cell.resumed_out[1], name
-        assert checkpoint_steps(cell.resumed) == [EXIT_AT, STEPS] and checkpoint_steps(cell.whole) == [STEPS], name
+        assert f"resumed from {cell.resumed / 'checkpoints' / f'global_step{EXIT_AT}'}" in cell.resumed_out, name
+        assert checkpoint_steps(cell.whole) == checkpoint_steps(cell.resumed) == saves, name
         grid, meta = LAYOUTS[layout], find_resume(cell.resumed / "checkpoints").meta
         assert meta["parallel"] == {"tensor": grid.tensor, "pipeline": grid.pipeline, "data": grid.data}, name
-        whole = iteration_lines(cell.whole_out)
-        resumed = {**iteration_lines(cell.resumed_out[0]), **iteration_lines(cell.resumed_out[1])}
-        assert sorted(whole) == list(range(1, STEPS + 1)), name
-        for it in whole:
-            assert resumed.get(it) == whole[it], (name, it, resumed.get(it), whole[it])
+        whole, resumed = iteration_lines(cell.whole_out), iteration_lines(cell.resumed_out)
+        assert sorted(whole) == list(range(1, STEPS + 1)) and sorted(resumed) == list(range(EXIT_AT + 1, STEPS + 1))
+        for it in resumed:
+            assert resumed[it] == whole[it], (name, it, resumed[it], whole[it])
         losses = scalars(cell.whole / "tensorboard", "lm loss")
-        assert scalars(cell.resumed / "tensorboard", "lm loss") == losses, name
+        assert scalars(cell.resumed / "tensorboard", "lm loss") == {it: losses[it] for it in resumed}, name
 
 
 def assert_checkpoint_sizes(cells: dict[tuple[int, str], Cell], precision: str) -> None:
     """Every checkpoint has the files and bytes sizing.checkpoint_size computes for its cell (the plan's storage)."""
     for (zero, layout), cell in cells.items():
-        exp = matrix_experiment(cell.whole, precision, zero, layout, None)
+        exp = matrix_experiment(cell.whole, precision, zero, layout)
         p = exp.parallel
         params = sizing.count_parameters(exp.model, p.tensor, p.pipeline, p.partition_method)
         expected = sizing.checkpoint_size(exp, params, LAYOUTS[layout].data)
-        for folder in (cell.whole / "checkpoints" / f"global_step{STEPS}",
-                       cell.resumed / "checkpoints" / f"global_step{EXIT_AT}"):
+        for folder in (cell.whole / "checkpoints" / f"global_step{EXIT_AT}",
+                       cell.resumed / "checkpoints" / f"global_step{STEPS}"):
             files = list(folder.iterdir())
             assert len(files) == expected.files, (precision, zero, layout, sorted(f.name for f in files))
             total = sum(f.stat().st_size for f in files)
@@ -169,21 +173,17 @@ def reshape_and_warm_starts(cells: dict[tuple[int, str], Cell], precision: str, 
     "reshape": the ZeRO-1 checkpoint at EXIT_AT resumed at DP=2 (DeepSpeed's universal checkpoint, converted once);
     ("warm", stage): the stage's last checkpoint warm-started (weights only) into a 3-block model of the same
     precision and stage, trained a few steps. Each entry: (run folder, stdout)."""
-    import shutil
-
     from bigscience_ops.checkpoints import warm_start
 
     def reshape() -> tuple[Path, str]:
         out = tmp_path_factory.mktemp(f"{precision}reshape")
-        source = cells[(1, "pp1")].resumed / "checkpoints"
-        shutil.copytree(source / f"global_step{EXIT_AT}", out / "checkpoints" / f"global_step{EXIT_AT}")
-        (out / "checkpoints" / "latest").write_text(f"global_step{EXIT_AT}")
-        exp = matrix_experiment(out, precision, 1, "dp2", None)
+        resume_from(cells[(1, "pp1")].whole, out, EXIT_AT)
+        exp = matrix_experiment(out, precision, 1, "dp2")
         return out, train(out, exp, LAYOUTS["dp2"].processes).stdout
 
     def warm(zero: int) -> tuple[Path, str]:
         out = tmp_path_factory.mktemp(f"{precision}z{zero}warm")
-        exp = matrix_experiment(out, precision, zero, "pp1", None, model=dict(num_layers=3), train=dict(samples=8))
+        exp = matrix_experiment(out, precision, zero, "pp1", model=dict(num_layers=3), train=dict(samples=8))
         write_run(exp, out)
         source = cells[(zero, "pp1")].whole
         warm_start.build(exp, warm_start.find_source(source / "checkpoints", None, str(source)))

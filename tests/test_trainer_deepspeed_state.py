@@ -42,7 +42,7 @@ def engines(tmp_path_factory):
     built = {}
     out = tmp_path_factory.mktemp("engines")
     for precision, zero in WRAPPERS:
-        exp = matrix_experiment(out, precision, zero, "pp1", None)
+        exp = matrix_experiment(out, precision, zero, "pp1")
         b = pipeline_engine.build(exp, deepspeed_config(exp), GPTShape.from_experiment(exp), 1, torch.device("cpu"),
                                   Faults(scale_grad={2: math.inf, 3: math.inf}), 4)
         built[(precision, zero)] = (b.engine, b.state, b.loss_fn)

@@ -1,5 +1,5 @@
 """fp16 x ZeRO-0/1 x PP=2, TP=2, DP=2, PP=1 on CPU (DeepSpeed's fp16 check lifted, fixtures_matrix.FP16_ON_CPU):
-each trains to an exit interval, saves, and resumes with the uninterrupted run's iteration lines; the loss scale
+each resumes from a save with the uninterrupted run's iteration lines; the loss scale
 logged is the wrapper's own (4096 after initial_scale_power 12, at both stages: ZeRO-0's FP16_UnfusedOptimizer
 keeps it where a getattr fell back to a silent 1.0); forced overflows show as skipped steps and a falling scale
 in the trainer's own output, and the watchdog alerts on that output."""
@@ -30,7 +30,8 @@ def overflowed(tmp_path_factory):
     run folder, stdout)."""
     def run(zero: int):
         out = tmp_path_factory.mktemp(f"fp16z{zero}overflow")
-        exp = matrix_experiment(out, "fp16", zero, "pp1", None, train=dict(samples=4 * 14))
+        exp = matrix_experiment(out, "fp16", zero, "pp1", train=dict(samples=4 * 14),
+                                checkpoint=dict(save_interval=100))
         proc = train(out, exp, 1, env={"BSOPS_SCALE_GRAD_AT": f"{OVERFLOWS.start}-{OVERFLOWS.stop - 1}:inf"})
         append_main_log(exp, proc)
         return exp, out, proc.stdout

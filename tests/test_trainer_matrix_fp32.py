@@ -1,5 +1,5 @@
-"""fp32 x ZeRO-0/1 x PP=2, TP=2, DP=2, PP=1: each trains to an exit interval, saves, and resumes in the next launch
-with the uninterrupted run's iteration lines; each checkpoint is the size the plan computes (fixtures_matrix.py)."""
+"""fp32 x ZeRO-0/1 x PP=2, TP=2, DP=2, PP=1: each resumes from a save in the next launch with the
+uninterrupted run's iteration lines; each checkpoint is the size the plan computes (fixtures_matrix.py)."""
 
 from __future__ import annotations
 
