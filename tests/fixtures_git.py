@@ -135,7 +135,7 @@ def recording_server(tls_cert: tuple[str, str] | None) -> Iterator[Recorder]:
         server.socket = server_tls(tls_cert).wrap_socket(server.socket, server_side=True)
     port = server.server_address[1]
     recorder = Recorder(f"{'https' if tls_cert else 'http'}://127.0.0.1:{port}", f"127.0.0.1:{port}")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield recorder
