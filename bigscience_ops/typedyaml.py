@@ -183,7 +183,7 @@ def read_yaml(path: Path) -> dict:
         loader = _Loader(text)
         try:
             root = loader.get_single_node()
-            if root is not None and _expanded_chars(root, {}) > MAX_EXPANDED_CHARS:
+            if root is not None and expanded_chars(root, {}) > MAX_EXPANDED_CHARS:
                 raise ConfigError(str(path), "", "<file>", f"at most {MAX_EXPANDED_CHARS} characters of text once "
                                                            "its aliases are expanded")
             data = loader.construct_document(root) if root is not None else None
@@ -199,17 +199,18 @@ def read_yaml(path: Path) -> dict:
     return data
 
 
-def _expanded_chars(node, memo: dict[int, int]) -> int:
-    """Characters of text under `node` with every alias expanded (the node graph is shared, so memoized)."""
+def expanded_chars(node, memo: dict[int, int]) -> int:
+    """Characters of text under `node` with every alias expanded (the node graph is shared, so memoized); an
+    experiment file's and a task file's alias bombs are refused by it."""
     if id(node) in memo:
         return memo[id(node)]
     memo[id(node)] = 0  # a recursive alias counts once
     if isinstance(node, yaml.ScalarNode):
         size = len(node.value)
     elif isinstance(node, yaml.SequenceNode):
-        size = sum(_expanded_chars(child, memo) for child in node.value)
+        size = sum(expanded_chars(child, memo) for child in node.value)
     else:
-        size = sum(_expanded_chars(k, memo) + _expanded_chars(v, memo) for k, v in node.value)
+        size = sum(expanded_chars(k, memo) + expanded_chars(v, memo) for k, v in node.value)
     memo[id(node)] = size
     return size
 

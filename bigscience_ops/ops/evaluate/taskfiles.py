@@ -43,7 +43,7 @@ import yaml
 
 from bigscience_ops.ops.evaluate import EvalError
 from bigscience_ops.ops.evaluate.results import name_problem
-from bigscience_ops.typedyaml import MAX_DEPTH, MAX_EXPANDED_CHARS, MAX_NODES
+from bigscience_ops.typedyaml import MAX_DEPTH, MAX_EXPANDED_CHARS, MAX_NODES, expanded_chars
 
 MAX_TASK_FILE = 1 << 20
 """Bytes of one task YAML file read at most (lm-eval's own task files are under 10 kB)."""
@@ -111,21 +111,6 @@ def _function(loader: _Loader, node: yaml.Node) -> FunctionRef:
 _Loader.add_constructor("!function", _function)
 
 
-def _expanded_chars(node: yaml.Node, memo: dict[int, int]) -> int:
-    """Characters of text under `node` with every alias expanded (shared nodes memoized, a loop counted once)."""
-    if id(node) in memo:
-        return memo[id(node)]
-    memo[id(node)] = 0
-    if isinstance(node, yaml.ScalarNode):
-        size = len(node.value)
-    elif isinstance(node, yaml.SequenceNode):
-        size = sum(_expanded_chars(child, memo) for child in node.value)
-    else:
-        size = sum(_expanded_chars(k, memo) + _expanded_chars(v, memo) for k, v in node.value)
-    memo[id(node)] = size
-    return size
-
-
 def _read(path: Path) -> str:
     """The text of the plain file `path` (no link, no FIFO), at most MAX_TASK_FILE bytes of UTF-8."""
     try:
@@ -166,7 +151,7 @@ def _parse(path: Path, trust: bool) -> dict:
     loader = _Loader(text, path, trust)
     try:
         root = loader.get_single_node()
-        if root is not None and _expanded_chars(root, {}) > MAX_EXPANDED_CHARS:
+        if root is not None and expanded_chars(root, {}) > MAX_EXPANDED_CHARS:
             raise TaskFileError(f"{path}: more than {MAX_EXPANDED_CHARS} characters once its aliases are expanded")
         data = loader.construct_document(root) if root is not None else None
     except TaskFileError:
