@@ -1,6 +1,6 @@
 """Every number the loader accepts is one every later stage accepts: each bounded field of the schema at its smallest
-and largest allowed value, on an experiment based on tiny, through `bsops render` and `launch --dry-run` (each
-plans it first, as `bsops plan` does)
+and largest allowed value, on an experiment based on tiny, through `bsops launch --dry-run` (which plans it as
+`bsops plan` does and renders its job as `bsops render` does: build_launch_plan)
 (and `status` for the watchdog's own settings, `eval --next` for the eval section's, whose resolved experiment the
 ranks must load again). Each either works or is refused with an `error:` line, never a traceback, and in seconds
 (a value a later stage takes minutes over is no value to accept)."""
@@ -110,7 +110,7 @@ def test_each_bounds_extreme_works_or_is_refused_clearly(path: tuple, which: str
     value = extremes(tp, bounds)[0 if which == "min" else 1]
     data = {"base": "tiny", **section(path, value)}
     (trainings / "edge.yaml").write_text(yaml.safe_dump(data))
-    commands = [["render"], ["launch", "--dry-run"]]  # each plans first (as `bsops plan` does), then writes
+    commands = [["launch", "--dry-run"]]  # plans (as `bsops plan` does) and renders the job (as `bsops render` does)
     if path[0] in WATCHDOG:
         commands.append(["status", "--timeout", "2"])
     for command in commands:
