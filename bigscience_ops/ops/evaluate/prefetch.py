@@ -85,11 +85,11 @@ def prefetch(exp: Any, source: Path | None = None, log: Callable[[str], None] = 
                 done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, errors="replace")
             except subprocess.TimeoutExpired:
                 raise PrefetchError(f"{what}: did not end within {timeout} s") from None
-            for line in done.stdout.splitlines():
+            for line in done.stdout.split("\n"):  # not splitlines(): a dataset name may hold U+2028
                 log(line)
             if done.returncode != 0:
-                errors = [line.removeprefix("error: ") for line in done.stderr.splitlines() if line.startswith("error: ")]
-                tail = done.stderr.strip().splitlines()
+                errors = [line.removeprefix("error: ") for line in done.stderr.split("\n") if line.startswith("error: ")]
+                tail = done.stderr.strip().split("\n")
                 reason = "; ".join(errors) or (tail[-1][:400] if tail else "no message")
                 raise PrefetchError(f"{what} failed (exit code {done.returncode}): {reason}")
     return json.loads((cache / MANIFEST).read_text(encoding="utf-8"))
