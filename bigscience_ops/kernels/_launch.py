@@ -45,6 +45,12 @@ def row_launch(rows: int, cols: int, device: torch.device, max_block_n: int | No
     return RowLaunch(programs, triton.cdiv(max(rows, 1), programs), block_m, block_n, num_warps)
 
 
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """`t` (..., cols) as a (rows, cols) matrix whose columns are contiguous (a copy only where they are not)."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
 _SM_COUNTS: dict[int, int] = {}
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from bigscience_ops.kernels._launch import row_launch
+from bigscience_ops.kernels._launch import as_rows, row_launch
 
 
 def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
@@ -86,9 +86,7 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
+        x2 = as_rows(x)
         M, N = x2.shape
         y = torch.empty_like(x2)
         mean = torch.empty(M, dtype=torch.float32, device=x.device)
@@ -106,9 +104,7 @@ class LayerNormFunction(torch.autograd.Function):
         x2, weight, mean, rstd = ctx.saved_tensors
         launch = ctx.launch
         M, N = x2.shape
-        dy2 = dy.reshape(-1, N)
-        if dy2.stride(-1) != 1:
-            dy2 = dy2.contiguous()
+        dy2 = as_rows(dy)
         dx = torch.empty_like(x2)
         dw = torch.empty((launch.programs, N), dtype=torch.float32, device=x2.device)
         db = torch.empty((launch.programs, N), dtype=torch.float32, device=x2.device)

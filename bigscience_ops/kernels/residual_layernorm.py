@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from bigscience_ops.kernels._launch import row_launch
+from bigscience_ops.kernels._launch import as_rows, row_launch
 from bigscience_ops.kernels.attention import draw_seed
 
 
@@ -133,11 +133,6 @@ def _keep_mask(KEEP, SEED, M, N, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
                  mask=(rows < M)[:, None] & (cols < N)[None, :])
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    t2 = t.reshape(-1, t.shape[-1])
-    return t2 if t2.stride(-1) == 1 else t2.contiguous()
-
-
 def _scale(dropout_p: float) -> float:
     return 1.0 / (1.0 - dropout_p) if dropout_p > 0.0 else 1.0
 
@@ -147,7 +142,7 @@ class ResidualLayerNormFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                 dropout_p: float):
         shape = x.shape
-        x2, a2 = _rows(x), _rows(a)
+        x2, a2 = as_rows(x), as_rows(a)
         M, N = x2.shape
         dtype = torch.promote_types(x.dtype, a.dtype)  # what x + a gives (fp32 residual + bf16 branch under autocast)
         s = torch.empty((M, N), dtype=dtype, device=x.device)
@@ -171,8 +166,8 @@ class ResidualLayerNormFunction(torch.autograd.Function):
         launch, p = ctx.launch, ctx.dropout_p
         M, N = s.shape
         shape = (ds if ds is not None else dy).shape
-        dy2 = _rows(dy) if dy is not None else torch.zeros_like(s)
-        ds2 = _rows(ds) if ds is not None else dy2  # never read without HAS_DS
+        dy2 = as_rows(dy) if dy is not None else torch.zeros_like(s)
+        ds2 = as_rows(ds) if ds is not None else dy2  # never read without HAS_DS
         dx = torch.empty((M, N), dtype=ctx.dtypes[0], device=s.device)
         da = torch.empty((M, N), dtype=ctx.dtypes[1], device=s.device)
         dw = torch.empty((launch.programs, N), dtype=torch.float32, device=s.device)

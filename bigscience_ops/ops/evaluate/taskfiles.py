@@ -30,10 +30,8 @@ in order, the file's own keys last), handed to lm-eval's TaskManager as an inlin
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +41,7 @@ import yaml
 
 from bigscience_ops.ops.evaluate import EvalError
 from bigscience_ops.ops.evaluate.results import name_problem
+from bigscience_ops.runfiles import RecordFileError, open_plain
 from bigscience_ops.typedyaml import MAX_DEPTH, MAX_EXPANDED_CHARS, MAX_NODES, expanded_chars
 
 MAX_TASK_FILE = 1 << 20
@@ -112,23 +111,19 @@ _Loader.add_constructor("!function", _function)
 
 
 def _read(path: Path) -> str:
-    """The text of the plain file `path` (no link, no FIFO), at most MAX_TASK_FILE bytes of UTF-8."""
+    """The text of the plain file `path` (runfiles.open_plain: no link, no FIFO), at most MAX_TASK_FILE bytes of
+    UTF-8."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise TaskFileError(f"{path}: does not exist; allowed: an lm-eval task YAML file") from None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EMLINK) or path.is_symlink():
-            raise TaskFileError(f"{path}: is a link; a task file is code and is never read through a link: name "
-                                "the file itself") from None
-        raise TaskFileError(f"{path}: cannot be opened ({exc.strerror or exc})") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise TaskFileError(f"{path}: is not a plain file (a folder, FIFO or device); allowed: a task YAML file")
-    with os.fdopen(fd, "rb") as handle:
-        if info.st_size > MAX_TASK_FILE:
-            raise TaskFileError(f"{path}: {info.st_size} bytes; allowed: a task file of at most {MAX_TASK_FILE} "
+        handle = open_plain(path)
+    except RecordFileError as exc:
+        raise TaskFileError(f"{exc.path}: {exc.what}; a task file is code and is read only as the plain file "
+                            "the experiment names") from None
+    if handle is None:
+        raise TaskFileError(f"{path}: does not exist; allowed: an lm-eval task YAML file")
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > MAX_TASK_FILE:
+            raise TaskFileError(f"{path}: {size} bytes; allowed: a task file of at most {MAX_TASK_FILE} "
                                 "bytes (lm-eval's own are under 10 kB; data belongs in data_files)")
         data = handle.read(MAX_TASK_FILE + 1)
     if len(data) > MAX_TASK_FILE:
