@@ -8,7 +8,7 @@ signal. Each filled field is listed in `Experiment.derived`, so nothing derived 
 Where relative paths resolve, for every command and every install kind: against the experiment
 file's project folder, the folder that holds its trainings/ folder, wherever the command runs from.
 That holds for inputs (data.blend prefixes, tokenizer files) and outputs (paths.*, the kill switch,
-backup.dest, data.cache_dir) alike, so a cron job or an on-call check finds the run the launch
+backup.dest, data.cache_dir, eval.hf_cache) alike, so a cron job or an on-call check finds the run the launch
 made. An input under corpus/ that the project folder does not have is the bundled corpus's file (an
 experiment copied from `tiny` trains on it and converts with its tokenizer). bsops' own experiments
 write their outputs under the current folder (experiment_files.outputs_folder). Every path comes
@@ -62,7 +62,7 @@ def _resolve_input(value: str, root: Path, prefix: bool = False) -> str:
 
 
 RECORD_SET_ASIDE = ("paths.output", "paths.checkpoints", "paths.tensorboard", "paths.logs", "paths.codecarbon",
-                    "checkpoint.kill_switch_path", "backup.dest", "data.cache_dir", "alerts.email_to",
+                    "checkpoint.kill_switch_path", "backup.dest", "data.cache_dir", "eval.hf_cache", "alerts.email_to",
                     "alerts.webhook_url_env", "hub.logs_repo", "hub.tensorboard_repo", "hub.codecarbon_repo",
                     "hub.checkpoints_repo", "hub.remote_template")
 """What a record (`record: true`, a seed's run) keeps only to show: where its run wrote, whom it told, where it pushed."""
@@ -127,7 +127,8 @@ def derive(exp: Experiment, root: Path, output_root: Path | None = None) -> Expe
         backup = dataclasses.replace(backup, dest=_resolve_path(backup.dest, out_root))
     evaluation = dataclasses.replace(
         exp.eval, tasks=[_resolve_input(t, root) if is_task_file(t) else t for t in exp.eval.tasks],
-        sources={name: _resolve_input(path, root) for name, path in exp.eval.sources.items()})
+        sources={name: _resolve_input(path, root) for name, path in exp.eval.sources.items()},
+        hf_cache=None if exp.eval.hf_cache is None else _resolve_path(exp.eval.hf_cache, out_root))
     evaluation = fill(evaluation, "eval", nodes=math.ceil(exp.parallel.tensor * exp.parallel.pipeline / slurm.gpus_per_node))
     exp = dataclasses.replace(exp, model=m, paths=paths, data=data, slurm=slurm, backup=backup, eval=evaluation)
     params = sizing.count_parameters(exp.model, exp.parallel.tensor).total

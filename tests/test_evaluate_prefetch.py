@@ -94,3 +94,13 @@ def test_prefetch_of_a_registered_task_from_a_local_mirror_then_lm_evals_lambada
     missing: dict[str, str] = {}
     out = driver.run_tasks(_lm(), ["lambada_openai"], missing=missing, bootstrap_iters=10)
     assert missing == {} and out["results"]["lambada_openai"]["sample_len"] == 3
+
+
+def test_a_relative_cache_resolves_against_the_project_folder(trainings: Path, tmp_path: Path, monkeypatch) -> None:
+    """As every other output path: not against the folder a command (the hourly job, a login shell) runs in."""
+    from bigscience_ops.config import load_experiment
+
+    (trainings / "rel.yaml").write_text("base: tiny\neval: {hf_cache: shared/hf-cache}\n")
+    monkeypatch.chdir(tmp_path)
+    exp = load_experiment("rel", trainings)
+    assert exp.eval.hf_cache == str(trainings.parent / "shared" / "hf-cache")
