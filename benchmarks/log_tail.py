@@ -3,7 +3,7 @@
 A crashed node on NFS leaves hundreds of MB of NUL bytes at the end of main_log.txt, and a process can
 print a line of hundreds of MB without a line break; reading the end of the log used to grow with the
 square of that last line (64 MB of NULs: 112 s). Every reader now reads a fixed number of bytes from the
-end (bigscience_ops/runlog.py), so the three commands must answer in the same time whatever the log ends
+end (bigscience_ops/run/log.py), so the three commands must answer in the same time whatever the log ends
 with: under 2 s. Four logs of one experiment, each in a run folder of its own:
 
   normal  iteration lines only, as large as the single-line log (`--mb`)

@@ -107,7 +107,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from bigscience_ops import sizing
-    from bigscience_ops.render import deepspeed_config
+    from bigscience_ops.launch.render import deepspeed_config
     from bigscience_ops.sizing import GPTShape
     from bigscience_ops.trainer.data import MicroBatchFeed
     from bigscience_ops.trainer.model import build_sequential, lm_loss, weight_decay_groups

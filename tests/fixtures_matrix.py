@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import sizing
-from bigscience_ops.iteration_log import parse_iteration_line
+from bigscience_ops.run.iterations import parse_iteration_line
 from bigscience_ops.schema import Experiment
 from bigscience_ops.trainer.checkpointing import find_resume
 from tests.fixtures_trainer import checkpoint_steps, concurrently, ranks, scalars, small_experiment, write_run

@@ -20,7 +20,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
-from bigscience_ops.launch import free_port
+from bigscience_ops.launch.local import free_port
 from bigscience_ops.ops.tell.channels import Outbox
 from bigscience_ops.ops.tell.email import EmailChannel, SmtpSettings
 from bigscience_ops.ops.tell.webhook import WebhookChannel, WebhookSettings

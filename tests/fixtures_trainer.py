@@ -35,10 +35,10 @@ import psutil
 import pytest
 
 from bigscience_ops.config import load_experiment, to_dict
-from bigscience_ops.launch import free_port
+from bigscience_ops.launch.local import free_port
 
 from bigscience_ops.schema import DataSource, Experiment, SaveRange
-from bigscience_ops.render import deepspeed_config
+from bigscience_ops.launch.render import deepspeed_config
 from tests import rank_server
 
 REPO = Path(__file__).resolve().parents[1]

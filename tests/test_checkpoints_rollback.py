@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import ledger, rollbacks
+from bigscience_ops.run import ledger
+from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.checkpoints.rollback import rollback
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
-from bigscience_ops.launch_plan import as_recorded
+from bigscience_ops.launch.plan import as_recorded
 from bigscience_ops.ops.keep import backup
 from tests.fixtures_experiments import tiny_yaml
 

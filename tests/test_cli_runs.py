@@ -11,11 +11,13 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from bigscience_ops import ledger, run_lock, runs_index
+from bigscience_ops.run import ledger
+from bigscience_ops.run import lock as run_lock
+from bigscience_ops.run import index as runs_index
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment, to_dict
-from bigscience_ops.ledger import TaskRecord
-from bigscience_ops.run_ref import open_run
+from bigscience_ops.run.ledger import TaskRecord
+from bigscience_ops.run.opening import open_run
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 
 SMALL = (SHRUNK_MODEL, "batch: {global_batch_size: 8, micro_batch_size: 2, rampup: {start: 4, increment: 2, samples: 40}}\n"

@@ -35,7 +35,7 @@ def status(folder: Path) -> tuple[int, str]:
 
 def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_cluster, plain_server,
                                                            tmp_path: Path) -> None:
-    from bigscience_ops import ledger
+    from bigscience_ops.run import ledger
 
     inbox, _ = plain_server
     exp = load_experiment("watched", watched)
@@ -89,7 +89,7 @@ def test_a_torn_run_file_is_emailed_with_the_stopped_run_on_the_real_cluster(wat
     the run stopped at 80 and names the torn file and line."""
     import json
 
-    from bigscience_ops import ledger
+    from bigscience_ops.run import ledger
 
     inbox, _ = plain_server
     exp = load_experiment("watched", watched)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import slurm, submit
+from bigscience_ops import slurm
+from bigscience_ops.launch import cluster as submit
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment

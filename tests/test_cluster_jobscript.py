@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import ledger, slurm, submit
+from bigscience_ops import slurm
+from bigscience_ops.run import ledger
+from bigscience_ops.launch import cluster as submit
 from bigscience_ops.config import load_experiment
 from bigscience_ops.schema import Experiment
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml

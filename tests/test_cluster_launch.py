@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import ledger, submit
+from bigscience_ops.run import ledger
+from bigscience_ops.launch import cluster as submit
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.run_schedule import run_schedule

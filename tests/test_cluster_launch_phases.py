@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import ledger, submit
+from bigscience_ops.run import ledger
+from bigscience_ops.launch import cluster as submit
 from bigscience_ops.config import load_experiment
 from bigscience_ops.plan import make_plan
 from bigscience_ops.run_schedule import run_schedule

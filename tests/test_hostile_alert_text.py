@@ -25,9 +25,10 @@ import pytest
 from aiosmtpd.controller import Controller
 from click.testing import CliRunner
 
-from bigscience_ops import ledger, slurm
+from bigscience_ops import slurm
+from bigscience_ops.run import ledger
 from bigscience_ops.cli import main
-from bigscience_ops.launch import free_port
+from bigscience_ops.launch.local import free_port
 from bigscience_ops.ops.evaluate import schedule
 from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.ops.watch import watchdog

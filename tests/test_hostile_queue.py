@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import ledger, runlog, slurm
+from bigscience_ops import slurm
+from bigscience_ops.run import ledger
+from bigscience_ops.run import log as runlog
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.experiment_files import check_name
-from bigscience_ops.iteration_log import parse_iteration_line
+from bigscience_ops.run.iterations import parse_iteration_line
 from bigscience_ops.ops.schedule import cron, hourly_jobs
 from bigscience_ops.ops.watch import health, status
 from bigscience_ops.views import samples

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import ledger, rollbacks
+from bigscience_ops.run import ledger
+from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment

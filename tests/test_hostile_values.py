@@ -17,7 +17,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from bigscience_ops import render as rendering
+from bigscience_ops.launch import render as rendering
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.plan import make_plan
 from bigscience_ops.config import load_experiment

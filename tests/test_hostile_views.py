@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import ledger, runs_index
+from bigscience_ops.run import ledger
+from bigscience_ops.run import index as runs_index
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment, to_dict
-from bigscience_ops.ledger import TaskRecord
+from bigscience_ops.run.ledger import TaskRecord
 from bigscience_ops.views import runs as runs_view
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import complete_checkpoint

@@ -26,7 +26,7 @@ A layer is a set of modules that may import one another and anything in the laye
 module in a layer above. The order follows the data flow of docs/ARCHITECTURE.md: schema -> config
 loader -> run schedule -> plan / render / launch / trainer / ops, with the CLI on top.
 
-Each entry is a module (`bigscience_ops.render`) or a package (`bigscience_ops.ops`: the package and
+Each entry is a module (`bigscience_ops.launch.render`) or a package (`bigscience_ops.ops`: the package and
 every module inside it, so that modules moving within it need no change here). Where entries overlap,
 the longest one decides. The root package's name stands for its own `__init__.py` only.
 
@@ -40,15 +40,17 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("ground: knows nothing else of the package", [
         "bigscience_ops",  # the package's face: __version__
         "bigscience_ops.errors",
-        "bigscience_ops.iteration_log",
+        "bigscience_ops.run",  # the run package's face: only names its modules
+        "bigscience_ops.launch",  # the launch package's face
+        "bigscience_ops.run.iterations",
         "bigscience_ops.redact",
     ]),
     ("tools: one outside thing each (YAML, the bundled folders, a log file, Slurm, the GPU kernels)", [
         "bigscience_ops.typedyaml",
-        "bigscience_ops.runfiles",
+        "bigscience_ops.run.files",
         "bigscience_ops.deadline",
         "bigscience_ops.resources",
-        "bigscience_ops.runlog",
+        "bigscience_ops.run.log",
         "bigscience_ops.slurm",
         "bigscience_ops.kernels",
         "bigscience_ops.benchmark_results",  # benchmarks/RESULTS.md's measured trainer TFLOPs (bsops plan shows them)
@@ -59,7 +61,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.sizing",
         "bigscience_ops.node_schedule",
         "bigscience_ops.hub_remote",
-        "bigscience_ops.rollbacks",
+        "bigscience_ops.run.rollbacks",
         "bigscience_ops.data",
         "bigscience_ops.data.preflight",  # the data's pre-flight checks: reads data and the schema, never a run folder
         "bigscience_ops.data.dataset_record",  # PREFIX.dataset.json: what a dataset bsops wrote holds (preflight reads it)
@@ -76,25 +78,25 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     ("records: what a run's folder holds (checkpoints, task ledger, the records a launch obeys)", [
         "bigscience_ops.checkpoints",
-        "bigscience_ops.ledger",
-        "bigscience_ops.run_records",
-        "bigscience_ops.run_lock",
-        "bigscience_ops.runs_index",  # the user's index of the runs they launched (each launch appends)
+        "bigscience_ops.run.ledger",
+        "bigscience_ops.run.records",
+        "bigscience_ops.run.lock",
+        "bigscience_ops.run.index",  # the user's index of the runs they launched (each launch appends)
     ]),
     ("plan and render: a run checked and written as a job", [
         "bigscience_ops.plan",
         "bigscience_ops.planview",
-        "bigscience_ops.render",
+        "bigscience_ops.launch.render",
     ]),
     ("run: launch and submit, the trainer, the hourly jobs and the on-call person's tools", [
-        "bigscience_ops.launch_plan",
-        "bigscience_ops.jobenv",
-        "bigscience_ops.launch",
-        "bigscience_ops.launch_console",
-        "bigscience_ops.submit",
+        "bigscience_ops.launch.plan",
+        "bigscience_ops.launch.jobenv",
+        "bigscience_ops.launch.local",
+        "bigscience_ops.launch.console",
+        "bigscience_ops.launch.cluster",
         "bigscience_ops.trainer",
         "bigscience_ops.ops",
-        "bigscience_ops.run_ref",  # a run named by its experiment or folder, read as its record says (lm-eval's
+        "bigscience_ops.run.opening",  # a run named by its experiment or folder, read as its record says (lm-eval's
                                    # model plugin opens a run as bsops eval does)
     ]),
     ("views: a run read back as it recorded itself", [

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import launch, ledger
-from bigscience_ops.iteration_log import IterationStats, iteration_line, parse_iteration_line
-from bigscience_ops.launch_console import CLEAR, Console, error_line, progress_text, stop_line, task_end
+from bigscience_ops.launch import local as launch
+from bigscience_ops.run import ledger
+from bigscience_ops.run.iterations import IterationStats, iteration_line, parse_iteration_line
+from bigscience_ops.launch.console import CLEAR, Console, error_line, progress_text, stop_line, task_end
 from tests.fixtures_experiments import processes_mentioning
 from tests.fixtures_slurm import wait_until
 
@@ -260,7 +261,7 @@ done
 HOOKS = """
 import sys
 from pathlib import Path
-from bigscience_ops import ledger
+from bigscience_ops.run import ledger
 event, run, checkpoints = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 if event == "begin":
     ledger.begin(run, checkpoints, 0)
@@ -299,13 +300,13 @@ def test_a_stopped_task_records_its_end_after_the_trainers_save(tmp_path):
 
 
 def test_launch_console_imports_neither_torch_nor_click():
-    code = ("import sys, bigscience_ops.launch_console; "
+    code = ("import sys, bigscience_ops.launch.console; "
             "assert not {'torch', 'deepspeed', 'click'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=REPO)
 
 
 @pytest.mark.parametrize("seconds, shown", [(0.4, "0 s"), (59.6, "1 min 00 s"), (3725, "1 h 02 min")])
 def test_durations(seconds, shown):
-    from bigscience_ops.launch_console import duration
+    from bigscience_ops.launch.console import duration
 
     assert duration(seconds) == shown

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import launch_plan, rollbacks, runs_index
+from bigscience_ops.launch import plan as launch_plan
+from bigscience_ops.run import rollbacks
+from bigscience_ops.run import index as runs_index
 from bigscience_ops.config import load_experiment
-from bigscience_ops.jobenv import job_environment
-from bigscience_ops.launch_plan import LaunchOptions, Overrides, apply_overrides, build_launch_plan
-from bigscience_ops.run_records import EXIT_NOT_TRAINING, read_records
+from bigscience_ops.launch.jobenv import job_environment
+from bigscience_ops.launch.plan import LaunchOptions, Overrides, apply_overrides, build_launch_plan
+from bigscience_ops.run.records import EXIT_NOT_TRAINING, read_records
 from tests.fixtures_experiments import tiny_yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,7 +112,7 @@ def test_the_job_environment_is_built_once_for_both_executors(monkeypatch) -> No
 
 
 def test_the_job_script_ends_without_training_on_the_one_exit_code(exp, monkeypatch) -> None:
-    from bigscience_ops import render
+    from bigscience_ops.launch import render
 
     script = build_launch_plan(exp, LaunchOptions(job="local", allow_incomplete=True)).rendered
     assert f"if [[ $status == {EXIT_NOT_TRAINING} ]]; then" in script.files[script.script]
@@ -137,7 +139,7 @@ def test_the_kill_switch_is_decided_in_one_function_with_two_callers() -> None:
     lifecycle; nobody else looks at the file."""
     callers = _calls_of("kill_switch_on")
     assert len(callers) <= 2, callers
-    assert any(c.startswith("bigscience_ops/run_records.py") for c in callers), callers
+    assert any(c.startswith("bigscience_ops/run/records.py") for c in callers), callers
 
 
 def test_an_experiment_is_transformed_by_derivation_and_the_launch_overrides_only() -> None:
@@ -149,4 +151,4 @@ def test_an_experiment_is_transformed_by_derivation_and_the_launch_overrides_onl
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "replace"
                     and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in ("exp", "experiment")):
                 places.add(str(path.relative_to(REPO)))
-    assert places <= {"bigscience_ops/derivation.py", "bigscience_ops/launch_plan.py"}, places
+    assert places <= {"bigscience_ops/derivation.py", "bigscience_ops/launch/plan.py"}, places

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import ledger, render as rendering
+from bigscience_ops.run import ledger
+from bigscience_ops.launch import render as rendering
 from bigscience_ops.plan import make_plan
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import BsopsError

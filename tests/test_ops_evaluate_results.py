@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.ops.evaluate import results
-from bigscience_ops.rollbacks import Rollback
+from bigscience_ops.run.rollbacks import Rollback
 
 LM_EVAL = json.loads((Path(__file__).parent / "assets" / "eval" / "lm_eval_0.4.13_output.json").read_text())
 """smoke_choice (acc, acc_norm), smoke_lastword (perplexity, acc), smoke_ppl (word/byte perplexity, bits_per_byte)."""

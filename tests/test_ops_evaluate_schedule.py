@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import config, rollbacks, slurm
+from bigscience_ops import config, slurm
+from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import ConfigError

@@ -74,7 +74,7 @@ def test_sync_pushes_lfs_objects_and_commits_only_changes(git_lfs, tmp_path: Pat
 def test_the_chronicle_goes_to_the_logs_repo_and_changes_only_with_the_run(git_lfs, tmp_path: Path) -> None:
     import time
 
-    from bigscience_ops import ledger
+    from bigscience_ops.run import ledger
     from tests.fixtures_git import remote_holding, tree_snapshot
 
     run, remotes = tmp_path / "run", tmp_path / "remotes"
@@ -490,7 +490,8 @@ def test_hub_sync_alert_on_hostile_records_pushes_an_escaped_chronicle_and_tells
         git_lfs, trainings: Path, tmp_path: Path, plain_server, monkeypatch) -> None:
     """Records with wrong field types and Markdown/HTML payloads: hub-sync --alert still pushes the logs and the
     chronicle (bad lines listed, payloads as text), and a sync that fails afterwards is still emailed."""
-    from bigscience_ops import ledger, rollbacks
+    from bigscience_ops.run import ledger
+    from bigscience_ops.run import rollbacks
     from bigscience_ops.ops.tell import notify
 
     inbox, port = plain_server

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import ledger
+from bigscience_ops.run import ledger
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops.watch import lifecycle, status, watchdog
 from bigscience_ops.run_schedule import run_schedule

@@ -255,7 +255,7 @@ def test_bsops_status_with_a_dripping_webhook_returns_in_time_mails_once_and_rec
     """The watchdog of an experiment whose alerts go to email and a webhook that answers `200 OK` then drips a
     header line every 2 s: each `bsops status` returns within its Slurm timeout plus each channel's, the email
     goes out once per cooldown, and the alert state says the webhook failed (so the next run tries it again)."""
-    from bigscience_ops import ledger
+    from bigscience_ops.run import ledger
     from bigscience_ops.cli import main
     from bigscience_ops.config import load_experiment
     from bigscience_ops.ops.tell import email, webhook

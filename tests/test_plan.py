@@ -372,13 +372,13 @@ def test_skipped_iterations_and_the_samples_they_consume_are_in_the_plan(trainin
     samples counted step by step through tr1-13B's rampup. Without skips the plan has no skip line or key."""
     import json
 
-    from bigscience_ops import rollbacks
+    from bigscience_ops.run import rollbacks
     from bigscience_ops.planview import plan_data
 
     (trainings / "skipper.yaml").write_text(f"base: tr1-13B\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
                                             "train: {skip_iterations: ['100-120', '30000']}\n")
     rollbacks.append(tmp_path / "run", rollbacks.Rollback(0.0, 5000, 4000, "4001-4100", ""))
-    from bigscience_ops.launch_plan import as_recorded
+    from bigscience_ops.launch.plan import as_recorded
 
     assert load_experiment("skipper", trainings).train.skip_iterations == ["100-120", "30000"]
     exp = as_recorded(load_experiment("skipper", trainings))

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import render as rendering, run_lock
+from bigscience_ops.launch import render as rendering
+from bigscience_ops.run import lock as run_lock
 from bigscience_ops.config import load_experiment
 from bigscience_ops.plan import make_plan
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_render import install_shims
 
-HOLD = ("import sys, time; from bigscience_ops import run_lock\n"
+HOLD = ("import sys, time; from bigscience_ops.run import lock as run_lock\n"
         "with run_lock.hold(sys.argv[1], 'bsops launch --local'):\n"
         "    print('held', flush=True); time.sleep(60)\n")
 
@@ -93,7 +94,7 @@ def test_a_task_holds_the_run_until_it_ends(tmp_path: Path, trainings: Path) -> 
     script = rendering.write(rendering.render(exp, tmp_path / "r", make_plan(exp)), tmp_path / "r")
     env = install_shims(tmp_path)
     env.update(BSOPS_LOCAL_LAUNCH="1", SLURM_ARRAY_JOB_ID="600", SLURM_ARRAY_TASK_ID="2")
-    probe = (f"from bigscience_ops import run_lock; import pathlib; "
+    probe = (f"from bigscience_ops.run import lock as run_lock; import pathlib; "
              f"pathlib.Path({str(tmp_path / 'seen')!r}).write_text(run_lock.holder({str(run)!r}) or 'free')")
     torchrun = tmp_path / "shims" / "torchrun"  # the trainer: looks at the lock while the task holds it
     torchrun.write_text(torchrun.read_text().replace("exit 0", f"{sys.executable} -c \"{probe}\"\nexit 0"))
@@ -103,7 +104,7 @@ def test_a_task_holds_the_run_until_it_ends(tmp_path: Path, trainings: Path) -> 
 
 
 def test_a_slurm_launch_is_refused_while_a_local_launch_holds_the_run(trainings: Path, held) -> None:
-    from bigscience_ops import submit
+    from bigscience_ops.launch import cluster as submit
 
     run, pid = held
     (trainings / "busy.yaml").write_text(tiny_yaml(run))

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import rollbacks, run_ref
+from bigscience_ops.run import rollbacks
+from bigscience_ops.run import opening as run_ref
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment, to_dict
-from bigscience_ops.launch_plan import LaunchOptions, build_launch_plan
-from bigscience_ops.run_ref import RunRecordError, open_run
+from bigscience_ops.launch.plan import LaunchOptions, build_launch_plan
+from bigscience_ops.run.opening import RunRecordError, open_run
 from bigscience_ops.views import samples
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 

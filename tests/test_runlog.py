@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import runlog
+from bigscience_ops.run import log as runlog
 
 
 @pytest.fixture

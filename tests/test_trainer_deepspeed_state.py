@@ -28,8 +28,8 @@ def engines(tmp_path_factory):
     import deepspeed.accelerator.cpu_accelerator as cpu
     import torch
 
-    from bigscience_ops.launch import free_port
-    from bigscience_ops.render import deepspeed_config
+    from bigscience_ops.launch.local import free_port
+    from bigscience_ops.launch.render import deepspeed_config
     from bigscience_ops.sizing import GPTShape
     from bigscience_ops.trainer import pipeline_engine
     from bigscience_ops.trainer.faults import Faults

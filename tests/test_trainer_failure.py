@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import ledger
+from bigscience_ops.run import ledger
 from bigscience_ops.trainer.faults import FaultSwitchError, Faults, corrupt_at, fail_at
 from tests.fixtures_experiments import processes_mentioning, shrunk_tiny_yaml, small_trainings
 

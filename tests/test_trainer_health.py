@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import runlog
-from bigscience_ops.iteration_log import parse_iteration_line
+from bigscience_ops.run import log as runlog
+from bigscience_ops.run.iterations import parse_iteration_line
 from bigscience_ops.ops.watch import health, watchdog
 from tests.fixtures_status import seed_job
 from tests.fixtures_trainer import INJECTED, SPIKE_AT, scalars

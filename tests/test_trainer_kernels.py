@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from bigscience_ops.config import load_experiment
 from bigscience_ops.kernels.choice import OPS
-from bigscience_ops.launch import free_port
+from bigscience_ops.launch.local import free_port
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer.data import SyntheticDataset, step_micro_batches
 from bigscience_ops.trainer.model import build_sequential, loss_function

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bigscience_ops.ledger import latest_iteration
+from bigscience_ops.run.ledger import latest_iteration
 from tests.fixtures_trainer import REPO, TORCHRUN, small_experiment, write_run
 
 pytestmark = pytest.mark.slow

@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from bigscience_ops import ledger
+from bigscience_ops.run import ledger
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.checkpoints.layout import CheckpointError
-from bigscience_ops.iteration_log import IterationStats, iteration_line
+from bigscience_ops.run.iterations import IterationStats, iteration_line
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.data import SyntheticDataset, sample_indices, step_micro_batches

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import runlog
+from bigscience_ops.run import log as runlog
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.views import plot
@@ -179,7 +179,8 @@ def test_plot_marks_the_chronicles_events_on_the_loss_curve(run_exp, tmp_path):
     logged before it (one before any point is not drawn). Read back from the loss panel's lines."""
     import time
 
-    from bigscience_ops import ledger, rollbacks
+    from bigscience_ops.run import ledger
+    from bigscience_ops.run import rollbacks
     from bigscience_ops.run_schedule import run_schedule
 
     _write_events(Path(run_exp.paths.tensorboard), {"lm loss": [(8, 9.0), (16, 8.5), (24, 8.1)]})
@@ -205,7 +206,7 @@ def test_plot_after_a_rollback_draws_the_live_branch_and_the_abandoned_points_ap
     first branch's 5-8 are grey 'rolled back' points; the learning rate never jumps back up on the live curve."""
     import time
 
-    from bigscience_ops import rollbacks
+    from bigscience_ops.run import rollbacks
     from bigscience_ops.run_schedule import run_schedule
 
     at = run_schedule(run_exp).batch.consumed_after

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import ledger
+from bigscience_ops.run import ledger
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
-from bigscience_ops.iteration_log import IterationStats, iteration_line, parse_iteration_line
+from bigscience_ops.run.iterations import IterationStats, iteration_line, parse_iteration_line
 from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import complete_checkpoint
@@ -255,7 +255,7 @@ def test_the_live_branch_starts_at_the_relaunchs_begin_line_not_at_an_abandoned_
     begin line, its iteration lines are not the live branch's, though the ledger says a task began."""
     import dataclasses
 
-    from bigscience_ops import rollbacks
+    from bigscience_ops.run import rollbacks
     from bigscience_ops.trainer.sampling import TaskLayout
     from bigscience_ops.views import branch
 

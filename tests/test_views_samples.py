@@ -294,7 +294,7 @@ def _trained_log(exp, start: int, last: int, mtime: float) -> Path:
     main_log.txt, which is then dated `mtime`."""
     import os
 
-    from bigscience_ops.iteration_log import IterationStats, iteration_line
+    from bigscience_ops.run.iterations import IterationStats, iteration_line
 
     lines = [TaskLayout(exp.name, 1000, 1, 1, 1, 2, False, 28, start).line()]
     lines += [iteration_line(IterationStats(i, 28, 6 * i, 6 * i * 32, 10.0, 1e-4, 6, 7.0, 1.0, 1.0, None, 0, 0, 1.0,
@@ -313,7 +313,7 @@ def test_right_after_a_rollback_the_skip_range_is_what_the_relaunch_will_do(exp)
     import time
 
     from bigscience_ops.checkpoints.rollback import rollback
-    from bigscience_ops.launch_plan import as_recorded
+    from bigscience_ops.launch.plan import as_recorded
 
     now = time.time()
     for step in (10, 20):

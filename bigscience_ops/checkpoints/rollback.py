@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import rollbacks
+from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.run_schedule import run_schedule

@@ -197,7 +197,7 @@ def open_run(exp: str | None, run: Path | None, trainings_dir: Path | None, err:
     (run_ref.open_run). Says which run folder it is (on stderr with `err`: where stdout is the data; not at all
     without `say_folder`) and, in one line on stderr, where the experiment file now differs from the run's record
     in a field that changes the data order or the model: the run is shown as recorded."""
-    from bigscience_ops import run_ref
+    from bigscience_ops.run import opening as run_ref
 
     opened = run_ref.open_run(exp, trainings_dir, run)
     if say_folder:
@@ -222,7 +222,7 @@ def _say_folder(opened, trainings_dir: Path | None, err: bool) -> None:
 def _elsewhere(name: str) -> None:
     """Where the runs index knows runs of `name` when there is none where the experiment puts it (a bundled
     experiment's run goes under the folder it was launched from)."""
-    from bigscience_ops import runs_index
+    from bigscience_ops.run import index as runs_index
 
     folders = [launch.folder for launch, _ in runs_index.latest_by_folder(runs_index.read_index().records)
                if launch.experiment == name and Path(launch.folder).is_dir()]

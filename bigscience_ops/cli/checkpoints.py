@@ -48,7 +48,7 @@ def convert_command(exp: str | None, run: Path | None, trainings_dir: Path | Non
     opened = open_run(exp, run, trainings_dir)
     experiment = opened.experiment  # the model and tokenizer the run trained with
     if push:
-        from bigscience_ops import run_ref
+        from bigscience_ops.run import opening as run_ref
 
         try:  # where the weights and the token go: the experiment file's hub section, never the record's
             experiment = run_ref.with_configured_settings(opened, trainings_dir)
@@ -146,7 +146,8 @@ def rollback_command(exp: str | None, run: Path | None, trainings_dir: Path | No
     <checkpoints>/rolled-back-<time>/, which retention never touches; the event and the skipped range
     go into <run>/rollbacks.jsonl, which plan, render and the trainer read from then on. Then relaunch.
     """
-    from bigscience_ops import ledger, run_lock
+    from bigscience_ops.run import ledger
+    from bigscience_ops.run import lock as run_lock
     from bigscience_ops.checkpoints import rollback
 
     opened = open_run(exp, run, trainings_dir)

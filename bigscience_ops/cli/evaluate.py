@@ -14,7 +14,7 @@ import click
 from bigscience_ops.cli.base import EXIT_ERROR, EXIT_PROBLEMS, TEXT, main, open_run, run_option, trainings_option
 from bigscience_ops.cli.ops import configured_run, run_alerting, alert_option
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.runfiles import MAX_STEP
+from bigscience_ops.run.files import MAX_STEP
 
 TABLE_STEPS = 6
 """The newest evaluated steps the table after an evaluation shows (as `bsops info` does)."""
@@ -109,7 +109,8 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
     from bigscience_ops.checkpoints import layout
     from bigscience_ops.ops.evaluate import EvalError, launcher, results, taskfiles
 
-    from bigscience_ops import rollbacks, run_ref
+    from bigscience_ops.run import rollbacks
+    from bigscience_ops.run import opening as run_ref
 
     opened = open_run(exp, run, trainings_dir)
     named = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
@@ -179,7 +180,8 @@ def _stamp(path: Path) -> tuple[int, int] | None:
 
 
 def _next(exp: str | None, run: Path | None, alert: bool, trainings_dir: Path | None) -> None:
-    from bigscience_ops import rollbacks, submit
+    from bigscience_ops.run import rollbacks
+    from bigscience_ops.launch import cluster as submit
     from bigscience_ops.ops.evaluate import jobscript, results, schedule
 
     experiment, named = configured_run(exp, run, trainings_dir)  # eval: and alerts: of today's experiment file

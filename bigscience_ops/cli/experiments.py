@@ -139,8 +139,8 @@ def _console() -> Iterator:
     Ctrl-C ends it with the line saying what the running task saved, instead of click's `Aborted!`."""
     import shutil
 
-    from bigscience_ops.launch import Interrupted
-    from bigscience_ops.launch_console import Console
+    from bigscience_ops.launch.local import Interrupted
+    from bigscience_ops.launch.console import Console
 
     console = Console(lambda text, newline: click.echo(text, nl=newline), sys.stdout.isatty(),
                       width=lambda: shutil.get_terminal_size().columns)
@@ -180,7 +180,7 @@ def plan(exp: str, as_json: bool, nodes: int | None, allow_incomplete: bool, tra
     """
     from bigscience_ops.data.preflight import check_data
     from bigscience_ops.experiment_files import experiment_path
-    from bigscience_ops.launch_plan import Overrides, apply_overrides, as_recorded
+    from bigscience_ops.launch.plan import Overrides, apply_overrides, as_recorded
     from bigscience_ops.plan import make_plan
     from bigscience_ops.planview import data_check_data, plan_data, plan_text
     from bigscience_ops.site_values import missing_site_values
@@ -265,8 +265,8 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
 def render(exp: str, out: Path | None, allow_incomplete: bool, trainings_dir: Path | None) -> None:
     """Render EXP's Slurm job-array script and DeepSpeed JSON (refused if the plan finds errors, or if site
     values the job needs are missing, unless --allow-incomplete)."""
-    from bigscience_ops import render as rendering
-    from bigscience_ops.launch_plan import LaunchOptions, build_launch_plan
+    from bigscience_ops.launch import render as rendering
+    from bigscience_ops.launch.plan import LaunchOptions, build_launch_plan
 
     experiment = load_experiment(exp, trainings_dir)
     echo_run_folder(exp, trainings_dir, experiment)
@@ -284,7 +284,7 @@ def render(exp: str, out: Path | None, allow_incomplete: bool, trainings_dir: Pa
 
 def _warn_if_the_run_recorded_otherwise(experiment, out: Path | None) -> None:
     """One warning line when the run folder's last launch trained another seed, data or model than this one will."""
-    from bigscience_ops import run_ref
+    from bigscience_ops.run import opening as run_ref
 
     folder = Path(out) if out is not None else Path(experiment.paths.output)
     try:
@@ -320,8 +320,8 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
     (any user of slurm.group) makes the launch refuse, unless --after-current chains after it.
     With --local the same job script runs here, its array tasks one after another.
     """
-    from bigscience_ops.launch import launch_local
-    from bigscience_ops.launch_plan import LaunchOptions
+    from bigscience_ops.launch.local import launch_local
+    from bigscience_ops.launch.plan import LaunchOptions
 
     if not local and (out is not None or tasks is not None):
         raise click.UsageError("--out and --tasks apply to --local only")
@@ -331,7 +331,7 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
     echo_run_folder(exp, trainings_dir, experiment, out if local else None)
     _warn_if_the_run_recorded_otherwise(experiment, out if local else None)
     if not local:
-        from bigscience_ops import submit
+        from bigscience_ops.launch import cluster as submit
 
         with _data_checked():
             launch_plan = submit.plan_launch(experiment, LaunchOptions(allow_incomplete=allow_incomplete),

@@ -81,7 +81,7 @@ def configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None
     """The run EXP names, and the experiment file to check: today's YAML for an experiment (what the hourly jobs
     name); for a run named by its folder (EXP a folder, or --run), its record, with the alert, Hub and backup
     settings of its experiment file (run_ref.with_configured_settings: never a record's)."""
-    from bigscience_ops import run_ref
+    from bigscience_ops.run import opening as run_ref
 
     if run is None and exp is not None and not run_ref.is_run_folder_name(exp):
         experiment = load_experiment(exp, trainings_dir)

@@ -88,7 +88,7 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
     state = None
     if exp is not None or run is not None:
         from bigscience_ops.ops.watch import lifecycle
-        from bigscience_ops.run_ref import is_run_folder_name
+        from bigscience_ops.run.opening import is_run_folder_name
 
         if run is not None or is_run_folder_name(exp):  # a run named by its folder: as it recorded itself
             experiment = _with_configured_channels(open_run(exp, run, trainings_dir), trainings_dir, email_to)
@@ -127,7 +127,7 @@ def _with_configured_channels(opened, trainings_dir: Path | None, email_to: tupl
     experiment file to take them from, through --email-to alone (a line says so)."""
     import dataclasses
 
-    from bigscience_ops import run_ref
+    from bigscience_ops.run import opening as run_ref
     from bigscience_ops.schema import AlertsConfig
 
     try:

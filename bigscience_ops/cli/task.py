@@ -44,8 +44,9 @@ def task_begin(experiment_json: Path) -> None:
     """Record a task start; exit 1 without training when the failure budget is spent, 3 when the training is
     finished, the kill switch exists, or the task's allocation is not the node count of the run's phase (the
     run is handed to an array of that size)."""
-    from bigscience_ops import ledger, slurm
-    from bigscience_ops.run_records import EXIT_NOT_TRAINING, read_records
+    from bigscience_ops import slurm
+    from bigscience_ops.run import ledger
+    from bigscience_ops.run.records import EXIT_NOT_TRAINING, read_records
 
     exp = _resolved(experiment_json)
     task_env = slurm.TaskEnv.from_env()
@@ -92,7 +93,8 @@ def _data_refused(exp) -> list[str]:
 
 def _stop_crash_loop(exp, failing: list, task_env) -> None:
     """Alert once (email), then cancel the rest of the array so no task waits for nodes only to stop."""
-    from bigscience_ops import ledger, slurm
+    from bigscience_ops import slurm
+    from bigscience_ops.run import ledger
     from bigscience_ops.ops.tell import channels
 
     from bigscience_ops.ops.tell.quoting import quote_untrusted as q  # the ledger's words: never a link in an alert
@@ -122,7 +124,7 @@ def _stop_crash_loop(exp, failing: list, task_env) -> None:
                                                       f"`bsops launch {exp.name}` starts a fresh failure budget."))
     if not in_slurm:
         return
-    from bigscience_ops.submit import watched_users
+    from bigscience_ops.launch.cluster import watched_users
 
     try:
         ids = slurm.cancel_array(array, exp.slurm.job_name, users=watched_users(exp))
@@ -140,8 +142,9 @@ def _stop_crash_loop(exp, failing: list, task_env) -> None:
 @click.option("--exit-code", type=int, required=True, help="The training's exit code.")
 def task_end(experiment_json: Path, exit_code: int) -> None:
     """Record a task end and whether it made progress."""
-    from bigscience_ops import ledger, slurm
-    from bigscience_ops.run_records import read_records
+    from bigscience_ops import slurm
+    from bigscience_ops.run import ledger
+    from bigscience_ops.run.records import read_records
 
     exp = _resolved(experiment_json)
     task_env = slurm.TaskEnv.from_env()
@@ -165,7 +168,7 @@ def _finished(exp, iteration: int) -> bool:
 def _cancel_pending(exp, task_env, why: str) -> None:
     """Nothing is left to train (`why`): cancel the array's pending tasks so none waits for nodes only to end."""
     from bigscience_ops import slurm
-    from bigscience_ops.submit import watched_users
+    from bigscience_ops.launch.cluster import watched_users
 
     array = task_env.array_job_id
     if not array or task_env.local:
@@ -183,7 +186,7 @@ def _cancel_pending(exp, task_env, why: str) -> None:
 def _other_phase(exp, task_env) -> bool:
     """Whether this task's allocation differs from the run's node phase; if so, the rest of the array is
     resubmitted at the phase's size (once per array) and this says so."""
-    from bigscience_ops import submit
+    from bigscience_ops.launch import cluster as submit
 
     mismatch = submit.check_allocation(exp)
     if mismatch is None:

@@ -27,7 +27,7 @@ from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, main, open_run,
 def logs_command(exp: str | None, run: Path | None, trainings_dir: Path | None, lines: int, follow: bool,
                  from_clone: Path | None, interval: float) -> None:
     """Print the tail of EXP's main_log.txt (the run folder's, else hub-sync's clone of the logs repo)."""
-    from bigscience_ops import runlog
+    from bigscience_ops.run import log as runlog
 
     experiment = open_run(exp, run, trainings_dir, err=True).experiment  # stdout is the log's lines
     path = runlog.find_log(experiment, from_clone)
@@ -120,7 +120,7 @@ def configured(opened, trainings_dir: Path | None):
     run's name here, one line says so and those sections are shown empty (no store read, no reference)."""
     import dataclasses
 
-    from bigscience_ops import run_ref
+    from bigscience_ops.run import opening as run_ref
     from bigscience_ops.schema import AlertsConfig, BackupConfig, EvalConfig, HubConfig
 
     try:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bigscience_ops.iteration_log import IterationStats, iteration_line
+from bigscience_ops.run.iterations import IterationStats, iteration_line
 from bigscience_ops.trainer.report import Board, mfu, perplexity, validation_lines
 
 

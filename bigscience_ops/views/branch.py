@@ -25,8 +25,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from bigscience_ops.iteration_log import IterationStats, parse_iteration_line
-from bigscience_ops.rollbacks import Rollback
+from bigscience_ops.run.iterations import IterationStats, parse_iteration_line
+from bigscience_ops.run.rollbacks import Rollback
 from bigscience_ops.trainer.sampling import LayoutLineError, parse_layout_line
 
 START_MARK = "> training "

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bigscience_ops import rollbacks
+from bigscience_ops.run import rollbacks
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import chronicle
 from bigscience_ops.run_schedule import run_schedule
-from bigscience_ops.runfiles import Problem
+from bigscience_ops.run.files import Problem
 from bigscience_ops.views import branch
 
 # (panel title, TensorBoard tag against consumed samples, y-axis label)

@@ -32,10 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bigscience_ops import ledger, rollbacks, runlog
+from bigscience_ops.run import ledger
+from bigscience_ops.run import rollbacks
+from bigscience_ops.run import log as runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.iteration_log import IterationStats
+from bigscience_ops.run.iterations import IterationStats
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import backup as backups
 from bigscience_ops.ops.keep import evaluated as evaluated_steps

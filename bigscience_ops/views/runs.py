@@ -35,10 +35,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bigscience_ops import ledger, run_lock, runs_index
+from bigscience_ops.run import ledger
+from bigscience_ops.run import lock as run_lock
+from bigscience_ops.run import index as runs_index
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.runfiles import Problem, RecordFileError, excerpt, kind_of, read_small
-from bigscience_ops.runs_index import Launch
+from bigscience_ops.run.files import Problem, RecordFileError, excerpt, kind_of, read_small
+from bigscience_ops.run.index import Launch
 from bigscience_ops.schema import BackupConfig
 
 ALERT_CHARS = 120
@@ -142,7 +144,7 @@ def _why(problem: Problem) -> str:
 def run_row(launch: Launch, launches: int = 1) -> RunRow:
     """Where the run of one index line stands, from its folder alone: the experiment and job its record holds."""
     from bigscience_ops.ops.watch import lifecycle
-    from bigscience_ops.run_ref import open_run
+    from bigscience_ops.run.opening import open_run
 
     folder = Path(launch.folder)
     claimed = dict(experiment=launch.experiment, job=launch.job, job_id=launch.job_id)

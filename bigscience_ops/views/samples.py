@@ -27,7 +27,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import ledger, rollbacks, runlog
+from bigscience_ops.run import ledger
+from bigscience_ops.run import rollbacks
+from bigscience_ops.run import log as runlog
 from bigscience_ops.checkpoints import layout as checkpoint_layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.run_schedule import RunSchedule, run_schedule

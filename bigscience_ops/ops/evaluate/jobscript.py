@@ -19,14 +19,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import __version__, render as rendering, slurm
+from bigscience_ops import __version__, slurm
+from bigscience_ops.launch import render as rendering
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.config import to_dict
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.evaluate import launcher
 from bigscience_ops.ops.evaluate.prefetch import cache_env
 from bigscience_ops.ops.evaluate.schedule import job_name
-from bigscience_ops.runfiles import write_atomically
+from bigscience_ops.run.files import write_atomically
 from bigscience_ops.schema import PORT_SPREAD, Experiment
 
 TEMPLATE = "eval.slurm.j2"

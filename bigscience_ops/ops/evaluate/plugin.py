@@ -39,7 +39,7 @@ NAME = "bsops"
 def load_run(run: str, trainings_dir: str | None = None) -> Any:
     """The experiment of `run` as `bsops eval` reads it: a run folder or an experiment name or YAML file (the run
     as recorded, with today's eval: settings), or a resolved experiment .json (what the eval job's ranks read)."""
-    from bigscience_ops import run_ref
+    from bigscience_ops.run import opening as run_ref
     from bigscience_ops.ops.evaluate.worker import load
 
     if run.endswith(".json") and Path(run).is_file():
@@ -66,7 +66,7 @@ def _standalone() -> None:
     """A process group of one when started without torchrun."""
     if "RANK" in os.environ:
         return
-    from bigscience_ops.launch import free_port
+    from bigscience_ops.launch.local import free_port
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(free_port()))

@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bigscience_ops import rollbacks, slurm
+from bigscience_ops import slurm
+from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError, ConfigError
 from bigscience_ops.ops.evaluate import results
 from bigscience_ops.ops.tell.quoting import quote_untrusted
-from bigscience_ops.runfiles import (
+from bigscience_ops.run.files import (
     Checked, Problem, append_line, build, check_int, check_str, check_time, checked_jsonl,
 )
 from bigscience_ops.schema import Experiment

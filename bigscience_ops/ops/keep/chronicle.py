@@ -33,15 +33,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from bigscience_ops import ledger, rollbacks, runlog
+from bigscience_ops.run import ledger
+from bigscience_ops.run import rollbacks
+from bigscience_ops.run import log as runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.iteration_log import parse_iteration_line
+from bigscience_ops.run.iterations import parse_iteration_line
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import backup
 from bigscience_ops.ops.keep import evaluated as evaluated_steps
 from bigscience_ops.ops.watch import health
-from bigscience_ops.runfiles import Problem, RecordFileError, open_plain
+from bigscience_ops.run.files import Problem, RecordFileError, open_plain
 from bigscience_ops.schema import Experiment
 
 WATCHDOG_LOG = "watchdog.log"

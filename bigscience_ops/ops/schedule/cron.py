@@ -22,7 +22,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bigscience_ops import render as rendering, runlog, slurm
+from bigscience_ops import slurm
+from bigscience_ops.launch import render as rendering
+from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.tell import channels
 from bigscience_ops.schema import SLURM_NAME, SLURM_NAMES, SLURM_TIME, AlertsConfig

@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import render as rendering, runlog, slurm
+from bigscience_ops import slurm
+from bigscience_ops.launch import render as rendering
+from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.schedule.cron import PERIODS, CronSettings, RunnerScript, folder_scripts
 from bigscience_ops.schema import Experiment

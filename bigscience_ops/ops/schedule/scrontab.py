@@ -21,7 +21,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from bigscience_ops import render as rendering, slurm
+from bigscience_ops import slurm
+from bigscience_ops.launch import render as rendering
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.schedule.cron import PERIODS, CronSettings, RunnerScript, load_settings, runner_name, write_runner
 from bigscience_ops.schema import SLURM_TIME

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.iteration_log import IterationStats, parse_iteration_line
+from bigscience_ops.run.iterations import IterationStats, parse_iteration_line
 from bigscience_ops.schema import HealthConfig
 
 # Lines of the trainer's log that mark what happened between two iteration lines (Megatron's wording).

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from bigscience_ops import ledger, rollbacks, slurm
+from bigscience_ops import slurm
+from bigscience_ops.run import ledger
+from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.runfiles import Problem, open_plain
+from bigscience_ops.run.files import Problem, open_plain
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 

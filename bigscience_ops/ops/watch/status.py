@@ -21,7 +21,8 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from bigscience_ops import runlog, slurm
+from bigscience_ops import slurm
+from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.slurm import ACTIVE_STATES, NEVER_STARTS, WAITING_STATES, Job, format_duration
@@ -340,7 +341,7 @@ def recorded_job_ids(output: Path) -> frozenset[str] | None:
     and resize records and its tasks' own ids, and each launches/<time>/sbatch.json. None when it recorded none
     (a run launched before these were recorded, or only locally), or when its ledger cannot be read at all: the
     watchdog then goes by the job name alone, as before."""
-    from bigscience_ops import ledger
+    from bigscience_ops.run import ledger
 
     ids: set[str] = set()
     try:  # the lines that are records (a torn line is the watchdog's alert of its own, lifecycle's)

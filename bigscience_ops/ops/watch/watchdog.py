@@ -25,7 +25,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from bigscience_ops import ledger, rollbacks, runlog, slurm
+from bigscience_ops import slurm
+from bigscience_ops.run import ledger
+from bigscience_ops.run import rollbacks
+from bigscience_ops.run import log as runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.evaluate import results as eval_results
@@ -37,7 +40,7 @@ from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.ops.watch import health, status
 from bigscience_ops.ops.watch.lifecycle import RunState
 from bigscience_ops.ops.watch.status import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport
-from bigscience_ops.runfiles import Problem
+from bigscience_ops.run.files import Problem
 from bigscience_ops.schema import HealthConfig
 
 

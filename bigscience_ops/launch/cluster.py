@@ -23,12 +23,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import ledger, render as rendering, run_lock, slurm
+from bigscience_ops import slurm
+from bigscience_ops.run import ledger
+from bigscience_ops.launch import render as rendering
+from bigscience_ops.run import lock as run_lock
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.jobenv import job_environment
-from bigscience_ops.launch_plan import LaunchOptions, LaunchPlan, Started, build_launch_plan, execute
+from bigscience_ops.launch.jobenv import job_environment
+from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, Started, build_launch_plan, execute
 from bigscience_ops.node_schedule import Phase
-from bigscience_ops.run_records import read_records
+from bigscience_ops.run.records import read_records
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 from bigscience_ops.site_values import SiteCheck

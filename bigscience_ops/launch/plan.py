@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from bigscience_ops import render as rendering
+from bigscience_ops.launch import render as rendering
 from bigscience_ops.data.preflight import DataCheck, check_data
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.node_schedule import Phase
 from bigscience_ops.plan import Plan, make_plan
-from bigscience_ops.run_records import RunRecords, read_records
+from bigscience_ops.run.records import RunRecords, read_records
 from bigscience_ops.run_schedule import RunSchedule, run_schedule
 from bigscience_ops.schema import Experiment
 from bigscience_ops.site_values import SiteCheck, check_complete
@@ -186,7 +186,7 @@ class Executor(Protocol[Result]):
 def execute(plan: LaunchPlan, executor: Executor[Result]) -> Result:
     """Check the data, write the run record and script, then submit or run: the same order for every executor.
     Once the job has started, the launch goes into the user's runs index (runs_index.py; `bsops runs`)."""
-    from bigscience_ops import runs_index
+    from bigscience_ops.run import index as runs_index
     from bigscience_ops.data.corpus import ensure_data  # numpy: only a launch that runs builds data
 
     def started(job: str, job_id: str) -> None:

@@ -23,12 +23,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import config, rollbacks
+from bigscience_ops import config
+from bigscience_ops.run import rollbacks
 from bigscience_ops.errors import BsopsError, ConfigError
 from bigscience_ops.experiment_files import check_name
-from bigscience_ops.launch_plan import Overrides, apply_overrides
-from bigscience_ops.render import EXPERIMENT_JSON
-from bigscience_ops.runfiles import RecordFileError, excerpt, kind_of, read_small
+from bigscience_ops.launch.plan import Overrides, apply_overrides
+from bigscience_ops.launch.render import EXPERIMENT_JSON
+from bigscience_ops.run.files import RecordFileError, excerpt, kind_of, read_small
 from bigscience_ops.schema import Experiment
 
 LAUNCHES = "launches"

@@ -32,15 +32,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import render as rendering, run_lock, runlog, slurm
+from bigscience_ops import slurm
+from bigscience_ops.launch import render as rendering
+from bigscience_ops.run import lock as run_lock
+from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.jobenv import job_environment
-from bigscience_ops.ledger import latest_iteration
-from bigscience_ops.launch_console import stop_line, task_end
-from bigscience_ops.launch_plan import (
+from bigscience_ops.launch.jobenv import job_environment
+from bigscience_ops.run.ledger import latest_iteration
+from bigscience_ops.launch.console import stop_line, task_end
+from bigscience_ops.launch.plan import (
     LaunchOptions, LaunchPlan, Overrides, Started, apply_overrides, build_launch_plan, execute,
 )
-from bigscience_ops.run_records import read_records
+from bigscience_ops.run.records import read_records
 from bigscience_ops.schema import Experiment
 
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops.iteration_log import IterationStats, parse_iteration_line
-from bigscience_ops.runlog import LogError, read_tail
+from bigscience_ops.run.iterations import IterationStats, parse_iteration_line
+from bigscience_ops.run.log import LogError, read_tail
 
 TAIL_LINES = 200
 """The last lines of a task's output read for its end: the trainer's traceback, torchrun's summary and the job

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from bigscience_ops import ledger, rollbacks
+from bigscience_ops.run import ledger
+from bigscience_ops.run import rollbacks
 from bigscience_ops.schema import Experiment
 
 EXIT_NOT_TRAINING = 3

@@ -26,8 +26,8 @@ from bigscience_ops.schema import PORT_SPREAD, SLURM_CONSTRAINT, SLURM_NAME, SLU
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.plan import Plan
 from bigscience_ops.resources import bundled
-from bigscience_ops.run_lock import HELD_ENV, LOCK_NAME
-from bigscience_ops.run_records import EXIT_NOT_TRAINING
+from bigscience_ops.run.lock import HELD_ENV, LOCK_NAME
+from bigscience_ops.run.records import EXIT_NOT_TRAINING
 from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, Charset, check_charset, control_allowed, control_character
 
 TEMPLATES = bundled("templates")
