@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from bigscience_ops.run import ledger
 from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
-from bigscience_ops.checkpoints.rollback import rollback
+from bigscience_ops.run.rollback import rollback
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
-from bigscience_ops.launch.plan import as_recorded
+from bigscience_ops.run.records import as_recorded
 from bigscience_ops.ops.keep import backup
 from tests.fixtures_experiments import tiny_yaml
 

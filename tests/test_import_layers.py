@@ -40,17 +40,13 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("ground: knows nothing else of the package", [
         "bigscience_ops",  # the package's face: __version__
         "bigscience_ops.errors",
-        "bigscience_ops.run",  # the run package's face: only names its modules
-        "bigscience_ops.launch",  # the launch package's face
-        "bigscience_ops.run.iterations",
         "bigscience_ops.redact",
     ]),
     ("tools: one outside thing each (YAML, the bundled folders, a log file, Slurm, the GPU kernels)", [
         "bigscience_ops.typedyaml",
-        "bigscience_ops.run.files",
+        "bigscience_ops.untrusted",
         "bigscience_ops.deadline",
         "bigscience_ops.resources",
-        "bigscience_ops.run.log",
         "bigscience_ops.slurm",
         "bigscience_ops.kernels",
         "bigscience_ops.benchmark_results",  # benchmarks/RESULTS.md's measured trainer TFLOPs (bsops plan shows them)
@@ -61,7 +57,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.sizing",
         "bigscience_ops.node_schedule",
         "bigscience_ops.hub_remote",
-        "bigscience_ops.run.rollbacks",
         "bigscience_ops.data",
         "bigscience_ops.data.preflight",  # the data's pre-flight checks: reads data and the schema, never a run folder
         "bigscience_ops.data.dataset_record",  # PREFIX.dataset.json: what a dataset bsops wrote holds (preflight reads it)
@@ -78,10 +73,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     ("records: what a run's folder holds (checkpoints, task ledger, the records a launch obeys)", [
         "bigscience_ops.checkpoints",
-        "bigscience_ops.run.ledger",
-        "bigscience_ops.run.records",
-        "bigscience_ops.run.lock",
-        "bigscience_ops.run.index",  # the user's index of the runs they launched (each launch appends)
+        "bigscience_ops.run",  # a run's folder: its records, lock, index, log tail, ledger, rollbacks, and run.open
     ]),
     ("plan and render: a run checked and written as a job", [
         "bigscience_ops.plan",
@@ -89,6 +81,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.launch.render",
     ]),
     ("run: launch and submit, the trainer, the hourly jobs and the on-call person's tools", [
+        "bigscience_ops.launch",  # the package's face (render above is lower: plan uses it)
         "bigscience_ops.launch.plan",
         "bigscience_ops.launch.jobenv",
         "bigscience_ops.launch.local",
@@ -96,8 +89,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.launch.cluster",
         "bigscience_ops.trainer",
         "bigscience_ops.ops",
-        "bigscience_ops.run.opening",  # a run named by its experiment or folder, read as its record says (lm-eval's
-                                   # model plugin opens a run as bsops eval does)
     ]),
     ("views: a run read back as it recorded itself", [
         "bigscience_ops.views",

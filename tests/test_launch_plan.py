@@ -15,7 +15,8 @@ from bigscience_ops.run import rollbacks
 from bigscience_ops.run import index as runs_index
 from bigscience_ops.config import load_experiment
 from bigscience_ops.launch.jobenv import job_environment
-from bigscience_ops.launch.plan import LaunchOptions, Overrides, apply_overrides, build_launch_plan
+from bigscience_ops.launch.plan import LaunchOptions, build_launch_plan
+from bigscience_ops.run.records import Overrides, apply_overrides, as_recorded
 from bigscience_ops.run.records import EXIT_NOT_TRAINING, read_records
 from tests.fixtures_experiments import tiny_yaml
 
@@ -57,7 +58,7 @@ def test_loading_reads_no_run_folder_and_the_records_are_read_where_the_run_is(e
     assert exp.train.skip_iterations == []
     records = read_records(exp)
     assert (records.iteration, records.kill_switch, records.skips) == (0, None, ("41-50",))
-    assert launch_plan.as_recorded(exp).train.skip_iterations == ["41-50"]
+    assert as_recorded(exp).train.skip_iterations == ["41-50"]
     Path(exp.checkpoint.kill_switch_path).touch()
     assert read_records(exp).kill_switch == exp.checkpoint.kill_switch_path
     with pytest.raises(launch_plan.KillSwitchOn):
@@ -143,7 +144,7 @@ def test_the_kill_switch_is_decided_in_one_function_with_two_callers() -> None:
 
 
 def test_an_experiment_is_transformed_by_derivation_and_the_launch_overrides_only() -> None:
-    """dataclasses.replace on a whole Experiment happens in derivation.py and launch_plan.py only."""
+    """dataclasses.replace on a whole Experiment happens in derivation.py and run/records.py (apply_overrides) only."""
     places = set()
     for path in sorted((REPO / "bigscience_ops").rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -151,4 +152,4 @@ def test_an_experiment_is_transformed_by_derivation_and_the_launch_overrides_onl
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "replace"
                     and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in ("exp", "experiment")):
                 places.add(str(path.relative_to(REPO)))
-    assert places <= {"bigscience_ops/derivation.py", "bigscience_ops/launch/plan.py"}, places
+    assert places <= {"bigscience_ops/derivation.py", "bigscience_ops/run/records.py"}, places

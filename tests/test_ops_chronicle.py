@@ -89,7 +89,7 @@ def _saved(exp, *steps: int) -> None:
 
 
 def test_rollbacks_and_backups_are_in_the_timeline(trainings: Path, tmp_path: Path):
-    from bigscience_ops.checkpoints.rollback import rollback
+    from bigscience_ops.run.rollback import rollback
     from bigscience_ops.ops.keep import backup
 
     store = tmp_path / "store"

@@ -378,7 +378,7 @@ def test_skipped_iterations_and_the_samples_they_consume_are_in_the_plan(trainin
     (trainings / "skipper.yaml").write_text(f"base: tr1-13B\npaths: {{output: {json.dumps(str(tmp_path / 'run'))}}}\n"
                                             "train: {skip_iterations: ['100-120', '30000']}\n")
     rollbacks.append(tmp_path / "run", rollbacks.Rollback(0.0, 5000, 4000, "4001-4100", ""))
-    from bigscience_ops.launch.plan import as_recorded
+    from bigscience_ops.run.records import as_recorded
 
     assert load_experiment("skipper", trainings).train.skip_iterations == ["100-120", "30000"]
     exp = as_recorded(load_experiment("skipper", trainings))

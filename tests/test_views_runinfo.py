@@ -225,7 +225,7 @@ def test_after_a_rollback_info_shows_the_live_iteration(exp):
     relaunch's iterations; the abandoned lines are never the last line."""
     import time
 
-    from bigscience_ops.checkpoints.rollback import rollback
+    from bigscience_ops.run.rollback import rollback
 
     now = time.time()
     _log_task(exp, 0, 221, now - 600)

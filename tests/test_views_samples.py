@@ -312,8 +312,8 @@ def test_right_after_a_rollback_the_skip_range_is_what_the_relaunch_will_do(exp)
     be skipped at the relaunch'; iterations the abandoned branch trained are predictions again."""
     import time
 
-    from bigscience_ops.checkpoints.rollback import rollback
-    from bigscience_ops.launch.plan import as_recorded
+    from bigscience_ops.run.rollback import rollback
+    from bigscience_ops.run.records import as_recorded
 
     now = time.time()
     for step in (10, 20):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.run.files import Problem, RecordFileError, excerpt, kind_of, read_small, write_atomically
+from bigscience_ops.untrusted import Problem, RecordFileError, excerpt, kind_of, read_small, write_atomically
 
 META = "bsops.json"
 """The trainer's record in each checkpoint folder (written with write_meta)."""

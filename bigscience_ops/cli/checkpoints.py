@@ -148,7 +148,7 @@ def rollback_command(exp: str | None, run: Path | None, trainings_dir: Path | No
     """
     from bigscience_ops.run import ledger
     from bigscience_ops.run import lock as run_lock
-    from bigscience_ops.checkpoints import rollback
+    from bigscience_ops.run import rollback
 
     opened = open_run(exp, run, trainings_dir)
     experiment = opened.experiment

@@ -14,7 +14,7 @@ import click
 from bigscience_ops.cli.base import EXIT_ERROR, EXIT_PROBLEMS, TEXT, main, open_run, run_option, trainings_option
 from bigscience_ops.cli.ops import configured_run, run_alerting, alert_option
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.run.files import MAX_STEP
+from bigscience_ops.untrusted import MAX_STEP
 
 TABLE_STEPS = 6
 """The newest evaluated steps the table after an evaluation shows (as `bsops info` does)."""

@@ -180,7 +180,7 @@ def plan(exp: str, as_json: bool, nodes: int | None, allow_incomplete: bool, tra
     """
     from bigscience_ops.data.preflight import check_data
     from bigscience_ops.experiment_files import experiment_path
-    from bigscience_ops.launch.plan import Overrides, apply_overrides, as_recorded
+    from bigscience_ops.run.records import Overrides, apply_overrides, as_recorded
     from bigscience_ops.plan import make_plan
     from bigscience_ops.planview import data_check_data, plan_data, plan_text
     from bigscience_ops.site_values import missing_site_values

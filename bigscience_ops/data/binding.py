@@ -201,7 +201,7 @@ def _cached(path: Path, key: dict) -> int | None | bool:
 
 
 def _keep(path: Path, key: dict, value: int | None) -> None:
-    from bigscience_ops.run.files import write_atomically
+    from bigscience_ops.untrusted import write_atomically
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps({"format": CACHE_FORMAT, "key": key, "max_id": value}).encode("utf-8"),

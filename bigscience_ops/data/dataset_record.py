@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bigscience_ops.data import binding as bind
 from bigscience_ops.data.binding import scan_max_id  # noqa: F401  (merge and preprocess scan through here)
-from bigscience_ops.run.files import write_atomically
+from bigscience_ops.untrusted import write_atomically
 
 FORMAT = "bsops-dataset"  # the first key of the file: inputs.side_file tells the record by it
 VERSION = 1

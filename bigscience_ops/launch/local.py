@@ -40,10 +40,8 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.launch.jobenv import job_environment
 from bigscience_ops.run.ledger import latest_iteration
 from bigscience_ops.launch.console import stop_line, task_end
-from bigscience_ops.launch.plan import (
-    LaunchOptions, LaunchPlan, Overrides, Started, apply_overrides, build_launch_plan, execute,
-)
-from bigscience_ops.run.records import read_records
+from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, Started, build_launch_plan, execute
+from bigscience_ops.run.records import Overrides, apply_overrides, read_records
 from bigscience_ops.schema import Experiment
 
 

@@ -12,7 +12,7 @@ missing bundled corpus is built), the run record and the job script are written,
 submitted or run.
 
 The experiment is transformed in two places only: the config's own derivation (derivation.derive) and
-`apply_overrides` here, which applies what a launch changes: the run folder (`launch --local --out`),
+`run.records.apply_overrides`, which applies what a launch changes: the run folder (`launch --local --out`),
 the skips the run's rollbacks recorded, the node count of the phase the latest checkpoint is in,
 the number of array tasks (a node schedule's resubmission) and a local launch's rendezvous port.
 """
@@ -31,7 +31,7 @@ from bigscience_ops.data.preflight import DataCheck, check_data
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.node_schedule import Phase
 from bigscience_ops.plan import Plan, make_plan
-from bigscience_ops.run.records import RunRecords, read_records
+from bigscience_ops.run.records import Overrides, RunRecords, apply_overrides, read_records
 from bigscience_ops.run_schedule import RunSchedule, run_schedule
 from bigscience_ops.schema import Experiment
 from bigscience_ops.site_values import SiteCheck, check_complete
@@ -41,52 +41,6 @@ JOBS = ("slurm", "local", "resubmission")
 
 class KillSwitchOn(BsopsError):
     """The run's kill switch exists: every task of a launch would end at once without training."""
-
-
-# ----------------------------------------------------------------------------- the one override step
-
-@dataclass(frozen=True)
-class Overrides:
-    """What a launch changes in the experiment; None (or no skips) leaves the field as the config says."""
-
-    out: Path | None = None
-    """The run folder (`launch --local --out`): paths.* and the kill switch move under it."""
-    skips: tuple[str, ...] = ()
-    """Skip ranges the run's rollbacks recorded, added to train.skip_iterations."""
-    nodes: int | None = None
-    """slurm.nodes: the node count of the phase the run is in (a node schedule)."""
-    array: int | None = None
-    """slurm.array: the tasks left to a node schedule's resubmitted array."""
-    master_port: int | None = None
-    """slurm.master_port: a local launch's free rendezvous port."""
-    nodes_all_along: int | None = None
-    """`plan --nodes N`: N nodes for the whole run, slurm.node_schedule set aside."""
-
-
-def apply_overrides(exp: Experiment, overrides: Overrides) -> Experiment:
-    """`exp` as a launch (or a view of the run as launched) runs it; the only place a launch changes an experiment."""
-    o = overrides
-    if o.out is not None:
-        out = Path(o.out).resolve()
-        paths = dataclasses.replace(exp.paths, output=str(out), checkpoints=str(out / "checkpoints"),
-                                    tensorboard=str(out / "tensorboard"), logs=str(out / "logs"),
-                                    codecarbon=str(out / "codecarbon"))
-        checkpoint = dataclasses.replace(exp.checkpoint, kill_switch_path=str(out / "kill-switch"))
-        exp = dataclasses.replace(exp, paths=paths, checkpoint=checkpoint)
-    added = [skip for skip in o.skips if skip not in exp.train.skip_iterations]
-    if added:
-        exp = dataclasses.replace(exp, train=dataclasses.replace(
-            exp.train, skip_iterations=[*exp.train.skip_iterations, *dict.fromkeys(added)]))
-    slurm: dict = {k: v for k, v in (("nodes", o.nodes), ("array", o.array), ("master_port", o.master_port))
-                   if v is not None}
-    if o.nodes_all_along is not None:
-        slurm.update(nodes=o.nodes_all_along, node_schedule=[])
-    return dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, **slurm)) if slurm else exp
-
-
-def as_recorded(exp: Experiment) -> Experiment:
-    """`exp` with the skips its run recorded: what `plan` and `samples` show of a run that was rolled back."""
-    return apply_overrides(exp, Overrides(skips=read_records(exp).skips))
 
 
 # ----------------------------------------------------------------------------- the plan

@@ -29,9 +29,9 @@ from bigscience_ops.resources import bundled
 from bigscience_ops.run.lock import HELD_ENV, LOCK_NAME
 from bigscience_ops.run.records import EXIT_NOT_TRAINING
 from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, Charset, check_charset, control_allowed, control_character
+from bigscience_ops.run.records import EXPERIMENT_JSON
 
 TEMPLATES = bundled("templates")
-EXPERIMENT_JSON = "experiment.json"
 DEEPSPEED_JSON = "ds_config.json"
 
 

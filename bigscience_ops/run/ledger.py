@@ -24,7 +24,7 @@ from typing import Any
 from bigscience_ops import slurm
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.run.files import Checked, append_line, build, check_int, check_str, check_time, checked_jsonl
+from bigscience_ops.untrusted import Checked, append_line, build, check_int, check_str, check_time, checked_jsonl
 from bigscience_ops.schema import Experiment
 
 LEDGER_NAME = "task-ledger.jsonl"

@@ -27,9 +27,8 @@ from bigscience_ops import config
 from bigscience_ops.run import rollbacks
 from bigscience_ops.errors import BsopsError, ConfigError
 from bigscience_ops.experiment_files import check_name
-from bigscience_ops.launch.plan import Overrides, apply_overrides
-from bigscience_ops.launch.render import EXPERIMENT_JSON
-from bigscience_ops.run.files import RecordFileError, excerpt, kind_of, read_small
+from bigscience_ops.run.records import EXPERIMENT_JSON, Overrides, apply_overrides
+from bigscience_ops.untrusted import RecordFileError, excerpt, kind_of, read_small
 from bigscience_ops.schema import Experiment
 
 LAUNCHES = "launches"

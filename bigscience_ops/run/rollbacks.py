@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.run.files import Checked, append_line, build, check_int, check_str, check_time, checked_jsonl, excerpt
+from bigscience_ops.untrusted import Checked, append_line, build, check_int, check_str, check_time, checked_jsonl, excerpt
 from bigscience_ops.schedules import parse_skip_ranges
 
 RECORD = "rollbacks.jsonl"

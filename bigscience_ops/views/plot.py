@@ -31,7 +31,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import chronicle
 from bigscience_ops.run_schedule import run_schedule
-from bigscience_ops.run.files import Problem
+from bigscience_ops.untrusted import Problem
 from bigscience_ops.views import branch
 
 # (panel title, TensorBoard tag against consumed samples, y-axis label)

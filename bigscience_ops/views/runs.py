@@ -39,7 +39,7 @@ from bigscience_ops.run import ledger
 from bigscience_ops.run import lock as run_lock
 from bigscience_ops.run import index as runs_index
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.run.files import Problem, RecordFileError, excerpt, kind_of, read_small
+from bigscience_ops.untrusted import Problem, RecordFileError, excerpt, kind_of, read_small
 from bigscience_ops.run.index import Launch
 from bigscience_ops.schema import BackupConfig
 

@@ -29,7 +29,7 @@ from typing import IO, TYPE_CHECKING
 
 from bigscience_ops.ops.evaluate import EvalError
 from bigscience_ops.ops.evaluate.harness import CHUNK_BATCHES, PROGRESS_SECONDS
-from bigscience_ops.run.files import Problem
+from bigscience_ops.untrusted import Problem
 
 if TYPE_CHECKING:
     import numpy as np

@@ -301,7 +301,7 @@ def write_samples(result_path: Path, samples: dict) -> Path:
     import json
     import shutil
 
-    from bigscience_ops.run.files import write_atomically
+    from bigscience_ops.untrusted import write_atomically
 
     folder = result_path.with_name(result_path.stem + ".samples")
     fresh = folder.with_name(folder.name + ".tmp")

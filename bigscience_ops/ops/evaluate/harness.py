@@ -36,7 +36,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from bigscience_ops.ops.evaluate import EvalError
-from bigscience_ops.run.files import excerpt
+from bigscience_ops.untrusted import excerpt
 
 if TYPE_CHECKING:
     from lm_eval.api.instance import Instance

@@ -27,7 +27,7 @@ from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.evaluate import launcher
 from bigscience_ops.ops.evaluate.prefetch import cache_env
 from bigscience_ops.ops.evaluate.schedule import job_name
-from bigscience_ops.run.files import write_atomically
+from bigscience_ops.untrusted import write_atomically
 from bigscience_ops.schema import PORT_SPREAD, Experiment
 
 TEMPLATE = "eval.slurm.j2"

@@ -183,7 +183,7 @@ def _fetch(exp: Any, source: Path | None) -> None:
 def _verify(exp: Any) -> None:
     import datasets
 
-    from bigscience_ops.run.files import write_atomically
+    from bigscience_ops.untrusted import write_atomically
 
     tasks = {}
     for task, path, name in needs(exp):

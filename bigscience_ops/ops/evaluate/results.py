@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.run.files import (
+from bigscience_ops.untrusted import (
     MAX_STEP, Problem, RecordFileError, check_int, excerpt, read_small, write_atomically,
 )
 from bigscience_ops.schema import METRIC_NAME

@@ -38,7 +38,7 @@ from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError, ConfigError
 from bigscience_ops.ops.evaluate import results
 from bigscience_ops.ops.tell.quoting import quote_untrusted
-from bigscience_ops.run.files import (
+from bigscience_ops.untrusted import (
     Checked, Problem, append_line, build, check_int, check_str, check_time, checked_jsonl,
 )
 from bigscience_ops.schema import Experiment

@@ -41,7 +41,7 @@ import yaml
 
 from bigscience_ops.ops.evaluate import EvalError
 from bigscience_ops.ops.evaluate.results import name_problem
-from bigscience_ops.run.files import RecordFileError, open_plain
+from bigscience_ops.untrusted import RecordFileError, open_plain
 from bigscience_ops.typedyaml import MAX_DEPTH, MAX_EXPANDED_CHARS, MAX_NODES, expanded_chars
 
 MAX_TASK_FILE = 1 << 20

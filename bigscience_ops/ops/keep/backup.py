@@ -39,7 +39,7 @@ from pathlib import Path
 from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.checkpoints.layout import Checkpoint
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.run.files import (
+from bigscience_ops.untrusted import (
     MAX_STEP, Checked, Problem, RecordFileError, check_int, check_time, excerpt, jsonl_lines, read_small, write_atomically,
 )
 from bigscience_ops.run_schedule import RunSchedule, run_schedule

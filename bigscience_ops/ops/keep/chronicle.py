@@ -43,7 +43,7 @@ from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import backup
 from bigscience_ops.ops.keep import evaluated as evaluated_steps
 from bigscience_ops.ops.watch import health
-from bigscience_ops.run.files import Problem, RecordFileError, open_plain
+from bigscience_ops.untrusted import Problem, RecordFileError, open_plain
 from bigscience_ops.schema import Experiment
 
 WATCHDOG_LOG = "watchdog.log"

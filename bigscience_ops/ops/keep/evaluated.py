@@ -22,7 +22,7 @@ from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.evaluate.results import Result
 from bigscience_ops.ops.keep import backup
-from bigscience_ops.run.files import Problem
+from bigscience_ops.untrusted import Problem
 from bigscience_ops.schema import Experiment
 
 

@@ -30,7 +30,7 @@ from bigscience_ops.ops.tell.channels import NAMES, Outbox
 from bigscience_ops.ops.tell.message import NotifyError, subject_line
 from bigscience_ops.ops.watch.status import StatusReport
 from bigscience_ops.redact import env_secrets, scrub
-from bigscience_ops.run.files import MAX_STEP, Problem, RecordFileError, excerpt, kind_of, read_small, write_atomically
+from bigscience_ops.untrusted import MAX_STEP, Problem, RecordFileError, excerpt, kind_of, read_small, write_atomically
 
 # --- alerts with cooldown and recovery, per channel --------------------------------------------------
 

@@ -27,7 +27,7 @@ from bigscience_ops.run import ledger
 from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.run.files import Problem, open_plain
+from bigscience_ops.untrusted import Problem, open_plain
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 

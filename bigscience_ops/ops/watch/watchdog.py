@@ -40,7 +40,7 @@ from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.ops.watch import health, status
 from bigscience_ops.ops.watch.lifecycle import RunState
 from bigscience_ops.ops.watch.status import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport
-from bigscience_ops.run.files import Problem
+from bigscience_ops.untrusted import Problem
 from bigscience_ops.schema import HealthConfig
 
 
