@@ -25,11 +25,13 @@ from pathlib import Path
 
 from bigscience_ops import slurm
 from bigscience_ops.run import ledger
+from bigscience_ops.launch import jobs
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.run import lock as run_lock
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.launch.jobenv import job_environment
-from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, Started, build_launch_plan, execute
+from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
+from bigscience_ops.launch.jobs import Started
 from bigscience_ops.node_schedule import Phase
 from bigscience_ops.run.records import read_records
 from bigscience_ops.run_schedule import run_schedule
@@ -125,14 +127,14 @@ def check_queue(plan: LaunchPlan, *, after_current: bool = False, dry_run: bool 
         users = watched_users(exp)
         if plan.site is not None and plan.site.cluster_error is not None:
             raise plan.site.cluster_error  # the controller did not answer sinfo just now: squeue would wait again
-        jobs = slurm.query_jobs(users=users, name=exp.slurm.job_name)
+        job = jobs.SlurmJob(exp.slurm.job_name, tuple(users))
+        queued = job.records(job.ask())
     except slurm.SlurmError as exc:
         if not dry_run:
             raise
         where = "" if "SLURM_CONF" in str(exc) else f" ({slurm.conf_note()})"
         return QueueCheck(slurm.sbatch_argv(script), [], [],
                           f"queue not checked: {exc}{where}; a real launch needs the queue", exc)
-    queued = [j for j in jobs if j.name == exp.slurm.job_name and j.state in slurm.QUEUED_STATES]
     note = (f"queue checked: no job named {exp.slurm.job_name!r} of {', '.join(users)} is queued" if not queued
             else f"queue checked: {len(queued)} job(s) named {exp.slurm.job_name!r} already queued")
     if queued and not after_current:
@@ -179,8 +181,10 @@ class SlurmExecutor:
         """Submit, record Slurm's answer (sbatch.json) and, unless told not to, start a fresh failure budget."""
         record = plan.record_dir / "sbatch.json"
         argv = self.queue.argv
+        exp = plan.experiment
         try:
-            job_id = slurm.submit(argv, env=job_environment(os.environ, local=False))
+            job_id = jobs.submit(script, slurm.SbatchOptions(after_any=self.queue.after), name=exp.slurm.job_name,
+                                 env=job_environment(os.environ, local=False)).job_id or ""
         except slurm.SlurmError as exc:
             record.write_text(json.dumps({"argv": argv, "error": str(exc)}, indent=2) + "\n")
             raise
@@ -248,8 +252,8 @@ def resubmit_for_phase(exp: Experiment, mismatch: Mismatch, env: Mapping[str, st
     if done is not None:
         return done
     users = watched_users(exp)
-    pending = [j for j in slurm.query_jobs(users=users, name=exp.slurm.job_name)
-               if j.array_job_id == array and j.name == exp.slurm.job_name and j.state == "PENDING"]
+    this_array = jobs.SlurmJob(exp.slurm.job_name, tuple(users), array)
+    pending = [j for j in this_array.records(this_array.ask()) if j.array_job_id == array and j.state == "PENDING"]
     if pending:  # squeue names the pending rest `164_[2-4%1]`; scancel takes `164_[2-4]`
         slurm.cancel([re.sub(r"%\d+\]$", "]", j.job_id) for j in pending])
     try:

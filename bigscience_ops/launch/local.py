@@ -26,13 +26,13 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops import slurm
+from bigscience_ops.launch import processes
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.run import lock as run_lock
 from bigscience_ops.run import log as runlog
@@ -40,7 +40,8 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.launch.jobenv import job_environment
 from bigscience_ops.run.ledger import latest_iteration
 from bigscience_ops.launch.console import stop_line, task_end
-from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, Started, build_launch_plan, execute
+from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
+from bigscience_ops.launch.jobs import Started
 from bigscience_ops.run.records import Overrides, apply_overrides, read_records
 from bigscience_ops.schema import Experiment
 
@@ -393,8 +394,8 @@ def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callabl
         progress(line)
 
     with open(output, "wb") as sink:
-        proc = subprocess.Popen(["bash", str(script)], cwd=script.parent, env=env, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = processes.start(["bash", str(script)], cwd=script.parent, env=env, stdout=sink,
+                               stderr=subprocess.STDOUT)
         try:
             with _raising_on(signal.SIGTERM, signal.SIGHUP):
                 return _follow(proc, output, report, timeout_s)
@@ -441,41 +442,13 @@ def _save_first(proc: subprocess.Popen, progress: Callable[[str], None], save_s:
     return False
 
 
-@contextlib.contextmanager
-def _raising_on(*signals: signal.Signals) -> Iterator[None]:
+def _raising_on(*signals: signal.Signals):
     """Inside: these signals raise Stopped, so the task is stopped with bsops instead of left training without
-    it (a second launch would then train the same run at the same time). A signal ignored already (SIGHUP
-    under nohup) stays ignored; only the main thread sets handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stopped(signum: int, frame: object) -> None:
-        raise Stopped(f"stopped by {signal.Signals(signum).name}", signal.Signals(signum).name)
-
-    before = {s: signal.signal(s, stopped) for s in signals if signal.getsignal(s) is not signal.SIG_IGN}
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
+    it (a second launch would then train the same run at the same time); processes.raising_on."""
+    return processes.raising_on(signals, lambda sig: Stopped(f"stopped by {sig.name}", sig.name))
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 60) -> None:
     """SIGTERM the task's process group (its launchers pass it on to the trainers) and wait until all of it has
-    ended; SIGKILL what is left after `grace_s`. No process of the task is left when this returns."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        proc.poll()  # reap the script; init reaps the rest of the group as it ends
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.5)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
+    ended; SIGKILL what is left after `grace_s` (processes.stop_tree, the one stop of a local job)."""
+    processes.stop_tree(proc, grace_s)

@@ -6,8 +6,8 @@ command's options. It refuses while the kill switch exists, when the plan finds 
 site values the job needs are missing (site_values.check_complete; `allow_incomplete` lets them
 through, listed in `site`), and renders the job before anything is written.
 
-`execute` carries a plan out with an Executor (submit.SlurmExecutor sends it to Slurm,
-launch.LocalExecutor runs it on this machine), always in this order: the data is checked (a
+`execute` carries a plan out with an Executor (jobs.py's protocol, the one every job bsops starts goes through:
+cluster.SlurmExecutor sends it to Slurm, local.LocalExecutor runs it on this machine), always in this order: the data is checked (a
 missing bundled corpus is built), the run record and the job script are written, then the job is
 submitted or run.
 
@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
 
 from bigscience_ops.launch import render as rendering
+from bigscience_ops.launch.jobs import Executor, Result
 from bigscience_ops.data.preflight import DataCheck, check_data
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.node_schedule import Phase
@@ -121,23 +120,7 @@ def build_launch_plan(exp: Experiment, options: LaunchOptions = LaunchOptions(),
 
 # ----------------------------------------------------------------------------- carrying it out
 
-Result = TypeVar("Result", covariant=True)
-Started = Callable[[str, str], None]
-"""What an executor calls once its job has started: (job kind, job id)."""
-
-
-class Executor(Protocol[Result]):
-    """Where a launch runs: Slurm (submit.SlurmExecutor) or this machine (launch.LocalExecutor)."""
-
-    def write(self, plan: LaunchPlan) -> Path:
-        """Write the run record and the job script; returns the script."""
-
-    def start(self, plan: LaunchPlan, script: Path, started: Started) -> Result:
-        """Submit or run the written job; call `started(job, job_id)` once it has started (job: slurm, local or
-        resubmission), before a local launch trains."""
-
-
-def execute(plan: LaunchPlan, executor: Executor[Result]) -> Result:
+def execute(plan: LaunchPlan, executor: Executor[LaunchPlan, Result]) -> Result:
     """Check the data, write the run record and script, then submit or run: the same order for every executor.
     Once the job has started, the launch goes into the user's runs index (runs_index.py; `bsops runs`)."""
     from bigscience_ops.run import index as runs_index

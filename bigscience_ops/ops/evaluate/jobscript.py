@@ -1,4 +1,4 @@
-"""The eval job: templates/eval.slurm.j2 rendered for one checkpoint, and its submission by sbatch.
+"""The eval job: templates/eval.slurm.j2 rendered for one checkpoint, and its submission through the Slurm executor.
 
 The job starts the same ranks as `bsops eval --step N` does on one machine (launcher.worker_argv), one torchrun per
 node under srun with the training's rendezvous (templates/train.slurm.j2): TP x PP processes of the config's layout
@@ -19,7 +19,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import __version__, slurm
+from bigscience_ops import __version__
+from bigscience_ops.launch import jobs
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.config import to_dict
@@ -27,7 +28,6 @@ from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.evaluate import launcher
 from bigscience_ops.ops.evaluate.prefetch import cache_env
 from bigscience_ops.ops.evaluate.schedule import job_name
-from bigscience_ops.untrusted import write_atomically
 from bigscience_ops.schema import PORT_SPREAD, Experiment
 
 TEMPLATE = "eval.slurm.j2"
@@ -46,9 +46,16 @@ class EvalJob:
     log_folder: Path
     experiment: Path
     experiment_text: str
+    name: str = ""
+    """Its Slurm name (schedule.job_name): bsops.<training job name>.eval."""
 
     def log(self, tag: str, job_id: str) -> Path:
         return self.log_folder / f"{tag}-{job_id}.out"
+
+    def as_job(self) -> jobs.ScriptJob:
+        """The job as every executor takes it: the experiment record first, then the script; the log folder made."""
+        return jobs.ScriptJob(self.name, self.script, self.text, ((self.experiment, self.experiment_text),),
+                              (self.log_folder,), kind="eval")
 
 
 def shape(exp: Experiment) -> tuple[int, int]:
@@ -92,15 +99,13 @@ def render(exp: Experiment, ckpt: layout.Checkpoint, folder: Path, *, workdir: P
         hf_env=sorted(cache_env(ev.hf_cache, offline=True).items()),
     )
     return EvalJob(folder / SCRIPTS / f"{ckpt.tag}.slurm", text, logs, record,
-                   json.dumps(to_dict(exp), indent=1) + "\n")
+                   json.dumps(to_dict(exp), indent=1) + "\n", name)
 
 
-def submit(job: EvalJob, tag: str) -> tuple[str, Path]:
-    """Write the script and the experiment record, make the log folder (Slurm does not) and sbatch the script:
-    (the job id, its log file)."""
-    job.script.parent.mkdir(parents=True, exist_ok=True)
-    job.log_folder.mkdir(parents=True, exist_ok=True)
-    write_atomically(job.experiment, job.experiment_text.encode("utf-8"))
-    write_atomically(job.script, job.text.encode("utf-8"), mode=0o755)
-    job_id = slurm.submit(slurm.sbatch_argv(job.script))
+def submit(job: EvalJob, tag: str, executor: jobs.Executor[jobs.ScriptJob, jobs.SlurmJob] | None = None
+           ) -> tuple[str, Path]:
+    """Write the experiment record and the script, make the log folder (Slurm does not) and submit the job through
+    the Slurm executor (jobs.SlurmScripts, the way every job bsops starts goes out): (the job id, its log file)."""
+    handle = jobs.run_job(job.as_job(), executor or jobs.SlurmScripts())
+    job_id = handle.job_id or ""
     return job_id, job.log(tag, job_id)

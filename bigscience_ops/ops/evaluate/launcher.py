@@ -6,7 +6,8 @@ newer than the one `latest` names: a newer folder is a save in progress), the la
 the model, and every layer file the ranks will read is a plain file whose zip directory (what
 torch.save writes) is readable, so a missing or cut-short file is one line here, not a failure
 inside a rank. `run_local` starts the ranks on this machine with `torchrun --standalone`, their
-output streamed through; Ctrl-C or SIGTERM ends the whole process group. `worker_argv` is the
+output streamed through; Ctrl-C or SIGTERM ends the whole process tree (launch/processes.py, the one stop of a
+local job). `worker_argv` is the
 `python -m ...` part the Slurm template runs under srun + torchrun.
 
 No torch here: `bsops eval` imports this module to refuse a bad request at once.
@@ -14,7 +15,6 @@ No torch here: `bsops eval` imports this module to refuse a bad request at once.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops.checkpoints import layout
+from bigscience_ops.launch import processes
 from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.ops.evaluate import EvalError
 
@@ -209,13 +210,13 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
             experiment = str(Path(tmp) / "experiment.json")
             Path(experiment).write_text(json.dumps(to_dict(exp), indent=1), encoding="utf-8")
         worker = worker_argv(experiment, step, tensor, pipeline, trainings_dir, Path.cwd(), log_samples)
-        proc = subprocess.Popen(torchrun_argv(target.world_size, worker), env=child_env, stderr=subprocess.PIPE,
-                                text=True, errors="replace", start_new_session=True)  # its own group: stopped as one
+        proc = processes.start(torchrun_argv(target.world_size, worker), env=child_env, stderr=subprocess.PIPE,
+                               text=True)  # its own group: stopped as one (processes.stop_tree)
         noise = AgentNoise(sys.stderr)
         reader = threading.Thread(target=noise.pump, args=(proc.stderr,), daemon=True)
         reader.start()
         try:
-            with _raising_on_term():
+            with processes.raising_on([signal.SIGTERM], _Terminated):
                 code = proc.wait()
         except BaseException:
             stop(proc)
@@ -285,74 +286,13 @@ class AgentNoise:
 class _Terminated(KeyboardInterrupt):
     """SIGTERM while waiting: handled as Ctrl-C is."""
 
-
-@contextlib.contextmanager
-def _raising_on_term():
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminated(signum, frame):
-        raise _Terminated(f"stopped by {signal.Signals(signum).name}")
-
-    before = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    def __init__(self, sig: signal.Signals) -> None:
+        super().__init__(f"stopped by {sig.name}")
 
 
 def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM to torchrun's process group (torchrun passes it to the ranks), then SIGKILL after `grace_s` to it and
-    to every process below it: torchrun starts each rank in a session of its own, so killing torchrun alone would
-    leave them running."""
-    import time
+    to every process below it: torchrun starts each rank in a session of its own (processes.stop_tree, the one stop
+    of a local job)."""
+    processes.stop_tree(proc, grace_s)
 
-    ranks = descendants(proc.pid)  # now: once torchrun has ended, its ranks are no longer below it
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        proc.poll()
-        if proc.returncode is not None and not any(_alive(pid) for pid in ranks):
-            return
-        time.sleep(0.2)
-    for pid in [proc.pid, *ranks]:
-        if pid == proc.pid or _alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a process that has not ended (a zombie has)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def descendants(pid: int) -> list[int]:
-    """The pids below `pid` (from /proc's parent links; none where there is no /proc)."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return []
-    for entry in entries:
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
-                ppid = int(f.read().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue  # not a process, or one that has just ended
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        found.append(child)
-        todo.extend(children.get(child, []))
-    return found

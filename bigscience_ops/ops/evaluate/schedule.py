@@ -10,7 +10,8 @@
   before a rollback to an earlier step is the abandoned branch's): the newest model is the one people ask about,
   and the backlog follows hour after hour;
 - one job at a time: none while a job named `bsops.<training job name>.eval` of the run's users is queued or
-  running (found by name, so a job whose submission was never recorded still counts);
+  running (its handle, launch/jobs.SlurmJob, finds it by name, so a job whose submission was never recorded still
+  counts);
 - never a checkpoint whose eval failed MAX_FAILURES times: it is skipped, and said so every run.
 
 `<output>/eval/jobs.jsonl` records each submission (job id, tag, time, log file) and, once the job has left the queue,
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bigscience_ops import slurm
+from bigscience_ops.launch import jobs
 from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError, ConfigError
@@ -181,8 +183,8 @@ def decide(exp: Experiment, records: Sequence[JobRecord], queue: Sequence[slurm.
     """The pass's decision over the ledger's `records`, the queue's jobs (any names: those of this run's eval job are
     picked here), the steps to evaluate (`keep`: chooser's) and the run's checkpoint folder. Raises layout's
     CheckpointError when `latest` cannot be read."""
-    name, cuts = job_name(exp), rollback_cuts(exp)
-    queued = tuple(j for j in queue if j.name == name and j.state in slurm.QUEUED_STATES)
+    queued = tuple(jobs.SlurmJob(job_name(exp)).records(queue))
+    cuts = rollback_cuts(exp)
     in_queue = {i for j in queued for i in (j.job_id, j.array_job_id)}
     open_jobs: dict[str, JobRecord] = {}  # submissions without an outcome recorded after them (ids may recur)
     for record in records:
@@ -268,16 +270,16 @@ def run_next(exp: Experiment, submit: Submitter, *, users: Sequence[str],
         except BlockingIOError:
             return NextReport((f"another `bsops eval --next` of this run is deciding now ({folder / LOCK_NAME}): "
                                "nothing done",))
-        return _pass(exp, submit, users, query or slurm.query_jobs, now)
+        return _pass(exp, submit, users, query, now)
     finally:
         os.close(lock)
 
 
-def _pass(exp: Experiment, submit: Submitter, users: Sequence[str], query: Callable[..., list[slurm.Job]],
+def _pass(exp: Experiment, submit: Submitter, users: Sequence[str], query: Callable[..., list[slurm.Job]] | None,
           now: Callable[[], float]) -> NextReport:
     path = ledger_path(exp)
     checked = read_ledger(path)
-    queue = query(users=list(users), name=job_name(exp))  # before the result files are looked at: see decide
+    queue = jobs.SlurmJob(job_name(exp), tuple(users)).ask(query)  # before the result files are looked at: see decide
     try:
         decision = decide(exp, checked.records, queue, keep=chooser(exp), now=now())
     except layout.CheckpointError as exc:
