@@ -27,7 +27,8 @@ from bigscience_ops.errors import ConfigError
 from bigscience_ops.experiment_files import check_name
 from bigscience_ops.run.iterations import parse_iteration_line
 from bigscience_ops.ops.schedule import cron, hourly_jobs
-from bigscience_ops.ops.watch import health, status
+from bigscience_ops.ops import health
+from bigscience_ops.ops.watch import status
 from bigscience_ops.views import samples
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_status import ITERATION

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.run.iterations import IterationStats, iteration_line
-from bigscience_ops.ops.watch import health
+from bigscience_ops.ops import health
 from bigscience_ops.schema import HealthConfig
 
 Tweak = Callable[[int, IterationStats], None]

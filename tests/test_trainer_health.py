@@ -19,7 +19,8 @@ import pytest
 
 from bigscience_ops.run import log as runlog
 from bigscience_ops.run.iterations import parse_iteration_line
-from bigscience_ops.ops.watch import health, watchdog
+from bigscience_ops.ops import health
+from bigscience_ops.ops.watch import watchdog
 from tests.fixtures_status import seed_job
 from tests.fixtures_trainer import INJECTED, SPIKE_AT, scalars
 

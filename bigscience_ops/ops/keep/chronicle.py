@@ -3,7 +3,7 @@
 The BigScience runs kept this document by hand (launches, restarts, node counts, spikes, rollbacks).
 Here it is read back from the run folder: the task ledger (launches, array tasks with nodes, start and
 end iterations, exits and times, node-phase resizes, failure-budget stops), main_log.txt (per task:
-the saves, the stop reason, and the training-health findings of ops/watch/health.py, checked over the whole
+the saves, the stop reason, and the training-health findings of ops/health.py, checked over the whole
 log so a task is judged against the ones before it), rollbacks.jsonl (where `latest` went back to, the
 iterations skipped, where the later checkpoints were set aside), the backup store's manifests (each
 verified copy, grouped by backup run) and the watchdog's watchdog.log (the alert, recovery and finish
@@ -42,7 +42,7 @@ from bigscience_ops.run.iterations import parse_iteration_line
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import backup
 from bigscience_ops.ops.keep import evaluated as evaluated_steps
-from bigscience_ops.ops.watch import health
+from bigscience_ops.ops import health
 from bigscience_ops.untrusted import Problem, RecordFileError, open_plain
 from bigscience_ops.schema import Experiment
 

@@ -24,55 +24,19 @@ from typing import TYPE_CHECKING
 from bigscience_ops import slurm
 from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops.alerts import (  # noqa: F401 - Alert, StatusReport and the exit codes: importable from here too
+    DEFAULT_CONTACT, EXIT_ALERT, EXIT_ERROR, EXIT_HEALTHY, STAMP_FORMAT, Alert, StatusReport, raise_alert,
+)
 from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.slurm import ACTIVE_STATES, NEVER_STARTS, WAITING_STATES, Job, format_duration
 
 if TYPE_CHECKING:
     from bigscience_ops.ops.watch.lifecycle import RunState
 
-EXIT_HEALTHY = 0
-EXIT_ALERT = 1
-EXIT_ERROR = 2
-"""Exit codes: healthy; at least one alert; Slurm could not be asked (the state is unknown)."""
-
 # Megatron's per-iteration line: ` iteration      100/  311541 | consumed samples: ...`
 ITERATION_LINE = re.compile(r"\biteration\s+\d+\s*/\s*\d+")
 # A wall-clock stamp near the start of a line: `[2021-08-16 22:08:01]`, `[2021-08-16 22:08:01,123]`.
 STAMPED_LINE = re.compile(r"^.{0,40}?\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
-STAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
-DEFAULT_CONTACT = "the on-call person"
-"""Whom the ALERT lines say to alert when the caller names nobody: a role, never one site's team."""
-
-
-@dataclass(frozen=True)
-class Alert:
-    """One condition that needs a person. `condition` is a stable key for email cooldowns."""
-
-    condition: str
-    """not-scheduled, never-starts, stalled, overlap, slurm-error; the watchdog adds cron-chain and health-*."""
-    message: str
-    """The `***ALERT: ...***` text, without the timestamp."""
-    headline: str = ""
-    """The subject's words: what to do first, then what is wrong (`release held array 720000 (scontrol release
-    720000)`); only ids and numbers of the queue, never a job name. Empty: notify's fixed headline of the condition."""
-    advice: str = ""
-    """The next step for the email's "What to do", when it is more exact than notify's advice for the condition."""
-
-
-@dataclass(frozen=True)
-class StatusReport:
-    job_name: str
-    checked_at: datetime
-    lines: tuple[str, ...]
-    """Every line with its `[YYYY-MM-DD HH:MM:SS]` prefix: one per job, then one per alert."""
-    alerts: tuple[Alert, ...] = ()
-    exit_code: int = EXIT_HEALTHY
-    finished_at: int | None = None
-    """The final iteration when the training is done (nothing queued, the last checkpoint is the end)."""
-
-    @property
-    def healthy(self) -> bool:
-        return self.exit_code == EXIT_HEALTHY
 
 
 @dataclass(frozen=True)
@@ -201,8 +165,8 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
     lines += [f"{stamp} {job_name}: {_look_alike(job, ours or set())}" for job in named if job not in matching]
     alerts: list[Alert] = []
 
-    def alert(condition: str, what: str, headline: str = "", advice: str = "") -> None:
-        alerts.append(Alert(condition, f"***ALERT: {job_name} {what}! Alert someone at {contact}***", headline, advice))
+    def alert(kind: str, headline: str = "", advice: str = "", **facts: object) -> None:
+        alerts.append(raise_alert(kind, contact=contact, headline=headline, advice=advice, job=job_name, **facts))
 
     active = [job for job, v in verdicts if v.kind == "active"]
     waiting = [job for job, v in verdicts if v.kind == "waiting"]
@@ -210,14 +174,12 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
     finished_at = None
     if never:
         ids = ", ".join(f"{j.job_id} ({j.reason})" for j in never)
-        alert("never-starts", f"has job(s) that will never start on their own: {ids}",
-              *_never_starts_words(never, queued=bool(active or waiting)))
+        alert("never-starts", *_never_starts_words(never, queued=bool(active or waiting)), ids=ids)
     running = [job for job in active if job.state == "RUNNING"]
     if len(running) > 1:
         newest = max(running, key=lambda j: (j.start_time or datetime.min, j.job_id))
-        alert("overlap", f"has {len(running)} jobs RUNNING at once ({', '.join(j.job_id for j in running)}); "
-                         f"two trainings must never overlap",
-              f"cancel the newer job (scancel {safe_id(newest.job_id)}): {len(running)} trainings at once")
+        alert("overlap", f"cancel the newer job (scancel {safe_id(newest.job_id)}): {len(running)} trainings at once",
+              count=len(running), ids=", ".join(j.job_id for j in running))
     if running and stall_minutes is not None and (progress is not None or log_path is not None):
         progress = progress if progress is not None else read_progress(log_path)  # type: ignore[arg-type]
         started = max((j.start_time for j in running if j.start_time), default=None)
@@ -235,8 +197,8 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
             else:
                 what = f"{where} has no new iteration line (last: {quote_untrusted(progress.last_iteration, 100)})"
             span = format_duration(stalled.total_seconds())
-            alert("stalled", f"is RUNNING but {what} for {span} (limit {stall_minutes:g} min)",
-                  f"read the log, scancel a hung task: no new iteration for {span}")
+            alert("stalled", f"read the log, scancel a hung task: no new iteration for {span}",
+                  what=what, span=span, limit=stall_minutes)
     if not active and not waiting and not never:
         if run is not None and run.finished:
             finished_at = run.iteration
@@ -251,14 +213,11 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
         elif run is not None:
             launch = f"bsops launch {run.experiment.name}" if run.experiment is not None else "bsops launch"
             ended = quote_untrusted(run.ended, 1000, mark=False) if run.ended else "no array task has run yet"
-            alert("not-scheduled", f"is not RUNNING or SCHEDULED: it stopped at iteration {run.iteration} of "
-                                   f"{run.train_iters}; {ended}",
-                  f"launch it again ({launch}): stopped at iteration {run.iteration}, nothing queued")
+            alert("not-scheduled", f"launch it again ({launch}): stopped at iteration {run.iteration}, nothing queued",
+                  stopped=f": it stopped at iteration {run.iteration} of {run.train_iters}; {ended}")
         else:
-            alert("not-scheduled", "is not RUNNING or SCHEDULED")
-    lines += [f"{stamp} {a.message}" for a in alerts]
-    return StatusReport(job_name, now, tuple(lines), tuple(alerts), EXIT_ALERT if alerts else EXIT_HEALTHY,
-                        finished_at)
+            alert("not-scheduled", stopped="")
+    return StatusReport(job_name, now, tuple(lines), finished_at=finished_at).adding(alerts)
 
 
 def array_id(job_id: str) -> str:
@@ -318,12 +277,9 @@ def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
         who = list(users) + (slurm.group_users(group) if group else [])
         jobs = query(users=sorted(set(who)), timeout=timeout)
     except slurm.SlurmError as exc:
-        stamp = f"[{now:{STAMP_FORMAT}}]"
         detail = quote_untrusted(" ".join(str(exc).split()), 1000, mark=False)  # squeue's own words
-        message = (f"***ALERT: cannot query Slurm for {job_name}, its state is unknown ({detail})! "
-                   f"Alert someone at {contact}***")
-        alert = Alert("slurm-error", message, "check the Slurm controller (sinfo, squeue): cannot query Slurm")
-        return StatusReport(job_name, now, (f"{stamp} {message}",), (alert,), EXIT_ERROR)
+        alert = raise_alert("slurm-error", contact=contact, job=job_name, detail=detail)
+        return dataclasses.replace(StatusReport(job_name, now, ()).adding([alert]), exit_code=EXIT_ERROR)
     report = evaluate(job_name, jobs, now=now, log_path=log_path, stall_minutes=stall_minutes, contact=contact,
                       run=run, job_ids=job_ids)
     note = slurm.unparsed_note(jobs)
