@@ -55,6 +55,9 @@ def stop_tree(proc: subprocess.Popen, grace_s: float = 60) -> None:
                 os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
+    deadline = time.monotonic() + 10  # SIGKILL is delivered, not waited for: until none is left
+    while any(alive(pid) for pid in below) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _group_alive(pgid: int) -> bool:

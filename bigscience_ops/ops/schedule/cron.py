@@ -24,11 +24,11 @@ from pathlib import Path
 
 from bigscience_ops import slurm
 from bigscience_ops.launch import render as rendering
+from bigscience_ops.launch.jobs import ScriptJob, SlurmJob, SlurmScripts, run_job, submit, write_files
 from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.tell import channels
 from bigscience_ops.schema import SLURM_NAME, SLURM_NAMES, SLURM_TIME, AlertsConfig
-from bigscience_ops.slurm import QUEUED_STATES
 from bigscience_ops.typedyaml import build, documented, read_yaml
 
 PERIODS = {"hourly": 3600, "daily": 86400}
@@ -100,6 +100,11 @@ class RunnerScript:
     path: Path
     text: str
 
+    def as_job(self, kind: str = "runner") -> ScriptJob:
+        """The script as every executor takes it (launch/jobs.py), named as sbatch reads it; its cron folder's logs/
+        made (Slurm does not make its --output's folder)."""
+        return ScriptJob(self.path.stem, self.path, self.text, folders=(self.path.parent.parent / "logs",), kind=kind)
+
 
 def render_runner(cron_dir: Path, period: str, settings: CronSettings, period_seconds: int | None = None) -> RunnerScript:
     """The runner job script for one period (period_seconds overrides the period, for tests)."""
@@ -119,11 +124,8 @@ def render_runner(cron_dir: Path, period: str, settings: CronSettings, period_se
 
 
 def write_runner(runner: RunnerScript) -> Path:
-    runner.path.parent.mkdir(parents=True, exist_ok=True)
-    (runner.path.parent.parent / "logs").mkdir(parents=True, exist_ok=True)
-    runner.path.write_text(runner.text, encoding="utf-8")
-    runner.path.chmod(0o755)
-    return runner.path
+    """Write a runner or an hourly job's script (and its folder's logs/), as the executors write a job."""
+    return write_files(runner.as_job())
 
 
 def log_line(now: dt.datetime, text: str) -> str:
@@ -147,7 +149,8 @@ def _me() -> str:
 
 
 def _queued(jobs: list, name: str, exclude_id: str | None = None) -> list:
-    return [j for j in jobs if j.name == name and j.state in QUEUED_STATES and j.job_id != exclude_id]
+    """The queued records of the job named `name` among `jobs` (its handle's), but job `exclude_id`."""
+    return [j for j in SlurmJob(name).records(jobs) if j.job_id != exclude_id]
 
 
 def run_pass(cron_dir: Path, period: str, runner: Path | None, period_seconds: int | None = None,
@@ -205,7 +208,7 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
     if report.rearmed_job is None and not waiting:
         when = slurm.begin_arg(next_boundary(now, seconds))
         try:
-            report.rearmed_job = slurm.submit(slurm.sbatch_argv(runner, slurm.SbatchOptions(begin=when)))
+            report.rearmed_job = submit(runner, slurm.SbatchOptions(begin=when), name=name).job_id
         except (BsopsError, ValueError) as exc:
             fail("re-arming again", slurm.said(exc))
             return
@@ -241,7 +244,7 @@ def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, n
             report.lines.append(log_line(now, f"skipped {script.name} ({name}): {why}"))
             continue
         try:
-            job_id = slurm.submit(slurm.sbatch_argv(script))
+            job_id = run_job(ScriptJob(name, script, kind=period), SlurmScripts()).job_id or ""  # written already
         except (BsopsError, ValueError) as exc:
             fail(f"submitting {script}", slurm.said(exc))
             continue
@@ -345,13 +348,14 @@ def install(cron_dir: Path, period_seconds: int | None = None, periods: tuple[st
         (Path(cron_dir) / f"cron.{period}").mkdir(parents=True, exist_ok=True)
     jobs = _my_jobs()
     done = []
+    executor = SlurmScripts()
     for period in periods:
-        path = write_runner(render_runner(cron_dir, period, settings, period_seconds))
-        name = runner_name(period, settings.name_prefix)
-        queued = _queued(jobs, name)
+        runner = render_runner(cron_dir, period, settings, period_seconds).as_job()
+        path = executor.write(runner)  # written again, queued or not: the chain's next run reads this one
+        queued = _queued(jobs, runner.name)
         if queued:
-            done.append(f"{name}: already queued as job {queued[0].job_id}; left as it is")
+            done.append(f"{runner.name}: already queued as job {queued[0].job_id}; left as it is")
             continue
-        job_id = slurm.submit(slurm.sbatch_argv(path))
-        done.append(f"{name}: submitted {path} as job {job_id}")
+        job_id = executor.start(runner, path).job_id
+        done.append(f"{runner.name}: submitted {path} as job {job_id}")
     return done
