@@ -1,7 +1,11 @@
 """The experiment config: typed, frozen dataclasses loaded from trainings/<name>.yaml.
 
 Files are found by name as experiment_files.py says (the local trainings folder, then bsops' own).
-An experiment may start with `base: <other>` and list only what differs. Values are coerced to
+An experiment may start with `base: <other>` and list only what differs, and a command line may set
+any field with `SECTION.KEY=VALUE` (`overrides`), merged over the file as the file is over its base:
+one precedence, command line > file > bases > defaults, typed and checked alike, the assignments kept
+in the experiment (its `overrides` field, so a run's record says what the command line changed).
+Values are coerced to
 the declared types (`10e6` for an int, `6e-5` for a float), unknown keys are rejected with the
 valid ones, and every error names the file, the field path, the value and what is allowed. The
 rules across fields are validation.py's, the values left out are filled by derivation.py (which also
@@ -14,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
@@ -22,34 +27,83 @@ from bigscience_ops.derivation import derive
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.experiment_files import check_name, experiment_path, find_base, outputs_folder, project_folder
 from bigscience_ops.schema import Experiment
-from bigscience_ops.typedyaml import build, read_with_bases
+from bigscience_ops.typedyaml import build, merge, parse_assignments, read_with_bases
 
 
 # ----------------------------------------------------------------------------- loading
 
-def load_experiment(name: str, trainings_dir: Path | None = None) -> Experiment:
-    """Load, merge `base:` chains, coerce, validate and derive one experiment. Nothing of its run folder is read:
-    what a run recorded (a rollback's skips) is applied by the launch plan (launch_plan.apply_overrides)."""
+def load_experiment(name: str, trainings_dir: Path | None = None, overrides: Sequence[str] = ()) -> Experiment:
+    """Load, merge `base:` chains and the command line's `overrides` (`SECTION.KEY=VALUE` texts, the last word:
+    command line > the file > its bases > defaults), coerce, validate and derive one experiment. Nothing of its run
+    folder is read: what a run recorded (a rollback's skips) is applied by the launch plan (run.records)."""
     path = experiment_path(name, trainings_dir)
     check_name(path.stem, str(path))
     inputs_root, outputs_root = project_folder(path), outputs_folder(path)  # where its relative paths resolve
+    raw, origins = _read(path, trainings_dir, overrides)
+    source = f"{path} with the command line's {' '.join(overrides)}" if overrides else str(path)  # for the rules
+    return _build(path.stem, raw, origins, source, inputs_root, outputs_root)
+
+
+def field_origins(name: str, trainings_dir: Path | None = None, overrides: Sequence[str] = ()) -> dict[str, str]:
+    """For each field path written in EXP's file, its bases or `overrides`, the file that set it (the last one wins),
+    or COMMAND_LINE."""
+    return _read(experiment_path(name, trainings_dir), trainings_dir, overrides)[1]
+
+
+def _read(path: Path, trainings_dir: Path | None, overrides: Sequence[str]) -> tuple[dict, dict]:
+    """The file merged over its bases, then the command line's assignments merged over both as one more file is (the
+    same _replaced rules), and kept as the `overrides` field."""
     raw, origins = read_with_bases(path, partial(find_base, trainings_dir=trainings_dir), _before_merge)
     raw.pop("base", None)
-    return _build(path.stem, raw, origins, str(path), inputs_root, outputs_root)
+    if "overrides" in raw:
+        raise ConfigError(origins.get("overrides", str(path)), "overrides", raw["overrides"], OVERRIDES_ALLOWED)
+    if overrides:
+        given = _command_line(overrides)
+        _replaced(given, raw, COMMAND_LINE)
+        merge(raw, given, origins, COMMAND_LINE, "")
+        raw["overrides"] = list(overrides)
+    return raw, origins
 
 
-def field_origins(name: str, trainings_dir: Path | None = None) -> dict[str, str]:
-    """For each field path written in EXP's file or its bases, the file that set it (the last one wins)."""
-    path = experiment_path(name, trainings_dir)
-    return read_with_bases(path, partial(find_base, trainings_dir=trainings_dir), _before_merge)[1]
+def _command_line(overrides: Sequence[str]) -> dict:
+    """The assignments as one mapping (typedyaml.parse_assignments), refusing the fields a command line does not set
+    and a path into a mapping field: that is one value, as in a file (`eval.sources.x=...` would drop the others)."""
+    given = parse_assignments(overrides, COMMAND_LINE)
+    for key, value in given.items():
+        if key in NOT_OVERRIDDEN:
+            raise ConfigError(COMMAND_LINE, key, value, f"{NOT_OVERRIDDEN[key]}; not set from the command line")
+    for text in overrides:
+        keys = tuple(text.partition("=")[0].split("."))
+        inside = next((m for m in MAPPING_FIELDS if len(keys) > len(m) and keys[:len(m)] == m), None)
+        if inside is not None:
+            whole = ".".join(inside)
+            raise ConfigError(COMMAND_LINE, ".".join(keys), text, f"{whole} is one value (a mapping of names), set "
+                              f"whole as in a file: {whole}={{NAME: VALUE, ...}}")
+    return given
+
+
+COMMAND_LINE = "command line"
+OVERRIDES_ALLOWED = ("kept by bsops: the SECTION.KEY=VALUE assignments of the command line that loaded the "
+                     "experiment; remove the key")
+NOT_OVERRIDDEN = {
+    "name": "the experiment's name is its file name", "base": "a file's base is the file's to say",
+    "record": "whether an experiment is a record of another team's run is its file's statement",
+    "derived": "computed by bsops", "recorded": "kept by bsops", "overrides": OVERRIDES_ALLOWED.removesuffix(
+        "; remove the key")}
 
 
 def _before_merge(data: dict, merged: dict, source: str) -> None:
     """What a file says replaces some of what it inherits before it is merged: `record` is each file's own (an
-    experiment based on a seed's record is not a record), the node plan (_one_node_plan), and a mapping field
-    (eval.sources, eval.references, ...) the file sets, as a list is: a whole value, not merged name by name (an
-    experiment based on tiny that names its own held-out sources is not also evaluated on tiny's)."""
+    experiment based on a seed's record is not a record), and what _replaced says."""
     merged.pop("record", None)
+    _replaced(data, merged, source)
+
+
+def _replaced(data: dict, merged: dict, source: str) -> None:
+    """What a file or the command line sets that replaces, not merges with, what it is merged over: the node plan
+    (_one_node_plan), and a mapping field (eval.sources, eval.references, ...), as a list is: a whole value, not
+    merged name by name (an experiment based on tiny that names its own held-out sources is not also evaluated on
+    tiny's)."""
     _one_node_plan(data, merged, source)
     for path in MAPPING_FIELDS:
         own, inherited = data, merged

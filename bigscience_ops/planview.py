@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from typing import Any
 
 import yaml
@@ -79,7 +80,7 @@ def _whole(value: float) -> float | int:
 def plan_text(plan: Plan, exp: Experiment, data: DataCheck | None = None) -> str:
     """The plan as `bsops plan` prints it; `data`: the data's pre-flight checks (a section, and their problems)."""
     m, p, b = exp.model, exp.parallel, exp.batch
-    lines = [f"plan for {plan.name}: {exp.description}".rstrip(": "), ""]
+    lines = [f"plan for {plan.name}: {exp.description}".rstrip(": "), *overrides_lines(exp), ""]
     add = lines.append
     pc = plan.params
     add("model")
@@ -215,6 +216,14 @@ def plan_text(plan: Plan, exp: Experiment, data: DataCheck | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
+def overrides_lines(exp: Experiment) -> list[str]:
+    """`overrides (command line): train.seed=7 ...`: the assignments the experiment was loaded with, each quoted as a
+    shell word (the line can be pasted back), or no line."""
+    if not exp.overrides:
+        return []
+    return [f"overrides (command line): {' '.join(shlex.quote(text) for text in exp.overrides)}"]
+
+
 def measured_on_gpu(exp: Experiment) -> Measured | None:
     """The trainer's TFLOPs measured on the GPU slurm.constraint names, as benchmarks/RESULTS.md has them (a
     source checkout), or None."""
@@ -251,6 +260,8 @@ def _list(nodes: list[int], limit: int = 14) -> str:
 def show_text(exp: Experiment) -> str:
     """The resolved config as YAML; derived values are marked `# derived`."""
     data = to_dict(exp)
+    if not data["overrides"]:
+        del data["overrides"]  # loaded without any: nothing to say
     head = {key: data.pop(key) for key in ("name", "description")}
     text = yaml.safe_dump(head | data, sort_keys=False, width=120)
     derived = set(exp.derived)

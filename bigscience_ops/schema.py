@@ -472,6 +472,9 @@ class Experiment:
                                      "alert addresses and Hub repos are shown as what that run used and never used: "
                                      "its outputs go under the current folder, and no alert or push goes out. A "
                                      "file's own statement: never inherited through base:")
+    overrides: list[str] = documented(
+        factory=list, doc="the SECTION.KEY=VALUE assignments of the command line this experiment was loaded with, in "
+                          "order (their values are in the fields already): set by bsops, never in a file")
     derived: tuple[str, ...] = field(default=(), metadata={"doc": "field paths computed, not written", "internal": True})
     recorded: tuple[tuple[str, object], ...] = field(default=(), metadata={
         "doc": "a record's site values as its run used them, set aside by derivation (field path, value)",

@@ -1,7 +1,8 @@
 """Typed YAML: mappings -> frozen dataclasses, with number coercion and errors that name the field.
 
 Generic: knows nothing of experiments. A file may name a `base:` that it is merged over
-(`read_with_bases`; the caller says which file a base name means). Values are coerced to the
+(`read_with_bases`; the caller says which file a base name means), and a command line's
+`SECTION.KEY=VALUE` texts make one more mapping merged over it (`parse_assignments`). Values are coerced to the
 declared types (`10e6` for an int, `6e-5` for a float), unknown keys are rejected with the valid
 ones, and each error names the file that set the value, its field path, the value and what is allowed.
 """
@@ -13,7 +14,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -179,24 +180,34 @@ def read_yaml(path: Path) -> dict:
                           "UTF-8 text") from None
     except OSError as exc:
         raise ConfigError(str(path), "", "<file>", f"a readable file ({exc.strerror})") from None
-    try:
-        loader = _Loader(text)
-        try:
-            root = loader.get_single_node()
-            if root is not None and expanded_chars(root, {}) > MAX_EXPANDED_CHARS:
-                raise ConfigError(str(path), "", "<file>", f"at most {MAX_EXPANDED_CHARS} characters of text once "
-                                                           "its aliases are expanded")
-            data = loader.construct_document(root) if root is not None else None
-        finally:
-            loader.dispose()
-    except (yaml.YAMLError, RecursionError, ValueError) as exc:  # ValueError: an integer of thousands of digits
-        raise ConfigError(str(path), "", "<file>", f"valid YAML within bsops' limits: {' '.join(str(exc).split())[:400]}"
-                          ) from None
+    data = _load(text, str(path), "", "<file>")
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(str(path), "", type(data).__name__, "the top level must be a mapping of sections")
     return data
+
+
+def _load(text: str, source: str, dotted: str, shown: object, flow_only: bool = False) -> Any:
+    """The value YAML `text` holds, within bsops' limits (_Loader's, and MAX_EXPANDED_CHARS once aliases are
+    expanded); `flow_only`: a mapping or list written in flow style only ({a: 1}, [a, b]), as one command-line value
+    must be. Errors name `source`, `dotted` and `shown`."""
+    try:
+        loader = _Loader(text)
+        try:
+            root = loader.get_single_node()
+            if root is not None and expanded_chars(root, {}) > MAX_EXPANDED_CHARS:
+                raise ConfigError(source, dotted, shown, f"at most {MAX_EXPANDED_CHARS} characters of text once "
+                                                         "its aliases are expanded")
+            if flow_only and isinstance(root, yaml.CollectionNode) and not root.flow_style:
+                raise ConfigError(source, dotted, shown, "one YAML flow value: a list as [a, b], a mapping as "
+                                                         "{key: value}, a string holding ': ' or ' #' quoted")
+            return loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:  # ValueError: an integer of thousands of digits
+        raise ConfigError(source, dotted, shown, f"valid YAML within bsops' limits: {' '.join(str(exc).split())[:400]}"
+                          ) from None
 
 
 def expanded_chars(node, memo: dict[int, int]) -> int:
@@ -243,6 +254,40 @@ def merge(into: dict, data: dict, origins: dict, source: str, prefix: str) -> No
             into[key] = value
             _record(value, origins, source, dotted + ".")
         origins[dotted] = source
+
+
+FIELD_PATH = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+ASSIGNMENT_ALLOWED = ("allowed: SECTION.KEY=VALUE: a field path (names of letters, digits, '_' and '-' joined by '.'), "
+                      "'=', then one YAML flow value, e.g. train.seed=7, optimizer.lr=3e-4, eval.tasks=[arc_easy, piqa]")
+
+
+def parse_assignments(texts: Iterable[str], source: str) -> dict:
+    """`SECTION.KEY=VALUE` texts (a command line's) as one mapping, to be merged over a file's as a file is over its
+    base (`merge`): each VALUE is one YAML flow value read by the file's loader (`7`, `3e-4`, `[a, b]`, `{x: 1}`;
+    nothing after the `=` is null). Refused here: no `=`, a malformed field path, a control character or line break,
+    a block-style value, and a field given twice or inside another one given (`train.seed=1 train={seed: 2}`).
+    Unknown keys, types and bounds are `build`'s, as for a file; errors name `source`."""
+    data: dict = {}
+    given: dict[tuple[str, ...], str] = {}
+    for text in texts:
+        bad = control_character(text)
+        if bad is not None:
+            raise ConfigError(source, "", text, f"{bad}; {control_allowed(PLAIN)}")
+        key, equals, value_text = text.partition("=")
+        if not equals or not FIELD_PATH.fullmatch(key):
+            problem = "no '='" if not equals else "no field path before '='" if not key else f"{key!r} is no field path"
+            raise ConfigError(source, "", text, f"{problem}; {ASSIGNMENT_ALLOWED}")
+        path = tuple(key.split("."))
+        for other, first in given.items():
+            if path[:len(other)] == other or other[:len(path)] == path:
+                twice = "given twice" if path == other else f"overlaps {'.'.join(other)}, also given"
+                raise ConfigError(source, key, text, f"{twice} ({first!r}, then {text!r}); give each field once")
+        given[path] = text
+        node = data
+        for name in path[:-1]:
+            node = node.setdefault(name, {})
+        node[path[-1]] = _load(value_text, source, key, text, flow_only=True)
+    return data
 
 
 def _record(value: Any, origins: dict, source: str, prefix: str) -> None:

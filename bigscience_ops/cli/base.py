@@ -3,6 +3,7 @@ option types that refuse hostile values, and the line that says which run folder
 
 from __future__ import annotations
 
+import inspect
 import math
 from pathlib import Path
 
@@ -164,11 +165,28 @@ def resolve(given, from_experiment=None, default=None):
     return default
 
 
-def load_experiment(name: str, trainings_dir: Path | None):
-    """The experiment NAME (or path), loaded without importing anything heavy at CLI start."""
+OVERRIDES_HELP = """SECTION.KEY=VALUE sets any field of the experiment for this command: VALUE is one YAML flow value,
+typed, bounded and checked exactly as in the file. One precedence for every field: the command line,
+then the experiment file, then its bases, then bsops' defaults. A run's record (experiment.json) keeps
+the values and the assignments; `bsops plan` shows them. For example:
+
+\b
+  bsops launch tiny --local train.seed=7 optimizer.lr=3e-4 'eval.tasks=[arc_easy, piqa]'"""
+
+
+def overrides_argument(func):
+    """The trailing `[SECTION.KEY=VALUE]...` of a command that loads an experiment (config.load_experiment's
+    `overrides`), with OVERRIDES_HELP added to the command's help. Place it below @main.command()."""
+    func.__doc__ = f"{inspect.cleandoc(func.__doc__ or '')}\n\n{OVERRIDES_HELP}"
+    return click.argument("overrides", nargs=-1, type=TEXT, metavar="[SECTION.KEY=VALUE]...")(func)
+
+
+def load_experiment(name: str, trainings_dir: Path | None, overrides: tuple[str, ...] = ()):
+    """The experiment NAME (or path) with the command line's SECTION.KEY=VALUE `overrides`, loaded without importing
+    anything heavy at CLI start."""
     from bigscience_ops import config
 
-    return config.load_experiment(name, trainings_dir)
+    return config.load_experiment(name, trainings_dir, overrides)
 
 
 def echo_run_folder(name: str, trainings_dir: Path | None, experiment, out: Path | None = None,

@@ -20,6 +20,7 @@ from bigscience_ops.cli.base import (
     echo_run_folder,
     load_experiment,
     main,
+    overrides_argument,
     trainings_option,
     verbose_option,
 )
@@ -55,14 +56,15 @@ def list_command(trainings_dir: Path | None) -> None:
 
 @main.command()
 @click.argument("exp", type=TEXT)
+@overrides_argument
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of YAML.")
 @trainings_option
-def show(exp: str, as_json: bool, trainings_dir: Path | None) -> None:
+def show(exp: str, overrides: tuple[str, ...], as_json: bool, trainings_dir: Path | None) -> None:
     """Show EXP's resolved config: base: merged, derived values filled in and marked."""
     from bigscience_ops.config import to_dict
     from bigscience_ops.planview import show_text
 
-    experiment = load_experiment(exp, trainings_dir)
+    experiment = load_experiment(exp, trainings_dir, overrides)
     inherited = inherited_site_values(exp, trainings_dir)
     if as_json:
         click.echo(json.dumps(to_dict(experiment) | {"derived": list(experiment.derived),
@@ -159,6 +161,14 @@ def _console() -> Iterator:
         console.close()
 
 
+def _echo_overrides(experiment) -> None:
+    """The command line's SECTION.KEY=VALUE assignments, in one line (none without any)."""
+    from bigscience_ops.planview import overrides_lines
+
+    for line in overrides_lines(experiment):
+        click.echo(line)
+
+
 def _warn_incomplete(name: str, site) -> None:
     for blank in site.blanks if site is not None else []:
         click.echo(f"warning: {name} is incomplete (--allow-incomplete): {blank.line()}", err=True)
@@ -166,12 +176,14 @@ def _warn_incomplete(name: str, site) -> None:
 
 @main.command()
 @click.argument("exp", type=TEXT)
+@overrides_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--nodes", type=click.IntRange(min=1, max=2**20), default=None,
               help="Plan for this many nodes all along, instead of slurm.nodes or slurm.node_schedule.")
 @allow_incomplete_option
 @trainings_option
-def plan(exp: str, as_json: bool, nodes: int | None, allow_incomplete: bool, trainings_dir: Path | None) -> None:
+def plan(exp: str, overrides: tuple[str, ...], as_json: bool, nodes: int | None, allow_incomplete: bool,
+         trainings_dir: Path | None) -> None:
     """Plan EXP: parameters, memory, DP size, batch rampup, iterations, LR, tokens, days.
 
     Every rule that would fail or mislead the run is checked, and the site values a Slurm job needs that
@@ -185,7 +197,7 @@ def plan(exp: str, as_json: bool, nodes: int | None, allow_incomplete: bool, tra
     from bigscience_ops.planview import data_check_data, plan_data, plan_text
     from bigscience_ops.site_values import missing_site_values
 
-    experiment = as_recorded(load_experiment(exp, trainings_dir))  # a rolled-back run's skips included
+    experiment = as_recorded(load_experiment(exp, trainings_dir, overrides))  # a rolled-back run's skips included
     experiment = apply_overrides(experiment, Overrides(nodes_all_along=nodes))
     result = make_plan(experiment)
     data = check_data(experiment, result.dataset_sizes[0])  # the data's pre-flight checks, as a launch makes them
@@ -193,6 +205,7 @@ def plan(exp: str, as_json: bool, nodes: int | None, allow_incomplete: bool, tra
     site = missing_site_values(experiment)
     if as_json:
         click.echo(json.dumps(plan_data(result) | {
+            "overrides": list(experiment.overrides),
             "data": data_check_data(data),
             "inherited_site_values": inherited,
             "missing_site_values": [{"field": b.field, "what": b.what} for b in site.blanks],
@@ -258,18 +271,21 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
 
 @main.command()
 @click.argument("exp", type=TEXT)
+@overrides_argument
 @click.option("--out", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Folder for the script, experiment.json and ds_config.json (default: rendered/EXP).")
 @allow_incomplete_option
 @trainings_option
-def render(exp: str, out: Path | None, allow_incomplete: bool, trainings_dir: Path | None) -> None:
+def render(exp: str, overrides: tuple[str, ...], out: Path | None, allow_incomplete: bool,
+           trainings_dir: Path | None) -> None:
     """Render EXP's Slurm job-array script and DeepSpeed JSON (refused if the plan finds errors, or if site
     values the job needs are missing, unless --allow-incomplete)."""
     from bigscience_ops.launch import render as rendering
     from bigscience_ops.launch.plan import LaunchOptions, build_launch_plan
 
-    experiment = load_experiment(exp, trainings_dir)
+    experiment = load_experiment(exp, trainings_dir, overrides)
     echo_run_folder(exp, trainings_dir, experiment)
+    _echo_overrides(experiment)
     out = out or Path("rendered") / experiment.name
     # What a launch would submit now: the phase of the latest checkpoint, the run's recorded skips.
     with _data_checked():
@@ -278,7 +294,8 @@ def render(exp: str, out: Path | None, allow_incomplete: bool, trainings_dir: Pa
     _echo_data(prepared.data)
     script = rendering.write(prepared.rendered, out)
     click.echo(f"rendered {script}")
-    click.echo(f"submit with: sbatch {shlex.quote(str(script))}   (or: bsops launch {shlex.quote(exp)})")
+    again = " ".join(shlex.quote(word) for word in (exp, *overrides))
+    click.echo(f"submit with: sbatch {shlex.quote(str(script))}   (or: bsops launch {again})")
 
 
 
@@ -300,6 +317,7 @@ def _warn_if_the_run_recorded_otherwise(experiment, out: Path | None) -> None:
 
 @main.command()
 @click.argument("exp", type=TEXT, default="tiny")
+@overrides_argument
 @click.option("--local", "local", is_flag=True,
               help="Run the rendered job array on this machine with Slurm's environment emulated.")
 @click.option("--after-current", is_flag=True,
@@ -312,8 +330,8 @@ def _warn_if_the_run_recorded_otherwise(experiment, out: Path | None) -> None:
 @allow_incomplete_option
 @verbose_option
 @trainings_option
-def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path | None, tasks: int | None,
-           allow_incomplete: bool, trainings_dir: Path | None) -> None:
+def launch(exp: str, overrides: tuple[str, ...], local: bool, after_current: bool, dry_run: bool, out: Path | None,
+           tasks: int | None, allow_incomplete: bool, trainings_dir: Path | None) -> None:
     """Launch EXP (default: tiny) as a Slurm job array, one task at a time, each resuming.
 
     The plan is checked first and nothing invalid is submitted. A job of EXP already in the queue
@@ -327,8 +345,11 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
         raise click.UsageError("--out and --tasks apply to --local only")
     if local and (after_current or dry_run):
         raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
-    experiment = load_experiment(exp, trainings_dir)
+    if "=" in exp and not Path(exp).exists():  # `bsops launch train.seed=7`: EXP left out, tiny's
+        exp, overrides = "tiny", (exp, *overrides)
+    experiment = load_experiment(exp, trainings_dir, overrides)
     echo_run_folder(exp, trainings_dir, experiment, out if local else None)
+    _echo_overrides(experiment)
     _warn_if_the_run_recorded_otherwise(experiment, out if local else None)
     if not local:
         from bigscience_ops.launch import cluster as submit
@@ -347,7 +368,8 @@ def launch(exp: str, local: bool, after_current: bool, dry_run: bool, out: Path 
             return
         job_id = submit.submit(launch_plan)
         click.echo(f"submitted job array {job_id} ({experiment.slurm.array} tasks, one at a time)")
-        click.echo(f"watch it with: bsops status {shlex.quote(exp)}    log: {Path(experiment.paths.logs) / 'main_log.txt'}")
+        again = " ".join(shlex.quote(word) for word in (exp, *overrides))
+        click.echo(f"watch it with: bsops status {again}    log: {Path(experiment.paths.logs) / 'main_log.txt'}")
         return
     with _data_checked():
         with _console() as console:  # each task's end was told as it came (launch_console.task_end)
