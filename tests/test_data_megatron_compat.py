@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,8 @@ def test_megatron_and_bsops_spellings_give_identical_bytes(tmp_path, gpt2_files)
         "preprocess", "--input", str(src), "--output-prefix", str(tmp_path / "meg"),
         "--vocab", vocab, "--merge-file", merges, "--tokenizer-type", "GPT2BPETokenizer",
         "--dataset-impl", "mmap", "--json-keys", "text", "title", "--append-eod", "--workers", "2",
-        "--log-interval", "1", "--keep-newlines"])
+        "--log-interval", "1", "--keep-newlines", "--make-vocab-size-divisible-by", "128",
+        "--pad-vocab-size-to", "50304", "--datasets", "a", "b"])
     assert megatron.exit_code == 0, megatron.output
     ours = runner.invoke(main, [
         "preprocess", "--input", str(src), "--output-prefix", str(tmp_path / "ours"), "--tokenizer", "gpt2",
@@ -51,9 +53,30 @@ def test_megatron_and_bsops_spellings_give_identical_bytes(tmp_path, gpt2_files)
     for key in ("text", "title"):
         assert pair_bytes(f"{tmp_path}/meg_{key}_document") == pair_bytes(f"{tmp_path}/ours_{key}_document")
     # The options that change nothing are named; the ones that do are not.
-    assert "--keep-newlines" in megatron.stderr and "--dataset-impl" in megatron.stderr
-    assert "--workers" not in megatron.stderr.split("warning:")[1].split("\n")[0]
+    [warning] = [line for line in megatron.stderr.splitlines() if line.startswith("warning:")]
+    for flag in HIDDEN_IGNORED + ("--keep-newlines", "--dataset-impl"):
+        assert flag in warning
+    assert "--workers" not in warning
     assert "warning:" not in ours.stderr
+
+
+# Every flag of `bsops preprocess --help`: bsops' own and Megatron's preprocess_data.py spellings.
+FLAGS = {"--input", "--output-per-input", "--json-keys", "--tokenizer", "--tokenizer-type", "--tokenizer-name-or-path",
+         "--vocab-file", "--vocab", "--merge-file", "--merges-file", "--tokenizer-backend", "--cross-check",
+         "--special-text", "--append-eod", "--output-prefix", "--workers", "--strict", "--max-document-bytes",
+         "--log-interval", "--dataset-impl", "--keep-newlines", "--help"}
+# Megatron's, accepted and named in the warning, not shown in --help (--split-sentences is refused).
+HIDDEN_IGNORED = ("--make-vocab-size-divisible-by", "--pad-vocab-size-to", "--datasets")
+
+
+def test_help_lists_every_flag():
+    res = CliRunner().invoke(main, ["preprocess", "--help"])
+    assert res.exit_code == 0, res.output
+    # An option's line starts with two spaces and its flags, then two or more spaces and its help.
+    shown = {flag for line in res.output.splitlines() if line.startswith("  -")
+             for flag in re.findall(r"--[\w-]+", re.split(r"\s{2,}", line.strip())[0])}
+    assert shown == FLAGS
+    assert not any(flag in res.output for flag in HIDDEN_IGNORED + ("--split-sentences",))
 
 
 def test_bytes_equal_megatrons_pure_python_pipeline(tmp_path, gpt2_files, megatron_gpt2):

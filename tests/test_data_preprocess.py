@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from bigscience_ops.cli import main
 from bigscience_ops.data.errors import BadInputError
 from bigscience_ops.data.indexed import IndexedDataset
-from bigscience_ops.data.preprocess import Limits, preprocess
+from bigscience_ops.data.preprocess import Limits, Listener, preprocess
 from bigscience_ops.data.tokenizer import resolve_tokenizer
 
 GOOD = ["First document.", "Ünïcödé and emoji 😀 here", "  whitespace   runs\n\n\tend", "x"]
@@ -266,15 +266,16 @@ def test_small_chunks_keep_bytes_and_line_numbers(tmp_path, spec, monkeypatch, n
         (tmp_path / name).write_bytes(gzip.compress(src.read_bytes()))
     whole = preprocess([src], str(tmp_path / "whole"), spec, append_eod=True)
     monkeypatch.setattr(pp, "CHUNK_BYTES", 300)  # ~40 chunks; cut only in the main process
-    seen = []
+    seen, used = [], []
     cut = preprocess([tmp_path / name], str(tmp_path / "cut"), spec, append_eod=True, workers=workers,
-                     progress=seen.append)
+                     listener=Listener(progress=seen.append, workers=used.append))
     assert {p.line: p.kind for p in cut.problems} == expected
     assert cut.docs_in == whole.docs_in == 2 * len(BAD_LINES) + 301
     for ext in (".bin", ".idx"):
         assert Path(cut.outputs["text"] + ext).read_bytes() == Path(whole.outputs["text"] + ext).read_bytes()
     assert len(seen) > 10 and seen[-1].fraction == 1.0
     assert [p.fraction for p in seen] == sorted(p.fraction for p in seen)
+    assert used == [cut.workers] and used[0].asked == workers  # heard once, before any work
 
 
 @pytest.mark.parametrize("workers", [1, 2])

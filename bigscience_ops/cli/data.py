@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from bigscience_ops.cli.base import TEXT, FiniteFloat, main
 
+if TYPE_CHECKING:
+    from bigscience_ops.data.preprocess import Limits
+    from bigscience_ops.data.tokenizer import TokenizerSpec
 
 # Options that take several values, Megatron style (`--json-keys text title`).
 _GREEDY = ("--json-keys", "--datasets")
@@ -49,7 +55,8 @@ class _Bytes(click.ParamType):
 
 
 class _MegatronCommand(click.Command):
-    """Accepts `--json-keys a b` (argparse nargs='+') by repeating the option for each value."""
+    """Accepts `--json-keys a b` (argparse nargs='+') by repeating the option for each value, and hands the command
+    the options that describe one thing as one value (`_groups`: the tokenizer, the limits)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         out: list[str] = []
@@ -64,6 +71,86 @@ class _MegatronCommand(click.Command):
                 out.append(arg)
         return super().parse_args(ctx, out)
 
+    def invoke(self, ctx: click.Context) -> object:
+        # numpy's OpenBLAS starts (and spins) a thread per core on import; preprocessing does no linear algebra,
+        # and those threads cost ~0.06 CPU s of every run's start-up and take cores from the workers. Set before
+        # a group's value imports the data package.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        for name, group in _groups().items():
+            ctx.params[name] = group(**{f.name: ctx.params.pop(f.name) for f in dataclasses.fields(group)})
+        return super().invoke(ctx)
+
+
+_IGNORED = "bsops.preprocess.ignored"  # ctx.meta: the names of the Megatron options given that change nothing
+
+
+def _no_meaning(ctx: click.Context, param: click.Parameter, value: object) -> None:
+    """Notes a Megatron option that changes nothing here (_NO_MEANING), when given; the command warns once."""
+    if value:
+        ctx.meta.setdefault(_IGNORED, set()).add(param.name)
+
+
+def _no_split_sentences(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """Refuses Megatron's --split-sentences, which would change the documents (it cannot be ignored)."""
+    if value:
+        raise click.UsageError("--split-sentences (Megatron's NLTK sentence splitting, for BERT) is not "
+                               "supported; GPT pretraining data is one document per item")
+
+
+@dataclass(frozen=True)
+class TokenizerChoice:
+    """The one tokenizer the tokenizer options describe: bsops' --tokenizer, or Megatron's --tokenizer-type with
+    --vocab-file/--merge-file or --tokenizer-name-or-path; the backend that encodes with it, and what a literal
+    <|endoftext|> in a document becomes. Field names are the options' (click passes them by name)."""
+
+    tokenizer: str | None = None
+    tokenizer_type: str | None = None
+    tokenizer_name_or_path: str | None = None
+    vocab_file: str | None = None
+    merges_file: str | None = None
+    tokenizer_backend: str = "auto"
+    special_text: str = "plain"
+
+    def source(self) -> str | None:
+        """The --tokenizer value Megatron's --tokenizer-type / --tokenizer-name-or-path stand for; a UsageError
+        when the options disagree or miss a file the type needs."""
+        tokenizer_type, tokenizer, name_or_path = self.tokenizer_type, self.tokenizer, self.tokenizer_name_or_path
+        vocab_file, merges_file = self.vocab_file, self.merges_file
+        if tokenizer_type == "PretrainedFromHF":
+            if vocab_file or merges_file:
+                raise click.UsageError("--tokenizer-type PretrainedFromHF reads --tokenizer-name-or-path; "
+                                       "--vocab-file and --merge-file belong to GPT2BPETokenizer")
+            if not (name_or_path or tokenizer):
+                raise click.UsageError("--tokenizer-type PretrainedFromHF needs --tokenizer-name-or-path: a local "
+                                       "tokenizer.json or a folder holding one (no download is done)")
+        if tokenizer_type == "GPT2BPETokenizer" and name_or_path:
+            raise click.UsageError("--tokenizer-name-or-path belongs to --tokenizer-type PretrainedFromHF; "
+                                   "GPT2BPETokenizer reads --vocab-file and --merge-file")
+        if tokenizer_type == "GPT2BPETokenizer" and not tokenizer and not (vocab_file and merges_file):
+            given = "--vocab-file" if vocab_file else "--merge-file" if merges_file else "neither"
+            raise click.UsageError(f"--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file (GPT-2's "
+                                   f"vocab.json and merges.txt); got {given}. Or --tokenizer gpt2 for the packaged "
+                                   "GPT-2 files")
+        if name_or_path and tokenizer and name_or_path != tokenizer:
+            raise click.UsageError(f"--tokenizer {tokenizer!r} and --tokenizer-name-or-path {name_or_path!r} "
+                                   "disagree; give one")
+        return tokenizer or name_or_path
+
+    def spec(self) -> TokenizerSpec:
+        """The library's description of this tokenizer (its files found and checked; nothing is built yet)."""
+        from bigscience_ops.data.tokenizer import resolve_tokenizer
+
+        return resolve_tokenizer(self.source(), self.vocab_file, self.merges_file, self.tokenizer_backend,
+                                 self.special_text)
+
+
+def _groups() -> dict[str, type]:
+    """The frozen values the command receives instead of their options: parameter name -> the dataclass, built once
+    from the options named as its fields."""
+    from bigscience_ops.data.preprocess import Limits  # --max-document-bytes, --cross-check (as check_fraction)
+
+    return {"tokenizer": TokenizerChoice, "limits": Limits}
+
 
 def _split_keys(values: tuple[str, ...]) -> tuple[str, ...]:
     """The keys of `--json-keys a,b c`: split on commas and spaces only (a newline or other separator inside a value
@@ -75,30 +162,6 @@ def _split_keys(values: tuple[str, ...]) -> tuple[str, ...]:
         return check_json_keys(keys)
     except BadJsonKey as exc:
         raise click.UsageError(f"--json-keys: {exc}") from None
-
-
-def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or_path: str | None,
-                      vocab_file: str | None, merges_file: str | None) -> str | None:
-    """The --tokenizer value Megatron's --tokenizer-type / --tokenizer-name-or-path stand for."""
-    if tokenizer_type == "PretrainedFromHF":
-        if vocab_file or merges_file:
-            raise click.UsageError("--tokenizer-type PretrainedFromHF reads --tokenizer-name-or-path; "
-                                   "--vocab-file and --merge-file belong to GPT2BPETokenizer")
-        if not (name_or_path or tokenizer):
-            raise click.UsageError("--tokenizer-type PretrainedFromHF needs --tokenizer-name-or-path: a local "
-                                   "tokenizer.json or a folder holding one (no download is done)")
-    if tokenizer_type == "GPT2BPETokenizer" and name_or_path:
-        raise click.UsageError("--tokenizer-name-or-path belongs to --tokenizer-type PretrainedFromHF; "
-                               "GPT2BPETokenizer reads --vocab-file and --merge-file")
-    if tokenizer_type == "GPT2BPETokenizer" and not tokenizer and not (vocab_file and merges_file):
-        given = "--vocab-file" if vocab_file else "--merge-file" if merges_file else "neither"
-        raise click.UsageError(f"--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file (GPT-2's "
-                               f"vocab.json and merges.txt); got {given}. Or --tokenizer gpt2 for the packaged "
-                               "GPT-2 files")
-    if name_or_path and tokenizer and name_or_path != tokenizer:
-        raise click.UsageError(f"--tokenizer {tokenizer!r} and --tokenizer-name-or-path {name_or_path!r} "
-                               "disagree; give one")
-    return tokenizer or name_or_path
 
 
 @main.command(cls=_MegatronCommand)
@@ -129,7 +192,7 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
               default="auto", show_default=True,
               help="auto: the fastest that gives tokenizers' ids on a probe text: fastokens, then tiktoken, "
                    "then tokenizers itself.")
-@click.option("--cross-check", type=FiniteFloat(0.0, 1.0), default=0.01, show_default=True,
+@click.option("--cross-check", "check_fraction", type=FiniteFloat(0.0, 1.0), default=0.01, show_default=True,
               help="Share of the text a fastokens run also encodes with the reference tokenizer (tiktoken, "
                    "or tokenizers) and compares; a difference stops the run. 0 turns it off.")
 @click.option("--special-text", type=click.Choice(["plain", "token"]), default="plain", show_default=True,
@@ -149,19 +212,18 @@ def _tokenizer_source(tokenizer_type: str | None, tokenizer: str | None, name_or
                    "bounds memory whatever a file's compression ratio.")
 @click.option("--log-interval", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Documents between progress lines (when stderr is not a terminal).")
-@click.option("--dataset-impl", type=click.Choice(["mmap"]), default=None,
+@click.option("--dataset-impl", type=click.Choice(["mmap"]), default=None, expose_value=False, callback=_no_meaning,
               help="Megatron's; mmap is the only format written (accepted, changes nothing).")
-@click.option("--keep-newlines", is_flag=True, help="Megatron's; accepted, changes nothing here.")
-@click.option("--split-sentences", is_flag=True, hidden=True)
-@click.option("--make-vocab-size-divisible-by", type=int, default=None, hidden=True)
-@click.option("--pad-vocab-size-to", type=int, default=None, hidden=True)
-@click.option("--datasets", multiple=True, hidden=True)
-def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple[str, ...], tokenizer: str | None,
-               tokenizer_type: str | None, tokenizer_name_or_path: str | None, vocab_file: str | None,
-               merges_file: str | None, tokenizer_backend: str, cross_check: float, special_text: str,
-               append_eod: bool,
-               output_prefix: str, workers: int, strict: bool, max_document_bytes: int, log_interval: int,
-               split_sentences: bool, **megatron_only: object) -> None:
+@click.option("--keep-newlines", is_flag=True, expose_value=False, callback=_no_meaning,
+              help="Megatron's; accepted, changes nothing here.")
+@click.option("--split-sentences", is_flag=True, hidden=True, expose_value=False, callback=_no_split_sentences)
+@click.option("--make-vocab-size-divisible-by", type=int, default=None, hidden=True, expose_value=False,
+              callback=_no_meaning)
+@click.option("--pad-vocab-size-to", type=int, default=None, hidden=True, expose_value=False, callback=_no_meaning)
+@click.option("--datasets", multiple=True, hidden=True, expose_value=False, callback=_no_meaning)
+def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple[str, ...], tokenizer: TokenizerChoice,
+               limits: Limits, append_eod: bool, output_prefix: str, workers: int, strict: bool,
+               log_interval: int) -> None:
     """Tokenize jsonl documents into Megatron's indexed format (.bin/.idx).
 
     Megatron's tools/preprocess_data.py command lines work as they are (--tokenizer-type,
@@ -169,24 +231,16 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
     --log-interval, --keep-newlines, --append-eod) and give the same .bin/.idx bytes. Options that
     change nothing here are named in a warning.
     """
-    # numpy's OpenBLAS starts (and spins) a thread per core on import; preprocessing does no linear algebra,
-    # and those threads cost ~0.06 CPU s of every run's start-up and take cores from the workers.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from bigscience_ops.data.inputs import decoder_notes, find_inputs
-    from bigscience_ops.data.preprocess import Progress
-    from bigscience_ops.data.preprocess import Limits, Workers, preprocess as run_preprocess
-    from bigscience_ops.data.tokenizer import resolve_tokenizer
+    from bigscience_ops.data.preprocess import Listener, Progress, Workers, preprocess as run_preprocess
 
-    if split_sentences:
-        raise click.UsageError("--split-sentences (Megatron's NLTK sentence splitting, for BERT) is not "
-                               "supported; GPT pretraining data is one document per item")
     keys = _split_keys(json_keys)  # a key names output files: checked before anything is read or written
-    ignored = [why for name, why in _NO_MEANING.items() if megatron_only.get(name)]
+    given = click.get_current_context().meta.get(_IGNORED, ())
+    ignored = [why for name, why in _NO_MEANING.items() if name in given]
     if ignored:
         click.echo("warning: these options have no meaning here and are ignored: " + "; ".join(ignored),
                    err=True)
-    source = _tokenizer_source(tokenizer_type, tokenizer, tokenizer_name_or_path, vocab_file, merges_file)
-    spec = resolve_tokenizer(source, vocab_file, merges_file, tokenizer_backend, special_text)
+    spec = tokenizer.spec()
     on_terminal = sys.stderr.isatty()
     state = {"next_log": log_interval, "shown": 0}
 
@@ -220,8 +274,8 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
         if used.capped:
             click.echo(f"note: {used.line()}", err=True)
 
-    result = run_preprocess(paths, output_prefix, spec, keys, append_eod, workers, strict, report,
-                            output_per_input, limits=Limits(max_document_bytes, cross_check), on_workers=capped)
+    result = run_preprocess(paths, output_prefix, spec, keys, append_eod, workers, strict, output_per_input,
+                            limits=limits, listener=Listener(progress=report, workers=capped))
     if on_terminal:
         click.echo("", err=True)
     shown = result.problems[:20]

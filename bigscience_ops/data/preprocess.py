@@ -25,7 +25,7 @@ when complete (see `indexed.IndexedDatasetWriter`); each output's record `PREFIX
 
 The number of workers is capped (`cap_workers`) at this machine's cores (those this process may run on) and at
 the pieces of work the inputs give (each input's chunks of CHUNK_BYTES, a compressed one's estimated from its size),
-so `--workers 1000000` on a 50-line file runs in this process alone; `on_workers` hears the cap before any work.
+so `--workers 1000000` on a 50-line file runs in this process alone; `Listener.workers` hears the cap before any work.
 A json key becomes part of an output's file name (`{prefix}_{key}_document`): one that could name a file outside
 the output prefix's folder, or hold a control or separator character, is refused (`check_json_keys`) before
 anything is written.
@@ -64,8 +64,8 @@ from bigscience_ops.data.shards import (KEEP_PROBLEMS, Shard, ShardStats, finish
                                         remove_stale_temporaries)
 from bigscience_ops.data.tokenizer import Tokenizer, TokenizerSpec
 
-__all__ = ["preprocess", "PreprocessResult", "Progress", "Problem", "output_prefix_for", "PROBLEM_KINDS",
-           "CHUNK_BYTES", "CHECK_FRACTION", "MAX_DOCUMENT_BYTES"]
+__all__ = ["preprocess", "PreprocessResult", "Limits", "Listener", "Progress", "Problem", "output_prefix_for",
+           "PROBLEM_KINDS", "CHUNK_BYTES", "CHECK_FRACTION", "MAX_DOCUMENT_BYTES"]
 
 CHECK_FRACTION = 0.01  # of a fastokens run's text re-encoded with the reference tokenizer
 SMALL_INPUT_BYTES = 4 << 20  # below this (decompressed, estimated), auto takes tiktoken over fastokens
@@ -263,6 +263,16 @@ class Limits:
     """About this share of a fastokens run's text is encoded again by the reference tokenizer and compared."""
 
 
+@dataclass(frozen=True)
+class Listener:
+    """What a run tells its caller while it works (the CLI prints it); each is optional."""
+
+    progress: Callable[[Progress], None] | None = None
+    """Hears the documents, bytes and shards done so far, as the run goes."""
+    workers: Callable[[Workers], None] | None = None
+    """Hears once, before any work, the worker processes asked for and used (see cap_workers)."""
+
+
 def preprocess(
     inputs: list[str | os.PathLike],
     output_prefix: str,
@@ -271,11 +281,10 @@ def preprocess(
     append_eod: bool = True,
     workers: int = 1,
     strict: bool = False,
-    progress: Callable[[Progress], None] | None = None,
     output_per_input: bool = False,
     *,
     limits: Limits = Limits(),
-    on_workers: Callable[[Workers], None] | None = None,
+    listener: Listener = Listener(),
 ) -> PreprocessResult:
     """Tokenize jsonl files, folders of them or globs into indexed datasets; see the module docstring."""
     start = time.monotonic()
@@ -319,8 +328,8 @@ def preprocess(
     resumed = len(stats)
     pending = [s for s in shards if s.index not in stats]
     capped = cap_workers(workers, pending)
-    if on_workers is not None:
-        on_workers(capped)
+    if listener.workers is not None:
+        listener.workers(capped)
     workers = capped.used
     if not pending:
         mode = "resumed"
@@ -334,7 +343,7 @@ def preprocess(
     for prefix, (_, indices) in outputs.items():  # rewritten by this run (their record goes as they are replaced)
         if merged or any(i not in stats for i in indices):
             remove_stale_temporaries(prefix)  # a killed run's record (or dataset) not yet renamed
-    run = Run(shards, stats, tok, reference, dtype, json_keys, strict, settings, progress,
+    run = Run(shards, stats, tok, reference, dtype, json_keys, strict, settings, listener.progress,
                output_prefix if merged else None)
     encode = EncodeSettings(dataclasses.replace(tokenizer, backend=tok.backend), json_keys, append_eod, dtype.str,
                             check_fraction, max_document_bytes)
