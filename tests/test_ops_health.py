@@ -371,7 +371,8 @@ def test_an_eval_drop_finding_without_a_checkpoint_to_roll_back_to(tmp_path):
 
 
 def test_an_eval_alert_without_words_of_its_own_takes_its_kinds():
+    from bigscience_ops.ops import alerts
+    from bigscience_ops.ops.alerts import Alert
     from bigscience_ops.ops.tell import alert_text
-    from bigscience_ops.ops.watch.status import Alert
 
-    assert alert_text.headline(Alert("eval-drop:t/acc", "m")) == alert_text.HEADLINES["eval-drop"]
+    assert alert_text.headline(Alert("eval-drop:t/acc", "m")) == alerts.CONDITIONS["eval-drop"].headline

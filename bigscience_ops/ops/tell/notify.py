@@ -25,10 +25,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from bigscience_ops.data import locks
+from bigscience_ops.ops.alerts import StatusReport, raise_alert
 from bigscience_ops.ops.tell import alert_text
 from bigscience_ops.ops.tell.channels import NAMES, Outbox
 from bigscience_ops.ops.tell.message import NotifyError, subject_line
-from bigscience_ops.ops.watch.status import StatusReport
 from bigscience_ops.redact import env_secrets, scrub
 from bigscience_ops.untrusted import MAX_STEP, Problem, RecordFileError, excerpt, kind_of, read_small, write_atomically
 
@@ -441,7 +441,8 @@ def notify_job(outbox: Outbox, state_path: str | os.PathLike[str], job: str, err
                                          f"held back: last sent {last.isoformat()}, it repeats at most every "
                                          f"{cooldown_minutes:g} minutes while {job} keeps failing{note}")
             kind = "alert"
-            subject, body = alert_text.job_alert_email(experiment, job, error, command,
+            alert = raise_alert("job-failed", subject=job, job=job, experiment=experiment, command=command)
+            subject, body = alert_text.job_alert_email(experiment, job, alert, error,
                                                        datetime.fromisoformat(entry["since"]), cooldown_minutes, now)
         else:
             entry = state.jobs.get(job)

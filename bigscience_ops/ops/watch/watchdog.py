@@ -12,13 +12,12 @@ health) is still done.
 
 With the run's experiment known, its evaluation results are health too (`eval.alert_drop`): a metric of the
 newest evaluated checkpoint worse than the run's best so far by more than its margin is an alert per metric
-(condition `eval-drop:<task/metric>`, health.eval_drop's advice), and a result file that cannot be read is an
+(kind `eval-drop`, one per `<task/metric>`: ops/health.eval_drop's advice), and a result file that cannot be read is an
 alert naming it (`eval-result-file`), never left out in silence.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,15 +30,16 @@ from bigscience_ops.run import rollbacks
 from bigscience_ops.run import log as runlog
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops import health
+from bigscience_ops.ops.alerts import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport, condition, raise_alert
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.schedule import cron
 from bigscience_ops.ops.tell.channels import Outbox
 from bigscience_ops.ops.tell.message import NotifyError
 from bigscience_ops.ops.tell.notify import Notice, default_state_path, notify, state_problem
 from bigscience_ops.ops.tell.quoting import quote_untrusted
-from bigscience_ops.ops.watch import health, status
+from bigscience_ops.ops.watch import status
 from bigscience_ops.ops.watch.lifecycle import RunState
-from bigscience_ops.ops.watch.status import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport
 from bigscience_ops.untrusted import Problem
 from bigscience_ops.schema import HealthConfig
 
@@ -118,7 +118,7 @@ def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime
         report = _with_health_alerts(report, Path(s.log_path), s.health, s.contact, name, checkpoints)
     if run is not None and run.experiment is not None:
         report = _with_eval_alerts(report, run.experiment, s.contact, s.experiment or run.experiment.name)
-    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
+    stamp = report.stamp
     notices: list[Notice] = []
     errors, extra = [], []
     outbox, log_path = s.outbox, s.log_path
@@ -126,8 +126,7 @@ def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime
         state_path = default_state_path(log_path) if s.state_path is None else s.state_path
         unreadable = state_problem(state_path)
         if unreadable is not None:  # told through the same channels: the state then starts afresh
-            report = _with_run_file_alerts(report, (unreadable,), s.contact, condition="alert-state")
-            stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
+            report = _with_run_file_alerts(report, (unreadable,), s.contact, kind="alert-state")
         try:
             notices = notify(report, outbox, state_path, experiment=s.experiment, cooldown_minutes=s.cooldown_minutes,
                              log_path=str(log_path) if log_path else None, env=env)
@@ -152,47 +151,29 @@ def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime
     return WatchResult(report, tuple(notices), error, lines)
 
 
-# The run's files by name: (condition, headline: what to do, then what is wrong; advice).
+# The run's files by name: the kind of alert (ops/alerts.py) a file that cannot be read raises; any other is the
+# backup store's (a manifest or journal).
 RUN_FILES = {
-    ledger.LEDGER_NAME: ("run-file-ledger", "repair task-ledger.jsonl: a line cannot be read",
-                         "A line of the task ledger cannot be read (a node died mid-write, or the file was damaged); "
-                         "the watchdog skipped it and read the rest, and so do the array tasks (each says so in "
-                         "main_log.txt). Remove or repair the line named above: `bsops rollback` refuses a ledger it "
-                         "cannot read whole."),
-    layout.LATEST: ("run-file-latest", "point latest at a finished save: latest cannot be read",
-                    "`latest` cannot be read or names no checkpoint folder, so the next task cannot resume: write "
-                    "the tag of the newest complete checkpoint into it (one line, global_stepN; never a link), "
-                    "then relaunch."),
-    rollbacks.RECORD: ("run-file-rollbacks", "repair rollbacks.jsonl: a relaunch refuses it",
-                       "rollbacks.jsonl holds a line that is not a rollback: a launch refuses to start until it is "
-                       "repaired or removed (bsops rollback writes it, one JSON line per rollback)."),
+    ledger.LEDGER_NAME: "run-file-ledger",
+    layout.LATEST: "run-file-latest",
+    rollbacks.RECORD: "run-file-rollbacks",
 }
-BACKUP_FILE = ("run-file-backup", "look at the backup store: a manifest or journal cannot be read",
-               "A manifest or journal of the backup store cannot be read: that copy counts as missing (the next "
-               "backup makes it again, and retention deletes nothing because of it). Look at the file named above.")
-STATE_FILE = ("alert-state", "look at the alert state: it cannot be read",
-              "The alert state (cooldowns and who was told) cannot be read: it was set aside and started afresh, so "
-              "alerts may repeat once. Look at the file named above, then delete it.")
 SHOWN_PROBLEMS = 5
 """Problems named per file in an alert; the rest are counted."""
 
 
 def _with_run_file_alerts(report: StatusReport, problems: tuple[Problem, ...], contact: str,
-                          condition: str | None = None) -> StatusReport:
+                          kind: str | None = None) -> StatusReport:
     """The report plus one alert per kind of run file with problems (ledger, latest, rollbacks, backup store;
-    `condition` forces one), each naming every file and its lines: through the same channels and cooldown."""
-    grouped: dict[tuple[str, str, str], dict[str, list[Problem]]] = {}
+    `kind` forces one), each naming every file and its lines: through the same channels and cooldown."""
+    grouped: dict[str, dict[str, list[Problem]]] = {}
     for problem in problems:
-        kind = STATE_FILE if condition == "alert-state" else RUN_FILES.get(Path(problem.file).name, BACKUP_FILE)
-        grouped.setdefault(kind, {}).setdefault(problem.file, []).append(problem)
-    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
-    alerts = []
-    for (key, headline, advice), files in grouped.items():
-        named = "; ".join(f"{_path(file)}: {_problem_lines(found)}" for file, found in files.items())
-        alerts.append(Alert(key, f"***ALERT: {report.job_name} cannot read its run file {named}! Alert someone at "
-                                 f"{contact}***", headline, advice))
-    return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
-                               alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
+        found = kind or RUN_FILES.get(Path(problem.file).name, "run-file-backup")
+        grouped.setdefault(found, {}).setdefault(problem.file, []).append(problem)
+    return report.adding(
+        raise_alert(found, contact=contact, job=report.job_name,
+                    named="; ".join(f"{_path(file)}: {_problem_lines(lines)}" for file, lines in files.items()))
+        for found, files in grouped.items())
 
 
 def _path(file: str) -> str:
@@ -217,13 +198,9 @@ def _with_chain_alerts(report: StatusReport, cron_dir: Path, contact: str, timeo
         problems = [p for state in cron.chains(cron_dir, timeout=timeout) if state.installed for p in state.problems]
     except (slurm.SlurmError, BsopsError) as exc:
         problems = [f"the cron chains of {cron_dir} cannot be checked: {' '.join(str(exc).split())}"]
-    problems = [quote_untrusted(p, 1000, mark=False) for p in problems]  # a chain's job name or log is the queue's
-    if not problems:
-        return report
-    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
-    alerts = [Alert("cron-chain", f"***ALERT: {p}! Alert someone at {contact}***") for p in problems]
-    return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
-                               alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
+    # a chain's job name or log is the queue's: quoted
+    return report.adding(raise_alert("cron-chain", contact=contact, problem=quote_untrusted(p, 1000, mark=False))
+                         for p in problems)
 
 
 def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthConfig, contact: str,
@@ -232,30 +209,15 @@ def _with_health_alerts(report: StatusReport, log_path: Path, settings: HealthCo
     with the exact commands to look at the iteration's samples and to roll back (health.advise)."""
     if not log_path.is_file():
         return report
-    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
     try:
         lines, _ = runlog.tail(log_path, (settings.window + settings.recent) * 4)
     except (OSError, BsopsError) as exc:
         why = quote_untrusted(str(exc), 400, mark=False)
-        alert = Alert("health-unreadable", f"***ALERT: the training health of {log_path} cannot be read ({why})! "
-                                           f"Alert someone at {contact}***", "check the log file: training health "
-                                                                             "unreadable")
-        return dataclasses.replace(report, lines=(*report.lines, f"{stamp} {alert.message}"),
-                                   alerts=(*report.alerts, alert), exit_code=max(report.exit_code, status.EXIT_ALERT))
+        return report.adding([raise_alert("health-unreadable", contact=contact, log=log_path, why=why)])
     findings = [health.advise(f, experiment, checkpoints)
                 for f in health.check(health.entries(lines), settings, recent=settings.recent)]
-    if not findings:
-        return report
-    alerts = [Alert(f"health-{f.kind}", f"***ALERT: training health: {f}! Alert someone at {contact}***", f.headline,
-                    f.next_step) for f in findings]
-    return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
-                               alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
-
-
-EVAL_FILE = ("eval-result-file", "look at the eval results: a result file cannot be read",
-             "A result file of `bsops eval` cannot be read (cut short, damaged or not one bsops wrote): it is left out "
-             "of the eval.alert_drop check, the tables and the plot. Evaluate that checkpoint again (`bsops eval EXP "
-             "--step N`) to write it anew, or move the file away.")
+    return report.adding(raise_alert(f"health-{f.kind}", contact=contact, headline=f.headline, advice=f.next_step,
+                                     finding=f) for f in findings)
 
 
 def _with_eval_alerts(report: StatusReport, exp, contact: str, experiment: str) -> StatusReport:
@@ -271,20 +233,16 @@ def _with_eval_alerts(report: StatusReport, exp, contact: str, experiment: str) 
     found = eval_results.live(found, rollbacks.read_checked(output).records)
     found, _ = evaluated.counted(found, exp)  # a result of a step never saved drives no rollback advice (the views name it)
     checkpoints = Path(exp.paths.checkpoints)
-    alerts = []
+    alerts: list[Alert] = []
     for d in eval_results.drops(found, exp.eval.alert_drop):
         f = health.eval_drop(d.step, d.iteration, d.metric, d.value, d.best, d.best_step, d.margin, experiment,
                              checkpoints)
-        alerts.append(Alert(f"eval-drop:{d.metric}", f"***ALERT: evaluation: {f}! Alert someone at {contact}***",
-                            f.headline, f.next_step))
+        alerts.append(raise_alert("eval-drop", subject=d.metric, contact=contact, headline=f.headline,
+                                  advice=f.next_step, finding=f))
     if problems:
-        key, headline, advice = EVAL_FILE
         named = "; ".join(f"{_path(p.file)}: {_problem_lines([p])}" for p in problems[:SHOWN_PROBLEMS])
         more = f" (+{len(problems) - SHOWN_PROBLEMS} more files)" if len(problems) > SHOWN_PROBLEMS else ""
-        alerts.append(Alert(key, f"***ALERT: {report.job_name} cannot read its evaluation result file {named}{more}! "
-                                 f"Alert someone at {contact}***", headline, advice.replace("EXP", experiment)))
-    if not alerts:
-        return report
-    stamp = f"[{report.checked_at:{status.STAMP_FORMAT}}]"
-    return dataclasses.replace(report, lines=(*report.lines, *(f"{stamp} {a.message}" for a in alerts)),
-                               alerts=(*report.alerts, *alerts), exit_code=max(report.exit_code, status.EXIT_ALERT))
+        advice = condition("eval-result-file").advice.replace("EXP", experiment)  # this run's name, as before
+        alerts.append(raise_alert("eval-result-file", contact=contact, advice=advice, job=report.job_name,
+                                  named=named + more))
+    return report.adding(alerts)
