@@ -94,9 +94,9 @@ def cron_status(cron_dir: Path | None) -> None:
 @cron.command("add")
 @click.argument("exp", type=TEXT)
 @click.option("--jobs", type=TEXT, default=None, metavar="LIST",
-              help="Comma-separated hourly jobs to write: status (the watchdog), hub-sync, backup, eval (the eval "
-                   "scheduler: `bsops eval EXP --next`, written only when named). Default: the watchdog and each of "
-                   "hub-sync and backup whose settings EXP has (hub repos, backup.dest).")
+              help="Comma-separated hourly jobs to write (`bsops cron jobs` lists them): status (the watchdog), "
+                   "hub-sync, backup, eval (the eval scheduler: `bsops eval EXP --next`, written only when named). "
+                   "Default: every job whose settings EXP has (hub repos, backup.dest), the opt-in ones left out.")
 @cron_dir_option
 @trainings_option
 def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: Path | None) -> None:
@@ -133,6 +133,16 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
         click.echo(f"no runner chain in {cron_dir} yet: `bsops cron install` (with the same folder) starts it")
 
 
+@cron.command("jobs")
+def cron_jobs() -> None:
+    """List the hourly jobs `bsops cron add --jobs` takes: name, period, time limit, what it is and what it runs."""
+    from bigscience_ops.ops.schedule import hourly, hourly_jobs
+
+    for job in hourly_jobs.JOBS.values():
+        runs = " ".join(["bsops", job.command, "EXP", *("CRON_DIR" if a == hourly.CRON_DIR else a for a in job.arguments)])
+        click.echo(f"{job.name:<10} {job.period:<7} {job.time:<9} {'opt-in ' if job.opt_in else ''}{job.what}: {runs}")
+
+
 @cron.command("list")
 @cron_dir_option
 def cron_list(cron_dir: Path | None) -> None:
@@ -149,7 +159,7 @@ def cron_list(cron_dir: Path | None) -> None:
 @cron.command("remove")
 @click.argument("exp", type=TEXT)
 @click.option("--jobs", type=TEXT, default=None, metavar="LIST",
-              help="Comma-separated jobs to remove: status, hub-sync, backup, eval (default: all of EXP's).")
+              help="Comma-separated jobs to remove (`bsops cron jobs` lists them; default: all of EXP's).")
 @cron_dir_option
 def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None) -> None:
     """Remove EXP's jobs that `bsops cron add` wrote (other files of the folder are left alone).

@@ -1,15 +1,11 @@
-"""The experiment's hourly jobs for cron.hourly/: the status watchdog, the Hub sync, the backup and the eval scheduler.
+"""The registry of hourly jobs, and each rendered for one experiment into the cron folder.
 
-One template (templates/hourly-job.slurm.j2) renders all four; `JOBS` says what differs: the bsops
-command each runs, its time limit and the comment that tells a reader what the job does. Each job is named
-`bsops.<training job name>.<suffix>` (slurm.names): experiment names and slurm.job_name refuse that form, so
-the watchdog never takes an hourly job for a training, nor `cron run` a training for an hourly job. hub-sync
-and backup run with `--alert`: on failure they exit non-zero and email the experiment's alerts
-recipients at most once per alerts.cooldown_minutes while it keeps failing, then once when it works
-again (ops/tell/notify.py's cooldown state, shared with the watchdog). The eval scheduler (`bsops eval --next
---alert`) submits the eval jobs themselves, named `bsops.<training job name>.eval`: it is named `...eval-next` so
-that neither `cron run` nor the scheduler's own queue check takes one for the other. The watchdog's alert (exit 1) is
-already emailed, so for the runner its job succeeded.
+Each job is an `hourly.HourlyJob` declared beside its library code and registered here (PLUGINS): the watchdog
+(ops/watch/hourly.py), the Hub sync and the backup (ops/keep/hourly.py), the eval scheduler (ops/evaluate/hourly.py).
+A new one is its module and a line in PLUGINS. One template (templates/hourly-job.slurm.j2) renders them all. Each
+job is named `bsops.<training job name>.<suffix>` (slurm.names): experiment names and slurm.job_name refuse that
+form, so the watchdog never takes an hourly job for a training, nor `cron run` a training for an hourly job. The
+runner (cron.run_pass) submits each through the Slurm executor (launch/jobs.py) unless its previous one is queued.
 """
 
 from __future__ import annotations
@@ -21,57 +17,46 @@ from bigscience_ops import slurm
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import ConfigError
+from bigscience_ops.ops.evaluate import hourly as evaluate_jobs
+from bigscience_ops.ops.keep import hourly as keep_jobs
 from bigscience_ops.ops.schedule.cron import PERIODS, CronSettings, RunnerScript, folder_scripts
+from bigscience_ops.ops.schedule.hourly import CRON_DIR, HourlyJob, Missing
+from bigscience_ops.ops.watch import hourly as watch_jobs
 from bigscience_ops.schema import Experiment
 
+PLUGINS: tuple[HourlyJob, ...] = (*watch_jobs.JOBS, *keep_jobs.JOBS, *evaluate_jobs.JOBS)
+"""The hourly jobs bsops ships, in the order `cron add` writes and lists them."""
 
-@dataclass(frozen=True)
-class HourlyJob:
-    suffix: str  # the last part of the job name (bsops.<training>.<suffix>) and of the script's file name
-    command: str  # the bsops command it runs
-    time: str  # --time: one sync must end well before the next; a backup of a large checkpoint may take hours
-    what: str
-    about: tuple[str, ...]
-    alert_is_success: bool = False
-    arguments: tuple[str, ...] = ("--alert",)
-    """What follows `bsops <command> EXP --trainings-dir DIR` (the watchdog's are its cron folder's)."""
-    opt_in: bool = False
-    """Written only when --jobs names it: the eval scheduler submits jobs of its own (GPU hours), which a run that
-    sets eval: for `bsops eval --step` by hand may not want every hour."""
+JOBS: dict[str, HourlyJob] = {}
+"""The registered jobs by name: PLUGINS, and any register() added (a site's own, a test's)."""
 
 
-JOBS: dict[str, HourlyJob] = {
-    "status": HourlyJob(
-        "slurm-status", "status", "00:10:00", "watchdog",
-        ("It checks the training and the cron chains, logs to watchdog.log beside the run's main_log.txt and",
-         "emails the on-call people on an alert."), alert_is_success=True),
-    "hub-sync": HourlyJob(
-        "hub-sync", "hub-sync", "00:50:00", "Hub sync",
-        ("It pushes the run's logs, TensorBoard events and codecarbon records to their Hub repos (the",
-         "token comes from the environment variable hub.token_env); a failure is emailed to the on-call people.")),
-    "backup": HourlyJob(
-        "backup", "backup", "12:00:00", "checkpoint backup",
-        ("It copies new checkpoints to backup.dest with a verified manifest each, finishes a copy an",
-         "earlier run left half-done, applies scratch retention, and emails the on-call people on a failure.")),
-    "eval": HourlyJob(
-        "eval-next", "eval", "00:10:00", "eval scheduler",
-        ("It submits an eval job (eval.partition, eval.nodes, eval.time) for the newest complete checkpoint without",
-         "a result, one at a time, and emails the on-call people when an eval job failed."),
-        arguments=("--next", "--alert"), opt_in=True),
-}
+def register(job: HourlyJob) -> HourlyJob:
+    """Add `job` to JOBS. Raises ValueError for a name or suffix taken already, a suffix that cannot end a Slurm job
+    name of the reserved form, or a period that is not a cron folder's."""
+    taken = [j.name for j in JOBS.values() if job.suffix == j.suffix or job.name == j.name]
+    if taken:
+        raise ValueError(f"hourly job {job.name!r} (suffix {job.suffix!r}): the name or suffix is taken by "
+                         f"{', '.join(taken)}; allowed: names and suffixes of none of {', '.join(JOBS)}")
+    if job.period not in PERIODS:
+        raise ValueError(f"hourly job {job.name!r}: period {job.period!r}; allowed: {', '.join(PERIODS)}")
+    slurm.hourly_job_name("x", job.suffix)  # a ValueError naming the suffix and the allowed characters
+    JOBS[job.name] = job
+    return job
 
 
-def missing_setting(kind: str, exp: Experiment) -> tuple[str, str] | None:
-    """(field, what to set) when exp lacks what job `kind` needs (an hourly job that could only fail
-    and alert every hour), else None."""
-    if kind == "backup" and not exp.backup.dest:
-        return "backup.dest", "the backup folder the hourly backup copies checkpoints to"
-    hub = exp.hub
-    if kind == "hub-sync" and not (hub.logs_repo or hub.tensorboard_repo or hub.codecarbon_repo):
-        return "hub.logs_repo", "at least one of hub.logs_repo, hub.tensorboard_repo, hub.codecarbon_repo"
-    if kind == "eval" and not exp.eval.configured:
-        return "eval.tasks", "something to evaluate: eval.tasks (lm-eval task names or task YAML files) or eval.sources"
-    return None
+def unregister(name: str) -> None:
+    JOBS.pop(name, None)
+
+
+for _job in PLUGINS:
+    register(_job)
+
+
+def missing_setting(kind: str, exp: Experiment) -> Missing | None:
+    """(field, what to set) when exp lacks what job `kind` needs (an hourly job that could only fail and alert every
+    hour), else None."""
+    return JOBS[kind].needs(exp)
 
 
 def configured(exp: Experiment) -> list[str]:
@@ -94,9 +79,9 @@ def job_name_of(kind: str, exp: Experiment) -> str:
 
 def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, settings: CronSettings,
            workdir: Path | None = None) -> RunnerScript:
-    """cron.hourly/<exp>-<suffix>.slurm for one of JOBS, named job_name_of(kind, exp); the job runs in `workdir`
+    """cron.<period>/<exp>-<suffix>.slurm for one of JOBS, named job_name_of(kind, exp); the job runs in `workdir`
     (default: the current folder), the folder exp's relative outputs resolved against
-    (experiment_files.outputs_folder). Raises ConfigError when exp lacks a setting the job needs (missing_setting)."""
+    (experiment_files.outputs_folder). Raises ConfigError when exp lacks a setting the job needs (its `needs`)."""
     if kind not in JOBS:
         raise ValueError(f"job kind {kind!r}: one of {', '.join(JOBS)}")
     missing = missing_setting(kind, exp)
@@ -109,15 +94,16 @@ def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, sett
     [(_, job_name)] = rendering.slurm_options(f"experiment {exp.name}", {"job-name": job_name_of(kind, exp)})
     optional = rendering.slurm_options(f"{cron_dir / 'cron.yaml'}", {
         opt: getattr(settings, opt) or None for opt in ("partition", "account", "qos")})
-    arguments = ["--cron-dir", str(cron_dir)] if kind == "status" else list(job.arguments)
+    arguments = [str(cron_dir) if arg == CRON_DIR else arg for arg in job.arguments]
     text = rendering.environment().get_template("hourly-job.slurm.j2").render(
         job_name=job_name, experiment=exp.name,
         trainings_dir=str(Path(trainings_dir).resolve()), time=job.time, what=job.what, about=job.about,
         command=job.command, arguments=arguments, alert_is_success=job.alert_is_success, optional=optional,
-        env_setup=[rendering.Raw(line) for line in settings.env_setup], output=rendering.output_option(cron_dir / "logs", "%x-%j.out"),
+        env_setup=[rendering.Raw(line) for line in settings.env_setup],
+        output=rendering.output_option(cron_dir / "logs", "%x-%j.out"),
         workdir=str(Path(workdir or Path.cwd()).resolve()),
     )
-    return RunnerScript(cron_dir / "cron.hourly" / f"{exp.name}-{job.suffix}.slurm", text)
+    return RunnerScript(cron_dir / f"cron.{job.period}" / f"{exp.name}-{job.suffix}.slurm", text)
 
 
 # ----------------------------------------------------------------------------- installed jobs
@@ -144,7 +130,7 @@ def installed(cron_dir: Path) -> list[Installed]:
         for script in folder_scripts(cron_dir, period):
             experiment = kind = None
             ours = MARK in (runlog.head(script, 4000) or b"").decode("utf-8", errors="replace")
-            for name, job in JOBS.items():
+            for name, job in sorted(JOBS.items(), key=lambda item: -len(item[1].suffix)):  # x-hub-sync: not -sync
                 if ours and script.stem.endswith(f"-{job.suffix}") and len(script.stem) > len(job.suffix) + 1:
                     experiment, kind = script.stem[:-len(job.suffix) - 1], name
                     break
