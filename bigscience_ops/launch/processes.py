@@ -28,7 +28,7 @@ def start(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Pat
           stdout: IO | int | None = None, stderr: IO | int | None = None, text: bool = False) -> subprocess.Popen:
     """Start `argv` in a session (and process group) of its own, so that `stop_tree` stops all of it."""
     return subprocess.Popen(list(argv), env=None if env is None else dict(env), cwd=cwd, stdout=stdout,
-                            stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True,
+                            stderr=stderr, start_new_session=True,
                             **({"text": True, "errors": "replace"} if text else {}))
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops.checkpoints import layout
-from bigscience_ops.launch import processes
+from bigscience_ops.launch import jobs, processes
 from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.ops.evaluate import EvalError
 
@@ -206,24 +206,57 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
     if target.world_size > 1:
         child_env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="bsops-eval-") as tmp:
+        record = None
         if experiment is None:
-            experiment = str(Path(tmp) / "experiment.json")
-            Path(experiment).write_text(json.dumps(to_dict(exp), indent=1), encoding="utf-8")
+            record = (Path(tmp) / "experiment.json", json.dumps(to_dict(exp), indent=1))
+            experiment = str(record[0])
         worker = worker_argv(experiment, step, tensor, pipeline, trainings_dir, Path.cwd(), log_samples)
-        proc = processes.start(torchrun_argv(target.world_size, worker), env=child_env, stderr=subprocess.PIPE,
-                               text=True)  # its own group: stopped as one (processes.stop_tree)
+        ranks = Ranks(f"eval {target.tag}", tuple(torchrun_argv(target.world_size, worker)), record)
+        job = jobs.run_job(ranks, LocalRanks(child_env))  # its own process group: stopped as one
         noise = AgentNoise(sys.stderr)
-        reader = threading.Thread(target=noise.pump, args=(proc.stderr,), daemon=True)
+        reader = threading.Thread(target=noise.pump, args=(job.proc.stderr,), daemon=True)
         reader.start()
         try:
             with processes.raising_on([signal.SIGTERM], _Terminated):
-                code = proc.wait()
+                code = job.wait()
         except BaseException:
-            stop(proc)
+            job.stop(STOP_GRACE_S)
             raise
         finally:
             reader.join(timeout=10)
     return EXIT_ERROR if code != 0 and noise.errors else code
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The eval ranks of one checkpoint on this machine, described once: torchrun's argv and the experiment record
+    they read, (path, text) written first (None: they read a name or YAML file)."""
+
+    name: str
+    argv: tuple[str, ...]
+    record: tuple[Path, str] | None = None
+
+
+@dataclass(frozen=True)
+class LocalRanks:
+    """The local executor of the eval ranks (launch/jobs.Executor; the Slurm one is jobs.SlurmScripts with
+    jobscript.EvalJob): write the record, then start torchrun in a process group of its own, its stderr piped for
+    AgentNoise; the handle (processes.LocalJob) stops all of it."""
+
+    env: dict[str, str]
+
+    def write(self, job: Ranks) -> Path:
+        if job.record is None:
+            return Path.cwd()
+        path, text = job.record
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def start(self, job: Ranks, script: Path, started: jobs.Started = lambda kind, job_id: None) -> processes.LocalJob:
+        proc = processes.start(job.argv, env=self.env, stderr=subprocess.PIPE, text=True)
+        handle = processes.LocalJob(proc, job.name)
+        started("eval", handle.job_id)
+        return handle
 
 
 EXIT_ERROR = 2
