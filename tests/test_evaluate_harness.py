@@ -210,8 +210,13 @@ def test_evaluate_writes_the_result_file_and_tensorboard_scalars(model, runs, tm
                         text_key="body", limit=4, batch_size=4))
     lines: list[str] = []
     with pytest.raises(driver.MissingTasks, match="missing.yaml"):  # the others' result written first
-        driver.evaluate(exp, target.path, target.meta, scorer, lines.append, log_samples=True)
+        driver.evaluate(exp, target.path, target.meta, scorer, lines.append, log_samples=True, keep_cache=True)
     kept = out / "eval" / f"{target.tag}.samples" / "t_two_choice.jsonl"  # lm-eval's per-sample output beside it
+    cache = out / "eval" / f"{target.tag}.requests" / "float32_rank0.db"  # and its request cache (4 docs x 2 choices)
+    from sqlitedict import SqliteDict
+
+    with SqliteDict(str(cache), flag="r") as entries:
+        assert len(entries) == 8 and f"lm-eval's request cache: {cache.with_name('float32')}_rank0.db" in lines
     assert [json.loads(line)["doc_id"] for line in kept.read_text().splitlines()] == [0, 1, 2, 3]
     path = out / "eval" / f"{target.tag}.json"
     result = json.loads(path.read_text(encoding="utf-8"))
@@ -373,12 +378,16 @@ def test_bits_per_byte_is_the_trainers_loss_on_the_same_text_converted_by_tokens
 
 @pytest.mark.slow  # the session's trained run, lm-eval's command line under torchrun (two ranks), transformers
 def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, model, hf, tmp_path):
-    """`lm-eval run --model bsops` (plugin.py, lm-eval's own command line) in the checkpoint's PP=2 layout with
-    --num_fewshot 3 --limit 20 --log_samples: its results file holds the metrics of bsops' own path and of lm-eval's
-    hf model on the export (accuracies equal, the rest within 1e-4 relative), and the samples it logged."""
+    """`lm_eval run --model bsops` (this venv's own lm_eval script: the installed hook registers plugin.py's model)
+    in the checkpoint's PP=2 layout under torchrun, with --num_fewshot 3 --limit 20 --log_samples --use_cache: its
+    results file holds the metrics of bsops' own path and of lm-eval's hf model on the export (accuracies equal, the
+    rest within 1e-4 relative), the samples it logged, and lm-eval's request cache of rank 0's requests."""
     import glob
     import os
     import subprocess
+    import sys
+
+    from sqlitedict import SqliteDict
 
     from bigscience_ops.config import to_dict
     from bigscience_ops.ops.evaluate import launcher
@@ -391,10 +400,11 @@ def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, mod
     record = tmp_path / "experiment.json"
     record.write_text(json.dumps(to_dict(exp)))
     out = tmp_path / "out"
-    argv = launcher.torchrun_argv(2, ["-m", "bigscience_ops.ops.evaluate.plugin", "run", "--model", "bsops",
+    lm_eval_script = Path(sys.executable).with_name("lm_eval")  # not `-m bigscience_ops...`: lm-eval's own command
+    argv = launcher.torchrun_argv(2, [str(lm_eval_script), "run", "--model", "bsops",
                                       "--model_args", f"run={record},step={target.step}", "--tasks", *tasks,
                                       "--num_fewshot", "3", "--limit", "20", "--batch_size", "4", "--log_samples",
-                                      "--output_path", str(out)])
+                                      "--output_path", str(out), "--use_cache", str(out / "requests")])
     done = subprocess.run(argv, cwd=Path(tasks[0]).parent, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -413,6 +423,12 @@ def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, mod
                     assert abs(got - value) <= REL * abs(value), (task, key, got, value)
     samples = glob.glob(str(out / "**" / "samples_t_last_word_*.jsonl"), recursive=True)
     assert len(samples) == 1 and len(Path(samples[0]).read_text().splitlines()) == 14  # the task's 14 < --limit 20
+    asked = set()  # every distinct (context, continuation) lm-eval asked of the model, from the samples it logged
+    for logged in glob.glob(str(out / "**" / "samples_*.jsonl"), recursive=True):
+        for sample in map(json.loads, Path(logged).read_text().splitlines()):
+            asked.update((a["arg_0"], a["arg_1"]) for a in sample["arguments"].values())
+    with SqliteDict(str(out / "requests_rank0.db"), flag="r") as cache:  # lm-eval's cache: one entry per request
+        assert len(asked) == 14 + 2 * 10 and len(cache) == len(asked)
 
 
 @pytest.mark.slow  # the session's trained run, transformers and lm-eval, in bf16 on the CPU (about 3x fp32's time)

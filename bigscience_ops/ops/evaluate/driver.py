@@ -9,7 +9,8 @@ checkpoint (the other ranks serve the Scorer's forward passes meanwhile):
    the eval job), task YAML files read by taskfiles.py (never lm-eval's loader: task files are code, so
    `!function` and an `include:` outside the file's folder are refused and templates sandboxed unless
    eval.trust_task_code) with their relative `dataset_kwargs.data_files` made absolute against the YAML's
-   folder; eval.limit examples per task; no request or response cache, per-sample output off, a local YAML
+   folder; eval.limit examples per task; no request cache unless asked (keep_cache: lm-eval's, beside the
+   result, see request_cache), no dataset request cache, per-sample output off unless asked, a local YAML
    task's `datasets` cache in a temporary folder (never the user's home), stderr by eval.bootstrap_iters
    resamples (lm-eval's default 100000) in this process;
 2. bits per byte of each eval.sources file (bpb.py);
@@ -97,13 +98,18 @@ def _quiet_lm_eval() -> Iterator[None]:
 
 def run_tasks(lm: Any, tasks: list[str], limit: int | None = None, log: Callable[[str], None] = lambda line: None,
               log_samples: bool = False, missing: dict[str, str] | None = None, *, trust: bool = False,
-              bootstrap_iters: int = BOOTSTRAP_ITERS, num_fewshot: int | None = None,
-              prefetch: str = "bsops eval EXP --prefetch") -> dict:
+              bootstrap_iters: int = BOOTSTRAP_ITERS, prefetch: str = "bsops eval EXP --prefetch",
+              **options: Any) -> dict:
     """lm-eval's output of simple_evaluate for `tasks` (registered names and task YAML files) on `lm` (a BsopsLM,
     or any lm-eval LM), its per-sample output ("samples") only with log_samples, task templates sandboxed unless
     `trust` (taskfiles.py). A task that cannot be loaded (no such name, its data not to be had, a refused or broken
     task file) or whose result carries a name the rules refuse is an EvalError naming it, or, given `missing`,
-    entered there (eval.tasks entry -> one line why) and left out ({} when none is left)."""
+    entered there (eval.tasks entry -> one line why) and left out ({} when none is left).
+
+    `options`, simple_evaluate's own, as lm-eval's command line names them (OPTIONS): num_fewshot (an int), and
+    use_cache (a path prefix: lm-eval's request cache, kept in PATH_rank0.db; a request answered there is not
+    scored again)."""
+    chosen = lm_eval_options(options)  # a wrong option before any task is read
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -138,8 +144,7 @@ def run_tasks(lm: Any, tasks: list[str], limit: int | None = None, log: Callable
         if not built:
             return {}
         out = lm_eval.simple_evaluate(model=lm, tasks=built, limit=limit, task_manager=manager, log_samples=log_samples,
-                                      cache_requests=False, use_cache=None, bootstrap_iters=bootstrap_iters,
-                                      num_fewshot=num_fewshot)
+                                      cache_requests=False, bootstrap_iters=bootstrap_iters, **chosen)
     if out is None:
         raise EvalError("lm-eval returned no results (it returns them on rank 0 only, with LOCAL_RANK 0)")
     out = {k: v for k, v in dict(out).items() if log_samples or k != "samples"}
@@ -317,14 +322,44 @@ def write_samples(result_path: Path, samples: dict) -> Path:
     return folder
 
 
+OPTIONS = ("num_fewshot", "use_cache")
+"""The simple_evaluate options run_tasks passes on (keyword arguments of the same names)."""
+
+
+def lm_eval_options(options: dict[str, Any]) -> dict[str, Any]:
+    """simple_evaluate's keyword arguments for run_tasks' `options` (each one of OPTIONS; none given: lm-eval's
+    defaults, and no request cache)."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"run_tasks: {', '.join(unknown)}: not an option it passes to lm-eval; allowed: "
+                        f"{', '.join(OPTIONS)}")
+    num_fewshot, cache = options.get("num_fewshot"), options.get("use_cache")
+    if num_fewshot is not None and (isinstance(num_fewshot, bool) or not isinstance(num_fewshot, int)
+                                    or num_fewshot < 0):
+        raise EvalError(f"num_fewshot={num_fewshot!r}: allowed: a whole number >= 0")
+    return {"num_fewshot": num_fewshot, "use_cache": None if cache is None else os.fspath(cache)}
+
+
+def request_cache(result_path: Path, scorer: Any) -> Path:
+    """Where `evaluate(..., keep_cache=True)` keeps lm-eval's request cache: `<tag>.requests/<dtype>` beside the
+    result file (lm-eval adds `_rank0.db`). One cache per checkpoint and precision: lm-eval keys a request by its
+    text alone, so a cache must never answer for another model or dtype."""
+    dtype = getattr(scorer, "dtype", None)
+    name = str(dtype).removeprefix("torch.") if dtype is not None else "default"
+    return result_path.with_name(result_path.stem + ".requests") / name
+
+
 class MissingTasks(EvalError):
     """Configured tasks or sources did not run; the result of the others is written (named here)."""
 
 
 def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
-             log: Callable[[str], None] = lambda line: None, log_samples: bool = False) -> Path:
+             log: Callable[[str], None] = lambda line: None, log_samples: bool = False,
+             keep_cache: bool = False) -> Path:
     """Evaluate the checkpoint the Scorer holds (see the module docstring); the result file's path. When a configured
-    task or source did not run, the result of the others is written and MissingTasks raised after, naming them."""
+    task or source did not run, the result of the others is written and MissingTasks raised after, naming them.
+    keep_cache: lm-eval's request cache kept beside the result (request_cache), so that evaluating the checkpoint
+    again (more tasks, another limit) scores only the requests it has not answered before."""
     from bigscience_ops.ops.evaluate.harness import build_lm
 
     started = time.monotonic()
@@ -334,9 +369,12 @@ def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
     path = results.result_path(exp, tag)  # a folder not named global_stepN: refused before work
     lm = build_lm(exp, scorer, log)
     missing: dict[str, str] = {}
+    cache = request_cache(path, scorer) if keep_cache else None
+    if cache is not None:
+        log(f"lm-eval's request cache: {cache}_rank0.db")
     result = run_tasks(lm, list(exp.eval.tasks), exp.eval.limit, log, log_samples, missing, trust=exp.eval.trust_task_code,
-                       bootstrap_iters=exp.eval.bootstrap_iters,
-                       prefetch=f"bsops eval {exp.name} --prefetch") if exp.eval.tasks else {}
+                       bootstrap_iters=exp.eval.bootstrap_iters, prefetch=f"bsops eval {exp.name} --prefetch",
+                       use_cache=cache) if exp.eval.tasks else {}
     bits, unscored = source_bits_per_byte(exp, lm, log)
     missing.update(unscored)
     if not result.get("results") and not bits:

@@ -1,22 +1,23 @@
 """bsops' scorer as lm-eval's model `bsops`: lm-eval's whole command line over a checkpoint in its TP/PP layout.
 
-    torchrun --standalone --nproc-per-node TPxPP -m bigscience_ops.ops.evaluate.plugin run --model bsops \\
+    torchrun --standalone --nproc-per-node TPxPP $(which lm_eval) run --model bsops \\
         --model_args run=RUN,step=N[,tensor=T,pipeline=P,dtype=fp32] --tasks lambada_openai --num_fewshot 3 \\
-        --limit 20 --log_samples --output_path out/ [every other lm-eval option]
+        --limit 20 --log_samples --output_path out/ [--use_cache out/requests] [every other lm-eval option]
 
-(one process: `python -m bigscience_ops.ops.evaluate.plugin run ...` for a TP=1 PP=1 layout.) RUN is an experiment
-name or YAML file, or a run folder (its experiment.json); step a checkpoint step or `latest`. Every rank builds its
-part of the model (scorer.py, as `bsops eval`'s worker does); rank 0 runs lm-eval with BsopsLM (harness.py: the same
-scorer and tokenizer `bsops eval` uses, so the numbers are the same), the others serve its forward passes and exit
-when it is done.
+(one process, for a TP=1 PP=1 layout: `lm_eval run --model bsops ...`.) RUN is an experiment name or YAML file, or
+a run folder (its experiment.json); step a checkpoint step or `latest`. Every rank builds its part of the model
+(scorer.py, as `bsops eval`'s worker does); rank 0 runs lm-eval with BsopsLM (harness.py: the same scorer and
+tokenizer `bsops eval` uses, so the numbers are the same), the others serve its forward passes and exit when it is
+done. `--use_cache PATH` keeps lm-eval's request cache (PATH_rank0.db, rank 0 being the one that asks).
 
 How lm-eval finds `bsops`: lm-eval 0.4.13 knows the models of its own MODEL_MAPPING (lm_eval/models/__init__.py)
-and any class a module imported before the run registered with `lm_eval.api.registry.register_model`. Its Registry
-can hold an importlib.metadata EntryPoint as a lazy placeholder, but nothing in lm-eval scans an entry-point group,
-and `--include_path` adds task folders only. So this module registers BsopsModel when imported and, run as a
-module, hands its arguments to lm-eval's own command line (lm_eval.__main__.cli_evaluate): `lm_eval` itself has no
-way to import it. In Python, `import bigscience_ops.ops.evaluate.plugin` then `lm_eval.simple_evaluate(model="bsops",
-model_args=...)` works the same.
+and whatever a module imported before the run registered; nothing in it scans an entry-point group. An installed
+bsops (wheel or editable) carries a .pth line that registers `bsops` as a lazy placeholder for this module's
+BsopsModel when lm_eval.models is imported (lm_eval_hook.py), so the plain `lm_eval` command finds it. Where bsops
+runs from a source tree without being installed (PYTHONPATH), this module does the same when imported, and run as
+a module hands its arguments to lm-eval's own command line: `torchrun ... -m bigscience_ops.ops.evaluate.plugin run
+--model bsops ...`. In Python, `import bigscience_ops.ops.evaluate.plugin` then `lm_eval.simple_evaluate(model="bsops",
+model_args=...)` works either way.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import lm_eval.models  # noqa: F401 - lm-eval's own models first: get_model imports them only into an empty registry
-from lm_eval.api.registry import register_model
+from lm_eval.api.registry import model_registry
 
 from bigscience_ops.ops.evaluate import EvalError
 from bigscience_ops.ops.evaluate.harness import BsopsLM, experiment_tokenizer
-
-NAME = "bsops"
+from bigscience_ops.ops.evaluate.lm_eval_hook import NAME, TARGET
 
 
 def load_run(run: str, trainings_dir: str | None = None) -> Any:
@@ -72,7 +72,6 @@ def _standalone() -> None:
                       MASTER_PORT=str(free_port()))
 
 
-@register_model(NAME)
 class BsopsModel(BsopsLM):
     """lm-eval's `--model bsops`: model_args run=RUN, step=N|latest, tensor, pipeline (another layout), dtype
     (training|fp32: eval.dtype), trainings_dir; batch_size (an int; default eval.batch_size)."""
@@ -126,6 +125,10 @@ class BsopsModel(BsopsLM):
         return {**super().get_model_info(), "bsops_run": str(self.target.path.parent), "bsops_tag": self.target.tag,
                 "bsops_layout": {"tensor": self.target.tensor, "pipeline": self.target.pipeline},
                 "bsops_dtype": str(self.scorer.dtype).removeprefix("torch.")}
+
+
+if NAME not in model_registry:  # (the .pth hook registered the same placeholder when lm_eval.models was imported)
+    model_registry.register(NAME, target=TARGET)  # by name, so that `python -m` of this file registers no copy
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """One evaluation rank: `python -m bigscience_ops.ops.evaluate.worker --experiment NAME_OR_FILE --step N
-[--tensor T] [--pipeline P] [--trainings-dir DIR] [--cwd DIR]`, started by torchrun (locally, launcher.run_local)
-or by srun + torchrun (the Slurm eval job), TP x PP ranks.
+[--tensor T] [--pipeline P] [--trainings-dir DIR] [--cwd DIR] [--log-samples] [--keep-cache]`, started by torchrun
+(locally, launcher.run_local) or by srun + torchrun (the Slurm eval job), TP x PP ranks.
 
 Every rank loads the experiment (a name or YAML file through load_experiment; a `.json` is a resolved experiment
 as the trainer reads its run's), checks the checkpoint (launcher.checkpoint: complete, not newer than `latest`,
@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cwd", type=Path, default=None, help="folder relative paths are resolved in")
     parser.add_argument("--log-samples", action="store_true",
                         help="keep lm-eval's per-sample output beside the result (<tag>.samples/<task>.jsonl)")
+    parser.add_argument("--keep-cache", action="store_true",
+                        help="keep lm-eval's request cache beside the result (<tag>.requests/<dtype>_rank0.db) and "
+                             "answer the requests it holds from it")
     return parser.parse_args(argv)
 
 
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None, evaluate: Callable | None = None) -> int
     from bigscience_ops.ops.evaluate import scorer as scoring
 
     device = scoring.init_distributed(exp)
-    code = run(exp, target, device, evaluate, args.log_samples)
+    code = run(exp, target, device, evaluate, args.log_samples, args.keep_cache)
     if code == 0:
         dist.destroy_process_group()
         return 0
@@ -108,7 +111,8 @@ def main(argv: list[str] | None = None, evaluate: Callable | None = None) -> int
     return code
 
 
-def run(exp, target, device, evaluate: Callable | None = None, log_samples: bool = False) -> int:
+def run(exp, target, device, evaluate: Callable | None = None, log_samples: bool = False,
+        keep_cache: bool = False) -> int:
     """Build this rank's scorer, agree with the others that all loaded, then drive (rank 0) or follow."""
     import torch.distributed as dist
 
@@ -143,7 +147,8 @@ def run(exp, target, device, evaluate: Callable | None = None, log_samples: bool
             from bigscience_ops.ops.evaluate import driver
 
             evaluate = driver.evaluate
-        path = evaluate(exp, target.path, target.meta, built, _log, **({"log_samples": True} if log_samples else {}))
+        asked = {name: True for name, on in (("log_samples", log_samples), ("keep_cache", keep_cache)) if on}
+        path = evaluate(exp, target.path, target.meta, built, _log, **asked)
         _log(f"evaluated {target.tag} (TP={target.tensor} PP={target.pipeline}): {path}")
         return 0
     except BsopsError as exc:
