@@ -72,6 +72,7 @@ def test_the_handle_reads_a_queue_answer() -> None:
     assert jobs.SlurmJob("t").state(queue) == jobs.RUNNING
     assert [j.job_id for j in jobs.SlurmJob("t").records(queue)] == ["7_1", "7_[2-3%1]"]
     assert jobs.SlurmJob("t", job_id="8").state(queue) == jobs.GONE  # completed: no longer queued
+    assert [j.job_id for j in jobs.SlurmJob("t").named(queue)] == ["7_1", "7_[2-3%1]", "8"]  # what the watchdog reads
     assert jobs.SlurmJob("t", job_id="7").state(queue[1:]) == jobs.QUEUED
     asked = []
     assert jobs.SlurmJob("t", ("me",)).ask(lambda **kw: asked.append(kw) or []) == []

@@ -70,10 +70,15 @@ class SlurmJob:
         query = query or slurm.query_jobs  # looked up now: a test's stand-in for the whole module counts
         return query(users=list(self.users), name=self.name, **({} if timeout is None else {"timeout": timeout}))
 
-    def records(self, jobs: Sequence[slurm.Job]) -> list[slurm.Job]:
-        """This job's records among `jobs` (any names and states, as squeue answered) that are in the queue."""
-        return [j for j in jobs if j.name == self.name and j.state in slurm.QUEUED_STATES
+    def named(self, jobs: Sequence[slurm.Job]) -> list[slurm.Job]:
+        """This job's records among `jobs` (any names, as squeue answered), whatever their state (the watchdog tells
+        a job that will never start, or one completing, from one that runs)."""
+        return [j for j in jobs if j.name == self.name
                 and (self.job_id is None or self.job_id in (j.job_id, j.array_job_id))]
+
+    def records(self, jobs: Sequence[slurm.Job]) -> list[slurm.Job]:
+        """This job's records among `jobs` that hold a place in the queue (slurm.QUEUED_STATES)."""
+        return [j for j in self.named(jobs) if j.state in slurm.QUEUED_STATES]
 
     def state(self, jobs: Sequence[slurm.Job] | None = None) -> str:
         """RUNNING when a task of it runs, QUEUED when it waits, GONE when none is queued (asks squeue unless given
