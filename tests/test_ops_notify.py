@@ -216,11 +216,15 @@ def bsops(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 def test_status_command_emails_once_when_slurm_cannot_be_queried(plain_server, tmp_path: Path) -> None:
+    """The alert channel is the experiment's (alerts.*), here set on the command line: status has no --smtp-* of its
+    own, one setting with one default."""
     inbox, port = plain_server
     log = tmp_path / "logs" / "main_log.txt"
-    args = ("status", "--job-name", "tr1-13B-round3", "--log", str(log), "--timeout", "1",
-            "--email-to", "oncall@example.org", "--smtp-host", "127.0.0.1", "--smtp-port", str(port),
-            "--smtp-security", "none", "--email-from", "bot@example.org")
+    (tmp_path / "trainings").mkdir()
+    (tmp_path / "trainings" / "watched.yaml").write_text(f"base: tiny\npaths: {{output: {tmp_path / 'run'}}}\n")
+    args = ("status", "watched", "--trainings-dir", str(tmp_path / "trainings"), "--job-name", "tr1-13B-round3",
+            "--log", str(log), "--timeout", "1", "alerts.email_to=[oncall@example.org]", "alerts.smtp_host=127.0.0.1",
+            f"alerts.smtp_port={port}", "alerts.smtp_security=none", "alerts.email_from=bot@example.org")
     env = {"SLURM_CONF": "/nonexistent/slurm.conf"}
     first = bsops(*args, env=env)
     assert first.returncode == status.EXIT_ERROR, first.stderr

@@ -98,7 +98,7 @@ def test_a_run_folder_names_the_run_where_exp_goes_and_with_run(trainings, tmp_p
         assert "Traceback" not in result.output and "no such experiment" not in result.output, result.output
     info = CliRunner().invoke(main, ["info", str(run), "--json"])
     assert info.exit_code == 0 and json.loads(info.stdout)["run_folder"] == str(run)
-    assert open_run(None, run=run).experiment.name == record["name"] == "small"
+    assert open_run(folder=run).experiment.name == record["name"] == "small"
 
 
 def test_the_newest_record_wins_and_a_moved_folder_reads_its_paths_under_it(trainings, tmp_path):
@@ -111,7 +111,7 @@ def test_the_newest_record_wins_and_a_moved_folder_reads_its_paths_under_it(trai
     past = time.time() - 3600
     os.utime(run / "experiment.json", (past, past))
     assert run_ref.newest_record(run) == later / "experiment.json"
-    assert open_run(None, run=run).experiment.train.seed == 99
+    assert open_run(folder=run).experiment.train.seed == 99
     moved = tmp_path / "copied"
     shutil.copytree(run, moved)
     opened = open_run(str(moved))
@@ -136,10 +136,10 @@ def test_never_launched_is_todays_yaml_and_another_experiments_record_is_refused
     opened = open_run("small", trainings)
     assert opened.record is None and opened.experiment == load_experiment("small", trainings)
     with pytest.raises(RunRecordError, match="no experiment.json"):
-        open_run(None, run=tmp_path)
+        open_run(folder=tmp_path)
     _launched(trainings, run)
     with pytest.raises(RunRecordError, match="records experiment 'small', not 'tiny'"):
-        open_run("tiny", trainings, run=run)
+        open_run("tiny", trainings, folder=run)
 
 
 @pytest.mark.parametrize("hostile, what", [
@@ -159,7 +159,7 @@ def test_a_record_that_is_not_one_is_one_error_line_naming_the_file(trainings, t
     record = run / "experiment.json"
     hostile(record)
     with pytest.raises(RunRecordError, match=what) as caught:
-        open_run(None, run=run)
+        open_run(folder=run)
     assert str(record) in str(caught.value) and "expected" in str(caught.value)
     result = CliRunner().invoke(main, ["info", "small", "--trainings-dir", str(trainings)])
     assert result.exit_code == 2 and "Traceback" not in result.output
@@ -238,15 +238,18 @@ def test_who_is_told_and_where_a_token_goes_come_from_the_experiment_file_never_
     record["eval"] = {"tasks": ["mmlu"], "sources": {"x": "/etc/shadow"}, "partition": "gpu-big"}
     (run / "experiment.json").write_text(json.dumps(record))
     opened = open_run(None, trainings, run)
-    assert opened.experiment.alerts.smtp_host == "mail.attacker.example"  # the record as it is ...
-    told = run_ref.with_configured_settings(opened, trainings)  # ... but told as the experiment file says
+    assert opened.recorded.alerts.smtp_host == "mail.attacker.example"  # the record as it is ...
+    told = opened.configured()  # ... but told as the experiment file says
     today = load_experiment("small", trainings)
     assert told.alerts == today.alerts and told.hub == today.hub and told.backup == today.backup
-    assert told.eval == today.eval and opened.experiment.eval.tasks == ["mmlu"]
-    assert told.paths == opened.experiment.paths and told.train == opened.experiment.train
+    assert told.eval == today.eval and opened.recorded.eval.tasks == ["mmlu"]
+    assert told.paths == opened.recorded.paths and told.train == opened.recorded.train
     (trainings / "small.yaml").unlink()  # no experiment file to take them from: nothing is sent
+    blind = open_run(None, trainings, run)
     with pytest.raises(RunRecordError, match="never from a run's record"):
-        run_ref.with_configured_settings(opened, trainings)
+        blind.configured()
+    assert blind.experiment.alerts.email_to == [] and blind.experiment.hub.host != "hub.attacker.example"
+    assert blind.experiment.backup.dest is None and blind.experiment.eval.tasks == []
     result = CliRunner().invoke(main, ["status", "--run", str(run), "--trainings-dir", str(trainings),
                                        "--timeout", "5"])
     assert "alerts: not sent: " in result.stderr and "attacker" not in result.output

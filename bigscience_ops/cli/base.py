@@ -210,14 +210,15 @@ run_option = click.option(
 
 
 def open_run(exp: str | None, run: Path | None, trainings_dir: Path | None, err: bool = False,
-             say_folder: bool = True):
-    """The run EXP (a name, a YAML file or a run folder) or --run names, as the run recorded itself
-    (run_ref.open_run). Says which run folder it is (on stderr with `err`: where stdout is the data; not at all
-    without `say_folder`) and, in one line on stderr, where the experiment file now differs from the run's record
-    in a field that changes the data order or the model: the run is shown as recorded."""
-    from bigscience_ops.run import opening as run_ref
+             say_folder: bool = True, overrides: tuple[str, ...] = ()):
+    """The run EXP (a name, a YAML file or a run folder) or --run names, as the run recorded itself with its
+    experiment file's settings today (run.open: the one way a command reads a run). Says which run folder it is (on
+    stderr with `err`: where stdout is the data; not at all without `say_folder`) and, in one line on stderr, where
+    the experiment file now differs from the run's record in a field that changes the data order or the model: the
+    run is shown as recorded."""
+    from bigscience_ops import run as runs
 
-    opened = run_ref.open_run(exp, trainings_dir, run)
+    opened = runs.open(exp, trainings_dir, run, overrides)
     if say_folder:
         _say_folder(opened, trainings_dir, err)
     note = opened.differs_note()

@@ -48,12 +48,12 @@ def convert_command(exp: str | None, run: Path | None, trainings_dir: Path | Non
     opened = open_run(exp, run, trainings_dir)
     experiment = opened.experiment  # the model and tokenizer the run trained with
     if push:
-        from bigscience_ops.run import opening as run_ref
+        from bigscience_ops.run.opening import RunRecordError
 
         try:  # where the weights and the token go: the experiment file's hub section, never the record's
-            experiment = run_ref.with_configured_settings(opened, trainings_dir)
-        except run_ref.RunRecordError as exc:
-            raise run_ref.RunRecordError(f"--push: {exc}") from None
+            experiment = opened.configured()
+        except RunRecordError as exc:
+            raise RunRecordError(f"--push: {exc}") from None
         convert.check_push(experiment, remote, max_shard_size)
     bar = click.progressbar(length=1, label="converting layers", file=sys.stderr) if sys.stderr.isatty() else None
 

@@ -6,12 +6,16 @@ torch and lm_eval are imported by the ranks only (ops/evaluate/worker.py), never
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import EXIT_ERROR, EXIT_PROBLEMS, TEXT, main, open_run, run_option, trainings_option
+from bigscience_ops.cli.base import (
+    EXIT_ERROR, EXIT_PROBLEMS, TEXT, main, overrides_argument, run_option, trainings_option,
+)
 from bigscience_ops.cli.ops import configured_run, run_alerting, alert_option
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.untrusted import MAX_STEP
@@ -34,7 +38,47 @@ def _require_configured(exp, named: str, trainings_dir: Path | None) -> None:
         raise ConfigError(source, "eval", {}, f"nothing to evaluate: {WHAT_TO_SET}")
 
 
-@main.command("eval")
+@dataclass(frozen=True)
+class Which:
+    """What `bsops eval` does: exactly one of --step N, --latest, --next, --prefetch."""
+
+    step: int | None
+    latest: bool
+    next_job: bool
+    prefetch: bool
+
+    def chosen(self) -> str:
+        """The one flag given; a UsageError for none or several."""
+        given = [flag for flag, on in (("--step", self.step is not None), ("--latest", self.latest),
+                                       ("--next", self.next_job), ("--prefetch", self.prefetch)) if on]
+        if len(given) != 1:
+            raise click.UsageError(f"got {' and '.join(given) or 'none of them'}; allowed: exactly one of --step N, "
+                                   "--latest, --next, --prefetch")
+        return given[0]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """--tensor/--pipeline: the TP x PP to score in instead of the checkpoint's own (None: its own)."""
+
+    tensor: int | None
+    pipeline: int | None
+
+    @property
+    def given(self) -> bool:
+        return self.tensor is not None or self.pipeline is not None
+
+
+class _EvalCommand(click.Command):
+    """Hands the command the options that say one thing as one value: which checkpoint (Which), the layout (Layout)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        for name, group in (("which", Which), ("layout", Layout)):
+            ctx.params[name] = group(**{f.name: ctx.params.pop(f.name) for f in dataclasses.fields(group)})
+        return super().invoke(ctx)
+
+
+@main.command("eval", cls=_EvalCommand)
 @click.argument("exp", type=TEXT, required=False)
 @run_option
 @click.option("--step", type=click.IntRange(min=0, max=MAX_STEP), default=None,
@@ -59,9 +103,9 @@ def _require_configured(exp, named: str, trainings_dir: Path | None) -> None:
               help="With --step/--latest: score in this PP instead of the checkpoint's own.")
 @alert_option
 @trainings_option
-def eval_command(exp: str | None, run: Path | None, step: int | None, latest: bool, next_job: bool, prefetch: bool,
-                 source: Path | None, log_samples: bool, tensor: int | None, pipeline: int | None, alert: bool,
-                 trainings_dir: Path | None) -> None:
+@overrides_argument
+def eval_command(exp: str | None, run: Path | None, which: Which, source: Path | None, log_samples: bool,
+                 layout: Layout, alert: bool, trainings_dir: Path | None, overrides: tuple[str, ...]) -> None:
     """Evaluate EXP's checkpoints on the lm-eval tasks and held-out sources of its `eval:` section.
 
     With --step N or --latest: the checkpoint is scored here, in its own TP/PP layout (or --tensor/--pipeline), by
@@ -80,44 +124,36 @@ def eval_command(exp: str | None, run: Path | None, step: int | None, latest: bo
     With --prefetch (on a machine with network): lm-eval's registered tasks' datasets into eval.hf_cache, checked
     offline and recorded in <eval.hf_cache>/bsops-prefetch.json; the eval job reads that cache offline.
     """
-    chosen = [flag for flag, on in (("--step", step is not None), ("--latest", latest), ("--next", next_job),
-                                    ("--prefetch", prefetch)) if on]
-    if len(chosen) != 1:
-        raise click.UsageError(f"got {' and '.join(chosen) or 'none of them'}; allowed: exactly one of --step N, "
-                               "--latest, --next, --prefetch")
-    if source is not None and not prefetch:
+    chosen = which.chosen()
+    if source is not None and chosen != "--prefetch":
         raise click.UsageError("--from goes with --prefetch")
-    if prefetch:
-        if tensor is not None or pipeline is not None or alert:
-            raise click.UsageError("--prefetch takes no --tensor, --pipeline or --alert")
-        _prefetch(exp, run, source, trainings_dir)
-        return
-    if log_samples and (next_job or prefetch):
+    if log_samples and chosen in ("--next", "--prefetch"):
         raise click.UsageError("--log-samples goes with --step or --latest")
-    if next_job and (tensor is not None or pipeline is not None):
-        raise click.UsageError("--tensor/--pipeline go with --step or --latest; --next evaluates in the run's layout")
-    if alert and not next_job:
+    if layout.given and chosen in ("--next", "--prefetch"):
+        raise click.UsageError("--tensor/--pipeline go with --step or --latest; --next evaluates in the run's layout "
+                               "and --prefetch scores nothing")
+    if alert and chosen != "--next":
         raise click.UsageError("--alert goes with --next (the hourly job); --step and --latest report on the terminal")
-    if next_job:
-        _next(exp, run, alert, trainings_dir)
-        return
-    _here(exp, run, step, latest, tensor, pipeline, trainings_dir, log_samples)
+    experiment, named = configured_run(exp, run, trainings_dir, overrides)  # the run, with today's eval: and alerts:
+    if chosen == "--prefetch":
+        _prefetch(experiment, named, source, trainings_dir)
+    elif chosen == "--next":
+        _next(experiment, named, alert, trainings_dir)
+    else:
+        _here(experiment, named, which, layout, trainings_dir, log_samples)
 
 
-def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, tensor: int | None,
-          pipeline: int | None, trainings_dir: Path | None, log_samples: bool = False) -> None:
-    from bigscience_ops.checkpoints import layout
+def _here(experiment, named: str, which: Which, layout: Layout, trainings_dir: Path | None,
+          log_samples: bool) -> None:
+    from bigscience_ops.checkpoints import layout as checkpoints
     from bigscience_ops.ops.evaluate import EvalError, launcher, results, taskfiles
 
     from bigscience_ops.run import rollbacks
-    from bigscience_ops.run import opening as run_ref
 
-    opened = open_run(exp, run, trainings_dir)
-    named = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
-    experiment = run_ref.with_configured_settings(opened, trainings_dir)  # what to evaluate on: today's eval:
     _require_configured(experiment, named, trainings_dir)
-    if latest:
-        step = layout.latest_step(Path(experiment.paths.checkpoints))
+    step = which.step
+    if which.latest:
+        step = checkpoints.latest_step(Path(experiment.paths.checkpoints))
         if step is None:
             raise EvalError(f"{experiment.paths.checkpoints}: no `latest` file, so no complete checkpoint to "
                             "evaluate yet; allowed: --latest once the run has saved")
@@ -129,7 +165,7 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
     from bigscience_ops.ops.evaluate.prefetch import cache_env
 
     hf = cache_env(experiment.eval.hf_cache, offline=bool(experiment.eval.hf_cache))  # the prefetched cache, offline
-    code = launcher.run_local(experiment, step, tensor, pipeline, env=hf, log_samples=log_samples)  # the ranks read `experiment` itself
+    code = launcher.run_local(experiment, step, layout.tensor, layout.pipeline, env=hf, log_samples=log_samples)  # the ranks read `experiment` itself
     written = _stamp(path) not in (None, before)
     if code != 0 and not written:
         click.echo(f"error: the evaluation of {tag} failed (exit code {code}; the ranks' output above says why); no "
@@ -160,10 +196,9 @@ def _here(exp: str | None, run: Path | None, step: int | None, latest: bool, ten
         sys.exit(EXIT_PROBLEMS)
 
 
-def _prefetch(exp: str | None, run: Path | None, source: Path | None, trainings_dir: Path | None) -> None:
+def _prefetch(experiment, named: str, source: Path | None, trainings_dir: Path | None) -> None:
     from bigscience_ops.ops.evaluate import prefetch
 
-    experiment, named = configured_run(exp, run, trainings_dir)
     _require_configured(experiment, named, trainings_dir)
     manifest = prefetch.prefetch(experiment, source, click.echo)
     cache = Path(experiment.eval.hf_cache).expanduser().absolute()
@@ -179,12 +214,11 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     return info.st_mtime_ns, info.st_ino
 
 
-def _next(exp: str | None, run: Path | None, alert: bool, trainings_dir: Path | None) -> None:
+def _next(experiment, named: str, alert: bool, trainings_dir: Path | None) -> None:
     from bigscience_ops.run import rollbacks
     from bigscience_ops.launch import cluster as submit
     from bigscience_ops.ops.evaluate import jobscript, results, schedule
 
-    experiment, named = configured_run(exp, run, trainings_dir)  # eval: and alerts: of today's experiment file
     workdir = Path.cwd()  # the hourly job runs in the folder the experiment's relative outputs resolved against
 
     def submit_job(ckpt, folder: Path):

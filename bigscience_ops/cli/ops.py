@@ -9,8 +9,7 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    EXIT_ERROR, TEXT, FiniteFloat, SafePath, echo_run_folder, load_experiment, main, open_run, run_option,
-    trainings_option,
+    EXIT_ERROR, TEXT, FiniteFloat, SafePath, main, open_run, overrides_argument, run_option, trainings_option,
 )
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.redact import env_secrets, scrub
@@ -77,19 +76,13 @@ def refuse_inherited_hub(exp: str, trainings_dir: Path | None) -> None:
             "--trust-inherited-hub if that base is your own team's")
 
 
-def configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None):
-    """The run EXP names, and the experiment file to check: today's YAML for an experiment (what the hourly jobs
-    name); for a run named by its folder (EXP a folder, or --run), its record, with the alert, Hub and backup
-    settings of its experiment file (run_ref.with_configured_settings: never a record's)."""
-    from bigscience_ops.run import opening as run_ref
-
-    if run is None and exp is not None and not run_ref.is_run_folder_name(exp):
-        experiment = load_experiment(exp, trainings_dir)
-        echo_run_folder(exp, trainings_dir, experiment)
-        return experiment, exp
-    opened = open_run(exp, run, trainings_dir)
+def configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None, overrides: tuple[str, ...] = ()):
+    """The run EXP (or --run) names as it recorded itself, with the alerts, hub, backup and eval settings of its
+    experiment file today (run.open; refused when no experiment file of its name loads: never a record's), and the
+    experiment file's name."""
+    opened = open_run(exp, run, trainings_dir, overrides=overrides)
     named = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
-    return run_ref.with_configured_settings(opened, trainings_dir), named
+    return opened.configured(), named
 
 
 @main.command("hub-sync")
@@ -105,8 +98,9 @@ def configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None
               help="Sync although hub.host, hub.remote_template or hub.token_env come from a base file.")
 @alert_option
 @trainings_option
+@overrides_argument
 def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | None, wait_s: float,
-             trust_inherited_hub: bool, alert: bool, trainings_dir: Path | None) -> None:
+             trust_inherited_hub: bool, alert: bool, trainings_dir: Path | None, overrides: tuple[str, ...]) -> None:
     """Push EXP's logs, TensorBoard events and codecarbon records to their Hub repos.
 
     Keeps one git clone per repo under the run folder (hub/<what>/), copies what changed, stores
@@ -119,7 +113,7 @@ def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | 
     """
     from bigscience_ops.ops.keep import hubsync
 
-    experiment, exp = configured_run(exp, run, trainings_dir)
+    experiment, exp = configured_run(exp, run, trainings_dir, overrides)
     kinds = [w.strip() for w in what.split(",") if w.strip()] if what else None
 
     def work() -> None:
@@ -182,8 +176,9 @@ def _mb(nbytes: int) -> str:
 @click.option("--dry-run", is_flag=True, help="Show what would be copied and deleted; change nothing.")
 @alert_option
 @trainings_option
+@overrides_argument
 def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bool, alert: bool,
-               trainings_dir: Path | None) -> None:
+               trainings_dir: Path | None, overrides: tuple[str, ...]) -> None:
     """Copy EXP's new checkpoints to the backup, verify them, then apply scratch retention.
 
     Each checkpoint is copied without optimizer state except the final one (and every
@@ -196,7 +191,7 @@ def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bo
     """
     from bigscience_ops.ops.keep import backup
 
-    experiment, _ = configured_run(exp, run, trainings_dir)
+    experiment, _ = configured_run(exp, run, trainings_dir, overrides)
 
     def work() -> None:
         report = backup.run_backup(experiment, dest, dry_run=dry_run, progress=None if dry_run else _ShownProgress())

@@ -87,7 +87,7 @@ def info_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
 
     from bigscience_ops.views import runinfo
 
-    experiment = configured(open_run(exp, run, trainings_dir, err=as_json), trainings_dir)
+    experiment = configured(open_run(exp, run, trainings_dir, err=as_json))
     info = runinfo.run_info(experiment)
     click.echo(json.dumps(runinfo.info_data(info), indent=1) if as_json else runinfo.info_text(info))
 
@@ -104,7 +104,7 @@ def chronicle_command(exp: str | None, run: Path | None, trainings_dir: Path | N
     evaluation results as the experiment file's backup and eval settings find them today."""
     from bigscience_ops.ops.keep import chronicle
 
-    experiment = configured(open_run(exp, run, trainings_dir, err=out is None), trainings_dir)  # stdout: the Markdown
+    experiment = configured(open_run(exp, run, trainings_dir, err=out is None))  # stdout: the Markdown
     text = chronicle.markdown(experiment)
     if out is None:
         click.echo(text, nl=False)
@@ -113,22 +113,12 @@ def chronicle_command(exp: str | None, run: Path | None, trainings_dir: Path | N
     click.echo(f"wrote {out}")
 
 
-def configured(opened, trainings_dir: Path | None):
+def configured(opened):
     """The run as recorded, with the alerts, hub, backup and eval sections of its experiment file as it is today
-    (run_ref.with_configured_settings, as status and the hourly jobs take them): a backup configured after the launch
-    is shown, and where a record names another store or references, they are not read. With no experiment file of the
-    run's name here, one line says so and those sections are shown empty (no store read, no reference)."""
-    import dataclasses
-
-    from bigscience_ops.run import opening as run_ref
-    from bigscience_ops.schema import AlertsConfig, BackupConfig, EvalConfig, HubConfig
-
-    try:
-        return run_ref.with_configured_settings(opened, trainings_dir)
-    except run_ref.RunRecordError as exc:
-        click.echo(f"note: {exc}; the run is shown without backup and evaluation settings", err=True)
-        recorded = opened.experiment.alerts
-        return dataclasses.replace(opened.experiment, hub=HubConfig(), backup=BackupConfig(), eval=EvalConfig(),
-                                   alerts=dataclasses.replace(AlertsConfig(), stall_minutes=recorded.stall_minutes,
-                                                              cooldown_minutes=recorded.cooldown_minutes,
-                                                              health=recorded.health))
+    (run.open takes them, as status and the hourly jobs do): a backup configured after the launch is shown, and where
+    a record names another store or references, they are not read. With no experiment file of the run's name here,
+    one line says so and those sections are shown empty (no store read, no reference)."""
+    if opened.settings_problem is not None:
+        click.echo(f"note: {opened.settings_problem}; the run is shown without backup and evaluation settings",
+                   err=True)
+    return opened.experiment

@@ -1,13 +1,22 @@
 """A run named on the command line, read as the run recorded itself: the experiment its launch wrote down.
 
-A run is named by its experiment (a name or a YAML path: the run folder is the experiment's
-paths.output) or by its folder (a folder holding experiment.json, which a local launch writes, or
-launches/<time>/experiment.json, which each Slurm launch writes). `open_run` returns the experiment
-the newest of those records holds, with the skips of the run's later rollbacks added
-(as launch_plan.as_recorded adds them), the run folder, and the fields where today's YAML differs from the record
-in a way that changes the data order or the model (`ORDER_FIELDS`): the run is shown as it trained,
-and the caller says in one line that the file moved on. A run never launched has no record: its
-experiment is today's YAML, as the launch would run it.
+The one way in for every command that reads a run (`bigscience_ops.run.open` is `open_run`). A run is named
+by its experiment (a name or a YAML path: the run folder is the experiment's paths.output) or by its folder (a
+folder holding experiment.json, which a local launch writes, or launches/<time>/experiment.json, which each Slurm
+launch writes), or both. `open_run` loads and checks the experiment file once (today's YAML, with the command
+line's `section.key=value` overrides) and returns the run as the newest of those records holds it, with the skips
+of the run's later rollbacks added (as records.as_recorded adds them), the run folder, and the fields where
+today's YAML differs from the record in a way that changes the data order or the model (`ORDER_FIELDS`): the run
+is shown as it trained, and the caller says in one line that the file moved on. A run never launched has no
+record: its experiment is today's YAML, as the launch would run it.
+
+What is configuration is never taken from a run's own files: the `alerts`, `hub`, `backup` and `eval` sections of
+the opened run are its experiment file's as it is today (`SETTINGS`). Who is told, which host an SMTP password or a
+Hub token goes to, where checkpoints are copied before scratch copies are deleted, what a checkpoint is evaluated
+on: a record rewritten to name another SMTP host would otherwise get the password, and a run launched before its
+`eval:` section was written is evaluated by it. With no experiment file of the recorded name here, those sections
+are empty (nothing sent, pushed, deleted or referenced) and `settings_problem` says why; `configured()` refuses
+then, for the commands that must not go on without them.
 
 The record is untrusted input (runfiles.py): it is read only when it is a plain file of at most
 RECORD_LIMIT bytes, and anything else (a link, a folder, torn JSON, a field of the wrong type, another
@@ -20,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +55,10 @@ arithmetic by another implementation."""
 SAME_MATH = ("model.kernels",)
 
 
+SETTINGS = ("alerts", "hub", "backup", "eval")
+"""The sections an opened run takes from its experiment file today, never from its record."""
+
+
 class RunRecordError(BsopsError):
     """A run's recorded experiment cannot be read or is not one bsops writes; or the folder named holds no record."""
 
@@ -64,6 +78,9 @@ class Difference:
 @dataclass(frozen=True)
 class OpenedRun:
     experiment: Experiment
+    """The run as recorded (`recorded`) with the SETTINGS sections of its experiment file today (empty ones when no
+    experiment file of its name loads here: `settings_problem`)."""
+    recorded: Experiment
     """As the run recorded it (its newest record, its rollbacks' skips added); today's YAML when never launched."""
     folder: Path
     """The run folder."""
@@ -78,6 +95,16 @@ class OpenedRun:
     moved_from: str | None = None
     """The record's paths.output where it is another folder (the run folder was moved or copied): the record's
     paths were taken under the folder named."""
+    settings_problem: str | None = None
+    """Why the SETTINGS sections are empty: no experiment file of the run's name loads here. None when they are the
+    experiment file's."""
+
+    def configured(self) -> Experiment:
+        """`experiment`, for a command that sends, pushes, deletes or evaluates: RunRecordError when its settings
+        could not be taken from an experiment file (the command then does none of it)."""
+        if self.settings_problem is not None:
+            raise RunRecordError(self.settings_problem)
+        return self.experiment
 
     def differs_note(self) -> str | None:
         """One line saying that the experiment file moved on since the launch, or None."""
@@ -97,34 +124,78 @@ def is_run_folder_name(text: str) -> bool:
     return os.sep in text or text in (".", "..") or newest_record(Path(text)) is not None
 
 
-def open_run(exp: str | None, trainings_dir: Path | None = None, run: Path | None = None) -> OpenedRun:
-    """The run EXP names (an experiment name, its YAML file or a run folder), or the run folder `run` (`--run`).
+def open_run(exp: str | None = None, trainings_dir: Path | None = None, folder: Path | None = None,
+             overrides: Sequence[str] = (), settings: bool = True) -> OpenedRun:
+    """The run EXP names (an experiment name, its YAML file or a run folder), or the run folder `folder` (`--run`).
 
-    With both, EXP is the experiment the folder's record must be (compared by name) and the YAML the
-    record is compared against. Raises RunRecordError (a folder with no record, a record unreadable or of
-    another experiment) or config's ConfigError (the YAML).
+    With both, EXP is the experiment the folder's record must be (compared by name) and the YAML the record is
+    compared against. The experiment file is loaded once, with `overrides` (`section.key=value`, the command
+    line's). A run named by its folder alone takes its settings from the experiment file of the recorded name,
+    unless `settings` is False (a list of many runs: no experiment file read, the sections empty). Raises RunRecordError (a folder with no record, a record unreadable or of another experiment) or
+    config's ConfigError (the YAML named).
     """
-    if exp is not None and run is None and is_run_folder_name(exp):
-        exp, run = None, Path(exp)
-    if run is not None:
-        return _by_folder(Path(run), exp, trainings_dir)
-    if exp is None:
+    if exp is not None and folder is None and is_run_folder_name(exp):
+        exp, folder = None, Path(exp)
+    by_folder = folder is not None
+    if folder is None and exp is None:
         raise RunRecordError("name a run: an experiment (EXP), or its run folder (a path to it, or --run PATH)")
+    yaml, today = (None, None) if exp is None else _load(exp, trainings_dir, overrides)
+    if folder is None:
+        assert today is not None
+        folder = Path(today.paths.output)
+        found = newest_record(folder)
+        if found is None:
+            return _opened(_with_skips(today), today, folder, None, yaml)
+    else:
+        folder = Path(folder)
+        found = _folder_record(folder)
+    recorded = read_record(found)
+    if today is not None:
+        _same_experiment(found, recorded, today)
+    else:  # named by its folder alone: the settings are the experiment file of the recorded name's
+        today = _settings_source(recorded.name, trainings_dir, overrides) if settings else "not asked for"
+    return _opened(_with_skips(_located(recorded, folder)), today, folder, found, yaml,
+                   differences(recorded, today) if yaml is not None and today is not None else (), by_folder,
+                   _moved_from(recorded, folder))
+
+
+def _load(exp: str, trainings_dir: Path | None, overrides: Sequence[str]) -> tuple[Path, Experiment]:
+    """The experiment file EXP names and the experiment it holds: the one load of the YAML a command makes."""
     from bigscience_ops.experiment_files import experiment_path
 
-    yaml = experiment_path(exp, trainings_dir)
-    today = config.load_experiment(exp, trainings_dir)
-    folder = Path(today.paths.output)
-    found = newest_record(folder)
-    if found is None:
-        return OpenedRun(_with_skips(today), folder, None, yaml)
-    recorded = read_record(found)
-    _same_experiment(found, recorded, today)
-    return OpenedRun(_with_skips(_located(recorded, folder)), folder, found, yaml, differences(recorded, today),
-                     False, _moved_from(recorded, folder))
+    return experiment_path(exp, trainings_dir), config.load_experiment(exp, trainings_dir, overrides)
 
 
-def _by_folder(folder: Path, exp: str | None, trainings_dir: Path | None) -> OpenedRun:
+def _settings_source(name: str, trainings_dir: Path | None, overrides: Sequence[str]) -> Experiment | str:
+    """The experiment file of the recorded name, or why none loads here (the run is then opened without settings)."""
+    try:
+        return config.load_experiment(name, trainings_dir, overrides)
+    except ConfigError:
+        return (f"alert channels, Hub, backup and eval settings come from the experiment file, never from a run's "
+                f"record, and no experiment file of {name!r} loads here (`bsops show {name}` says why)")
+
+
+def _opened(run: Experiment, today: Experiment | str, folder: Path, record: Path | None, yaml: Path | None,
+            found: tuple[Difference, ...] = (), by_folder: bool = False, moved_from: str | None = None) -> OpenedRun:
+    """The opened run: `run` with `today`'s SETTINGS, or with empty ones and the problem when `today` is one."""
+    if isinstance(today, str):
+        return OpenedRun(_without_settings(run), run, folder, record, yaml, found, by_folder, moved_from, today)
+    configured = dataclasses.replace(run, **{name: getattr(today, name) for name in SETTINGS})
+    return OpenedRun(configured, run, folder, record, yaml, found, by_folder, moved_from)
+
+
+def _without_settings(run: Experiment) -> Experiment:
+    """`run` with no channel, Hub, backup store or evaluation: a record's own are never used. Its limits (stall,
+    cooldown, health) are kept: they tell what the record's log means, they reach no one."""
+    from bigscience_ops.schema import AlertsConfig, BackupConfig, EvalConfig, HubConfig
+
+    kept = run.alerts
+    alerts = dataclasses.replace(AlertsConfig(), stall_minutes=kept.stall_minutes,
+                                 cooldown_minutes=kept.cooldown_minutes, health=kept.health)
+    return dataclasses.replace(run, alerts=alerts, hub=HubConfig(), backup=BackupConfig(), eval=EvalConfig())
+
+
+def _folder_record(folder: Path) -> Path:
     if not folder.is_dir():
         raise RunRecordError(f"run folder {folder}: is {kind_of(folder)}; expected a run folder (one holding "
                              f"{EXPERIMENT_JSON} or {LAUNCHES}/<time>/{EXPERIMENT_JSON})")
@@ -132,16 +203,7 @@ def _by_folder(folder: Path, exp: str | None, trainings_dir: Path | None) -> Ope
     if found is None:
         raise RunRecordError(f"run folder {folder}: no {EXPERIMENT_JSON} in it or in {LAUNCHES}/*/: not a run bsops "
                              "launched (a run never launched is named by its experiment)")
-    recorded = read_record(found)
-    yaml, today = None, None
-    if exp is not None:
-        from bigscience_ops.experiment_files import experiment_path
-
-        yaml = experiment_path(exp, trainings_dir)
-        today = config.load_experiment(exp, trainings_dir)
-        _same_experiment(found, recorded, today)
-    return OpenedRun(_with_skips(_located(recorded, folder)), folder, found, yaml,
-                     differences(recorded, today) if today is not None else (), True, _moved_from(recorded, folder))
+    return found
 
 
 def _same_experiment(found: Path, recorded: Experiment, today: Experiment) -> None:
@@ -209,25 +271,8 @@ def differences(recorded: Experiment, today: Experiment) -> tuple[Difference, ..
 
 
 def with_configured_settings(opened: OpenedRun, trainings_dir: Path | None = None) -> Experiment:
-    """The run as recorded, with the `alerts`, `hub`, `backup` and `eval` sections of its experiment file as it is
-    today.
-
-    Who is told, which host an SMTP password or a Hub token goes to, the environment variables they are read
-    from, and where checkpoints are copied before scratch copies are deleted are configuration: never taken from a
-    run's own files, which are untrusted input (a record rewritten to name another SMTP host would otherwise get
-    the password). What a checkpoint is evaluated on, the references and alert margins, and the eval job's resources
-    are configuration too: a run launched before its `eval:` section was written is evaluated by it. Raises RunRecordError when no experiment file of the recorded name is found (or it does not
-    load): the caller then sends, pushes and deletes nothing.
-    """
-    name = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
-    try:
-        today = config.load_experiment(name, trainings_dir)
-    except ConfigError:
-        raise RunRecordError(f"alert channels, Hub and backup settings come from the experiment file, never from a "
-                             f"run's record, and no experiment file of {opened.experiment.name!r} loads here "
-                             f"(`bsops show {opened.experiment.name}` says why)") from None
-    return dataclasses.replace(opened.experiment, alerts=today.alerts, hub=today.hub, backup=today.backup,
-                               eval=today.eval)
+    """`opened.configured()`; kept for the lm-eval plugin until it opens runs through `open_run` alone."""
+    return opened.configured()
 
 
 def relaunch_differences(exp: Experiment, folder: Path) -> tuple[Path | None, tuple[Difference, ...]]:

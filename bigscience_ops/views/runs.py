@@ -27,7 +27,6 @@ or the folder is a link).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -41,7 +40,6 @@ from bigscience_ops.run import index as runs_index
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.untrusted import Problem, RecordFileError, excerpt, kind_of, read_small
 from bigscience_ops.run.index import Launch
-from bigscience_ops.schema import BackupConfig
 
 ALERT_CHARS = 120
 MAX_ROWS = 100
@@ -157,10 +155,10 @@ def run_row(launch: Launch, launches: int = 1) -> RunRow:
         return RunRow(state="missing", detail="the run folder is gone (moved or deleted)", iteration=None, total=None,
                       from_record=False, **claimed, **row)
     try:
-        opened = open_run(None, run=folder)
-        # The store is the experiment file's to name, never a record's (run_ref.with_configured_settings): `runs` loads
-        # no experiment file, so it reads no store; status and info report the store's problems.
-        state = lifecycle.run_state(dataclasses.replace(opened.experiment, backup=BackupConfig()))
+        # The store is the experiment file's to name, never a record's: `runs` loads no experiment file (settings
+        # False: the sections are empty), so it reads no store; status and info report the store's problems.
+        opened = open_run(folder=folder, settings=False)
+        state = lifecycle.run_state(opened.experiment)
     except (BsopsError, OSError) as exc:
         return RunRow(state="unreadable", detail=str(exc), iteration=None, total=None, from_record=False, **claimed,
                       **row)
