@@ -84,7 +84,8 @@ def test_a_script_job_goes_out_and_its_handle_follows_it(slurm_cluster, tmp_path
     name = f"{slurm_cluster.prefix}-handle"
     out = tmp_path / "logs"
     text = f"#!/bin/bash\n#SBATCH --job-name={name}\n#SBATCH --time=2\n#SBATCH --output={out}/%j.out\nsleep 30\n"
-    job = jobs.ScriptJob(name, tmp_path / "job.slurm", text, ((tmp_path / "record.json", "{}\n"),), (out,))
+    job = jobs.ScriptJob(name, tmp_path / "job.slurm", text, ((tmp_path / "record.json", "{}\n"),), (out,),
+                         slurm.SbatchOptions(array_tasks=2))  # one task at a time: the second waits
     seen = []
     handle = jobs.run_job(job, jobs.SlurmScripts(), lambda kind, job_id: seen.append((kind, job_id)))
     slurm_cluster.submitted.append(handle.job_id)
@@ -92,7 +93,12 @@ def test_a_script_job_goes_out_and_its_handle_follows_it(slurm_cluster, tmp_path
     assert handle.name == name and seen == [("job", handle.job_id)]
     wait_until("the job running", lambda: handle.state() == jobs.RUNNING, timeout=30)
     assert jobs.SlurmJob(name).state() == jobs.RUNNING  # found by name alone, as the schedulers ask
-    assert handle.cancel() == [handle.job_id]
+    assert handle.cancel(pending_only=True) == [f"{handle.job_id}_2"]  # the rest of the array, not the running task
+    wait_until("the second task gone", lambda: [j.job_id for j in handle.records(handle.ask())] == [f"{handle.job_id}_1"],
+               timeout=30)
+    assert handle.state() == jobs.RUNNING
+    assert jobs.SlurmJob("another-name", job_id=handle.job_id).cancel() == []  # an id alone never cancels a job
+    assert handle.cancel() == [f"{handle.job_id}_1"]
     wait_until("the job gone", lambda: handle.state() == jobs.GONE, timeout=30)
 
 

@@ -88,12 +88,16 @@ class SlurmJob:
             return RUNNING
         return QUEUED if found else GONE
 
-    def cancel(self, timeout: float = slurm.DEFAULT_TIMEOUT_S) -> list[str]:
-        """scancel this job (its id), or every queued job of this name and users; returns the ids cancelled."""
-        ids = [self.job_id] if self.job_id else sorted({j.array_job_id for j in self.records(self.ask())})
-        if ids:
-            slurm.cancel(ids, timeout=timeout)
-        return ids
+    def cancel(self, *, pending_only: bool = False, timeout: float = slurm.DEFAULT_TIMEOUT_S) -> list[str]:
+        """scancel this job (the whole array of its id; without an id, every queued job of its name and users), only
+        once the queue says it is a job of this name: an id from the environment never cancels another's job.
+        pending_only: only its tasks that wait, never a running one (the rest of an array). Returns the records'
+        ids cancelled."""
+        arrays = [self.job_id] if self.job_id else sorted({j.array_job_id for j in self.records(self.ask())},
+                                                     key=lambda i: (len(i), i))
+        users = list(self.users)
+        cancel = slurm.cancel_pending if pending_only else slurm.cancel_array
+        return [i for array in arrays for i in cancel(array, self.name, users, timeout=timeout)]
 
 
 def submit(script: Path, options: slurm.SbatchOptions = slurm.SbatchOptions(), *, name: str = "",
