@@ -19,7 +19,6 @@ the number of array tasks (a node schedule's resubmission) and a local launch's 
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
