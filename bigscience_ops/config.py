@@ -36,12 +36,19 @@ def load_experiment(name: str, trainings_dir: Path | None = None, overrides: Seq
     """Load, merge `base:` chains and the command line's `overrides` (`SECTION.KEY=VALUE` texts, the last word:
     command line > the file > its bases > defaults), coerce, validate and derive one experiment. Nothing of its run
     folder is read: what a run recorded (a rollback's skips) is applied by the launch plan (run.records)."""
+    return load_with_origins(name, trainings_dir, overrides)[0]
+
+
+def load_with_origins(name: str, trainings_dir: Path | None = None,
+                      overrides: Sequence[str] = ()) -> tuple[Experiment, dict[str, str]]:
+    """`load_experiment` and, from the same reading of the files, `field_origins`: a command that needs both (which
+    site values a base sets) reads the YAML once."""
     path = experiment_path(name, trainings_dir)
     check_name(path.stem, str(path))
     inputs_root, outputs_root = project_folder(path), outputs_folder(path)  # where its relative paths resolve
     raw, origins = _read(path, trainings_dir, overrides)
     source = f"{path} with the command line's {' '.join(overrides)}" if overrides else str(path)  # for the rules
-    return _build(path.stem, raw, origins, source, inputs_root, outputs_root)
+    return _build(path.stem, raw, origins, source, inputs_root, outputs_root), origins
 
 
 def field_origins(name: str, trainings_dir: Path | None = None, overrides: Sequence[str] = ()) -> dict[str, str]:

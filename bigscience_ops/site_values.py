@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from bigscience_ops import slurm
-from bigscience_ops.config import field_origins, load_experiment
+from bigscience_ops.config import COMMAND_LINE, field_origins, load_experiment
 from bigscience_ops.experiment_files import experiment_path
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.schema import Experiment, TokenizerConfig
@@ -80,12 +80,17 @@ def _set_by(origins: dict[str, str], dotted: str) -> str | None:
 
 def inherited_site_values(name: str, trainings_dir: Path | None = None) -> dict[str, str]:
     """Site-specific field path -> the base file it comes from, for those EXP's own file does not set."""
-    own = str(experiment_path(name, trainings_dir))
-    origins = field_origins(name, trainings_dir)
+    return inherited_from(field_origins(name, trainings_dir), experiment_path(name, trainings_dir))
+
+
+def inherited_from(origins: dict[str, str], experiment_file: Path) -> dict[str, str]:
+    """`inherited_site_values` from field origins read already (config.load_with_origins, run.open's `origins`):
+    those set neither by `experiment_file` itself nor on the command line."""
+    own = str(experiment_file)
     found = {}
     for dotted in SITE_FIELDS:
         source = _set_by(origins, dotted)
-        if source is not None and source != own:
+        if source is not None and source not in (own, COMMAND_LINE):
             found[dotted] = source
     return found
 

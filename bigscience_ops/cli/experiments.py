@@ -64,8 +64,7 @@ def show(exp: str, overrides: tuple[str, ...], as_json: bool, trainings_dir: Pat
     from bigscience_ops.config import to_dict
     from bigscience_ops.planview import show_text
 
-    experiment = load_experiment(exp, trainings_dir, overrides)
-    inherited = inherited_site_values(exp, trainings_dir)
+    experiment, inherited = load_with_inherited(exp, trainings_dir, overrides)
     if as_json:
         click.echo(json.dumps(to_dict(experiment) | {"derived": list(experiment.derived),
                                                      "inherited_site_values": inherited}, indent=2))
@@ -75,10 +74,15 @@ def show(exp: str, overrides: tuple[str, ...], as_json: bool, trainings_dir: Pat
             click.echo(f"# {line}")
 
 
-def inherited_site_values(exp: str, trainings_dir: Path | None) -> dict[str, str]:
-    from bigscience_ops.site_values import inherited_site_values as inherited
+def load_with_inherited(exp: str, trainings_dir: Path | None, overrides: tuple[str, ...] = ()):
+    """EXP as loaded, and the site values it takes from a base file (site_values.inherited_from), from one reading of
+    the YAML."""
+    from bigscience_ops.config import load_with_origins
+    from bigscience_ops.experiment_files import experiment_path
+    from bigscience_ops.site_values import inherited_from
 
-    return inherited(exp, trainings_dir)
+    experiment, origins = load_with_origins(exp, trainings_dir, overrides)
+    return experiment, inherited_from(origins, experiment_path(exp, trainings_dir))
 
 
 def _inherited_lines(exp: str, trainings_dir: Path | None, inherited: dict[str, str]) -> list[str]:
@@ -197,11 +201,11 @@ def plan(exp: str, overrides: tuple[str, ...], as_json: bool, nodes: int | None,
     from bigscience_ops.planview import data_check_data, plan_data, plan_text
     from bigscience_ops.site_values import missing_site_values
 
-    experiment = as_recorded(load_experiment(exp, trainings_dir, overrides))  # a rolled-back run's skips included
+    experiment, inherited = load_with_inherited(exp, trainings_dir, overrides)
+    experiment = as_recorded(experiment)  # a rolled-back run's skips included
     experiment = apply_overrides(experiment, Overrides(nodes_all_along=nodes))
     result = make_plan(experiment)
     data = check_data(experiment, result.dataset_sizes[0])  # the data's pre-flight checks, as a launch makes them
-    inherited = inherited_site_values(exp, trainings_dir)
     site = missing_site_values(experiment)
     if as_json:
         click.echo(json.dumps(plan_data(result) | {
@@ -251,7 +255,7 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     try:
-        experiment = load_experiment(str(path), None)
+        experiment, inherited = load_with_inherited(str(path), None)
     except BsopsError:
         path.unlink()
         raise
@@ -265,7 +269,7 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
             click.echo(f"  {blank.line()}")
     else:
         click.echo(f"check it with: {again}")
-    for line in _inherited_lines(str(path), None, inherited_site_values(str(path), None)):
+    for line in _inherited_lines(str(path), None, inherited):
         click.echo(line)
 
 

@@ -62,13 +62,16 @@ def _notify(exp, job: str, command: str, error: str | None) -> bool:
 TRUSTED_HUB_FIELDS = ("hub.host", "hub.remote_template", "hub.token_env")
 
 
-def refuse_inherited_hub(exp: str, trainings_dir: Path | None) -> None:
-    """Raise HubSyncError (exit 2, emailed with --alert) when hub.host, hub.remote_template or hub.token_env come
-    from a base file."""
+def refuse_inherited_hub(opened, trainings_dir: Path | None) -> None:
+    """Raise HubSyncError (exit 2, emailed with --alert) when hub.host, hub.remote_template or hub.token_env of the
+    opened run's experiment file come from a base file (its origins, read with it by run.open)."""
+    from bigscience_ops.experiment_files import experiment_path
     from bigscience_ops.ops.keep.hubsync import HubSyncError
-    from bigscience_ops.site_values import inherited_site_values
+    from bigscience_ops.site_values import inherited_from
 
-    inherited = {f: src for f, src in inherited_site_values(exp, trainings_dir).items() if f in TRUSTED_HUB_FIELDS}
+    exp = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
+    own = opened.yaml if opened.yaml is not None else experiment_path(exp, trainings_dir)
+    inherited = {f: src for f, src in inherited_from(opened.origins, own).items() if f in TRUSTED_HUB_FIELDS}
     if inherited:
         named = ", ".join(f"{field} (from {source})" for field, source in inherited.items())
         raise HubSyncError(
@@ -113,12 +116,13 @@ def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | 
     """
     from bigscience_ops.ops.keep import hubsync
 
-    experiment, exp = configured_run(exp, run, trainings_dir, overrides)
+    opened = open_run(exp, run, trainings_dir, overrides=overrides)
+    experiment = opened.configured()
     kinds = [w.strip() for w in what.split(",") if w.strip()] if what else None
 
     def work() -> None:
         if not trust_inherited_hub:
-            refuse_inherited_hub(exp, trainings_dir)
+            refuse_inherited_hub(opened, trainings_dir)
         results = hubsync.sync(experiment, kinds, remote, wait_s)
         for result in results:
             click.echo(result.describe())

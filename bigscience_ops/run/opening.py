@@ -95,6 +95,9 @@ class OpenedRun:
     moved_from: str | None = None
     """The record's paths.output where it is another folder (the run folder was moved or copied): the record's
     paths were taken under the folder named."""
+    origins: dict[str, str] = dataclasses.field(default_factory=dict)
+    """For each field path the experiment file today (or its bases, or the command line) sets, who set it
+    (config.field_origins), from the same reading of the YAML; empty when no experiment file was read."""
     settings_problem: str | None = None
     """Why the SETTINGS sections are empty: no experiment file of the run's name loads here. None when they are the
     experiment file's."""
@@ -139,49 +142,55 @@ def open_run(exp: str | None = None, trainings_dir: Path | None = None, folder: 
     by_folder = folder is not None
     if folder is None and exp is None:
         raise RunRecordError("name a run: an experiment (EXP), or its run folder (a path to it, or --run PATH)")
-    yaml, today = (None, None) if exp is None else _load(exp, trainings_dir, overrides)
+    yaml, today, origins = (None, None, {}) if exp is None else _load(exp, trainings_dir, overrides)
     if folder is None:
         assert today is not None
         folder = Path(today.paths.output)
         found = newest_record(folder)
         if found is None:
-            return _opened(_with_skips(today), today, folder, None, yaml)
+            return _opened(_with_skips(today), (today, origins), folder, None, yaml)
     else:
         folder = Path(folder)
         found = _folder_record(folder)
     recorded = read_record(found)
     if today is not None:
         _same_experiment(found, recorded, today)
+        source: tuple[Experiment, dict] | str = (today, origins)
+        found_differences = differences(recorded, today)
     else:  # named by its folder alone: the settings are the experiment file of the recorded name's
-        today = _settings_source(recorded.name, trainings_dir, overrides) if settings else "not asked for"
-    return _opened(_with_skips(_located(recorded, folder)), today, folder, found, yaml,
-                   differences(recorded, today) if yaml is not None and today is not None else (), by_folder,
+        source = _settings_source(recorded.name, trainings_dir, overrides) if settings else "not asked for"
+        found_differences = ()
+    return _opened(_with_skips(_located(recorded, folder)), source, folder, found, yaml, found_differences, by_folder,
                    _moved_from(recorded, folder))
 
 
-def _load(exp: str, trainings_dir: Path | None, overrides: Sequence[str]) -> tuple[Path, Experiment]:
-    """The experiment file EXP names and the experiment it holds: the one load of the YAML a command makes."""
+def _load(exp: str, trainings_dir: Path | None, overrides: Sequence[str]) -> tuple[Path, Experiment, dict]:
+    """The experiment file EXP names, the experiment it holds and who set each field: the one load of the YAML a
+    command makes."""
     from bigscience_ops.experiment_files import experiment_path
 
-    return experiment_path(exp, trainings_dir), config.load_experiment(exp, trainings_dir, overrides)
+    return (experiment_path(exp, trainings_dir), *config.load_with_origins(exp, trainings_dir, overrides))
 
 
-def _settings_source(name: str, trainings_dir: Path | None, overrides: Sequence[str]) -> Experiment | str:
-    """The experiment file of the recorded name, or why none loads here (the run is then opened without settings)."""
+def _settings_source(name: str, trainings_dir: Path | None, overrides: Sequence[str]) -> tuple[Experiment, dict] | str:
+    """The experiment file of the recorded name (and its origins), or why none loads here (the run is then opened
+    without settings)."""
     try:
-        return config.load_experiment(name, trainings_dir, overrides)
+        return config.load_with_origins(name, trainings_dir, overrides)
     except ConfigError:
         return (f"alert channels, Hub, backup and eval settings come from the experiment file, never from a run's "
                 f"record, and no experiment file of {name!r} loads here (`bsops show {name}` says why)")
 
 
-def _opened(run: Experiment, today: Experiment | str, folder: Path, record: Path | None, yaml: Path | None,
-            found: tuple[Difference, ...] = (), by_folder: bool = False, moved_from: str | None = None) -> OpenedRun:
-    """The opened run: `run` with `today`'s SETTINGS, or with empty ones and the problem when `today` is one."""
+def _opened(run: Experiment, today: tuple[Experiment, dict] | str, folder: Path, record: Path | None,
+            yaml: Path | None, found: tuple[Difference, ...] = (), by_folder: bool = False,
+            moved_from: str | None = None) -> OpenedRun:
+    """The opened run: `run` with the SETTINGS of `today` (the experiment file's experiment and origins), or with
+    empty ones and the problem when `today` is one."""
     if isinstance(today, str):
-        return OpenedRun(_without_settings(run), run, folder, record, yaml, found, by_folder, moved_from, today)
-    configured = dataclasses.replace(run, **{name: getattr(today, name) for name in SETTINGS})
-    return OpenedRun(configured, run, folder, record, yaml, found, by_folder, moved_from)
+        return OpenedRun(_without_settings(run), run, folder, record, yaml, found, by_folder, moved_from, {}, today)
+    configured = dataclasses.replace(run, **{name: getattr(today[0], name) for name in SETTINGS})
+    return OpenedRun(configured, run, folder, record, yaml, found, by_folder, moved_from, today[1])
 
 
 def _without_settings(run: Experiment) -> Experiment:
