@@ -132,6 +132,19 @@ def test_the_request_cache_lives_beside_the_result_per_precision(tmp_path):
     assert driver.request_cache(result, scorer) == tmp_path / "eval" / "global_step8.requests" / "bfloat16"
 
 
+def test_plugin_run_as_a_module_registers_no_second_copy(tmp_path):
+    """`python -m bigscience_ops.ops.evaluate.plugin run ...` (a source tree) executes the module once more as
+    __main__ after the hook has registered `bsops`: it registers the same placeholder, and lm-eval's registry still
+    gives the importable module's class."""
+    code = ("import runpy, lm_eval.models; from bigscience_ops.ops.evaluate import plugin; "
+            "runpy.run_path(plugin.__file__, run_name='__not_main__'); "
+            "from lm_eval.api.registry import get_model; model = get_model('bsops'); "
+            "print(model.__module__, model is plugin.BsopsModel)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["bigscience_ops.ops.evaluate.plugin", "True"]
+
+
 # --- installs (slow) -----------------------------------------------------------------------------------------------
 
 SOURCES = ["pyproject.toml", "setup.py", "README.md", "bigscience_ops", "templates", "trainings", "corpus", "cron"]
