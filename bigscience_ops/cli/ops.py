@@ -11,8 +11,6 @@ import click
 from bigscience_ops.cli.base import (
     EXIT_ERROR, TEXT, FiniteFloat, SafePath, main, open_run, overrides_argument, run_option, trainings_option,
 )
-from bigscience_ops.errors import BsopsError
-from bigscience_ops.redact import env_secrets, scrub
 
 alert_option = click.option(
     "--alert", is_flag=True,
@@ -22,40 +20,15 @@ alert_option = click.option(
 
 
 def run_alerting(exp, alert: bool, job: str, command: str, work: Callable[[], None]) -> None:
-    """Run `work`; print a failure and exit 2. With --alert, report the outcome (failed or worked) to
-    notify_job, whose cooldown state is the watchdog's `.bsops-alerts.json` beside the run's log."""
-    try:
-        work()
-        error = None
-    except (BsopsError, OSError) as exc:
-        error = scrub(str(exc), env_secrets([exp.hub.token_env, exp.alerts.smtp_password_env]))
-        click.echo(f"error: {error}", err=True)
-    email_failed = alert and not _notify(exp, job, command, error)
-    if error is not None or email_failed:
+    """Run `work` through the library's job_alerts.run_alerting (with --alert, the failure or the recovery told as
+    the watchdog tells its alerts); print what it says on stderr and exit 2 when the work or a message failed."""
+    from bigscience_ops.ops.tell import job_alerts
+
+    outcome = job_alerts.run_alerting(exp, alert, job, command, work)
+    for line in outcome.lines:
+        click.echo(line, err=True)
+    if outcome.failed:
         sys.exit(EXIT_ERROR)
-
-
-def _notify(exp, job: str, command: str, error: str | None) -> bool:
-    """Email the failure or the recovery as notify_job decides; False when an email could not be sent."""
-    from bigscience_ops.ops.tell import channels, notify
-    from bigscience_ops.ops.tell.message import NotifyError
-
-    try:
-        outbox = channels.outbox_from_alerts(exp.alerts)
-        if outbox is None:
-            if error is not None:
-                click.echo("no alert email: alerts.email_to is empty", err=True)
-            return True
-        log = Path(exp.paths.logs) / "main_log.txt" if exp.paths.logs else None
-        outcome = notify.notify_job(outbox, notify.default_state_path(log), job, error, experiment=exp.name,
-                                    command=command, cooldown_minutes=exp.alerts.cooldown_minutes)
-    except NotifyError as exc:
-        kind = "alert" if error is not None else "recovery"
-        click.echo(f"***ALERT: the {job} {kind} email could not be sent (the next run tries again): {exc}***", err=True)
-        return False
-    if outcome.line:
-        click.echo(outcome.line, err=True)
-    return True
 
 
 # Where the token goes and under which name it is read: another team's values send your token to their host.
