@@ -324,7 +324,7 @@ class BackupConfig:
 
 @dataclass(frozen=True)
 class HealthConfig:
-    """What the watchdog counts as a training in trouble (ops/watch/health.py reads the run's iteration lines)."""
+    """What the watchdog counts as a training in trouble (ops/health.py reads the run's iteration lines)."""
 
     enabled: bool = documented(True, "check the loss, grad norm, loss scale and throughput of the log's iteration lines")
     recent: int = documented(50, "iteration lines counted as now: a finding among them is an open alert (at most "

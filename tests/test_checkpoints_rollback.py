@@ -99,7 +99,7 @@ def test_a_spike_rolled_back_with_its_data_skipped_trains_on_from_the_target(spi
 
     import numpy as np
 
-    from bigscience_ops.ops.watch import health
+    from bigscience_ops.ops import health
     from bigscience_ops.run_schedule import run_schedule
     from bigscience_ops.trainer.faults import token_record_path
     from bigscience_ops.views import samples

@@ -88,7 +88,7 @@ class WatchSettings:
     cron_dir: str | os.PathLike[str] | None = None
     """Also check the cron runner chains of this folder (the watchers are watched too)."""
     health: HealthConfig | None = None
-    """Training health checks over the log's recent iteration lines (ops/watch/health.py); None: none."""
+    """Training health checks over the log's recent iteration lines (ops/health.py); None: none."""
 
     def __post_init__(self) -> None:
         users = (self.users,) if isinstance(self.users, str) else tuple(self.users)
