@@ -379,9 +379,11 @@ def test_bits_per_byte_is_the_trainers_loss_on_the_same_text_converted_by_tokens
 @pytest.mark.slow  # the session's trained run, lm-eval's command line under torchrun (two ranks), transformers
 def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, model, hf, tmp_path):
     """`lm_eval run --model bsops` (this venv's own lm_eval script: the installed hook registers plugin.py's model)
-    in the checkpoint's PP=2 layout under torchrun, with --num_fewshot 3 --limit 20 --log_samples --use_cache: its
-    results file holds the metrics of bsops' own path and of lm-eval's hf model on the export (accuracies equal, the
-    rest within 1e-4 relative), the samples it logged, and lm-eval's request cache of rank 0's requests."""
+    in the checkpoint's PP=2 layout under torchrun, on tiny's bundled last-word task (eval.tasks: corpus/eval/) and
+    the two-choice task here (tiny's own two-choice verses are longer than this run's 32-token sequences), with
+    --num_fewshot 3 --limit 20 --log_samples --use_cache: its results file holds the metrics of bsops' own path and
+    of lm-eval's hf model on the export (accuracies equal, the rest within 1e-4 relative), the samples it logged,
+    and lm-eval's request cache of rank 0's requests."""
     import glob
     import os
     import subprocess
@@ -389,11 +391,15 @@ def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, mod
 
     from sqlitedict import SqliteDict
 
+    from bigscience_ops import resources
     from bigscience_ops.config import to_dict
     from bigscience_ops.ops.evaluate import launcher
 
     exp, target, _, scorer = model
-    tasks = runs["tasks"][:2]  # the last-word and the two-choice task
+    bundled = resources.bundled("corpus") / "eval"  # lm-eval reads data_files against the folder it runs in
+    two_choice = tmp_path / "two_choice.yaml"
+    two_choice.write_text(TWO_CHOICE.replace("data/", f"{Path(runs['tasks'][1]).parent / 'data'}/"), encoding="utf-8")
+    tasks = [str(bundled / "kjv_last_word.yaml"), str(two_choice)]
     ours = driver.run_tasks(harness.build_lm(dataclasses.replace(exp, eval=EvalConfig(batch_size=4)), scorer), tasks,
                             limit=20, num_fewshot=3)
     theirs = driver.run_tasks(hf, tasks, limit=20, num_fewshot=3)
@@ -405,13 +411,14 @@ def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, mod
                                       "--model_args", f"run={record},step={target.step}", "--tasks", *tasks,
                                       "--num_fewshot", "3", "--limit", "20", "--batch_size", "4", "--log_samples",
                                       "--output_path", str(out), "--use_cache", str(out / "requests")])
-    done = subprocess.run(argv, cwd=Path(tasks[0]).parent, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"})
+    done = subprocess.run(argv, cwd=bundled, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
+                               "HF_DATASETS_CACHE": str(tmp_path / "datasets")})
     assert done.returncode == 0, done.stderr[-3000:]
     [written] = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
     plugin = json.loads(Path(written).read_text())
     assert plugin["config"]["bsops_layout"] == {"tensor": 1, "pipeline": 2}
-    assert plugin["n-shot"] == {"t_last_word": 3, "t_two_choice": 3}
+    assert plugin["n-shot"] == {"kjv_last_word": 3, "t_two_choice": 3}
     for task, metrics in theirs["results"].items():
         for key, value in metrics.items():
             if not isinstance(value, float) or "stderr" in key:
@@ -421,14 +428,14 @@ def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, mod
                     assert got == value, (task, key, got, value)
                 else:
                     assert abs(got - value) <= REL * abs(value), (task, key, got, value)
-    samples = glob.glob(str(out / "**" / "samples_t_last_word_*.jsonl"), recursive=True)
-    assert len(samples) == 1 and len(Path(samples[0]).read_text().splitlines()) == 14  # the task's 14 < --limit 20
+    samples = glob.glob(str(out / "**" / "samples_kjv_last_word_*.jsonl"), recursive=True)
+    assert len(samples) == 1 and len(Path(samples[0]).read_text().splitlines()) == 20  # --limit 20 of 200
     asked = set()  # every distinct (context, continuation) lm-eval asked of the model, from the samples it logged
     for logged in glob.glob(str(out / "**" / "samples_*.jsonl"), recursive=True):
         for sample in map(json.loads, Path(logged).read_text().splitlines()):
             asked.update((a["arg_0"], a["arg_1"]) for a in sample["arguments"].values())
     with SqliteDict(str(out / "requests_rank0.db"), flag="r") as cache:  # lm-eval's cache: one entry per request
-        assert len(asked) == 14 + 2 * 10 and len(cache) == len(asked)
+        assert len(asked) == 20 + 2 * 10 and len(cache) == len(asked)  # two choices for each of t_two_choice's 10
 
 
 @pytest.mark.slow  # the session's trained run, transformers and lm-eval, in bf16 on the CPU (about 3x fp32's time)
