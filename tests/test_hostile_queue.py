@@ -26,7 +26,8 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.experiment_files import check_name
 from bigscience_ops.run.iterations import parse_iteration_line
-from bigscience_ops.ops.schedule import cron, hourly_jobs
+from bigscience_ops.ops import hourly_jobs
+from bigscience_ops.ops.schedule import cron
 from bigscience_ops.ops import health
 from bigscience_ops.ops.watch import status
 from bigscience_ops.views import samples

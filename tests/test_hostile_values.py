@@ -23,7 +23,8 @@ from bigscience_ops.plan import make_plan
 from bigscience_ops.config import load_experiment
 from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.ops.schedule import cron, hourly_jobs, scrontab
+from bigscience_ops.ops import hourly_jobs
+from bigscience_ops.ops.schedule import cron, scrontab
 
 # A value that would end an #SBATCH line and run a command, and its cousins.
 HOSTILE = {

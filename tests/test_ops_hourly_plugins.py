@@ -1,4 +1,4 @@
-"""Hourly jobs as plugins (ops/schedule/hourly.py): each declared beside its library code and registered once; a job
+"""Hourly jobs as plugins (ops/hourly.py): each declared beside its library code and registered once; a job
 declared in this test goes through the real machinery (`bsops cron add`, the runner's pass, the test cluster)."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from click.testing import CliRunner
 
 from bigscience_ops.cli import main
 from bigscience_ops.launch.jobs import GONE, SlurmJob
-from bigscience_ops.ops.schedule import cron, hourly_jobs
-from bigscience_ops.ops.schedule.hourly import HourlyJob, Missing
+from bigscience_ops.ops import hourly_jobs
+from bigscience_ops.ops.schedule import cron
+from bigscience_ops.ops.hourly import HourlyJob, Missing
 from bigscience_ops.schema import Experiment
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until

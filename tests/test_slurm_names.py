@@ -14,7 +14,8 @@ from bigscience_ops import slurm
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.experiment_files import NAME, check_name
-from bigscience_ops.ops.schedule import cron, hourly_jobs
+from bigscience_ops.ops import hourly_jobs
+from bigscience_ops.ops.schedule import cron
 from bigscience_ops.schema import SLURM_JOB_NAME
 
 

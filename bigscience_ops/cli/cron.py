@@ -42,7 +42,7 @@ def _cron_dir(cron_dir: Path | None) -> Path:
 def _kinds(jobs: str | None) -> list[str] | None:
     """--jobs as a list of hourly_jobs.JOBS, None when not given (a usage error names the value and the allowed
     kinds)."""
-    from bigscience_ops.ops.schedule import hourly_jobs
+    from bigscience_ops.ops import hourly_jobs
 
     if jobs is None:
         return None
@@ -106,7 +106,7 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
     scheduler, which submits eval jobs of its own, is written only when --jobs names it."""
     from bigscience_ops.experiment_files import experiment_path, outputs_folder
     from bigscience_ops.ops.schedule import cron as cronlib
-    from bigscience_ops.ops.schedule import hourly_jobs
+    from bigscience_ops.ops import hourly_jobs
 
     given = _kinds(jobs)
     cron_dir = _cron_dir(cron_dir)
@@ -136,7 +136,7 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
 @cron.command("jobs")
 def cron_jobs() -> None:
     """List the hourly jobs `bsops cron add --jobs` takes: name, period, time limit, what it is and what it runs."""
-    from bigscience_ops.ops.schedule import hourly, hourly_jobs
+    from bigscience_ops.ops import hourly, hourly_jobs
 
     for job in hourly_jobs.JOBS.values():
         runs = " ".join(["bsops", job.command, "EXP", *("CRON_DIR" if a == hourly.CRON_DIR else a for a in job.arguments)])
@@ -147,7 +147,7 @@ def cron_jobs() -> None:
 @cron_dir_option
 def cron_list(cron_dir: Path | None) -> None:
     """List the jobs of the cron folder: experiment, job kind, period and file."""
-    from bigscience_ops.ops.schedule import hourly_jobs
+    from bigscience_ops.ops import hourly_jobs
 
     found = hourly_jobs.installed(_cron_dir(cron_dir))
     for job in found:
@@ -165,7 +165,7 @@ def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None) -> None:
     """Remove EXP's jobs that `bsops cron add` wrote (other files of the folder are left alone).
 
     Exits 1 when there was none to remove."""
-    from bigscience_ops.ops.schedule import hourly_jobs
+    from bigscience_ops.ops import hourly_jobs
 
     kinds = resolve(_kinds(jobs), default=list(hourly_jobs.JOBS))
     cron_dir = _cron_dir(cron_dir)

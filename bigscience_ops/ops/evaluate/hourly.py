@@ -1,4 +1,4 @@
-"""The eval scheduler as an hourly job (ops/schedule/hourly.py): `bsops eval EXP --next --alert` every hour.
+"""The eval scheduler as an hourly job (ops/hourly.py): `bsops eval EXP --next --alert` every hour.
 
 It submits the eval jobs themselves, named `bsops.<training job name>.eval` (schedule.job_name); the scheduler is
 named `...eval-next` so that neither the cron runner nor the scheduler's own queue check takes one for the other.
@@ -6,7 +6,7 @@ Opt-in: it spends GPU hours, which a run that sets eval: for `bsops eval --step`
 
 from __future__ import annotations
 
-from bigscience_ops.ops.schedule.hourly import HourlyJob, Missing
+from bigscience_ops.ops.hourly import HourlyJob, Missing
 from bigscience_ops.schema import Experiment
 
 

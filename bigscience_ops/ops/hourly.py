@@ -1,4 +1,5 @@
-"""The interface of an hourly job: what the cron runner submits every period for one experiment.
+"""The interface of an hourly job: what the cron runner submits every period for one experiment. It stands below
+every folder of ops/ (as alerts.py): the folders declare their jobs with it, and ops/hourly_jobs.py registers them.
 
 A job is declared beside its library code (ops/watch/hourly.py, ops/keep/hourly.py, ops/evaluate/hourly.py) as one
 `HourlyJob` value and registered in hourly_jobs.PLUGINS; nothing else names it. A new hourly job is one module

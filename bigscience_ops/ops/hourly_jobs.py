@@ -1,4 +1,5 @@
-"""The registry of hourly jobs, and each rendered for one experiment into the cron folder.
+"""The registry of hourly jobs, and each rendered for one experiment into the cron folder (above the folders of ops/
+whose jobs it registers; nothing in them imports it).
 
 Each job is an `hourly.HourlyJob` declared beside its library code and registered here (PLUGINS): the watchdog
 (ops/watch/hourly.py), the Hub sync and the backup (ops/keep/hourly.py), the eval scheduler (ops/evaluate/hourly.py).
@@ -18,9 +19,9 @@ from bigscience_ops.launch import render as rendering
 from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.evaluate import hourly as evaluate_jobs
+from bigscience_ops.ops.hourly import CRON_DIR, HourlyJob, Missing
 from bigscience_ops.ops.keep import hourly as keep_jobs
 from bigscience_ops.ops.schedule.cron import PERIODS, CronSettings, RunnerScript, folder_scripts
-from bigscience_ops.ops.schedule.hourly import CRON_DIR, HourlyJob, Missing
 from bigscience_ops.ops.watch import hourly as watch_jobs
 from bigscience_ops.schema import Experiment
 
