@@ -26,19 +26,19 @@ from bigscience_ops.untrusted import write_atomically
 QUEUED, RUNNING, GONE = "queued", "running", "gone"
 """A job's state as its handle tells it: waiting in the queue, running (any task of it), or no longer queued."""
 
-Job = TypeVar("Job", contravariant=True)
+Spec = TypeVar("Spec", contravariant=True)
 Result = TypeVar("Result", covariant=True)
 Started = Callable[[str, str], None]
 """What an executor calls once its job has started: (job kind, job id)."""
 
 
-class Executor(Protocol[Job, Result]):
+class Executor(Protocol[Spec, Result]):
     """Where a job runs: Slurm or this machine. The same files are written in the same order either way."""
 
-    def write(self, job: Job) -> Path:
+    def write(self, job: Spec) -> Path:
         """Write what the job needs (its record, its script); returns the script."""
 
-    def start(self, job: Job, script: Path, started: Started) -> Result:
+    def start(self, job: Spec, script: Path, started: Started) -> Result:
         """Submit or run the written job; call `started(kind, job_id)` once it has started."""
 
 
@@ -179,6 +179,6 @@ class LocalScripts:
         return handle
 
 
-def run_job(job: Job, executor: Executor[Job, Result], started: Started = _nothing) -> Result:
+def run_job(job: Spec, executor: Executor[Spec, Result], started: Started = _nothing) -> Result:
     """Write the job, then start it: the same order for every executor."""
     return executor.start(job, executor.write(job), started)
