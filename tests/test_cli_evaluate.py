@@ -65,7 +65,8 @@ def test_nothing_configured_is_refused_naming_the_section(trainings: Path, tmp_p
 
 
 @pytest.mark.parametrize("args", [[], ["--step", "50", "--latest"], ["--latest", "--next"],
-                                  ["--step", "50", "--alert"], ["--next", "--tensor", "2"]])
+                                  ["--step", "50", "--alert"], ["--next", "--tensor", "2"],
+                                  ["--next", "--keep-cache"], ["--prefetch", "--log-samples"]])
 def test_exactly_one_of_step_latest_next(args: list[str], trainings: Path, tmp_path: Path) -> None:
     _write(trainings, tmp_path)
     assert "eval --help" in _one_error(_eval(trainings, *args))
@@ -92,17 +93,18 @@ def test_a_finished_evaluation_prints_the_table(trainings: Path, tmp_path: Path,
     calls = []
 
     def run_local(exp, step, tensor=None, pipeline=None, trainings_dir=None, experiment=None, env=None,
-                  log_samples=False) -> int:
-        calls.append((step, tensor, pipeline, experiment))
+                  log_samples=False, keep_cache=False) -> int:
+        calls.append((step, tensor, pipeline, experiment, keep_cache))
         results.write(results.result_path(exp, f"global_step{step}"), {
             "results": {}, "bsops": {"format": 1, "experiment": "ev", "tag": f"global_step{step}", "step": step,
                                      "iteration": step, "bits_per_byte": {"held": {"bits_per_byte": 1.25}}}})
         return 0
 
     monkeypatch.setattr(launcher, "run_local", run_local)
-    result = _eval(trainings, "--latest", "--tensor", "1", "--pipeline", "1")
+    result = _eval(trainings, "--latest", "--tensor", "1", "--pipeline", "1", "--keep-cache")
     assert result.exit_code == 0, result.output
-    assert calls == [(50, 1, 1, None)]  # the ranks read the experiment as the command has it
+    assert calls == [(50, 1, 1, None, True)]  # the ranks read the experiment as the command has it
+    assert launcher.worker_argv("ev", 50, keep_cache=True)[-1] == "--keep-cache"  # and are told to keep the cache
     [row] = [line.split() for line in result.output.split("\n") if line.startswith("held/bits_per_byte")]
     assert row[-2:] == ["1.2500", "1.5000"]
     [warning] = [line for line in result.stderr.splitlines() if line.startswith("warning: eval.alert_drop")]

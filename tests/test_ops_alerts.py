@@ -211,10 +211,6 @@ def ops_edges(root: Path = OPS) -> dict[tuple[str, str], str]:
     return edges
 
 
-@pytest.mark.xfail(strict=True, reason="the hourly-job plugins (befef74) import schedule/hourly.py from watch/, keep/ "
-                   "and evaluate/, which schedule/hourly_jobs.py imports back: the interface belongs below them "
-                   "(ops/hourly.py, as alerts.py) and the registry above them (ops/hourly_jobs.py); remove this mark "
-                   "with that move")
 def test_no_two_folders_of_ops_import_each_other() -> None:
     edges = ops_edges()
     both = [f"{a} <-> {b} ({edges[a, b]}, {edges[b, a]})" for a, b in edges if (b, a) in edges and a < b]

@@ -69,11 +69,20 @@ class Layout:
         return self.tensor is not None or self.pipeline is not None
 
 
+@dataclass(frozen=True)
+class Kept:
+    """--log-samples/--keep-cache: what of lm-eval's own output is kept beside the result (--step/--latest only)."""
+
+    log_samples: bool
+    keep_cache: bool
+
+
 class _EvalCommand(click.Command):
-    """Hands the command the options that say one thing as one value: which checkpoint (Which), the layout (Layout)."""
+    """Hands the command the options that say one thing as one value: which checkpoint (Which), the layout (Layout),
+    what is kept of lm-eval's output (Kept)."""
 
     def invoke(self, ctx: click.Context) -> object:
-        for name, group in (("which", Which), ("layout", Layout)):
+        for name, group in (("which", Which), ("layout", Layout), ("kept", Kept)):
             ctx.params[name] = group(**{f.name: ctx.params.pop(f.name) for f in dataclasses.fields(group)})
         return super().invoke(ctx)
 
@@ -97,6 +106,10 @@ class _EvalCommand(click.Command):
 @click.option("--log-samples", is_flag=True,
               help="With --step/--latest: keep lm-eval's per-sample output beside the result "
                    "(<run>/eval/global_stepN.samples/<task>.jsonl), as lm-eval's --log_samples writes it.")
+@click.option("--keep-cache", is_flag=True,
+              help="With --step/--latest: keep lm-eval's request cache beside the result "
+                   "(<run>/eval/global_stepN.requests/<dtype>_rank0.db); evaluating the step again (more tasks, a "
+                   "larger limit) scores only the requests it has not answered.")
 @click.option("--tensor", type=click.IntRange(min=1, max=4096), default=None,
               help="With --step/--latest: score in this TP instead of the checkpoint's own.")
 @click.option("--pipeline", type=click.IntRange(min=1, max=4096), default=None,
@@ -104,8 +117,8 @@ class _EvalCommand(click.Command):
 @alert_option
 @trainings_option
 @overrides_argument
-def eval_command(exp: str | None, run: Path | None, which: Which, source: Path | None, log_samples: bool,
-                 layout: Layout, alert: bool, trainings_dir: Path | None, overrides: tuple[str, ...]) -> None:
+def eval_command(exp: str | None, run: Path | None, which: Which, source: Path | None, kept: Kept, layout: Layout,
+                 alert: bool, trainings_dir: Path | None, overrides: tuple[str, ...]) -> None:
     """Evaluate EXP's checkpoints on the lm-eval tasks and held-out sources of its `eval:` section.
 
     With --step N or --latest: the checkpoint is scored here, in its own TP/PP layout (or --tensor/--pipeline), by
@@ -127,8 +140,9 @@ def eval_command(exp: str | None, run: Path | None, which: Which, source: Path |
     chosen = which.chosen()
     if source is not None and chosen != "--prefetch":
         raise click.UsageError("--from goes with --prefetch")
-    if log_samples and chosen in ("--next", "--prefetch"):
-        raise click.UsageError("--log-samples goes with --step or --latest")
+    for flag, given in (("--log-samples", kept.log_samples), ("--keep-cache", kept.keep_cache)):
+        if given and chosen in ("--next", "--prefetch"):
+            raise click.UsageError(f"{flag} goes with --step or --latest")
     if layout.given and chosen in ("--next", "--prefetch"):
         raise click.UsageError("--tensor/--pipeline go with --step or --latest; --next evaluates in the run's layout "
                                "and --prefetch scores nothing")
@@ -140,11 +154,11 @@ def eval_command(exp: str | None, run: Path | None, which: Which, source: Path |
     elif chosen == "--next":
         _next(experiment, named, alert, trainings_dir)
     else:
-        _here(experiment, named, which, layout, trainings_dir, log_samples)
+        _here(experiment, named, which, layout, trainings_dir, kept)
 
 
 def _here(experiment, named: str, which: Which, layout: Layout, trainings_dir: Path | None,
-          log_samples: bool) -> None:
+          kept: Kept) -> None:
     from bigscience_ops.checkpoints import layout as checkpoints
     from bigscience_ops.ops.evaluate import EvalError, launcher, results, taskfiles
 
@@ -165,7 +179,8 @@ def _here(experiment, named: str, which: Which, layout: Layout, trainings_dir: P
     from bigscience_ops.ops.evaluate.prefetch import cache_env
 
     hf = cache_env(experiment.eval.hf_cache, offline=bool(experiment.eval.hf_cache))  # the prefetched cache, offline
-    code = launcher.run_local(experiment, step, layout.tensor, layout.pipeline, env=hf, log_samples=log_samples)  # the ranks read `experiment` itself
+    code = launcher.run_local(experiment, step, layout.tensor, layout.pipeline, env=hf, log_samples=kept.log_samples,
+                              keep_cache=kept.keep_cache)  # the ranks read `experiment` itself
     written = _stamp(path) not in (None, before)
     if code != 0 and not written:
         click.echo(f"error: the evaluation of {tag} failed (exit code {code}; the ranks' output above says why); no "

@@ -125,9 +125,10 @@ def _stop_crash_loop(exp, failing: list, task_env) -> None:
     if not in_slurm:
         return
     from bigscience_ops.launch.cluster import watched_users
+    from bigscience_ops.launch.jobs import SlurmJob
 
     try:
-        ids = slurm.cancel_array(array, exp.slurm.job_name, users=watched_users(exp))
+        ids = SlurmJob(exp.slurm.job_name, tuple(watched_users(exp)), array).cancel()
     except slurm.SlurmError as exc:
         failure = f"***ALERT: the rest of array {array} could not be cancelled: {exc}; run `scancel {array}`***"
         click.echo(failure)
@@ -169,12 +170,13 @@ def _cancel_pending(exp, task_env, why: str) -> None:
     """Nothing is left to train (`why`): cancel the array's pending tasks so none waits for nodes only to end."""
     from bigscience_ops import slurm
     from bigscience_ops.launch.cluster import watched_users
+    from bigscience_ops.launch.jobs import SlurmJob
 
     array = task_env.array_job_id
     if not array or task_env.local:
         return
     try:
-        ids = slurm.cancel_pending(array, exp.slurm.job_name, users=watched_users(exp))
+        ids = SlurmJob(exp.slurm.job_name, tuple(watched_users(exp)), array).cancel(pending_only=True)
     except slurm.SlurmError as exc:
         click.echo(f"the pending tasks of array {array} could not be cancelled ({' '.join(str(exc).split())[:200]}); "
                    "each will end at once without training")

@@ -153,7 +153,7 @@ def check_layer_files(target: Target, layers) -> None:
 
 def worker_argv(experiment: str, step: int, tensor: int | None = None, pipeline: int | None = None,
                 trainings_dir: Path | str | None = None, cwd: Path | str | None = None,
-                log_samples: bool = False) -> list[str]:
+                log_samples: bool = False, keep_cache: bool = False) -> list[str]:
     """`-m bigscience_ops.ops.evaluate.worker ...`: what torchrun runs (after its own options) on every node."""
     argv = ["-m", WORKER_MODULE, "--experiment", str(experiment), "--step", str(int(step))]
     if trainings_dir is not None:
@@ -166,6 +166,8 @@ def worker_argv(experiment: str, step: int, tensor: int | None = None, pipeline:
         argv += ["--cwd", str(cwd)]
     if log_samples:
         argv.append("--log-samples")
+    if keep_cache:
+        argv.append("--keep-cache")
     return argv
 
 
@@ -184,7 +186,7 @@ def _module_args(worker: list[str]) -> list[str]:
 
 def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = None,
               trainings_dir: Path | str | None = None, experiment: str | None = None,
-              env: dict[str, str] | None = None, log_samples: bool = False) -> int:
+              env: dict[str, str] | None = None, log_samples: bool = False, keep_cache: bool = False) -> int:
     """Evaluate `global_step<step>` of `exp` on this machine: checks first (EvalError), then TP x PP ranks under
     torchrun, their output streamed through (less torchrun's own report of a failed rank: AgentNoise). Returns 0
     when the result file is written, EXIT_ERROR when a rank said why it failed (its one `error: ...` line), else
@@ -210,7 +212,7 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
         if experiment is None:
             record = (Path(tmp) / "experiment.json", json.dumps(to_dict(exp), indent=1))
             experiment = str(record[0])
-        worker = worker_argv(experiment, step, tensor, pipeline, trainings_dir, Path.cwd(), log_samples)
+        worker = worker_argv(experiment, step, tensor, pipeline, trainings_dir, Path.cwd(), log_samples, keep_cache)
         ranks = Ranks(f"eval {target.tag}", tuple(torchrun_argv(target.world_size, worker)), record)
         job = jobs.run_job(ranks, LocalRanks(child_env))  # its own process group: stopped as one
         noise = AgentNoise(sys.stderr)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bigscience_ops import slurm
+from bigscience_ops.launch.jobs import SlurmJob
 from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.alerts import (  # noqa: F401 - Alert, StatusReport and the exit codes: importable from here too
@@ -155,7 +156,7 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
     launching again beside it would queue a second array, so "not scheduled" is left out then),
     two trainings at once, a stall, nothing queued."""
     stamp = f"[{now:{STAMP_FORMAT}}]"
-    named = [j for j in jobs if j.name == job_name]
+    named = SlurmJob(job_name).named(jobs)  # its handle: by name, as the launch check and eval scheduler
     ours = None if job_ids is None else {array_id(i) for i in job_ids}
     matching = [j for j in named if ours is None or array_id(j.array_job_id) in ours]
     verdicts = [(job, describe_job(job, now)) for job in matching]
