@@ -25,9 +25,9 @@ from pathlib import Path
 from bigscience_ops import validation
 from bigscience_ops.derivation import derive
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.experiment_files import check_name, experiment_path, find_base, outputs_folder, project_folder
+from bigscience_ops.experiment_files import Located, experiment_path, find_base, locate
 from bigscience_ops.schema import Experiment
-from bigscience_ops.typedyaml import build, merge, parse_assignments, read_with_bases
+from bigscience_ops.typedyaml import build, parse_assignments, read_layers
 
 
 # ----------------------------------------------------------------------------- loading
@@ -43,33 +43,17 @@ def load_with_origins(name: str, trainings_dir: Path | None = None,
                       overrides: Sequence[str] = ()) -> tuple[Experiment, dict[str, str]]:
     """`load_experiment` and, from the same reading of the files, `field_origins`: a command that needs both (which
     site values a base sets) reads the YAML once."""
-    path = experiment_path(name, trainings_dir)
-    check_name(path.stem, str(path))
-    inputs_root, outputs_root = project_folder(path), outputs_folder(path)  # where its relative paths resolve
-    raw, origins = _read(path, trainings_dir, overrides)
-    source = f"{path} with the command line's {' '.join(overrides)}" if overrides else str(path)  # for the rules
-    return _build(path.stem, raw, origins, source, inputs_root, outputs_root), origins
+    found = locate(name, trainings_dir)  # the file, its name checked, where its relative paths resolve
+    raw, origins = read_layers(found.path, partial(find_base, trainings_dir=trainings_dir), _before_merge,
+                               (_command_line(overrides), COMMAND_LINE))  # the command line: one more layer
+    return _build(found, raw, origins, overrides), origins
 
 
 def field_origins(name: str, trainings_dir: Path | None = None, overrides: Sequence[str] = ()) -> dict[str, str]:
     """For each field path written in EXP's file, its bases or `overrides`, the file that set it (the last one wins),
     or COMMAND_LINE."""
-    return _read(experiment_path(name, trainings_dir), trainings_dir, overrides)[1]
-
-
-def _read(path: Path, trainings_dir: Path | None, overrides: Sequence[str]) -> tuple[dict, dict]:
-    """The file merged over its bases, then the command line's assignments merged over both as one more file is (the
-    same _replaced rules), and kept as the `overrides` field."""
-    raw, origins = read_with_bases(path, partial(find_base, trainings_dir=trainings_dir), _before_merge)
-    raw.pop("base", None)
-    if "overrides" in raw:
-        raise ConfigError(origins.get("overrides", str(path)), "overrides", raw["overrides"], OVERRIDES_ALLOWED)
-    if overrides:
-        given = _command_line(overrides)
-        _replaced(given, raw, COMMAND_LINE)
-        merge(raw, given, origins, COMMAND_LINE, "")
-        raw["overrides"] = list(overrides)
-    return raw, origins
+    return read_layers(experiment_path(name, trainings_dir), partial(find_base, trainings_dir=trainings_dir),
+                       _before_merge, (_command_line(overrides), COMMAND_LINE))[1]
 
 
 def _command_line(overrides: Sequence[str]) -> dict:
@@ -100,9 +84,13 @@ NOT_OVERRIDDEN = {
 
 
 def _before_merge(data: dict, merged: dict, source: str) -> None:
-    """What a file says replaces some of what it inherits before it is merged: `record` is each file's own (an
-    experiment based on a seed's record is not a record), and what _replaced says."""
-    merged.pop("record", None)
+    """What a file (or the command line) says replaces some of what it inherits before it is merged: `record` is
+    each file's own (an experiment based on a seed's record is not a record), and what _replaced says. `overrides`
+    is bsops' to keep, never a file's."""
+    if "overrides" in data and source != COMMAND_LINE:
+        raise ConfigError(source, "overrides", data["overrides"], OVERRIDES_ALLOWED)
+    if source != COMMAND_LINE:
+        merged.pop("record", None)
     _replaced(data, merged, source)
 
 
@@ -161,13 +149,19 @@ def _one_node_plan(data: dict, merged: dict, source: str) -> None:
 
 # ----------------------------------------------------------------------------- building
 
-def _build(name: str, raw: dict, origins: dict, source: str, root: Path, output_root: Path | None = None) -> Experiment:
+def _build(found: Located, raw: dict, origins: dict, overrides: Sequence[str]) -> Experiment:
+    """The merged layers as the experiment: its name (the file's), the assignments kept, typed, checked, derived."""
+    name, path = found.path.stem, found.path
+    source = f"{path} with the command line's {' '.join(overrides)}" if overrides else str(path)  # for the rules
+    raw.pop("base", None)
+    if overrides:
+        raw["overrides"] = list(overrides)
     if "name" in raw and raw["name"] != name:
         raise ConfigError(source, "name", raw["name"], f"the name is the file name ({name!r}); remove the key")
     raw = {**raw, "name": name}
     if "derived" in raw:
         raise ConfigError(source, "derived", raw["derived"], "computed by bsops; remove the key")
-    return _checked(raw, origins, source, (root, output_root))
+    return _checked(raw, origins, source, (found.inputs_root, found.outputs_root))
 
 
 def _checked(raw: dict, origins: dict, source: str, roots: tuple[Path, Path | None] | None) -> Experiment:

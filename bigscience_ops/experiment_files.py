@@ -110,6 +110,23 @@ def check_name(name: str, source: str) -> None:
         raise ConfigError(source, "name", name, f"{reserved}; {NAME_ALLOWED}")
 
 
+@dataclass(frozen=True)
+class Located:
+    """An experiment file found, its name checked, and the folders its relative paths resolve against."""
+
+    path: Path
+    inputs_root: Path
+    outputs_root: Path
+
+
+def locate(name: str, trainings_dir: Path | None = None) -> Located:
+    """The experiment NAME's file (experiment_path), its name checked (check_name), and where its relative inputs
+    (project_folder) and outputs (outputs_folder) resolve."""
+    path = experiment_path(name, trainings_dir)
+    check_name(path.stem, str(path))
+    return Located(path, project_folder(path), outputs_folder(path))
+
+
 def project_folder(experiment_file: Path) -> Path:
     """The folder the experiment file's relative paths resolve against: the one holding its trainings/ folder."""
     return Path(experiment_file).resolve().parent.parent

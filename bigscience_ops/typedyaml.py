@@ -245,6 +245,17 @@ def read_with_bases(path: Path, find_base: Callable[[object, Path], Path],
     return merged, origins
 
 
+def read_layers(path: Path, find_base: Callable[[object, Path], Path],
+                before_merge: Callable[[dict, dict, str], None], top: tuple[dict, str] | None = None) -> tuple[dict, dict]:
+    """read_with_bases, then one more layer merged over it as a file is over its base (`top`: the mapping and its
+    source, e.g. the command line's assignments), through the same `before_merge`."""
+    merged, origins = read_with_bases(path, find_base, before_merge)
+    if top is not None and top[0]:
+        before_merge(top[0], merged, top[1])
+        merge(merged, top[0], origins, top[1], "")
+    return merged, origins
+
+
 def merge(into: dict, data: dict, origins: dict, source: str, prefix: str) -> None:
     for key, value in data.items():
         dotted = f"{prefix}{key}"
