@@ -82,6 +82,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     ("run: launch and submit, the trainer, the hourly jobs and the on-call person's tools", [
         "bigscience_ops.launch",  # the package's face (render above is lower: plan uses it)
+        "bigscience_ops.launch.processes",  # the local job handle and the one stop of a local job
+        "bigscience_ops.launch.jobs",  # the Executor protocol, the one sbatch call, the Slurm job handle
         "bigscience_ops.launch.plan",
         "bigscience_ops.launch.jobenv",
         "bigscience_ops.launch.local",

@@ -273,6 +273,7 @@ def _script_with_usr1_trap(trap: str, ready: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # waits out real timeouts: the whole suite runs it, the fast lane does not
 def test_a_task_asked_to_save_is_waited_for_and_a_second_stop_ends_the_wait(tmp_path):
     """bsops waits for trainers that save, and stops waiting at a second Ctrl-C or SIGTERM (a save that hangs)."""
     saving = _script_with_usr1_trap("'exit 0'", tmp_path / "saving")

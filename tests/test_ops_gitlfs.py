@@ -68,6 +68,7 @@ def _processes_naming(text: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow  # waits out real timeouts: the whole suite runs it, the fast lane does not
 @pytest.mark.parametrize("behaviour", ["reads the request, never answers", "drip headers", "drip body"])
 def test_a_clone_from_a_remote_that_stalls_ends_in_its_time_with_its_helpers(behaviour: str, hostile_https, cert,
                                                                                tmp_path: Path) -> None:

@@ -170,6 +170,7 @@ def test_a_failing_email_does_not_hold_back_the_webhook(webhook_server, cert, tm
 
 # --- a webhook that never finishes, or sends the alert elsewhere, is a failed channel in bounded time -------
 
+@pytest.mark.slow  # waits out real timeouts: the whole suite runs it, the fast lane does not
 def test_a_dripping_webhook_is_cut_off_at_its_timeout_and_the_state_says_it_failed(hostile_https, cert,
                                                                                    tmp_path: Path,
                                                                                    monkeypatch) -> None:
@@ -250,6 +251,7 @@ def test_the_environments_https_proxy_carries_the_post_through_a_tunnel(webhook_
 
 # --- end to end: `bsops status EXP` with a real SMTP sink and a dripping webhook ------------------------------
 
+@pytest.mark.slow  # waits out real timeouts: the whole suite runs it, the fast lane does not
 def test_bsops_status_with_a_dripping_webhook_returns_in_time_mails_once_and_records_the_webhook_failed(
         trainings: Path, plain_server, hostile_https, cert, tmp_path: Path, monkeypatch) -> None:
     """The watchdog of an experiment whose alerts go to email and a webhook that answers `200 OK` then drips a

@@ -70,6 +70,7 @@ def test_a_link_or_a_pipe_in_the_locks_place_is_refused_and_never_written(tmp_pa
     assert run_lock.holder(run) is None
 
 
+@pytest.mark.slow  # waits out real timeouts: the whole suite runs it, the fast lane does not
 def test_a_task_of_the_job_script_does_not_train_while_the_run_is_held(tmp_path: Path, trainings: Path, held) -> None:
     """The array task on Slurm: its script finds the run in use by the local launch and ends before the trainer."""
     run, pid = held

@@ -209,6 +209,7 @@ class _RecordingBoard:
             self.scalars.append((tag, iteration, value))
 
 
+@pytest.mark.slow  # waits out real timeouts: the whole suite runs it, the fast lane does not
 def test_a_data_worker_writes_its_stacks_on_sigusr2_and_reads_on(capfd):
     """As its trainer does (trainer/stacks.py): the on-call look at a rank whose data worker hangs."""
     import psutil
