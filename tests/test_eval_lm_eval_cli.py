@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +23,7 @@ import pytest
 
 from bigscience_ops.ops.evaluate import EvalError, driver, lm_eval_hook
 from tests.test_evaluate_bpb import WindowScorer, _lm
+from tests.test_install import copy_source
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = Path(sysconfig.get_paths()["purelib"])
@@ -147,8 +147,6 @@ def test_plugin_run_as_a_module_registers_no_second_copy(tmp_path):
 
 # --- installs (slow) -----------------------------------------------------------------------------------------------
 
-SOURCES = ["pyproject.toml", "setup.py", "README.md", "bigscience_ops", "templates", "trainings", "corpus", "cron"]
-SKIP = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "logs", "runners", "*.slurm", "*.so")
 
 
 def _run(argv: list, cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -173,14 +171,7 @@ def installs(tmp_path_factory) -> dict:
     """kind -> (python, site-packages) of a fresh venv after `pip install` of a wheel ("wheel") and after
     `pip install -e` ("editable") of a copy of the source; the environment without the checkout."""
     tmp = tmp_path_factory.mktemp("hook")
-    source = tmp / "source"
-    source.mkdir()
-    for name in SOURCES:
-        path = REPO / name
-        if path.is_dir():
-            shutil.copytree(path, source / name, ignore=SKIP)
-        else:
-            shutil.copy(path, source / name)
+    source = copy_source(tmp)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "BSOPS_TRAININGS")}
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
     _run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", source], tmp, env)

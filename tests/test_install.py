@@ -23,7 +23,20 @@ pytestmark = pytest.mark.slow  # builds a wheel and installs it into a fresh ven
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = ["pyproject.toml", "setup.py", "README.md", "bigscience_ops", "templates", "trainings", "corpus",
            "cron"]
-SKIP = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "logs", "runners", "*.slurm")
+SKIP = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "logs", "runners", "*.slurm", "*.so")
+
+
+def copy_source(into: Path) -> Path:
+    """The files a `pip install` of the checkout reads, copied into `into/source` (no build output, no run files)."""
+    source = into / "source"
+    source.mkdir()
+    for name in SOURCES:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, ignore=SKIP)
+        else:
+            shutil.copy(path, source / name)
+    return source
 
 
 def _run(argv: list, cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -36,14 +49,7 @@ def _run(argv: list, cwd: Path, env: dict, timeout: float = 300) -> subprocess.C
 def installed(tmp_path_factory) -> tuple[Path, dict]:
     """(the fresh venv's bin folder, an environment without the checkout) after `pip install` of the wheel."""
     tmp = tmp_path_factory.mktemp("install")
-    source = tmp / "source"
-    source.mkdir()
-    for name in SOURCES:
-        path = REPO / name
-        if path.is_dir():
-            shutil.copytree(path, source / name, ignore=SKIP)
-        else:
-            shutil.copy(path, source / name)
+    source = copy_source(tmp)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BSOPS_TRAININGS", "BSOPS_CRON_DIR",
                                                             "BSOPS_DATA_DIR", "VIRTUAL_ENV")}
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
