@@ -17,26 +17,7 @@ from bigscience_ops.cli.base import (
     EXIT_ERROR, EXIT_PROBLEMS, TEXT, main, overrides_argument, run_option, trainings_option,
 )
 from bigscience_ops.cli.ops import configured_run, run_alerting, alert_option
-from bigscience_ops.errors import ConfigError
 from bigscience_ops.untrusted import MAX_STEP
-
-TABLE_STEPS = 6
-"""The newest evaluated steps the table after an evaluation shows (as `bsops info` does)."""
-WHAT_TO_SET = ("set eval.tasks (lm-eval task names, or task YAML files of your own) or eval.sources (held-out jsonl "
-               "files by source name) in the experiment's file")
-
-
-def _require_configured(exp, named: str, trainings_dir: Path | None) -> None:
-    """ConfigError naming the experiment file and its eval section when that holds nothing to evaluate."""
-    from bigscience_ops.experiment_files import experiment_path
-
-    if not exp.eval.configured:
-        try:
-            source = str(experiment_path(named, trainings_dir))
-        except ConfigError:
-            source = named
-        raise ConfigError(source, "eval", {}, f"nothing to evaluate: {WHAT_TO_SET}")
-
 
 @dataclass(frozen=True)
 class Which:
@@ -148,106 +129,38 @@ def eval_command(exp: str | None, run: Path | None, which: Which, source: Path |
                                "and --prefetch scores nothing")
     if alert and chosen != "--next":
         raise click.UsageError("--alert goes with --next (the hourly job); --step and --latest report on the terminal")
+    from bigscience_ops.ops import eval_modes
+
     experiment, named = configured_run(exp, run, trainings_dir, overrides)  # the run, with today's eval: and alerts:
     if chosen == "--prefetch":
-        _prefetch(experiment, named, source, trainings_dir)
+        click.echo(eval_modes.prefetch(experiment, named, source, click.echo))
     elif chosen == "--next":
-        _next(experiment, named, alert, trainings_dir)
+        workdir = Path.cwd()  # the hourly job runs in the folder the experiment's relative outputs resolved against
+        run_alerting(experiment, alert, "eval", f"bsops eval {experiment.name} --next",
+                     lambda: eval_modes.next_pass(experiment, named, click.echo, workdir))
     else:
-        _here(experiment, named, which, layout, trainings_dir, kept)
+        _show(eval_modes.here(experiment, named, which.step, (layout.tensor, layout.pipeline),
+                              (kept.log_samples, kept.keep_cache)))
 
 
-def _here(experiment, named: str, which: Which, layout: Layout, trainings_dir: Path | None,
-          kept: Kept) -> None:
-    from bigscience_ops.checkpoints import layout as checkpoints
-    from bigscience_ops.ops.evaluate import EvalError, launcher, results, taskfiles
-
-    from bigscience_ops.run import rollbacks
-
-    _require_configured(experiment, named, trainings_dir)
-    step = which.step
-    if which.latest:
-        step = checkpoints.latest_step(Path(experiment.paths.checkpoints))
-        if step is None:
-            raise EvalError(f"{experiment.paths.checkpoints}: no `latest` file, so no complete checkpoint to "
-                            "evaluate yet; allowed: --latest once the run has saved")
-    assert step is not None  # exactly one of --step/--latest/--next, checked above
-    taskfiles.check_experiment(experiment)  # a refused task file is one line here, before any rank starts
-    tag = f"global_step{step}"
-    path = results.result_path(experiment, tag)
-    before = _stamp(path)
-    from bigscience_ops.ops.evaluate.prefetch import cache_env
-
-    hf = cache_env(experiment.eval.hf_cache, offline=bool(experiment.eval.hf_cache))  # the prefetched cache, offline
-    code = launcher.run_local(experiment, step, layout.tensor, layout.pipeline, env=hf, log_samples=kept.log_samples,
-                              keep_cache=kept.keep_cache)  # the ranks read `experiment` itself
-    written = _stamp(path) not in (None, before)
-    if code != 0 and not written:
-        click.echo(f"error: the evaluation of {tag} failed (exit code {code}; the ranks' output above says why); no "
-                   "result written", err=True)
+def _show(done) -> None:
+    """An evaluation's outcome (eval_modes.Here): the result file, the run's table, what could not be read or will
+    never alert; exit 2 when it failed or left a configured task out, 1 when a result file cannot be read."""
+    if not done.written and done.code != 0:
+        click.echo(f"error: the evaluation of {done.tag} failed (exit code {done.code}; the ranks' output above says "
+                   "why); no result written", err=True)
         sys.exit(EXIT_ERROR)
-    found, problems = results.read_all(Path(experiment.paths.output))
-    live = results.live(found, rollbacks.read_checked(experiment.paths.output).records)  # an abandoned branch's: out
-    from bigscience_ops.ops.keep import evaluated
-
-    live, uncounted = evaluated.counted(live, experiment)  # a result of a step never saved: named, not tabled
-    problems = [*problems, *uncounted]
-    click.echo(f"{tag}: {path}")
-    click.echo(results.table(live, experiment.eval.references, max_steps=TABLE_STEPS).text())
-    for problem in problems:
+    click.echo(f"{done.tag}: {done.path}")
+    click.echo(done.table)
+    for problem in done.problems:
         click.echo(f"unreadable result: {problem}", err=True)
-    measured = {name for result in live for name in result.metrics}
-    for name in sorted(set(experiment.eval.alert_drop) - measured):  # an alert that could never fire: said
-        click.echo(f"warning: eval.alert_drop: {name} is no metric of this run's results, so it never alerts; "
-                   f"allowed: {', '.join(sorted(measured)) or 'none yet'}", err=True)
-    mine = next((r for r in live if r.step == step), None)
-    if code != 0 or (mine is not None and mine.missing):
-        left_out = sorted(mine.missing) if mine is not None else []
-        click.echo(f"error: the evaluation of {tag} left out {len(left_out)} configured task(s) or source(s)"
+    for warning in done.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if done.failed:
+        left_out = done.left_out or []
+        click.echo(f"error: the evaluation of {done.tag} left out {len(left_out)} configured task(s) or source(s)"
                    + (f" ({', '.join(left_out)}: see `missing` above)" if left_out else "")
-                   + f"; exit code {code}", err=True)
+                   + f"; exit code {done.code}", err=True)
         sys.exit(EXIT_ERROR)
-    if problems:
+    if done.problems:
         sys.exit(EXIT_PROBLEMS)
-
-
-def _prefetch(experiment, named: str, source: Path | None, trainings_dir: Path | None) -> None:
-    from bigscience_ops.ops.evaluate import prefetch
-
-    _require_configured(experiment, named, trainings_dir)
-    manifest = prefetch.prefetch(experiment, source, click.echo)
-    cache = Path(experiment.eval.hf_cache).expanduser().absolute()
-    click.echo(f"{len(manifest['tasks'])} task(s) ready offline in {cache} (recorded in {cache / prefetch.MANIFEST})")
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    """(mtime in ns, inode) of the file at `path`, None when there is none: tells a result this run wrote."""
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    return info.st_mtime_ns, info.st_ino
-
-
-def _next(experiment, named: str, alert: bool, trainings_dir: Path | None) -> None:
-    from bigscience_ops.run import rollbacks
-    from bigscience_ops.launch import cluster as submit
-    from bigscience_ops.ops.evaluate import jobscript, results, schedule
-
-    workdir = Path.cwd()  # the hourly job runs in the folder the experiment's relative outputs resolved against
-
-    def submit_job(ckpt, folder: Path):
-        return jobscript.submit(jobscript.render(experiment, ckpt, folder, workdir=workdir), ckpt.tag)
-
-    def work() -> None:
-        _require_configured(experiment, named, trainings_dir)
-        report = schedule.run_next(experiment, submit_job, users=submit.watched_users(experiment))
-        for line in report.lines:
-            click.echo(line)
-        found, _ = results.read_all(Path(experiment.paths.output))
-        newest = results.live(found, rollbacks.read_checked(experiment.paths.output).records)
-        failures = [text for text in (report.failure_text(), results.missing_alert(newest)) if text]
-        if failures:
-            raise schedule.ScheduleError("; ".join(failures))
-
-    run_alerting(experiment, alert, "eval", f"bsops eval {experiment.name} --next", work)
