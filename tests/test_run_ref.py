@@ -156,6 +156,7 @@ def test_never_launched_is_todays_yaml_and_another_experiments_record_is_refused
 def test_a_record_that_is_not_one_is_one_error_line_naming_the_file(trainings, tmp_path, hostile, what):
     run = tmp_path / "run"
     _launched(trainings, run)
+    (run / "checkpoints").mkdir(exist_ok=True)
     record = run / "experiment.json"
     hostile(record)
     with pytest.raises(RunRecordError, match=what) as caught:
@@ -165,6 +166,14 @@ def test_a_record_that_is_not_one_is_one_error_line_naming_the_file(trainings, t
     assert result.exit_code == 2 and "Traceback" not in result.output
     [line] = result.output.strip().splitlines()
     assert line.startswith("error: ") and str(record) in line
+    # The watchdog and the hourly jobs do not go blind: the run is read as its file says, the record alerted on.
+    watched = CliRunner().invoke(main, ["status", "small", "--trainings-dir", str(trainings), "--timeout", "1",
+                                        "--no-email"], env={"SLURM_CONF": str(tmp_path / "no-slurm.conf")})
+    assert "Traceback" not in watched.output and "error: " not in watched.output, watched.output
+    assert f"cannot read its run file {record}" in watched.stdout, watched.output
+    kept = CliRunner().invoke(main, ["backup", "small", "--dry-run", "--to", str(tmp_path / "store"),
+                                     "--trainings-dir", str(trainings)])
+    assert kept.exit_code == 0 and f"note: {record}" in kept.stderr, kept.output
 
 
 def test_launch_local_out_reads_the_out_folders_skips_not_the_default_folders(trainings, tmp_path):

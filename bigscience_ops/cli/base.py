@@ -210,15 +210,18 @@ run_option = click.option(
 
 
 def open_run(exp: str | None, run: Path | None, trainings_dir: Path | None, err: bool = False,
-             say_folder: bool = True, overrides: tuple[str, ...] = ()):
+             say_folder: bool = True, overrides: tuple[str, ...] = (), fallback: bool = False):
     """The run EXP (a name, a YAML file or a run folder) or --run names, as the run recorded itself with its
     experiment file's settings today (run.open: the one way a command reads a run). Says which run folder it is (on
     stderr with `err`: where stdout is the data; not at all without `say_folder`) and, in one line on stderr, where
     the experiment file now differs from the run's record in a field that changes the data order or the model: the
-    run is shown as recorded."""
+    run is shown as recorded. With `fallback` (the watchdog, the hourly jobs), a record that cannot be read is said in
+    one line and the run is read as its experiment file says today."""
     from bigscience_ops import run as runs
 
-    opened = runs.open(exp, trainings_dir, run, overrides)
+    opened = runs.open(exp, trainings_dir, run, overrides, fallback=fallback)
+    if opened.record_problem is not None:
+        click.echo(f"note: {opened.record_problem}; the run is read as {opened.yaml} says today", err=True)
     if say_folder:
         _say_folder(opened, trainings_dir, err)
     note = opened.differs_note()

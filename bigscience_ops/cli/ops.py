@@ -52,11 +52,13 @@ def refuse_inherited_hub(opened, trainings_dir: Path | None) -> None:
             "--trust-inherited-hub if that base is your own team's")
 
 
-def configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None, overrides: tuple[str, ...] = ()):
+def configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None, overrides: tuple[str, ...] = (),
+                   fallback: bool = False):
     """The run EXP (or --run) names as it recorded itself, with the alerts, hub, backup and eval settings of its
     experiment file today (run.open; refused when no experiment file of its name loads: never a record's), and the
-    experiment file's name."""
-    opened = open_run(exp, run, trainings_dir, overrides=overrides)
+    experiment file's name. With `fallback` (an hourly job), a record that cannot be read is said and the run read as
+    its experiment file says today."""
+    opened = open_run(exp, run, trainings_dir, overrides=overrides, fallback=fallback)
     named = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
     return opened.configured(), named
 
@@ -89,7 +91,7 @@ def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | 
     """
     from bigscience_ops.ops.keep import hubsync
 
-    opened = open_run(exp, run, trainings_dir, overrides=overrides)
+    opened = open_run(exp, run, trainings_dir, overrides=overrides, fallback=True)
     experiment = opened.configured()
     kinds = [w.strip() for w in what.split(",") if w.strip()] if what else None
 
@@ -168,7 +170,7 @@ def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bo
     """
     from bigscience_ops.ops.keep import backup
 
-    experiment, _ = configured_run(exp, run, trainings_dir, overrides)
+    experiment, _ = configured_run(exp, run, trainings_dir, overrides, fallback=True)
 
     def work() -> None:
         report = backup.run_backup(experiment, dest, dry_run=dry_run, progress=None if dry_run else _ShownProgress())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -67,11 +68,13 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
     if exp is not None or run is not None:
         from bigscience_ops.ops.watch import lifecycle
 
-        opened = open_run(exp, run, trainings_dir, overrides=overrides)
+        opened = open_run(exp, run, trainings_dir, overrides=overrides, fallback=True)
         experiment = opened.experiment  # the run as recorded, told through today's channels (never a record's)
         if opened.settings_problem is not None and not no_email:
             click.echo(f"alerts: not sent: {opened.settings_problem}", err=True)
         state = lifecycle.run_state(experiment, timeout=timeout)
+        if opened.record_problem is not None:  # a torn record: watched as the file says, and alerted on
+            state = dataclasses.replace(state, problems=(*state.problems, opened.record_problem))
         outbox = None if no_email else channels.outbox_from_alerts(experiment.alerts)
     elif overrides:
         raise click.UsageError(f"got {' '.join(overrides)} without an experiment; allowed: SECTION.KEY=VALUE after EXP")

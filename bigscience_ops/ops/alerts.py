@@ -222,6 +222,11 @@ _register_all({
     "run-file-rollbacks": ("repair rollbacks.jsonl: a relaunch refuses it",
                            "rollbacks.jsonl holds a line that is not a rollback: a launch refuses to start until it is "
                            "repaired or removed (bsops rollback writes it, one JSON line per rollback).", _RUN_FILE),
+    "run-file-record": ("repair the run's record: experiment.json cannot be read",
+                        "The run's record (experiment.json, which each launch writes) cannot be read: the watchdog "
+                        "and the hourly jobs read the run as its experiment file says today, and the commands that "
+                        "show the run as recorded (info, chronicle, eval --step) refuse it. Restore the file from "
+                        "launches/<time>/ or from the backup, or relaunch (a launch writes it again).", _RUN_FILE),
     "run-file-backup": ("look at the backup store: a manifest or journal cannot be read",
                         "A manifest or journal of the backup store cannot be read: that copy counts as missing (the "
                         "next backup makes it again, and retention deletes nothing because of it). Look at the file "

@@ -38,7 +38,7 @@ from bigscience_ops.run import rollbacks
 from bigscience_ops.errors import BsopsError, ConfigError
 from bigscience_ops.experiment_files import check_name
 from bigscience_ops.run.records import EXPERIMENT_JSON, Overrides, apply_overrides
-from bigscience_ops.untrusted import RecordFileError, excerpt, kind_of, read_small
+from bigscience_ops.untrusted import Problem, RecordFileError, excerpt, kind_of, read_small
 from bigscience_ops.schema import Experiment
 
 LAUNCHES = "launches"
@@ -98,6 +98,10 @@ class OpenedRun:
     origins: dict[str, str] = dataclasses.field(default_factory=dict)
     """For each field path the experiment file today (or its bases, or the command line) sets, who set it
     (config.field_origins), from the same reading of the YAML; empty when no experiment file was read."""
+    record_problem: Problem | None = None
+    """The newest record, when it could not be read and the run, named by its experiment, was opened as the
+    experiment file says today instead (`open_run(..., fallback=True)`: the watchdog and the hourly jobs, which
+    must not go blind because a run file is torn). None when the record was read, or there is none."""
     settings_problem: str | None = None
     """Why the SETTINGS sections are empty: no experiment file of the run's name loads here. None when they are the
     experiment file's."""
@@ -128,13 +132,15 @@ def is_run_folder_name(text: str) -> bool:
 
 
 def open_run(exp: str | None = None, trainings_dir: Path | None = None, folder: Path | None = None,
-             overrides: Sequence[str] = (), settings: bool = True) -> OpenedRun:
+             overrides: Sequence[str] = (), settings: bool = True, fallback: bool = False) -> OpenedRun:
     """The run EXP names (an experiment name, its YAML file or a run folder), or the run folder `folder` (`--run`).
 
     With both, EXP is the experiment the folder's record must be (compared by name) and the YAML the record is
     compared against. The experiment file is loaded once, with `overrides` (`section.key=value`, the command
     line's). A run named by its folder alone takes its settings from the experiment file of the recorded name,
-    unless `settings` is False (a list of many runs: no experiment file read, the sections empty). Raises RunRecordError (a folder with no record, a record unreadable or of another experiment) or
+    unless `settings` is False (a list of many runs: no experiment file read, the sections empty). With `fallback`, a
+    run named by its experiment whose record cannot be read is opened as today's YAML, the problem in
+    `record_problem` (for the watchdog to alert on). Raises RunRecordError (a folder with no record, a record unreadable or of another experiment) or
     config's ConfigError (the YAML named).
     """
     if exp is not None and folder is None and is_run_folder_name(exp):
@@ -152,7 +158,13 @@ def open_run(exp: str | None = None, trainings_dir: Path | None = None, folder: 
     else:
         folder = Path(folder)
         found = _folder_record(folder)
-    recorded = read_record(found)
+    try:
+        recorded = read_record(found)
+    except RunRecordError as exc:
+        if not fallback or by_folder or today is None:
+            raise
+        opened = _opened(_with_skips(today), (today, origins), folder, found, yaml)  # watched as the file says
+        return dataclasses.replace(opened, record_problem=Problem(str(found), 0, _reason(exc, found)))
     if today is not None:
         _same_experiment(found, recorded, today)
         source: tuple[Experiment, dict] | str = (today, origins)
@@ -188,9 +200,10 @@ def _opened(run: Experiment, today: tuple[Experiment, dict] | str, folder: Path,
     """The opened run: `run` with the SETTINGS of `today` (the experiment file's experiment and origins), or with
     empty ones and the problem when `today` is one."""
     if isinstance(today, str):
-        return OpenedRun(_without_settings(run), run, folder, record, yaml, found, by_folder, moved_from, {}, today)
+        return OpenedRun(_without_settings(run), run, folder, record, yaml, found, by_folder, moved_from,
+                         settings_problem=today)
     configured = dataclasses.replace(run, **{name: getattr(today[0], name) for name in SETTINGS})
-    return OpenedRun(configured, run, folder, record, yaml, found, by_folder, moved_from, today[1])
+    return OpenedRun(configured, run, folder, record, yaml, found, by_folder, moved_from, origins=today[1])
 
 
 def _without_settings(run: Experiment) -> Experiment:
@@ -202,6 +215,12 @@ def _without_settings(run: Experiment) -> Experiment:
     alerts = dataclasses.replace(AlertsConfig(), stall_minutes=kept.stall_minutes,
                                  cooldown_minutes=kept.cooldown_minutes, health=kept.health)
     return dataclasses.replace(run, alerts=alerts, hub=HubConfig(), backup=BackupConfig(), eval=EvalConfig())
+
+
+def _reason(exc: RunRecordError, found: Path) -> str:
+    """What a RunRecordError says of the record, without the file's name it starts with (the Problem names it)."""
+    text = str(exc)
+    return text[len(f"{found}: "):] if text.startswith(f"{found}: ") else text
 
 
 def _folder_record(folder: Path) -> Path:

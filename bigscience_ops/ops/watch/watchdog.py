@@ -40,6 +40,7 @@ from bigscience_ops.ops.tell.notify import Notice, default_state_path, notify, s
 from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.ops.watch import status
 from bigscience_ops.ops.watch.lifecycle import RunState
+from bigscience_ops.run.records import EXPERIMENT_JSON
 from bigscience_ops.untrusted import Problem
 from bigscience_ops.schema import HealthConfig
 
@@ -157,6 +158,7 @@ RUN_FILES = {
     ledger.LEDGER_NAME: "run-file-ledger",
     layout.LATEST: "run-file-latest",
     rollbacks.RECORD: "run-file-rollbacks",
+    EXPERIMENT_JSON: "run-file-record",
 }
 SHOWN_PROBLEMS = 5
 """Problems named per file in an alert; the rest are counted."""
