@@ -24,7 +24,7 @@ from bigscience_ops.cli.base import (
 @click.option("--cron-dir", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Also check the cron runner chains of this folder (alert when one is gone or late).")
 @click.option("--user", "users", type=TEXT, multiple=True,
-              help="Watch this user's jobs (repeatable; default: every user of slurm.group, else all users).")
+              help="Also watch this user's jobs (repeatable); with neither --user nor slurm.group: every user's.")
 @click.option("--contact", type=TEXT, default=None,
               help="Who the ALERT line says to alert (default: the watchdog's own wording).")
 @click.option("--timeout", type=FiniteFloat(0, 3600, low_open=True, unit="seconds"), default=60.0, show_default=True,
@@ -40,11 +40,12 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
                    timeout: float, no_email: bool, alert_state: Path | None, overrides: tuple[str, ...]) -> None:
     """Is EXP (or --job-name) running or scheduled? Prints one line per job and ALERT lines.
 
-    With EXP, the job name, the run's main_log.txt, slurm.group and the alert settings (alerts.*: recipients,
-    SMTP server, webhook, stall limit, cooldown, training health) come from the experiment's file today, changed
-    by SECTION.KEY=VALUE overrides (`bsops status tiny alerts.stall_minutes=30 alerts.email_to=[me@example.org]`);
-    --job-name and --log given explicitly win. A run named by its folder (EXP a folder, or --run) is read as it
-    recorded itself, told through its experiment file's channels. With EXP the run folder also tells a finished
+    With EXP (an experiment, or a run folder, or --run), the run is read as it recorded itself: its job name,
+    main_log.txt and slurm.group; the alert settings (alerts.*: recipients, SMTP server, webhook, stall limit,
+    cooldown, training health) are its experiment file's today, changed by SECTION.KEY=VALUE overrides
+    (`bsops status tiny alerts.stall_minutes=30 'alerts.email_to=[me@example.org]'`); --job-name and --log given
+    explicitly win. A record that cannot be read is alerted on, and the run watched as its experiment file says
+    today. With EXP the run folder also tells a finished
     training (healthy, announced once) from one that ended without finishing, and the log's recent iteration lines
     are checked for training health (alerts.health: NaN, loss spikes, grad-norm explosions, fp16 loss-scale
     collapse, skipped steps, slow nodes). With --job-name alone, nothing is sent: the lines are printed and logged.
