@@ -9,7 +9,6 @@ keep/evaluated), as hourly_jobs.py does, and nothing in ops/ imports it. No torc
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +59,7 @@ def here(exp: Experiment, source: str, step: int | None, layout: tuple[int | Non
     from bigscience_ops.checkpoints import layout as checkpoints
     from bigscience_ops.ops.evaluate import EvalError, launcher, results, taskfiles
     from bigscience_ops.ops.evaluate.prefetch import cache_env
+    from bigscience_ops.ops.keep import evaluated
 
     require_configured(exp, source)
     taskfiles.check_experiment(exp)  # a refused task file is one line here, before any rank starts
@@ -69,15 +69,17 @@ def here(exp: Experiment, source: str, step: int | None, layout: tuple[int | Non
             raise EvalError(f"{exp.paths.checkpoints}: no `latest` file, so no complete checkpoint to evaluate yet; "
                             "allowed: --latest once the run has saved")
     tag = f"global_step{step}"
-    path = results.result_path(exp, tag)
-    before = _stamp(path)
     hf = cache_env(exp.eval.hf_cache, offline=bool(exp.eval.hf_cache))  # the prefetched cache, offline
+    path = results.result_path(exp, tag)
+    before = results.stamp(path)
     code = launcher.run_local(exp, step, layout[0], layout[1], env=hf, log_samples=kept[0],
                               keep_cache=kept[1])  # the ranks read `exp` itself
-    written = _stamp(path) not in (None, before)
+    written = results.stamp(path) not in (None, before)
     if code != 0 and not written:
         return Here(tag, path, code, False)
-    live, problems = _live_results(exp)
+    live, problems = results.read_live(exp.paths.output)
+    live, uncounted = evaluated.counted(live, exp)  # a result of a step never saved: named, not tabled
+    problems = [*problems, *uncounted]
     measured = {name for result in live for name in result.metrics}
     warnings = [f"eval.alert_drop: {name} is no metric of this run's results, so it never alerts; allowed: "
                 f"{', '.join(sorted(measured)) or 'none yet'}"
@@ -102,7 +104,7 @@ def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir
     report = schedule.run_next(exp, submit_job, users=watched_users(exp))
     for line in report.lines:
         echo(line)
-    newest, _ = _live_results(exp, counted=False)
+    newest, _ = results.read_live(exp.paths.output)
     failures = [text for text in (report.failure_text(), results.missing_alert(newest)) if text]
     if failures:
         raise schedule.ScheduleError("; ".join(failures))
@@ -117,29 +119,3 @@ def prefetch(exp: Experiment, source: str, mirror: Path | None, echo: Callable[[
     manifest = fetching.prefetch(exp, mirror, echo)
     cache = Path(exp.eval.hf_cache).expanduser().absolute()
     return f"{len(manifest['tasks'])} task(s) ready offline in {cache} (recorded in {cache / fetching.MANIFEST})"
-
-
-def _live_results(exp: Experiment, counted: bool = True):
-    """The run's results on its live branch (an abandoned branch's left out) and the problems: unreadable files and,
-    with `counted`, results of steps the run has no checkpoint of (keep.evaluated)."""
-    from bigscience_ops.ops.evaluate import results
-    from bigscience_ops.run import rollbacks
-
-    cuts = rollbacks.read_checked(exp.paths.output).records
-    found, problems = results.read_all(Path(exp.paths.output))
-    live = results.live(found, cuts)
-    if not counted:
-        return live, problems
-    from bigscience_ops.ops.keep import evaluated
-
-    live, uncounted = evaluated.counted(live, exp)  # a result of a step never saved: named, not tabled
-    return live, [*problems, *uncounted]
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    """(mtime in ns, inode) of the file at `path`, None when there is none: tells a result this run wrote."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_mtime_ns, info.st_ino

@@ -327,11 +327,7 @@ def plot(exp, out: Path, tensorboard_dir: Path | None = None) -> Plot:
         marks = markers(exp, series["training loss"])
     except (BsopsError, OSError):
         marks = []
-    evaluated, problems = eval_results.read_all(exp.paths.output)
-    try:
-        evaluated = eval_results.live(evaluated, rollbacks.read_checked(exp.paths.output).records)
-    except (BsopsError, OSError):
-        pass
+    evaluated, problems = eval_results.read_live(exp.paths.output)
     points: dict[str, list[tuple[float, float]]] = {}
     panels: dict[str, list[str]] = {}
     drawn = draw(series, out, f"{exp.name}: training curves", marks, evaluated, exp.eval.references, points,

@@ -393,6 +393,25 @@ def read_all(output: str | os.PathLike[str]) -> tuple[list[Result], list[Problem
     return results, problems
 
 
+def read_live(output: str | os.PathLike[str]) -> tuple[list[Result], list[Problem]]:
+    """read_all, then only the results of the run's live branch (`live`, against the rollbacks the run recorded; a
+    rollbacks line that is not a record is for the views to report, and costs nothing here)."""
+    from bigscience_ops.run import rollbacks
+
+    found, problems = read_all(output)
+    return live(found, rollbacks.read_checked(output).records), problems
+
+
+def stamp(path: Path) -> tuple[int, int] | None:
+    """(mtime in ns, inode) of the result file at `path`, None when there is none: tells a result an evaluation
+    wrote from one it found."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_ino
+
+
 def live(results: Sequence[Result], rollbacks: Iterable[Any]) -> list[Result]:
     """The results of the run's live branch: a result of a step after a rollback's target, finished before that
     rollback, is of the abandoned branch (its checkpoint was set aside) until that step is evaluated again."""

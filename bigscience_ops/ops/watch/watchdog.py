@@ -231,8 +231,7 @@ def _with_eval_alerts(report: StatusReport, exp, contact: str, experiment: str) 
     output = Path(exp.paths.output)
     from bigscience_ops.ops.keep import evaluated  # as lifecycle reads the backup store: only where there are results
 
-    found, problems = eval_results.read_all(output)
-    found = eval_results.live(found, rollbacks.read_checked(output).records)
+    found, problems = eval_results.read_live(output)
     found, _ = evaluated.counted(found, exp)  # a result of a step never saved drives no rollback advice (the views name it)
     checkpoints = Path(exp.paths.checkpoints)
     alerts: list[Alert] = []
