@@ -42,7 +42,7 @@ def refuse_inherited_hub(opened, trainings_dir: Path | None) -> None:
     from bigscience_ops.ops.keep.hubsync import HubSyncError
     from bigscience_ops.site_values import inherited_from
 
-    exp = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
+    exp = opened.named
     own = opened.yaml if opened.yaml is not None else experiment_path(exp, trainings_dir)
     inherited = {f: src for f, src in inherited_from(opened.origins, own).items() if f in TRUSTED_HUB_FIELDS}
     if inherited:
@@ -59,8 +59,7 @@ def configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None
     experiment file's name. With `fallback` (an hourly job), a record that cannot be read is said and the run read as
     its experiment file says today."""
     opened = open_run(exp, run, trainings_dir, overrides=overrides, fallback=fallback)
-    named = str(opened.yaml) if opened.yaml is not None else opened.experiment.name
-    return opened.configured(), named
+    return opened.configured(), opened.named
 
 
 @main.command("hub-sync")

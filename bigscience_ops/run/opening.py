@@ -106,6 +106,11 @@ class OpenedRun:
     """Why the SETTINGS sections are empty: no experiment file of the run's name loads here. None when they are the
     experiment file's."""
 
+    @property
+    def named(self) -> str:
+        """The experiment file the run was named by, else the experiment's recorded name (what errors and hints say)."""
+        return str(self.yaml) if self.yaml is not None else self.experiment.name
+
     def configured(self) -> Experiment:
         """`experiment`, for a command that sends, pushes, deletes or evaluates: RunRecordError when its settings
         could not be taken from an experiment file (the command then does none of it)."""
@@ -296,11 +301,6 @@ def differences(recorded: Experiment, today: Experiment) -> tuple[Difference, ..
             if before.get(key) != after.get(key):
                 found.append(Difference(key, before.get(key), after.get(key)))
     return tuple(found)
-
-
-def with_configured_settings(opened: OpenedRun, trainings_dir: Path | None = None) -> Experiment:
-    """`opened.configured()`; kept for the lm-eval plugin until it opens runs through `open_run` alone."""
-    return opened.configured()
 
 
 def relaunch_differences(exp: Experiment, folder: Path) -> tuple[Path | None, tuple[Difference, ...]]:

@@ -39,13 +39,12 @@ from bigscience_ops.ops.evaluate.lm_eval_hook import NAME, TARGET
 def load_run(run: str, trainings_dir: str | None = None) -> Any:
     """The experiment of `run` as `bsops eval` reads it: a run folder or an experiment name or YAML file (the run
     as recorded, with today's eval: settings), or a resolved experiment .json (what the eval job's ranks read)."""
-    from bigscience_ops.run import opening as run_ref
+    from bigscience_ops import run as runs
     from bigscience_ops.ops.evaluate.worker import load
 
     if run.endswith(".json") and Path(run).is_file():
         return load(run)
-    where = Path(trainings_dir) if trainings_dir else None
-    return run_ref.with_configured_settings(run_ref.open_run(run, where), where)
+    return runs.open(run, Path(trainings_dir) if trainings_dir else None).configured()
 
 
 def _step(exp: Any, step: Any) -> int:
