@@ -67,3 +67,14 @@ def test_run_open_is_the_package_face_and_reads_once(counted, tmp_path: Path) ->
     assert opened.experiment.alerts.stall_minutes == 30 and opened.record is None
     assert opened.origins["alerts.stall_minutes"] == "command line" and opened.settings_problem is None
     assert opened.origins["paths.output"] == str(trainings / "watched.yaml")
+
+
+def test_lm_evals_bsops_model_opens_a_run_as_bsops_eval_does(counted) -> None:
+    """`--model_args run=NAME` (a name, a YAML file or a run folder) reads the run through run.open, with today's
+    eval: settings, and the experiment file once."""
+    from bigscience_ops.ops.evaluate.plugin import load_run
+
+    trainings, reads = counted
+    exp = load_run("watched", str(trainings))
+    assert reads["watched.yaml"] == 1
+    assert exp == open_run("watched", trainings).configured()
