@@ -14,7 +14,7 @@ with: under 2 s. Four logs of one experiment, each in a run folder of its own:
 Each command runs as a fresh `bsops` process (what the hourly job and the on-call person run), `--repeat`
 times; the median wall time is printed per command and log, with its ratio to the small log's. `status`
 runs with a stand-in squeue (no cluster needed) that shows the run's recorded array RUNNING, so it reads
-the log twice: for progress (--stall-minutes) and for training health (the tail of iteration lines).
+the log twice: for progress (alerts.stall_minutes) and for training health (the tail of iteration lines).
 
     python benchmarks/log_tail.py                   # 300 MB line, 256 MB of NULs
     python benchmarks/log_tail.py --mb 64 --nul-mb 64 --repeat 1   # quick
@@ -39,7 +39,7 @@ ITERATION = (" iteration {i:8d}/  311541 | consumed samples:    153013584 | elap
              "grad norm: 0.300 | number of skipped iterations:   0 | number of nan iterations:   0 | "
              "samples per second: 48.762 | TFLOPs: 150.00 |\n")
 COMMANDS = {
-    "status": ["status", "{exp}", "--no-email", "--stall-minutes", "60", "--timeout", "10"],
+    "status": ["status", "{exp}", "--no-email", "alerts.stall_minutes=60", "--timeout", "10"],
     "info": ["info", "{exp}"],
     "logs": ["logs", "{exp}", "-n", "20"],
 }
