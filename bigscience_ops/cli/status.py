@@ -54,7 +54,7 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
     from bigscience_ops import slurm
     from bigscience_ops.ops.tell import channels
     from bigscience_ops.ops.watch import watchdog
-    from bigscience_ops.ops.watch.status import DEFAULT_CONTACT
+    from bigscience_ops.ops.alerts import DEFAULT_CONTACT
 
     failures: list[slurm.SlurmError] = []
 
