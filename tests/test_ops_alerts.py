@@ -16,7 +16,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import alerts
 from bigscience_ops.ops.alerts import DEFAULT_CONTACT, EXIT_ALERT, Condition, StatusReport, raise_alert
 from bigscience_ops.ops.tell import notify
-from bigscience_ops.ops.tell.job_alerts import run_alerting
+from bigscience_ops.ops.tell.job_alerts import Teller, run_alerting
 from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.ops.watch import status
 from tests.fixtures_experiments import tiny_yaml
@@ -131,6 +131,10 @@ def test_every_kind_raised_is_registered_and_every_registered_kind_is_raised() -
 
 # --- the hourly jobs' failures: run_alerting --------------------------------------------------------------------
 
+def _teller(exp) -> Teller:
+    return Teller(exp.name, exp.alerts, exp.paths.logs, (exp.hub.token_env, exp.alerts.smtp_password_env))
+
+
 @pytest.fixture
 def mailing_exp(trainings: Path, tmp_path: Path, plain_server):
     inbox, port = plain_server
@@ -145,13 +149,13 @@ def test_run_alerting_mails_a_failure_and_its_recovery(mailing_exp, monkeypatch)
     def failing() -> None:
         raise BsopsError("git push refused with hf_secret_token_123")
 
-    failed = run_alerting(exp, True, "hub-sync", "bsops hub-sync kept", failing)
+    failed = run_alerting(_teller(exp), True, "hub-sync", "bsops hub-sync kept", failing)
     assert failed.failed and failed.told and "hf_secret_token_123" not in failed.error
     assert failed.lines[0] == f"error: {failed.error}" and failed.lines[1].startswith("alert email sent to")
     mail = inbox.messages[0]
     assert mail["Subject"] == "[bsops] kept: hub-sync failed"
     assert "run `bsops hub-sync kept` by hand" in mail.get_content() and "hf_secret" not in mail.get_content()
-    worked = run_alerting(exp, True, "hub-sync", "bsops hub-sync kept", lambda: None)
+    worked = run_alerting(_teller(exp), True, "hub-sync", "bsops hub-sync kept", lambda: None)
     assert not worked.failed and worked.error is None and worked.lines[0].startswith("recovery email sent to")
     assert inbox.messages[1]["Subject"] == "[RECOVERED] kept: hub-sync works again"
 
@@ -162,7 +166,7 @@ def test_run_alerting_without_alert_only_says_the_error(mailing_exp) -> None:
     def failing() -> None:
         raise OSError(28, "No space left on device")
 
-    outcome = run_alerting(exp, False, "backup", "bsops backup kept", failing)
+    outcome = run_alerting(_teller(exp), False, "backup", "bsops backup kept", failing)
     assert outcome.failed and outcome.lines == (f"error: {outcome.error}",) and "No space left" in outcome.error
     assert inbox.messages == []
 
@@ -176,7 +180,7 @@ def test_run_alerting_fails_when_the_alert_cannot_be_sent(trainings: Path, tmp_p
     def failing() -> None:
         raise BsopsError("backup store unreachable")
 
-    outcome = run_alerting(exp, True, "backup", "bsops backup dark", failing)
+    outcome = run_alerting(_teller(exp), True, "backup", "bsops backup dark", failing)
     assert outcome.failed and not outcome.told
     assert outcome.lines[-1].startswith("***ALERT: the backup alert email could not be sent (the next run tries again)")
 

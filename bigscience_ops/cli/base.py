@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -228,6 +230,37 @@ def open_run(exp: str | None, run: Path | None, trainings_dir: Path | None, err:
     if note is not None:
         click.echo(note, err=True)
     return opened
+
+
+def configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None, overrides: tuple[str, ...] = (),
+                   fallback: bool = False):
+    """The run EXP (or --run) names as it recorded itself, with the alerts, hub, backup and eval settings of its
+    experiment file today (run.open; refused when no experiment file of its name loads: never a record's), and the
+    experiment file's name. With `fallback` (an hourly job), a record that cannot be read is said and the run read as
+    its experiment file says today."""
+    opened = open_run(exp, run, trainings_dir, overrides=overrides, fallback=fallback)
+    return opened.configured(), opened.named
+
+
+alert_option = click.option(
+    "--alert", is_flag=True,
+    help="On failure, email the experiment's alerts recipients at once, then at most once per "
+         "alerts.cooldown_minutes while it keeps failing, and once more when it works again (as the status "
+         "watchdog does); the cron jobs pass it.")
+
+
+def run_alerting(exp, alert: bool, job: str, command: str, work: Callable[[], None]) -> None:
+    """Run `work` through the library's job_alerts.run_alerting (with --alert, the failure or the recovery told as
+    the watchdog tells its alerts, on the channels of exp's alerts section); print what it says on stderr and exit 2
+    when the work or a message failed."""
+    from bigscience_ops.ops.tell import job_alerts
+
+    teller = job_alerts.Teller(exp.name, exp.alerts, exp.paths.logs, (exp.hub.token_env, exp.alerts.smtp_password_env))
+    outcome = job_alerts.run_alerting(teller, alert, job, command, work)
+    for line in outcome.lines:
+        click.echo(line, err=True)
+    if outcome.failed:
+        sys.exit(EXIT_ERROR)
 
 
 def _say_folder(opened, trainings_dir: Path | None, err: bool) -> None:

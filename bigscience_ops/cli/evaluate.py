@@ -14,9 +14,9 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    EXIT_ERROR, EXIT_PROBLEMS, TEXT, main, overrides_argument, run_option, trainings_option,
+    EXIT_ERROR, EXIT_PROBLEMS, TEXT, alert_option, configured_run, main, overrides_argument, run_alerting, run_option,
+    trainings_option,
 )
-from bigscience_ops.cli.ops import configured_run, run_alerting, alert_option
 from bigscience_ops.untrusted import MAX_STEP
 
 @dataclass(frozen=True)

@@ -3,33 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from bigscience_ops.cli.base import (
-    EXIT_ERROR, TEXT, FiniteFloat, SafePath, main, open_run, overrides_argument, run_option, trainings_option,
+    TEXT, FiniteFloat, SafePath, alert_option, configured_run, main, open_run, overrides_argument, run_alerting,
+    run_option, trainings_option,
 )
-
-alert_option = click.option(
-    "--alert", is_flag=True,
-    help="On failure, email the experiment's alerts recipients at once, then at most once per "
-         "alerts.cooldown_minutes while it keeps failing, and once more when it works again (as the status "
-         "watchdog does); the cron jobs pass it.")
-
-
-def run_alerting(exp, alert: bool, job: str, command: str, work: Callable[[], None]) -> None:
-    """Run `work` through the library's job_alerts.run_alerting (with --alert, the failure or the recovery told as
-    the watchdog tells its alerts); print what it says on stderr and exit 2 when the work or a message failed."""
-    from bigscience_ops.ops.tell import job_alerts
-
-    outcome = job_alerts.run_alerting(exp, alert, job, command, work)
-    for line in outcome.lines:
-        click.echo(line, err=True)
-    if outcome.failed:
-        sys.exit(EXIT_ERROR)
-
 
 # Where the token goes and under which name it is read: another team's values send your token to their host.
 TRUSTED_HUB_FIELDS = ("hub.host", "hub.remote_template", "hub.token_env")
@@ -50,16 +31,6 @@ def refuse_inherited_hub(opened, trainings_dir: Path | None) -> None:
         raise HubSyncError(
             f"{exp} inherits {named}: they decide where your Hub token goes; set them in {exp}'s own file, or pass "
             "--trust-inherited-hub if that base is your own team's")
-
-
-def configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None, overrides: tuple[str, ...] = (),
-                   fallback: bool = False):
-    """The run EXP (or --run) names as it recorded itself, with the alerts, hub, backup and eval settings of its
-    experiment file today (run.open; refused when no experiment file of its name loads: never a record's), and the
-    experiment file's name. With `fallback` (an hourly job), a record that cannot be read is said and the run read as
-    its experiment file says today."""
-    opened = open_run(exp, run, trainings_dir, overrides=overrides, fallback=fallback)
-    return opened.configured(), opened.named
 
 
 @main.command("hub-sync")

@@ -20,7 +20,7 @@ from bigscience_ops.ops.tell.message import NotifyError
 from bigscience_ops.redact import env_secrets, scrub
 
 if TYPE_CHECKING:
-    from bigscience_ops.schema import Experiment
+    from bigscience_ops.schema import AlertsConfig
 
 
 @dataclass(frozen=True)
@@ -40,33 +40,47 @@ class JobRun:
         return self.error is not None or not self.told
 
 
-def run_alerting(exp: Experiment, alert: bool, job: str, command: str, work: Callable[[], None]) -> JobRun:
+@dataclass(frozen=True)
+class Teller:
+    """What an hourly job's outcome is told with, taken from the experiment by the command that runs it (as status
+    takes the watchdog's settings): the alerts section (channels and cooldown), where the watchdog keeps its alert
+    state, and the names of the environment variables whose values never reach an alert or the terminal."""
+
+    experiment: str
+    alerts: AlertsConfig
+    logs: str | None
+    """paths.logs: the alert state is `.bsops-alerts.json` beside its main_log.txt (notify.default_state_path)."""
+    secrets: tuple[str, ...]
+    """The Hub token's and the SMTP password's variable names (their values are scrubbed from an error)."""
+
+
+def run_alerting(teller: Teller, alert: bool, job: str, command: str, work: Callable[[], None]) -> JobRun:
     """Run `work` (raising BsopsError or OSError on failure). With `alert`, report the outcome, failed or worked, to
-    notify.notify_job on the channels of `exp.alerts` (`command`: what to run by hand to see a failure)."""
+    notify.notify_job on the channels of the teller's alerts (`command`: what to run by hand to see a failure)."""
     lines: list[str] = []
     try:
         work()
         error = None
     except (BsopsError, OSError) as exc:
-        error = scrub(str(exc), env_secrets([exp.hub.token_env, exp.alerts.smtp_password_env]))
+        error = scrub(str(exc), env_secrets(teller.secrets))
         lines.append(f"error: {error}")
     told = True
     if alert:
-        told, said = tell_job(exp, job, command, error)
+        told, said = tell_job(teller, job, command, error)
         lines += said
     return JobRun(error, tuple(lines), told)
 
 
-def tell_job(exp: Experiment, job: str, command: str, error: str | None) -> tuple[bool, list[str]]:
+def tell_job(teller: Teller, job: str, command: str, error: str | None) -> tuple[bool, list[str]]:
     """Send the failure or the recovery as notify_job decides: (False when a message could not be sent, the lines
     to show)."""
     try:
-        outbox = channels.outbox_from_alerts(exp.alerts)
+        outbox = channels.outbox_from_alerts(teller.alerts)
         if outbox is None:
             return True, ["no alert email: alerts.email_to is empty"] if error is not None else []
-        log = Path(exp.paths.logs) / "main_log.txt" if exp.paths.logs else None
-        outcome = notify.notify_job(outbox, notify.default_state_path(log), job, error, experiment=exp.name,
-                                    command=command, cooldown_minutes=exp.alerts.cooldown_minutes)
+        log = Path(teller.logs) / "main_log.txt" if teller.logs else None
+        outcome = notify.notify_job(outbox, notify.default_state_path(log), job, error, experiment=teller.experiment,
+                                    command=command, cooldown_minutes=teller.alerts.cooldown_minutes)
     except NotifyError as exc:
         kind = "alert" if error is not None else "recovery"
         return False, [f"***ALERT: the {job} {kind} email could not be sent (the next run tries again): {exc}***"]
