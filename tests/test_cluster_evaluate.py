@@ -51,7 +51,7 @@ def test_every_saved_checkpoint_is_evaluated_once_one_job_at_a_time(tmp_path: Pa
 
     training = submit.submit(submit.plan_launch(exp))
     slurm_cluster.submitted.append(training)
-    name, ledger, most = schedule.job_name(exp), schedule.ledger_path(exp), [0]
+    name, ledger, most = schedule.job_name(exp), Path(exp.paths.output) / "eval" / schedule.LEDGER_NAME, [0]
 
     def hourly_pass() -> bool:
         """One run of the hourly job (as the cron runner starts it, without Slurm); True once all is evaluated."""
@@ -64,7 +64,7 @@ def test_every_saved_checkpoint_is_evaluated_once_one_job_at_a_time(tmp_path: Pa
         saved = layout.complete_checkpoints(Path(exp.paths.checkpoints))
         done = {r.step for r in schedule.read_ledger(ledger).records if r.event == "done"}  # a pass records it
         return (not slurm_cluster.jobs(training) and not evaluating and bool(saved)
-                and all(schedule.has_result(exp, c.tag) and c.step in done for c in saved))
+                and all(schedule.has_result(Path(exp.paths.output), c.tag) and c.step in done for c in saved))
 
     wait_until("every saved checkpoint to be evaluated", hourly_pass, timeout=900, interval=3)
 

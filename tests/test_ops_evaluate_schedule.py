@@ -19,6 +19,7 @@ from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import ConfigError
+from bigscience_ops.launch import jobs
 from bigscience_ops.ops.evaluate import jobscript, schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_sbatch import sbatch_options  # noqa: F401  (the fixture)
@@ -56,8 +57,14 @@ def _rec(event: str, job_id: str, step: int, log: str | None = None) -> schedule
     return schedule.JobRecord(event, job_id, f"global_step{step}", step, 1.0, log)
 
 
+def _run(exp) -> schedule.EvalRun:
+    """The run as `bsops eval --next` hands it to the scheduler (eval_modes.next_pass), the user `me` watched."""
+    return schedule.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
+                            jobs.SlurmJob(schedule.job_name(exp), ("me",)), schedule.chooser(exp))
+
+
 def _decide(exp, records=(), queue=()) -> schedule.Decision:
-    return schedule.decide(exp, list(records), list(queue), keep=schedule.chooser(exp), now=2.0)
+    return schedule.decide(_run(exp), list(records), list(queue), now=2.0)
 
 
 def test_the_newest_complete_checkpoint_not_newer_than_latest(trainings: Path, tmp_path: Path) -> None:
@@ -144,7 +151,7 @@ def _pass(exp, queue=(), submitted: list | None = None, now: float = 5.0) -> sch
 
     def submit(ckpt, folder):
         calls.append(ckpt.tag)
-        before = schedule.read_ledger(schedule.ledger_path(exp)).records
+        before = schedule.read_ledger(_run(exp).ledger).records
         job_id = str(101 + sum(r.event == "submitted" for r in before))  # as Slurm's, a new id each time
         return job_id, folder / "logs" / f"{ckpt.tag}-{job_id}.out"
 
@@ -152,7 +159,7 @@ def _pass(exp, queue=(), submitted: list | None = None, now: float = 5.0) -> sch
         assert kwargs == {"users": ["me"], "name": schedule.job_name(exp)}
         return list(queue)
 
-    return schedule.run_next(exp, submit, users=["me"], query=query, now=lambda: now)
+    return schedule.run_next(_run(exp), submit, query=query, now=lambda: now)
 
 
 def test_a_pass_records_submissions_and_failures(trainings: Path, tmp_path: Path) -> None:

@@ -93,6 +93,7 @@ def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir
     """One pass of the hourly eval job: the next checkpoint's eval job submitted (schedule.run_next) unless one of
     the run's is queued or running, its lines told with `echo`. Raises ScheduleError naming a failed job or a
     configured task the newest result left out: the hourly job alerts on it."""
+    from bigscience_ops.launch import jobs
     from bigscience_ops.launch.cluster import watched_users
     from bigscience_ops.ops.evaluate import jobscript, results, schedule
 
@@ -101,10 +102,12 @@ def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir
     def submit_job(ckpt, folder: Path):
         return jobscript.submit(jobscript.render(exp, ckpt, folder, workdir=workdir), ckpt.tag)
 
-    report = schedule.run_next(exp, submit_job, users=watched_users(exp))
+    run = schedule.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
+                           jobs.SlurmJob(schedule.job_name(exp), tuple(watched_users(exp))), schedule.chooser(exp))
+    report = schedule.run_next(run, submit_job)
     for line in report.lines:
         echo(line)
-    newest, _ = results.read_live(exp.paths.output)
+    newest, _ = results.read_live(run.output)
     failures = [text for text in (report.failure_text(), results.missing_alert(newest)) if text]
     if failures:
         raise schedule.ScheduleError("; ".join(failures))

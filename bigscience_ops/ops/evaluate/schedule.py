@@ -18,7 +18,8 @@
 its outcome: done when its result file is there, else failed (the hourly job then alerts, naming the step and the
 log). The ledger is the run's own file, so untrusted input: each line is checked, and a bad one is reported and
 passed over. `decide` is pure apart from reading the checkpoint folder and whether result files exist; `run_next`
-adds the lock, the queue query, the sbatch and the ledger lines.
+adds the lock, the queue query, the sbatch and the ledger lines. Both take the run as an `EvalRun`: what they need of
+it (its folders, its eval job, the steps to evaluate), taken from the experiment by the caller.
 """
 
 from __future__ import annotations
@@ -91,31 +92,48 @@ def _record(data: dict) -> tuple[JobRecord | None, str | None]:
     return record, why
 
 
-def eval_dir(exp: Experiment) -> Path:
-    """<paths.output>/eval/: the result files, the ledger, the eval jobs' scripts and logs."""
-    return Path(exp.paths.output) / results.FOLDER
+@dataclass(frozen=True)
+class EvalRun:
+    """What the scheduler needs of a run."""
 
+    name: str
+    """The experiment's name (in the lines that say how to see a failure by hand)."""
+    output: Path
+    """paths.output: the result files, the ledger and the eval jobs are under <output>/eval/."""
+    checkpoints: Path
+    """paths.checkpoints: the checkpoints to choose from."""
+    job: jobs.SlurmJob
+    """The run's eval job, by its name (job_name) among the watched users' jobs."""
+    keep: Callable[[int], bool]
+    """Whether a step is evaluated (chooser)."""
 
-def ledger_path(exp: Experiment) -> Path:
-    return eval_dir(exp) / LEDGER_NAME
+    @property
+    def folder(self) -> Path:
+        """<paths.output>/eval/: the result files, the ledger, the eval jobs' scripts and logs."""
+        return self.output / results.FOLDER
+
+    @property
+    def ledger(self) -> Path:
+        return self.folder / LEDGER_NAME
 
 
 Cuts = Sequence[tuple[float, int]]
 """(time, to_step) of each rollback of the run (rollbacks.jsonl)."""
 
 
-def rollback_cuts(exp: Experiment) -> list[tuple[float, int]]:
-    """The run's rollbacks as (time, to_step); a line that is not a record is passed over (info and the watchdog
-    report it)."""
-    return [(r.time, r.to_step) for r in rollbacks.read_checked(exp.paths.output).records]
+def rollback_cuts(output: Path) -> list[tuple[float, int]]:
+    """The rollbacks of the run whose paths.output is `output`, as (time, to_step); a line that is not a record is
+    passed over (info and the watchdog report it)."""
+    return [(r.time, r.to_step) for r in rollbacks.read_checked(output).records]
 
 
-def has_result(exp: Experiment, tag: str, cuts: Cuts = ()) -> bool:
-    """Whether checkpoint `tag` has a result file of the run's live branch (whatever it holds: reading it is the
-    table's business). A result written before a rollback to an earlier step is of the abandoned branch, whose
-    checkpoint was set aside (results.live): the step saved again is evaluated again."""
+def has_result(output: Path, tag: str, cuts: Cuts = ()) -> bool:
+    """Whether checkpoint `tag` of the run whose paths.output is `output` has a result file of the run's live branch
+    (whatever it holds: reading it is the table's business). A result written before a rollback to an earlier step
+    is of the abandoned branch, whose checkpoint was set aside (results.live): the step saved again is evaluated
+    again."""
     try:
-        written = os.lstat(results.result_path(exp, tag)).st_mtime
+        written = os.lstat(results.result_path(output, tag)).st_mtime
     except FileNotFoundError:
         return False
     step = layout.step_of(tag)
@@ -178,13 +196,12 @@ class Decision:
     """Chosen checkpoints still without a result after this submission (the backlog)."""
 
 
-def decide(exp: Experiment, records: Sequence[JobRecord], queue: Sequence[slurm.Job], *, keep: Callable[[int], bool],
-           now: float) -> Decision:
-    """The pass's decision over the ledger's `records`, the queue's jobs (any names: those of this run's eval job are
-    picked here), the steps to evaluate (`keep`: chooser's) and the run's checkpoint folder. Raises layout's
-    CheckpointError when `latest` cannot be read."""
-    queued = tuple(jobs.SlurmJob(job_name(exp)).records(queue))
-    cuts = rollback_cuts(exp)
+def decide(run: EvalRun, records: Sequence[JobRecord], queue: Sequence[slurm.Job], *, now: float) -> Decision:
+    """The pass's decision over the ledger's `records`, the queue's jobs (any names: those of the run's eval job are
+    picked here), the steps to evaluate (run.keep) and the run's checkpoint folder. Raises layout's CheckpointError
+    when `latest` cannot be read."""
+    queued = tuple(run.job.records(queue))
+    cuts = rollback_cuts(run.output)
     in_queue = {i for j in queued for i in (j.job_id, j.array_job_id)}
     open_jobs: dict[str, JobRecord] = {}  # submissions without an outcome recorded after them (ids may recur)
     for record in records:
@@ -192,7 +209,7 @@ def decide(exp: Experiment, records: Sequence[JobRecord], queue: Sequence[slurm.
             open_jobs[record.job_id] = record
         else:
             open_jobs.pop(record.job_id, None)
-    outcomes = [dataclasses.replace(record, event="done" if has_result(exp, record.tag, cuts) else "failed", time=now)
+    outcomes = [dataclasses.replace(record, event="done" if has_result(run.output, record.tag, cuts) else "failed", time=now)
                 for job_id, record in open_jobs.items() if job_id not in in_queue]
     failed: dict[str, list[str]] = {}
     for record in (*records, *outcomes):
@@ -202,13 +219,13 @@ def decide(exp: Experiment, records: Sequence[JobRecord], queue: Sequence[slurm.
         shown = ", ".join(f"{j.job_id} ({j.state.lower()})" for j in queued)
         return Decision(None, f"eval job {shown} of this run is in the queue: one at a time, nothing submitted",
                         tuple(outcomes), queued)
-    complete = layout.complete_checkpoints(Path(exp.paths.checkpoints))
-    todo = [c for c in complete if keep(c.step) and not has_result(exp, c.tag, cuts)]
+    complete = layout.complete_checkpoints(run.checkpoints)
+    todo = [c for c in complete if run.keep(c.step) and not has_result(run.output, c.tag, cuts)]
     skipped = tuple((c.tag, tuple(failed[c.tag])) for c in todo if len(failed.get(c.tag, ())) >= MAX_FAILURES)
     eligible = [c for c in todo if len(failed.get(c.tag, ())) < MAX_FAILURES]
     if not eligible:
         if not complete:
-            reason = f"no complete checkpoint in {exp.paths.checkpoints} yet (`latest` names none)"
+            reason = f"no complete checkpoint in {run.checkpoints} yet (`latest` names none)"
         else:
             reason = (f"nothing to evaluate: each chosen checkpoint of the {len(complete)} complete has its result"
                       + (f" or failed {MAX_FAILURES} times" if skipped else ""))
@@ -251,13 +268,12 @@ Submitter = Callable[[layout.Checkpoint, Path], tuple[str, Path]]
 """(checkpoint, the eval folder) -> (the new job's id, its log file): renders and sbatches the job."""
 
 
-def run_next(exp: Experiment, submit: Submitter, *, users: Sequence[str],
-             query: Callable[..., list[slurm.Job]] | None = None, now: Callable[[], float] = time.time
-             ) -> NextReport:
+def run_next(run: EvalRun, submit: Submitter, *, query: Callable[..., list[slurm.Job]] | None = None,
+             now: Callable[[], float] = time.time) -> NextReport:
     """One pass: under the run's schedule lock, read the ledger, ask the queue, decide, record the outcomes found, and
     submit the chosen checkpoint's job with `submit`. Raises slurm.SlurmError when the queue cannot be asked (the
     state is unknown: nothing is decided) and ScheduleError when the run's eval folder cannot be used."""
-    folder = eval_dir(exp)
+    folder = run.folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -270,25 +286,25 @@ def run_next(exp: Experiment, submit: Submitter, *, users: Sequence[str],
         except BlockingIOError:
             return NextReport((f"another `bsops eval --next` of this run is deciding now ({folder / LOCK_NAME}): "
                                "nothing done",))
-        return _pass(exp, submit, users, query, now)
+        return _pass(run, submit, query, now)
     finally:
         os.close(lock)
 
 
-def _pass(exp: Experiment, submit: Submitter, users: Sequence[str], query: Callable[..., list[slurm.Job]] | None,
-          now: Callable[[], float]) -> NextReport:
-    path = ledger_path(exp)
+def _pass(run: EvalRun, submit: Submitter, query: Callable[..., list[slurm.Job]] | None, now: Callable[[], float]
+          ) -> NextReport:
+    path = run.ledger
     checked = read_ledger(path)
-    queue = jobs.SlurmJob(job_name(exp), tuple(users)).ask(query)  # before the result files are looked at: see decide
+    queue = run.job.ask(query)  # before the result files are looked at: see decide
     try:
-        decision = decide(exp, checked.records, queue, keep=chooser(exp), now=now())
+        decision = decide(run, checked.records, queue, now=now())
     except layout.CheckpointError as exc:
         raise ScheduleError(f"cannot choose a checkpoint to evaluate: {exc}") from None
     lines = [f"{path}: {problem} (line passed over)" for problem in checked.problems]
     for record in decision.outcomes:
         append(path, record)
         if record.event == "done":
-            lines.append(f"eval job {record.job_id} of {record.tag} done: {results.result_path(exp, record.tag)}")
+            lines.append(f"eval job {record.job_id} of {record.tag} done: {results.result_path(run.output, record.tag)}")
         else:
             again = ("skipped from now on" if sum(r.tag == record.tag and r.event == "failed"
                                                   for r in (*checked.records, *decision.outcomes)) >= MAX_FAILURES
@@ -297,14 +313,14 @@ def _pass(exp: Experiment, submit: Submitter, users: Sequence[str], query: Calla
                          f"({again}); log: {record.log or 'not recorded'}")
     for tag, logs in decision.skipped:
         lines.append(f"skipped {tag}: its eval failed {len(logs)} times (logs: {', '.join(logs)}); run "
-                     f"`bsops eval {exp.name} --step {layout.step_of(tag)}` to see why")
+                     f"`bsops eval {run.name} --step {layout.step_of(tag)}` to see why")
     failures = tuple(r for r in decision.outcomes if r.event == "failed")
     record = None
     if decision.submit is None:
         lines.append(decision.reason)
     else:
         ckpt = decision.submit
-        job_id, log = submit(ckpt, eval_dir(exp))
+        job_id, log = submit(ckpt, run.folder)
         record = JobRecord("submitted", job_id, ckpt.tag, ckpt.step, now(), str(log))
         append(path, record)
         backlog = f"; {decision.left} more chosen checkpoint(s) wait" if decision.left else ""
