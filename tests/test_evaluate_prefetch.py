@@ -43,7 +43,8 @@ def test_prefetch_from_a_local_source_then_the_task_runs_offline(trainings, tmp_
         "dataset_path: json\ndataset_kwargs: {data_files: {test: d.jsonl}}", "dataset_path: bsops-test/last_word"))
     _setup(trainings, tmp_path, [str(folder / "hub.yaml")])
     exp = load_experiment("ev", trainings)
-    assert prefetch.needs(exp) == [(str(folder / "hub.yaml"), "bsops-test/last_word", None)]
+    wanted = prefetch.Wanted(exp.name, exp.eval.tasks, exp.eval.trust_task_code)
+    assert prefetch.needs(wanted) == [(str(folder / "hub.yaml"), "bsops-test/last_word", None)]
     offline(monkeypatch, tmp_path / "hf")
     missing: dict[str, str] = {}
     assert driver.run_tasks(_lm(), list(exp.eval.tasks), missing=missing, prefetch=prefetch.command("ev")) == {}

@@ -2,7 +2,8 @@
 machine with network (a login node, the `prepost` partition), so the eval job reads them offline on a compute node.
 
 `prefetch(exp, source)` starts this module twice in a fresh interpreter (`datasets` and huggingface_hub read their
-variables at import): first to fetch, with HF_HOME, HF_DATASETS_CACHE and HF_HUB_CACHE under eval.hf_cache, then to
+variables at import), telling it what it needs of the experiment (`Wanted`: its name, eval.tasks and
+eval.trust_task_code, as JSON in one argument): first to fetch, with HF_HOME, HF_DATASETS_CACHE and HF_HUB_CACHE under eval.hf_cache, then to
 verify with HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1 as the eval job runs: each dataset is loaded offline the way
 lm-eval loads it (`datasets.load_dataset(dataset_path, dataset_name)`) and its splits' rows counted. What is there is
 recorded in `<eval.hf_cache>/bsops-prefetch.json` (task -> dataset, config, rows per split, when), replaced whole.
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,17 @@ class PrefetchError(EvalError):
     """A dataset could not be fetched or verified: names the task, and what to do."""
 
 
+@dataclass(frozen=True)
+class Wanted:
+    """What the prefetch's child needs of the experiment."""
+
+    experiment: str
+    tasks: tuple[str, ...]
+    """eval.tasks: lm-eval task, group or tag names, and task files."""
+    trust_task_code: bool
+    """eval.trust_task_code: whether a task file may name Python (`!function`)."""
+
+
 def cache_env(hf_cache: str | os.PathLike[str] | None, offline: bool) -> dict[str, str]:
     """The Hugging Face variables for a cache folder (none without one) and, with `offline`, no network."""
     env: dict[str, str] = {}
@@ -58,46 +71,39 @@ def command(exp_name: str) -> str:
     return f"bsops eval {exp_name} --prefetch"
 
 
-def prefetch(exp: Any, source: Path | None = None, log: Callable[[str], None] = print,
-             experiment_file: Path | None = None) -> dict:
+def prefetch(exp: Any, source: Path | None = None, log: Callable[[str], None] = print) -> dict:
     """Fetch (or build from the mirror `source`) and verify eval.tasks' datasets in eval.hf_cache; the manifest."""
-    from bigscience_ops.config import to_dict
-
     if not exp.eval.hf_cache:
         raise PrefetchError(f"experiment {exp.name}: eval.hf_cache is not set; allowed: a folder shared by the login "
                             "and compute nodes (the eval job reads the datasets there, offline)")
     cache = Path(exp.eval.hf_cache).expanduser().absolute()
     cache.mkdir(parents=True, exist_ok=True)
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="bsops-prefetch-") as tmp:
-        record = Path(tmp) / "experiment.json"
-        record.write_text(json.dumps(to_dict(exp)), encoding="utf-8")
-        argv = [sys.executable, "-m", __name__, "--experiment", str(record)]
-        steps = [("fetch", [*argv, "--fetch"] + (["--from", str(source)] if source else []), False, FETCH_TIMEOUT_S),
-                 ("verify", [*argv, "--verify"], True, VERIFY_TIMEOUT_S)]
-        for what, args, offline, timeout in steps:
-            env = {**os.environ, **cache_env(cache, offline), "TQDM_DISABLE": "1"}
-            if not offline:
-                env.pop("HF_DATASETS_OFFLINE", None)
-                env.pop("HF_HUB_OFFLINE", None)
-            try:
-                done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, errors="replace")
-            except subprocess.TimeoutExpired:
-                raise PrefetchError(f"{what}: did not end within {timeout} s") from None
-            for line in done.stdout.split("\n"):  # not splitlines(): a dataset name may hold U+2028
-                log(line)
-            if done.returncode != 0:
-                errors = [line.removeprefix("error: ") for line in done.stderr.split("\n") if line.startswith("error: ")]
-                tail = done.stderr.strip().split("\n")
-                reason = "; ".join(errors) or (tail[-1][:400] if tail else "no message")
-                raise PrefetchError(f"{what} failed (exit code {done.returncode}): {reason}")
+    wanted = Wanted(exp.name, tuple(exp.eval.tasks), exp.eval.trust_task_code)
+    argv = [sys.executable, "-m", __name__, f"--wanted={json.dumps(asdict(wanted))}"]  # `=`: a value is never an option
+    steps = [("fetch", [*argv, "--fetch"] + ([f"--from={source}"] if source else []), False, FETCH_TIMEOUT_S),
+             ("verify", [*argv, "--verify"], True, VERIFY_TIMEOUT_S)]
+    for what, args, offline, timeout in steps:
+        env = {**os.environ, **cache_env(cache, offline), "TQDM_DISABLE": "1"}
+        if not offline:
+            env.pop("HF_DATASETS_OFFLINE", None)
+            env.pop("HF_HUB_OFFLINE", None)
+        try:
+            done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, errors="replace")
+        except subprocess.TimeoutExpired:
+            raise PrefetchError(f"{what}: did not end within {timeout} s") from None
+        for line in done.stdout.split("\n"):  # not splitlines(): a dataset name may hold U+2028
+            log(line)
+        if done.returncode != 0:
+            errors = [line.removeprefix("error: ") for line in done.stderr.split("\n") if line.startswith("error: ")]
+            tail = done.stderr.strip().split("\n")
+            reason = "; ".join(errors) or (tail[-1][:400] if tail else "no message")
+            raise PrefetchError(f"{what} failed (exit code {done.returncode}): {reason}")
     return json.loads((cache / MANIFEST).read_text(encoding="utf-8"))
 
 
 # ----------------------------------------------------------------------------- the child (datasets, lm_eval)
 
-def needs(exp: Any) -> list[tuple[str, str, str | None]]:
+def needs(wanted: Wanted) -> list[tuple[str, str, str | None]]:
     """(task, dataset_path, dataset_name) of each dataset eval.tasks reads through `datasets` by name."""
     from bigscience_ops.ops.evaluate import taskfiles
     from bigscience_ops.validation import is_task_file
@@ -110,10 +116,10 @@ def needs(exp: Any) -> list[tuple[str, str, str | None]]:
             name = config.get("dataset_name")
             out.append((task, path, name if isinstance(name, str) else None))
 
-    registered = [t for t in exp.eval.tasks if not is_task_file(t)]
-    for task in exp.eval.tasks:
+    registered = [t for t in wanted.tasks if not is_task_file(t)]
+    for task in wanted.tasks:
         if is_task_file(task):
-            add(task, taskfiles.load(task, trust=exp.eval.trust_task_code))
+            add(task, taskfiles.load(task, trust=wanted.trust_task_code))
     if registered:
         from lm_eval.tasks import TaskManager
         from lm_eval.tasks._yaml_loader import load_yaml
@@ -168,10 +174,10 @@ def _from_mirror(source: Path, path: str, name: str | None, cache: str) -> None:
     builder.download_and_prepare()
 
 
-def _fetch(exp: Any, source: Path | None) -> None:
+def _fetch(wanted: Wanted, source: Path | None) -> None:
     import datasets
 
-    for task, path, name in needs(exp):
+    for task, path, name in needs(wanted):
         print(f"{task}: fetching {path}" + (f" ({name})" if name else "") + (f" from {source}" if source else ""),
               flush=True)
         if source is not None:
@@ -180,13 +186,13 @@ def _fetch(exp: Any, source: Path | None) -> None:
             datasets.load_dataset(path, name)
 
 
-def _verify(exp: Any) -> None:
+def _verify(wanted: Wanted) -> None:
     import datasets
 
     from bigscience_ops.untrusted import write_atomically
 
     tasks = {}
-    for task, path, name in needs(exp):
+    for task, path, name in needs(wanted):
         try:
             loaded = datasets.load_dataset(path, name)
         except Exception as exc:  # noqa: BLE001 - datasets' many kinds
@@ -196,28 +202,28 @@ def _verify(exp: Any) -> None:
         tasks[task] = {"dataset_path": path, "dataset_name": name, "rows": rows}
         print(f"{task}: {path}" + (f" ({name})" if name else "") + f" offline: {rows}", flush=True)
     cache = Path(os.environ["HF_HOME"])
-    manifest = {"experiment": exp.name, "cache": str(cache), "tasks": tasks,
+    manifest = {"experiment": wanted.experiment, "cache": str(cache), "tasks": tasks,
                 "verified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_atomically(cache / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
 
 
 def main(argv: list[str] | None = None) -> int:
     from bigscience_ops.errors import BsopsError
-    from bigscience_ops.ops.evaluate.worker import load
 
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
-    parser.add_argument("--experiment", required=True)
+    parser.add_argument("--wanted", required=True, help="Wanted as JSON")
     parser.add_argument("--from", dest="source", type=Path, default=None)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--fetch", action="store_true")
     mode.add_argument("--verify", action="store_true")
     args = parser.parse_args(argv)
     try:
-        exp = load(args.experiment)
+        data = json.loads(args.wanted)
+        wanted = Wanted(data["experiment"], tuple(data["tasks"]), data["trust_task_code"] is True)
         if args.fetch:
-            _fetch(exp, args.source)
+            _fetch(wanted, args.source)
         else:
-            _verify(exp)
+            _verify(wanted)
     except BsopsError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
