@@ -15,7 +15,6 @@ sbatch's own parser, Slurm names checked against their character sets, so `sbatc
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from bigscience_ops import __version__
 from bigscience_ops.launch import jobs
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.checkpoints import layout
-from bigscience_ops.config import to_dict
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.evaluate import launcher
 from bigscience_ops.ops.evaluate.prefetch import cache_env
@@ -75,31 +73,29 @@ def shape(exp: Experiment) -> tuple[int, int]:
 def render(exp: Experiment, ckpt: layout.Checkpoint, folder: Path, *, workdir: Path) -> EvalJob:
     """The eval job of checkpoint `ckpt` of `exp`'s run, its script, experiment record and logs under `folder`
     (<output>/eval/); the ranks start in `workdir`."""
-    folder = Path(folder).resolve()
+    folder, workdir = Path(folder).resolve(), Path(workdir).resolve()
     record = folder / SCRIPTS / f"{ckpt.tag}.experiment.json"
     nodes, per_node = shape(exp)
-    where = f"experiment {exp.name}"
-    [(_, name)] = rendering.slurm_options(where, {"job-name": job_name(exp)})
     ev, s = exp.eval, exp.slurm
-    optional = rendering.slurm_options(where, {"partition": ev.partition or s.partition or None,
-                                              "account": ev.account or s.account or None,
-                                              "qos": ev.qos or s.qos or None})
+    name = job_name(exp)
+    worker = launcher.worker_argv(str(record), ckpt.step, exp.parallel.tensor, exp.parallel.pipeline, None, workdir)
+    record_text = launcher.experiment_record(exp)
+    hf_env = sorted(cache_env(ev.hf_cache, offline=True).items())
+    options = dict(rendering.slurm_options(f"experiment {exp.name}", {
+        "job-name": name, "partition": ev.partition or s.partition or None, "account": ev.account or s.account or None,
+        "qos": ev.qos or s.qos or None}))
     logs = folder / LOGS
-    worker = launcher.worker_argv(str(record), ckpt.step, exp.parallel.tensor, exp.parallel.pipeline, None,
-                                  Path(workdir).resolve())
     text = rendering.environment().get_template(TEMPLATE).render(
-        version=__version__, job_name=name, experiment_name=exp.name, tag=ckpt.tag, nodes=nodes,
+        version=__version__, job_name=options.pop("job-name"), experiment_name=exp.name, tag=ckpt.tag, nodes=nodes,
         nproc_per_node=per_node, processes=nodes * per_node, tensor=exp.parallel.tensor,
         pipeline=exp.parallel.pipeline, gpu=s.device == "gpu",
-        cpus_per_task=s.cpus_per_task, time=ev.time, optional=optional,
+        cpus_per_task=s.cpus_per_task, time=ev.time, optional=list(options.items()),
         output=rendering.output_option(logs, f"{ckpt.tag}-%j.out"),
-        env_setup=[rendering.Raw(line) for line in s.env_setup], workdir=str(Path(workdir).resolve()),
+        env_setup=[rendering.Raw(line) for line in s.env_setup], workdir=str(workdir),
         master_port=s.master_port, port_spread=PORT_SPREAD,
-        threads_per_process=max(1, s.cpus_per_task // per_node), worker=worker,
-        hf_env=sorted(cache_env(ev.hf_cache, offline=True).items()),
+        threads_per_process=max(1, s.cpus_per_task // per_node), worker=worker, hf_env=hf_env,
     )
-    return EvalJob(folder / SCRIPTS / f"{ckpt.tag}.slurm", text, logs, record,
-                   json.dumps(to_dict(exp), indent=1) + "\n", name)
+    return EvalJob(folder / SCRIPTS / f"{ckpt.tag}.slurm", text, logs, record, record_text, name)
 
 
 def submit(job: EvalJob, tag: str, executor: jobs.Executor[jobs.ScriptJob, jobs.SlurmJob] | None = None

@@ -15,6 +15,7 @@ No torch here: `bsops eval` imports this module to refuse a bad request at once.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -151,6 +152,14 @@ def check_layer_files(target: Target, layers) -> None:
                           f"TP={target.saved_tensor} files); evaluate another step")
 
 
+def experiment_record(exp) -> str:
+    """The experiment the ranks read (their --experiment file), resolved: an edit of the YAML after this is written
+    changes nothing of the evaluation (as the trainer reads its run's experiment.json)."""
+    from bigscience_ops.config import to_dict
+
+    return json.dumps(to_dict(exp), indent=1) + "\n"
+
+
 def worker_argv(experiment: str, step: int, tensor: int | None = None, pipeline: int | None = None,
                 trainings_dir: Path | str | None = None, cwd: Path | str | None = None,
                 log_samples: bool = False, keep_cache: bool = False) -> list[str]:
@@ -197,11 +206,8 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
     (written resolved to a temporary experiment.json, as the trainer reads its run's), unless `experiment` names
     the experiment (a name or YAML file, found with `trainings_dir`).
     """
-    import json
     import tempfile
     import threading
-
-    from bigscience_ops.config import to_dict
 
     target = checkpoint(exp, step, tensor, pipeline)
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -210,7 +216,7 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
     with tempfile.TemporaryDirectory(prefix="bsops-eval-") as tmp:
         record = None
         if experiment is None:
-            record = (Path(tmp) / "experiment.json", json.dumps(to_dict(exp), indent=1))
+            record = (Path(tmp) / "experiment.json", experiment_record(exp))
             experiment = str(record[0])
         worker = worker_argv(experiment, step, tensor, pipeline, trainings_dir, Path.cwd(), log_samples, keep_cache)
         ranks = Ranks(f"eval {target.tag}", tuple(torchrun_argv(target.world_size, worker)), record)
