@@ -1,5 +1,6 @@
-"""The package's shape (issue 39): no library function over 10 parameters, no click command over 12, and at most
-20 modules at the top of bigscience_ops/ (the rest live in subpackages named for what they hold).
+"""The package's shape (issue 39): no library function over 10 parameters, no click command over 12, at most
+20 modules at the top of bigscience_ops/ (the rest live in subpackages named for what they hold), and the on-call
+parts that take their own settings (job alerts, the eval scheduler, message delivery) never take the experiment.
 
 Every function under bigscience_ops/ is read with `ast`, nested ones and methods too; its parameters are all
 of the def's (positional-only, positional, keyword-only, *args, **kwargs), less `self` and `cls`. A click
@@ -87,6 +88,35 @@ def test_at_most_20_modules_at_the_top_of_the_package() -> None:
     modules = top_level_modules(PACKAGE)
     assert len(modules) <= MAX_TOP_LEVEL_MODULES, (
         f"{len(modules)} modules directly in bigscience_ops/ (at most {MAX_TOP_LEVEL_MODULES}): {', '.join(modules)}")
+
+
+# Modules that take what they use of the experiment as their own settings (docs/ARCHITECTURE.md, "A run opened
+# once"), and the functions of each that may still take it whole: the experiment is broken up once, above them.
+TAKES_SETTINGS = {
+    "ops/tell/job_alerts.py": set(),  # a Teller
+    "ops/tell/notify.py": set(),
+    "ops/tell/channels.py": set(),  # the alerts section
+    "ops/evaluate/schedule.py": {"job_name", "chooser"},  # an EvalRun; these two make its parts
+}
+
+
+def experiment_takers(path: Path) -> set[str]:
+    """The functions of `path` with a parameter annotated as an Experiment or named `exp`."""
+    takers = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for arg in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs):
+                if arg.arg == "exp" or (arg.annotation is not None and "Experiment" in ast.unparse(arg.annotation)):
+                    takers.add(node.name)
+    return takers
+
+
+def test_the_parts_with_their_own_settings_never_take_the_experiment(tmp_path: Path) -> None:
+    for module, allowed in TAKES_SETTINGS.items():
+        assert experiment_takers(PACKAGE / module) == allowed, module
+    probe = tmp_path / "probe.py"
+    probe.write_text("def a(exp): pass\ndef b(x: 'Experiment | None'): pass\ndef c(*, run: EvalRun): pass\n")
+    assert experiment_takers(probe) == {"a", "b"}
 
 
 def test_the_checker_finds_each_kind_of_offender(tmp_path: Path) -> None:
