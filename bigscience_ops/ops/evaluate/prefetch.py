@@ -3,10 +3,11 @@ machine with network (a login node, the `prepost` partition), so the eval job re
 
 `prefetch(exp, source)` starts this module twice in a fresh interpreter (`datasets` and huggingface_hub read their
 variables at import), telling it what it needs of the experiment (`Wanted`: its name, eval.tasks and
-eval.trust_task_code, as JSON in one argument): first to fetch, with HF_HOME, HF_DATASETS_CACHE and HF_HUB_CACHE under eval.hf_cache, then to
-verify with HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1 as the eval job runs: each dataset is loaded offline the way
-lm-eval loads it (`datasets.load_dataset(dataset_path, dataset_name)`) and its splits' rows counted. What is there is
-recorded in `<eval.hf_cache>/bsops-prefetch.json` (task -> dataset, config, rows per split, when), replaced whole.
+eval.trust_task_code, as JSON in one argument): first to fetch, with HF_HOME, HF_DATASETS_CACHE and HF_HUB_CACHE
+under eval.hf_cache, then to verify with HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1 as the eval job runs: each
+dataset is loaded offline the way lm-eval loads it (`datasets.load_dataset(dataset_path, dataset_name)`) and its
+splits' rows counted. What is there is recorded in `<eval.hf_cache>/bsops-prefetch.json` (task -> dataset, config,
+rows per split, when), replaced whole.
 
 Which datasets: every lm-eval task eval.tasks names (a group's or tag's member tasks included, from lm-eval's own
 task index) and every task file whose dataset_path is not one of `datasets`' local file formats (json, csv, ...:
@@ -55,6 +56,15 @@ class Wanted:
     trust_task_code: bool
     """eval.trust_task_code: whether a task file may name Python (`!function`)."""
 
+    def argument(self) -> str:
+        """The child's --wanted argument, in the `=` form: a task named like an option stays a value."""
+        return f"--wanted={json.dumps(asdict(self))}"
+
+    @classmethod
+    def parse(cls, text: str) -> Wanted:
+        data = json.loads(text)
+        return cls(data["experiment"], tuple(data["tasks"]), data["trust_task_code"] is True)
+
 
 def cache_env(hf_cache: str | os.PathLike[str] | None, offline: bool) -> dict[str, str]:
     """The Hugging Face variables for a cache folder (none without one) and, with `offline`, no network."""
@@ -79,7 +89,7 @@ def prefetch(exp: Any, source: Path | None = None, log: Callable[[str], None] = 
     cache = Path(exp.eval.hf_cache).expanduser().absolute()
     cache.mkdir(parents=True, exist_ok=True)
     wanted = Wanted(exp.name, tuple(exp.eval.tasks), exp.eval.trust_task_code)
-    argv = [sys.executable, "-m", __name__, f"--wanted={json.dumps(asdict(wanted))}"]  # `=`: a value is never an option
+    argv = [sys.executable, "-m", __name__, wanted.argument()]
     steps = [("fetch", [*argv, "--fetch"] + ([f"--from={source}"] if source else []), False, FETCH_TIMEOUT_S),
              ("verify", [*argv, "--verify"], True, VERIFY_TIMEOUT_S)]
     for what, args, offline, timeout in steps:
@@ -211,15 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     from bigscience_ops.errors import BsopsError
 
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
-    parser.add_argument("--wanted", required=True, help="Wanted as JSON")
+    parser.add_argument("--wanted", required=True, help="Wanted.argument()'s JSON")
     parser.add_argument("--from", dest="source", type=Path, default=None)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--fetch", action="store_true")
     mode.add_argument("--verify", action="store_true")
     args = parser.parse_args(argv)
     try:
-        data = json.loads(args.wanted)
-        wanted = Wanted(data["experiment"], tuple(data["tasks"]), data["trust_task_code"] is True)
+        wanted = Wanted.parse(args.wanted)
         if args.fetch:
             _fetch(wanted, args.source)
         else:

@@ -209,7 +209,8 @@ def decide(run: EvalRun, records: Sequence[JobRecord], queue: Sequence[slurm.Job
             open_jobs[record.job_id] = record
         else:
             open_jobs.pop(record.job_id, None)
-    outcomes = [dataclasses.replace(record, event="done" if has_result(run.output, record.tag, cuts) else "failed", time=now)
+    outcomes = [dataclasses.replace(record, event="done" if has_result(run.output, record.tag, cuts) else "failed",
+                                    time=now)
                 for job_id, record in open_jobs.items() if job_id not in in_queue]
     failed: dict[str, list[str]] = {}
     for record in (*records, *outcomes):
@@ -304,7 +305,8 @@ def _pass(run: EvalRun, submit: Submitter, query: Callable[..., list[slurm.Job]]
     for record in decision.outcomes:
         append(path, record)
         if record.event == "done":
-            lines.append(f"eval job {record.job_id} of {record.tag} done: {results.result_path(run.output, record.tag)}")
+            done = results.result_path(run.output, record.tag)
+            lines.append(f"eval job {record.job_id} of {record.tag} done: {done}")
         else:
             again = ("skipped from now on" if sum(r.tag == record.tag and r.event == "failed"
                                                   for r in (*checked.records, *decision.outcomes)) >= MAX_FAILURES
