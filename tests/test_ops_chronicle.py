@@ -153,7 +153,7 @@ PAYLOADS = {
 def _rendered_tags(page: str) -> set[str]:
     """The HTML tags a page renders to, by Python-Markdown (tensorboard's dependency, which passes raw HTML) and,
     where installed, markdown-it (CommonMark with GFM's tables and strikethrough, the Hub's kind of renderer), with
-    linkify where linkify-it is installed."""
+    linkify (linkify-it-py)."""
     from html.parser import HTMLParser
 
     import markdown
@@ -169,13 +169,8 @@ def _rendered_tags(page: str) -> set[str]:
         from markdown_it import MarkdownIt
     except ImportError:
         return found
-    renderer = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
-    try:
-        import linkify_it  # noqa: F401  (bare URLs made links, as GFM does)
-
-        renderer = renderer.enable("linkify").set({"linkify": True})
-    except ImportError:
-        pass
+    # linkify-it-py (a test dependency): bare URLs, `www.` names and addresses made links, as GFM and the Hub do
+    renderer = MarkdownIt("commonmark", {"html": True, "linkify": True}).enable(["table", "strikethrough", "linkify"])
     Tags().feed(renderer.render(page))
     return found
 
