@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+
+from bigscience_ops.checkpoints import layout, manifest
+
+LAYOUT = {"tensor": 1, "pipeline": 1, "data": 1, "zero_stage": 0, "precision": "fp32"}
+
+
+def commit_checkpoint(folder: Path, iteration: int | None = None, *, optimizer: bool = True) -> manifest.Manifest:
+    """Commit a checkpoint folder a test wrote by hand as the trainer commits a save: a manifest of every file in it
+    now (sizes and hashes). Without it the folder is a save that did not finish, which no command counts."""
+    folder = Path(folder)
+    files = {rel: manifest.record_file(folder / rel) for rel in manifest.files_on_disk(folder)}
+    step = layout.step_of(folder.name) if iteration is None else iteration
+    made = manifest.Manifest(folder.name, step, "", "test", dict(LAYOUT), optimizer, files, time.time())
+    manifest.commit(folder, made)
+    return made
 
 
 def complete_checkpoint(exp, step: int) -> None:
-    """A complete checkpoint folder as `bsops rollback` and `info` read it (bsops.json), and `latest` naming it."""
+    """A complete checkpoint folder as `bsops rollback` and `info` read it (bsops.json and a committed manifest),
+    and `latest` naming it."""
     folder = Path(exp.paths.checkpoints) / f"global_step{step}"
     folder.mkdir(parents=True)
     (folder / "bsops.json").write_text(json.dumps({"iteration": step}))
+    commit_checkpoint(folder, step)
     (Path(exp.paths.checkpoints) / "latest").write_text(f"global_step{step}")

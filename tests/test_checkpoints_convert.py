@@ -32,6 +32,7 @@ from bigscience_ops.schema import DataSource
 from bigscience_ops.errors import BsopsError
 from tests.fixtures_git import bare_remote, blob_at, git, lfs_object, lfs_oid
 from tests.fixtures_trainer import REPO, concurrently, run_ok, scalars, small_experiment, write_run
+from tests.fixtures_runs import commit_checkpoint
 
 VOCAB = 8192  # the bundled tokenizer's size
 PADDED = 8200  # TP=2 run: make_vocab_size_divisible_by 100 (x TP 2 = 200): 8 padding rows to remove
@@ -574,6 +575,7 @@ def _large_checkpoint(exp, root: Path, layers: int, hidden: int) -> Path:
             torch.save(TransformerBlock(shape, 1, i + 1).state_dict(), step / f"layer_{i + 1:02d}-model_states.pt")
         torch.save(FinalNorm(shape).state_dict(), step / f"layer_{layers + 1:02d}-model_states.pt")
     (step / "bsops.json").write_text(json.dumps({**meta, "model": model, "parallel": {**meta["parallel"], "tensor": 1}}))
+    commit_checkpoint(step)
     (step.parent / "latest").write_text(step.name)
     big = dataclasses.replace(exp, paths=dataclasses.replace(exp.paths, checkpoints=str(step.parent)))
     (root / "experiment.json").write_text(json.dumps(to_dict(big)))

@@ -19,6 +19,7 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.run.records import as_recorded
 from bigscience_ops.ops.keep import backup
 from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_runs import commit_checkpoint
 
 
 def _save(checkpoints: Path, step: int) -> None:
@@ -26,6 +27,7 @@ def _save(checkpoints: Path, step: int) -> None:
     folder.mkdir(parents=True)
     (folder / "layer_00-model_states.pt").write_bytes(os.urandom(1000))
     (folder / layout.META).write_text(json.dumps({"iteration": step}))
+    commit_checkpoint(folder)
     (checkpoints / layout.LATEST).write_text(f"global_step{step}")
 
 

@@ -17,6 +17,7 @@ from bigscience_ops import slurm
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.ops.evaluate import launcher, results, schedule
 from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_runs import commit_checkpoint
 
 
 def _write(trainings: Path, tmp_path: Path, evaluation: str | None = "sources: {held: HELD}") -> str:
@@ -41,6 +42,7 @@ def _saved(tmp_path: Path, *steps: int, latest: int, meta: bool = True) -> Path:
         (checkpoints / f"global_step{step}").mkdir(parents=True)
         if meta:
             (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+            commit_checkpoint(checkpoints / f"global_step{step}")
     (checkpoints / "latest").write_text(f"global_step{latest}")
     return checkpoints
 

@@ -19,6 +19,7 @@ from bigscience_ops.config import load_experiment, to_dict
 from bigscience_ops.run.ledger import TaskRecord
 from bigscience_ops.run.opening import open_run
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
+from tests.fixtures_runs import commit_checkpoint
 
 SMALL = (SHRUNK_MODEL, "batch: {global_batch_size: 8, micro_batch_size: 2, rampup: {start: 4, increment: 2, samples: 40}}\n"
          "train: {samples: 200}\n", "lr_schedule: {warmup_samples: 40}\n")
@@ -42,6 +43,7 @@ def _saved(folder: Path, step: int) -> None:
     checkpoints = folder / "checkpoints"
     (checkpoints / f"global_step{step}").mkdir(parents=True)
     (checkpoints / f"global_step{step}" / "bsops.json").write_text("{}")
+    commit_checkpoint(checkpoints / f"global_step{step}")
     (checkpoints / "latest").write_text(f"global_step{step}")
 
 

@@ -15,6 +15,7 @@ from bigscience_ops.config import load_experiment
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_smtp import alerts_yaml
+from tests.fixtures_runs import commit_checkpoint
 
 pytestmark = pytest.mark.slurm
 
@@ -98,6 +99,7 @@ def test_a_torn_run_file_is_emailed_with_the_stopped_run_on_the_real_cluster(wat
     for step in (40, 80):
         (checkpoints / f"global_step{step}").mkdir(parents=True)
         (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+        commit_checkpoint(checkpoints / f"global_step{step}")
     (checkpoints / "latest").write_text("global_step80")
     with open(out / torn, "ab") as handle:
         handle.write({"task-ledger.jsonl": b'{"event": "begin", "job_id": "4242_3", "no',

@@ -16,6 +16,7 @@ from bigscience_ops.ops.keep import backup
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_git import bare_remote, blob_at, lfs_object, lfs_oid
 from tests.fixtures_smtp import alerts_yaml
+from tests.fixtures_runs import commit_checkpoint
 
 
 def _experiment(trainings: Path, tmp_path: Path, port: int, dest: Path) -> None:
@@ -33,6 +34,7 @@ def _checkpoint(scratch: Path, step: int) -> None:
     (folder / "layer_00-model_states.pt").write_bytes(os.urandom(4000))
     (folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(os.urandom(8000))
     (folder / "bsops.json").write_text(json.dumps({"iteration": step}))
+    commit_checkpoint(folder)
     (scratch / "latest").write_text(f"global_step{step}")
 
 

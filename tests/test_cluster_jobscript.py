@@ -17,6 +17,7 @@ from bigscience_ops.schema import Experiment
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 from tests.fixtures_slurm import SlurmCluster, wait_until
 from tests.fixtures_smtp import alerts_yaml
+from tests.fixtures_runs import commit_checkpoint
 
 pytestmark = pytest.mark.slurm
 
@@ -141,6 +142,7 @@ def test_leftover_tasks_of_a_finished_training_end_at_once_and_cancel_the_rest(
     checkpoints = Path(exp.paths.checkpoints)
     (checkpoints / f"global_step{final}").mkdir(parents=True)
     (checkpoints / f"global_step{final}" / "bsops.json").write_text(json.dumps({"iteration": final}))
+    commit_checkpoint(checkpoints / f"global_step{final}")
     (checkpoints / "latest").write_text(f"global_step{final}")
     job_id = launch(exp, slurm_cluster)
     wait_until("the array to leave the queue", lambda: not slurm_cluster.jobs(job_id), timeout=120, interval=0.5)

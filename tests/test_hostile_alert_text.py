@@ -35,6 +35,7 @@ from bigscience_ops.ops.watch import watchdog
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import Inbox, plain_outbox, server_tls
 from tests.fixtures_status import seed_job
+from tests.fixtures_runs import commit_checkpoint
 
 VAR = "BSOPS_TEST_HOSTILE_WEBHOOK"
 NOW = datetime(2026, 11, 22, 12, 0, 0)
@@ -172,6 +173,7 @@ def experiment(trainings: Path, tmp_path: Path, servers, cert, monkeypatch) -> t
     checkpoints = tmp_path / "run" / "checkpoints"
     (checkpoints / "global_step5").mkdir(parents=True)
     (checkpoints / "global_step5" / "bsops.json").write_text(json.dumps({"iteration": 5}))
+    commit_checkpoint(checkpoints / "global_step5")
     (checkpoints / "latest").write_text("global_step5")
     return "watched", tmp_path / "run"
 

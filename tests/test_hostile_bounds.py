@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from bigscience_ops import schema
 from bigscience_ops.cli import main
+from tests.fixtures_runs import commit_checkpoint
 
 TINY_PREFIX = "corpus/build/tiny_text_document"
 METRIC = "kjv_epistles/bits_per_byte"
@@ -139,6 +140,7 @@ def _eval_next_takes(value, path: tuple, monkeypatch: pytest.MonkeyPatch, traini
     checkpoint = trainings.parent / "runs/edge/checkpoints/global_step50"  # where tiny's relative paths resolve
     checkpoint.mkdir(parents=True)
     (checkpoint / "bsops.json").write_text('{"iteration": 50}')
+    commit_checkpoint(checkpoint)
     (checkpoint.parent / "latest").write_text("global_step50")
     monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
     submitted: list[list[str]] = []

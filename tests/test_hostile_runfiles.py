@@ -37,6 +37,7 @@ from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import replay_squeue
 from tests.fixtures_smtp import alerts_yaml, plain_outbox
+from tests.fixtures_runs import commit_checkpoint
 
 SECRET = "TOPSECRET-not-to-be-quoted"
 """What the file outside the run holds: no report, alert, page or error may show it."""
@@ -68,6 +69,7 @@ def _save(checkpoints: Path, step: int) -> None:
     folder.mkdir(parents=True)
     (folder / "layer_00-model_states.pt").write_bytes(os.urandom(500))
     (folder / layout.META).write_text(json.dumps({"iteration": step}))
+    commit_checkpoint(folder)
     (checkpoints / layout.LATEST).write_text(f"global_step{step}")
 
 

@@ -23,6 +23,7 @@ from bigscience_ops.ops.evaluate import EvalError, driver, launcher, results, ta
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import alerts_yaml
 from tests.test_ops_evaluate_results import eval_result
+from tests.fixtures_runs import commit_checkpoint
 
 SECRET = "SECRET-c4f3"
 """Planted in every hostile file where an error could quote it: no message may hold it."""
@@ -230,6 +231,7 @@ def _saved(tmp_path: Path, step: int) -> None:
     folder = tmp_path / "run" / "checkpoints" / f"global_step{step}"
     folder.mkdir(parents=True)
     (folder / "bsops.json").write_text(json.dumps({"iteration": step}))
+    commit_checkpoint(folder)
     (folder.parent / "latest").write_text(f"global_step{step}")
 
 
@@ -278,6 +280,7 @@ def test_a_task_left_out_exits_non_zero_shows_why_and_alerts_once_then_recovers(
     _saved_next = tmp_path / "run" / "checkpoints" / "global_step100"
     _saved_next.mkdir()
     (_saved_next / "bsops.json").write_text(json.dumps({"iteration": 100}))
+    commit_checkpoint(_saved_next)
     (_saved_next.parent / "latest").write_text("global_step100")
     results.write(results.result_path(tmp_path / "run", "global_step100"), eval_result(100, {"lambada_openai/acc": 0.4}))
     recovered = CliRunner().invoke(main, hourly)

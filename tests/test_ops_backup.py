@@ -24,6 +24,7 @@ from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_trainer import concurrently, run_ok, small_experiment, write_run
 from tests.fixtures_smtp import T0, alerts_yaml
+from tests.fixtures_runs import commit_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -253,6 +254,7 @@ def test_backup_alert_waits_out_the_cooldown_and_a_recovery_follows(trainings: P
     step.mkdir(parents=True)
     (step / "layer_00-model_states.pt").write_bytes(os.urandom(4000))
     (step / "bsops.json").write_text(json.dumps({"iteration": 5}))
+    commit_checkpoint(step)
     (run / "checkpoints" / "latest").write_text("global_step5")
     worked = backup_at(125)
     assert worked.exit_code == 0, worked.output

@@ -20,6 +20,7 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.ops.keep import backup
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import alerts_yaml
+from tests.fixtures_runs import commit_checkpoint
 
 
 def _save(checkpoints: Path, step: int, *, latest: bool = True, payload: bytes | None = None) -> Path:
@@ -29,6 +30,7 @@ def _save(checkpoints: Path, step: int, *, latest: bool = True, payload: bytes |
     (folder / "layer_00-model_states.pt").write_bytes(payload or os.urandom(3000))
     (folder / "layer_01-model_states.pt").write_bytes(os.urandom(2000))
     (folder / layout.META).write_text(json.dumps({"iteration": step}))
+    commit_checkpoint(folder)
     if latest:
         (checkpoints / layout.LATEST).write_text(f"global_step{step}")
     return folder

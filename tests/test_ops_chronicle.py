@@ -19,7 +19,7 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.run.iterations import IterationStats, iteration_line
 from bigscience_ops.ops.keep import chronicle
 from tests.fixtures_experiments import tiny_yaml
-from tests.fixtures_runs import complete_checkpoint
+from tests.fixtures_runs import commit_checkpoint, complete_checkpoint
 
 T0 = time.mktime(time.strptime("2026-11-23 23:50:00", "%Y-%m-%d %H:%M:%S"))
 
@@ -85,6 +85,7 @@ def _saved(exp, *steps: int) -> None:
         (checkpoints / f"global_step{step}").mkdir(parents=True)
         (checkpoints / f"global_step{step}" / "layer_00-model_states.pt").write_bytes(b"w" * (100 + step))
         (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+        commit_checkpoint(checkpoints / f"global_step{step}")
     (checkpoints / "latest").write_text(f"global_step{steps[-1]}")
 
 

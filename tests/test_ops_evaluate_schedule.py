@@ -23,6 +23,7 @@ from bigscience_ops.launch import jobs
 from bigscience_ops.ops.evaluate import jobscript, schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_sbatch import sbatch_options  # noqa: F401  (the fixture)
+from tests.fixtures_runs import commit_checkpoint
 
 FINAL = 221  # tiny's last step
 
@@ -40,6 +41,7 @@ def _saved(exp, *steps: int, latest: int | None = None, meta: bool = True) -> No
         (folder / f"global_step{step}").mkdir(parents=True)
         if meta:
             (folder / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+            commit_checkpoint(folder / f"global_step{step}")
     (folder / "latest").write_text(f"global_step{latest if latest is not None else max(steps)}")
 
 

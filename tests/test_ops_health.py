@@ -19,6 +19,7 @@ import pytest
 from bigscience_ops.run.iterations import IterationStats, iteration_line
 from bigscience_ops.ops import health
 from bigscience_ops.schema import HealthConfig
+from tests.fixtures_runs import commit_checkpoint
 
 Tweak = Callable[[int, IterationStats], None]
 FLOPS_PER_TOKEN, GPUS = 2e9, 8
@@ -177,6 +178,7 @@ def test_the_next_step_names_the_experiment_checkpoint_and_skip_range(tmp_path):
     for step in (100, 200, 240):
         (tmp_path / f"global_step{step}").mkdir()
         (tmp_path / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+        commit_checkpoint(tmp_path / f"global_step{step}")
     (tmp_path / "latest").write_text("global_step240")
     spike = health.Finding("loss-spike", 240, "lm loss 9", "generic", "read the samples: loss spike at iteration 240")
     exact = health.advise(spike, "tr1 13B", tmp_path)

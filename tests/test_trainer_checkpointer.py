@@ -1,8 +1,9 @@
 """trainer/checkpointer.py: when the trainer saves (the run schedule's save steps, with SaveSchedule's
 ranges and interval) and the save itself: each rank's RNG state and rank 0's bsops.json written into
-`global_stepN/` before DeepSpeed's engine saves, a step never saved twice, a resumed step not saved again.
-Fast: the engine is a stand-in that records its calls, the folder a real one, and a one-process gloo group
-(the `single_rank_group` fixture) answers the ranks and barriers."""
+`global_stepN/` before DeepSpeed's engine saves, then the manifest (every file, its size and hash), then
+`latest`; a step never saved twice, a resumed step not saved again.
+Fast: the engine is a stand-in that records its calls and writes a file as DeepSpeed's would, the folder a real
+one, and a one-process gloo group (the `single_rank_group` fixture) answers the ranks and barriers."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints import layout, manifest, set_aside
 from bigscience_ops.schedules import SaveSchedule
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.checkpointer import Checkpointer
@@ -27,14 +28,20 @@ META = {"model": {"hidden_size": 64, "num_layers": 2}, "parallel": {"tensor": 1,
 
 
 class RecordingEngine:
-    """Stands for DeepSpeed's engine: records each save_checkpoint call and what the tag's folder held then."""
+    """Stands for DeepSpeed's engine behind DeepSpeedState.save: records each call, what the tag's folder held then
+    and whether `latest` named it already, and writes this rank's model-states file as DeepSpeed would."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, dict, list[str]]] = []
+        self.latest_during: list[str | None] = []
 
-    def save_checkpoint(self, save_dir: str, tag: str, client_state: dict) -> None:
-        held = sorted(p.name for p in (Path(save_dir) / tag).iterdir())
-        self.calls.append((save_dir, tag, client_state, held))
+    def save(self, folder: Path, tag: str, client_state: dict) -> list[Path]:
+        held = sorted(p.name for p in (Path(folder) / tag).iterdir())
+        self.calls.append((str(folder), tag, client_state, held))
+        self.latest_during.append(layout.latest_tag(folder))
+        written = Path(folder) / tag / f"mp_rank_{dist.get_rank():02d}_model_states.pt"
+        torch.save({"iteration": client_state["iteration"]}, written)
+        return [written]
 
     @property
     def tags(self) -> list[str]:
@@ -56,7 +63,9 @@ class Saving:
         self.engine, self.board, self.lines, self.metas = RecordingEngine(), RecordingBoard(), [], 0
         metrics = Metrics(self.board, self.lines.append, train_iters=100, log_interval=1, flops_per_token=1.0,
                           peak_tflops=None, world_size=1, curriculum=False)
-        self.checkpointer = Checkpointer(folder, saves, self.engine, self.meta, metrics)
+        about = {"run_id": "", "experiment": "tiny", "optimizer": True,
+                 "layout": {"tensor": 1, "pipeline": 1, "data": 1, "zero_stage": 0, "precision": "fp32"}}
+        self.checkpointer = Checkpointer(folder, saves, self.engine, self.meta, lambda: about, metrics)
 
     def meta(self) -> dict:
         self.metas += 1
@@ -98,11 +107,54 @@ def test_a_save_writes_the_rng_state_and_meta_before_the_engine_saves(saving, tm
     run.checkpointer.save(7)
     folder = tmp_path / "checkpoints"
     assert run.engine.calls == [(str(folder), "global_step7", {"iteration": 7}, [layout.META, "rng_state_000.pt"])]
-    assert json.loads((folder / "global_step7" / layout.META).read_text()) == META
+    assert json.loads((folder / "global_step7" / layout.META).read_text()) == {**META, "commit": "manifest.json"}
     assert run.checkpointer.last_saved == 7 and run.metas == 1
     [(tag, iteration, elapsed)] = run.board.scalars
     assert (tag, iteration) == ("save-checkpoint-time", 7) and elapsed >= 0
     assert len(run.lines) == 1
+
+
+def test_a_save_commits_a_manifest_of_every_file_and_then_moves_latest(saving, tmp_path: Path) -> None:
+    run = saving(SaveSchedule((), 10))
+    run.checkpointer.save(10)
+    run.checkpointer.save(20)
+    folder = tmp_path / "checkpoints"
+    assert run.engine.latest_during == [None, "global_step10"]  # `latest` moves only after the save committed
+    assert layout.latest_tag(folder) == "global_step20"
+    found = manifest.read(folder / "global_step20")
+    assert found is not None and found.iteration == 20 and found.optimizer and found.layout["precision"] == "fp32"
+    assert sorted(found.files) == [layout.META, "mp_rank_00_model_states.pt", "rng_state_000.pt"]
+    assert sorted(found.files) == manifest.files_on_disk(folder / "global_step20")
+    for rel, rec in found.files.items():
+        assert rec == manifest.hash_file(folder / "global_step20" / rel)
+    assert [c.step for c in layout.complete_checkpoints(folder)] == [10, 20]
+
+
+def test_a_save_of_a_step_an_earlier_attempt_left_sets_that_folder_aside(saving, tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    (folder / "global_step10").mkdir(parents=True)
+    (folder / "global_step10" / "layer_00-model_states.pt").write_bytes(b"cut short")
+    run = saving(SaveSchedule((), 10))
+    run.checkpointer.save(10)
+    [aside] = set_aside.read_checked(folder).records
+    assert aside.tag == "global_step10" and (Path(aside.folder) / "layer_00-model_states.pt").read_bytes() == b"cut short"
+    assert "layer_00-model_states.pt" not in manifest.read(folder / "global_step10").files
+
+
+def test_a_full_disk_during_a_save_is_one_error_and_no_commit(saving, tmp_path: Path) -> None:
+    run = saving(SaveSchedule((), 10))
+    run.checkpointer.save(10)
+
+    def full(folder: Path, tag: str, client_state: dict) -> list[Path]:
+        raise OSError(28, "No space left on device", str(Path(folder) / tag / "mp_rank_00_model_states.pt"))
+
+    run.engine.save = full
+    with pytest.raises(layout.CheckpointError, match="No space left on device") as caught:
+        run.checkpointer.save(20)
+    assert "global_step10" in str(caught.value)  # what the next launch resumes from
+    assert layout.latest_tag(tmp_path / "checkpoints") == "global_step10"
+    assert manifest.read(tmp_path / "checkpoints" / "global_step20") is None
+    assert [c.step for c in layout.complete_checkpoints(tmp_path / "checkpoints")] == [10]
 
 
 def test_the_saved_rng_state_gives_back_the_same_draws(saving, tmp_path: Path) -> None:
@@ -155,6 +207,7 @@ def test_another_rank_writes_its_rng_state_and_no_meta(saving, tmp_path: Path,
     run.checkpointer.save(10)
     assert [held for _, _, _, held in run.engine.calls] == [["rng_state_001.pt"]]
     assert run.metas == 0 and not (tmp_path / "checkpoints" / "global_step10" / layout.META).exists()
+    assert manifest.read(tmp_path / "checkpoints" / "global_step10") is None  # rank 0 commits, after every rank
 
 
 def test_a_resume_never_goes_through_a_linked_checkpoint(tmp_path: Path) -> None:

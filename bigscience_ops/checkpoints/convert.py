@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints import manifest
 from bigscience_ops.checkpoints.layout import META, CheckpointError
 from bigscience_ops.errors import BsopsError
 
@@ -141,27 +142,31 @@ class Conversion:
 
 
 def select_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[str, Path, dict]:
-    """(tag, folder, bsops.json) of `global_step<step>`, or of the one `latest` names when step is None."""
+    """(tag, folder, bsops.json) of `global_step<step>`, or of the one `latest` names when step is None; it must be
+    a complete checkpoint whose files match its manifest (sizes and hashes): nothing else is converted."""
     checkpoints = Path(checkpoints)
     try:
-        available = ", ".join(str(c.step) for c in layout.list_checkpoints(checkpoints)) or "none"
+        complete = ", ".join(str(c.step) for c in layout.complete_checkpoints(checkpoints)) or "none"
         tag = layout.latest_tag(checkpoints) if step is None else f"global_step{step}"
     except CheckpointError as exc:
         raise ConvertError(str(exc)) from None
     if tag is None:
         raise ConvertError(f"{checkpoints}: no 'latest' file, so no checkpoint to convert; "
-                           f"available steps: {available} (pick one with --step)")
-    path = checkpoints / tag
-    if not path.is_dir():
-        raise ConvertError(f"{checkpoints}: no checkpoint {tag!r}; available steps: {available}")
-    meta_file = path / META
+                           f"complete steps: {complete} (pick one with --step)")
+    ckpt = layout.Checkpoint(tag, layout.step_of(tag), checkpoints / tag)
+    if not ckpt.path.is_dir() or ckpt.is_link:
+        raise ConvertError(f"{checkpoints}: no checkpoint folder {tag!r}; complete steps: {complete}")
     try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConvertError(f"{path}: no {META}: not written by bsops' trainer, or its save did not finish") from None
-    except json.JSONDecodeError as exc:
-        raise ConvertError(f"{meta_file}: unreadable ({exc})") from None
-    return tag, path, meta
+        found = ckpt.manifest()
+        if found is None:
+            raise ConvertError(f"{ckpt.path}: no {manifest.MANIFEST}: the save did not finish (or was made before "
+                               f"manifests: `bsops verify --adopt` adopts it); complete steps: {complete}")
+        bad = manifest.verify(ckpt.path, found).mismatches
+        if bad:
+            raise ConvertError(f"{ckpt.path} does not match its manifest: {bad[0]}; complete steps: {complete}")
+        return tag, ckpt.path, ckpt.meta()
+    except CheckpointError as exc:
+        raise ConvertError(str(exc)) from None
 
 
 # ---------------------------------------------------------------- config

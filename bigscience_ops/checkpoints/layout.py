@@ -1,13 +1,15 @@
 """The one reader (and the writer of `latest` and bsops.json) of a run's checkpoint folder: tags,
-`latest`, bsops.json, what each global_stepN holds.
+`latest`, bsops.json, what each global_stepN holds and whether it is complete.
 
-DeepSpeed writes `global_stepN/` then names it in `latest`; the trainer writes bsops.json into the
-folder before `latest` moves (trainer/checkpointing.py). So a checkpoint is complete when it has
-bsops.json and its step is not after the one `latest` names: a newer folder is a save in progress.
+A checkpoint is complete when its manifest is committed (checkpoints/manifest.py): the trainer writes
+every rank's files, then the manifest, then `latest` (trainer/checkpointer.py). A global_stepN folder
+without a committed manifest is a save that did not finish; no command resumes from, backs up, counts,
+rolls back to, evaluates or deletes because of it. `latest` names the checkpoint a resume takes first;
+the trainer's resume checks it against its manifest and falls back (checkpoints/resume.py).
 
 Inside a folder: `layer_XX-model_states.pt` (pipeline stages' weights), `mp_rank_XX_model_states.pt`
 (engine state; with ZeRO-0 it also holds the optimizer state), `*optim_states.pt` (ZeRO and bf16
-optimizer partitions), `rng_state_NNN.pt`, bsops.json. Pure Python: no torch here.
+optimizer partitions), `rng_state_NNN.pt`, bsops.json, manifest.json. Pure Python: no torch here.
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from bigscience_ops.checkpoints import manifest as manifests
+from bigscience_ops.checkpoints.manifest import Manifest, ManifestError
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.untrusted import Problem, RecordFileError, excerpt, kind_of, read_small, write_atomically
 
 META = "bsops.json"
 """The trainer's record in each checkpoint folder (written with write_meta)."""
+COMMIT_KEY = "commit"
+"""bsops.json of a save that commits with a manifest says so (`"commit": "manifest"`): such a folder without its
+manifest is a save that did not finish, never a checkpoint from before manifests (which may be adopted)."""
 TAG = re.compile(r"global_step([0-9]{1,18})")
 """ASCII digits only (`\\d` also takes Unicode digits: global_step１０ would be step 10), and few enough for int()."""
 LATEST = "latest"
@@ -101,6 +108,37 @@ class Checkpoint:
                                   "writes")
         return meta
 
+    def manifest(self) -> Manifest | None:
+        """The folder's committed manifest, None when it has none; a folder that is a link, or a manifest that cannot
+        be read, is a CheckpointError."""
+        refusal = self.refusal()
+        if refusal is not None:
+            raise CheckpointError(refusal)
+        try:
+            return manifests.read(self.path)
+        except ManifestError as exc:
+            raise CheckpointError(str(exc)) from None
+
+    def committed(self) -> Manifest | None:
+        """The manifest when the checkpoint is complete: committed, readable, and every file it lists there with its
+        size (a stat each, no content read); None otherwise."""
+        try:
+            found = self.manifest()
+        except CheckpointError:
+            return None
+        if found is None or not manifests.verify(self.path, found, hashes=False).ok:
+            return None
+        return found
+
+    def saved_before_manifests(self) -> bool:
+        """Whether the folder is a save from before manifests: bsops.json without the commit key, no manifest."""
+        if self.is_link or (self.path / manifests.MANIFEST).exists():
+            return False
+        try:
+            return COMMIT_KEY not in self.meta()
+        except CheckpointError:
+            return False
+
 
 def _kind(path: Path) -> str:
     return kind_of(Path(path))
@@ -139,9 +177,9 @@ def linked_checkpoints(checkpoints: Path) -> list[Problem]:
 
 
 def saved_checkpoints(checkpoints: Path) -> list[Checkpoint]:
-    """The checkpoint folders with a bsops.json (saves that finished), whatever `latest` says, links left out: what
-    the watchdog falls back on to say where a run stands while `latest` cannot be read."""
-    return [c for c in list_checkpoints(checkpoints) if not c.is_link and (c.path / META).is_file()]
+    """The complete checkpoints, whatever `latest` says: what the watchdog falls back on to say where a run stands
+    while `latest` cannot be read."""
+    return complete_checkpoints(checkpoints)
 
 
 def latest_tag(checkpoints: Path) -> str | None:
@@ -211,14 +249,31 @@ def write_meta(path: Path, meta: dict) -> None:
 
 
 def complete_checkpoints(checkpoints: Path) -> list[Checkpoint]:
-    """The checkpoints a copy may read: with bsops.json and not newer than `latest` (a newer one is being saved);
-    a folder that is a link is never one."""
-    tag = latest_tag(checkpoints)
-    if tag is None:
-        return []
-    last = step_of(tag)
-    return [c for c in list_checkpoints(checkpoints)
-            if c.step <= last and not c.is_link and (c.path / META).is_file()]
+    """The checkpoints every command may read, oldest first: those with a committed manifest whose files are all
+    there at their recorded sizes (Checkpoint.committed); a folder that is a link is never one. Whether `latest`
+    names them does not matter: the trainer moves `latest` only after the manifest."""
+    return [c for c in list_checkpoints(checkpoints) if c.committed() is not None]
+
+
+def resume_step(checkpoints: Path) -> int | None:
+    """The step a resume starts from, as far as the folder tells without reading a file's content: the checkpoint
+    `latest` names when it is complete (or saved before manifests: the trainer adopts it), else the newest complete
+    one; None when there is none. A `latest` that cannot be read, or that names a save that did not finish, is not
+    believed (the trainer's resume falls back the same way, after checking the files' content too)."""
+    try:
+        named = latest_checkpoint(checkpoints)
+    except CheckpointError:
+        named = None
+    if named is not None and (named.committed() is not None or named.saved_before_manifests()):
+        return named.step
+    complete = complete_checkpoints(checkpoints)
+    return complete[-1].step if complete else None
+
+
+def incomplete_checkpoints(checkpoints: Path) -> list[Checkpoint]:
+    """The global_stepN folders that are not complete checkpoints (links left out): saves that did not finish,
+    folders whose files no longer match their manifest, and saves from before manifests not yet adopted."""
+    return [c for c in list_checkpoints(checkpoints) if not c.is_link and c.committed() is None]
 
 
 def run_id(checkpoints: Path) -> str | None:
@@ -245,11 +300,18 @@ def run_id(checkpoints: Path) -> str | None:
 
 def new_run_id(checkpoints: Path) -> str:
     """Name the folder's run afresh (a training starting from scratch), replacing any earlier id."""
-    folder = Path(checkpoints)
-    folder.mkdir(parents=True, exist_ok=True)
     value = uuid.uuid4().hex
-    write_atomically(folder / RUN_ID, (value + "\n").encode("utf-8"))
+    write_run_id(checkpoints, value)
     return value
+
+
+def write_run_id(folder: Path, value: str) -> None:
+    """Record run id `value` in `folder` (a checkpoints folder, or the run folder beside it), replacing any."""
+    if not _RUN_ID.fullmatch(value):
+        raise ValueError(f"a run id is 32 hex digits; got {value!r}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(folder / RUN_ID, (value + "\n").encode("utf-8"))
 
 
 def ensure_run_id(checkpoints: Path) -> str:

@@ -20,12 +20,14 @@ import dataclasses
 import json
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops import config
+from bigscience_ops.checkpoints import manifest
 from bigscience_ops.checkpoints.layout import (
-    LATEST, META, complete_checkpoints, latest_tag, list_checkpoints, write_latest, write_meta,
+    COMMIT_KEY, LATEST, META, complete_checkpoints, latest_tag, list_checkpoints, run_id, write_latest, write_meta,
 )
 from bigscience_ops.errors import BsopsError
 
@@ -101,18 +103,24 @@ def source_checkpoints(run: str, trainings_dir: Path | None = None) -> Path:
 def find_source(checkpoints: Path, step: str | None, run: str) -> Source:
     complete = complete_checkpoints(checkpoints)
     if not complete:
-        raise WarmStartError(f"--from {run}: {checkpoints} holds no complete checkpoint (with 'latest' and {META})")
+        raise WarmStartError(f"--from {run}: {checkpoints} holds no complete checkpoint (one with a committed "
+                             f"{manifest.MANIFEST})")
     if step is None:
         tag = latest_tag(checkpoints)
         chosen = next((c for c in complete if c.tag == tag), None)
         if chosen is None:
-            raise WarmStartError(f"--from {run}: 'latest' in {checkpoints} names {tag}, which has no {META}; "
-                                 f"give a complete step: {', '.join(str(c.step) for c in complete)}")
+            raise WarmStartError(f"--from {run}: 'latest' in {checkpoints} names {tag}, which is not a complete "
+                                 f"checkpoint; give a complete step: {', '.join(str(c.step) for c in complete)}")
     else:
         chosen = next((c for c in complete if c.step == int(step)), None)
         if chosen is None:
             raise WarmStartError(f"--from {run}:{step}: no complete checkpoint at step {step} in {checkpoints}; "
                                  f"complete steps: {', '.join(str(c.step) for c in complete)}")
+    found = chosen.manifest()
+    bad = manifest.verify(chosen.path, found).mismatches
+    if bad:
+        raise WarmStartError(f"--from {run}: {chosen.path} does not match its manifest ({bad[0]}"
+                             f"{f', and {len(bad) - 1} more' if len(bad) > 1 else ''}); give another step")
     return Source(checkpoints, chosen.tag, chosen.meta())
 
 
@@ -196,7 +204,12 @@ def build(exp, source: Source, log=lambda line: None) -> WarmStart:
         "model": shape,
         "parallel": {"tensor": p.tensor, "pipeline": p.pipeline, "data": None},
         "experiment": config.to_dict(exp),
+        COMMIT_KEY: manifest.MANIFEST,
     })
+    files = {rel: manifest.record_file(tmp / rel) for rel in manifest.files_on_disk(tmp)}
+    layout = {"tensor": p.tensor, "pipeline": p.pipeline, "data": 1, "zero_stage": p.zero_stage,
+              "precision": exp.train.precision}
+    manifest.commit(tmp, manifest.Manifest(tag, 0, run_id(out) or "", exp.name, layout, False, files, time.time()))
     tmp.rename(target)
     write_latest(out, tag)
     return WarmStart(source, target, mapping)

@@ -74,8 +74,9 @@ def kill_switch_on(exp: Experiment) -> bool:
 
 
 def latest_iteration(checkpoints: Path) -> int:
-    """The iteration of `checkpoints/latest` (layout.latest_step parses it); 0 before the first save."""
-    step = layout.latest_step(checkpoints)
+    """The iteration the run resumes from (layout.resume_step: `latest` when it names a complete checkpoint, else
+    the newest complete one); 0 before the first save."""
+    step = layout.resume_step(checkpoints)
     return 0 if step is None else step
 
 

@@ -1,24 +1,30 @@
 """Checkpoint decisions and records: what to resume from, whether it fits this model, bsops.json, RNG.
 
-DeepSpeed writes the weights and optimizer states in its layout (`global_stepN/`, `latest`). Next
-to them each checkpoint holds `bsops.json` (iteration, consumed samples and tokens, the LR
-schedule, the model shape, TP/PP/DP, the resolved config) and `rng_state_<rank>.pt`, written
-before DeepSpeed updates `latest`: `latest` only ever names a complete checkpoint.
+DeepSpeed writes the weights and optimizer states in its layout (`global_stepN/`); next to them each
+checkpoint holds `bsops.json` (iteration, consumed samples and tokens, the LR schedule, the model shape,
+TP/PP/DP, the resolved config), `rng_state_<rank>.pt`, and the manifest that commits it (checkpointer.py).
+
+Before anything reads the checkpoints, every rank calls `resolve_resume`: rank 0 surveys the folder, each
+rank checks its share of the candidate's files against the manifest (sizes and xxh3_128 hashes, so the
+cost is about the checkpoint's bytes divided by the ranks, read once more before DeepSpeed loads them),
+the results are gathered, and the first checkpoint that passes is the one `latest` names afterwards
+(checkpoints/resume.py decides; what fails is set aside, never deleted, each with one line naming the file
+and the reason). `find_resume` then reads that checkpoint's records.
 
 When to save, and the save itself, are checkpointer.py's; reading the folder (tags, `latest`) is
-checkpoints/layout.py's. This module is pure Python apart from the RNG helpers, so decisions are
-unit-testable.
+checkpoints/layout.py's. The decisions are pure Python apart from the collectives and the RNG helpers.
 """
 
 from __future__ import annotations
 
-import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops.checkpoints import layout
-from bigscience_ops.checkpoints.layout import META, CheckpointError
+from bigscience_ops.checkpoints import layout, manifest, resume, set_aside
+from bigscience_ops.checkpoints.layout import CheckpointError
+from bigscience_ops.checkpoints.manifest import Manifest, ManifestError
 
 
 @dataclass(frozen=True)
@@ -26,36 +32,100 @@ class Resume:
     tag: str
     path: Path
     meta: dict
+    manifest: Manifest
 
 
 def find_resume(checkpoints: Path) -> Resume | None:
-    """The checkpoint `latest` names, or None for a folder that holds no checkpoint yet."""
+    """The checkpoint `latest` names (resolve_resume made sure it is committed and verified), or None for a folder
+    that holds no checkpoint yet."""
     checkpoints = Path(checkpoints)
     if not checkpoints.is_dir():
         return None
-    tags = [c.tag for c in layout.list_checkpoints(checkpoints)]
-    latest = checkpoints / layout.LATEST
-    tag = layout.latest_tag(checkpoints)
-    if tag is None:
+    named = layout.latest_checkpoint(checkpoints)
+    if named is None:
+        tags = [c.tag for c in layout.list_checkpoints(checkpoints)]
         if tags:
-            raise CheckpointError(
-                f"{checkpoints}: holds {', '.join(tags[-3:])} but no 'latest' file; refusing to start from scratch. "
-                f"Write the tag to resume from into {latest} (e.g. {tags[-1]}), or move the folder away to start over")
+            raise CheckpointError(f"{checkpoints}: holds {', '.join(tags[-3:])} but no 'latest' file, and none of them "
+                                  "was resolved as a checkpoint to resume from; refusing to start from scratch")
         return None
-    path = checkpoints / tag
-    if not path.is_dir():
-        raise CheckpointError(f"{latest}: names {tag!r}, which is not a checkpoint folder in {checkpoints}; "
-                              f"available: {', '.join(tags) or 'none'}")
-    layout.latest_checkpoint(checkpoints)  # one rule for links in a run: a global_stepN that is one is refused
-    meta_file = path / META
-    if not meta_file.is_file():
-        raise CheckpointError(f"{path}: no {META}: not written by bsops' trainer, or the save did not finish; "
-                              f"point {latest} at a complete checkpoint")
+    found = named.manifest()
+    if found is None:
+        raise CheckpointError(f"{named.path}: no {manifest.MANIFEST}: {resume.UNFINISHED}")
+    return Resume(named.tag, named.path, named.meta(), found)
+
+
+def resolve_resume(checkpoints: Path, say: Callable[[str], None]) -> None:
+    """Make `latest` name a checkpoint this run can resume from, or leave none when it has none; every rank calls
+    it (collectives). What cannot be resumed from is set aside by rank 0, one line each; a run that had a committed
+    checkpoint and has none left that verifies is a CheckpointError on every rank, and nothing is moved."""
+    import torch.distributed as dist
+
+    checkpoints = Path(checkpoints)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shared: list[resume.Survey | None] = [resume.survey(checkpoints) if rank == 0 and checkpoints.is_dir() else None]
+    dist.broadcast_object_list(shared, src=0)
+    found = shared[0]
+    if found is None or (not found.candidates and not found.latest_problem):
+        return
+
+    def check(cand: resume.Candidate) -> str | None:
+        if cand.state == resume.LEGACY:
+            why: list[str | None] = [_adopt(checkpoints, cand) if rank == 0 else None]
+            dist.broadcast_object_list(why, src=0)
+            return why[0]
+        mine = resume.shares(cand.manifest, world)[rank]
+        bad = [str(m) for m in manifest.verify(cand.ckpt.path, cand.manifest, only=mine).mismatches]
+        every: list[list[str] | None] = [None] * world
+        dist.all_gather_object(every, bad)
+        problems = sorted(p for part in every for p in part or [])
+        return f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "") if problems else None
+
+    outcome = resume.decide(found, check)
+    if rank == 0:
+        _act(checkpoints, found, outcome, say)
+    dist.barrier()
+    if outcome.refused:
+        raise CheckpointError(resume.refusal(outcome, checkpoints))
+
+
+def _adopt(checkpoints: Path, cand: resume.Candidate) -> str | None:
+    """Write the manifest of a checkpoint saved before manifests (rank 0); why it cannot be, or None."""
     try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{meta_file}: unreadable ({exc}); point {latest} at a complete checkpoint") from None
-    return Resume(tag, path, meta)
+        meta = cand.ckpt.meta()
+        exp = meta.get("experiment", {})
+        parallel = meta.get("parallel", {})
+        manifest.adopt(cand.ckpt.path, iteration=int(meta["iteration"]), run_id=layout.run_id(checkpoints) or "",
+                       experiment=str(exp.get("name", "")),
+                       layout={"tensor": parallel.get("tensor", 1), "pipeline": parallel.get("pipeline", 1),
+                               "data": parallel.get("data") or 1,
+                               "zero_stage": exp.get("parallel", {}).get("zero_stage", 0),
+                               "precision": exp.get("train", {}).get("precision", "")},
+                       optimizer=not meta.get("weights_only", False))
+    except (CheckpointError, ManifestError) as exc:
+        return str(exc)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"{cand.ckpt.path / layout.META}: lacks the iteration or layout ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _act(checkpoints: Path, found: resume.Survey, outcome: resume.Outcome, say: Callable[[str], None]) -> None:
+    """Rank 0 carries out the decision: set aside, then point `latest` (or, with nothing to resume, set it aside)."""
+    for cand, why in outcome.set_aside:
+        moved = set_aside.set_aside(checkpoints, cand.ckpt.path, why)
+        say(f"> checkpoint {cand.tag} set aside, not resumed from (moved to {moved.folder}): {why}")
+    for note in outcome.notes:
+        say(f"> {note}")
+    latest = checkpoints / layout.LATEST
+    if outcome.chosen is not None:
+        if outcome.chosen.state == resume.LEGACY:
+            say(f"> {outcome.chosen.tag} was saved before manifests: its zip archives check out, its manifest is "
+                "written now (adopted)")
+        if found.latest != outcome.chosen.tag or found.latest_problem:
+            layout.write_latest(checkpoints, outcome.chosen.tag)
+            say(f"> latest now names {outcome.chosen.tag}")
+    elif not outcome.refused and (latest.exists() or latest.is_symlink()):
+        moved = set_aside.set_aside(checkpoints, latest, "names no checkpoint that can be resumed from")
+        say(f"> latest set aside (moved to {moved.folder}): no checkpoint of the run ever committed")
 
 
 def check_compatible(resume: Resume, shape: dict, tensor: int, pipeline: int) -> None:
@@ -76,7 +146,7 @@ def rng_file(path: Path, rank: int) -> Path:
     return Path(path) / f"rng_state_{rank:03d}.pt"
 
 
-def save_rng(path: Path, rank: int) -> None:
+def save_rng(path: Path, rank: int) -> Path:
     import numpy as np
     import torch
 
@@ -87,7 +157,9 @@ def save_rng(path: Path, rank: int) -> None:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     Path(path).mkdir(parents=True, exist_ok=True)
-    torch.save(state, rng_file(path, rank))
+    file = rng_file(path, rank)
+    torch.save(state, file)
+    return file
 
 
 def load_rng(path: Path, rank: int) -> bool:

@@ -6,13 +6,20 @@ ZeRO stage, and each keeps its state elsewhere: the fp16 wrappers their loss sca
 partition files even under ZeRO-0. `DeepSpeedState` names the wrapper the engine must have chosen for the
 experiment (`WRAPPERS`), checks at start-up that the installed DeepSpeed chose it and has every attribute read
 here, and then answers the loop's questions: the loss scale, whether the step was applied, the gradient norm,
-the learning rate, where the optimizer state is saved, and how to load a checkpoint. A DeepSpeed whose classes
-or attributes differ fails at start-up naming what is missing, never with a logged 1.0.
+the learning rate, where the optimizer state is saved, and how to save and load a checkpoint. A DeepSpeed whose
+classes or attributes differ fails at start-up naming what is missing, never with a logged 1.0.
+
+Saving: DeepSpeed writes every file of a checkpoint through the engine's `checkpoint_engine.save(state, path)`
+(the pipeline's layer files, the engine and optimizer states) and then, on rank 0, `latest` (truncated and
+rewritten, before its peers are done). `save` asks it not to touch `latest` (`save_latest=False`: the trainer
+moves it only after the manifest commits, trainer/checkpointer.py) and records the path of each file this rank
+wrote, so each rank can fsync and hash its own files.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,10 +112,38 @@ class DeepSpeedState:
         if self.wrapper.scales_loss and not isinstance(getattr(type(self.engine.optimizer), "loss_scale", None),
                                                        property):
             missing.append(f"{self.wrapper.name}.loss_scale")
+        missing += self._saving_problems()
         if missing:
             raise DeepSpeedStateError(f"the installed DeepSpeed ({_version()}) lacks what the trainer reads of its "
                                       f"{self.wrapper.name}: {', '.join(missing)}")
         self.loss_scale()  # a scale that is not a positive number fails here, before the first step
+
+    def _saving_problems(self) -> list[str]:
+        """What `save` needs of the engine and is not there: the checkpoint engine it writes every file through
+        (not a decoupled one, which writes later, in the background), and save_checkpoint's `save_latest`."""
+        problems = []
+        writer = getattr(self.engine, "checkpoint_engine", None)
+        if writer is None or not callable(getattr(writer, "save", None)):
+            problems.append("engine.checkpoint_engine.save")
+        elif not callable(getattr(writer, "is_decoupled", None)) or writer.is_decoupled():
+            problems.append("a checkpoint engine that writes while save_checkpoint runs (is_decoupled() False)")
+        try:
+            if "save_latest" not in inspect.signature(self.engine.save_checkpoint).parameters:
+                problems.append("engine.save_checkpoint(save_latest=...)")
+        except (TypeError, ValueError):
+            problems.append("engine.save_checkpoint's signature")
+        return problems
+
+    def save(self, folder: Path, tag: str, client_state: dict) -> list[Path]:
+        """Save this rank's part of `folder/tag` (every rank calls it: DeepSpeed's barriers) without touching
+        `latest`; the files this rank wrote, in the order written."""
+        recorder = _Recorder(self.engine.checkpoint_engine)
+        self.engine.checkpoint_engine = recorder
+        try:
+            self.engine.save_checkpoint(str(folder), tag=tag, client_state=client_state, save_latest=False)
+        finally:
+            self.engine.checkpoint_engine = recorder.inner
+        return [Path(p) for p in recorder.written]
 
     def loss_scale(self) -> float:
         """The dynamic loss scale the next step multiplies the loss by (fp16); 1.0 where nothing scales the loss."""
@@ -157,6 +192,21 @@ class DeepSpeedState:
                 del e.zero_optimization
         return e.load_checkpoint(str(checkpoints), tag=tag, load_optimizer_states=True,
                                  load_lr_scheduler_states=False)[0]
+
+
+class _Recorder:
+    """The engine's checkpoint engine, recording the path of every file it saves; everything else is its own."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.written: list[str] = []
+
+    def save(self, state_dict, path) -> None:
+        self.inner.save(state_dict, path)
+        self.written.append(str(path))
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
 
 
 def _version() -> str:

@@ -130,6 +130,7 @@ class Trainer:
         self.flops_per_token = sizing.model_flops_per_token(exp.model, self.params)
         self.state = TrainState()
         self.checkpoints = Path(exp.paths.checkpoints)
+        self.output = Path(exp.paths.output) if exp.paths.output else None
         self.debug_folder = Path(exp.paths.output or self.checkpoints.parent) / "debug"  # BSOPS_RECORD_TOKENS_AT
         self.job_start = _job_start_epoch()
 
@@ -210,8 +211,8 @@ class Trainer:
         self.metrics = Metrics(board, _print, train_iters=self.train_iters, log_interval=log.log_interval,
                                flops_per_token=self.flops_per_token, peak_tflops=self.peak_tflops,
                                world_size=dist.get_world_size(), curriculum=self.curriculum is not None)
-        self.checkpointer = Checkpointer(self.checkpoints, self.run_schedule.saves, self.engine, self._checkpoint_meta,
-                                         self.metrics)
+        self.checkpointer = Checkpointer(self.checkpoints, self.run_schedule.saves, self.ds_state,
+                                         self._checkpoint_meta, self._manifest_about, self.metrics)
 
     def _find_resume(self) -> ckpt.Resume | None:
         """The checkpoint to resume from, checked against this model before anything is built.
@@ -248,7 +249,7 @@ class Trainer:
         if resume is None:
             _print(f"> no checkpoint in {self.checkpoints}: starting from scratch")
             if dist.get_rank() == 0:  # a new run: its checkpoints are not an earlier run's (backup, retention)
-                layout.new_run_id(self.checkpoints)
+                self._name_run(layout.new_run_id(self.checkpoints))
             return
         if resume.meta.get("weights_only"):  # bsops warm-start: weights only, fresh schedules, optimizer and data
             load_path = self.ds_state.load(self.checkpoints, resume.tag, weights_only=True)
@@ -256,7 +257,7 @@ class Trainer:
                 raise CheckpointError(f"{resume.path}: DeepSpeed could not load its weights")
             self.checkpointer.resumed_at(0)
             if dist.get_rank() == 0:  # a new run from another's weights
-                layout.new_run_id(self.checkpoints)
+                self._name_run(layout.new_run_id(self.checkpoints))
             _print(f"> warm start from {resume.path} (weights only): iteration 0, consumed samples 0")
             return
         tag = resume.tag if self.reshape is None else universal.universal_path(resume.path).name
@@ -278,10 +279,30 @@ class Trainer:
         elif not ckpt.load_rng(resume.path, dist.get_rank()):
             _print(f"> {resume.path} has no RNG state for this rank (another world size): RNG reseeded")
         self.checkpointer.resumed_at(self.state.iteration)
+        if dist.get_rank() == 0 and self.output is not None and self._recorded_run_id() is None:
+            self._name_run(layout.ensure_run_id(self.checkpoints))  # a run folder from before it recorded the id
         _print(f"> resumed from {resume.path}: iteration {self.state.iteration}, "
                f"consumed samples {self.state.consumed_train_samples}")
 
     # ------------------------------------------------------------------ checkpoints
+
+    def _recorded_run_id(self) -> str | None:
+        try:
+            return layout.run_id(self.output)
+        except CheckpointError:
+            return None  # damaged: written again from the checkpoints' own
+
+    def _name_run(self, run_id: str) -> None:
+        """The run folder records the id its checkpoints carry: readers compare the two (eval, backup)."""
+        if self.output is not None:
+            layout.write_run_id(self.output, run_id)
+
+    def _manifest_about(self) -> dict:
+        """What a checkpoint's manifest says it is, besides its files and iteration."""
+        p, t = self.exp.parallel, self.exp.train
+        return {"run_id": layout.run_id(self.checkpoints) or "", "experiment": self.exp.name, "optimizer": True,
+                "layout": {"tensor": p.tensor, "pipeline": p.pipeline, "data": self.dp, "zero_stage": p.zero_stage,
+                           "precision": t.precision}}
 
     def _checkpoint_meta(self) -> dict:
         """bsops.json of a checkpoint of the current state (rank 0 writes it)."""
@@ -416,6 +437,7 @@ class Trainer:
         if any_rank(self.device, kill_switch is not None and kill_switch.exists())[0]:
             _print(f"> kill switch {kill_switch} exists: exiting without training")
             return 0
+        ckpt.resolve_resume(self.checkpoints, _print)  # `latest` names a verified checkpoint, or there is none
         self._check_layout()
         resume = self._find_resume()
         self.stopper = Stopper(exp.checkpoint, self.train_iters, self.next_phase, self.job_start, self.device)

@@ -1,0 +1,155 @@
+"""Which checkpoint a run resumes from: the one `latest` names when it is what its manifest says, else the newest
+one that is. Never a checkpoint that is not, never "finished" because of a `latest` that names nothing, never
+hand repair.
+
+`survey` lists the global_stepN folders in the order a resume tries them: the one `latest` names first, then the
+others from the newest. `decide` walks them with a check the caller supplies (the trainer checks a committed one
+against its manifest, sizes and hashes, each rank a share of the files: `shares`; it adopts one saved before
+manifests after its zip archives check out) and returns the first that passes, what to set aside (moved whole by
+checkpoints/set_aside.py, never deleted) and the lines to print:
+- a folder without a committed manifest is a save that did not finish (its task was killed, or the disk filled):
+  set aside, wherever it is; a save from before manifests at or before `latest` is tried (adopted) instead;
+- a committed checkpoint whose files do not match its manifest (truncated, flipped, missing) is set aside once a
+  verified one is found, naming the first file and how it differs;
+- when none passes and one of them was committed (or saved before manifests), nothing is set aside and the resume
+  is refused: a run that had a checkpoint never silently starts over. When none ever committed (the first save
+  was cut short), the run starts from scratch, as it would have without them.
+Pure Python: the caller does the reading, the moving and the collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints.layout import Checkpoint, CheckpointError
+from bigscience_ops.checkpoints.manifest import Manifest
+
+COMMITTED, LEGACY, UNCOMMITTED, UNREADABLE = "committed", "saved before manifests", "uncommitted", "unreadable"
+UNFINISHED = ("no manifest: the save did not finish (its task was killed or stopped, or the disk filled, before "
+              "every rank's files were written)")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One global_stepN folder as the survey found it."""
+
+    ckpt: Checkpoint
+    state: str
+    """COMMITTED (its manifest read), LEGACY (saved before manifests: bsops.json, no manifest, at or before
+    `latest`), UNCOMMITTED or UNREADABLE (a manifest that cannot be read)."""
+    manifest: Manifest | None = None
+    why: str = ""
+    """For UNCOMMITTED and UNREADABLE: why it cannot be resumed from."""
+
+    @property
+    def tag(self) -> str:
+        return self.ckpt.tag
+
+
+@dataclass(frozen=True)
+class Survey:
+    """The run's checkpoints in the order a resume tries them, and what `latest` said."""
+
+    candidates: tuple[Candidate, ...]
+    latest: str | None
+    """The tag `latest` names (None: no `latest`, or one that cannot be read)."""
+    latest_problem: str = ""
+    """Why `latest` cannot be followed: unreadable, or naming a folder that is not there (empty: it can)."""
+    links: tuple[str, ...] = ()
+    """global_stepN entries that are links: never read, never moved."""
+
+
+@dataclass
+class Outcome:
+    """What a resume does: the checkpoint it takes, what it sets aside (with why), or what it refuses on."""
+
+    chosen: Candidate | None = None
+    set_aside: list[tuple[Candidate, str]] = field(default_factory=list)
+    refused: list[tuple[Candidate, str]] = field(default_factory=list)
+    """Set when nothing can be resumed from but something had committed: nothing is moved, the resume fails."""
+    notes: list[str] = field(default_factory=list)
+
+
+def survey(checkpoints: Path) -> Survey:
+    """Every global_stepN folder of `checkpoints` in the order a resume tries them."""
+    checkpoints = Path(checkpoints)
+    named, problem = None, ""
+    try:
+        named = layout.latest_tag(checkpoints)
+    except CheckpointError as exc:
+        problem = str(exc)
+    listed = layout.list_checkpoints(checkpoints)
+    links = tuple(c.tag for c in listed if c.is_link)
+    folders = [c for c in listed if not c.is_link and c.path.is_dir()]
+    named_step = layout.step_of(named) if named else None
+    if named is not None and named not in {c.tag for c in folders}:
+        problem = f"{checkpoints / layout.LATEST} names {named}, which is not a checkpoint folder there"
+    first = [c for c in folders if c.tag == named]
+    rest = sorted((c for c in folders if c.tag != named), key=lambda c: c.step, reverse=True)
+    return Survey(tuple(_candidate(c, named_step) for c in first + rest), named, problem, links)
+
+
+def _candidate(ckpt: Checkpoint, latest_step: int | None) -> Candidate:
+    try:
+        found = ckpt.manifest()
+    except CheckpointError as exc:
+        return Candidate(ckpt, UNREADABLE, why=str(exc))
+    if found is not None:
+        return Candidate(ckpt, COMMITTED, found)
+    if ckpt.saved_before_manifests() and (latest_step is None or ckpt.step <= latest_step):
+        return Candidate(ckpt, LEGACY)
+    return Candidate(ckpt, UNCOMMITTED, why=UNFINISHED)
+
+
+def decide(found: Survey, check: Callable[[Candidate], str | None]) -> Outcome:
+    """Walk the candidates in order; `check` says why one cannot be resumed from (None: it can). Every rank of a
+    training calls this with the same survey and a collective `check`, so every rank decides the same."""
+    out = Outcome()
+    failed: list[tuple[Candidate, str]] = []
+    for cand in found.candidates:
+        if cand.state in (UNCOMMITTED, UNREADABLE):
+            failed.append((cand, cand.why))
+            continue
+        why = check(cand)
+        if why is None:
+            out.chosen = cand
+            break
+        failed.append((cand, why))
+    untried = [c for c in found.candidates if out.chosen is not None and c.ckpt.step != out.chosen.ckpt.step
+               and c.state == UNCOMMITTED and all(c is not f for f, _ in failed)]
+    lost = [(c, why) for c, why in failed if c.state != UNCOMMITTED]
+    if out.chosen is None and lost:
+        out.refused = failed
+        return out
+    out.set_aside = failed + [(c, c.why) for c in untried]
+    if found.latest_problem or (found.latest is None and found.candidates):
+        why = found.latest_problem or "there is no `latest`"
+        target = f"resuming from {out.chosen.tag}, the newest verified checkpoint" if out.chosen else \
+            "no checkpoint to resume from: starting from scratch"
+        out.notes.append(f"{why}: {target}")
+    for tag in found.links:
+        out.notes.append(f"{tag} is a symbolic link: never resumed from (nor moved); move the folder itself there")
+    return out
+
+
+def shares(manifest: Manifest, world: int) -> list[list[str]]:
+    """The manifest's files split over `world` ranks for verification, about equal bytes each: the largest files
+    first, each to the rank with the fewest bytes so far (the same split on every rank)."""
+    loads = [0] * world
+    out: list[list[str]] = [[] for _ in range(world)]
+    for rel, rec in sorted(manifest.files.items(), key=lambda item: (-item[1].size, item[0])):
+        rank = loads.index(min(loads))
+        out[rank].append(rel)
+        loads[rank] += rec.size
+    return out
+
+
+def refusal(outcome: Outcome, checkpoints: Path) -> str:
+    """The error of a resume that found nothing to resume from while something had committed."""
+    listed = "; ".join(f"{c.tag}: {why}" for c, why in outcome.refused)
+    return (f"no checkpoint of {checkpoints} can be resumed from, and one of them was a committed save: {listed}. "
+            "Nothing was moved. Restore the newest from the backup store (its copy is verified against the same "
+            "manifest), or move the folder away to start the run over")
