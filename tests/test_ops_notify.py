@@ -373,7 +373,7 @@ def test_a_failure_text_with_credentials_is_scrubbed_in_the_email_and_the_state_
     saved = state.read_text()
     for text in (body, saved, inbox.messages[0]["Subject"]):
         assert token not in text and "abcd1234" not in text and "smtp-Pa55-word" not in text
-    assert "exited 128: remote: denied" in body and "hxxps[:]//<redacted>@hub.example/x.git" in body  # no link
+    assert "exited 128: remote: denied" in body and "hxxps[:]//<redacted>@hub[.]example/x.git" in body  # no link
     assert state.stat().st_mode & 0o777 == 0o600
     assert inbox.messages[0]["Subject"] == "[bsops] tr1-13B: hub-sync failed"  # the error itself is only in the body
 

@@ -4,22 +4,30 @@ Whoever can write a run's files (a record, eval/jobs.jsonl, a result file, a log
 phishing link in front of the on-call person through a genuine alert. So every value that comes from those files
 goes through `quote_untrusted` before it reaches a mail, a webhook or a console alert line:
 
-- printable only: NFKC first (fullwidth `ｈｔｔｐｓ：` is `https:`), then every character str.isprintable() refuses
+- folded: every dot look-alike a browser, a mail client or a linkifier may take for a dot (DOT_LOOKALIKES: U+3002,
+  U+FF0E, U+FF61, U+2024, U+FE52, ...) is a dot, then NFKC (fullwidth `ｈｔｔｐｓ：` is `https:`, `＠` is `@`);
+- printable only: every character str.isprintable() refuses
   (controls, CR/LF, VT, FF, U+001C-U+001E, U+0085, U+2028/U+2029, bidi overrides, zero-width characters, NUL)
   becomes a visible escape (`\\u2028`), and a backslash becomes `\\\\`, so an escape cannot be forged;
 - bounded: at most `limit` characters of the value are shown, with how long it was when cut;
 - scheme-less: `http://` becomes `hxxp[:]//`, `https` `hxxps`, `ftp` `fxp`; every other `scheme://` and the
   schemes that need no slashes (`javascript:`, `data:`, `mailto:`, ...) get `[:]`; the dots of a host after a
-  scheme or `//`, of `www.` names, of e-mail addresses, IPv4 addresses, punycode (`xn--`) and names ending in a
-  common top-level domain become `[.]`; square and angle brackets become ⟦ ⟧ and ‹ ›, so no markdown link
+  scheme or `//`, of `www.` names and IPv4 addresses become `[.]`, and so does every other dot that a letter of any
+  script follows: a host's last dot is the one before its top-level domain, which is letters (or `xn--`), whatever
+  that domain is (`evil.support`, `paypal.bank`, `пример.рф`), so no bare name, address or punycode stays a
+  link (a file name's dot too, `run[.]sh`, unless the name is a path's segment, `/runs/x/run.sh`, which no
+  linkifier takes for a host; numbers and versions keep their dots); square and angle brackets
+  become ⟦ ⟧ and ‹ ›, so no markdown link
   (`[text](url)`), Slack link (`<url|text>`) or HTML tag (`<a href=...>`, `<img ...>`) stays whole (with
   `mark=False`, square brackets stay, as in a node range `r7i4n[1-7]`, and markdown's `](` is broken instead);
 - marked: the result is in double quotes (a quote inside is `\\"`), so a reader sees where the file's words begin
   and end. `mark=False` is for a text that mixes bsops' words with a file's (a record's problem, an error).
 
 `defang_block` is the net under it, which message.compose lays over every subject and body, whatever built them:
-each line printable and cut at LINE_MAX, and the same scheme, `www.` and host rules, with markdown's `](` broken.
-It keeps the rest as it is (addresses, paths, brackets of bsops' own words), and running it twice changes nothing.
+each line printable and cut at LINE_MAX, and the same scheme, `www.` and host rules, with markdown's `](` broken;
+a dot or `@` look-alike (which no bsops word holds) becomes `[.]` or `[@]` before NFKC, which would otherwise make
+`evil．com` or `a＠evil.com` of a text no quoting reached a live name or address. It keeps the rest as it is (bsops'
+own host names, addresses, paths and brackets), and running it twice changes nothing.
 """
 
 from __future__ import annotations
@@ -47,12 +55,19 @@ _AFTER_SCHEME = re.compile(rf"(\[:\](?:[/\\]{{1,4}}|(?=\S)))({_HOST})")
 _PROTOCOL_RELATIVE = re.compile(rf"(?:^|(?<=[\s\"'(=:,;‹]))((?://|\\{{2,4}})\s*)({_HOST})")
 _WWW = re.compile(rf"(?i)\b(www\d{{0,3}}\.{_HOST})")
 _MARKDOWN = re.compile(r"\]\(")
-# Quoted values only: names a mail client links without a scheme.
-_TLDS = (r"com|net|org|info|biz|io|co|xyz|app|dev|me|ly|gl|gd|to|ru|cn|uk|de|fr|nl|eu|us|example|online|site|top|"
-         r"link|click|live|shop|store|zip|mov|page|cloud|ai|tk|ml|ga|cf|gq|su|pw|cc|ws|tv|xn--[a-z0-9-]+")
-_NAMED_HOST = re.compile(rf"(?i)(?<![\w/\\.@-])((?:[\w-]+\.)+(?:{_TLDS}))(?![\w-])")
-_PUNYCODE = re.compile(r"(?i)(?<![\w/\\.-])((?:[\w-]+\.)*xn--[\w-]+(?:\.[\w-]+)*)")
-_EMAIL = re.compile(r"(?i)(?<=[\w.+-]@)([\w-]+(?:\.[\w-]+)+)")
+DOT_LOOKALIKES = ("\u3002\uff0e\uff61"  # the label separators of IDNA (browsers, Python's idna codec)
+                  "\ufe12\u2024\ufe52"  # what NFKC folds to one of them or to `.`
+                  "\u0701\u0702\u06d4\u0589\u1362\u1803\u166e\ua4ff\ua60e\u2e3c")  # the full stops of other scripts
+"""Characters a browser, a mail client or a linkifier may take for the dot between two labels of a host name."""
+AT_LOOKALIKES = "\uff20\ufe6b"
+"""Characters NFKC folds to `@` (fullwidth, small commercial at)."""
+_DOT_LOOKALIKE = re.compile(f"[{DOT_LOOKALIKES}](?=\\S)")
+_AT_LOOKALIKE = re.compile(f"[{AT_LOOKALIKES}](?=\\S)")
+# Quoted values only: a name (letters, digits, marks, `-`, `_`, dots: what ASCII punctuation and spaces delimit) not
+# right after a `/` (a path's segment, which no linkifier takes for a host); and in it, a dot a letter of any script
+# follows (after NFKC), which may end a host before its top-level domain.
+_NAME = re.compile(r"[^\s!-,/:-@\[-^`{-~]+")
+_HOST_DOT = re.compile(r"(?<=.)\.(?=[^\W\d_])")
 _IPV4 = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d{1,3}){3})(?![\w.])")
 _BRACKETS = str.maketrans({"[": "⟦", "]": "⟧", "<": "‹", ">": "›"})
 _REDACTED_QUOTED = REDACTED.replace("<", "‹").replace(">", "›")
@@ -79,6 +94,13 @@ def _dots(match: re.Match[str]) -> str:
     return head + match.group(match.lastindex or 0).replace(".", "[.]")
 
 
+def _host_dots(match: re.Match[str]) -> str:
+    """The name `match` found with each dot before a letter made `[.]`, unless it is a path's segment."""
+    if match.start() and match.string[match.start() - 1] == "/":
+        return match.group(0)
+    return _HOST_DOT.sub("[.]", match.group(0))
+
+
 def _defang(text: str) -> str:
     """Schemes, their hosts, protocol-relative hosts and `www.` names made dead (the rules both modes share)."""
     text = _SCHEME.sub(_scheme, text)
@@ -94,7 +116,7 @@ def quote_untrusted(value: object, limit: int = QUOTE_MAX, *, mark: bool = True)
     with the file's). See the module for the rules."""
     text = value if isinstance(value, str) else str(value)
     cut = len(text) > limit
-    shown = unicodedata.normalize("NFKC", text[:limit])
+    shown = unicodedata.normalize("NFKC", _DOT_LOOKALIKE.sub(".", text[:limit]))
     if mark:
         shown = shown.replace("\\", "\\\\").replace('"', '\\"')
         shown = "".join(c if c.isprintable() else _escape(c) for c in shown)
@@ -105,8 +127,7 @@ def quote_untrusted(value: object, limit: int = QUOTE_MAX, *, mark: bool = True)
     else:  # bsops' words keep their brackets (a node range r7i4n[1-7], <redacted>): no link or tag stays whole
         shown = shown.replace("<", "‹").replace(">", "›").replace(_REDACTED_QUOTED, REDACTED)
     shown = _defang(shown)
-    for rule in (_EMAIL, _IPV4, _PUNYCODE, _NAMED_HOST):
-        shown = rule.sub(_dots, shown)
+    shown = _NAME.sub(_host_dots, _IPV4.sub(_dots, shown))
     shown = _MARKDOWN.sub("] (", shown)  # also after a `[:]` made of `javascript:(...)`
     if len(shown) > 4 * limit + 16:  # escapes and [.] make it longer: still bounded
         shown = shown[:4 * limit]
@@ -117,11 +138,12 @@ def quote_untrusted(value: object, limit: int = QUOTE_MAX, *, mark: bool = True)
 def defang_block(text: str, line_max: int = LINE_MAX) -> str:
     """The net under every message (message.compose): each line of `text` printable (a tab kept), cut at `line_max`
     characters, its schemes, their hosts and `www.` names made dead and markdown's `](` broken; the line breaks
-    (`\\n`) stay. Idempotent."""
+    (`\\n`) stay; a dot or `@` look-alike becomes `[.]` or `[@]` (before NFKC would make it `.` or `@`). Idempotent."""
     lines = []
     for line in text.split("\n"):
         cut = len(line) > line_max
-        line = unicodedata.normalize("NFKC", line[:line_max])
+        line = _AT_LOOKALIKE.sub("[@]", _DOT_LOOKALIKE.sub("[.]", line[:line_max]))
+        line = unicodedata.normalize("NFKC", line)
         line = _printable(line, keep="\t")
         line = _MARKDOWN.sub("] (", _defang(line))
         lines.append(line + ("..." if cut else ""))
