@@ -14,6 +14,7 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.errors import BsopsError
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_render import install_shims
+from tests.fixtures_runs import commit_checkpoint
 from tests.fixtures_smtp import alerts_yaml
 
 
@@ -22,7 +23,11 @@ def env_for(job: str, nodes: str) -> dict[str, str]:
 
 
 def save(checkpoints: Path, step: int) -> None:
-    checkpoints.mkdir(parents=True, exist_ok=True)
+    """A committed save of `step` (bsops.json, manifest) and `latest` naming it, as the trainer leaves them."""
+    folder = checkpoints / f"global_step{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bsops.json").write_text(f'{{"iteration": {step}}}')
+    commit_checkpoint(folder)
     (checkpoints / "latest").write_text(f"global_step{step}")
 
 
@@ -61,10 +66,16 @@ def test_a_killed_task_is_judged_by_the_checkpoint_the_next_task_begins_at(tmp_p
     assert second.end_iteration is None and ledger.running(ledger.read(tmp_path / ledger.LEDGER_NAME)) == second
 
 
-def test_unreadable_latest_is_an_error(tmp_path: Path) -> None:
+def test_progress_is_the_checkpoint_a_resume_starts_from_whatever_latest_says(tmp_path: Path) -> None:
+    """A task is judged by where the next one resumes: `latest` unreadable, naming a folder that is not there or a
+    save that never committed, the newest committed checkpoint counts (as the trainer's resume falls back to it)."""
     (tmp_path / "latest").write_text("step12")
-    with pytest.raises(BsopsError, match="global_stepN"):
-        ledger.latest_iteration(tmp_path)
+    assert ledger.latest_iteration(tmp_path) == 0
+    save(tmp_path, 20)
+    (tmp_path / "global_step40").mkdir()  # a save cut short: no manifest
+    for named in ("step12", "global_step99", "global_step40", "global_step5"):
+        (tmp_path / "latest").write_text(named)
+        assert ledger.latest_iteration(tmp_path) == 20, named
 
 
 def test_job_script_stops_a_crash_loop(tmp_path: Path, trainings: Path, plain_server) -> None:

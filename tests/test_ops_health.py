@@ -270,6 +270,7 @@ def test_the_alert_for_an_experiments_spike_says_the_exact_commands(tmp_path, tr
     for step in (200, 250):
         (checkpoints / f"global_step{step}").mkdir(parents=True)
         (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+        commit_checkpoint(checkpoints / f"global_step{step}")
     (checkpoints / "latest").write_text("global_step250")
     log.parent.mkdir(parents=True)
     log.write_text("\n".join(_log(tweak=lambda it, s: setattr(s, "lm_loss", s.lm_loss * 2.5) if it == 280 else None))
@@ -329,6 +330,7 @@ def test_an_eval_metric_that_falls_is_an_alert_with_the_rollback_and_a_bad_resul
     for step in (100, 200, 300):
         (checkpoints / f"global_step{step}").mkdir(parents=True)
         (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+        commit_checkpoint(checkpoints / f"global_step{step}")
     (checkpoints / "latest").write_text("global_step300")
     log.parent.mkdir(parents=True)
     log.write_text("\n".join(_log()) + "\n")
@@ -361,6 +363,7 @@ def test_an_eval_metric_that_falls_is_an_alert_with_the_rollback_and_a_bad_resul
     assert len(inbox.messages) == 2 and "eval-result-file" in inbox.messages[1]["Subject"]  # the torn file's recovery
     (checkpoints / "global_step400").mkdir()
     (checkpoints / "global_step400" / "bsops.json").write_text(json.dumps({"iteration": 400}))
+    commit_checkpoint(checkpoints / "global_step400")
     recovered = watch(now + timedelta(minutes=70))
     assert recovered.exit_code == status.EXIT_HEALTHY and len(inbox.messages) == 3
     assert all("recover" in m["Subject"].lower() for m in inbox.messages[1:])

@@ -20,6 +20,7 @@ from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_git import bare_remote, blob_at, git, hub_experiment, lfs_object, lfs_oid
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_smtp import T0, alerts_yaml, free_port
+from tests.fixtures_runs import commit_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -533,6 +534,7 @@ def test_the_eval_result_files_go_to_the_logs_repo_under_eval(git_lfs, tmp_path:
     step = run / "checkpoints" / "global_step100"  # the chronicle counts a result only for a checkpoint the run has
     step.mkdir(parents=True)
     (step / "bsops.json").write_text('{"iteration": 100}')
+    commit_checkpoint(step)
     (run / "checkpoints" / "latest").write_text("global_step100")
     (run / "eval" / "jobs.jsonl").write_text('{"event": "submitted"}\n')  # the scheduler's ledger stays here
     (run / "eval" / ".global_step200.json.77.tmp").write_text("{")  # a write in progress

@@ -18,6 +18,7 @@ from bigscience_ops.run_schedule import run_schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import plain_outbox
 from tests.fixtures_status import ITERATION, seed_job
+from tests.fixtures_runs import commit_checkpoint
 
 NOW = datetime(2026, 11, 22, 12, 0, 0)
 # What slurmstepd writes into the job's output file when the time limit ends it (Slurm 22.05).
@@ -45,6 +46,7 @@ def save(checkpoints: Path, step: int) -> None:
     """A finished save of `step` (its folder with bsops.json) and `latest` naming it, as the trainer leaves them."""
     (checkpoints / f"global_step{step}").mkdir(parents=True, exist_ok=True)
     (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+    commit_checkpoint(checkpoints / f"global_step{step}")
     (checkpoints / "latest").write_text(f"global_step{step}")
 
 
@@ -102,6 +104,7 @@ def test_a_run_not_launched_yet_is_an_info_line_not_an_alert(exp, warm: bool) ->
     if warm:  # what `bsops warm-start` leaves: a weights-only global_step0 and `latest` naming it
         (checkpoints / "global_step0").mkdir(parents=True)
         (checkpoints / "global_step0" / "bsops.json").write_text('{"iteration": 0, "weights_only": true}')
+        commit_checkpoint(checkpoints / "global_step0")
         (checkpoints / "latest").write_text("global_step0")
     run = lifecycle.run_state(exp)
     assert (run.launched, run.warm_start, run.iteration) == (False, warm, 0)

@@ -19,7 +19,7 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.run.iterations import IterationStats, iteration_line, parse_iteration_line
 from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import tiny_yaml
-from tests.fixtures_runs import complete_checkpoint
+from tests.fixtures_runs import commit_checkpoint, complete_checkpoint
 
 SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
 
@@ -122,6 +122,7 @@ def test_last_backup_is_read_from_the_stores_manifests(trainings: Path, tmp_path
         (checkpoints / f"global_step{step}").mkdir(parents=True)
         (checkpoints / f"global_step{step}" / "layer_00-model_states.pt").write_bytes(bytes(100 * step))
         (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+        commit_checkpoint(checkpoints / f"global_step{step}")
         (checkpoints / "latest").write_text(f"global_step{step}")
         report = backup.run_backup(exp)
     assert report.backed_up == ["global_step10"] and report.already == ["global_step5"]
@@ -152,6 +153,7 @@ def test_hostile_records_and_a_linked_checkpoint_are_named_and_the_rest_shown(ex
     out, checkpoints = Path(exp.paths.output), Path(exp.paths.checkpoints)
     (checkpoints / "global_step5").mkdir(parents=True)
     (checkpoints / "global_step5" / "bsops.json").write_text('{"iteration": 5}')
+    commit_checkpoint(checkpoints / "global_step5")
     (checkpoints / "latest").write_text("global_step5")
     (tmp_path / "elsewhere").mkdir()
     (checkpoints / "global_step9").symlink_to(tmp_path / "elsewhere")
