@@ -160,15 +160,32 @@ def load_or_build_index_mappings(indexed: IndexedDataset, name: str, first_doc: 
 
 # --- datasets --------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class TokenPlace:
+    """Where one token of a sample is: the dataset's prefix, the document (its index in the .idx) and the token's
+    offset inside it."""
+
+    prefix: str
+    document: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.prefix}: document {self.document}, token {self.offset}"
+
+
 class GPTDataset:
-    """Samples of seq_length + 1 tokens from documents [first_doc, end_doc) of one indexed dataset."""
+    """Samples of seq_length + 1 tokens from documents [first_doc, end_doc) of one indexed dataset.
+
+    `token_limit`: the ids a sample may hold are below it (the model's padded vocabulary; None: not known). The
+    trainer's feed checks every micro-batch against it and names the token by `locate`."""
 
     def __init__(self, name: str, indexed: IndexedDataset, first_doc: int, end_doc: int, num_samples: int,
-                 seq_length: int, seed: int, cache_dir: str | ReadOnlyIndices | None = None) -> None:
+                 seq_length: int, seed: int, cache_dir: str | ReadOnlyIndices | None = None,
+                 token_limit: int | None = None) -> None:
         if not 0 <= first_doc < end_doc <= len(indexed):
             raise DataError(f"document range [{first_doc}, {end_doc}) is empty or outside the "
                             f"{len(indexed)} documents of {indexed.prefix}")
-        self.name, self.indexed, self.seq_length = name, indexed, seq_length
+        self.name, self.indexed, self.seq_length, self.token_limit = name, indexed, seq_length, token_limit
         self.first_doc, self.end_doc = first_doc, end_doc
         self.doc_idx, self.sample_idx, self.shuffle_idx, self.built = load_or_build_index_mappings(
             indexed, name, first_doc, end_doc, num_samples, seq_length, seed, cache_dir)
@@ -197,6 +214,15 @@ class GPTDataset:
     def __getitem__(self, i: int) -> np.ndarray:
         parts = [self.indexed.get(doc, offset=offset, length=length) for doc, offset, length in self.pieces(i)]
         return (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np.int64)
+
+    def locate(self, i: int, position: int) -> TokenPlace:
+        """Where token `position` (0 to seq_length) of sample i lies in the data: its dataset, document and offset."""
+        left = position
+        for doc, offset, length in self.pieces(i):
+            if left < length:
+                return TokenPlace(self.indexed.prefix, doc, offset + left)
+            left -= length
+        raise IndexError(f"position {position} is beyond sample {i}'s {self.seq_length + 1} tokens")
 
 
 def build_blend_indices(weights: list[float], sizes: list[int], size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -249,6 +275,8 @@ class BlendedDataset:
     def __init__(self, datasets: list[GPTDataset], weights: list[float], size: int) -> None:
         self.datasets = datasets
         self.weights = list(weights)
+        limits = {d.token_limit for d in datasets}
+        self.token_limit = limits.pop() if len(limits) == 1 else None  # one model: one limit for all
         self.dataset_index, self.dataset_sample_index = build_blend_indices(
             weights, [len(d) for d in datasets], size)
 
@@ -263,6 +291,10 @@ class BlendedDataset:
         dataset, sample = self.source(i)
         return self.datasets[dataset][sample]
 
+    def locate(self, i: int, position: int) -> TokenPlace:
+        dataset, sample = self.source(i)
+        return self.datasets[dataset].locate(sample, position)
+
 
 SPLIT_NAMES = ("train", "valid", "test")
 
@@ -274,13 +306,15 @@ def build_train_valid_test_datasets(
     seed: int,
     num_samples: tuple[int, int, int],
     cache_dir: str | ReadOnlyIndices | None = None,
+    token_limit: int | None = None,
 ) -> tuple[GPTDataset | BlendedDataset | None, GPTDataset | BlendedDataset | None,
            GPTDataset | BlendedDataset | None]:
     """Train, valid and test datasets over weighted prefixes; None where a split has no documents.
 
     One prefix: each split is a GPTDataset with at least num_samples[i] samples (whole epochs, as
     Megatron's). Several: each prefix's split holds ceil(num_samples[i] * w * 1.005) samples and
-    the blend serves exactly num_samples[i] (or, when that is 0, one pass over all of them).
+    the blend serves exactly num_samples[i] (or, when that is 0, one pass over all of them). `token_limit`: the
+    ids a sample may hold are below it (GPTDataset; the trainer's feed checks them).
     """
     if not prefixes:
         raise DataError("no data prefixes given; need at least one (weight, prefix)")
@@ -300,7 +334,7 @@ def build_train_valid_test_datasets(
             if bounds[s + 1] <= bounds[s]:
                 continue
             wanted = num_samples[s] if single else math.ceil(num_samples[s] * weight / total_w * BLEND_MARGIN)
-            ds = GPTDataset(name, indexed, bounds[s], bounds[s + 1], wanted, seq_length, seed, cache_dir)
+            ds = GPTDataset(name, indexed, bounds[s], bounds[s + 1], wanted, seq_length, seed, cache_dir, token_limit)
             per_split[s].append((weight, ds))
     out: list[GPTDataset | BlendedDataset | None] = []
     for s in range(3):

@@ -17,11 +17,20 @@ and non-blocking copies to the GPU, so the next micro-batches are ready before t
 Curriculum learning truncates each sample to the step's sequence length (Megatron-DeepSpeed's
 get_batch: tokens, labels and loss mask cut to the first `seqlen` positions); the rest of the
 sample is not used, and the next step still starts at the next sample.
+
+Every micro-batch is checked before the model sees it: each token id it feeds must be in [0, token_limit)
+(the model's padded vocabulary, which the datasets carry: sampling.build_datasets). The launch's pre-flight
+checked the data as it was then; data changed since (or never checked: a run started by hand) would otherwise
+reach the embedding as `IndexError: index out of range in self` with no word of where. A bad id stops the
+rank with a TokenOutOfVocabulary naming the dataset's prefix, the document and the token's offset in it.
+The check is one min/max over the micro-batch's ids on the host (benchmarks/token_check.py: well under 1%
+of a step).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -32,6 +41,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from bigscience_ops.trainer.errors import TrainerError
 from bigscience_ops.trainer.sampling import (  # noqa: F401  (re-exported for the trainer and its tests)
     SyntheticDataset, build_datasets, micro_batch_indices, sample_indices,
 )
@@ -42,6 +52,21 @@ class TokenDataset(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> np.ndarray: ...  # seq_length + 1 token ids
+
+
+class TokenOutOfVocabulary(TrainerError):
+    """A micro-batch holds a token id the model has no embedding row for: where it is in the data, in one line.
+    `where`: the dataset's TokenPlace (prefix, document, offset), or words for data without one."""
+
+    def __init__(self, where: object, value: int, limit: int, sample: int, micro_batch: int, dp_rank: int) -> None:
+        self.where, self.value, self.limit, self.sample = where, value, limit, sample
+        prefix = getattr(where, "prefix", None)
+        verify = f"bsops data verify {shlex.quote(prefix)}" if prefix is not None else "bsops data verify PREFIX"
+        super().__init__(
+            f"data: {where} holds token id {value}, which the model cannot embed: ids must be in [0, {limit}) "
+            f"(model.vocab_size padded); the data changed after the launch's check, or was made with another "
+            f"tokenizer: `{verify}` lists every such token (micro-batch {micro_batch} of data-parallel rank "
+            f"{dp_rank}, sample {sample})")
 
 
 MicroBatch = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]  # tokens, (labels, loss mask): (mbs, seq) each
@@ -61,6 +86,19 @@ def truncate(batch: MicroBatch, seqlen: int | None) -> MicroBatch:
     if seqlen is None or seqlen >= tokens.shape[1]:
         return batch
     return (tokens[:, :seqlen].contiguous(), (labels[:, :seqlen].contiguous(), mask[:, :seqlen].contiguous()))
+
+
+def bad_token(batch: MicroBatch, limit: int) -> tuple[int, int, int] | None:
+    """(row, position in the sample, id) of the first token id of `batch` outside [0, limit), else None. Position
+    0 is the first token fed, position p > 0 is label p - 1 (the sample's token p)."""
+    tokens, (labels, _) = batch
+    low, high = torch.aminmax(labels)
+    first_low, first_high = torch.aminmax(tokens[:, 0])  # the labels hold every other token of the sample
+    if min(int(low), int(first_low)) >= 0 and max(int(high), int(first_high)) < limit:
+        return None
+    sample = torch.cat([tokens[:, :1], labels], dim=1)
+    row, position = (int(x) for x in ((sample < 0) | (sample >= limit)).nonzero()[0])
+    return row, position, int(sample[row, position])
 
 
 def step_micro_batches(dataset: TokenDataset, consumed: int, num_micro_batches: int, micro_batch_size: int,
@@ -123,10 +161,16 @@ class MicroBatchFeed:
     """
 
     def __init__(self, dataset: TokenDataset, consumed: int, micro_batch_size: int, dp_rank: int, dp_size: int,
-                 num_workers: int, device: torch.device) -> None:
+                 num_workers: int, device: torch.device, token_limit: int | None = None) -> None:
+        """`token_limit`: every id fed must be below it; default the dataset's own `token_limit` (the model's padded
+        vocabulary, set by sampling.build_datasets)."""
         self.device = device
         self.seen_seqlen: int | None = None
+        self.dataset = dataset
+        self.token_limit = token_limit if token_limit is not None else getattr(dataset, "token_limit", None)
+        self._read = 0  # micro-batches drawn from the loader so far (taken or skipped)
         sampler = MicroBatchSampler(len(dataset), micro_batch_size, dp_rank, dp_size, consumed)
+        self.sampler = sampler
         self.loader = torch.utils.data.DataLoader(
             dataset, batch_sampler=sampler, collate_fn=collate, num_workers=num_workers,
             pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None,
@@ -146,9 +190,26 @@ class MicroBatchFeed:
         `seen_seqlen` is the length of the last micro-batch handed out: what the model was fed.
         """
         for _ in range(num_micro_batches):
-            batch = self._to_device(truncate(next(self._batches), seqlen))
+            batch = truncate(next(self._batches), seqlen)
+            self._read += 1
+            self._check(batch)
+            batch = self._to_device(batch)
             self.seen_seqlen = batch[0].shape[1]
             yield batch
+
+    def _check(self, batch: MicroBatch) -> None:
+        """TokenOutOfVocabulary when the micro-batch just read holds an id outside [0, token_limit)."""
+        if self.token_limit is None:
+            return
+        found = bad_token(batch, self.token_limit)
+        if found is None:
+            return
+        row, position, value = found
+        s = self.sampler
+        sample = micro_batch_indices(s.consumed, self._read - 1, s.mbs, s.rank, s.dp, s.n)[row]
+        locate = getattr(self.dataset, "locate", None)
+        where = locate(sample, position) if locate is not None else f"sample {sample}, token {position}"
+        raise TokenOutOfVocabulary(where, value, self.token_limit, sample, self._read, s.rank)
 
     def skip(self, num_micro_batches: int) -> None:
         """Drop the next `num_micro_batches` micro-batches unread (a skipped iteration's), so the next `take`
@@ -156,6 +217,7 @@ class MicroBatchFeed:
         and writer threads run could deadlock the child on a lock one of them held."""
         for _ in range(num_micro_batches):
             next(self._batches)
+            self._read += 1
 
     def close(self) -> None:
         """End the workers now, through the DataLoader's own shutdown (a sentinel, no signal). Left to the

@@ -26,6 +26,7 @@ import numpy as np
 
 from bigscience_ops.run_schedule import RunSchedule
 from bigscience_ops.schema import Experiment
+from bigscience_ops.sizing import padded_vocab_size
 
 
 class SyntheticDataset:
@@ -38,6 +39,7 @@ class SyntheticDataset:
 
     def __init__(self, num_samples: int, seq_length: int, vocab_size: int, seed: int, split: int = 0) -> None:
         self.num_samples, self.seq_length, self.vocab_size = num_samples, seq_length, vocab_size
+        self.token_limit = vocab_size  # the ids it makes are below it (the trainer's feed checks them all the same)
         self.seed, self.split = seed, split
         self.successor = np.random.default_rng(seed).integers(0, vocab_size, size=vocab_size)
 
@@ -54,6 +56,9 @@ class SyntheticDataset:
             out[t + 1] = random_tokens[t] if noise[t] else self.successor[out[t]]
         return out
 
+    def locate(self, i: int, position: int) -> str:
+        return f"generated sequence {i} (--synthetic-data), token {position}"
+
 
 def dataset_sizes(exp: Experiment, schedule: RunSchedule) -> tuple[int, int, int]:
     """(train, valid, test) samples the trainer asks of the datasets: train.samples (or every step's full batch),
@@ -66,7 +71,9 @@ def dataset_sizes(exp: Experiment, schedule: RunSchedule) -> tuple[int, int, int
 
 def build_datasets(exp: Experiment, num_samples: tuple[int, int, int], synthetic: bool, indices=None) -> tuple:
     """(train, valid, test) datasets; a split may be None when the data split leaves it empty. `indices` (a
-    gpt_dataset.ReadOnlyIndices, for `bsops samples`) reads the index files the trainer wrote and writes none there."""
+    gpt_dataset.ReadOnlyIndices, for `bsops samples`) reads the index files the trainer wrote and writes none there.
+    Each dataset's `token_limit` is the model's padded vocabulary: the trainer's feed checks every token id
+    against it before the model sees it (data.MicroBatchFeed)."""
     m = exp.model
     if synthetic:
         train, valid, test = num_samples
@@ -75,8 +82,10 @@ def build_datasets(exp: Experiment, num_samples: tuple[int, int, int], synthetic
     from bigscience_ops.data.gpt_dataset import build_train_valid_test_datasets
 
     prefixes = [(src.weight, src.prefix) for src in exp.data.blend]
-    return build_train_valid_test_datasets(prefixes, exp.data.split, m.seq_length, exp.train.seed, num_samples,
-                                           cache_dir=exp.data.cache_dir if indices is None else indices)
+    return build_train_valid_test_datasets(
+        prefixes, exp.data.split, m.seq_length, exp.train.seed, num_samples,
+        cache_dir=exp.data.cache_dir if indices is None else indices,
+        token_limit=padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, exp.parallel.tensor))
 
 
 def micro_batch_positions(consumed: int, k: int, micro_batch_size: int, dp_rank: int, dp_size: int) -> range:
