@@ -334,6 +334,110 @@ def test_a_sampled_binding_is_checked_by_a_scan_once_per_file(tmp_path: Path, mo
     assert len(scans) == 2  # the scan was kept for this very file
 
 
+def _sampled_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A dataset bound by sampled blocks (the first and the last two tokens), as a .bin over 64 MiB is."""
+    from bigscience_ops.data import binding
+
+    for name, value in (("FULL_HASH_BYTES", 64), ("SAMPLES", 2), ("SAMPLE_BYTES", 4)):
+        monkeypatch.setattr(binding, name, value)
+    return write_indexed(tmp_path / "big_text_document", [list(range(1, 200)), [5, 6, 7]])
+
+
+def _between_the_blocks(prefix: str, value: int) -> None:
+    tokens = np.fromfile(f"{prefix}.bin", dtype=np.uint16)
+    tokens[100] = value
+    tokens.tofile(f"{prefix}.bin")
+
+
+def _after_a_tick(path: str, folder: Path) -> None:
+    """Return once the filesystem's clock has moved past `path`'s ctime (it counts in ticks of a few milliseconds):
+    a change made now gets another ctime, as a change made any later than the scan does."""
+    probe = folder / "tick-probe"
+    probe.write_bytes(b"")
+    for _ in range(10_000):
+        os.utime(probe)
+        if os.stat(probe).st_ctime_ns > os.stat(path).st_ctime_ns:
+            break
+    probe.unlink()
+
+
+def test_an_edit_between_the_sampled_blocks_with_the_mtime_set_back_is_scanned_again(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch
+                                                                                     ) -> None:
+    """The issue's: a token changed where the sampled hash does not look, the mtime restored. The cache is keyed by
+    the file's ctime too, which the write and the utime both moved (and no user can set back)."""
+    from bigscience_ops.data import binding
+
+    prefix = _sampled_dataset(tmp_path, monkeypatch)
+    assert preflight.max_token_id(prefix, np.uint16) == preflight.MaxId(199, "scan")
+    assert preflight.max_token_id(prefix, np.uint16).source == f"cache {preflight.cache_path(prefix)}"
+    before, st = binding.compute(prefix), os.stat(f"{prefix}.bin")
+    _after_a_tick(f"{prefix}.bin", tmp_path)
+    _between_the_blocks(prefix, 9000)
+    os.utime(f"{prefix}.bin", ns=(st.st_atime_ns, st.st_mtime_ns))  # inode, size, mtime as before
+    assert binding.compute(prefix) == before and os.stat(f"{prefix}.bin").st_ino == st.st_ino
+    assert preflight.max_token_id(prefix, np.uint16) == preflight.MaxId(9000, "scan")
+
+
+def _forged(prefix: str, max_id: int, mac: str | None) -> bytes:
+    """A cache beside the data for the .bin as it is now (its binding and file key computed as bsops does), claiming
+    `max_id`, with `mac`."""
+    from bigscience_ops.data import binding
+
+    data = {"format": binding.CACHE_FORMAT, "key": binding._key(prefix, binding.compute(prefix)), "max_id": max_id}
+    if mac is not None:
+        data["mac"] = mac
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize("mac", [None, "0" * 64, "another user's key"])
+def test_a_scan_cache_this_users_bsops_did_not_write_is_not_used_nor_overwritten(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mac: str | None) -> None:
+    """The issue's other way round the check: a matching .maxid written beside the data. Its key can be computed by
+    anyone who can read the data; its HMAC only with this user's key."""
+    import hashlib
+    import hmac
+
+    from bigscience_ops.data import binding
+
+    prefix = _sampled_dataset(tmp_path, monkeypatch)
+    _between_the_blocks(prefix, 9000)
+    if mac == "another user's key":
+        key = binding._key(prefix, binding.compute(prefix))
+        text = json.dumps({"format": binding.CACHE_FORMAT, "key": key, "max_id": 199}, sort_keys=True)
+        mac = hmac.new(os.urandom(32), text.encode(), hashlib.sha256).hexdigest()
+    forged = _forged(prefix, 199, mac)
+    preflight.cache_path(prefix).write_bytes(forged)
+    assert preflight.max_token_id(prefix, np.uint16) == preflight.MaxId(9000, "scan")
+    assert preflight.cache_path(prefix).read_bytes() == forged  # left as it was: the scan is kept in the user cache
+    user = binding.user_cache_path(prefix)
+    assert preflight.max_token_id(prefix, np.uint16) == preflight.MaxId(9000, f"cache {user}")
+
+
+@pytest.mark.parametrize("spoil", ["readable by others", "a link", "too short"])
+def test_without_a_key_only_this_user_holds_nothing_is_kept_or_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         spoil: str) -> None:
+    from bigscience_ops.data import binding
+
+    prefix = _sampled_dataset(tmp_path, monkeypatch)
+    key = binding.user_cache_root() / binding.KEY_NAME
+    binding.user_key()
+    assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes()) == binding.KEY_BYTES
+    if spoil == "readable by others":
+        key.chmod(0o644)
+    elif spoil == "a link":
+        other = tmp_path / "known-key"
+        other.write_bytes(os.urandom(binding.KEY_BYTES))
+        other.chmod(0o600)
+        key.unlink()
+        key.symlink_to(other)
+    else:
+        key.write_bytes(b"short")
+    found = preflight.max_token_id(prefix, np.uint16)
+    assert found.value == 199 and found.source.startswith("scan, not cached: no key for the scan cache")
+    assert not preflight.cache_path(prefix).exists() and not binding.user_cache_path(prefix).exists()
+
+
 def _copy(prefix: str, to: Path) -> str:
     to.mkdir()
     for ext in (".bin", ".idx", ".dataset.json"):

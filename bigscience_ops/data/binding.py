@@ -12,15 +12,31 @@ A record (dataset_record.py) is a claim about the `.bin`/`.idx` beside it. Its `
 
 The scan reads the .bin at disk speed (numpy memmap in chunks of SCAN_CHUNK ids, bounded memory). A .bin hashed whole
 is scanned each time (as cheap as its hash). A larger one's result is kept in `PREFIX.maxid` beside the .idx, else
-(a read-only data folder) in the user cache ($BSOPS_CACHE_DIR/maxid, else $XDG_CACHE_HOME/bsops/maxid), keyed by
-the binding and by the .bin's inode, size and mtime: a copy of the data, or an edit in place, is scanned again. Records and caches are read only as regular
-files (`read_regular`: never through a link, never a FIFO), of a bounded size.
+(a read-only data folder, or a file there that is not this user's) in the user cache ($BSOPS_CACHE_DIR/maxid, else
+$XDG_CACHE_HOME/bsops/maxid). A kept scan is a claim like a record, and the data folder is shared: it is used only
+when
+
+  - it was written by this user's bsops: it carries an HMAC-SHA256 under a key of this user's (`maxid-key` in the
+    user cache: 32 random bytes, mode 0600, owned by the user). A `.maxid` anyone else wrote beside the data, or
+    copied from another dataset, does not verify and is not used;
+  - the content it was computed from is what the file holds now, as far as can be known without reading it: the
+    binding (the .idx hashed whole, the .bin's size and sampled blocks) and the .bin's identity and change time
+    (inode, size, mtime and ctime). Every write to the file, and every `touch`/utime that sets its mtime back,
+    sets its ctime to the present, which no user but root can set back: an edit between the sampled blocks with
+    the mtime restored is scanned again. (Keying by a hash of the whole .bin would read the whole .bin to look the
+    cache up: the very scan the cache saves.)
+
+Without a key of the user's (no writable user cache), nothing is kept and a large .bin is scanned each time. The
+trainer checks every token it reads all the same (trainer/data.py), and `bsops data verify` reads everything
+(data/verify.py). Records and caches are read only as regular files (`read_regular`: never through a link, never
+a FIFO), of a bounded size.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import json
 import os
 import stat
@@ -33,8 +49,10 @@ SAMPLE_BYTES = 1 << 16
 HASH_READ = 1 << 22  # bytes read at once while hashing
 SCAN_CHUNK = 1 << 24  # token ids read at once by a scan (32-128 MiB of memory by dtype)
 CACHE_SUFFIX = ".maxid"  # PREFIX.maxid: the scan's result, beside PREFIX.idx
-CACHE_FORMAT = 2  # 1: keyed by the .bin's size and mtime only (read as no cache)
+CACHE_FORMAT = 3  # 1: size and mtime only; 2: no ctime, no HMAC (both read as no cache)
 CACHE_MAX_BYTES = 4096  # a larger file named like a cache is not one of ours
+KEY_NAME = "maxid-key"  # the user's key for the caches' HMAC, in the user cache
+KEY_BYTES = 32
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -169,22 +187,64 @@ def cache_path(prefix: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(prefix)}{CACHE_SUFFIX}")
 
 
+def user_cache_root() -> Path:
+    """$BSOPS_CACHE_DIR, else $XDG_CACHE_HOME/bsops, else ~/.cache/bsops."""
+    return Path(os.environ.get("BSOPS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "bsops"))
+
+
 def user_cache_path(prefix: str | os.PathLike) -> Path:
     """Where a scan of a dataset in a folder bsops cannot write is kept: one file per .bin, named by its path."""
-    root = os.environ.get("BSOPS_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "bsops")
     where = hashlib.sha256(os.path.realpath(f"{os.fspath(prefix)}.bin").encode()).hexdigest()[:24]
-    return Path(root) / "maxid" / f"{where}.json"
+    return user_cache_root() / "maxid" / f"{where}.json"
+
+
+class NoKey(OSError):
+    """The user's key for the scan caches cannot be read or made: nothing is kept, nothing kept is trusted."""
+
+
+def user_key() -> bytes:
+    """The user's secret for the caches' HMAC: `maxid-key` in the user cache, made on first use (32 random bytes,
+    0600). NoKey when it cannot be made, or when the file there is not one only this user can read and write (a
+    link, another owner's, readable by others: a key someone else knows proves nothing)."""
+    path = user_cache_root() / KEY_NAME
+    for _ in range(2):
+        found = read_regular(path, KEY_BYTES)
+        if found.data is not None or found.why is not None:
+            break
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            continue  # another process made it meanwhile: read it
+        except OSError as exc:
+            raise NoKey(f"no key for the scan cache: {path} cannot be made ({exc.strerror or exc})") from None
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(KEY_BYTES))
+    if found.data is None:
+        raise NoKey(f"no key for the scan cache: {found.why or f'{path} vanished'}")
+    st = os.lstat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or len(found.data) != KEY_BYTES:
+        raise NoKey(f"no key for the scan cache: {path} is not a {KEY_BYTES}-byte file of this user's that only "
+                    f"they can read (mode 0600): remove it, and bsops makes a new one")
+    return found.data
 
 
 def _key(prefix: str, bound: dict) -> dict:
-    """What a cached scan is valid for: the binding, and this very file as it is now."""
+    """What a cached scan is valid for: the binding, and this very file as it is now (its ctime: no user can set it
+    back after a write)."""
     st = os.stat(f"{prefix}.bin")
-    return {"binding": bound, "file": {"inode": st.st_ino, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}}
+    return {"binding": bound, "file": {"inode": st.st_ino, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                       "ctime_ns": st.st_ctime_ns}}
 
 
-def _cached(path: Path, key: dict) -> int | None | bool:
-    """The cached largest id when the cache at `path` was written for `key`; False otherwise."""
+def _mac(secret: bytes, key: dict, value: int | None) -> str:
+    text = json.dumps({"format": CACHE_FORMAT, "key": key, "max_id": value}, sort_keys=True)
+    return hmac.new(secret, text.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _cached(path: Path, key: dict, secret: bytes) -> int | None | bool:
+    """The cached largest id when the cache at `path` was written by this user's bsops for `key`; False otherwise."""
     found = read_regular(path, CACHE_MAX_BYTES)
     if found.data is None:
         return False
@@ -194,18 +254,36 @@ def _cached(path: Path, key: dict) -> int | None | bool:
         return False
     if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or data.get("key") != key:
         return False
-    value = data.get("max_id")
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        return value
-    return False
+    value, mac = data.get("max_id"), data.get("mac")
+    if not (value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)):
+        return False
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(secret, key, value)):
+        return False
+    return value
 
 
-def _keep(path: Path, key: dict, value: int | None) -> None:
+def _taken(path: Path, secret: bytes) -> str | None:
+    """Why `path` is not free for this user's cache, or None: nothing there, or a cache this user's bsops wrote
+    (stale or not). Another user's cache is left alone (overwriting it would only make them scan again), and so is
+    anything that is not a cache of ours (a link, a file of the same name)."""
+    found = read_regular(path, CACHE_MAX_BYTES)
+    if found.data is None:
+        return found.why
+    try:
+        data = json.loads(found.data)
+        if hmac.compare_digest(_mac(secret, data["key"], data["max_id"]), data["mac"]):
+            return None
+    except (ValueError, KeyError, TypeError):
+        pass
+    return f"{path} holds a scan cache another user wrote, or another file"
+
+
+def _keep(path: Path, key: dict, value: int | None, secret: bytes) -> None:
     from bigscience_ops.untrusted import write_atomically
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps({"format": CACHE_FORMAT, "key": key, "max_id": value}).encode("utf-8"),
-                     tmp=f"{path}.tmp-{os.getpid()}")
+    data = {"format": CACHE_FORMAT, "key": key, "max_id": value, "mac": _mac(secret, key, value)}
+    write_atomically(path, json.dumps(data).encode("utf-8"), tmp=f"{path}.tmp-{os.getpid()}")
 
 
 def checked_max_id(prefix: str | os.PathLike, dtype, bound: dict | None = None) -> tuple[int | None, str]:
@@ -215,17 +293,27 @@ def checked_max_id(prefix: str | os.PathLike, dtype, bound: dict | None = None) 
     prefix = os.fspath(prefix)
     if (bound["bin_bytes"] if bound is not None else os.stat(f"{prefix}.bin").st_size) <= FULL_HASH_BYTES:
         return scan_max_id(Path(f"{prefix}.bin"), dtype), "scan"
+    try:
+        secret = user_key()
+    except NoKey as exc:
+        return scan_max_id(Path(f"{prefix}.bin"), dtype), f"scan, not cached: {exc}"
     key = _key(prefix, bound if bound is not None else compute(prefix))
     beside, user = cache_path(prefix), user_cache_path(prefix)
     for path in (beside, user):
-        value = _cached(path, key)
+        value = _cached(path, key, secret)
         if value is not False:
             return value, f"cache {path}"
     value = scan_max_id(Path(f"{prefix}.bin"), dtype)
+    if key != _key(prefix, key["binding"]):  # the file changed while it was scanned: what was read proves nothing
+        return value, "scan, not cached: the .bin changed while it was scanned"
     why = None
     for path in (beside, user):
+        taken = _taken(path, secret)
+        if taken is not None:
+            why = why or taken
+            continue
         try:
-            _keep(path, key, value)
+            _keep(path, key, value, secret)
             return value, "scan"
         except OSError as exc:  # a read-only data folder: the user cache next
             why = why or exc.strerror or str(exc)
