@@ -465,3 +465,86 @@ def test_a_copied_record_whose_max_id_lies_is_refused_by_plan_and_launch(trainin
     [error] = json.loads(run("plan", "x", "--json", "--trainings-dir", str(trainings)).stdout)["data"]["errors"]
     assert "holds token id 50256" in error["text"] and "below 8192" in error["text"]
     assert f"{copy}.dataset.json" in error["text"]  # the record that claimed otherwise, named
+
+
+# ----------------------------------------------------------------------------- bsops data verify: the whole dataset
+
+def verified(*args: str) -> tuple[int, dict]:
+    result = run("data", "verify", *args, "--json")
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_data_verify_reads_every_token_and_names_each_one_beyond_the_vocabulary(tmp_path: Path, trainings: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    """Every token, chunk by chunk (progress after each): the bad ones counted, the first named by document and
+    offset; a clean dataset and its record pass. --experiment takes the bound plan and the trainer use."""
+    from bigscience_ops.data import binding
+    from bigscience_ops.data.verify import verify
+
+    monkeypatch.setattr(binding, "SCAN_CHUNK", 7)  # many chunks: the bad tokens straddle their edges
+    docs = [list(range(i, i + 9)) for i in range(1, 40, 9)]
+    prefix = write_indexed(tmp_path / "v_text_document", docs)
+    code, clean = verified(prefix, "--vocab-size", "100")
+    assert code == 0 and clean["ok"] and clean["bad_tokens"] == 0 and (clean["min_id"], clean["max_id"]) == (1, 45)
+    assert (clean["documents"], clean["tokens"], clean["record"]) == (5, 45, "none")
+    tokens = np.fromfile(f"{prefix}.bin", dtype=np.uint16)
+    tokens[[3, 17, 18, 44]] = [100, 65535, 120, 4000]  # document 0 token 3, 1:8, 2:0, 4:8
+    tokens.tofile(f"{prefix}.bin")
+    code, found = verified(prefix, "--vocab-size", "100")
+    assert code == 1 and not found["ok"] and found["bad_tokens"] == 4 and found["limit"] == 100
+    assert [(b["document"], b["offset"], b["token"]) for b in found["first_bad"]] == [
+        (0, 3, 100), (1, 8, 65535), (2, 0, 120), (4, 8, 4000)]
+    code, unbounded = verified(prefix)  # no vocabulary: the ids are shown, not judged
+    assert code == 0 and unbounded["limit"] is None and unbounded["max_id"] == 65535
+    (trainings / "x.yaml").write_text(tiny_yaml(tmp_path / "runs" / "x", ""))
+    code, planned = verified(prefix, "--experiment", "x", "--trainings-dir", str(trainings))
+    assert code == 1 and planned["limit"] == 8192 and planned["bad_tokens"] == 1  # tiny's 8192: only 65535
+    seen = []
+    verify(prefix, 100, lambda done, total: seen.append((done, total)))
+    assert seen == [(min(i + 7, 45) * 2, 90) for i in range(0, 45, 7)]
+
+
+def _spoil_index(prefix: str, part: str, index: int, value: int) -> None:
+    from bigscience_ops.data.indexed import HEADER_SIZE, IndexedDataset
+
+    n, m = len(IndexedDataset(prefix)), len(IndexedDataset(prefix).doc_idx)
+    offset, dtype = {"sizes": (HEADER_SIZE, "<i4"), "pointers": (HEADER_SIZE + 4 * n, "<i8"),
+                     "doc_idx": (HEADER_SIZE + 12 * n, "<i8")}[part]
+    array = np.memmap(f"{prefix}.idx", mode="r+", dtype=dtype, offset=offset, shape=(m if part == "doc_idx" else n,))
+    array[index] = value
+    array.flush()
+    del array
+
+
+@pytest.mark.parametrize("part, index, value", [
+    ("pointers", 2, 0),  # document 2 read from the start of the .bin: it overlaps document 0
+    ("pointers", 1, 3),  # an odd byte offset: between two tokens
+    ("sizes", 1, -5),
+    ("doc_idx", 2, 0),  # the document index going back
+    ("doc_idx", -1, 9),  # ending past the items
+])
+def test_data_verify_refuses_an_index_that_does_not_describe_its_bin(tmp_path: Path, part: str, index: int,
+                                                                      value: int) -> None:
+    prefix = write_indexed(tmp_path / "i_text_document", [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]])
+    _spoil_index(prefix, part, index, value)
+    code, found = verified(prefix, "--vocab-size", "100")
+    assert code == 1 and not found["ok"] and len(found["problems"]) == 1
+    assert found["problems"][0].startswith(f"{prefix}.idx") or "not a dataset" in found["problems"][0]
+
+
+def test_data_verify_checks_the_record_against_what_it_read_and_needs_both_files(tmp_path: Path) -> None:
+    from bigscience_ops.data import dataset_record
+
+    prefix = write_indexed(tmp_path / "r_text_document", [[1, 2, 3], [4, 5]])
+    dataset_record.write(prefix, None, 5)
+    code, found = verified(prefix)
+    assert code == 0 and found["record"] == "used"
+    tokens = np.fromfile(f"{prefix}.bin", dtype=np.uint16)
+    tokens[0] = 77
+    tokens.tofile(f"{prefix}.bin")
+    code, found = verified(prefix)
+    assert code == 1 and found["record"] != "used" and found["problems"] == [found["record"]]
+    os.unlink(f"{prefix}.idx")
+    result = run("data", "verify", prefix)
+    assert result.exit_code == 2 and f"{prefix}.idx" in result.stderr and result.stdout == ""

@@ -108,9 +108,10 @@ class Reading:
     binding: dict | None = None  # the data's binding, when it was computed
 
 
-def inspect(prefix: str | os.PathLike, indexed=None) -> Reading:
+def inspect(prefix: str | os.PathLike, indexed=None, scanned: tuple[int | None, str] | None = None) -> Reading:
     """PREFIX.dataset.json checked against its data (the module docstring). `indexed`: the dataset's
-    IndexedDataset, if open."""
+    IndexedDataset, if open; `scanned`: the .bin's largest id and where it came from, when the caller has just read
+    the whole .bin (`bsops data verify`), else binding.checked_max_id's."""
     path = record_path(prefix)
     found = bind.read_regular(path, MAX_BYTES)
     if found.data is None:
@@ -146,7 +147,7 @@ def inspect(prefix: str | os.PathLike, indexed=None) -> Reading:
             return Reading(why=f"{path} was written for other data: its binding differs from what "
                                f"{os.fspath(prefix)}.bin/.idx hold now, as a record copied beside changed data's "
                                "would", binding=bound)
-        value = bind.checked_max_id(prefix, indexed.dtype, bound)[0]
+        value = (scanned or bind.checked_max_id(prefix, indexed.dtype, bound))[0]
     except OSError as exc:
         return Reading(why=f"{path} sits beside a dataset that cannot be read ({exc.strerror or exc})")
     if value != high:
