@@ -135,14 +135,14 @@ def test_the_request_cache_lives_beside_the_result_per_precision(tmp_path):
 def test_plugin_run_as_a_module_registers_no_second_copy(tmp_path):
     """`python -m bigscience_ops.ops.evaluate.plugin run ...` (a source tree) executes the module once more as
     __main__ after the hook has registered `bsops`: it registers the same placeholder, and lm-eval's registry still
-    gives the importable module's class."""
-    code = ("import runpy, lm_eval.models; from bigscience_ops.ops.evaluate import plugin; "
+    gives the hook's Entry, which builds the importable module's class."""
+    code = ("import runpy, lm_eval.models; from bigscience_ops.ops.evaluate import plugin, lm_eval_hook; "
             "runpy.run_path(plugin.__file__, run_name='__not_main__'); "
             "from lm_eval.api.registry import get_model; model = get_model('bsops'); "
-            "print(model.__module__, model is plugin.BsopsModel)")
+            "print(model.__module__, model is lm_eval_hook.Entry and model.model() is plugin.BsopsModel)")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["bigscience_ops.ops.evaluate.plugin", "True"]
+    assert done.stdout.split() == ["bigscience_ops.ops.evaluate.lm_eval_hook", "True"]
 
 
 # --- installs (slow) -----------------------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_an_installed_bsops_is_found_by_lm_eval_and_costs_its_start_up_almost_no
             "print(json.dumps([model.__name__, sys.modules[model.__module__].__file__]))")
     name, path = json.loads(_run([python, "-c", code], tmp_path, env).stdout)
     home = installs["source"] if kind == "editable" else purelib
-    assert name == "BsopsModel" and path.startswith(str(home)), path
+    assert name == "Entry" and path.startswith(str(home)), path
     importtime = _run([python, "-X", "importtime", "-c", "pass"], tmp_path, env).stderr
     assert not [line for line in importtime.splitlines() if line.split("|")[-1].strip().split(".")[0] in HEAVY]
     with_hook = _start_up(python, tmp_path, env)

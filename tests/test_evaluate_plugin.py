@@ -10,9 +10,9 @@ import pytest
 def test_bsops_is_a_model_of_lm_evals_registry_beside_its_own():
     from lm_eval.api.registry import get_model, model_registry
 
-    from bigscience_ops.ops.evaluate import plugin
+    from bigscience_ops.ops.evaluate import lm_eval_hook, plugin
 
-    assert get_model("bsops") is plugin.BsopsModel
+    assert get_model("bsops") is lm_eval_hook.Entry and lm_eval_hook.Entry.model() is plugin.BsopsModel
     assert {"hf", "vllm", "dummy"} <= set(model_registry.keys())  # lm-eval's own models are still found
 
 

@@ -12,12 +12,16 @@ done. `--use_cache PATH` keeps lm-eval's request cache (PATH_rank0.db, rank 0 be
 
 How lm-eval finds `bsops`: lm-eval 0.4.13 knows the models of its own MODEL_MAPPING (lm_eval/models/__init__.py)
 and whatever a module imported before the run registered; nothing in it scans an entry-point group. An installed
-bsops (wheel or editable) carries a .pth line that registers `bsops` as a lazy placeholder for this module's
-BsopsModel when lm_eval.models is imported (lm_eval_hook.py), so the plain `lm_eval` command finds it. Where bsops
+bsops (wheel or editable) carries a .pth line that registers `bsops` as a lazy placeholder (lm_eval_hook.Entry, which
+builds this module's BsopsModel) when lm_eval.models is imported, so the plain `lm_eval` command finds it. Where bsops
 runs from a source tree without being installed (PYTHONPATH), this module does the same when imported, and run as
 a module hands its arguments to lm-eval's own command line: `torchrun ... -m bigscience_ops.ops.evaluate.plugin run
 --model bsops ...`. In Python, `import bigscience_ops.ops.evaluate.plugin` then `lm_eval.simple_evaluate(model="bsops",
 model_args=...)` works either way.
+
+Every value of `--model_args` is checked before torch is imported: a run that cannot be read, a step or layout that
+is no whole number, an unknown key, a checkpoint of another run (launcher.checkpoint compares the run ids) is one
+EvalError naming it, which lm-eval's command line prints as one `error: ...` line (lm_eval_hook.Entry).
 """
 
 from __future__ import annotations
@@ -53,12 +57,47 @@ def _step(exp: Any, step: Any) -> int:
     if step in (None, "latest"):
         found = layout.latest_step(Path(exp.paths.checkpoints))
         if found is None:
-            raise EvalError(f"{exp.paths.checkpoints}: no `latest`, so no complete checkpoint; allowed: step=N once "
-                            "the run has saved")
+            raise EvalError(f"--model_args step=latest: {exp.paths.checkpoints} has no `latest`, so no complete "
+                            "checkpoint; allowed: step=N once the run has saved")
         return found
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise EvalError(f"step={step!r}: allowed: a checkpoint step (a whole number >= 0) or latest")
     return step
+
+
+def _layout_arg(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EvalError(f"--model_args {name}={value!r}: allowed: a whole number >= 1 (default: the checkpoint's own)")
+    return value
+
+
+def _request(run: Any, step: Any, tensor: Any, pipeline: Any, dtype: Any, trainings_dir: Any) -> tuple[Any, Any]:
+    """(the run's experiment, the checkpoint to score) of `--model_args`, every value checked before torch is
+    imported; anything wrong is one EvalError naming the argument, its value and what is allowed."""
+    from bigscience_ops.errors import BsopsError
+    from bigscience_ops.ops.evaluate import launcher
+
+    if dtype not in (None, "training", "fp32"):
+        raise EvalError(f"--model_args dtype={dtype!r}: allowed: training, fp32")
+    if not isinstance(run, str) or not run.strip():
+        raise EvalError(f"--model_args run={run!r}: allowed: an experiment name or YAML file, or a run folder")
+    tensor, pipeline = _layout_arg("tensor", tensor), _layout_arg("pipeline", pipeline)
+    if isinstance(step, str) and step.isdigit():
+        step = int(step)
+    try:
+        exp = load_run(run, None if trainings_dir is None else str(trainings_dir))
+        return exp, launcher.checkpoint(exp, _step(exp, step), tensor, pipeline)
+    except EvalError:
+        raise
+    except BsopsError as exc:
+        raise EvalError(f"--model_args run={run}: {exc}") from None
+    except (OSError, ValueError, TypeError) as exc:  # a folder or file that cannot be read, a value of another type
+        raise EvalError(f"--model_args run={run}: cannot be read ({type(exc).__name__}: {exc}); allowed: an "
+                        "experiment name or YAML file, or a run folder holding experiment.json") from None
 
 
 def _standalone() -> None:
@@ -81,12 +120,7 @@ class BsopsModel(BsopsLM):
         if unknown:
             raise EvalError(f"--model_args {', '.join(sorted(unknown))}: not known to --model {NAME}; allowed: run, "
                             "step, tensor, pipeline, dtype, trainings_dir")
-        from bigscience_ops.ops.evaluate import launcher
-
-        if dtype not in (None, "training", "fp32"):
-            raise EvalError(f"dtype={dtype}: allowed: training, fp32")
-        exp = load_run(str(run), trainings_dir)
-        target = launcher.checkpoint(exp, _step(exp, step), tensor, pipeline)
+        exp, target = _request(run, step, tensor, pipeline, dtype, trainings_dir)
         import torch  # torch only once the request is known to be sound
         import torch.distributed as dist
 
