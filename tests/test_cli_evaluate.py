@@ -79,10 +79,14 @@ def test_checkpoints_that_cannot_be_evaluated_are_refused(trainings: Path, tmp_p
     started = []
     monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: started.append(a))
     assert "latest" in _one_error(_eval(trainings, "--latest"))
-    checkpoints = _saved(tmp_path, 50, 100, latest=50)
+    checkpoints = _saved(tmp_path, 50, latest=50)
     (checkpoints / "global_step60").mkdir()  # no bsops.json
     (checkpoints / "latest").write_text("global_step60")
-    refusals = {"75": "global_step75", "100": "newer than", "60": "bsops.json"}
+    (checkpoints / "global_step100").mkdir()  # saved before manifests, newer than `latest`: a save in progress
+    (checkpoints / "global_step100" / "bsops.json").write_text(json.dumps({"iteration": 100}))
+    (checkpoints / "global_step110").mkdir()  # a save that commits with a manifest, and has none: never finished
+    (checkpoints / "global_step110" / "bsops.json").write_text(json.dumps({"iteration": 110, "commit": "manifest"}))
+    refusals = {"75": "global_step75", "100": "newer than", "60": "bsops.json", "110": "manifest"}
     for step, named in refusals.items():
         assert named in _one_error(_eval(trainings, "--step", step))
     assert started == []

@@ -69,9 +69,11 @@ def _decide(exp, records=(), queue=()) -> schedule.Decision:
     return schedule.decide(_run(exp), list(records), list(queue), now=2.0)
 
 
-def test_the_newest_complete_checkpoint_not_newer_than_latest(trainings: Path, tmp_path: Path) -> None:
+def test_the_newest_committed_checkpoint(trainings: Path, tmp_path: Path) -> None:
     exp = _exp(trainings, tmp_path)
-    _saved(exp, 50, 100, 150, latest=100)  # 150: a save in progress (latest still names 100)
+    _saved(exp, 50, 100, latest=100)
+    (Path(exp.paths.checkpoints) / "global_step150").mkdir()  # a save in progress: no manifest committed yet
+    (Path(exp.paths.checkpoints) / "global_step150" / "bsops.json").write_text(json.dumps({"iteration": 150}))
     (Path(exp.paths.checkpoints) / "global_step120").mkdir()  # no bsops.json: not a finished save
     assert _decide(exp).submit.step == 100
     _result(exp, 100)
@@ -219,11 +221,12 @@ def test_a_second_pass_at_once_does_nothing(trainings: Path, tmp_path: Path) -> 
         os.close(fd)
 
 
-def test_an_unreadable_latest_is_an_error(trainings: Path, tmp_path: Path) -> None:
+def test_an_unreadable_run_id_is_an_error(trainings: Path, tmp_path: Path) -> None:
+    """The results are compared with the run's id: a run whose id cannot be read cannot say which are its own."""
     exp = _exp(trainings, tmp_path)
     _saved(exp, 50)
-    (Path(exp.paths.checkpoints) / "latest").write_text("global_step50\x00junk")
-    with pytest.raises(schedule.ScheduleError, match="latest"):
+    (Path(exp.paths.output) / "bsops-run-id").write_text("not an id\n")
+    with pytest.raises(schedule.ScheduleError, match="bsops-run-id"):
         _pass(exp)
 
 

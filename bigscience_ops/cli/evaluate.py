@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    EXIT_ERROR, EXIT_PROBLEMS, TEXT, alert_option, configured_run, main, overrides_argument, run_alerting, run_option,
+    EXIT_ERROR, EXIT_PROBLEMS, TEXT, alert_option, configured_run, main, overrides_argument, run_option,
     trainings_option,
 )
 from bigscience_ops.untrusted import MAX_STEP
@@ -116,7 +116,23 @@ def eval_command(exp: str | None, run: Path | None, which: Which, source: Path |
     with why under the table; the command then exits 2 and the hourly job alerts until a later step runs them all.
 
     With --prefetch (on a machine with network): lm-eval's registered tasks' datasets into eval.hf_cache, checked
-    offline and recorded in <eval.hf_cache>/bsops-prefetch.json; the eval job reads that cache offline.
+    offline and recorded in <eval.hf_cache>/bsops-prefetch.json; the eval job reads that cache offline. Its progress
+    is printed as it goes, and it stops at eval.prefetch_minutes. With --from DIR, nothing a task names is read
+    from outside DIR (links included), and nothing is copied when one would be.
+
+    A checkpoint is scored only for the run it belongs to: when the run folder and the checkpoints folder both
+    record a run id (bsops-run-id) and they differ, the evaluation is refused; a result file or request cache made
+    for another run is reported, never counted. With eval.limit, the result is a limited one: kept apart in
+    <run>/eval/limited/ (its TensorBoard tags eval-limited/...), marked in the table, `bsops info` and the plot,
+    and it never replaces the step's full result. A source with more lines that are not documents than
+    eval.max_bad_lines (0 by default) is left out, so the evaluation exits 2 and the hourly job alerts. The hourly
+    job's failures are told by kind (a failed eval job, a task or a source left out, the pass itself), each with its
+    own alert and cooldown.
+
+    SECTION.KEY=VALUE overrides set what the evaluation takes from the experiment file today (eval.*, alerts.*,
+    hub.*, backup.*) and which run it reads (paths.output); the run's model, data and checkpoints are its record's,
+    so an override of them is refused. They are recorded in the experiment record the ranks read, in the result
+    file (bsops.overrides) and in each eval job's line of <run>/eval/jobs.jsonl.
     """
     chosen = which.chosen()
     if source is not None and chosen != "--prefetch":
@@ -131,17 +147,22 @@ def eval_command(exp: str | None, run: Path | None, which: Which, source: Path |
         raise click.UsageError("--alert goes with --next (the hourly job); --step and --latest report on the terminal")
     from bigscience_ops.ops import eval_modes
 
+    eval_modes.check_overrides(overrides)  # before the run is read: an override that would change nothing is refused
     # the run, with today's eval: and alerts:; the hourly job reads a run whose record is torn as the file says today
     experiment, named = configured_run(exp, run, trainings_dir, overrides, fallback=chosen == "--next")
     if chosen == "--prefetch":
-        click.echo(eval_modes.prefetch(experiment, named, source, click.echo))
+        click.echo(eval_modes.prefetch(experiment, named, source, lambda line: click.echo(line, err=True),
+                                       overrides))
     elif chosen == "--next":
         workdir = Path.cwd()  # the hourly job runs in the folder the experiment's relative outputs resolved against
-        run_alerting(experiment, alert, "eval", f"bsops eval {experiment.name} --next",
-                     lambda: eval_modes.next_pass(experiment, named, click.echo, workdir))
+        told = eval_modes.next_pass_told(experiment, named, click.echo, workdir, alert, overrides)
+        for line in told.lines:
+            click.echo(line, err=True)
+        if told.failed:
+            sys.exit(EXIT_ERROR)
     else:
         _show(eval_modes.here(experiment, named, which.step, (layout.tensor, layout.pipeline),
-                              (kept.log_samples, kept.keep_cache)))
+                              (kept.log_samples, kept.keep_cache), overrides))
 
 
 def _show(done) -> None:

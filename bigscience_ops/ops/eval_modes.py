@@ -1,7 +1,18 @@
 """What `bsops eval` does in each of its modes, below the CLI: evaluate a checkpoint here (`here`), choose and
-submit the next eval job (`next_pass`, the hourly job), fetch the tasks' datasets (`prefetch`). Each is handed the
-run as run.open gave it (the record, with today's `eval:` and `alerts:`), checks first that there is something to
-evaluate, and returns or tells what to show; the CLI prints it and picks the exit code.
+submit the next eval job (`next_pass`, and `next_pass_told`: the hourly job with its failures told), fetch the
+tasks' datasets (`prefetch`). Each is handed the run as run.open gave it (the record, with today's `eval:` and
+`alerts:`), checks first that there is something to evaluate, and returns or tells what to show; the CLI prints it
+and picks the exit code.
+
+The command line's SECTION.KEY=VALUE overrides apply to what an evaluation takes from the experiment file today
+(OVERRIDABLE: the eval, alerts, hub and backup sections) and to which run is read (paths.output); the run's model,
+data and checkpoints are its record's, so an override of them would change nothing and is refused
+(`check_overrides`). They are recorded wherever the evaluation leaves a record: the experiment record the ranks
+read (its `overrides` field), the result file's bsops.overrides, and each eval job's jobs.jsonl line.
+
+The hourly job's failures are told by kind (FAILURES), each its own job-failed alert (`eval-job`, `eval-tasks`,
+`eval-sources`, `eval-pass`) with its own cooldown: a new kind of failure is mailed at once, never held back by
+the cooldown of another, and each recovers by itself.
 
 It stands above ops/evaluate and ops/keep (a result counts only for a step the run has a checkpoint of,
 keep/evaluated), as hourly_jobs.py does, and nothing in ops/ imports it. No torch here: the ranks import it.
@@ -9,23 +20,54 @@ keep/evaluated), as hourly_jobs.py does, and nothing in ops/ imports it. No torc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bigscience_ops.errors import ConfigError
+from bigscience_ops.errors import BsopsError, ConfigError
 from bigscience_ops.schema import Experiment
 
 TABLE_STEPS = 6
 """The newest evaluated steps the table after an evaluation shows (as `bsops info` does)."""
 WHAT_TO_SET = ("set eval.tasks (lm-eval task names, or task YAML files of your own) or eval.sources (held-out jsonl "
                "files by source name) in the experiment's file")
+OVERRIDABLE = ("eval", "alerts", "hub", "backup", "paths.output")
+"""What `bsops eval`'s SECTION.KEY=VALUE overrides may set (a section, or one field): today's settings of the run,
+and which run it is."""
+FAILURES = {
+    "job": "an eval job left the queue without its result",
+    "tasks": "the newest result left out a configured task or source",
+    "sources": "a source failed on lines that are not documents (eval.max_bad_lines)",
+    "pass": "the pass itself could not run (the run, the queue, a submission)",
+}
+"""The hourly eval job's kinds of failure: each is told as the job-failed alert of job `eval-<kind>`."""
+LEGACY_JOB = "eval"
+"""The one job name every eval failure was told under before FAILURES: recovered once nothing fails."""
 
 
 def require_configured(exp: Experiment, source: str) -> None:
     """ConfigError naming `source` (the experiment file) and its eval section when that holds nothing to evaluate."""
     if not exp.eval.configured:
         raise ConfigError(source, "eval", {}, f"nothing to evaluate: {WHAT_TO_SET}")
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """ConfigError naming the first override that sets something an evaluation does not take from the command line
+    (anything but OVERRIDABLE): the run is evaluated as it recorded itself."""
+    for text in overrides:
+        key = text.partition("=")[0].strip()
+        if key not in OVERRIDABLE and key.partition(".")[0] not in OVERRIDABLE:
+            raise ConfigError("the command line", key, text.partition("=")[2],
+                              "bsops eval reads the run as it recorded itself (its model, data and checkpoints), so "
+                              "this override would change nothing; allowed: overrides of eval.*, alerts.*, hub.*, "
+                              "backup.* (the settings the evaluation takes from the experiment file today) and "
+                              "paths.output (which run)")
+
+
+def with_overrides(exp: Experiment, overrides: Sequence[str]) -> Experiment:
+    """`exp` recording this command line's overrides (the `overrides` field the ranks' record and results carry)."""
+    return dataclasses.replace(exp, overrides=list(overrides))
 
 
 @dataclass(frozen=True)
@@ -40,7 +82,7 @@ class Here:
     """The ranks wrote the step's result file."""
     table: str = ""
     problems: list[str] = field(default_factory=list)
-    """Result files of the run that cannot be read, or of steps it has no checkpoint of."""
+    """Result files of the run that cannot be read, of another run, or of steps it has no checkpoint of."""
     warnings: list[str] = field(default_factory=list)
     left_out: list[str] | None = None
     """The configured tasks or sources the step's result lacks (None: no result of the step to say)."""
@@ -52,17 +94,21 @@ class Here:
 
 
 def here(exp: Experiment, source: str, step: int | None, layout: tuple[int | None, int | None],
-         kept: tuple[bool, bool] = (False, False)) -> Here:
+         kept: tuple[bool, bool] = (False, False), overrides: Sequence[str] = ()) -> Here:
     """Evaluate global_step`step` (None: the one `latest` names) of `exp` on this machine, in its own TP/PP layout or
     `layout` (tensor, pipeline), keeping lm-eval's samples and request cache as `kept` says (log_samples,
-    keep_cache); then read the run's results as the table shows them. Raises EvalError before any rank starts."""
+    keep_cache), the command line's `overrides` recorded; then read the run's results as the table shows them (a
+    limited result marked). Raises EvalError before any rank starts (checkpoints of another run among the reasons)."""
     from bigscience_ops.checkpoints import layout as checkpoints
     from bigscience_ops.ops.evaluate import EvalError, launcher, results, taskfiles
     from bigscience_ops.ops.evaluate.prefetch import cache_env
     from bigscience_ops.ops.keep import evaluated
 
     require_configured(exp, source)
+    check_overrides(overrides)
+    exp = with_overrides(exp, overrides)
     taskfiles.check_experiment(exp)  # a refused task file is one line here, before any rank starts
+    launcher.same_run(exp)
     if step is None:
         step = checkpoints.latest_step(Path(exp.paths.checkpoints))
         if step is None:
@@ -70,55 +116,110 @@ def here(exp: Experiment, source: str, step: int | None, layout: tuple[int | Non
                             "allowed: --latest once the run has saved")
     tag = f"global_step{step}"
     hf = cache_env(exp.eval.hf_cache, offline=bool(exp.eval.hf_cache))  # the prefetched cache, offline
-    path = results.result_path(exp, tag)
+    path = results.result_path(exp, tag)  # eval.limit: eval/limited/, apart from the full results
     before = results.stamp(path)
     code = launcher.run_local(exp, step, layout[0], layout[1], env=hf, log_samples=kept[0],
                               keep_cache=kept[1])  # the ranks read `exp` itself
     written = results.stamp(path) not in (None, before)
     if code != 0 and not written:
         return Here(tag, path, code, False)
-    live, problems = results.read_live(exp.paths.output)
+    live, problems = results.read_live(exp.paths.output, exp.paths.checkpoints, limited=True)
     live, uncounted = evaluated.counted(live, exp)  # a result of a step never saved: named, not tabled
     problems = [*problems, *uncounted]
     measured = {name for result in live for name in result.metrics}
     warnings = [f"eval.alert_drop: {name} is no metric of this run's results, so it never alerts; allowed: "
                 f"{', '.join(sorted(measured)) or 'none yet'}"
                 for name in sorted(set(exp.eval.alert_drop) - measured)]  # an alert that could never fire: said
-    mine = next((r for r in live if r.step == step), None)
+    if exp.eval.limit is not None:
+        warnings.append(f"eval.limit {exp.eval.limit}: a limited result, kept apart in {path.parent}; the table marks "
+                        "it, it never replaces the step's full result, and eval.alert_drop never compares it")
+    limited = exp.eval.limit is not None
+    mine = next((r for r in live if r.step == step and r.limited == limited), None)
     return Here(tag, path, code, written, results.table(live, exp.eval.references, max_steps=TABLE_STEPS).text(),
                 [str(p) for p in problems], warnings, sorted(mine.missing) if mine is not None else None)
 
 
-def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir: Path) -> None:
+def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir: Path,
+              overrides: Sequence[str] = ()) -> dict[str, str]:
     """One pass of the hourly eval job: the next checkpoint's eval job submitted (schedule.run_next) unless one of
-    the run's is queued or running, its lines told with `echo`. Raises ScheduleError naming a failed job or a
-    configured task the newest result left out: the hourly job alerts on it."""
+    the run's is queued or running, its lines told with `echo`, the command line's `overrides` recorded with it.
+    Returns what failed, by kind of FAILURES ("job": a failed job; "tasks", "sources": what the newest result left
+    out); {} when nothing did. Raises BsopsError when the pass itself cannot run (the "pass" kind)."""
     from bigscience_ops.launch import jobs
     from bigscience_ops.launch.cluster import watched_users
-    from bigscience_ops.ops.evaluate import jobscript, results, schedule
+    from bigscience_ops.ops.evaluate import jobscript, launcher, results, schedule
 
     require_configured(exp, source)
+    check_overrides(overrides)
+    exp = with_overrides(exp, overrides)
+    launcher.same_run(exp)  # another run's checkpoints: never submitted, never filed as this run's
 
     def submit_job(ckpt, folder: Path):
         return jobscript.submit(jobscript.render(exp, ckpt, folder, workdir=workdir), ckpt.tag)
 
     run = schedule.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
-                           jobs.SlurmJob(schedule.job_name(exp), tuple(watched_users(exp))), schedule.chooser(exp))
+                           jobs.SlurmJob(schedule.job_name(exp), tuple(watched_users(exp))), schedule.chooser(exp),
+                           exp.eval.limit is not None, tuple(overrides))
     report = schedule.run_next(run, submit_job)
     for line in report.lines:
         echo(line)
-    newest, _ = results.read_live(run.output)
-    failures = [text for text in (report.failure_text(), results.missing_alert(newest)) if text]
-    if failures:
-        raise schedule.ScheduleError("; ".join(failures))
+    newest, _ = results.read_live(run.output, run.checkpoints, limited=run.limited)
+    found = {"job": report.failure_text(), **results.missing_alerts(newest)}
+    return {kind: text for kind, text in found.items() if text}
 
 
-def prefetch(exp: Experiment, source: str, mirror: Path | None, echo: Callable[[str], None]) -> str:
-    """eval.tasks' datasets into eval.hf_cache (from `mirror`, a local copy, when given), checked offline; the line
-    that says what is ready where."""
+@dataclass(frozen=True)
+class Told:
+    """How one alerting pass of the hourly eval job went."""
+
+    lines: tuple[str, ...]
+    """What to show on stderr: each failure (`error: ...`), then what its alert did."""
+    failures: dict[str, str]
+    """What failed, by kind of FAILURES (scrubbed of the Hub token and the SMTP password)."""
+    told: bool = True
+    """False when an alert or a recovery could not be sent (the next pass tries again)."""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures) or not self.told
+
+
+def next_pass_told(exp: Experiment, source: str, echo: Callable[[str], None], workdir: Path, alert: bool,
+                   overrides: Sequence[str] = ()) -> Told:
+    """`next_pass`, its failures told with `alert` as the watchdog tells its alerts: each kind of FAILURES is the
+    job-failed alert of job `eval-<kind>` (tell/job_alerts.tell_job: sent at once, then at most once per
+    alerts.cooldown_minutes while that kind keeps failing, one recovery when it stops), so a new kind of failure is
+    never held back by another's cooldown."""
+    from bigscience_ops.ops.tell import job_alerts
+    from bigscience_ops.redact import env_secrets, scrub
+
+    teller = job_alerts.Teller(exp.name, exp.alerts, exp.paths.logs, (exp.hub.token_env, exp.alerts.smtp_password_env))
+    try:
+        found = next_pass(exp, source, echo, workdir, overrides)
+    except (BsopsError, OSError) as exc:
+        found = {"pass": str(exc)}
+    failures = {kind: scrub(text, env_secrets(teller.secrets)) for kind, text in found.items()}
+    lines = [f"error: {text}" for text in failures.values()]
+    told = True
+    if alert:
+        command = f"bsops eval {exp.name} --next"
+        for kind in FAILURES:
+            ok, said = job_alerts.tell_job(teller, f"eval-{kind}", command, failures.get(kind))
+            told, lines = told and ok, [*lines, *said]
+        if not failures:  # the one key of every eval failure before they had kinds: its recovery, once
+            ok, said = job_alerts.tell_job(teller, LEGACY_JOB, command, None)
+            told, lines = told and ok, [*lines, *said]
+    return Told(tuple(lines), failures, told)
+
+
+def prefetch(exp: Experiment, source: str, mirror: Path | None, echo: Callable[[str], None],
+             overrides: Sequence[str] = ()) -> str:
+    """eval.tasks' datasets into eval.hf_cache (from `mirror`, a local copy, when given), checked offline within
+    eval.prefetch_minutes, the child's lines told with `echo` as they come; the line that says what is ready where."""
     from bigscience_ops.ops.evaluate import prefetch as fetching
 
     require_configured(exp, source)
+    check_overrides(overrides)
     manifest = fetching.prefetch(exp, mirror, echo)
     cache = Path(exp.eval.hf_cache).expanduser().absolute()
     return f"{len(manifest['tasks'])} task(s) ready offline in {cache} (recorded in {cache / fetching.MANIFEST})"

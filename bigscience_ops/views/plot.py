@@ -14,8 +14,10 @@ Where the run's checkpoints were evaluated (eval/global_stepN.json, ops/evaluate
 show the results against the checkpoints' consumed tokens (the x of every other panel), one panel per kind of
 metric, each on an axis of its own: accuracies and other scores better when higher, perplexities (a log
 scale: tens of thousands early in a run), bits per byte, and any other metric better when lower; one line per
-metric, each eval.references value a dotted level in its metric's colour. A result file that cannot be read is left out
-and named in the result (`Plot.problems`). Drawn with matplotlib's Agg backend (no display needed).
+metric, each eval.references value a dotted level in its metric's colour. A limited result (eval.limit examples per
+task, eval/limited/) of a step with no full one is a hollow point of its metric's colour, labelled "(limited)" and
+never joined to the line. A result file that cannot be read, or made for another run, is left out and named in the
+result (`Plot.problems`). Drawn with matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ EVAL_PANELS = (("accuracy", "evaluation: accuracies and scores (higher is better
 EVAL_LINES = 10
 """Metrics drawn per eval panel, by name; the others are counted in its title (`bsops info` tables them all)."""
 LABEL_CHARS = 60
+LIMITED_MARK = "(limited)"
+"""What a limited result's points are drawn and returned under: "<metric> (limited)"."""
 """Characters of a metric or reference name shown in a legend."""
 
 
@@ -276,7 +280,9 @@ def draw_evaluation(ax, title: str, ylabel: str, kind: str, names: list[str], ev
     `right` as the other panels. Returns each metric's points as drawn."""
     from matplotlib.ticker import EngFormatter
 
-    ordered = sorted(evaluations, key=lambda r: r.iteration)
+    shown = eval_results.per_step(evaluations)  # a step's full result over its limited one
+    ordered = sorted((r for r in shown if not r.limited), key=lambda r: r.iteration)
+    limited = sorted((r for r in shown if r.limited), key=lambda r: r.iteration)
     more = len(names) - EVAL_LINES
     ax.set_title(title + (f" ({more} more metrics: bsops info)" if more > 0 else ""), fontsize=13)
     ax.set_xlabel("consumed tokens")
@@ -293,6 +299,12 @@ def draw_evaluation(ax, title: str, ylabel: str, kind: str, names: list[str], ev
         (line,) = ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=4, linewidth=1.4,
                           label=_label(metric))
         drawn[metric] = [(float(x), float(y)) for x, y in zip(line.get_xdata(), line.get_ydata())]
+        few = [(x, r.metrics[metric]) for r in limited if metric in r.metrics and (x := tokens_of(r)) is not None]
+        if few:  # limited results (eval.limit): hollow points of the metric's colour, never joined to its line
+            (marks,) = ax.plot([x for x, _ in few], [y for _, y in few], linestyle="none", marker="o", markersize=6,
+                               markerfacecolor="none", color=line.get_color(), label=_label(f"{metric} (limited)"))
+            drawn[f"{metric} {LIMITED_MARK}"] = [(float(x), float(y)) for x, y in zip(marks.get_xdata(),
+                                                                                      marks.get_ydata())]
         for name, values in references.items():
             value = values.get(metric)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -327,7 +339,7 @@ def plot(exp, out: Path, tensorboard_dir: Path | None = None) -> Plot:
         marks = markers(exp, series["training loss"])
     except (BsopsError, OSError):
         marks = []
-    evaluated, problems = eval_results.read_live(exp.paths.output)
+    evaluated, problems = eval_results.read_live(exp.paths.output, exp.paths.checkpoints, limited=True)
     points: dict[str, list[tuple[float, float]]] = {}
     panels: dict[str, list[str]] = {}
     drawn = draw(series, out, f"{exp.name}: training curves", marks, evaluated, exp.eval.references, points,

@@ -7,7 +7,8 @@ rollback, the abandoned iterations are not the run's progress), `latest` and the
 the store, read as JSON: no checkpoint file is opened), the task ledger (ledger.py: array tasks with
 their nodes, iterations, times and exits), the evaluation results of its checkpoints (eval/global_stepN.json,
 ops/evaluate/results.py: a table of metrics by step, the experiment's eval.references beside; the results of a
-branch a rollback abandoned left out, and those of a step the run has no checkpoint of: ops/keep/evaluated.py),
+branch a rollback abandoned left out, and those of a step the run has no checkpoint of or of another run (its id):
+ops/keep/evaluated.py; a limited result, eval.limit examples per task, marked as such),
 the open alerts of the watchdog and hourly jobs (ops/tell/notify.py's
 state file), and the disk the run folder takes. Each part that cannot be read is reported in the result and
 the rest is still shown: a ledger or rollbacks line, a manifest that is not one (each field is checked by its
@@ -132,7 +133,7 @@ def run_info(exp: Experiment) -> RunInfo:
         copies = BackupInfo(note="could not be read")
         problems.append(f"backup: {exc}")
     problems += [f"backup: {p}" for p in unreadable]
-    evaluated, eval_problems = eval_results.read_all(out)
+    evaluated, eval_problems = eval_results.read_all(out, checkpoints, limited=True)  # limited ones marked
     evaluated, uncounted = evaluated_steps.counted(eval_results.live(evaluated, done.records), exp)
     problems += [f"evaluation: {p}" for p in [*eval_problems, *uncounted]]
     evaluation = eval_results.table(evaluated, exp.eval.references, EVAL_STEPS) if evaluated else None
@@ -258,7 +259,10 @@ def info_text(info: RunInfo, now: float | None = None) -> str:
     table = info.evaluation
     if table is not None:
         evaluated = len(table.steps) + table.left_out
-        lines.append(f"  evaluation:  {evaluated} checkpoint(s) evaluated, the newest global_step{table.steps[-1]}")
+        limited = sum(n is not None for n in table.limits)
+        marked = f" ({limited} shown with a limited result: eval.limit)" if limited else ""
+        lines.append(f"  evaluation:  {evaluated} checkpoint(s) evaluated, the newest global_step{table.steps[-1]}"
+                     f"{marked}")
         lines.extend(f"    {line}" for line in table.text().splitlines())
     if info.alerts:
         lines.append(f"  alerts:      {len(info.alerts)} open")

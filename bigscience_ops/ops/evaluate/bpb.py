@@ -12,7 +12,9 @@ array and its windows made lazily, at most a chunk of windows held for the Score
 grow with the file (a 100 MB source holds about what its longest document needs). The first
 docs_per_source documents with a non-empty text under text_key are scored; a line that is not one
 (torn, not UTF-8, not a JSON object, no string under the key, an empty text, a lone surrogate) is
-counted, the first SHOWN_PROBLEMS named by file:line, and skipped: it never stops the rest.
+counted, the first SHOWN_PROBLEMS named by file:line, and skipped. More of them than `max_bad`
+(eval.max_bad_lines; 0 by default) fail the source (BadLines): a file damaged in part is never scored as if
+it were whole, and never in silence (driver.py leaves it out of the result, named, and the evaluation fails).
 """
 
 from __future__ import annotations
@@ -168,9 +170,21 @@ def _read_errors(name: str) -> Iterator[None]:
         raise EvalError(f"eval source {name} cannot be read ({exc.strerror or exc})") from None
 
 
+class BadLines(EvalError):
+    """A source holds more lines that are not a document than eval.max_bad_lines allows."""
+
+
+def _too_many(name: str, problems: Skipped, max_bad: int) -> BadLines:
+    shown = "; ".join(str(p) for p in problems.first)
+    return BadLines(f"eval source {name}: {problems.count} line(s) that are not a document ({shown}"
+                    f"{'; ...' if problems.count > len(problems.first) else ''}); allowed: at most {max_bad} "
+                    "(eval.max_bad_lines): repair or remove them, or raise the limit")
+
+
 def bits_per_byte(path: str | os.PathLike[str], lm: BsopsLM, text_key: str = "text", docs: int = 3000,
-                  log: Callable[[str], None] = lambda line: None) -> SourceBpb:
-    """Score the first `docs` documents of the jsonl source at `path` with `lm`'s Scorer (see the module docstring)."""
+                  log: Callable[[str], None] = lambda line: None, max_bad: int | None = None) -> SourceBpb:
+    """Score the first `docs` documents of the jsonl source at `path` with `lm`'s Scorer (see the module docstring).
+    BadLines once more than `max_bad` lines were not a document (None: no limit)."""
     tokenizer, prefix, max_length = lm.bsops_tokenizer, lm.prefix_token_id, lm.max_length
     name = str(path)
     problems = Skipped()
@@ -186,6 +200,8 @@ def bits_per_byte(path: str | os.PathLike[str], lm: BsopsLM, text_key: str = "te
 
     with open_source(path) as handle, _read_errors(name):
         for text in documents(handle, name, text_key, problems):
+            if max_bad is not None and problems.count > max_bad:
+                raise _too_many(name, problems, max_bad)
             ids = tokenizer.encode_array(text)
             for window in windows(ids, prefix, max_length):
                 pending.append(window)
@@ -200,6 +216,8 @@ def bits_per_byte(path: str | os.PathLike[str], lm: BsopsLM, text_key: str = "te
                 log(f"bits per byte of {name}: {count}/{docs} documents, {n_tokens} tokens, {now - started:.0f} s")
             if count >= docs:
                 break
+    if max_bad is not None and problems.count > max_bad:
+        raise _too_many(name, problems, max_bad)  # bad lines after the last document read
     if pending:
         loglikelihood += flush()
     if count == 0:

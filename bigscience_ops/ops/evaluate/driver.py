@@ -19,12 +19,19 @@ checkpoint (the other ranks serve the Scorer's forward passes meanwhile):
    the others still run; the result is written and MissingTasks raised after (the worker exits 2, so
    `bsops eval` exits non-zero and the hourly job alerts); nothing at all evaluated is an EvalError;
 3. the result, lm-eval's own output (results, configs, versions, n-shot, higher-is-better, n-samples, ...)
-   with a "bsops" section (the checkpoint's step, iteration and consumed tokens, the layout and precision
-   it was scored in, the bootstrap resamples, the sources' bits per byte, what is missing), written to
-   <paths.output>/eval/<tag>.json (results.write: atomic; an earlier result of the step is replaced, said);
+   with a "bsops" section (the checkpoint's step, iteration and consumed tokens, the run id it was made for,
+   the layout and precision it was scored in, the bootstrap resamples, eval.limit, the command line's
+   overrides, the sources' bits per byte, what is missing), written to <paths.output>/eval/<tag>.json
+   (results.write: atomic; an earlier result of the step is replaced, said), or with eval.limit to
+   eval/limited/<tag>.json: a limited result never replaces a full one;
 4. TensorBoard scalars `eval/<task>/<metric>` at the checkpoint's iteration and `eval/<task>/<metric> vs
-   tokens` at its consumed tokens, in paths.tensorboard: an event file of the checkpoint's own, which
-   replaces those of its earlier evaluations (one point per metric and step).
+   tokens` at its consumed tokens (a limited result's under `eval-limited/`), in paths.tensorboard: an event
+   file of the checkpoint's own, which replaces those of its earlier evaluations of the same kind (one point
+   per metric, kind and step).
+
+A source with more lines that are not documents than eval.max_bad_lines is left out (named in missing and in
+bsops.corrupt), so the evaluation fails; lm-eval's request cache (keep_cache) records the run it was made for and
+is refused for another (cache_of_run).
 """
 
 from __future__ import annotations
@@ -216,18 +223,23 @@ def _build(manager: Any, spec: str | dict, task: str, prefetch: str = "bsops eva
     return [built] if isinstance(built, (Task, Group)) else list(built)
 
 
-def source_bits_per_byte(exp: Experiment, lm: BsopsLM, log: Callable[[str], None]) -> tuple[dict, dict[str, str]]:
-    """source -> bpb.SourceBpb.to_dict() of each eval.sources file, and source -> why for those not scored."""
-    from bigscience_ops.ops.evaluate.bpb import bits_per_byte
+def source_bits_per_byte(exp: Experiment, lm: BsopsLM, log: Callable[[str], None]
+                         ) -> tuple[dict, dict[str, str], list[str]]:
+    """source -> bpb.SourceBpb.to_dict() of each eval.sources file, source -> why for those not scored, and the
+    sources among those that failed on lines that are not documents (more than eval.max_bad_lines)."""
+    from bigscience_ops.ops.evaluate.bpb import BadLines, bits_per_byte
 
-    scored, missing = {}, {}
+    scored, missing, corrupt = {}, {}, []
     for name, path in exp.eval.sources.items():
         try:
-            scored[name] = bits_per_byte(path, lm, exp.eval.text_key, exp.eval.docs_per_source, log).to_dict()
+            scored[name] = bits_per_byte(path, lm, exp.eval.text_key, exp.eval.docs_per_source, log,
+                                         exp.eval.max_bad_lines).to_dict()
         except EvalError as exc:
             missing[name] = one_line(f"eval.sources {name}: {exc}")
             log(f"skipped source {name}: {one_line(str(exc))}")
-    return scored, missing
+            if isinstance(exc, BadLines):
+                corrupt.append(name)
+    return scored, missing, corrupt
 
 
 def result_tag(checkpoint: str | os.PathLike[str]) -> str:
@@ -236,9 +248,11 @@ def result_tag(checkpoint: str | os.PathLike[str]) -> str:
 
 
 def bsops_section(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer, bits: dict, missing: dict[str, str],
-                  seconds: float) -> dict:
-    """The result's "bsops" section: what was evaluated, in which layout and precision, with how many bootstrap
-    resamples, the sources' bits per byte, and each configured task or source that did not run, with why."""
+                  seconds: float, corrupt: list[str] = ()) -> dict:
+    """The result's "bsops" section: what was evaluated, for which run (its id), in which layout and precision, with
+    how many bootstrap resamples and examples per task (eval.limit), the command line's overrides, the sources' bits
+    per byte, and each configured task or source that did not run, with why (`corrupt`: the sources among them
+    that failed on lines that are not documents)."""
     tag = result_tag(checkpoint)
     step = layout.step_of(tag)
     parallel = meta.get("parallel") if isinstance(meta.get("parallel"), dict) else {}
@@ -251,35 +265,41 @@ def bsops_section(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
                                                             "pipeline": parallel.get("pipeline")}),
         "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
         "bootstrap_iters": exp.eval.bootstrap_iters,
-        "bits_per_byte": bits, "missing": missing, "problems": list(missing.values()), "seconds": round(seconds, 3),
+        "run_id": results.run_id_of(exp.paths.output, exp.paths.checkpoints), "limit": exp.eval.limit,
+        "overrides": list(exp.overrides),
+        "bits_per_byte": bits, "missing": missing, "corrupt": list(corrupt), "problems": list(missing.values()),
+        "seconds": round(seconds, 3),
         "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
 
-EVENT_SUFFIX = ".eval.{tag}"
-"""The suffix of the event file that holds one evaluated checkpoint's scalars (its tag in the name)."""
+EVENT_SUFFIX = ".{prefix}.{tag}"
+"""The suffix of the event file that holds one evaluated checkpoint's scalars (the tags' prefix and its tag)."""
+PREFIX, LIMITED_PREFIX = "eval", "eval-limited"
+"""The TensorBoard tags' first part: a full result's, a limited result's (eval.limit: never over a full one's)."""
 
 
 def write_scalars(exp: Experiment, result: dict) -> tuple[int, int]:
-    """`eval/<task>/<metric>` at the checkpoint's iteration and `... vs tokens` at its consumed tokens, in a fresh
-    event file of this checkpoint's own in paths.tensorboard (EVENT_SUFFIX), then the event files of its earlier
-    evaluations removed, so that a step has one point per metric: (metrics written, event files replaced). None
-    with logging.tensorboard off or no paths.tensorboard."""
+    """`eval/<task>/<metric>` at the checkpoint's iteration and `... vs tokens` at its consumed tokens (a limited
+    result's under `eval-limited/`, beside the full ones, never over them), in a fresh event file of this checkpoint's
+    own in paths.tensorboard (EVENT_SUFFIX), then the event files of its earlier evaluations of the same kind
+    removed, so that a step has one point per metric and kind: (metrics written, event files replaced). None with
+    logging.tensorboard off or no paths.tensorboard."""
     folder = exp.paths.tensorboard
     if not exp.logging.tensorboard or not folder:
         return 0, 0
     from torch.utils.tensorboard import SummaryWriter
 
     section = result["bsops"]
-    suffix = EVENT_SUFFIX.format(tag=section["tag"])
-    earlier = earlier_event_files(folder, section["tag"])
+    prefix = LIMITED_PREFIX if section.get("limit") is not None else PREFIX
+    earlier = earlier_event_files(folder, section["tag"], prefix)
     values = results.metrics(result)
-    writer = SummaryWriter(log_dir=folder, filename_suffix=suffix)
+    writer = SummaryWriter(log_dir=folder, filename_suffix=EVENT_SUFFIX.format(prefix=prefix, tag=section["tag"]))
     try:
         for name, value in sorted(values.items()):
-            writer.add_scalar(f"eval/{name}", value, section["iteration"])
+            writer.add_scalar(f"{prefix}/{name}", value, section["iteration"])
             if isinstance(section.get("consumed_tokens"), int):
-                writer.add_scalar(f"eval/{name} vs tokens", value, section["consumed_tokens"])
+                writer.add_scalar(f"{prefix}/{name} vs tokens", value, section["consumed_tokens"])
         writer.flush()
     finally:
         writer.close()
@@ -289,9 +309,10 @@ def write_scalars(exp: Experiment, result: dict) -> tuple[int, int]:
     return len(values), len(earlier)
 
 
-def earlier_event_files(folder: str | os.PathLike[str], tag: str) -> list[Path]:
-    """The plain event files of earlier evaluations of checkpoint `tag` in the TensorBoard folder."""
-    suffix = EVENT_SUFFIX.format(tag=tag)
+def earlier_event_files(folder: str | os.PathLike[str], tag: str, prefix: str = PREFIX) -> list[Path]:
+    """The plain event files of earlier evaluations of checkpoint `tag` (of `prefix`'s kind) in the TensorBoard
+    folder."""
+    suffix = EVENT_SUFFIX.format(prefix=prefix, tag=tag)
     try:
         entries = list(os.scandir(folder))
     except OSError:
@@ -342,11 +363,29 @@ def lm_eval_options(options: dict[str, Any]) -> dict[str, Any]:
 
 def request_cache(result_path: Path, scorer: Any) -> Path:
     """Where `evaluate(..., keep_cache=True)` keeps lm-eval's request cache: `<tag>.requests/<dtype>` beside the
-    result file (lm-eval adds `_rank0.db`). One cache per checkpoint and precision: lm-eval keys a request by its
-    text alone, so a cache must never answer for another model or dtype."""
+    (full) result file (lm-eval adds `_rank0.db`). One cache per checkpoint and precision: lm-eval keys a request by
+    its text alone, so a cache must never answer for another model or dtype (or run: cache_of_run)."""
     dtype = getattr(scorer, "dtype", None)
     name = str(dtype).removeprefix("torch.") if dtype is not None else "default"
     return result_path.with_name(result_path.stem + ".requests") / name
+
+
+def cache_of_run(folder: Path, run_id: str | None) -> None:
+    """Make the request cache folder `folder` this run's: its bsops-run-id written when it has none (and the run
+    has one); EvalError naming both when it records another run (or one where this run has none): another run's
+    answers are never this run's."""
+    from bigscience_ops.untrusted import write_atomically
+
+    try:
+        recorded = layout.run_id(folder)
+    except layout.CheckpointError as exc:
+        raise EvalError(f"lm-eval's request cache {folder}: {exc}") from None
+    if recorded is not None and recorded != run_id:
+        raise EvalError(f"lm-eval's request cache {folder} was made for run {recorded}, not this run "
+                        f"({run_id or 'no run id'}); allowed: a cache this run made: move that folder away")
+    if recorded is None and run_id is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomically(folder / layout.RUN_ID, (run_id + "\n").encode("utf-8"))
 
 
 class MissingTasks(EvalError):
@@ -366,20 +405,22 @@ def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
     if not exp.eval.configured:
         raise EvalError(f"experiment {exp.name} has no eval.tasks and no eval.sources; nothing to evaluate")
     tag = result_tag(checkpoint)
-    path = results.result_path(exp, tag)  # a folder not named global_stepN: refused before work
+    path = results.result_path(exp, tag)  # a folder not named global_stepN: refused before work; eval.limit: apart
+    cache = request_cache(results.result_path(exp, tag, limited=False), scorer) if keep_cache else None
+    if cache is not None:
+        cache_of_run(cache.parent, results.run_id_of(exp.paths.output, exp.paths.checkpoints))
+        log(f"lm-eval's request cache: {cache}_rank0.db")
     lm = build_lm(exp, scorer, log)
     missing: dict[str, str] = {}
-    cache = request_cache(path, scorer) if keep_cache else None
-    if cache is not None:
-        log(f"lm-eval's request cache: {cache}_rank0.db")
     result = run_tasks(lm, list(exp.eval.tasks), exp.eval.limit, log, log_samples, missing, trust=exp.eval.trust_task_code,
                        bootstrap_iters=exp.eval.bootstrap_iters, prefetch=f"bsops eval {exp.name} --prefetch",
                        use_cache=cache) if exp.eval.tasks else {}
-    bits, unscored = source_bits_per_byte(exp, lm, log)
+    bits, unscored, corrupt = source_bits_per_byte(exp, lm, log)
     missing.update(unscored)
     if not result.get("results") and not bits:
         raise EvalError(f"nothing of {tag} could be evaluated: " + "; ".join(missing.values()))
-    result["bsops"] = bsops_section(exp, Path(checkpoint), meta, scorer, bits, missing, time.monotonic() - started)
+    result["bsops"] = bsops_section(exp, Path(checkpoint), meta, scorer, bits, missing, time.monotonic() - started,
+                                    corrupt)
     replaced = path.is_file()
     results.write(path, result)
     if log_samples and isinstance(result.get("samples"), dict):
@@ -387,6 +428,8 @@ def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
         log(f"lm-eval's per-sample output of {len(result['samples'])} task(s) in {folder}")
     if replaced:
         log(f"replaced the earlier result file of {tag}: {path}")
+    if exp.eval.limit is not None:
+        log(f"a limited result (eval.limit {exp.eval.limit} examples per task), kept apart from {tag}'s full one")
     try:
         written, old = write_scalars(exp, result)
     except OSError as exc:  # the result file is written: a TensorBoard folder that cannot take an event file is told

@@ -1,14 +1,15 @@
 """Starting the evaluation ranks: the checks that need no rank, and the argv that starts them.
 
 `checkpoint` is what every start checks first (`bsops eval` before torchrun, each rank again in a
-Slurm job): the folder `global_step<N>` is complete (its bsops.json is there and its step is not
-newer than the one `latest` names: a newer folder is a save in progress), the layout asked for fits
+Slurm job, `lm_eval --model bsops`): the checkpoints are the run's own (`same_run`: the run id in the
+checkpoints folder, and in the checkpoint's manifest, is the run folder's), the folder `global_step<N>`
+is complete (its manifest is committed, checkpoints/manifest.py; or, saved before manifests, its
+bsops.json is there and its step is not newer than the one `latest` names), the layout asked for fits
 the model, and every layer file the ranks will read is a plain file whose zip directory (what
-torch.save writes) is readable, so a missing or cut-short file is one line here, not a failure
-inside a rank. `run_local` starts the ranks on this machine with `torchrun --standalone`, their
-output streamed through; Ctrl-C or SIGTERM ends the whole process tree (launch/processes.py, the one stop of a
-local job). `worker_argv` is the
-`python -m ...` part the Slurm template runs under srun + torchrun.
+torch.save writes) is readable, so a missing or cut-short file is one line here, not a failure inside a
+rank. `run_local` starts the ranks on this machine with `torchrun --standalone`, their output streamed
+through; Ctrl-C or SIGTERM ends the whole process tree (launch/processes.py, the one stop of a local
+job). `worker_argv` is the `python -m ...` part the Slurm template runs under srun + torchrun.
 
 No torch here: `bsops eval` imports this module to refuse a bad request at once.
 """
@@ -61,33 +62,47 @@ def checkpoint(exp, step: int, tensor: int | None = None, pipeline: int | None =
                check_files: bool = True) -> Target:
     """The complete checkpoint `global_step<step>` of `exp`'s run, in its own layout or TP=`tensor` / PP=`pipeline`.
 
-    Raises EvalError naming the folder and what is wrong: no `latest`, a step newer than `latest` (a save in
-    progress), a missing folder or bsops.json, a bsops.json of another trainer, a layout the model cannot take,
-    a layer file missing or cut short (with `check_files`).
+    Raises EvalError naming the folder and what is wrong: checkpoints of another run (same_run), no `latest`, a
+    step newer than `latest` (a save in progress), a missing folder or bsops.json, a bsops.json of another trainer,
+    a layout the model cannot take, a layer file missing or cut short (with `check_files`).
     """
     checkpoints = Path(exp.paths.checkpoints)
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise EvalError(f"step {step!r} is not a checkpoint step; allowed: a whole number >= 0")
+    run_id = same_run(exp)
     try:
         saved = layout.list_checkpoints(checkpoints)
-        last = layout.latest_step(checkpoints)
+        committed = {c.step for c in layout.complete_checkpoints(checkpoints)}
     except CheckpointError as exc:
         raise EvalError(str(exc)) from None
-    complete = ", ".join(str(c.step) for c in saved if last is not None and c.step <= last) or "none"
-    if last is None:
-        raise EvalError(f"{checkpoints}: no 'latest' file, so no complete checkpoint to evaluate "
-                        f"(folders there: {', '.join(c.tag for c in saved[-5:]) or 'none'})")
+    try:
+        last = layout.latest_step(checkpoints)
+    except CheckpointError:
+        last = None  # a torn `latest` names nothing: a committed checkpoint is complete whatever it says
+    older = {c.step for c in saved if last is not None and c.step <= last and c.saved_before_manifests()}
+    complete = ", ".join(str(s) for s in sorted(committed | older)) or "none"
     tag = f"global_step{step}"
-    if step > last:
-        raise EvalError(f"{checkpoints / tag}: step {step} is newer than the one 'latest' names ({last}): a save in "
-                        f"progress, or one that did not finish; complete steps: {complete}")
     found = next((c for c in saved if c.step == step), None)
     if found is None:
+        if last is None and not committed:
+            raise EvalError(f"{checkpoints}: no 'latest' file and no committed checkpoint, so nothing to evaluate "
+                            f"(folders there: {', '.join(c.tag for c in saved[-5:]) or 'none'})")
         raise EvalError(f"{checkpoints}: no checkpoint {tag}; complete steps: {complete}")
+    if step not in committed and step not in older:
+        if found.refusal() is None and not (found.path / layout.META).is_file():
+            raise EvalError(f"{found.path / layout.META}: missing; a save in progress, or one that did not finish "
+                            f"(no committed manifest); complete steps: {complete}")
+        if last is not None and step > last and found.saved_before_manifests():
+            raise EvalError(f"{checkpoints / tag}: step {step} is newer than the one 'latest' names ({last}): a save "
+                            f"in progress, or one that did not finish; complete steps: {complete}")
+        why = found.refusal() or "a save in progress, one that did not finish, or files changed since"
+        raise EvalError(f"{found.path}: no committed manifest whose files are all there ({why}); complete steps: "
+                        f"{complete}")
     try:
         meta = found.meta()
     except CheckpointError as exc:
         raise EvalError(str(exc)) from None
+    _same_run_in_manifest(exp, found, run_id)
     model, parallel = meta.get("model"), meta.get("parallel")
     ok = (isinstance(model, dict) and isinstance(parallel, dict)
           and all(isinstance(model.get(k), int) for k in ("num_layers", "num_attention_heads", "hidden_size",
@@ -104,6 +119,38 @@ def checkpoint(exp, step: int, tensor: int | None = None, pipeline: int | None =
     if check_files:
         check_layer_files(target, range(target.num_layers + 2))
     return target
+
+
+def same_run(exp) -> str | None:
+    """The run id of `exp`'s run (results.run_id_of), once its checkpoints are known to be the run's: EvalError,
+    naming both ids and both folders, when <paths.checkpoints>/bsops-run-id is not <paths.output>/bsops-run-id (a
+    record whose paths.checkpoints names another run's folder), or when either file cannot be read. None when
+    neither folder has an id (a run from before run ids: nothing to compare)."""
+    output, checkpoints = Path(exp.paths.output), Path(exp.paths.checkpoints)
+    try:
+        mine, theirs = layout.run_id(output), layout.run_id(checkpoints)
+    except CheckpointError as exc:
+        raise EvalError(str(exc)) from None
+    if mine is not None and theirs is not None and mine != theirs:
+        raise EvalError(f"{checkpoints}: these checkpoints are run {theirs}'s ({checkpoints / layout.RUN_ID}), not "
+                        f"this run's {mine} ({output / layout.RUN_ID}); allowed: paths.checkpoints naming the "
+                        "folder this run's trainer saved into (a result of them would be filed as this run's)")
+    return mine or theirs
+
+
+def _same_run_in_manifest(exp, found: layout.Checkpoint, run_id: str | None) -> None:
+    """EvalError when the checkpoint's manifest (checkpoints/manifest.py, where the checkpoint has one) names a run
+    other than `run_id`."""
+    manifest = getattr(found, "manifest", None)
+    if run_id is None or manifest is None:
+        return
+    try:
+        named = getattr(manifest(), "run_id", "")
+    except CheckpointError as exc:
+        raise EvalError(str(exc)) from None
+    if named and named != run_id:
+        raise EvalError(f"{found.path}: its manifest names run {named}, not this run's {run_id} "
+                        f"({Path(exp.paths.output) / layout.RUN_ID}); allowed: a checkpoint this run saved")
 
 
 def check_layout(target: Target) -> None:

@@ -16,18 +16,31 @@ holding each dataset's files as its repo does (DIR/EleutherAI/lambada_openai/...
 its name when there is one), built into the cache under the dataset's own name, so that the offline load by name
 finds it (tests, and sites that copy datasets in by hand).
 
+A mirror is read only inside DIR: every folder a task names (its dataset_path, with its dataset_name) is resolved,
+links included, and compared with DIR, and so is every file below it (a link that leads out of DIR, a FIFO or a
+device is refused), for every task before anything is copied: a refusal leaves nothing in the shared cache.
+
+The children's output is passed on line by line as it comes (each dataset as it starts, then every PROGRESS_S a
+line saying how much of the cache it has written), and the whole prefetch has one deadline, eval.prefetch_minutes:
+past it the child's process group is stopped and the prefetch fails, naming the deadline.
+
 `cache_env(hf_cache, offline)` is the environment the eval job and `bsops eval --step` give the ranks.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
+import queue
+import stat
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +51,12 @@ MANIFEST = "bsops-prefetch.json"
 LOCAL_BUILDERS = frozenset({"json", "csv", "parquet", "text", "arrow", "pandas", "webdataset", "imagefolder",
                             "audiofolder"})
 """dataset_path values that read a task's own data_files: nothing to fetch."""
-FETCH_TIMEOUT_S = 6 * 3600
-VERIFY_TIMEOUT_S = 3600
+PROGRESS_S = 30
+"""Seconds between the child's lines while it copies one dataset."""
+STOP_GRACE_S = 10
+"""After the deadline, how long the child's process group has to end after SIGTERM before SIGKILL."""
+MAX_MIRROR_ENTRIES = 100_000
+"""Files and folders below one dataset's folder of a mirror looked at, at most."""
 
 
 class PrefetchError(EvalError):
@@ -81,34 +98,109 @@ def command(exp_name: str) -> str:
     return f"bsops eval {exp_name} --prefetch"
 
 
-def prefetch(exp: Any, source: Path | None = None, log: Callable[[str], None] = print) -> dict:
-    """Fetch (or build from the mirror `source`) and verify eval.tasks' datasets in eval.hf_cache; the manifest."""
+def prefetch(exp: Any, source: Path | None = None, log: Callable[[str], None] = print,
+             deadline_s: float | None = None) -> dict:
+    """Fetch (or build from the mirror `source`) and verify eval.tasks' datasets in eval.hf_cache, the children's
+    lines told with `log` as they come, all of it within `deadline_s` seconds (default: eval.prefetch_minutes); the
+    manifest. A cache folder this call made is removed again when the fetch fails and leaves it empty."""
     if not exp.eval.hf_cache:
         raise PrefetchError(f"experiment {exp.name}: eval.hf_cache is not set; allowed: a folder shared by the login "
                             "and compute nodes (the eval job reads the datasets there, offline)")
     cache = Path(exp.eval.hf_cache).expanduser().absolute()
+    made = not cache.exists()
     cache.mkdir(parents=True, exist_ok=True)
     wanted = Wanted(exp.name, tuple(exp.eval.tasks), exp.eval.trust_task_code)
     argv = [sys.executable, "-m", __name__, wanted.argument()]
-    steps = [("fetch", [*argv, "--fetch"] + ([f"--from={source}"] if source else []), False, FETCH_TIMEOUT_S),
-             ("verify", [*argv, "--verify"], True, VERIFY_TIMEOUT_S)]
-    for what, args, offline, timeout in steps:
-        env = {**os.environ, **cache_env(cache, offline), "TQDM_DISABLE": "1"}
-        if not offline:
-            env.pop("HF_DATASETS_OFFLINE", None)
-            env.pop("HF_HUB_OFFLINE", None)
-        try:
-            done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, errors="replace")
-        except subprocess.TimeoutExpired:
-            raise PrefetchError(f"{what}: did not end within {timeout} s") from None
-        for line in done.stdout.split("\n"):  # not splitlines(): a dataset name may hold U+2028
-            log(line)
-        if done.returncode != 0:
-            errors = [line.removeprefix("error: ") for line in done.stderr.split("\n") if line.startswith("error: ")]
-            tail = done.stderr.strip().split("\n")
-            reason = "; ".join(errors) or (tail[-1][:400] if tail else "no message")
-            raise PrefetchError(f"{what} failed (exit code {done.returncode}): {reason}")
+    limit = exp.eval.prefetch_minutes * 60 if deadline_s is None else deadline_s
+    deadline = time.monotonic() + limit
+    steps = [("fetch", [*argv, "--fetch"] + ([f"--from={source}"] if source else []), False),
+             ("verify", [*argv, "--verify"], True)]
+    try:
+        for what, args, offline in steps:
+            env = {**os.environ, **cache_env(cache, offline), "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+            if not offline:
+                env.pop("HF_DATASETS_OFFLINE", None)
+                env.pop("HF_HUB_OFFLINE", None)
+            code, stderr = run_streamed(args, env, deadline, log)
+            if code is None:
+                raise PrefetchError(f"{what}: not done by the deadline, eval.prefetch_minutes "
+                                    f"({_minutes(limit)}): stopped; allowed: a larger eval.prefetch_minutes, or fewer "
+                                    "or smaller datasets")
+            if code != 0:
+                errors = [line.removeprefix("error: ") for line in stderr if line.startswith("error: ")]
+                reason = "; ".join(errors) or (stderr[-1][:400] if stderr else "no message")
+                raise PrefetchError(f"{what} failed (exit code {code}): {reason}")
+    except BaseException:
+        if made:
+            _remove_if_empty(cache)
+        raise
     return json.loads((cache / MANIFEST).read_text(encoding="utf-8"))
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:g} minute(s)"
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """`folder` and the empty folders below it removed, when no file is in any of them (nothing else is touched)."""
+    for root, dirs, files in os.walk(folder, topdown=False):
+        if files:
+            return
+        try:
+            os.rmdir(root)
+        except OSError:
+            return
+
+
+def run_streamed(argv: list[str], env: dict[str, str], deadline: float, log: Callable[[str], None]
+                 ) -> tuple[int | None, list[str]]:
+    """Run `argv` in a process group of its own, each line of its stdout told with `log` as it comes, until it ends
+    or the monotonic `deadline` passes (then the group is stopped: SIGTERM, SIGKILL after STOP_GRACE_S): (its exit
+    code, None past the deadline; the last lines of its stderr)."""
+    from collections import deque
+
+    from bigscience_ops.launch import processes
+
+    proc = processes.start(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+    tail: deque[str] = deque(maxlen=200)
+
+    def pump_out() -> None:
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    def pump_err() -> None:
+        for line in proc.stderr:
+            tail.append(line.rstrip("\n"))
+
+    readers = [threading.Thread(target=pump_out, daemon=True), threading.Thread(target=pump_err, daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                processes.stop_tree(proc, STOP_GRACE_S)
+                return None, list(tail)
+            try:
+                line = lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            log(line)
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        processes.stop_tree(proc, STOP_GRACE_S)
+        return None, list(tail)
+    except BaseException:
+        processes.stop_tree(proc, STOP_GRACE_S)
+        raise
+    finally:
+        for reader in readers:
+            reader.join(timeout=5)
+    return proc.returncode, list(tail)
 
 
 # ----------------------------------------------------------------------------- the child (datasets, lm_eval)
@@ -164,16 +256,56 @@ def needs(wanted: Wanted) -> list[tuple[str, str, str | None]]:
     return out
 
 
-def _from_mirror(source: Path, path: str, name: str | None, cache: str) -> None:
-    """Build dataset `path` (config `name`) from the mirror's files into the cache under the dataset's own name."""
-    from datasets.load import dataset_module_factory, get_dataset_builder_class
-
+def mirror_folder(source: Path, task: str, path: str, name: str | None) -> Path:
+    """The folder of the mirror `source` holding dataset `path` (config `name`), resolved, once it and everything
+    below it are known to stay inside `source`: a PrefetchError naming the task and the value otherwise (a `..`,
+    an absolute path, a link that leads out, a FIFO or device among its files)."""
+    root = source.resolve()
     folder = source / path
     if name and (folder / name).is_dir():
         folder = folder / name
-    if not folder.is_dir():
-        raise PrefetchError(f"--from {source}: no folder {path}" + (f" (or {path}/{name})" if name else "")
-                            + " holding the dataset's files")
+    shown = path + (f" (or {path}/{name})" if name else "")
+    allowed = f"allowed: a folder inside {root}, its files plain files or links that stay inside it"
+    try:
+        resolved = folder.resolve()
+    except (OSError, RuntimeError) as exc:  # a loop of links
+        raise PrefetchError(f"--from {source}: {task}: dataset_path {shown} cannot be resolved ({exc}); {allowed}") from None
+    if not resolved.is_relative_to(root):
+        raise PrefetchError(f"--from {source}: {task}: dataset_path {shown} leads to {resolved}, outside the mirror; "
+                            f"{allowed}")
+    if not resolved.is_dir():
+        raise PrefetchError(f"--from {source}: no folder {shown} holding the dataset's files")
+    for entry in _below(resolved, task):
+        try:
+            target = entry.resolve()
+        except (OSError, RuntimeError):
+            target = entry  # a loop of links: refused below as no plain file
+        if not target.is_relative_to(root):
+            raise PrefetchError(f"--from {source}: {task}: {entry} leads to {target}, outside the mirror; {allowed}")
+        mode = target.stat().st_mode if target.exists() else 0
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise PrefetchError(f"--from {source}: {task}: {entry} is not a plain file or folder (a FIFO, a device or "
+                                f"a broken link); {allowed}")
+    return resolved
+
+
+def _below(folder: Path, task: str) -> Iterator[Path]:
+    """Every entry below `folder` (links not followed into), at most MAX_MIRROR_ENTRIES."""
+    count = 0
+    for root, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            count += 1
+            if count > MAX_MIRROR_ENTRIES:
+                raise PrefetchError(f"{task}: {folder} holds more than {MAX_MIRROR_ENTRIES} files and folders; allowed: "
+                                    "a dataset's files as its repo holds them")
+            yield Path(root) / name
+
+
+def _from_mirror(folder: Path, path: str, name: str | None, cache: str) -> None:
+    """Build dataset `path` (config `name`) from the mirror's checked `folder` into the cache under the dataset's own
+    name."""
+    from datasets.load import dataset_module_factory, get_dataset_builder_class
+
     module = dataset_module_factory(str(folder))
     builder_cls = get_dataset_builder_class(module)
     kwargs = {k: v for k, v in module.builder_kwargs.items() if k != "repo_id"}
@@ -187,13 +319,44 @@ def _from_mirror(source: Path, path: str, name: str | None, cache: str) -> None:
 def _fetch(wanted: Wanted, source: Path | None) -> None:
     import datasets
 
-    for task, path, name in needs(wanted):
-        print(f"{task}: fetching {path}" + (f" ({name})" if name else "") + (f" from {source}" if source else ""),
+    needed = needs(wanted)
+    print(f"{len(needed)} dataset(s) to fetch" + (f" from {source}" if source else ""), flush=True)
+    folders = [mirror_folder(source, *need) for need in needed] if source is not None else [None] * len(needed)
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
+    for (task, path, name), folder in zip(needed, folders):  # every mirror folder checked before anything is copied
+        print(f"{task}: fetching {path}" + (f" ({name})" if name else "") + (f" from {folder}" if folder else ""),
               flush=True)
-        if source is not None:
-            _from_mirror(source, path, name, str(datasets.config.HF_DATASETS_CACHE))
-        else:
-            datasets.load_dataset(path, name)
+        with _progress(f"{task}: {path}", cache):
+            if folder is not None:
+                _from_mirror(folder, path, name, str(cache))
+            else:
+                datasets.load_dataset(path, name)
+
+
+class _progress:
+    """Inside: a line every PROGRESS_S seconds saying how long the copy has run and how much the cache holds."""
+
+    def __init__(self, label: str, cache: Path) -> None:
+        self.label, self.cache, self.done = label, cache, threading.Event()
+        self.thread = threading.Thread(target=self._tell, daemon=True)
+
+    def __enter__(self) -> None:
+        self.started = time.monotonic()
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(timeout=5)
+
+    def _tell(self) -> None:
+        while not self.done.wait(PROGRESS_S):
+            size = 0
+            for root, _, files in itertools.islice(os.walk(self.cache), MAX_MIRROR_ENTRIES):
+                for name in files:
+                    with contextlib.suppress(OSError):
+                        size += os.lstat(os.path.join(root, name)).st_size
+            print(f"{self.label}: still copying after {time.monotonic() - self.started:.0f} s; the cache holds "
+                  f"{size / 2**20:.1f} MiB", flush=True)
 
 
 def _verify(wanted: Wanted) -> None:

@@ -3,15 +3,21 @@
 `bsops eval` writes `<paths.output>/eval/global_step<N>.json` (`result_path`, `write`: atomic): lm-eval's own
 output of simple_evaluate (its "results", "higher_is_better", "versions", "n-shot", "configs", ...) with a
 "bsops" section of what bsops adds (the checkpoint's step, iteration and consumed tokens, the bits per byte of
-each held-out source). Everything else reads the files back: the views (`bsops info`, `chronicle`, `plot`), the
-watchdog (a metric that falls against the run's best so far: `drops`) and hub-sync.
+each held-out source, the run id it was made for, eval.limit, the command line's overrides). Everything else reads
+the files back: the views (`bsops info`, `chronicle`, `plot`), the watchdog (a metric that falls against the run's
+best so far: `drops`) and hub-sync.
+
+A result belongs to the run it was made for: its bsops.run_id is the run's id (`run_id_of`: <paths.output>/
+bsops-run-id, else <paths.checkpoints>/bsops-run-id), and a reader that finds another run's id reports the file as
+a Problem and never counts it (`read_all`, `belonging`). A result of eval.limit examples per task is kept apart,
+in eval/limited/global_step<N>.json, so that it never replaces a full one: `read_all` leaves limited results out
+unless asked (the watchdog's drops never see them), and the views that show them mark them (`Table.limits`, the
+plot's hollow points, TensorBoard's `eval-limited/` tags). A result in eval/ whose lm-eval config says it was
+limited (written before they were kept apart) counts as limited too.
 
 Read back, a result file is untrusted input: a file that is not plain (a link, a FIFO), larger than MAX_RESULT,
 not JSON, or not of lm-eval's structure with a valid bsops section is a `Problem` naming it, and the other files
-are still read (`read_all`). A metric is "task/metric": lm-eval's `results[task]["acc,none"]` is `task/acc` (the
-",none" filter dropped, another filter kept: `acc,strict-match`); stderr entries and values that are no number
-("N/A") are left out; a source's bits per byte is `source/bits_per_byte`. Whether higher is better comes from
-lm-eval's "higher_is_better" section, else from the metric's name (perplexities and bits per byte: lower).
+are still read (`read_all`). Its metrics are read by metrics.py ("task/metric" -> value, and which way is better).
 """
 
 from __future__ import annotations
@@ -26,33 +32,24 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops.evaluate.metrics import (  # noqa: F401 - results.NAME is what the readers import
+    BITS_PER_BYTE, LOWER_IS_BETTER, MAX_NAME, NOT_METRICS, ResultError, default_direction, metrics,
+    metrics_and_directions, name_problem,
+)
 from bigscience_ops.untrusted import (
     MAX_STEP, Problem, RecordFileError, check_int, excerpt, read_small, write_atomically,
 )
-from bigscience_ops.schema import METRIC_NAME
 
 FOLDER = "eval"
 """The results' folder in the run folder."""
+LIMITED = "limited"
+"""The limited results' folder in FOLDER: results of eval.limit examples per task, kept apart from the full ones."""
 FORMAT = 1
 """The bsops section's format."""
 MAX_RESULT = 16 << 20
 """Bytes of a result file read at most: lm-eval's output of a few tasks (configs included) is under 1 MB."""
 TAG = re.compile(r"global_step([0-9]{1,18})")
 FILE = re.compile(r"global_step([0-9]{1,18})\.json")
-MAX_NAME = 200
-"""Characters of a task, metric, filter or source name."""
-NOT_METRICS = frozenset({"name", "alias", "sample_len", "sample_count", "samples"})
-"""The keys of an lm-eval task's results that are no metric."""
-LOWER_IS_BETTER = frozenset({"perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte", "ppl", "bpb",
-                             "loss", "nll"})
-"""Metrics better when lower, where the file does not say (lm-eval's higher_is_better section says first)."""
-BITS_PER_BYTE = "bits_per_byte"
-
-
-class ResultError(BsopsError):
-    """A result is not what bsops writes or reads: names the value and what is allowed."""
-
 
 @dataclass(frozen=True)
 class Result:
@@ -67,6 +64,13 @@ class Result:
     path: Path | None = None
     finished: float | None = None  # when the evaluation ended (epoch seconds), where the file says
     missing: dict[str, str] = field(default_factory=dict)  # configured task or source -> why it did not run
+    run_id: str | None = None  # the run it was made for (bsops.run_id); None: written before run ids were recorded
+    limit: int | None = None  # eval.limit examples per task; None: every example (a full result)
+    corrupt: tuple[str, ...] = ()  # sources left out because of lines that are not documents (bsops.corrupt)
+
+    @property
+    def limited(self) -> bool:
+        return self.limit is not None
 
 
 @dataclass(frozen=True)
@@ -108,10 +112,14 @@ class Table:
     """Earlier evaluated steps not shown (`table`'s max_steps)."""
     missing: tuple[tuple[int, str, str], ...] = ()
     """(step, task or source, why) of each configured task or source a shown step's evaluation left out."""
+    limits: tuple[int | None, ...] = ()
+    """Per shown step, the eval.limit of its result (None: a full result); its column is marked."""
 
     @property
     def columns(self) -> list[str]:
-        return [f"step {s}" for s in self.steps] + list(self.references)
+        limits = self.limits or (None,) * len(self.steps)
+        return [f"step {s}" + (f" (limit {n})" if n is not None else "") for s, n in zip(self.steps, limits)] + list(
+            self.references)
 
     def text(self) -> str:
         """The table as aligned plain text (names are checked text, never a control character)."""
@@ -123,6 +131,9 @@ class Table:
                            enumerate(zip(line, widths))).rstrip() for line in [head, *body]]
         if self.left_out:
             lines.append(f"({self.left_out} earlier evaluated step(s) not shown)")
+        if any(n is not None for n in self.limits):
+            lines.append("(limit N: a limited result, eval.limit N examples per lm-eval task; not the step's full "
+                         "score)")
         lines += [f"missing at step {step}: {name}: {why}" for step, name, why in self.missing]
         return "\n".join(lines)
 
@@ -138,15 +149,19 @@ def shown(value: float | None) -> str:
 
 # ----------------------------------------------------------------------------- writing
 
-def result_path(exp_or_output: Any, tag: str) -> Path:
-    """`<paths.output>/eval/<tag>.json` of an experiment (its paths.output) or of a run folder."""
-    output = exp_or_output.paths.output if hasattr(exp_or_output, "paths") else exp_or_output
+def result_path(exp_or_output: Any, tag: str, limited: bool | None = None) -> Path:
+    """`<paths.output>/eval/<tag>.json` of an experiment (its paths.output) or of a run folder; a limited result's
+    (`limited`; None: whether the experiment sets eval.limit, a run folder's are full) `eval/limited/<tag>.json`."""
+    is_exp = hasattr(exp_or_output, "paths")
+    output = exp_or_output.paths.output if is_exp else exp_or_output
     if not output:
         raise ResultError(f"paths.output: got {output!r}; expected the run folder (load the experiment through bsops "
                           "so its paths are derived)")
     if not isinstance(tag, str) or not TAG.fullmatch(tag):
         raise ResultError(f"checkpoint tag: got {excerpt(str(tag))}; expected global_stepN (N a whole number)")
-    return Path(output) / FOLDER / f"{tag}.json"
+    if limited is None:
+        limited = is_exp and exp_or_output.eval.limit is not None
+    return Path(output) / FOLDER / (Path(LIMITED, f"{tag}.json") if limited else Path(f"{tag}.json"))
 
 
 def _json_safe(value: Any) -> Any:
@@ -175,102 +190,6 @@ def write(path: str | os.PathLike[str], result: Mapping[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, data)
-
-
-# ----------------------------------------------------------------------------- metrics
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def name_problem(name: Any) -> str | None:
-    """Why `name` cannot be a task, group, source, metric or filter name (what reaches result files, TensorBoard
-    tags, tables and alert mail: eval.tasks entries' rule, schema.METRIC_NAME, at most MAX_NAME characters), never
-    quoting more than the one character that is wrong; None when it can."""
-    if not isinstance(name, str):
-        return f"got a {type(name).__name__}; expected text"
-    if len(name) > MAX_NAME:
-        return f"got {len(name)} characters; allowed: at most {MAX_NAME}"
-    problem = METRIC_NAME.problem(name)
-    return None if problem is None else f"{problem}; allowed: {METRIC_NAME.allowed}"
-
-
-def _name(value: Any, what: str) -> str:
-    why = name_problem(value)
-    if why is not None:
-        raise ResultError(f"{what}: {why}")
-    return value
-
-
-def _default_direction(metric: str) -> bool:
-    return metric not in LOWER_IS_BETTER
-
-
-def metrics_and_directions(result: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, bool]]:
-    """("task/metric" -> value, "task/metric" -> higher is better) of lm-eval's output `result` and its bsops
-    section's bits per byte. A structure that is not lm-eval's (results not an object of objects, a name that is
-    not text) is a ResultError; a value that is no number (stderr "N/A", null) is left out."""
-    if not isinstance(result, Mapping):
-        raise ResultError(f"the result: got a JSON {type(result).__name__}; expected an object")
-    tasks = result.get("results", {})
-    if not isinstance(tasks, Mapping):
-        raise ResultError(f"results: got a JSON {type(tasks).__name__}; expected an object of tasks")
-    stated = result.get("higher_is_better", {})
-    if not isinstance(stated, Mapping):
-        raise ResultError(f"higher_is_better: got a JSON {type(stated).__name__}; expected an object of tasks")
-    values: dict[str, float] = {}
-    higher: dict[str, bool] = {}
-    for task, entry in tasks.items():
-        _name(task, "results: a task name")
-        if not isinstance(entry, Mapping):
-            raise ResultError(f"results {task}: got a JSON {type(entry).__name__}; expected an object of "
-                              "metrics")
-        directions = stated.get(task, {})
-        if not isinstance(directions, Mapping):
-            raise ResultError(f"higher_is_better {task}: got a JSON {type(directions).__name__}; expected an "
-                              "object of metrics")
-        for key, value in entry.items():
-            if not isinstance(key, str):
-                raise ResultError(f"results {task}: a metric name: got a {type(key).__name__}; expected text")
-            metric, _, filtered = key.partition(",")
-            if metric in NOT_METRICS:
-                continue
-            _name(metric.removesuffix("_stderr"), f"results {task}: a metric name")
-            if filtered:
-                _name(filtered, f"results {task}: a filter name")
-            if metric.endswith("_stderr") or not _number(value):
-                continue
-            name = f"{task}/{metric}" if filtered in ("", "none") else f"{task}/{metric},{filtered}"
-            values[name] = float(value)
-            direction = directions.get(metric)
-            higher[name] = direction if isinstance(direction, bool) else _default_direction(metric)
-    for source, bpb in _bits_per_byte(result).items():
-        values[f"{source}/{BITS_PER_BYTE}"] = bpb
-        higher[f"{source}/{BITS_PER_BYTE}"] = False
-    return values, higher
-
-
-def metrics(result: Mapping[str, Any]) -> dict[str, float]:
-    """"task/metric" -> value of lm-eval's output `result` (and its bsops section's bits per byte)."""
-    return metrics_and_directions(result)[0]
-
-
-def _bits_per_byte(result: Mapping[str, Any]) -> dict[str, float]:
-    section = result.get("bsops", {})
-    if not isinstance(section, Mapping):
-        raise ResultError(f"bsops: got a JSON {type(section).__name__}; expected an object")
-    sources = section.get(BITS_PER_BYTE, {})
-    if not isinstance(sources, Mapping):
-        raise ResultError(f"bsops.bits_per_byte: got a JSON {type(sources).__name__}; expected an object of sources")
-    out = {}
-    for source, entry in sources.items():
-        _name(source, "bsops.bits_per_byte: a source name")
-        value = entry.get(BITS_PER_BYTE) if isinstance(entry, Mapping) else None
-        if not _number(value):
-            raise ResultError(f"bsops.bits_per_byte {source}: expected an object with bits_per_byte, a "
-                              "number")
-        out[source] = float(value)
-    return out
 
 
 # ----------------------------------------------------------------------------- reading back
@@ -313,8 +232,42 @@ def from_dict(data: Any, step: int, path: Path | None = None) -> Result:
         raise ResultError(f"bsops.iteration: {why}")
     values, higher = metrics_and_directions(data)
     tag = path.stem if path is not None else f"global_step{step}"  # the checkpoint folder's name, as written
+    missing = _missing(section.get("missing", {}))
     return Result(tag, step, iteration, _optional_int(section, "consumed_tokens"), values, higher,
-                  path, _finished(section.get("finished")), _missing(section.get("missing", {})))
+                  path, _finished(section.get("finished")), missing, _run_id(section.get("run_id")),
+                  _limit(section, data), tuple(n for n in _names(section.get("corrupt", []), "bsops.corrupt")
+                                               if n in missing))
+
+
+def _run_id(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not RUN_ID.fullmatch(value):
+        raise ResultError(f"bsops.run_id: got {excerpt(repr(value))}; expected 32 hex digits (the run it was made "
+                          "for) or null")
+    return value
+
+
+def _limit(section: Mapping[str, Any], data: Mapping[str, Any]) -> int | None:
+    """bsops.limit, else lm-eval's own config.limit (a result written before bsops recorded it)."""
+    value = section.get("limit")
+    if value is None:
+        config = data.get("config")
+        value = config.get("limit") if isinstance(config, Mapping) else None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+    if value is None:
+        return None
+    why = check_int(value, 1, 10**9)
+    if why is not None:
+        raise ResultError(f"bsops.limit: {why}")
+    return value
+
+
+def _names(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list) or len(value) > 1000 or not all(isinstance(v, str) for v in value):
+        raise ResultError(f"{what}: expected a list of at most 1000 names")
+    return value
 
 
 MAX_MISSING = 1000
@@ -334,6 +287,36 @@ def _missing(value: Any) -> dict[str, str]:
                 raise ResultError(f"bsops.missing: {what}: expected one line of at most {MAX_MISSING} printable "
                                   "characters")
     return dict(value)
+
+
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def run_id_of(output: str | os.PathLike[str], checkpoints: str | os.PathLike[str] | None = None) -> str | None:
+    """The id of the run whose folder is `output`: its own bsops-run-id, else its checkpoints folder's (the trainer
+    writes both); None when neither has one. An id file that cannot be read is a ResultError naming it."""
+    from bigscience_ops.checkpoints import layout
+
+    try:
+        found = layout.run_id(Path(output))
+        if found is None and checkpoints is not None:
+            found = layout.run_id(Path(checkpoints))
+    except layout.CheckpointError as exc:
+        raise ResultError(str(exc)) from None
+    return found
+
+
+def belonging(found: Sequence[Result], run_id: str | None) -> tuple[list[Result], list[Problem]]:
+    """(the results made for run `run_id`, or that name no run; a Problem for each made for another run: never this
+    run's). With no run id to compare, every result is kept."""
+    kept, problems = [], []
+    for result in found:
+        if run_id is None or result.run_id is None or result.run_id == run_id:
+            kept.append(result)
+        else:
+            problems.append(Problem(str(result.path or result.tag), 0, f"made for run {result.run_id}, not this run "
+                                    f"({run_id}): another run's result, not counted"))
+    return kept, problems
 
 
 def read(path: str | os.PathLike[str]) -> Result | None:
@@ -367,10 +350,31 @@ def read(path: str | os.PathLike[str]) -> Result | None:
         raise ResultError(f"{path}: {exc}") from None
 
 
-def read_all(output: str | os.PathLike[str]) -> tuple[list[Result], list[Problem]]:
-    """Every result file of the run folder `output` (eval/global_stepN.json), by step, and a problem for each file
-    that cannot be read (the rest are still read). No eval folder: none."""
-    folder = Path(output) / FOLDER
+def read_all(output: str | os.PathLike[str], checkpoints: str | os.PathLike[str] | None = None,
+             limited: bool = False) -> tuple[list[Result], list[Problem]]:
+    """Every full result of the run folder `output` (eval/global_stepN.json), by step, and a problem for each file
+    that cannot be read (the rest are still read) or was made for another run (run_id_of(output, checkpoints)); with
+    `limited`, the limited results too (eval/limited/, and any in eval/ that lm-eval's config says was limited), else
+    those are left out. No eval folder: none."""
+    problems: list[Problem] = []
+    try:
+        run_id = run_id_of(output, checkpoints)
+    except ResultError as exc:
+        run_id, problems = None, [Problem(str(Path(output) / "bsops-run-id"), 0, str(exc))]
+    found, unread = _read_folder(Path(output) / FOLDER)
+    if limited:
+        more, unread_limited = _read_folder(Path(output) / FOLDER / LIMITED)
+        found, unread = sorted([*found, *more], key=lambda r: r.step), [*unread, *unread_limited]
+    else:
+        found = [r for r in found if not r.limited]
+    kept, foreign = belonging(found, run_id)
+    return kept, [*problems, *unread, *foreign]
+
+
+def _read_folder(folder: Path) -> tuple[list[Result], list[Problem]]:
+    if folder.is_symlink():
+        return [], [Problem(str(folder), 0, "is a link; expected the folder of the evaluation results (never read "
+                                            "through a link)")]
     try:
         names = sorted((int(m.group(1)), entry.name) for entry in os.scandir(folder)
                        if (m := FILE.fullmatch(entry.name)))
@@ -393,12 +397,13 @@ def read_all(output: str | os.PathLike[str]) -> tuple[list[Result], list[Problem
     return results, problems
 
 
-def read_live(output: str | os.PathLike[str]) -> tuple[list[Result], list[Problem]]:
+def read_live(output: str | os.PathLike[str], checkpoints: str | os.PathLike[str] | None = None,
+              limited: bool = False) -> tuple[list[Result], list[Problem]]:
     """read_all, then only the results of the run's live branch (`live`, against the rollbacks the run recorded; a
     rollbacks line that is not a record is for the views to report, and costs nothing here)."""
     from bigscience_ops.run import rollbacks
 
-    found, problems = read_all(output)
+    found, problems = read_all(output, checkpoints, limited)
     return live(found, rollbacks.read_checked(output).records), problems
 
 
@@ -422,11 +427,22 @@ def live(results: Sequence[Result], rollbacks: Iterable[Any]) -> list[Result]:
 
 # ----------------------------------------------------------------------------- tables and drops
 
+def per_step(results: Sequence[Result]) -> list[Result]:
+    """One result per step, oldest first: the full one where there is one, else the limited one finished last."""
+    best: dict[int, Result] = {}
+    for result in results:
+        held = best.get(result.step)
+        if held is None or (not held.limited, held.finished or 0.0) < (not result.limited, result.finished or 0.0):
+            best[result.step] = result
+    return [best[step] for step in sorted(best)]
+
+
 def table(results: Sequence[Result], references: Mapping[str, Mapping[str, float]] | None = None,
           max_steps: int | None = None) -> Table:
-    """The run's metrics by step (oldest first; the newest `max_steps` when given), each reference's values beside.
-    Rows: the run's metrics, then those only a reference has, each group sorted by name."""
-    ordered = sorted(results, key=lambda r: r.step)
+    """The run's metrics by step (oldest first; the newest `max_steps` when given; per_step: a full result over a
+    limited one, a limited one's column marked), each reference's values beside. Rows: the run's metrics, then those
+    only a reference has, each group sorted by name."""
+    ordered = per_step(results)
     left_out = max(0, len(ordered) - max_steps) if max_steps is not None else 0
     shown_results = ordered[left_out:]
     references = dict(references or {})
@@ -435,36 +451,50 @@ def table(results: Sequence[Result], references: Mapping[str, Mapping[str, float
     rows = []
     for metric in run_metrics + others:
         higher = next((r.higher_is_better[metric] for r in reversed(ordered) if metric in r.higher_is_better),
-                      _default_direction(metric.rpartition("/")[2].partition(",")[0]))
+                      default_direction(metric.rpartition("/")[2].partition(",")[0]))
         values: list[float | None] = [r.metrics.get(metric) for r in shown_results]
         values += [_reference_value(references[name], metric) for name in references]
         rows.append(Row(metric, higher, values))
     missing = tuple((r.step, name, why) for r in shown_results for name, why in sorted(r.missing.items()))
-    return Table([r.step for r in shown_results], list(references), rows, left_out, missing)
+    return Table([r.step for r in shown_results], list(references), rows, left_out, missing,
+                 tuple(r.limit for r in shown_results))
 
 
 def missing_alert(results: Sequence[Result]) -> str | None:
     """The hourly job's alert text when the newest evaluated step left out a configured task or source (each named
     with why: data not in the cache, a refused task file); None when it left out none. Once a later step runs them
     all, the alert recovers."""
-    newest = max(results, key=lambda r: r.step, default=None)
+    return missing_alerts(results).get("tasks")
+
+
+def missing_alerts(results: Sequence[Result]) -> dict[str, str]:
+    """The hourly job's alert texts by kind of failure, for the newest evaluated step's left-out tasks and sources:
+    "sources" for the sources left out because of lines that are not documents (bsops.corrupt), "tasks" for every
+    other; {} when it left out none. Once a later step runs them all, each recovers."""
+    shown = per_step(results)
+    newest = shown[-1] if shown else None
     if newest is None or not newest.missing:
-        return None
-    return (f"the evaluation of {newest.tag} (step {newest.step}) left out {len(newest.missing)} configured task(s) or "
-            "source(s), so they are not scored: " + "; ".join(f"{name}: {why}" for name, why in
-                                                              sorted(newest.missing.items())))
+        return {}
+    out = {}
+    for kind, names in (("sources", [n for n in sorted(newest.missing) if n in newest.corrupt]),
+                        ("tasks", [n for n in sorted(newest.missing) if n not in newest.corrupt])):
+        if names:
+            what = "source(s) with lines that are not documents" if kind == "sources" else "configured task(s) or source(s)"
+            out[kind] = (f"the evaluation of {newest.tag} (step {newest.step}) left out {len(names)} {what}, so they are "
+                         "not scored: " + "; ".join(f"{name}: {newest.missing[name]}" for name in names))
+    return out
 
 
 def _reference_value(values: Mapping[str, Any], metric: str) -> float | None:
     value = values.get(metric)
-    return float(value) if _number(value) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def drops(results: Sequence[Result], alert_drop: Mapping[str, float]) -> list[Drop]:
     """For each metric of `alert_drop` ("task/metric" -> margin): the newest result holding it when its value is
     worse than the best of the earlier results by more than the margin (worse: lower where higher is better). A
     value that is no finite number (a NaN perplexity) is worse than any; such values are never the best."""
-    ordered = sorted(results, key=lambda r: r.step)
+    ordered = sorted((r for r in results if not r.limited), key=lambda r: r.step)  # a limited score is no level
     out = []
     for metric, margin in alert_drop.items():
         holding = [r for r in ordered if metric in r.metrics]

@@ -6,9 +6,10 @@
 - every `eval.every_saves`-th step of the run's save schedule and its final step (`chooser`: a rule of the schedule,
   so that deleting old checkpoints never changes which ones are chosen; with 1, every saved checkpoint, those an
   exit or a time limit saved included);
-- newest first among those without a result file (<output>/eval/<tag>.json) of the live branch (a result written
-  before a rollback to an earlier step is the abandoned branch's): the newest model is the one people ask about,
-  and the backlog follows hour after hour;
+- newest first among those without a result file (<output>/eval/<tag>.json; with eval.limit, a limited one in
+  eval/limited/ also does) of the run (a file made for another run id is not its) and of the live branch (a
+  result written before a rollback to an earlier step is the abandoned branch's): the newest model is the one
+  people ask about, and the backlog follows hour after hour;
 - one job at a time: none while a job named `bsops.<training job name>.eval` of the run's users is queued or
   running (its handle, launch/jobs.SlurmJob, finds it by name, so a job whose submission was never recorded still
   counts);
@@ -72,6 +73,14 @@ class JobRecord:
     time: float
     log: str | None = None
     """The job's Slurm output file."""
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    """The SECTION.KEY=VALUE overrides of the `bsops eval --next` that submitted it (what the job evaluates with)."""
+
+
+def _overrides_rule(value: Any) -> str | None:
+    if isinstance(value, list) and len(value) <= 100 and all(check_str(v, 1000) is None for v in value):
+        return None
+    return "expected a list of at most 100 SECTION.KEY=VALUE texts (one line each)"
 
 
 _RULES: dict[str, Callable[[Any], str | None]] = {
@@ -82,11 +91,12 @@ _RULES: dict[str, Callable[[Any], str | None]] = {
     "step": check_int,
     "time": check_time,
     "log": lambda v: check_str(v, 4096, optional=True),
+    "overrides": _overrides_rule,
 }
 
 
 def _record(data: dict) -> tuple[JobRecord | None, str | None]:
-    record, why = build(JobRecord, data, _RULES, optional=("log",))
+    record, why = build(JobRecord, data, _RULES, optional=("log", "overrides"))
     if record is not None and layout.step_of(record.tag) != record.step:
         return None, f"field step: {record.step} is not the step of {record.tag}"
     return record, why
@@ -106,6 +116,10 @@ class EvalRun:
     """The run's eval job, by its name (job_name) among the watched users' jobs."""
     keep: Callable[[int], bool]
     """Whether a step is evaluated (chooser)."""
+    limited: bool = False
+    """eval.limit is set: a limited result of a step (eval/limited/) is its result too."""
+    overrides: tuple[str, ...] = ()
+    """The command line's SECTION.KEY=VALUE overrides, recorded with each job submitted."""
 
     @property
     def folder(self) -> Path:
@@ -127,17 +141,30 @@ def rollback_cuts(output: Path) -> list[tuple[float, int]]:
     return [(r.time, r.to_step) for r in rollbacks.read_checked(output).records]
 
 
-def has_result(output: Path, tag: str, cuts: Cuts = ()) -> bool:
-    """Whether checkpoint `tag` of the run whose paths.output is `output` has a result file of the run's live branch
-    (whatever it holds: reading it is the table's business). A result written before a rollback to an earlier step
-    is of the abandoned branch, whose checkpoint was set aside (results.live): the step saved again is evaluated
-    again."""
+def has_result(output: Path, tag: str, cuts: Cuts = (), run_id: str | None = None, limited: bool = False) -> bool:
+    """Whether checkpoint `tag` of the run whose paths.output is `output` has a result file (a full one; with
+    `limited`, a limited one also does) of the run's live branch, made for run `run_id` (a file that names another
+    run is not this run's; whatever else it holds, reading it is the table's business). A result written before a
+    rollback to an earlier step is of the abandoned branch, whose checkpoint was set aside (results.live): the step
+    saved again is evaluated again."""
+    return any(_result_of_run(results.result_path(output, tag, kind), layout.step_of(tag), cuts, run_id)
+               for kind in ((False, True) if limited else (False,)))
+
+
+def _result_of_run(path: Path, step: int | None, cuts: Cuts, run_id: str | None) -> bool:
     try:
-        written = os.lstat(results.result_path(output, tag)).st_mtime
+        written = os.lstat(path).st_mtime
     except FileNotFoundError:
         return False
-    step = layout.step_of(tag)
-    return not any(step is not None and step > to_step and written < when for when, to_step in cuts)
+    if any(step is not None and step > to_step and written < when for when, to_step in cuts):
+        return False
+    if run_id is None:
+        return True
+    try:
+        found = results.read(path)
+    except results.ResultError:
+        return True  # there, unreadable: the table and the watchdog say so; evaluating it again every hour would not
+    return found is None or found.run_id in (None, run_id)
 
 
 def read_ledger(path: Path) -> Checked[JobRecord]:
@@ -199,9 +226,11 @@ class Decision:
 def decide(run: EvalRun, records: Sequence[JobRecord], queue: Sequence[slurm.Job], *, now: float) -> Decision:
     """The pass's decision over the ledger's `records`, the queue's jobs (any names: those of the run's eval job are
     picked here), the steps to evaluate (run.keep) and the run's checkpoint folder. Raises layout's CheckpointError
-    when `latest` cannot be read."""
+    when `latest` cannot be read, results.ResultError when the run's id cannot be."""
     queued = tuple(run.job.records(queue))
     cuts = rollback_cuts(run.output)
+    run_id = results.run_id_of(run.output, run.checkpoints)
+
     in_queue = {i for j in queued for i in (j.job_id, j.array_job_id)}
     open_jobs: dict[str, JobRecord] = {}  # submissions without an outcome recorded after them (ids may recur)
     for record in records:
@@ -209,8 +238,10 @@ def decide(run: EvalRun, records: Sequence[JobRecord], queue: Sequence[slurm.Job
             open_jobs[record.job_id] = record
         else:
             open_jobs.pop(record.job_id, None)
-    outcomes = [dataclasses.replace(record, event="done" if has_result(run.output, record.tag, cuts) else "failed",
-                                    time=now)
+    def done(tag: str) -> bool:
+        return has_result(run.output, tag, cuts, run_id, run.limited)
+
+    outcomes = [dataclasses.replace(record, event="done" if done(record.tag) else "failed", time=now)
                 for job_id, record in open_jobs.items() if job_id not in in_queue]
     failed: dict[str, list[str]] = {}
     for record in (*records, *outcomes):
@@ -221,7 +252,7 @@ def decide(run: EvalRun, records: Sequence[JobRecord], queue: Sequence[slurm.Job
         return Decision(None, f"eval job {shown} of this run is in the queue: one at a time, nothing submitted",
                         tuple(outcomes), queued)
     complete = layout.complete_checkpoints(run.checkpoints)
-    todo = [c for c in complete if run.keep(c.step) and not has_result(run.output, c.tag, cuts)]
+    todo = [c for c in complete if run.keep(c.step) and not done(c.tag)]
     skipped = tuple((c.tag, tuple(failed[c.tag])) for c in todo if len(failed.get(c.tag, ())) >= MAX_FAILURES)
     eligible = [c for c in todo if len(failed.get(c.tag, ())) < MAX_FAILURES]
     if not eligible:
@@ -299,13 +330,13 @@ def _pass(run: EvalRun, submit: Submitter, query: Callable[..., list[slurm.Job]]
     queue = run.job.ask(query)  # before the result files are looked at: see decide
     try:
         decision = decide(run, checked.records, queue, now=now())
-    except layout.CheckpointError as exc:
+    except (layout.CheckpointError, results.ResultError) as exc:
         raise ScheduleError(f"cannot choose a checkpoint to evaluate: {exc}") from None
     lines = [f"{path}: {problem} (line passed over)" for problem in checked.problems]
     for record in decision.outcomes:
         append(path, record)
         if record.event == "done":
-            done = results.result_path(run.output, record.tag)
+            done = results.result_path(run.output, record.tag, run.limited)
             lines.append(f"eval job {record.job_id} of {record.tag} done: {done}")
         else:
             again = ("skipped from now on" if sum(r.tag == record.tag and r.event == "failed"
@@ -323,7 +354,7 @@ def _pass(run: EvalRun, submit: Submitter, query: Callable[..., list[slurm.Job]]
     else:
         ckpt = decision.submit
         job_id, log = submit(ckpt, run.folder)
-        record = JobRecord("submitted", job_id, ckpt.tag, ckpt.step, now(), str(log))
+        record = JobRecord("submitted", job_id, ckpt.tag, ckpt.step, now(), str(log), list(run.overrides))
         append(path, record)
         backlog = f"; {decision.left} more chosen checkpoint(s) wait" if decision.left else ""
         lines.append(f"submitted eval job {job_id} for {decision.reason}; log: {log}{backlog}")

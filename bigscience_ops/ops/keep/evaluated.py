@@ -7,7 +7,8 @@ take it for the run's. So a result counts only for a step the run has a checkpoi
 of its checkpoints with the bsops.json a finished save writes (never a link: layout.saved_checkpoints), or
 a copy of it in the backup store that the experiment's backup.dest names (retention deletes a checkpoint
 from scratch only once such a copy is verified, so an evaluated step stays counted after its folder goes).
-Every other result is a Problem naming its file, left out of what is shown and alerted on.
+Every other result is a Problem naming its file, left out of what is shown and alerted on; so is a result made
+for another run (its bsops.run_id is not the run's: results.belonging), whatever its step.
 
 `counted` is the one call: the views (`bsops info`, `bsops chronicle`) use it, and the watchdog's eval-drop
 check and `bsops eval`'s table can call it the same way on what results.read_all returned.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
+from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.evaluate.results import Result
 from bigscience_ops.ops.keep import backup
 from bigscience_ops.untrusted import Problem
@@ -46,12 +48,18 @@ def saved_steps(exp: Experiment) -> set[int]:
 
 
 def counted(results: Sequence[Result], exp: Experiment) -> tuple[list[Result], list[Problem]]:
-    """(the results of steps the run has a checkpoint of, a problem for each other result file): left out, named."""
+    """(the results of this run of steps it has a checkpoint of, a problem for each other result file): left out,
+    named."""
     if not results:
         return [], []
+    try:
+        run_id = eval_results.run_id_of(exp.paths.output, exp.paths.checkpoints)
+    except BsopsError:
+        run_id = None  # read_all reported the unreadable id file
+    mine, problems = eval_results.belonging(results, run_id)
     steps = saved_steps(exp)
-    kept, problems = [], []
-    for result in results:
+    kept = []
+    for result in mine:
         if result.step in steps:
             kept.append(result)
         else:
