@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from bigscience_ops.errors import ConfigError
 from bigscience_ops.resources import ResourceError, bundled, is_bundled
 from bigscience_ops.schema import Experiment
 from bigscience_ops.slurm.names import reserved_problem
+from bigscience_ops.typedyaml import PLAIN_FILE_ALLOWED
+from bigscience_ops.untrusted import kind_of
 
 
 def local_trainings_dir(trainings_dir: Path | None = None) -> Path:
@@ -35,7 +38,9 @@ def local_trainings_dir(trainings_dir: Path | None = None) -> Path:
 
 def trainings_dirs(trainings_dir: Path | None = None) -> list[Path]:
     """Where experiments are looked up by name, in order: the local folder (local_trainings_dir), then the
-    bundled trainings/. A local file wins over a bundled one of the same name."""
+    bundled trainings/. A local file wins over a bundled one of the same name. (The commands refuse a --trainings-dir
+    or $BSOPS_TRAININGS that is not there before they look: cli/base.trainings_option. `bsops new` writes into its
+    folder and makes it.)"""
     found = [local_trainings_dir(trainings_dir)]
     try:
         mine = bundled("trainings")
@@ -76,9 +81,9 @@ def experiment_path(name: str, trainings_dir: Path | None = None) -> Path:
     """The file of an experiment given by name (trainings_dirs(), in order) or by path."""
     if name.endswith((".yaml", ".yml", ".json")) or os.sep in name:
         path = Path(name)
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ConfigError(str(path), "", name, "no such experiment file")
-        return path
+        return path  # a link, a FIFO or a folder there is refused by the reading (typedyaml.read_yaml), by name
     return _by_name(name, trainings_dirs(trainings_dir), "", name)
 
 
@@ -86,8 +91,8 @@ def _by_name(name: str, folders: list[Path], field: str, source: str, skip: Path
     """The first folder's NAME.yaml; `skip` is a file naming itself as its base (a local tiny.yaml that says
     `base: tiny` means the bundled one)."""
     for directory in folders:
-        path = directory / f"{name}.yaml"
-        if path.is_file() and (skip is None or path.resolve() != skip.resolve()):
+        path = directory / f"{name}.yaml"  # whatever is there: a link or a FIFO is refused when read, not passed over
+        if os.path.lexists(path) and (skip is None or os.path.realpath(path) != os.path.realpath(skip)):
             return path
     known = ", ".join(sorted({p.stem for d in folders for p in d.glob("*.yaml")})) or "none"
     where = " or ".join(str(d) for d in dict.fromkeys(folders))
@@ -124,7 +129,19 @@ def locate(name: str, trainings_dir: Path | None = None) -> Located:
     (project_folder) and outputs (outputs_folder) resolve."""
     path = experiment_path(name, trainings_dir)
     check_name(path.stem, str(path))
+    check_plain(path)  # before its folders are worked out through it
     return Located(path, project_folder(path), outputs_folder(path))
+
+
+def check_plain(path: Path) -> None:
+    """Refuse an experiment file that is not a plain file (a symbolic link, a FIFO, a folder), by what it is and
+    never by what it holds (read_yaml refuses the same, for a base)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # gone: the reading says so
+    if not stat.S_ISREG(mode):
+        raise ConfigError(str(path), "", kind_of(path), PLAIN_FILE_ALLOWED)
 
 
 def project_folder(experiment_file: Path) -> Path:

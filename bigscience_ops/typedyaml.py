@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import types
 import typing
@@ -169,12 +170,29 @@ _INT_TEXT = re.compile(r"[-+]?\d[\d_]*(?:[eE]\+?\d+)?")
 _FLOAT_TEXT = re.compile(r"[-+]?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][-+]?\d+)?")
 
 
+PLAIN_FILE_ALLOWED = ("a plain file: an experiment file or a base is never read through a symbolic link (it could "
+                      "name any file, whose content an error would then show), nor from a FIFO, folder or device; "
+                      "put the file itself there")
+
+
 def read_yaml(path: Path) -> dict:
+    """The mapping a YAML file holds: a plain file (never through a link, never a FIFO: untrusted.read_small) of at
+    most MAX_FILE_BYTES of UTF-8, within _Loader's limits. An error shows no line of the file."""
+    from bigscience_ops.untrusted import RecordFileError, kind_of, read_small
+
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise ConfigError(str(path), "", f"{size} bytes", f"at most {MAX_FILE_BYTES} bytes")
-        text = path.read_bytes().decode("utf-8")
+        data = read_small(path, MAX_FILE_BYTES)
+        if data is None:
+            raise ConfigError(str(path), "", "<file>", "an existing file (it is not there)")
+        text = data.decode("utf-8")
+    except RecordFileError as exc:
+        if "holds more than" in exc.what:
+            raise ConfigError(str(path), "", f"more than {MAX_FILE_BYTES} bytes",
+                              f"at most {MAX_FILE_BYTES} bytes") from None
+        if "cannot be opened" in exc.what:
+            raise ConfigError(str(path), "", "<file>", f"a readable file ({exc.what.removeprefix('cannot be opened ')})"
+                              ) from None
+        raise ConfigError(str(path), "", kind_of(path), PLAIN_FILE_ALLOWED) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(str(path), "", f"byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start}",
                           "UTF-8 text") from None
@@ -202,12 +220,40 @@ def _load(text: str, source: str, dotted: str, shown: object, flow_only: bool = 
             if flow_only and isinstance(root, yaml.CollectionNode) and not root.flow_style:
                 raise ConfigError(source, dotted, shown, "one YAML flow value: a list as [a, b], a mapping as "
                                                          "{key: value}, a string holding ': ' or ' #' quoted")
+            if flow_only:
+                _whole_value(text, root, source, dotted, shown)
             return loader.construct_document(root) if root is not None else None
         finally:
             loader.dispose()
     except (yaml.YAMLError, RecursionError, ValueError) as exc:  # ValueError: an integer of thousands of digits
-        raise ConfigError(source, dotted, shown, f"valid YAML within bsops' limits: {' '.join(str(exc).split())[:400]}"
-                          ) from None
+        raise ConfigError(source, dotted, shown, f"valid YAML within bsops' limits: {_yaml_problem(exc)}") from None
+
+
+def _yaml_problem(exc: BaseException) -> str:
+    """What YAML found wrong and where (line, column), without the line of the file PyYAML's own text quotes: the
+    file may not be what its name says, and an error is no way to read it."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return " ".join(str(exc).split())[:200]
+    parts = []
+    for what, mark in ((exc.context, exc.context_mark), (exc.problem, exc.problem_mark)):
+        if what:
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            parts.append(f"{' '.join(str(what).split())[:160]}{where}")
+    return "; ".join(parts) or "not valid YAML"
+
+
+def _whole_value(text: str, root, source: str, dotted: str, shown: object) -> None:
+    """Refuse a command-line value of which YAML reads only a part: a ` #` (or a leading `#`) starts a comment that
+    cuts the rest off (`paths.output=/x/run #2` would be /x/run), and `---`/`...` are document markers. What is
+    typed is the value, whole, or it is refused, as `': '` is."""
+    start, end = (root.start_mark.index, root.end_mark.index) if root is not None else (0, 0)
+    if not text[:start].strip() and not text[end:].strip():
+        return
+    read = text[start:end]
+    cut = f"YAML reads only {read!r} of it" if read else "YAML reads none of it"
+    raise ConfigError(source, dotted, shown, f"{cut} (a '#' after a space, or at the start, begins a comment; '---' "
+                                             "and '...' mark documents); allowed: one YAML flow value, whole: quote "
+                                             "a string that holds ' #' or ': ' (paths.output='\"/x/run #2\"')")
 
 
 def expanded_chars(node, memo: dict[int, int]) -> int:
@@ -232,14 +278,14 @@ def read_with_bases(path: Path, find_base: Callable[[object, Path], Path],
     it (the last one wins). `find_base(base, path)` is the file that `path`'s `base:` value means; each file's
     own mapping goes through `before_merge(data, inherited, source)` (a check, or an inherited value it
     replaces dropped) just before it is merged over what it inherits. A chain that loops is refused."""
-    if path.resolve() in chain:
+    here = Path(os.path.realpath(path))  # realpath: a link loop is no exception (read_yaml refuses links)
+    if here in chain:
         raise ConfigError(str(path), "base", " -> ".join(p.stem for p in chain + (path,)), "base chains must not loop")
     data = read_yaml(path)
     merged: dict = {}
     origins: dict = {}
     if data.get("base") is not None:
-        merged, origins = read_with_bases(find_base(data["base"], path), find_base, before_merge,
-                                          chain + (path.resolve(),))
+        merged, origins = read_with_bases(find_base(data["base"], path), find_base, before_merge, chain + (here,))
     before_merge(data, merged, str(path))
     merge(merged, data, origins, str(path), "")
     return merged, origins

@@ -54,7 +54,9 @@ def validate(exp: Experiment, source: str) -> None:
 
 
 def check_derived(exp: Experiment, source: str) -> None:
-    """The rules on values derivation fills in (an exit duration from the time limit, the warning signal)."""
+    """The rules on values derivation fills in (an exit duration from the time limit, the warning signal), and on
+    the run's folders once they are absolute."""
+    check_run_folders(exp, source)
     check_exit_duration(exp, source)
     check_signal_seconds(exp.slurm, source)
     check_kill_switch(exp, source)
@@ -274,6 +276,42 @@ def check_exit_duration(exp: Experiment, source: str) -> None:
     if "checkpoint.exit_duration_in_mins" in exp.derived:
         _check(ck.exit_duration_in_mins is not None and ck.exit_duration_in_mins > 0, source, "slurm.time",
                exp.slurm.time, f"must be longer than the exit margin of {ck.exit_margin_mins} minutes")
+
+
+RUN_FOLDERS = ("output", "checkpoints", "tensorboard", "logs", "codecarbon")
+"""The paths.* fields a run writes into (its records, checkpoints, events, logs)."""
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys",
+                "/usr", "/var/lib", "/var/log", "/var/spool", "/var/cache", "/var/run", "/var/lock", "/var/mail",
+                "/var/backups")
+"""The system's own folders: refused with everything inside them."""
+SYSTEM_FOLDERS = ("/", "/home", "/root", "/var", "/tmp", "/var/tmp", "/opt", "/srv", "/mnt", "/media", "/run")
+"""Folders a run may write below, never into itself (its checkpoints/ and logs/ would sit among everyone's)."""
+RUN_FOLDERS_ALLOWED = ("allowed: a folder of the run's own (default runs/NAME beside the experiment's trainings/, or "
+                       "one on scratch), never /, the home folder, a folder of the system ({trees}, and what is "
+                       "inside them) or one of {folders} itself: bsops writes the run's records, checkpoints and logs "
+                       "there")
+
+
+def _refused_folder(path: str) -> bool:
+    home = os.path.expanduser("~")
+    for form in {os.path.normpath(path), os.path.realpath(path)}:
+        real = os.path.realpath(form)
+        if form in SYSTEM_FOLDERS or form in (home, os.path.realpath(home)) or real in SYSTEM_FOLDERS:
+            return True
+        if any(form == tree or form.startswith(tree + "/") for tree in SYSTEM_TREES):
+            return True
+    return False
+
+
+def check_run_folders(exp: Experiment, source: str) -> None:
+    """A run writes into paths.output, checkpoints, tensorboard, logs and codecarbon: none of them may be /, the home
+    folder or a system folder (a typo such as `paths.output=/`, or `~`, would scatter a run's files there, and a
+    later retention or rollback deletes inside it)."""
+    for name in RUN_FOLDERS:
+        value = getattr(exp.paths, name)
+        if value and _refused_folder(value):
+            raise ConfigError(source, f"paths.{name}", value, RUN_FOLDERS_ALLOWED.format(
+                trees=", ".join(SYSTEM_TREES[:12]) + "...", folders=", ".join(SYSTEM_FOLDERS[1:])))
 
 
 KILL_SWITCH_ALLOWED = ("the path of a file (existing or not) that is not a directory, a device, a pipe, the run "

@@ -340,3 +340,76 @@ def test_a_mapping_field_a_file_sets_replaces_its_bases_whole(trainings) -> None
     own, kept, tiny = (load_experiment(name, trainings) for name in ("own", "kept", "tiny"))
     assert list(own.eval.sources) == ["held"] and own.eval.every_saves == 2 and own.eval.tasks == tiny.eval.tasks
     assert kept.eval.sources == tiny.eval.sources and kept.eval.every_saves == 3
+
+
+SECRET = "root:x:0:0:the-secret-line"  # what a file a link names holds: no error may show it
+
+
+def _secret_file(tmp_path: Path) -> Path:
+    secret = tmp_path / "elsewhere" / "passwd"
+    secret.parent.mkdir(exist_ok=True)
+    secret.write_text(f"{SECRET}\nmodel: {{hidden_size: [\n")
+    return secret
+
+
+@pytest.mark.parametrize("what", ["a link to a file", "a link to a YAML experiment", "a dangling link", "a link loop",
+                                  "a FIFO", "a folder"])
+@pytest.mark.parametrize("as_base", [False, True])
+def test_an_experiment_file_or_base_that_is_not_a_plain_file_is_refused_by_what_it_is(
+        trainings: Path, tmp_path: Path, what: str, as_base: bool) -> None:
+    """Read through a link, an experiment or its base could be any file, and YAML's errors quoted its first line.
+    It is refused like a run's files are, naming the path and what is there, never what it holds; a FIFO is not
+    waited on."""
+    import os
+
+    path = trainings / "odd.yaml"
+    if what == "a link to a file":
+        path.symlink_to(_secret_file(tmp_path))
+    elif what == "a link to a YAML experiment":
+        path.symlink_to(trainings / "tiny.yaml")
+    elif what == "a dangling link":
+        path.symlink_to(tmp_path / "nowhere.yaml")
+    elif what == "a link loop":
+        path.symlink_to(path.name)
+    elif what == "a FIFO":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    name = write(trainings, "child", "base: odd\n") if as_base else "odd"
+    with pytest.raises(ConfigError) as err:
+        load_experiment(name, trainings)
+    assert err.value.source == str(path) and err.value.field == "" and "plain file" in err.value.allowed
+    assert SECRET not in str(err.value) and "the-secret" not in str(err.value)
+    assert os.path.lexists(path)  # nothing removed or replaced
+
+
+def test_a_yaml_error_names_line_and_column_and_shows_no_line_of_the_file(trainings: Path) -> None:
+    write(trainings, "broken", f"# {SECRET}\nmodel: {{hidden_size: [1,\n  {SECRET}: b: c\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment("broken", trainings)
+    assert "line 3" in err.value.allowed and "the-secret" not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_trainings_folder_that_is_not_there_is_refused_by_every_command_that_takes_it(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """It used to leave only the bundled folder to look in: `plan tiny --trainings-dir /typo` planned bsops' own
+    tiny, and a cron job whose folder had gone watched the bundled experiment of the name, silently."""
+    from click.testing import CliRunner
+
+    from bigscience_ops.cli import main
+
+    missing = tmp_path / "no-such-trainings"
+    (tmp_path / "a-file").write_text("")
+    runner = CliRunner()
+    for args in (["plan", "tiny"], ["show", "tiny"], ["render", "tiny"], ["status", "tiny"], ["info", "tiny"],
+                 ["eval", "tiny", "--next"], ["hub-sync", "tiny"], ["backup", "tiny"], ["cron", "add", "tiny"],
+                 ["launch", "tiny", "--dry-run"], ["list"], ["data", "verify", "x", "--experiment", "tiny"]):
+        for folder in (missing, tmp_path / "a-file"):
+            result = runner.invoke(main, [*args, "--trainings-dir", str(folder)])
+            assert result.exit_code == 2 and str(folder) in result.stderr, (args, result.output)
+            assert len(result.stderr.splitlines()) == 1 and not missing.exists()
+    monkeypatch.setenv("BSOPS_TRAININGS", str(missing))
+    assert runner.invoke(main, ["plan", "tiny"]).exit_code == 2
+    assert runner.invoke(main, ["plan", "tiny", "--trainings-dir", str(tmp_path)]).exit_code == 0  # given: it wins
+    monkeypatch.delenv("BSOPS_TRAININGS")
+    assert runner.invoke(main, ["plan", "tiny"]).exit_code == 0  # ./trainings, the default, may be missing

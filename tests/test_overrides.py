@@ -102,10 +102,29 @@ def test_the_command_line_replaces_a_node_plan_as_a_file_does() -> None:
     (['description="a\\nb"'], "description", "U+000A (newline)"),  # an escape YAML turns into a line break
     (['alerts.email_to=["a@b\\u2029c"]'], "alerts.email_to[0]", "U+2029"),
     (["train.seed="], "train.seed", "a value is required"),
+    (["paths.output=/x/run #2"], "paths.output", "YAML reads only '/x/run' of it"),  # a comment: cut, so refused
+    (["description=run #2"], "description", "YAML reads only 'run' of it"),
+    (["eval.tasks=[a, b] # c"], "eval.tasks", "YAML reads only '[a, b]' of it"),
+    (["description='a' #b"], "description", "YAML reads only \"'a'\" of it"),
+    (["description=#x"], "description", "YAML reads none of it"),
+    (["description= #x"], "description", "YAML reads none of it"),
+    (["description=--- x"], "description", "YAML reads only 'x' of it"),  # a document marker
 ])
 def test_refused_naming_the_value_and_what_is_allowed(texts: list[str], field: str, allowed: str) -> None:
     err = refused(texts)
     assert err.source == COMMAND_LINE and err.field == field and allowed in err.allowed, str(err)
+
+
+def test_a_value_is_typed_whole_or_refused_as_a_comment_would_cut_it(tmp_path: Path) -> None:
+    """` #` in a value: refused as `': '` is (above), kept whole when quoted; a `#` with no space before it is no
+    comment. The run folder is the value as typed: nothing is launched into a cut one."""
+    given = [f"paths.output='{tmp_path}/run #2'", "description=a#b", "eval.tasks=[a#1.yaml]"]
+    exp = load_experiment("tiny", None, given)
+    assert exp.paths.output == f"{tmp_path}/run #2" and exp.paths.checkpoints == f"{tmp_path}/run #2/checkpoints"
+    assert exp.description == "a#b" and Path(exp.eval.tasks[0]).name == "a#1.yaml"
+    assert exp.overrides == given
+    cut = run("launch", "tiny", "--local", f"paths.output={tmp_path}/run #2")
+    assert cut.exit_code == 2 and len(cut.stderr.splitlines()) == 1 and not (tmp_path / "run").exists()
 
 
 def test_a_file_may_not_set_the_overrides_field(trainings: Path) -> None:

@@ -140,3 +140,36 @@ def test_the_combinations_that_resume_are_accepted(trainings: Path, text: str) -
     (trainings / "ok.yaml").write_text("base: tiny\n" + text)
     exp = load_experiment("ok", trainings)
     assert exp.train.precision in ("fp32", "bf16")
+
+
+@pytest.mark.parametrize("folder", ["/", "{home}", "~", "/etc", "/etc/bsops", "/usr/local/runs", "/var", "/tmp",
+                                    "/home", "/proc/self", "{run}/../../../../../../../.."])
+@pytest.mark.parametrize("field", ["output", "checkpoints", "tensorboard", "logs"])
+def test_a_run_folder_that_is_the_root_home_or_a_system_folder_is_refused(trainings: Path, tmp_path: Path,
+                                                                          folder: str, field: str) -> None:
+    """A run writes its records, checkpoints and logs into these, and retention deletes inside them: `/` (a typo, or
+    `paths.output=/` on the command line) or the home folder would scatter them among everything else."""
+    value = folder.format(home=os.path.expanduser("~"), run=tmp_path / "run")
+    text = f"paths: {{output: {json.dumps(str(tmp_path / 'run'))}, {field}: {json.dumps(value)}}}\n"
+    if field == "output":
+        text = f"paths: {{output: {json.dumps(value)}}}\n"
+    error = _refused(trainings, text)
+    assert error.field == f"paths.{field}" and error.value == os.path.expanduser(value)
+
+
+@pytest.mark.parametrize("folder", ["{tmp}/run", "/tmp/x", "/var/tmp/x", "{home}/runs/x", "runs/x"])
+def test_a_run_folder_of_its_own_anywhere_else_is_taken(trainings: Path, tmp_path: Path, folder: str) -> None:
+    value = folder.format(tmp=tmp_path, home=os.path.expanduser("~"))
+    (trainings / "ok.yaml").write_text(f"base: tiny\npaths: {{output: {json.dumps(value)}}}\n")
+    assert load_experiment("ok", trainings).paths.output.endswith(value.removeprefix("runs/"))
+
+
+def test_a_run_record_naming_the_root_as_its_folder_is_refused_too() -> None:
+    """experiment.json is untrusted: rebuilt from it, the same rule holds."""
+    from bigscience_ops.config import from_dict, to_dict
+
+    data = to_dict(load_experiment("tiny"))
+    data["paths"]["checkpoints"] = "/"
+    with pytest.raises(ConfigError) as err:
+        from_dict(data, "experiment.json")
+    assert err.value.field == "paths.checkpoints" and err.value.source == "experiment.json"

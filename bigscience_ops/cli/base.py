@@ -150,11 +150,31 @@ TEXT = Text()
 
 # ----------------------------------------------------------------------------- experiments and run folders
 
+TRAININGS_DIR_ALLOWED = ("allowed: an existing folder of experiment YAML files (one that is not there would leave "
+                         "only bsops' bundled experiments to look in, and EXP would silently mean one of them)")
+
+
+def _existing_folder(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """--trainings-dir (else $BSOPS_TRAININGS, when set) names a folder that is there: every command that looks
+    experiments up refuses one that is not, cron jobs included (their job scripts pass the folder the experiment was
+    found in, which may since have gone). ./trainings, the default, may be missing."""
+    import os
+
+    named = value if value is not None else Path(os.environ["BSOPS_TRAININGS"]) if os.environ.get(
+        "BSOPS_TRAININGS") else None
+    if named is not None and not named.is_dir():
+        what = "not a folder" if named.exists() else "no such folder"
+        where = "" if value is not None else " ($BSOPS_TRAININGS, with no --trainings-dir given)"
+        shown = repr(str(named)) if len(str(named)) <= 400 else _shown(str(named))  # a path: shown whole
+        raise click.BadParameter(f"got {shown}{where}: {what}; {TRAININGS_DIR_ALLOWED}", ctx, param)
+    return value
+
+
 def trainings_option(func):
     return click.option(
-        "--trainings-dir", type=SafePath(file_okay=False, path_type=Path), default=None,
+        "--trainings-dir", type=SafePath(file_okay=False, path_type=Path), default=None, callback=_existing_folder,
         help="Folder of your experiment YAML files, looked in before the bundled ones "
-             "(default: $BSOPS_TRAININGS, else ./trainings).",
+             "(default: $BSOPS_TRAININGS, else ./trainings); it must exist.",
     )(func)
 
 
