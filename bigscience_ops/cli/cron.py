@@ -146,12 +146,19 @@ def cron_jobs() -> None:
 @cron.command("list")
 @cron_dir_option
 def cron_list(cron_dir: Path | None) -> None:
-    """List the jobs of the cron folder: experiment, job kind, period and file."""
+    """List the jobs of the cron folder: experiment, job kind, period and file.
+
+    A file's name is shown with its control characters escaped (a line break in it is `\\x0a`); a *.slurm entry
+    that is not a plain file (a link, a FIFO, a folder) is listed with why `bsops cron run` does not run it."""
     from bigscience_ops.ops import hourly_jobs
+    from bigscience_ops.ops.schedule import cron as cronlib
 
     found = hourly_jobs.installed(_cron_dir(cron_dir))
     for job in found:
-        click.echo(f"{job.experiment or '-':<24} {job.kind or 'other':<9} {job.period:<7} {job.path}")
+        problem = cronlib.script_problem(job.path)
+        refused = f"  (not run: it {problem})" if problem else ""
+        click.echo(f"{job.experiment or '-':<24} {job.kind or 'other':<9} {job.period:<7} "
+                   f"{cronlib.shown_name(job.path)}{refused}")
     if not found:
         click.echo("no jobs installed (bsops cron add EXP writes them)")
 
@@ -190,14 +197,17 @@ def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None) -> None:
 @click.option("--rearm-error", default=None, help="Why the runner script could not re-arm (logged and emailed).")
 def cron_run(period: str, cron_dir: Path | None, runner: Path | None, period_seconds: int | None, no_rearm: bool,
              rearmed: str | None, rearmed_for: str | None, rearm_error: str | None) -> None:
-    """One runner pass after the script re-armed: submit every job of the folder not already queued."""
+    """One runner pass after the script re-armed: submit every job of the folder not already queued.
+
+    Only plain files are submitted: a *.slurm that is a link, a FIFO or a folder is refused by name (logged and
+    emailed as a failure), and the other jobs still run."""
     from bigscience_ops import slurm
     from bigscience_ops.ops.schedule import cron as cronlib
 
     report = cronlib.run_pass(cron_dir or default_cron_dir(), period, None if no_rearm else runner,
                               period_seconds, self_job_id=slurm.TaskEnv.from_env().job_id, rearmed_job=rearmed,
                               rearmed_for=rearmed_for, rearm_error=rearm_error)
-    for line in report.lines:
+    for line in report.lines:  # each made one line without a control character (cron.log_line)
         click.echo(line)
     if report.failed:
         sys.exit(EXIT_PROBLEMS)

@@ -26,20 +26,23 @@ from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, main, open_run,
               help="With --follow: seconds between checks for new lines.")
 def logs_command(exp: str | None, run: Path | None, trainings_dir: Path | None, lines: int, follow: bool,
                  from_clone: Path | None, interval: float) -> None:
-    """Print the tail of EXP's main_log.txt (the run folder's, else hub-sync's clone of the logs repo)."""
+    """Print the tail of EXP's main_log.txt (the run folder's, else hub-sync's clone of the logs repo).
+
+    The log is printed as text: its escape sequences and control characters (colours, clear-screen, a terminal
+    hyperlink, a bidi override) are shown escaped, as `\\x1b[2J`, never passed to the terminal."""
     from bigscience_ops.run import log as runlog
 
     experiment = open_run(exp, run, trainings_dir, err=True).experiment  # stdout is the log's lines
     path = runlog.find_log(experiment, from_clone)
     last, offset = runlog.tail(path, lines)
     for line in last:
-        click.echo(line)
+        click.echo(runlog.for_terminal(line))  # the log's escape sequences shown, never run by the terminal
     if not follow:
         return
     sys.stdout.flush()
     try:
         for line in runlog.follow(path, offset, interval=interval):
-            click.echo(line)
+            click.echo(runlog.for_terminal(line))
             sys.stdout.flush()
     except KeyboardInterrupt:
         pass

@@ -20,6 +20,10 @@ So every reader here is linear and bounded, whatever the lines are:
 - only a regular file is read, never through a link (the run's other records are read so too): a link, a
   FIFO, a device or a folder is refused by name (opened without following a link or blocking, checked with
   fstat on the descriptor read, so a swap after a check is caught).
+
+The lines are the log's text as it is (the watchdog and the views parse them); what shows one on a terminal (`bsops
+logs`, a cron pass's lines, a file's name) shows it through `for_terminal`, which makes every escape sequence and
+control character visible text, so a log cannot clear the screen, retitle the window or plant a hyperlink.
 """
 
 from __future__ import annotations
@@ -422,6 +426,22 @@ def _line(raw: bytes, more: int | str = 0) -> str:
         raw = raw[:LINE_BYTES]
     text = raw.replace(b"\0", b"").rstrip(b"\r").decode("utf-8", errors="replace")
     return text + CUT.format(more=more) if more else text
+
+
+def for_terminal(text: str) -> str:
+    """`text` (a line of a run's log, a file's name, a tool's answer) fit to print on a terminal: every character
+    str.isprintable() refuses becomes a visible escape (`\\x1b`, `\\x9b`, `\\u202e`, `\\u2028`), a tab kept. That
+    is ESC (so no CSI or OSC sequence: no colour, cursor move, clear-screen, window title or OSC 8 hyperlink), the
+    other C0 and C1 controls, DEL, a line break inside the text, the bidi overrides and isolates, zero-width
+    characters and the Unicode line and paragraph separators."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\t" else _visible(c) for c in text)
+
+
+def _visible(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _decode(line: bytes) -> str:

@@ -19,6 +19,7 @@ import datetime as dt
 import getpass
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.tell import channels
 from bigscience_ops.schema import SLURM_NAME, SLURM_NAMES, SLURM_TIME, AlertsConfig
 from bigscience_ops.typedyaml import build, documented, read_yaml
+from bigscience_ops.untrusted import kind_of
 
 PERIODS = {"hourly": 3600, "daily": 86400}
 
@@ -91,8 +93,28 @@ def next_boundary(now: dt.datetime, seconds: int) -> dt.datetime:
 
 def folder_scripts(cron_dir: Path, period: str) -> list[Path]:
     """The job scripts of cron.<period>/: each *.slurm; run_pass reads each one's job name as sbatch does
-    (slurm.script_job_name), and reports and skips one it cannot read."""
+    (slurm.script_job_name), and reports and skips one it cannot read or that is not a plain file
+    (script_problem)."""
     return sorted((Path(cron_dir) / f"cron.{period}").glob("*.slurm"))
+
+
+def script_problem(script: Path) -> str | None:
+    """Why `script` is not run (None: it is a plain file): a symbolic link (whatever it points at: sbatch would
+    submit the target, which anyone who can write the folder can aim anywhere), a FIFO (sbatch would wait on it),
+    a folder or a device. Read with lstat, a link never followed."""
+    try:
+        if stat.S_ISREG(os.lstat(script).st_mode):
+            return None
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    return (f"is {kind_of(script)}, not a plain file; allowed: a regular job script in the folder (a cron job is "
+            "never run through a link)")
+
+
+def shown_name(path: Path | str) -> str:
+    """A file's name or path for a terminal, a log line or an alert: its control characters (a line break in the
+    name, an escape sequence) shown as visible escapes (run/log.for_terminal)."""
+    return runlog.for_terminal(str(path))
 
 
 @dataclass(frozen=True)
@@ -129,7 +151,9 @@ def write_runner(runner: RunnerScript) -> Path:
 
 
 def log_line(now: dt.datetime, text: str) -> str:
-    return f"[{now.strftime('%Y-%m-%d %H:%M:%S')}] {text}"
+    """One line of a cron log (and of `bsops cron run`'s output): a file's name or sbatch's answer in `text` shows
+    its control characters escaped (run/log.for_terminal), so it stays one line and runs nothing on a terminal."""
+    return f"[{now.strftime('%Y-%m-%d %H:%M:%S')}] {runlog.for_terminal(text)}"
 
 
 @dataclass
@@ -232,24 +256,28 @@ def _keep_one_next_runner(report: RunReport, jobs: list, name: str, runner: Path
 def _submit_folder(report: RunReport, cron_dir: Path, period: str, jobs: list, now: dt.datetime, fail) -> None:
     scripts = folder_scripts(cron_dir, period)
     for script in scripts:
+        problem = script_problem(script)
+        if problem is not None:  # a link, a FIFO or a folder: refused by name, the others still run
+            fail(f"reading {shown_name(script)}", problem)
+            continue
         try:
             name = slurm.script_job_name(script)
         except (ValueError, OSError) as exc:  # one bad script is reported and skipped, never ends the pass
-            fail(f"reading {script}", slurm.said(exc))
+            fail(f"reading {shown_name(script)}", slurm.said(exc))
             continue
         queued = _queued(jobs, name)
         if queued:
             why = f"previous instance {queued[0].job_id} still {queued[0].state.lower()}"
             report.skipped.append((name, why))
-            report.lines.append(log_line(now, f"skipped {script.name} ({name}): {why}"))
+            report.lines.append(log_line(now, f"skipped {shown_name(script.name)} ({name}): {why}"))
             continue
         try:
             job_id = run_job(ScriptJob(name, script, kind=period), SlurmScripts()).job_id or ""  # written already
         except (BsopsError, ValueError) as exc:
-            fail(f"submitting {script}", slurm.said(exc))
+            fail(f"submitting {shown_name(script)}", slurm.said(exc))
             continue
         report.submitted.append((name, job_id))
-        report.lines.append(log_line(now, f"submitted {script.name} ({name}) as job {job_id}"))
+        report.lines.append(log_line(now, f"submitted {shown_name(script.name)} ({name}) as job {job_id}"))
     if not scripts:
         report.lines.append(log_line(now, f"cron.{period}/ has no job scripts"))
 
