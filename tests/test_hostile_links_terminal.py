@@ -1,0 +1,345 @@
+"""Hostile inputs of two classes (issue 48): a name in a run's file never becomes a link in an alert, and a run's
+log or a cron folder's file name never reaches the terminal raw.
+
+LINKS: each row is written where anyone on the project can write, in the three places the issue found live: the eval
+ledger (eval/jobs.jsonl: a job id and its log), a result file's `missing` reasons (eval/global_stepN.json) and the
+alert state (.bsops-alerts.json: the message a recovery repeats). One `bsops eval EXP --next --alert` pass sends
+all three to a real SMTP server (aiosmtpd) and a real https webhook. Every delivered subject, body and webhook text is
+then run through a real linkifier (linkify-it-py, the linkify rules of markdown-it and chat renderers, here with
+every top-level domain of any script allowed, as a mail client that knows them all would) and rendered to HTML by
+markdown-it with it: no link is found, and no `<a>` tag made, while the value is there (its marker).
+
+TERMINAL: each row puts an escape sequence or a control character in main_log.txt (`bsops logs`) or in a cron
+job's file name (`bsops cron list`, `bsops cron run`), or a job file that is not a plain file where `cron run` looks:
+the output holds no raw control character (the escape is shown, visible), and only plain files are submitted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import unicodedata
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from aiosmtpd.controller import Controller
+from click.testing import CliRunner
+from linkify_it import LinkifyIt
+from linkify_it.tlds import TLDS
+from markdown_it import MarkdownIt
+
+from bigscience_ops import slurm
+from bigscience_ops.cli import main
+from bigscience_ops.cli.base import EXIT_PROBLEMS
+from bigscience_ops.launch.local import free_port
+from bigscience_ops.ops.evaluate import results, schedule
+from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_smtp import Hooked, Inbox
+
+VAR = "BSOPS_TEST_LINKS_WEBHOOK"
+
+# ----------------------------------------------------------------------------- links in alerts
+
+LINKS = {
+    "a new gTLD": "evil.support/login",
+    "a brand gTLD": "paypal.bank/verify",
+    "a two-letter ccTLD": "evil.sh/x",
+    "a subdomain under a ccTLD": "okta.evil.in/sso",
+    "upper case": "EVIL.SUPPORT/LOGIN",
+    "fullwidth letters and dot": "ｅｖｉｌ．ｓｕｐｐｏｒｔ/login",
+    "ideographic full stop": "evil。com/login",
+    "halfwidth ideographic full stop": "evil｡com/login",
+    "one dot leader": "evil․com/login",
+    "small full stop": "evil﹒com/login",
+    "Syriac full stops": "okta܁evil܂com/sso",
+    "a Cyrillic IDN": "пример.рф/вход",
+    "a Japanese IDN": "例え.テスト/ログイン",
+    "a punycode TLD": "evil.xn--p1ai/login",
+    "an address": "helpdesk@evil.support",
+    "a fullwidth at sign": "helpdesk＠evil．support",
+    "a small at sign": "helpdesk﹫evil.bank",
+    "a port": "evil.support:8443/login",
+    "in quotes and brackets": '("evil.support") [evil.bank] <evil.sh> {evil.in}',
+    "after a backslash and a tilde": "C:\\evil.support\\login ~evil.bank",
+    "an IPv4 address": "198.51.100.7/login",
+    "a mathematical bold host": "𝐞𝐯𝐢𝐥.𝐬𝐮𝐩𝐩𝐨𝐫𝐭/login",
+}
+
+
+def _linkifier() -> LinkifyIt:
+    """linkify-it with every IANA top-level domain and any other of 2-63 letters of any script (a new gTLD, an IDN
+    one), fuzzy links, addresses and IP addresses on: what the strictest chat app or mail client would link."""
+    return LinkifyIt(options={"fuzzy_link": True, "fuzzy_email": True, "fuzzy_ip": True}).tlds(
+        [t.lower() for t in TLDS] + [r"[^\W\d_]{2,63}"], True)
+
+
+LINKIFY = _linkifier()
+MARKDOWN = MarkdownIt("commonmark", {"html": False, "linkify": True}).enable("linkify")
+MARKDOWN.linkify = LINKIFY
+
+
+# What a browser's or mail client's host parsing takes for a dot or an at sign (IDNA's label separators, what NFKC
+# folds to them, other scripts' full stops): a client that reads the text so must find no link either.
+DOTS = "\u3002\uff0e\uff61\ufe12\u2024\ufe52\u0701\u0702\u06d4\u0589\u1362\u1803\u166e\ua4ff\ua60e\u2e3c"
+FOLDED = str.maketrans({**{c: "." for c in DOTS}, "\uff20": "@", "\ufe6b": "@"})
+
+
+def _links(text: str) -> list[str]:
+    """Every link the linkifier finds in `text`, as it is and as a client folds it (NFKC, dot and at look-alikes),
+    and every `<a` tag markdown-it makes of it (rendered as HTML); but the one bsops puts there itself, the name of
+    the host that checked (`... on node1.example.org`)."""
+    text = text.replace(socket.gethostname(), "this-host")
+    folded = unicodedata.normalize("NFKC", text.translate(FOLDED)).translate(FOLDED)
+    found = [m.raw for t in (text, folded) for m in LINKIFY.match(t) or []]
+    return found + re.findall(r"<a [^>]*>", MARKDOWN.render(text) + MARKDOWN.render(folded))
+
+
+@pytest.fixture(scope="module")
+def servers(cert: tuple[str, str]) -> Iterator[tuple[Inbox, int, Hooked]]:
+    """One SMTP server and one https webhook for the module's rows (each row empties them)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.fixtures_smtp import server_tls
+
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    hooked = Hooked("")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's hook name)
+            hooked.posts.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0")))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = server_tls(cert).wrap_socket(server.socket, server_side=True)
+    hooked.url = f"https://127.0.0.1:{server.server_address[1]}/hook"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield inbox, controller.port, hooked
+    finally:
+        server.shutdown()
+        server.server_close()
+        controller.stop()
+
+
+def _delivered(inbox: Inbox, hooked: Hooked, count: int) -> list[str]:
+    """The texts of the `count` (or more) messages delivered since the last call, emptied after: each mail's subject
+    and body, each webhook post's text. aiosmtpd hands a message over just after answering: waited for (a moment)."""
+    deadline = time.monotonic() + 5
+    while len(inbox.messages) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(inbox.messages) == len(hooked.posts) >= count
+    texts = [str(m["Subject"]) for m in inbox.messages] + [m.get_content() for m in inbox.messages]
+    texts += [post["text"] for post in hooked.posts]
+    inbox.messages.clear()
+    hooked.posts.clear()
+    return texts
+
+
+@pytest.mark.parametrize("name", list(LINKS))
+def test_a_host_in_a_run_file_is_never_a_link_in_mail_or_webhook(name: str, servers, cert, trainings: Path,
+                                                                   tmp_path: Path, monkeypatch) -> None:
+    inbox, port, hooked = servers
+    _delivered(inbox, hooked, 0)
+    monkeypatch.setenv(VAR, hooked.url)
+    monkeypatch.setenv("SSL_CERT_FILE", cert[0])  # the default context trusts the test CA, as a site CA would be
+    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
+    monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: "77")
+    value = LINKS[name]
+    marker = f"Q{list(LINKS).index(name)}Z"
+    run = tmp_path / "run"
+    held = tmp_path / "held.jsonl"
+    held.write_text('{"text": "held out"}\n')
+    (trainings / "links.yaml").write_text(tiny_yaml(
+        run, "slurm: {job_name: bsops-hostile-links}\n", f"eval: {{sources: {{held: {json.dumps(str(held))}}}}}\n",
+        f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
+        f"smtp_port: {port}, smtp_security: none, webhook_url_env: {VAR}}}\n"))
+    for step in (5, 10):
+        (run / "checkpoints" / f"global_step{step}").mkdir(parents=True)
+        (run / "checkpoints" / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+    (run / "checkpoints" / "latest").write_text("global_step10")
+    # The eval ledger: the job of step 10 left the queue without its result (its id and its log are the value).
+    (run / "eval").mkdir()
+    (run / "eval" / schedule.LEDGER_NAME).write_text(json.dumps({
+        "event": "submitted", "job_id": f"{marker}j {value}", "tag": "global_step10", "step": 10, "time": 1.0e9,
+        "log": f"{marker}l {value}"}) + "\n")
+    # The result of step 5 left a source out, for a reason (and under a name) that is the value.
+    results.write(run / "eval" / "global_step5.json", {"results": {"held": {"bits_per_byte": 1.0}}, "bsops": {
+        "format": 1, "experiment": "links", "tag": "global_step5", "step": 5, "iteration": 5,
+        "missing": {f"{marker}m {value}": f"{marker}w {value}"}}})
+    result = CliRunner().invoke(main, ["eval", "links", "--next", "--alert", "--trainings-dir", str(trainings)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    failed = _delivered(inbox, hooked, 1)
+
+    # The alert state the pass wrote, each failure's message made the value, then a pass where nothing fails: each
+    # recovery repeats the message the state holds.
+    state = run / "logs" / ".bsops-alerts.json"
+    told = json.loads(state.read_text())
+    assert told["jobs"]
+    for entry in told["jobs"].values():
+        entry["message"] = f"{marker}s {value}"
+    state.write_text(json.dumps(told))
+    (run / "eval" / schedule.LEDGER_NAME).unlink()
+    for step in (5, 10):
+        results.write(run / "eval" / f"global_step{step}.json", {"results": {"held": {"bits_per_byte": 1.0}}, "bsops": {
+            "format": 1, "experiment": "links", "tag": f"global_step{step}", "step": step, "iteration": step}})
+    result = CliRunner().invoke(main, ["eval", "links", "--next", "--alert", "--trainings-dir", str(trainings)])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    recovered = _delivered(inbox, hooked, len(told["jobs"]))
+
+    delivered = "\n".join(failed + recovered)
+    for part in "jlmws":  # each place the value was written reached the alerts
+        assert f"{marker}{part}" in delivered, part
+    for text in failed + recovered:
+        assert _links(text) == [], text
+
+
+# ----------------------------------------------------------------------------- terminal and listings
+
+LOG_LINES = {
+    "an OSC 8 hyperlink": "\x1b]8;;https://evil.example/login\x07click to re-authenticate\x1b]8;;\x07",
+    "clear screen and cursor home": "\x1b[2J\x1b[Hall checks passed",
+    "a window title": "\x1b]0;root@login1: ~\x07",
+    "concealed text": "\x1b[8mhidden\x1b[0m",
+    "a terminal status query": "\x1b[6n\x1b[21t",
+    "an 8-bit CSI": "\x9b2J\x9bH",
+    "an 8-bit OSC hyperlink": "\x9d8;;https://evil.example\x9cclick\x9d8;;\x9c",
+    "a carriage return over the loss": "lm loss: 9.9E+00\rlm loss: 1.0E+00",
+    "backspaces over a word": "FAILED\x08\x08\x08\x08\x08\x08PASSED",
+    "a bidi override": "checkpoint exe.\u202etxt\u202c saved",
+    "a line separator": "ok\u2028 iteration      999/     999 | lm loss: 1.0E+00",
+    "bell, DEL and a vertical tab": "\x07\x7f\x0bdone",
+}
+
+
+def _raw_controls(text: str) -> list[str]:
+    """The characters of `text` a terminal would act on (all but printable ones and the line breaks)."""
+    return [f"U+{ord(c):04X}" for c in text if not (c.isprintable() or c == "\n")]
+
+
+def _escapes(payload: str) -> list[str]:
+    """How each control character of `payload` must show: `\\x1b`, `\\u202e`."""
+    return [f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" for c in payload if not c.isprintable()]
+
+
+@pytest.fixture
+def logged(trainings: Path, tmp_path: Path) -> Callable[[str], Path]:
+    """`logged(line)`: experiment `term` whose main_log.txt holds an iteration line, then `line`."""
+    def write(line: str) -> Path:
+        (trainings / "term.yaml").write_text(tiny_yaml(tmp_path / "run"))
+        log = tmp_path / "run" / "logs" / "main_log.txt"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_bytes(b" iteration        5/     100 | lm loss: 7.0E+00 |\n" + line.encode("utf-8") + b"\n")
+        return log
+    return write
+
+
+@pytest.mark.parametrize("name", list(LOG_LINES))
+def test_bsops_logs_shows_a_control_sequence_of_the_log_escaped(name: str, logged, trainings: Path) -> None:
+    payload = LOG_LINES[name]
+    logged(f"M{list(LOG_LINES).index(name)}K {payload}")
+    # color=True: the output is treated as a terminal's, so click strips nothing itself
+    result = CliRunner().invoke(main, ["logs", "term", "--trainings-dir", str(trainings), "-n", "5"], color=True)
+    assert result.exit_code == 0, result.output
+    assert _raw_controls(result.stdout) == []
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and lines[1].startswith(f"M{list(LOG_LINES).index(name)}K ")
+    assert all(escape in lines[1] for escape in _escapes(payload))
+
+
+def test_bsops_logs_follow_shows_an_appended_escape_sequence_escaped(logged, trainings: Path) -> None:
+    """`--follow` streams what is appended through the same escaping (a real `bsops logs -f` process)."""
+    log = logged("M99K first")
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", "from bigscience_ops.cli import main; main()", "logs", "term",
+                             "--trainings-dir", str(trainings), "-n", "1", "-f", "--interval", "0.05"],
+                            cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        out = _read_until(proc, b"M99K first\n", 30)
+        with open(log, "ab") as handle:
+            handle.write(LOG_LINES["an OSC 8 hyperlink"].encode() + b" M100K\n")
+        out += _read_until(proc, b"M100K\n", 30)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    text = out.decode("utf-8")
+    assert _raw_controls(text) == [] and text.count("\n") == 2
+    assert all(escape in text for escape in _escapes(LOG_LINES["an OSC 8 hyperlink"]))
+
+
+def _read_until(proc: subprocess.Popen, end: bytes, seconds: float) -> bytes:
+    """What `proc` prints on stdout up to and including `end`, within `seconds`."""
+    import select
+
+    out, deadline = b"", time.monotonic() + seconds
+    while not out.endswith(end):
+        left = deadline - time.monotonic()
+        assert left > 0 and proc.poll() is None, out
+        if select.select([proc.stdout], [], [], left)[0]:
+            out += os.read(proc.stdout.fileno(), 4096)
+    return out
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+CRON_ENTRIES: dict[str, tuple[Callable[[Path, Path], None], bool]] = {
+    # name: (make the entry in cron.hourly/ (folder, elsewhere), whether `cron run` submits it)
+    "a line break in a job's name": (
+        lambda d, _: (d / "x\n[2026-11-22 12:00:00] submitted fake.slurm").write_text(JOB.format(name="nl")), True),
+    "an escape sequence in a job's name": (
+        lambda d, _: (d / "\x1b]8;;https:evil.example\x07x\x1b[2J.slurm").write_text(JOB.format(name="esc")), True),
+    "a line separator and a bidi override in a job's name": (
+        lambda d, _: (d / "ok\u2028\u202ex.slurm").write_text(JOB.format(name="sep")), True),
+    "a link to a job script elsewhere": (lambda d, e: (d / "linked.slurm").symlink_to(e), False),
+    "a link to nothing": (lambda d, e: (d / "dangling.slurm").symlink_to(e.parent / "missing.slurm"), False),
+    "a FIFO": (lambda d, _: _fifo(d / "fifo.slurm"), False),
+    "a folder": (lambda d, _: (d / "folder.slurm").mkdir(), False),
+}
+JOB = "#!/bin/bash\n#SBATCH --job-name={name}\necho\n"
+
+
+@pytest.mark.parametrize("name", list(CRON_ENTRIES))
+def test_cron_list_and_run_show_names_escaped_and_run_only_plain_files(name: str, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    make, runs = CRON_ENTRIES[name]
+    cron_dir = tmp_path / "cron"
+    folder = cron_dir / "cron.hourly"
+    folder.mkdir(parents=True)
+    (folder / "good.slurm").write_text(JOB.format(name="good"))
+    elsewhere = tmp_path / "elsewhere.slurm"
+    elsewhere.write_text(JOB.format(name="elsewhere"))
+    make(folder, elsewhere)
+    [entry] = [p for p in folder.iterdir() if p.name != "good.slurm"]
+    submitted: list[str] = []
+    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
+    monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: submitted.append(argv[-1]) or str(100 + len(submitted)))
+
+    listed = CliRunner().invoke(main, ["cron", "list", "--cron-dir", str(cron_dir)], color=True)
+    assert listed.exit_code == 0 and _raw_controls(listed.stdout) == []
+    assert len(listed.stdout.splitlines()) == 2  # one line per entry, whatever its name holds
+
+    ran = CliRunner().invoke(main, ["cron", "run", "hourly", "--cron-dir", str(cron_dir), "--no-rearm"], color=True)
+    assert _raw_controls(ran.output) == [], ran.output
+    assert "Traceback" not in ran.output
+    assert sorted(submitted) == sorted([str(folder / "good.slurm"), *([str(entry)] if runs else [])])
+    assert ran.exit_code == (0 if runs else EXIT_PROBLEMS), ran.output
+    log = (cron_dir / "logs" / "cron.hourly.log").read_text()
+    assert _raw_controls(log) == [] and len(log.splitlines()) == len(ran.output.splitlines())
+    shown = "".join(c if c.isprintable() else _escapes(c)[0] for c in entry.name)
+    assert shown in ran.output and shown in listed.stdout
