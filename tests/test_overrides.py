@@ -187,3 +187,72 @@ def test_a_dry_run_launch_shows_them(tmp_path: Path, monkeypatch) -> None:
     assert dry.exit_code == 0, dry.output
     assert dry.stdout.splitlines()[1] == "overrides (command line): train.seed=7 optimizer.lr=3e-4"
     assert "dry run: nothing submitted" in dry.stdout and not Path("runs").exists()
+
+
+# ----------------------------------------------------------------------------- docs/OVERRIDES.md, "where ... recorded"
+
+def test_every_task_of_a_launch_reads_the_launchs_record_never_the_yaml(tmp_path: Path) -> None:
+    """docs/OVERRIDES.md: the job script hands the trainer, `task begin` and `task end` the record beside it."""
+    import re
+
+    out = tmp_path / "r"
+    assert run("render", "tiny", "--out", str(out), "train.seed=7").exit_code == 0
+    script = (out / "tiny.slurm").read_text()
+    named = re.findall(r"--experiment (\S+)", script)
+    assert len(named) >= 3 and set(named) == {str(out / "experiment.json")} and "tiny.yaml" not in script
+
+
+def test_settings_given_at_launch_are_recorded_and_those_that_watch_read_the_file_today(tmp_path: Path) -> None:
+    """docs/OVERRIDES.md: an alerts/hub/backup/eval override given to launch is kept in the record, and the run as
+    status, hub-sync, backup and eval open it (run.open) takes those sections from the experiment file; an override
+    given to that command changes them for it, and the run's own fields stay the record's."""
+    from bigscience_ops import run as runs
+
+    out = tmp_path / "r"
+    given = ["alerts.stall_minutes=5", f"backup.dest={tmp_path / 'store'}", "train.seed=7"]
+    assert run("render", "tiny", "--out", str(out), *given).exit_code == 0
+    record = (out / "experiment.json").read_bytes()
+    opened = runs.open(None, None, out)  # `bsops status --run DIR`, and so hub-sync, backup, eval
+    assert opened.recorded.alerts.stall_minutes == 5 and opened.recorded.backup.dest == str(tmp_path / "store")
+    today = load_experiment("tiny")
+    assert opened.experiment.alerts == today.alerts and opened.experiment.backup == today.backup
+    assert opened.experiment.train.seed == 7  # the run's own field: its record's
+    now = runs.open(None, None, out, ("alerts.stall_minutes=9", "train.seed=99"))
+    assert now.experiment.alerts.stall_minutes == 9 and now.experiment.train.seed == 7
+    by_name = runs.open("tiny", None, None, (f"paths.output={out}",))  # paths.output: which run
+    assert by_name.folder == out and by_name.record == out / "experiment.json" and by_name.experiment.train.seed == 7
+    assert (out / "experiment.json").read_bytes() == record
+
+
+def test_status_with_overrides_records_them_nowhere(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-slurm.conf"))  # the queue cannot be asked: exit 2
+    out = tmp_path / "r"
+    assert run("render", "tiny", "--out", str(out)).exit_code == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    status = run("status", "--run", str(out), "--no-email", "alerts.stall_minutes=7")
+    assert status.exit_code == 2
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert {p: after[p] for p in before} == before
+    assert not [p for p, data in after.items() if b"stall_minutes=7" in data]
+
+
+def test_the_hourly_jobs_take_no_overrides_and_read_the_file_each_hour(tmp_path: Path) -> None:
+    cron_dir = tmp_path / "cron"
+    refused = run("cron", "add", "tiny", "--jobs", "status", "--cron-dir", str(cron_dir), "alerts.stall_minutes=5")
+    assert refused.exit_code == 2 and not cron_dir.exists()
+    assert run("cron", "add", "tiny", "--jobs", "status", "--cron-dir", str(cron_dir)).exit_code == 0
+    [job] = (cron_dir / "cron.hourly").glob("*.slurm")
+    [line] = [line for line in job.read_text().splitlines() if "bsops status tiny --trainings-dir" in line]
+    assert "=" not in line.partition("bsops status")[2]
+
+
+def test_eval_takes_overrides_of_its_settings_only_and_records_them_for_its_ranks() -> None:
+    from bigscience_ops.ops import eval_modes
+    from bigscience_ops.ops.evaluate import launcher
+
+    refused = run("eval", "tiny", "--latest", "model.hidden_size=512")
+    assert refused.exit_code == 2 and "model.hidden_size" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    given = ["eval.limit=5", "alerts.stall_minutes=9"]
+    eval_modes.check_overrides(given)
+    exp = eval_modes.with_overrides(load_experiment("tiny", None, given), given)
+    assert json.loads(launcher.experiment_record(exp))["overrides"] == given
