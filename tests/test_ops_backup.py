@@ -127,13 +127,13 @@ from bigscience_ops.config import from_dict
 from bigscience_ops.ops.keep import backup
 exp = from_dict(json.loads(Path({exp!r}).read_text()))
 original, calls = backup._copy_file, []
-def copy_then_hang(src, dst, advance):
+def copy_then_hang(src, dst, advance, saved=None):
     calls.append(src)
     if len(calls) == 3:  # half a file written, then the process is killed here
         dst.with_name("." + dst.name + ".tmp").write_bytes(b"partial")
         Path({marker!r}).touch()
         time.sleep(600)
-    return original(src, dst, advance)
+    return original(src, dst, advance, saved)
 backup._copy_file = copy_then_hang
 backup.run_backup(exp)
 """

@@ -6,6 +6,7 @@ id); the model-states rewrite of real trainer checkpoints is in tests/test_ops_b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops.keep import backup
@@ -176,6 +177,7 @@ def test_model_states_are_never_unpickled_and_a_bad_one_is_reported(make, traini
         torch.save({"module": None, "optimizer": _Crafted(marker)}, bad / "mp_rank_00_model_states.pt")
     else:
         (bad / "mp_rank_00_model_states.pt").write_bytes(os.urandom(500))
+    commit_checkpoint(bad)  # as a trainer would have committed it: the manifest cannot tell, the loader must
     _save(scratch, 20)  # the final step of a longer run: copied weights-only too, and fine
     result = CliRunner().invoke(main, ["backup", "victim", "--alert", "--trainings-dir", str(trainings)])
     assert not marker.exists(), "a checkpoint file was unpickled"
@@ -286,7 +288,7 @@ def test_a_checkpoint_folder_that_is_a_link_is_neither_copied_nor_deleted(make, 
         report.failed["global_step10"]
     assert report.backed_up == ["global_step20"] and report.deleted == []
     assert (scratch / "global_step10").is_symlink() and sorted(p.name for p in real.iterdir()) == [
-        "bsops.json", "layer_00-model_states.pt", "layer_01-model_states.pt"]
+        "bsops.json", "layer_00-model_states.pt", "layer_01-model_states.pt", "manifest.json"]
 
 
 # --------------------------------------------------------------------------- the hostile table
@@ -299,14 +301,32 @@ def _truncated_model_states(folder: Path) -> None:
     (folder / "mp_rank_00_model_states.pt").write_bytes(data[: len(data) // 2])
 
 
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
 def _crafted_model_states(folder: Path) -> None:
     import torch
 
     torch.save({"optimizer": _Crafted(folder.parent.parent / "owned")}, folder / "mp_rank_00_model_states.pt")
 
 
+COMMITTED = {"crafted pickle", "random bytes as model states", "truncated model states"}
+"""Hostile files the checkpoint's manifest lists (a trainer wrote them); the others were put there after the save."""
 HOSTILE = {
-    # checkpoint files
+    # checkpoint files, committed in the manifest (COMMITTED) or changed after it
+    "crafted pickle after the save": (lambda c, t: _crafted_model_states(c / "global_step10"), "its manifest"),
+    "a layer file cut short after the save": (lambda c, t: os.truncate(c / "global_step10" / "layer_00-model_states.pt",
+                                                                        100), "is 100 bytes, its manifest says 3000"),
+    "a byte flipped after the save": (lambda c, t: _flip(c / "global_step10" / "layer_01-model_states.pt"),
+                                      "does not match its checkpoint's manifest"),
+    "the manifest is a link": (lambda c, t: ((c / "global_step10" / "manifest.json").unlink(),
+                                             (c / "global_step10" / "manifest.json").symlink_to(t / "outside.txt")),
+                               "never read through a link"),
+    "the manifest is garbage": (lambda c, t: (c / "global_step10" / "manifest.json").write_text("{\"files\": 7}"),
+                                "manifest.json: format"),
     "crafted pickle": (lambda c, t: _crafted_model_states(c / "global_step10"), "restricted loader"),
     "random bytes as model states": (lambda c, t: (c / "global_step10" / "mp_rank_00_model_states.pt").write_bytes(
         os.urandom(700)), "restricted loader"),
@@ -346,6 +366,8 @@ def test_hostile_checkpoints_and_stores_give_one_clear_line_and_delete_nothing(c
     _save(checkpoints, 20)
     make, expected = HOSTILE[case]
     make(checkpoints, tmp_path)
+    if case in COMMITTED:  # written by the trainer before its manifest: the restricted loader is what refuses it
+        commit_checkpoint(checkpoints / "global_step10")
     before = {p.relative_to(checkpoints).as_posix() for p in checkpoints.rglob("*")}
     result = CliRunner().invoke(main, ["backup", "h", "--trainings-dir", str(trainings)])
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
@@ -389,3 +411,83 @@ def test_a_manifest_that_is_not_this_backups_is_no_copy_and_is_reported(case: st
     assert again.backed_up == ["global_step10"] and backup.entries(again.store) == ["global_step10", "global_step10.2"]
     assert backup.verify(again.store, "global_step10.2") == [] and (scratch / "global_step10").is_dir()
     assert backup.store_problems(again.store) == [problem]
+
+
+# --------------------------------------------------------------------------- the newest resumable state is never lost
+
+def _optimizer(folder: Path) -> None:
+    """An optimizer partition in a checkpoint: a weights-only copy leaves it out."""
+    (folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(os.urandom(1500))
+
+
+def _resumable(checkpoints: Path, step: int) -> Path:
+    folder = checkpoints / f"global_step{step}"
+    folder.mkdir(parents=True)
+    _optimizer(folder)
+    return _save(checkpoints, step)
+
+
+def test_a_save_cut_short_never_lets_retention_take_the_state_the_run_resumes_from(make, plain_server,
+                                                                                  trainings: Path) -> None:
+    """The fault round's loss: `latest` named a cut-short global_step40, backup (keep_last 1) refused it and deleted
+    global_step20, whose only copy was weights-only. Now 40 is not complete (no manifest), 20 is where the run
+    resumes from and the newest resumable state: kept, and 40 is neither copied nor deleted."""
+    exp = make("cut", keep_last=1)
+    scratch = Path(exp.paths.checkpoints)
+    for step in (10, 20):
+        _resumable(scratch, step)
+    (scratch / "global_step40").mkdir()
+    (scratch / "global_step40" / "layer_00-model_states.pt").write_bytes(b"4.9 of 29.4 MB")
+    (scratch / layout.LATEST).write_text("global_step40")
+    report = backup.run_backup(exp)
+    assert report.backed_up == ["global_step10", "global_step20"] and report.incomplete == ["global_step40"]
+    assert report.deleted == ["global_step10"] and report.retention.keep[20]
+    assert (scratch / "global_step20").is_dir() and (scratch / "global_step40" / "layer_00-model_states.pt").is_file()
+
+
+def test_a_weights_only_copy_never_makes_the_newest_resumable_checkpoint_deletable(make) -> None:
+    """A committed newest checkpoint whose byte flipped after the save is where `latest` points, but the run will set
+    it aside and resume from global_step20: 20 stays while its copy is weights-only, and goes once a whole copy (its
+    optimizer state included) is verified in the store."""
+    exp = make("flipped", keep_last=1)
+    scratch = Path(exp.paths.checkpoints)
+    for step in (10, 20, 30):
+        _resumable(scratch, step)
+    _flip(scratch / "global_step30" / "layer_01-model_states.pt")
+    report = backup.run_backup(exp)
+    assert report.backed_up == ["global_step10", "global_step20"] and list(report.failed) == ["global_step30"]
+    assert "layer_01-model_states.pt does not match its checkpoint's manifest" in report.failed["global_step30"]
+    assert report.deleted == ["global_step10"]
+    assert report.retention.keep[20] == retention.UNCOPIED_RESUMABLE and "kept for inspection" in report.retention.keep[30]
+    whole = dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, keep_optimizer_every=20))
+    shutil.rmtree(report.store / "global_step20")  # its weights-only copy goes; the next backup copies it whole
+    backup.manifest_path(report.store, "global_step20").unlink()
+    again = backup.run_backup(whole)
+    assert again.backed_up == ["global_step20"] and again.deleted == ["global_step20"]
+    assert backup.read_manifest(again.store, "global_step20")["kind"] == "whole"
+    assert "manifest.json" in backup.read_manifest(again.store, "global_step20")["files"]  # restored, it is committed
+    assert (scratch / "global_step30").is_dir()
+
+
+def test_a_truncated_file_in_the_newest_checkpoint_fails_the_backup_names_it_and_alerts_with_the_deletions(
+        trainings: Path, tmp_path: Path, plain_server) -> None:
+    """The fault round: a truncated layer file in the newest checkpoint was 'whole ... verified', exit 0, no mail,
+    and retention deleted 20, 40 and 60. Now: not copied, the file named, exit 2, one mail that lists what
+    retention deleted, and the newest resumable checkpoint (40) stays."""
+    inbox, port = plain_server
+    policy = json.dumps({"dest": str(tmp_path / "store"), "keep_last": 1})
+    (trainings / "trunc.yaml").write_text(tiny_yaml(tmp_path / "trunc", f"backup: {policy}\n", alerts_yaml(port)))
+    exp = load_experiment("trunc", trainings)
+    scratch = Path(exp.paths.checkpoints)
+    layout.new_run_id(scratch)
+    for step in (20, 40, 60):
+        _resumable(scratch, step)
+    os.truncate(scratch / "global_step60" / "layer_00-model_states.pt", 1000)
+    result = CliRunner().invoke(main, ["backup", "trunc", "--alert", "--trainings-dir", str(trainings)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    [error] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "global_step60" in error and "layer_00-model_states.pt is 1000 bytes, its manifest says 3000" in error
+    assert "deleted from scratch by retention: global_step20" in error
+    [mail] = inbox.messages
+    assert "layer_00-model_states.pt" in mail.get_content() and "global_step20" in mail.get_content()
+    assert sorted(c.tag for c in layout.list_checkpoints(scratch)) == ["global_step40", "global_step60"]

@@ -227,11 +227,25 @@ def _file_problem(rel: object, entry: object) -> str | None:
     return None
 
 
-def verify(folder: Path, manifest: Manifest, *, hashes: bool = True, only: Iterable[str] | None = None) -> Verified:
+def verify(folder: Path, manifest: Manifest, *, hashes: bool = True, only: Iterable[str] | None = None,
+           extras: bool | None = None) -> Verified:
     """Compare the folder's files with `manifest`: each is a plain file (never a link) of the recorded size and,
-    with `hashes`, content. `only`: the files to check (a rank's share at resume); default all."""
+    with `hashes`, content. `only`: the files to check (a rank's share at resume); default all. `extras` (default:
+    when checking all): a file the manifest does not list is a mismatch too, as DeepSpeed would load a file put
+    there after the save by its name alone."""
     folder = Path(folder)
     out = Verified()
+    if extras if extras is not None else only is None:
+        try:
+            found = files_on_disk(folder)
+        except OSError as exc:
+            found = []
+            out.mismatches.append(Mismatch(".", f"cannot be listed ({exc.strerror or exc})"))
+        out.mismatches += [Mismatch(rel, "is not in its manifest: put there after the save")
+                           for rel in found if rel not in manifest.files]
+        out.mismatches += [Mismatch(p.relative_to(folder).as_posix(), f"is {kind_of(p)}: a checkpoint holds plain "
+                                    "files only") for p in sorted(folder.rglob("*"))
+                           if p.is_symlink() and p.relative_to(folder).as_posix() not in manifest.files]
     for rel in sorted(manifest.files if only is None else only):
         want = manifest.files[rel]
         path = folder / rel

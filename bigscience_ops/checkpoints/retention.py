@@ -1,9 +1,13 @@
 """Which checkpoints stay on the training's scratch space: a pure decision, then the deletion.
 
-Kept: the one `latest` names and every one after it (a save in progress, or checkpoints a rollback
-set aside: they stay until the run passes them again), every checkpoint without a verified copy in
-the backup, the newest `keep_last` up to `latest`, and every step that is a multiple of `keep_every`.
-Everything else may go.
+Only complete checkpoints are ever deleted (a committed manifest, checkpoints/manifest.py); a folder without
+one is a save in progress or cut short, which the trainer's resume sets aside, never retention.
+Kept: the one the run resumes from (`latest` when it names a complete checkpoint, else the newest complete one:
+layout.resume_step) and every one after it, every checkpoint without a verified copy in the backup, the newest
+`keep_last` up to it, every step that is a multiple of `keep_every`, and the newest resumable checkpoint (its
+optimizer state included, its files verified against its manifest) unless a verified whole copy of it, optimizer
+state included, is in the store: a weights-only copy never makes the last state the run can resume from exactly
+deletable (`protect_resumable`). Everything else may go.
 
 A checkpoint's universal copy (global_stepN_universal: DeepSpeed's reshaped copy of global_stepN,
 made for a layout change, and never backed up itself) goes only with its checkpoint: right after
@@ -18,11 +22,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bigscience_ops.checkpoints.layout import UNIVERSAL_SUFFIX, Checkpoint
+from bigscience_ops.checkpoints.manifest import Manifest
+
+UNCOPIED_RESUMABLE = ("the newest resumable checkpoint (optimizer state included, verified against its manifest) "
+                      "has no verified whole copy in the store")
 
 
 @dataclass(frozen=True)
@@ -32,15 +40,19 @@ class Decision:
 
 
 def decide(steps: Iterable[int], latest_step: int | None, verified: set[int], keep_last: int | None,
-           keep_every: int | None) -> Decision:
-    """Split `steps` into kept (with the reason) and deletable; keep_last None deletes nothing."""
+           keep_every: int | None, protected: Mapping[int, str] | None = None) -> Decision:
+    """Split `steps` into kept (with the reason) and deletable; keep_last None deletes nothing. `latest_step` is the
+    step the run resumes from; `protected` steps are kept with their reason (protect_resumable)."""
     steps = sorted(set(steps))
     keep: dict[int, str] = {}
     delete = []
     upto = [s for s in steps if latest_step is None or s <= latest_step]
     newest = set(upto[-keep_last:]) if keep_last else set(steps)
+    protected = protected or {}
     for step in steps:
-        if step == latest_step:
+        if step in protected:
+            keep[step] = protected[step]
+        elif step == latest_step:
             keep[step] = "latest"
         elif latest_step is None:
             keep[step] = "no `latest`: nothing is deleted"
@@ -55,6 +67,27 @@ def decide(steps: Iterable[int], latest_step: int | None, verified: set[int], ke
         else:
             delete.append(step)
     return Decision(keep, delete)
+
+
+def protect_resumable(complete: list[Checkpoint], whole_copy: Callable[[Checkpoint], bool],
+                      mismatch: Callable[[Checkpoint, Manifest], str | None]) -> dict[int, str]:
+    """The steps kept so the run can always resume exactly: walking the complete checkpoints from the newest, those
+    whose files do not match their manifest (`mismatch` says how; kept for inspection, the next resume sets them
+    aside), down to the first with its optimizer state that matches: kept unless `whole_copy` says a verified whole
+    copy of it is in the store. Weights-only checkpoints (a warm start) are passed over."""
+    protected: dict[int, str] = {}
+    for ckpt in sorted(complete, key=lambda c: c.step, reverse=True):
+        found = ckpt.committed()
+        if found is None or not found.optimizer:
+            continue
+        if whole_copy(ckpt):
+            break
+        why = mismatch(ckpt, found)
+        if why is None:
+            protected[ckpt.step] = UNCOPIED_RESUMABLE
+            break
+        protected[ckpt.step] = f"does not match its manifest ({why}): kept for inspection, the next resume sets it aside"
+    return protected
 
 
 @dataclass(frozen=True)

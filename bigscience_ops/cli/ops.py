@@ -130,13 +130,17 @@ def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bo
                trainings_dir: Path | None, overrides: tuple[str, ...]) -> None:
     """Copy EXP's new checkpoints to the backup, verify them, then apply scratch retention.
 
-    Each checkpoint is copied without optimizer state except the final one (and every
-    backup.keep_optimizer_every-th step), with a manifest (size and sha256 per file) checked after
-    the copy; a copy interrupted earlier is finished. The store is a folder bsops made (never another
-    run's checkpoints), each run in its own <store>/<experiment>/<run id>/. Retention (backup.keep_last,
-    keep_every) deletes only checkpoints with a verified copy of their very files, never the one
-    `latest` names nor any after it. Checkpoint files are never unpickled: model-states files are read
-    with torch's restricted loader, and one it refuses is reported and its checkpoint left as it is.
+    Only complete checkpoints are copied: those whose manifest the trainer committed; each file is
+    checked against that manifest as it is read (a checkpoint damaged since its save is not copied, and
+    the command names the file and exits non-zero). Each is copied without optimizer state except the
+    final one (and every backup.keep_optimizer_every-th step), with a manifest of the copy (size and
+    sha256 per file) checked after the copy; a copy interrupted earlier is finished. The store is a
+    folder bsops made (never another run's checkpoints), each run in its own
+    <store>/<experiment>/<run id>/. Retention (backup.keep_last, keep_every) deletes only complete
+    checkpoints with a verified copy of their very files, never the one the run resumes from nor any
+    after it, and never the newest resumable one (optimizer state included) unless a verified whole
+    copy of it is in the store. Checkpoint files are never unpickled: model-states files are read with
+    torch's restricted loader, and one it refuses is reported and its checkpoint left as it is.
     """
     from bigscience_ops.ops.keep import backup
 
@@ -151,6 +155,9 @@ def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bo
             click.echo(f"already in {report.store}: {len(report.already)} checkpoint(s), last {report.already[-1]}")
         if not report.planned and not report.failed and not report.left_on_scratch:
             click.echo("no new checkpoint to back up")
+        if report.incomplete:
+            click.echo(f"not complete (no committed manifest: a save in progress or cut short), not copied: "
+                       f"{', '.join(report.incomplete)}")
         decision = report.retention
         if decision is not None:
             gone = report.deleted if not dry_run else [f"global_step{s}" for s in decision.delete]
@@ -163,7 +170,8 @@ def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bo
                                *(f"{name}: scratch retention: {why}" for name, why in report.left_on_scratch.items())])
             counts = [f"{n} {what}" for n, what in ((len(report.failed), "checkpoint(s) not backed up"),
                                                     (len(report.left_on_scratch), "left on scratch by retention")) if n]
-            raise backup.BackupError(f"{', '.join(counts)} (the rest was done): {lines}")
+            gone = f"; deleted from scratch by retention: {', '.join(report.deleted)}" if report.deleted else ""
+            raise backup.BackupError(f"{', '.join(counts)} (the rest was done): {lines}{gone}")
 
     job = "backup --dry-run" if dry_run else "backup"  # a dry run that works says nothing of the backup
     run_alerting(experiment, alert, job, f"bsops {job} {experiment.name}", work)

@@ -74,7 +74,8 @@ def resolve_resume(checkpoints: Path, say: Callable[[str], None]) -> None:
             dist.broadcast_object_list(why, src=0)
             return why[0]
         mine = resume.shares(cand.manifest, world)[rank]
-        bad = [str(m) for m in manifest.verify(cand.ckpt.path, cand.manifest, only=mine).mismatches]
+        checked = manifest.verify(cand.ckpt.path, cand.manifest, only=mine, extras=rank == 0)
+        bad = [str(m) for m in checked.mismatches]
         every: list[list[str] | None] = [None] * world
         dist.all_gather_object(every, bad)
         problems = sorted(p for part in every for p in part or [])

@@ -6,7 +6,11 @@ not make. Each run has its own part of it, <store>/<experiment>/<run id>/, the r
 trainer wrote when the run started from scratch (checkpoints/layout.py): two experiments sharing a
 store, or a run restarted from scratch, never mistake each other's copies for their own.
 
-For each complete checkpoint whose copy is not in the store (checkpoints/layout.py says which are complete):
+For each committed checkpoint (its manifest, checkpoints/manifest.py, is the one thing trusted: a folder without
+one is a save in progress or cut short, and is left alone) whose copy is not in the store:
+- its files are checked against the manifest before a byte is copied (sizes), and every byte read is hashed and
+  compared with it as it is copied (xxh3_128 beside the store's sha256): a checkpoint that does not match is not
+  copied, and is reported with the file named (the command exits non-zero, the alert names it);
 - weights-only unless it must keep its optimizer state (the final step of the training, and every
   step that is a multiple of backup.keep_optimizer_every): `*optim_states.pt` files are left out,
   and `mp_rank_*_model_states.pt`, which holds the optimizer under ZeRO-0, is rewritten without it,
@@ -14,13 +18,17 @@ For each complete checkpoint whose copy is not in the store (checkpoints/layout.
   and a file that loader refuses (corrupt or crafted) is reported and its checkpoint left uncopied;
 - files are copied into <run store>/.partial/<entry>/ with a journal line each (size, sha256); a run
   killed half-way leaves that folder, and the next run keeps what the journal vouches for;
-- every file is re-read and checked against the sha256 taken from the source, the folder (or one
-  tar per checkpoint) moves into place, and <entry>.manifest.json is written last: a checkpoint is in
+- every file is re-read and checked against the sha256 taken from the source and, unless rewritten, against the
+  checkpoint's own manifest; the folder (or one tar per checkpoint) moves into place, with the checkpoint's
+  manifest.json in a whole copy (so a restored copy is a committed checkpoint), and <entry>.manifest.json is
+  written last: a checkpoint is in
   the backup exactly when its manifest is there. The manifest records the source: the run id, the
   experiment, the tag, and each source file's size and modification time, so a copy is of "that very
   checkpoint" only while the files on scratch are the ones copied (a checkpoint saved again under the
   same tag after a rollback is a new checkpoint, stored as <tag>.2).
-Then retention (checkpoints/retention.py) deletes from scratch only checkpoints with such a copy.
+Then retention (checkpoints/retention.py) deletes from scratch only complete checkpoints with such a copy, and
+never the newest resumable one without a verified whole copy; every deletion is listed in the report (and, when
+the backup fails, in its alert).
 One checkpoint that cannot be copied is reported and skipped; the others are still backed up.
 """
 
@@ -36,8 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bigscience_ops.checkpoints import layout, retention
-from bigscience_ops.checkpoints.layout import Checkpoint
+from bigscience_ops.checkpoints import layout, manifest, retention
+from bigscience_ops.checkpoints.layout import Checkpoint, CheckpointError
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.untrusted import (
     MAX_STEP, Checked, Problem, RecordFileError, check_int, check_time, excerpt, jsonl_lines, read_small, write_atomically,
@@ -84,6 +92,7 @@ class Report:
     retention: retention.Decision | None = None
     deleted: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # tag -> why it was not backed up
+    incomplete: list[str] = field(default_factory=list)  # folders without a committed manifest: not copied
     left_on_scratch: dict[str, str] = field(default_factory=dict)  # folder -> why retention could not delete
     # it where it is (a symbolic link, not a folder)
     store: Path | None = None  # this run's part of the store: <dest>/<experiment>/<run id>
@@ -156,9 +165,15 @@ def keeps_optimizer(exp: Experiment, schedule: RunSchedule, step: int) -> bool:
 
 
 def plan_checkpoint(ckpt: Checkpoint, whole: bool, source: dict[str, list[int]] | None = None) -> Planned:
+    """What copying `ckpt` means: the files its manifest lists (and the manifest itself in a whole copy); in a
+    weights-only copy the optimizer partitions are left out and the model-states files rewritten without it."""
     source = fingerprint(ckpt) if source is None else source
+    listed = ckpt.committed()
     files, left_out, rewritten = [], [], []
     for rel in source:
+        if listed is None or (rel not in listed.files and not (whole and rel == manifest.MANIFEST)):
+            left_out.append(rel)  # not part of the committed checkpoint (or, weights-only, its manifest)
+            continue
         if not whole and layout.is_optimizer_file(rel):
             left_out.append(rel)
             continue
@@ -326,16 +341,21 @@ def verify(dest: Path, tag: str) -> list[str]:
     return _verify_folder(Path(dest) / tag, manifest["files"])
 
 
-def _verify_folder(folder: Path, files: dict) -> list[str]:
+def _verify_folder(folder: Path, files: dict, saved: dict[str, manifest.FileRecord] | None = None) -> list[str]:
+    """Re-read every copied file: its size and sha256 against what was read from the source, and its xxh3_128
+    against the checkpoint's own manifest (`saved`, for the files copied byte for byte)."""
     bad = []
     for rel, entry in files.items():
         path = folder / rel
         if not path.is_file():
             bad.append(f"{path}: missing")
             continue
-        size, digest = _hash_file(path)
+        size, digest, xxh3 = _hashes(path)
         if (size, digest) != (entry["size"], entry["sha256"]):
             bad.append(f"{path}: size {size} sha256 {digest[:12]}, manifest {entry['size']} {entry['sha256'][:12]}")
+        elif saved is not None and rel in saved and (size, xxh3) != (saved[rel].size, saved[rel].xxh3):
+            bad.append(f"{path}: does not match the checkpoint's manifest (size {size}, xxh3_128 {xxh3[:12]}; "
+                       f"saved {saved[rel].size}, {saved[rel].xxh3[:12]})")
     extra = sorted({p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - set(files))
     return bad + [f"{folder / rel}: not in the manifest" for rel in extra]
 
@@ -364,34 +384,64 @@ def _verify_tar(path: Path, files: dict) -> list[str]:
 # ----------------------------------------------------------------------------- copying
 
 def _hash_file(path: Path) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
+    size, digest, _ = _hashes(path)
+    return size, digest
+
+
+def _hashes(path: Path) -> tuple[int, str, str]:
+    """(size, sha256, xxh3_128) of a file, in one read."""
+    import xxhash
+
+    digest, fast, size = hashlib.sha256(), xxhash.xxh3_128(), 0
     with open(path, "rb") as handle:
         while chunk := handle.read(CHUNK):
             digest.update(chunk)
+            fast.update(chunk)
             size += len(chunk)
-    return size, digest.hexdigest()
+    return size, digest.hexdigest(), fast.hexdigest()
 
 
-def _copy_file(src: Path, dst: Path, advance: Callable[[int], None]) -> tuple[int, str]:
-    """Copy through a temporary name, fsync, rename; returns (size, sha256 of what was read)."""
+def _copy_file(src: Path, dst: Path, advance: Callable[[int], None],
+               saved: manifest.FileRecord | None = None) -> tuple[int, str]:
+    """Copy through a temporary name, fsync, rename; returns (size, sha256 of what was read). With `saved` (the
+    checkpoint manifest's record of the file), what was read must match it, or nothing is put in place."""
+    import xxhash
+
     tmp = dst.with_name(f".{dst.name}.tmp")
-    digest, size = hashlib.sha256(), 0
+    digest, fast, size = hashlib.sha256(), xxhash.xxh3_128(), 0
     with open(src, "rb") as reader, open(tmp, "wb") as writer:
         while chunk := reader.read(CHUNK):
             writer.write(chunk)
             digest.update(chunk)
+            fast.update(chunk)
             size += len(chunk)
             advance(len(chunk))
         writer.flush()
         os.fsync(writer.fileno())
+    if saved is not None and (size, fast.hexdigest()) != (saved.size, saved.xxh3):
+        tmp.unlink()
+        raise BackupError(_not_as_saved(src, size, fast.hexdigest(), saved))
     os.replace(tmp, dst)
     return size, digest.hexdigest()
 
 
-def _write_weights_only(src: Path, dst: Path, advance: Callable[[int], None]) -> tuple[int, str]:
-    """DeepSpeed's mp_rank_*_model_states.pt without the optimizer state it holds under ZeRO-0."""
+def _not_as_saved(src: Path, size: int, xxh3: str, saved: manifest.FileRecord) -> str:
+    return (f"{src} does not match its checkpoint's manifest (read {size} bytes, xxh3_128 {xxh3[:12]}; saved "
+            f"{saved.size} bytes, {saved.xxh3[:12]}): it changed or was damaged after the save, so its checkpoint is "
+            "not backed up (nor deleted); the next resume sets it aside and falls back to the newest checkpoint "
+            "that matches")
+
+
+def _write_weights_only(src: Path, dst: Path, advance: Callable[[int], None],
+                        saved: manifest.FileRecord | None = None) -> tuple[int, str]:
+    """DeepSpeed's mp_rank_*_model_states.pt without the optimizer state it holds under ZeRO-0; the source is
+    checked against its checkpoint's manifest (`saved`) before it is read."""
     import torch  # lazy: only this step of the backup needs it
 
+    if saved is not None:
+        now = manifest.hash_file(src)
+        if now != saved:
+            raise BackupError(_not_as_saved(src, now.size, now.xxh3, saved))
     try:  # the restricted loader: tensors and plain values only; no object in the file is built or run
         state = torch.load(src, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - an unpickling refusal, a corrupt or truncated file: all one answer
@@ -436,6 +486,10 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress, a
     """Copy, verify and commit one checkpoint into the run store `dest`; returns whether an interrupted copy
     was resumed. `about` (run id, experiment) goes into the manifest."""
     tag = plan.ckpt.tag
+    saved = plan.ckpt.committed()
+    if saved is None:
+        raise BackupError(f"{plan.ckpt.path} has no committed manifest whose files are all there: not a complete "
+                          "checkpoint, so not copied")
     entry = _entry_for(dest, plan.ckpt, plan.source)
     staging = dest / PARTIAL / entry
     final = dest / entry
@@ -460,7 +514,11 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress, a
                 continue
             dst.parent.mkdir(parents=True, exist_ok=True)
             write = _write_weights_only if rel in plan.rewritten else _copy_file
-            size, digest = write(src, dst, progress.advance)
+            try:
+                size, digest = write(src, dst, progress.advance, saved.files.get(rel))
+            except BackupError:
+                shutil.rmtree(staging, ignore_errors=True)  # nothing of a checkpoint that is not as saved is kept
+                raise
             files[rel] = {"size": size, "sha256": digest}
             journal.write(json.dumps({"path": rel, **files[rel]}) + "\n")
             journal.flush()
@@ -469,7 +527,7 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress, a
     (staging / SOURCE).unlink()
     for stray in [p for p in staging.rglob(".*.tmp") if p.is_file()]:
         stray.unlink()
-    bad = _verify_folder(staging, files)
+    bad = _verify_folder(staging, files, {rel: rec for rel, rec in saved.files.items() if rel not in plan.rewritten})
     if bad:
         shutil.rmtree(staging)
         raise BackupError(f"the copy of {plan.ckpt.path} does not match its source: {'; '.join(bad[:5])}; "
@@ -522,10 +580,14 @@ def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
     progress = progress or Progress()
     report = Report(dest, store=store)
     schedule = run_schedule(exp)
-    for ckpt in _candidates(scratch):
+    for ckpt in _candidates(scratch, report):
         refusal = ckpt.refusal()
         if refusal is not None:  # a global_stepN that is a link: neither copied nor deleted
             report.failed[ckpt.tag] = refusal
+            continue
+        why = _not_as_committed(ckpt)
+        if why is not None:
+            report.failed[ckpt.tag] = why
             continue
         try:
             source = fingerprint(ckpt)
@@ -552,36 +614,86 @@ def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
     return report
 
 
-def _candidates(scratch: Path) -> list[Checkpoint]:
-    """The complete checkpoints, and every global_stepN up to `latest` that is a link (to be refused by name)."""
-    latest = layout.latest_step(scratch)
-    linked = [c for c in layout.list_checkpoints(scratch) if c.is_link and latest is not None and c.step <= latest]
-    return sorted(layout.complete_checkpoints(scratch) + linked, key=lambda c: c.step)
+def _candidates(scratch: Path, report: Report) -> list[Checkpoint]:
+    """The checkpoints with a manifest (readable or not: one that is not is reported), and every global_stepN that
+    is a link (to be refused by name); the folders without one go into `report.incomplete` (saves in progress or
+    cut short: the trainer's resume sets those aside). A `latest` that cannot be read is reported too (retention
+    then deletes nothing); the copies go on."""
+    try:
+        layout.latest_tag(scratch)
+    except CheckpointError as exc:
+        report.failed[layout.LATEST] = f"{exc}; nothing is deleted until the next training task repairs it"
+    out = []
+    for ckpt in layout.list_checkpoints(scratch):
+        if ckpt.is_link or (ckpt.path / manifest.MANIFEST).exists() or (ckpt.path / manifest.MANIFEST).is_symlink():
+            out.append(ckpt)
+        else:
+            report.incomplete.append(ckpt.tag)
+    return out
+
+
+def _not_as_committed(ckpt: Checkpoint) -> str | None:
+    """Why a checkpoint with a manifest is not what the manifest says (unreadable; a file missing, of another size),
+    or None: such a checkpoint is not copied, and its failure names the file."""
+    try:
+        found = ckpt.manifest()
+    except CheckpointError as exc:
+        return f"{exc}: not copied (nor deleted)"
+    bad = manifest.verify(ckpt.path, found, hashes=False).mismatches
+    if not bad:
+        return None
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    return (f"{ckpt.path / bad[0].path} {bad[0].what}{more}: the checkpoint was damaged after its save, so it is not "
+            "copied (nor deleted); the next resume sets it aside and falls back to the newest checkpoint that matches")
 
 
 def _copied(store: Path, ckpt: Checkpoint) -> bool:
     """Whether the store holds a verified copy of this very checkpoint as its files are now."""
+    return _copy_kind(store, ckpt) is not None
+
+
+def _copy_kind(store: Path, ckpt: Checkpoint) -> str | None:
+    """The kind ("whole", "weights-only") of the store's copy of this very checkpoint, None when it has none."""
     try:
-        return find_copy(store, ckpt, fingerprint(ckpt)) is not None
+        entry = find_copy(store, ckpt, fingerprint(ckpt))
     except (BackupError, OSError):
-        return False
+        return None
+    found = read_manifest(store, entry) if entry is not None else None
+    return found.get("kind") if found is not None else None
 
 
 def _retention(exp: Experiment, scratch: Path, store: Path, dry_run: bool
                ) -> tuple[retention.Decision, retention.Applied]:
-    checkpoints = layout.list_checkpoints(scratch)
-    latest = layout.latest_tag(scratch)
-    verified = {c.step for c in checkpoints if _copied(store, c)}
-    decision = retention.decide([c.step for c in checkpoints], layout.step_of(latest) if latest else None, verified,
-                                exp.backup.keep_last, exp.backup.keep_every)
+    """Retention over the complete checkpoints (committed manifests): the decision, then what was deleted. The
+    newest resumable checkpoint is protected (retention.protect_resumable) whenever anything would go."""
+    checkpoints = layout.complete_checkpoints(scratch)
+    try:
+        layout.latest_tag(scratch)
+    except CheckpointError:  # reported by the copy's candidates; the trainer's resume repairs it
+        return retention.Decision({c.step: "`latest` cannot be read: nothing is deleted" for c in checkpoints}), \
+            retention.Applied()
+    kinds = {c.step: _copy_kind(store, c) for c in checkpoints}
+    verified = {step for step, kind in kinds.items() if kind is not None}
+    args = ([c.step for c in checkpoints], layout.resume_step(scratch), verified, exp.backup.keep_last,
+            exp.backup.keep_every)
+    decision = retention.decide(*args)
+    if decision.delete:
+        def mismatch(ckpt: Checkpoint, found: manifest.Manifest) -> str | None:
+            bad = manifest.verify(ckpt.path, found).mismatches
+            return str(bad[0]) if bad else None
+
+        protected = retention.protect_resumable(
+            checkpoints, lambda c: kinds.get(c.step) == "whole" and verify(store, find_copy(
+                store, c, fingerprint(c)) or "") == [], mismatch)
+        decision = retention.decide(*args, protected=protected)
     if dry_run or not decision.delete:
         return decision, retention.Applied()
-    # `latest` is read again right before deleting: a save that finished meanwhile must not lose its base,
-    # and a rollback that moved it back keeps everything after it.
+    # Where the run resumes from is read again right before deleting: a save that finished meanwhile must not lose
+    # its base, and a rollback that moved it back keeps everything after it.
     # Its copy is re-read and checked against the manifest's sha256 right before: a copy damaged since
     # it was made never stands in for a checkpoint that is deleted.
     def still_safe(ckpt: Checkpoint) -> bool:
-        now = layout.latest_step(scratch)
+        now = layout.resume_step(scratch)
         if now is None or ckpt.step >= now:
             return False
         try:
