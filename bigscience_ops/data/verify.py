@@ -121,8 +121,9 @@ def verify(prefix: str | os.PathLike, limit: int | None = None,
     prefix = os.fspath(prefix)
     missing = [str(p) for p in (bin_path(prefix), idx_path(prefix)) if not p.is_file()]
     if missing:
-        raise DataError(f"{' and '.join(missing)}: no such file; a dataset is PREFIX.bin and PREFIX.idx (bsops "
-                        "preprocess writes them): give the prefix without .bin/.idx")
+        what = "no such file" if not any(os.path.exists(p) for p in missing) else "not a regular file"
+        raise DataError(f"{' and '.join(missing)}: {what}; a dataset is PREFIX.bin and PREFIX.idx, two regular files "
+                        "(bsops preprocess writes them): give the prefix without .bin/.idx")
     bin_bytes = Path(bin_path(prefix)).stat().st_size
     try:
         indexed = IndexedDataset(prefix)
