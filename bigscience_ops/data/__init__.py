@@ -16,4 +16,5 @@ Modules:
   _shuffle.c      numpy's legacy RandomState.shuffle in C, prefetching (same draws, same bytes)
   locks.py        one builder at a time: flock, or an O_EXCL lock file where flock is missing
   corpus.py       the bundled real-text corpus, built into .bin/.idx on demand
+  verify.py       `bsops data verify`: a dataset read whole, every token and index entry, nothing sampled
 """
