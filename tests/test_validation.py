@@ -142,9 +142,11 @@ def test_the_combinations_that_resume_are_accepted(trainings: Path, text: str) -
     assert exp.train.precision in ("fp32", "bf16")
 
 
-@pytest.mark.parametrize("folder", ["/", "{home}", "~", "/etc", "/etc/bsops", "/usr/local/runs", "/var", "/tmp",
-                                    "/home", "/proc/self", "{run}/../../../../../../../.."])
-@pytest.mark.parametrize("field", ["output", "checkpoints", "tensorboard", "logs"])
+@pytest.mark.parametrize("field, folder", [
+    *[("output", folder) for folder in ("/", "{home}", "~", "/etc", "/etc/bsops", "/usr/local/runs", "/var", "/tmp",
+                                        "/home", "/proc/self", "{run}/../../../../../../../..")],
+    *[(field, folder) for field in ("checkpoints", "tensorboard", "logs", "codecarbon") for folder in ("/", "/etc")],
+])
 def test_a_run_folder_that_is_the_root_home_or_a_system_folder_is_refused(trainings: Path, tmp_path: Path,
                                                                           folder: str, field: str) -> None:
     """A run writes its records, checkpoints and logs into these, and retention deletes inside them: `/` (a typo, or
