@@ -12,8 +12,8 @@
   binding and the file's ctime, and signed with the user's own key: an edit with the mtime set back, or a cache
   someone else wrote, is scanned again). A record that is torn, hostile, whose counts differ from the .idx, that
   is bound to other data (a record copied beside changed data) or whose claim the scan refutes is not used, with
-  a note, and the scan's id is the one checked (a refusal then names the record too). A part's `PART.preprocess.json` says which tokenizer
-  made the data, never its largest id;
+  a note, and the scan's id is the one checked (a refusal then names the record too). A part's
+  `PART.preprocess.json` says which tokenizer made the data, never its largest id;
 - the tokenizer the dataset was made with (the sha256 of its files, in either record) is the experiment's; a
   dataset without a record (Megatron's, or a merge of such) gets a note, since its tokenizer cannot be compared;
 - how many times the run reads each blend entry's training documents (epochs, as the GPT dataset builds them:
