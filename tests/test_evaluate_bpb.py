@@ -106,6 +106,10 @@ def test_a_hostile_source_is_reported_and_skipped(tmp_path, monkeypatch):
     assert [p.split(": ")[0] for p in got.problems] == [f"{source}:{n}" for n in (2, 3, 4, 5, 8)]
     assert len(got.problems) == bpb.SHOWN_PROBLEMS
     assert got.to_dict()["skipped"] == 11 and json.loads(json.dumps(got.to_dict())) == got.to_dict()
+    assert bpb.bits_per_byte(source, _lm(), docs=100, max_bad=11).skipped == 11  # within eval.max_bad_lines
+    with pytest.raises(bpb.BadLines) as failed:  # one more than it allows: the source fails, every bad line counted
+        bpb.bits_per_byte(source, _lm(), docs=100, max_bad=10)
+    assert "11 line(s)" in str(failed.value) and f"{source}:2" in str(failed.value)
 
 
 def test_a_source_that_cannot_be_scored_is_an_error(tmp_path):

@@ -48,3 +48,19 @@ def test_re_evaluating_a_step_leaves_one_point_per_metric(tmp_path: Path) -> Non
     assert sorted(points["eval/lambada/acc vs tokens"]) == [(100 * 8 * 64, 0.75), (200 * 8 * 64, pytest.approx(0.1))]
     assert points["lm loss"] == [(10, 5.0)]
     assert len(driver.earlier_event_files(board, "global_step100")) == 1
+
+
+def test_a_limited_result_has_tags_of_its_own_and_never_replaces_the_full_points(tmp_path: Path) -> None:
+    board = tmp_path / "tb"
+    exp = load_experiment("tiny")
+    exp = dataclasses.replace(exp, paths=dataclasses.replace(exp.paths, tensorboard=str(board)),
+                              logging=dataclasses.replace(exp.logging, tensorboard=True))
+    driver.write_scalars(exp, eval_result(100, {"lambada/acc": 0.5}))
+    for value in (0.9, 0.8):  # eval.limit 5, twice: its own file replaced, the full one left
+        limited = eval_result(100, {"lambada/acc": value})
+        limited["bsops"]["limit"] = 5
+        driver.write_scalars(exp, limited)
+    points = _points(board)
+    assert points["eval/lambada/acc"] == [(100, 0.5)]
+    assert points["eval-limited/lambada/acc"] == [(100, pytest.approx(0.8))]
+    assert len(driver.earlier_event_files(board, "global_step100", driver.LIMITED_PREFIX)) == 1

@@ -86,7 +86,8 @@ def test_written_files_read_back_by_step(tmp_path: Path):
 
 
 @pytest.mark.parametrize("bad", ["torn", "not-utf8", "list", "no-bsops", "format", "step", "iteration", "results",
-                                 "task", "name", "bpb", "huge", "link", "folder", "deep"])
+                                 "task", "name", "bpb", "huge", "link", "folder", "deep", "run-id", "limit",
+                                 "corrupt"])
 def test_a_bad_file_is_a_problem_naming_it_and_the_others_are_read(tmp_path: Path, bad: str):
     write_results(tmp_path, {100: {"smoke_choice/acc": 0.5}, 300: {"smoke_choice/acc": 0.6}})
     path = tmp_path / "eval" / "global_step200.json"
@@ -104,6 +105,9 @@ def test_a_bad_file_is_a_problem_naming_it_and_the_others_are_read(tmp_path: Pat
                                              "bits_per_byte": {"cc": {"bits_per_byte": "1"}}}}).encode(),
         "huge": b" " * (results.MAX_RESULT + 1),
         "deep": b"[" * 100000 + b"]" * 100000,
+        "run-id": json.dumps({**good, "bsops": {**good["bsops"], "run_id": "../../other"}}).encode(),
+        "limit": json.dumps({**good, "bsops": {**good["bsops"], "limit": 0}}).encode(),
+        "corrupt": json.dumps({**good, "bsops": {**good["bsops"], "corrupt": "src"}}).encode(),
     }.get(bad)
     if bad == "link":
         os.symlink(tmp_path / "eval" / "global_step100.json", path)
@@ -115,6 +119,32 @@ def test_a_bad_file_is_a_problem_naming_it_and_the_others_are_read(tmp_path: Pat
     assert [r.step for r in found] == [100, 300]
     assert [(p.file, p.line) for p in problems] == [(str(path), 0)]
     assert len(str(problems[0])) < 400  # what was wrong, never the file's content
+
+
+def test_results_of_another_run_and_limited_ones_are_read_apart(tmp_path: Path):
+    """A result made for another run id is a problem, never counted; a limited one (eval/limited/, or lm-eval's config
+    saying so) is read only when asked, and a step's full result is the one tabled."""
+    from bigscience_ops.checkpoints import layout
+
+    mine = layout.new_run_id(tmp_path)
+    write_results(tmp_path, {100: {"t/acc": 0.5}, 200: {"t/acc": 0.6}, 300: {"t/acc": 0.7}})
+    for step, run_id in ((100, mine), (200, "a" * 32)):
+        data = json.loads(results.result_path(tmp_path, f"global_step{step}").read_text())
+        data["bsops"]["run_id"] = run_id
+        results.write(results.result_path(tmp_path, f"global_step{step}"), data)
+    limited = eval_result(100, {"t/acc": 0.9})
+    limited["bsops"]["limit"] = 7
+    results.write(results.result_path(tmp_path, "global_step100", limited=True), limited)
+    found, problems = results.read_all(tmp_path)
+    assert [(r.step, r.run_id, r.limit) for r in found] == [(100, mine, None), (300, None, None)]
+    assert [Path(p.file).name for p in problems] == ["global_step200.json"] and "a" * 32 in problems[0].what
+    both, _ = results.read_all(tmp_path, limited=True)
+    assert [(r.step, r.limit) for r in both] == [(100, None), (100, 7), (300, None)]
+    table = results.table(both)
+    [row] = [r for r in table.rows if r.metric == "t/acc"]
+    assert table.steps == [100, 300] and table.limits == (None, None) and row.values == [0.5, 0.7]
+    alone = results.table([r for r in both if r.limited])
+    assert alone.columns == ["step 100 (limit 7)"]
 
 
 def test_write_refuses_a_result_no_reader_would_read(tmp_path: Path, monkeypatch):

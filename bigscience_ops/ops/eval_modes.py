@@ -108,13 +108,18 @@ def here(exp: Experiment, source: str, step: int | None, layout: tuple[int | Non
     check_overrides(overrides)
     exp = with_overrides(exp, overrides)
     taskfiles.check_experiment(exp)  # a refused task file is one line here, before any rank starts
-    launcher.same_run(exp)
+    run_id = launcher.same_run(exp)
     if step is None:
         step = checkpoints.latest_step(Path(exp.paths.checkpoints))
         if step is None:
             raise EvalError(f"{exp.paths.checkpoints}: no `latest` file, so no complete checkpoint to evaluate yet; "
                             "allowed: --latest once the run has saved")
     tag = f"global_step{step}"
+    if kept[1]:  # another run's request cache: refused before any rank starts (the ranks check it again)
+        from bigscience_ops.ops.evaluate.driver import cache_of_run
+
+        full = results.result_path(exp, tag, limited=False)
+        cache_of_run(full.with_name(full.stem + ".requests"), run_id, write=False)
     hf = cache_env(exp.eval.hf_cache, offline=bool(exp.eval.hf_cache))  # the prefetched cache, offline
     path = results.result_path(exp, tag)  # eval.limit: eval/limited/, apart from the full results
     before = results.stamp(path)

@@ -95,7 +95,8 @@ class Plot:
     markers: list[Marker] = field(default_factory=list)
     """The markers drawn, read back from the loss panel's lines."""
     evaluation: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    """Each metric drawn on an eval panel: its (consumed tokens, value) points, read back from the panel's lines."""
+    """Each metric drawn on an eval panel: its (consumed tokens, value) points, read back from the panel's lines (a
+    limited result's under "<metric> (limited)", LIMITED_MARK)."""
     problems: list[Problem] = field(default_factory=list)
     """The result files that could not be read (left out of the eval panels)."""
     eval_panels: dict[str, list[str]] = field(default_factory=dict)

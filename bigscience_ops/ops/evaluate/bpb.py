@@ -13,8 +13,9 @@ grow with the file (a 100 MB source holds about what its longest document needs)
 docs_per_source documents with a non-empty text under text_key are scored; a line that is not one
 (torn, not UTF-8, not a JSON object, no string under the key, an empty text, a lone surrogate) is
 counted, the first SHOWN_PROBLEMS named by file:line, and skipped. More of them than `max_bad`
-(eval.max_bad_lines; 0 by default) fail the source (BadLines): a file damaged in part is never scored as if
-it were whole, and never in silence (driver.py leaves it out of the result, named, and the evaluation fails).
+(eval.max_bad_lines; 0 by default) fail the source (BadLines, counting the bad lines among the first
+docs_per_source documents' lines, no more scored once it has failed): a file damaged in part is never scored as
+if it were whole, and never in silence (driver.py leaves it out of the result, named, and the evaluation fails).
 """
 
 from __future__ import annotations
@@ -200,8 +201,11 @@ def bits_per_byte(path: str | os.PathLike[str], lm: BsopsLM, text_key: str = "te
 
     with open_source(path) as handle, _read_errors(name):
         for text in documents(handle, name, text_key, problems):
-            if max_bad is not None and problems.count > max_bad:
-                raise _too_many(name, problems, max_bad)
+            if max_bad is not None and problems.count > max_bad:  # failed: the rest only counted, never scored
+                count += 1
+                if count >= docs:
+                    break
+                continue
             ids = tokenizer.encode_array(text)
             for window in windows(ids, prefix, max_length):
                 pending.append(window)
@@ -217,7 +221,7 @@ def bits_per_byte(path: str | os.PathLike[str], lm: BsopsLM, text_key: str = "te
             if count >= docs:
                 break
     if max_bad is not None and problems.count > max_bad:
-        raise _too_many(name, problems, max_bad)  # bad lines after the last document read
+        raise _too_many(name, problems, max_bad)
     if pending:
         loglikelihood += flush()
     if count == 0:

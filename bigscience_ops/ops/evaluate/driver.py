@@ -370,10 +370,10 @@ def request_cache(result_path: Path, scorer: Any) -> Path:
     return result_path.with_name(result_path.stem + ".requests") / name
 
 
-def cache_of_run(folder: Path, run_id: str | None) -> None:
+def cache_of_run(folder: Path, run_id: str | None, write: bool = True) -> None:
     """Make the request cache folder `folder` this run's: its bsops-run-id written when it has none (and the run
-    has one); EvalError naming both when it records another run (or one where this run has none): another run's
-    answers are never this run's."""
+    has one, and `write`); EvalError naming both when it records another run (or one where this run has none):
+    another run's answers are never this run's."""
     from bigscience_ops.untrusted import write_atomically
 
     try:
@@ -383,7 +383,7 @@ def cache_of_run(folder: Path, run_id: str | None) -> None:
     if recorded is not None and recorded != run_id:
         raise EvalError(f"lm-eval's request cache {folder} was made for run {recorded}, not this run "
                         f"({run_id or 'no run id'}); allowed: a cache this run made: move that folder away")
-    if recorded is None and run_id is not None:
+    if recorded is None and run_id is not None and write:
         folder.mkdir(parents=True, exist_ok=True)
         write_atomically(folder / layout.RUN_ID, (run_id + "\n").encode("utf-8"))
 

@@ -94,7 +94,8 @@ def _request(run: Any, step: Any, tensor: Any, pipeline: Any, dtype: Any, traini
     except EvalError:
         raise
     except BsopsError as exc:
-        raise EvalError(f"--model_args run={run}: {exc}") from None
+        allowed = "" if "allowed" in str(exc) else "; allowed: an experiment name or YAML file, or a run folder"
+        raise EvalError(f"--model_args run={run}: {exc}{allowed}") from None
     except (OSError, ValueError, TypeError) as exc:  # a folder or file that cannot be read, a value of another type
         raise EvalError(f"--model_args run={run}: cannot be read ({type(exc).__name__}: {exc}); allowed: an "
                         "experiment name or YAML file, or a run folder holding experiment.json") from None

@@ -321,7 +321,16 @@ def _fetch(wanted: Wanted, source: Path | None) -> None:
 
     needed = needs(wanted)
     print(f"{len(needed)} dataset(s) to fetch" + (f" from {source}" if source else ""), flush=True)
-    folders = [mirror_folder(source, *need) for need in needed] if source is not None else [None] * len(needed)
+    folders: list[Path | None] = [None] * len(needed)
+    if source is not None:
+        refused = []
+        for i, need in enumerate(needed):
+            try:
+                folders[i] = mirror_folder(source, *need)
+            except PrefetchError as exc:
+                refused.append(str(exc))
+        if refused:  # every task's folder named, and nothing copied for any of them
+            raise PrefetchError(f"{len(refused)} task(s) refused, nothing copied: " + "; ".join(refused))
     cache = Path(datasets.config.HF_DATASETS_CACHE)
     for (task, path, name), folder in zip(needed, folders):  # every mirror folder checked before anything is copied
         print(f"{task}: fetching {path}" + (f" ({name})" if name else "") + (f" from {folder}" if folder else ""),

@@ -251,7 +251,7 @@ def _run_id(value: Any) -> str | None:
 def _limit(section: Mapping[str, Any], data: Mapping[str, Any]) -> int | None:
     """bsops.limit, else lm-eval's own config.limit (a result written before bsops recorded it)."""
     value = section.get("limit")
-    if value is None:
+    if "limit" not in section:
         config = data.get("config")
         value = config.get("limit") if isinstance(config, Mapping) else None
         if isinstance(value, float) and value.is_integer():
