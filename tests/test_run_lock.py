@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -124,3 +125,91 @@ def test_a_rollback_is_refused_while_the_run_trains(trainings: Path, held) -> No
     (trainings / "busy.yaml").write_text(tiny_yaml(run))
     result = CliRunner().invoke(main, ["rollback", "busy", "--to", "10", "--trainings-dir", str(trainings)])
     assert result.exit_code == 2 and f"in use by bsops launch --local (pid {pid} on " in result.output
+
+
+TRAINER = "import time; print('training', flush=True); time.sleep(60)"
+
+
+@pytest.fixture
+def trainer(tmp_path: Path):
+    """A process that holds the run tmp_path/run as a trainer does (`python -m bigscience_ops.run.lock --trainer
+    LOCK -c ...`: the trainers' lock taken, then the same process becomes the "trainer"), with no owner: a trainer
+    whose job script, torchrun and launcher are gone."""
+    run = tmp_path / "run"
+    run.mkdir()
+    argv = [sys.executable, *run_lock.trainer_argv(str(run_lock.lock_path(run)), ["-c", TRAINER])]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "training"
+    yield run, proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def test_a_trainer_left_without_its_task_holds_the_run_and_is_named(trainer) -> None:
+    run, pid = trainer
+    held = run_lock.in_use(run)
+    assert held is not None and held.line is None and held.trainers_held and held.trainers == (pid,)
+    assert f"{pid} python" in (run_lock.holder(run) or "") and "(trainer)" in (run_lock.holder(run) or "")
+    with pytest.raises(run_lock.RunInUse) as refused:
+        with run_lock.hold(run, "bsops launch --local"):
+            pass
+    assert f"{pid} python" in str(refused.value) and f"kill -USR1 {pid}" in str(refused.value)
+    assert (run / run_lock.LOCK_NAME).read_bytes() == b""  # the refused one wrote no holder line
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert run_lock.in_use(run) is None
+    with run_lock.hold(run, "bsops launch --local"):
+        pass
+
+
+def test_trainers_share_their_lock_and_a_taker_of_the_run_keeps_them_from_starting(tmp_path: Path, trainer) -> None:
+    run, pid = trainer
+    second = subprocess.run([sys.executable, *run_lock.trainer_argv(str(run_lock.lock_path(run)),
+                                                                     ["-c", "print('second')"])],
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0 and second.stdout == "second\n"  # shared: trainers of one task run side by side
+    with pytest.raises(run_lock.RunInUse):
+        run_lock.hold_as_trainer(tmp_path / "no-such-folder" / run_lock.LOCK_NAME, wait_s=0)
+    assert run_lock.main(["--trainer"]) == 2
+
+
+def test_a_launchers_lock_handed_to_its_task_is_held_by_the_task_after_the_launcher(tmp_path: Path,
+                                                                                  trainings: Path) -> None:
+    """The local launch's way: the task's job script inherits the launcher's lock (its descriptor's number in
+    HELD_ENV) and trains under it; the run stays held while the script runs, by the same lock, with no line of its
+    own; a probe from elsewhere sees the launcher's line."""
+    run = tmp_path / "run"
+    (trainings / "own.yaml").write_text(tiny_yaml(run))
+    exp = load_experiment("own", trainings)
+    script = rendering.write(rendering.render(exp, tmp_path / "r", make_plan(exp)), tmp_path / "r")
+    assert f'/{run_lock.TRAINERS_NAME}"' in script.read_text()  # the job script names the trainers' lock as lock.py
+    env = install_shims(tmp_path)
+    probe = (f"from bigscience_ops.run import lock as run_lock; import pathlib; "
+             f"pathlib.Path({str(tmp_path / 'seen')!r}).write_text(run_lock.holder({str(run)!r}) or 'free')")
+    torchrun = tmp_path / "shims" / "torchrun"
+    torchrun.write_text(torchrun.read_text().replace("exit 0", f"{sys.executable} -c \"{probe}\"\nexit 0"))
+    with run_lock.hold(run, "bsops launch --local") as fd:
+        env.update(BSOPS_LOCAL_LAUNCH="1", SLURM_ARRAY_JOB_ID="600", SLURM_ARRAY_TASK_ID="2",
+                   **{run_lock.HELD_ENV: str(fd)})
+        ended = subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=120, pass_fds=(fd,))
+    assert ended.returncode == 0, ended.stdout.decode()[-2000:]
+    assert (tmp_path / "seen").read_text().startswith(f"bsops launch --local (pid {os.getpid()} on ")
+    argv = json.loads((tmp_path / "argv.jsonl").read_text())
+    assert argv[argv.index("-m") + 1:argv.index("-m") + 4] == ["bigscience_ops.run.lock", run_lock.TRAINER_FLAG,
+                                                              str(run_lock.lock_path(run))]
+    assert run_lock.holder(run) is None
+
+
+@pytest.mark.slow  # waits out the script's 10 s for a last task's trainers to leave
+def test_a_task_does_not_train_beside_trainers_left_without_their_task(tmp_path: Path, trainings: Path,
+                                                                      trainer) -> None:
+    run, pid = trainer
+    (trainings / "busy.yaml").write_text(tiny_yaml(run))
+    exp = load_experiment("busy", trainings)
+    script = rendering.write(rendering.render(exp, tmp_path / "r", make_plan(exp)), tmp_path / "r")
+    env = install_shims(tmp_path)
+    env["BSOPS_LOCAL_LAUNCH"] = "1"
+    ended = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 1 and not (tmp_path / "argv.jsonl").exists()
+    assert "not training: trainers of the run still run without their task" in (run / "logs" / "main_log.txt").read_text()

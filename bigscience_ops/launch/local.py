@@ -13,6 +13,12 @@ schedule each task runs at the node count of the phase the latest checkpoint is 
 rendered again when that changes), as the resubmitted arrays do on a cluster. Stopped, bsops stops the
 running task with it: the job script gets SIGUSR1 as from Slurm's --signal=B:USR1, the srun shim hands it
 to the trainers, which save and exit.
+
+One run, one trainer: the launch holds the run's lock (run/lock.py) and hands that very lock to each task's job
+script (an inherited descriptor), whose trainers hold the trainers' lock beside it. Killed with kill -9, bsops
+cannot stop its task, but the task holds the run on (a relaunch is refused, naming its processes) and hears of
+it (SIGHUP, the job script's parent-death signal): its trainers save and exit, the run is free once the last of
+them is gone, and the same `bsops launch --local` resumes from that save.
 """
 
 from __future__ import annotations
@@ -286,8 +292,8 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
         raise run_lock.RunInUse(f"the run folder {folder} is in use by {in_use}; wait for it to end (or stop it) "
                                 "and run the command again")
     plan = build_launch_plan(exp, options)  # checked before anything is written, the lock file included
-    with run_lock.hold(plan.record_dir, "bsops launch --local"):
-        return execute(plan, LocalExecutor(options, tasks, timeout_s, progress))
+    with run_lock.hold(plan.record_dir, "bsops launch --local") as lock_fd:  # handed to each task: module docstring
+        return execute(plan, LocalExecutor(options, tasks, timeout_s, progress, lock_fd))
 
 
 @dataclass(frozen=True)
@@ -301,6 +307,8 @@ class LocalExecutor:
     tasks: int | None = None
     timeout_s: float = 3600
     progress: Callable[[str], None] = lambda line: None
+    lock_fd: int | None = None
+    """The descriptor of the run's lock the launch holds (run_lock.hold), which each task's job script inherits."""
 
     def write(self, plan: LaunchPlan) -> Path:
         out = plan.record_dir
@@ -327,12 +335,12 @@ class LocalExecutor:
             exp = plan.experiment
             nodes = exp.slurm.nodes
             output = logs / f"{exp.slurm.job_name or exp.name}-{array_job_id}_{task}.out"
-            env = _task_environment(exp, out, array_job_id, task)
+            env = _task_environment(exp, out, array_job_id, task, self.lock_fd)
             start, label = time.time(), f"array task {task}/{count}"
             before = latest_iteration(checkpoints)
             self.progress(f"{label}: started, output in {output} ({nodes} node(s))")
             code = _run_task(script, env, output, self.progress, self.timeout_s, label, checkpoints,
-                             exp.slurm.signal_seconds)
+                             exp.slurm.signal_seconds, self.lock_fd)
             seconds = time.time() - start
             end = task_end(label, code, seconds, output, before, latest_iteration(checkpoints),
                            plan.schedule.train_iters)
@@ -350,8 +358,10 @@ class LocalExecutor:
                         plan.schedule.finished(read_records(exp).iteration))
 
 
-def _task_environment(exp: Experiment, out: Path, array_job_id: int, task: int) -> dict[str, str]:
-    """One array task's environment: the job's (jobenv.py), the shims first on PATH, Slurm's task variables."""
+def _task_environment(exp: Experiment, out: Path, array_job_id: int, task: int,
+                      lock_fd: int | None = None) -> dict[str, str]:
+    """One array task's environment: the job's (jobenv.py), the shims first on PATH, Slurm's task variables, and the
+    number of the run lock's descriptor it inherits (`lock_fd`; None: the job script takes the lock itself)."""
     nodes = exp.slurm.nodes
     node_list = ",".join(["localhost"] + ["127.0.0.1"] * (nodes - 1))
     processes = nodes * exp.slurm.gpus_per_node
@@ -368,13 +378,13 @@ def _task_environment(exp: Experiment, out: Path, array_job_id: int, task: int) 
         # as Slurm's --cpus-per-task would, instead of each using them all.
         "OMP_NUM_THREADS": str(threads),
         "BSOPS_MASTER_PORT": str(exp.slurm.master_port),  # the free port launch_local chose, as it is
-        run_lock.HELD_ENV: str(out),  # launch_local holds the run's lock for its tasks
         "BSOPS_STOP_REASON_FILE": str(stop_reason_file(out)),  # why SIGUSR1 comes (_save_first)
+        **({run_lock.HELD_ENV: str(lock_fd)} if lock_fd is not None else {}),  # the launch's lock, inherited
     })
 
 
 def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callable[[str], None], timeout_s: float,
-              label: str, checkpoints: Path, save_s: float) -> int:
+              label: str, checkpoints: Path, save_s: float, lock_fd: int | None = None) -> int:
     """Run one array task's job script with its output in `output`, passing its progress on; its exit code.
 
     Stopped (SIGTERM, SIGHUP, Ctrl-C) once its trainers train, the task is first asked to save and exit, as
@@ -382,6 +392,9 @@ def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callabl
     `save_s` seconds (a second stop ends the wait); whatever is left of it is then stopped (`_stop`). What it
     saved is read from `latest` once none of its processes is left (launch_console.stop_line): Ctrl-C raises
     Interrupted, SIGTERM and SIGHUP Stopped, each saying it.
+
+    The job script inherits the run lock's descriptor `lock_fd` (it holds the run with bsops, and after it), and
+    gets SIGHUP when bsops ends without stopping it (kill -9): its trainers then save and exit, as at SIGUSR1.
     """
     training = False
     before = latest_iteration(checkpoints)
@@ -395,7 +408,8 @@ def _run_task(script: Path, env: dict[str, str], output: Path, progress: Callabl
 
     with open(output, "wb") as sink:
         proc = processes.start(["bash", str(script)], cwd=script.parent, env=env, stdout=sink,
-                               stderr=subprocess.STDOUT)
+                               stderr=subprocess.STDOUT, pass_fds=() if lock_fd is None else (lock_fd,),
+                               parent_death=signal.SIGHUP)
         try:
             with _raising_on(signal.SIGTERM, signal.SIGHUP):
                 return _follow(proc, output, report, timeout_s)

@@ -25,11 +25,39 @@ RUNNING, GONE = "running", "gone"
 
 
 def start(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None,
-          stdout: IO | int | None = None, stderr: IO | int | None = None, text: bool = False) -> subprocess.Popen:
-    """Start `argv` in a session (and process group) of its own, so that `stop_tree` stops all of it."""
+          stdout: IO | int | None = None, stderr: IO | int | None = None, text: bool = False,
+          pass_fds: Sequence[int] = (), parent_death: signal.Signals | None = None) -> subprocess.Popen:
+    """Start `argv` in a session (and process group) of its own, so that `stop_tree` stops all of it. `pass_fds`:
+    descriptors it inherits (a lock it holds with this process, and after it). `parent_death`: the signal it gets
+    when this process ends, however it ends (Linux's PR_SET_PDEATHSIG; nothing elsewhere): a job that must not go
+    on unwatched (a local launch's task) hears that its launcher was killed."""
+    preexec = _parent_death_signal(parent_death) if parent_death is not None else None
     return subprocess.Popen(list(argv), env=None if env is None else dict(env), cwd=cwd, stdout=stdout,
-                            stderr=stderr, start_new_session=True,
+                            stderr=stderr, start_new_session=True, pass_fds=tuple(pass_fds), preexec_fn=preexec,
                             **({"text": True, "errors": "replace"} if text else {}))
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal(sig: signal.Signals) -> Callable[[], None] | None:
+    """What the child runs before exec to get `sig` when its parent ends (None where libc has no prctl). Should the
+    parent have ended already (between fork and prctl), the child gets the signal at once."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def stop_tree(proc: subprocess.Popen, grace_s: float = 60) -> None:
