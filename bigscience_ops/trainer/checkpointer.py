@@ -32,7 +32,8 @@ from bigscience_ops.trainer.metrics import Metrics
 
 
 class Saver(Protocol):
-    def save(self, folder: Path, tag: str, client_state: dict) -> list[Path]:
+    def save(self, folder: Path, tag: str, client_state: dict,
+             after_each: Callable[[Path], None] | None = None) -> list[Path]:
         """Write this rank's part of folder/tag; the files it wrote (trainer/deepspeed_state.py)."""
 
 
@@ -41,7 +42,9 @@ class Checkpointer:
     `about()` the manifest's run id, experiment, layout and whether the optimizer state is saved."""
 
     def __init__(self, folder: Path, saves: SaveSchedule, saver: Saver, meta: Callable[[], dict],
-                 about: Callable[[], dict], metrics: Metrics) -> None:
+                 about: Callable[[], dict], metrics: Metrics,
+                 fault: Callable[[int], Callable[[Path], None] | None] = lambda iteration: None) -> None:
+        self.fault = fault  # the debug switch BSOPS_KILL_IN_SAVE (faults.Faults.killer)
         self.folder = Path(folder)
         self.saves = saves
         self.saver = saver
@@ -77,12 +80,13 @@ class Checkpointer:
                 layout.write_meta(path, {**self.meta(), layout.COMMIT_KEY: manifest.MANIFEST})
                 written.append(path / layout.META)
             dist.barrier()
-            written += self.saver.save(self.folder, tag, {"iteration": iteration})
+            written += self.saver.save(self.folder, tag, {"iteration": iteration}, self.fault(iteration))
             records = {_inside(path, p): manifest.record_file(p) for p in written}
-        except OSError as exc:
-            raise CheckpointError(f"saving {tag} failed on rank {rank}: {exc.strerror or exc} ({exc.filename or path}); "
-                                  f"the save did not commit: `latest` still names {_latest(self.folder)}, which the next "
-                                  "launch resumes from (free the space, then launch again)") from None
+        except (OSError, CheckpointError) as exc:
+            detail = f"{exc.strerror} ({exc.filename or path})" if isinstance(exc, OSError) and exc.strerror else exc
+            raise CheckpointError(f"saving {tag} failed on rank {rank}: {detail}; the save did not commit: `latest` "
+                                  f"still names {_latest(self.folder)}, which the next launch resumes from (free the "
+                                  "space, then launch again)") from None
         parts: list[dict | None] = [None] * dist.get_world_size()
         dist.all_gather_object(parts, records)
         if rank == 0:

@@ -21,9 +21,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.trainer.errors import TrainerError
 
 
@@ -134,10 +137,12 @@ class DeepSpeedState:
             problems.append("engine.save_checkpoint's signature")
         return problems
 
-    def save(self, folder: Path, tag: str, client_state: dict) -> list[Path]:
+    def save(self, folder: Path, tag: str, client_state: dict,
+             after_each: Callable[[Path], None] | None = None) -> list[Path]:
         """Save this rank's part of `folder/tag` (every rank calls it: DeepSpeed's barriers) without touching
-        `latest`; the files this rank wrote, in the order written."""
-        recorder = _Recorder(self.engine.checkpoint_engine)
+        `latest`; the files this rank wrote, in the order written. `after_each` is called with each file as it is
+        written (the fault switch BSOPS_KILL_IN_SAVE)."""
+        recorder = _Recorder(self.engine.checkpoint_engine, after_each)
         self.engine.checkpoint_engine = recorder
         try:
             self.engine.save_checkpoint(str(folder), tag=tag, client_state=client_state, save_latest=False)
@@ -197,16 +202,33 @@ class DeepSpeedState:
 class _Recorder:
     """The engine's checkpoint engine, recording the path of every file it saves; everything else is its own."""
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner, after_each: Callable[[Path], None] | None = None) -> None:
         self.inner = inner
+        self.after_each = after_each
         self.written: list[str] = []
 
     def save(self, state_dict, path) -> None:
-        self.inner.save(state_dict, path)
+        try:
+            self.inner.save(state_dict, path)
+        except Exception as exc:  # noqa: BLE001 - torch.save reports a full disk as a RuntimeError of its zip writer
+            raise CheckpointError(f"writing {path} failed ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                                  f"{_room(Path(path).parent)}") from exc
         self.written.append(str(path))
+        if self.after_each is not None:
+            self.after_each(Path(path))
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
+
+
+def _room(folder: Path) -> str:
+    """What is left on the file system of `folder`, in words: the likeliest cause of a write that failed."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return "the free space of its file system cannot be read"
+    full = "no space left on device: " if free < (1 << 20) else ""
+    return f"{full}{free / 1e6:,.1f} MB free on its file system"
 
 
 def _version() -> str:

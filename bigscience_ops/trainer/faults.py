@@ -2,6 +2,8 @@
 they choose, or to show what it read. Unset, they cost nothing (the loss function is not even wrapped).
 
 - BSOPS_FAIL_AT="RANK:ITERATION": that rank raises before that iteration (a node failing mid-job);
+- BSOPS_KILL_IN_SAVE="RANK:ITERATION": that rank kills itself (SIGKILL) in the middle of the save of that
+  iteration, right after DeepSpeed wrote its first file (a node dying mid-save: the save never commits);
 - BSOPS_CORRUPT_AT="N[,M...]": iterations N, M... train on random labels (a really bad text input: the
   loss and grad norm spike there);
 - BSOPS_NAN_AT="N[,M...]": the loss of those iterations is NaN, and so are their gradients (the trainer
@@ -22,8 +24,9 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +46,7 @@ class InjectedFault(RuntimeError):
 
 
 FAIL_AT_ENV = "BSOPS_FAIL_AT"
+KILL_IN_SAVE_ENV = "BSOPS_KILL_IN_SAVE"
 CORRUPT_AT_ENV = "BSOPS_CORRUPT_AT"
 NAN_AT_ENV = "BSOPS_NAN_AT"
 SCALE_GRAD_AT_ENV = "BSOPS_SCALE_GRAD_AT"
@@ -54,14 +58,14 @@ def _value(env: Mapping[str, str] | None, name: str) -> str:
     return (os.environ if env is None else env).get(name, "").strip()
 
 
-def fail_at(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
-    """(rank, iteration) from BSOPS_FAIL_AT="RANK:ITERATION", or None when unset."""
-    value = _value(env, FAIL_AT_ENV)
+def fail_at(env: Mapping[str, str] | None = None, name: str = FAIL_AT_ENV) -> tuple[int, int] | None:
+    """(rank, iteration) from BSOPS_FAIL_AT="RANK:ITERATION" (or another switch of that form), None when unset."""
+    value = _value(env, name)
     if not value:
         return None
     parts = value.split(":")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or int(parts[1]) < 1:
-        raise FaultSwitchError(f"{FAIL_AT_ENV}: got {value!r}; expected RANK:ITERATION such as '1:5' "
+        raise FaultSwitchError(f"{name}: got {value!r}; expected RANK:ITERATION such as '1:5' "
                                "(a global rank and a training iteration >= 1)")
     return int(parts[0]), int(parts[1])
 
@@ -123,12 +127,20 @@ class Faults:
     scale_grad: dict[int, float] = field(default_factory=dict)
     slow: dict[int, float] = field(default_factory=dict)
     record_tokens: frozenset[int] = frozenset()
+    kill_in_save: tuple[int, int] | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Faults:
         return cls(fail_at(env), corrupt_at(env), iterations_at(NAN_AT_ENV, env),
                    values_at(SCALE_GRAD_AT_ENV, "FACTOR", env), values_at(SLOW_AT_ENV, "SECONDS", env),
-                   iterations_at(RECORD_TOKENS_AT_ENV, env))
+                   iterations_at(RECORD_TOKENS_AT_ENV, env), fail_at(env, KILL_IN_SAVE_ENV))
+
+    def killer(self, iteration: int) -> Callable[[Path], None] | None:
+        """BSOPS_KILL_IN_SAVE: for the save of `iteration` on its rank, what to call after each file DeepSpeed wrote
+        (the first call kills this process with SIGKILL); None otherwise."""
+        if self.kill_in_save is None or self.kill_in_save != (dist.get_rank(), iteration):
+            return None
+        return lambda written: os.kill(os.getpid(), signal.SIGKILL)
 
 
 def corrupted(batches: Iterator, vocab_size: int, iteration: int) -> Iterator:

@@ -212,7 +212,7 @@ class Trainer:
                                flops_per_token=self.flops_per_token, peak_tflops=self.peak_tflops,
                                world_size=dist.get_world_size(), curriculum=self.curriculum is not None)
         self.checkpointer = Checkpointer(self.checkpoints, self.run_schedule.saves, self.ds_state,
-                                         self._checkpoint_meta, self._manifest_about, self.metrics)
+                                         self._checkpoint_meta, self._manifest_about, self.metrics, self.faults.killer)
 
     def _find_resume(self) -> ckpt.Resume | None:
         """The checkpoint to resume from, checked against this model before anything is built.
