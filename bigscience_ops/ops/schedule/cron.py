@@ -293,7 +293,8 @@ def _email_failures(alerts: AlertsConfig, period: str, report: RunReport) -> str
     body = (f"The {period} cron runner hit {len(report.failed)} problem(s):\n{failures}\n\n"
             f"The runner was re-armed before anything else ran, so it tries again next {period} run; fix the "
             f"script or the cluster problem named above. `bsops cron status` shows the chains.")
-    return channels.send_alert(alerts, f"[bsops] cron.{period}: {report.failed[0][0]} failed", body)
+    first = q(report.failed[0][0], mark=False)  # a script's path: its name may look like a host (never a link)
+    return channels.send_alert(alerts, f"[bsops] cron.{period}: {first} failed", body)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ message.compose caps them at SUBJECT_MAX characters. The channels (channels.py) 
 
 A value from a run's files is never a link here: the watchdog quotes each one where it enters an alert
 (quoting.quote_untrusted), a failing job's error and a message read back from the alert state go through it
-line by line (untrusted_text), and message.compose lays quoting.defang_block over every subject and body.
+line by line (untrusted_text), the names a subject or a body is built from (the experiment's, which a run's
+record may give, the Slurm job name, a condition read back from the alert state) through its link rules
+(`named`: `tr1-13B` stays as it is, `paypal.bank` is `paypal[.]bank`), and message.compose lays
+quoting.defang_block over every subject and body.
 """
 
 from __future__ import annotations
@@ -18,10 +21,17 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from bigscience_ops.ops.alerts import Alert, StatusReport, advice_of, headline_of
-from bigscience_ops.ops.tell.quoting import LINE_MAX, quote_untrusted
+from bigscience_ops.ops.tell.quoting import LINE_MAX, defang_names, quote_untrusted
 
 ERROR_LINES = 40
 """Lines of a failing job's error text (or of a message read back from the alert state) shown at most."""
+
+
+def named(name: object) -> str:
+    """An experiment's, a Slurm job's or a condition's name as a subject or a body shows it: a name that looks like
+    a host or an address is no link (quoting.defang_names: `paypal.bank` is `paypal[.]bank`); the usual names stay
+    as they are, and the subject's and body's own rules make a control character in one harmless."""
+    return defang_names(str(name))
 
 
 def headline(alert: Alert) -> str:
@@ -36,12 +46,13 @@ def _sentence(text: str) -> str:
 def alert_email(experiment: str, report: StatusReport, due: Sequence[Alert], cooldown: float,
                 log_path: str | None) -> tuple[str, str]:
     """(subject, body) of the watchdog's alert about `due` (the first one's headline leads the subject)."""
+    experiment, job_name = named(experiment), named(report.job_name)
     more = f" (+{len(due) - 1} more)" if len(due) > 1 else ""
     subject = f"[ALERT] {experiment}: {headline(due[0])}{more}"
     advice = "\n".join(f"- {_sentence(advice_of(a))}" for a in due)
     body = "\n".join([
         f"Experiment: {experiment}",
-        f"Slurm job name: {report.job_name}",
+        f"Slurm job name: {job_name}",
         f"Checked at: {report.checked_at:%Y-%m-%d %H:%M:%S} on {socket.gethostname()}",
         *([f"Log: {log_path}"] if log_path else []),
         "",
@@ -52,7 +63,7 @@ def alert_email(experiment: str, report: StatusReport, due: Sequence[Alert], coo
         "",
         "What to do:",
         advice.replace("EXP", experiment),
-        f"- Check again with: bsops status --job-name {report.job_name}",
+        f"- Check again with: bsops status --job-name {job_name}",
         "",
         f"This alert repeats at most every {cooldown:g} minutes while the condition lasts; a recovery",
         "email follows when it clears.",
@@ -62,12 +73,13 @@ def alert_email(experiment: str, report: StatusReport, due: Sequence[Alert], coo
 
 def recovery_email(experiment: str, report: StatusReport, entries: Sequence[dict], conditions: Sequence[str],
                    now: datetime) -> tuple[str, str]:
+    experiment, conditions = named(experiment), [named(c) for c in conditions]  # the state's keys: the run's words
     subject = f"[RECOVERED] {experiment}: {', '.join(conditions)} cleared"
     lasted = [f"- {untrusted_text(str(e.get('message', c)))} (since {e.get('since', '?')})"
               for c, e in zip(conditions, entries)]  # the state file beside the log is the run's: its words quoted
     body = "\n".join([
         f"Experiment: {experiment}",
-        f"Slurm job name: {report.job_name}",
+        f"Slurm job name: {named(report.job_name)}",
         f"Checked at: {now:%Y-%m-%d %H:%M:%S} on {socket.gethostname()}",
         "",
         "These alerts have cleared; nothing more to do for them:",
@@ -80,8 +92,9 @@ def recovery_email(experiment: str, report: StatusReport, entries: Sequence[dict
 
 
 def finished_email(experiment: str, report: StatusReport) -> tuple[str, str]:
+    experiment = named(experiment)
     subject = f"[FINISHED] {experiment}: training finished at iteration {report.finished_at}"
-    body = "\n".join([f"Experiment: {experiment}", f"Slurm job name: {report.job_name}", "",
+    body = "\n".join([f"Experiment: {experiment}", f"Slurm job name: {named(report.job_name)}", "",
                       *report.lines, "", "Nothing is queued and none needs to be: remove its watchdog "
                       "from cron.hourly/ when the checkpoints are safe."])
     return subject, body + "\n"
@@ -90,15 +103,17 @@ def finished_email(experiment: str, report: StatusReport) -> tuple[str, str]:
 def job_alert_email(experiment: str, job: str, alert: Alert, error: str, since: datetime, cooldown: float,
                     now: datetime) -> tuple[str, str]:
     """(subject, body) of an hourly job's failure (`job`: hub-sync, backup, eval), raised as `alert` (job-failed)."""
+    raw, experiment = experiment, named(experiment)
     failing = f"\n\nIt has been failing since {since:%Y-%m-%d %H:%M} ({lasted(now - since)})." if since < now else ""
     body = (f"{job} of {experiment} failed:\n\n{untrusted_text(error)}{failing}\n\n"
-            f"{advice_of(alert)}\n\n"
+            f"{advice_of(alert).replace(raw, experiment)}\n\n"
             f"This alert repeats at most every {cooldown:g} minutes while it keeps failing; a recovery email\n"
             f"follows when {job} works again.\n")
     return f"[bsops] {experiment}: {headline_of(alert)}", body
 
 
 def job_recovery_email(experiment: str, job: str, entry: dict, now: datetime) -> tuple[str, str]:
+    experiment = named(experiment)
     since = datetime.fromisoformat(entry["since"])
     body = (f"{job} of {experiment} works again (checked at {now:%Y-%m-%d %H:%M:%S} on {socket.gethostname()}).\n\n"
             f"It failed from {since:%Y-%m-%d %H:%M} for {lasted(now - since)}. The last error was:\n\n"

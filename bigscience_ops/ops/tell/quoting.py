@@ -135,6 +135,15 @@ def quote_untrusted(value: object, limit: int = QUOTE_MAX, *, mark: bool = True)
     return f'"{shown}"{more}' if mark else f"{shown}{more}"
 
 
+def defang_names(text: str) -> str:
+    """A name that bsops' words are built with (an experiment's, a Slurm job's, an alert condition's) with the link
+    rules of quote_untrusted alone: its schemes, `www.` names, IPv4 addresses and host-like names made dead (dot
+    and `@` look-alikes included); nothing else changed (`tr1-13B` stays as it is), its control characters left to
+    the subject's and the body's own rules (message.header_text, defang_block)."""
+    text = _AT_LOOKALIKE.sub("[@]", _DOT_LOOKALIKE.sub("[.]", text))
+    return _NAME.sub(_host_dots, _IPV4.sub(_dots, _defang(text)))
+
+
 def defang_block(text: str, line_max: int = LINE_MAX) -> str:
     """The net under every message (message.compose): each line of `text` printable (a tab kept), cut at `line_max`
     characters, its schemes, their hosts and `www.` names made dead and markdown's `](` broken; the line breaks
