@@ -39,7 +39,8 @@ from bigscience_ops import slurm
 from bigscience_ops.cli import main
 from bigscience_ops.cli.base import EXIT_PROBLEMS
 from bigscience_ops.launch.local import free_port
-from bigscience_ops.ops.evaluate import results, schedule
+from bigscience_ops.ops.eval_modes import FAILURES
+from bigscience_ops.ops.evaluate import schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import Hooked, Inbox
 
@@ -93,9 +94,11 @@ FOLDED = str.maketrans({**{c: "." for c in DOTS}, "\uff20": "@", "\ufe6b": "@"})
 
 def _links(text: str) -> list[str]:
     """Every link the linkifier finds in `text`, as it is and as a client folds it (NFKC, dot and at look-alikes),
-    and every `<a` tag markdown-it makes of it (rendered as HTML); but the one bsops puts there itself, the name of
-    the host that checked (`... on node1.example.org`)."""
-    text = text.replace(socket.gethostname(), "this-host")
+    and every `<a` tag markdown-it makes of it (rendered as HTML); but those bsops puts there itself: the name of
+    the host that checked (`... on node1.example.org`) and its cron folders (`cron.hourly`, which only a linkifier
+    that takes any word for a top-level domain links)."""
+    for ours in (socket.gethostname(), "cron.hourly", "cron.daily"):
+        text = text.replace(ours, "bsops-own-words")
     folded = unicodedata.normalize("NFKC", text.translate(FOLDED)).translate(FOLDED)
     found = [m.raw for t in (text, folded) for m in LINKIFY.match(t) or []]
     return found + re.findall(r"<a [^>]*>", MARKDOWN.render(text) + MARKDOWN.render(folded))
@@ -150,61 +153,109 @@ def _delivered(inbox: Inbox, hooked: Hooked, count: int) -> list[str]:
     return texts
 
 
-@pytest.mark.parametrize("name", list(LINKS))
-def test_a_host_in_a_run_file_is_never_a_link_in_mail_or_webhook(name: str, servers, cert, trainings: Path,
-                                                                   tmp_path: Path, monkeypatch) -> None:
+@pytest.fixture
+def alerting(servers, cert, trainings: Path, tmp_path: Path, monkeypatch) -> Callable[[str], Path]:
+    """`alerting(name)`: experiment `name`, evaluating a held-out source, alerting by email and webhook to the
+    module's servers, with its run (committed checkpoints of steps 5 and 10) in tmp_path/run; the queue is empty
+    and a submission is job 77."""
     inbox, port, hooked = servers
     _delivered(inbox, hooked, 0)
     monkeypatch.setenv(VAR, hooked.url)
     monkeypatch.setenv("SSL_CERT_FILE", cert[0])  # the default context trusts the test CA, as a site CA would be
     monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
     monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: "77")
+
+    def make(name: str) -> Path:
+        run = tmp_path / "run"
+        held = tmp_path / "held.jsonl"
+        held.write_text('{"text": "held out"}\n')
+        (trainings / f"{name}.yaml").write_text(tiny_yaml(
+            run, "slurm: {job_name: bsops-hostile-links}\n", f"eval: {{sources: {{held: {json.dumps(str(held))}}}}}\n",
+            f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
+            f"smtp_port: {port}, smtp_security: none, webhook_url_env: {VAR}}}\n"))
+        for step in (5, 10):
+            (run / "checkpoints" / f"global_step{step}").mkdir(parents=True)
+            (run / "checkpoints" / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+        (run / "checkpoints" / "latest").write_text("global_step10")
+        return run
+    return make
+
+
+@pytest.mark.parametrize("name", list(LINKS))
+def test_a_host_in_a_run_file_is_never_a_link_in_mail_or_webhook(name: str, alerting, servers, trainings: Path) -> None:
+    inbox, _, hooked = servers
     value = LINKS[name]
     marker = f"Q{list(LINKS).index(name)}Z"
-    run = tmp_path / "run"
-    held = tmp_path / "held.jsonl"
-    held.write_text('{"text": "held out"}\n')
-    (trainings / "links.yaml").write_text(tiny_yaml(
-        run, "slurm: {job_name: bsops-hostile-links}\n", f"eval: {{sources: {{held: {json.dumps(str(held))}}}}}\n",
-        f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
-        f"smtp_port: {port}, smtp_security: none, webhook_url_env: {VAR}}}\n"))
-    for step in (5, 10):
-        (run / "checkpoints" / f"global_step{step}").mkdir(parents=True)
-        (run / "checkpoints" / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
-    (run / "checkpoints" / "latest").write_text("global_step10")
+    run = alerting("links")
     # The eval ledger: the job of step 10 left the queue without its result (its id and its log are the value).
     (run / "eval").mkdir()
     (run / "eval" / schedule.LEDGER_NAME).write_text(json.dumps({
         "event": "submitted", "job_id": f"{marker}j {value}", "tag": "global_step10", "step": 10, "time": 1.0e9,
         "log": f"{marker}l {value}"}) + "\n")
     # The result of step 5 left a source out, for a reason (and under a name) that is the value.
-    results.write(run / "eval" / "global_step5.json", {"results": {"held": {"bits_per_byte": 1.0}}, "bsops": {
+    (run / "eval" / "global_step5.json").write_text(json.dumps({"results": {"held": {"bits_per_byte": 1.0}}, "bsops": {
         "format": 1, "experiment": "links", "tag": "global_step5", "step": 5, "iteration": 5,
-        "missing": {f"{marker}m {value}": f"{marker}w {value}"}}})
+        "missing": {f"{marker}m {value}": f"{marker}w {value}"}}}))
+    # The alert state: each kind of eval failure this pass does not have was told on both channels, with the value
+    # as its message, which the recovery of each repeats.
+    since = (datetime.now() - timedelta(hours=2)).replace(microsecond=0).isoformat()
+    recovering = [f"eval-{kind}" for kind in FAILURES if kind not in ("job", "tasks")]
+    (run / "logs").mkdir()
+    (run / "logs" / ".bsops-alerts.json").write_text(json.dumps({"jobs": {job: {
+        "since": since, "message": f"{marker}s {value}", "sent": {"email": since, "webhook": since}}
+        for job in recovering}}))
+
     result = CliRunner().invoke(main, ["eval", "links", "--next", "--alert", "--trainings-dir", str(trainings)])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    failed = _delivered(inbox, hooked, 1)
-
-    # The alert state the pass wrote, each failure's message made the value, then a pass where nothing fails: each
-    # recovery repeats the message the state holds.
-    state = run / "logs" / ".bsops-alerts.json"
-    told = json.loads(state.read_text())
-    assert told["jobs"]
-    for entry in told["jobs"].values():
-        entry["message"] = f"{marker}s {value}"
-    state.write_text(json.dumps(told))
-    (run / "eval" / schedule.LEDGER_NAME).unlink()
-    for step in (5, 10):
-        results.write(run / "eval" / f"global_step{step}.json", {"results": {"held": {"bits_per_byte": 1.0}}, "bsops": {
-            "format": 1, "experiment": "links", "tag": f"global_step{step}", "step": step, "iteration": step}})
-    result = CliRunner().invoke(main, ["eval", "links", "--next", "--alert", "--trainings-dir", str(trainings)])
-    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
-    recovered = _delivered(inbox, hooked, len(told["jobs"]))
-
-    delivered = "\n".join(failed + recovered)
+    texts = _delivered(inbox, hooked, 2 + len(recovering))  # an alert for the job and one for the tasks
     for part in "jlmws":  # each place the value was written reached the alerts
-        assert f"{marker}{part}" in delivered, part
-    for text in failed + recovered:
+        assert f"{marker}{part}" in "\n".join(texts), part
+    for text in texts:
+        assert _links(text) == [], text
+
+
+def _experiment_named_like_a_host(alerting, trainings: Path, tmp_path: Path, port: int) -> None:
+    """An experiment (whose name a run's record may give) called `okta.evil.support`: a failed eval job of its
+    ledger, told in a subject and a body that name it."""
+    run = alerting("okta.evil.support")
+    (run / "eval").mkdir()
+    (run / "eval" / schedule.LEDGER_NAME).write_text(json.dumps({
+        "event": "submitted", "job_id": "41", "tag": "global_step10", "step": 10, "time": 1.0e9}) + "\n")
+    result = CliRunner().invoke(main, ["eval", "okta.evil.support", "--next", "--alert", "--trainings-dir",
+                                       str(trainings)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+
+
+def _cron_job_named_like_a_host(alerting, trainings: Path, tmp_path: Path, port: int) -> None:
+    """A cron job file `login at evil.support now.slurm` (a link, so refused): the failure's mail names it in its
+    subject and body."""
+    cron_dir = tmp_path / "cron"
+    (cron_dir / "cron.hourly").mkdir(parents=True)
+    (cron_dir / "cron.yaml").write_text(
+        f"alerts: {{email_to: [oncall@example.org], email_from: bot@example.org, smtp_host: 127.0.0.1, "
+        f"smtp_port: {port}, smtp_security: none, webhook_url_env: {VAR}}}\n")
+    (cron_dir / "cron.hourly" / "login at evil.support now.slurm").symlink_to(tmp_path / "elsewhere.slurm")
+    alerting("unused")  # the servers' environment (the webhook's variable, its CA)
+    result = CliRunner().invoke(main, ["cron", "run", "hourly", "--cron-dir", str(cron_dir), "--no-rearm"])
+    assert result.exit_code == EXIT_PROBLEMS and "Traceback" not in result.output, result.output
+
+
+NAMES: dict[str, Callable[..., None]] = {
+    "an experiment named like a host": _experiment_named_like_a_host,
+    "a cron job's file named like a host": _cron_job_named_like_a_host,
+}
+
+
+@pytest.mark.parametrize("name", list(NAMES))
+def test_a_name_a_message_is_built_from_is_no_link(name: str, alerting, servers, trainings: Path,
+                                                   tmp_path: Path) -> None:
+    """A name in a subject (an experiment's, a cron job file's) is quoted as a value is: no link in the subject,
+    the body or the webhook's text."""
+    inbox, port, hooked = servers
+    NAMES[name](alerting, trainings, tmp_path, port)
+    texts = _delivered(inbox, hooked, 1)
+    assert "support" in "".join(texts)  # the name reached the message
+    for text in texts:
         assert _links(text) == [], text
 
 
