@@ -188,6 +188,22 @@ def test_a_message_holds_no_live_link_and_no_raw_control_character_whoever_built
     assert (again.subject, again.body) == (message.subject, message.body)
 
 
+def test_the_net_turns_a_dot_or_at_look_alike_into_a_dead_one_before_nfkc_could_make_it_live() -> None:
+    """A text no quoting reached: NFKC alone would make `evil．com` `evil.com` and `a＠evil.com` an address; the net
+    makes each look-alike `[.]` or `[@]` first (bsops' own words hold none), and running it again changes nothing."""
+    from linkify_it import LinkifyIt
+
+    from bigscience_ops.ops.tell.quoting import DOT_LOOKALIKES, defang_block
+
+    body = " ".join(f"evil{dot}com" for dot in DOT_LOOKALIKES) + " a\uff20b.c a\ufe6bb.c node1.example.org\n"
+    message = Outbox((EmailChannel(plain_settings(25)),), "bot@example.org").compose("s", body)
+    words = message.body.split()
+    assert words[:len(DOT_LOOKALIKES)] == ["evil[.]com"] * len(DOT_LOOKALIKES)
+    assert words[len(DOT_LOOKALIKES):] == ["a[@]b.c", "a[@]b.c", "node1.example.org"]  # bsops' own words kept
+    assert [m.raw for m in LinkifyIt().match(message.body) or []] == ["node1.example.org"]
+    assert defang_block(message.body) == message.body
+
+
 @pytest.mark.parametrize(("value", "limit", "shown"), [
     ("x" * 1000, 50, 50), ("https://a.example/" + "b" * 500, 100, 100), ("short", 200, 5)])
 def test_a_quoted_value_is_bounded_and_says_how_long_it_was(value: str, limit: int, shown: int) -> None:
