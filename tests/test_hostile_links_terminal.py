@@ -7,9 +7,11 @@ alert state (.bsops-alerts.json: the message a recovery repeats). One `bsops eva
 all three to a real SMTP server (aiosmtpd) and a real https webhook. Every delivered subject, body and webhook text is
 then run through a real linkifier (linkify-it-py, the linkify rules of markdown-it and chat renderers, here with
 every top-level domain of any script allowed, as a mail client that knows them all would) and rendered to HTML by
-markdown-it with it: no link is found, and no `<a>` tag made, while the value is there (its marker).
+markdown-it with it, as written and as a client folds it (NFKC, dot and at look-alikes): no link is found, and no
+`<a>` tag made, while the value is there (its marker). NAMES: an experiment and a cron job file named like a host
+(the names subjects are built from), checked the same way.
 
-TERMINAL: each row puts an escape sequence or a control character in main_log.txt (`bsops logs`) or in a cron
+TERMINAL (LOG_LINES, CRON_ENTRIES): each row puts an escape sequence or a control character in main_log.txt (`bsops logs`) or in a cron
 job's file name (`bsops cron list`, `bsops cron run`), or a job file that is not a plain file where `cron run` looks:
 the output holds no raw control character (the escape is shown, visible), and only plain files are submitted.
 """
