@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints import manifest as manifests
 from bigscience_ops.checkpoints.layout import Checkpoint, CheckpointError
-from bigscience_ops.checkpoints.manifest import Manifest
+from bigscience_ops.checkpoints.manifest import Manifest, ManifestError
 
 COMMITTED, LEGACY, UNCOMMITTED, UNREADABLE = "committed", "saved before manifests", "uncommitted", "unreadable"
 UNFINISHED = ("no manifest: the save did not finish (its task was killed or stopped, or the disk filled, before "
@@ -133,6 +134,27 @@ def decide(found: Survey, check: Callable[[Candidate], str | None]) -> Outcome:
     for tag in found.links:
         out.notes.append(f"{tag} is a symbolic link: never resumed from (nor moved); move the folder itself there")
     return out
+
+
+def adopt(checkpoints: Path, ckpt: Checkpoint) -> str | None:
+    """Write the manifest of a checkpoint saved before manifests (its zip archives checked first); why it cannot be,
+    or None. What the manifest says of the run comes from the checkpoint's bsops.json and the folder's run id."""
+    try:
+        meta = ckpt.meta()
+        exp = meta.get("experiment") or {}
+        parallel = meta.get("parallel") or {}
+        manifests.adopt(ckpt.path, iteration=int(meta["iteration"]), run_id=layout.run_id(checkpoints) or "",
+                        experiment=str(exp.get("name", "")),
+                        layout={"tensor": parallel.get("tensor", 1), "pipeline": parallel.get("pipeline", 1),
+                                "data": parallel.get("data") or 1,
+                                "zero_stage": (exp.get("parallel") or {}).get("zero_stage", 0),
+                                "precision": (exp.get("train") or {}).get("precision", "")},
+                        optimizer=not meta.get("weights_only", False))
+    except (CheckpointError, ManifestError) as exc:
+        return str(exc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return f"{ckpt.path / layout.META}: lacks the iteration or layout ({type(exc).__name__}: {exc})"
+    return None
 
 
 def shares(manifest: Manifest, world: int) -> list[list[str]]:

@@ -5,7 +5,7 @@ command group; importing them registers their commands on `main`.
 """
 
 from bigscience_ops.cli import cron, data, experiments, status, task  # noqa: F401  (registers the commands)
-from bigscience_ops.cli import checkpoints  # noqa: F401  (convert, warm-start, rollback)
+from bigscience_ops.cli import checkpoints  # noqa: F401  (convert, warm-start, rollback, verify)
 from bigscience_ops.cli import ops  # noqa: F401  (hub-sync, backup)
 from bigscience_ops.cli import views  # noqa: F401  (logs, plot, info, chronicle)
 from bigscience_ops.cli import samples  # noqa: F401  (samples)

@@ -1,4 +1,4 @@
-"""`bsops convert`, `warm-start` and `rollback`: what the checkpoints package makes of a run's checkpoints.
+"""`bsops convert`, `warm-start`, `rollback` and `verify`: what the checkpoints package makes of a run's checkpoints.
 
 A transformers model folder from a checkpoint, or the first checkpoint of a deeper experiment from a
 trained shallower run. torch and transformers' formats are imported inside the commands only.
@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    TEXT, SafePath, echo_run_folder, load_experiment, main, open_run, run_option, trainings_option,
+    EXIT_PROBLEMS, TEXT, SafePath, echo_run_folder, load_experiment, main, open_run, run_option, trainings_option,
 )
 
 
@@ -180,3 +180,60 @@ def _relaunch(exp: str | None, opened) -> str:
     local = opened.record is not None and opened.record.parent == opened.folder
     out = f" --local --out {shlex.quote(str(opened.folder))}" if opened.by_folder and local else ""
     return f"bsops launch {name}{out}"
+
+
+@main.command("verify")
+@click.argument("exp", type=TEXT, required=False)
+@run_option
+@trainings_option
+@click.option("--step", type=click.IntRange(min=0), default=None, help="Check global_stepN alone (default: every one).")
+@click.option("--sizes-only", is_flag=True,
+              help="Check each file's size only (a stat each), not its content: fast on a large run.")
+@click.option("--adopt", is_flag=True,
+              help="Write the manifest of each checkpoint saved before manifests once its zip archives check out "
+                   "(refused while a task of the run trains).")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def verify_command(exp: str | None, run: Path | None, trainings_dir: Path | None, step: int | None, sizes_only: bool,
+                   adopt: bool, as_json: bool) -> None:
+    """Check EXP's checkpoints against their manifests: every file there, of its size and content.
+
+    One line per checkpoint: verified; damaged (the first file that is not as saved, and how); not committed (a
+    save in progress or cut short, which the next training task sets aside); saved before manifests (--adopt
+    writes their manifests after checking their zip archives, as a training task does for the checkpoints it
+    resumes from). Then the checkpoints a resume set aside, and why. Exits 0 when every committed checkpoint
+    verifies, 1 when one does not. Reads only: nothing is unpickled, moved or deleted.
+    """
+    import json
+
+    from bigscience_ops.checkpoints import audit
+    from bigscience_ops.run import lock as run_lock
+    from bigscience_ops.run.log import for_terminal
+
+    opened = open_run(exp, run, trainings_dir, err=as_json)
+    experiment = opened.experiment
+    checkpoints = Path(experiment.paths.checkpoints)
+
+    def shown(finding: audit.Finding) -> None:
+        if not as_json:
+            click.echo(for_terminal(f"{finding.tag}: {finding.state}" + (f": {finding.detail}" if finding.detail
+                                                                          else "")))
+
+    def check() -> audit.Audit:
+        return audit.audit(checkpoints, hashes=not sizes_only, adopt=adopt, step=step, progress=shown)
+
+    if adopt:  # writes manifests: never beside a task that trains (and saves) the run
+        with run_lock.hold(Path(experiment.paths.output), "bsops verify --adopt"):
+            found = check()
+    else:
+        found = check()
+    if as_json:
+        click.echo(json.dumps(audit.as_data(found), indent=1))
+    else:
+        if not found.findings:
+            click.echo(f"{checkpoints}: no checkpoint" + (f" global_step{step}" if step is not None else ""))
+        for record in found.set_aside:
+            click.echo(for_terminal(f"set aside {record.tag} (in {record.folder}): {record.reason}"))
+        for problem in found.problems:
+            click.echo(for_terminal(f"set-aside.jsonl: {problem}"))
+    if not found.ok:
+        sys.exit(EXIT_PROBLEMS)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bigscience_ops.checkpoints import layout, manifest, resume, set_aside
 from bigscience_ops.checkpoints.layout import CheckpointError
-from bigscience_ops.checkpoints.manifest import Manifest, ManifestError
+from bigscience_ops.checkpoints.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def resolve_resume(checkpoints: Path, say: Callable[[str], None]) -> None:
 
     def check(cand: resume.Candidate) -> str | None:
         if cand.state == resume.LEGACY:
-            why: list[str | None] = [_adopt(checkpoints, cand) if rank == 0 else None]
+            why: list[str | None] = [resume.adopt(checkpoints, cand.ckpt) if rank == 0 else None]
             dist.broadcast_object_list(why, src=0)
             return why[0]
         mine = resume.shares(cand.manifest, world)[rank]
@@ -87,26 +87,6 @@ def resolve_resume(checkpoints: Path, say: Callable[[str], None]) -> None:
     dist.barrier()
     if outcome.refused:
         raise CheckpointError(resume.refusal(outcome, checkpoints))
-
-
-def _adopt(checkpoints: Path, cand: resume.Candidate) -> str | None:
-    """Write the manifest of a checkpoint saved before manifests (rank 0); why it cannot be, or None."""
-    try:
-        meta = cand.ckpt.meta()
-        exp = meta.get("experiment", {})
-        parallel = meta.get("parallel", {})
-        manifest.adopt(cand.ckpt.path, iteration=int(meta["iteration"]), run_id=layout.run_id(checkpoints) or "",
-                       experiment=str(exp.get("name", "")),
-                       layout={"tensor": parallel.get("tensor", 1), "pipeline": parallel.get("pipeline", 1),
-                               "data": parallel.get("data") or 1,
-                               "zero_stage": exp.get("parallel", {}).get("zero_stage", 0),
-                               "precision": exp.get("train", {}).get("precision", "")},
-                       optimizer=not meta.get("weights_only", False))
-    except (CheckpointError, ManifestError) as exc:
-        return str(exc)
-    except (KeyError, TypeError, ValueError) as exc:
-        return f"{cand.ckpt.path / layout.META}: lacks the iteration or layout ({type(exc).__name__}: {exc})"
-    return None
 
 
 def _act(checkpoints: Path, found: resume.Survey, outcome: resume.Outcome, say: Callable[[str], None]) -> None:
