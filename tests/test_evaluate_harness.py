@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from bigscience_ops.checkpoints import layout
 from bigscience_ops.data.corpus import CORPUS_FILE
 from bigscience_ops.ops.evaluate import EvalError, driver, harness
 from bigscience_ops.schema import EvalConfig
@@ -211,16 +212,20 @@ def test_evaluate_writes_the_result_file_and_tensorboard_scalars(model, runs, tm
     lines: list[str] = []
     with pytest.raises(driver.MissingTasks, match="missing.yaml"):  # the others' result written first
         driver.evaluate(exp, target.path, target.meta, scorer, lines.append, log_samples=True, keep_cache=True)
-    kept = out / "eval" / f"{target.tag}.samples" / "t_two_choice.jsonl"  # lm-eval's per-sample output beside it
-    cache = out / "eval" / f"{target.tag}.requests" / "float32_rank0.db"  # and its request cache (4 docs x 2 choices)
+    # eval.limit 4: a limited result, kept apart (eval/limited/), lm-eval's per-sample output beside it; the request
+    # cache (4 docs x 2 choices) beside where the full result goes, which the same requests answer
+    kept = out / "eval" / "limited" / f"{target.tag}.samples" / "t_two_choice.jsonl"
+    cache = out / "eval" / f"{target.tag}.requests" / "float32_rank0.db"
     from sqlitedict import SqliteDict
 
     with SqliteDict(str(cache), flag="r") as entries:
         assert len(entries) == 8 and f"lm-eval's request cache: {cache.with_name('float32')}_rank0.db" in lines
     assert [json.loads(line)["doc_id"] for line in kept.read_text().splitlines()] == [0, 1, 2, 3]
-    path = out / "eval" / f"{target.tag}.json"
+    path = out / "eval" / "limited" / f"{target.tag}.json"
     result = json.loads(path.read_text(encoding="utf-8"))
     section = result["bsops"]
+    assert not (out / "eval" / f"{target.tag}.json").exists() and section["limit"] == 4
+    assert section["run_id"] == layout.run_id(target.path.parent) and section["overrides"] == []
     assert section["step"] == target.step and section["iteration"] == target.meta["iteration"]
     assert section["consumed_tokens"] == target.meta["consumed_tokens"] > 0
     assert section["layout"] == {"tensor": 1, "pipeline": 1}
@@ -232,8 +237,9 @@ def test_evaluate_writes_the_result_file_and_tensorboard_scalars(model, runs, tm
     acc = result["results"]["t_two_choice"]["acc,none"]
     bpb = section["bits_per_byte"]["psalms"]["bits_per_byte"]
     board = out / "tensorboard"
-    assert scalars(board, "eval/t_two_choice/acc") == {target.meta["iteration"]: pytest.approx(acc)}
-    assert scalars(board, "eval/psalms/bits_per_byte vs tokens") == {target.meta["consumed_tokens"]: pytest.approx(bpb)}
+    assert scalars(board, "eval-limited/t_two_choice/acc") == {target.meta["iteration"]: pytest.approx(acc)}
+    assert scalars(board, "eval-limited/psalms/bits_per_byte vs tokens") == {
+        target.meta["consumed_tokens"]: pytest.approx(bpb)}
     nothing = dataclasses.replace(exp, eval=EvalConfig(sources={"gone": str(tmp_path / "nope")}))
     with pytest.raises(EvalError, match="nothing of"):
         driver.evaluate(nothing, target.path, target.meta, scorer)

@@ -105,3 +105,20 @@ def test_a_relative_cache_resolves_against_the_project_folder(trainings: Path, t
     monkeypatch.chdir(tmp_path)
     exp = load_experiment("rel", trainings)
     assert exp.eval.hf_cache == str(trainings.parent / "shared" / "hf-cache")
+
+
+def test_a_long_copy_says_how_far_it_has_come(tmp_path: Path, monkeypatch, capsys) -> None:
+    """While one dataset is copied (a 2 GiB mirror file takes minutes), a line every PROGRESS_S seconds saying how
+    much the cache holds."""
+    import threading
+
+    monkeypatch.setattr(prefetch, "PROGRESS_S", 0.01)
+    (tmp_path / "part.arrow").write_bytes(b"x" * (1 << 20))
+    seen, pause = "", threading.Event()
+    with prefetch._progress("t: org/big", tmp_path):
+        for _ in range(500):  # at most 5 s
+            seen += capsys.readouterr().out
+            if "MiB" in seen or pause.wait(0.01):
+                break
+    first = seen.splitlines()[0]
+    assert first.startswith("t: org/big: still copying") and first.endswith("the cache holds 1.0 MiB")

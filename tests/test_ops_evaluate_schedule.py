@@ -83,6 +83,26 @@ def test_the_newest_committed_checkpoint(trainings: Path, tmp_path: Path) -> Non
     assert _decide(exp).submit is None
 
 
+def test_a_result_of_another_run_is_no_result_and_a_limited_one_is_when_the_run_is_limited(trainings: Path,
+                                                                                            tmp_path: Path) -> None:
+    from tests.test_ops_evaluate_results import eval_result
+
+    exp = _exp(trainings, tmp_path)
+    layout.new_run_id(Path(exp.paths.output))
+    _saved(exp, 50, 100)
+    other = eval_result(100)
+    other["bsops"]["run_id"] = "c" * 32  # copied in from another run's folder
+    schedule.results.write(schedule.results.result_path(exp, "global_step100"), other)
+    assert _decide(exp).submit.step == 100
+    limited = eval_result(100)
+    limited["bsops"]["limit"] = 5
+    schedule.results.write(schedule.results.result_path(exp, "global_step100", limited=True), limited)
+    assert _decide(exp).submit.step == 100  # a limited result is no full one
+    run = schedule.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
+                           jobs.SlurmJob(schedule.job_name(exp), ("me",)), schedule.chooser(exp), limited=True)
+    assert schedule.decide(run, [], [], now=2.0).submit.step == 50  # eval.limit set: it is the step's result
+
+
 def test_a_step_saved_again_after_a_rollback_is_evaluated_again(trainings: Path, tmp_path: Path) -> None:
     exp = _exp(trainings, tmp_path)
     _saved(exp, 50, 100)

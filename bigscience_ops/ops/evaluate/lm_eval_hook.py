@@ -44,7 +44,33 @@ WATCHED = "lm_eval.models"
 REINSTALL = ("allowed: bigscience-ops importable in this environment (pip install -e CHECKOUT, or its wheel), or "
              "uninstall it (pip uninstall bigscience-ops removes the hook)")
 
-BOOT = '''\
+UNAVAILABLE = '''\
+why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+
+
+class BsopsUnavailable:
+    @classmethod
+    def create_from_arg_string(cls, *args, **kwargs):
+        raise SystemExit(f"error: --model bsops: bigscience_ops cannot be imported ({why}); lm-eval's own models work; "
+                         "%s")
+
+    create_from_arg_obj = create_from_arg_string
+
+    def __init__(self, *args, **kwargs):
+        self.create_from_arg_string()
+
+
+try:
+    from lm_eval.api.registry import model_registry
+    if "bsops" not in model_registry:
+        model_registry.register("bsops", target=BsopsUnavailable)
+except Exception:
+    pass
+''' % REINSTALL
+"""What BOOT runs (compiled only then) when importing this module failed: `bsops` registered as a model that says why
+in one line."""
+
+BOOT = f'''\
 import sys
 
 
@@ -62,36 +88,14 @@ class BsopsLmEvalFinder:
             from bigscience_ops.ops.evaluate.lm_eval_hook import find_spec
             return find_spec(name, path, target)
         except Exception as exc:
-            _unavailable(exc)
+            exec({UNAVAILABLE!r}, {{"exc": exc}})
             return None
         finally:
             cls.asking = False
 
 
-def _unavailable(exc):
-    why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-
-    class BsopsUnavailable:
-        @classmethod
-        def create_from_arg_string(cls, *args, **kwargs):
-            raise SystemExit(f"error: --model bsops: bigscience_ops cannot be imported ({why}); lm-eval's own models "
-                             "work; %s")
-
-        create_from_arg_obj = create_from_arg_string
-
-        def __init__(self, *args, **kwargs):
-            self.create_from_arg_string()
-
-    try:
-        from lm_eval.api.registry import model_registry
-        if "bsops" not in model_registry:
-            model_registry.register("bsops", target=BsopsUnavailable)
-    except Exception:
-        pass
-
-
 sys.meta_path.insert(0, BsopsLmEvalFinder())
-''' % REINSTALL
+'''
 """What the .pth line runs at every interpreter start (in a namespace of its own): standard library only."""
 
 PTH_NAME = "bigscience_ops_lm_eval.pth"
