@@ -369,6 +369,11 @@ class AlertsConfig:
                                         "year)", at_least=1, at_most=YEAR_MINUTES)
     cooldown_minutes: int = documented(240, "minimum minutes between two emails about one condition (at most a year)",
                                        at_least=1, at_most=YEAR_MINUTES)
+    blocked_minutes: int = documented(
+        120, "alert when a task of the training has been pending this many minutes on nodes that only an administrator "
+             "brings back: down, drained, reserved or not available (Slurm's ReqNodeNotAvail, NodeDown, 'Nodes "
+             "required for job are DOWN, DRAINED ...'), measured from its submission or the end of the task before "
+             "it, whichever is later (at most a year)", at_least=1, at_most=YEAR_MINUTES)
     health: HealthConfig = documented(factory=HealthConfig, doc="training health: loss spikes, NaN, overflow, slow nodes")
 
 

@@ -50,6 +50,8 @@ def _session_in_a_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory) ->
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path_factory.mktemp("session-cwd"))
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        # Where the watchdog keeps its alert state while a run's log folder cannot be written (never the user's).
+        patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
         yield
 
 

@@ -169,3 +169,70 @@ def test_where_slurm_keeps_accounting_the_end_comes_from_sacct(exp, tmp_path: Pa
     assert "TIMEOUT (exit code 0:0, from sacct)" in alert.message
     assert calls.read_text().split() == ["--noheader", "--parsable2", "--format=JobID,State,ExitCode",
                                          "--jobs=100_3"]
+
+
+# --- a run launched here: its processes, never the queue --------------------------------------------------------
+
+HOLD = ("import sys, time; from bigscience_ops.run import lock as run_lock\n"
+        "with run_lock.hold(sys.argv[1], 'bsops launch --local'):\n"
+        "    print('held', flush=True); time.sleep(60)\n")
+
+
+def _no_queue(**_: object) -> list:
+    raise AssertionError("a run launched here is never looked for in the Slurm queue")
+
+
+def test_a_local_run_is_watched_through_its_processes_not_the_queue(exp, plain_server) -> None:
+    """Launched with `bsops launch --local` (its record in the run folder itself): running while a process holds the
+    run (named), an alert once nothing does before the end (never "cannot query Slurm", never "killed" while its
+    task trains), finished and healthy at the end."""
+    import subprocess
+    import sys
+
+    from bigscience_ops.config import to_dict
+
+    inbox, port = plain_server
+    out = Path(exp.paths.output)
+    out.mkdir(parents=True)
+    (out / "experiment.json").write_text(json.dumps(to_dict(exp)))  # what a local launch records
+    task(exp, "500_1", 0, 120, 0)
+    task(exp, "500_2", 120, None, None)  # training now: no end record yet
+    settings = watchdog.WatchSettings(exp.slurm.job_name, log_path=Path(exp.paths.logs) / "main_log.txt",
+                                      outbox=plain_outbox(port))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        run = lifecycle.run_state(exp)
+        assert run.local and run.ended is not None
+        running = watchdog.watch(settings, run=run, now=NOW, query=_no_queue)
+        assert running.exit_code == status.EXIT_HEALTHY and running.report.alerts == (), running.lines
+        assert f"bsops launch --local (pid {holder.pid} on " in running.lines[0] and "task 500_2" in running.lines[0]
+        assert f"processes {holder.pid} python" in running.lines[0] and "killed" not in running.lines[0]
+    finally:
+        holder.kill()
+        holder.wait()
+    stopped = watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW, query=_no_queue)
+    [alert] = stopped.report.alerts
+    assert alert.condition == "local-stopped" and stopped.exit_code == status.EXIT_ALERT
+    assert alert.headline == "launch it again (bsops launch life --local): stopped at iteration 120, nothing running here"
+    assert "task 500_2 was killed before it recorded its end" in alert.message  # as it was: nothing holds the run
+    assert watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW, query=_no_queue).exit_code == 1
+    save(Path(exp.paths.checkpoints), run_schedule(exp).train_iters)
+    done = watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW, query=_no_queue)
+    assert done.exit_code == status.EXIT_HEALTHY and done.report.finished_at == run_schedule(exp).train_iters
+    assert [m["Subject"].split()[0] for m in inbox.messages] == ["[ALERT]", "[RECOVERED]", "[FINISHED]"], \
+        [m["Subject"] for m in inbox.messages]
+
+
+def test_a_slurm_launch_after_a_local_one_is_watched_in_the_queue_again(exp) -> None:
+    from bigscience_ops.config import to_dict
+
+    out = Path(exp.paths.output)
+    out.mkdir(parents=True)
+    (out / "experiment.json").write_text(json.dumps(to_dict(exp)))
+    assert lifecycle.run_state(exp).local
+    record = out / "launches" / "20261122-120000" / "experiment.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps(to_dict(exp)))
+    os.utime(out / "experiment.json", (NOW.timestamp() - 60, NOW.timestamp() - 60))
+    assert not lifecycle.run_state(exp).local

@@ -348,12 +348,39 @@ def test_check_tells_the_runs_jobs_from_look_alikes_by_what_its_folder_recorded(
     assert given.exit_code == status.EXIT_HEALTHY  # the caller's ids win over the folder's
 
 
-def test_the_watchdog_says_it_cannot_write_its_log_and_still_reports(tmp_path: Path) -> None:
+def test_the_watchdog_says_it_cannot_write_its_log_and_still_reports(tmp_path: Path, monkeypatch) -> None:
+    """A FIFO in watchdog.log's place: the check stands, the alert says where its lines go meanwhile (the user's state
+    folder), and they go there."""
+    from bigscience_ops.ops.tell import alert_state
     from bigscience_ops.ops.watch import watchdog
 
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     log = tmp_path / "main_log.txt"
     log.write_text("")
     os.mkfifo(tmp_path / "watchdog.log")
     job = seed_job()
     result = watchdog.watch(watchdog.WatchSettings(job.name, log_path=log), query=lambda **_: [job], now=NOW)
-    assert result.report.lines and "watchdog.log cannot be written" in result.lines[-1]
+    assert [a.condition for a in result.report.alerts] == ["watch-files-moved"] and result.exit_code == 1
+    assert str(tmp_path / "watchdog.log") in result.report.alerts[0].message
+    _, elsewhere = alert_state.elsewhere(tmp_path / ".bsops-alerts.json", job.name)
+    assert elsewhere.parent == tmp_path / "state" / "bsops" and elsewhere.read_text().splitlines() == list(result.lines)
+
+
+def test_tasks_pending_on_drained_or_down_nodes_alert_once_they_have_waited_past_the_limit() -> None:
+    """squeue's real reasons for nodes only an administrator brings back (recorded on a second cluster with a node
+    drained and one down: record_drained.py) are waiting, healthy, until `blocked_minutes` after submission."""
+    from bigscience_ops.slurm.output import blocked
+
+    jobs = recorded_squeue("squeue-drained.txt")
+    assert [blocked(j.reason) for j in jobs] == [True, True, True], [j.reason for j in jobs]
+    assert not any(blocked(j.reason) for j in recorded_squeue("squeue.txt"))  # Resources, Priority, held, down...
+    name, submitted = "rec-drained-training", jobs[0].submit_time
+    fresh = status.evaluate(name, jobs, now=submitted + timedelta(minutes=90), blocked_minutes=120)
+    assert fresh.exit_code == status.EXIT_HEALTHY and fresh.alerts == ()
+    assert "waiting on nodes that only an administrator brings back, for 1:30:00 (reason: Nodes required" in \
+        fresh.lines[0]
+    old = status.evaluate(name, jobs, now=submitted + timedelta(hours=3), blocked_minutes=120)
+    [alert] = old.alerts
+    assert alert.condition == "pending-blocked" and "1_[2-3%1] (Nodes required for job are DOWN, DRAINED" in \
+        alert.message and "has waited 3:00:00 (limit 120 min)" in alert.message
+    assert status.evaluate(name, jobs, now=submitted + timedelta(hours=3)).alerts == ()  # no limit given: none

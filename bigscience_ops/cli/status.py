@@ -32,7 +32,8 @@ from bigscience_ops.cli.base import (
                    "reporting Slurm as unreachable.")
 @click.option("--no-email", is_flag=True, help="Print (and log) only; send no email and no webhook message.")
 @click.option("--alert-state", type=SafePath(dir_okay=False, path_type=Path), default=None,
-              help="Cooldown state file (default: .bsops-alerts.json next to --log).")
+              help="Cooldown state file (default: .bsops-alerts.json next to --log; in $XDG_STATE_HOME/bsops while "
+                   "that folder cannot be written).")
 @overrides_argument
 @verbose_option
 def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None, job_name: str | None,
@@ -49,6 +50,13 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
     training (healthy, announced once) from one that ended without finishing, and the log's recent iteration lines
     are checked for training health (alerts.health: NaN, loss spikes, grad-norm explosions, fp16 loss-scale
     collapse, skipped steps, slow nodes). With --job-name alone, nothing is sent: the lines are printed and logged.
+
+    A run launched with `bsops launch --local` is watched through its processes (those holding the run's lock:
+    its launcher, its task, its trainers, named), never the Slurm queue. A task pending on nodes that only an
+    administrator brings back (down, drained, reserved, not available) alerts once it has waited
+    alerts.blocked_minutes; a checkpoint the trainer set aside alerts once. Where the log's folder cannot be written,
+    the alert state and the lines go to $XDG_STATE_HOME/bsops (~/.local/state/bsops), and that is an alert too
+    (docs/ON-CALL-FAULTS.md).
     Exit code 0 healthy, 1 alert, 2 Slurm could not be queried or an alert email failed.
     """
     from bigscience_ops import slurm

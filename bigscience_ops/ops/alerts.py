@@ -280,3 +280,42 @@ _register_all({
                    "The next hourly run tries again; run `{command}` by hand to see it now.",
                    "{job} of {experiment} failed"),
 }, subject="job")
+
+# --- issue 47: a run launched here, nodes that never come back by themselves, the watchdog's own files, checkpoints
+# set aside -------------------------------------------------------------------------------------------------------
+_register_all({
+    "local-stopped": ("launch it again: the local run stopped before its end",
+                      "The run was launched on this machine (`bsops launch EXP --local`) and none of its processes is "
+                      "left: its launcher and trainers ended before the training did (killed, the machine "
+                      "restarted). Run the same `bsops launch EXP --local` again: it resumes from the last save.",
+                      "{job} is not running here (launched with bsops launch --local){stopped}"),
+    "pending-blocked": ("ask the cluster's admins to bring back the nodes: a task waits on down or drained nodes",
+                        "A task of the training has waited past alerts.blocked_minutes on nodes that no waiting brings "
+                        "back (down, drained, reserved for maintenance, not available): ask the cluster's "
+                        "administrators (`sinfo -R` shows why each node is out), or move the training to other nodes "
+                        "or another partition (slurm.partition, slurm.exclude) and launch again.",
+                        "{job} has waited {span} (limit {limit:g} min) on nodes that only an administrator brings "
+                        "back: {jobs}"),
+    "watch-files-moved": ("make the run's log folder writable: the watchdog keeps its files elsewhere",
+                          "The watchdog cannot write beside the run's log (a read-only or full file system, a "
+                          "permission, something else in a file's place): its alert state (the cooldowns) and its "
+                          "lines are kept in the folder named above until it can again, and then move back. Make the "
+                          "folder writable, or look at what is in the file's place.",
+                          "{job} cannot write {what} ({why}): its alert state and watchdog lines are kept in "
+                          "{elsewhere} meanwhile"),
+    "run-file-set-aside": ("repair set-aside.jsonl: a line cannot be read",
+                           "A line of the checkpoints' set-aside.jsonl (one per checkpoint the trainer moved out of "
+                           "the way) cannot be read: a checkpoint may have been set aside without the watchdog "
+                           "telling which. Look at the set-aside-*/ folders of the checkpoints, then repair or remove "
+                           "the line.", _RUN_FILE),
+})
+_register_all({
+    "checkpoint-set-aside": ("look at the checkpoint set aside: it could not be resumed from",
+                             "The trainer found the checkpoint `latest` named incomplete or corrupt, moved it aside "
+                             "whole (nothing was deleted) and resumed from the newest one that verifies: the training "
+                             "goes on from there and repeats the steps since. Look at the folder named above (which "
+                             "file, and why: a full disk, a node that died mid-save), then delete it when you no "
+                             "longer need it. Told once per checkpoint set aside.",
+                             "{job}: checkpoint {tag} could not be resumed from ({reason}); it was set aside on "
+                             "{when} as {folder}"),
+}, subject="record")

@@ -119,6 +119,23 @@ NEVER_STARTS = frozenset({
     "BadConstraints", "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
     "PartitionNodeLimit", "PartitionTimeLimit",
 })
+# Pending reasons (squeue's %r, as Slurm 22.05 prints them: tests/assets/slurm/squeue-drained.txt) of nodes an
+# administrator must bring back: down, drained, reserved (maintenance) or otherwise not available. A task waits on
+# them for as long as they stay so; no waiting clears them. Matched at the start of the reason, which may go on
+# with the nodes (`ReqNodeNotAvail, UnavailableNodes:n[1-2]`). PartitionDown and PartitionInactive are NEVER_STARTS.
+BLOCKED_REASONS = (
+    "ReqNodeNotAvail",  # ", UnavailableNodes:n1" or ", Reserved for maintenance"
+    "Nodes required for job are DOWN, DRAINED",  # "... or reserved for jobs in higher priority partitions"
+    "NodeDown",
+    "FrontEndDown",
+)
+
+
+def blocked(reason: str) -> bool:
+    """Whether a pending job's reason is one of BLOCKED_REASONS: nodes that only an administrator brings back."""
+    return reason.startswith(BLOCKED_REASONS)
+
+
 ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"})
 WAITING_STATES = frozenset({"PENDING", "REQUEUED", "RESIZING"})
 QUEUED_STATES = ACTIVE_STATES | WAITING_STATES  # a job in any of these still holds its place in the queue

@@ -3,7 +3,8 @@
 
 `run_alerting` runs the work, and with `alert` reports the outcome to notify.notify_job (the job-failed alert of
 ops/alerts.py, at most once per cooldown, and one recovery when it works again), whose state is the watchdog's
-`.bsops-alerts.json` beside the run's main_log.txt. It prints nothing and exits nothing: it returns the lines to show
+`.bsops-alerts.json` beside the run's main_log.txt (in the user's state folder while that cannot be written, and
+the job's output says so: alert_state.place). It prints nothing and exits nothing: it returns the lines to show
 and whether the run failed (the work, or a message that could not be sent); the CLI prints them and exits 2.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops.tell import channels, notify
+from bigscience_ops.ops.tell import alert_state, channels, notify
 from bigscience_ops.ops.tell.message import NotifyError
 from bigscience_ops.redact import env_secrets, scrub
 
@@ -74,14 +75,31 @@ def run_alerting(teller: Teller, alert: bool, job: str, command: str, work: Call
 def tell_job(teller: Teller, job: str, command: str, error: str | None) -> tuple[bool, list[str]]:
     """Send the failure or the recovery as notify_job decides: (False when a message could not be sent, the lines
     to show)."""
+    said: list[str] = []
     try:
         outbox = channels.outbox_from_alerts(teller.alerts)
         if outbox is None:
             return True, ["no alert email: alerts.email_to is empty"] if error is not None else []
         log = Path(teller.logs) / "main_log.txt" if teller.logs else None
-        outcome = notify.notify_job(outbox, notify.default_state_path(log), job, error, experiment=teller.experiment,
-                                    command=command, cooldown_minutes=teller.alerts.cooldown_minutes)
+        usual = notify.default_state_path(log)
+        where = alert_state.place(usual, None, teller.experiment)
+
+        def tell(state: Path) -> notify.JobNotice:
+            return notify.notify_job(outbox, state, job, error, experiment=teller.experiment, command=command,
+                                     cooldown_minutes=teller.alerts.cooldown_minutes)
+
+        try:
+            outcome = tell(where.state)
+        except alert_state.StateUnwritable as exc:  # nothing was sent: again, from the user's state folder
+            if where.moved is not None:
+                raise
+            where = alert_state.place(usual, None, teller.experiment, why=f"{exc.path}: {exc.why}")
+            outcome = tell(where.state)
+        if where.moved is not None:
+            said.append(f"***ALERT: the alert state cannot be written beside the run's log ({where.moved}): it is "
+                        f"kept in {where.state} meanwhile***")
     except NotifyError as exc:
         kind = "alert" if error is not None else "recovery"
-        return False, [f"***ALERT: the {job} {kind} email could not be sent (the next run tries again): {exc}***"]
-    return True, [outcome.line] if outcome.line else []
+        return False, [*said, f"***ALERT: the {job} {kind} email could not be sent (the next run tries again): "
+                              f"{exc}***"]
+    return True, [*said, outcome.line] if outcome.line else said

@@ -1,7 +1,8 @@
 """When alerts go out, for the watchdog and the hourly hub-sync and backup jobs: at most once per cooldown
-per condition, with a recovery message when the condition clears (an Outbox of channels.py sends them).
-The state between hourly runs is a small JSON file, `.bsops-alerts.json` beside the run's main_log.txt,
-which the watchdog and the jobs share: each read-modify-write holds an flock on `<state>.lock`.
+per condition, with a recovery message when the condition clears (an Outbox of channels.py sends them); an
+event (a checkpoint set aside: EVENT_KINDS) once, ever. What was sent is kept in the alert state between hourly
+runs (alert_state.py: a small JSON file beside the run's main_log.txt, or in the user's state folder while that
+cannot be written), which the watchdog and the jobs share: each read-modify-write holds an flock on `<state>.lock`.
 
 Each channel (channels.CHANNELS: email, webhook) has a state of its own, under its name: every condition
 records, per channel, when it was last sent and why the last try failed, so a channel that fails is
@@ -13,24 +14,27 @@ mode 0600.
 
 from __future__ import annotations
 
-import contextlib
-import glob
-import json
 import os
-import stat
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from bigscience_ops.data import locks
-from bigscience_ops.ops.alerts import StatusReport, raise_alert
+from bigscience_ops.ops.alerts import Alert, StatusReport, raise_alert
 from bigscience_ops.ops.tell import alert_text
+from bigscience_ops.ops.tell.alert_state import (  # noqa: F401 - the state's reader and place: importable from here too
+    STATE_LIMIT, UNREADABLE, State, StateUnwritable, default_state_path, open_alerts, read_state, state_file,
+    state_problem,
+)
 from bigscience_ops.ops.tell.channels import NAMES, Outbox
 from bigscience_ops.ops.tell.message import NotifyError, subject_line
 from bigscience_ops.redact import env_secrets, scrub
-from bigscience_ops.untrusted import MAX_STEP, Problem, RecordFileError, excerpt, kind_of, read_small, write_atomically
+
+_State, _state_file = State, state_file  # their names before alert_state.py
+
+EVENT_KINDS = frozenset({"checkpoint-set-aside"})
+"""Kinds of alert that tell of an event, not a condition: sent once on each channel, remembered in the alert state
+(`told`), never repeated after a cooldown and never followed by a recovery."""
 
 # --- alerts with cooldown and recovery, per channel --------------------------------------------------
 
@@ -47,200 +51,6 @@ class Notice:
     """Where it went (or, with `error`, where it could not go): channel names (email, webhook)."""
     error: str | None = None
     """Why those channels could not send it (scrubbed; the next run tries again); None when it went out."""
-
-
-@dataclass
-class _State:
-    active: dict[str, dict] = field(default_factory=dict)  # watchdog condition ("job::condition") -> entry
-    finished: dict[str, dict | int] = field(default_factory=dict)  # job name -> channel -> final iteration announced
-    jobs: dict[str, dict] = field(default_factory=dict)  # failing hourly job ("hub-sync", "backup") -> entry
-    # An entry: since (first seen), message (the latest text), sent (channel -> when last sent), failed
-    # (channel -> why its last try failed, while it does). A file from before channels holds one last_sent
-    # for all, and one announced iteration per job: read as each channel's.
-    problem: Problem | None = field(default=None, compare=False)
-    """Why the file could not be read when it was loaded (it was set aside and the state started afresh)."""
-    set_aside: Path | None = field(default=None, compare=False)
-
-
-STATE_LIMIT = 16 << 20
-"""The largest alert state read: a few kB for a run's conditions."""
-UNREADABLE = ".unreadable-"
-"""An unreadable state file is moved to `<state>.unreadable-<time>`: kept to look at, alerted about until deleted."""
-
-
-def default_state_path(log_path: str | os.PathLike[str] | None) -> Path:
-    """Where a run's alert state lives: `.bsops-alerts.json` next to its main_log.txt (~/.cache/bsops/ without one)."""
-    folder = Path(log_path).parent if log_path else Path.home() / ".cache" / "bsops"
-    return folder / ".bsops-alerts.json"
-
-
-def _read_state(path: Path) -> tuple[_State, Problem | None]:
-    """The state in `path` (a fresh one when there is none), or a fresh one and what makes the file unreadable:
-    not a plain file (a link is never followed, a FIFO never blocked on), too big, not JSON, or an entry of the
-    wrong shape (a time that is no ISO time, a message that is no text)."""
-    try:
-        data = read_small(path, STATE_LIMIT)
-    except RecordFileError as exc:
-        return _State(), Problem(str(path), 0, exc.what)
-    if data is None:
-        return _State(), None
-    try:
-        raw = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return _State(), Problem(str(path), 0, "not the JSON bsops writes", excerpt(data))
-    why = _state_problem(raw)
-    if why is not None:
-        return _State(), Problem(str(path), 0, why)
-    state = _State(active=dict(raw.get("active", {})), finished=dict(raw.get("finished", {})),
-                   jobs=dict(raw.get("jobs", {})))
-    for entry in [*state.active.values(), *state.jobs.values()]:
-        if "sent" not in entry:  # one time for every channel (version 1)
-            last = entry.pop("last_sent", None)
-            entry["sent"] = {c: last for c in NAMES} if last else {}
-    return state, None
-
-
-def _state_problem(raw: object) -> str | None:
-    """What makes `raw` not an alert state bsops wrote, or None."""
-    if not isinstance(raw, dict):
-        return f"a JSON {type(raw).__name__}, not an alert state (a JSON object)"
-    for section in ("active", "jobs"):
-        entries = raw.get(section, {})
-        if not isinstance(entries, dict):
-            return f"{section}: expected an object of conditions"
-        for key, entry in entries.items():
-            why = _entry_problem(entry)
-            if why is not None:
-                return f"{section} {excerpt(key)}: {why}"
-    finished = raw.get("finished", {})
-    if not isinstance(finished, dict) or not all(
-            _iteration(v) or (isinstance(v, dict) and all(isinstance(c, str) and _iteration(n) for c, n in v.items()))
-            for v in finished.values()):
-        return "finished: expected {job: {channel: iteration}}"
-    return None
-
-
-def _iteration(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
-
-
-def _entry_problem(entry: object) -> str | None:
-    if not isinstance(entry, dict):
-        return "expected an object"
-    if not _iso(entry.get("since")):
-        return "since: expected an ISO date and time"
-    if not isinstance(entry.get("message", ""), str):
-        return "message: expected text"
-    if "last_sent" in entry and not (entry["last_sent"] is None or _iso(entry["last_sent"])):
-        return "last_sent: expected an ISO date and time"
-    sent, failed = entry.get("sent", {}), entry.get("failed", {})
-    if not isinstance(sent, dict) or not all(isinstance(c, str) and (t is None or _iso(t)) for c, t in sent.items()):
-        return "sent: expected {channel: ISO date and time}"
-    if not isinstance(failed, dict) or not all(isinstance(c, str) and isinstance(w, str) for c, w in failed.items()):
-        return "failed: expected {channel: text}"
-    return None
-
-
-def _iso(value: object) -> bool:
-    if not isinstance(value, str) or len(value) > 64:
-        return False
-    try:
-        datetime.fromisoformat(value)
-    except ValueError:
-        return False
-    return True
-
-
-def _load_state(path: Path) -> _State:
-    """The state of `path`; one that cannot be read is moved aside (`UNREADABLE`) and the state starts afresh,
-    with the problem recorded (the watchdog alerts about it: state_problem). Only an OS error moving it raises."""
-    state, problem = _read_state(path)
-    if problem is None:
-        return state
-    aside = path.with_name(f"{path.name}{UNREADABLE}{datetime.now():%Y%m%d-%H%M%S}")
-    try:
-        os.replace(path, aside)  # a link or a FIFO is moved as it is, never opened
-    except OSError as exc:
-        raise NotifyError(f"alert state file {path} is unreadable ({problem.what}) and cannot be set aside "
-                          f"({exc.strerror or exc}); move it away to start afresh") from None
-    state.problem, state.set_aside = problem, aside
-    return state
-
-
-def state_problem(path: str | os.PathLike[str]) -> Problem | None:
-    """What is wrong with the alert state at `path`, for the watchdog's alert: the file cannot be read (notify sets
-    it aside and starts afresh), an earlier unreadable one is still set aside beside it (the alert lasts until it
-    is deleted), or its lock cannot be used. None when all is well. Reads only; takes no lock."""
-    path = Path(path)
-    _, problem = _read_state(path)
-    if problem is not None:
-        return problem
-    aside = sorted(path.parent.glob(f"{glob.escape(path.name)}{UNREADABLE}*")) if path.parent.is_dir() else []
-    if aside:
-        more = f" (and {len(aside) - 1} more)" if len(aside) > 1 else ""
-        return Problem(str(path), 0, f"was unreadable and was set aside as {aside[-1]}{more}: the alert cooldowns "
-                                     "started afresh; look at it, then delete it")
-    lock = path.with_name(path.name + ".lock")
-    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
-        return Problem(str(lock), 0, f"is {kind_of(lock)}, not a plain file: the alert state is used without its "
-                                     "lock (remove it)")
-    return None
-
-
-def open_alerts(path: str | os.PathLike[str]) -> tuple[list[tuple[str, dict]], Problem | None]:
-    """The conditions the alert state at `path` holds open (the watchdog's and the hourly jobs'), as (condition,
-    entry with `since` and `message`), the newest first, and what makes the file unreadable. Reads only."""
-    state, problem = _read_state(Path(path))
-    entries = [*state.active.items(), *state.jobs.items()]
-    return sorted(entries, key=lambda ce: str(ce[1].get("since", "")), reverse=True), problem
-
-
-def _save_state(path: Path, state: _State) -> None:
-    """Write the state atomically (written beside it, fsynced, renamed), mode 0600 (it holds error texts), every
-    message scrubbed once more."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for entry in [*state.active.values(), *state.jobs.values()]:
-        if isinstance(entry.get("message"), str):
-            entry["message"] = scrub(entry["message"])
-        failed = entry.get("failed", {})
-        for channel in failed:
-            failed[channel] = scrub(str(failed[channel]))
-    text = json.dumps({"version": 2, "active": state.active, "finished": state.finished, "jobs": state.jobs},
-                      indent=1, sort_keys=True) + "\n"
-    write_atomically(path, text.encode("utf-8"), mode=0o600)
-
-
-@contextmanager
-def _state_file(path: Path) -> Iterator[_State]:
-    """The state of `path`, saved when the block ends (also when it raises), under an exclusive flock
-    on `<path>.lock` so the watchdog and the hourly jobs of one run never lose each other's updates.
-    Hold it for reading and writing the state only: never across a message being sent.
-
-    The lock file stays (removing it would let a waiter and a newcomer hold two locks at once).
-    Where the filesystem has no flock, or the lock file is not a plain file (state_problem reports it), the
-    state is used unlocked: the save is still an atomic rename, so two writers at once can only drop one
-    update (one email too many), never corrupt it.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = path.with_name(path.name + ".lock")
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
-    except OSError:
-        fd = None  # a link, a FIFO or a folder where the lock belongs: unlocked (see above)
-    if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        fd = None
-    with os.fdopen(fd, "a") if fd is not None else contextlib.nullcontext() as lock:
-        if lock is not None:
-            try:
-                locks.try_flock(lock)  # False without flock: carry on unlocked (see above)
-            except OSError as exc:
-                raise NotifyError(f"cannot lock alert state file {path}: {exc}") from None
-        state = _load_state(path)
-        try:
-            yield state
-        finally:
-            _save_state(path, state)  # closing the file releases the flock
 
 
 def _record(entries: dict[str, dict], key: str, message: str, now: datetime) -> dict:
@@ -333,7 +143,9 @@ def notify(report: StatusReport, outbox: Outbox, state_path: str | os.PathLike[s
     now = now or report.checked_at
     experiment = experiment or report.job_name
     prefix = f"{report.job_name}::"
-    current = {prefix + a.condition: a for a in report.alerts}
+    told = {prefix + a.condition: a for a in report.alerts}
+    current = {k: a for k, a in told.items() if a.kind not in EVENT_KINDS}
+    events = {k: a for k, a in told.items() if a.kind in EVENT_KINDS}
     wanted = outbox.names
     stamp = now.isoformat()
     unknown = any(a.condition == "slurm-error" for a in report.alerts)
@@ -342,9 +154,10 @@ def notify(report: StatusReport, outbox: Outbox, state_path: str | os.PathLike[s
     with _state_file(path) as state:  # decide, under the lock
         for key, alert in current.items():
             _record(state.active, key, alert.message, now)
-        due = {c: tuple(k for k in current if _due(state.active[k], c, now, cooldown_minutes)) for c in wanted}
+        due = {c: tuple(k for k in told if (_due(state.active[k], c, now, cooldown_minutes) if k in current
+                                            else not _sent_at(state.events.get(k, {}), c))) for c in wanted}
         for keys, on in _groups(due):
-            alerts = [current[k] for k in keys]
+            alerts = [told[k] for k in keys]
             subject, body = alert_text.alert_email(experiment, report, alerts, cooldown_minutes, log_path)
             outgoing.append(_Outgoing("alert", keys, tuple(a.condition for a in alerts), on, subject, body))
         cleared = [] if unknown else [k for k in state.active if k.startswith(prefix) and k not in current]
@@ -361,27 +174,62 @@ def notify(report: StatusReport, outbox: Outbox, state_path: str | os.PathLike[s
                 outgoing.append(_Outgoing("finished", (), (), on, *alert_text.finished_email(experiment, report)))
     sent_out = [(o, *_send(outbox, o.subject, o.body, o.on, now, env)) for o in outgoing]  # no lock held
     notices: list[Notice] = []
-    with _state_file(path) as state:  # record what went out, in the state as it is now
-        for o, message_id, sent, failed in sent_out:
-            if o.kind == "alert":
-                for key in o.keys:
-                    entry = _record(state.active, key, current[key].message, now)
-                    for channel in o.on:
-                        _tried(entry, channel, failed.get(channel), stamp)
-            elif o.kind == "recovery":
-                for key in o.keys:
-                    if key in state.active:
-                        for channel in o.on:
-                            _tried(state.active[key], channel, failed.get(channel), None)
-            else:
-                state.finished[report.job_name] = _told(state, report.job_name) | {
-                    c: report.finished_at for c in sent}
-            notices += _notices(o.kind, o.conditions, message_id, o.subject, sent, failed)
-        if not unknown:  # done once no channel still owes its recovery
-            for key in [k for k in state.active if k.startswith(prefix) and k not in current]:
-                if not any(_sent_at(state.active[key], c) for c in wanted):
-                    del state.active[key]
+    try:
+        with _state_file(path) as state:  # record what went out, in the state as it is now
+            _record_sent(state, sent_out, told, current, report, wanted, prefix, unknown, now, notices)
+    except (StateUnwritable, OSError) as exc:  # sent: telling the caller so beats sending it again
+        raise NotifyError(f"{_sent_lines(sent_out)}, but {exc}: the next run may send it again") from None
     return notices
+
+
+def _record_sent(state: State, sent_out: list, told: dict[str, Alert], current: dict[str, Alert],
+                 report: StatusReport, wanted: Sequence[str], prefix: str, unknown: bool, now: datetime,
+                 notices: list[Notice]) -> None:
+    """Record in `state` what `notify` sent (and failed to send), adding a Notice per message to `notices`."""
+    stamp = now.isoformat()
+    for o, message_id, sent, failed in sent_out:
+        if o.kind == "alert":
+            for key in o.keys:
+                entries = state.active if key in current else state.events
+                entry = _record(entries, key, told[key].message, now)
+                if key not in current:
+                    entry.pop("since", None)  # an event has a time of its own, in its message
+                for channel in o.on:
+                    _tried(entry, channel, failed.get(channel), stamp)
+        elif o.kind == "recovery":
+            for key in o.keys:
+                if key in state.active:
+                    for channel in o.on:
+                        _tried(state.active[key], channel, failed.get(channel), None)
+        else:
+            state.finished[report.job_name] = _told(state, report.job_name) | {
+                c: report.finished_at for c in sent}
+        notices += _notices(o.kind, o.conditions, message_id, o.subject, sent, failed)
+    if not unknown:  # done once no channel still owes its recovery
+        for key in [k for k in state.active if k.startswith(prefix) and k not in current]:
+            if not any(_sent_at(state.active[key], c) for c in wanted):
+                del state.active[key]
+
+
+def _sent_lines(sent_out: list) -> str:
+    """`the alert went out on email (<id>)`: what `notify` sent, for an error that comes after."""
+    done = [f"the {o.kind} went out on {', '.join(sent)} ({message_id})" for o, message_id, sent, _ in sent_out if sent]
+    return "; ".join(done) or "nothing went out"
+
+
+def told_events(state_path: str | os.PathLike[str], job_name: str, channels: Sequence[str] | None = None) -> set[str]:
+    """The events (`kind:subject` of EVENT_KINDS) of `job_name` the alert state says were told: on every one of
+    `channels`, or (None) on any channel. Reads only; an unreadable state has told nothing (alert_state.py)."""
+    state, _ = read_state(Path(state_path))
+    prefix = f"{job_name}::"
+    out = set()
+    for key, entry in state.events.items():
+        if not key.startswith(prefix):
+            continue
+        sent = entry.get("sent", {})
+        if (all(sent.get(c) for c in channels) if channels is not None else any(sent.values())):
+            out.add(key[len(prefix):])
+    return out
 
 
 def _told(state: _State, job_name: str) -> dict:

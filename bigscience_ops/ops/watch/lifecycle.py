@@ -10,7 +10,11 @@ output file for that task (slurmstepd writes "CANCELLED ... DUE TO TIME LIMIT").
 The run's files are untrusted input: a torn ledger line, a `latest` cut short or a link, a bad line of
 rollbacks.jsonl, a manifest or journal of the backup store that is not one: each is a `Problem` in
 `RunState.problems` (the watchdog alerts about each file), and the rest is still read. With `latest`
-unreadable, the run stands at its newest finished save (a folder with bsops.json).
+unreadable, the run stands at its newest finished save (a folder with bsops.json). The checkpoints the trainer set
+aside (set-aside.jsonl) are read the same way, each one an alert of its own (told once).
+
+A run launched on this machine (`bsops launch --local`: `launched_here`) is `local`: the watchdog asks its
+processes, not the Slurm queue, and its made-up task ids are never asked of sacct.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from pathlib import Path
 from bigscience_ops import slurm
 from bigscience_ops.run import ledger
 from bigscience_ops.run import rollbacks
-from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints import layout, set_aside
+from bigscience_ops.checkpoints.set_aside import SetAside
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.untrusted import Problem, open_plain
 from bigscience_ops.run_schedule import run_schedule
@@ -51,6 +56,12 @@ class RunState:
     """checkpoint.kill_switch_path when that file exists: the run was stopped on purpose (README "Everyday use")."""
     problems: tuple[Problem, ...] = field(default=(), compare=False)
     """What of the run's files could not be read (file, line, what): each file is an alert of the watchdog's."""
+    set_aside: tuple[SetAside, ...] = field(default=(), compare=False)
+    """The checkpoints the trainer set aside (incomplete or corrupt when resumed from), oldest first: each is an
+    alert of the watchdog's, told once."""
+    local: bool = False
+    """Launched on this machine (`bsops launch --local`: its newest record is the run folder's own experiment.json,
+    where a Slurm launch writes launches/<time>/): watched through its processes, never the Slurm queue."""
 
     @property
     def finished(self) -> bool:
@@ -64,8 +75,8 @@ class RunState:
         """
         if self.last_task is None or self.experiment is None:
             return None
-        return (_sacct_state(self.last_task.job_id, self.timeout)
-                or _ledger_and_output_state(self.experiment, self.last_task))
+        accounted = None if self.local else _sacct_state(self.last_task.job_id, self.timeout)  # a local id is made up
+        return accounted or _ledger_and_output_state(self.experiment, self.last_task)
 
 
 def run_state(exp: Experiment, timeout: float = 30.0) -> RunState:
@@ -77,13 +88,24 @@ def run_state(exp: Experiment, timeout: float = 30.0) -> RunState:
     problems += read.problems
     problems += rollbacks.read_checked(output).problems
     problems += _store_problems(exp)
+    aside = set_aside.read_checked(checkpoints)
+    problems += aside.problems
     history = ledger.attempts(read.records)
     # A ledger with lines, even none of them readable, is a launched run: never "not launched yet" (no alert).
     launched = bool(read.records) or bool(read.problems)
     return RunState(iteration, run_schedule(exp).train_iters, history[-1] if history else None, exp, timeout,
                     launched=launched, warm_start=iteration == 0 and _warm_start(latest),
                     kill_switch=exp.checkpoint.kill_switch_path if ledger.kill_switch_on(exp) else None,
-                    problems=tuple(problems))
+                    problems=tuple(problems), set_aside=tuple(aside.records), local=launched_here(output))
+
+
+def launched_here(output: Path) -> bool:
+    """Whether the run in `output` was last launched on this machine: its newest record is the folder's own
+    experiment.json (`bsops launch --local`), not a launches/<time>/ record of a Slurm launch."""
+    from bigscience_ops.run.opening import newest_record
+
+    record = newest_record(Path(output))
+    return record is not None and record.parent == Path(output)
 
 
 def _iteration(checkpoints: Path, problems: list[Problem]) -> tuple[int, layout.Checkpoint | None]:

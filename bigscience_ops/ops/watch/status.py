@@ -30,6 +30,8 @@ from bigscience_ops.ops.alerts import (  # noqa: F401 - Alert, StatusReport and 
 )
 from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.slurm import ACTIVE_STATES, NEVER_STARTS, WAITING_STATES, Job, format_duration
+from bigscience_ops.slurm.output import blocked
+from bigscience_ops.schema import AlertsConfig
 
 if TYPE_CHECKING:
     from bigscience_ops.ops.watch.lifecycle import RunState
@@ -66,8 +68,9 @@ class _Verdict:
     text: str
 
 
-def describe_job(job: Job, now: datetime) -> _Verdict:
-    """One job's status sentence (without name prefix and timestamp) and how it counts."""
+def describe_job(job: Job, now: datetime, blocked_since: datetime | None = None) -> _Verdict:
+    """One job's status sentence (without name prefix and timestamp) and how it counts. `blocked_since`: since when
+    it has waited on nodes only an administrator brings back (evaluate's `blocked_since`), said when given."""
     where = f"{job.job_id} on '{job.partition}' partition"
     if job.state in ACTIVE_STATES:
         since = f"{job.start_time:%Y-%m-%dT%H:%M:%S}" if job.start_time else "an unknown time"
@@ -89,6 +92,10 @@ def describe_job(job: Job, now: datetime) -> _Verdict:
         if reason == "Dependency":
             return _Verdict("waiting", f"is waiting for its dependency to finish "
                                        f"({job.dependency or 'unknown'}) ({where})")
+        if blocked_since is not None:
+            waited = format_duration((now - blocked_since).total_seconds())
+            return _Verdict("waiting", f"is waiting on nodes that only an administrator brings back, for {waited} "
+                                       f"(reason: {quote_untrusted(reason, 300, mark=False)}) ({where})")
         if job.start_time is not None:
             wait = format_duration((job.start_time - now).total_seconds())
             return _Verdict("waiting", f"is scheduled to start in {wait} (at {job.start_time:%Y-%m-%dT%H:%M:%S}; "
@@ -142,7 +149,7 @@ def _stamp(line: str) -> datetime | None:
 def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Progress | None = None,
              log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
              contact: str = DEFAULT_CONTACT, run: RunState | None = None,
-             job_ids: Collection[str] | None = None) -> StatusReport:
+             job_ids: Collection[str] | None = None, blocked_minutes: float | None = None) -> StatusReport:
     """Decide from squeue's jobs (the log's progress, and the run folder's state) whether `job_name`
     needs a person. With `run`, nothing queued and the final iteration saved is a finished training,
     a run never launched (no task ledger; no checkpoint, or only a warm start's step 0) is not
@@ -152,14 +159,18 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
     run never submitted is a look-alike: a line says it is a job of another run with this name, and it
     counts for nothing (the run is not running because of it). None: every job of the name is the run's.
 
+    A job pending on nodes that only an administrator brings back (slurm.output.BLOCKED_REASONS: down, drained,
+    reserved, not available) is scheduled, but one that has waited so for over `blocked_minutes` (since its
+    submission, or the end of the run's last task when later: `blocked_since`) is an alert naming the reason.
+
     Alerts come in the order of what to do first: a job that will never start (release or cancel it:
     launching again beside it would queue a second array, so "not scheduled" is left out then),
-    two trainings at once, a stall, nothing queued."""
+    two trainings at once, a stall, a task blocked on nodes, nothing queued."""
     stamp = f"[{now:{STAMP_FORMAT}}]"
     named = SlurmJob(job_name).named(jobs)  # its handle: by name, as the launch check and eval scheduler
     ours = None if job_ids is None else {array_id(i) for i in job_ids}
     matching = [j for j in named if ours is None or array_id(j.array_job_id) in ours]
-    verdicts = [(job, describe_job(job, now)) for job in matching]
+    verdicts = [(job, describe_job(job, now, blocked_since(job, run))) for job in matching]
     order = {"active": 0, "waiting": 1, "never": 2, "other": 3}
     verdicts.sort(key=lambda jv: order[jv[1].kind])  # stable: running first, then squeue's order
     lines = [f"{stamp} {job_name} {v.text}" for _, v in verdicts]
@@ -184,41 +195,90 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
     if running and stall_minutes is not None and (progress is not None or log_path is not None):
         progress = progress if progress is not None else read_progress(log_path)  # type: ignore[arg-type]
         started = max((j.start_time for j in running if j.start_time), default=None)
-        stalled = _stalled_for(progress, started, now)
-        if stalled is not None and stalled > timedelta(minutes=stall_minutes):
-            where = str(log_path) if log_path is not None else "the log"
-            if not progress.exists:
-                what = f"{where} does not exist"
-            elif progress.problem is not None:
-                what = f"{where} cannot be read ({quote_untrusted(progress.problem, 400, mark=False)})"
-            elif progress.last_iteration is None and progress.searched is not None:
-                what = f"{where} has no iteration line in its last {progress.searched >> 20} MiB"
-            elif progress.last_iteration is None:
-                what = f"{where} has no iteration line"
-            else:
-                what = f"{where} has no new iteration line (last: {quote_untrusted(progress.last_iteration, 100)})"
-            span = format_duration(stalled.total_seconds())
-            alert("stalled", f"read the log, scancel a hung task: no new iteration for {span}",
-                  what=what, span=span, limit=stall_minutes)
+        stalled = stall_facts(progress, log_path, started, now, stall_minutes)
+        if stalled is not None:
+            alert("stalled", **stalled)
+    if blocked_minutes is not None and not running:
+        stuck = [(j, now - since) for j in waiting if (since := blocked_since(j, run)) is not None
+                 and now - since > timedelta(minutes=blocked_minutes)]
+        if stuck:
+            span = format_duration(min(waited for _, waited in stuck).total_seconds())
+            alert("pending-blocked", f"ask the admins for nodes: array {safe_id(stuck[0][0].array_job_id)} has waited "
+                  f"{span} on down or drained nodes",
+                  span=span, limit=blocked_minutes,
+                  jobs="; ".join(f"{j.job_id} ({quote_untrusted(j.reason, 300, mark=False)})" for j, _ in stuck))
     if not active and not waiting and not never:
-        if run is not None and run.finished:
-            finished_at = run.iteration
-            lines.append(f"{stamp} {job_name} training finished at iteration {run.iteration}")
-        elif run is not None and not run.launched and run.iteration == 0:
-            start = "from its warm start (global_step0)" if run.warm_start else "from scratch"
-            lines.append(f"{stamp} {job_name} has not been launched yet: it starts {start} with `bsops launch`")
-        elif run is not None and run.kill_switch is not None:
-            name = f" {run.experiment.name}" if run.experiment is not None else ""
-            lines.append(f"{stamp} {job_name} was stopped on purpose at iteration {run.iteration} of {run.train_iters}: "
-                         f"its kill switch {run.kill_switch} exists (remove it, then `bsops launch{name}` to go on)")
-        elif run is not None:
-            launch = f"bsops launch {run.experiment.name}" if run.experiment is not None else "bsops launch"
-            ended = quote_untrusted(run.ended, 1000, mark=False) if run.ended else "no array task has run yet"
-            alert("not-scheduled", f"launch it again ({launch}): stopped at iteration {run.iteration}, nothing queued",
-                  stopped=f": it stopped at iteration {run.iteration} of {run.train_iters}; {ended}")
-        else:
-            alert("not-scheduled", stopped="")
+        finished_at = not_running(job_name, run, stamp, lines, alert)
     return StatusReport(job_name, now, tuple(lines), finished_at=finished_at).adding(alerts)
+
+
+def stall_facts(progress: Progress, log_path: str | os.PathLike[str] | None, started: datetime | None, now: datetime,
+                stall_minutes: float) -> dict[str, object] | None:
+    """The `stalled` alert's headline and facts when the log has had no new iteration line for over `stall_minutes`
+    since the later of `started` (the task's start) and the last line (`_stalled_for`); None while it has."""
+    stalled = _stalled_for(progress, started, now)
+    if stalled is None or stalled <= timedelta(minutes=stall_minutes):
+        return None
+    where = str(log_path) if log_path is not None else "the log"
+    if not progress.exists:
+        what = f"{where} does not exist"
+    elif progress.problem is not None:
+        what = f"{where} cannot be read ({quote_untrusted(progress.problem, 400, mark=False)})"
+    elif progress.last_iteration is None and progress.searched is not None:
+        what = f"{where} has no iteration line in its last {progress.searched >> 20} MiB"
+    elif progress.last_iteration is None:
+        what = f"{where} has no iteration line"
+    else:
+        what = f"{where} has no new iteration line (last: {quote_untrusted(progress.last_iteration, 100)})"
+    span = format_duration(stalled.total_seconds())
+    return {"headline": f"read the log, scancel a hung task: no new iteration for {span}", "what": what,
+            "span": span, "limit": stall_minutes}
+
+
+def not_running(job_name: str, run: RunState | None, stamp: str, lines: list[str],
+                alert: Callable[..., None]) -> int | None:
+    """Nothing of the training runs or waits: a line for a finished training (its final iteration is returned), a
+    run not launched yet or stopped by its kill switch, else an alert that it stopped (and how its last task
+    ended): `not-scheduled`, or for a run launched here (`run.local`) `local-stopped`."""
+    if run is not None and run.finished:
+        lines.append(f"{stamp} {job_name} training finished at iteration {run.iteration}")
+        return run.iteration
+    if run is not None and not run.launched and run.iteration == 0:
+        start = "from its warm start (global_step0)" if run.warm_start else "from scratch"
+        lines.append(f"{stamp} {job_name} has not been launched yet: it starts {start} with `bsops launch`")
+    elif run is not None and run.kill_switch is not None:
+        name = f" {run.experiment.name}" if run.experiment is not None else ""
+        lines.append(f"{stamp} {job_name} was stopped on purpose at iteration {run.iteration} of {run.train_iters}: "
+                     f"its kill switch {run.kill_switch} exists (remove it, then `bsops launch{name}` to go on)")
+    elif run is not None:
+        launch = f"bsops launch {run.experiment.name}" if run.experiment is not None else "bsops launch"
+        launch += " --local" if run.local else ""
+        ended = quote_untrusted(run.ended, 1000, mark=False) if run.ended else "no array task has run yet"
+        stopped = f": it stopped at iteration {run.iteration} of {run.train_iters}; {ended}"
+        if run.local:
+            alert("local-stopped", f"launch it again ({launch}): stopped at iteration {run.iteration}, nothing "
+                                   "running here", stopped=stopped)
+        else:
+            alert("not-scheduled", f"launch it again ({launch}): stopped at iteration {run.iteration}, nothing "
+                                   "queued", stopped=stopped)
+    else:
+        alert("not-scheduled", stopped="")
+    return None
+
+
+def blocked_since(job: Job, run: RunState | None) -> datetime | None:
+    """Since when a pending job has certainly waited on nodes only an administrator brings back (its reason is
+    one of slurm.output.BLOCKED_REASONS): its submission, or the end of the run's last task when that is later
+    (the next task of an array waits only from there). Errs towards no alarm. None for any other job."""
+    if job.state not in WAITING_STATES or not blocked(job.reason) or job.submit_time is None:
+        return None
+    marks = [job.submit_time]
+    last = run.last_task if run is not None else None
+    if last is not None:
+        when = last.ended or last.started
+        if when is not None:
+            marks.append(datetime.fromtimestamp(when))
+    return max(marks)
 
 
 def array_id(job_id: str) -> str:
@@ -265,7 +325,8 @@ def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
     """Query Slurm once (jobs of `users`, or of every user in `group`) and evaluate `job_name`.
 
     The run's own jobs are told from look-alikes (jobs of another run with the same name) by the array ids the
-    run submitted, read from `run`'s folder (recorded_job_ids; `evaluate` takes them from a caller).
+    run submitted, read from `run`'s folder (recorded_job_ids; `evaluate` takes them from a caller). A task blocked
+    on nodes is alerted on past `alerts.blocked_minutes` of the run's experiment (the default without one).
 
     A failing query, or an answer that does not parse, is itself an alert (exit code EXIT_ERROR): the on-call
     person must hear about a watchdog that cannot see the queue, not find a silent log or a wrong verdict.
@@ -281,8 +342,9 @@ def check(job_name: str, *, users: Sequence[str] = (), group: str | None = None,
         detail = quote_untrusted(" ".join(str(exc).split()), 1000, mark=False)  # squeue's own words
         alert = raise_alert("slurm-error", contact=contact, job=job_name, detail=detail)
         return dataclasses.replace(StatusReport(job_name, now, ()).adding([alert]), exit_code=EXIT_ERROR)
+    alerts = run.experiment.alerts if run is not None and run.experiment is not None else AlertsConfig()
     report = evaluate(job_name, jobs, now=now, log_path=log_path, stall_minutes=stall_minutes, contact=contact,
-                      run=run, job_ids=job_ids)
+                      run=run, job_ids=job_ids, blocked_minutes=alerts.blocked_minutes)
     note = slurm.unparsed_note(jobs)
     if note is None:
         return report

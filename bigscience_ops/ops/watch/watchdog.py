@@ -19,6 +19,7 @@ alert naming it (`eval-result-file`), never left out in silence.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,7 +29,8 @@ from bigscience_ops import slurm
 from bigscience_ops.run import ledger
 from bigscience_ops.run import rollbacks
 from bigscience_ops.run import log as runlog
-from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints import layout, set_aside
+from bigscience_ops.checkpoints.set_aside import SetAside
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import health
 from bigscience_ops.ops.alerts import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport, condition, raise_alert
@@ -36,9 +38,12 @@ from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.schedule import cron
 from bigscience_ops.ops.tell.channels import Outbox
 from bigscience_ops.ops.tell.message import NotifyError
-from bigscience_ops.ops.tell.notify import Notice, default_state_path, notify, state_problem
+from bigscience_ops.ops.tell import alert_state
+from bigscience_ops.ops.tell.notify import (
+    Notice, StateUnwritable, default_state_path, notify, state_problem, told_events,
+)
 from bigscience_ops.ops.tell.quoting import quote_untrusted
-from bigscience_ops.ops.watch import status
+from bigscience_ops.ops.watch import local_run, status
 from bigscience_ops.ops.watch.lifecycle import RunState
 from bigscience_ops.run.records import EXPERIMENT_JSON
 from bigscience_ops.untrusted import Problem
@@ -98,16 +103,24 @@ class WatchSettings:
 
 def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime | None = None,
           env: Mapping[str, str] | None = None, query: Callable[..., list[slurm.Job]] | None = None) -> WatchResult:
-    """One watchdog run: query Slurm (with `query`, default slurm.query_jobs), decide (with `run`, the run
-    folder's state), check the cron chains, send alerts/recoveries/the finish on the outbox's channels
-    (secrets read from `env`, default os.environ), and append every line to watchdog.log beside the log,
-    never to the main_log.txt whose progress it measures. Each training-health finding is an alert of its
-    own kind.
+    """One watchdog run: query Slurm (with `query`, default slurm.query_jobs), or for a run launched here its
+    processes (local_run.py), decide (with `run`, the run folder's state), check the cron chains, send
+    alerts/recoveries/the finish on the outbox's channels (secrets read from `env`, default os.environ), and append
+    every line to watchdog.log beside the log, never to the main_log.txt whose progress it measures. Each
+    training-health finding is an alert of its own kind, and each checkpoint set aside one alert, told once.
+
+    Where the log's folder (or watchdog.log, or the alert state) cannot be written, the alert state and the lines
+    are kept in the user's state folder instead (alert_state.place), and that is an alert of its own: the watchdog
+    still tells, never dies of its own files.
     """
     s = settings
-    report = status.check(s.job_name, users=s.users, group=s.group, log_path=s.log_path,
-                          stall_minutes=s.stall_minutes, now=now, contact=s.contact, timeout=s.timeout, run=run,
-                          **({"query": query} if query is not None else {}))
+    if run is not None and run.local:  # no queue holds it: its processes do
+        report = local_run.check(s.job_name, run, now=now, log_path=s.log_path, stall_minutes=s.stall_minutes,
+                                 contact=s.contact)
+    else:
+        report = status.check(s.job_name, users=s.users, group=s.group, log_path=s.log_path,
+                              stall_minutes=s.stall_minutes, now=now, contact=s.contact, timeout=s.timeout, run=run,
+                              **({"query": query} if query is not None else {}))
     if run is not None and run.problems:
         report = _with_run_file_alerts(report, run.problems, s.contact)
     if s.cron_dir is not None:
@@ -119,37 +132,87 @@ def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime
         report = _with_health_alerts(report, Path(s.log_path), s.health, s.contact, name, checkpoints)
     if run is not None and run.experiment is not None:
         report = _with_eval_alerts(report, run.experiment, s.contact, s.experiment or run.experiment.name)
-    stamp = report.stamp
+    outbox, log_path = s.outbox, s.log_path
+    usual = default_state_path(log_path) if s.state_path is None else Path(s.state_path)
+    where = alert_state.place(usual, status.watchdog_log(log_path) if log_path is not None else None, s.job_name, env)
+    report = _with_moved_alert(report, where, s.contact)
+    if run is not None and run.set_aside:
+        told = told_events(where.state, s.job_name, outbox.names if outbox is not None else None)
+        report = _with_set_aside_alerts(report, run.set_aside, told, s.contact)
     notices: list[Notice] = []
     errors, extra = [], []
-    outbox, log_path = s.outbox, s.log_path
     if outbox is not None:
-        state_path = default_state_path(log_path) if s.state_path is None else s.state_path
-        unreadable = state_problem(state_path)
+        unreadable = state_problem(where.state)
         if unreadable is not None:  # told through the same channels: the state then starts afresh
             report = _with_run_file_alerts(report, (unreadable,), s.contact, kind="alert-state")
         try:
-            notices = notify(report, outbox, state_path, experiment=s.experiment, cooldown_minutes=s.cooldown_minutes,
-                             log_path=str(log_path) if log_path else None, env=env)
+            notices = _notify(report, s, outbox, where, env)
+        except StateUnwritable as exc:  # nothing was sent: again, from the user's state folder
+            if where.moved is not None:
+                errors.append(str(exc))
+            else:
+                where = alert_state.place(usual, where.log, s.job_name, env, why=f"{exc.path}: {exc.why}")
+                report = _with_moved_alert(report, where, s.contact)
+                try:
+                    notices = _notify(report, s, outbox, where, env)
+                except NotifyError as again:
+                    errors.append(str(again))
         except NotifyError as exc:  # the alert state cannot be read or locked
             errors.append(str(exc))
-            extra.append(f"{stamp} ***ALERT: the alert email could not be sent: {exc}***")
+    stamp = report.stamp
+    extra += [f"{stamp} ***ALERT: the alert email could not be sent: {e}***" for e in errors]
     for n in notices:  # one line per message and the channels it went out on, one per channel that failed
-        where = outbox.destinations(n.channels) if outbox is not None else ""
+        shown = outbox.destinations(n.channels) if outbox is not None else ""
         if n.error is None:
-            extra.append(f"{stamp} {n.kind} email sent to {where} {n.message_id}: {n.subject}")
+            extra.append(f"{stamp} {n.kind} email sent to {shown} {n.message_id}: {n.subject}")
         else:
             errors.append(n.error)
-            extra.append(f"{stamp} ***ALERT: the {n.kind} email could not be sent to {where} (the next run tries "
+            extra.append(f"{stamp} ***ALERT: the {n.kind} email could not be sent to {shown} (the next run tries "
                          f"again): {n.error}***")
     error = "; ".join(errors) or None
     lines = (*report.lines, *extra)
-    if log_path is not None:
+    if where.log is not None:
         try:
-            status.append_to_log(status.watchdog_log(log_path), lines)
-        except runlog.LogError as exc:  # a FIFO or a folder in watchdog.log's place: said here, the check stands
-            lines = (*lines, f"{stamp} ***ALERT: watchdog.log cannot be written: {exc}***")
+            status.append_to_log(where.log, lines)
+        except (runlog.LogError, OSError) as exc:  # said here, the check stands
+            lines = (*lines, f"{stamp} ***ALERT: {where.log} cannot be written: {exc}***")
     return WatchResult(report, tuple(notices), error, lines)
+
+
+def _notify(report: StatusReport, s: WatchSettings, outbox: Outbox, where: alert_state.Place,
+            env: Mapping[str, str] | None) -> list[Notice]:
+    return notify(report, outbox, where.state, experiment=s.experiment, cooldown_minutes=s.cooldown_minutes,
+                  log_path=str(s.log_path) if s.log_path else None, env=env)
+
+
+def _with_moved_alert(report: StatusReport, where: alert_state.Place, contact: str) -> StatusReport:
+    """The report plus the alert that the watchdog's files are kept in the user's state folder, when they are
+    (once: a report has it already after a first try)."""
+    if where.moved is None or any(a.kind == "watch-files-moved" for a in report.alerts):
+        return report
+    what = "beside the run's log" if where.usual is None else f"its alert state {where.usual} (or watchdog.log beside it)"
+    return report.adding([raise_alert("watch-files-moved", contact=contact, job=report.job_name, what=what,
+                                      why=quote_untrusted(where.moved, 600, mark=False),
+                                      elsewhere=where.state.parent)])
+
+
+def _with_set_aside_alerts(report: StatusReport, records: tuple[SetAside, ...], told: set[str],
+                           contact: str) -> StatusReport:
+    """The report plus one alert per checkpoint the trainer set aside (checkpoints/set_aside.py) that the alert
+    state has not told yet: an event, told once (notify.EVENT_KINDS), naming the tag, where it went and why."""
+    alerts = []
+    for record in records:
+        subject = f"{re.sub(r'[^A-Za-z0-9_]', '?', record.tag)[:64]}@{int(record.time)}"
+        if f"checkpoint-set-aside:{subject}" in told:
+            continue
+        step = re.fullmatch(r"global_step(\d{1,12})", record.tag)
+        headline = (f"look at checkpoint {step.group(1)} set aside: it could not be resumed from" if step else "")
+        alerts.append(raise_alert(
+            "checkpoint-set-aside", subject=subject, contact=contact, headline=headline, job=report.job_name,
+            tag=quote_untrusted(record.tag, 64, mark=False), folder=_path(record.folder),
+            reason=quote_untrusted(record.reason, 600, mark=False),
+            when=datetime.fromtimestamp(record.time).strftime("%Y-%m-%d %H:%M:%S")))
+    return report.adding(alerts)
 
 
 # The run's files by name: the kind of alert (ops/alerts.py) a file that cannot be read raises; any other is the
@@ -159,6 +222,7 @@ RUN_FILES = {
     layout.LATEST: "run-file-latest",
     rollbacks.RECORD: "run-file-rollbacks",
     EXPERIMENT_JSON: "run-file-record",
+    set_aside.RECORD: "run-file-set-aside",
 }
 SHOWN_PROBLEMS = 5
 """Problems named per file in an alert; the rest are counted."""
