@@ -270,3 +270,41 @@ def test_bsops_verify_adopt_writes_manifests_and_is_refused_while_the_run_trains
     adopted = runner.invoke(main, [*args, "--adopt"])
     assert adopted.exit_code == 0 and adopted.output.count(f": {audit.ADOPTED}:") == 2, adopted.output
     assert [c.step for c in layout.complete_checkpoints(checkpoints)] == [10, 20]
+
+
+# --------------------------------------------------------------------------- a relaunch that cannot resume
+
+def _as_trained(trainings: Path, step: int = 10) -> Path:
+    """tiny's checkpoints folder with a committed checkpoint whose bsops.json records tiny's own model and layout."""
+    import dataclasses
+
+    from bigscience_ops.config import to_dict
+    from bigscience_ops.sizing import GPTShape
+
+    exp = load_experiment("tiny", trainings)
+    checkpoints = Path(exp.paths.checkpoints)
+    folder = _save(checkpoints, step)
+    p = exp.parallel
+    meta = {"iteration": step, "model": dataclasses.asdict(GPTShape.from_experiment(exp)),
+            "parallel": {"tensor": p.tensor, "pipeline": p.pipeline, "data": 1}, "experiment": to_dict(exp),
+            layout.COMMIT_KEY: manifest.MANIFEST}
+    (folder / layout.META).write_text(json.dumps(meta))
+    commit_checkpoint(folder)
+    return checkpoints
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["model.hidden_size=512", "model.num_attention_heads=8"], "model.hidden_size: checkpoint"),
+    (["model.num_layers=3"], "model.num_layers: checkpoint 4, config 3"),
+    (["model.vocab_size=8000"], "model.vocab_size: checkpoint"),
+])
+def test_a_relaunch_whose_model_cannot_load_the_checkpoints_is_refused_before_anything_starts(
+        trainings: Path, tmp_path: Path, overrides: list[str], named: str) -> None:
+    checkpoints = _as_trained(trainings)
+    args = ["render", "tiny", *overrides, "--trainings-dir", str(trainings)]
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code != 0 and "Traceback" not in refused.output
+    assert "cannot be resumed by this launch" in refused.output and named in refused.output, refused.output
+    assert not Path("rendered").exists() and [c.step for c in layout.complete_checkpoints(checkpoints)] == [10]
+    same = CliRunner().invoke(main, ["render", "tiny", "--trainings-dir", str(trainings)])
+    assert same.exit_code == 0, same.output  # the model it was written with: fine

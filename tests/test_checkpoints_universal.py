@@ -29,6 +29,7 @@ from bigscience_ops.checkpoints import layout, universal
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
 from tests.fixtures_trainer import (
+from tests.fixtures_runs import commit_checkpoint
     CORPUS_VOCAB, append_main_log, concurrently, launch, run_ok, scalars, small_experiment, write_run,
 )
 
@@ -202,6 +203,7 @@ def _checkpoint(tmp_path: Path, tensor: int, data: int, zero_stage: int) -> tupl
                                                                           "data": data},
                                                  "experiment": {"model": {"vocab_size": 256},
                                                                 "parallel": {"zero_stage": zero_stage}}})
+    commit_checkpoint(tmp_path / "global_step4")
     (tmp_path / "latest").write_text("global_step4")
     return ckpt.find_resume(tmp_path), shape
 

@@ -157,6 +157,37 @@ def adopt(checkpoints: Path, ckpt: Checkpoint) -> str | None:
     return None
 
 
+def relaunch_refusal(checkpoints: Path, shape: dict, tensor: int, pipeline: int, data: int, zero_stage: int,
+                     vocab_size: int) -> str | None:
+    """Why a launch with this model and layout cannot load the checkpoint the run resumes from, naming each field
+    that differs (checkpoints/universal.reshape_plan's rules: another layout is fine where DeepSpeed's universal
+    checkpoint converts it); None when it can, or when the run has no checkpoint yet. Read before anything starts,
+    so a relaunch that cannot work is refused before the queue wait, not after."""
+    from bigscience_ops.checkpoints import universal
+
+    step = layout.resume_step(checkpoints)
+    if step is None:
+        return None
+    ckpt = Checkpoint(f"global_step{step}", step, Path(checkpoints) / f"global_step{step}")
+    try:
+        meta = ckpt.meta()
+    except CheckpointError as exc:
+        return str(exc)
+    if meta.get("weights_only"):  # a warm start: any PP/DP, the model and TP as written
+        saved = {**universal.SHAPE_DEFAULTS, **(meta.get("model") or {})}
+        diffs = [f"model.{k}: checkpoint {saved.get(k)!r}, config {v!r}" for k, v in shape.items()
+                 if k not in universal.IGNORED_SHAPE_KEYS and saved.get(k) != v]
+        saved_tp = (meta.get("parallel") or {}).get("tensor")
+        if saved_tp != tensor:
+            diffs.append(f"parallel.tensor: checkpoint {saved_tp!r}, config {tensor!r}")
+        return f"{ckpt.path} was written by a different model: " + "; ".join(diffs) if diffs else None
+    try:
+        universal.reshape_plan(ckpt.path, meta, shape, universal.Layout(tensor, pipeline, data, zero_stage), vocab_size)
+    except CheckpointError as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
 def shares(manifest: Manifest, world: int) -> list[list[str]]:
     """The manifest's files split over `world` ranks for verification, about equal bytes each: the largest files
     first, each to the rank with the fewest bytes so far (the same split on every rank)."""

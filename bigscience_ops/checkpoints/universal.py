@@ -107,8 +107,8 @@ def reshape_plan(path: Path, meta: dict, shape: dict, new: Layout, vocab_size: i
     if saved_vocab is not None and saved_vocab != vocab_size:
         causes.append(f"model.vocab_size: checkpoint {saved_vocab!r}, config {vocab_size!r}")
     if causes:  # another model: not a reshape at all
-        raise ReshapeError(f"{path} was written by a different model ({old}); the config asks for {new}:\n  - "
-                           + "\n  - ".join(causes)
+        layouts = f" ({old}; the config asks for {new})" if old != new else ""
+        raise ReshapeError(f"{path} was written by a different model{layouts}:\n  - " + "\n  - ".join(causes)
                            + "\nResume with the model it was written with, or use a new checkpoints folder")
     if (old.tensor, old.pipeline, old.data) == (new.tensor, new.pipeline, new.data):
         return None

@@ -106,6 +106,7 @@ def build_launch_plan(exp: Experiment, options: LaunchOptions = LaunchOptions(),
     plan = make_plan(launched, schedule)
     if plan.errors:
         raise PlanError(plan.errors)
+    _refuse_what_cannot_resume(launched, plan)
     site = None if options.job == "resubmission" else check_complete(
         launched, slurm_job=options.job == "slurm", allow_incomplete=options.allow_incomplete)
     data = check_data(launched, plan.dataset_sizes[0])
@@ -115,6 +116,22 @@ def build_launch_plan(exp: Experiment, options: LaunchOptions = LaunchOptions(),
     record_dir = Path(record_dir) if record_dir is not None else Path(launched.paths.output)
     return LaunchPlan(launched, schedule, plan, records, phase, site, record_dir,
                       rendering.render(launched, record_dir, plan), data)
+
+
+def _refuse_what_cannot_resume(exp: Experiment, plan) -> None:
+    """A relaunch whose model or TP/PP layout cannot load the run's checkpoint is refused here, naming the fields
+    that differ, before a record is written or a job queued (a layout DeepSpeed's universal checkpoint converts
+    stays allowed: checkpoints/resume.relaunch_refusal)."""
+    import dataclasses
+
+    from bigscience_ops.checkpoints import resume
+    from bigscience_ops.sizing import GPTShape
+
+    p = exp.parallel
+    why = resume.relaunch_refusal(Path(exp.paths.checkpoints), dataclasses.asdict(GPTShape.from_experiment(exp)),
+                                  p.tensor, p.pipeline, max(1, int(plan.dp)), p.zero_stage, exp.model.vocab_size)
+    if why is not None:
+        raise PlanError([f"the run's checkpoints cannot be resumed by this launch: {why}"])
 
 
 # ----------------------------------------------------------------------------- carrying it out
