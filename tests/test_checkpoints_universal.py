@@ -28,8 +28,8 @@ import torch
 from bigscience_ops.checkpoints import layout, universal
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
-from tests.fixtures_trainer import (
 from tests.fixtures_runs import commit_checkpoint
+from tests.fixtures_trainer import (
     CORPUS_VOCAB, append_main_log, concurrently, launch, run_ok, scalars, small_experiment, write_run,
 )
 
