@@ -26,7 +26,7 @@ from bigscience_ops.config import load_experiment, to_dict
 from bigscience_ops.run.ledger import TaskRecord
 from bigscience_ops.views import runs as runs_view
 from tests.fixtures_experiments import tiny_yaml
-from tests.fixtures_runs import complete_checkpoint
+from tests.fixtures_runs import commit_checkpoint, complete_checkpoint
 from tests.test_ops_evaluate_results import write_results
 
 EVIL_LINK = "[verify your token](https://evil.example/login)"
@@ -231,6 +231,7 @@ def _backed_up_run(trainings: Path, tmp_path: Path, record_dest: str | None, fil
     for step in (5, 10):
         complete_checkpoint(exp, step)
         (Path(exp.paths.checkpoints) / f"global_step{step}" / "layer_00-model_states.pt").write_bytes(bytes(step))
+        commit_checkpoint(Path(exp.paths.checkpoints) / f"global_step{step}")  # the layer file is the save's
     if file_dest:
         backup.run_backup(exp)
     return run, exp

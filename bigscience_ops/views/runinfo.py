@@ -36,7 +36,7 @@ from typing import Any
 from bigscience_ops.run import ledger
 from bigscience_ops.run import rollbacks
 from bigscience_ops.run import log as runlog
-from bigscience_ops.checkpoints import layout
+from bigscience_ops.checkpoints import layout, set_aside
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.run.iterations import IterationStats
 from bigscience_ops.ops.evaluate import results as eval_results
@@ -115,6 +115,7 @@ def run_info(exp: Experiment) -> RunInfo:
     except (OSError, BsopsError) as exc:
         problems.append(f"checkpoints {checkpoints}: {exc}")
     problems += [f"checkpoints: {p}" for p in layout.linked_checkpoints(checkpoints)]
+    problems += _not_resumable(checkpoints)
     read = ledger.read_checked(out / ledger.LEDGER_NAME)
     records = read.records
     problems += [f"task ledger: {p}" for p in read.problems]
@@ -169,6 +170,23 @@ def backup_info(exp: Experiment, problems: list[str] | None = None) -> BackupInf
     entry, last = max(found.records, key=lambda em: (em[1]["step"], em[1]["verified_at"]))
     verified = dt.datetime.fromisoformat(last["verified_at"]).timestamp()
     return BackupInfo(store, len(found.records), entry, last["step"], last["kind"], verified)
+
+
+def _not_resumable(checkpoints: Path) -> list[str]:
+    """A line for each checkpoint folder no command counts (no committed manifest, or files not as saved) and for
+    each one a resume set aside (set-aside.jsonl, read as untrusted input), with why."""
+    lines = []
+    try:
+        for ckpt in layout.incomplete_checkpoints(checkpoints):
+            lines.append(f"checkpoints: {ckpt.tag} is not complete (no committed manifest, or a file not as saved): "
+                         "a save in progress or cut short; the next resume sets it aside (`bsops verify` says which "
+                         "file)")
+    except OSError as exc:
+        lines.append(f"checkpoints {checkpoints}: {exc.strerror or exc}")
+    found = set_aside.read_checked(checkpoints)
+    lines += [f"checkpoints: {r.tag} was set aside by a resume on {time.strftime('%Y-%m-%d %H:%M', time.localtime(r.time))} "
+              f"(moved to {r.folder}): {r.reason}" for r in found.records]
+    return lines + [f"checkpoints: {p}" for p in found.problems]
 
 
 def _mtime(path: Path) -> float | None:
