@@ -23,26 +23,11 @@ from click.testing import CliRunner
 from bigscience_ops.cli import main
 from bigscience_ops.run import lock as run_lock
 from tests.fixtures_experiments import processes_mentioning, shrunk_tiny_yaml, small_trainings
+from tests.fixtures_matrix import iteration_lines
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_smtp import alerts_yaml
 
 BSOPS = str(Path(sys.executable).with_name("bsops"))
-TIMING = ("elapsed time per iteration", "samples per second", "TFLOPs")
-"""The fields of an iteration line that are the machine's speed, not the training."""
-
-
-def iteration_lines(log: Path) -> dict[int, str]:
-    """iteration -> its line without the timing fields, the last one logged for each (a resumed run logs again the
-    iterations after its last save)."""
-    found = {}
-    for line in log.read_text(errors="replace").split("\n"):
-        matched = re.match(r"\s*iteration\s+(\d+)/\s*\d+ \|", line)
-        if matched:
-            fields = [f.strip() for f in line.split("|") if f.strip() and not f.strip().startswith(TIMING)]
-            found[int(matched.group(1))] = " | ".join(fields)
-    return found
-
-
 def status(trainings: Path, run: Path) -> tuple[int, str]:
     result = CliRunner().invoke(main, ["status", "small", "--trainings-dir", str(trainings), "--run", str(run)])
     return result.exit_code, result.output
@@ -118,5 +103,7 @@ def test_a_launcher_killed_leaves_the_run_held_until_its_trainers_saved_and_the_
     assert len(alerts) == 1, [m["Subject"] for m in inbox.messages]
 
     assert reference.wait(timeout=400) == 0, reference.stderr.read() if reference.stderr else ""
-    lines, expected = iteration_lines(run / "logs" / "main_log.txt"), iteration_lines(whole / "logs" / "main_log.txt")
+    # Every field of each iteration line but the timings, the last one logged for each (the relaunch logs again
+    # the iterations after the save it resumed from).
+    lines, expected = (iteration_lines((folder / "logs" / "main_log.txt").read_text()) for folder in (run, whole))
     assert sorted(expected) == list(range(1, 29)) and lines == expected
