@@ -141,13 +141,13 @@ def same_run(exp) -> str | None:
 def _same_run_in_manifest(exp, found: layout.Checkpoint, run_id: str | None) -> None:
     """EvalError when the checkpoint's manifest (checkpoints/manifest.py, where the checkpoint has one) names a run
     other than `run_id`."""
-    manifest = getattr(found, "manifest", None)
-    if run_id is None or manifest is None:
+    if run_id is None:
         return
     try:
-        named = getattr(manifest(), "run_id", "")
+        committed = found.manifest()
     except CheckpointError as exc:
         raise EvalError(str(exc)) from None
+    named = committed.run_id if committed is not None else ""
     if named and named != run_id:
         raise EvalError(f"{found.path}: its manifest names run {named}, not this run's {run_id} "
                         f"({Path(exp.paths.output) / layout.RUN_ID}); allowed: a checkpoint this run saved")
