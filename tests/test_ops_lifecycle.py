@@ -214,7 +214,8 @@ def test_a_local_run_is_watched_through_its_processes_not_the_queue(exp, plain_s
     stopped = watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW, query=_no_queue)
     [alert] = stopped.report.alerts
     assert alert.condition == "local-stopped" and stopped.exit_code == status.EXIT_ALERT
-    assert alert.headline == "launch it again (bsops launch life --local): stopped at iteration 120, nothing running here"
+    assert alert.headline == ("launch it again (bsops launch life --local): stopped at iteration 120, nothing running "
+                              "here")
     assert "task 500_2 was killed before it recorded its end" in alert.message  # as it was: nothing holds the run
     assert watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW, query=_no_queue).exit_code == 1
     save(Path(exp.paths.checkpoints), run_schedule(exp).train_iters)

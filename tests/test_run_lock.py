@@ -212,4 +212,5 @@ def test_a_task_does_not_train_beside_trainers_left_without_their_task(tmp_path:
     env["BSOPS_LOCAL_LAUNCH"] = "1"
     ended = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert ended.returncode == 1 and not (tmp_path / "argv.jsonl").exists()
-    assert "not training: trainers of the run still run without their task" in (run / "logs" / "main_log.txt").read_text()
+    log = (run / "logs" / "main_log.txt").read_text()
+    assert "not training: trainers of the run still run without their task" in log

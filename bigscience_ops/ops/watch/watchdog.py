@@ -190,7 +190,8 @@ def _with_moved_alert(report: StatusReport, where: alert_state.Place, contact: s
     (once: a report has it already after a first try)."""
     if where.moved is None or any(a.kind == "watch-files-moved" for a in report.alerts):
         return report
-    what = "beside the run's log" if where.usual is None else f"its alert state {where.usual} (or watchdog.log beside it)"
+    what = ("beside the run's log" if where.usual is None
+            else f"its alert state {where.usual} (or watchdog.log beside it)")
     return report.adding([raise_alert("watch-files-moved", contact=contact, job=report.job_name, what=what,
                                       why=quote_untrusted(where.moved, 600, mark=False),
                                       elsewhere=where.state.parent)])
