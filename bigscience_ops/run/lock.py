@@ -78,7 +78,9 @@ class Holding:
     pids: tuple[int, ...] = ()
     """The processes of this host that hold the run (the owner's lock or the trainers'), in pid order."""
     trainers: tuple[int, ...] = ()
-    """Of those, the ones holding the trainers' lock (the trainers and their data workers)."""
+    """Of those, the trainers: the ones holding the trainers' lock whose parent does not (not their data workers)."""
+    workers: tuple[int, ...] = ()
+    """Of those, the others holding the trainers' lock: the trainers' data workers (forks of a trainer)."""
     trainers_held: bool = False
     """Whether a trainer of the run (of any host) holds the trainers' lock."""
     host: str = ""
@@ -103,8 +105,8 @@ class Holding:
         among those shown (up to 16 in all)."""
         named = dict(self.names)
         first = [*self.trainers, *(p for p in self.pids if p not in self.trainers)][:_SHOWN_PIDS]
-        shown = ", ".join(f"{pid} {named.get(pid, '?')}{' (trainer)' if pid in self.trainers else ''}"
-                          for pid in sorted(first))
+        role = {**{pid: " (trainer)" for pid in self.trainers}, **{pid: " (a trainer's worker)" for pid in self.workers}}
+        shown = ", ".join(f"{pid} {named.get(pid, '?')}{role.get(pid, '')}" for pid in sorted(first))
         more = f" (+{len(self.pids) - len(first)} more)" if len(self.pids) > len(first) else ""
         return shown + more
 
@@ -154,7 +156,7 @@ def _open(path: Path, flags: int) -> int:
 
 def _refusal(output: Path, holding: Holding) -> RunInUse:
     if holding.line is None:
-        pids = " ".join(map(str, holding.trainers or holding.pids))
+        pids = " ".join(map(str, holding.trainers))  # never a data worker: that would fail its trainer
         stop = f" (or stop them: kill -USR1 {pids}, and they save and exit)" if pids else ""
         return RunInUse(f"the run folder {output} is in use by {holding}: a run has one trainer at a time; wait "
                         f"for them to end{stop} and run the command again")
@@ -241,8 +243,10 @@ def _holding(output: Path, line: str | None, trainers: bool | None = None) -> Ho
     files = {"owner": lock_path(output), "trainers": trainers_path(output)}
     held = processes_holding(files)
     pids = tuple(sorted({p for found in held.values() for p in found}))
-    return Holding(line, pids, tuple(sorted(held.get("trainers", ()))),
-                   bool(held.get("trainers")) if trainers is None else trainers, socket.gethostname(),
+    training = held.get("trainers", set())
+    workers = {pid for pid in training if _parent(pid) in training}
+    return Holding(line, pids, tuple(sorted(training - workers)), tuple(sorted(workers)),
+                   bool(training) if trainers is None else trainers, socket.gethostname(),
                    tuple((pid, _name(pid)) for pid in pids))
 
 
@@ -276,6 +280,14 @@ def processes_holding(files: dict[str, Path]) -> dict[str, set[int]]:
             if key is not None:
                 found.setdefault(key, set()).add(int(entry))
     return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _name(pid: int) -> str:
