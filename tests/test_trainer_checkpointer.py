@@ -35,13 +35,13 @@ class RecordingEngine:
         self.calls: list[tuple[str, str, dict, list[str]]] = []
         self.latest_during: list[str | None] = []
 
-    def save(self, folder: Path, tag: str, client_state: dict, after_each=None) -> list[Path]:
+    def save(self, folder: Path, tag: str, client_state: dict, after_each=None) -> dict[Path, manifest.FileRecord]:
         held = sorted(p.name for p in (Path(folder) / tag).iterdir())
         self.calls.append((str(folder), tag, client_state, held))
         self.latest_during.append(layout.latest_tag(folder))
         written = Path(folder) / tag / f"mp_rank_{dist.get_rank():02d}_model_states.pt"
         torch.save({"iteration": client_state["iteration"]}, written)
-        return [written]
+        return {written: manifest.record_file(written)}
 
     @property
     def tags(self) -> list[str]:
@@ -145,7 +145,7 @@ def test_a_full_disk_during_a_save_is_one_error_and_no_commit(saving, tmp_path: 
     run = saving(SaveSchedule((), 10))
     run.checkpointer.save(10)
 
-    def full(folder: Path, tag: str, client_state: dict, after_each=None) -> list[Path]:
+    def full(folder: Path, tag: str, client_state: dict, after_each=None) -> dict[Path, manifest.FileRecord]:
         raise OSError(28, "No space left on device", str(Path(folder) / tag / "mp_rank_00_model_states.pt"))
 
     run.engine.save = full

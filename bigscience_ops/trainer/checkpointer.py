@@ -6,7 +6,8 @@ A save of step N, on every rank:
 2. each rank writes its RNG state, rank 0 bsops.json (saying it commits with a manifest), then DeepSpeed writes
    the weights and optimizer states (`DeepSpeedState.save`, which leaves `latest` alone and tells each rank the
    files it wrote);
-3. each rank fsyncs its files and records their sizes and xxh3_128 hashes (checkpoints/manifest.record_file);
+3. each rank fsyncs its files and records their sizes and xxh3_128 hashes (DeepSpeed's as they are written,
+   the small RNG and record files read back: checkpoints/manifest.py);
 4. the records are gathered on rank 0, which writes the manifest atomically (every file, size, hash, the
    iteration, run id, layout, whether the optimizer state is in it) and only then `latest`, atomically.
 A rank that dies or hits a full disk before step 4 leaves a folder without a manifest: no command counts it, and
@@ -33,8 +34,9 @@ from bigscience_ops.trainer.metrics import Metrics
 
 class Saver(Protocol):
     def save(self, folder: Path, tag: str, client_state: dict,
-             after_each: Callable[[Path], None] | None = None) -> list[Path]:
-        """Write this rank's part of folder/tag; the files it wrote (trainer/deepspeed_state.py)."""
+             after_each: Callable[[Path], None] | None = None) -> dict[Path, manifest.FileRecord]:
+        """Write this rank's part of folder/tag; each file it wrote, fsynced, with its size and hash
+        (trainer/deepspeed_state.py)."""
 
 
 class Checkpointer:
@@ -75,13 +77,14 @@ class Checkpointer:
                                                    "that step again")
         dist.barrier()
         try:
-            written = [ckpt.save_rng(path, rank)]
+            small = [ckpt.save_rng(path, rank)]
             if rank == 0:
                 layout.write_meta(path, {**self.meta(), layout.COMMIT_KEY: manifest.MANIFEST})
-                written.append(path / layout.META)
+                small.append(path / layout.META)
             dist.barrier()
-            written += self.saver.save(self.folder, tag, {"iteration": iteration}, self.fault(iteration))
-            records = {_inside(path, p): manifest.record_file(p) for p in written}
+            written = self.saver.save(self.folder, tag, {"iteration": iteration}, self.fault(iteration))
+            written.update({p: manifest.record_file(p) for p in small})
+            records = {_inside(path, p): rec for p, rec in written.items()}
         except (OSError, CheckpointError) as exc:
             detail = f"{exc.strerror} ({exc.filename or path})" if isinstance(exc, OSError) and exc.strerror else exc
             raise CheckpointError(f"saving {tag} failed on rank {rank}: {detail}; the save did not commit: `latest` "

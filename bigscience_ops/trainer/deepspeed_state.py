@@ -12,8 +12,12 @@ classes or attributes differ fails at start-up naming what is missing, never wit
 Saving: DeepSpeed writes every file of a checkpoint through the engine's `checkpoint_engine.save(state, path)`
 (the pipeline's layer files, the engine and optimizer states) and then, on rank 0, `latest` (truncated and
 rewritten, before its peers are done). `save` asks it not to touch `latest` (`save_latest=False`: the trainer
-moves it only after the manifest commits, trainer/checkpointer.py) and records the path of each file this rank
-wrote, so each rank can fsync and hash its own files.
+moves it only after the manifest commits, trainer/checkpointer.py) and stands in for the checkpoint engine's
+`save` while it runs: each file is written as DeepSpeed's TorchCheckpointEngine writes it (torch.save with its
+`zipfile_serialization`), through a writer that hashes the bytes as they go by (xxh3_128, nothing read back),
+then fsynced. So every rank records the size and hash of its own files at no cost a benchmark can see
+(benchmarks/checkpoint_save.py). Another checkpoint engine (Nebula, a decoupled or fast writer) is refused at
+start-up, naming it: its files would be written, or recorded, another way.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops.checkpoints.layout import CheckpointError
+from bigscience_ops.checkpoints.manifest import FileRecord, HashingWriter
 from bigscience_ops.trainer.errors import TrainerError
 
 
@@ -126,8 +132,11 @@ class DeepSpeedState:
         (not a decoupled one, which writes later, in the background), and save_checkpoint's `save_latest`."""
         problems = []
         writer = getattr(self.engine, "checkpoint_engine", None)
-        if writer is None or not callable(getattr(writer, "save", None)):
-            problems.append("engine.checkpoint_engine.save")
+        if type(writer).__name__ != "TorchCheckpointEngine":
+            problems.append(f"engine.checkpoint_engine of DeepSpeed's TorchCheckpointEngine (got "
+                            f"{type(writer).__name__}; the trainer writes and hashes each file as it does)")
+        elif not isinstance(getattr(writer, "zipfile_serialization", None), bool):
+            problems.append("TorchCheckpointEngine.zipfile_serialization (true or false)")
         elif not callable(getattr(writer, "is_decoupled", None)) or writer.is_decoupled():
             problems.append("a checkpoint engine that writes while save_checkpoint runs (is_decoupled() False)")
         try:
@@ -138,17 +147,17 @@ class DeepSpeedState:
         return problems
 
     def save(self, folder: Path, tag: str, client_state: dict,
-             after_each: Callable[[Path], None] | None = None) -> list[Path]:
+             after_each: Callable[[Path], None] | None = None) -> dict[Path, FileRecord]:
         """Save this rank's part of `folder/tag` (every rank calls it: DeepSpeed's barriers) without touching
-        `latest`; the files this rank wrote, in the order written. `after_each` is called with each file as it is
-        written (the fault switch BSOPS_KILL_IN_SAVE)."""
+        `latest`; each file this rank wrote, fsynced, with its size and hash. `after_each` is called with each file
+        as it is written (the fault switch BSOPS_KILL_IN_SAVE)."""
         recorder = _Recorder(self.engine.checkpoint_engine, after_each)
         self.engine.checkpoint_engine = recorder
         try:
             self.engine.save_checkpoint(str(folder), tag=tag, client_state=client_state, save_latest=False)
         finally:
             self.engine.checkpoint_engine = recorder.inner
-        return [Path(p) for p in recorder.written]
+        return recorder.written
 
     def loss_scale(self) -> float:
         """The dynamic loss scale the next step multiplies the loss by (fp16); 1.0 where nothing scales the loss."""
@@ -200,20 +209,27 @@ class DeepSpeedState:
 
 
 class _Recorder:
-    """The engine's checkpoint engine, recording the path of every file it saves; everything else is its own."""
+    """The engine's TorchCheckpointEngine, its `save` writing each file through a hashing writer and fsyncing it;
+    everything else is its own."""
 
     def __init__(self, inner, after_each: Callable[[Path], None] | None = None) -> None:
         self.inner = inner
         self.after_each = after_each
-        self.written: list[str] = []
+        self.written: dict[Path, FileRecord] = {}
 
     def save(self, state_dict, path) -> None:
+        import torch
+
         try:
-            self.inner.save(state_dict, path)
+            with open(path, "wb") as handle:
+                writer = HashingWriter(handle)
+                torch.save(state_dict, writer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)
+                handle.flush()
+                os.fsync(handle.fileno())
         except Exception as exc:  # noqa: BLE001 - torch.save reports a full disk as a RuntimeError of its zip writer
             raise CheckpointError(f"writing {path} failed ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
                                   f"{_room(Path(path).parent)}") from exc
-        self.written.append(str(path))
+        self.written[Path(path)] = writer.record()
         if self.after_each is not None:
             self.after_each(Path(path))
 
