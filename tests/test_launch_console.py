@@ -227,6 +227,11 @@ checkpoints = sys.argv[1]
 if sys.argv[2:] == ["trainer"]:
     def save(*_):
         time.sleep(1)
+        from tests.fixtures_runs import commit_checkpoint  # a committed save, as the trainer leaves it
+        os.makedirs(f"{checkpoints}/global_step7")
+        with open(f"{checkpoints}/global_step7/bsops.json", "w") as f:
+            f.write('{"iteration": 7}')
+        commit_checkpoint(f"{checkpoints}/global_step7")
         with open(f"{checkpoints}/latest", "w") as f:
             f.write("global_step7\\n")
         sys.exit(0)

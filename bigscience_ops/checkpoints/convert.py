@@ -147,12 +147,14 @@ def select_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[str, 
     checkpoints = Path(checkpoints)
     try:
         complete = ", ".join(str(c.step) for c in layout.complete_checkpoints(checkpoints)) or "none"
-        tag = layout.latest_tag(checkpoints) if step is None else f"global_step{step}"
+        if step is None:
+            step = layout.resume_step(checkpoints)  # `latest` when it names a complete checkpoint, else the newest
+        tag = None if step is None else f"global_step{step}"
     except CheckpointError as exc:
         raise ConvertError(str(exc)) from None
     if tag is None:
-        raise ConvertError(f"{checkpoints}: no 'latest' file, so no checkpoint to convert; "
-                           f"complete steps: {complete} (pick one with --step)")
+        raise ConvertError(f"{checkpoints}: no complete checkpoint to convert; complete steps: {complete} (pick one "
+                           "with --step once the run has saved)")
     ckpt = layout.Checkpoint(tag, layout.step_of(tag), checkpoints / tag)
     if not ckpt.path.is_dir() or ckpt.is_link:
         raise ConvertError(f"{checkpoints}: no checkpoint folder {tag!r}; complete steps: {complete}")

@@ -173,6 +173,8 @@ def relaunch_refusal(checkpoints: Path, shape: dict, tensor: int, pipeline: int,
         meta = ckpt.meta()
     except CheckpointError as exc:
         return str(exc)
+    if not isinstance(meta.get("model"), dict):  # no shape recorded to compare: the trainer's resume says what is wrong
+        return None
     if meta.get("weights_only"):  # a warm start: any PP/DP, the model and TP as written
         saved = {**universal.SHAPE_DEFAULTS, **(meta.get("model") or {})}
         diffs = [f"model.{k}: checkpoint {saved.get(k)!r}, config {v!r}" for k, v in shape.items()

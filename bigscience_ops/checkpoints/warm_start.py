@@ -27,7 +27,7 @@ from pathlib import Path
 from bigscience_ops import config
 from bigscience_ops.checkpoints import manifest
 from bigscience_ops.checkpoints.layout import (
-    COMMIT_KEY, LATEST, META, complete_checkpoints, latest_tag, list_checkpoints, run_id, write_latest, write_meta,
+    COMMIT_KEY, LATEST, META, complete_checkpoints, list_checkpoints, resume_step, run_id, write_latest, write_meta,
 )
 from bigscience_ops.errors import BsopsError
 
@@ -106,11 +106,11 @@ def find_source(checkpoints: Path, step: str | None, run: str) -> Source:
         raise WarmStartError(f"--from {run}: {checkpoints} holds no complete checkpoint (one with a committed "
                              f"{manifest.MANIFEST})")
     if step is None:
-        tag = latest_tag(checkpoints)
-        chosen = next((c for c in complete if c.tag == tag), None)
+        step_now = resume_step(checkpoints)  # `latest` when it names a complete checkpoint, else the newest
+        chosen = next((c for c in complete if c.step == step_now), None)
         if chosen is None:
-            raise WarmStartError(f"--from {run}: 'latest' in {checkpoints} names {tag}, which is not a complete "
-                                 f"checkpoint; give a complete step: {', '.join(str(c.step) for c in complete)}")
+            raise WarmStartError(f"--from {run}: no complete checkpoint to start from in {checkpoints}; give a "
+                                 f"complete step: {', '.join(str(c.step) for c in complete)}")
     else:
         chosen = next((c for c in complete if c.step == int(step)), None)
         if chosen is None:

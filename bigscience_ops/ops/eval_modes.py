@@ -110,10 +110,10 @@ def here(exp: Experiment, source: str, step: int | None, layout: tuple[int | Non
     taskfiles.check_experiment(exp)  # a refused task file is one line here, before any rank starts
     run_id = launcher.same_run(exp)
     if step is None:
-        step = checkpoints.latest_step(Path(exp.paths.checkpoints))
+        step = checkpoints.resume_step(Path(exp.paths.checkpoints))  # what `latest` names when it is complete
         if step is None:
-            raise EvalError(f"{exp.paths.checkpoints}: no `latest` file, so no complete checkpoint to evaluate yet; "
-                            "allowed: --latest once the run has saved")
+            raise EvalError(f"{exp.paths.checkpoints}: no complete checkpoint to evaluate yet; allowed: --latest once "
+                            "the run has saved")
     tag = f"global_step{step}"
     if kept[1]:  # another run's request cache: refused before any rank starts (the ranks check it again)
         from bigscience_ops.ops.evaluate.driver import cache_of_run

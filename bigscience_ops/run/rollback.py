@@ -45,9 +45,14 @@ def rollback(exp: Experiment, to_step: int, skip: str | None = None, now: float 
 
     The caller makes sure no task of the run is training (the CLI reads the task ledger: ledger.running)."""
     checkpoints = Path(exp.paths.checkpoints)
-    latest = layout.latest_step(checkpoints)
+    try:
+        layout.latest_tag(checkpoints)  # a `latest` that is a link, a FIFO or garbage is refused, never written over
+    except layout.CheckpointError as exc:
+        raise RollbackError(f"{exc}; the next training task repairs it (it resumes from the newest verified "
+                            "checkpoint), or remove it, then roll back") from None
+    latest = layout.resume_step(checkpoints)  # `latest` when it names a complete checkpoint, else the newest
     if latest is None:
-        raise RollbackError(f"{checkpoints} has no `latest`: there is nothing to roll back")
+        raise RollbackError(f"{checkpoints} has no complete checkpoint: there is nothing to roll back")
     complete = {c.step: c for c in layout.complete_checkpoints(checkpoints)}
     target = next((c for c in layout.list_checkpoints(checkpoints) if c.step == to_step), None)
     refusal = target.refusal() if target is not None else None

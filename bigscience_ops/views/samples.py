@@ -170,7 +170,7 @@ def _read_log(exp: Experiment, log_lines: Iterable[str] | None) -> _RunLog:
     in a months-long log, one line of bounded length at a time (runlog)."""
     out = Path(exp.paths.output)
     try:
-        latest = checkpoint_layout.latest_step(Path(exp.paths.checkpoints))
+        latest = checkpoint_layout.resume_step(Path(exp.paths.checkpoints))
     except (BsopsError, OSError):  # a `latest` that cannot be read: the log alone tells what was trained
         latest = None
     begins = [r.time for r in ledger.read_checked(out / ledger.LEDGER_NAME).records if r.event == "begin"]

@@ -55,10 +55,10 @@ def _step(exp: Any, step: Any) -> int:
     from bigscience_ops.checkpoints import layout
 
     if step in (None, "latest"):
-        found = layout.latest_step(Path(exp.paths.checkpoints))
+        found = layout.resume_step(Path(exp.paths.checkpoints))  # what `latest` names when it is complete
         if found is None:
-            raise EvalError(f"--model_args step=latest: {exp.paths.checkpoints} has no `latest`, so no complete "
-                            "checkpoint; allowed: step=N once the run has saved")
+            raise EvalError(f"--model_args step=latest: {exp.paths.checkpoints} has no complete checkpoint; allowed: "
+                            "step=N once the run has saved")
         return found
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise EvalError(f"step={step!r}: allowed: a checkpoint step (a whole number >= 0) or latest")
