@@ -298,6 +298,8 @@ OPTIM_FILE_BYTES = 6_000
 BF16_STATE_BYTES = 4_000  # bf16 without ZeRO: the optimizer's state dict records in each model-states file
 RNG_STATE_BYTES = 19_800
 META_BYTES = 6_000
+MANIFEST_BYTES = 330  # manifest.json: its fields, and one entry (path, size, xxh3_128) per file of the checkpoint
+MANIFEST_ENTRY_BYTES = 100
 BLOCK_TENSORS = 12  # two LayerNorms, QKV, attention output, two MLP matrices: a weight and a bias each
 
 
@@ -319,7 +321,7 @@ class CheckpointSize:
     else split over the DP ranks' `*zero_pp_rank_D_mp_rank_NN_optim_states.pt` (ZeRO-1, and DeepSpeed's
     bf16 optimizer at any stage; without ZeRO that optimizer's state of DP rank 0 is written into the
     model-states file as well). The tied word embedding is in the optimizer of both stages that hold it.
-    records: the engine-state files, every rank's `rng_state_NNN.pt`, bsops.json. Checked against every run
+    records: the engine-state files, every rank's `rng_state_NNN.pt`, bsops.json, manifest.json. Checked against every run
     of the configurations matrix (tests/test_trainer_matrix_*.py: fp32, bf16 and fp16 x ZeRO-0 and 1 x
     PP, TP, DP; within 2%).
     """
@@ -368,9 +370,10 @@ def checkpoint_size(exp: Experiment, params: ParamCount, dp: int) -> CheckpointS
             optimizer += tp * sum(12 * (count // dp) for count in params.per_stage) + tp * pp * BF16_STATE_BYTES
     else:
         optimizer += tp * ADAM_ENTRY_BYTES * sum(stage_tensors)
-    records = tp * pp * MODEL_STATES_FILE_BYTES + tp * pp * dp * RNG_STATE_BYTES + META_BYTES
     files = tp * (len(layers) - 1) + tp * pp * (1 + dp * (2 if partitioned else 1)) + 1  # layers, mp_rank, optim, rng
-    return CheckpointSize(weights, optimizer, records, files)
+    records = (tp * pp * MODEL_STATES_FILE_BYTES + tp * pp * dp * RNG_STATE_BYTES + META_BYTES + MANIFEST_BYTES
+               + MANIFEST_ENTRY_BYTES * files)
+    return CheckpointSize(weights, optimizer, records, files + 1)  # and the manifest
 
 
 # ----------------------------------------------------------------------------- checkpoints over a run

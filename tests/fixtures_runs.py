@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -13,11 +14,16 @@ LAYOUT = {"tensor": 1, "pipeline": 1, "data": 1, "zero_stage": 0, "precision": "
 
 def commit_checkpoint(folder: Path, iteration: int | None = None, *, optimizer: bool = True) -> manifest.Manifest:
     """Commit a checkpoint folder a test wrote by hand as the trainer commits a save: a manifest of every file in it
-    now (sizes and hashes). Without it the folder is a save that did not finish, which no command counts."""
+    now (sizes and hashes). Without it the folder is a save that did not finish, which no command counts. A folder
+    committed already (a trained checkpoint a test changed) keeps what its manifest said of the run."""
     folder = Path(folder)
     files = {rel: manifest.record_file(folder / rel) for rel in manifest.files_on_disk(folder)}
     step = layout.step_of(folder.name) if iteration is None else iteration
-    made = manifest.Manifest(folder.name, step, "", "test", dict(LAYOUT), optimizer, files, time.time())
+    before = manifest.read(folder) if (folder / manifest.MANIFEST).is_file() else None
+    if before is not None:
+        made = dataclasses.replace(before, files=files, iteration=step if iteration is not None else before.iteration)
+    else:
+        made = manifest.Manifest(folder.name, step, "", "test", dict(LAYOUT), optimizer, files, time.time())
     manifest.commit(folder, made)
     return made
 

@@ -20,6 +20,7 @@ import pytest
 
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.ops.evaluate import EvalError, launcher
+from tests.fixtures_runs import commit_checkpoint
 from tests.fixtures_trainer import concurrently, ranks
 
 BY_DRIVER = """
@@ -76,6 +77,7 @@ def _copy(golden_run, folder: Path, **trained_model) -> tuple:
         meta = json.loads(meta_file.read_text())
         meta["experiment"]["model"].update(trained_model)
         meta_file.write_text(json.dumps(meta))
+        commit_checkpoint(meta_file.parent)  # as if the trainer had written it so
     exp = dataclasses.replace(exp, paths=dataclasses.replace(exp.paths, checkpoints=str(checkpoints)))
     (folder / "experiment.json").write_text(json.dumps(to_dict(exp)))
     return exp, checkpoints, step
@@ -208,18 +210,21 @@ def test_refuses_what_is_not_a_complete_checkpoint(copied):
     with pytest.raises(EvalError, match="allowed: 1, 2, 4"):
         launcher.checkpoint(exp, step, tensor=3)
     newer = checkpoints / f"global_step{step + 5}"
-    shutil.copytree(checkpoints / f"global_step{step}", newer)  # a save in progress: `latest` not moved yet
-    with pytest.raises(EvalError, match=f"step {step + 5} is newer"):
+    shutil.copytree(checkpoints / f"global_step{step}", newer)  # a copy under another tag: its manifest says so
+    with pytest.raises(EvalError, match=f"global_step{step + 5}: not a complete checkpoint .*names 'global_step{step}'"):
+        launcher.checkpoint(exp, step + 5)
+    (newer / "manifest.json").unlink()  # a save in progress
+    with pytest.raises(EvalError, match="no committed manifest: a save in progress"):
         launcher.checkpoint(exp, step + 5)
     with pytest.raises(EvalError, match="no checkpoint global_step3;"):
         launcher.checkpoint(exp, 3)
     file = launcher.layer_file(checkpoints / f"global_step{step}", 1, 1, 0)
     file.write_bytes(file.read_bytes()[:1000])  # cut short
-    with pytest.raises(EvalError, match="layer_01-model_states.pt is unreadable") as info:
+    with pytest.raises(EvalError, match="layer_01-model_states.pt: is 1000 bytes, its manifest says") as info:
         launcher.checkpoint(exp, step)
     assert "\n" not in str(info.value)
     file.unlink()
-    with pytest.raises(EvalError, match="layer_01-model_states.pt is missing"):
+    with pytest.raises(EvalError, match="layer_01-model_states.pt: missing"):
         launcher.checkpoint(exp, step)
     (checkpoints / f"global_step{step}" / layout.META).unlink()
     with pytest.raises(EvalError, match="bsops.json: missing"):
@@ -235,19 +240,22 @@ def _foreign_zip(file: Path) -> None:
 
 @pytest.mark.slow  # the session's golden run (a trainer launch) and its checkpoint
 def test_a_rank_that_cannot_load_ends_every_rank_with_one_line(copied, tmp_path):
-    """The stage-1 rank fails to read its layer; rank 0 says so in one line and both exit 2 at once. A step newer
-    than `latest` is refused by every rank before the process group forms, rank 0 saying why."""
+    """The stage-1 rank fails to read its layer (a file its manifest lists as saved: the manifest cannot tell); rank 0
+    says so in one line and both exit 2 at once. A folder that is not a complete checkpoint is refused by every
+    rank before the process group forms, rank 0 saying why."""
     exp, checkpoints, step = copied
     _foreign_zip(launcher.layer_file(checkpoints / f"global_step{step}", exp.model.num_layers, 1, 0))
+    commit_checkpoint(checkpoints / f"global_step{step}")
     proc = _worker(tmp_path, step, tmp_path / "none.json", tmp_path / "none-out.json", 2)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"layer_{exp.model.num_layers:02d}-model_states.pt" in errors[0], proc.stderr
     assert not (tmp_path / "none-out.json").exists()
-    shutil.copytree(checkpoints / f"global_step{step}", checkpoints / f"global_step{step + 5}")  # a save under way
+    shutil.copytree(checkpoints / f"global_step{step}", checkpoints / f"global_step{step + 5}")
+    (checkpoints / f"global_step{step + 5}" / "manifest.json").unlink()  # a save under way
     proc = _worker(tmp_path, step + 5, tmp_path / "none.json", tmp_path / "none-out.json", 2)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1 and "newer" in errors[0], proc.stderr
+    assert proc.returncode == 2 and len(errors) == 1 and "a save in progress" in errors[0], proc.stderr
 
 
 def test_worker_argv_and_torchrun_argv():
@@ -296,8 +304,9 @@ def test_run_local_under_torchrun(copied, tmp_path, capfd):
     """`bsops eval`'s launch: torchrun starts both ranks, the torn layer ends them with exit 2 (no hang)."""
     exp, checkpoints, step = copied
     _foreign_zip(launcher.layer_file(checkpoints / f"global_step{step}", 1, 1, 0))
+    commit_checkpoint(checkpoints / f"global_step{step}")  # torn as saved: the manifest cannot tell, the ranks must
     assert launcher.run_local(exp, step) == launcher.EXIT_ERROR
     err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("error: ") and "layer_01-model_states.pt" in err[0], err
-    with pytest.raises(EvalError, match="newer"):
+    with pytest.raises(EvalError, match="no checkpoint global_step"):
         launcher.run_local(exp, step + 1)

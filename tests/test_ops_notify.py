@@ -121,6 +121,21 @@ def test_a_state_file_from_before_channels_keeps_its_cooldown_and_finish(plain_s
     assert json.loads(state.read_text())["active"]["tr1-13B-round3::not-scheduled"]["sent"]["email"] == T0.isoformat()
 
 
+def test_a_finished_run_with_an_alert_gets_both_mails_and_records_the_alert(plain_server, tmp_path: Path) -> None:
+    """A run can finish with an alert open (training health on its last lines): the finish mail and the alert both
+    go out and the alert's sending is recorded (the finished mail's bookkeeping once shadowed the alerts told)."""
+    from bigscience_ops.ops.alerts import raise_alert
+
+    inbox, port = plain_server
+    state = tmp_path / "alerts.json"
+    alert = raise_alert("health-skipped", finding="3 skipped steps")
+    done = status.StatusReport("job-b", T0, ("finished",), alerts=(alert,), exit_code=status.EXIT_ALERT,
+                               finished_at=120)
+    notify.notify(done, plain_outbox(port), state, now=T0)
+    assert len(inbox.messages) == 2
+    assert json.loads(state.read_text())["active"]["job-b::health-skipped"]["sent"]["email"] == T0.isoformat()
+
+
 def test_conditions_of_other_jobs_are_left_alone(plain_server, tmp_path: Path) -> None:
     inbox, port = plain_server
     outbox, state = plain_outbox(port), tmp_path / "alerts.json"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -11,6 +12,7 @@ from bigscience_ops.plan import make_plan
 from bigscience_ops.launch.plan import build_launch_plan
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schedules import SaveSchedule
+from tests.fixtures_runs import commit_checkpoint
 
 
 def test_the_plan_and_the_trainer_take_their_numbers_from_one_object(tmp_path) -> None:
@@ -52,7 +54,11 @@ def test_a_launch_plans_the_experiment_at_its_phase(tmp_path) -> None:
     first = build_launch_plan(exp)
     assert first.iteration == 0 and first.phase.nodes == 16 and first.experiment.slurm.nodes == 16
     second = first.schedule.node_phases[1]
-    (tmp_path / "latest").write_text(f"global_step{second.first_step - 1}")  # saved at the boundary
+    saved = tmp_path / f"global_step{second.first_step - 1}"  # saved at the boundary
+    saved.mkdir()
+    (saved / "bsops.json").write_text(json.dumps({"iteration": second.first_step - 1}))
+    commit_checkpoint(saved)
+    (tmp_path / "latest").write_text(saved.name)
     resumed = build_launch_plan(exp, schedule=first.schedule)
     assert resumed.schedule is first.schedule and resumed.iteration == second.first_step - 1
     assert resumed.phase == second and resumed.experiment.slurm.nodes == second.nodes == 64

@@ -148,7 +148,7 @@ def test_tinys_checkpoints_from_the_shapes_are_what_its_run_wrote() -> None:
     st = plan.make_plan(exp).storage
     assert sizing.saved_steps(run_schedule(exp).save_steps, 221, 120, []) == [50, 100, 120, 150, 200, 221]
     assert (st.saves, st.schedule_saves, st.exit_saves, st.time_exit_saves) == (6, 5, 1, None)
-    assert st.checkpoint.files == 11  # 6 layer files, 2 mp_rank, 2 rng_state, bsops.json
+    assert st.checkpoint.files == 12  # 6 layer files, 2 mp_rank, 2 rng_state, bsops.json, manifest.json
     assert st.checkpoint_bytes == pytest.approx(80_372_604, rel=0.001)
     assert st.written == pytest.approx(6 * 80_372_604, rel=0.001)
 

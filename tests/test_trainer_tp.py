@@ -24,6 +24,7 @@ from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.model import EmbeddingPipe, TransformerBlock
 from bigscience_ops.trainer.tensor_parallel import TensorParallel
 from tests.fixtures_trainer import concurrently, run_ok, scalars, small_experiment, write_run
+from tests.fixtures_runs import commit_checkpoint
 
 STEPS = 10
 PARAM_LINE = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank \((\d+), (\d+)\): (\d+)")
@@ -130,6 +131,7 @@ def test_resume_with_another_tp_is_rejected(tmp_path):
     shape = GPTShape.from_experiment(exp)
     path = tmp_path / "global_step4"
     layout.write_meta(path, {"model": dataclasses.asdict(shape), "parallel": {"tensor": 2, "pipeline": 1}})
+    commit_checkpoint(path)
     (tmp_path / "latest").write_text("global_step4")
     with pytest.raises(CheckpointError, match="parallel.tensor: checkpoint 2, config 1"):
         ckpt.check_compatible(ckpt.find_resume(tmp_path), dataclasses.asdict(shape), 1, 1)

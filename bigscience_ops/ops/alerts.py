@@ -215,10 +215,11 @@ _register_all({
                         "the watchdog skipped it and read the rest, and so do the array tasks (each says so in "
                         "main_log.txt). Remove or repair the line named above: `bsops rollback` refuses a ledger it "
                         "cannot read whole.", _RUN_FILE),
-    "run-file-latest": ("point latest at a finished save: latest cannot be read",
-                        "`latest` cannot be read or names no checkpoint folder, so the next task cannot resume: write "
-                        "the tag of the newest complete checkpoint into it (one line, global_stepN; never a link), "
-                        "then relaunch.", _RUN_FILE),
+    "run-file-latest": ("look at the checkpoints folder: latest cannot be followed",
+                        "`latest` cannot be read, or names no complete checkpoint: the next task resumes from the "
+                        "newest checkpoint that verifies against its manifest and rewrites `latest` (what it set aside "
+                        "is named in its log and alerted). Nothing to repair by hand; if it comes back, look at who "
+                        "writes the folder (`bsops verify EXP` checks every checkpoint).", _RUN_FILE),
     "run-file-rollbacks": ("repair rollbacks.jsonl: a relaunch refuses it",
                            "rollbacks.jsonl holds a line that is not a rollback: a launch refuses to start until it is "
                            "repaired or removed (bsops rollback writes it, one JSON line per rollback).", _RUN_FILE),

@@ -67,7 +67,9 @@ def check_overrides(overrides: Sequence[str]) -> None:
 
 def with_overrides(exp: Experiment, overrides: Sequence[str]) -> Experiment:
     """`exp` recording this command line's overrides (the `overrides` field the ranks' record and results carry)."""
-    return dataclasses.replace(exp, overrides=list(overrides))
+    from bigscience_ops.run.records import Overrides, apply_overrides
+
+    return apply_overrides(exp, Overrides(command_line=tuple(overrides)))
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,8 @@ class Overrides:
     """slurm.master_port: a local launch's free rendezvous port."""
     nodes_all_along: int | None = None
     """`plan --nodes N`: N nodes for the whole run, slurm.node_schedule set aside."""
+    command_line: tuple[str, ...] | None = None
+    """The command line's SECTION.KEY=VALUE assignments a command records (`bsops eval`'s, in its results)."""
 
 
 def apply_overrides(exp: Experiment, overrides: Overrides) -> Experiment:
@@ -91,6 +93,8 @@ def apply_overrides(exp: Experiment, overrides: Overrides) -> Experiment:
                    if v is not None}
     if o.nodes_all_along is not None:
         slurm.update(nodes=o.nodes_all_along, node_schedule=[])
+    if o.command_line is not None:
+        exp = dataclasses.replace(exp, overrides=list(o.command_line))
     return dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, **slurm)) if slurm else exp
 
 

@@ -23,7 +23,7 @@ from bigscience_ops.slurm.errors import (
 from bigscience_ops.slurm.names import RESERVED_PREFIX, hourly_job_name, is_hourly_job_name, reserved_problem
 from bigscience_ops.slurm.output import (
     ACTIVE_STATES, NEVER_STARTS, QUEUED_STATES, SQUEUE_DELIMITER, SQUEUE_FIELDS, WAITING_STATES, Job, Jobs,
-    SacctRecord, TestOnlyAnswer, enforces_accounts, format_duration, has_default_partition, new_terminator,
+    BLOCKED_REASONS, SacctRecord, TestOnlyAnswer, blocked, enforces_accounts, format_duration, has_default_partition, new_terminator,
     parse_duration, parse_sacct,
     parse_sbatch_parsable, parse_sbatch_test_only, parse_scontrol_show_job, parse_squeue, parse_time_limit,
     parse_timestamp, squeue_format, unparsed_note,
@@ -33,10 +33,10 @@ from bigscience_ops.slurm.script import SBATCH_PREFIX, output_path, sbatch_quote
 from bigscience_ops.slurm.taskenv import LOCAL_LAUNCH, TaskEnv
 
 __all__ = [
-    "ACTIVE_STATES", "DEFAULT_TIMEOUT_S", "GETENT_TIMEOUT_S", "LOCAL_LAUNCH", "NEVER_STARTS", "PINNED_ENV",
+    "ACTIVE_STATES", "BLOCKED_REASONS", "DEFAULT_TIMEOUT_S", "GETENT_TIMEOUT_S", "LOCAL_LAUNCH", "NEVER_STARTS", "PINNED_ENV",
     "QUEUED_STATES", "RESERVED_PREFIX", "SBATCH_PREFIX", "SQUEUE_DELIMITER", "SQUEUE_FIELDS", "WAITING_STATES",
     "Job", "Jobs", "SacctRecord", "SlurmCommandError", "SlurmError", "SlurmOutputError", "TaskEnv", "TestOnlyAnswer",
-    "begin_arg", "cancel", "check_conf", "checked_item", "conf_note", "missing_conf", "said", "cancel_array", "cancel_pending", "cluster_needs", "enforces_accounts", "format_duration",
+    "begin_arg", "blocked", "cancel", "check_conf", "checked_item", "conf_note", "missing_conf", "said", "cancel_array", "cancel_pending", "cluster_needs", "enforces_accounts", "format_duration",
     "group_users", "has_default_partition", "hourly_job_name", "is_hourly_job_name", "job_accounting",
     "new_terminator", "output_path", "parse_duration", "parse_sacct", "parse_sbatch_parsable",
     "parse_sbatch_test_only", "parse_scontrol_show_job", "parse_squeue", "parse_time_limit", "parse_timestamp",

@@ -58,6 +58,21 @@ class Target:
         return int(self.meta["model"]["num_layers"])
 
 
+def _not_as_saved(found) -> str:
+    """Why a checkpoint folder with a manifest is not complete: the manifest cannot be read, or the first file that is
+    not there at its recorded size; without a manifest, a save in progress or one that did not finish."""
+    from bigscience_ops.checkpoints import manifest
+
+    try:
+        committed = found.manifest()
+    except CheckpointError as exc:
+        return " ".join(str(exc).split())
+    if committed is None:
+        return "no committed manifest: a save in progress, or one that did not finish"
+    bad = manifest.verify(found.path, committed, hashes=False).mismatches
+    return f"{bad[0]}: changed since its save" if bad else "its files changed while they were read"
+
+
 def checkpoint(exp, step: int, tensor: int | None = None, pipeline: int | None = None,
                check_files: bool = True) -> Target:
     """The complete checkpoint `global_step<step>` of `exp`'s run, in its own layout or TP=`tensor` / PP=`pipeline`.
@@ -95,9 +110,8 @@ def checkpoint(exp, step: int, tensor: int | None = None, pipeline: int | None =
         if last is not None and step > last and found.saved_before_manifests():
             raise EvalError(f"{checkpoints / tag}: step {step} is newer than the one 'latest' names ({last}): a save "
                             f"in progress, or one that did not finish; complete steps: {complete}")
-        why = found.refusal() or "a save in progress, one that did not finish, or files changed since"
-        raise EvalError(f"{found.path}: no committed manifest whose files are all there ({why}); complete steps: "
-                        f"{complete}")
+        why = found.refusal() or _not_as_saved(found)
+        raise EvalError(f"{found.path}: not a complete checkpoint ({why}); complete steps: {complete}")
     try:
         meta = found.meta()
     except CheckpointError as exc:

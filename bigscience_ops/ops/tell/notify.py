@@ -168,8 +168,8 @@ def notify(report: StatusReport, outbox: Outbox, state_path: str | os.PathLike[s
                                                       conditions, now)
             outgoing.append(_Outgoing("recovery", keys, conditions, on, subject, body))
         if report.finished_at is not None:
-            told = _told(state, report.job_name)
-            on = tuple(c for c in outbox.names if told.get(c) != report.finished_at)
+            told_finished = _told(state, report.job_name)
+            on = tuple(c for c in outbox.names if told_finished.get(c) != report.finished_at)
             if on:
                 outgoing.append(_Outgoing("finished", (), (), on, *alert_text.finished_email(experiment, report)))
     sent_out = [(o, *_send(outbox, o.subject, o.body, o.on, now, env)) for o in outgoing]  # no lock held

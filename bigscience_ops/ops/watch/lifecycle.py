@@ -109,10 +109,15 @@ def launched_here(output: Path) -> bool:
 
 
 def _iteration(checkpoints: Path, problems: list[Problem]) -> tuple[int, layout.Checkpoint | None]:
-    """The latest checkpoint's iteration (0 before the first save) and the checkpoint; when `latest` cannot be read
-    or names no plain checkpoint folder, a problem and the newest finished save instead."""
+    """The latest checkpoint's iteration (0 before the first save) and the checkpoint; when `latest` cannot be read,
+    names no plain checkpoint folder or names one that is not complete (no committed manifest, a file not as saved),
+    a problem and the newest complete checkpoint instead: where the next task resumes (the trainer rewrites `latest`
+    to name it)."""
     try:
         latest = layout.latest_checkpoint(checkpoints)
+        if latest is not None and latest.committed() is None and not latest.saved_before_manifests():
+            raise layout.CheckpointError(f"names {latest.tag}, which is not a complete checkpoint (no committed "
+                                         "manifest, or a file not as saved)")
     except (BsopsError, OSError) as exc:
         try:
             saved = layout.saved_checkpoints(checkpoints)

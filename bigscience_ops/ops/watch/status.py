@@ -29,8 +29,7 @@ from bigscience_ops.ops.alerts import (  # noqa: F401 - Alert, StatusReport and 
     DEFAULT_CONTACT, EXIT_ALERT, EXIT_ERROR, EXIT_HEALTHY, STAMP_FORMAT, Alert, StatusReport, raise_alert,
 )
 from bigscience_ops.ops.tell.quoting import quote_untrusted
-from bigscience_ops.slurm import ACTIVE_STATES, NEVER_STARTS, WAITING_STATES, Job, format_duration
-from bigscience_ops.slurm.output import blocked
+from bigscience_ops.slurm import ACTIVE_STATES, NEVER_STARTS, WAITING_STATES, Job, blocked, format_duration
 from bigscience_ops.schema import AlertsConfig
 
 if TYPE_CHECKING:
