@@ -6,6 +6,8 @@ in the trainer's own output, and the watchdog alerts on that output."""
 
 from __future__ import annotations
 
+import shutil
+
 from datetime import datetime, timedelta
 
 import pytest
@@ -68,6 +70,9 @@ def test_the_watchdog_alerts_the_collapse_from_the_trainers_own_lines(overflowed
     inbox, port = plain_server
     now = datetime(2026, 11, 28, 12, 0, 0)
     for zero, (exp, out, _) in overflowed.items():
+        # Watched as a Slurm launch (its record under launches/, the queue's job running), not as a local one.
+        (out / "launches" / "20261128-110000").mkdir(parents=True, exist_ok=True)
+        shutil.copy(out / "experiment.json", out / "launches" / "20261128-110000" / "experiment.json")
         running = seed_job(name=exp.slurm.job_name, start_time=now - timedelta(hours=1), elapsed_s=3600)
         settings = watchdog.WatchSettings(exp.slurm.job_name, log_path=out / "logs" / "main_log.txt",
                                           outbox=plain_outbox(port), experiment=exp.name, state_path=out / "alerts.json",
@@ -75,4 +80,4 @@ def test_the_watchdog_alerts_the_collapse_from_the_trainers_own_lines(overflowed
         result = watchdog.watch(settings, query=lambda **_: [running], now=now, run=lifecycle.run_state(exp))
         conditions = {alert.condition for alert in result.report.alerts}
         assert "health-loss-scale" in conditions and "health-skipped" in conditions, (zero, conditions)
-    assert sum("loss scale" in m.get_content() for m in inbox.messages) == 2
+    assert sum("loss scale" in m.get_content() for m in inbox.messages) == 2, [m["Subject"] for m in inbox.messages]
