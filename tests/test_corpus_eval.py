@@ -88,8 +88,7 @@ def test_every_document_is_outside_tiny_training_range(bundled_corpus):
 
 
 def test_task_yaml_files_load_with_lm_eval(tmp_path, monkeypatch):
-    pytest.importorskip("lm_eval")
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # lm-eval is a test dependency (the eval extra): never skipped
     from lm_eval.tasks._yaml_loader import load_yaml
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

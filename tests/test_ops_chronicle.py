@@ -152,12 +152,13 @@ PAYLOADS = {
 
 
 def _rendered_tags(page: str) -> set[str]:
-    """The HTML tags a page renders to, by Python-Markdown (tensorboard's dependency, which passes raw HTML) and,
-    where installed, markdown-it (CommonMark with GFM's tables and strikethrough, the Hub's kind of renderer), with
-    linkify (linkify-it-py)."""
+    """The HTML tags a page renders to, by Python-Markdown (tensorboard's dependency, which passes raw HTML) and
+    markdown-it (CommonMark with GFM's tables and strikethrough, the Hub's kind of renderer), with linkify
+    (linkify-it-py). Both are test dependencies: neither is left out where it is missing."""
     from html.parser import HTMLParser
 
     import markdown
+    from markdown_it import MarkdownIt
 
     found: set[str] = set()
 
@@ -166,10 +167,6 @@ def _rendered_tags(page: str) -> set[str]:
             found.add(tag + "".join(f" {name}" for name, _ in attrs))
 
     Tags().feed(markdown.markdown(page))
-    try:
-        from markdown_it import MarkdownIt
-    except ImportError:
-        return found
     # linkify-it-py (a test dependency): bare URLs, `www.` names and addresses made links, as GFM and the Hub do
     renderer = MarkdownIt("commonmark", {"html": True, "linkify": True}).enable(["table", "strikethrough", "linkify"])
     Tags().feed(renderer.render(page))

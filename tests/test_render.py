@@ -1,6 +1,6 @@
 """`bsops render`: golden job scripts, the DeepSpeed JSON, and quoting of hostile values.
 
-Regenerate the goldens after an intended template change: BSOPS_REGENERATE=1 pytest tests/test_render.py
+Regenerate the goldens after an intended template change: python scripts/regenerate_goldens.py render
 """
 
 from __future__ import annotations
@@ -22,19 +22,23 @@ from tests.fixtures_render import install_shims
 GOLDEN = Path(__file__).parent / "assets" / "golden"
 
 
-@pytest.mark.parametrize("name", ["tr1-13B", "tr8-104B"])
-def test_golden_scripts(name: str, tmp_path: Path) -> None:
-    out = tmp_path / "out"
+GOLDEN_NAMES = ("tr1-13B", "tr8-104B")
+
+
+def golden_texts(name: str, out: Path) -> dict[Path, str]:
+    """Each golden file of bundled experiment `name` and what rendering it into `out` gives now, the run's folders
+    written as <OUT> and <CWD> (scripts/regenerate_goldens.py writes these; the test compares them)."""
     exp = load_experiment(name)
     rendered = rendering.render(exp, out, make_plan(exp))
     # A bundled seed is a record: its run folder is under the current folder (each test's own).
     text = {k: v.replace(str(out.resolve()), "<OUT>").replace(str(Path.cwd()), "<CWD>") for k, v in rendered.files.items()}
-    golden = {f"{name}.slurm": GOLDEN / f"{name}.slurm", "ds_config.json": GOLDEN / f"{name}.ds_config.json"}
-    if os.environ.get("BSOPS_REGENERATE"):
-        for key, path in golden.items():
-            path.write_text(text[key])
-    for key, path in golden.items():
-        assert text[key] == path.read_text(), f"{path} differs; regenerate: BSOPS_REGENERATE=1 pytest {__file__}"
+    return {GOLDEN / f"{name}.slurm": text[f"{name}.slurm"], GOLDEN / f"{name}.ds_config.json": text["ds_config.json"]}
+
+
+@pytest.mark.parametrize("name", GOLDEN_NAMES)
+def test_golden_scripts(name: str, tmp_path: Path) -> None:
+    for path, text in golden_texts(name, tmp_path / "out").items():
+        assert text == path.read_text(), f"{path} differs; regenerate: python scripts/regenerate_goldens.py render"
 
 
 def test_script_has_array_resources_and_derived_exit(tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import commit_checkpoint, complete_checkpoint
 
-SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
+SEED_LINES = Path(__file__).resolve().parent / "assets" / "seeds" / "megatron_log_lines.txt"
+"""The Megatron log lines the project's source documents quote (copied from ../shared/seeds, its first line says where)."""
 
 
 def _stats(rng: random.Random, **extra) -> IterationStats:
@@ -54,10 +55,10 @@ def test_other_lines_are_not_iteration_lines(line):
         assert line.endswith("E+0") and stats.lm_loss == pytest.approx(8.6638)
 
 
-@pytest.mark.skipif(not SEEDS.is_dir(), reason="the seed documents are beside the checkout only")
 def test_megatron_lines_of_the_seed_logs_are_read():
-    lines = [line for path in sorted(SEEDS.glob("*.txt")) for line in path.read_text().splitlines()]
+    lines = SEED_LINES.read_text().splitlines()
     read = [stats for stats in map(parse_iteration_line, lines) if stats is not None]
+    assert [s.iteration for s in read] == [25, 26, 27, 1, 2, 3, 168000]  # the rest (fences, dataset sizes) are not
     assert any(s.iteration == 168000 and s.grad_norm == 19767.052 and s.loss_scale == 131072.0 for s in read)
     labelled = [s for s in read if s.train_iters == 73242187]  # srun --label's "   1:  iteration ..."
     assert labelled and labelled[0].lm_loss == pytest.approx(10.86954)
