@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -53,12 +56,28 @@ def test_launch_refuses_overlap_and_chains_on_the_whole_array(experiment, slurm_
     assert jobs[0].array_task == "1-2%1"
 
 
-@pytest.mark.skipif(Path("/etc/slurm/slurm.conf").exists(), reason="a system slurm.conf would answer without SLURM_CONF")
+def squeue_without_a_configuration(folder: Path) -> Path:
+    """`folder/squeue`: the real squeue, run where Slurm's default configuration folder (/etc/slurm) is an empty
+    tmpfs (a mount namespace of its own, private to that one command), so that with SLURM_CONF unset it finds no
+    cluster, as on a machine where Slurm is installed but not configured, whatever this machine's /etc/slurm
+    holds; returns `folder` for PATH."""
+    real = shutil.which("squeue")
+    assert real, "squeue is not installed: scripts/test.sh installs slurm-client (as the slurm_cluster fixture does)"
+    folder.mkdir(parents=True, exist_ok=True)
+    wrapper = folder / "squeue"
+    wrapper.write_text("#!/bin/sh\nexec unshare --mount --map-root-user sh -c "
+                       f"'mount -t tmpfs none /etc/slurm 2>/dev/null; exec \"$0\" \"$@\"' {shlex.quote(real)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return folder
+
+
 def test_a_dry_run_without_slurm_renders_and_says_why_the_queue_was_not_checked(tmp_path: Path, trainings: Path,
                                                                                  monkeypatch) -> None:
+    """Run on every machine, whether its Slurm has a configuration in /etc/slurm or not."""
     (trainings / "alone.yaml").write_text(tiny_yaml(tmp_path / "run"))
     exp = load_experiment("alone", trainings)
     monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setenv("PATH", f"{squeue_without_a_configuration(tmp_path / 'bin')}:{os.environ['PATH']}")
     with pytest.raises(Exception) as err:  # a real launch needs the queue
         submit.plan_launch(exp)
     assert str(err.value).startswith("Slurm is not configured on this machine (SLURM_CONF is unset)")
