@@ -100,7 +100,7 @@ def _damaged(prefix: Path, out: Path, case: str) -> dict:
     damage, _, _ = DAMAGE[case]
     damage(checkpoints)
     before = _files(checkpoints / NEWEST)
-    return {"checkpoints": checkpoints, "before": before, "relaunch": launch(out, 2)}
+    return {"checkpoints": checkpoints, "before": before, "relaunch": launch(out, 2), "out": out}
 
 
 @contextlib.contextmanager
@@ -202,3 +202,27 @@ def test_a_save_cut_short_never_becomes_latest_and_the_relaunch_finishes_the_run
     [record] = set_aside.read_checked(result["checkpoints"]).records
     assert record.tag == "global_step28" and "no manifest: the save did not finish" in record.reason
     assert Path(record.folder).is_dir() and any(Path(record.folder).iterdir())  # what was written is kept
+
+
+def test_the_watchdog_tells_each_checkpoint_set_aside_once(faults, plain_server):
+    """The fault's one alert: the watchdog's passes after the relaunch tell the on-call person once what was set
+    aside, naming the file and why; the next pass (its cooldown long over) tells nothing more of it."""
+    from datetime import datetime, timedelta
+
+    from bigscience_ops.config import from_dict
+    from bigscience_ops.ops.watch import lifecycle, watchdog
+    from tests.fixtures_smtp import plain_outbox
+
+    inbox, port = plain_server
+    out = faults["truncated"]["out"]
+    exp = from_dict(json.loads((out / "experiment.json").read_text()))
+    now = datetime.now()
+    for hours in (0, 6):
+        settings = watchdog.WatchSettings(exp.slurm.job_name, log_path=out / "logs" / "main_log.txt",
+                                          outbox=plain_outbox(port), experiment=exp.name, state_path=out / "alerts.json",
+                                          cooldown_minutes=60)
+        watchdog.watch(settings, query=lambda **_: [], now=now + timedelta(hours=hours), run=lifecycle.run_state(exp))
+    told = [m for m in inbox.messages if m["Subject"].lstrip().startswith("[ALERT]") and NEWEST in m.get_content()
+            and "set aside" in m.get_content()]  # the run's [FINISHED] mail lists the lines of its pass too
+    assert len(told) == 1 and "mp_rank_01_model_states" in told[0].get_content() and "told once" in \
+        told[0].get_content(), [(m["Subject"], m.get_content()[:1500]) for m in told]

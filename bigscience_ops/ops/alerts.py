@@ -31,6 +31,8 @@ EXIT_ERROR = 2
 STAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
 """The `[YYYY-MM-DD HH:MM:SS]` prefix of every line a watchdog run prints and logs."""
 DEFAULT_CONTACT = "the on-call person"
+EVENT_KINDS = frozenset({"checkpoint-set-aside"})
+"""Kinds that are events, not conditions: each is told once, never repeated after a cooldown nor recovered."""
 """Whom the ALERT lines say to alert when the caller names nobody: a role, never one site's team."""
 
 

@@ -317,6 +317,7 @@ def unwritable(folder: Path, files: tuple[Path, ...] = ()) -> str | None:
         return f"{folder}: {exc.strerror or exc}"
     for path in files:
         try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)  # as the first line written there makes it
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                          0o644)
         except OSError as exc:

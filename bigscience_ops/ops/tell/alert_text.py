@@ -20,7 +20,7 @@ import socket
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from bigscience_ops.ops.alerts import Alert, StatusReport, advice_of, headline_of
+from bigscience_ops.ops.alerts import EVENT_KINDS, Alert, StatusReport, advice_of, headline_of
 from bigscience_ops.ops.tell.quoting import LINE_MAX, defang_names, quote_untrusted
 
 ERROR_LINES = 40
@@ -65,10 +65,19 @@ def alert_email(experiment: str, report: StatusReport, due: Sequence[Alert], coo
         advice.replace("EXP", experiment),
         f"- Check again with: bsops status --job-name {job_name}",
         "",
-        f"This alert repeats at most every {cooldown:g} minutes while the condition lasts; a recovery",
-        "email follows when it clears.",
+        *_repeats(due, cooldown),
     ])
     return subject, body + "\n"
+
+
+def _repeats(due: Sequence[Alert], cooldown: float) -> list[str]:
+    """The footer: how often the conditions are told again; an event (a checkpoint set aside) is told once."""
+    events = [a for a in due if a.kind in EVENT_KINDS]
+    if len(events) == len(due):
+        return ["This alert is told once: what it tells has happened and cannot clear."]
+    lines = [f"This alert repeats at most every {cooldown:g} minutes while the condition lasts; a recovery",
+             "email follows when it clears."]
+    return lines + (["What has happened (a checkpoint set aside) is told once."] if events else [])
 
 
 def recovery_email(experiment: str, report: StatusReport, entries: Sequence[dict], conditions: Sequence[str],

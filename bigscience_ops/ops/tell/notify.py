@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from bigscience_ops.ops.alerts import Alert, StatusReport, raise_alert
+from bigscience_ops.ops.alerts import EVENT_KINDS, Alert, StatusReport, raise_alert
 from bigscience_ops.ops.tell import alert_text
 from bigscience_ops.ops.tell.alert_state import (  # noqa: F401 - the state's reader and place: importable from here too
     STATE_LIMIT, UNREADABLE, State, StateUnwritable, default_state_path, open_alerts, read_state, state_file,
@@ -32,9 +32,6 @@ from bigscience_ops.redact import env_secrets, scrub
 
 _State, _state_file = State, state_file  # their names before alert_state.py
 
-EVENT_KINDS = frozenset({"checkpoint-set-aside"})
-"""Kinds of alert that tell of an event, not a condition: sent once on each channel, remembered in the alert state
-(`told`), never repeated after a cooldown and never followed by a recovery."""
 
 # --- alerts with cooldown and recovery, per channel --------------------------------------------------
 

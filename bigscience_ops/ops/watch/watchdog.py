@@ -200,7 +200,7 @@ def _with_moved_alert(report: StatusReport, where: alert_state.Place, contact: s
 def _with_set_aside_alerts(report: StatusReport, records: tuple[SetAside, ...], told: set[str],
                            contact: str) -> StatusReport:
     """The report plus one alert per checkpoint the trainer set aside (checkpoints/set_aside.py) that the alert
-    state has not told yet: an event, told once (notify.EVENT_KINDS), naming the tag, where it went and why."""
+    state has not told yet: an event, told once (alerts.EVENT_KINDS), naming the tag, where it went and why."""
     alerts = []
     for record in records:
         subject = f"{re.sub(r'[^A-Za-z0-9_]', '?', record.tag)[:64]}@{int(record.time)}"
