@@ -101,8 +101,10 @@ def test_a_cron_folder_resolving_to_a_name_with_a_newline_is_refused(client: Pat
 
 
 def test_without_a_client_the_block_is_written_for_a_login_node(tmp_path: Path, monkeypatch) -> None:
-    if shutil.which("scrontab"):
-        pytest.skip("this machine has a scrontab client")
+    """Run on every machine: a scrontab client this one has is taken off PATH (as on a node without one)."""
+    monkeypatch.setenv("PATH", os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep)
+                                               if not (Path(d or ".") / "scrontab").exists()))
+    assert shutil.which("scrontab") is None
     output = install(tmp_path / "cron")
     assert "no scrontab client" in output
     text = (tmp_path / "cron" / "runners" / "bsops.scrontab").read_text()

@@ -28,7 +28,8 @@ REGENERATE = "python scripts/regenerate_goldens.py losses"
 
 def golden_text(losses: dict[int, float]) -> str:
     """GOLDEN's content for the per-step losses of a golden run (what scripts/regenerate_goldens.py writes)."""
-    lines = [f"# per-step lm loss of tests/fixtures_trainer.py's golden_run (PP=2, fp32, CPU). Regenerate: {REGENERATE}"]
+    lines = [f"# per-step lm loss of tests/fixtures_trainer.py's golden_run (PP=2, fp32, CPU). "
+             f"Regenerate: {REGENERATE}"]
     return "\n".join(lines + [f"{s} {losses[s]!r}" for s in sorted(losses)]) + "\n"
 
 
