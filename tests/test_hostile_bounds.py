@@ -24,8 +24,9 @@ from tests.fixtures_runs import commit_checkpoint
 
 TINY_PREFIX = "corpus/build/tiny_text_document"
 METRIC = "kjv_epistles/bits_per_byte"
-SECONDS = 10.0
-"""The most one command may take on one field's extreme (tiny's own plan takes a tenth of a second)."""
+SECONDS = 60.0
+"""A hang detector, not a speed test: tiny's own plan takes a tenth of a second; only an extreme value that sends a
+command into a loop bounded by the value itself (a 10**18-step schedule walked step by step) gets near this."""
 
 
 def bounded_fields(cls: type, prefix: tuple = ()) -> dict[tuple, tuple[type, dict]]:
@@ -121,7 +122,7 @@ def test_each_bounds_extreme_works_or_is_refused_clearly(path: tuple, which: str
         said = f"{' '.join(command)} with {path} = {value!r}: exit {result.exit_code} in {took:.1f} s\n{result.output}"
         assert result.exception is None or isinstance(result.exception, SystemExit), said
         assert "Traceback" not in result.output, said
-        assert took < SECONDS, said
+        assert took < SECONDS, said  # far from the time it takes: see SECONDS
         if command[0] == "status":
             assert result.exit_code in (0, 1, 2), said  # 2: Slurm cannot be asked here; the values were read
         elif result.exit_code != 0:

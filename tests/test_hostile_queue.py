@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +32,7 @@ from bigscience_ops.ops.watch import status
 from bigscience_ops.views import samples
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_status import ITERATION
+from tests.hang import ends_within
 
 D = slurm.SQUEUE_DELIMITER
 T = b"@T@"  # stands for the query's terminator in a stand-in's output
@@ -206,9 +206,9 @@ def squeue_invalid_durations(cluster: Cluster, **_) -> None:
 def squeue_ten_thousand_records(cluster: Cluster, **_) -> None:
     cluster.answer(b"".join(record(f"{i}_1", f"job-{i}", user=f"u{i % 7}") for i in range(10_000))
                    + record("20000_1", "tr1-13B"))
-    began = time.monotonic()
-    report = status.check("tr1-13B", now=NOW, timeout=30)
-    assert report.exit_code == status.EXIT_HEALTHY and time.monotonic() - began < 10
+    report = ends_within(lambda: status.check("tr1-13B", now=NOW, timeout=30),
+                         "10,001 records read back and forth (a quadratic reading would take minutes)")
+    assert report.exit_code == status.EXIT_HEALTHY
 
 
 def squeue_megabyte_name_compared_whole(cluster: Cluster, **_) -> None:
@@ -322,12 +322,10 @@ def log_with_a_line_of_70_mb(tmp_path: Path, **_) -> None:
         f.write((ITERATION + "\n").encode())
         for _ in range(70):
             f.write(b"x" * (1 << 20))
-    began = time.monotonic()
-    lines, offset = runlog.tail(log, 20)
+    lines, offset = runlog.tail(log, 20)  # how long these take against a normal log: benchmarks/log_tail.py
     assert len(lines) == 1 and lines[0].startswith("[bsops: only the last") and offset < log.stat().st_size
     progress = status.read_progress(log)
     assert progress.last_iteration is None and progress.searched == status.PROGRESS_BYTES
-    assert time.monotonic() - began < 2
 
 
 def log_ending_in_256_mb_of_nuls(tmp_path: Path, trainings: Path, **_) -> None:
@@ -337,12 +335,11 @@ def log_ending_in_256_mb_of_nuls(tmp_path: Path, trainings: Path, **_) -> None:
     with open(log, "wb") as f:
         f.write((ITERATION + "\n").encode())
         f.truncate(256 << 20)
-    began = time.monotonic()
+    # How long `logs` and `info` take on it, against a normal log: benchmarks/log_tail.py (nuls).
     result = CliRunner().invoke(main, ["logs", "nuls", "--trainings-dir", str(trainings), "-n", "5"])
     assert result.exit_code == 0 and "NUL bytes" in result.stdout
     info = CliRunner().invoke(main, ["info", "nuls", "--trainings-dir", str(trainings)])
     assert info.exit_code == 0 and "Traceback" not in info.output
-    assert time.monotonic() - began < 4  # two commands in one process, well under 2 s each
 
 
 def log_of_binary_garbage(tmp_path: Path, **_) -> None:

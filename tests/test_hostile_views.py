@@ -158,9 +158,7 @@ def test_a_200000_line_index_is_read_from_its_newest_end_and_the_rest_is_counted
     monkeypatch.setattr(runs_index, "MAX_READ", 2 << 20)
     line = '{"time": %d, "experiment": "tr1-13B", "folder": "%s/gone/%d", "job": "slurm", "job_id": "%d"}\n'
     _index("".join(line % (1.7e9 + i, tmp_path, i, 10**6 + i) for i in range(200_000)).encode())
-    started = time.monotonic()
-    data, text = _runs()
-    assert time.monotonic() - started < 20
+    data, text = _runs()  # the bounded read shows in unread_lines below, not in a time
     read = len(data["runs"]) + data["not_shown"]
     assert data["unread_lines"] > 0 and data["unread_lines"] + read == 200_000 and data["skipped_lines"] == 0
     assert len(data["runs"]) == runs_view.MAX_ROWS and data["runs"][0]["folder"] == f"{tmp_path}/gone/199999"

@@ -113,7 +113,9 @@ def test_the_local_executor_runs_the_same_job_and_stops_all_of_it(tmp_path: Path
     assert child in processes.descendants(handle.proc.pid)
     started = time.monotonic()
     handle.stop(grace_s=1)
-    assert time.monotonic() - started < 10
+    # A hang detector, not a speed test: the stop takes its 1 s of grace; one that waited for the child to end of
+    # itself would wait for ever (it ignores SIGTERM), or return with it alive (checked below).
+    assert time.monotonic() - started < 60
     assert handle.state() == processes.GONE and not processes.alive(child)
 
 
@@ -121,8 +123,9 @@ def test_stop_tree_of_an_ended_job_returns_at_once(tmp_path: Path) -> None:
     proc = processes.start(["true"])
     proc.wait()
     started = time.monotonic()
-    processes.stop_tree(proc, grace_s=30)
-    assert time.monotonic() - started < 2
+    processes.stop_tree(proc, grace_s=3600)
+    # A hang detector, not a speed test: it returns at once; one that waited out the grace would take an hour.
+    assert time.monotonic() - started < 60
 
 
 def test_raising_on_restores_the_handler() -> None:

@@ -5,7 +5,6 @@ no other change."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -23,6 +22,7 @@ from bigscience_ops.ops.watch import status, watchdog
 from bigscience_ops.schema import AlertsConfig
 from tests.fixtures_smtp import SmtpScript, plain_settings
 from tests.fixtures_status import seed_job
+from tests.hang import ends_within
 
 NOW = datetime(2026, 11, 22, 12, 0, 0)
 
@@ -135,27 +135,28 @@ def test_a_state_file_written_before_the_protocol_keeps_each_channels_keys(tmp_p
 
 def test_an_smtp_server_that_drips_its_banner_fails_the_email_alone_within_its_timeout(scripted_smtp, webhook_server,
                                                                                        cert, monkeypatch) -> None:
-    """`220-` continuation lines every 2 s for ever: the email is a failed channel at its timeout, and the webhook
-    after it still gets the alert."""
+    """`220-` continuation lines every DRIP_S (0.1 s) for ever: the email is a failed channel at its timeout, and the
+    webhook after it still gets the alert. Without a timeout for the whole exchange the delivery would never end:
+    tests/hang.py's deadline fails it then."""
     port = scripted_smtp(SmtpScript(drips={"banner": b"220-still here\r\n"}))
     monkeypatch.setenv("BSOPS_TEST_WEBHOOK", webhook_server.url)
-    outbox = Outbox((EmailChannel(plain_settings(port, timeout_s=2.0)),
+    outbox = Outbox((EmailChannel(plain_settings(port, timeout_s=0.5)),
                      WebhookChannel(WebhookSettings("BSOPS_TEST_WEBHOOK", ca_file=cert[0]))), "bot@example.org")
-    started = time.monotonic()
-    failed = outbox.deliver(outbox.compose("[ALERT] tiny: not running", "body"))
-    assert time.monotonic() - started < 2.0 + 3 and set(failed) == {"email"}
+    failed = ends_within(lambda: outbox.deliver(outbox.compose("[ALERT] tiny: not running", "body")),
+                         "a banner dripped for ever, the email's timeout not kept")
+    assert set(failed) == {"email"}
     assert len(webhook_server.posts) == 1
 
 
 def test_an_smtp_server_that_answers_every_command_slowly_is_cut_off_at_the_total(scripted_smtp) -> None:
-    """0.8 s before each reply is far within any time per read, but banner to end of data takes 7 of them: past
-    the 2 s the whole email may take, so the channel fails then (and does not wait for the rest)."""
-    script = SmtpScript(pause_s=0.8)
-    channel = EmailChannel(plain_settings(scripted_smtp(script), timeout_s=2.0))
-    started = time.monotonic()
+    """0.4 s before each reply is far within any time per read, but banner to end of data takes 7 of them (2.8 s):
+    past the 1 s the whole email may take, so the channel fails then, before the end of the data (with a time per
+    read the email would go out, slowly, and no ChannelError would be raised)."""
+    script = SmtpScript(pause_s=0.4)
+    channel = EmailChannel(plain_settings(scripted_smtp(script), timeout_s=1.0))
     with pytest.raises(ChannelError) as failed:
         channel.send(channels.Outbox((channel,), "bot@example.org").compose("[ALERT] x", "b"), {})
-    assert time.monotonic() - started < 2.0 + 3 and failed.value.channel == "email" and "." not in script.commands
+    assert failed.value.channel == "email" and "." not in script.commands
     script.pause_s = 0.0
     channel.send(channels.Outbox((channel,), "bot@example.org").compose("[ALERT] x", "b"), {})  # prompt: it goes
     assert script.commands[-2:] == [".", "QUIT"]

@@ -16,6 +16,7 @@ from bigscience_ops.ops.tell.channels import Outbox
 from bigscience_ops.ops.tell.message import SUBJECT_MAX, NotifyError, header_text
 from bigscience_ops.ops.watch import status
 from tests.fixtures_smtp import PASSWORD, T0, Inbox, free_port, plain_outbox, server_tls, serving
+from tests.hang import ends_within
 
 
 def missing_report(now: datetime) -> status.StatusReport:
@@ -423,7 +424,6 @@ def test_a_slow_mail_server_never_holds_the_state_lock_from_the_hourly_jobs(plai
     """The watchdog's alert waits on a server that does not answer; hub-sync --alert of the same run, with the same
     state file, sends its own alert meanwhile, and both end up in the state."""
     import threading
-    import time
 
     fast, fast_port = plain_server
     slow = _SlowInbox()
@@ -436,10 +436,12 @@ def test_a_slow_mail_server_never_holds_the_state_lock_from_the_hourly_jobs(plai
     try:
         watchdog.start()
         assert slow.reached.wait(30), "the watchdog's message never reached the server"
-        started = time.monotonic()
-        told = notify.notify_job(plain_outbox(fast_port), state, "hub-sync", "push refused", experiment="e",
-                                 command="bsops hub-sync e", now=T0)
-        assert told.kind == "alert" and len(fast.messages) == 1 and time.monotonic() - started < 10
+        # Waiting for the watchdog's lock would last until the slow server lets go (60 s): a hang, far past this
+        # send's fraction of a second; and the watchdog would no longer be alive after it.
+        told = ends_within(lambda: notify.notify_job(plain_outbox(fast_port), state, "hub-sync", "push refused",
+                                                     experiment="e", command="bsops hub-sync e", now=T0),
+                           "the state's lock held across the watchdog's send", seconds=30)
+        assert told.kind == "alert" and len(fast.messages) == 1
         assert watchdog.is_alive()  # still waiting on the slow server
     finally:
         slow.release.set()

@@ -7,7 +7,6 @@ holds the ordinary tail and follow cases; tests/test_hostile_queue.py the hostil
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -40,9 +39,7 @@ def _sparse(path: Path, size: int, head: bytes = b"") -> Path:
 
 def test_the_bytes_a_tail_reads_are_bounded_whatever_the_last_line(tmp_path: Path, reads: list[int]) -> None:
     log = _sparse(tmp_path / "main_log.txt", 1 << 40, b" iteration 1/ 10 | lm loss: 2.0 |\n")  # 1 TiB of NULs
-    began = time.monotonic()
-    found = runlog.read_tail(log, 20)
-    assert time.monotonic() - began < 5
+    found = runlog.read_tail(log, 20)  # how long it takes, against a normal log: benchmarks/log_tail.py
     assert sum(reads) <= runlog.TAIL_BYTES + 1 and found.read == runlog.TAIL_BYTES
     assert found.lines == [] and found.clipped and found.nuls == runlog.TAIL_BYTES and found.size == 1 << 40
     lines, offset = runlog.tail(log, 20)

@@ -31,10 +31,10 @@ def test_one_failing_rank_ends_the_job_with_its_error_in_main_log(tmp_path: Path
     run = tmp_path / "failing-run"
     env = {**os.environ, "BSOPS_FAIL_AT": "1:5"}
     env.pop("BSOPS_JOB_START_EPOCH", None)
-    start = time.monotonic()
+    # The whole launch (start-up, 4 iterations, the failure) takes about 15 s. A rank waiting for its failed peer
+    # would wait out the collective timeout (30 minutes): the run's timeout (10) is the hang detector, no speed test.
     proc = subprocess.run([BSOPS, "launch", "small", "--local", "--trainings-dir", str(trainings), "--out", str(run)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    elapsed = time.monotonic() - start
     assert proc.returncode != 0, proc.stdout[-3000:]
     deadline = time.monotonic() + 20  # processes being reaped right now get a moment
     while processes_mentioning(str(run)) and time.monotonic() < deadline:
@@ -46,9 +46,6 @@ def test_one_failing_rank_ends_the_job_with_its_error_in_main_log(tmp_path: Path
     assert "InjectedFault" in log and "rank 1/2" in log, log[-3000:]
     trained = [line for line in log.splitlines() if line.lstrip().startswith("iteration ")]
     assert len(trained) == 4, trained
-    # The whole launch (start-up, 4 iterations, the failure) ends well inside the collective timeout
-    # (30 minutes): no rank waited for its failed peer.
-    assert elapsed < 120, elapsed
 
     # The job script recorded the nonzero exit, and the task made no progress: it counts against the budget.
     history = ledger.attempts(ledger.read(run / ledger.LEDGER_NAME))
