@@ -545,7 +545,9 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress, a
                 archive.add(staging / rel, arcname=rel, recursive=False)
         os.replace(tmp, target)
         bad = _verify_tar(target, files)
-        if bad:
+        if bad:  # neither the tar nor the staged files are kept: the next run copies the checkpoint again
+            target.unlink()
+            shutil.rmtree(staging)
             raise BackupError(f"{target} does not match the copied files: {'; '.join(bad[:5])}")
         manifest["tar_size"] = target.stat().st_size
     else:
