@@ -8,6 +8,7 @@ They are skipped only where starting it is impossible: not root, or no Debian pa
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -100,6 +101,36 @@ def replay_squeue(folder: Path, name: str) -> Path:
                         f"{RECORDED / name}\n")
     stand_in.chmod(0o755)
     return folder
+
+
+def replay_sbatch(folder: Path) -> Path:
+    """Write `folder/sbatch`, a stand-in that prints the recorded answers of `sbatch --parsable`
+    (sbatch-parsable.txt: three real job ids, then again from the first) in turn and keeps each call's argv in
+    `folder/sbatch-N.argv` (read them with `sbatch_calls`); returns `folder` for PATH. With replay_squeue in the same
+    folder: a queue where the jobs submitted never show (they left it), as a real one answers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stand_in = folder / "sbatch"
+    recorded = RECORDED / "sbatch-parsable.txt"
+    stand_in.write_text(
+        "#!/bin/bash\nset -e\n"
+        f"count={shlex.quote(str(folder / 'sbatch.count'))}\n"
+        'n=$(( $(cat "$count" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$count"\n'
+        f'printf "%s\\0" "$@" > {shlex.quote(str(folder))}/sbatch-"$n".argv\n'
+        f"lines=$(wc -l < {shlex.quote(str(recorded))})\n"
+        f'sed -n "$(( (n - 1) % lines + 1 ))p" {shlex.quote(str(recorded))}\n')
+    stand_in.chmod(0o755)
+    return folder
+
+
+def sbatch_calls(folder: Path) -> list[list[str]]:
+    """The argv of each call of replay_sbatch's stand-in in `folder`, in order."""
+    calls = sorted(folder.glob("sbatch-*.argv"), key=lambda p: int(p.stem.split("-")[1]))
+    return [p.read_bytes().decode().split("\0")[:-1] for p in calls]
+
+
+def recorded_sbatch_ids() -> list[str]:
+    """The job ids sbatch-parsable.txt holds, in the order replay_sbatch answers them."""
+    return [slurm.parse_sbatch_parsable(line + "\n") for line in (RECORDED / "sbatch-parsable.txt").read_text().split()]
 
 
 def wait_until(what: str, probe: Callable[[], T], timeout: float = 60.0, interval: float = 0.3) -> T:

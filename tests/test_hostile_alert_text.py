@@ -25,7 +25,6 @@ import pytest
 from aiosmtpd.controller import Controller
 from click.testing import CliRunner
 
-from bigscience_ops import slurm
 from bigscience_ops.run import ledger
 from bigscience_ops.cli import main
 from bigscience_ops.launch.local import free_port
@@ -34,6 +33,7 @@ from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.ops.watch import watchdog
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import Inbox, plain_outbox, server_tls
+from tests.fixtures_slurm import replay_sbatch, replay_squeue
 from tests.fixtures_status import seed_job
 from tests.fixtures_runs import commit_checkpoint
 
@@ -185,8 +185,8 @@ def test_a_hostile_value_reaches_mail_and_webhook_quoted_never_live(name: str, e
     exp, run = experiment
     marker = f"Q{list(HOSTILE).index(name)}Z"
     value = f"{marker} {HOSTILE[name]}"
-    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
-    monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: "77")
+    # squeue and sbatch answer with their recorded real output: a queue without this run's jobs, a job id.
+    monkeypatch.setenv("PATH", f"{replay_sbatch(replay_squeue(tmp_path / 'bin', 'squeue.txt'))}:{os.environ['PATH']}")
 
     # bsops status: the ledger's last task (its id and nodes), a ledger line and a result file it cannot read.
     ledger.mark_launch(run, "4242")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 import types
 import typing
@@ -21,6 +22,7 @@ from click.testing import CliRunner
 from bigscience_ops import schema
 from bigscience_ops.cli import main
 from tests.fixtures_runs import commit_checkpoint
+from tests.fixtures_slurm import replay_sbatch, replay_squeue, sbatch_calls
 
 TINY_PREFIX = "corpus/build/tiny_text_document"
 METRIC = "kjv_epistles/bits_per_byte"
@@ -133,9 +135,9 @@ def test_each_bounds_extreme_works_or_is_refused_clearly(path: tuple, which: str
 
 
 def _eval_next_takes(value, path: tuple, monkeypatch: pytest.MonkeyPatch, trainings: Path) -> None:
-    """`bsops eval edge --next` writes the eval job of a complete checkpoint (sbatch a stand-in), and the resolved
-    experiment it writes beside the script is one the ranks' loader (config.from_dict) takes."""
-    from bigscience_ops import slurm
+    """`bsops eval edge --next` writes the eval job of a complete checkpoint (squeue and sbatch answer with their
+    recorded real output), and the resolved experiment it writes beside the script is one the ranks' loader
+    (config.from_dict) takes."""
     from bigscience_ops.config import from_dict
 
     checkpoint = trainings.parent / "runs/edge/checkpoints/global_step50"  # where tiny's relative paths resolve
@@ -143,10 +145,10 @@ def _eval_next_takes(value, path: tuple, monkeypatch: pytest.MonkeyPatch, traini
     (checkpoint / "bsops.json").write_text('{"iteration": 50}')
     commit_checkpoint(checkpoint)
     (checkpoint.parent / "latest").write_text("global_step50")
-    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
-    submitted: list[list[str]] = []
-    monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: submitted.append(argv) or "77")
+    stand_ins = replay_sbatch(replay_squeue(trainings.parent / "bin", "squeue.txt"))
+    monkeypatch.setenv("PATH", f"{stand_ins}:{os.environ['PATH']}")
     result = CliRunner().invoke(main, ["eval", "edge", "--next", "--trainings-dir", str(trainings)])
+    submitted = sbatch_calls(stand_ins)
     said = f"eval --next with {path} = {value!r}: exit {result.exit_code}\n{result.output}"
     assert result.exception is None or isinstance(result.exception, SystemExit), said
     if result.exit_code != 0:

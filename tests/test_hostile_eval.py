@@ -30,13 +30,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import slurm
 from bigscience_ops.checkpoints import layout, manifest
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops.evaluate import EvalError, driver, launcher, prefetch, results, schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import LAYOUT
+from tests.fixtures_slurm import recorded_sbatch_ids, replay_sbatch, replay_squeue, sbatch_calls
 from tests.fixtures_smtp import alerts_yaml
 from tests.test_hostile_tasks import GOOD
 from tests.test_ops_evaluate_results import eval_result
@@ -229,12 +229,10 @@ def test_bsops_eval_refuses_another_runs_checkpoints_naming_both_ids(trainings: 
 
 
 def test_the_hourly_pass_submits_nothing_for_another_runs_checkpoints(trainings: Path, elsewhere: dict,
-                                                                      monkeypatch) -> None:
-    submitted = []
-    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
-    monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: submitted.append(argv) or "41")
+                                                                      tmp_path: Path, monkeypatch) -> None:
+    stand_ins = _recorded_slurm(tmp_path, monkeypatch)
     line = _one_error(_eval(trainings, "--next"))
-    assert elsewhere["b"] in line and submitted == []
+    assert elsewhere["b"] in line and sbatch_calls(stand_ins) == []
 
 
 def test_a_checkpoint_whose_manifest_names_another_run_is_refused(trainings: Path, tmp_path: Path) -> None:
@@ -359,8 +357,7 @@ def test_the_new_eval_fields_are_bounded(override: str, trainings: Path, tmp_pat
 def test_the_hourly_passs_overrides_are_recorded_with_the_job(trainings: Path, tmp_path: Path, monkeypatch) -> None:
     _experiment(trainings, tmp_path / "run")
     _checkpoint(tmp_path / "run" / "checkpoints", 50)
-    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
-    monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: "41")
+    _recorded_slurm(tmp_path, monkeypatch)
     done = _eval(trainings, "--next", "eval.limit=5", "eval.docs_per_source=10")
     assert done.exit_code == 0, done.output
     [record] = schedule.read_ledger(tmp_path / "run" / "eval" / "jobs.jsonl").records
@@ -375,19 +372,27 @@ def _hourly(trainings: Path):
     return _eval(trainings, "--next", "--alert")
 
 
+def _recorded_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """squeue and sbatch on PATH answering with their recorded real output (tests/fixtures_slurm.py): a queue of
+    other jobs, in which the run's eval jobs never show (they left it), and real job ids in turn; the folder."""
+    stand_ins = replay_sbatch(replay_squeue(tmp_path / "bin", "squeue.txt"))
+    monkeypatch.setenv("PATH", f"{stand_ins}:{os.environ['PATH']}")
+    return stand_ins
+
+
 def test_each_kind_of_eval_failure_has_its_own_cooldown(trainings: Path, tmp_path: Path, monkeypatch,
                                                         plain_server) -> None:
     inbox, port = plain_server
     run = tmp_path / "run"
     _experiment(trainings, run, "tasks: [lambada_openai]", alerts_yaml(port, cooldown_minutes=240))
     _checkpoint(run / "checkpoints", 50)
-    queue: list = []
-    ids = iter(range(41, 99))
-    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: list(queue))
-    monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: str(next(ids)))
-    assert _hourly(trainings).exit_code == 0  # job 41 submitted
-    assert _hourly(trainings).exit_code == EXIT_ERROR  # 41 left the queue without its result: eval-job; 42 submitted
-    data = eval_result(50, {"other/acc": 0.5})  # 42 wrote a result that left a task out: a new kind, told at once
+    first, second = recorded_sbatch_ids()[:2]
+    _recorded_slurm(tmp_path, monkeypatch)
+    assert _hourly(trainings).exit_code == 0  # the first job submitted
+    assert _hourly(trainings).exit_code == EXIT_ERROR  # it left the queue without its result: eval-job; the 2nd sent
+    assert [(r.event, r.job_id) for r in schedule.read_ledger(run / "eval" / "jobs.jsonl").records] == [
+        ("submitted", first), ("failed", first), ("submitted", second)]
+    data = eval_result(50, {"other/acc": 0.5})  # the 2nd wrote a result that left a task out: a new kind, told at once
     data["bsops"]["missing"] = {"lambada_openai": "eval.tasks: lambada_openai: not in the cache offline"}
     results.write(results.result_path(run, "global_step50"), data)
     assert _hourly(trainings).exit_code == EXIT_ERROR
@@ -417,7 +422,7 @@ def test_a_source_with_corrupt_lines_fails_it_and_alerts_as_its_own_kind(trainin
     data = eval_result(50, {"other/acc": 0.5})
     data["bsops"].update(missing=missing, corrupt=corrupt)  # what the worker writes (and it exits 2)
     results.write(results.result_path(run, "global_step50"), data)
-    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
+    _recorded_slurm(tmp_path, monkeypatch)
     assert _hourly(trainings).exit_code == EXIT_ERROR
     [message] = inbox.messages
     assert "eval-sources" in message["Subject"] and "src" in message.get_body(("plain",)).get_content()
@@ -460,7 +465,7 @@ def test_prefetch_streams_the_childs_lines_and_stops_it_at_the_deadline(tmp_path
     pid = tmp_path / "pid"
     child = [sys.executable, "-c", f"import os, pathlib, time; pathlib.Path({str(pid)!r}).write_text(str(os.getpid()));"
              " print('copying', flush=True); time.sleep(120)"]
-    code, _ = prefetch.run_streamed(child, dict(os.environ), time.monotonic() + 2,
+    code, _ = prefetch.run_streamed(child, dict(os.environ), time.monotonic() + 1,
                                     lambda line: seen.append((line, alive(int(pid.read_text())))))
     assert code is None and seen == [("copying", True)]  # told while the child ran, then stopped at the deadline
     assert not alive(int(pid.read_text()))

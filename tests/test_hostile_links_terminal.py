@@ -37,13 +37,13 @@ from linkify_it import LinkifyIt
 from linkify_it.tlds import TLDS
 from markdown_it import MarkdownIt
 
-from bigscience_ops import slurm
 from bigscience_ops.cli import main
 from bigscience_ops.cli.base import EXIT_PROBLEMS
 from bigscience_ops.launch.local import free_port
 from bigscience_ops.ops.eval_modes import FAILURES
 from bigscience_ops.ops.evaluate import schedule
 from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_slurm import replay_sbatch, replay_squeue, sbatch_calls
 from tests.fixtures_smtp import Hooked, Inbox
 
 VAR = "BSOPS_TEST_LINKS_WEBHOOK"
@@ -158,14 +158,13 @@ def _delivered(inbox: Inbox, hooked: Hooked, count: int) -> list[str]:
 @pytest.fixture
 def alerting(servers, cert, trainings: Path, tmp_path: Path, monkeypatch) -> Callable[[str], Path]:
     """`alerting(name)`: experiment `name`, evaluating a held-out source, alerting by email and webhook to the
-    module's servers, with its run (committed checkpoints of steps 5 and 10) in tmp_path/run; the queue is empty
-    and a submission is job 77."""
+    module's servers, with its run (committed checkpoints of steps 5 and 10) in tmp_path/run; squeue and sbatch
+    answer with their recorded real output (a queue without this run's jobs, a job id)."""
     inbox, port, hooked = servers
     _delivered(inbox, hooked, 0)
     monkeypatch.setenv(VAR, hooked.url)
     monkeypatch.setenv("SSL_CERT_FILE", cert[0])  # the default context trusts the test CA, as a site CA would be
-    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
-    monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: "77")
+    monkeypatch.setenv("PATH", f"{replay_sbatch(replay_squeue(tmp_path / 'bin', 'squeue.txt'))}:{os.environ['PATH']}")
 
     def make(name: str) -> Path:
         run = tmp_path / "run"
@@ -379,9 +378,8 @@ def test_cron_list_and_run_show_names_escaped_and_run_only_plain_files(name: str
     elsewhere.write_text(JOB.format(name="elsewhere"))
     make(folder, elsewhere)
     [entry] = [p for p in folder.iterdir() if p.name != "good.slurm"]
-    submitted: list[str] = []
-    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
-    monkeypatch.setattr(slurm, "submit", lambda argv, **kwargs: submitted.append(argv[-1]) or str(100 + len(submitted)))
+    stand_ins = replay_sbatch(replay_squeue(tmp_path / "bin", "squeue.txt"))  # recorded real answers
+    monkeypatch.setenv("PATH", f"{stand_ins}:{os.environ['PATH']}")
 
     listed = CliRunner().invoke(main, ["cron", "list", "--cron-dir", str(cron_dir)], color=True)
     assert listed.exit_code == 0 and _raw_controls(listed.stdout) == []
@@ -390,6 +388,7 @@ def test_cron_list_and_run_show_names_escaped_and_run_only_plain_files(name: str
     ran = CliRunner().invoke(main, ["cron", "run", "hourly", "--cron-dir", str(cron_dir), "--no-rearm"], color=True)
     assert _raw_controls(ran.output) == [], ran.output
     assert "Traceback" not in ran.output
+    submitted = [argv[-1] for argv in sbatch_calls(stand_ins)]
     assert sorted(submitted) == sorted([str(folder / "good.slurm"), *([str(entry)] if runs else [])])
     assert ran.exit_code == (0 if runs else EXIT_PROBLEMS), ran.output
     log = (cron_dir / "logs" / "cron.hourly.log").read_text()

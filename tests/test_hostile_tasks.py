@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import slurm
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.ops.evaluate import EvalError, driver, launcher, results, taskfiles
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import alerts_yaml
 from tests.test_ops_evaluate_results import eval_result
 from tests.fixtures_runs import commit_checkpoint
+from tests.fixtures_slurm import replay_sbatch, replay_squeue, sbatch_calls
+from tests.test_cli_evaluate import RECORDED, WORKER, replay_worker
 
 SECRET = "SECRET-c4f3"
 """Planted in every hostile file where an error could quote it: no message may hold it."""
@@ -262,26 +263,22 @@ def test_a_task_left_out_exits_non_zero_shows_why_and_alerts_once_then_recovers(
                                                                                plain_server):
     inbox, port = plain_server
     _experiment(trainings, tmp_path, "tasks: [lambada_openai]", alerts_yaml(port))
-    _saved(tmp_path, 50)
-    why = "eval.tasks: lambada_openai: lm-eval cannot load it (ConnectionError: offline); fetch: bsops eval ev --prefetch"
-
-    def run_local(exp, step, *args, **kwargs) -> int:  # what the worker leaves: the result, then exit 2
-        data = eval_result(step, {"other/acc": 0.5})
-        data["bsops"]["missing"] = {"lambada_openai": why}
-        results.write(results.result_path(exp, f"global_step{step}"), data)
-        return EXIT_ERROR
-
-    monkeypatch.setattr(launcher, "run_local", run_local)
-    here = CliRunner().invoke(main, ["eval", "ev", "--step", "50", "--trainings-dir", str(trainings)])
-    assert here.exit_code == EXIT_ERROR
-    assert f"missing at step 50: lambada_openai: {why}" in here.output.splitlines()  # in the table's lines
-    monkeypatch.setattr(slurm, "query_jobs", lambda **kwargs: [])
+    step = RECORDED["step"]
+    _saved(tmp_path, step)
+    # What the real ranks left for lambada_openai offline (tests/assets/eval/worker): the result, then exit 2.
+    monkeypatch.setattr(launcher, "run_local", replay_worker("missing-task", []))
+    why = json.loads((WORKER / "missing-task.json").read_text())["bsops"]["missing"]["lambada_openai"]
+    here = CliRunner().invoke(main, ["eval", "ev", "--step", str(step), "--trainings-dir", str(trainings)])
+    assert RECORDED["missing-task"] == here.exit_code == EXIT_ERROR
+    assert f"missing at step {step}: lambada_openai: {why}" in here.output.splitlines()  # in the table's lines
+    stand_ins = replay_sbatch(replay_squeue(tmp_path / "bin", "squeue.txt"))  # recorded real answers
+    monkeypatch.setenv("PATH", f"{stand_ins}:{os.environ['PATH']}")
     hourly = ["eval", "ev", "--next", "--alert", "--trainings-dir", str(trainings)]
     first, second = (CliRunner().invoke(main, hourly) for _ in range(2))
     assert first.exit_code == second.exit_code == EXIT_ERROR
     assert len(inbox.messages) == 1  # once per cooldown
     body = inbox.messages[0].get_body(("plain",)).get_content()
-    assert "lambada_openai" in body and "global_step50" in body
+    assert "lambada_openai" in body and f"global_step{step}" in body
     _saved_next = tmp_path / "run" / "checkpoints" / "global_step100"
     _saved_next.mkdir()
     (_saved_next / "bsops.json").write_text(json.dumps({"iteration": 100}))
@@ -291,3 +288,4 @@ def test_a_task_left_out_exits_non_zero_shows_why_and_alerts_once_then_recovers(
     recovered = CliRunner().invoke(main, hourly)
     assert recovered.exit_code == 0, recovered.output
     assert len(inbox.messages) == 2 and "lambada_openai" not in inbox.messages[1]["Subject"]
+    assert sbatch_calls(stand_ins) == []  # each checkpoint had its result: no eval job was submitted
