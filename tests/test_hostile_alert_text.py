@@ -130,7 +130,7 @@ def servers(cert: tuple[str, str]) -> Iterator[tuple[Inbox, int, Hooked]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.socket = server_tls(cert).wrap_socket(server.socket, server_side=True)
     hooked.url = f"https://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield inbox, controller.port, hooked
