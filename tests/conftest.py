@@ -172,6 +172,10 @@ class SkipPolicy:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             self.unlisted.append((report.nodeid, reason.removeprefix("Skipped: ")))
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """A whole module skipped as it is collected (pytest.skip(allow_module_level=True), importorskip)."""
+        self.pytest_runtest_logreport(report)  # type: ignore[arg-type]
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.unlisted and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

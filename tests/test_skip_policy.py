@@ -73,6 +73,14 @@ def test_with_two_workers_the_controller_fails_the_run(skipping: pytest.Pytester
         "test_skipping.py::test_unlisted: what this machine happens to have"]
 
 
+def test_a_module_skipped_as_it_is_collected_fails_the_run_too(skipping: pytest.Pytester) -> None:
+    skipping.makepyfile(test_module_skip="import pytest\npytest.importorskip('no_such_module_anywhere')\n")
+    result = skipping.runpytest("-p", "no:cacheprovider", "-k", "not test_unlisted")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert [line for line in result.outlines if line.startswith("test_module_skip.py")] == [
+        "test_module_skip.py: could not import 'no_such_module_anywhere': No module named 'no_such_module_anywhere'"]
+
+
 def test_the_allowed_list_names_hardware_only_and_matches_ids_with_their_rows() -> None:
     assert len(ALLOWED_SKIPS) <= 5 and all(("GPU" in why or "CPU" in why) for why in ALLOWED_SKIPS.values())
     assert allowed_skip("tests/test_trainer_gpu.py::test_gpu_precision_trains_saves_and_resumes[fp16]@launches")
