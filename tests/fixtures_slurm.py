@@ -111,13 +111,13 @@ def replay_sbatch(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     stand_in = folder / "sbatch"
     recorded = RECORDED / "sbatch-parsable.txt"
-    stand_in.write_text(
+    stand_in.write_text(  # bash builtins only: one process a call
         "#!/bin/bash\nset -e\n"
         f"count={shlex.quote(str(folder / 'sbatch.count'))}\n"
-        'n=$(( $(cat "$count" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$count"\n'
+        'n=0; [[ -f $count ]] && read -r n < "$count"; n=$((n + 1)); echo "$n" > "$count"\n'
         f'printf "%s\\0" "$@" > {shlex.quote(str(folder))}/sbatch-"$n".argv\n'
-        f"lines=$(wc -l < {shlex.quote(str(recorded))})\n"
-        f'sed -n "$(( (n - 1) % lines + 1 ))p" {shlex.quote(str(recorded))}\n')
+        f"mapfile -t answers < {shlex.quote(str(recorded))}\n"
+        'printf "%s\\n" "${answers[(n - 1) % ${#answers[@]}]}"\n')
     stand_in.chmod(0o755)
     return folder
 
