@@ -1,0 +1,333 @@
+"""Mutation score of the code that can lose data or silence an alert (issue 51), with mutmut 3.
+
+    .venv/bin/python scripts/mutation.py             # a fresh run: every mutant, then the report (~20 min, 2 cores)
+    .venv/bin/python scripts/mutation.py --report    # the report of the last run, without running anything
+    .venv/bin/python scripts/mutation.py --retest    # keep the last run, test again the mutants that were not killed
+
+What it mutates: MODULES (checkpoints' layout, manifest, resume, retention, set-aside records and audit; backup;
+every module of ops/tell and ops/watch; the trainer's resume). What kills a mutant: the fast tests of TESTS
+(never a trainer launch, never Slurm: `-m "not slow and not slurm"`). mutmut 3 first runs those tests once and
+records which of them call each function (a trampoline in front of every mutated function); each mutant then runs
+only the tests that called its function, stopping at the first failure, in a worker forked from a server that
+collected the tests once (process_isolation = forkserver: torch is imported by the trainer's tests, and forking
+a process that ran torch code is not safe). Each mutant has a timeout: SIGXCPU after
+(its tests' measured time + TIMEOUT_CONSTANT) * TIMEOUT_MULTIPLIER * 2 CPU seconds, SIGKILL one second later; a
+mutant that loops forever counts as killed (the tests did notice).
+
+It runs in build/mutation/ (ignored by git): links to the checkout's folders and a pyproject.toml that is the
+checkout's plus a [tool.mutmut] section written here, so the checkout's own configuration is untouched and the
+copies mutmut makes (mutants/) never sit where a test or a tool scans the checkout.
+
+Each mutant that survives is printed with its file, line and change. A survivor is either killed by a test
+(tests/test_kills_*.py) or listed in ALLOWED with why no test can or should kill it (an equivalent mutant: no
+behaviour changes; or one not worth a test, and why). The run exits 1 when the kill rate is under KILL_RATE_MIN
+or a survivor is in neither. mutmut is installed into .venv when it is missing (MUTMUT, a pinned version; not a
+test dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORK = REPO / "build" / "mutation"
+MUTMUT = "mutmut==3.8.1"
+KILL_RATE_MIN = 0.90
+MAX_CHILDREN = 2
+TIMEOUT_MULTIPLIER = 10.0
+TIMEOUT_CONSTANT = 2.0
+RUN_LIMIT_S = 40 * 60
+"""One group's run is stopped past this."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """Modules mutated together, and the fast tests that exercise them (each mutant runs the ones that call its
+    function)."""
+
+    name: str
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+GROUPS = [
+    # the checkpoint folder: what a checkpoint is (layout, manifest), what a resume takes and sets aside, bsops verify,
+    # and the trainer's side of the resume
+    Group("checkpoints",
+          ("bigscience_ops/checkpoints/layout.py", "bigscience_ops/checkpoints/manifest.py",
+           "bigscience_ops/checkpoints/resume.py", "bigscience_ops/checkpoints/set_aside.py",
+           "bigscience_ops/checkpoints/audit.py", "bigscience_ops/trainer/checkpointing.py"),
+          ("tests/test_checkpoints_manifest.py", "tests/test_kills_resume.py")),
+    # what is copied, verified and deleted
+    Group("backup",
+          ("bigscience_ops/checkpoints/retention.py", "bigscience_ops/ops/keep/backup.py"),
+          ("tests/test_ops_backup_trust.py", "tests/test_kills_backup.py", "tests/test_kills_retention.py")),
+    # the alert channels, their texts, the alert state and its cooldowns
+    Group("tell",
+          ("bigscience_ops/ops/tell/*.py",),
+          ("tests/test_ops_notify.py", "tests/test_ops_channels.py", "tests/test_ops_webhook.py",
+           "tests/test_hostile_alert_text.py", "tests/test_kills_tell.py")),
+    # the watchdog: status, training health hand-off, lifecycle, local runs
+    Group("watch",
+          ("bigscience_ops/ops/watch/*.py",),
+          ("tests/test_ops_status.py", "tests/test_ops_lifecycle.py", "tests/test_faults_watchdog.py",
+           "tests/test_kills_watch.py")),
+]
+PYTEST_ARGS = ["-m", "not slow and not slurm", "-p", "no:randomly", "-p", "no:cacheprovider", "-o", "addopts="]
+"""addopts emptied: its --dist is pytest-xdist's, which a mutant's run neither needs nor loads."""
+LINKED = ["bigscience_ops", "tests", "templates", "trainings", "cron", "corpus", "benchmarks", "scripts"]
+"""The checkout's folders the tests read (conftest's REPO is the folder above tests/: mutants/ in a run)."""
+
+KILLED = {"killed", "timeout", "caught by type check", "segfault"}
+"""mutmut's verdicts that mean a test failed (segfault: the worker was SIGKILLed past its CPU time)."""
+
+RUNNER = """
+import libcst
+import mutmut.mutation.mutators as mutators
+
+plain = mutators.operator_string
+
+
+def operator_string(node):
+    # the words of a message (a literal with a space): tests assert facts, never wording
+    if isinstance(node, libcst.SimpleString) and " " in node.value:
+        return
+    yield from plain(node)
+
+
+mutators.mutation_operators[:] = [(kind, operator_string if op is plain else op)
+                                  for kind, op in mutators.mutation_operators]
+from mutmut.__main__ import cli
+
+cli()
+"""
+"""mutmut with one change to its operators: a string literal holding a space is not mutated."""
+
+# ------------------------------------------------------------------------------------------------------- allow-list
+# (file, function, the line as it was, the line as the mutant has it) -> why no test kills it. Lines are compared
+# without their indentation; function is mutmut's name for it (Class.method for a method).
+ALLOWED: dict[tuple[str, str, str, str], str] = {}
+
+
+@dataclass
+class Mutant:
+    name: str
+    path: str
+    function: str
+    status: str
+    line: int
+    before: str
+    after: str
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.path, self.function, self.before, self.after)
+
+
+def ensure_mutmut() -> None:
+    """mutmut in this interpreter's environment (.venv), installed when it is missing."""
+    try:
+        import mutmut  # noqa: F401
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", MUTMUT], check=True, timeout=600)
+
+
+def work(group: Group) -> Path:
+    return WORK / group.name
+
+
+def prepare(group: Group, fresh: bool) -> None:
+    """build/mutation/GROUP/: links to the checkout's folders and its pyproject.toml with a [tool.mutmut] section."""
+    folder = work(group)
+    folder.mkdir(parents=True, exist_ok=True)
+    if fresh and (folder / "mutants").exists():
+        shutil.rmtree(folder / "mutants")
+    for name in LINKED:
+        link = folder / name
+        if not link.is_symlink():
+            link.symlink_to(Path("..", "..", "..", name))
+    (folder / "run_mutmut.py").write_text(RUNNER, encoding="utf-8")
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    if "[tool.mutmut]" in pyproject:
+        raise SystemExit("error: pyproject.toml has a [tool.mutmut] section; this script writes its own "
+                         "(build/mutation/GROUP/pyproject.toml): remove it from the checkout's")
+    config = {
+        "source_paths": ["bigscience_ops"],
+        "only_mutate": list(group.modules),
+        "also_copy": [name for name in LINKED if name not in ("bigscience_ops", "tests")],
+        "pytest_add_cli_args": PYTEST_ARGS,
+        "pytest_add_cli_args_test_selection": [t for t in group.tests if (REPO / t).is_file()],
+        "process_isolation": "forkserver",
+        "timeout_multiplier": TIMEOUT_MULTIPLIER,
+        "timeout_constant": TIMEOUT_CONSTANT,
+        "use_git_change_detection": False,
+        "on_dependency_change": "ignore",
+    }
+    section = "\n[tool.mutmut]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in config.items())
+    (folder / "pyproject.toml").write_text(pyproject + section, encoding="utf-8")
+
+
+def run_mutmut(group: Group, names: list[str]) -> int:
+    """`mutmut run` in the group's folder (names: only those mutants); its exit code."""
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    argv = [sys.executable, "run_mutmut.py", "run", "--max-children", str(MAX_CHILDREN), *names]
+    try:
+        return subprocess.run(argv, cwd=work(group), env=env, timeout=RUN_LIMIT_S).returncode
+    except subprocess.TimeoutExpired:
+        print(f"error: mutmut ran past {RUN_LIMIT_S} s on {group.name} and was stopped; the report covers what "
+              "it finished")
+        return 124
+
+
+def mutated_files(group: Group) -> list[str]:
+    out = []
+    for path in sorted((REPO / "bigscience_ops").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if any(fnmatch.fnmatch(rel, pattern) for pattern in group.modules):
+            out.append(rel)
+    return out
+
+
+def _function_span(source: str, function: str) -> tuple[int, int]:
+    """The first and last line of `function` (name, or Class.method) in `source`; (1, end of file) when not found."""
+    tree = ast.parse(source)
+    cls, _, name = function.rpartition(".")
+    body = tree.body
+    if cls:
+        body = next((n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), [])
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            return first, node.end_lineno or node.lineno
+    return 1, len(source.splitlines())
+
+
+def _offset_of_change(diff: list[str]) -> int:
+    """Lines from the function's first line to the first one the mutant changes, read from the unified diff."""
+    for i, line in enumerate(diff):
+        if line.startswith("@@"):
+            start = int(line.split()[1].lstrip("-").split(",")[0])
+            context = 0
+            for later in diff[i + 1:]:
+                if later.startswith("-"):
+                    return start - 1 + context
+                context += 1
+    return 0
+
+
+def load_results(group: Group) -> list[Mutant]:
+    """Every mutant of the group's last run with its verdict, and for those not killed the line and the change."""
+    os.chdir(work(group))
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+    from mutmut.utils.format_utils import orig_function_and_class_names_from_key
+
+    out = []
+    for rel in mutated_files(group):
+        meta = work(group) / "mutants" / f"{rel}.meta"
+        if not meta.is_file():
+            continue
+        codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
+        source = (REPO / rel).read_text(encoding="utf-8")
+        lines = source.splitlines()
+        for name, code in sorted(codes.items()):
+            status = status_by_exit_code[code]
+            func, cls = orig_function_and_class_names_from_key(name)
+            function = f"{cls}.{func}" if cls else func
+            mutant = Mutant(name, rel, function, status, 0, "", "")
+            if status not in KILLED:
+                diff = get_diff_for_mutant(name, path=rel).splitlines()
+                removed = [d[1:].strip() for d in diff if d.startswith("-") and not d.startswith("---")]
+                added = [d[1:].strip() for d in diff if d.startswith("+") and not d.startswith("+++")]
+                mutant.before, mutant.after = " / ".join(removed), " / ".join(added)
+                first, last = _function_span(source, function)
+                found = [i + 1 for i in range(first - 1, last) if removed and lines[i].strip() == removed[0]]
+                guess = first + _offset_of_change(diff)
+                mutant.line = min(found, key=lambda n: abs(n - guess)) if found else guess
+            out.append(mutant)
+    return out
+
+
+def report(mutants: list[Mutant]) -> int:
+    """Print the kill rate per module and overall, and every mutant not killed (allowed, or to triage)."""
+    by_path: dict[str, list[Mutant]] = {}
+    for m in mutants:
+        by_path.setdefault(m.path, []).append(m)
+    print(f"{'module':52} {'mutants':>7} {'killed':>7} {'rate':>7} {'allowed':>7} {'to triage':>9}")
+    for path, group in by_path.items():
+        killed = sum(m.status in KILLED for m in group)
+        allowed = sum(m.status not in KILLED and m.key in ALLOWED for m in group)
+        left = len(group) - killed - allowed
+        print(f"{path:52} {len(group):7} {killed:7} {killed / len(group):7.1%} {allowed:7} {left:9}")
+    total = len(mutants)
+    killed = sum(m.status in KILLED for m in mutants)
+    survivors = [m for m in mutants if m.status not in KILLED]
+    allowed = [m for m in survivors if m.key in ALLOWED]
+    untriaged = [m for m in survivors if m.key not in ALLOWED]
+    rate = killed / total if total else 0.0
+    print(f"{'overall':52} {total:7} {killed:7} {rate:7.1%} {len(allowed):7} {len(untriaged):9}")
+    if allowed:
+        print(f"\nsurvivors allowed ({len(allowed)}):")
+        for m in allowed:
+            print(f"  {m.path}:{m.line} {m.function} [{m.status}] {m.before!r} -> {m.after!r}\n"
+                  f"      why: {ALLOWED[m.key]}")
+    if untriaged:
+        print(f"\nsurvivors to triage ({len(untriaged)}): kill each with a test, or add it to ALLOWED with why")
+        for m in untriaged:
+            print(f"  {m.path}:{m.line} {m.function} [{m.status}] {m.name}\n"
+                  f"      {m.before!r}\n   -> {m.after!r}")
+    unused = set(ALLOWED) - {m.key for m in survivors}
+    if unused and survivors:
+        print(f"\n{len(unused)} allow-list lines match no survivor now (killed since, or the code changed):")
+        for key in sorted(unused):
+            print(f"  {key}")
+    ok = total > 0 and rate >= KILL_RATE_MIN and not untriaged
+    print(f"\nkill rate {rate:.1%} ({killed}/{total}; at least {KILL_RATE_MIN:.0%} wanted), "
+          f"{len(allowed)} survivors allowed, {len(untriaged)} to triage: {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--report", action="store_true", help="only print the report of the last run")
+    parser.add_argument("--retest", action="store_true",
+                        help="keep the last run and test again the mutants it did not kill")
+    parser.add_argument("--group", action="append", default=[], choices=[g.name for g in GROUPS],
+                        help="run (or report) only this group of modules; repeatable")
+    parser.add_argument("--json", type=Path, help="also write every mutant's verdict to this file")
+    args = parser.parse_args()
+    if args.json:
+        args.json = args.json.resolve()
+    groups = [g for g in GROUPS if not args.group or g.name in args.group]
+    ensure_mutmut()
+    if not args.report:
+        for group in groups:
+            started = time.monotonic()
+            if args.retest:
+                prepare(group, fresh=False)
+                names = [m.name for m in load_results(group) if m.status not in KILLED]
+                os.chdir(REPO)
+                code = run_mutmut(group, names) if names else 0
+            else:
+                prepare(group, fresh=True)
+                code = run_mutmut(group, [])
+            print(f"\n{group.name}: mutmut exited {code} after {time.monotonic() - started:.0f} s", flush=True)
+    mutants = [m for group in groups for m in load_results(group)]
+    os.chdir(REPO)
+    if args.json:
+        args.json.write_text(json.dumps([m.__dict__ for m in mutants], indent=1) + "\n", encoding="utf-8")
+    return report(mutants)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
