@@ -290,3 +290,17 @@ def test_a_state_kept_elsewhere_moves_back_only_when_newer_and_readable(tmp_path
     os.utime(away, (1, 1))  # older than the state beside the log: dropped, not moved back
     assert alert_state.place(usual, None, "...", env).state == usual
     assert not away.exists() and json.loads(usual.read_text()) == {"finished": {"j": 3}}
+
+
+def test_no_folder_for_its_files_anywhere_is_said_not_a_crash(run: Run, plain_server, tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """Beside the log watchdog.log is a folder, and the user's state folder cannot even be made (a file holds its
+    parent's name): the watchdog still answers, with its ALERT lines and exit 2, instead of a traceback."""
+    inbox, _ = plain_server
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "not-a-folder"))
+    (run.log.parent / "watchdog.log").mkdir()
+    result = run.watch()
+    assert _kinds(result) == {"local-stopped", "watch-files-moved", "alert-state"}  # no state can be read there
+    assert result.exit_code == EXIT_ERROR and result.email_error and inbox.messages == []
+    assert str(tmp_path / "not-a-folder") in result.lines[-1]  # the lines could not be kept either: said

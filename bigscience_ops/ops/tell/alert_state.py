@@ -239,7 +239,10 @@ def state_file(path: Path) -> Iterator[State]:
     state is used unlocked: the save is still an atomic rename, so two writers at once can only drop one
     update (one email too many), never corrupt it.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # no folder for it (a file holds its name): the watchdog says so, never dies of it
+        raise StateUnwritable(path, exc) from None
     lock_path = path.with_name(path.name + ".lock")
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
