@@ -106,3 +106,75 @@ def _flip_a_byte_of(path: Path, member: str) -> None:
         byte = handle.read(1)
         handle.seek(offset)
         handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _engine_state(checkpoints: Path, step: int, weight: float) -> Path:
+    """A checkpoint whose DeepSpeed engine state holds the optimizer (ZeRO-0), saved by torch as the trainer does,
+    beside a ZeRO optimizer partition: what a weights-only copy rewrites and leaves out."""
+    import torch
+
+    folder = checkpoints / f"global_step{step}"
+    folder.mkdir(parents=True)
+    state = {"module": {"w": torch.full((4, 4), weight)}, "optimizer": {"exp_avg": torch.ones(4, 4)}, "iteration": step}
+    torch.save(state, folder / "mp_rank_00_model_states.pt")
+    torch.save({"partition": torch.zeros(8)}, folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    (folder / layout.META).write_text(json.dumps({"iteration": step}))
+    commit_checkpoint(folder)
+    (checkpoints / layout.LATEST).write_text(folder.name)
+    return folder
+
+
+@pytest.fixture
+def weights_only(trainings: Path, tmp_path: Path):
+    """(experiment, checkpoints folder) of a run whose backups are weights-only (no step keeps its optimizer)."""
+    policy = {"dest": str(tmp_path / "store"), "keep_optimizer_every": 1000}
+    (trainings / "light.yaml").write_text(tiny_yaml(tmp_path / "light", f"backup: {json.dumps(policy)}\n"))
+    exp = load_experiment("light", trainings)
+    layout.new_run_id(Path(exp.paths.checkpoints))
+    return exp, Path(exp.paths.checkpoints)
+
+
+def test_a_weights_only_copy_holds_the_weights_without_the_optimizer_and_verifies(weights_only) -> None:
+    import torch
+
+    exp, scratch = weights_only
+    _engine_state(scratch, 10, 0.5)
+    progress = Counted()
+    report = backup.run_backup(exp, progress=progress)
+    assert report.backed_up == ["global_step10"] and report.failed == {}
+    store = report.store
+    found = backup.read_manifest(store, "global_step10")
+    assert found["kind"] == "weights-only" and found["rewritten"] == ["mp_rank_00_model_states.pt"]
+    assert found["left_out"] == ["manifest.json", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    copy = torch.load(store / "global_step10" / "mp_rank_00_model_states.pt", weights_only=True)
+    assert copy["optimizer"] is None and copy["iteration"] == 10 and torch.equal(copy["module"]["w"],
+                                                                                  torch.full((4, 4), 0.5))
+    assert sorted(p.name for p in (store / "global_step10").iterdir()) == ["bsops.json", "mp_rank_00_model_states.pt"]
+    assert not list(store.rglob("*.tmp")) and backup.verify(store, "global_step10") == []
+    # every byte read from scratch was counted once: the rewritten file's size and bsops.json's
+    assert progress.read == sum((scratch / "global_step10" / f).stat().st_size
+                                for f in ("mp_rank_00_model_states.pt", layout.META))
+
+
+class Counted(backup.Progress):
+    def __init__(self) -> None:
+        self.read = 0
+
+    def advance(self, nbytes: int) -> None:
+        self.read += nbytes
+
+
+def test_a_model_states_file_changed_after_its_save_is_never_rewritten_into_the_store(weights_only) -> None:
+    import torch
+
+    exp, scratch = weights_only
+    folder = _engine_state(scratch, 10, 0.5)
+    states = folder / "mp_rank_00_model_states.pt"
+    size = states.stat().st_size
+    torch.save({"module": {"w": torch.full((4, 4), 0.25)}, "optimizer": {"exp_avg": torch.ones(4, 4)},
+                "iteration": 10}, states)  # other weights, the same layout: the same size, another content
+    assert states.stat().st_size == size
+    report = backup.run_backup(exp)
+    assert report.backed_up == [] and list(report.failed) == ["global_step10"]
+    assert str(states) in report.failed["global_step10"]
+    assert backup.entries(report.store) == [] and not (report.store / "global_step10").exists()
