@@ -1,0 +1,253 @@
+"""The checkpoint folder's rules that mutation testing found untested (scripts/mutation.py): each test here fails on a
+mutant of checkpoints/ (layout, manifest, resume, set_aside, audit) or of the trainer's resume that every other test
+let through. Real folders and files; the trainer's resume runs in a one-process gloo group."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bigscience_ops.checkpoints import audit, layout, manifest, resume, set_aside
+from bigscience_ops.checkpoints.layout import CheckpointError
+from bigscience_ops.trainer import checkpointing
+from tests.fixtures_runs import commit_checkpoint
+
+
+def _save(checkpoints: Path, step: int, *, commit: bool = True, latest: bool = True) -> Path:
+    folder = checkpoints / f"global_step{step}"
+    folder.mkdir(parents=True)
+    (folder / "layer_01-model_states.pt").write_bytes(os.urandom(100 + step))
+    (folder / "mp_rank_00_model_states.pt").write_bytes(os.urandom(50))
+    meta = {"iteration": step, "model": {"hidden_size": 64, "num_layers": 2},
+            "parallel": {"tensor": 1, "pipeline": 1, "data": 1}, layout.COMMIT_KEY: manifest.MANIFEST}
+    (folder / layout.META).write_text(json.dumps(meta))
+    if commit:
+        commit_checkpoint(folder)
+    if latest:
+        layout.write_latest(checkpoints, folder.name)
+    return folder
+
+
+# --------------------------------------------------------------------------- set-aside records
+
+def test_folders_set_aside_in_the_same_second_each_get_their_own_place_and_record(tmp_path: Path) -> None:
+    for step in (10, 20):
+        _save(tmp_path, step, latest=False)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "global_step10").mkdir()
+    when = 1_790_000_000.0
+    first = set_aside.set_aside(tmp_path, tmp_path / "global_step10", "why  one\nline", now=when)
+    _save(tmp_path, 10, latest=False)
+    second = set_aside.set_aside(tmp_path, tmp_path / "global_step10", "the second é", now=when)
+    third = set_aside.set_aside(tmp_path, tmp_path / "global_step20", "third", now=when)
+    places = [Path(r.folder) for r in (first, second, third)]
+    assert len({p.parent for p in places[:2]}) == 2 and places[0].parent == places[2].parent
+    assert places[1].parent.name == places[0].parent.name + ".2"
+    assert all(p.is_dir() and p.parent.parent == tmp_path for p in places)
+    assert places[0].parent.name == "set-aside-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    read = set_aside.read_checked(tmp_path)
+    assert read.problems == [] and [(r.time, r.tag, r.folder, r.reason) for r in read.records] == [
+        (when, "global_step10", str(places[0]), "why one line"), (when, "global_step10", str(places[1]), "the second é"),
+        (when, "global_step20", str(places[2]), "third")]
+    assert (tmp_path / set_aside.RECORD).read_bytes().isascii()
+    before = time.time()
+    now = set_aside.set_aside(tmp_path, _save(tmp_path, 30, latest=False), "now")
+    assert before <= now.time <= time.time()
+
+
+# --------------------------------------------------------------------------- bsops verify --json
+
+def test_the_audit_as_data_carries_every_field_of_every_finding_and_record(tmp_path: Path) -> None:
+    _save(tmp_path, 10)
+    _save(tmp_path, 20, commit=False, latest=False)
+    moved = set_aside.set_aside(tmp_path, _save(tmp_path, 30, latest=False), "a reason", now=1_790_000_000.0)
+    with open(tmp_path / set_aside.RECORD, "a") as record:
+        record.write("not json\n")
+    found = audit.audit(tmp_path)
+    data = audit.as_data(found)
+    assert json.loads(json.dumps(data)) == data
+    assert data["checkpoints"] == str(tmp_path) and data["ok"] is True and len(data["problems"]) == 1
+    size = sum(r.size for r in manifest.read(tmp_path / "global_step10").files.values())
+    assert data["findings"] == [
+        {"tag": "global_step10", "step": 10, "state": audit.VERIFIED, "detail": found.findings[0].detail,
+         "bytes_read": size},
+        {"tag": "global_step20", "step": 20, "state": audit.UNCOMMITTED, "detail": resume.UNFINISHED, "bytes_read": 0}]
+    assert data["set_aside"] == [{"time": moved.time, "tag": "global_step30", "folder": moved.folder,
+                                  "reason": "a reason"}]
+    only = audit.audit(tmp_path, step=20, hashes=False)
+    assert [f.tag for f in only.findings] == ["global_step20"]
+    assert audit.audit(tmp_path, hashes=False).findings[0].bytes_read == 0
+
+
+# --------------------------------------------------------------------------- layout: the records it writes
+
+def test_the_folders_records_are_written_whole_and_read_back(tmp_path: Path) -> None:
+    layout.write_meta(tmp_path / "new" / "global_step5", {"iteration": 5, "name": "é"})
+    ckpt = layout.Checkpoint("global_step5", 5, tmp_path / "new" / "global_step5")
+    assert ckpt.meta() == {"iteration": 5, "name": "é"}
+    with pytest.raises(ValueError):
+        layout.write_latest(tmp_path, "step5")
+    layout.write_latest(tmp_path, "global_step5")
+    assert (tmp_path / layout.LATEST).read_bytes() == b"global_step5" and layout.latest_step(tmp_path) == 5
+    assert layout.latest_step(tmp_path / "new") is None
+    with pytest.raises(ValueError):
+        layout.write_run_id(tmp_path, "not-hex")
+    first = layout.ensure_run_id(tmp_path / "run")
+    assert len(first) == 32 and layout.run_id(tmp_path / "run") == first == layout.ensure_run_id(tmp_path / "run")
+    assert (tmp_path / "run" / layout.RUN_ID).read_text() == first + "\n"
+    second = layout.new_run_id(tmp_path / "run")
+    assert second != first and layout.run_id(tmp_path / "run") == second
+
+
+def test_links_and_incomplete_folders_are_named_and_file_kinds_are_told_apart(tmp_path: Path) -> None:
+    _save(tmp_path, 10)
+    _save(tmp_path, 20, commit=False)
+    (tmp_path / "global_step30").symlink_to(tmp_path / "global_step10")
+    [problem] = layout.linked_checkpoints(tmp_path)
+    assert (problem.file, problem.line) == (str(tmp_path / "global_step30"), 0)
+    assert [c.tag for c in layout.incomplete_checkpoints(tmp_path)] == ["global_step20"]
+    assert [c.tag for c in layout.saved_checkpoints(tmp_path)] == ["global_step10"]
+    assert layout.is_optimizer_file("sub/zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    assert not layout.is_optimizer_file("mp_rank_00_model_states.pt")
+    assert layout.is_model_states_file("sub/mp_rank_01_model_states.pt")
+    assert not layout.is_model_states_file("layer_01-model_states.pt")
+    ckpt = layout.Checkpoint("global_step10", 10, tmp_path / "global_step10")
+    (ckpt.path / "sub").mkdir()
+    (ckpt.path / "sub" / "x.pt").write_bytes(b"x")
+    assert ckpt.files() == sorted([layout.META, "layer_01-model_states.pt", manifest.MANIFEST,
+                                   "mp_rank_00_model_states.pt", "sub/x.pt"])
+    os.mkfifo(ckpt.path / "sub" / "fifo")
+    with pytest.raises(CheckpointError, match="fifo"):
+        ckpt.files()
+
+
+def test_a_hashing_writer_records_what_went_through_it(tmp_path: Path) -> None:
+    path = tmp_path / "file.pt"
+    with open(path, "wb") as handle:
+        writer = manifest.HashingWriter(handle)
+        assert writer.writable()
+        buffered = io.BufferedWriter(writer)
+        torch.save({"w": torch.arange(1000.0)}, buffered)
+        buffered.flush()
+    assert writer.record() == manifest.hash_file(path) and writer.record().size == path.stat().st_size > 4000
+
+
+# --------------------------------------------------------------------------- the trainer's resume
+
+def test_a_checkpoint_of_another_model_or_layout_is_refused_naming_each_field(tmp_path: Path) -> None:
+    _save(tmp_path, 10)
+    found = checkpointing.find_resume(tmp_path)
+    assert found.tag == "global_step10" and found.path == tmp_path / "global_step10"
+    assert found.meta["iteration"] == 10 and found.manifest == manifest.read(found.path)
+    shape = {"hidden_size": 64, "num_layers": 2, "hidden_dropout": 0.5, "attention_dropout": 0.5}
+    checkpointing.check_compatible(found, shape, 1, 1)
+    with pytest.raises(CheckpointError) as caught:
+        checkpointing.check_compatible(found, {**shape, "num_layers": 3}, 2, 1)
+    assert "num_layers" in str(caught.value) and "parallel.tensor" in str(caught.value)
+    assert "parallel.pipeline" not in str(caught.value) and "dropout" not in str(caught.value)
+    with pytest.raises(CheckpointError, match="parallel.pipeline"):
+        checkpointing.check_compatible(found, shape, 1, 4)
+
+
+def test_find_resume_refuses_checkpoints_without_latest_and_a_latest_without_manifest(tmp_path: Path) -> None:
+    assert checkpointing.find_resume(tmp_path / "none") is None and checkpointing.find_resume(tmp_path) is None
+    for step in (10, 20, 30, 40):
+        _save(tmp_path, step, latest=False)
+    with pytest.raises(CheckpointError) as caught:
+        checkpointing.find_resume(tmp_path)
+    assert all(f"global_step{s}" in str(caught.value) for s in (20, 30, 40)) and "global_step10" not in str(
+        caught.value)
+    _save(tmp_path, 50, commit=False)
+    with pytest.raises(CheckpointError, match="global_step50"):
+        checkpointing.find_resume(tmp_path)
+
+
+def test_the_rng_state_goes_back_to_where_it_was_saved(tmp_path: Path) -> None:
+    assert checkpointing.rng_file(tmp_path, 3) == tmp_path / "rng_state_003.pt"
+    assert checkpointing.load_rng(tmp_path, 0) is False
+    file = checkpointing.save_rng(tmp_path / "global_step1", 0)
+    assert file == tmp_path / "global_step1" / "rng_state_000.pt"
+    import numpy as np
+
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    checkpointing.save_rng(tmp_path / "global_step1", 0)
+    random.random(), np.random.rand(), torch.rand(3)
+    assert checkpointing.load_rng(tmp_path / "global_step1", 0) is True
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) != expected  # restored to after `expected`
+    checkpointing.load_rng(tmp_path / "global_step1", 0)
+    again = (random.random(), np.random.rand(), torch.rand(1).item())
+    checkpointing.load_rng(tmp_path / "global_step1", 0)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == again
+    assert checkpointing.load_rng(tmp_path / "global_step1", 1) is False
+
+
+def test_a_resume_with_nothing_committed_sets_latest_aside_and_starts_over(tmp_path: Path, single_rank_group) -> None:
+    _save(tmp_path, 10, commit=False)
+    said: list[str] = []
+    checkpointing.resolve_resume(tmp_path, said.append)
+    assert not (tmp_path / layout.LATEST).exists() and layout.list_checkpoints(tmp_path) == []
+    records = set_aside.read_checked(tmp_path).records
+    assert [r.tag for r in records] == ["global_step10", layout.LATEST]
+    assert Path(records[1].folder).read_text() == "global_step10" and len(said) == 2
+    assert all(r.folder in line for r, line in zip(records, said))
+    checkpointing.resolve_resume(tmp_path / "missing", said.append)
+    assert len(said) == 2
+
+
+def test_a_resume_names_every_mismatch_and_repairs_a_latest_that_names_nothing(tmp_path: Path,
+                                                                               single_rank_group) -> None:
+    _save(tmp_path, 10)
+    bad = _save(tmp_path, 20)
+    for name in ("layer_01-model_states.pt", "mp_rank_00_model_states.pt"):
+        os.truncate(bad / name, 3)
+    said: list[str] = []
+    checkpointing.resolve_resume(tmp_path, said.append)
+    [record] = set_aside.read_checked(tmp_path).records
+    assert record.tag == "global_step20" and "layer_01-model_states.pt" in record.reason and "1 more" in record.reason
+    assert layout.latest_tag(tmp_path) == "global_step10" and "global_step10" in said[-1]
+    layout.write_latest(tmp_path, "global_step99")
+    said.clear()
+    checkpointing.resolve_resume(tmp_path, said.append)
+    assert layout.latest_tag(tmp_path) == "global_step10" and len(said) == 2 and "global_step99" in said[0]
+
+
+# --------------------------------------------------------------------------- resume's decisions
+
+def test_the_files_are_shared_over_the_ranks_by_size_largest_first() -> None:
+    sizes = {"a": 100, "b": 90, "c": 50, "d": 40, "e": 10, "f": 10}
+    found = manifest.Manifest("global_step1", 1, "", "t", {}, True,
+                              {rel: manifest.FileRecord(size, "0" * 32) for rel, size in sizes.items()}, 0.0)
+    assert resume.shares(found, 1) == [["a", "b", "c", "d", "e", "f"]]
+    assert resume.shares(found, 2) == [["a", "d", "e"], ["b", "c", "f"]]
+    assert resume.shares(found, 3) == [["a"], ["b", "e"], ["c", "d", "f"]]
+    assert resume.shares(found, 8)[6:] == [[], []]
+
+
+def test_a_survey_orders_the_candidates_and_names_what_latest_cannot_say(tmp_path: Path) -> None:
+    for step in (10, 20, 30):
+        _save(tmp_path, step, latest=False)
+    (tmp_path / "global_step20" / manifest.MANIFEST).write_text("{")
+    (tmp_path / "global_step40").symlink_to(tmp_path / "global_step10")
+    (tmp_path / "global_step50").write_text("a file")
+    layout.write_latest(tmp_path, "global_step10")
+    found = resume.survey(tmp_path)
+    assert [(c.tag, c.state) for c in found.candidates] == [
+        ("global_step10", resume.COMMITTED), ("global_step30", resume.COMMITTED),
+        ("global_step20", resume.UNREADABLE)]
+    assert found.candidates[2].why and found.latest == "global_step10" and found.latest_problem == ""
+    assert found.links == ("global_step40",)
+    (tmp_path / layout.LATEST).write_text("garbage")
+    broken = resume.survey(tmp_path)
+    assert broken.latest is None and "garbage" in broken.latest_problem
+    outcome = resume.decide(broken, lambda cand: None)
+    assert outcome.chosen.tag == "global_step30" and len(outcome.notes) == 2
+    assert "global_step30" in outcome.notes[0] and "global_step40" in outcome.notes[1]
+    nothing = resume.decide(resume.Survey((), None), lambda cand: None)
+    assert nothing.chosen is None and nothing.notes == [] and nothing.set_aside == []
