@@ -178,3 +178,112 @@ def test_a_model_states_file_changed_after_its_save_is_never_rewritten_into_the_
     assert report.backed_up == [] and list(report.failed) == ["global_step10"]
     assert str(states) in report.failed["global_step10"]
     assert backup.entries(report.store) == [] and not (report.store / "global_step10").exists()
+
+
+@pytest.fixture
+def stored(trainings: Path, tmp_path: Path):
+    """(the run's store, its entry global_step10's manifest as written) after a folder backup of one checkpoint."""
+    policy = {"dest": str(tmp_path / "store")}
+    (trainings / "kept.yaml").write_text(tiny_yaml(tmp_path / "kept", f"backup: {json.dumps(policy)}\n"))
+    exp = load_experiment("kept", trainings)
+    layout.new_run_id(Path(exp.paths.checkpoints))
+    _save(Path(exp.paths.checkpoints), 10)
+    report = backup.run_backup(exp)
+    assert report.backed_up == ["global_step10"]
+    return report.store, json.loads(backup.manifest_path(report.store, "global_step10").read_text())
+
+
+MANIFEST_CHANGES = {  # a change to a manifest the backup wrote -> a value its problem must name (None: still fine)
+    "a list": (lambda m: [m], "list"),
+    "tag not a tag": (lambda m: {**m, "tag": "step10"}, "step10"),
+    "tag not text": (lambda m: {**m, "tag": 10}, "10"),
+    "step below 0": (lambda m: {**m, "step": -1}, "-1"),
+    "step past the largest": (lambda m: {**m, "step": 10**18}, str(10**18)),
+    "step 0 (a warm start's global_step0)": (lambda m: {**m, "step": 0}, None),
+    "kind unknown": (lambda m: {**m, "kind": "partial"}, "partial"),
+    "verified_at no date": (lambda m: {**m, "verified_at": "yesterday"}, "yesterday"),
+    "verified_at missing": (lambda m: {k: v for k, v in m.items() if k != "verified_at"}, "None"),
+    "a sha256 too short": (lambda m: {**m, "files": {"a": {"size": 1, "sha256": "ab"}}}, None),
+    "source_files not pairs": (lambda m: {**m, "source_files": {"a": [1]}}, None),
+    "tar not a boolean": (lambda m: {**m, "tar": "yes"}, None),
+    "a tar without its size": (lambda m: {**m, "tar": True}, None),
+}
+
+
+@pytest.mark.parametrize("change", list(MANIFEST_CHANGES))
+def test_a_store_manifest_with_a_bad_field_is_a_problem_naming_the_file_and_the_value(stored, change: str) -> None:
+    store, written = stored
+    edit, named = MANIFEST_CHANGES[change]
+    path = backup.manifest_path(store, "global_step10")
+    path.write_text(json.dumps(edit(written)))
+    found, problem = backup.manifest_checked(store, "global_step10")
+    if named is None and change.startswith("step 0"):
+        assert problem is None and found["step"] == 0
+        return
+    assert found is None and (problem.file, problem.line) == (str(path), 0) and problem.what
+    if named is not None:
+        assert named in problem.what
+    checked = backup.manifests(store)
+    assert checked.records == [] and [p.file for p in checked.problems] == [str(path)]
+    [line] = backup.verify(store, "global_step10")
+    assert str(path) in line
+
+
+def test_a_store_manifest_that_is_no_json_or_a_link_is_a_problem_and_a_good_one_a_record(stored) -> None:
+    store, written = stored
+    path = backup.manifest_path(store, "global_step10")
+    checked = backup.manifests(store)
+    assert checked.problems == [] and checked.records == [("global_step10", written)]
+    path.write_bytes(b"{not json")
+    _, problem = backup.manifest_checked(store, "global_step10")
+    assert (problem.file, problem.line) == (str(path), 0) and "not json" in problem.held
+    path.unlink()
+    path.symlink_to(store / "elsewhere.json")
+    found, problem = backup.manifest_checked(store, "global_step10")
+    assert found is None and problem.file == str(path) and problem.line == 0 and problem.what
+    [line] = backup.verify(store, "global_step10")
+    assert str(path) in line
+
+
+def test_the_store_problems_are_its_bad_manifests_and_interrupted_journals_bad_lines(stored, tmp_path: Path) -> None:
+    store, _ = stored
+    assert backup.store_problems(store) == []
+    good = json.dumps({"path": "a.pt", "size": 1, "sha256": "0" * 64})
+    for name, lines in {"global_step20": f"garbage\n{good}\n", "global_step30": f"{good}\n{good}\n",
+                        "global_step40": f'{good}\n{{"path": "b'}.items():
+        (store / backup.PARTIAL / name).mkdir(parents=True)
+        (store / backup.PARTIAL / name / backup.JOURNAL).write_text(lines)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / backup.JOURNAL).write_text("garbage\n" + good + "\n")
+    (store / backup.PARTIAL / "global_step50").symlink_to(elsewhere)
+    problems = backup.store_problems(store)
+    assert [(p.file, p.line) for p in problems] == [(str(store / backup.PARTIAL / "global_step20" / backup.JOURNAL), 1)]
+    backup.manifest_path(store, "global_step10").write_text("[]")
+    assert len(backup.store_problems(store)) == 2
+
+
+def test_a_tar_with_a_folder_member_and_a_member_past_one_read_chunk_verifies_by_its_files(tarred) -> None:
+    _, store, members = tarred
+    big = os.urandom(backup.CHUNK + 1000)
+    path = store / "global_step10.tar"
+    with tarfile.open(path, "w") as archive:
+        folder = tarfile.TarInfo("a-folder")
+        folder.type = tarfile.DIRTYPE
+        archive.addfile(folder)
+        for name, data in {**members, "big.pt": big}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    found = json.loads(backup.manifest_path(store, "global_step10").read_text())
+    import hashlib
+
+    listed = {**found["files"], "big.pt": {"size": len(big), "sha256": hashlib.sha256(big).hexdigest()}}
+    backup.manifest_path(store, "global_step10").write_text(json.dumps({**found, "files": listed,
+                                                                        "tar_size": path.stat().st_size}))
+    assert backup.verify(store, "global_step10") == []
+    listed["big.pt"]["size"] -= 1
+    backup.manifest_path(store, "global_step10").write_text(json.dumps({**found, "files": listed,
+                                                                        "tar_size": path.stat().st_size}))
+    [line] = backup.verify(store, "global_step10")
+    assert str(path) in line and "big.pt" in line
