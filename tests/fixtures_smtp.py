@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import email
 import email.policy
 import ssl
@@ -134,9 +136,10 @@ class Hooked:
     status: int = 200
 
 
-@pytest.fixture
-def webhook_server(cert: tuple[str, str]) -> Iterator[Hooked]:
-    """An https server with the test certificate that records JSON POSTs (trust it with ca_file=cert[0])."""
+@contextlib.contextmanager
+def https_hook(cert: tuple[str, str], path: str = "/hook") -> Iterator[Hooked]:
+    """An https server on loopback with the test certificate that records the JSON body of each POST to
+    `hooked.url` (trust it with ca_file=cert[0]) and answers `hooked.status`."""
     import json as _json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -155,7 +158,7 @@ def webhook_server(cert: tuple[str, str]) -> Iterator[Hooked]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.socket = server_tls(cert).wrap_socket(server.socket, server_side=True)
-    hooked.url = f"https://127.0.0.1:{server.server_address[1]}/services/T000/B000/SECRETPART"
+    hooked.url = f"https://127.0.0.1:{server.server_address[1]}{path}"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -163,6 +166,13 @@ def webhook_server(cert: tuple[str, str]) -> Iterator[Hooked]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def webhook_server(cert: tuple[str, str]) -> Iterator[Hooked]:
+    """An https server with the test certificate that records JSON POSTs to a Slack-like URL (https_hook)."""
+    with https_hook(cert, "/services/T000/B000/SECRETPART") as hooked:
+        yield hooked
 
 
 # --- hostile servers: a loopback server whose every connection runs a script of the test's -----------------

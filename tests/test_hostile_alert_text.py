@@ -13,12 +13,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -32,7 +29,7 @@ from bigscience_ops.ops.evaluate import schedule
 from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.ops.watch import watchdog
 from tests.fixtures_experiments import tiny_yaml
-from tests.fixtures_smtp import Inbox, plain_outbox, server_tls
+from tests.fixtures_smtp import Hooked, Inbox, https_hook, plain_outbox
 from tests.fixtures_slurm import replay_sbatch, replay_squeue
 from tests.fixtures_status import seed_job
 from tests.fixtures_runs import commit_checkpoint
@@ -104,39 +101,16 @@ def _clean(text: str, marker: str) -> None:
         assert found is None, text[max(0, found.start() - 300):found.end() + 100]
 
 
-@dataclass
-class Hooked:
-    url: str = ""
-    posts: list[dict] = field(default_factory=list)
-
-
 @pytest.fixture(scope="module")
 def servers(cert: tuple[str, str]) -> Iterator[tuple[Inbox, int, Hooked]]:
     """One SMTP server and one https webhook for the module's rows (each row empties them)."""
     inbox = Inbox()
     controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
     controller.start()
-    hooked = Hooked()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's hook name)
-            hooked.posts.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0")))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.socket = server_tls(cert).wrap_socket(server.socket, server_side=True)
-    hooked.url = f"https://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
     try:
-        yield inbox, controller.port, hooked
+        with https_hook(cert) as hooked:
+            yield inbox, controller.port, hooked
     finally:
-        server.shutdown()
-        server.server_close()
         controller.stop()
 
 

@@ -109,35 +109,15 @@ def _links(text: str) -> list[str]:
 @pytest.fixture(scope="module")
 def servers(cert: tuple[str, str]) -> Iterator[tuple[Inbox, int, Hooked]]:
     """One SMTP server and one https webhook for the module's rows (each row empties them)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from tests.fixtures_smtp import server_tls
+    from tests.fixtures_smtp import https_hook
 
     inbox = Inbox()
     controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
     controller.start()
-    hooked = Hooked("")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's hook name)
-            hooked.posts.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0")))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.socket = server_tls(cert).wrap_socket(server.socket, server_side=True)
-    hooked.url = f"https://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
     try:
-        yield inbox, controller.port, hooked
+        with https_hook(cert) as hooked:
+            yield inbox, controller.port, hooked
     finally:
-        server.shutdown()
-        server.server_close()
         controller.stop()
 
 
