@@ -168,6 +168,20 @@ def https_hook(cert: tuple[str, str], path: str = "/hook") -> Iterator[Hooked]:
         server.server_close()
 
 
+@pytest.fixture(scope="module")
+def mail_and_hook(cert: tuple[str, str]) -> Iterator[tuple[Inbox, int, Hooked]]:
+    """One SMTP server and one https webhook (https_hook) shared by a module's rows, each row emptying them:
+    (inbox, the SMTP port, the webhook)."""
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    try:
+        with https_hook(cert) as hooked:
+            yield inbox, controller.port, hooked
+    finally:
+        controller.stop()
+
+
 @pytest.fixture
 def webhook_server(cert: tuple[str, str]) -> Iterator[Hooked]:
     """An https server with the test certificate that records JSON POSTs to a Slack-like URL (https_hook)."""

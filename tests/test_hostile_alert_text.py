@@ -14,22 +14,19 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from aiosmtpd.controller import Controller
 from click.testing import CliRunner
 
 from bigscience_ops.run import ledger
 from bigscience_ops.cli import main
-from bigscience_ops.launch.local import free_port
 from bigscience_ops.ops.evaluate import schedule
 from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.ops.watch import watchdog
 from tests.fixtures_experiments import tiny_yaml
-from tests.fixtures_smtp import Hooked, Inbox, https_hook, plain_outbox
+from tests.fixtures_smtp import Hooked, Inbox, plain_outbox
 from tests.fixtures_slurm import replay_sbatch, replay_squeue
 from tests.fixtures_status import seed_job
 from tests.fixtures_runs import commit_checkpoint
@@ -101,19 +98,6 @@ def _clean(text: str, marker: str) -> None:
         assert found is None, text[max(0, found.start() - 300):found.end() + 100]
 
 
-@pytest.fixture(scope="module")
-def servers(cert: tuple[str, str]) -> Iterator[tuple[Inbox, int, Hooked]]:
-    """One SMTP server and one https webhook for the module's rows (each row empties them)."""
-    inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    try:
-        with https_hook(cert) as hooked:
-            yield inbox, controller.port, hooked
-    finally:
-        controller.stop()
-
-
 def _delivered(inbox: Inbox, hooked: Hooked) -> list[str]:
     """Every text delivered since the last call (each mail's subject, each body, each webhook post), emptied after."""
     texts = [str(m["Subject"]) for m in inbox.messages] + [m.get_content() for m in inbox.messages]
@@ -131,9 +115,9 @@ def _wait_for(inbox: Inbox, count: int) -> None:
 
 
 @pytest.fixture
-def experiment(trainings: Path, tmp_path: Path, servers, cert, monkeypatch) -> tuple[str, Path]:
+def experiment(trainings: Path, tmp_path: Path, mail_and_hook, cert, monkeypatch) -> tuple[str, Path]:
     """`watched`: tiny with its run in tmp_path/run, evaluating a held-out source, alerting by email and webhook."""
-    inbox, port, hooked = servers
+    inbox, port, hooked = mail_and_hook
     _delivered(inbox, hooked)
     monkeypatch.setenv(VAR, hooked.url)
     monkeypatch.setenv("SSL_CERT_FILE", cert[0])  # the default context trusts the test CA, as a site CA would be
@@ -153,9 +137,9 @@ def experiment(trainings: Path, tmp_path: Path, servers, cert, monkeypatch) -> t
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_a_hostile_value_reaches_mail_and_webhook_quoted_never_live(name: str, experiment, servers, trainings: Path,
+def test_a_hostile_value_reaches_mail_and_webhook_quoted_never_live(name: str, experiment, mail_and_hook, trainings: Path,
                                                                      tmp_path: Path, monkeypatch) -> None:
-    inbox, port, hooked = servers
+    inbox, port, hooked = mail_and_hook
     exp, run = experiment
     marker = f"Q{list(HOSTILE).index(name)}Z"
     value = f"{marker} {HOSTILE[name]}"

@@ -26,12 +26,11 @@ import subprocess
 import sys
 import time
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from aiosmtpd.controller import Controller
 from click.testing import CliRunner
 from linkify_it import LinkifyIt
 from linkify_it.tlds import TLDS
@@ -39,7 +38,6 @@ from markdown_it import MarkdownIt
 
 from bigscience_ops.cli import main
 from bigscience_ops.cli.base import EXIT_PROBLEMS
-from bigscience_ops.launch.local import free_port
 from bigscience_ops.ops.eval_modes import FAILURES
 from bigscience_ops.ops.evaluate import schedule
 from tests.fixtures_experiments import tiny_yaml
@@ -106,21 +104,6 @@ def _links(text: str) -> list[str]:
     return found + re.findall(r"<a [^>]*>", MARKDOWN.render(text) + MARKDOWN.render(folded))
 
 
-@pytest.fixture(scope="module")
-def servers(cert: tuple[str, str]) -> Iterator[tuple[Inbox, int, Hooked]]:
-    """One SMTP server and one https webhook for the module's rows (each row empties them)."""
-    from tests.fixtures_smtp import https_hook
-
-    inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    try:
-        with https_hook(cert) as hooked:
-            yield inbox, controller.port, hooked
-    finally:
-        controller.stop()
-
-
 def _delivered(inbox: Inbox, hooked: Hooked, count: int) -> list[str]:
     """The texts of the `count` (or more) messages delivered since the last call, emptied after: each mail's subject
     and body, each webhook post's text. aiosmtpd hands a message over just after answering: waited for (a moment)."""
@@ -136,11 +119,11 @@ def _delivered(inbox: Inbox, hooked: Hooked, count: int) -> list[str]:
 
 
 @pytest.fixture
-def alerting(servers, cert, trainings: Path, tmp_path: Path, monkeypatch) -> Callable[[str], Path]:
+def alerting(mail_and_hook, cert, trainings: Path, tmp_path: Path, monkeypatch) -> Callable[[str], Path]:
     """`alerting(name)`: experiment `name`, evaluating a held-out source, alerting by email and webhook to the
-    module's servers, with its run (committed checkpoints of steps 5 and 10) in tmp_path/run; squeue and sbatch
+    module's mail_and_hook, with its run (committed checkpoints of steps 5 and 10) in tmp_path/run; squeue and sbatch
     answer with their recorded real output (a queue without this run's jobs, a job id)."""
-    inbox, port, hooked = servers
+    inbox, port, hooked = mail_and_hook
     _delivered(inbox, hooked, 0)
     monkeypatch.setenv(VAR, hooked.url)
     monkeypatch.setenv("SSL_CERT_FILE", cert[0])  # the default context trusts the test CA, as a site CA would be
@@ -163,8 +146,8 @@ def alerting(servers, cert, trainings: Path, tmp_path: Path, monkeypatch) -> Cal
 
 
 @pytest.mark.parametrize("name", list(LINKS))
-def test_a_host_in_a_run_file_is_never_a_link_in_mail_or_webhook(name: str, alerting, servers, trainings: Path) -> None:
-    inbox, _, hooked = servers
+def test_a_host_in_a_run_file_is_never_a_link_in_mail_or_webhook(name: str, alerting, mail_and_hook, trainings: Path) -> None:
+    inbox, _, hooked = mail_and_hook
     value = LINKS[name]
     marker = f"Q{list(LINKS).index(name)}Z"
     run = alerting("links")
@@ -228,11 +211,11 @@ NAMES: dict[str, Callable[..., None]] = {
 
 
 @pytest.mark.parametrize("name", list(NAMES))
-def test_a_name_a_message_is_built_from_is_no_link(name: str, alerting, servers, trainings: Path,
+def test_a_name_a_message_is_built_from_is_no_link(name: str, alerting, mail_and_hook, trainings: Path,
                                                    tmp_path: Path) -> None:
     """A name in a subject (an experiment's, a cron job file's) is quoted as a value is: no link in the subject,
     the body or the webhook's text."""
-    inbox, port, hooked = servers
+    inbox, port, hooked = mail_and_hook
     NAMES[name](alerting, trainings, tmp_path, port)
     texts = _delivered(inbox, hooked, 1)
     assert "support" in "".join(texts)  # the name reached the message
