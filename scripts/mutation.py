@@ -68,23 +68,24 @@ GROUPS = [
            "bigscience_ops/checkpoints/resume.py", "bigscience_ops/checkpoints/set_aside.py",
            "bigscience_ops/checkpoints/audit.py", "bigscience_ops/trainer/checkpointing.py"),
           ("tests/test_checkpoints_manifest.py", "tests/test_checkpoints_rollback.py", "tests/test_trainer_checkpointer.py",
-           "tests/test_kills_resume.py")),
+           "tests/test_branches_checkpoints.py", "tests/test_kills_resume.py")),
     # what is copied, verified and deleted
     Group("backup",
           ("bigscience_ops/checkpoints/retention.py", "bigscience_ops/ops/keep/backup.py"),
           ("tests/test_ops_backup_trust.py", "tests/test_ops_backup.py", "tests/test_hostile_runfiles.py",
-           "tests/test_kills_backup.py", "tests/test_kills_retention.py")),
+           "tests/test_branches_backup.py", "tests/test_kills_backup.py", "tests/test_kills_retention.py")),
     # the alert channels, their texts, the alert state and its cooldowns
     Group("tell",
           ("bigscience_ops/ops/tell/*.py",),
           ("tests/test_ops_notify.py", "tests/test_ops_channels.py", "tests/test_ops_webhook.py",
-           "tests/test_hostile_alert_text.py", "tests/test_kills_tell.py")),
+           "tests/test_hostile_alert_text.py", "tests/test_branches_notify.py", "tests/test_branches_watchdog.py",
+           "tests/test_kills_tell.py")),
     # the watchdog: status, training health hand-off, lifecycle, local runs
     Group("watch",
           ("bigscience_ops/ops/watch/*.py",),
           ("tests/test_ops_status.py", "tests/test_ops_lifecycle.py", "tests/test_ops_alerts.py",
            "tests/test_ops_health.py", "tests/test_hostile_queue.py", "tests/test_faults_watchdog.py",
-           "tests/test_kills_watch.py")),
+           "tests/test_branches_watchdog.py", "tests/test_kills_watch.py")),
 ]
 DESELECTED = [
     # reads the source of ops/ with ast, and mutmut's copy of each mutated module holds every mutant's code too
