@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -98,3 +99,15 @@ def bombs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("bombs")
     return {"zst": write_zst_bomb(d / "line.jsonl.zst", 512 << 20),
             "xz": write_xz_bomb(d / "block.jsonl.xz", 200 << 20)}
+
+
+def after_a_ctime_tick(path: str | Path, folder: Path) -> None:
+    """Return once the filesystem's clock has moved past `path`'s ctime (it counts in ticks of a few milliseconds):
+    a change made now gets another ctime, as a change made any later than a scan does."""
+    probe = Path(folder) / "tick-probe"
+    probe.write_bytes(b"")
+    for _ in range(10_000):
+        os.utime(probe)
+        if os.stat(probe).st_ctime_ns > os.stat(path).st_ctime_ns:
+            break
+    probe.unlink()

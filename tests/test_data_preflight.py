@@ -23,7 +23,7 @@ from bigscience_ops.data import preflight
 from bigscience_ops.data.corpus import bundled_tokenizer
 from bigscience_ops.data.preprocess import preprocess
 from bigscience_ops.plan import make_plan
-from tests.fixtures_data import write_indexed
+from tests.fixtures_data import write_indexed, after_a_ctime_tick
 from tests.fixtures_experiments import tiny_yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -349,18 +349,6 @@ def _between_the_blocks(prefix: str, value: int) -> None:
     tokens.tofile(f"{prefix}.bin")
 
 
-def _after_a_tick(path: str, folder: Path) -> None:
-    """Return once the filesystem's clock has moved past `path`'s ctime (it counts in ticks of a few milliseconds):
-    a change made now gets another ctime, as a change made any later than the scan does."""
-    probe = folder / "tick-probe"
-    probe.write_bytes(b"")
-    for _ in range(10_000):
-        os.utime(probe)
-        if os.stat(probe).st_ctime_ns > os.stat(path).st_ctime_ns:
-            break
-    probe.unlink()
-
-
 def test_an_edit_between_the_sampled_blocks_with_the_mtime_set_back_is_scanned_again(tmp_path: Path,
                                                                                      monkeypatch: pytest.MonkeyPatch
                                                                                      ) -> None:
@@ -372,7 +360,7 @@ def test_an_edit_between_the_sampled_blocks_with_the_mtime_set_back_is_scanned_a
     assert preflight.max_token_id(prefix, np.uint16) == preflight.MaxId(199, "scan")
     assert preflight.max_token_id(prefix, np.uint16).source == f"cache {preflight.cache_path(prefix)}"
     before, st = binding.compute(prefix), os.stat(f"{prefix}.bin")
-    _after_a_tick(f"{prefix}.bin", tmp_path)
+    after_a_ctime_tick(f"{prefix}.bin", tmp_path)
     _between_the_blocks(prefix, 9000)
     os.utime(f"{prefix}.bin", ns=(st.st_atime_ns, st.st_mtime_ns))  # inode, size, mtime as before
     assert binding.compute(prefix) == before and os.stat(f"{prefix}.bin").st_ino == st.st_ino

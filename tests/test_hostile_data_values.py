@@ -29,7 +29,7 @@ from click.testing import CliRunner
 
 from bigscience_ops.cli import main
 from bigscience_ops.data import binding
-from tests.fixtures_data import write_indexed
+from tests.fixtures_data import write_indexed, after_a_ctime_tick
 from tests.fixtures_experiments import tiny_yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,7 +84,7 @@ class Ctx:
     def between_the_blocks(self) -> None:
         """The issue's: most tokens set beyond the vocabulary, none in a sampled block, the .bin's mtime set back."""
         st = os.stat(f"{self.prefix}.bin")
-        _after_a_tick(f"{self.prefix}.bin", self.tmp)
+        after_a_ctime_tick(f"{self.prefix}.bin", self.tmp)
         tokens = self.tokens()
         tokens[2:-2] = BEYOND
         tokens.tofile(f"{self.prefix}.bin")
@@ -99,17 +99,6 @@ class Ctx:
             text = json.dumps(data, sort_keys=True)
             data["mac"] = hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
         binding.cache_path(self.prefix).write_text(json.dumps(data))
-
-
-def _after_a_tick(path: str, folder: Path) -> None:
-    """Return once the filesystem's clock has moved past `path`'s ctime: a change now gets another ctime."""
-    probe = folder / "tick-probe"
-    probe.write_bytes(b"")
-    for _ in range(10_000):
-        os.utime(probe)
-        if os.stat(probe).st_ctime_ns > os.stat(path).st_ctime_ns:
-            break
-    probe.unlink()
 
 
 @dataclass(frozen=True)
@@ -325,7 +314,7 @@ ROWS: dict[str, Row] = {
     "launch --local: paths.output=/": Row(_override("paths.output=/", command="launch", local=True), 2,
                                           _no_run_folder()),
     "plan: paths.output is the home folder": Row(_override("paths.output='{home}'"), 2),
-    "render: paths.checkpoints=/etc": Row(_override("paths.checkpoints=/etc", f"--out={{tmp}}/out", command="render"),
+    "render: paths.checkpoints=/etc": Row(_override("paths.checkpoints=/etc", "--out={tmp}/out", command="render"),
                                           2, _no_run_folder("out")),
     "plan: paths.logs inside /usr": Row(_override("paths.logs=/usr/local/logs"), 2),
     "plan: paths.tensorboard climbing to /": Row(_override("paths.tensorboard=../../../../../../../../../.."), 2),
