@@ -18,6 +18,7 @@ from bigscience_ops.checkpoints import audit, layout, manifest, resume, set_asid
 from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.trainer import checkpointing
 from tests.fixtures_runs import commit_checkpoint
+from tests.fixtures_smtp import free_port
 
 
 def _save(checkpoints: Path, step: int, *, commit: bool = True, latest: bool = True) -> Path:
@@ -97,8 +98,12 @@ def test_the_folders_records_are_written_whole_and_read_back(tmp_path: Path) -> 
     layout.write_latest(tmp_path, "global_step5")
     assert (tmp_path / layout.LATEST).read_bytes() == b"global_step5" and layout.latest_step(tmp_path) == 5
     assert layout.latest_step(tmp_path / "new") is None
-    with pytest.raises(ValueError):
+    layout.write_meta(tmp_path / "new" / "global_step5", {"iteration": 6})  # written again, whole
+    assert ckpt.meta() == {"iteration": 6}
+    with pytest.raises(ValueError, match="not-hex"):
         layout.write_run_id(tmp_path, "not-hex")
+    layout.write_run_id(tmp_path / "a" / "b", "0" * 32)
+    assert layout.run_id(tmp_path / "a" / "b") == "0" * 32
     first = layout.ensure_run_id(tmp_path / "run")
     assert len(first) == 32 and layout.run_id(tmp_path / "run") == first == layout.ensure_run_id(tmp_path / "run")
     assert (tmp_path / "run" / layout.RUN_ID).read_text() == first + "\n"
@@ -111,7 +116,7 @@ def test_links_and_incomplete_folders_are_named_and_file_kinds_are_told_apart(tm
     _save(tmp_path, 20, commit=False)
     (tmp_path / "global_step30").symlink_to(tmp_path / "global_step10")
     [problem] = layout.linked_checkpoints(tmp_path)
-    assert (problem.file, problem.line) == (str(tmp_path / "global_step30"), 0)
+    assert (problem.file, problem.line) == (str(tmp_path / "global_step30"), 0) and problem.what
     assert [c.tag for c in layout.incomplete_checkpoints(tmp_path)] == ["global_step20"]
     assert [c.tag for c in layout.saved_checkpoints(tmp_path)] == ["global_step10"]
     assert layout.is_optimizer_file("sub/zero_pp_rank_0_mp_rank_00_optim_states.pt")
@@ -134,9 +139,9 @@ def test_a_hashing_writer_records_what_went_through_it(tmp_path: Path) -> None:
         writer = manifest.HashingWriter(handle)
         assert writer.writable()
         buffered = io.BufferedWriter(writer)
-        torch.save({"w": torch.arange(1000.0)}, buffered)
+        torch.save({"w": torch.arange(20000.0)}, buffered)  # many writes through the 8 KiB buffer
         buffered.flush()
-    assert writer.record() == manifest.hash_file(path) and writer.record().size == path.stat().st_size > 4000
+    assert writer.record() == manifest.hash_file(path) and writer.record().size == path.stat().st_size > 80000
 
 
 # --------------------------------------------------------------------------- the trainer's resume
@@ -154,6 +159,14 @@ def test_a_checkpoint_of_another_model_or_layout_is_refused_naming_each_field(tm
     assert "parallel.pipeline" not in str(caught.value) and "dropout" not in str(caught.value)
     with pytest.raises(CheckpointError, match="parallel.pipeline"):
         checkpointing.check_compatible(found, shape, 1, 4)
+    with pytest.raises(CheckpointError) as caught:
+        checkpointing.check_compatible(found, {**shape, "num_layers": 23}, 17, 1)
+    assert "2" in str(caught.value).split("num_layers")[1].split(";")[0] and "23" in str(caught.value)
+    assert "17" in str(caught.value)
+    bare = checkpointing.Resume(found.tag, found.path, {"iteration": 10}, found.manifest)  # bsops.json of no model
+    with pytest.raises(CheckpointError) as caught:
+        checkpointing.check_compatible(bare, {"hidden_size": 64}, 1, 1)
+    assert "hidden_size" in str(caught.value) and "parallel.tensor" in str(caught.value)
 
 
 def test_find_resume_refuses_checkpoints_without_latest_and_a_latest_without_manifest(tmp_path: Path) -> None:
@@ -221,12 +234,12 @@ def test_a_resume_names_every_mismatch_and_repairs_a_latest_that_names_nothing(t
 # --------------------------------------------------------------------------- resume's decisions
 
 def test_the_files_are_shared_over_the_ranks_by_size_largest_first() -> None:
-    sizes = {"a": 100, "b": 90, "c": 50, "d": 40, "e": 10, "f": 10}
+    sizes = {"f": 100, "e": 90, "d": 50, "c": 40, "b": 10, "a": 10}
     found = manifest.Manifest("global_step1", 1, "", "t", {}, True,
-                              {rel: manifest.FileRecord(size, "0" * 32) for rel, size in sizes.items()}, 0.0)
-    assert resume.shares(found, 1) == [["a", "b", "c", "d", "e", "f"]]
-    assert resume.shares(found, 2) == [["a", "d", "e"], ["b", "c", "f"]]
-    assert resume.shares(found, 3) == [["a"], ["b", "e"], ["c", "d", "f"]]
+                              {rel: manifest.FileRecord(size, rel * 32) for rel, size in sizes.items()}, 0.0)
+    assert resume.shares(found, 1) == [["f", "e", "d", "c", "a", "b"]]
+    assert resume.shares(found, 2) == [["f", "c", "a"], ["e", "d", "b"]]
+    assert resume.shares(found, 3) == [["f"], ["e", "a"], ["d", "c", "b"]]
     assert resume.shares(found, 8)[6:] == [[], []]
 
 
@@ -251,3 +264,133 @@ def test_a_survey_orders_the_candidates_and_names_what_latest_cannot_say(tmp_pat
     assert "global_step30" in outcome.notes[0] and "global_step40" in outcome.notes[1]
     nothing = resume.decide(resume.Survey((), None), lambda cand: None)
     assert nothing.chosen is None and nothing.notes == [] and nothing.set_aside == []
+
+
+def test_a_resume_sets_aside_a_file_put_into_a_checkpoint_and_says_nothing_more_of_one_problem(
+        tmp_path: Path, single_rank_group) -> None:
+    _save(tmp_path, 10)
+    _save(tmp_path, 20)
+    (tmp_path / "global_step20" / "extra.pt").write_bytes(b"x")
+    checkpointing.resolve_resume(tmp_path, lambda line: None)
+    [record] = set_aside.read_checked(tmp_path).records
+    assert record.tag == "global_step20" and record.reason.startswith("extra.pt") and "more" not in record.reason
+    assert layout.latest_tag(tmp_path) == "global_step10"
+
+
+def test_a_latest_naming_nothing_in_an_empty_folder_is_set_aside(tmp_path: Path, single_rank_group) -> None:
+    layout.write_latest(tmp_path, "global_step30")
+    said: list[str] = []
+    checkpointing.resolve_resume(tmp_path, said.append)
+    assert not (tmp_path / layout.LATEST).exists()
+    [record] = set_aside.read_checked(tmp_path).records
+    assert record.tag == layout.LATEST and Path(record.folder).read_text() == "global_step30"
+
+
+def test_a_checkpoint_saved_before_manifests_is_adopted_and_said(tmp_path: Path, single_rank_group) -> None:
+    folder = tmp_path / "global_step10"
+    folder.mkdir()
+    torch.save({"module": None, "iteration": 10}, folder / "mp_rank_00_model_states.pt")
+    (folder / layout.META).write_text(json.dumps({"iteration": 10, "parallel": {"tensor": 1, "pipeline": 1}}))
+    layout.write_latest(tmp_path, "global_step10")
+    said: list[str] = []
+    checkpointing.resolve_resume(tmp_path, said.append)
+    adopted = manifest.read(folder)
+    assert adopted.adopted and adopted.iteration == 10 and sorted(adopted.files) == [
+        layout.META, "mp_rank_00_model_states.pt"]
+    assert len(said) == 1 and "global_step10" in said[0]
+
+
+def test_after_a_damaged_latest_the_older_saves_that_never_committed_are_set_aside_too(tmp_path: Path) -> None:
+    _save(tmp_path, 10, commit=False, latest=False)
+    _save(tmp_path, 20, latest=False)
+    _save(tmp_path, 30)
+    found = resume.survey(tmp_path)
+    outcome = resume.decide(found, lambda cand: "damaged" if cand.tag == "global_step30" else None)
+    assert outcome.chosen.tag == "global_step20"
+    assert [(c.tag, why) for c, why in outcome.set_aside] == [("global_step30", "damaged"),
+                                                             ("global_step10", resume.UNFINISHED)]
+    (tmp_path / layout.LATEST).write_text("garbage")
+    only_unfinished = resume.decide(resume.survey(tmp_path), lambda cand: "damaged")
+    assert only_unfinished.refused and only_unfinished.chosen is None
+    refusal = resume.refusal(only_unfinished, tmp_path)
+    assert all(c.tag in refusal for c, _ in only_unfinished.refused) and str(tmp_path) in refusal
+    for step in (20, 30):
+        (tmp_path / f"global_step{step}" / manifest.MANIFEST).unlink()
+    fresh = resume.decide(resume.survey(tmp_path), lambda cand: None)
+    assert fresh.chosen is None and not fresh.refused and len(fresh.notes) == 1 and "garbage" in fresh.notes[0]
+
+
+def test_a_relaunch_of_a_warm_start_with_another_model_names_the_saved_value(tmp_path: Path) -> None:
+    folder = _save(tmp_path, 0)
+    meta = {"iteration": 0, "weights_only": True, "model": {"num_layers": 17, "hidden_size": 64},
+            "parallel": {"tensor": 1, "pipeline": 1, "data": 1}}
+    (folder / layout.META).write_text(json.dumps(meta))
+    commit_checkpoint(folder)
+    why = resume.relaunch_refusal(tmp_path, {"num_layers": 23, "hidden_size": 64}, 1, 2, 1, 0, 50304)
+    assert "num_layers" in why and "17" in why and "23" in why and "hidden_size" not in why
+    assert resume.relaunch_refusal(tmp_path, {"num_layers": 17, "hidden_size": 64}, 1, 2, 4, 1, 50304) is None
+    assert "parallel.tensor" in resume.relaunch_refusal(tmp_path, {"num_layers": 17, "hidden_size": 64}, 2, 1, 1, 0,
+                                                        50304)
+
+
+def _two_ranks(tmp_path: Path, checkpoints: Path) -> list[dict]:
+    """resolve_resume on two trainer ranks (forked processes in a gloo group): what each said or raised."""
+    import signal
+    import time as clock
+
+    import torch.distributed as dist
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    pids = []
+    for rank in (0, 1):
+        pid = os.fork()
+        if pid == 0:  # a rank: report, then leave without running the parent's cleanup
+            code = 1
+            try:
+                dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+                said: list[str] = []
+                try:
+                    checkpointing.resolve_resume(checkpoints, said.append)
+                    out = {"said": said}
+                except CheckpointError as exc:
+                    out = {"error": str(exc)}
+                dist.destroy_process_group()
+                (tmp_path / f"rank{rank}.json").write_text(json.dumps(out))
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    deadline = clock.monotonic() + 60  # a hang detector: the two ranks take well under a second
+    while pids and clock.monotonic() < deadline:
+        pids = [pid for pid in pids if os.waitpid(pid, os.WNOHANG) == (0, 0)]
+        clock.sleep(0.02)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert not pids, "a rank did not finish"
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_two_ranks_adopt_once_and_agree_on_a_damaged_file_only_one_of_them_reads(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    folder = checkpoints / "global_step10"
+    folder.mkdir(parents=True)
+    torch.save({"module": None, "iteration": 10}, folder / "mp_rank_00_model_states.pt")
+    (folder / layout.META).write_text(json.dumps({"iteration": 10, "parallel": {"tensor": 1, "pipeline": 1}}))
+    layout.write_latest(checkpoints, "global_step10")
+    first, second = _two_ranks(tmp_path / "adopt", checkpoints)
+    assert manifest.read(folder).adopted and len(first["said"]) == 1 and second == {"said": []}
+    # global_step20: each rank reads its share; the file flipped in the second rank's share is found by it alone
+    bad = _save(checkpoints, 20)
+    found = manifest.read(bad)
+    mine, theirs = (sorted(rel for rel in share if rel.endswith(".pt")) for share in resume.shares(found, 2))
+    assert theirs and not mine
+    theirs = theirs[0]
+    data = bytearray((bad / theirs).read_bytes())
+    data[0] ^= 1
+    (bad / theirs).write_bytes(bytes(data))
+    first, second = _two_ranks(tmp_path / "verify", checkpoints)
+    [record] = set_aside.read_checked(checkpoints).records
+    assert record.tag == "global_step20" and record.reason.startswith(theirs)
+    assert layout.latest_tag(checkpoints) == "global_step10" and second == {"said": []} and len(first["said"]) == 2
