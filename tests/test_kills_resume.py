@@ -394,3 +394,64 @@ def test_two_ranks_adopt_once_and_agree_on_a_damaged_file_only_one_of_them_reads
     [record] = set_aside.read_checked(checkpoints).records
     assert record.tag == "global_step20" and record.reason.startswith(theirs)
     assert layout.latest_tag(checkpoints) == "global_step10" and second == {"said": []} and len(first["said"]) == 2
+
+
+def test_the_step_a_resume_takes_is_latest_when_complete_else_the_newest_complete(tmp_path: Path) -> None:
+    assert layout.resume_step(tmp_path) is None
+    for step in (10, 20, 30):
+        _save(tmp_path, step, latest=False)
+    _save(tmp_path, 40, commit=False, latest=False)
+    assert layout.resume_step(tmp_path) == 30  # no latest: the newest complete
+    layout.write_latest(tmp_path, "global_step20")  # after a rollback: latest names an older complete one
+    assert layout.resume_step(tmp_path) == 20
+    layout.write_latest(tmp_path, "global_step40")  # a save that did not finish
+    assert layout.resume_step(tmp_path) == 30
+    layout.write_latest(tmp_path, "global_step90")  # names nothing
+    assert layout.resume_step(tmp_path) == 30
+
+
+def test_a_latest_that_cannot_be_followed_names_the_last_five_checkpoints_there(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40, 50, 60):
+        _save(tmp_path, step, latest=False)
+    for latest in ("garbage", "global_step99"):
+        (tmp_path / layout.LATEST).write_text(latest)
+        with pytest.raises(CheckpointError) as caught:
+            layout.latest_checkpoint(tmp_path)
+        held = str(caught.value)
+        assert str(tmp_path / layout.LATEST) in held and latest in held
+        assert all(f"global_step{s}" in held for s in (20, 30, 40, 50, 60)) and "global_step10" not in held
+    (tmp_path / layout.LATEST).unlink()
+    (tmp_path / layout.LATEST).symlink_to(tmp_path / "nowhere")
+    with pytest.raises(CheckpointError, match="link"):
+        layout.latest_tag(tmp_path)
+    (tmp_path / layout.LATEST).unlink()
+    (tmp_path / layout.LATEST).write_bytes(b"\xff\xfe")
+    with pytest.raises(CheckpointError, match="UTF-8"):
+        layout.latest_tag(tmp_path)
+
+
+def test_an_adopted_manifest_records_the_run_as_its_bsops_json_and_folder_say(tmp_path: Path) -> None:
+    layout.write_run_id(tmp_path, "ab" * 16)
+    folder = tmp_path / "global_step10"
+    folder.mkdir()
+    torch.save({"module": None}, folder / "mp_rank_00_model_states.pt")
+    meta = {"iteration": 10, "weights_only": True, "parallel": {"tensor": 2, "pipeline": 3, "data": 4},
+            "experiment": {"name": "tr8", "parallel": {"zero_stage": 1}, "train": {"precision": "bf16"}}}
+    (folder / layout.META).write_text(json.dumps(meta))
+    ckpt = layout.Checkpoint(folder.name, 10, folder)
+    assert resume.adopt(tmp_path, ckpt) is None
+    found = manifest.read(folder)
+    assert (found.iteration, found.run_id, found.experiment, found.optimizer, found.adopted) == (
+        10, "ab" * 16, "tr8", False, True)
+    assert found.layout == {"tensor": 2, "pipeline": 3, "data": 4, "zero_stage": 1, "precision": "bf16"}
+    (folder / manifest.MANIFEST).unlink()
+    (tmp_path / layout.RUN_ID).unlink()
+    (folder / layout.META).write_text(json.dumps({"iteration": 10}))
+    assert resume.adopt(tmp_path, ckpt) is None
+    found = manifest.read(folder)
+    assert (found.run_id, found.experiment, found.optimizer) == ("", "", True)
+    assert found.layout == {"tensor": 1, "pipeline": 1, "data": 1, "zero_stage": 0, "precision": ""}
+    (folder / manifest.MANIFEST).unlink()
+    made = manifest.adopt(folder, iteration=10, run_id="", experiment="", layout=found.layout, optimizer=True,
+                          now=1234.5)
+    assert made.committed_at == 1234.5 == manifest.read(folder).committed_at
