@@ -4,6 +4,7 @@ the facts in what arrives (counts, names, numbers), not its sentences."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from datetime import timedelta
@@ -12,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.ops.alerts import Alert
-from bigscience_ops.ops.tell import alert_state, channels, notify
+from bigscience_ops.config import load_experiment
+from bigscience_ops.ops.tell import alert_state, alert_text, channels, job_alerts, notify
 from bigscience_ops.ops.watch import status
-from tests.fixtures_smtp import T0, plain_outbox
+from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_smtp import T0, alerts_yaml, free_port, plain_outbox
 
 
 def _report(extra: int) -> status.StatusReport:
@@ -137,3 +140,97 @@ def test_unreadable_states_set_aside_are_counted_and_a_lock_that_is_no_file_is_n
     path.write_text("{")
     state = alert_state.load_state(path)
     assert state.problem.file == str(path) and state.set_aside.read_text() == "{" and not path.exists()
+
+
+# --------------------------------------------------------------------------- the texts' facts
+
+def test_a_span_is_told_in_days_hours_and_minutes() -> None:
+    assert re.findall(r"\d+", alert_text.lasted(timedelta(days=2, hours=3, minutes=5))) == ["2", "3", "05"]
+    assert re.findall(r"\d+", alert_text.lasted(timedelta(hours=23, minutes=59, seconds=40))) == ["1", "0", "00"]
+    assert re.findall(r"\d+", alert_text.lasted(timedelta(minutes=-5))) == ["0", "00"]
+    assert re.findall(r"\d+", alert_text.lasted(timedelta(hours=25))) == ["1", "1", "00"]
+
+
+def test_the_finished_recovery_and_job_mails_carry_their_facts() -> None:
+    report = status.StatusReport("tr1-13B-round3", T0, ("[stamp] line one", "[stamp] line two"), finished_at=4321)
+    subject, body = alert_text.finished_email("tr1-13B", report)
+    assert "tr1-13B" in subject and "4321" in subject and "tr1-13B-round3" in body
+    assert body.endswith("\n") and "[stamp] line one\n[stamp] line two\n" in body
+    entries = [{"message": "lost the queue", "since": "2026-11-22T08:00:00"}, {}]
+    subject, body = alert_text.recovery_email("tr1-13B", report, entries, ["not-scheduled", "stalled"], T0)
+    assert "not-scheduled" in subject and "stalled" in subject
+    lines = body.splitlines()
+    [first] = [line for line in lines if "lost the queue" in line]
+    assert "2026-11-22T08:00:00" in first
+    [second] = [line for line in lines if line.startswith("- ") and "lost the queue" not in line]
+    assert "stalled" in second and "?" in second
+    assert body.endswith("\n") and "[stamp] line one\n[stamp] line two\n" in body
+    alert = Alert("job-failed", "backup failed")
+    _, body = alert_text.job_alert_email("tr1-13B", "backup", alert, "disk\nfull", T0 - timedelta(hours=2), 60,
+                                         T0)
+    assert "disk\nfull" in body and "2026-11-22 08:00" in body
+    _, body = alert_text.job_alert_email("tr1-13B", "backup", alert, "disk full", T0, 60, T0)
+    assert "2026-11-22 10:00" not in body and "disk full" in body
+
+
+def test_an_unprintable_character_past_the_basic_plane_is_escaped_whole() -> None:
+    from bigscience_ops.ops.tell import quoting
+
+    assert quoting.quote_untrusted("a\U000e0001b") == '"a\\U000e0001b"'
+    assert quoting.quote_untrusted("a\u2028b") == '"a\\u2028b"' and quoting.quote_untrusted("a\x07b") == '"a\\x07b"'
+
+
+def test_a_state_from_before_channels_remembers_the_finish_it_announced(plain_server, tmp_path: Path) -> None:
+    inbox, port = plain_server
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"finished": {"tr1-13B-round3": 4321}}))
+    report = status.StatusReport("tr1-13B-round3", T0, ("[stamp] done",), finished_at=4321)
+    assert notify.notify(report, plain_outbox(port), state, experiment="tr1-13B", now=T0) == []
+    [notice] = notify.notify(dataclasses.replace(report, finished_at=4400), plain_outbox(port), state,
+                             experiment="tr1-13B", now=T0)
+    assert notice.kind == "finished" and len(inbox.messages) == 1 and "4400" in inbox.messages[0]["Subject"]
+    state.write_text(json.dumps({"events": {"tr1-13B-round3::checkpoint-set-aside:x": {"message": "m"},
+                                            "tr1-13B-round3::checkpoint-set-aside:y": {"sent": {"email": T0.isoformat()}},
+                                            "other::checkpoint-set-aside:z": {"sent": {"email": T0.isoformat()}}}}))
+    assert notify.told_events(state, "tr1-13B-round3") == {"checkpoint-set-aside:y"}
+    assert notify.told_events(state, "tr1-13B-round3", ["email", "webhook"]) == set()
+
+
+# --------------------------------------------------------------------------- the hourly jobs' alerts
+
+def _teller(trainings: Path, tmp_path: Path, port: int) -> job_alerts.Teller:
+    (trainings / "told.yaml").write_text(tiny_yaml(tmp_path / "told", alerts_yaml(port)))
+    exp = load_experiment("told", trainings)
+    return job_alerts.Teller("told", exp.alerts, exp.paths.logs, ("KILLS_TELL_SECRET",))
+
+
+def test_an_hourly_jobs_failure_is_scrubbed_told_once_and_its_recovery_follows(plain_server, trainings: Path,
+                                                                                tmp_path: Path, monkeypatch) -> None:
+    inbox, port = plain_server
+    monkeypatch.setenv("KILLS_TELL_SECRET", "hunter2-secret")
+    teller = _teller(trainings, tmp_path, port)
+
+    def fails() -> None:
+        raise OSError("copy failed, token hunter2-secret")
+
+    quiet = job_alerts.run_alerting(teller, False, "backup", "bsops backup told", fails)
+    assert quiet.told and "hunter2-secret" not in quiet.error and "copy failed" in quiet.error
+    assert quiet.lines == (f"error: {quiet.error}",) and inbox.messages == []
+    failed = job_alerts.run_alerting(teller, True, "backup", "bsops backup told", fails)
+    assert failed.told and failed.error == quiet.error and failed.lines[0] == quiet.lines[0] and len(failed.lines) == 2
+    [mail] = inbox.messages
+    assert "hunter2-secret" not in mail.get_content() and "copy failed" in mail.get_content()
+    worked = job_alerts.run_alerting(teller, True, "backup", "bsops backup told", lambda: None)
+    assert worked.error is None and worked.told and len(inbox.messages) == 2 and len(worked.lines) == 1
+    assert inbox.messages[1]["Message-ID"] in worked.lines[0]
+
+
+def test_send_alert_says_where_the_mail_went_or_why_it_did_not(plain_server, trainings: Path, tmp_path: Path) -> None:
+    inbox, port = plain_server
+    alerts = _teller(trainings, tmp_path, port).alerts
+    line = channels.send_alert(alerts, "subject", "body")
+    [mail] = inbox.messages
+    assert mail["Message-ID"] in line and "oncall@example.org" in line and "***ALERT" not in line
+    closed = dataclasses.replace(alerts, smtp_port=free_port())
+    line = channels.send_alert(closed, "subject", "body")
+    assert line.startswith("***ALERT") and str(closed.smtp_port) in line and len(inbox.messages) == 1
