@@ -75,6 +75,7 @@ def test_the_audit_as_data_carries_every_field_of_every_finding_and_record(tmp_p
     data = audit.as_data(found)
     assert json.loads(json.dumps(data)) == data
     assert data["checkpoints"] == str(tmp_path) and data["ok"] is True and len(data["problems"]) == 1
+    assert str(tmp_path / set_aside.RECORD) in data["problems"][0]
     size = sum(r.size for r in manifest.read(tmp_path / "global_step10").files.values())
     assert data["findings"] == [
         {"tag": "global_step10", "step": 10, "state": audit.VERIFIED, "detail": found.findings[0].detail,
@@ -85,6 +86,14 @@ def test_the_audit_as_data_carries_every_field_of_every_finding_and_record(tmp_p
     only = audit.audit(tmp_path, step=20, hashes=False)
     assert [f.tag for f in only.findings] == ["global_step20"]
     assert audit.audit(tmp_path, hashes=False).findings[0].bytes_read == 0
+    legacy = tmp_path / "global_step40"
+    legacy.mkdir()
+    torch.save({"module": None}, legacy / "mp_rank_00_model_states.pt")
+    (legacy / layout.META).write_text(json.dumps({"iteration": 40}))
+    [finding] = audit.audit(tmp_path, step=40).findings
+    assert finding.state == audit.BEFORE_MANIFESTS and not (legacy / manifest.MANIFEST).exists()
+    [finding] = audit.audit(tmp_path, step=40, adopt=True).findings
+    assert finding.state == audit.ADOPTED and manifest.read(legacy).adopted
 
 
 # --------------------------------------------------------------------------- layout: the records it writes
@@ -160,9 +169,9 @@ def test_a_checkpoint_of_another_model_or_layout_is_refused_naming_each_field(tm
     with pytest.raises(CheckpointError, match="parallel.pipeline"):
         checkpointing.check_compatible(found, shape, 1, 4)
     with pytest.raises(CheckpointError) as caught:
-        checkpointing.check_compatible(found, {**shape, "num_layers": 23}, 17, 1)
-    assert "2" in str(caught.value).split("num_layers")[1].split(";")[0] and "23" in str(caught.value)
-    assert "17" in str(caught.value)
+        checkpointing.check_compatible(found, {**shape, "num_layers": 17}, 3, 1)
+    layers, tensor = (str(caught.value).split(field)[1].split(";")[0] for field in ("num_layers", "parallel.tensor"))
+    assert "2" in layers and "17" in layers and "1" in tensor and "3" in tensor
     bare = checkpointing.Resume(found.tag, found.path, {"iteration": 10}, found.manifest)  # bsops.json of no model
     with pytest.raises(CheckpointError) as caught:
         checkpointing.check_compatible(bare, {"hidden_size": 64}, 1, 1)
@@ -199,6 +208,7 @@ def test_the_rng_state_goes_back_to_where_it_was_saved(tmp_path: Path) -> None:
     checkpointing.load_rng(tmp_path / "global_step1", 0)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == again
     assert checkpointing.load_rng(tmp_path / "global_step1", 1) is False
+    assert checkpointing.save_rng(tmp_path / "a" / "b", 2) == tmp_path / "a" / "b" / "rng_state_002.pt"
 
 
 def test_a_resume_with_nothing_committed_sets_latest_aside_and_starts_over(tmp_path: Path, single_rank_group) -> None:
