@@ -32,6 +32,7 @@ import ast
 import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -292,11 +293,49 @@ def _codec_case(before: str, after: str) -> bool:
     return before.replace('"utf-8"', '"UTF-8"') == after and before != after
 
 
+def _changed_span(before: str, after: str) -> tuple[int, int]:
+    """Where in `before` the mutant's change is: [start, end) between the common prefix and suffix."""
+    start = 0
+    while start < min(len(before), len(after)) and before[start] == after[start]:
+        start += 1
+    end = 0
+    while end < min(len(before), len(after)) - start and before[-1 - end] == after[-1 - end]:
+        end += 1
+    return start, len(before) - end
+
+
+def _quoting_presentation(before: str, after: str) -> bool:
+    """A change to how quote_untrusted shows a value (its length bound, the quote marks), the value itself kept."""
+    start, end = _changed_span(before, after)
+    for call in re.finditer(r"quote_untrusted\(", before):
+        depth, close = 0, None
+        for i in range(call.end() - 1, len(before)):
+            depth += {"(": 1, ")": -1}.get(before[i], 0)
+            if depth == 0:
+                close = i
+                break
+        first_comma = before.find(",", call.end())
+        if close is not None and 0 < first_comma < start and end <= close + 1:
+            value = before[call.end():first_comma]
+            return after[call.end():call.end() + len(value) + 1] == value + ","
+    return False
+
+
+def _empty_text(before: str, after: str) -> bool:
+    """An empty text made "XXXX": a message's words."""
+    return '""' in before and any(before[:i] + '"XXXX"' + before[i + 2:] == after
+                                  for i in range(len(before)) if before.startswith('""', i))
+
+
 RULES = [
     (_codec_case, EQUIVALENT + "codec names are case-insensitive"),
     (_raise_text, NOT_WORTH + "the words of an error, not whether or which error is raised (the tests assert facts, "
                   "not wording; an error's value is asserted where it is what the user acts on)"),
     (_text_line, NOT_WORTH + "a line of a message's words"),
+    (_empty_text, NOT_WORTH + "an empty text made non-empty: a message's words"),
+    (_quoting_presentation, NOT_WORTH + "how a value is quoted in an alert (its length bound by a character, its "
+                            "quote marks): what reaches an alert stays printable, bounded and defanged either way, "
+                            "which the hostile tables check"),
 ]
 """Survivors allowed by what their change is, each rule with why."""
 

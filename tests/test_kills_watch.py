@@ -4,13 +4,17 @@ line or an alert (pids, ids, iterations, conditions), not its sentences."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import dataclasses
+import os
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from bigscience_ops.config import load_experiment
-from bigscience_ops.ops.watch import lifecycle, local_run
+from bigscience_ops.ops.watch import lifecycle, local_run, status
+from bigscience_ops.run import ledger
+from bigscience_ops.run import lock as run_lock
 from bigscience_ops.run.lock import Holding
 from tests.fixtures_experiments import tiny_yaml
 
@@ -48,3 +52,84 @@ def test_a_local_run_nobody_holds_and_never_launched_is_healthy_and_says_so(run)
     assert not run.launched and report.alerts == () and report.healthy and report.finished_at is None
     [line] = report.lines
     assert line.startswith(report.stamp) and "watched-job" in line
+
+
+# --------------------------------------------------------------------------- stalls
+
+def _progress(**changes) -> status.Progress:
+    return dataclasses.replace(status.Progress(True, "iteration 5/ 100 | lm loss: 3.0", NOW - timedelta(hours=3)),
+                               **changes)
+
+
+def test_a_stall_is_counted_from_the_later_of_the_tasks_start_and_the_last_line(tmp_path: Path) -> None:
+    log = tmp_path / "main_log.txt"
+    facts = status.stall_facts(_progress(), log, NOW - timedelta(hours=4), NOW, 60)
+    assert facts["limit"] == 60 and str(log) in facts["what"] and "5/ 100" in facts["what"]
+    assert "3" in facts["span"] and "4" not in facts["span"]
+    assert status.stall_facts(_progress(), log, NOW - timedelta(minutes=30), NOW, 60) is None  # the task is young
+    # exactly the limit is not a stall; a minute more is
+    assert status.stall_facts(_progress(seen_after=NOW - timedelta(minutes=60)), log, None, NOW, 60) is None
+    assert status.stall_facts(_progress(seen_after=NOW - timedelta(minutes=61)), log, None, NOW, 60) is not None
+    # no iteration line yet: only the task's start counts, not when the log was last written
+    no_line = _progress(last_iteration=None, seen_after=NOW - timedelta(minutes=10))
+    assert status.stall_facts(no_line, log, NOW - timedelta(hours=2), NOW, 60) is not None
+    assert status.stall_facts(no_line, log, None, NOW, 60) is None
+    searched = status.stall_facts(dataclasses.replace(no_line, searched=64 << 20), None, NOW - timedelta(hours=2),
+                                  NOW, 60)
+    assert "64" in searched["what"] and "None" not in searched["what"]
+    broken = status.stall_facts(_progress(problem="a FIFO in its place"), log, None, NOW, 60)
+    assert "a FIFO in its place" in broken["what"] and str(log) in broken["what"]
+    missing = status.stall_facts(status.Progress(False), log, NOW - timedelta(hours=2), NOW, 60)
+    assert str(log) in missing["what"] and missing["what"] != broken["what"]
+
+
+def test_a_local_run_whose_log_stands_still_is_stalled(run, tmp_path: Path) -> None:
+    holding = Holding("bsops launch --local (pid 4711 on n7) since 2026-11-22T06:00:00", pids=(4711,), host="n7",
+                      names=((4711, "bash"),))
+    kw = dict(now=NOW, stall_minutes=60)
+    [alert] = local_run.evaluate("watched-job", holding, run, progress=_progress(), **kw).alerts
+    assert alert.condition == "stalled" and "5/ 100" in alert.message
+    assert local_run.evaluate("watched-job", holding, run, now=NOW, progress=_progress()).alerts == ()
+    log = tmp_path / "main_log.txt"
+    log.write_text(" iteration        5/     100 | consumed samples: 40 | lm loss: 3.0E+00 |\n")
+    old = (NOW - timedelta(hours=3)).timestamp()
+    os.utime(log, (old, old))
+    [alert] = local_run.evaluate("watched-job", holding, run, log_path=log, **kw).alerts
+    assert alert.condition == "stalled" and str(log) in alert.message
+    # the task began an hour ago (its ledger record): a stall counts from then, under the limit
+    task = ledger.Attempt("4242", "n7", 0, None, None, started=(NOW - timedelta(minutes=30)).timestamp())
+    young = dataclasses.replace(run, last_task=task)
+    assert local_run.evaluate("watched-job", holding, young, log_path=log, **kw).alerts == ()
+    ended = dataclasses.replace(task, ended=(NOW - timedelta(minutes=20)).timestamp())
+    [alert] = local_run.evaluate("watched-job", holding, dataclasses.replace(run, last_task=ended), log_path=log,
+                                 **kw).alerts
+    assert alert.condition == "stalled"
+    line = local_run.evaluate("watched-job", holding, young, log_path=log, **kw).lines[0]
+    assert "4242" in line and "4242" not in local_run.evaluate("watched-job", holding, dataclasses.replace(
+        run, last_task=ended), log_path=log, **kw).lines[0]
+
+
+def test_check_asks_who_holds_the_run_folder(run) -> None:
+    report = local_run.check("watched-job", run, now=NOW, contact="someone@example.org")
+    assert report.alerts == () and len(report.lines) == 1 and "watched-job" in report.lines[0]
+    with run_lock.hold(run.experiment.paths.output, "bsops launch --local"):
+        [line] = local_run.check("watched-job", run, now=NOW).lines
+    assert str(os.getpid()) in line
+
+
+# --------------------------------------------------------------------------- the run's own records of its jobs
+
+def test_the_array_ids_a_run_recorded_come_from_its_sbatch_records_within_their_size(tmp_path: Path) -> None:
+    assert status.array_id("720000_[1-10%1]") == "720000" and status.array_id("720001_4+1") == "720001"
+    assert status.array_id(" 720002 ") == "720002"
+    for name, data in {"a": b'{"job_id": 700}', "b": b'{"job_id": "701_3"}', "c": b'{"job_id": true}',
+                       "d": b'{"job_id": "x"}'}.items():
+        (tmp_path / "launches" / name).mkdir(parents=True)
+        (tmp_path / "launches" / name / "sbatch.json").write_bytes(data)
+    (tmp_path / "launches" / "e").mkdir()
+    (tmp_path / "launches" / "e" / "sbatch.json").write_bytes(
+        b'{"job_id": 702}' + b" " * (status.SBATCH_RECORD_BYTES - 15))  # exactly the most read
+    (tmp_path / "launches" / "f").mkdir()
+    (tmp_path / "launches" / "f" / "sbatch.json").write_bytes(
+        b'{"job_id": 703}' + b" " * (status.SBATCH_RECORD_BYTES - 14))  # one byte more: not read
+    assert status.recorded_job_ids(tmp_path) == frozenset({"700", "701", "702"})
