@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from bigscience_ops import slurm
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops.watch import lifecycle, local_run, status
 from bigscience_ops.run import ledger
 from bigscience_ops.run import lock as run_lock
 from bigscience_ops.run.lock import Holding
+from tests.fixtures_status import seed_job
 from tests.fixtures_experiments import tiny_yaml
 
 NOW = datetime(2026, 11, 22, 10, 0, 0)
@@ -133,3 +136,40 @@ def test_the_array_ids_a_run_recorded_come_from_its_sbatch_records_within_their_
     (tmp_path / "launches" / "f" / "sbatch.json").write_bytes(
         b'{"job_id": 703}' + b" " * (status.SBATCH_RECORD_BYTES - 14))  # one byte more: not read
     assert status.recorded_job_ids(tmp_path) == frozenset({"700", "701", "702"})
+
+
+# --------------------------------------------------------------------------- jobs that can never start
+
+def _never(array: str, reason: str) -> slurm.Job:
+    return seed_job(job_id=f"{array}_[1-5%1]", array_job_id=array, array_task="1-5%1", state="PENDING",
+                    reason=reason, nodes="", elapsed_s=0, start_time=None)
+
+
+def _more(headline: str) -> int | None:
+    found = re.findall(r"\(\+(\d+)\b", headline)
+    return int(found[0]) if found else None
+
+
+def test_jobs_that_can_never_start_are_counted_and_a_queued_training_is_not_launched_again() -> None:
+    now = datetime(2021, 8, 16, 22, 8, 1)
+    one = status.evaluate("tr1-13B-round3", [_never("720000", "PartitionDown")], now=now, contact="pager@example.org")
+    [alert] = one.alerts
+    assert _more(alert.headline) is None and "720000" in alert.headline and "launch" in alert.headline
+    assert "pager@example.org" in alert.message
+    three = status.evaluate("tr1-13B-round3", [_never(a, "PartitionDown") for a in ("720000", "720001", "720002")],
+                            now=now)
+    assert [_more(a.headline) for a in three.alerts] == [2]
+    behind = status.evaluate("tr1-13B-round3", [seed_job(), _never("720000", "DependencyNeverSatisfied")], now=now)
+    [alert] = behind.alerts
+    assert "launch" not in alert.headline and "launch" not in alert.advice.split("`scancel 720000`")[1]
+    held = status.evaluate("tr1-13B-round3", [_never("720000", "JobHeldAdmin"), _never("720001", "JobHeldUser")],
+                           now=now)
+    [alert] = held.alerts
+    assert _more(alert.headline) == 1 and "JobHeldAdmin" in alert.advice and "scontrol release 720000" in alert.advice
+
+
+def test_a_local_runs_alert_names_the_contact(run) -> None:
+    holding = Holding("bsops launch --local (pid 4711 on n7) since 2026-11-22T06:00:00", pids=(4711,), host="n7")
+    [alert] = local_run.evaluate("watched-job", holding, run, now=NOW, stall_minutes=60, progress=_progress(),
+                                 contact="pager@example.org").alerts
+    assert "pager@example.org" in alert.message and alert.headline
