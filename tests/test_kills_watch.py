@@ -5,6 +5,7 @@ line or an alert (pids, ids, iterations, conditions), not its sentences."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from datetime import datetime, timedelta
@@ -173,3 +174,33 @@ def test_a_local_runs_alert_names_the_contact(run) -> None:
     [alert] = local_run.evaluate("watched-job", holding, run, now=NOW, stall_minutes=60, progress=_progress(),
                                  contact="pager@example.org").alerts
     assert "pager@example.org" in alert.message and alert.headline
+
+
+def test_every_alert_of_a_watchdog_run_names_its_contact(trainings: Path, tmp_path: Path) -> None:
+    """A run launched here that stopped before its end, with a torn ledger line and a checkpoint a resume set aside:
+    each is an alert, and each says whom to alert."""
+    from bigscience_ops.checkpoints import set_aside
+    from bigscience_ops.config import to_dict
+    from bigscience_ops.ops.watch import watchdog
+
+    (trainings / "local.yaml").write_text(tiny_yaml(tmp_path / "local"))
+    exp = load_experiment("local", trainings)
+    out, checkpoints = Path(exp.paths.output), Path(exp.paths.checkpoints)
+    out.mkdir(parents=True)
+    (out / "experiment.json").write_text(json.dumps(to_dict(exp)))
+    began = (NOW - timedelta(hours=2)).timestamp()
+    for record in (ledger.TaskRecord("begin", "local-1", "n1", 0, began),
+                   ledger.TaskRecord("end", "local-1", "n1", 0, began + 60, 1)):
+        ledger.append(out / ledger.LEDGER_NAME, record)
+    with open(out / ledger.LEDGER_NAME, "a") as torn:
+        torn.write('{"kind": "begin", "job_id": \n')
+    (checkpoints / "global_step10").mkdir(parents=True)
+    set_aside.set_aside(checkpoints, checkpoints / "global_step10", "no manifest", now=began)
+    settings = watchdog.WatchSettings(exp.slurm.job_name, log_path=Path(exp.paths.logs) / "main_log.txt",
+                                      contact="pager@example.org", experiment="local",
+                                      state_path=tmp_path / "state.json")
+    result = watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW)
+    kinds = {a.kind for a in result.report.alerts}
+    assert {"local-stopped", "run-file-ledger", "checkpoint-set-aside"} <= kinds, result.lines
+    assert all("pager@example.org" in a.message for a in result.report.alerts)
+    assert result.exit_code == status.EXIT_ALERT and result.notices == ()
