@@ -15,6 +15,7 @@ import pytest
 from bigscience_ops.ops.alerts import Alert
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops.tell import alert_state, alert_text, channels, job_alerts, notify
+from bigscience_ops.ops.tell.message import NotifyError
 from bigscience_ops.ops.watch import status
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import T0, alerts_yaml, free_port, plain_outbox
@@ -234,3 +235,26 @@ def test_send_alert_says_where_the_mail_went_or_why_it_did_not(plain_server, tra
     closed = dataclasses.replace(alerts, smtp_port=free_port())
     line = channels.send_alert(closed, "subject", "body")
     assert line.startswith("***ALERT") and str(closed.smtp_port) in line and len(inbox.messages) == 1
+
+
+# --------------------------------------------------------------------------- SMTP over TLS from the start
+
+def test_an_alert_goes_over_tls_from_the_start_to_a_server_it_verifies(cert: tuple[str, str], tmp_path: Path) -> None:
+    from aiosmtpd.controller import Controller
+
+    from tests.fixtures_smtp import Inbox, server_tls
+
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port(), ssl_context=server_tls(cert))
+    controller.start()
+    try:
+        outbox = plain_outbox(controller.port, security="ssl", ca_file=cert[0])
+        message_id = outbox.send(outbox.compose("over tls", "body", now=T0))
+        [mail] = inbox.messages
+        assert mail["Message-ID"] == message_id and mail["Subject"] == "over tls"
+        untrusted = plain_outbox(controller.port, security="ssl")  # the system's CAs do not know the test's
+        with pytest.raises(NotifyError) as caught:
+            untrusted.send(untrusted.compose("over tls", "body", now=T0))
+        assert str(controller.port) in str(caught.value) and len(inbox.messages) == 1
+    finally:
+        controller.stop()
