@@ -256,6 +256,24 @@ allow("checkpoints/resume.py", "adopt", NOT_WORTH + "the exception's name quoted
 _WEIGHTS = 'optimizer=not meta.get("weights_only", False))'
 allow("checkpoints/resume.py", "adopt", EQUIVALENT + "`not None` is `not False`",
       (_WEIGHTS, _WEIGHTS.replace("False", "None")), (_WEIGHTS, _WEIGHTS.replace(", False", ", ")))
+_ESCAPE = ('return f"\\\\x{code:02x}" if code < 0x100 else f"\\\\u{code:04x}" if code < 0x10000 else '
+           'f"\\\\U{code:08x}"')
+allow("ops/tell/quoting.py", "_escape", EQUIVALENT + "U+0100 and U+10000 are printable letters: never escaped, so "
+      "the bounds' edges are never asked about",
+      *[(_ESCAPE, _ESCAPE.replace(old, new, 1)) for old, new in (
+          ("code < 0x100", "code <= 0x100"), ("code < 0x100", "code < 257"), ("code < 0x10000", "code <= 0x10000"),
+          ("code < 0x10000", "code < 65537"))])
+for module, function, line in (("ops/tell/notify.py", "_now", "return datetime.now().replace(microsecond=0)"),
+                               ("ops/watch/status.py", "check", "now = now or datetime.now().replace(microsecond=0)"),
+                               ("ops/watch/local_run.py", "check",
+                                "now = now or datetime.now().replace(microsecond=0)")):
+    allow(module, function, NOT_WORTH + "a microsecond on the clock read when no time is given (the tests give one)",
+          (line, line.replace("microsecond=0", "microsecond=1")))
+_SSL = "super().__init__(host, port, timeout=deadline.seconds, **options)  # type: ignore[arg-type]"
+allow("ops/tell/email.py", "_SmtpSsl.__init__", EQUIVALENT + "the connection is made by _get_socket with the "
+      "deadline, which ignores smtplib's timeout",
+      (_SSL, _SSL.replace("timeout=deadline.seconds", "timeout=None")),
+      (_SSL, _SSL.replace("timeout=deadline.seconds, ", "")))
 _SAME_VERDICT = EQUIVALENT + "every rank does what rank 0 or its share would, and the verdict is the same (at world "
 _SAME_VERDICT += "size times the reads); two-rank tests check what each rank finds and says"
 _SURVEY = ("shared: list[resume.Survey | None] = [resume.survey(checkpoints) if rank == 0 and checkpoints.is_dir() "
