@@ -199,8 +199,42 @@ def test_every_alert_of_a_watchdog_run_names_its_contact(trainings: Path, tmp_pa
     settings = watchdog.WatchSettings(exp.slurm.job_name, log_path=Path(exp.paths.logs) / "main_log.txt",
                                       contact="pager@example.org", experiment="local",
                                       state_path=tmp_path / "state.json")
+    (checkpoints / "global_step20").mkdir(parents=True)
+    set_aside.set_aside(checkpoints, checkpoints / "global_step20", "layer01 is missing", now=began + 1)
     result = watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW)
     kinds = {a.kind for a in result.report.alerts}
     assert {"local-stopped", "run-file-ledger", "checkpoint-set-aside"} <= kinds, result.lines
     assert all("pager@example.org" in a.message for a in result.report.alerts)
     assert result.exit_code == status.EXIT_ALERT and result.notices == ()
+    aside = [a for a in result.report.alerts if a.kind == "checkpoint-set-aside"]
+    assert len({a.condition for a in aside}) == 2 and all(a.headline for a in aside)
+    [twenty] = [a for a in aside if "global_step20" in a.message]
+    assert "layer01 is missing" in twenty.message and "20" in twenty.headline
+    assert (datetime.fromtimestamp(began + 1).strftime("%Y-%m-%d %H:%M:%S")) in twenty.message
+
+
+def test_the_watchdogs_mail_names_the_log_and_keeps_the_cooldown(trainings: Path, tmp_path: Path,
+                                                                 plain_server) -> None:
+    from bigscience_ops.config import to_dict
+    from bigscience_ops.ops.watch import watchdog
+    from tests.fixtures_smtp import plain_outbox
+
+    inbox, port = plain_server
+    (trainings / "mailed.yaml").write_text(tiny_yaml(tmp_path / "mailed"))
+    exp = load_experiment("mailed", trainings)
+    out = Path(exp.paths.output)
+    out.mkdir(parents=True)
+    (out / "experiment.json").write_text(json.dumps(to_dict(exp)))
+    began = (NOW - timedelta(hours=2)).timestamp()
+    for record in (ledger.TaskRecord("begin", "local-1", "n1", 0, began),
+                   ledger.TaskRecord("end", "local-1", "n1", 0, began + 60, 1)):
+        ledger.append(out / ledger.LEDGER_NAME, record)
+    log = Path(exp.paths.logs) / "main_log.txt"
+    settings = watchdog.WatchSettings(exp.slurm.job_name, log_path=log, experiment="mailed", outbox=plain_outbox(port),
+                                      cooldown_minutes=30, state_path=tmp_path / "state.json")
+    first = watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW)
+    assert [n.kind for n in first.notices] == ["alert"] and len(inbox.messages) == 1
+    assert str(log) in inbox.messages[0].get_content()
+    assert watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW + timedelta(minutes=20)).notices == ()
+    again = watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW + timedelta(minutes=31))
+    assert [n.kind for n in again.notices] == ["alert"] and len(inbox.messages) == 2
