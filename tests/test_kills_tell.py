@@ -258,3 +258,23 @@ def test_an_alert_goes_over_tls_from_the_start_to_a_server_it_verifies(cert: tup
         assert str(controller.port) in str(caught.value) and len(inbox.messages) == 1
     finally:
         controller.stop()
+
+
+def test_an_hourly_jobs_alert_without_mail_or_with_its_state_elsewhere_says_so(plain_server, trainings: Path,
+                                                                                tmp_path: Path, monkeypatch) -> None:
+    inbox, port = plain_server
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    teller = _teller(trainings, tmp_path, port)
+    nobody = dataclasses.replace(teller, alerts=dataclasses.replace(teller.alerts, email_to=()))
+    told, said = job_alerts.tell_job(nobody, "backup", "bsops backup told", "disk full")
+    assert told and len(said) == 1 and inbox.messages == []
+    assert job_alerts.tell_job(nobody, "backup", "bsops backup told", None) == (True, [])
+    blocked = tmp_path / "logs-is-a-file"
+    blocked.write_text("not a folder")
+    elsewhere = dataclasses.replace(teller, logs=str(blocked))
+    told, said = job_alerts.tell_job(elsewhere, "backup", "bsops backup told", "disk full")
+    assert told and len(said) == 2 and str(tmp_path / "xdg") in said[0] and len(inbox.messages) == 1
+    assert "bsops backup told" in inbox.messages[0].get_content()
+    closed = dataclasses.replace(teller, alerts=dataclasses.replace(teller.alerts, smtp_port=free_port()))
+    told, said = job_alerts.tell_job(closed, "hub-sync", "bsops hub-sync told", "push refused")
+    assert not told and len(said) == 1 and "hub-sync" in said[0] and str(closed.alerts.smtp_port) in said[0]
