@@ -72,8 +72,7 @@ GROUPS = [
     Group("tell",
           ("bigscience_ops/ops/tell/*.py",),
           ("tests/test_ops_notify.py", "tests/test_ops_channels.py", "tests/test_ops_webhook.py",
-           "tests/test_hostile_alert_text.py", "tests/test_branches_notify.py", "tests/test_branches_watchdog.py",
-           "tests/test_kills_tell.py")),
+           "tests/test_branches_notify.py", "tests/test_branches_watchdog.py", "tests/test_kills_tell.py")),
     # what is copied, verified and deleted
     Group("backup",
           ("bigscience_ops/checkpoints/retention.py", "bigscience_ops/ops/keep/backup.py"),
