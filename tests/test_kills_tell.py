@@ -278,3 +278,56 @@ def test_an_hourly_jobs_alert_without_mail_or_with_its_state_elsewhere_says_so(p
     closed = dataclasses.replace(teller, alerts=dataclasses.replace(teller.alerts, smtp_port=free_port()))
     told, said = job_alerts.tell_job(closed, "hub-sync", "bsops hub-sync told", "push refused")
     assert not told and len(said) == 1 and "hub-sync" in said[0] and str(closed.alerts.smtp_port) in said[0]
+
+
+# --------------------------------------------------------------------------- what a webhook receives
+
+def test_a_webhook_post_goes_to_its_path_and_query_as_json_and_only_a_2xx_is_delivered(cert: tuple[str, str]) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from bigscience_ops.ops.tell import webhook
+    from tests.fixtures_smtp import server_tls
+
+    seen: list[tuple[str, dict, dict]] = []
+    answer = {"status": 200}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's hook name)
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            seen.append((self.path, dict(self.headers), json.loads(body)))
+            self.send_response(answer["status"])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = server_tls(cert).wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    base = f"https://127.0.0.1:{server.server_address[1]}"
+    try:
+        for status in (200, 204, 299):
+            answer["status"] = status
+            webhook.post(f"{base}/hook/T0K3N?key=v4lue", "subject", "body", ca_file=cert[0])
+        assert [path for path, _, _ in seen] == ["/hook/T0K3N?key=v4lue"] * 3
+        headers = {k.lower(): v for k, v in seen[0][1].items()}
+        assert headers["content-type"] == "application/json" and headers["user-agent"] == "bsops"
+        assert seen[0][2] == {"text": "subject\n\nbody"}
+        webhook.post(base, "s", "b", ca_file=cert[0])
+        assert seen[-1][0] == "/"
+        for status in (300, 399, 400, 500):
+            answer["status"] = status
+            with pytest.raises(webhook.WebhookError) as caught:
+                webhook.post(f"{base}/hook/T0K3N", "s", "b", ca_file=cert[0])
+            assert str(status) in str(caught.value) and "T0K3N" not in str(caught.value)
+        with pytest.raises(webhook.WebhookError) as caught:
+            webhook.post(f"https://127.0.0.1:{free_port()}/hook/T0K3N", "s", "b", ca_file=cert[0])
+        assert "T0K3N" not in str(caught.value)
+        with pytest.raises(webhook.WebhookError):
+            webhook.post(f"http://127.0.0.1:{server.server_address[1]}/hook", "s", "b", ca_file=cert[0])
+    finally:
+        server.shutdown()
+        server.server_close()
