@@ -273,6 +273,18 @@ allow("ops/tell/email.py", "_SmtpSsl.__init__", EQUIVALENT + "the connection is 
       "deadline, which ignores smtplib's timeout",
       (_SSL, _SSL.replace("timeout=deadline.seconds", "timeout=None")),
       (_SSL, _SSL.replace("timeout=deadline.seconds, ", "")))
+_HEADERS = 'headers={"Content-Type": "application/json", "User-Agent": "bsops", "Connection": "close"})'
+allow("ops/tell/webhook.py", "_exchange", EQUIVALENT + "HTTP header names, media types and the `close` token are "
+      "case-insensitive",
+      *[(_HEADERS, _HEADERS.replace(old, new)) for old, new in (
+          ('"Content-Type"', '"content-type"'), ('"Content-Type"', '"CONTENT-TYPE"'),
+          ('"application/json"', '"APPLICATION/JSON"'), ('"User-Agent"', '"user-agent"'),
+          ('"User-Agent"', '"USER-AGENT"'), ('"Connection"', '"connection"'), ('"Connection"', '"CONNECTION"'),
+          ('"close"', '"CLOSE"'))])
+allow("ops/tell/webhook.py", "_exchange", NOT_WORTH + "`Connection: close` asks the server to close after its "
+      "answer; the client closes the connection itself right after reading it",
+      (_HEADERS, _HEADERS.replace('"Connection"', '"XXConnectionXX"')),
+      (_HEADERS, _HEADERS.replace('"close"', '"XXcloseXX"')))
 _SAME_VERDICT = EQUIVALENT + "every rank does what rank 0 or its share would, and the verdict is the same (at world "
 _SAME_VERDICT += "size times the reads); two-rank tests check what each rank finds and says"
 _SURVEY = ("shared: list[resume.Survey | None] = [resume.survey(checkpoints) if rank == 0 and checkpoints.is_dir() "
