@@ -331,3 +331,22 @@ def test_a_webhook_post_goes_to_its_path_and_query_as_json_and_only_a_2xx_is_del
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_event_is_told_once_beside_the_conditions_and_never_recovers(plain_server, tmp_path: Path) -> None:
+    inbox, port = plain_server
+    outbox, state = plain_outbox(port), tmp_path / "state.json"
+    event = Alert("checkpoint-set-aside:global_step10@1790000000", "global_step10 set aside")
+    first = notify.notify(_report(0).adding([event]), outbox, state, experiment="tr1-13B", now=T0)
+    assert [set(n.conditions) for n in first] == [{"not-scheduled", event.condition}]
+    recorded = json.loads(state.read_text())
+    [told] = recorded["events"].values()
+    assert "since" not in told and told["sent"]["email"] == T0.isoformat()
+    later = T0 + timedelta(hours=2)
+    again = notify.notify(dataclasses.replace(_report(0).adding([event]), checked_at=later), outbox, state,
+                          experiment="tr1-13B", now=later)
+    assert [n.conditions for n in again] == [("not-scheduled",)]
+    assert notify.told_events(state, "tr1-13B-round3") == {event.condition}
+    cleared = notify.notify(status.StatusReport("tr1-13B-round3", later, ()), outbox, state, experiment="tr1-13B",
+                            now=later + timedelta(minutes=1))
+    assert [(n.kind, n.conditions) for n in cleared] == [("recovery", ("not-scheduled",))] and len(inbox.messages) == 3
