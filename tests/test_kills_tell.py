@@ -350,3 +350,24 @@ def test_an_event_is_told_once_beside_the_conditions_and_never_recovers(plain_se
     cleared = notify.notify(status.StatusReport("tr1-13B-round3", later, ()), outbox, state, experiment="tr1-13B",
                             now=later + timedelta(minutes=1))
     assert [(n.kind, n.conditions) for n in cleared] == [("recovery", ("not-scheduled",))] and len(inbox.messages) == 3
+
+
+def test_an_alerts_section_with_a_login_logs_in_with_the_password_its_variable_holds(
+        starttls_server, cert: tuple[str, str], trainings: Path, tmp_path: Path, monkeypatch) -> None:
+    from bigscience_ops.ops.tell.email import TIMEOUT_S, EmailChannel
+    from tests.fixtures_smtp import PASSWORD
+
+    inbox, port = starttls_server
+    alerts = _teller(trainings, tmp_path, port).alerts
+    plain = EmailChannel.from_alerts(alerts)
+    assert plain.settings.user is None and plain.settings.password_env is None and plain.secret_envs == ()
+    assert plain.settings.timeout_s == TIMEOUT_S and plain.settings.recipients == ("oncall@example.org",)
+    login = EmailChannel.from_alerts(dataclasses.replace(alerts, smtp_user="bot", smtp_password_env="KILLS_SMTP_PW",
+                                                         smtp_security="starttls"))
+    assert (login.settings.user, login.settings.password_env, login.secret_envs) == (
+        "bot", "KILLS_SMTP_PW", ("KILLS_SMTP_PW",))
+    assert EmailChannel.from_alerts(dataclasses.replace(alerts, email_to=())) is None
+    channel = EmailChannel(dataclasses.replace(login.settings, ca_file=cert[0]))
+    outbox = channels.Outbox((channel,), "bot@example.org")
+    outbox.send(outbox.compose("logged in", "body", now=T0), env={"KILLS_SMTP_PW": PASSWORD})
+    assert inbox.logins == ["bot"] and len(inbox.messages) == 1
