@@ -552,8 +552,12 @@ def report(mutants: list[Mutant]) -> int:
         for key in sorted(unused):
             print(f"  {key}")
     ok = total > 0 and rate >= KILL_RATE_MIN and not untriaged
+    equivalent = sum((allowed_why(m) or "").startswith(EQUIVALENT) for m in allowed)
     print(f"\nkill rate {rate:.1%} ({killed}/{total}; at least {KILL_RATE_MIN:.0%} wanted), "
           f"{len(allowed)} survivors allowed, {len(untriaged)} to triage: {'ok' if ok else 'FAILED'}")
+    if total > equivalent:
+        print(f"without the {equivalent} equivalent mutants: {killed / (total - equivalent):.1%}; killed or allowed: "
+              f"{(killed + len(allowed)) / total:.1%}")
     return 0 if ok else 1
 
 
