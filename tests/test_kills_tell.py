@@ -371,3 +371,36 @@ def test_an_alerts_section_with_a_login_logs_in_with_the_password_its_variable_h
     outbox = channels.Outbox((channel,), "bot@example.org")
     outbox.send(outbox.compose("logged in", "body", now=T0), env={"KILLS_SMTP_PW": PASSWORD})
     assert inbox.logins == ["bot"] and len(inbox.messages) == 1
+
+
+def test_the_alert_state_goes_to_the_users_folder_while_its_own_cannot_be_written_and_comes_back(tmp_path: Path,
+                                                                                                  monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    env = {"XDG_STATE_HOME": str(tmp_path / "xdg")}
+    assert alert_state.user_state_folder(env) == tmp_path / "xdg" / "bsops"
+    for other in ({}, {"XDG_STATE_HOME": "relative/path"}, {"XDG_STATE_HOME": ""}):
+        assert alert_state.user_state_folder(other) == tmp_path / "home" / ".local" / "state" / "bsops"
+    assert alert_state.default_state_path(None) == tmp_path / "home" / ".cache" / "bsops" / ".bsops-alerts.json"
+    run = tmp_path / "run" / "logs"
+    state, log = run / ".bsops-alerts.json", run / "watchdog.log"
+    away_state, away_log = alert_state.elsewhere(state, "tr1/13B:round 3", env)
+    assert away_state.parent == away_log.parent == tmp_path / "xdg" / "bsops"
+    assert away_state.name.startswith("tr1_13B_round_3-") and away_state.name.endswith(".alerts.json")
+    assert away_log.name == away_state.name.replace(".alerts.json", ".watchdog.log")
+    other_state, _ = alert_state.elsewhere(tmp_path / "other" / ".bsops-alerts.json", "tr1/13B:round 3", env)
+    assert other_state != away_state and alert_state.elsewhere(state, "..", env)[0].name.startswith("run-")
+    here = alert_state.place(state, log, "tr1", env)
+    assert (here.state, here.log, here.moved, here.usual) == (state, log, None, None) and run.is_dir()
+    assert not list(run.glob(".bsops-probe*"))
+    log.unlink(missing_ok=True)
+    log.mkdir()  # something else in watchdog.log's place
+    moved = alert_state.place(state, log, "tr1", env)
+    assert moved.state == alert_state.elsewhere(state, "tr1", env)[0] and moved.usual == state
+    assert moved.log == alert_state.elsewhere(state, "tr1", env)[1] and str(log) in moved.moved
+    assert alert_state.place(state, None, "tr1", env, why="told so").moved == "told so"
+    moved.state.parent.mkdir(parents=True, exist_ok=True)
+    moved.state.write_text(json.dumps({"active": {}, "finished": {"tr1": 7}}))
+    log.rmdir()
+    back = alert_state.place(state, log, "tr1", env)
+    assert back.moved is None and json.loads(state.read_text())["finished"] == {"tr1": 7}
+    assert state.stat().st_mode & 0o777 == 0o600
