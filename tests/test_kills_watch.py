@@ -238,3 +238,27 @@ def test_the_watchdogs_mail_names_the_log_and_keeps_the_cooldown(trainings: Path
     assert watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW + timedelta(minutes=20)).notices == ()
     again = watchdog.watch(settings, run=lifecycle.run_state(exp), now=NOW + timedelta(minutes=31))
     assert [n.kind for n in again.notices] == ["alert"] and len(inbox.messages) == 2
+
+
+def test_where_a_run_stands_when_latest_cannot_be_followed(run, tmp_path: Path) -> None:
+    from bigscience_ops.checkpoints import layout
+    from tests.fixtures_runs import commit_checkpoint
+
+    checkpoints = Path(run.experiment.paths.checkpoints)
+    checkpoints.mkdir(parents=True)
+    layout.write_latest(checkpoints, "global_step30")  # names a folder that is not there, nothing saved
+    state = lifecycle.run_state(run.experiment)
+    [problem] = state.problems
+    assert (problem.file, problem.line) == (str(checkpoints / layout.LATEST), 0) and state.iteration == 30
+    assert "global_step30" in problem.what and str(checkpoints / layout.LATEST) not in problem.what
+    for step in (10, 20):
+        folder = checkpoints / f"global_step{step}"
+        folder.mkdir()
+        (folder / "bsops.json").write_text(json.dumps({"iteration": step}))
+        commit_checkpoint(folder)
+    (checkpoints / layout.LATEST).write_text("garbage")
+    state = lifecycle.run_state(run.experiment)
+    [problem] = state.problems
+    assert state.iteration == 20 and "global_step20" in problem.what and problem.line == 0
+    layout.write_latest(checkpoints, "global_step20")
+    assert lifecycle.run_state(run.experiment).problems == () and lifecycle.run_state(run.experiment).iteration == 20
