@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WORK = REPO / "build" / "mutation"
+WORK = Path(os.environ.get("BSOPS_MUTATION_WORK") or REPO / "build" / "mutation")
+"""Where the groups run (BSOPS_MUTATION_WORK: elsewhere, e.g. to run two groups side by side)."""
 MUTMUT = "mutmut==3.8.1"
 KILL_RATE_MIN = 0.90
 MAX_CHILDREN = 2
@@ -415,7 +416,7 @@ def prepare(group: Group, fresh: bool) -> None:
     for name in LINKED:
         link = folder / name
         if not link.is_symlink():
-            link.symlink_to(Path("..", "..", "..", name))
+            link.symlink_to(REPO / name)
     (folder / "run_mutmut.py").write_text(RUNNER, encoding="utf-8")
     pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     if "[tool.mutmut]" in pyproject:
