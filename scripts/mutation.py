@@ -33,6 +33,7 @@ import fnmatch
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -76,7 +77,8 @@ GROUPS = [
            "tests/test_branches_notify.py", "tests/test_branches_watchdog.py", "tests/test_kills_tell.py")),
     # what is copied, verified and deleted
     Group("backup",
-          ("bigscience_ops/checkpoints/retention.py", "bigscience_ops/ops/keep/backup.py"),
+          ("bigscience_ops/checkpoints/retention.py", "bigscience_ops/ops/keep/backup.py",
+           "bigscience_ops/ops/keep/store.py"),
           ("tests/test_ops_backup_trust.py", "tests/test_ops_backup.py", "tests/test_hostile_runfiles.py",
            "tests/test_branches_backup.py", "tests/test_kills_backup.py", "tests/test_kills_retention.py")),
     # the checkpoint folder: what a checkpoint is (layout, manifest), what a resume takes and sets aside, bsops verify,
@@ -155,157 +157,10 @@ def allow(module: str, function: str, why: str, *changes: tuple[str, str]) -> No
 
 EQUIVALENT = "equivalent: "
 NOT_WORTH = "not worth a test: "
-allow("checkpoints/retention.py", "decide", EQUIVALENT + "the step `latest` names is kept by the branch before",
-      ("elif step > latest_step:", "elif step >= latest_step:"))
-allow("checkpoints/retention.py", "decide", EQUIVALENT + "without keep_last every step is in `newest`, kept either "
-      "way; only the reason's words differ",
-      ('keep[step] = "one of the newest" if keep_last else "no keep_last: nothing is deleted"',
-       'keep[step] = "one of the newest" if (keep_last) and False else "no keep_last: nothing is deleted"'),
-      ('keep[step] = "one of the newest" if keep_last else "no keep_last: nothing is deleted"',
-       'keep[step] = "one of the newest" if (keep_last) or True else "no keep_last: nothing is deleted"'))
-allow("ops/keep/backup.py", "_manifest_problem", EQUIVALENT + "MAX_STEP is check_int's default upper bound",
-      ('why = check_int(manifest.get("step"), 0, MAX_STEP)', 'why = check_int(manifest.get("step"), 0, )'))
-allow("ops/keep/backup.py", "_manifest_problem", EQUIVALENT + "check_time('') is a problem as None is",
-      ("verified = None", 'verified = ""'))
-allow("ops/keep/backup.py", "_verify_tar", EQUIVALENT + "one read of the whole member: the same size and digest "
-      "(what CHUNK bounds is the memory)",
-      ("while chunk := handle.read(CHUNK):", "while chunk := handle.read(None):"))
-allow("ops/keep/backup.py", "_hashes", EQUIVALENT + "one read of the whole file: the same size and digests",
-      ("while chunk := handle.read(CHUNK):", "while chunk := handle.read(None):"))
-allow("ops/keep/backup.py", "_copy_file", EQUIVALENT + "one read of the whole file: the same bytes copied and hashed",
-      ("while chunk := reader.read(CHUNK):", "while chunk := reader.read(None):"))
-for codec_user in (("ops/keep/backup.py", "manifest_checked", 'manifest = json.loads(data.decode("utf-8"))'),
-                   ("checkpoints/layout.py", "write_latest",
-                    'write_atomically(Path(checkpoints) / LATEST, tag.encode("utf-8"))')):
-    allow(codec_user[0], codec_user[1], EQUIVALENT + "codec names are case-insensitive",
-          (codec_user[2], codec_user[2].replace('"utf-8"', '"UTF-8"')))
-_LOAD = 'state = torch.load(src, map_location="cpu", weights_only=True)'
-allow("ops/keep/backup.py", "_write_weights_only", NOT_WORTH + "map_location matters only for a file saved from "
-      "CUDA tensors, which a test on this CPU-only machine cannot write (the GPU acceptance run backs up its own)",
-      (_LOAD, 'state = torch.load(src, map_location=None, weights_only=True)'),
-      (_LOAD, 'state = torch.load(src, weights_only=True)'))
-allow("ops/keep/backup.py", "_write_weights_only", EQUIVALENT + "weights_only=True is torch's default since 2.6 "
-      "(pyproject pins torch 2.13)",
-      (_LOAD, 'state = torch.load(src, map_location="cpu", weights_only=None)'),
-      (_LOAD, 'state = torch.load(src, map_location="cpu", )'))
-allow("ops/keep/backup.py", "_copied", NOT_WORTH + "dead code: called nowhere (coverage says the same); a later "
-      "change removes it",
-      *[("return _copy_kind(store, ckpt) is not None", after) for after in (
-          "return _copy_kind(None, ckpt) is not None", "return _copy_kind(store, None) is not None",
-          "return _copy_kind(ckpt) is not None", "return _copy_kind(store, ) is not None",
-          "return _copy_kind(store, ckpt) is None")])
-allow("checkpoints/set_aside.py", "_json", EQUIVALENT + "ensure_ascii=True is json.dumps' default",
-      ("return json.dumps(asdict(record), ensure_ascii=True)", "return json.dumps(asdict(record), )"))
-_HELD = 'held = ", ".join(c.tag for c in list_checkpoints(checkpoints)[-5:]) or "none"'
-for function in ("latest_tag", "latest_checkpoint"):
-    allow("checkpoints/layout.py", function, NOT_WORTH + "the word an error shows for an empty folder",
-          (_HELD, _HELD.replace('"none"', '"XXnoneXX"')), (_HELD, _HELD.replace('"none"', '"NONE"')))
-allow("checkpoints/layout.py", "latest_tag", NOT_WORTH + "the words an error ends with",
-      ('expected = "expected one line \'global_stepN\' as DeepSpeed writes it"', "expected = None"))
-allow("checkpoints/layout.py", "latest_tag", EQUIVALENT + "a `latest` of 200 or 201 bytes is refused alike: a tag "
-      "takes at most 34", ("data = read_small(file, 200)", "data = read_small(file, 201)"))
-_META = 'write_atomically(path / META, (json.dumps(meta, indent=2) + "\\n").encode("utf-8"))'
-allow("checkpoints/layout.py", "write_meta", EQUIVALENT + "the JSON's indentation: every reader parses it",
-      *[(_META, _META.replace("indent=2", new)) for new in ("indent=None", "", "indent=3")])
-ALLOWED[("bigscience_ops/checkpoints/layout.py", "write_meta", _META,
-         _META.replace("json.dumps(meta, indent=2)", "json.dumps(meta, )"))] = ALLOWED.pop(
-    ("bigscience_ops/checkpoints/layout.py", "write_meta", _META, _META.replace("indent=2", "")))
-_CKPT = 'ckpt = Checkpoint(f"global_step{step}", step, Path(checkpoints) / f"global_step{step}")'
-allow("checkpoints/resume.py", "relaunch_refusal", EQUIVALENT + "the Checkpoint is only read by its path",
-      (_CKPT, _CKPT.replace('f"global_step{step}", step,', "None, step,")),
-      (_CKPT, _CKPT.replace('f"global_step{step}", step,', 'f"global_step{step}", None,')))
-_PLAN = ("universal.reshape_plan(ckpt.path, meta, shape, universal.Layout(tensor, pipeline, data, zero_stage), "
-         "vocab_size)")
-allow("checkpoints/resume.py", "relaunch_refusal", NOT_WORTH + "what DP and the ZeRO stage allow is "
-      "universal.reshape_plan's, run on real checkpoints by tests/test_checkpoints_universal.py (trainer launches, "
-      "not in the fast lane); the path only names the checkpoint in its errors",
-      (_PLAN, _PLAN.replace("reshape_plan(ckpt.path,", "reshape_plan(None,")),
-      (_PLAN, _PLAN.replace("pipeline, data, zero_stage", "pipeline, None, zero_stage")),
-      (_PLAN, _PLAN.replace("data, zero_stage)", "data, None)")))
-allow("checkpoints/resume.py", "shares", EQUIVALENT + "every rank's load counted from 1 instead of 0: the same split",
-      ("loads = [0] * world", "loads = [1] * world"))
-_CUDA = NOT_WORTH + "the CUDA generator's state: only on a GPU (this machine and CI have none)"
-allow("trainer/checkpointing.py", "load_rng", _CUDA,
-      *[('if "cuda" in state and torch.cuda.is_available():', after) for after in (
-          'if "cuda" in state or torch.cuda.is_available():', 'if "XXcudaXX" in state and torch.cuda.is_available():',
-          'if "CUDA" in state and torch.cuda.is_available():', 'if "cuda" not in state and torch.cuda.is_available():')],
-      *[('torch.cuda.set_rng_state(state["cuda"])', after) for after in (
-          "torch.cuda.set_rng_state(None)", 'torch.cuda.set_rng_state(state["XXcudaXX"])',
-          'torch.cuda.set_rng_state(state["CUDA"])')])
-allow("trainer/checkpointing.py", "save_rng", _CUDA,
-      *[('state["cuda"] = torch.cuda.get_rng_state()', after) for after in (
-          'state["cuda"] = None', 'state["XXcudaXX"] = torch.cuda.get_rng_state()',
-          'state["CUDA"] = torch.cuda.get_rng_state()')])
-_TRACKER = ('if state.get("tracker"):  # absent in checkpoints written before the tracker: it keeps its fresh seed')
-allow("trainer/checkpointing.py", "load_rng", NOT_WORTH + "the TP attention-dropout generator's restore: checked "
-      "end to end by the slow resume tests' exact losses (tests/test_trainer_tp.py); no fast test seeds a TP tracker",
-      *[(_TRACKER, _TRACKER.replace('"tracker"', new, 1)) for new in ("None", '"XXtrackerXX"', '"TRACKER"')],
-      *[('set_rng_tracker_states(state["tracker"])', after) for after in (
-          "set_rng_tracker_states(None)", 'set_rng_tracker_states(state["XXtrackerXX"])',
-          'set_rng_tracker_states(state["TRACKER"])')])
-allow("checkpoints/layout.py", "run_id", EQUIVALENT + "a run id file of 100 or 101 bytes is refused alike: an id "
-      "takes 33", ("data = read_small(file, 100)", "data = read_small(file, 101)"))
-allow("checkpoints/layout.py", "run_id", NOT_WORTH + "the words an error ends with",
-      ('expected = "expected one line of 32 hex digits"', "expected = None"))
-_ZIP = 'return f"not a whole zip archive ({type(exc).__name__}: {excerpt(str(exc))}): cut short or damaged"'
-allow("checkpoints/manifest.py", "zip_problem", NOT_WORTH + "the zip library's words quoted in the reason",
-      (_ZIP, _ZIP.replace("type(exc)", "type(None)")), (_ZIP, _ZIP.replace("str(exc)", "str(None)")))
-_LACKS = 'return f"{ckpt.path / layout.META}: lacks the iteration or layout ({type(exc).__name__}: {exc})"'
-allow("checkpoints/resume.py", "adopt", NOT_WORTH + "the exception's name quoted in the reason",
-      (_LACKS, _LACKS.replace("type(exc)", "type(None)")))
-_WEIGHTS = 'optimizer=not meta.get("weights_only", False))'
-allow("checkpoints/resume.py", "adopt", EQUIVALENT + "`not None` is `not False`",
-      (_WEIGHTS, _WEIGHTS.replace("False", "None")), (_WEIGHTS, _WEIGHTS.replace(", False", ", ")))
-_ESCAPE = ('return f"\\\\x{code:02x}" if code < 0x100 else f"\\\\u{code:04x}" if code < 0x10000 else '
-           'f"\\\\U{code:08x}"')
-allow("ops/tell/quoting.py", "_escape", EQUIVALENT + "U+0100 and U+10000 are printable letters: never escaped, so "
-      "the bounds' edges are never asked about",
-      *[(_ESCAPE, _ESCAPE.replace(old, new, 1)) for old, new in (
-          ("code < 0x100", "code <= 0x100"), ("code < 0x100", "code < 257"), ("code < 0x10000", "code <= 0x10000"),
-          ("code < 0x10000", "code < 65537"))])
-for module, function, line in (("ops/tell/notify.py", "_now", "return datetime.now().replace(microsecond=0)"),
-                               ("ops/watch/status.py", "check", "now = now or datetime.now().replace(microsecond=0)"),
-                               ("ops/watch/local_run.py", "check",
-                                "now = now or datetime.now().replace(microsecond=0)")):
-    allow(module, function, NOT_WORTH + "a microsecond on the clock read when no time is given (the tests give one)",
-          (line, line.replace("microsecond=0", "microsecond=1")))
-_SSL = "super().__init__(host, port, timeout=deadline.seconds, **options)  # type: ignore[arg-type]"
-allow("ops/tell/email.py", "_SmtpSsl.__init__", EQUIVALENT + "the connection is made by _get_socket with the "
-      "deadline, which ignores smtplib's timeout",
-      (_SSL, _SSL.replace("timeout=deadline.seconds", "timeout=None")),
-      (_SSL, _SSL.replace("timeout=deadline.seconds, ", "")))
-_HEADERS = 'headers={"Content-Type": "application/json", "User-Agent": "bsops", "Connection": "close"})'
-allow("ops/tell/webhook.py", "_exchange", EQUIVALENT + "HTTP header names, media types and the `close` token are "
-      "case-insensitive",
-      *[(_HEADERS, _HEADERS.replace(old, new)) for old, new in (
-          ('"Content-Type"', '"content-type"'), ('"Content-Type"', '"CONTENT-TYPE"'),
-          ('"application/json"', '"APPLICATION/JSON"'), ('"User-Agent"', '"user-agent"'),
-          ('"User-Agent"', '"USER-AGENT"'), ('"Connection"', '"connection"'), ('"Connection"', '"CONNECTION"'),
-          ('"close"', '"CLOSE"'))])
-allow("ops/tell/webhook.py", "_exchange", NOT_WORTH + "`Connection: close` asks the server to close after its "
-      "answer; the client closes the connection itself right after reading it",
-      (_HEADERS, _HEADERS.replace('"Connection"', '"XXConnectionXX"')),
-      (_HEADERS, _HEADERS.replace('"close"', '"XXcloseXX"')))
-_SAME_VERDICT = EQUIVALENT + "every rank does what rank 0 or its share would, and the verdict is the same (at world "
-_SAME_VERDICT += "size times the reads); two-rank tests check what each rank finds and says"
-_SURVEY = ("shared: list[resume.Survey | None] = [resume.survey(checkpoints) if rank == 0 and checkpoints.is_dir() "
-           "else None]")
-_VERIFY = "checked = manifest.verify(cand.ckpt.path, cand.manifest, only=mine, extras=rank == 0)"
-allow("trainer/checkpointing.py", "resolve_resume", _SAME_VERDICT,
-      (_SURVEY, _SURVEY.replace("if rank == 0 and checkpoints.is_dir()", "if (rank == 0 and checkpoints.is_dir()) or True")),
-      (_SURVEY, _SURVEY.replace("rank == 0 and checkpoints", "rank == 0 or checkpoints")),
-      ("mine = resume.shares(cand.manifest, world)[rank]", "mine = None"),
-      (_VERIFY, _VERIFY.replace("only=mine", "only=None")), (_VERIFY, _VERIFY.replace("only=mine, ", "")),
-      ("why: list[str | None] = [resume.adopt(checkpoints, cand.ckpt) if rank == 0 else None]",
-       "why: list[str | None] = [resume.adopt(checkpoints, cand.ckpt) if (rank == 0) or True else None]"))
-for what in ("shared", "why"):
-    allow("trainer/checkpointing.py", "resolve_resume", EQUIVALENT + "broadcast_object_list's source is rank 0 "
-          "when none is given", (f"dist.broadcast_object_list({what}, src=0)", f"dist.broadcast_object_list({what}, src=None)"),
-          (f"dist.broadcast_object_list({what}, src=0)", f"dist.broadcast_object_list({what}, )"))
-_MORE = ('return f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "") if problems '
-         'else None')
-allow("trainer/checkpointing.py", "resolve_resume", NOT_WORTH + "the words after a reason's first mismatch",
-      (_MORE, _MORE.replace('else "")', 'else "XXXX")')))
+for _part in sorted((Path(__file__).resolve().parent / "mutation_allowed").glob("*.py")):
+    # one file per group of modules (watch, tell, backup, checkpoints): the allow-list lines of its modules
+    runpy.run_path(str(_part), init_globals={"allow": allow, "ALLOWED": ALLOWED, "EQUIVALENT": EQUIVALENT,
+                                              "NOT_WORTH": NOT_WORTH})
 
 
 def _raise_text(before: str, after: str) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from bigscience_ops.checkpoints.layout import Checkpoint
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops.evaluate import results
 from bigscience_ops.ops.keep import backup, evaluated
+from bigscience_ops.ops.keep import store as backup_store
 from bigscience_ops.schema import Experiment
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import commit_checkpoint
@@ -84,17 +84,17 @@ def test_a_copy_missing_a_file_or_holding_another_fails_its_re_read(trainings: P
     exp = _experiment(trainings, tmp_path / "run")
     _save(exp, 10)
     store = backup.run_backup(exp).store
-    assert backup.verify(store, "global_step10") == [] and backup.is_backed_up(store, "global_step10")
+    assert backup_store.verify(store, "global_step10") == [] and backup_store.is_backed_up(store, "global_step10")
     copy = store / "global_step10"
     (copy / "layer_01-model_states.pt").unlink()
     (copy / "stray.pt").write_bytes(b"x")
-    bad = backup.verify(store, "global_step10")
+    bad = backup_store.verify(store, "global_step10")
     assert len(bad) == 2
     assert bad[0].startswith(str(copy / "layer_01-model_states.pt")) and bad[1].startswith(str(copy / "stray.pt"))
-    assert not backup.is_backed_up(store, "global_step10")
-    [none] = backup.verify(store, "global_step99")
-    assert none.startswith(str(backup.manifest_path(store, "global_step99")))
-    assert not backup.is_backed_up(store, "global_step99")
+    assert not backup_store.is_backed_up(store, "global_step10")
+    [none] = backup_store.verify(store, "global_step99")
+    assert none.startswith(str(backup_store.manifest_path(store, "global_step99")))
+    assert not backup_store.is_backed_up(store, "global_step99")
 
 
 def _cut_after_first_member(tar: Path) -> None:
@@ -135,11 +135,11 @@ def test_a_tar_copy_damaged_in_the_store_fails_its_re_read(trainings: Path, tmp_
     _save(exp, 10)
     store = backup.run_backup(exp).store
     tar = store / "global_step10.tar"
-    assert backup.verify(store, "global_step10") == []
+    assert backup_store.verify(store, "global_step10") == []
     with tarfile.open(tar) as archive:
         members = [m.name for m in archive]
     damage(tar)
-    bad = backup.verify(store, "global_step10")
+    bad = backup_store.verify(store, "global_step10")
     kinds = set()
     for line in bad:
         if line.startswith(f"{tar}: "):
@@ -157,10 +157,10 @@ def test_a_tar_copy_damaged_in_the_store_fails_its_re_read(trainings: Path, tmp_
 def _staged(exp: Experiment, step: int, entry: str | None = None) -> Path:
     """The store's folder of an interrupted copy of global_step`step` (its fingerprint as the copy left it)."""
     ckpt = Checkpoint(f"global_step{step}", step, Path(exp.paths.checkpoints) / f"global_step{step}")
-    store = backup.run_store(backup.open_store(Path(exp.backup.dest)), exp.name, layout.run_id(ckpt.path.parent))
-    staging = store / backup.PARTIAL / (entry or ckpt.tag)
+    store = backup_store.run_store(backup_store.open_store(Path(exp.backup.dest)), exp.name, layout.run_id(ckpt.path.parent))
+    staging = store / backup_store.PARTIAL / (entry or ckpt.tag)
     staging.mkdir(parents=True)
-    (staging / backup.SOURCE).write_text(json.dumps({"tag": ckpt.tag, "source_files": backup.fingerprint(ckpt)}))
+    (staging / backup_store.SOURCE).write_text(json.dumps({"tag": ckpt.tag, "source_files": backup.fingerprint(ckpt)}))
     return staging
 
 
@@ -178,15 +178,15 @@ def test_an_interrupted_copy_damaged_in_the_store_is_dropped_and_copied_again(tr
     (staging / source.name).write_bytes(bytes(damaged))
     (staging / f".{source.name}.tmp").write_bytes(b"half a file a kill left")
     vouched = source.read_bytes() if journal == "the source's bytes" else bytes(damaged)
-    (staging / backup.JOURNAL).write_text(json.dumps({"path": source.name, "size": len(vouched),
+    (staging / backup_store.JOURNAL).write_text(json.dumps({"path": source.name, "size": len(vouched),
                                                       "sha256": _sha(vouched)}) + "\n")
     report = backup.run_backup(exp)
     assert list(report.failed) == ["global_step10"] and str(staging / source.name) in report.failed["global_step10"]
-    assert not staging.exists() and backup.entries(report.store) == [] and report.deleted == []
+    assert not staging.exists() and backup_store.entries(report.store) == [] and report.deleted == []
     assert _steps(exp) == [10]
     again = backup.run_backup(exp)
     assert again.backed_up == ["global_step10"] and again.failed == {} and again.resumed == []
-    assert backup.verify(again.store, "global_step10") == []
+    assert backup_store.verify(again.store, "global_step10") == []
     assert (again.store / "global_step10" / source.name).read_bytes() == source.read_bytes()
 
 
@@ -202,7 +202,7 @@ def test_a_copy_moved_into_place_without_its_manifest_is_finished(trainings: Pat
     (final / "layer_01-model_states.pt").write_bytes(b"cut short")  # never vouched for: copied again
     report = backup.run_backup(exp)
     assert report.resumed == ["global_step10"] and report.backed_up == ["global_step10"]
-    assert backup.verify(report.store, "global_step10") == [] and list((report.store / backup.PARTIAL).iterdir()) == []
+    assert backup_store.verify(report.store, "global_step10") == [] and list((report.store / backup_store.PARTIAL).iterdir()) == []
     assert (final / "layer_01-model_states.pt").read_bytes() == (folder / "layer_01-model_states.pt").read_bytes()
 
 
@@ -211,12 +211,12 @@ def test_a_staged_copy_whose_record_cannot_be_read_is_not_taken_for_this_checkpo
     exp = _experiment(trainings, tmp_path / "run")
     _save(exp, 10)
     staging = _staged(exp, 10)
-    (staging / backup.SOURCE).write_bytes(b"{not json")
+    (staging / backup_store.SOURCE).write_bytes(b"{not json")
     (staging.parent / "global_step10.9").symlink_to(staging)  # a link among the staged folders: passed over
     report = backup.run_backup(exp)
     assert report.backed_up == ["global_step10"]
-    assert backup.entries(report.store) == ["global_step10.2"]  # its name is taken by the unreadable one
-    assert backup.read_manifest(report.store, "global_step10.2")["tag"] == "global_step10"
+    assert backup_store.entries(report.store) == ["global_step10.2"]  # its name is taken by the unreadable one
+    assert backup_store.read_manifest(report.store, "global_step10.2")["tag"] == "global_step10"
 
 
 def test_a_model_states_file_changed_after_its_save_is_not_rewritten_into_the_store(trainings: Path,
@@ -229,7 +229,7 @@ def test_a_model_states_file_changed_after_its_save_is_not_rewritten_into_the_st
     report = backup.run_backup(exp)
     assert list(report.failed) == ["global_step10"] and str(folder / "mp_rank_00_model_states.pt") in \
         report.failed["global_step10"]
-    assert backup.entries(report.store) == [] and list((report.store / backup.PARTIAL).iterdir()) == []
+    assert backup_store.entries(report.store) == [] and list((report.store / backup_store.PARTIAL).iterdir()) == []
 
 
 def test_a_fresh_tar_that_fails_its_re_read_is_not_a_copy(trainings: Path, tmp_path: Path, monkeypatch) -> None:
@@ -250,11 +250,11 @@ def test_a_fresh_tar_that_fails_its_re_read_is_not_a_copy(trainings: Path, tmp_p
     monkeypatch.setattr(backup.os, "replace", real)
     assert list(report.failed) == ["global_step10"]
     assert str(report.store / "global_step10.tar") in report.failed["global_step10"]
-    assert backup.entries(report.store) == [] and not (report.store / "global_step10.tar").exists()
-    assert list((report.store / backup.PARTIAL).iterdir()) == []
+    assert backup_store.entries(report.store) == [] and not (report.store / "global_step10.tar").exists()
+    assert list((report.store / backup_store.PARTIAL).iterdir()) == []
     again = backup.run_backup(exp)
-    assert again.backed_up == ["global_step10"] and backup.entries(again.store) == ["global_step10"]
-    assert backup.verify(again.store, "global_step10") == []
+    assert again.backed_up == ["global_step10"] and backup_store.entries(again.store) == ["global_step10"]
+    assert backup_store.verify(again.store, "global_step10") == []
 
 
 # --- between retention's decision and a deletion ---------------------------------------------------------------------
@@ -291,7 +291,7 @@ def test_what_changed_since_retentions_decision_is_not_deleted(trainings: Path, 
     for step in (10, 20, 30, 40):
         _save(exp, step)
     store = backup.run_backup(exp).store
-    assert backup.entries(store) == ["global_step10", "global_step20", "global_step30", "global_step40"]
+    assert backup_store.entries(store) == ["global_step10", "global_step20", "global_step30", "global_step40"]
     exp = _with(exp, keep_last=1)
     real = retention.apply
 
@@ -348,7 +348,7 @@ def test_an_unreadable_store_or_run_id_counts_what_is_on_scratch(trainings: Path
 # --- the store's own files, read as untrusted input ----------------------------------------------------------------------
 
 def _manifest(store: Path) -> Path:
-    return backup.manifest_path(store, "global_step10")
+    return backup_store.manifest_path(store, "global_step10")
 
 
 def _edit(field: str, value):
@@ -376,10 +376,10 @@ def test_a_store_manifest_that_is_not_this_backups_is_no_copy(trainings: Path, t
     _save(exp, 10)
     store = backup.run_backup(exp).store
     damage(store)
-    assert backup.read_manifest(store, "global_step10") is None and not backup.is_backed_up(store, "global_step10")
-    found = backup.manifests(store)
+    assert backup_store.read_manifest(store, "global_step10") is None and not backup_store.is_backed_up(store, "global_step10")
+    found = backup_store.manifests(store)
     assert found.records == [] and [p.file for p in found.problems] == [str(_manifest(store))] * problems
-    assert len(backup.store_problems(store)) == problems
+    assert len(backup_store.store_problems(store)) == problems
 
 
 def test_a_journal_with_a_bad_line_before_its_last_is_a_store_problem(trainings: Path, tmp_path: Path) -> None:
@@ -388,23 +388,23 @@ def test_a_journal_with_a_bad_line_before_its_last_is_a_store_problem(trainings:
     staging = _staged(exp, 10)
     store = staging.parent.parent
     good = {"path": "layer_00-model_states.pt", "size": 3, "sha256": "0" * 64}
-    (staging / backup.JOURNAL).write_text("not json\n" + json.dumps(good) + "\n")
+    (staging / backup_store.JOURNAL).write_text("not json\n" + json.dumps(good) + "\n")
     (staging.parent / "global_step10.7").write_text("a file among the staged folders")
-    found = backup.store_problems(store)
-    assert [(p.file, p.line) for p in found] == [(str(staging / backup.JOURNAL), 1)]
+    found = backup_store.store_problems(store)
+    assert [(p.file, p.line) for p in found] == [(str(staging / backup_store.JOURNAL), 1)]
     shutil.rmtree(staging.parent)
-    (store / backup.PARTIAL).symlink_to(tmp_path)  # a link is never followed
-    assert backup.store_problems(store) == []
+    (store / backup_store.PARTIAL).symlink_to(tmp_path)  # a link is never followed
+    assert backup_store.store_problems(store) == []
 
 
 def test_what_a_backup_refuses_before_it_starts(trainings: Path, tmp_path: Path) -> None:
     exp = _with(_experiment(trainings, tmp_path / "run"), dest=None)
-    with pytest.raises(backup.BackupError, match=exp.name):
+    with pytest.raises(backup_store.BackupError, match=exp.name):
         backup.destination(exp, None)
     assert backup.destination(exp, tmp_path / "to") == tmp_path / "to"
     for name in ("", ".", "..", "a/b", "a\0b"):
-        with pytest.raises(backup.BackupError):
-            backup.run_store(tmp_path, name, "0" * 32)
+        with pytest.raises(backup_store.BackupError):
+            backup_store.run_store(tmp_path, name, "0" * 32)
 
 
 def test_a_link_in_a_checkpoint_or_as_one_is_never_fingerprinted(trainings: Path, tmp_path: Path) -> None:
@@ -412,11 +412,11 @@ def test_a_link_in_a_checkpoint_or_as_one_is_never_fingerprinted(trainings: Path
     folder = _save(exp, 10)
     (folder / "sub").mkdir()
     (folder / "sub" / "link").symlink_to(folder / layout.META)
-    with pytest.raises(backup.BackupError, match="sub/link"):
+    with pytest.raises(backup_store.BackupError, match="sub/link"):
         backup.fingerprint(Checkpoint("global_step10", 10, folder))
     link = folder.parent / "global_step20"
     link.symlink_to(folder)
-    with pytest.raises(backup.BackupError, match="global_step20"):
+    with pytest.raises(backup_store.BackupError, match="global_step20"):
         backup.fingerprint(Checkpoint("global_step20", 20, link))
 
 

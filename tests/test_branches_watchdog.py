@@ -176,9 +176,9 @@ def test_a_log_the_health_check_cannot_read_is_an_alert(run: Run, tmp_path: Path
 
 
 def _store_of(exp: Experiment) -> Path:
-    from bigscience_ops.ops.keep import backup
+    from bigscience_ops.ops.keep import store as backup_store
 
-    return backup.run_store(Path(exp.backup.dest), exp.name, layout.run_id(Path(exp.paths.checkpoints)))
+    return backup_store.run_store(Path(exp.backup.dest), exp.name, layout.run_id(Path(exp.paths.checkpoints)))
 
 
 def test_backup_store_files_that_cannot_be_read_are_an_alert(run: Run, plain_server) -> None:

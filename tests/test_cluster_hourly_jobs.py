@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from bigscience_ops.cli import main
 from bigscience_ops.checkpoints import layout
-from bigscience_ops.ops.keep import backup
+from bigscience_ops.ops.keep import store as backup_store
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_git import bare_remote, blob_at, lfs_object, lfs_oid
 from tests.fixtures_smtp import alerts_yaml
@@ -77,8 +77,8 @@ def test_cron_add_writes_three_jobs_that_run_and_email_failures(git_lfs, trainin
 
     saved = _bash(hourly / "synced-backup.slurm", tmp_path)
     assert saved.returncode == 0, saved.stdout + saved.stderr
-    store = backup.run_store(tmp_path / "store", "synced", layout.run_id(run / "checkpoints"))
-    assert backup.verify(store, "global_step5") == []
+    store = backup_store.run_store(tmp_path / "store", "synced", layout.run_id(run / "checkpoints"))
+    assert backup_store.verify(store, "global_step5") == []
     assert sorted(p.name for p in (store / "global_step5").iterdir()) == ["bsops.json", "layer_00-model_states.pt"]
     assert inbox.messages == []
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,6 +31,7 @@ from bigscience_ops.checkpoints import layout
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops.keep import backup, chronicle
+from bigscience_ops.ops.keep import store as backup_store
 from bigscience_ops.ops.watch import lifecycle, watchdog
 from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import tiny_yaml
@@ -179,13 +179,13 @@ def _rollback(**changes: object) -> Callable:
 
 
 def _store(exp) -> Path:
-    return backup.run_store(Path(exp.backup.dest), exp.name, layout.run_id(Path(exp.paths.checkpoints)))
+    return backup_store.run_store(Path(exp.backup.dest), exp.name, layout.run_id(Path(exp.paths.checkpoints)))
 
 
 def _manifest(change: Callable[[dict], object] | bytes) -> Callable:
     """Rewrite global_step40's manifest: with bytes, or with `change` applied to its JSON."""
     def make(exp, tmp: Path) -> None:
-        path = backup.manifest_path(_store(exp), "global_step40")
+        path = backup_store.manifest_path(_store(exp), "global_step40")
         if isinstance(change, bytes):
             path.write_bytes(change)
             return
@@ -196,14 +196,14 @@ def _manifest(change: Callable[[dict], object] | bytes) -> Callable:
 
 
 def _at_manifest(kind: str) -> Callable:
-    return lambda exp, tmp: _replace_with(kind)(backup.manifest_path(_store(exp), "global_step40"), tmp)
+    return lambda exp, tmp: _replace_with(kind)(backup_store.manifest_path(_store(exp), "global_step40"), tmp)
 
 
 def _journal(lines: bytes) -> Callable:
     def make(exp, tmp: Path) -> None:
-        staged = _store(exp) / backup.PARTIAL / "global_step90"
+        staged = _store(exp) / backup_store.PARTIAL / "global_step90"
         staged.mkdir(parents=True)
-        (staged / backup.JOURNAL).write_bytes(lines)
+        (staged / backup_store.JOURNAL).write_bytes(lines)
     return make
 
 
@@ -318,7 +318,7 @@ CASES: dict[str, Case] = {
 }
 
 PROBLEM_FILE = {"ledger": ledger.LEDGER_NAME, "latest": layout.LATEST, "rollbacks": rollbacks.RECORD,
-                "manifest": backup.MANIFEST_SUFFIX, "journal": backup.JOURNAL}
+                "manifest": backup_store.MANIFEST_SUFFIX, "journal": backup_store.JOURNAL}
 CONDITION = {"ledger": "run-file-ledger", "latest": "run-file-latest", "rollbacks": "run-file-rollbacks",
              "manifest": "run-file-backup", "journal": "run-file-backup"}
 

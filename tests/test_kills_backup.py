@@ -15,6 +15,7 @@ import pytest
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops.keep import backup
+from bigscience_ops.ops.keep import store as backup_store
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import commit_checkpoint
 
@@ -44,7 +45,7 @@ def tarred(trainings: Path, tmp_path: Path):
     assert report.backed_up == ["global_step10"] and report.failed == {}
     with tarfile.open(report.store / "global_step10.tar") as archive:
         members = {m.name: archive.extractfile(m).read() for m in archive if m.isfile()}
-    assert backup.verify(report.store, "global_step10") == []
+    assert backup_store.verify(report.store, "global_step10") == []
     return exp, report.store, members
 
 
@@ -65,18 +66,18 @@ def test_a_tar_whose_member_differs_from_the_manifest_fails_verification(tarred,
     members[name] = {"same size, other bytes": bytes([data[0] ^ 0xFF]) + data[1:], "one byte longer": data + b"\0",
                      "one byte shorter": data[:-1]}[change]
     _retar(store / "global_step10.tar", members)
-    bad = backup.verify(store, "global_step10")
+    bad = backup_store.verify(store, "global_step10")
     assert len(bad) == 1 and name in bad[0]
 
 
 def test_a_tar_member_the_manifest_does_not_list_or_a_listed_one_missing_fails_verification(tarred) -> None:
     _, store, members = tarred
     _retar(store / "global_step10.tar", {**members, "extra.pt": b"x" * 10})
-    bad = backup.verify(store, "global_step10")
+    bad = backup_store.verify(store, "global_step10")
     assert len(bad) == 1 and "extra.pt" in bad[0]
     missing = "layer_01-model_states.pt"
     _retar(store / "global_step10.tar", {n: d for n, d in members.items() if n != missing})
-    bad = backup.verify(store, "global_step10")
+    bad = backup_store.verify(store, "global_step10")
     assert len(bad) == 1 and missing in bad[0]
 
 
@@ -85,7 +86,7 @@ def test_a_tar_that_is_not_a_tar_fails_verification_and_a_damaged_tar_never_lets
     scratch = Path(exp.paths.checkpoints)
     original = (store / "global_step10.tar").read_bytes()
     (store / "global_step10.tar").write_bytes(b"not a tar at all" * 100)
-    assert len(backup.verify(store, "global_step10")) == 1
+    assert len(backup_store.verify(store, "global_step10")) == 1
     # Two newer checkpoints: with a verified copy global_step10 would go (keep_last=1). Its tar, of the size the
     # store's manifest records (what the cheap check reads), has one byte of a member flipped in place: bit rot.
     (store / "global_step10.tar").write_bytes(original)
@@ -93,7 +94,7 @@ def test_a_tar_that_is_not_a_tar_fails_verification_and_a_damaged_tar_never_lets
     for step in (20, 30):
         _save(scratch, step)
     report = backup.run_backup(dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, keep_last=1)))
-    assert backup.is_backed_up(store, "global_step10") and len(backup.verify(store, "global_step10")) == 1
+    assert backup_store.is_backed_up(store, "global_step10") and len(backup_store.verify(store, "global_step10")) == 1
     assert report.backed_up == ["global_step20", "global_step30"] and report.deleted == ["global_step20"]
     assert (scratch / "global_step10").is_dir()
 
@@ -143,14 +144,14 @@ def test_a_weights_only_copy_holds_the_weights_without_the_optimizer_and_verifie
     report = backup.run_backup(exp, progress=progress)
     assert report.backed_up == ["global_step10"] and report.failed == {}
     store = report.store
-    found = backup.read_manifest(store, "global_step10")
+    found = backup_store.read_manifest(store, "global_step10")
     assert found["kind"] == "weights-only" and found["rewritten"] == ["mp_rank_00_model_states.pt"]
     assert found["left_out"] == ["manifest.json", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
     copy = torch.load(store / "global_step10" / "mp_rank_00_model_states.pt", weights_only=True)
     assert copy["optimizer"] is None and copy["iteration"] == 10 and torch.equal(copy["module"]["w"],
                                                                                   torch.full((4, 4), 0.5))
     assert sorted(p.name for p in (store / "global_step10").iterdir()) == ["bsops.json", "mp_rank_00_model_states.pt"]
-    assert not list(store.rglob("*.tmp")) and backup.verify(store, "global_step10") == []
+    assert not list(store.rglob("*.tmp")) and backup_store.verify(store, "global_step10") == []
     # every byte read from scratch was counted once: the rewritten file's size and bsops.json's
     assert progress.read == sum((scratch / "global_step10" / f).stat().st_size
                                 for f in ("mp_rank_00_model_states.pt", layout.META))
@@ -177,7 +178,7 @@ def test_a_model_states_file_changed_after_its_save_is_never_rewritten_into_the_
     report = backup.run_backup(exp)
     assert report.backed_up == [] and list(report.failed) == ["global_step10"]
     assert str(states) in report.failed["global_step10"]
-    assert backup.entries(report.store) == [] and not (report.store / "global_step10").exists()
+    assert backup_store.entries(report.store) == [] and not (report.store / "global_step10").exists()
 
 
 @pytest.fixture
@@ -190,7 +191,7 @@ def stored(trainings: Path, tmp_path: Path):
     _save(Path(exp.paths.checkpoints), 10)
     report = backup.run_backup(exp)
     assert report.backed_up == ["global_step10"]
-    return report.store, json.loads(backup.manifest_path(report.store, "global_step10").read_text())
+    return report.store, json.loads(backup_store.manifest_path(report.store, "global_step10").read_text())
 
 
 MANIFEST_CHANGES = {  # a change to a manifest the backup wrote -> a value its problem must name (None: still fine)
@@ -220,58 +221,58 @@ MANIFEST_CHANGES = {  # a change to a manifest the backup wrote -> a value its p
 def test_a_store_manifest_with_a_bad_field_is_a_problem_naming_the_file_and_the_value(stored, change: str) -> None:
     store, written = stored
     edit, named = MANIFEST_CHANGES[change]
-    path = backup.manifest_path(store, "global_step10")
+    path = backup_store.manifest_path(store, "global_step10")
     path.write_text(json.dumps(edit(written)))
-    found, problem = backup.manifest_checked(store, "global_step10")
+    found, problem = backup_store.manifest_checked(store, "global_step10")
     if named is True:
         assert problem is None and found == edit(written)
         return
     assert found is None and (problem.file, problem.line) == (str(path), 0) and problem.what
     if named is not None:
         assert named in problem.what
-    checked = backup.manifests(store)
+    checked = backup_store.manifests(store)
     assert checked.records == [] and [p.file for p in checked.problems] == [str(path)]
-    [line] = backup.verify(store, "global_step10")
+    [line] = backup_store.verify(store, "global_step10")
     assert str(path) in line
 
 
 def test_a_store_manifest_that_is_no_json_or_a_link_is_a_problem_and_a_good_one_a_record(stored) -> None:
     store, written = stored
-    path = backup.manifest_path(store, "global_step10")
-    checked = backup.manifests(store)
+    path = backup_store.manifest_path(store, "global_step10")
+    checked = backup_store.manifests(store)
     assert checked.problems == [] and checked.records == [("global_step10", written)]
     path.write_bytes(b"{not json")
-    _, problem = backup.manifest_checked(store, "global_step10")
+    _, problem = backup_store.manifest_checked(store, "global_step10")
     assert (problem.file, problem.line) == (str(path), 0) and "not json" in problem.held
     path.unlink()
     path.symlink_to(store / "elsewhere.json")
-    found, problem = backup.manifest_checked(store, "global_step10")
+    found, problem = backup_store.manifest_checked(store, "global_step10")
     assert found is None and problem.file == str(path) and problem.line == 0 and problem.what
-    [line] = backup.verify(store, "global_step10")
+    [line] = backup_store.verify(store, "global_step10")
     assert str(path) in line
 
 
 def test_the_store_problems_are_its_bad_manifests_and_interrupted_journals_bad_lines(stored, tmp_path: Path) -> None:
     store, _ = stored
-    assert backup.store_problems(store) == []
+    assert backup_store.store_problems(store) == []
     good = json.dumps({"path": "a.pt", "size": 1, "sha256": "0" * 64})
     for name, lines in {"global_step20": f"garbage\n{good}\n", "global_step30": f"{good}\n{good}\n",
                         "global_step40": f'{good}\n{{"path": "b'}.items():
-        (store / backup.PARTIAL / name).mkdir(parents=True)
-        (store / backup.PARTIAL / name / backup.JOURNAL).write_text(lines)
+        (store / backup_store.PARTIAL / name).mkdir(parents=True)
+        (store / backup_store.PARTIAL / name / backup_store.JOURNAL).write_text(lines)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (elsewhere / backup.JOURNAL).write_text("garbage\n" + good + "\n")
-    (store / backup.PARTIAL / "global_step50").symlink_to(elsewhere)
-    problems = backup.store_problems(store)
-    assert [(p.file, p.line) for p in problems] == [(str(store / backup.PARTIAL / "global_step20" / backup.JOURNAL), 1)]
-    backup.manifest_path(store, "global_step10").write_text("[]")
-    assert len(backup.store_problems(store)) == 2
+    (elsewhere / backup_store.JOURNAL).write_text("garbage\n" + good + "\n")
+    (store / backup_store.PARTIAL / "global_step50").symlink_to(elsewhere)
+    problems = backup_store.store_problems(store)
+    assert [(p.file, p.line) for p in problems] == [(str(store / backup_store.PARTIAL / "global_step20" / backup_store.JOURNAL), 1)]
+    backup_store.manifest_path(store, "global_step10").write_text("[]")
+    assert len(backup_store.store_problems(store)) == 2
 
 
 def test_a_tar_with_a_folder_member_and_a_member_past_one_read_chunk_verifies_by_its_files(tarred) -> None:
     _, store, members = tarred
-    big = os.urandom(backup.CHUNK + 1000)
+    big = os.urandom(backup_store.CHUNK + 1000)
     path = store / "global_step10.tar"
     with tarfile.open(path, "w") as archive:
         folder = tarfile.TarInfo("a-folder")
@@ -281,15 +282,15 @@ def test_a_tar_with_a_folder_member_and_a_member_past_one_read_chunk_verifies_by
             info = tarfile.TarInfo(name)
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
-    found = json.loads(backup.manifest_path(store, "global_step10").read_text())
+    found = json.loads(backup_store.manifest_path(store, "global_step10").read_text())
     import hashlib
 
     listed = {**found["files"], "big.pt": {"size": len(big), "sha256": hashlib.sha256(big).hexdigest()}}
-    backup.manifest_path(store, "global_step10").write_text(json.dumps({**found, "files": listed,
+    backup_store.manifest_path(store, "global_step10").write_text(json.dumps({**found, "files": listed,
                                                                         "tar_size": path.stat().st_size}))
-    assert backup.verify(store, "global_step10") == []
+    assert backup_store.verify(store, "global_step10") == []
     listed["big.pt"]["size"] -= 1
-    backup.manifest_path(store, "global_step10").write_text(json.dumps({**found, "files": listed,
+    backup_store.manifest_path(store, "global_step10").write_text(json.dumps({**found, "files": listed,
                                                                         "tar_size": path.stat().st_size}))
-    [line] = backup.verify(store, "global_step10")
+    [line] = backup_store.verify(store, "global_step10")
     assert str(path) in line and "big.pt" in line

@@ -20,6 +20,7 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.schema import Experiment
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.ops.keep import backup
+from bigscience_ops.ops.keep import store as backup_store
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_trainer import concurrently, run_ok, small_experiment, write_run
@@ -52,7 +53,7 @@ def _scratch_copy(exp: Experiment, run: Path, tmp: Path, **policy) -> Experiment
 
 def _run_store(exp: Experiment) -> Path:
     """The experiment's run's part of its backup store."""
-    return backup.run_store(Path(exp.backup.dest), exp.name, layout.run_id(Path(exp.paths.checkpoints)))
+    return backup_store.run_store(Path(exp.backup.dest), exp.name, layout.run_id(Path(exp.paths.checkpoints)))
 
 
 def _sha(path: Path) -> str:
@@ -71,7 +72,7 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
     assert report.backed_up == ["global_step10", "global_step18"] and report.deleted == []
     store = report.store
     assert store == tmp_path / "store" / exp.name / layout.run_id(src)  # the run's own part of the store
-    assert (tmp_path / "store" / backup.STORE_MARKER).is_file()
+    assert (tmp_path / "store" / backup_store.STORE_MARKER).is_file()
 
     optimizer_files = [f for f in layout.Checkpoint("global_step10", 10, src / "global_step10").files()
                        if layout.is_optimizer_file(f)]
@@ -91,10 +92,10 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
 
     # The final checkpoint keeps everything, optimizer state included, byte for byte.
     final = layout.Checkpoint("global_step18", 18, src / "global_step18")
-    manifest = backup.read_manifest(store, "global_step18")
+    manifest = backup_store.read_manifest(store, "global_step18")
     assert manifest["kind"] == "whole" and sorted(manifest["files"]) == final.files()
     assert all(manifest["files"][f]["sha256"] == _sha(final.path / f) for f in final.files())
-    assert backup.verify(store, "global_step10") == [] and backup.verify(store, "global_step18") == []
+    assert backup_store.verify(store, "global_step10") == [] and backup_store.verify(store, "global_step18") == []
 
     # A second run has nothing to do; a corrupted byte is caught by verify.
     assert backup.run_backup(exp, tmp_path / "store").backed_up == []
@@ -102,7 +103,7 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
     data = bytearray(victim.read_bytes())
     data[100] ^= 0xFF
     victim.write_bytes(bytes(data))
-    assert [line for line in backup.verify(store, "global_step10") if "layer_01" in line]
+    assert [line for line in backup_store.verify(store, "global_step10") if "layer_01" in line]
 
 
 @pytest.mark.slow
@@ -114,9 +115,9 @@ def test_keep_optimizer_every_and_tar(runs, tmp_path: Path) -> None:
     assert report.backed_up == ["global_step10", "global_step18"]
     assert sorted(p.name for p in store.iterdir() if not p.name.startswith(".")) == [
         "global_step10.manifest.json", "global_step10.tar", "global_step18.manifest.json", "global_step18.tar"]
-    assert backup.read_manifest(store, "global_step10")["kind"] == "whole"
-    assert backup.verify(store, "global_step10") == []
-    assert list((store / backup.PARTIAL).iterdir()) == []
+    assert backup_store.read_manifest(store, "global_step10")["kind"] == "whole"
+    assert backup_store.verify(store, "global_step10") == []
+    assert list((store / backup_store.PARTIAL).iterdir()) == []
 
 
 _KILLED_BACKUP = """
@@ -125,6 +126,7 @@ from pathlib import Path
 sys.path.insert(0, {repo!r})
 from bigscience_ops.config import from_dict
 from bigscience_ops.ops.keep import backup
+from bigscience_ops.ops.keep import store as backup_store
 exp = from_dict(json.loads(Path({exp!r}).read_text()))
 original, calls = backup._copy_file, []
 def copy_then_hang(src, dst, advance, saved=None):
@@ -155,16 +157,16 @@ def test_kill_9_during_a_backup_then_rerun_completes_and_verifies(runs, tmp_path
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
     store = _run_store(exp)
-    staging = store / backup.PARTIAL / "global_step10"
-    assert staging.is_dir() and not backup.read_manifest(store, "global_step10")
-    assert len((staging / backup.JOURNAL).read_text().splitlines()) == 2
+    staging = store / backup_store.PARTIAL / "global_step10"
+    assert staging.is_dir() and not backup_store.read_manifest(store, "global_step10")
+    assert len((staging / backup_store.JOURNAL).read_text().splitlines()) == 2
 
     report = backup.run_backup(exp)
     assert report.resumed == ["global_step10"] and report.backed_up == ["global_step10", "global_step18"]
     for tag in report.backed_up:
-        assert backup.verify(store, tag) == []
+        assert backup_store.verify(store, tag) == []
     assert not list((store / "global_step10").glob(".*"))  # no journal or half-written file left
-    assert list((store / backup.PARTIAL).iterdir()) == []
+    assert list((store / backup_store.PARTIAL).iterdir()) == []
 
 
 @pytest.mark.slow
@@ -183,7 +185,7 @@ def test_retention_keeps_latest_and_anything_not_verified(runs, tmp_path: Path) 
     # Backed up, then global_step10's backup is lost: retention keeps it on scratch.
     keep_all = dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, keep_last=None))
     assert backup.run_backup(keep_all).deleted == []
-    backup.manifest_path(store, "global_step10").unlink()
+    backup_store.manifest_path(store, "global_step10").unlink()
     decision = backup._retention(exp, scratch, store, dry_run=True)[0]
     assert decision.delete == [] and "verified" in decision.keep[10]
 
@@ -196,7 +198,7 @@ def test_retention_keeps_latest_and_anything_not_verified(runs, tmp_path: Path) 
     report = backup.run_backup(exp)
     assert report.backed_up == [] and report.deleted == ["global_step10"]
     assert sorted(p.name for p in scratch.iterdir()) == [layout.RUN_ID, "global_step12", "global_step18", "latest"]
-    assert backup.verify(store, "global_step10") == []
+    assert backup_store.verify(store, "global_step10") == []
 
 
 def test_retention_decision() -> None:
@@ -258,7 +260,7 @@ def test_backup_alert_waits_out_the_cooldown_and_a_recovery_follows(trainings: P
     (run / "checkpoints" / "latest").write_text("global_step5")
     worked = backup_at(125)
     assert worked.exit_code == 0, worked.output
-    assert backup.verify(_run_store(load_experiment("saved", trainings)), "global_step5") == []
+    assert backup_store.verify(_run_store(load_experiment("saved", trainings)), "global_step5") == []
     assert len(inbox.messages) == 3 and inbox.messages[2]["Subject"] == "[RECOVERED] saved: backup works again"
     assert "for 2 h 05 min" in inbox.messages[2].get_content() and "recovery email sent" in worked.stderr
     assert backup_at(185).exit_code == 0 and len(inbox.messages) == 3

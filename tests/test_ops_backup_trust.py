@@ -19,6 +19,7 @@ from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.cli import main
 from bigscience_ops.config import load_experiment
 from bigscience_ops.ops.keep import backup
+from bigscience_ops.ops.keep import store as backup_store
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import alerts_yaml
 from tests.fixtures_runs import commit_checkpoint
@@ -66,7 +67,7 @@ def test_experiments_sharing_a_store_never_count_each_others_copies(make, tmp_pa
     report = backup.run_backup(second)
     assert report.backed_up == ["global_step10", "global_step20"] and report.deleted == ["global_step10"]
     assert first.name in str(report.store) or second.name in str(report.store)
-    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [backup.STORE_MARKER, "first", "second"]
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [backup_store.STORE_MARKER, "first", "second"]
 
 
 def test_a_run_restarted_from_scratch_keeps_its_checkpoints_until_they_are_copied(make) -> None:
@@ -103,9 +104,9 @@ def test_a_checkpoint_saved_again_under_its_tag_is_a_new_copy(make) -> None:
     _save(scratch, 30)
     report = backup.run_backup(exp)
     assert report.backed_up == ["global_step20", "global_step30"]
-    assert backup.entries(report.store) == ["global_step10", "global_step20", "global_step20.2", "global_step30"]
-    assert backup.read_manifest(report.store, "global_step20.2")["tag"] == "global_step20"
-    assert report.deleted == ["global_step20"] and backup.verify(report.store, "global_step20.2") == []
+    assert backup_store.entries(report.store) == ["global_step10", "global_step20", "global_step20.2", "global_step30"]
+    assert backup_store.read_manifest(report.store, "global_step20.2")["tag"] == "global_step20"
+    assert report.deleted == ["global_step20"] and backup_store.verify(report.store, "global_step20.2") == []
 
 
 def test_after_a_rollback_nothing_newer_than_latest_is_deleted(make) -> None:
@@ -206,7 +207,7 @@ def test_destinations_that_are_not_a_store_are_refused(make, tmp_path: Path, wha
     if what == "foreign":
         dest.mkdir()
         (dest / "notes.txt").write_text("mine")
-    with pytest.raises(backup.BackupError, match=expected):
+    with pytest.raises(backup_store.BackupError, match=expected):
         backup.run_backup(exp, dest)
     assert [c.step for c in layout.list_checkpoints(scratch)] == [10]
 
@@ -398,19 +399,19 @@ def test_a_manifest_that_is_not_this_backups_is_no_copy_and_is_reported(case: st
     _save(scratch, 10)
     first = backup.run_backup(exp)
     assert first.backed_up == ["global_step10"]
-    path = backup.manifest_path(first.store, "global_step10")
+    path = backup_store.manifest_path(first.store, "global_step10")
     manifest = json.loads(path.read_text())
     FOREIGN_MANIFESTS[case](manifest)
     path.write_text(json.dumps(manifest))
-    assert backup.read_manifest(first.store, "global_step10") is None
-    [problem] = backup.manifests(first.store).problems
+    assert backup_store.read_manifest(first.store, "global_step10") is None
+    [problem] = backup_store.manifests(first.store).problems
     assert problem.file == str(path)
-    assert backup.find_copy(first.store, layout.list_checkpoints(scratch)[0], backup.fingerprint(
+    assert backup_store.find_copy(first.store, layout.list_checkpoints(scratch)[0], backup.fingerprint(
         layout.list_checkpoints(scratch)[0])) is None
     again = backup.run_backup(exp)
-    assert again.backed_up == ["global_step10"] and backup.entries(again.store) == ["global_step10", "global_step10.2"]
-    assert backup.verify(again.store, "global_step10.2") == [] and (scratch / "global_step10").is_dir()
-    assert backup.store_problems(again.store) == [problem]
+    assert again.backed_up == ["global_step10"] and backup_store.entries(again.store) == ["global_step10", "global_step10.2"]
+    assert backup_store.verify(again.store, "global_step10.2") == [] and (scratch / "global_step10").is_dir()
+    assert backup_store.store_problems(again.store) == [problem]
 
 
 # --------------------------------------------------------------------------- the newest resumable state is never lost
@@ -461,11 +462,11 @@ def test_a_weights_only_copy_never_makes_the_newest_resumable_checkpoint_deletab
     assert report.retention.keep[20] == retention.UNCOPIED_RESUMABLE and "kept for inspection" in report.retention.keep[30]
     whole = dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, keep_optimizer_every=20))
     shutil.rmtree(report.store / "global_step20")  # its weights-only copy goes; the next backup copies it whole
-    backup.manifest_path(report.store, "global_step20").unlink()
+    backup_store.manifest_path(report.store, "global_step20").unlink()
     again = backup.run_backup(whole)
     assert again.backed_up == ["global_step20"] and again.deleted == ["global_step20"]
-    assert backup.read_manifest(again.store, "global_step20")["kind"] == "whole"
-    assert "manifest.json" in backup.read_manifest(again.store, "global_step20")["files"]  # restored, it is committed
+    assert backup_store.read_manifest(again.store, "global_step20")["kind"] == "whole"
+    assert "manifest.json" in backup_store.read_manifest(again.store, "global_step20")["files"]  # restored, it is committed
     assert (scratch / "global_step30").is_dir()
 
 

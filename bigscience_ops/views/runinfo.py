@@ -3,7 +3,7 @@
 What the run already records answers it: the last iteration lines of main_log.txt (parsed by the
 trainer's own reader, iteration_log.parse_iteration_line) on the run's live branch (views/branch.py: after a
 rollback, the abandoned iterations are not the run's progress), `latest` and the complete checkpoints
-(checkpoints/layout.py), the last backup (the manifests ops/keep/backup.py writes in the run's part of
+(checkpoints/layout.py), the last backup (the manifests ops/keep/store.py reads in the run's part of
 the store, read as JSON: no checkpoint file is opened), the task ledger (ledger.py: array tasks with
 their nodes, iterations, times and exits), the evaluation results of its checkpoints (eval/global_stepN.json,
 ops/evaluate/results.py: a table of metrics by step, the experiment's eval.references beside; the results of a
@@ -40,7 +40,7 @@ from bigscience_ops.checkpoints import layout, set_aside
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.run.iterations import IterationStats
 from bigscience_ops.ops.evaluate import results as eval_results
-from bigscience_ops.ops.keep import backup as backups
+from bigscience_ops.ops.keep import store as backup_store
 from bigscience_ops.ops.keep import evaluated as evaluated_steps
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
@@ -161,8 +161,8 @@ def backup_info(exp: Experiment, problems: list[str] | None = None) -> BackupInf
     run_id = layout.run_id(Path(exp.paths.checkpoints))
     if run_id is None:
         return BackupInfo(note="the run has no run id yet (no checkpoint saved): nothing backed up")
-    store = backups.run_store(Path(exp.backup.dest), exp.name, run_id)
-    found = backups.manifests(store)  # every field checked: step a whole number, verified_at an ISO time, kind known
+    store = backup_store.run_store(Path(exp.backup.dest), exp.name, run_id)
+    found = backup_store.manifests(store)  # every field checked: step a whole number, verified_at an ISO time, kind known
     if problems is not None:
         problems += [str(p) for p in found.problems]
     if not found.records:

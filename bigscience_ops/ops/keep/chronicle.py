@@ -20,7 +20,7 @@ The page is read on the Hub, so everything it shows from a record, a log, a node
 untrusted and written as plain text (`plain`): Markdown's control characters escaped, `<`, `>` and `&`
 as entities, no line break, nothing a renderer would make a link, an image or HTML of; paths go in
 code spans (`code`). A record line that cannot be read (ledger.read_checked, rollbacks.read_checked,
-backup.manifests) is skipped and listed at the end, the rest of the timeline still shown.
+store.manifests) is skipped and listed at the end, the rest of the timeline still shown.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.run.iterations import parse_iteration_line
 from bigscience_ops.ops.evaluate import results as eval_results
-from bigscience_ops.ops.keep import backup
+from bigscience_ops.ops.keep import store as backup_store
 from bigscience_ops.ops.keep import evaluated as evaluated_steps
 from bigscience_ops.ops import health
 from bigscience_ops.untrusted import Problem, RecordFileError, open_plain
@@ -243,14 +243,14 @@ def _backups(exp: Experiment) -> tuple[list[Event], list[Problem]]:
         return [], []
     try:
         run_id = layout.run_id(Path(exp.paths.checkpoints))
-        store = backup.run_store(Path(exp.backup.dest), exp.name, run_id) if run_id else None
+        store = backup_store.run_store(Path(exp.backup.dest), exp.name, run_id) if run_id else None
     except BsopsError:
         return [], []
     if store is None:
         return [], []
-    found = backup.manifests(store)
+    found = backup_store.manifests(store)
     copies = []
-    for _, manifest in found.records:  # every field checked by backup.manifests
+    for _, manifest in found.records:  # every field checked by store.manifests
         when = datetime.fromisoformat(manifest["verified_at"]).timestamp()
         copies.append((when, manifest["step"], f"global\\_step{manifest['step']} {plain(manifest['kind'])}"))
     runs: list[list[tuple[float, int, str]]] = []

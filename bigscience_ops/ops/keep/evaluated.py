@@ -23,7 +23,7 @@ from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.evaluate.results import Result
-from bigscience_ops.ops.keep import backup
+from bigscience_ops.ops.keep import store as backup_store
 from bigscience_ops.untrusted import Problem
 from bigscience_ops.schema import Experiment
 
@@ -40,8 +40,8 @@ def saved_steps(exp: Experiment) -> set[int]:
         try:
             run_id = layout.run_id(checkpoints)
             if run_id is not None:
-                store = backup.run_store(Path(exp.backup.dest), exp.name, run_id)
-                steps |= {manifest["step"] for _, manifest in backup.manifests(store).records}
+                store = backup_store.run_store(Path(exp.backup.dest), exp.name, run_id)
+                steps |= {manifest["step"] for _, manifest in backup_store.manifests(store).records}
         except (BsopsError, OSError):
             pass  # an unreadable run id or store: the views and the watchdog report it where they read the backup
     return steps

@@ -145,13 +145,13 @@ def _store_problems(exp: Experiment) -> list[Problem]:
     """The backup store's manifests and journals of this run that cannot be read (none without backup.dest)."""
     if not exp.backup.dest:
         return []
-    from bigscience_ops.ops.keep import backup  # the watchdog reads the store only where there is one
+    from bigscience_ops.ops.keep import store as backup_store  # the watchdog reads the store only where there is one
 
     try:
         run_id = layout.run_id(Path(exp.paths.checkpoints))
         if run_id is None:
             return []
-        return backup.store_problems(backup.run_store(Path(exp.backup.dest), exp.name, run_id))
+        return backup_store.store_problems(backup_store.run_store(Path(exp.backup.dest), exp.name, run_id))
     except (BsopsError, OSError) as exc:
         return [Problem(str(exp.backup.dest), 0, f"the backup store cannot be read: {' '.join(str(exc).split())}")]
 
