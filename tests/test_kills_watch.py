@@ -262,3 +262,142 @@ def test_where_a_run_stands_when_latest_cannot_be_followed(run, tmp_path: Path) 
     assert state.iteration == 20 and "global_step20" in problem.what and problem.line == 0
     layout.write_latest(checkpoints, "global_step20")
     assert lifecycle.run_state(run.experiment).problems == () and lifecycle.run_state(run.experiment).iteration == 20
+
+
+# --------------------------------------------------------------------------- one watchdog run, every part of it
+
+JOB = "watched-job"
+CONTACT = "pager@example.org"
+
+
+def _local(run: lifecycle.RunState, **changes) -> lifecycle.RunState:
+    """`run` launched here (watched through its processes: no Slurm), with `changes`."""
+    return dataclasses.replace(run, local=True, **changes)
+
+
+def _watch(run: lifecycle.RunState, **settings):
+    from bigscience_ops.ops.watch import watchdog
+
+    return watchdog.watch(watchdog.WatchSettings(JOB, **{"contact": CONTACT, **settings}), run=run, now=NOW)
+
+
+def _of(result, kind: str) -> list:
+    return [a for a in result.report.alerts if a.kind == kind]
+
+
+def test_the_users_to_watch_are_a_tuple_and_one_name_is_one_user() -> None:
+    from bigscience_ops.ops.watch import watchdog
+
+    assert watchdog.WatchSettings(JOB, users="alice").users == ("alice",)
+    assert watchdog.WatchSettings(JOB, users=["alice", "bob"]).users == ("alice", "bob")
+    assert watchdog.WatchSettings(JOB, users=("alice", "bob")).users == ("alice", "bob")
+    assert watchdog.WatchSettings(JOB).users == ()
+
+
+def test_a_queue_watch_asks_slurm_for_the_users_the_group_and_the_timeout_it_was_given() -> None:
+    import grp
+    import pwd
+
+    from bigscience_ops.ops.watch import watchdog
+
+    asked: list[dict] = []
+
+    def query(**kw) -> list:
+        asked.append(kw)
+        return []
+
+    group = grp.getgrgid(os.getgid()).gr_name
+    me = pwd.getpwuid(os.getuid()).pw_name  # its primary group is `group`: one of the group's users
+    settings = watchdog.WatchSettings(JOB, users=("alice",), group=group, timeout=7.5, contact=CONTACT)
+    result = watchdog.watch(settings, query=query, now=NOW)
+    [kw] = asked
+    assert kw["timeout"] == 7.5 and "alice" in kw["users"] and me in kw["users"]
+    [alert] = result.report.alerts
+    assert alert.kind == "not-scheduled" and CONTACT in alert.message and JOB in alert.message
+
+
+def _stale_log(folder: Path) -> Path:
+    log = folder / "main_log.txt"
+    log.write_text(" iteration        5/     100 | consumed samples: 40 | lm loss: 3.0E+00 |\n")
+    old = (NOW - timedelta(hours=3)).timestamp()
+    os.utime(log, (old, old))
+    return log
+
+
+def test_a_local_run_that_is_held_but_makes_no_progress_is_stalled_through_the_watchdog(run, tmp_path: Path) -> None:
+    log = _stale_log(tmp_path)
+    with run_lock.hold(run.experiment.paths.output, "bsops launch --local"):
+        [alert] = _watch(_local(run), log_path=log, stall_minutes=60).report.alerts
+        assert alert.kind == "stalled" and str(log) in alert.message and CONTACT in alert.message
+        assert JOB in alert.message
+        assert _watch(_local(run), log_path=log, stall_minutes=240).report.alerts == ()  # within the limit
+        [alert] = local_run.check(JOB, run, now=NOW, log_path=log, stall_minutes=60).alerts
+        assert alert.kind == "stalled" and str(log) in alert.message
+        assert local_run.check(JOB, run, now=NOW, log_path=log, stall_minutes=240).alerts == ()
+
+
+def test_a_local_run_without_its_experiment_is_said_stopped_and_names_its_job(run) -> None:
+    bare = lifecycle.RunState(3, 100, None)
+    report = local_run.check(JOB, bare, now=NOW)
+    [alert] = report.alerts
+    assert report.job_name == JOB and alert.kind == "not-scheduled" and JOB in alert.message
+    stopped = local_run.evaluate(JOB, None, _local(run, launched=True), now=NOW, contact=CONTACT)
+    [alert] = stopped.alerts
+    assert stopped.job_name == JOB and alert.kind == "local-stopped" and JOB in alert.message
+    assert CONTACT in alert.message
+
+
+def test_a_local_runs_line_names_this_hosts_processes_only(run) -> None:
+    trainers = Holding(None, pids=(4713,), trainers=(4713,), trainers_held=True, host="n7",
+                       names=((4713, "python3"),))
+    [line] = local_run.evaluate(JOB, trainers, run, now=NOW).lines
+    assert "4713" in line and "n7" in line
+    elsewhere = Holding(None, trainers_held=True, host="n7")  # held by trainers of another host: none of n7's
+    [line] = local_run.evaluate(JOB, elsewhere, run, now=NOW).lines
+    assert "n7" not in line and "None" not in line
+    owned = Holding("bsops launch --local (pid 99 on n8) since 2026-11-22T09:00:00", host="n7")
+    [line] = local_run.evaluate(JOB, owned, run, now=NOW).lines
+    assert "n7" not in line and "pid 99 on n8" in line and "None" not in line
+
+
+# --------------------------------------------------------------------------- run files that cannot be read
+
+def _problems(file: Path, count: int, **first) -> tuple:
+    from bigscience_ops.untrusted import Problem
+
+    head = Problem(str(file), **{"line": 3, "what": "cut short", "held": "'{\"kind'", **first})
+    return (head, *(Problem(str(file), 0, f"problem number {n}") for n in range(1, count)))
+
+
+def test_a_run_files_alert_names_each_problems_line_and_excerpt_and_counts_the_rest(run) -> None:
+    ledger_file = Path(run.experiment.paths.output) / ledger.LEDGER_NAME
+    [alert] = _of(_watch(_local(run, problems=_problems(ledger_file, 6))), "run-file-ledger")
+    assert str(ledger_file) in alert.message and JOB in alert.message and CONTACT in alert.message
+    assert re.search(r"\bline 3\b", alert.message) and not re.search(r"\bline 0\b", alert.message)
+    assert "cut short" in alert.message and "{" in alert.message and "kind" in alert.message  # the excerpt
+    assert alert.message.count("held") == 1  # only the problem that held something
+    assert all(f"problem number {n}" in alert.message for n in range(1, 5))
+    assert "problem number 5" not in alert.message and _more(alert.message) == 1
+    [five] = _of(_watch(_local(run, problems=_problems(ledger_file, 5))), "run-file-ledger")
+    assert "problem number 4" in five.message and _more(five.message) is None
+    [whole] = _of(_watch(_local(run, problems=_problems(ledger_file, 1, line=0, held=""))), "run-file-ledger")
+    assert not re.search(r"\bline \d", whole.message) and "held" not in whole.message
+
+
+# --------------------------------------------------------------------------- checkpoints set aside
+
+def test_each_checkpoint_set_aside_is_its_own_event_keyed_by_its_tag_and_time(run) -> None:
+    records = (set_aside_record(1_700_000_000.0, "global_step10", "/aside/one", "no manifest"),
+               set_aside_record(1_700_000_100.9, "Odd-Tag-1_x", "/aside/two", "layer01 is missing"))
+    aside = _of(_watch(_local(run, set_aside=records)), "checkpoint-set-aside")
+    assert [a.condition for a in aside] == ["checkpoint-set-aside:global_step10@1700000000",
+                                            "checkpoint-set-aside:Odd?Tag?1_x@1700000100"]
+    ten, odd = aside
+    assert "10" in ten.headline and "Odd-Tag-1_x" in odd.message and "/aside/two" in odd.message
+    assert all(CONTACT in a.message and JOB in a.message for a in aside)
+
+
+def set_aside_record(time: float, tag: str, folder: str, reason: str):
+    from bigscience_ops.checkpoints.set_aside import SetAside
+
+    return SetAside(time, tag, folder, reason)
