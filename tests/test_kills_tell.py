@@ -404,3 +404,166 @@ def test_the_alert_state_goes_to_the_users_folder_while_its_own_cannot_be_writte
     back = alert_state.place(state, log, "tr1", env)
     assert back.moved is None and json.loads(state.read_text())["finished"] == {"tr1": 7}
     assert state.stat().st_mode & 0o777 == 0o600
+
+
+# --------------------------------------------------------------------------- the alert state's bounds and its file
+
+def _read(tmp_path: Path, content: object) -> tuple[alert_state.State, object]:
+    path = tmp_path / "bounds.json"
+    path.write_text(json.dumps(content))
+    return alert_state.read_state(path)
+
+
+def test_an_alert_states_times_and_iterations_are_read_up_to_their_bounds(tmp_path: Path) -> None:
+    from bigscience_ops.untrusted import MAX_STEP
+
+    longest = ISO + "." + "1" * (64 - len(ISO) - 1)  # fractions of a second: still an ISO time
+    assert len(longest) == 64
+    assert _read(tmp_path, {"active": {"k": {**GOOD_ENTRY, "since": longest}}})[1] is None
+    assert "since" in _read(tmp_path, {"active": {"k": {**GOOD_ENTRY, "since": longest + "1"}}})[1].what
+    for told in (0, MAX_STEP, {"email": 0}, {"email": MAX_STEP}):
+        state, problem = _read(tmp_path, {"finished": {"j": told}})
+        assert problem is None and state.finished == {"j": told}
+    for told in (MAX_STEP + 1, {"email": MAX_STEP + 1}, -1):
+        assert "finished" in _read(tmp_path, {"finished": {"j": told}})[1].what
+
+
+def test_an_alert_state_that_cannot_be_read_is_a_problem_of_its_file_as_a_whole(tmp_path: Path) -> None:
+    from bigscience_ops.untrusted import excerpt
+
+    path = tmp_path / "state.json"
+    (tmp_path / "elsewhere.json").write_text("{}")
+    path.symlink_to(tmp_path / "elsewhere.json")  # a link is never followed
+    state, problem = alert_state.read_state(path)
+    assert state == alert_state.State() and (problem.file, problem.line) == (str(path), 0)
+    assert isinstance(problem.what, str) and problem.what
+    path.unlink()
+    path.write_bytes(b"{not json")
+    state, problem = alert_state.read_state(path)
+    assert state == alert_state.State() and (problem.file, problem.line) == (str(path), 0)
+    assert problem.held == excerpt(b"{not json") and isinstance(problem.what, str) and problem.what != problem.held
+
+
+def test_an_alert_state_is_saved_in_a_new_folder_with_every_message_and_failure_scrubbed(tmp_path: Path) -> None:
+    secret = "https://bot:hunter2pass@example.org/x"
+    entry = {"since": ISO, "message": f"push to {secret}", "sent": {}, "failed": {"webhook": f"refused {secret}"}}
+    event = {"message": "set aside", "sent": {"email": ISO}, "failed": {"webhook": f"down {secret}"}}
+    path = tmp_path / "a" / "b" / "state.json"
+    alert_state.save_state(path, alert_state.State(active={"j::stalled": dict(entry)}, jobs={"backup": dict(entry)},
+                                                   events={"j::e": event}))
+    text = path.read_text()
+    assert "hunter2pass" not in text
+    saved = json.loads(text)
+    for section, key in (("active", "j::stalled"), ("jobs", "backup")):
+        assert set(saved[section][key]) == set(entry) and "push to" in saved[section][key]["message"]
+        assert list(saved[section][key]["failed"]) == ["webhook"]
+    assert set(saved["events"]["j::e"]) == set(event)
+
+
+def test_an_unreadable_state_set_aside_counts_the_others_and_its_lock_problem_is_the_whole_file(
+        tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    (tmp_path / f"state.json{alert_state.UNREADABLE}20261120-000000").write_text("x")
+    problem = alert_state.state_problem(path)
+    assert (problem.file, problem.line) == (str(path), 0) and re.findall(r"\d+ more", problem.what) == []
+    (tmp_path / f"state.json{alert_state.UNREADABLE}20261121-000000").write_text("x")
+    assert re.findall(r"(\d+) more", alert_state.state_problem(path).what) == ["1"]
+    for aside in tmp_path.glob(f"state.json{alert_state.UNREADABLE}*"):
+        aside.unlink()
+    (tmp_path / "state.json.lock").symlink_to(tmp_path / "nowhere")
+    problem = alert_state.state_problem(path)
+    assert (problem.file, problem.line) == (str(tmp_path / "state.json.lock"), 0) and isinstance(problem.what, str)
+
+
+def test_the_state_kept_elsewhere_is_named_after_the_job_and_a_hash_of_its_usual_place(tmp_path: Path) -> None:
+    env = {"XDG_STATE_HOME": str(tmp_path / "xdg")}
+    state = tmp_path / "run" / ".bsops-alerts.json"
+
+    def slug_and_digest(name: str, where: Path = state) -> tuple[str, str]:
+        found = re.fullmatch(r"(.*)-([0-9a-f]+)\.alerts\.json", alert_state.elsewhere(where, name, env)[0].name)
+        return found.group(1), found.group(2)
+
+    assert slug_and_digest("x" * 70) == ("x" * 60, slug_and_digest("run")[1])
+    assert len(slug_and_digest("run")[1]) == 12
+    assert slug_and_digest("XX.run")[0] == "XX.run" and slug_and_digest("..tr1.")[0] == "tr1."
+    odd = tmp_path / "r\udcffun" / ".bsops-alerts.json"  # a folder whose name is no UTF-8
+    assert slug_and_digest("run", odd)[1] != slug_and_digest("run")[1]
+
+
+def test_a_state_kept_elsewhere_moves_back_unless_something_else_holds_its_place(tmp_path: Path) -> None:
+    import os
+
+    env = {"XDG_STATE_HOME": str(tmp_path / "xdg")}
+    run = tmp_path / "run"
+    run.mkdir()
+    state = run / ".bsops-alerts.json"
+    moved = alert_state.place(state, None, "tr1", env, why="told so")
+    assert moved.log is None and moved.moved == "told so"
+    away = moved.state
+    away.parent.mkdir(parents=True)
+    away.write_text(json.dumps({"finished": {"tr1": 7}}))
+    state.write_text(json.dumps({"finished": {"tr1": 3}}))
+    os.utime(state, (1_700_000_000, 1_700_000_000))
+    os.utime(away, (1_700_000_000, 1_700_000_000))  # as new as the one there: it goes back
+    assert alert_state.place(state, None, "tr1", env).moved is None
+    assert json.loads(state.read_text())["finished"] == {"tr1": 7} and not away.exists()
+    away.write_text(json.dumps({"finished": {"tr1": 9}}))
+    state.unlink()
+    state.mkdir()  # a folder in the state's place: the state kept elsewhere stays there
+    assert alert_state.place(state, None, "tr1", env).moved is None
+    assert json.loads(away.read_text())["finished"] == {"tr1": 9}
+
+
+def test_what_the_watchdog_cannot_write_is_named_and_nothing_a_link_points_at_is_touched(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    (folder / f".bsops-probe.{os.getpid()}").symlink_to(target)
+    assert alert_state.unwritable(folder) is not None and target.read_text() == "keep me"
+    (folder / f".bsops-probe.{os.getpid()}").unlink()
+    log = tmp_path / "new" / "deep" / "watchdog.log"
+    old_umask = os.umask(0)
+    try:
+        assert alert_state.unwritable(folder, (log,)) is None
+    finally:
+        os.umask(old_umask)
+    assert log.stat().st_mode & 0o777 == 0o644
+    fifo = folder / "watchdog.log"
+    os.mkfifo(fifo)
+
+    def blocked(*_: object) -> None:
+        raise TimeoutError("opening a FIFO blocked")
+
+    before = signal.signal(signal.SIGALRM, blocked)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        why = alert_state.unwritable(folder, (fifo,))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    assert why is not None and str(fifo) in why
+    busy = tmp_path / "busy"  # a program being run: it can be read, never written (even by root)
+    busy.write_bytes(Path("/bin/sleep").read_bytes())
+    busy.chmod(0o755)
+    running = subprocess.Popen([str(busy), "30"])
+    try:
+        why = alert_state.unwritable(folder, (busy,))
+    finally:
+        running.kill()
+        running.wait()
+    assert why is not None and str(busy) in why
+
+
+def test_an_unwritable_state_says_why_and_which_file(tmp_path: Path) -> None:
+    import errno
+
+    path = tmp_path / "state.json"
+    full = alert_state.StateUnwritable(path, OSError(errno.ENOSPC, "No space left on device"))
+    assert (full.path, full.why) == (path, "No space left on device") and str(path) in str(full)
+    odd = alert_state.StateUnwritable(path, OSError("the disk is gone"))
+    assert odd.why == "the disk is gone" and str(path) in str(odd)
