@@ -401,3 +401,114 @@ def set_aside_record(time: float, tag: str, folder: str, reason: str):
     from bigscience_ops.checkpoints.set_aside import SetAside
 
     return SetAside(time, tag, folder, reason)
+
+
+# --------------------------------------------------------------------------- where a run stands, from its folder
+
+def test_a_latest_that_names_nothing_leaves_the_run_at_its_newest_save_else_at_zero(run, tmp_path: Path) -> None:
+    from bigscience_ops.checkpoints import layout
+    from tests.fixtures_runs import commit_checkpoint
+
+    checkpoints = Path(run.experiment.paths.checkpoints)
+    checkpoints.mkdir(parents=True)
+    (checkpoints / layout.LATEST).write_text("garbage")  # reads as no step at all
+    assert lifecycle.run_state(run.experiment).iteration == 0
+    (checkpoints / layout.LATEST).unlink()
+    (checkpoints / layout.LATEST).symlink_to(tmp_path / "elsewhere")  # cannot even be read for its step
+    state = lifecycle.run_state(run.experiment)
+    [problem] = state.problems
+    assert state.iteration == 0 and "None" not in problem.what and "global_step" not in problem.what.split(";")[-1]
+    for step in (10, 20):
+        (checkpoints / f"global_step{step}").mkdir()
+        (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+        commit_checkpoint(checkpoints / f"global_step{step}")
+    state = lifecycle.run_state(run.experiment)
+    [problem] = state.problems
+    assert state.iteration == 20 and "global_step20" in problem.what and "None" not in problem.what
+    # `latest` names a folder that is not a complete checkpoint: the error names it (no file to cut off its words)
+    (checkpoints / "global_step30").mkdir()
+    (checkpoints / layout.LATEST).unlink()
+    (checkpoints / layout.LATEST).write_text("global_step30")
+    [problem] = lifecycle.run_state(run.experiment).problems
+    assert "global_step30" in problem.what and str(checkpoints) not in problem.what
+
+
+def test_a_ledger_of_only_unreadable_lines_is_a_launched_run_and_the_timeout_is_kept(run) -> None:
+    output = Path(run.experiment.paths.output)
+    (output / ledger.LEDGER_NAME).write_text('{"kind": "begin", "job_id": \n')
+    state = lifecycle.run_state(run.experiment, timeout=4.5)
+    assert state.launched and state.last_task is None and len(state.problems) == 1 and state.timeout == 4.5
+
+
+def test_a_backup_store_that_cannot_be_found_is_a_problem_of_the_whole_store(trainings: Path, tmp_path: Path) -> None:
+    from bigscience_ops.checkpoints import layout
+
+    (trainings / "kept.yaml").write_text(tiny_yaml(tmp_path / "kept", 'backup: {dest: "%s"}\n' % (tmp_path / "store")))
+    exp = load_experiment("kept", trainings)
+    checkpoints = Path(exp.paths.checkpoints)
+    checkpoints.mkdir(parents=True)
+    (checkpoints / layout.RUN_ID).write_text("garbage")
+    [problem] = lifecycle.run_state(exp).problems
+    assert (problem.file, problem.line) == (str(tmp_path / "store"), 0)
+    assert str(checkpoints / layout.RUN_ID) in problem.what and "garbage" in problem.what
+
+
+SACCT_RECORD = "300_2|TIMEOUT|0:0\n300_2.batch|CANCELLED|0:15\n"
+
+
+def _stand_in(folder: Path, name: str, body: str) -> None:
+    """`folder/name`, a Python program standing in for a Slurm command at the subprocess edge."""
+    import sys
+
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(f"#!{sys.executable}\n{body}")
+    (folder / name).chmod(0o755)
+
+
+def _ended(run: lifecycle.RunState, job_id: str, exit_code: int | None = 1, **changes) -> str | None:
+    task = ledger.Attempt(job_id, "n1", 0, None, exit_code, started=NOW.timestamp())
+    return dataclasses.replace(run, last_task=task, **changes).ended
+
+
+def test_how_a_task_ended_asks_sacct_within_the_timeout_and_never_for_a_local_id(run, tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    bin_dir, asked = tmp_path / "bin", tmp_path / "asked"
+    _stand_in(bin_dir, "sacct", f"import sys, time\nopen({str(asked)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+                                "if '--jobs=300_3' in sys.argv: time.sleep(1.5)\n"
+                                f"if '--jobs=300_2' in sys.argv or '--jobs=300_3' in sys.argv: "
+                                f"print({SACCT_RECORD!r}.replace('300_2', sys.argv[-1][7:]), end='')\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert _ended(run, "300_2") == "TIMEOUT (exit code 0:0, from sacct)"
+    assert _ended(run, "300_1") == "task 300_1 ended with exit code 1"  # sacct has no record of it
+    assert _ended(run, "300_3", timeout=0.3) == "task 300_3 ended with exit code 1"  # sacct too slow: not waited for
+    asked.unlink()
+    assert "sacct" not in _ended(run, "local-1") and not asked.exists()
+
+
+STEPD = "slurmstepd: error: *** JOB {id} ON n1 CANCELLED AT {at}{why} ***"
+
+
+def test_how_a_task_ended_is_read_from_the_end_of_its_output_file(run, tmp_path: Path, monkeypatch) -> None:
+    """No accounting (the run launched here: sacct is never asked): the task's output file in the logs folder."""
+    logs = Path(run.experiment.paths.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    here = dataclasses.replace(run, local=True)
+
+    def ended(job_id: str, text: bytes, exit_code: int | None = 1) -> str:
+        (logs / f"{run.experiment.slurm.job_name}-{job_id}.out").write_bytes(text)
+        found = _ended(here, job_id, exit_code)
+        assert found is not None and "None" not in found
+        return found
+
+    assert "CANCELLED" not in _ended(here, "1_1") and "None" not in _ended(here, "1_1")  # no output file
+    first = STEPD.format(id="1_2", at="2026-11-22T08:00:00", why="").split(": ")[-1].encode()  # at its first byte
+    assert re.search(r"CANCELLED at 2026-11-22T08:00:00\b", ended("1_2", first))  # no reason given
+    two = "\n".join([STEPD.format(id="1_3", at="2026-11-22T07:00:00", why=""), "requeued",
+                     STEPD.format(id="1_3", at="2026-11-22T09:00:00", why=" DUE TO TIME LIMIT")]).encode()
+    found = ended("1_3", b"\xff\xfe not utf-8\n" + two, exit_code=None)
+    assert "DUE TO TIME LIMIT" in found and "09:00:00" in found and "07:00:00" not in found  # the last one
+    tail = b"x" * 70_000 + b"\n" + STEPD.format(id="1_4", at="2026-11-22T10:00:00", why="").encode()
+    assert "10:00:00" in ended("1_4", tail)  # its last line whole, the file longer than what is read
+    (logs / f"{run.experiment.slurm.job_name}-sub").mkdir()
+    (logs / f"{run.experiment.slurm.job_name}-sub" / "5.out").write_bytes(first)
+    assert "CANCELLED" not in _ended(here, "sub/5")  # an id that is no plain name: no file outside the folder read
