@@ -512,3 +512,111 @@ def test_how_a_task_ended_is_read_from_the_end_of_its_output_file(run, tmp_path:
     (logs / f"{run.experiment.slurm.job_name}-sub").mkdir()
     (logs / f"{run.experiment.slurm.job_name}-sub" / "5.out").write_bytes(first)
     assert "CANCELLED" not in _ended(here, "sub/5")  # an id that is no plain name: no file outside the folder read
+
+
+# --------------------------------------------------------------------------- what the watchdog checks besides the run
+
+def test_cron_chains_the_watchdog_cannot_check_are_an_alert_naming_why_and_whom(run, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    cron = tmp_path / "cron"
+    cron.mkdir()
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    [alert] = _of(_watch(_local(run), cron_dir=cron), "cron-chain")
+    assert str(cron) in alert.message and "no-such-slurm" in alert.message and CONTACT in alert.message
+    # squeue slower than the watchdog's timeout: not waited for, and said
+    monkeypatch.delenv("SLURM_CONF")
+    _stand_in(tmp_path / "bin", "squeue", "import time\ntime.sleep(3)\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    [alert] = _of(_watch(_local(run), cron_dir=cron, timeout=0.3), "cron-chain")
+    assert str(cron) in alert.message
+
+
+def _line(iteration: int, *, loss: float = 3.0, skipped: int = 0) -> str:
+    from bigscience_ops.run.iterations import IterationStats, iteration_line
+
+    return iteration_line(IterationStats(iteration, 100, iteration * 8, iteration * 8 * 128, 1000.0, 1e-4, 8, loss,
+                                         1.0, 1.0, 100.0, skipped, 0, 10.0, 1.0))
+
+
+def test_training_health_alerts_use_the_settings_given_the_runs_name_and_a_bounded_tail(run, tmp_path: Path) -> None:
+    from bigscience_ops.schema import HealthConfig
+
+    log = tmp_path / "main_log.txt"
+    log.write_text(f"{_line(1)}\n{_line(2, loss=float('nan'))}\n")
+    [nan] = _of(_watch(_local(run), log_path=log, health=HealthConfig()), "health-nan")
+    assert CONTACT in nan.message and f"bsops samples {run.experiment.name} --iteration 2" in nan.advice
+    named = _of(_watch(_local(run), log_path=log, health=HealthConfig(), experiment="other"), "health-nan")
+    assert "bsops samples other --iteration 2" in named[0].advice
+    log.write_text(f"{_line(1)}\n{_line(2, skipped=1)}\n")  # skipped steps: an alert only as the settings say
+    eager = HealthConfig(skipped_lines=1, initial_search=0)
+    [skipped] = _of(_watch(_local(run), log_path=log, health=eager), "health-skipped")
+    assert CONTACT in skipped.message
+    assert not any(a.kind.startswith("health") for a in _watch(_local(run), log_path=log,
+                                                                 health=HealthConfig()).report.alerts)
+    # (window + recent) * 4 lines are read back: a NaN further up is history, not now
+    short = HealthConfig(window=2, recent=1)
+    for filler, found in ((11, 1), (12, 0)):
+        log.write_text(f"{_line(2, loss=float('nan'))}\n" + "a line between iterations\n" * filler)
+        assert len(_of(_watch(_local(run), log_path=log, health=short), "health-nan")) == found
+
+
+def test_a_log_the_health_check_cannot_read_is_an_alert_naming_it_and_why(run, tmp_path: Path) -> None:
+    from bigscience_ops.ops.tell.quoting import quote_untrusted
+    from bigscience_ops.run import log as runlog
+    from bigscience_ops.schema import HealthConfig
+
+    log = tmp_path / "main_log.txt"
+    (tmp_path / "real.txt").write_text("")
+    log.symlink_to(tmp_path / "real.txt")
+    with pytest.raises(runlog.LogError) as raised:
+        runlog.tail(log, 10)
+    why = quote_untrusted(str(raised.value), 400, mark=False)
+    [alert] = _of(_watch(_local(run), log_path=log, health=HealthConfig()), "health-unreadable")
+    assert why in alert.message and str(log) in alert.message.replace(why, "") and CONTACT in alert.message
+
+
+# --------------------------------------------------------------------------- evaluation results
+
+def _evaluated(run: lifecycle.RunState, **eval_changes) -> lifecycle.RunState:
+    from tests.fixtures_runs import commit_checkpoint
+    from tests.test_ops_evaluate_results import write_results
+
+    exp = run.experiment
+    checkpoints, output = Path(exp.paths.checkpoints), Path(exp.paths.output)
+    for step in (100, 200):
+        (checkpoints / f"global_step{step}").mkdir(parents=True)
+        (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+        commit_checkpoint(checkpoints / f"global_step{step}")
+    write_results(output, {100: {"smoke_choice/acc": 0.50}, 200: {"smoke_choice/acc": 0.40}})
+    exp = dataclasses.replace(exp, eval=dataclasses.replace(exp.eval, **eval_changes))
+    return _local(run, experiment=exp)
+
+
+def test_an_eval_drop_is_an_alert_per_metric_with_the_runs_rollback(run) -> None:
+    evaluated = _evaluated(run, alert_drop={"smoke_choice/acc": 0.05})
+    [drop] = _of(_watch(evaluated), "eval-drop")
+    name = run.experiment.name
+    assert drop.condition == "eval-drop:smoke_choice/acc" and CONTACT in drop.message
+    assert "smoke_choice/acc" in drop.message and "0.4" in drop.message and "None" not in drop.message
+    assert f"bsops samples {name} --iteration N" in drop.advice and "EXP" not in drop.advice
+    [named] = _of(_watch(evaluated, experiment="other"), "eval-drop")
+    assert "bsops samples other --iteration N" in named.advice
+
+
+def test_eval_result_files_that_cannot_be_read_are_named_and_counted(run) -> None:
+    evaluated = _evaluated(run, tasks=["lambada_openai"])  # evaluated, no drop alerted on: still read
+    output = Path(run.experiment.paths.output)
+    torn = [output / "eval" / f"global_step{step}.json" for step in (310, 320, 330, 340, 350, 360)]
+    for file in torn:
+        file.write_text('{"results": {"x": ')
+    [alert] = _of(_watch(evaluated), "eval-result-file")
+    assert JOB in alert.message and CONTACT in alert.message and _more(alert.message) == 1
+    assert sum(str(file) in alert.message for file in torn) == 5
+    assert run.experiment.name in alert.advice and "EXP" not in alert.advice
+    torn[-1].unlink()
+    [alert] = _of(_watch(evaluated), "eval-result-file")
+    assert _more(alert.message) is None and all(str(file) in alert.message for file in torn[:5])
+    exp = evaluated.experiment
+    idle = dataclasses.replace(evaluated, experiment=dataclasses.replace(exp, eval=dataclasses.replace(exp.eval,
+                                                                                                        tasks=[], sources={})))
+    assert _of(_watch(idle), "eval-result-file") == []  # evaluates nothing and alerts on no drop: not read
