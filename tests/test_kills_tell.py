@@ -509,7 +509,8 @@ def test_a_state_kept_elsewhere_moves_back_unless_something_else_holds_its_place
     assert json.loads(state.read_text())["finished"] == {"tr1": 7} and not away.exists()
     away.write_text(json.dumps({"finished": {"tr1": 9}}))
     state.unlink()
-    state.mkdir()  # a folder in the state's place: the state kept elsewhere stays there
+    state.mkdir()  # a folder in the state's place, older than the state kept elsewhere, which stays there
+    os.utime(state, (1_700_000_000, 1_700_000_000))
     assert alert_state.place(state, None, "tr1", env).moved is None
     assert json.loads(away.read_text())["finished"] == {"tr1": 9}
 
@@ -567,3 +568,209 @@ def test_an_unwritable_state_says_why_and_which_file(tmp_path: Path) -> None:
     assert (full.path, full.why) == (path, "No space left on device") and str(path) in str(full)
     odd = alert_state.StateUnwritable(path, OSError("the disk is gone"))
     assert odd.why == "the disk is gone" and str(path) in str(odd)
+
+
+# --------------------------------------------------------------------------- what the watchdog's alert says
+
+def test_an_alert_email_names_the_job_the_log_each_step_and_how_often_it_repeats() -> None:
+    report = status.StatusReport("tr1-13B-round3", T0, ("[stamp] queue empty", "[stamp] log quiet"))
+    stalled, nan = Alert("stalled", "no new iteration for 3 hours"), Alert("health-nan", "lm loss is nan at 120")
+    event = Alert("checkpoint-set-aside:global_step10@1790000000", "global_step10 set aside")
+
+    def email(due: list[Alert], log_path: str | None = "/runs/tr1/main_log.txt") -> tuple[str, list[str], list[str]]:
+        _, body = alert_text.alert_email("tr1-13B", report, due, 45, log_path)
+        assert body.endswith("\n") and not body.endswith("\n\n")
+        head, footer = body.split("\n\n")[0].splitlines(), body.rstrip("\n").split("\n\n")[-1].splitlines()
+        return body, head, footer
+
+    body, head, footer = email([stalled, nan])
+    assert len(footer) == 2 and "45" in footer[0]
+    assert len([line for line in body.splitlines() if line.startswith("- ")]) == 3  # each alert's step, then status
+    assert "tr1-13B-round3" in body and len(head) == 4 and "/runs/tr1/main_log.txt" in head[3]
+    _, head, footer = email([stalled, event], None)
+    assert len(footer) == 3 and "45" in footer[0] and len(head) == 3 and "None" not in "\n".join(head)
+    _, _, footer = email([event])
+    assert len(footer) == 1 and "45" not in footer[0]
+
+
+def test_an_untrusted_text_shows_its_first_40_lines_and_counts_the_rest() -> None:
+    def shown(n: int) -> tuple[int, list[str]]:
+        out = alert_text.untrusted_text("\n".join(f"line {i}" for i in range(n)))
+        return len(out.split("\n")), re.findall(r"\(\+(\d+) more", out)
+
+    assert shown(40) == (40, []) and shown(41) == (41, ["1"]) and shown(45) == (41, ["5"])
+
+
+# --------------------------------------------------------------------------- quoting: exact values
+
+def test_quoting_defangs_every_scheme_and_look_alike_and_bounds_what_it_shows() -> None:
+    from bigscience_ops.ops.tell import quoting
+
+    assert quoting.quote_untrusted("javascript:alert(1)") == '"javascript[:]alert(1)"'
+    assert quoting.quote_untrusted("foo+bar://h.example/x") == '"foo+bar[:]//h[.]example/x"'
+    assert quoting.quote_untrusted("evil\u3002com") == '"evil[.]com"'
+    assert quoting.defang_names("evil\uff0ecom") == "evil[.]com" and quoting.defang_names("a\uff20evil") == "a[@]evil"
+    assert quoting.quote_untrusted(12345) == '"12345"'
+    assert quoting.quote_untrusted("a" * 10, 10) == '"aaaaaaaaaa"'
+    assert quoting.quote_untrusted("a" * 11, 10) == '"aaaaaaaaaa"... (11 characters)'
+    assert quoting.defang_block("a" * 10, 10) == "a" * 10
+    assert quoting.defang_block("a" * 11 + "\nb\tc", 10) == "a" * 10 + "...\nb\tc"
+    # escapes make a value longer: shown whole up to 4 * limit + 16 characters, else cut to 4 * limit
+    wide, narrow = "\U000e0001", "\x01"  # escaped as 10 and 4 characters
+    for value, length in ((wide * 5, 50), (wide * 5 + narrow + "aa", 56), (wide * 5 + narrow + "aaa", 40)):
+        quoted = quoting.quote_untrusted(value, 10)
+        assert len(quoted) == length + 2 and quoted.startswith('"' + "\\U000e0001" * 4)
+
+
+# --------------------------------------------------------------------------- cooldowns, failures and what is recorded
+
+HOOK = "BSOPS_KILLS_TELL_WEBHOOK"
+"""A webhook's URL variable that only the `env` a test passes holds."""
+JOB_KW = dict(experiment="tr1-13B", command="bsops backup tr1-13B")
+
+
+def _active(state: Path) -> dict:
+    return json.loads(state.read_text())["active"]
+
+
+def test_a_cooldown_of_zero_repeats_at_once_and_the_default_hour_repeats_on_the_hour(plain_server,
+                                                                                     tmp_path: Path) -> None:
+    inbox, port = plain_server
+    outbox, hour = plain_outbox(port), T0 + timedelta(minutes=60)
+    for _ in range(2):
+        assert len(notify.notify(_report(0), outbox, tmp_path / "zero.json", cooldown_minutes=0, now=T0)) == 1
+        assert notify.notify_job(outbox, tmp_path / "zero-job.json", "backup", "disk full", cooldown_minutes=0,
+                                 now=T0, **JOB_KW).kind == "alert"
+    assert len(inbox.messages) == 4
+    notify.notify(_report(0), outbox, tmp_path / "hour.json", now=T0)
+    assert notify.notify(_report(0), outbox, tmp_path / "hour.json", now=hour - timedelta(seconds=1)) == []
+    assert len(notify.notify(_report(0), outbox, tmp_path / "hour.json", now=hour)) == 1
+    job = tmp_path / "hour-job.json"
+    assert notify.notify_job(outbox, job, "backup", "disk full", now=T0, **JOB_KW).kind == "alert"
+    assert notify.notify_job(outbox, job, "backup", "disk full", now=hour - timedelta(seconds=1), **JOB_KW).kind == "held"
+    assert notify.notify_job(outbox, job, "backup", "disk full", now=hour, **JOB_KW).kind == "alert"
+    assert len(inbox.messages) == 8
+
+
+def test_a_channel_that_fails_is_told_of_with_the_message_the_others_sent(plain_server, tmp_path: Path,
+                                                                           monkeypatch) -> None:
+    monkeypatch.delenv(HOOK, raising=False)
+    inbox, port = plain_server
+    ok, failed = notify.notify(_report(1), plain_outbox(port, webhook_env=HOOK), tmp_path / "s.json",
+                               experiment="tr1-13B", now=T0, env={})
+    assert (ok.channels, ok.error, failed.channels) == (("email",), None, ("webhook",)) and failed.error
+    assert (failed.kind, failed.conditions, failed.message_id, failed.subject) == (
+        ok.kind, ok.conditions, ok.message_id, ok.subject)
+    assert ok.message_id == inbox.messages[0]["Message-ID"] and len(ok.conditions) == 2
+    [lost] = notify.notify(_report(0), plain_outbox(free_port()), tmp_path / "none.json", now=T0)
+    assert lost.channels == ("email",) and lost.error
+    [entry] = _active(tmp_path / "none.json").values()  # nothing went out: sent on no channel
+    assert entry["sent"] == {} and set(entry) == {"since", "message", "sent", "failed"}
+
+
+def test_an_event_a_channel_failed_to_tell_is_tried_again_on_it_alone(plain_server, tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    monkeypatch.delenv(HOOK, raising=False)
+    inbox, port = plain_server
+    outbox, state = plain_outbox(port, webhook_env=HOOK), tmp_path / "s.json"
+    event = Alert("checkpoint-set-aside:global_step10@1790000000", "global_step10 set aside")
+    notify.notify(_report(0).adding([event]), outbox, state, now=T0, env={})
+    later = T0 + timedelta(minutes=5)
+    again = notify.notify(dataclasses.replace(_report(0).adding([event]), checked_at=later), outbox, state, now=later,
+                          env={})
+    assert [(n.channels, n.error is not None, len(n.conditions)) for n in again] == [(("webhook",), True, 2)]
+    [told] = json.loads(state.read_text())["events"].values()
+    assert told["sent"] == {"email": T0.isoformat()} and list(told["failed"]) == ["webhook"] and "since" not in told
+    assert len(inbox.messages) == 1
+
+
+def test_a_recovery_that_failed_is_still_owed_and_goes_out_once_the_mail_server_is_back(tmp_path: Path) -> None:
+    from tests.fixtures_smtp import Inbox, serving
+
+    inbox, port = Inbox(), free_port()
+    state, job = tmp_path / "s.json", tmp_path / "job.json"
+    with serving(inbox, port):
+        notify.notify(_report(0), plain_outbox(port), state, now=T0)
+        notify.notify_job(plain_outbox(port), job, "backup", "disk full", now=T0, **JOB_KW)
+    at = T0 + timedelta(minutes=10)
+    [failed] = notify.notify(status.StatusReport("tr1-13B-round3", at, ()), plain_outbox(port), state, now=at)
+    assert failed.kind == "recovery" and failed.error and list(_active(state)) == ["tr1-13B-round3::not-scheduled"]
+    with pytest.raises(NotifyError):
+        notify.notify_job(plain_outbox(port), job, "backup", None, now=at, **JOB_KW)
+    assert list(json.loads(job.read_text())["jobs"]) == ["backup"]
+    at += timedelta(minutes=10)
+    with serving(inbox, port):
+        [recovered] = notify.notify(status.StatusReport("tr1-13B-round3", at, ()), plain_outbox(port), state, now=at)
+        assert notify.notify_job(plain_outbox(port), job, "backup", None, now=at, **JOB_KW).kind == "recovery"
+    assert (recovered.kind, recovered.error) == ("recovery", None) and _active(state) == {}
+    assert json.loads(job.read_text())["jobs"] == {} and len(inbox.messages) == 4
+
+
+def test_a_finish_is_announced_once_per_channel_whatever_another_channel_does(plain_server, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    monkeypatch.delenv(HOOK, raising=False)
+    inbox, port = plain_server
+    outbox, state = plain_outbox(port, webhook_env=HOOK), tmp_path / "s.json"
+    report = status.StatusReport("tr1-13B-round3", T0, ("[stamp] done",), finished_at=4321)
+    first = notify.notify(report, outbox, state, experiment="exp-x", now=T0, env={})
+    assert [(n.kind, n.conditions, n.channels, n.error is None) for n in first] == [
+        ("finished", (), ("email",), True), ("finished", (), ("webhook",), False)]
+    for minutes in (5, 10):
+        again = notify.notify(report, outbox, state, experiment="exp-x", now=T0 + timedelta(minutes=minutes), env={})
+        assert [(n.channels, n.error is None) for n in again] == [(("webhook",), False)]
+    assert len(inbox.messages) == 1 and "exp-x" in inbox.messages[0]["Subject"]
+    assert json.loads(state.read_text())["finished"] == {"tr1-13B-round3": {"email": 4321}}
+
+
+def test_a_report_that_could_not_ask_slurm_forgets_no_alert_even_one_never_sent(plain_server, tmp_path: Path) -> None:
+    from bigscience_ops.ops.alerts import raise_alert
+
+    inbox, port = plain_server
+    state = tmp_path / "s.json"
+    notify.notify(_report(0), plain_outbox(free_port()), state, now=T0)  # sent nowhere
+    unknown = status.StatusReport("tr1-13B-round3", T0, ()).adding(
+        [raise_alert("slurm-error", job="tr1-13B-round3", detail="slurmctld does not answer")])
+    notify.notify(unknown, plain_outbox(port), state, now=T0 + timedelta(minutes=5))
+    assert set(_active(state)) == {"tr1-13B-round3::not-scheduled", "tr1-13B-round3::slurm-error"}
+
+
+def test_an_hourly_job_finding_its_state_unreadable_still_names_the_mail_it_sent(plain_server, tmp_path: Path) -> None:
+    inbox, port = plain_server
+    state = tmp_path / "s.json"
+    state.write_text("[not a state]")
+    sent = notify.notify_job(plain_outbox(port), state, "hub-sync", "push refused", now=T0, env={},
+                             experiment="tr1-13B", command="bsops sync tr1-13B")
+    [mail] = inbox.messages
+    assert sent.kind == "alert" and mail["Message-ID"] in sent.line and "oncall@example.org" in sent.line
+    assert "hub-sync" in mail.get_content()
+    state.write_text("[not a state again]")
+    quiet = notify.notify_job(plain_outbox(port), state, "backup", None, now=T0, env={}, **JOB_KW)
+    assert quiet.kind == "quiet" and quiet.line and quiet.line[0].isalpha()
+
+
+def test_the_channels_read_the_environment_given_and_a_mail_carries_the_time_of_its_report(
+        plain_server, cert: tuple[str, str], tmp_path: Path, monkeypatch) -> None:
+    from email.utils import parsedate_to_datetime
+
+    from tests.fixtures_smtp import https_hook
+
+    monkeypatch.delenv(HOOK, raising=False)
+    inbox, port = plain_server
+    monkeypatch.delenv("KILLS_TELL_PW", raising=False)
+    outbox = plain_outbox(port, webhook_env=HOOK, ca_file=cert[0], password_env="KILLS_TELL_PW")
+    with https_hook(cert) as hooked:
+        env = {HOOK: hooked.url, "KILLS_TELL_PW": "hunter2-smtp-pass"}
+        [notice] = notify.notify(_report(0), outbox, tmp_path / "s.json", now=T0, env=env)
+        assert (notice.channels, notice.error, len(hooked.posts)) == (("email", "webhook"), None, 1)
+        job, error = tmp_path / "job.json", "push refused by hunter2-smtp-pass"  # a secret only `env` holds
+        told = notify.notify_job(outbox, job, "hub-sync", error, now=T0, env=env, **JOB_KW)
+        assert told.kind == "alert" and len(hooked.posts) == 2 and len(inbox.messages) == 2
+        assert all(parsedate_to_datetime(m["Date"]) == T0.astimezone() for m in inbox.messages)
+        assert "hunter2" not in job.read_text() + inbox.messages[1].get_content() + json.dumps(hooked.posts)
+        assert "push refused" in job.read_text()
+        # the email told of backup; the webhook failed (no URL in its environment), and alone tries again
+        with pytest.raises(NotifyError):
+            notify.notify_job(outbox, job, "backup", "disk full", now=T0, env={**env, HOOK: ""}, **JOB_KW)
+        again = notify.notify_job(outbox, job, "backup", "disk full", now=T0 + timedelta(minutes=5), env=env, **JOB_KW)
+    assert again.kind == "alert" and HOOK in again.line and "oncall@example.org" not in again.line
+    assert len(inbox.messages) == 3 and len(hooked.posts) == 3
