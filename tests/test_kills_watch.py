@@ -275,10 +275,10 @@ def _local(run: lifecycle.RunState, **changes) -> lifecycle.RunState:
     return dataclasses.replace(run, local=True, **changes)
 
 
-def _watch(run: lifecycle.RunState, **settings):
+def _watch(run: lifecycle.RunState, env: dict[str, str] | None = None, **settings):
     from bigscience_ops.ops.watch import watchdog
 
-    return watchdog.watch(watchdog.WatchSettings(JOB, **{"contact": CONTACT, **settings}), run=run, now=NOW)
+    return watchdog.watch(watchdog.WatchSettings(JOB, **{"contact": CONTACT, **settings}), run=run, now=NOW, env=env)
 
 
 def _of(result, kind: str) -> list:
@@ -620,3 +620,137 @@ def test_eval_result_files_that_cannot_be_read_are_named_and_counted(run) -> Non
     idle = dataclasses.replace(evaluated, experiment=dataclasses.replace(exp, eval=dataclasses.replace(exp.eval,
                                                                                                         tasks=[], sources={})))
     assert _of(_watch(idle), "eval-result-file") == []  # evaluates nothing and alerts on no drop: not read
+
+
+# --------------------------------------------------------------------------- the channels, the alert state, the lines
+
+HOOK = "BSOPS_KILLS_WATCH_HOOK"
+
+
+def test_each_channel_is_told_with_the_env_given_and_an_event_one_channel_missed_is_told_again(
+        run, tmp_path: Path, plain_server, webhook_server, cert) -> None:
+    """Email and a webhook whose URL is only in the `env` handed to the watchdog (never os.environ): without it the
+    webhook fails and says so, each line naming where its message went; given it, the checkpoint set aside that the
+    webhook missed is told there too, once."""
+    from tests.fixtures_smtp import plain_outbox
+
+    inbox, port = plain_server
+    outbox = plain_outbox(port, webhook_env=HOOK, ca_file=cert[0])
+    assert HOOK not in os.environ
+    log, state = tmp_path / "main_log.txt", tmp_path / "alerts" / "state.json"
+    log.write_text("")
+    aside = _local(run, set_aside=(set_aside_record(1_700_000_000.0, "global_step10", "/aside/one", "no manifest"),))
+    first = _watch(aside, log_path=log, outbox=outbox, state_path=state, env={})
+    assert [(n.channels, n.error is None) for n in first.notices] == [(("email",), True), (("webhook",), False)]
+    assert len(inbox.messages) == 1 and webhook_server.posts == [] and HOOK in first.email_error
+    assert all(line.startswith(first.report.stamp) for line in first.lines)
+    email, hook = outbox.destinations(["email"]), outbox.destinations(["webhook"])
+    [sent] = [line for line in first.lines if first.notices[0].message_id in line and email in line]
+    [failed] = [line for line in first.lines if hook in line]
+    assert hook not in sent and email not in failed and HOOK in failed
+    assert state.is_file() and not (tmp_path / ".bsops-alerts.json").exists()  # the state where it was asked to be
+    assert (tmp_path / "watchdog.log").read_text().splitlines() == list(first.lines)
+    second = _watch(aside, log_path=log, outbox=outbox, state_path=state, env={HOOK: webhook_server.url})
+    assert _of(second, "checkpoint-set-aside") and len(webhook_server.posts) == 1 and len(inbox.messages) == 1
+    assert second.email_error is None and second.exit_code == 1
+    third = _watch(aside, log_path=log, outbox=outbox, state_path=state, env={HOOK: webhook_server.url})
+    assert _of(third, "checkpoint-set-aside") == []  # told on every channel
+
+
+def test_a_mail_without_a_log_names_none(run, tmp_path: Path, plain_server) -> None:
+    from tests.fixtures_smtp import plain_outbox
+
+    inbox, port = plain_server
+    result = _watch(_local(run, launched=True), outbox=plain_outbox(port), state_path=tmp_path / "state.json")
+    assert [n.kind for n in result.notices] == ["alert"]
+    [mail] = inbox.messages
+    assert "None" not in mail.get_content()
+
+
+def test_files_the_watchdog_cannot_write_beside_the_log_go_to_the_state_folder_of_the_env_given(
+        run, tmp_path: Path, plain_server) -> None:
+    from bigscience_ops.ops.tell import alert_state
+    from bigscience_ops.ops.tell.notify import default_state_path
+    from tests.fixtures_smtp import plain_outbox
+
+    inbox, port = plain_server
+    log = tmp_path / "logs" / "main_log.txt"
+    log.parent.mkdir()
+    log.write_text("")
+    env = {"XDG_STATE_HOME": str(tmp_path / "given-xdg")}
+    usual = default_state_path(log)
+    away_state, away_log = alert_state.elsewhere(usual, JOB, env)
+    (log.parent / "watchdog.log").mkdir()  # no watchdog.log can be written beside the log
+    result = _watch(_local(run, launched=True), log_path=log, outbox=plain_outbox(port), env=env)
+    [moved] = _of(result, "watch-files-moved")
+    assert str(usual) in moved.message and JOB in moved.message and CONTACT in moved.message
+    assert str(away_state.parent) in moved.message
+    assert away_state.is_file() and away_log.read_text().splitlines() == list(result.lines)
+    assert len(inbox.messages) == 1
+
+
+def test_an_alert_state_that_cannot_be_replaced_beside_the_log_moves_to_the_env_given(run, tmp_path: Path,
+                                                                                      plain_server) -> None:
+    """The log's folder is writable but the state's new copy cannot be put there (a folder where it goes): nothing
+    sent yet, the state moves to the state folder of `env` with its lines, and that is an alert of its own."""
+    from bigscience_ops.ops.tell import alert_state
+    from bigscience_ops.ops.tell.notify import default_state_path
+    from tests.fixtures_smtp import plain_outbox
+
+    inbox, port = plain_server
+    log = tmp_path / "logs" / "main_log.txt"
+    log.parent.mkdir()
+    log.write_text("")
+    env = {"XDG_STATE_HOME": str(tmp_path / "given-xdg")}
+    usual = default_state_path(log)
+    usual.with_name(f".{usual.name}.{os.getpid()}.tmp").mkdir()  # where write_atomically puts the new copy
+    away_state, away_log = alert_state.elsewhere(usual, JOB, env)
+    result = _watch(_local(run, launched=True), log_path=log, outbox=plain_outbox(port), env=env)
+    [moved] = _of(result, "watch-files-moved")
+    assert str(usual) in moved.message and CONTACT in moved.message and result.email_error is None
+    assert [n.kind for n in result.notices] == ["alert"] and len(inbox.messages) == 1
+    assert away_state.is_file() and away_log.read_text().splitlines() == list(result.lines)
+    assert not (log.parent / "watchdog.log").exists() or (log.parent / "watchdog.log").read_text() == ""
+
+
+@pytest.mark.parametrize("beside", ["unwritable", "its state not"])
+def test_an_alert_state_that_cannot_be_written_anywhere_is_the_error_naming_it(run, tmp_path: Path, plain_server,
+                                                                              beside: str) -> None:
+    from bigscience_ops.ops.tell import alert_state
+    from bigscience_ops.ops.tell.notify import default_state_path
+    from tests.fixtures_smtp import plain_outbox
+
+    inbox, port = plain_server
+    log = tmp_path / "logs" / "main_log.txt"
+    log.parent.mkdir()
+    log.write_text("")
+    env = {"XDG_STATE_HOME": str(tmp_path / "given-xdg")}
+    usual = default_state_path(log)
+    away_state, _ = alert_state.elsewhere(usual, JOB, env)
+    away_state.parent.mkdir(parents=True)
+    away_state.with_name(f".{away_state.name}.{os.getpid()}.tmp").mkdir()
+    if beside == "unwritable":
+        (log.parent / "watchdog.log").mkdir()
+    else:
+        usual.with_name(f".{usual.name}.{os.getpid()}.tmp").mkdir()
+    result = _watch(_local(run, launched=True), log_path=log, outbox=plain_outbox(port), env=env)
+    assert str(away_state) in result.email_error and result.exit_code == 2 and inbox.messages == []
+    [line] = [line for line in result.lines if str(away_state) in line]
+    assert line.startswith(result.report.stamp)
+
+
+def test_an_alert_state_that_cannot_be_read_nor_set_aside_is_the_error_naming_it(run, tmp_path: Path,
+                                                                                 plain_server) -> None:
+    from bigscience_ops.ops.tell import alert_state
+    from tests.fixtures_smtp import plain_outbox
+
+    inbox, port = plain_server
+    state = tmp_path / "state.json"
+    state.write_bytes(b"{not json")
+    now = datetime.now()
+    for second in range(300):  # every name it would be set aside as, for the next minutes
+        (tmp_path / f"{state.name}{alert_state.UNREADABLE}{now + timedelta(seconds=second):%Y%m%d-%H%M%S}").mkdir()
+    result = _watch(_local(run, launched=True), outbox=plain_outbox(port), state_path=state)
+    [unreadable] = _of(result, "alert-state")
+    assert str(state) in unreadable.message and CONTACT in unreadable.message
+    assert str(state) in result.email_error and result.exit_code == 2 and inbox.messages == []
