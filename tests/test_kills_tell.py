@@ -774,3 +774,34 @@ def test_the_channels_read_the_environment_given_and_a_mail_carries_the_time_of_
         again = notify.notify_job(outbox, job, "backup", "disk full", now=T0 + timedelta(minutes=5), env=env, **JOB_KW)
     assert again.kind == "alert" and HOOK in again.line and "oncall@example.org" not in again.line
     assert len(inbox.messages) == 3 and len(hooked.posts) == 3
+
+
+def test_an_hourly_job_that_sent_nothing_names_no_message(tmp_path: Path) -> None:
+    with pytest.raises(NotifyError) as caught:
+        notify.notify_job(plain_outbox(free_port()), tmp_path / "s.json", "backup", "disk full", now=T0, **JOB_KW)
+    assert re.search(r"<[^<>\s]+@[^<>\s]+>", str(caught.value)) is None  # no Message-ID: nothing went out
+    assert list(json.loads((tmp_path / "s.json").read_text())["jobs"]["backup"]["failed"]) == ["email"]
+
+
+def test_a_recovery_another_run_recorded_meanwhile_is_recorded_once(tmp_path: Path) -> None:
+    from tests.fixtures_smtp import Inbox, serving
+
+    state = tmp_path / "s.json"
+
+    class Meanwhile(Inbox):
+        """A mail server during whose delivery of the recovery another watchdog run records that it sent one."""
+
+        async def handle_DATA(self, server, session, envelope):
+            if "RECOVERED" in envelope.original_content.decode("utf-8", "replace"):
+                recorded = json.loads(state.read_text())
+                for entry in recorded["active"].values():
+                    entry["sent"] = {}
+                state.write_text(json.dumps(recorded))
+            return await super().handle_DATA(server, session, envelope)
+
+    inbox, port = Meanwhile(), free_port()
+    with serving(inbox, port):
+        notify.notify(_report(0), plain_outbox(port), state, now=T0)
+        at = T0 + timedelta(minutes=10)
+        [recovery] = notify.notify(status.StatusReport("tr1-13B-round3", at, ()), plain_outbox(port), state, now=at)
+    assert (recovery.kind, recovery.error) == ("recovery", None) and _active(state) == {} and len(inbox.messages) == 2

@@ -65,3 +65,48 @@ _BASE = 'base = env.get(STATE_FOLDER_ENV, "")'
 allow("ops/tell/alert_state.py", "user_state_folder", EQUIVALENT + "no variable: None and an empty text are both no "
       "base (`if base`)",
       (_BASE, _BASE.replace(', "")', ", None)")), (_BASE, _BASE.replace(', "")', ", )")))
+
+# --- alert_text.py
+_SINCE_SHOWN = 'lasted = [f"- {untrusted_text(str(e.get(\'message\', c)))} (since {e.get(\'since\', \'?\')})"'
+allow("ops/tell/alert_text.py", "recovery_email", NOT_WORTH + "the mark shown for a time not recorded, a message's "
+      "words; and never shown: every entry of the state has a `since` (read_state refuses one without)",
+      (_SINCE_SHOWN, _SINCE_SHOWN.replace("'?'", "'XX?XX'")))
+
+# --- quoting.py
+_HEAD = 'head = match.group(0)[:match.start(match.lastindex) - match.start(0)] if match.lastindex else ""'
+_LAST = 'return head + match.group(match.lastindex or 0).replace(".", "[.]")'
+allow("ops/tell/quoting.py", "_dots", EQUIVALENT + "every pattern _dots is given (_AFTER_SCHEME, _PROTOCOL_RELATIVE, "
+      "_WWW, _IPV4) has groups that always take part, the first starting where the match does and the next right "
+      "after it: lastindex is never None, and group(1) is group(0)'s head",
+      (_HEAD, _HEAD.replace("if match.lastindex", "if (match.lastindex) or True")),
+      (_HEAD, _HEAD.replace("match.group(0)", "match.group(1)")),
+      (_HEAD, _HEAD.replace("- match.start(0)", "- match.start(1)")),
+      (_LAST, _LAST.replace("lastindex or 0", "lastindex or 1")))
+allow("ops/tell/quoting.py", "defang_block", EQUIVALENT + "X is printable: keeping it too changes nothing",
+      ('line = _printable(line, keep="\\t")', 'line = _printable(line, keep="XX\\tXX")'))
+_TEXT = "text = value if isinstance(value, str) else str(value)"
+allow("ops/tell/quoting.py", "quote_untrusted", EQUIVALENT + "str() of a text is that text",
+      (_TEXT, _TEXT.replace("if isinstance(value, str)", "if (isinstance(value, str)) and False")))
+
+# --- notify.py
+allow("ops/tell/notify.py", "notify", EQUIVALENT + "`events` and `stamp` are never read in notify (_record_sent makes "
+      "its own stamp)",
+      ("events = {k: a for k, a in told.items() if a.kind in EVENT_KINDS}", "events = None"),
+      ("events = {k: a for k, a in told.items() if a.kind in EVENT_KINDS}",
+       "events = {k: a for k, a in told.items() if a.kind not in EVENT_KINDS}"),
+      ("stamp = now.isoformat()", "stamp = None"))
+_FINISHED = 'outgoing.append(_Outgoing("finished", (), (), on, *alert_text.finished_email(experiment, report)))'
+allow("ops/tell/notify.py", "notify", EQUIVALENT + "a finished message's keys are never read (_record_sent records it "
+      "under the job, _sent_lines names its kind)",
+      (_FINISHED, _FINISHED.replace('"finished", (), ()', '"finished", None, ()')))
+_RAISED = 'alert = raise_alert("job-failed", subject=job, job=job, experiment=experiment, command=command)'
+allow("ops/tell/notify.py", "notify_job", EQUIVALENT + "the experiment fills only the alert's own message, which the "
+      "job's email does not show (its subject is the headline, its step the advice; job_alert_email names the "
+      "experiment itself)",
+      (_RAISED, _RAISED.replace("experiment=experiment", "experiment=None")))
+allow("ops/tell/notify.py", "_tried", EQUIVALENT + "every entry has `sent`: _record makes it with one, read_state adds "
+      "it to one read without",
+      ('entry.setdefault("sent", {}).pop(channel, None)', 'entry.setdefault("sent", None).pop(channel, None)'),
+      ('entry.setdefault("sent", {}).pop(channel, None)', 'entry.setdefault("sent", ).pop(channel, None)'),
+      ('entry.setdefault("sent", {})[channel] = sent', 'entry.setdefault("sent", None)[channel] = sent'),
+      ('entry.setdefault("sent", {})[channel] = sent', 'entry.setdefault("sent", )[channel] = sent'))
