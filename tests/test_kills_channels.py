@@ -22,11 +22,11 @@ from aiosmtpd.controller import Controller
 from bigscience_ops.launch.local import free_port
 from bigscience_ops.ops.tell import alert_state, channels, email, job_alerts, message, notify, webhook
 from bigscience_ops.ops.tell.channels import Outbox
-from bigscience_ops.ops.tell.email import EmailChannel, SmtpSettings
+from bigscience_ops.ops.tell.email import EmailChannel
 from bigscience_ops.ops.tell.message import ChannelError, NotifyError
 from bigscience_ops.ops.tell.webhook import WebhookChannel, WebhookError, WebhookSettings
 from bigscience_ops.schema import AlertsConfig
-from tests.fixtures_https import OK, SCRIPTS, SECRET, answer, hostile_https, read_request, status  # noqa: F401
+from tests.fixtures_https import SCRIPTS, SECRET, answer, hostile_https, read_request, status  # noqa: F401 (a fixture)
 from tests.fixtures_smtp import T0, Inbox, SmtpScript, drip, plain_settings, server_tls
 from tests.hang import ends_within
 
