@@ -754,3 +754,13 @@ def test_an_alert_state_that_cannot_be_read_nor_set_aside_is_the_error_naming_it
     [unreadable] = _of(result, "alert-state")
     assert str(state) in unreadable.message and CONTACT in unreadable.message
     assert str(state) in result.email_error and result.exit_code == 2 and inbox.messages == []
+
+
+def test_a_local_runs_line_says_when_its_launcher_has_ended(run) -> None:
+    line = "bsops launch --local (pid 4711 on n7) since 2026-11-22T09:00:00"
+    gone = Holding(line, pids=(4712, 4713), trainers=(4713,), host="n7", names=((4712, "tee"), (4713, "python3")))
+    [said] = local_run.evaluate(JOB, gone, run, now=NOW).lines
+    assert said.count("4711") == 2  # in the launcher's own line, and said gone
+    there = Holding(line, pids=(4712, 4713), trainers=(4713,), host="n8")  # the launcher is of another host
+    [said] = local_run.evaluate(JOB, there, run, now=NOW).lines
+    assert said.count("4711") == 1
