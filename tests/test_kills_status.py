@@ -163,6 +163,9 @@ def test_a_task_blocked_on_nodes_alerts_past_the_limit_counted_from_the_last_tas
                           ended=(NOW - timedelta(minutes=30)).timestamp())
     run = lifecycle.RunState(10, 100, task)
     assert blocked_for(180, run) == []  # submitted 3 h ago, but the task before it ended 30 min ago
+    job = _pending("720000_[1-5%1]", BLOCKED, submit_time=NOW - timedelta(hours=3))
+    [line] = status.evaluate(NAME, [job], now=NOW, run=run).lines  # the line says since when it certainly waited
+    assert slurm.format_duration(30 * 60) in line and slurm.format_duration(3 * 3600) not in line
 
 
 # --------------------------------------------------------------------------- nothing queued
