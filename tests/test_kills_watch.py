@@ -690,7 +690,8 @@ def test_files_the_watchdog_cannot_write_beside_the_log_go_to_the_state_folder_o
 
 
 def test_an_alert_state_that_cannot_be_replaced_beside_the_log_moves_to_the_env_given(run, tmp_path: Path,
-                                                                                      plain_server) -> None:
+                                                                                      plain_server, webhook_server,
+                                                                                      cert) -> None:
     """The log's folder is writable but the state's new copy cannot be put there (a folder where it goes): nothing
     sent yet, the state moves to the state folder of `env` with its lines, and that is an alert of its own."""
     from bigscience_ops.ops.tell import alert_state
@@ -701,14 +702,16 @@ def test_an_alert_state_that_cannot_be_replaced_beside_the_log_moves_to_the_env_
     log = tmp_path / "logs" / "main_log.txt"
     log.parent.mkdir()
     log.write_text("")
-    env = {"XDG_STATE_HOME": str(tmp_path / "given-xdg")}
+    env = {"XDG_STATE_HOME": str(tmp_path / "given-xdg"), HOOK: webhook_server.url}
     usual = default_state_path(log)
     usual.with_name(f".{usual.name}.{os.getpid()}.tmp").mkdir()  # where write_atomically puts the new copy
     away_state, away_log = alert_state.elsewhere(usual, JOB, env)
-    result = _watch(_local(run, launched=True), log_path=log, outbox=plain_outbox(port), env=env)
+    outbox = plain_outbox(port, webhook_env=HOOK, ca_file=cert[0])
+    result = _watch(_local(run, launched=True), log_path=log, outbox=outbox, env=env)
     [moved] = _of(result, "watch-files-moved")
     assert str(usual) in moved.message and CONTACT in moved.message and result.email_error is None
-    assert [n.kind for n in result.notices] == ["alert"] and len(inbox.messages) == 1
+    assert [(n.kind, n.channels) for n in result.notices] == [("alert", ("email", "webhook"))]
+    assert len(inbox.messages) == 1 and len(webhook_server.posts) == 1
     assert away_state.is_file() and away_log.read_text().splitlines() == list(result.lines)
     assert not (log.parent / "watchdog.log").exists() or (log.parent / "watchdog.log").read_text() == ""
 
