@@ -82,14 +82,14 @@ GROUPS = [
           ("bigscience_ops/checkpoints/retention.py", "bigscience_ops/ops/keep/backup.py",
            "bigscience_ops/ops/keep/store.py"),
           ("tests/test_ops_backup_trust.py", "tests/test_ops_backup.py", "tests/test_hostile_runfiles.py",
-           "tests/test_branches_backup.py", "tests/test_kills_backup.py", "tests/test_kills_retention.py"))
+           "tests/test_branches_backup.py", "tests/test_kills_backup.py", "tests/test_kills_retention.py")),
     # the checkpoint folder: what a checkpoint is (layout, manifest), what a resume takes and sets aside, bsops verify,
     # and the trainer's side of the resume
     Group("checkpoints",
           ("bigscience_ops/checkpoints/layout.py", "bigscience_ops/checkpoints/manifest.py",
            "bigscience_ops/checkpoints/resume.py", "bigscience_ops/checkpoints/set_aside.py",
            "bigscience_ops/checkpoints/audit.py", "bigscience_ops/trainer/checkpointing.py"),
-          ("tests/test_checkpoints_manifest.py", "tests/test_branches_checkpoints.py", "tests/test_kills_resume.py"))
+          ("tests/test_checkpoints_manifest.py", "tests/test_branches_checkpoints.py", "tests/test_kills_resume.py")),
 ]
 DESELECTED = [
     # reads the source of ops/ with ast, and mutmut's copy of each mutated module holds every mutant's code too
