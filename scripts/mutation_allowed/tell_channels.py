@@ -58,3 +58,8 @@ allow("ops/tell/webhook.py", "post", EQUIVALENT + "a 300 is a redirect, raised b
 _BASIC = 'headers["Proxy-Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")'
 allow("ops/tell/webhook.py", "proxy_for", EQUIVALENT + "codec names are case-insensitive",
       (_BASIC, _BASIC.replace('"ascii"', '"ASCII"')))
+_HALF = 'return in_time(smtplib_rule, Deadline(deadline.remaining() / 2), "looking up this host\'s name")'
+allow("ops/tell/email.py", "_local_hostname", NOT_WORTH + "which fraction of the deadline the name lookup gets (a half, "
+      "not a third): a test telling them apart races a sleeping resolver with a fraction of a second to spare, and "
+      "fails on a busy machine; that the lookup is given up and the email still goes is tested",
+      (_HALF, _HALF.replace("/ 2)", "/ 3)")))
