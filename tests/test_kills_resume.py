@@ -17,6 +17,7 @@ import torch
 from bigscience_ops.checkpoints import audit, layout, manifest, resume, set_aside
 from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.trainer import checkpointing
+from bigscience_ops.untrusted import MAX_STEP
 from tests.fixtures_runs import commit_checkpoint
 from tests.fixtures_smtp import free_port
 
@@ -465,3 +466,235 @@ def test_an_adopted_manifest_records_the_run_as_its_bsops_json_and_folder_say(tm
     made = manifest.adopt(folder, iteration=10, run_id="", experiment="", layout=found.layout, optimizer=True,
                           now=1234.5)
     assert made.committed_at == 1234.5 == manifest.read(folder).committed_at
+
+
+# --------------------------------------------------------------------------- manifest: what a manifest may hold
+
+def _raw(folder: Path, **changes) -> dict:
+    """A manifest of `folder` (one file, "a.pt", 3 bytes) as JSON data, with `changes` (None: the field left out)."""
+    raw = {"format": manifest.FORMAT, "hash": manifest.HASH, "tag": folder.name, "iteration": 1, "run_id": "",
+           "experiment": "", "layout": {"tensor": 1, "pipeline": 1, "data": 1, "zero_stage": 0}, "optimizer": True,
+           "adopted": False, "committed_at": 0, "files": {"a.pt": {"size": 3, "xxh3": "0123456789abcdef" * 2}}}
+    raw.update(changes)
+    return {k: v for k, v in raw.items() if v is not None}
+
+
+def _reads(folder: Path, raw) -> bool:
+    """Whether `raw`, written as the folder's manifest, is read (True) or refused (False)."""
+    folder.mkdir(exist_ok=True)
+    (folder / manifest.MANIFEST).write_text(json.dumps(raw))
+    try:
+        found = manifest.read(folder)
+    except manifest.ManifestError:
+        return False
+    assert isinstance(found, manifest.Manifest)
+    return True
+
+
+def test_a_manifest_is_read_only_when_every_field_is_within_its_bounds(tmp_path: Path) -> None:
+    folder = tmp_path / "global_step1"
+    top = {"tensor": 1 << 20, "pipeline": 1 << 20, "data": 1 << 20, "zero_stage": 1 << 20}
+    read = [_reads(folder, _raw(folder, **change)) for change in (
+        {}, {"iteration": 0}, {"iteration": MAX_STEP}, {"run_id": "r" * 64}, {"experiment": "e" * 256},
+        {"committed_at": 1.5}, {"optimizer": False, "adopted": True}, {"layout": {**top, "precision": "bf16"}},
+        {"layout": {"tensor": 0, "pipeline": 0, "data": 0, "zero_stage": 0}},
+        {"files": {"a/b.pt": {"size": 1 << 62, "xxh3": "f" * 32}, "c": {"size": 0, "xxh3": "0" * 32}}})]
+    assert read == [True] * 10
+    refused = [(name, value) for name, value in [
+        ("format", 2), ("format", None), ("hash", "sha256"), ("hash", None), ("iteration", -1),
+        ("iteration", MAX_STEP + 1), ("iteration", None), ("iteration", 1.0), ("run_id", "r" * 65), ("run_id", None),
+        ("experiment", "e" * 257), ("experiment", None), ("committed_at", -1), ("committed_at", None),
+        ("optimizer", 1), ("optimizer", None), ("adopted", 0), ("adopted", None), ("layout", None), ("layout", [1]),
+        ("files", None), ("files", {}), ("files", [["a.pt", {"size": 3, "xxh3": "0" * 32}]]),
+        *(("layout", {**top, key: (1 << 20) + 1}) for key in top), *(("layout", {**top, key: -1}) for key in top),
+        *(("layout", {k: v for k, v in top.items() if k != key}) for key in top),
+    ] if _reads(folder, _raw(folder, **{name: value}))]
+    assert refused == []
+    raw = _raw(folder)
+    del raw["run_id"]
+    assert not _reads(folder, raw)
+    assert not _reads(folder, [raw]) and not _reads(folder, "text")
+    long_tag = tmp_path / ("global_step" + "1" * 54)  # 65 characters: a tag takes at most 64
+    assert _reads(tmp_path / ("global_step" + "1" * 53), _raw(tmp_path / ("global_step" + "1" * 53)))
+    assert not _reads(long_tag, _raw(long_tag))
+    assert not _reads(folder, _raw(folder, tag="global_step2"))  # another folder's manifest
+    found = manifest.read(tmp_path / ("global_step" + "1" * 53))
+    assert (found.tag, found.iteration, found.run_id, found.experiment, found.optimizer, found.adopted,
+            found.committed_at) == ("global_step" + "1" * 53, 1, "", "", True, False, 0)
+    assert found.layout == {"tensor": 1, "pipeline": 1, "data": 1, "zero_stage": 0}
+    assert found.files == {"a.pt": manifest.FileRecord(3, "0123456789abcdef" * 2)} and found.size == 3
+
+
+@pytest.mark.parametrize("rel, entry", [
+    ("", None), ("/abs.pt", None), ("a/../b.pt", None), ("..", None), ("a\\b.pt", None), ("a\tb.pt", None),
+    ("a\x7fb.pt", None), (manifest.MANIFEST, None),
+    ("a.pt", {"size": 3}), ("a.pt", {"xxh3": "0" * 32}), ("a.pt", {"size": 3, "xxh3": "0" * 32, "more": 1}),
+    ("a.pt", [3, "0" * 32]), ("a.pt", {"size": -1, "xxh3": "0" * 32}), ("a.pt", {"size": (1 << 62) + 1, "xxh3": "0" * 32}),
+    ("a.pt", {"size": True, "xxh3": "0" * 32}), ("a.pt", {"size": "3", "xxh3": "0" * 32}),
+    ("a.pt", {"size": 3, "xxh3": "0" * 31}), ("a.pt", {"size": 3, "xxh3": "0" * 33}),
+    ("a.pt", {"size": 3, "xxh3": "A" * 32}), ("a.pt", {"size": 3, "xxh3": "g" * 32}),
+    ("a.pt", {"size": 3, "xxh3": 0}),
+])
+def test_a_manifest_listing_a_file_outside_the_folder_or_an_entry_of_another_shape_is_refused(
+        tmp_path: Path, rel, entry) -> None:
+    folder = tmp_path / "global_step1"
+    files = {rel: entry if entry is not None else {"size": 3, "xxh3": "0" * 32}, "ok.pt": {"size": 1, "xxh3": "1" * 32}}
+    assert not _reads(folder, _raw(folder, files=files))
+    assert _reads(folder, _raw(folder, files={"ok.pt": {"size": 1, "xxh3": "1" * 32}, "a..b/.x": {"size": 0,
+                                                                                             "xxh3": "2" * 32}}))
+
+
+def test_a_manifest_that_is_not_json_or_nests_without_end_is_refused_and_none_is_none(tmp_path: Path) -> None:
+    folder = tmp_path / "global_step1"
+    folder.mkdir()
+    assert manifest.read(folder) is None
+    for data in (b"\xff\xfe{}", b"[" * 100_000, b"{", b""):
+        (folder / manifest.MANIFEST).write_bytes(data)
+        with pytest.raises(manifest.ManifestError):
+            manifest.read(folder)
+    (folder / manifest.MANIFEST).unlink()
+    (folder / manifest.MANIFEST).symlink_to(tmp_path / "nowhere")
+    with pytest.raises(manifest.ManifestError):
+        manifest.read(folder)
+    (folder / manifest.MANIFEST).unlink()
+    os.mkfifo(folder / manifest.MANIFEST)
+    with pytest.raises(manifest.ManifestError):
+        manifest.read(folder)
+
+
+def test_a_committed_manifest_reads_back_as_written_its_files_in_order(tmp_path: Path) -> None:
+    folder = tmp_path / "global_step7"
+    folder.mkdir()
+    files = {"z.pt": manifest.FileRecord(5, "a" * 32), "b/a.pt": manifest.FileRecord(0, "b" * 32)}
+    made = manifest.Manifest("global_step7", 7, "ab" * 16, "tr8", {"tensor": 2, "pipeline": 1, "data": 4,
+                             "zero_stage": 1, "precision": "bf16"}, False, files, 12.25, adopted=True)
+    manifest.commit(folder, made)
+    assert manifest.read(folder) == made and made.size == 5
+    text = (folder / manifest.MANIFEST).read_text()
+    assert text.endswith("}\n") and list(json.loads(text)["files"]) == ["b/a.pt", "z.pt"]
+    assert json.loads(text)["format"] == manifest.FORMAT and json.loads(text)["hash"] == manifest.HASH
+    assert manifest.files_on_disk(folder) == []  # the manifest is no file of the checkpoint
+
+
+# --------------------------------------------------------------------------- manifest: hashing and verify
+
+def test_a_file_is_hashed_as_it_is_window_by_window_and_never_through_a_link(tmp_path: Path) -> None:
+    import xxhash
+
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert manifest.hash_file(empty) == manifest.FileRecord(0, xxhash.xxh3_128(b"").hexdigest())
+    small = tmp_path / "small"
+    small.write_bytes(b"abc")
+    assert manifest.hash_file(small) == manifest.record_file(small) == manifest.FileRecord(
+        3, xxhash.xxh3_128(b"abc").hexdigest())
+    big = tmp_path / "big"  # a window and two bytes more
+    with open(big, "wb") as handle:
+        handle.truncate(manifest.WINDOW + 2)
+        handle.seek(manifest.WINDOW)
+        handle.write(b"x")
+    data = bytearray(manifest.WINDOW + 2)
+    data[manifest.WINDOW] = ord("x")
+    assert manifest.hash_file(big) == manifest.FileRecord(len(data), xxhash.xxh3_128(bytes(data)).hexdigest())
+    (tmp_path / "link").symlink_to(small)
+    for read in (manifest.hash_file, manifest.record_file):
+        with pytest.raises(OSError):
+            read(tmp_path / "link")
+
+
+def test_a_hashing_writer_hashes_only_what_its_file_took(tmp_path: Path) -> None:
+    import xxhash
+
+    class Short:
+        """A file that takes at most 2 bytes a write, as a raw file may."""
+
+        def __init__(self) -> None:
+            self.data = b""
+
+        def write(self, data) -> int:
+            self.data += bytes(data[:2])
+            return min(2, len(data))
+
+    handle = Short()
+    writer = manifest.HashingWriter(handle)
+    assert writer.write(b"abcde") == 2 and writer.write(b"fgh") == 2
+    assert writer.record() == manifest.FileRecord(4, xxhash.xxh3_128(b"abfg").hexdigest()) and handle.data == b"abfg"
+
+
+def _folder_of(tmp_path: Path, files: dict[str, bytes]) -> tuple[Path, manifest.Manifest]:
+    folder = tmp_path / "global_step1"
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    made = commit_checkpoint(folder)
+    return folder, made
+
+
+def test_verify_names_each_file_not_as_saved_and_counts_the_bytes_it_read(tmp_path: Path) -> None:
+    folder, made = _folder_of(tmp_path, {"a.pt": b"aaaa", "b.pt": b"bbbbbb", "c/d.pt": b"dd", "e.pt": b"ee",
+                                         "f.pt": b"ff", "g.pt": b"gg"})
+    checked = manifest.verify(folder, made)
+    assert checked.ok and checked.mismatches == [] and checked.bytes_read == 18
+    assert manifest.verify(folder, made, hashes=False).bytes_read == 0
+    (folder / "a.pt").write_bytes(b"aaab")  # same size, other content
+    (folder / "b.pt").write_bytes(b"b")  # other size
+    (folder / "c" / "d.pt").unlink()
+    (folder / "e.pt").unlink()
+    (folder / "e.pt").mkdir()
+    (folder / "f.pt").unlink()
+    (folder / "f.pt").symlink_to(folder / "g.pt")
+    (folder / "x.pt").write_bytes(b"x")  # put there after the save
+    (folder / "y.pt").symlink_to(folder / "g.pt")
+    checked = manifest.verify(folder, made)
+    assert not checked.ok
+    assert [(m.path, m.what) for m in checked.mismatches if m.what == "missing"] == [("c/d.pt", "missing")]
+    assert [m.path for m in checked.mismatches] == ["x.pt", "y.pt", "a.pt", "b.pt", "c/d.pt", "e.pt", "f.pt"]
+    assert all(str(m) == f"{m.path}: {m.what}" for m in checked.mismatches)
+    assert checked.bytes_read == 4 + 2  # a.pt and g.pt hashed: the others failed before their content
+    sizes = manifest.verify(folder, made, hashes=False)
+    assert [m.path for m in sizes.mismatches] == ["x.pt", "y.pt", "b.pt", "c/d.pt", "e.pt", "f.pt"]
+    assert [m.path for m in manifest.verify(folder, made, only=["a.pt", "g.pt"]).mismatches] == ["a.pt"]
+    assert [m.path for m in manifest.verify(folder, made, only=["g.pt"], extras=True).mismatches] == ["x.pt", "y.pt"]
+    assert [m.path for m in manifest.verify(folder, made, extras=False).mismatches] == [
+        "a.pt", "b.pt", "c/d.pt", "e.pt", "f.pt"]
+    assert manifest.verify(folder, made, only=[]).ok
+
+
+def test_the_files_on_disk_are_the_plain_files_below_but_the_manifest_and_its_temporaries(tmp_path: Path) -> None:
+    folder = tmp_path / "global_step1"
+    (folder / "sub" / "deeper").mkdir(parents=True)
+    for rel in ("b.pt", "a.pt", "sub/deeper/c.pt", "sub/manifest.json.old", ".manifest.json", "manifest.jsonx"):
+        (folder / rel).write_bytes(b"x")
+    for rel in (manifest.MANIFEST, f".{manifest.MANIFEST}.123.tmp", f"sub/.{manifest.MANIFEST}.9.tmp"):
+        (folder / rel).write_bytes(b"{}")
+    (folder / "link.pt").symlink_to(folder / "a.pt")
+    assert manifest.files_on_disk(folder) == [".manifest.json", "a.pt", "b.pt", "manifest.jsonx",
+                                              "sub/deeper/c.pt", "sub/manifest.json.old"]
+
+
+# --------------------------------------------------------------------------- manifest: adopting an old save
+
+def test_adopting_checks_every_torch_file_and_writes_nothing_when_one_is_damaged(tmp_path: Path) -> None:
+    folder = tmp_path / "global_step3"
+    folder.mkdir()
+    torch.save({"w": torch.arange(10.0)}, folder / "a.pt")
+    (folder / "notes.txt").write_bytes(b"not a zip, not a torch file")
+    (folder / "sub").mkdir()
+    torch.save({"w": torch.arange(5.0)}, folder / "sub" / "b.pt")
+    assert manifest.zip_problem(folder / "a.pt") is None and manifest.zip_problem(folder / "notes.txt")
+    data = (folder / "sub" / "b.pt").read_bytes()
+    (folder / "sub" / "b.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(manifest.ManifestError, match="b.pt"):
+        manifest.adopt(folder, iteration=3, run_id="", experiment="x", layout={}, optimizer=True, now=1.0)
+    assert not (folder / manifest.MANIFEST).exists()
+    (folder / "sub" / "b.pt").write_bytes(data)
+    before = time.time()
+    shape = {"tensor": 1, "pipeline": 2, "data": 3, "zero_stage": 1, "precision": "bf16"}
+    made = manifest.adopt(folder, iteration=3, run_id="r", experiment="x", layout=shape, optimizer=False)
+    assert before <= made.committed_at <= time.time()
+    assert manifest.read(folder) == made and made.adopted and (made.tag, made.iteration, made.run_id) == (
+        "global_step3", 3, "r")
+    assert (made.experiment, made.layout, made.optimizer) == ("x", shape, False)
+    assert sorted(made.files) == ["a.pt", "notes.txt", "sub/b.pt"]
+    assert made.files["sub/b.pt"] == manifest.hash_file(folder / "sub" / "b.pt")
+    assert manifest.zip_problem(tmp_path / "missing.pt") and manifest.zip_problem(folder)
