@@ -698,3 +698,177 @@ def test_adopting_checks_every_torch_file_and_writes_nothing_when_one_is_damaged
     assert sorted(made.files) == ["a.pt", "notes.txt", "sub/b.pt"]
     assert made.files["sub/b.pt"] == manifest.hash_file(folder / "sub" / "b.pt")
     assert manifest.zip_problem(tmp_path / "missing.pt") and manifest.zip_problem(folder)
+
+
+# --------------------------------------------------------------------------- set_aside: the record's bounds
+
+def test_a_set_aside_record_keeps_a_reason_of_at_most_its_limit_and_reads_each_field_within_bounds(
+        tmp_path: Path) -> None:
+    folder = _save(tmp_path, 10, latest=False)
+    (tmp_path / "set-aside-x").mkdir()
+    moved = set_aside.set_aside(tmp_path, folder, "w" * 1500, now=1_790_000_000.0)
+    assert moved.reason == "w" * set_aside.REASON_LIMIT and not folder.exists() and Path(moved.folder).is_dir()
+    [record] = set_aside.read_checked(tmp_path).records
+    assert record == moved
+    good = {"time": 1.0, "tag": "t" * 64, "folder": "f" * 4096, "reason": "r" * 1000}
+    lines = [good, {**good, "tag": "t" * 65}, {**good, "folder": "f" * 4097}, {**good, "reason": "r" * 1001},
+             {**good, "time": -1}, {**good, "tag": 5}, {**good, "folder": None}, {**good, "reason": ["r"]}]
+    (tmp_path / set_aside.RECORD).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    found = set_aside.read_checked(tmp_path)
+    assert found.records == [set_aside.SetAside(**good)]
+    assert [p.line for p in found.problems] == [2, 3, 4, 5, 6, 7, 8]
+
+
+def test_a_link_where_a_folder_would_be_set_aside_is_stepped_over(tmp_path: Path) -> None:
+    when = 1_790_000_000.0
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    (tmp_path / f"set-aside-{stamp}").mkdir()
+    (tmp_path / f"set-aside-{stamp}" / "global_step10").symlink_to(tmp_path / "nowhere")
+    moved = set_aside.set_aside(tmp_path, _save(tmp_path, 10, latest=False), "why", now=when)
+    assert Path(moved.folder) == tmp_path / f"set-aside-{stamp}.2" / "global_step10"
+    assert (tmp_path / f"set-aside-{stamp}" / "global_step10").is_symlink()
+
+
+# --------------------------------------------------------------------------- audit: each state and its facts
+
+def test_the_audit_tells_each_state_with_its_detail_and_the_bytes_it_read(tmp_path: Path) -> None:
+    legacy = tmp_path / "global_step5"
+    legacy.mkdir()
+    torch.save({"module": None}, legacy / "mp_rank_00_model_states.pt")
+    (legacy / layout.META).write_text(json.dumps({"iteration": 5}))
+    good = _save(tmp_path, 10, latest=False)
+    bad = _save(tmp_path, 20, latest=False)
+    (bad / "layer_01-model_states.pt").write_bytes(b"")
+    (bad / "mp_rank_00_model_states.pt").unlink()
+    flipped = _save(tmp_path, 30, latest=False)
+    data = bytearray((flipped / "mp_rank_00_model_states.pt").read_bytes())
+    data[0] ^= 1
+    (flipped / "mp_rank_00_model_states.pt").write_bytes(bytes(data))
+    refused = tmp_path / "global_step40"
+    refused.mkdir()
+    (refused / manifest.MANIFEST).write_text("{")
+    _save(tmp_path, 50, commit=False, latest=False)
+    told: list[audit.Finding] = []
+    found = audit.audit(tmp_path, progress=told.append)
+    assert told == found.findings and [(f.tag, f.state) for f in found.findings] == [
+        ("global_step5", audit.BEFORE_MANIFESTS), ("global_step10", audit.VERIFIED), ("global_step20", audit.DAMAGED),
+        ("global_step30", audit.DAMAGED), ("global_step40", audit.REFUSED), ("global_step50", audit.UNCOMMITTED)]
+    by_tag = {f.tag: f for f in found.findings}
+    assert not (legacy / manifest.MANIFEST).exists() and by_tag["global_step5"].detail
+    assert by_tag["global_step5"].bytes_read == 0 and by_tag["global_step5"].step == 5
+    assert by_tag["global_step10"].bytes_read == manifest.read(good).size
+    assert "3 files" in by_tag["global_step10"].detail
+    assert by_tag["global_step20"].detail.startswith("layer_01-model_states.pt: ")
+    assert "(and 1 more)" in by_tag["global_step20"].detail  # the torch files failed before their content was read
+    assert by_tag["global_step20"].bytes_read == (bad / layout.META).stat().st_size
+    assert by_tag["global_step30"].detail.startswith("mp_rank_00_model_states.pt: ")
+    assert "more" not in by_tag["global_step30"].detail
+    assert by_tag["global_step30"].bytes_read == manifest.read(flipped).size
+    assert str(refused / manifest.MANIFEST) in by_tag["global_step40"].detail
+    assert by_tag["global_step50"].detail == resume.UNFINISHED and not found.ok
+    sizes = audit.audit(tmp_path, hashes=False, step=30)
+    assert [(f.state, f.bytes_read) for f in sizes.findings] == [(audit.VERIFIED, 0)] and sizes.ok
+    data = (legacy / "mp_rank_00_model_states.pt").read_bytes()
+    (legacy / "mp_rank_00_model_states.pt").write_bytes(data[: len(data) // 2])
+    [damaged] = audit.audit(tmp_path, step=5, adopt=True).findings
+    assert damaged.state == audit.DAMAGED and "mp_rank_00_model_states.pt" in damaged.detail
+    assert damaged.bytes_read == 0 and not (legacy / manifest.MANIFEST).exists()
+    (legacy / "mp_rank_00_model_states.pt").write_bytes(data)
+    [adopted] = audit.audit(tmp_path, step=5, adopt=True).findings
+    assert adopted.state == audit.ADOPTED and adopted.detail and adopted.bytes_read == manifest.read(legacy).size > 0
+    assert audit.audit(tmp_path, step=10).ok and audit.audit(tmp_path, step=50).ok
+    assert not audit.audit(tmp_path, step=40).ok and audit.audit(tmp_path, step=99).findings == []
+    assert audit.audit(tmp_path / "missing").findings == []
+
+
+def test_the_audit_names_each_set_aside_line_it_cannot_read(tmp_path: Path) -> None:
+    (tmp_path / set_aside.RECORD).write_text('{"time": 1}\nnot json\n')
+    found = audit.audit(tmp_path)
+    assert len(found.problems) == 2 and all(p.startswith(str(tmp_path / set_aside.RECORD)) for p in found.problems)
+    assert found.ok and found.findings == [] and found.set_aside == []
+
+
+# --------------------------------------------------------------------------- layout: tags, listing, completeness
+
+def test_a_tag_is_global_step_and_ascii_digits_and_the_listing_is_by_step(tmp_path: Path) -> None:
+    assert [layout.step_of(t) for t in ("global_step0", "global_step10", "global_step" + "9" * 18)] == [
+        0, 10, int("9" * 18)]
+    assert [layout.step_of(t) for t in ("global_step", "global_step1a", "xglobal_step1", "global_step" + "9" * 19,
+                                        "global_step1_universal", "global_step-1")] == [None] * 6
+    assert layout.list_checkpoints(tmp_path / "missing") == []
+    (tmp_path / "afile").write_text("x")
+    assert layout.list_checkpoints(tmp_path / "afile") == []
+    for step in (9, 100, 10):
+        (tmp_path / f"global_step{step}").mkdir()
+    (tmp_path / "global_step11").write_text("a file")
+    (tmp_path / "global_step12_universal").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "global_step13").symlink_to(tmp_path / "global_step9")
+    (tmp_path / "global_step14").symlink_to(tmp_path / "afile")
+    listed = layout.list_checkpoints(tmp_path)
+    assert [(c.tag, c.step, c.path) for c in listed] == [
+        (f"global_step{s}", s, tmp_path / f"global_step{s}") for s in (9, 10, 13, 100)]
+    assert [c.is_link for c in listed] == [False, False, True, False]
+    assert [c.refusal() is None for c in listed] == [True, True, False, True]
+    assert layout.Checkpoint("global_step11", 11, tmp_path / "global_step11").refusal()
+    assert layout.Checkpoint("global_step15", 15, tmp_path / "global_step15").refusal()
+    assert [p.file for p in layout.linked_checkpoints(tmp_path)] == [str(tmp_path / "global_step13")]
+
+
+def test_a_checkpoint_is_complete_when_its_manifest_reads_and_its_files_are_there_at_their_sizes(
+        tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40):
+        _save(tmp_path, step, latest=False)
+    os.truncate(tmp_path / "global_step20" / "layer_01-model_states.pt", 1)
+    (tmp_path / "global_step30" / manifest.MANIFEST).write_text("{")
+    data = bytearray((tmp_path / "global_step40" / "layer_01-model_states.pt").read_bytes())
+    data[0] ^= 1  # content: a listing does not read it
+    (tmp_path / "global_step40" / "layer_01-model_states.pt").write_bytes(bytes(data))
+    _save(tmp_path, 50, commit=False, latest=False)
+    (tmp_path / "global_step60").symlink_to(tmp_path / "global_step10")
+    assert [c.tag for c in layout.complete_checkpoints(tmp_path)] == ["global_step10", "global_step40"]
+    assert [c.tag for c in layout.saved_checkpoints(tmp_path)] == ["global_step10", "global_step40"]
+    assert [c.tag for c in layout.incomplete_checkpoints(tmp_path)] == [
+        "global_step20", "global_step30", "global_step50"]
+    ckpt = layout.Checkpoint("global_step10", 10, tmp_path / "global_step10")
+    assert ckpt.committed() == manifest.read(ckpt.path) and ckpt.manifest() == manifest.read(ckpt.path)
+    link = layout.Checkpoint("global_step60", 60, tmp_path / "global_step60")
+    assert link.committed() is None and not link.saved_before_manifests()
+    with pytest.raises(CheckpointError):
+        link.manifest()
+    with pytest.raises(CheckpointError):
+        link.meta()
+
+
+def test_a_save_before_manifests_is_a_bsops_json_without_the_commit_key_and_no_manifest(tmp_path: Path) -> None:
+    folder = tmp_path / "global_step10"
+    folder.mkdir()
+    ckpt = layout.Checkpoint("global_step10", 10, folder)
+    assert not ckpt.saved_before_manifests()  # no bsops.json
+    (folder / layout.META).write_text(json.dumps({"iteration": 10}))
+    assert ckpt.saved_before_manifests() and ckpt.manifest() is None and ckpt.committed() is None
+    (folder / layout.META).write_text(json.dumps({"iteration": 10, layout.COMMIT_KEY: manifest.MANIFEST}))
+    assert not ckpt.saved_before_manifests()
+    (folder / layout.META).write_text("[]")
+    assert not ckpt.saved_before_manifests()
+    (folder / layout.META).write_text(json.dumps({"iteration": 10}))
+    (folder / manifest.MANIFEST).write_text("{")
+    assert not ckpt.saved_before_manifests()
+    (tmp_path / "global_step20").symlink_to(folder)
+    assert not layout.Checkpoint("global_step20", 20, tmp_path / "global_step20").saved_before_manifests()
+
+
+def test_a_bsops_json_is_read_only_as_a_json_object_of_a_plain_file(tmp_path: Path) -> None:
+    folder = tmp_path / "global_step1"
+    folder.mkdir()
+    ckpt = layout.Checkpoint("global_step1", 1, folder)
+    for data in (None, b"\xff", b"[" * 100_000, b"[1]", b"x" * (layout.META_LIMIT + 1)):
+        if data is not None:
+            (folder / layout.META).write_bytes(data)
+        with pytest.raises(CheckpointError):
+            ckpt.meta()
+    (folder / layout.META).write_bytes(json.dumps({"a": 1}).encode() + b" " * (layout.META_LIMIT - 8))
+    assert ckpt.meta() == {"a": 1}
+    (tmp_path / "global_step2").write_text("{}")
+    with pytest.raises(CheckpointError):
+        layout.Checkpoint("global_step2", 2, tmp_path / "global_step2").meta()
