@@ -872,3 +872,65 @@ def test_a_bsops_json_is_read_only_as_a_json_object_of_a_plain_file(tmp_path: Pa
     (tmp_path / "global_step2").write_text("{}")
     with pytest.raises(CheckpointError):
         layout.Checkpoint("global_step2", 2, tmp_path / "global_step2").meta()
+
+
+# --------------------------------------------------------------------------- resume: the walk over the candidates
+
+def _cand(tmp_path: Path, step: int, state: str, why: str = "") -> resume.Candidate:
+    ckpt = layout.Checkpoint(f"global_step{step}", step, tmp_path / f"global_step{step}")
+    return resume.Candidate(ckpt, state, None, why)
+
+
+def test_the_walk_takes_the_first_that_passes_and_sets_aside_what_failed_and_the_saves_never_committed(
+        tmp_path: Path) -> None:
+    c30, c40, c20, c15, c10 = (_cand(tmp_path, 30, resume.COMMITTED), _cand(tmp_path, 40, resume.UNCOMMITTED, "u40"),
+                               _cand(tmp_path, 20, resume.LEGACY), _cand(tmp_path, 15, resume.UNCOMMITTED, "u15"),
+                               _cand(tmp_path, 10, resume.UNREADABLE, "r10"))
+    asked: list[str] = []
+
+    def check(cand: resume.Candidate) -> str | None:
+        asked.append(cand.tag)
+        return "bad" if cand.tag == "global_step30" else None
+
+    out = resume.decide(resume.Survey((c30, c40, c20, c15, c10), "global_step30"), check)
+    assert asked == ["global_step30", "global_step20"] and out.chosen is c20 and out.refused == []
+    assert out.set_aside == [(c30, "bad"), (c40, "u40"), (c15, "u15")] and out.notes == []
+    out = resume.decide(resume.Survey((c10, c40, c30), "global_step9", "latest names nothing", ("global_step50",)),
+                        lambda cand: "bad")
+    assert out.chosen is None and out.refused == [(c10, "r10"), (c40, "u40"), (c30, "bad")] and out.set_aside == []
+    assert out.notes == []  # refused: nothing is said, nothing moves
+    out = resume.decide(resume.Survey((c40, c15), None), lambda cand: None)
+    assert out.chosen is None and out.refused == [] and out.set_aside == [(c40, "u40"), (c15, "u15")]
+    assert len(out.notes) == 1 and "`latest`" in out.notes[0]
+    out = resume.decide(resume.Survey((c30,), None, "", ("global_step50", "global_step60")), lambda cand: None)
+    assert out.chosen is c30 and out.set_aside == [] and len(out.notes) == 3
+    assert "global_step30" in out.notes[0] and "global_step50" in out.notes[1] and "global_step60" in out.notes[2]
+    out = resume.decide(resume.Survey((c30,), "global_step30", "", ("global_step50",)), lambda cand: None)
+    assert len(out.notes) == 1 and "global_step50" in out.notes[0]
+    assert resume.decide(resume.Survey((), None, "", ()), lambda cand: None).notes == []
+    out = resume.decide(resume.Survey((c10,), None, "unreadable latest"), lambda cand: None)
+    assert out.refused == [(c10, "r10")] and out.set_aside == [] and out.notes == []  # a manifest that cannot be read
+    out = resume.decide(resume.Survey((c40,), "global_step40", "unreadable latest"), lambda cand: None)
+    assert out.set_aside == [(c40, "u40")] and out.chosen is None and len(out.notes) == 1
+    assert out.notes[0].startswith("unreadable latest: ")
+
+
+def test_a_save_before_manifests_is_tried_only_at_or_before_latest(tmp_path: Path) -> None:
+    for step in (10, 20, 30):
+        folder = tmp_path / f"global_step{step}"
+        folder.mkdir()
+        (folder / layout.META).write_text(json.dumps({"iteration": step}))
+    layout.write_latest(tmp_path, "global_step20")
+    found = resume.survey(tmp_path)
+    assert [(c.tag, c.state) for c in found.candidates] == [
+        ("global_step20", resume.LEGACY), ("global_step30", resume.UNCOMMITTED), ("global_step10", resume.LEGACY)]
+    assert found.candidates[1].why == resume.UNFINISHED and found.candidates[0].why == ""
+    assert found.latest == "global_step20" and found.latest_problem == "" and found.links == ()
+    (tmp_path / layout.LATEST).unlink()
+    assert [c.state for c in resume.survey(tmp_path).candidates] == [resume.LEGACY] * 3
+    layout.write_latest(tmp_path, "global_step99")
+    missing = resume.survey(tmp_path)
+    assert missing.latest == "global_step99" and "global_step99" in missing.latest_problem
+    assert [c.tag for c in missing.candidates] == ["global_step30", "global_step20", "global_step10"]
+    assert [c.state for c in missing.candidates] == [resume.LEGACY] * 3
+    assert resume.survey(tmp_path / "missing") == resume.Survey((), None, "", ())
