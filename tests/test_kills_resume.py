@@ -934,3 +934,45 @@ def test_a_save_before_manifests_is_tried_only_at_or_before_latest(tmp_path: Pat
     assert [c.tag for c in missing.candidates] == ["global_step30", "global_step20", "global_step10"]
     assert [c.state for c in missing.candidates] == [resume.LEGACY] * 3
     assert resume.survey(tmp_path / "missing") == resume.Survey((), None, "", ())
+
+
+# --------------------------------------------------------------------------- the trainer's resume: what rank 0 does
+
+def test_a_resume_from_the_checkpoint_latest_names_moves_nothing_and_says_nothing(tmp_path: Path,
+                                                                                 single_rank_group) -> None:
+    _save(tmp_path, 10, latest=False)
+    _save(tmp_path, 20)
+    before = (tmp_path / layout.LATEST).stat().st_ino
+    said: list[str] = []
+    checkpointing.resolve_resume(tmp_path, said.append)
+    assert said == [] and (tmp_path / layout.LATEST).stat().st_ino == before
+    assert set_aside.read_checked(tmp_path).records == [] and layout.latest_tag(tmp_path) == "global_step20"
+    (tmp_path / layout.LATEST).unlink()  # no latest: the newest verified is named
+    checkpointing.resolve_resume(tmp_path, said.append)
+    assert layout.latest_tag(tmp_path) == "global_step20" and len(said) == 2 and "global_step20" in said[1]
+    checkpointing.resolve_resume(tmp_path / "missing", said.append)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    checkpointing.resolve_resume(empty, said.append)
+    assert len(said) == 2 and list(empty.iterdir()) == []
+
+
+def test_a_latest_that_is_a_dangling_link_with_nothing_committed_is_set_aside(tmp_path: Path,
+                                                                              single_rank_group) -> None:
+    (tmp_path / layout.LATEST).symlink_to(tmp_path / "nowhere")
+    said: list[str] = []
+    checkpointing.resolve_resume(tmp_path, said.append)
+    assert not (tmp_path / layout.LATEST).is_symlink()
+    [record] = set_aside.read_checked(tmp_path).records
+    assert record.tag == layout.LATEST and Path(record.folder).is_symlink() and len(said) == 2
+
+
+def test_a_resume_names_the_first_of_the_sorted_mismatches_and_how_many_more(tmp_path: Path,
+                                                                           single_rank_group) -> None:
+    _save(tmp_path, 10, latest=False)
+    bad = _save(tmp_path, 20)
+    for name in ("zz.pt", "aa.pt", "mm.pt"):
+        (bad / name).write_bytes(b"x")
+    checkpointing.resolve_resume(tmp_path, lambda line: None)
+    [record] = set_aside.read_checked(tmp_path).records
+    assert record.reason.startswith("aa.pt: ") and "(and 2 more)" in record.reason
