@@ -767,3 +767,13 @@ def test_a_local_runs_line_says_when_its_launcher_has_ended(run) -> None:
     there = Holding(line, pids=(4712, 4713), trainers=(4713,), host="n8")  # the launcher is of another host
     [said] = local_run.evaluate(JOB, there, run, now=NOW).lines
     assert said.count("4711") == 1
+
+
+def test_a_latest_naming_step_zero_that_is_not_there_leaves_the_run_at_zero(run) -> None:
+    from bigscience_ops.checkpoints import layout
+
+    checkpoints = Path(run.experiment.paths.checkpoints)
+    checkpoints.mkdir(parents=True)
+    layout.write_latest(checkpoints, "global_step0")  # a warm start's step, its folder gone
+    state = lifecycle.run_state(run.experiment)
+    assert state.iteration == 0 and len(state.problems) == 1 and not state.warm_start
