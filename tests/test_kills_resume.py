@@ -518,6 +518,10 @@ def test_a_manifest_is_read_only_when_every_field_is_within_its_bounds(tmp_path:
     assert _reads(tmp_path / ("global_step" + "1" * 53), _raw(tmp_path / ("global_step" + "1" * 53)))
     assert not _reads(long_tag, _raw(long_tag))
     assert not _reads(folder, _raw(folder, tag="global_step2"))  # another folder's manifest
+    (folder / manifest.MANIFEST).write_text(json.dumps(_raw(folder, hash="sha256", format=7)))
+    with pytest.raises(manifest.ManifestError) as refused:  # the format and hash it holds: what a person acts on
+        manifest.read(folder)
+    assert "sha256" in str(refused.value) and "7" in str(refused.value)
     found = manifest.read(tmp_path / ("global_step" + "1" * 53))
     assert (found.tag, found.iteration, found.run_id, found.experiment, found.optimizer, found.adopted,
             found.committed_at) == ("global_step" + "1" * 53, 1, "", "", True, False, 0)
@@ -649,7 +653,7 @@ def test_verify_names_each_file_not_as_saved_and_counts_the_bytes_it_read(tmp_pa
     assert not checked.ok
     assert [(m.path, m.what) for m in checked.mismatches if m.what == "missing"] == [("c/d.pt", "missing")]
     assert [m.path for m in checked.mismatches] == ["x.pt", "y.pt", "a.pt", "b.pt", "c/d.pt", "e.pt", "f.pt"]
-    assert all(str(m) == f"{m.path}: {m.what}" for m in checked.mismatches)
+    assert all(str(m) == f"{m.path}: {m.what}" and isinstance(m.what, str) and m.what for m in checked.mismatches)
     assert checked.bytes_read == 4 + 2  # a.pt and g.pt hashed: the others failed before their content
     sizes = manifest.verify(folder, made, hashes=False)
     assert [m.path for m in sizes.mismatches] == ["x.pt", "y.pt", "b.pt", "c/d.pt", "e.pt", "f.pt"]

@@ -85,3 +85,21 @@ allow("trainer/checkpointing.py", "resolve_resume", NOT_WORTH + "the words after
       (_MORE, _MORE.replace('else "")', 'else "XXXX")')))
 
 
+_LISTED = 'out.mismatches.append(Mismatch(".", f"cannot be listed ({exc.strerror or exc})"))'
+allow("checkpoints/manifest.py", "verify", NOT_WORTH + "a folder that cannot be listed: pathlib's rglob swallows "
+      "PermissionError (and the tests run as root), so only a failing disk (EIO) reaches this branch; the rglob of "
+      "the links below would raise the same error anyway",
+      ("found = []", "found = None"), (_LISTED, "out.mismatches.append(None)"),
+      (_LISTED, _LISTED.replace('Mismatch(".", ', "Mismatch(None, ")),
+      (_LISTED, _LISTED.replace('f"cannot be listed ({exc.strerror or exc})"', "None")),
+      (_LISTED, _LISTED.replace('".", ', "")), (_LISTED, _LISTED.replace(', f"cannot be listed ({exc.strerror or exc})"', ", ")),
+      (_LISTED, _LISTED.replace('"."', '"XX.XX"')), (_LISTED, _LISTED.replace("strerror or exc", "strerror and exc")),
+      ('out.mismatches += [Mismatch(rel, "is not in its manifest: put there after the save")',
+       'out.mismatches = [Mismatch(rel, "is not in its manifest: put there after the save")'))
+_DIFFERS = 'out.mismatches.append(Mismatch(rel, f"content differs from its manifest ({HASH} {got.xxh3[:12]}, "'
+allow("checkpoints/manifest.py", "verify", NOT_WORTH + "how many hex digits of the hash the mismatch shows",
+      (_DIFFERS, _DIFFERS.replace("[:12]", "[:13]")))
+_TO_JSON = 'return json.dumps(data, indent=1) + "\\n"'
+allow("checkpoints/manifest.py", "Manifest.to_json", EQUIVALENT + "the JSON's indentation: every reader parses it",
+      *[(_TO_JSON, _TO_JSON.replace("indent=1", new)) for new in ("indent=None", "indent=2")],
+      (_TO_JSON, _TO_JSON.replace("data, indent=1", "data, ")))
