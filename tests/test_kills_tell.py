@@ -805,3 +805,13 @@ def test_a_recovery_another_run_recorded_meanwhile_is_recorded_once(tmp_path: Pa
         at = T0 + timedelta(minutes=10)
         [recovery] = notify.notify(status.StatusReport("tr1-13B-round3", at, ()), plain_outbox(port), state, now=at)
     assert (recovery.kind, recovery.error) == ("recovery", None) and _active(state) == {} and len(inbox.messages) == 2
+
+
+def test_a_recovery_names_the_slurm_job_and_an_error_line_is_shown_up_to_the_line_bound() -> None:
+    from bigscience_ops.ops.tell.quoting import LINE_MAX, QUOTE_MAX
+
+    report = status.StatusReport("tr1-13B-round3", T0, ("[stamp] queue fine",))
+    _, body = alert_text.recovery_email("tr1-13B", report, [{"message": "m", "since": ISO}], ["stalled"], T0)
+    assert "tr1-13B-round3" in body
+    long_line = "a" * (QUOTE_MAX + 100)  # longer than one quoted value, well within an alert's line
+    assert QUOTE_MAX + 100 < LINE_MAX and alert_text.untrusted_text(f"{long_line}\nb") == f"{long_line}\nb"

@@ -110,3 +110,7 @@ allow("ops/tell/notify.py", "_tried", EQUIVALENT + "every entry has `sent`: _rec
       ('entry.setdefault("sent", {}).pop(channel, None)', 'entry.setdefault("sent", ).pop(channel, None)'),
       ('entry.setdefault("sent", {})[channel] = sent', 'entry.setdefault("sent", None)[channel] = sent'),
       ('entry.setdefault("sent", {})[channel] = sent', 'entry.setdefault("sent", )[channel] = sent'))
+_UNTRUSTED = 'return "\\n".join([*(quote_untrusted(line, LINE_MAX, mark=False) for line in lines[:ERROR_LINES]), *more])'
+allow("ops/tell/alert_text.py", "untrusted_text", EQUIVALENT + "quote_untrusted reads `mark` as a truth value: None is "
+      "False",
+      (_UNTRUSTED, _UNTRUSTED.replace("mark=False", "mark=None")))
