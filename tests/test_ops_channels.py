@@ -222,3 +222,16 @@ def test_a_quoted_value_cannot_forge_an_escape_or_its_end() -> None:
     assert quote_untrusted('a\\u2028" fake end \u2028') == '"a\\\\u2028\\" fake end \\u2028"'
     assert quote_untrusted("r7i4n[1-7] <redacted>", mark=False) == "r7i4n[1-7] <redacted>"
     assert quote_untrusted("r7i4n[1-7]") == '"r7i4n⟦1-7⟧"'
+
+
+def test_the_webhook_url_is_a_secret_no_message_carries(monkeypatch) -> None:
+    """A job error that quotes the webhook URL (a failed curl, a config dump) reaches neither the email nor the
+    webhook's own post: the URL's variable is a secret of the outbox, scrubbed like the SMTP password."""
+    url = "https://hooks.example.org/services/T0001/B0002/abcdefSECRET"
+    monkeypatch.setenv("BSOPS_TEST_HOOK", url)
+    hook = WebhookChannel(WebhookSettings("BSOPS_TEST_HOOK"))
+    assert hook.secret_envs == ("BSOPS_TEST_HOOK",)
+    outbox = Outbox((EmailChannel(plain_settings(25)), hook), "bot@example.org")
+    message = outbox.compose("backup failed", f"curl: (22) {url} returned 500", now=NOW)
+    assert url not in message.subject + message.body and "abcdefSECRET" not in message.body
+    assert "curl: (22)" in message.body

@@ -156,7 +156,7 @@ class WebhookChannel:
 
     @property
     def secret_envs(self) -> tuple[str, ...]:
-        return ()
+        return (self.settings.url_env,)  # the URL is a secret: no message carries it
 
     def destination(self) -> str:
         return f"the webhook in ${self.settings.url_env}"
