@@ -89,12 +89,6 @@ allow("ops/tell/quoting.py", "quote_untrusted", EQUIVALENT + "str() of a text is
       (_TEXT, _TEXT.replace("if isinstance(value, str)", "if (isinstance(value, str)) and False")))
 
 # --- notify.py
-allow("ops/tell/notify.py", "notify", EQUIVALENT + "`events` and `stamp` are never read in notify (_record_sent makes "
-      "its own stamp)",
-      ("events = {k: a for k, a in told.items() if a.kind in EVENT_KINDS}", "events = None"),
-      ("events = {k: a for k, a in told.items() if a.kind in EVENT_KINDS}",
-       "events = {k: a for k, a in told.items() if a.kind not in EVENT_KINDS}"),
-      ("stamp = now.isoformat()", "stamp = None"))
 _FINISHED = 'outgoing.append(_Outgoing("finished", (), (), on, *alert_text.finished_email(experiment, report)))'
 allow("ops/tell/notify.py", "notify", EQUIVALENT + "a finished message's keys are never read (_record_sent records it "
       "under the job, _sent_lines names its kind)",

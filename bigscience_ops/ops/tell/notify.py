@@ -142,9 +142,7 @@ def notify(report: StatusReport, outbox: Outbox, state_path: str | os.PathLike[s
     prefix = f"{report.job_name}::"
     told = {prefix + a.condition: a for a in report.alerts}
     current = {k: a for k, a in told.items() if a.kind not in EVENT_KINDS}
-    events = {k: a for k, a in told.items() if a.kind in EVENT_KINDS}
     wanted = outbox.names
-    stamp = now.isoformat()
     unknown = any(a.condition == "slurm-error" for a in report.alerts)
     path = Path(state_path)
     outgoing: list[_Outgoing] = []
