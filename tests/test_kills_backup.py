@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -204,6 +205,10 @@ MANIFEST_CHANGES = {  # a change to a manifest the backup wrote -> a value its p
     "an empty file, its mtime 0": (lambda m: {**m, "files": {"a": {"size": 0, "sha256": "0" * 64}},
                                               "source_files": {"a": [0, 0]}}, True),
     "a file past 2**63 bytes": (lambda m: {**m, "files": {"a": {"size": 2**63 + 1, "sha256": "0" * 64}}}, None),
+    "a file of 2**63 bytes, past the largest step": (lambda m: {**m, "files": {"a": {"size": 2**63, "sha256": "0" * 64}}},
+                                                     True),
+    "a tar of 2**63 bytes": (lambda m: {**m, "tar": True, "tar_size": 2**63}, True),
+    "an empty tar": (lambda m: {**m, "tar": True, "tar_size": 0}, True),
     "a source file past 2**63 bytes": (lambda m: {**m, "source_files": {"a": [2**63 + 1, 0]}}, None),
     "a tar past 2**63 bytes": (lambda m: {**m, "tar": True, "tar_size": 2**63 + 1}, None),
     "verified before 1970": (lambda m: {**m, "verified_at": "1960-01-01T00:00:00+00:00"}, "1960"),
@@ -243,7 +248,7 @@ def test_a_store_manifest_that_is_no_json_or_a_link_is_a_problem_and_a_good_one_
     assert checked.problems == [] and checked.records == [("global_step10", written)]
     path.write_bytes(b"{not json")
     _, problem = backup_store.manifest_checked(store, "global_step10")
-    assert (problem.file, problem.line) == (str(path), 0) and "not json" in problem.held
+    assert (problem.file, problem.line) == (str(path), 0) and "not json" in problem.held and problem.what
     path.unlink()
     path.symlink_to(store / "elsewhere.json")
     found, problem = backup_store.manifest_checked(store, "global_step10")
@@ -294,3 +299,93 @@ def test_a_tar_with_a_folder_member_and_a_member_past_one_read_chunk_verifies_by
                                                                         "tar_size": path.stat().st_size}))
     [line] = backup_store.verify(store, "global_step10")
     assert str(path) in line and "big.pt" in line
+
+
+def test_a_tar_copy_is_backed_up_only_while_its_tar_is_there_with_the_size_its_manifest_records(tarred) -> None:
+    _, store, _ = tarred
+    path = store / "global_step10.tar"
+    assert backup_store.is_backed_up(store, "global_step10")
+    data = path.read_bytes()
+    path.write_bytes(data + b"\0")
+    assert not backup_store.is_backed_up(store, "global_step10")
+    path.unlink()
+    assert not backup_store.is_backed_up(store, "global_step10")
+    path.mkdir()
+    assert not backup_store.is_backed_up(store, "global_step10")
+
+
+def test_a_store_without_interrupted_copies_or_whose_partial_folder_is_a_link_has_no_journal_problems(
+        stored, tmp_path: Path) -> None:
+    store, _ = stored
+    shutil.rmtree(store / backup_store.PARTIAL, ignore_errors=True)
+    assert backup_store.store_problems(store) == []
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "global_step20").mkdir(parents=True)
+    (elsewhere / "global_step20" / backup_store.JOURNAL).write_text("garbage\n{}\n")
+    (store / backup_store.PARTIAL).symlink_to(elsewhere)
+    assert backup_store.store_problems(store) == []
+
+
+def test_a_folder_copy_with_a_file_past_one_read_chunk_verifies_by_its_whole_size(stored) -> None:
+    import hashlib
+
+    store, written = stored
+    big = os.urandom(backup_store.CHUNK + 1000)
+    (store / "global_step10" / "big.pt").write_bytes(big)
+    listed = {**written["files"], "big.pt": {"size": len(big), "sha256": hashlib.sha256(big).hexdigest()}}
+    backup_store.manifest_path(store, "global_step10").write_text(json.dumps({**written, "files": listed}))
+    assert backup_store.is_backed_up(store, "global_step10") and backup_store.verify(store, "global_step10") == []
+    assert backup_store.hash_file(store / "global_step10" / "big.pt") == (len(big), hashlib.sha256(big).hexdigest())
+
+
+def test_a_weights_only_plan_leaves_out_bf16_optimizer_partitions_that_sort_before_the_weights(tmp_path: Path) -> None:
+    """bf16_zero_pp_rank_*_optim_states.pt sorts before every layer file: each file is judged on its own."""
+    folder = tmp_path / "checkpoints" / "global_step10"
+    folder.mkdir(parents=True)
+    files = {"bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt": 700, "layer_00-model_states.pt": 300,
+             "mp_rank_00_model_states.pt": 200, layout.META: 50}
+    for name, size in files.items():
+        (folder / name).write_bytes(os.urandom(size))
+    commit_checkpoint(folder)
+    ckpt = layout.Checkpoint("global_step10", 10, folder)
+    plan = backup.plan_checkpoint(ckpt, whole=False)
+    assert plan.files == [layout.META, "layer_00-model_states.pt", "mp_rank_00_model_states.pt"]
+    assert plan.left_out == ["bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "manifest.json"]
+    assert plan.rewritten == ["mp_rank_00_model_states.pt"] and plan.size == 550
+    assert plan.source == backup.fingerprint(ckpt) and not plan.whole
+    whole = backup.plan_checkpoint(ckpt, whole=True)
+    assert whole.files == sorted([*files, "manifest.json"]) and whole.left_out == whole.rewritten == []
+    # the plan is of the files as the caller fingerprinted them: what it copies is checked against that
+    source = {**plan.source, "layer_00-model_states.pt": [1, plan.source["layer_00-model_states.pt"][1]]}
+    given = backup.plan_checkpoint(ckpt, False, source)
+    assert given.source == source and given.size == 251
+
+
+def test_a_model_states_file_holding_no_dict_is_copied_as_it_is(weights_only) -> None:
+    import torch
+
+    exp, scratch = weights_only
+    folder = _engine_state(scratch, 10, 0.5)
+    torch.save([torch.ones(2), 3], folder / "mp_rank_00_model_states.pt")
+    commit_checkpoint(folder)
+    report = backup.run_backup(exp)
+    assert report.backed_up == ["global_step10"] and report.failed == {}
+    copy = torch.load(report.store / "global_step10" / "mp_rank_00_model_states.pt", weights_only=True)
+    assert len(copy) == 2 and torch.equal(copy[0], torch.ones(2)) and copy[1] == 3
+
+
+def test_a_model_states_file_the_restricted_loader_refuses_is_reported_with_the_loaders_error(weights_only) -> None:
+    import torch
+
+    exp, scratch = weights_only
+    folder = _engine_state(scratch, 10, 0.5)
+    states = folder / "mp_rank_00_model_states.pt"
+    states.write_bytes(b"not a pickle at all")
+    commit_checkpoint(folder)
+    with pytest.raises(Exception) as refused:
+        torch.load(states, map_location="cpu", weights_only=True)
+    report = backup.run_backup(exp)
+    assert report.backed_up == [] and list(report.failed) == ["global_step10"]
+    why = report.failed["global_step10"]
+    assert str(states) in why and refused.type.__name__ in why and " ".join(str(refused.value).split())[:40] in why
+    assert backup_store.entries(report.store) == [] and not (report.store / backup_store.PARTIAL / "global_step10").exists()

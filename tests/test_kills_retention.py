@@ -143,3 +143,9 @@ def test_the_newest_resumable_checkpoint_is_protected_past_weights_only_ones(tmp
     assert list(protected) == [20, 10] and protected[10] == retention.UNCOPIED_RESUMABLE
     assert "x" in protected[20]
     assert retention.protect_resumable([complete[2]], never_copied, matches) == {}
+
+
+def test_a_step_kept_as_a_multiple_of_keep_every_has_its_reason() -> None:
+    decision = retention.decide(ALL, 50, ALL, keep_last=1, keep_every=20)
+    assert decision.delete == [10, 30] and set(decision.keep) == {20, 40, 50}
+    assert all(isinstance(decision.keep[step], str) and "20" in decision.keep[step] for step in (20, 40))

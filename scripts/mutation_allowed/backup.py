@@ -34,3 +34,29 @@ allow("ops/keep/backup.py", "_write_weights_only", EQUIVALENT + "weights_only=Tr
       "(pyproject pins torch 2.13)",
       (_LOAD, 'state = torch.load(src, map_location="cpu", weights_only=None)'),
       (_LOAD, 'state = torch.load(src, map_location="cpu", )'))
+allow("checkpoints/retention.py", "_delete", NOT_WORTH + "which words of the OSError a refusal shows (its strerror, "
+      "or the whole error, which holds the same words); the refusal, its folder and its path are asserted",
+      ('done.refused[path.name] = f"{path} could not be deleted: {exc.strerror or exc}"',
+       'done.refused[path.name] = f"{path} could not be deleted: {exc.strerror and exc}"'))
+_MISMATCH = 'bad.append(f"{path}: size {size} sha256 {digest[:12]}, manifest {entry[\'size\']} {entry[\'sha256\'][:12]}")'
+_NOT_AS_SAVED = 'bad.append(f"{path}: does not match the checkpoint\'s manifest (size {size}, xxh3_128 {xxh3[:12]}; "'
+allow("ops/keep/store.py", "verify_folder", NOT_WORTH + "how many hex digits of a digest a mismatch shows; which file "
+      "mismatches is asserted",
+      (_MISMATCH, _MISMATCH.replace("{digest[:12]}", "{digest[:13]}")),
+      (_MISMATCH, _MISMATCH.replace("{entry['sha256'][:12]}", "{entry['sha256'][:13]}")),
+      (_NOT_AS_SAVED, _NOT_AS_SAVED.replace("{xxh3[:12]}", "{xxh3[:13]}")))
+_READ = 'return (f"{src} does not match its checkpoint\'s manifest (read {size} bytes, xxh3_128 {xxh3[:12]}; saved "'
+allow("ops/keep/backup.py", "_not_as_saved", NOT_WORTH + "how many hex digits of a digest the error shows; the file "
+      "named and the checkpoint left uncopied are asserted",
+      (_READ, _READ.replace("{xxh3[:12]}", "{xxh3[:13]}")))
+allow("ops/keep/backup.py", "_write_weights_only", NOT_WORTH + "the size the error shows of a file that no longer "
+      "matches its manifest; the file named and the checkpoint left uncopied are asserted",
+      ("raise BackupError(_not_as_saved(src, now.size, now.xxh3, saved))",
+       "raise BackupError(_not_as_saved(src, None, now.xxh3, saved))"))
+allow("ops/keep/backup.py", "_write_weights_only", NOT_WORTH + "where the loader's reason is cut (300 characters or "
+      "301): only its length in the error changes",
+      ('why = " ".join(str(exc).split())[:300]', 'why = " ".join(str(exc).split())[:301]'))
+allow("ops/keep/backup.py", "_copy_kind", EQUIVALENT + "with no entry found, read_manifest(store, None) reads "
+      "<store>/None.manifest.json, which no copy is named (the backup names entries global_stepN[.K]): None either way",
+      ("found = read_manifest(store, entry) if entry is not None else None",
+       "found = read_manifest(store, entry) if (entry is not None) or True else None"))
