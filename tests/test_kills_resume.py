@@ -522,6 +522,9 @@ def test_a_manifest_is_read_only_when_every_field_is_within_its_bounds(tmp_path:
     with pytest.raises(manifest.ManifestError) as refused:  # the format and hash it holds: what a person acts on
         manifest.read(folder)
     assert "sha256" in str(refused.value) and "7" in str(refused.value)
+    (folder / manifest.MANIFEST).write_text(json.dumps(_raw(folder, files={"/etc/x.pt": {"size": 1, "xxh3": "0" * 32}})))
+    with pytest.raises(manifest.ManifestError, match="/etc/x.pt"):  # the file it lists outside the folder
+        manifest.read(folder)
     found = manifest.read(tmp_path / ("global_step" + "1" * 53))
     assert (found.tag, found.iteration, found.run_id, found.experiment, found.optimizer, found.adopted,
             found.committed_at) == ("global_step" + "1" * 53, 1, "", "", True, False, 0)
@@ -980,3 +983,23 @@ def test_a_resume_names_the_first_of_the_sorted_mismatches_and_how_many_more(tmp
     checkpointing.resolve_resume(tmp_path, lambda line: None)
     [record] = set_aside.read_checked(tmp_path).records
     assert record.reason.startswith("aa.pt: ") and "(and 2 more)" in record.reason
+
+
+def test_a_checkpoint_reached_through_a_link_of_its_own_name_is_refused_not_read(tmp_path: Path) -> None:
+    _save(tmp_path, 10, latest=False)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "global_step10").symlink_to(tmp_path / "global_step10")
+    link = layout.Checkpoint("global_step10", 10, tmp_path / "other" / "global_step10")
+    with pytest.raises(CheckpointError):
+        link.manifest()
+    assert link.committed() is None and layout.complete_checkpoints(tmp_path / "other") == []
+
+
+def test_a_verified_checkpoint_says_how_many_files_and_megabytes_it_holds(tmp_path: Path) -> None:
+    folder = tmp_path / "global_step10"
+    folder.mkdir()
+    with open(folder / "big.pt", "wb") as handle:
+        handle.truncate(1_150_001)
+    commit_checkpoint(folder)
+    [finding] = audit.audit(tmp_path, hashes=False).findings
+    assert finding.state == audit.VERIFIED and finding.detail.startswith("1 files, 1.2 MB: ")
