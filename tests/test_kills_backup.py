@@ -389,3 +389,41 @@ def test_a_model_states_file_the_restricted_loader_refuses_is_reported_with_the_
     why = report.failed["global_step10"]
     assert str(states) in why and refused.type.__name__ in why and " ".join(str(refused.value).split())[:40] in why
     assert backup_store.entries(report.store) == [] and not (report.store / backup_store.PARTIAL / "global_step10").exists()
+
+
+def _journal(staging: Path, *lines: str) -> Path:
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / backup_store.JOURNAL).write_text("".join(line + "\n" for line in lines))
+    return staging / backup_store.JOURNAL
+
+
+def _entry(path: str, size: int = 1) -> str:
+    return json.dumps({"path": path, "size": size, "sha256": "0" * 64})
+
+
+def test_an_interrupted_copys_journal_vouches_for_every_file_up_to_its_first_line_that_is_no_journal_line(
+        tmp_path: Path) -> None:
+    staging = tmp_path / ".partial" / "global_step20"
+    _journal(staging, _entry("a.pt"), _entry("sub/b.pt", 7))
+    done = {"a.pt": {"size": 1, "sha256": "0" * 64}, "sub/b.pt": {"size": 7, "sha256": "0" * 64}}
+    assert backup_store.journal_checked(staging) == (done, []) and backup_store.journal_vouched(staging) == done
+    for bad in ['{"path": "c.pt"}', json.dumps({"size": 1, "sha256": "0" * 64}), '["a.pt"]',
+                json.dumps({"path": "c.pt", "size": 1, "sha256": "xyz"})]:
+        for lines in [(_entry("a.pt"), bad, _entry("sub/b.pt", 7)), (_entry("a.pt"), bad)]:
+            path = _journal(staging, *lines)
+            vouched, problems = backup_store.journal_checked(staging)
+            assert vouched == {"a.pt": done["a.pt"]}, (bad, lines)
+            assert [(p.file, p.line) for p in problems] == [(str(path), 2)] and problems[0].what, (bad, lines)
+    # a last line cut short by the kill is no problem: that file is copied again
+    (staging / backup_store.JOURNAL).write_text(_entry("a.pt") + "\n" + _entry("sub/b.pt")[:20])
+    assert backup_store.journal_checked(staging) == ({"a.pt": done["a.pt"]}, [])
+
+
+def test_a_store_is_made_in_a_new_folder_with_missing_parents_or_in_an_empty_one(tmp_path: Path) -> None:
+    for dest in (tmp_path / "a" / "b" / "store", tmp_path / "empty"):
+        if dest.name == "empty":
+            dest.mkdir()
+        assert backup_store.open_store(dest) == dest
+        assert (dest / backup_store.STORE_MARKER).is_file() and backup_store.open_store(dest) == dest
+    assert backup_store.open_store(tmp_path / "not yet", create=False) == tmp_path / "not yet"
+    assert not (tmp_path / "not yet").exists()
