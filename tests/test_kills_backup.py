@@ -424,6 +424,8 @@ def test_a_store_is_made_in_a_new_folder_with_missing_parents_or_in_an_empty_one
         if dest.name == "empty":
             dest.mkdir()
         assert backup_store.open_store(dest) == dest
-        assert (dest / backup_store.STORE_MARKER).is_file() and backup_store.open_store(dest) == dest
+        assert backup_store.open_store(dest) == dest
+        # the marker says what the folder is and the store's format version
+        assert json.loads((dest / backup_store.STORE_MARKER).read_text()) == {"bsops": "backup store", "version": 2}
     assert backup_store.open_store(tmp_path / "not yet", create=False) == tmp_path / "not yet"
     assert not (tmp_path / "not yet").exists()

@@ -60,3 +60,7 @@ allow("ops/keep/backup.py", "_copy_kind", EQUIVALENT + "with no entry found, rea
       "<store>/None.manifest.json, which no copy is named (the backup names entries global_stepN[.K]): None either way",
       ("found = read_manifest(store, entry) if entry is not None else None",
        "found = read_manifest(store, entry) if (entry is not None) or True else None"))
+_MARKER = '(dest / STORE_MARKER).write_text(json.dumps({"bsops": "backup store", "version": 2}) + "\\n", encoding="utf-8")'
+allow("ops/keep/store.py", "open_store", EQUIVALENT + "the marker is ASCII JSON: every encoding writes the same bytes",
+      (_MARKER, _MARKER.replace('encoding="utf-8"', "encoding=None")),
+      (_MARKER, _MARKER.replace(', encoding="utf-8"', ", ")))
