@@ -1003,3 +1003,13 @@ def test_a_verified_checkpoint_says_how_many_files_and_megabytes_it_holds(tmp_pa
     commit_checkpoint(folder)
     [finding] = audit.audit(tmp_path, hashes=False).findings
     assert finding.state == audit.VERIFIED and finding.detail.startswith("1 files, 1.2 MB: ")
+
+
+@pytest.mark.parametrize("name, value", [("tag", 5), ("iteration", -1), ("run_id", 5), ("experiment", None),
+                                         ("committed_at", "now")])
+def test_a_refused_manifest_names_the_field_that_is_wrong(tmp_path: Path, name: str, value) -> None:
+    folder = tmp_path / "global_step1"
+    folder.mkdir()
+    (folder / manifest.MANIFEST).write_text(json.dumps({**_raw(folder), name: value}))
+    with pytest.raises(manifest.ManifestError, match=f"field {name}: "):
+        manifest.read(folder)

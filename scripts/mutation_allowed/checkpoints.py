@@ -116,3 +116,5 @@ allow("checkpoints/audit.py", "_check", NOT_WORTH + "the words saying what was c
 allow("checkpoints/layout.py", "Checkpoint.committed", EQUIVALENT + "hashes=None is falsy as hashes=False: sizes only",
       ("if found is None or not manifests.verify(self.path, found, hashes=False).ok:",
        "if found is None or not manifests.verify(self.path, found, hashes=None).ok:"))
+allow("checkpoints/manifest.py", "_parse", EQUIVALENT + "check_int's highest value is MAX_STEP when none is given",
+      ('"iteration": check_int(raw.get("iteration"), 0, MAX_STEP),', '"iteration": check_int(raw.get("iteration"), 0, ),'))
