@@ -1013,3 +1013,24 @@ def test_a_refused_manifest_names_the_field_that_is_wrong(tmp_path: Path, name: 
     (folder / manifest.MANIFEST).write_text(json.dumps({**_raw(folder), name: value}))
     with pytest.raises(manifest.ManifestError, match=f"field {name}: "):
         manifest.read(folder)
+
+
+def test_the_tensor_parallel_dropout_generator_goes_back_to_where_it_was_saved(tmp_path: Path) -> None:
+    from bigscience_ops.trainer import tensor_parallel
+
+    tracker = tensor_parallel._rng_tracker()
+    before = tracker.get_states()
+    try:
+        tracker.reset()
+        checkpointing.save_rng(tmp_path, 0)  # no TP generator seeded: none restored
+        assert checkpointing.load_rng(tmp_path, 0) and tracker.get_states() == {}
+        tracker.add(tensor_parallel.RNG_TRACKER_NAME, 1234)
+        checkpointing.save_rng(tmp_path, 0)
+        with tracker.fork(tensor_parallel.RNG_TRACKER_NAME):
+            expected = torch.rand(3)
+        assert checkpointing.load_rng(tmp_path, 0)
+        with tracker.fork(tensor_parallel.RNG_TRACKER_NAME):
+            assert torch.equal(torch.rand(3), expected)
+    finally:
+        tracker.reset()
+        tracker.set_states(before)
