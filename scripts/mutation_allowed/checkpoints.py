@@ -43,13 +43,6 @@ allow("trainer/checkpointing.py", "save_rng", _CUDA,
       *[('state["cuda"] = torch.cuda.get_rng_state()', after) for after in (
           'state["cuda"] = None', 'state["XXcudaXX"] = torch.cuda.get_rng_state()',
           'state["CUDA"] = torch.cuda.get_rng_state()')])
-_TRACKER = ('if state.get("tracker"):  # absent in checkpoints written before the tracker: it keeps its fresh seed')
-allow("trainer/checkpointing.py", "load_rng", NOT_WORTH + "the TP attention-dropout generator's restore: checked "
-      "end to end by the slow resume tests' exact losses (tests/test_trainer_tp.py); no fast test seeds a TP tracker",
-      *[(_TRACKER, _TRACKER.replace('"tracker"', new, 1)) for new in ("None", '"XXtrackerXX"', '"TRACKER"')],
-      *[('set_rng_tracker_states(state["tracker"])', after) for after in (
-          "set_rng_tracker_states(None)", 'set_rng_tracker_states(state["XXtrackerXX"])',
-          'set_rng_tracker_states(state["TRACKER"])')])
 allow("checkpoints/layout.py", "run_id", EQUIVALENT + "a run id file of 100 or 101 bytes is refused alike: an id "
       "takes 33", ("data = read_small(file, 100)", "data = read_small(file, 101)"))
 allow("checkpoints/layout.py", "run_id", NOT_WORTH + "the words an error ends with",
