@@ -429,3 +429,76 @@ def test_a_store_is_made_in_a_new_folder_with_missing_parents_or_in_an_empty_one
         assert json.loads((dest / backup_store.STORE_MARKER).read_text()) == {"bsops": "backup store", "version": 2}
     assert backup_store.open_store(tmp_path / "not yet", create=False) == tmp_path / "not yet"
     assert not (tmp_path / "not yet").exists()
+
+
+class Interrupted(backup.Progress):
+    """Told of the work; after `calls` reads it raises KeyboardInterrupt, as a Ctrl-C in the middle of a copy."""
+
+    def __init__(self, calls: int = 10**9) -> None:
+        self.calls, self.read, self.begun, self.ended = calls, 0, [], []
+
+    def begin(self, plan: backup.Planned) -> None:
+        self.begun.append(plan.ckpt.tag)
+
+    def advance(self, nbytes: int) -> None:
+        self.calls -= 1
+        if self.calls < 0:
+            raise KeyboardInterrupt
+        self.read += nbytes
+
+    def end(self, plan: backup.Planned, resumed: bool) -> None:
+        self.ended.append((plan.ckpt.tag, resumed))
+
+
+@pytest.fixture
+def nested(trainings: Path, tmp_path: Path):
+    """(experiment, global_step10's folder) of a run whose checkpoint also holds a file two folders down."""
+    (trainings / "nested.yaml").write_text(tiny_yaml(tmp_path / "nested",
+                                                     f"backup: {json.dumps({'dest': str(tmp_path / 'store')})}\n"))
+    exp = load_experiment("nested", trainings)
+    layout.new_run_id(Path(exp.paths.checkpoints))
+    folder = _save(Path(exp.paths.checkpoints), 10)
+    (folder / "sub" / "deep").mkdir(parents=True)
+    (folder / "sub" / "deep" / "x.pt").write_bytes(os.urandom(100))
+    commit_checkpoint(folder)
+    return exp, folder
+
+
+def test_a_copy_interrupted_half_way_is_finished_in_its_own_entry_by_the_next_run(nested) -> None:
+    exp, folder = nested
+    with pytest.raises(KeyboardInterrupt):
+        backup.run_backup(exp, progress=Interrupted(calls=1))
+    progress = Interrupted()
+    report = backup.run_backup(exp, progress=progress)
+    assert report.resumed == report.backed_up == ["global_step10"] and report.failed == {}
+    assert backup_store.entries(report.store) == ["global_step10"] and backup_store.verify(report.store,
+                                                                                         "global_step10") == []
+    copied = sorted(p.relative_to(report.store / "global_step10").as_posix()
+                    for p in (report.store / "global_step10").rglob("*") if p.is_file())
+    assert copied == [layout.META, "layer_00-model_states.pt", "layer_01-model_states.pt", "sub/deep/x.pt"]
+    assert progress.begun == ["global_step10"] and progress.ended == [("global_step10", True)]
+    assert progress.read == sum((folder / rel).stat().st_size for rel in copied)
+    assert list((report.store / backup_store.PARTIAL).iterdir()) == []
+
+
+def test_a_copy_moved_into_place_without_its_manifest_and_nothing_staged_is_finished_as_resumed(nested) -> None:
+    exp, _ = nested
+    report = backup.run_backup(exp)
+    backup_store.manifest_path(report.store, "global_step10").unlink()
+    again = backup.run_backup(exp)
+    assert again.resumed == again.backed_up == ["global_step10"]
+    assert backup_store.entries(again.store) == ["global_step10"] and backup_store.verify(again.store,
+                                                                                        "global_step10") == []
+
+
+def test_an_interrupted_copy_is_found_past_a_staged_folder_whose_record_cannot_be_read(nested) -> None:
+    exp, _ = nested
+    with pytest.raises(KeyboardInterrupt):
+        backup.run_backup(exp, progress=Interrupted(calls=1))
+    store = backup_store.run_store(Path(exp.backup.dest), exp.name, layout.run_id(Path(exp.paths.checkpoints)))
+    partial = store / backup_store.PARTIAL
+    (partial / "global_step10").rename(partial / "global_step10.2")
+    (partial / "global_step10").mkdir()
+    (partial / "global_step10" / backup_store.SOURCE).write_bytes(b"{not json")
+    report = backup.run_backup(exp)
+    assert report.resumed == ["global_step10"] and backup_store.entries(report.store) == ["global_step10.2"]
