@@ -4,6 +4,7 @@ ops/keep/backup.py that every other test let through. Real folders and tar files
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -468,6 +469,12 @@ def test_a_copy_interrupted_half_way_is_finished_in_its_own_entry_by_the_next_ru
     exp, folder = nested
     with pytest.raises(KeyboardInterrupt):
         backup.run_backup(exp, progress=Interrupted(calls=1))
+    staging = backup_store.run_store(Path(exp.backup.dest), exp.name, layout.run_id(folder.parent)) / \
+        backup_store.PARTIAL / "global_step10"
+    meta = (folder / layout.META).read_bytes()
+    assert backup_store.journal_checked(staging) == (
+        {layout.META: {"size": len(meta), "sha256": hashlib.sha256(meta).hexdigest()}}, [])
+    (staging / f".{layout.META}.tmp").write_bytes(b"half a file a kill left")
     progress = Interrupted()
     report = backup.run_backup(exp, progress=progress)
     assert report.resumed == report.backed_up == ["global_step10"] and report.failed == {}
@@ -479,6 +486,18 @@ def test_a_copy_interrupted_half_way_is_finished_in_its_own_entry_by_the_next_ru
     assert progress.begun == ["global_step10"] and progress.ended == [("global_step10", True)]
     assert progress.read == sum((folder / rel).stat().st_size for rel in copied)
     assert list((report.store / backup_store.PARTIAL).iterdir()) == []
+    found = backup_store.read_manifest(report.store, "global_step10")
+    assert (found["entry"], found["source"]) == ("global_step10", str(folder))
+
+
+def test_a_checkpoint_file_past_one_read_chunk_is_copied_whole(nested) -> None:
+    exp, folder = nested
+    big = os.urandom(backup_store.CHUNK + 1000)
+    (folder / "big.pt").write_bytes(big)
+    commit_checkpoint(folder)
+    report = backup.run_backup(exp)
+    assert report.backed_up == ["global_step10"] and report.failed == {}
+    assert (report.store / "global_step10" / "big.pt").read_bytes() == big
 
 
 def test_a_copy_moved_into_place_without_its_manifest_and_nothing_staged_is_finished_as_resumed(nested) -> None:

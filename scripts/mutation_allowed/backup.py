@@ -87,3 +87,15 @@ _NULL = 'read_small(staged / SOURCE, MANIFEST_LIMIT) or b"null") == {"tag": ckpt
 allow("ops/keep/backup.py", "_entry_for", EQUIVALENT + "a staged folder without its record is passed over either "
       "way: null is no match, and text that is no JSON is a ValueError passed over",
       (_NULL, _NULL.replace('b"null"', 'b"XXnullXX"')), (_NULL, _NULL.replace('b"null"', 'b"NULL"')))
+_DROP = "shutil.rmtree(staging, ignore_errors=True)  # nothing of a checkpoint that is not as saved is kept"
+allow("ops/keep/backup.py", "_copy_checkpoint", NOT_WORTH + "differs only when removing a staged copy fails (never "
+      "for root in a temporary folder); the error raised is the same",
+      (_DROP, "shutil.rmtree(staging, )  # nothing of a checkpoint that is not as saved is kept"),
+      (_DROP, "shutil.rmtree(staging, ignore_errors=False)  # nothing of a checkpoint that is not as saved is kept"))
+_BAD = 'raise BackupError(f"the copy of {plan.ckpt.path} does not match its source: {\'; \'.join(bad[:5])}; "'
+allow("ops/keep/backup.py", "_copy_checkpoint", NOT_WORTH + "how many mismatches the error lists (5 or 6)",
+      (_BAD, _BAD.replace("bad[:5]", "bad[:6]")))
+allow("ops/keep/backup.py", "_copy_file", NOT_WORTH + "the size the error shows; the file named and the checkpoint "
+      "left uncopied are asserted",
+      ("raise BackupError(_not_as_saved(src, size, fast.hexdigest(), saved))",
+       "raise BackupError(_not_as_saved(src, None, fast.hexdigest(), saved))"))
