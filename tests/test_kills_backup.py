@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -521,3 +522,25 @@ def test_an_interrupted_copy_is_found_past_a_staged_folder_whose_record_cannot_b
     (partial / "global_step10" / backup_store.SOURCE).write_bytes(b"{not json")
     report = backup.run_backup(exp)
     assert report.resumed == ["global_step10"] and backup_store.entries(report.store) == ["global_step10.2"]
+
+
+@pytest.mark.parametrize("damaged", [1, 2, 3])
+def test_a_checkpoint_damaged_after_its_save_is_refused_naming_its_first_bad_file_and_how_many_more(
+        trainings: Path, tmp_path: Path, damaged: int) -> None:
+    """The failure names the first file that is not as committed and counts the others: the on-call person knows
+    whether one file or the whole checkpoint went bad."""
+    policy = json.dumps({"dest": str(tmp_path / "store")})
+    (trainings / "damaged.yaml").write_text(tiny_yaml(tmp_path / "damaged", f"backup: {policy}\n"))
+    exp = load_experiment("damaged", trainings)
+    layout.new_run_id(Path(exp.paths.checkpoints))
+    folder = _save(Path(exp.paths.checkpoints), 10)
+    names = ["layer_00-model_states.pt", "layer_01-model_states.pt", layout.META][:damaged]
+    for name in names:
+        with open(folder / name, "ab") as handle:
+            handle.write(b"x")
+    report = backup.run_backup(exp)
+    why = report.failed["global_step10"]
+    assert str(folder / sorted(names)[0]) in why
+    more = [int(n) for n in re.findall(r"\(and (\d+) more\)", why)]
+    assert more == ([damaged - 1] if damaged > 1 else [])
+    assert report.backed_up == [] and (folder / names[0]).is_file()

@@ -99,3 +99,20 @@ allow("ops/keep/backup.py", "_copy_file", NOT_WORTH + "the size the error shows;
       "left uncopied are asserted",
       ("raise BackupError(_not_as_saved(src, size, fast.hexdigest(), saved))",
        "raise BackupError(_not_as_saved(src, None, fast.hexdigest(), saved))"))
+_ADD = "archive.add(staging / rel, arcname=rel, recursive=False)"
+allow("ops/keep/backup.py", "_copy_checkpoint", EQUIVALENT + "every name added is a file (the plan lists files), and "
+      "recursive only matters for a folder",
+      (_ADD, _ADD.replace("recursive=False", "recursive=None")), (_ADD, _ADD.replace(", recursive=False", ", ")),
+      (_ADD, _ADD.replace("recursive=False", "recursive=True")))
+_STORE_MANIFEST = 'write_atomically(manifest_path(dest, entry), (json.dumps(manifest, indent=1) + "\\n").encode("utf-8"))'
+allow("ops/keep/backup.py", "_copy_checkpoint", EQUIVALENT + "the JSON's indentation: every reader parses it",
+      (_STORE_MANIFEST, _STORE_MANIFEST.replace("indent=1", "indent=None")),
+      (_STORE_MANIFEST, _STORE_MANIFEST.replace("json.dumps(manifest, indent=1)", "json.dumps(manifest, )")),
+      (_STORE_MANIFEST, _STORE_MANIFEST.replace("indent=1", "indent=2")))
+allow("ops/keep/backup.py", "_copy_checkpoint", NOT_WORTH + "only a race: a folder without a manifest under the "
+      "entry's name was moved into staging above, and the entry is one no manifest names, so `final` exists here only "
+      "if something made it between those lines",
+      ("shutil.rmtree(final)", "shutil.rmtree(None)"))
+allow("ops/keep/backup.py", "_not_as_committed", EQUIVALENT + "hashes=None is falsy as False is: sizes only",
+      ("bad = manifest.verify(ckpt.path, found, hashes=False).mismatches",
+       "bad = manifest.verify(ckpt.path, found, hashes=None).mismatches"))
