@@ -544,3 +544,48 @@ def test_a_checkpoint_damaged_after_its_save_is_refused_naming_its_first_bad_fil
     more = [int(n) for n in re.findall(r"\(and (\d+) more\)", why)]
     assert more == ([damaged - 1] if damaged > 1 else [])
     assert report.backed_up == [] and (folder / names[0]).is_file()
+
+
+@pytest.fixture
+def two_saves(trainings: Path, tmp_path: Path):
+    """A run with global_step10 and global_step20 (latest) and a backup store not made yet."""
+    policy = json.dumps({"dest": str(tmp_path / "store")})
+    (trainings / "two.yaml").write_text(tiny_yaml(tmp_path / "two", f"backup: {policy}\n"))
+    exp = load_experiment("two", trainings)
+    checkpoints = Path(exp.paths.checkpoints)
+    _save(checkpoints, 10)
+    _save(checkpoints, 20)
+    return exp, checkpoints, tmp_path / "store"
+
+
+def test_a_dry_run_writes_nothing_not_the_store_nor_the_run_id_and_says_where_the_copies_would_go(two_saves) -> None:
+    exp, checkpoints, dest = two_saves
+    report = backup.run_backup(exp, dry_run=True)
+    assert not dest.exists() and layout.run_id(checkpoints) is None
+    assert report.dest == dest and report.store == dest / "two" / "new-run"
+    assert [p.ckpt.tag for p in report.planned] == ["global_step10", "global_step20"] and report.backed_up == []
+
+
+def test_a_dry_run_deletes_nothing_that_retention_would(two_saves) -> None:
+    exp, checkpoints, _ = two_saves
+    first = backup.run_backup(exp)  # keep_last unset: both copied, nothing deleted
+    assert first.backed_up == ["global_step10", "global_step20"] and first.deleted == []
+    keep_one = dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, keep_last=1))
+    dry = backup.run_backup(keep_one, dry_run=True)
+    assert dry.retention is not None and dry.retention.delete == [10]
+    assert dry.deleted == [] and (checkpoints / "global_step10").is_dir()
+    assert dry.already == ["global_step10", "global_step20"]
+    # the store's manifest says whose copy it is
+    manifest = backup_store.read_manifest(first.store, "global_step10")
+    assert (manifest["run_id"], manifest["experiment"]) == (layout.run_id(checkpoints), "two")
+    real = backup.run_backup(keep_one)
+    assert real.deleted == ["global_step10"] and not (checkpoints / "global_step10").exists()
+
+
+def test_a_checkpoint_holding_a_link_is_refused_naming_it_and_the_next_one_is_still_backed_up(two_saves) -> None:
+    exp, checkpoints, _ = two_saves
+    link = checkpoints / "global_step10" / "extra.pt"
+    link.symlink_to("/etc/hostname")
+    report = backup.run_backup(exp)
+    assert str(link) in report.failed["global_step10"]
+    assert report.backed_up == ["global_step20"]

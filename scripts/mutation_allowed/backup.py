@@ -116,3 +116,18 @@ allow("ops/keep/backup.py", "_copy_checkpoint", NOT_WORTH + "only a race: a fold
 allow("ops/keep/backup.py", "_not_as_committed", EQUIVALENT + "hashes=None is falsy as False is: sizes only",
       ("bad = manifest.verify(ckpt.path, found, hashes=False).mismatches",
        "bad = manifest.verify(ckpt.path, found, hashes=None).mismatches"))
+_WALK = "for root, dirs, files in os.walk(ckpt.path, followlinks=False):"
+allow("ops/keep/backup.py", "fingerprint", EQUIVALENT + "a link among a folder's entries raises before os.walk "
+      "could go into it, so following links or not walks the same folders",
+      (_WALK, _WALK.replace("followlinks=False", "followlinks=None")), (_WALK, _WALK.replace(", followlinks=False", ", ")),
+      (_WALK, _WALK.replace("followlinks=False", "followlinks=True")))
+_PLAN = "report.planned.append(plan_checkpoint(ckpt, keeps_optimizer(exp, schedule, ckpt.step), source))"
+allow("ops/keep/backup.py", "run_backup", EQUIVALENT + "without `source` the plan takes the fingerprint again, of the "
+      "same files a moment later",
+      (_PLAN, _PLAN.replace(", source))", ", None))")), (_PLAN, _PLAN.replace(", source))", ", ))")))
+allow("ops/keep/backup.py", "run_backup", NOT_WORTH + "a global_stepN that is a link is refused either way: by its "
+      "refusal here, else by fingerprint (test_ops_backup_trust's link rows); only the words differ",
+      ("refusal = ckpt.refusal()", "refusal = None"))
+allow("ops/keep/backup.py", "_retention", NOT_WORTH + "the words of a damaged checkpoint's kept reason (the mismatch "
+      "quoted); the decision to keep it is the same",
+      ("return str(bad[0]) if bad else None", "return str(None) if bad else None"))
