@@ -584,8 +584,8 @@ def test_a_dry_run_deletes_nothing_that_retention_would(two_saves) -> None:
 
 def test_a_checkpoint_holding_a_link_is_refused_naming_it_and_the_next_one_is_still_backed_up(two_saves) -> None:
     exp, checkpoints, _ = two_saves
-    link = checkpoints / "global_step10" / "extra.pt"
-    link.symlink_to("/etc/hostname")
+    link = checkpoints / "global_step10" / "more"  # a folder link: the manifest lists files, fingerprint sees it
+    link.symlink_to(checkpoints / "global_step20", target_is_directory=True)
     report = backup.run_backup(exp)
-    assert str(link) in report.failed["global_step10"]
+    assert str(link) in report.failed["global_step10"] and "symbolic link" in report.failed["global_step10"]
     assert report.backed_up == ["global_step20"]

@@ -131,3 +131,11 @@ allow("ops/keep/backup.py", "run_backup", NOT_WORTH + "a global_stepN that is a 
 allow("ops/keep/backup.py", "_retention", NOT_WORTH + "the words of a damaged checkpoint's kept reason (the mismatch "
       "quoted); the decision to keep it is the same",
       ("return str(bad[0]) if bad else None", "return str(None) if bad else None"))
+allow("ops/keep/backup.py", "run_backup", NOT_WORTH + "only a race: _not_as_committed has just walked the same folder "
+      "(a link or a file it cannot read is refused there, test_kills_backup's link row), so fingerprint fails here "
+      "only if the folder changed in between",
+      ("report.failed[ckpt.tag] = str(exc)", "report.failed[ckpt.tag] = None"),
+      ("report.failed[ckpt.tag] = str(exc)", "report.failed[ckpt.tag] = str(None)"))
+ALLOWED[("bigscience_ops/ops/keep/backup.py", "run_backup", "continue", "break")] = (
+    NOT_WORTH + "the `continue` after fingerprint fails: only a race (see the line above); the `continue` after "
+    "_not_as_committed is killed by test_kills_backup's link row")
