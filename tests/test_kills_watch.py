@@ -15,10 +15,13 @@ import pytest
 
 from bigscience_ops import slurm
 from bigscience_ops.config import load_experiment
+from bigscience_ops.ops.tell import alert_state
+from bigscience_ops.ops.tell.notify import default_state_path
 from bigscience_ops.ops.watch import lifecycle, local_run, status
 from bigscience_ops.run import ledger
 from bigscience_ops.run import lock as run_lock
 from bigscience_ops.run.lock import Holding
+from tests.fixtures_smtp import plain_outbox
 from tests.fixtures_status import seed_job
 from tests.fixtures_experiments import tiny_yaml
 
@@ -667,16 +670,18 @@ def test_a_mail_without_a_log_names_none(run, tmp_path: Path, plain_server) -> N
     assert "None" not in mail.get_content()
 
 
-def test_files_the_watchdog_cannot_write_beside_the_log_go_to_the_state_folder_of_the_env_given(
-        run, tmp_path: Path, plain_server) -> None:
-    from bigscience_ops.ops.tell import alert_state
-    from bigscience_ops.ops.tell.notify import default_state_path
-    from tests.fixtures_smtp import plain_outbox
-
-    inbox, port = plain_server
+def _empty_log(tmp_path: Path) -> Path:
+    """logs/main_log.txt of a run that has written nothing yet (the alert state and watchdog.log go beside it)."""
     log = tmp_path / "logs" / "main_log.txt"
     log.parent.mkdir()
     log.write_text("")
+    return log
+
+
+def test_files_the_watchdog_cannot_write_beside_the_log_go_to_the_state_folder_of_the_env_given(
+        run, tmp_path: Path, plain_server) -> None:
+    inbox, port = plain_server
+    log = _empty_log(tmp_path)
     env = {"XDG_STATE_HOME": str(tmp_path / "given-xdg")}
     usual = default_state_path(log)
     away_state, away_log = alert_state.elsewhere(usual, JOB, env)
@@ -694,14 +699,8 @@ def test_an_alert_state_that_cannot_be_replaced_beside_the_log_moves_to_the_env_
                                                                                       cert) -> None:
     """The log's folder is writable but the state's new copy cannot be put there (a folder where it goes): nothing
     sent yet, the state moves to the state folder of `env` with its lines, and that is an alert of its own."""
-    from bigscience_ops.ops.tell import alert_state
-    from bigscience_ops.ops.tell.notify import default_state_path
-    from tests.fixtures_smtp import plain_outbox
-
     inbox, port = plain_server
-    log = tmp_path / "logs" / "main_log.txt"
-    log.parent.mkdir()
-    log.write_text("")
+    log = _empty_log(tmp_path)
     env = {"XDG_STATE_HOME": str(tmp_path / "given-xdg"), HOOK: webhook_server.url}
     usual = default_state_path(log)
     usual.with_name(f".{usual.name}.{os.getpid()}.tmp").mkdir()  # where write_atomically puts the new copy
@@ -719,14 +718,8 @@ def test_an_alert_state_that_cannot_be_replaced_beside_the_log_moves_to_the_env_
 @pytest.mark.parametrize("beside", ["unwritable", "its state not"])
 def test_an_alert_state_that_cannot_be_written_anywhere_is_the_error_naming_it(run, tmp_path: Path, plain_server,
                                                                               beside: str) -> None:
-    from bigscience_ops.ops.tell import alert_state
-    from bigscience_ops.ops.tell.notify import default_state_path
-    from tests.fixtures_smtp import plain_outbox
-
     inbox, port = plain_server
-    log = tmp_path / "logs" / "main_log.txt"
-    log.parent.mkdir()
-    log.write_text("")
+    log = _empty_log(tmp_path)
     env = {"XDG_STATE_HOME": str(tmp_path / "given-xdg")}
     usual = default_state_path(log)
     away_state, _ = alert_state.elsewhere(usual, JOB, env)
