@@ -46,7 +46,7 @@ EXIT_AT, STEPS = 2, 5  # 4 samples a step, no rampup: each launch is mostly its 
 TIMING = ("elapsed_ms", "samples_per_second", "tflops", "mfu")
 FP16_ON_CPU = ("import sys, deepspeed.accelerator.cpu_accelerator as cpu; "
                "cpu.CPU_Accelerator.is_fp16_supported = lambda self: True; "
-               "from bigscience_ops.trainer.train import main; sys.exit(main(sys.argv[1:]))")
+               "from bigscience_ops.trainer.__main__ import start; sys.exit(start())")
 """A trainer rank for which DeepSpeed's CPU accelerator accepts fp16 (torch computes it on CPU, slowly)."""
 
 
