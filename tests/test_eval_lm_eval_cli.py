@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import pytest
@@ -184,14 +183,10 @@ def installs(tmp_path_factory) -> dict:
     return {"venvs": out, "env": env, "source": source}
 
 
-def _start_up(python: Path, cwd: Path, env: dict, runs: int = 15) -> float:
-    """The fastest of `runs` starts of `python -c pass`, in ms."""
-    best = float("inf")
-    for _ in range(runs):
-        started = time.perf_counter()
-        _run([python, "-c", "pass"], cwd, env)
-        best = min(best, time.perf_counter() - started)
-    return best * 1000
+def _imported_at_start(python: Path, cwd: Path, env: dict) -> set[str]:
+    """The modules `python -c pass` imports while it starts, by name (-X importtime)."""
+    lines = _run([python, "-X", "importtime", "-c", "pass"], cwd, env).stderr.splitlines()
+    return {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")} - {"imported package"}
 
 
 @pytest.mark.slow  # builds a wheel, installs it and an editable copy into two fresh venvs
@@ -209,16 +204,16 @@ def test_an_installed_bsops_is_found_by_lm_eval_and_costs_its_start_up_almost_no
     name, path = json.loads(_run([python, "-c", code], tmp_path, env).stdout)
     home = installs["source"] if kind == "editable" else purelib
     assert name == "Entry" and path.startswith(str(home)), path
-    importtime = _run([python, "-X", "importtime", "-c", "pass"], tmp_path, env).stderr
-    assert not [line for line in importtime.splitlines() if line.split("|")[-1].strip().split(".")[0] in HEAVY]
-    with_hook = _start_up(python, tmp_path, env)
+    # What the hook costs every interpreter's start: no module of its own or anyone's (it runs one compiled line
+    # and defines one class); its time is not asserted here (timings live in benchmarks/).
+    with_hook = _imported_at_start(python, tmp_path, env)
+    assert not {name for name in with_hook if name.split(".")[0] in HEAVY}
     pth.rename(pth.with_suffix(".off"))
     try:
-        without = _start_up(python, tmp_path, env)
+        without = _imported_at_start(python, tmp_path, env)
     finally:
         pth.with_suffix(".off").rename(pth)
-    print(f"{kind}: python -c pass {with_hook:.1f} ms with the hook, {without:.1f} ms without")
-    assert with_hook <= without + 5, (with_hook, without)  # measured: about 0.3 ms (one compiled line, one class)
+    assert with_hook == without, sorted(with_hook ^ without)
 
 
 @pytest.mark.slow  # builds a wheel and installs it into a fresh venv
