@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the tests need on a fresh machine and runs them. Usage: bash scripts/test.sh [pytest args]
 # The tests run on two pytest-xdist workers unless the arguments say otherwise (-n 0: one process, -n N: N):
-# tests/conftest.py keeps the job script's tests (Slurm, bsops launch --local) on one worker, the other launches on the other.
+# tests/conftest.py keeps the Slurm cluster's tests on one worker, the local launches of the job script on one, each
+# module's trainer launches on one.
 # A test that skips fails the run unless tests/conftest.py's ALLOWED_SKIPS lists it (a GPU test on a CPU machine):
 # run as root on Debian/Ubuntu, where everything below can be installed.
 set -euo pipefail

@@ -91,7 +91,10 @@ def trainings(tmp_path: Path) -> Path:
 
 
 JOB_SCRIPT_MODULES = {"test_launch", "test_trainer_failure"}
-"""Test modules that run the job script outside Slurm (bsops launch --local), with the cluster's tests on one worker."""
+"""Test modules that run the job script outside Slurm (bsops launch --local): their slow tests run one after another
+on one worker, beside the cluster's tests if the other worker takes those (a local launch's rendezvous port is drawn
+from 20000 up to the kernel's own range, a Slurm job's is slurm.master_port + its job id % 1000, 6000-6999 in the
+tests' experiments: they never meet)."""
 SESSION_RUNS = {"golden_run", "spiked_run"}
 """Session fixtures that train: the tests that read them run on one worker, which trains each once."""
 
@@ -99,14 +102,16 @@ SESSION_RUNS = {"golden_run", "spiked_run"}
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With pytest-xdist (-n 2 --dist loadgroup, scripts/test.sh's default) each group runs whole on one worker:
-    the tests of the job script (on the Slurm cluster, which each worker would start for itself, or run locally);
+    the tests on the Slurm cluster (which each worker would start for itself); the job script's local launches;
     the readers of the session's trained runs (SESSION_RUNS); and each other module's slow tests, which share
     module-scoped runs. A worker takes the next group when it is free, the groups with most tests first; the quick
     tests fill the gaps and the end, mostly beside the cluster's tests, which spend half their time waiting for Slurm."""
     readers = {item.path for item in items if SESSION_RUNS.intersection(getattr(item, "fixturenames", ()))}
     for item in items:
-        if item.get_closest_marker("slurm") or (item.get_closest_marker("slow") and item.path.stem in JOB_SCRIPT_MODULES):
-            item.add_marker(pytest.mark.xdist_group("job-script"))
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm-cluster"))
+        elif item.get_closest_marker("slow") and item.path.stem in JOB_SCRIPT_MODULES:
+            item.add_marker(pytest.mark.xdist_group("local-launches"))
         elif item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.xdist_group("session-runs" if item.path in readers else f"launches-{item.path.stem}"))
     # xdist hands out groups of equal size in collection order: the one-test groups of slow modules go before the
