@@ -48,7 +48,8 @@ def test_script_has_array_resources_and_derived_exit(tmp_path: Path) -> None:
     assert "#SBATCH --nodes=16\n" in script and "#SBATCH --gres=gpu:4\n" in script
     assert "#SBATCH --partition=gpu_p13\n" in script and "#SBATCH --account=six@gpu\n" in script
     assert "saves then exits after 1190 minutes" in script
-    assert 'tee -a "$LOGS_PATH/main_log.txt"' in script
+    main_log = Path(exp.paths.logs) / "main_log.txt"
+    assert f"\nMAIN_LOG={main_log}\n" in script and 'tee -a "$MAIN_LOG"' in script
     assert "source $six_ALL_CCFRWORK/code/tr1-13B/bigscience/train/tr1-13B-base/start-tr1-13B\n" in script
 
 

@@ -26,6 +26,7 @@ from bigscience_ops.cli.base import (
 )
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.redact import scrub
+from bigscience_ops.run import log as runlog
 
 allow_incomplete_option = click.option(
     "--allow-incomplete", is_flag=True,
@@ -373,7 +374,7 @@ def launch(exp: str, overrides: tuple[str, ...], local: bool, after_current: boo
         job_id = submit.submit(launch_plan)
         click.echo(f"submitted job array {job_id} ({experiment.slurm.array} tasks, one at a time)")
         again = " ".join(shlex.quote(word) for word in (exp, *overrides))
-        click.echo(f"watch it with: bsops status {again}    log: {Path(experiment.paths.logs) / 'main_log.txt'}")
+        click.echo(f"watch it with: bsops status {again}    log: {runlog.main_log(experiment.paths.logs)}")
         return
     with _data_checked():
         with _console() as console:  # each task's end was told as it came (launch_console.task_end)

@@ -12,6 +12,8 @@ from bigscience_ops.cli.base import (
     TEXT, FiniteFloat, SafePath, echo_detail, main, open_run, overrides_argument, resolve, run_option,
     trainings_option, verbose_option,
 )
+from bigscience_ops.run import log as runlog
+from bigscience_ops.schema import AlertsConfig
 
 
 @main.command("status")
@@ -93,9 +95,9 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
         raise click.UsageError("give an experiment (EXP) or --job-name")
     settings = watchdog.WatchSettings(
         job_name=job_name, users=users, group=slurm_cfg and slurm_cfg.group,
-        log_path=resolve(log_path, experiment and Path(experiment.paths.logs) / "main_log.txt"),
+        log_path=resolve(log_path, experiment and runlog.main_log(experiment.paths.logs)),
         stall_minutes=alerts and alerts.stall_minutes, contact=contact or DEFAULT_CONTACT, outbox=outbox,
-        state_path=alert_state, cooldown_minutes=alerts.cooldown_minutes if alerts else 60.0,
+        state_path=alert_state, cooldown_minutes=alerts.cooldown_minutes if alerts else AlertsConfig.cooldown_minutes,
         experiment=experiment.name if experiment else None, timeout=timeout, cron_dir=cron_dir,
         health=alerts and alerts.health)
     result = watchdog.watch(settings, run=state, query=query)

@@ -334,7 +334,7 @@ class LocalExecutor:
                     script = self.write(plan)
             exp = plan.experiment
             nodes = exp.slurm.nodes
-            output = logs / f"{exp.slurm.job_name or exp.name}-{array_job_id}_{task}.out"
+            output = logs / f"{exp.slurm.job_name}-{array_job_id}_{task}.out"
             env = _task_environment(exp, out, array_job_id, task, self.lock_fd)
             start, label = time.time(), f"array task {task}/{count}"
             before = latest_iteration(checkpoints)
@@ -346,7 +346,7 @@ class LocalExecutor:
                            plan.schedule.train_iters)
             results.append(LocalTask(task, code, seconds, output, end.line))
             if code != 0:  # the line names the error and the task's output; the log holds every task's
-                raise LaunchError(f"{end.line} (every task's lines: {logs / 'main_log.txt'})")
+                raise LaunchError(f"{end.line} (every task's lines: {runlog.main_log(logs)})")
             self.progress(end.line)
             records = read_records(exp)
             if plan.schedule.finished(records.iteration):
@@ -354,7 +354,7 @@ class LocalExecutor:
             if records.kill_switch is not None:  # touched while the task trained: it saved and exited, the run stops
                 self.progress(f"the kill switch {records.kill_switch} exists: no further task is started")
                 break
-        return LocalRun(out, script, results, logs / "main_log.txt", checkpoints, Path(exp.paths.tensorboard),
+        return LocalRun(out, script, results, runlog.main_log(logs), checkpoints, Path(exp.paths.tensorboard),
                         plan.schedule.finished(read_records(exp).iteration))
 
 
@@ -372,7 +372,7 @@ def _task_environment(exp: Experiment, out: Path, array_job_id: int, task: int,
         # These ids are made up (local=True): nothing may scancel them on a real cluster this machine can reach.
         **slurm.TaskEnv(job_id=str(array_job_id + task), array_job_id=str(array_job_id), array_task_id=str(task),
                         array_task_min="1", array_task_max=str(exp.slurm.array), node_list=node_list,
-                        num_nodes=nodes, local=True, job_name=exp.slurm.job_name or exp.name, submit_dir=str(out),
+                        num_nodes=nodes, local=True, job_name=exp.slurm.job_name, submit_dir=str(out),
                         cpus_per_task=str(exp.slurm.cpus_per_task)).to_env(),
         # Every "node" shares this machine: give each training process its share of the cores,
         # as Slurm's --cpus-per-task would, instead of each using them all.

@@ -27,6 +27,7 @@ from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.plan import Plan
 from bigscience_ops.resources import bundled
 from bigscience_ops.run.lock import HELD_ENV, LOCK_NAME
+from bigscience_ops.run.log import main_log
 from bigscience_ops.run.records import EXIT_NOT_TRAINING
 from bigscience_ops.typedyaml import PLAIN, SHELL_LINE, Charset, check_charset, control_allowed, control_character
 from bigscience_ops.run.records import EXPERIMENT_JSON
@@ -168,7 +169,7 @@ def render(exp: Experiment, out_dir: Path, plan: Plan) -> Rendered:
     out_dir = Path(out_dir).resolve()
     s = exp.slurm
     where = f"experiment {exp.name}"
-    [(_, job_name)] = slurm_options(where, {"job-name": s.job_name or exp.name})
+    [(_, job_name)] = slurm_options(where, {"job-name": s.job_name})
     optional = slurm_options(where, {"partition": s.partition or None, "account": s.account or None,
                                      "constraint": s.constraint or None, "qos": s.qos or None,
                                      "exclude": ",".join(s.exclude) or None})
@@ -183,6 +184,7 @@ def render(exp: Experiment, out_dir: Path, plan: Plan) -> Rendered:
         "optional": optional,
         "env_setup": [Raw(line) for line in s.env_setup],
         "run_dir": str(out_dir),
+        "main_log": str(main_log(exp.paths.logs)),
         "threads_per_process": max(1, s.cpus_per_task // s.gpus_per_node),
         "port_spread": PORT_SPREAD,
         "exit_not_training": EXIT_NOT_TRAINING,

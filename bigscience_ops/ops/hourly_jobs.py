@@ -70,7 +70,7 @@ def job_name_of(kind: str, exp: Experiment) -> str:
     """The Slurm name of exp's hourly job `kind`: `bsops.<training job name>.<suffix>` (slurm.hourly_job_name), a
     form no experiment's training can take, so neither is ever taken for the other. Raises ConfigError for a
     training job name in that reserved form (an experiment built without the config's checks)."""
-    training = exp.slurm.job_name or exp.name
+    training = exp.slurm.job_name
     try:
         return slurm.hourly_job_name(training, JOBS[kind].suffix)
     except ValueError as exc:

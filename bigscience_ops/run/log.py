@@ -39,6 +39,7 @@ from pathlib import Path
 from bigscience_ops.errors import BsopsError
 
 LOG_NAME = "main_log.txt"
+"""The main log's name in paths.logs: every task's lines, the job script's and the trainer's (main_log)."""
 _BLOCK = 64 * 1024
 TAIL_BYTES = 64 << 20
 """At most this many bytes are read from the end of a log for its last lines, fewer when the lines asked for come
@@ -58,6 +59,11 @@ class LogMissing(LogError):
     """No log at any of the places tried (the run has not logged yet): names them."""
 
 
+def main_log(logs: str | os.PathLike[str]) -> Path:
+    """The run's main log in its logs folder (paths.logs): where the job script appends every task's lines."""
+    return Path(logs) / LOG_NAME
+
+
 def log_candidates(exp, from_clone: Path | None = None) -> list[Path]:
     """Where the main log may be, in order: the run folder, then the synced clone (or `from_clone`)."""
     if from_clone is not None:
@@ -65,7 +71,7 @@ def log_candidates(exp, from_clone: Path | None = None) -> list[Path]:
         first: list[Path] = []
     else:
         clones = [Path(exp.paths.output) / "hub" / "logs"] if exp.paths.output else []
-        first = [Path(exp.paths.logs) / LOG_NAME] if exp.paths.logs else []
+        first = [main_log(exp.paths.logs)] if exp.paths.logs else []
     return first + [p for clone in clones for p in (clone / LOG_NAME, clone / "logs" / LOG_NAME)]
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from bigscience_ops.run import ledger
 from bigscience_ops.run import lock as run_lock
 from bigscience_ops.run import index as runs_index
+from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.untrusted import Problem, RecordFileError, excerpt, kind_of, read_small
 from bigscience_ops.run.index import Launch
@@ -240,7 +241,7 @@ def _last_alert(exp) -> str | None:
     """The newest open alert of the run's alert state (beside its main_log.txt), as one short line."""
     from bigscience_ops.ops.tell import notify
 
-    open_now, problem = notify.open_alerts(notify.default_state_path(Path(exp.paths.logs) / "main_log.txt"))
+    open_now, problem = notify.open_alerts(notify.default_state_path(runlog.main_log(exp.paths.logs)))
     if problem is not None:
         return f"the alert state cannot be read: {problem}"
     if not open_now:

@@ -179,7 +179,7 @@ def append(path: Path, record: JobRecord) -> None:
 
 def job_name(exp: Experiment) -> str:
     """The eval job's Slurm name: `bsops.<training job name>.eval`, the hourly jobs' reserved form."""
-    training = exp.slurm.job_name or exp.name
+    training = exp.slurm.job_name
     try:
         return slurm.hourly_job_name(training, SUFFIX)
     except ValueError as exc:

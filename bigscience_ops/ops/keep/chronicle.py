@@ -171,7 +171,7 @@ def _task_logs(log: Path) -> dict[str, _TaskLog]:
 def read(exp: Experiment) -> Chronicle:
     """The run's events in time order, and a problem for each record line (or file) that could not be read."""
     out_dir = Path(exp.paths.output)
-    log_path = Path(exp.paths.logs) / runlog.LOG_NAME
+    log_path = runlog.main_log(exp.paths.logs)
     ledger_read = ledger.read_checked(out_dir / ledger.LEDGER_NAME)
     rollbacks_read = rollbacks.read_checked(out_dir)
     backups, backup_problems = _backups(exp)

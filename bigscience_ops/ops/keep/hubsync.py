@@ -41,11 +41,12 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import chronicle, gitlfs
 from bigscience_ops.redact import scrub
+from bigscience_ops.run import log as runlog
 from bigscience_ops.schema import Experiment
 
 WHATS = ("logs", "tensorboard", "codecarbon")
 # Growing files go through LFS from the first byte, so history never holds their full copies.
-ALWAYS_LFS = {"logs": ("main_log.txt",), "tensorboard": ("*tfevents*",), "codecarbon": (),
+ALWAYS_LFS = {"logs": (runlog.LOG_NAME,), "tensorboard": ("*tfevents*",), "codecarbon": (),
               "checkpoints": ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.h5", "*.msgpack", "*.onnx")}
 
 

@@ -19,6 +19,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.tell import alert_state, channels, notify
 from bigscience_ops.ops.tell.message import NotifyError
 from bigscience_ops.redact import env_secrets, scrub
+from bigscience_ops.run import log as runlog
 
 if TYPE_CHECKING:
     from bigscience_ops.schema import AlertsConfig
@@ -80,7 +81,7 @@ def tell_job(teller: Teller, job: str, command: str, error: str | None) -> tuple
         outbox = channels.outbox_from_alerts(teller.alerts)
         if outbox is None:
             return True, ["no alert email: alerts.email_to is empty"] if error is not None else []
-        log = Path(teller.logs) / "main_log.txt" if teller.logs else None
+        log = runlog.main_log(teller.logs) if teller.logs else None
         usual = notify.default_state_path(log)
         where = alert_state.place(usual, None, teller.experiment)
 

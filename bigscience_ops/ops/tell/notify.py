@@ -29,6 +29,7 @@ from bigscience_ops.ops.tell.alert_state import (  # noqa: F401 - the state's re
 from bigscience_ops.ops.tell.channels import NAMES, Outbox
 from bigscience_ops.ops.tell.message import NotifyError, subject_line
 from bigscience_ops.redact import env_secrets, scrub
+from bigscience_ops.schema import AlertsConfig
 
 _State, _state_file = State, state_file  # their names before alert_state.py
 
@@ -125,7 +126,7 @@ class _Outgoing:
 
 
 def notify(report: StatusReport, outbox: Outbox, state_path: str | os.PathLike[str], *,
-           experiment: str | None = None, cooldown_minutes: float = 60.0, log_path: str | None = None,
+           experiment: str | None = None, cooldown_minutes: float = AlertsConfig.cooldown_minutes, log_path: str | None = None,
            now: datetime | None = None, env: Mapping[str, str] | None = None) -> list[Notice]:
     """Send the report's alerts on each channel that has not sent the same condition within the cooldown,
     and a recovery on each channel that told of a condition that has cleared. Returns the messages sent
@@ -257,7 +258,7 @@ def _now() -> datetime:
 
 
 def notify_job(outbox: Outbox, state_path: str | os.PathLike[str], job: str, error: str | None, *,
-               experiment: str, command: str, cooldown_minutes: float = 60.0, now: datetime | None = None,
+               experiment: str, command: str, cooldown_minutes: float = AlertsConfig.cooldown_minutes, now: datetime | None = None,
                env: Mapping[str, str] | None = None) -> JobNotice:
     """Report one run of an hourly job (`job`: hub-sync, backup) that failed with `error` or, with
     None, worked. A failure is sent at once and then at most once per `cooldown_minutes` while it

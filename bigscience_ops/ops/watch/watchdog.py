@@ -47,7 +47,7 @@ from bigscience_ops.ops.watch import local_run, status
 from bigscience_ops.ops.watch.lifecycle import RunState
 from bigscience_ops.run.records import EXPERIMENT_JSON
 from bigscience_ops.untrusted import Problem
-from bigscience_ops.schema import HealthConfig
+from bigscience_ops.schema import AlertsConfig, HealthConfig
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class WatchSettings:
     """The channels alerts, recoveries and the finish go out on; None: print and log only."""
     state_path: str | os.PathLike[str] | None = None
     """The cooldown state; None: `.bsops-alerts.json` next to the log (in ~/.cache/bsops/ without a log)."""
-    cooldown_minutes: float = 60.0
+    cooldown_minutes: float = AlertsConfig.cooldown_minutes
     """Send the same alert at most once per this many minutes, on each channel."""
     experiment: str | None = None
     """The experiment's name, for the messages (default: the run's, else the job name)."""
