@@ -11,6 +11,7 @@ from bigscience_ops.cli import views  # noqa: F401  (logs, plot, info, chronicle
 from bigscience_ops.cli import samples  # noqa: F401  (samples)
 from bigscience_ops.cli import runs  # noqa: F401  (runs)
 from bigscience_ops.cli import evaluate  # noqa: F401  (eval)
+from bigscience_ops.cli import fields  # noqa: F401  (fields)
 from bigscience_ops.cli.base import EXIT_ERROR, EXIT_PROBLEMS, main
 
 __all__ = ["main", "EXIT_ERROR", "EXIT_PROBLEMS"]

@@ -4,6 +4,7 @@ option types that refuse hostile values, and the line that says which run folder
 from __future__ import annotations
 
 import inspect
+import re
 import math
 import sys
 from collections.abc import Callable
@@ -33,8 +34,37 @@ def echo_detail(exc: BaseException) -> None:
         click.echo(scrub(detail()), err=True)
 
 
+_DASHED_FIELD = re.compile(r"--([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)+)(=.*)?", re.DOTALL)
+"""`--train.seed=7` or `--train.seed 7`: a field path with at least one dot (no option of bsops has one)."""
+
+
+def dashed_overrides(args: list[str]) -> list[str]:
+    """`--SECTION.KEY=VALUE` and `--SECTION.KEY VALUE` (torchtitan's and tyro's spelling) as `SECTION.KEY=VALUE`, the
+    one overrides layer's; nothing after `--` is touched. A dashed field path with no value is left for click to
+    refuse."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return out + args[i:]
+        dashed = _DASHED_FIELD.fullmatch(arg)
+        if dashed and dashed.group(2) is not None:
+            out.append(dashed.group(1) + dashed.group(2))
+        elif dashed and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            out.append(f"{dashed.group(1)}={args[i + 1]}")
+            i += 1
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
 class _Group(click.Group):
     """Turns library errors and a command's bad arguments into one clear line and exit code 2, with no traceback."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, dashed_overrides(args))
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -187,19 +217,23 @@ def resolve(given, from_experiment=None, default=None):
     return default
 
 
-OVERRIDES_HELP = """SECTION.KEY=VALUE sets any field of the experiment for this command: VALUE is one YAML flow value,
-typed, bounded and checked exactly as in the file. One precedence for every field: the command line,
-then the experiment file, then its bases, then bsops' defaults. A run's record (experiment.json) keeps
-the values and the assignments; `bsops plan` shows them. For example:
+OVERRIDES_HELP = """SECTION.KEY=VALUE (also spelled --SECTION.KEY=VALUE) sets any field of the experiment for one command:
+VALUE is one YAML flow value, typed, bounded and checked exactly as in the file. One precedence for every field:
+the command line, then the experiment file, then its bases, then bsops' defaults. A run's record (experiment.json)
+keeps the values and the assignments; `bsops plan` shows them; `bsops fields` lists every field. For example:
 
 \b
-  bsops launch tiny --local train.seed=7 optimizer.lr=3e-4 'eval.tasks=[arc_easy, piqa]'"""
+  bsops plan tiny train.seed=7 optimizer.lr=3e-4 'eval.tasks=[arc_easy, piqa]'"""
+OVERRIDES_LINE = ("SECTION.KEY=VALUE (or --SECTION.KEY=VALUE) after EXP sets that field of the experiment for this "
+                  "command, as a file would; `bsops fields` lists the fields, `bsops --help` says the rule.")
+main.help = f"{inspect.cleandoc(main.help or '')}\n\n{OVERRIDES_HELP}"
 
 
 def overrides_argument(func):
     """The trailing `[SECTION.KEY=VALUE]...` of a command that loads an experiment (config.load_experiment's
-    `overrides`), with OVERRIDES_HELP added to the command's help. Place it below @main.command()."""
-    func.__doc__ = f"{inspect.cleandoc(func.__doc__ or '')}\n\n{OVERRIDES_HELP}"
+    `overrides`), with OVERRIDES_LINE added to the command's help (the rule itself is said once, in `bsops --help`).
+    Place it below @main.command()."""
+    func.__doc__ = f"{inspect.cleandoc(func.__doc__ or '')}\n\n{OVERRIDES_LINE}"
     return click.argument("overrides", nargs=-1, type=TEXT, metavar="[SECTION.KEY=VALUE]...")(func)
 
 
