@@ -1,6 +1,6 @@
 """Build steps: copy the bundled folders into the wheel; compile the shuffle helper.
 
-templates/, trainings/, corpus/ and cron/ stay at the top of the source tree; a non-editable
+templates/, trainings/ and corpus/ stay at the top of the source tree; a non-editable
 `pip install .` gets a copy inside the package as bigscience_ops/bundled/<name>/, where
 bigscience_ops/resources.py finds them.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
-BUNDLED = ("templates", "trainings", "corpus", "cron")
+BUNDLED = ("templates", "trainings", "corpus")
 # Outputs that live in those folders in a working checkout, never shipped.
 IGNORE = shutil.ignore_patterns("build", "logs", "runners", "*.slurm", "__pycache__", ".gitignore")
 HOOK = Path("bigscience_ops", "ops", "evaluate", "lm_eval_hook.py")

@@ -1,4 +1,4 @@
-"""Where the bundled folders are: templates/, trainings/, corpus/ and cron/.
+"""Where the bundled folders are: templates/, trainings/ and corpus/.
 
 In a source checkout they are the top-level folders beside the package. A `pip install .` copies
 them into the package as `bigscience_ops/bundled/<name>/` (pyproject.toml maps them there), so an
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bigscience_ops.errors import BsopsError
 
-NAMES = ("templates", "trainings", "corpus", "cron")
+NAMES = ("templates", "trainings", "corpus")
 PACKAGE = Path(__file__).resolve().parent
 INSTALLED = PACKAGE / "bundled"  # where pyproject.toml's package-dir puts them in a wheel
 CHECKOUT = PACKAGE.parent  # the repository root of a source checkout

@@ -22,18 +22,18 @@ REPO = Path(__file__).resolve().parents[1]
 def _bundled_as_committed() -> Path:
     """bsops' bundled folders as the repository holds them, apart from the checkout, named by BSOPS_DATA_DIR for
     this process and every command a test starts: an experiment, a run or a cron job the user keeps in the
-    checkout's trainings/ or cron/ never reaches a test. templates/, trainings/ and cron/ are copied (their tracked
+    checkout's trainings/ never reaches a test. templates/ and trainings/ are copied (their tracked
     files); corpus/ is the checkout's own (the data bsops builds there is bsops' own)."""
     folder = Path(tempfile.mkdtemp(prefix="bsops-test-bundled-"))
     atexit.register(shutil.rmtree, folder, True)
-    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "templates", "trainings", "cron"],
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "templates", "trainings"],
                              capture_output=True, text=True, timeout=60)
     names = [n for n in tracked.stdout.split("\0") if n] if tracked.returncode == 0 else []
-    for name in names or [str(p.relative_to(REPO)) for d in ("templates", "trainings", "cron")
+    for name in names or [str(p.relative_to(REPO)) for d in ("templates", "trainings")
                           for p in (REPO / d).rglob("*") if p.is_file()]:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, folder / name)
-    for name in ("templates", "trainings", "cron"):
+    for name in ("templates", "trainings"):
         (folder / name).mkdir(exist_ok=True)
     (folder / "corpus").symlink_to(REPO / "corpus")
     return folder

@@ -190,6 +190,8 @@ def test_cli_preprocess_progress_and_merge(tmp_path):
                                    "--output-prefix", str(tmp_path / command)])
         assert res.exit_code == 0, res.output
         assert len(IndexedDataset(tmp_path / command)) == 2 * 259
+        assert ("merge-data is now merge-datasets" in res.stderr) == (command == "merge-data")
+    assert not re.search(r"^ +merge-data ", runner.invoke(main, ["--help"]).output, re.M)  # the old name is hidden
 
 
 def test_ctrl_c_never_leaves_a_complete_looking_index(tmp_path):

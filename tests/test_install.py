@@ -21,8 +21,7 @@ import pytest
 pytestmark = pytest.mark.slow  # builds a wheel and installs it into a fresh venv
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ["pyproject.toml", "setup.py", "README.md", "bigscience_ops", "templates", "trainings", "corpus",
-           "cron"]
+SOURCES = ["pyproject.toml", "setup.py", "README.md", "bigscience_ops", "templates", "trainings", "corpus"]
 SKIP = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "logs", "runners", "*.slurm", "*.so")
 
 
@@ -111,7 +110,7 @@ def test_wheel_holds_the_bundled_folders(installed) -> None:
         p.name for p in (REPO / "templates").glob("*.j2"))
     assert (bundled / "trainings" / "tiny.yaml").read_bytes() == (REPO / "trainings" / "tiny.yaml").read_bytes()
     assert (bundled / "corpus" / "kjv.jsonl.xz").stat().st_size == (REPO / "corpus" / "kjv.jsonl.xz").stat().st_size
-    assert (bundled / "cron" / "cron.hourly").is_dir() and not (bundled / "corpus" / "build").exists()
+    assert not (bundled / "cron").exists() and not (bundled / "corpus" / "build").exists()
 
 
 def test_plan_and_render_from_another_folder(installed, tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ import torch
 
 from bigscience_ops.data.gpt_dataset import TokenPlace
 from bigscience_ops.schema import DataSource
-from bigscience_ops.trainer.data import MicroBatchFeed, SyntheticDataset, TokenOutOfVocabulary, build_datasets
+from bigscience_ops.trainer.data import MicroBatchFeed, TokenOutOfVocabulary
+from bigscience_ops.trainer.sampling import SyntheticDataset, build_datasets
 from tests.fixtures_data import write_indexed
 from tests.fixtures_trainer import small_experiment
 

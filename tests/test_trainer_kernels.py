@@ -17,7 +17,8 @@ from bigscience_ops.config import load_experiment
 from bigscience_ops.kernels.choice import OPS
 from bigscience_ops.launch.local import free_port
 from bigscience_ops.sizing import GPTShape
-from bigscience_ops.trainer.data import SyntheticDataset, step_micro_batches
+from bigscience_ops.trainer.data import step_micro_batches
+from bigscience_ops.trainer.sampling import SyntheticDataset
 from bigscience_ops.trainer.model import build_sequential, loss_function
 from bigscience_ops.trainer.tensor_parallel import TensorParallel, vocab_parallel_cross_entropy
 from tests.fixtures_trainer import REPO, small_experiment

@@ -18,7 +18,8 @@ from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.run.iterations import IterationStats, iteration_line
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
-from bigscience_ops.trainer.data import SyntheticDataset, sample_indices, step_micro_batches
+from bigscience_ops.trainer.data import step_micro_batches
+from bigscience_ops.trainer.sampling import SyntheticDataset, sample_indices
 from bigscience_ops.trainer.metrics import Metrics, StepRecord
 from bigscience_ops.trainer.model import EmbeddingPipe, TransformerBlock, build_sequential, lm_loss
 from bigscience_ops.trainer.report import validation_lines

@@ -1,4 +1,4 @@
-"""Data commands: preprocess, merge-datasets (alias merge-data), prepare-corpus, data verify."""
+"""Data commands: preprocess, merge-datasets, prepare-corpus, data verify (merge-data: merge-datasets' former name)."""
 
 from __future__ import annotations
 
@@ -365,10 +365,11 @@ def merge_datasets_command(prefixes: tuple[str, ...], folder: Path | None, outpu
     _merge(prefixes, folder, output_prefix)
 
 
-@main.command("merge-data")
+@main.command("merge-data", hidden=True)
 @_merge_options
 def merge_data(prefixes: tuple[str, ...], folder: Path | None, output_prefix: str) -> None:
-    """Alias of merge-datasets (its former name)."""
+    """merge-datasets' former name, kept one release and left out of `bsops --help`."""
+    click.echo("note: merge-data is now merge-datasets; the old name goes in the next release", err=True)
     _merge(prefixes, folder, output_prefix)
 
 

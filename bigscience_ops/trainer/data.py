@@ -42,9 +42,7 @@ import numpy as np
 import torch
 
 from bigscience_ops.trainer.errors import TrainerError
-from bigscience_ops.trainer.sampling import (  # noqa: F401  (re-exported for the trainer and its tests)
-    SyntheticDataset, build_datasets, micro_batch_indices, sample_indices,
-)
+from bigscience_ops.trainer.sampling import micro_batch_indices
 from bigscience_ops.trainer.stacks import serve_stack_dumps
 
 
