@@ -26,3 +26,8 @@ class PlanError(BsopsError):
         self.problems = problems
         lines = "\n".join(f"  - {p}" for p in problems)
         super().__init__(f"{len(problems)} problem(s) must be fixed before launching:\n{lines}")
+
+
+class LaunchError(BsopsError):
+    """A launch cannot go ahead or did not finish: it would overlap a training, cannot be recorded, or (a local one)
+    could not start or a task failed, naming the task, its exit code and its log."""

@@ -31,12 +31,12 @@ class Phase:
         return f"phase {self.index} ({self.nodes} nodes from step {self.first_step}, consumed samples {self.start_samples})"
 
 
-class ScheduleError(ValueError):
+class NodeScheduleError(ValueError):
     """The node schedule's phases do not start in order: names the phase, its start and the previous one's."""
 
 
 def node_phases(slurm: SlurmConfig, schedule: BatchSchedule) -> list[Phase]:
-    """The run's phases in order; raises ScheduleError when a phase does not start after the previous one."""
+    """The run's phases in order; raises NodeScheduleError when a phase does not start after the previous one."""
     if not slurm.node_schedule:
         return [Phase(0, slurm.nodes, 1, 0, "slurm.nodes")]
     phases: list[Phase] = []
@@ -54,7 +54,7 @@ def node_phases(slurm: SlurmConfig, schedule: BatchSchedule) -> list[Phase]:
         start = schedule.consumed_after(steps)
         previous = phases[-1]
         if steps + 1 <= previous.first_step:
-            raise ScheduleError(f"{given} starts at step {steps + 1}, not after the previous phase's first step "
+            raise NodeScheduleError(f"{given} starts at step {steps + 1}, not after the previous phase's first step "
                                 f"{previous.first_step}: phases must start in order")
         phases.append(Phase(i, entry.nodes, steps + 1, start, f"{where}.nodes"))
     return phases

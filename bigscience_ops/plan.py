@@ -55,7 +55,7 @@ def plan_phases(run: RunSchedule, gpus: list[int], model_parallel: int, size: Ru
 # ----------------------------------------------------------------------------- the plan
 
 @dataclass(frozen=True)
-class Problem:
+class Finding:
     """A rule the experiment breaks; `severity` is error (blocks launching) or warning."""
 
     field: str
@@ -96,15 +96,15 @@ class Plan:
     exit_duration_in_mins: int
     exit_margin_mins: int
     skips: list[SkipSpan] = field(default_factory=list)  # train.skip_iterations, a rollback's skips included
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
-    def errors(self) -> list[Problem]:
+    def errors(self) -> list[Finding]:
         return [p for p in self.problems if p.severity == "error"]
 
     @property
-    def warnings(self) -> list[Problem]:
+    def warnings(self) -> list[Finding]:
         return [p for p in self.problems if p.severity == "warning"]
 
 
@@ -121,24 +121,24 @@ def valid_node_counts(exp: Experiment, batch_sizes: list[int], limit: int = 4096
     return [dp * mp // gpn for dp in sorted(divisors) if (dp * mp) % gpn == 0 and dp * mp // gpn <= limit]
 
 
-def _check_phases(exp: Experiment, run: RunSchedule, phases: list[PhasePlan]) -> list[Problem]:
+def _check_phases(exp: Experiment, run: RunSchedule, phases: list[PhasePlan]) -> list[Finding]:
     """Each phase's GPUs split into whole replicas whose DP divides every batch size of the phase's steps."""
-    problems: list[Problem] = []
+    problems: list[Finding] = []
     mp, mbs, final = exp.model_parallel_size, exp.batch.micro_batch_size, exp.batch.global_batch_size
     several = len(phases) > 1
     if exp.slurm.node_schedule and exp.slurm.nodes not in [ph.phase.nodes for ph in phases]:
-        problems.append(Problem("slurm.nodes", exp.slurm.nodes,
+        problems.append(Finding("slurm.nodes", exp.slurm.nodes,
                                 f"is the node count of the phase being launched: one of the node schedule's "
                                 f"{[ph.phase.nodes for ph in phases]}"))
     for ph in phases:
         where = ph.phase.field if several else "slurm.nodes"
         label = f"{ph.phase.describe()}: " if several else ""
         if ph.world_size % mp:
-            problems.append(Problem(where, ph.phase.nodes, f"{label}nodes x gpus_per_node = {ph.world_size} GPUs is not "
+            problems.append(Finding(where, ph.phase.nodes, f"{label}nodes x gpus_per_node = {ph.world_size} GPUs is not "
                                                            f"a multiple of TP x PP = {mp}"))
             continue
         if several and ph.steps == 0:
-            problems.append(Problem(where, ph.phase.nodes, f"{label}starts after the training ends at step "
+            problems.append(Finding(where, ph.phase.nodes, f"{label}starts after the training ends at step "
                                                            f"{ph.last_step}: it never runs", "warning"))
             continue
         dp = int(ph.dp)
@@ -150,7 +150,7 @@ def _check_phases(exp: Experiment, run: RunSchedule, phases: list[PhasePlan]) ->
                                                else "batch.rampup")
                 value = ph.phase.nodes if several else gbs
                 during = "" if gbs == final else " during the rampup"
-                problems.append(Problem(field, value,
+                problems.append(Finding(field, value,
                                         f"{label}global batch size {gbs}{during} is not divisible by MBS x DP = "
                                         f"{mbs} x {dp} = {mbs * dp}; valid node counts"
                                         f"{' for this phase' if several else ''}: {valid_node_counts(exp, list(sizes))[:12]}"))
@@ -158,45 +158,45 @@ def _check_phases(exp: Experiment, run: RunSchedule, phases: list[PhasePlan]) ->
     return problems
 
 
-def _check(exp: Experiment, run: RunSchedule, size: RunSize, phases: list[PhasePlan]) -> list[Problem]:
+def _check(exp: Experiment, run: RunSchedule, size: RunSize, phases: list[PhasePlan]) -> list[Finding]:
     schedule, params = run.batch, size.params
     problems = _check_phases(exp, run, phases)
     empty = [stage for stage, (start, stop) in enumerate(zip(params.parts, params.parts[1:])) if start == stop]
     if empty:
-        problems.append(Problem("parallel.partition_method", exp.parallel.partition_method,
+        problems.append(Finding("parallel.partition_method", exp.parallel.partition_method,
                                 f"leaves pipeline stage(s) {empty} without any layer (boundaries {list(params.parts)}); "
                                 "use fewer stages or another method"))
     if exp.parallel.tensor > exp.slurm.gpus_per_node and exp.slurm.device == "gpu":
-        problems.append(Problem("parallel.tensor", exp.parallel.tensor,
+        problems.append(Finding("parallel.tensor", exp.parallel.tensor,
                                 f"TP spans nodes (gpus_per_node = {exp.slurm.gpus_per_node}): tensor parallelism across nodes is very slow",
                                 "warning"))
     ffn, h = size.ffn, exp.model.hidden_size
     if ffn != 4 * h:
-        problems.append(Problem("model.ffn_hidden_size", ffn,
+        problems.append(Finding("model.ffn_hidden_size", ffn,
                                 f"differs from 4 x hidden_size = {4 * h}: tr8-104B copied tr1-13B's 20480 and trained a 57B "
                                 "model believing it was 104B; leave the key out to derive it", "warning"))
     if schedule.has_rampup and exp.train.samples is not None and exp.train.samples <= schedule.rampup_samples:
-        problems.append(Problem("train.samples", exp.train.samples,
+        problems.append(Finding("train.samples", exp.train.samples,
                                 f"must exceed batch.rampup.samples ({schedule.rampup_samples})"))
     if run.warmup_samples > run.decay_samples and exp.lr_schedule.style != "constant":
-        problems.append(Problem("lr_schedule", {"warmup_samples": run.warmup_samples, "decay_samples": run.decay_samples},
+        problems.append(Finding("lr_schedule", {"warmup_samples": run.warmup_samples, "decay_samples": run.decay_samples},
                                 "warmup must end before decay ends"))
     if exp.checkpoint.save_interval is None and not exp.checkpoint.save_schedule:
-        problems.append(Problem("checkpoint.save_interval", None,
+        problems.append(Finding("checkpoint.save_interval", None,
                                 "no checkpoints will be saved before exit; set save_interval", "warning"))
     beyond = [f"{a}-{b}" for a, b in run.skip_ranges if b > run.train_iters]
     if beyond:
-        problems.append(Problem("train.skip_iterations", beyond, f"goes past the last iteration {run.train_iters}: "
+        problems.append(Finding("train.skip_iterations", beyond, f"goes past the last iteration {run.train_iters}: "
                                                                  "those iterations never run", "warning"))
     limit = parse_time_limit(exp.slurm.time)
     if exp.checkpoint.exit_duration_in_mins >= limit:
-        problems.append(Problem("checkpoint.exit_duration_in_mins", exp.checkpoint.exit_duration_in_mins,
+        problems.append(Finding("checkpoint.exit_duration_in_mins", exp.checkpoint.exit_duration_in_mins,
                                 f"must be below the time limit slurm.time = {exp.slurm.time} ({limit} min), "
                                 "or Slurm kills the job before it saves"))
     return problems
 
 
-def _check_memory(exp: Experiment, mem: Memory) -> list[Problem]:
+def _check_memory(exp: Experiment, mem: Memory) -> list[Finding]:
     if mem.gpu_limit is None:
         return []
     total, stage, limit = mem.largest_total, mem.largest_stage, mem.gpu_limit
@@ -208,23 +208,23 @@ def _check_memory(exp: Experiment, mem: Memory) -> list[Problem]:
     if not exp.parallel.activation_checkpointing:
         fixes = "parallel.activation_checkpointing: true, " + fixes
     if total > limit:
-        return [Problem(where, value, f"{what}: it does not fit; try {fixes}")]
+        return [Finding(where, value, f"{what}: it does not fit; try {fixes}")]
     if total > NEAR_LIMIT * limit:
-        return [Problem(where, value, f"{what}: above {NEAR_LIMIT:.0%}, little is left for the CUDA context, "
+        return [Finding(where, value, f"{what}: above {NEAR_LIMIT:.0%}, little is left for the CUDA context, "
                                       "NCCL buffers and fragmentation", "warning")]
     return []
 
 
-def _check_budget(exp: Experiment, days: float | None, storage: Storage) -> list[Problem]:
+def _check_budget(exp: Experiment, days: float | None, storage: Storage) -> list[Finding]:
     """A warning where the estimated days or the checkpoints left on scratch are far beyond the experiment's budget."""
     est, problems = exp.estimate, []
     if est.budget_days is not None and days is not None and days > OVER_BUDGET * est.budget_days:
-        problems.append(Problem("estimate.budget_days", est.budget_days,
+        problems.append(Finding("estimate.budget_days", est.budget_days,
                                 f"the plan estimates {days:.1f} days at {est.tflops_per_gpu:g} TFLOPs/GPU, "
                                 f"{days / est.budget_days:.1f}x the budget", "warning"))
     tb = storage.scratch / 1e12
     if est.budget_storage_tb is not None and tb > OVER_BUDGET * est.budget_storage_tb:
-        problems.append(Problem("estimate.budget_storage_tb", est.budget_storage_tb,
+        problems.append(Finding("estimate.budget_storage_tb", est.budget_storage_tb,
                                 f"the checkpoints left on scratch fill {tb:.1f} TB, {tb / est.budget_storage_tb:.1f}x "
                                 "the budget; backup.keep_last / keep_every, or a longer save_interval, keep fewer",
                                 "warning"))
@@ -291,7 +291,7 @@ def make_plan(exp: Experiment, run: RunSchedule | None = None) -> Plan:
     valid = (iters // ev.eval_interval + 1) * ev.eval_iters * gbs
     schedule_problems = []
     if run.node_schedule_error is not None:
-        schedule_problems = [Problem("slurm.node_schedule", [dataclasses.asdict(p) for p in exp.slurm.node_schedule],
+        schedule_problems = [Finding("slurm.node_schedule", [dataclasses.asdict(p) for p in exp.slurm.node_schedule],
                                      run.node_schedule_error)]
     memory_problems, notes = _check_memory(exp, size.memory), _notes(run)
     budget_problems = _check_budget(exp, _total(ph.days for ph in phases), size.storage)

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
-from bigscience_ops.node_schedule import Phase, ScheduleError, next_boundary, node_phases, phase_at
+from bigscience_ops.node_schedule import Phase, NodeScheduleError, next_boundary, node_phases, phase_at
 from bigscience_ops.schedules import (
     BatchSchedule, Curriculum, CurriculumTokens, Increment, LRSchedule, SaveSchedule, parse_skip_ranges,
 )
@@ -126,9 +126,9 @@ class RunSchedule:
         return self.batch.consumed_after(step) * seq_length
 
     def phases(self) -> tuple[Phase, ...]:
-        """The node phases; raises ScheduleError when slurm.node_schedule's phases do not start in order."""
+        """The node phases; raises NodeScheduleError when slurm.node_schedule's phases do not start in order."""
         if self.node_schedule_error is not None:
-            raise ScheduleError(self.node_schedule_error)
+            raise NodeScheduleError(self.node_schedule_error)
         return self.node_phases
 
     def phase_of_iteration(self, iteration: int) -> Phase:
@@ -151,7 +151,7 @@ def run_schedule(exp: Experiment) -> RunSchedule:
     error = None
     try:
         phases = tuple(node_phases(exp.slurm, batch))
-    except ScheduleError as exc:
+    except NodeScheduleError as exc:
         error = str(exc)
         phases = (Phase(0, exp.slurm.nodes, 1, 0, "slurm.nodes"),)
     iters = exp.train.iters if exp.train.iters is not None else batch.train_iters(exp.train.samples)

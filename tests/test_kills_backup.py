@@ -160,7 +160,7 @@ def test_a_weights_only_copy_holds_the_weights_without_the_optimizer_and_verifie
                                 for f in ("mp_rank_00_model_states.pt", layout.META))
 
 
-class Counted(backup.Progress):
+class Counted(backup.BackupProgress):
     def __init__(self) -> None:
         self.read = 0
 
@@ -433,7 +433,7 @@ def test_a_store_is_made_in_a_new_folder_with_missing_parents_or_in_an_empty_one
     assert not (tmp_path / "not yet").exists()
 
 
-class Interrupted(backup.Progress):
+class Interrupted(backup.BackupProgress):
     """Told of the work; after `calls` reads it raises KeyboardInterrupt, as a Ctrl-C in the middle of a copy."""
 
     def __init__(self, calls: int = 10**9) -> None:

@@ -119,7 +119,7 @@ def _stale(tmp_path: Path) -> Path:
 
 
 def test_a_stall_is_checked_from_a_progress_given_or_the_log_named(tmp_path: Path) -> None:
-    progress = status.Progress(True, ITERATION.strip(), NOW - timedelta(hours=3))
+    progress = status.LogProgress(True, ITERATION.strip(), NOW - timedelta(hours=3))
     [given] = status.evaluate(NAME, [seed_job()], now=NOW, progress=progress, stall_minutes=60).alerts
     assert given.condition == "stalled"
     log = _stale(tmp_path)
@@ -133,7 +133,7 @@ def test_a_stall_is_checked_from_a_progress_given_or_the_log_named(tmp_path: Pat
 
 
 def test_the_log_read_says_whether_it_exists_where_it_stands_and_how_far_it_was_searched(tmp_path: Path) -> None:
-    assert status.read_progress(tmp_path / "missing.txt") == status.Progress(exists=False)
+    assert status.read_progress(tmp_path / "missing.txt") == status.LogProgress(exists=False)
     (tmp_path / "a-file").write_text("")
     below_a_file = status.read_progress(tmp_path / "a-file" / "main_log.txt")  # ENOTDIR: not "missing"
     assert below_a_file.exists is True and below_a_file.problem and below_a_file.last_iteration is None
@@ -141,12 +141,12 @@ def test_the_log_read_says_whether_it_exists_where_it_stands_and_how_far_it_was_
     log = tmp_path / "main_log.txt"
     log.write_text(ITERATION + "\n[2026-11-22T09:30:00] watchdog: checked\n[2026-11-22 09:45:00] again\n")
     os.utime(log, (NOW.timestamp(), NOW.timestamp()))
-    assert status.read_progress(log) == status.Progress(True, ITERATION.strip(), datetime(2026, 11, 22, 9, 30))
+    assert status.read_progress(log) == status.LogProgress(True, ITERATION.strip(), datetime(2026, 11, 22, 9, 30))
     # no iteration line: how much was searched, only when the log is larger than that
     plain = tmp_path / "plain.txt"
     plain.write_text("starting\n" * 10)
     size = plain.stat().st_size
-    assert status.read_progress(plain) == status.Progress(True)
+    assert status.read_progress(plain) == status.LogProgress(True)
     assert status.read_progress(plain, max_bytes=size).searched is None
     assert status.read_progress(plain, max_bytes=size - 1).searched == size - 1
 

@@ -63,8 +63,8 @@ def test_a_local_run_nobody_holds_and_never_launched_is_healthy_and_says_so(run)
 
 # --------------------------------------------------------------------------- stalls
 
-def _progress(**changes) -> status.Progress:
-    return dataclasses.replace(status.Progress(True, "iteration 5/ 100 | lm loss: 3.0", NOW - timedelta(hours=3)),
+def _progress(**changes) -> status.LogProgress:
+    return dataclasses.replace(status.LogProgress(True, "iteration 5/ 100 | lm loss: 3.0", NOW - timedelta(hours=3)),
                                **changes)
 
 
@@ -86,7 +86,7 @@ def test_a_stall_is_counted_from_the_later_of_the_tasks_start_and_the_last_line(
     assert "64" in searched["what"] and "None" not in searched["what"]
     broken = status.stall_facts(_progress(problem="a FIFO in its place"), log, None, NOW, 60)
     assert "a FIFO in its place" in broken["what"] and str(log) in broken["what"]
-    missing = status.stall_facts(status.Progress(False), log, NOW - timedelta(hours=2), NOW, 60)
+    missing = status.stall_facts(status.LogProgress(False), log, NOW - timedelta(hours=2), NOW, 60)
     assert str(log) in missing["what"] and missing["what"] != broken["what"]
 
 

@@ -246,7 +246,7 @@ def test_an_unreadable_run_id_is_an_error(trainings: Path, tmp_path: Path) -> No
     exp = _exp(trainings, tmp_path)
     _saved(exp, 50)
     (Path(exp.paths.output) / "bsops-run-id").write_text("not an id\n")
-    with pytest.raises(schedule.ScheduleError, match="bsops-run-id"):
+    with pytest.raises(schedule.EvalScheduleError, match="bsops-run-id"):
         _pass(exp)
 
 

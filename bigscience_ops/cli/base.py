@@ -265,10 +265,11 @@ run_option = click.option(
          "given as EXP is read the same way.")
 
 
-def open_run(exp: str | None, run: Path | None, trainings_dir: Path | None, err: bool = False,
-             say_folder: bool = True, overrides: tuple[str, ...] = (), fallback: bool = False):
+def open_run_saying(exp: str | None, run: Path | None, trainings_dir: Path | None, err: bool = False,
+                    say_folder: bool = True, overrides: tuple[str, ...] = (), fallback: bool = False):
     """The run EXP (a name, a YAML file or a run folder) or --run names, as the run recorded itself with its
-    experiment file's settings today (run.open: the one way a command reads a run). Says which run folder it is (on
+    experiment file's settings today (run.open, which is opening.open_run: the one way a command reads a run), and
+    what a command says of it: which run folder it is (on
     stderr with `err`: where stdout is the data; not at all without `say_folder`) and, in one line on stderr, where
     the experiment file now differs from the run's record in a field that changes the data order or the model: the
     run is shown as recorded. With `fallback` (the watchdog, the hourly jobs), a record that cannot be read is said in
@@ -292,7 +293,7 @@ def configured_run(exp: str | None, run: Path | None, trainings_dir: Path | None
     experiment file today (run.open; refused when no experiment file of its name loads: never a record's), and the
     experiment file's name. With `fallback` (an hourly job), a record that cannot be read is said and the run read as
     its experiment file says today."""
-    opened = open_run(exp, run, trainings_dir, overrides=overrides, fallback=fallback)
+    opened = open_run_saying(exp, run, trainings_dir, overrides=overrides, fallback=fallback)
     return opened.configured(), opened.named
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    EXIT_PROBLEMS, TEXT, SafePath, echo_run_folder, load_experiment, main, open_run, run_option, trainings_option,
+    EXIT_PROBLEMS, TEXT, SafePath, echo_run_folder, load_experiment, main, open_run_saying, run_option, trainings_option,
 )
 
 
@@ -45,7 +45,7 @@ def convert_command(exp: str | None, run: Path | None, trainings_dir: Path | Non
     """
     from bigscience_ops.checkpoints import convert
 
-    opened = open_run(exp, run, trainings_dir)
+    opened = open_run_saying(exp, run, trainings_dir)
     experiment = opened.experiment  # the model and tokenizer the run trained with
     if push:
         from bigscience_ops.run.opening import RunRecordError
@@ -150,7 +150,7 @@ def rollback_command(exp: str | None, run: Path | None, trainings_dir: Path | No
     from bigscience_ops.run import lock as run_lock
     from bigscience_ops.run import rollback
 
-    opened = open_run(exp, run, trainings_dir)
+    opened = open_run_saying(exp, run, trainings_dir)
     experiment = opened.experiment
     # The run's lock: a local launch or an array task that trains it now refuses the rollback, naming itself.
     with run_lock.hold(Path(experiment.paths.output), "bsops rollback"):
@@ -209,7 +209,7 @@ def verify_command(exp: str | None, run: Path | None, trainings_dir: Path | None
     from bigscience_ops.run import lock as run_lock
     from bigscience_ops.run.log import for_terminal
 
-    opened = open_run(exp, run, trainings_dir, err=as_json)
+    opened = open_run_saying(exp, run, trainings_dir, err=as_json)
     experiment = opened.experiment
     checkpoints = Path(experiment.paths.checkpoints)
 

@@ -232,7 +232,7 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
     change nothing here are named in a warning.
     """
     from bigscience_ops.data.inputs import decoder_notes, find_inputs
-    from bigscience_ops.data.preprocess import Listener, Progress, Workers, preprocess as run_preprocess
+    from bigscience_ops.data.preprocess import Listener, PreprocessProgress, Workers, preprocess as run_preprocess
 
     keys = _split_keys(json_keys)  # a key names output files: checked before anything is read or written
     given = click.get_current_context().meta.get(_IGNORED, ())
@@ -244,7 +244,7 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
     on_terminal = sys.stderr.isatty()
     state = {"next_log": log_interval, "shown": 0}
 
-    def report(p: Progress) -> None:
+    def report(p: PreprocessProgress) -> None:
         eta = "" if p.eta_s is None else f" ETA {_clock(p.eta_s)}"
         shards = f" shards {p.shards_done}/{p.shards}" if p.shards > 1 else ""
         if on_terminal:

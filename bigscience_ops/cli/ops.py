@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    TEXT, FiniteFloat, SafePath, alert_option, configured_run, main, open_run, overrides_argument, run_alerting,
+    TEXT, FiniteFloat, SafePath, alert_option, configured_run, main, open_run_saying, overrides_argument, run_alerting,
     run_option, trainings_option,
 )
 
@@ -61,7 +61,7 @@ def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | 
     """
     from bigscience_ops.ops.keep import hubsync
 
-    opened = open_run(exp, run, trainings_dir, overrides=overrides, fallback=True)
+    opened = open_run_saying(exp, run, trainings_dir, overrides=overrides, fallback=True)
     experiment = opened.configured()
     kinds = [w.strip() for w in what.split(",") if w.strip()] if what else None
 

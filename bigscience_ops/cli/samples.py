@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import TEXT, main, open_run, run_option, trainings_option
+from bigscience_ops.cli.base import TEXT, main, open_run_saying, run_option, trainings_option
 
 
 @main.command("samples")
@@ -45,7 +45,7 @@ def samples_command(exp: str | None, run: Path | None, trainings_dir: Path | Non
     from bigscience_ops.views import samples
 
     # The run as it recorded itself (its rollbacks' skips included); where the YAML differs, one line on stderr.
-    experiment = open_run(exp, run, trainings_dir, err=True, say_folder=False).experiment
+    experiment = open_run_saying(exp, run, trainings_dir, err=True, say_folder=False).experiment
     result = samples.iteration_samples(experiment, iteration, dp=dp,
                                        micro_batch_size=micro_batch_size, ranks=ranks or None,
                                        micro_batches=micro_batches or None, text=not no_text)

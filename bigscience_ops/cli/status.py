@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    TEXT, FiniteFloat, SafePath, echo_detail, main, open_run, overrides_argument, resolve, run_option,
+    TEXT, FiniteFloat, SafePath, echo_detail, main, open_run_saying, overrides_argument, resolve, run_option,
     trainings_option, verbose_option,
 )
 from bigscience_ops.run import log as runlog
@@ -79,7 +79,7 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
     if exp is not None or run is not None:
         from bigscience_ops.ops.watch import lifecycle
 
-        opened = open_run(exp, run, trainings_dir, overrides=overrides, fallback=True)
+        opened = open_run_saying(exp, run, trainings_dir, overrides=overrides, fallback=True)
         experiment = opened.experiment  # the run as recorded, told through today's channels (never a record's)
         if opened.settings_problem is not None and not no_email:
             click.echo(f"alerts: not sent: {opened.settings_problem}", err=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, main, open_run, run_option, trainings_option
+from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, main, open_run_saying, run_option, trainings_option
 
 
 @main.command("logs")
@@ -32,7 +32,7 @@ def logs_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
     hyperlink, a bidi override) are shown escaped, as `\\x1b[2J`, never passed to the terminal."""
     from bigscience_ops.run import log as runlog
 
-    experiment = open_run(exp, run, trainings_dir, err=True).experiment  # stdout is the log's lines
+    experiment = open_run_saying(exp, run, trainings_dir, err=True).experiment  # stdout is the log's lines
     path = runlog.find_log(experiment, from_clone)
     last, offset = runlog.tail(path, lines)
     for line in last:
@@ -65,7 +65,7 @@ def plot_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
     """
     from bigscience_ops.views import plot
 
-    experiment = open_run(exp, run, trainings_dir).experiment
+    experiment = open_run_saying(exp, run, trainings_dir).experiment
     result = plot.plot(experiment, out, tensorboard_dir)
     counts = ", ".join(f"{name} {len(s.values)}" for name, s in result.series.items())
     click.echo(f"{result.out}: points per panel: {counts} (from {len(result.event_files)} event file(s))")
@@ -90,7 +90,7 @@ def info_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
 
     from bigscience_ops.views import runinfo
 
-    experiment = configured(open_run(exp, run, trainings_dir, err=as_json))
+    experiment = configured(open_run_saying(exp, run, trainings_dir, err=as_json))
     info = runinfo.run_info(experiment)
     click.echo(json.dumps(runinfo.info_data(info), indent=1) if as_json else runinfo.info_text(info))
 
@@ -107,7 +107,7 @@ def chronicle_command(exp: str | None, run: Path | None, trainings_dir: Path | N
     evaluation results as the experiment file's backup and eval settings find them today."""
     from bigscience_ops.ops.keep import chronicle
 
-    experiment = configured(open_run(exp, run, trainings_dir, err=out is None))  # stdout: the Markdown
+    experiment = configured(open_run_saying(exp, run, trainings_dir, err=out is None))  # stdout: the Markdown
     text = chronicle.markdown(experiment)
     if out is None:
         click.echo(text, nl=False)

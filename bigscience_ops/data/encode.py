@@ -30,7 +30,7 @@ SHOWN_KEY_CHARS = 200  # of each key named in a missing-key problem (a key may b
 
 
 @dataclasses.dataclass(frozen=True)
-class Problem:
+class LineProblem:
     path: str
     line: int
     kind: str
@@ -46,10 +46,10 @@ class Encoded:
 
     tokens: dict[str, np.ndarray | str]
     sizes: dict[str, np.ndarray]
-    problems: list[Problem]  # the first LISTED_PER_CHUNK, by line; lines counted from the chunk's first (0-based)
+    problems: list[LineProblem]  # the first LISTED_PER_CHUNK, by line; lines counted from the chunk's first (0-based)
     lines: int
     checked: int = 0  # documents re-encoded by the cross-check
-    mismatch: Problem | None = None  # the cross-check's finding: the run stops
+    mismatch: LineProblem | None = None  # the cross-check's finding: the run stops
     counts: dict[str, int] = dataclasses.field(default_factory=dict)  # problems per kind, listed or not
     too_large: tuple[int, int] | None = None  # (chunk line, the maximum): a line over it; the run stops
     max_id: dict[str, int] = dataclasses.field(default_factory=dict)  # per key, the largest token id (none: no token)
@@ -119,11 +119,11 @@ def split_lines(data: bytes) -> list[bytes]:
     return lines
 
 
-def _empty_problems(path: str, key: str, lines: list[int], limit: int) -> Iterator[Problem]:
+def _empty_problems(path: str, key: str, lines: list[int], limit: int) -> Iterator[LineProblem]:
     for line in lines:
         if line >= limit:
             return
-        yield Problem(path, line, "empty", f"{key!r} is an empty document")
+        yield LineProblem(path, line, "empty", f"{key!r} is an empty document")
 
 
 @dataclasses.dataclass
@@ -138,7 +138,7 @@ class Encoder:
     max_bytes: int | None = None  # the longest line taken (newline not counted); None: no limit
 
     def encode(self, lines: list[bytes], path: str) -> Encoded:
-        listed: list[Problem] = []  # line problems, the first LISTED_PER_CHUNK
+        listed: list[LineProblem] = []  # line problems, the first LISTED_PER_CHUNK
         counts: dict[str, int] = {}
         unlisted_from: int | None = None  # the first line whose line problem was only counted
         texts: dict[str, list[str]] = {k: [] for k in self.keys}
@@ -150,7 +150,7 @@ class Encoder:
             if problem is not None:
                 counts[problem[0]] = counts.get(problem[0], 0) + 1
                 if unlisted_from is None and len(listed) < LISTED_PER_CHUNK:
-                    listed.append(Problem(path, i, *problem))
+                    listed.append(LineProblem(path, i, *problem))
                 elif unlisted_from is None:
                     unlisted_from = i
                 continue
@@ -169,7 +169,7 @@ class Encoder:
                 bad = self.check.first_mismatch(texts[key], ids, lengths)
                 checked += self.check.documents - before
                 if bad is not None:
-                    mismatch = Problem(path, line_of[bad[0]], "tokenizer-mismatch", f"{key!r}: {bad[1]}")
+                    mismatch = LineProblem(path, line_of[bad[0]], "tokenizer-mismatch", f"{key!r}: {bad[1]}")
                     return Encoded({}, {}, [mismatch], len(lines), checked, mismatch)
             # As Megatron's: a key whose text gives no tokens has no document; the others still do.
             kept = lengths > 0

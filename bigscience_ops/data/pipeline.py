@@ -39,7 +39,7 @@ POLL_S = 0.5  # progress while whole shards are in the workers
 
 
 @dataclasses.dataclass(frozen=True)
-class Progress:
+class PreprocessProgress:
     docs: int  # lines read so far (Megatron's "documents")
     bytes: int  # bytes of those lines
     seconds: float
@@ -278,7 +278,7 @@ class Run:
 
     def __init__(self, shards: list[Shard], stats: dict[int, ShardStats], tok: Tokenizer, reference: str | None,
                  dtype, keys: tuple[str, ...], strict: bool, settings: dict,
-                 progress: Callable[[Progress], None] | None, merge_into: str | None) -> None:
+                 progress: Callable[[PreprocessProgress], None] | None, merge_into: str | None) -> None:
         self.shards, self.stats, self.tok, self.dtype, self.keys = shards, stats, tok, dtype, keys
         self.strict, self.settings, self.progress = strict, settings, progress
         self.names = (tok.name, reference)
@@ -312,7 +312,7 @@ class Run:
         seconds = time.monotonic() - self.t0
         done = self.disk_before + disk
         eta = (self.disk_total - done) * seconds / disk if disk > 0 else None
-        self.progress(Progress(docs, nbytes, seconds, min(1.0, done / self.disk_total) if self.disk_total else None,
+        self.progress(PreprocessProgress(docs, nbytes, seconds, min(1.0, done / self.disk_total) if self.disk_total else None,
                                eta, len(self.stats), len(self.shards)))
 
     def by_chunks(self, pending: list[Shard], workers: int, settings: EncodeSettings) -> None:

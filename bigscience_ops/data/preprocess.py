@@ -56,15 +56,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bigscience_ops.data import dataset_record, inputs as inputs_mod
-from bigscience_ops.data.encode import LINE_PROBLEMS, PROBLEM_KINDS, Problem
+from bigscience_ops.data.encode import LINE_PROBLEMS, PROBLEM_KINDS, LineProblem
 from bigscience_ops.data.errors import DataError, InputConflictError, NotCorpusError, TokenizerError
 from bigscience_ops.data.inputs import MAX_DOCUMENT_BYTES
-from bigscience_ops.data.pipeline import CHUNK_BYTES, EncodeSettings, Progress, Run, cross_checked
+from bigscience_ops.data.pipeline import CHUNK_BYTES, EncodeSettings, PreprocessProgress, Run, cross_checked
 from bigscience_ops.data.shards import (KEEP_PROBLEMS, Shard, ShardStats, finished, output_prefix_for, plan_shards,
                                         remove_stale_temporaries)
 from bigscience_ops.data.tokenizer import Tokenizer, TokenizerSpec
 
-__all__ = ["preprocess", "PreprocessResult", "Limits", "Listener", "Progress", "Problem", "output_prefix_for",
+__all__ = ["preprocess", "PreprocessResult", "Limits", "Listener", "PreprocessProgress", "LineProblem", "output_prefix_for",
            "PROBLEM_KINDS", "CHUNK_BYTES", "CHECK_FRACTION", "MAX_DOCUMENT_BYTES"]
 
 CHECK_FRACTION = 0.01  # of a fastokens run's text re-encoded with the reference tokenizer
@@ -145,7 +145,7 @@ class PreprocessResult:
     bytes_in: int
     tokens_out: dict[str, int]  # per key, EOD included
     problem_counts: dict[str, int]  # per kind; "empty" counts documents, the others lines
-    problems: list[Problem]  # the first KEEP_PROBLEMS
+    problems: list[LineProblem]  # the first KEEP_PROBLEMS
     problems_file: str | None
     seconds: float
     cross_checked: int = 0  # documents re-encoded with the reference tokenizer, all identical
@@ -267,7 +267,7 @@ class Limits:
 class Listener:
     """What a run tells its caller while it works (the CLI prints it); each is optional."""
 
-    progress: Callable[[Progress], None] | None = None
+    progress: Callable[[PreprocessProgress], None] | None = None
     """Hears the documents, bytes and shards done so far, as the run goes."""
     workers: Callable[[Workers], None] | None = None
     """Hears once, before any work, the worker processes asked for and used (see cap_workers)."""

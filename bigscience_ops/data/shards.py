@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bigscience_ops.data import dataset_record as own_record
-from bigscience_ops.data.encode import Encoded, Problem
+from bigscience_ops.data.encode import Encoded, LineProblem
 from bigscience_ops.data.errors import (BadInputError, DataError, DocumentTooLargeError, IncompatibleDatasetsError,
                                         InputConflictError, TokenizerError)
 from bigscience_ops.data.indexed import IndexedDataset, IndexedDatasetWriter
@@ -75,7 +75,7 @@ class ShardStats:
     docs_out: dict[str, int] = dataclasses.field(default_factory=dict)
     tokens_out: dict[str, int] = dataclasses.field(default_factory=dict)
     problem_counts: dict[str, int] = dataclasses.field(default_factory=dict)
-    problems: list[Problem] = dataclasses.field(default_factory=list)  # the first KEEP_PROBLEMS
+    problems: list[LineProblem] = dataclasses.field(default_factory=list)  # the first KEEP_PROBLEMS
     cross_checked: int = 0
     unlisted: int = 0  # problems counted but not in the problems file (over LISTED_PER_CHUNK or LISTED_PER_SHARD)
     max_id: dict[str, int] = dataclasses.field(default_factory=dict)  # per key, the largest token id written
@@ -124,7 +124,7 @@ def finished(shard: Shard, settings: dict, keys: tuple[str, ...]) -> ShardStats 
             if Path(f"{prefix}.bin").stat().st_size != record["bin_bytes"][key] or not Path(f"{prefix}.idx").is_file():
                 return None
         stats = record["stats"]
-        stats["problems"] = [Problem(**p) for p in stats["problems"]]
+        stats["problems"] = [LineProblem(**p) for p in stats["problems"]]
         return ShardStats(**stats)
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -28,7 +28,7 @@ from bigscience_ops.run import ledger
 from bigscience_ops.launch import jobs
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.run import lock as run_lock
-from bigscience_ops.errors import BsopsError
+from bigscience_ops.errors import BsopsError, LaunchError
 from bigscience_ops.launch.jobenv import job_environment
 from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
 from bigscience_ops.launch.jobs import Started
@@ -37,10 +37,6 @@ from bigscience_ops.run.records import read_records
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.schema import Experiment
 from bigscience_ops.site_values import SiteCheck
-
-
-class LaunchError(BsopsError):
-    """The launch would overlap a training, or cannot be recorded."""
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from bigscience_ops.launch import processes
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.run import lock as run_lock
 from bigscience_ops.run import log as runlog
-from bigscience_ops.errors import BsopsError
+from bigscience_ops.errors import BsopsError, LaunchError
 from bigscience_ops.launch.jobenv import job_environment
 from bigscience_ops.run.ledger import latest_iteration
 from bigscience_ops.launch.console import stop_line, task_end
@@ -50,10 +50,6 @@ from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, build_launch_p
 from bigscience_ops.launch.jobs import Started
 from bigscience_ops.run.records import Overrides, apply_overrides, read_records
 from bigscience_ops.schema import Experiment
-
-
-class LaunchError(BsopsError):
-    """A local launch could not start or a task failed: names the task, its exit code and its log."""
 
 
 class Stopped(LaunchError):

@@ -28,9 +28,9 @@ allow("ops/watch/status.py", "array_id", EQUIVALENT + "only the first piece ([0]
       *[(_ARRAY, _ARRAY.replace(old, new)) for old, new in (
           ('split("_", 1)', 'split("_", )'), ('split("_", 1)', 'split("_", 2)'), ('split("+", 1)', 'split("+", )'),
           ('split("+", 1)', 'split("+", 2)'))])
-_NOTHING = "return Progress(True, None, None, searched=max_bytes if st.st_size > max_bytes else None)"
+_NOTHING = "return LogProgress(True, None, None, searched=max_bytes if st.st_size > max_bytes else None)"
 allow("ops/watch/status.py", "read_progress", EQUIVALENT + "last_iteration and seen_after default to None: a None "
-      "left out is the same Progress",
+      "left out is the same LogProgress",
       (_NOTHING, _NOTHING.replace("True, None, None,", "True, None,")))
 allow("ops/watch/status.py", "recorded_job_ids", EQUIVALENT + "the ledger's checked records hold a job_id that is a "
       "string and a next_job that is a string or None: the mutant lets an empty string through too, and array_id('') "

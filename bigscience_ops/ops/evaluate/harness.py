@@ -181,7 +181,7 @@ class BsopsLM(TemplateLM):
         for index, req in enumerate(requests):
             groups.setdefault(repr(sorted(req.args[1].items(), key=str)), []).append(index)
         eos = self.tok_decode([self.eot_token_id])
-        progress = Progress("generate_until", len(requests), self.log)
+        progress = EvalProgress("generate_until", len(requests), self.log)
         for indices in groups.values():
             kwargs = normalize_gen_kwargs(requests[indices[0]].args[1], self.max_gen_toks)
             if kwargs.get("do_sample") or kwargs.get("temperature", 0.0) not in (0, 0.0, None):
@@ -236,7 +236,7 @@ class BsopsLM(TemplateLM):
         unique = list(distinct)
         order = sorted(range(len(unique)), key=lambda i: (-(len(unique[i][0]) + len(unique[i][1])), unique[i]))
         answers: list[tuple[float, bool] | None] = [None] * len(unique)
-        lines = Progress(what, len(unique), self.log if progress else lambda line: None)
+        lines = EvalProgress(what, len(unique), self.log if progress else lambda line: None)
         for chunk in chunks(order, self.batch_size * CHUNK_BATCHES):
             scored = self.scorer.score([(list(unique[i][0]), list(unique[i][1])) for i in chunk])
             if len(scored) != len(chunk):
@@ -253,7 +253,7 @@ def chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
         yield items[start:start + size]
 
 
-class Progress:
+class EvalProgress:
     """`what: done/total` lines through `log`, at most one per PROGRESS_SECONDS, and one at the end."""
 
     def __init__(self, what: str, total: int, log: Callable[[str], None]) -> None:

@@ -56,7 +56,7 @@ MAX_FAILURES = 2
 """A checkpoint whose eval job failed this many times is skipped (a retry would fail the same way every hour)."""
 
 
-class ScheduleError(BsopsError):
+class EvalScheduleError(BsopsError):
     """The hourly eval job cannot decide or submit (an unreadable `latest`, a job that cannot be rendered), or an eval
     job it submitted failed: names the step, the job and its log."""
 
@@ -304,13 +304,13 @@ def run_next(run: EvalRun, submit: Submitter, *, query: Callable[..., list[slurm
              now: Callable[[], float] = time.time) -> NextReport:
     """One pass: under the run's schedule lock, read the ledger, ask the queue, decide, record the outcomes found, and
     submit the chosen checkpoint's job with `submit`. Raises slurm.SlurmError when the queue cannot be asked (the
-    state is unknown: nothing is decided) and ScheduleError when the run's eval folder cannot be used."""
+    state is unknown: nothing is decided) and EvalScheduleError when the run's eval folder cannot be used."""
     folder = run.folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        raise ScheduleError(f"{folder}: cannot be used for the eval jobs' records ({exc.strerror or exc}); allowed: "
+        raise EvalScheduleError(f"{folder}: cannot be used for the eval jobs' records ({exc.strerror or exc}); allowed: "
                             "a folder of plain files this user can write") from None
     try:
         try:
@@ -331,7 +331,7 @@ def _pass(run: EvalRun, submit: Submitter, query: Callable[..., list[slurm.Job]]
     try:
         decision = decide(run, checked.records, queue, now=now())
     except (layout.CheckpointError, results.ResultError) as exc:
-        raise ScheduleError(f"cannot choose a checkpoint to evaluate: {exc}") from None
+        raise EvalScheduleError(f"cannot choose a checkpoint to evaluate: {exc}") from None
     lines = [f"{path}: {problem} (line passed over)" for problem in checked.problems]
     for record in decision.outcomes:
         append(path, record)

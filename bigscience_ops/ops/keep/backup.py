@@ -83,7 +83,7 @@ class Report:
     store: Path | None = None  # this run's part of the store: <dest>/<experiment>/<run id>
 
 
-class Progress:
+class BackupProgress:
     """Told about the work as it goes (the CLI shows a bar or lines); the default says nothing."""
 
     def begin(self, plan: Planned) -> None: ...
@@ -229,7 +229,7 @@ def _write_weights_only(src: Path, dst: Path, advance: Callable[[int], None],
     return hash_file(dst)
 
 
-def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress, about: dict) -> bool:
+def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: BackupProgress, about: dict) -> bool:
     """Copy, verify and commit one checkpoint into the run store `dest`; returns whether an interrupted copy
     was resumed. `about` (run id, experiment) goes into the manifest."""
     tag = plan.ckpt.tag
@@ -309,7 +309,7 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: Progress, a
 
 
 def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
-               progress: Progress | None = None) -> Report:
+               progress: BackupProgress | None = None) -> Report:
     """Back up every complete checkpoint without a copy in the store, then apply scratch retention.
 
     A checkpoint that cannot be copied is in `Report.failed` (the others go on), a folder retention had to
@@ -326,7 +326,7 @@ def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
     open_store(dest, create=not dry_run)
     run_id = layout.run_id(scratch) if dry_run else layout.ensure_run_id(scratch)
     store = run_store(dest, exp.name, run_id or "new-run")
-    progress = progress or Progress()
+    progress = progress or BackupProgress()
     report = Report(dest, store=store)
     schedule = run_schedule(exp)
     for ckpt in _candidates(scratch, report):

@@ -36,7 +36,7 @@ def check(job_name: str, run: RunState, *, now: datetime | None = None,
 
 def evaluate(job_name: str, holding: run_lock.Holding | None, run: RunState, *, now: datetime,
              log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
-             contact: str = DEFAULT_CONTACT, progress: status.Progress | None = None) -> StatusReport:
+             contact: str = DEFAULT_CONTACT, progress: status.LogProgress | None = None) -> StatusReport:
     """Decide from who holds the run (`holding`, None: nobody) and its folder's state whether a local run needs a
     person: running (a line naming its processes; `stalled` when its log has had no new iteration line for over
     `stall_minutes` since its task began), else as status.not_running."""

@@ -42,7 +42,7 @@ STAMPED_LINE = re.compile(r"^.{0,40}?\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
 
 
 @dataclass(frozen=True)
-class Progress:
+class LogProgress:
     """What main_log.txt says about training progress."""
 
     exists: bool
@@ -109,29 +109,29 @@ PROGRESS_BYTES = 64 << 20
 whatever the log ends with (a traceback of every rank, a crashed node's NUL bytes, a line without end)."""
 
 
-def read_progress(log_path: str | os.PathLike[str], max_bytes: int = PROGRESS_BYTES) -> Progress:
+def read_progress(log_path: str | os.PathLike[str], max_bytes: int = PROGRESS_BYTES) -> LogProgress:
     """Find the last iteration line of a log, reading backwards over at most `max_bytes` from its end (runlog's
     bounded reader: linear, one cut line at a time), so months of log, or gigabytes without a line break, cost
-    the same. A path that is not a log file (a link, a FIFO, a folder) is a Progress with its `problem`."""
+    the same. A path that is not a log file (a link, a FIFO, a folder) is a LogProgress with its `problem`."""
     path = Path(log_path)
     try:
         st = path.lstat()  # a link is a problem of its own (runlog reads no log through a link)
     except FileNotFoundError:
-        return Progress(exists=False)
+        return LogProgress(exists=False)
     except OSError as exc:
-        return Progress(True, problem=f"cannot read it: {exc.strerror}")
+        return LogProgress(True, problem=f"cannot read it: {exc.strerror}")
     mtime = datetime.fromtimestamp(st.st_mtime)
     stamps_after: list[datetime] = []
     try:
         for line in runlog.reverse_lines(path, max_bytes, partial=True):
             if ITERATION_LINE.search(line):
-                return Progress(True, line.strip(), min([mtime, *stamps_after]))
+                return LogProgress(True, line.strip(), min([mtime, *stamps_after]))
             stamp = _stamp(line)
             if stamp is not None:
                 stamps_after.append(stamp)
     except runlog.LogError as exc:
-        return Progress(True, problem=str(exc))
-    return Progress(True, None, None, searched=max_bytes if st.st_size > max_bytes else None)
+        return LogProgress(True, problem=str(exc))
+    return LogProgress(True, None, None, searched=max_bytes if st.st_size > max_bytes else None)
 
 
 def _stamp(line: str) -> datetime | None:
@@ -145,7 +145,7 @@ def _stamp(line: str) -> datetime | None:
         return None
 
 
-def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Progress | None = None,
+def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: LogProgress | None = None,
              log_path: str | os.PathLike[str] | None = None, stall_minutes: float | None = None,
              contact: str = DEFAULT_CONTACT, run: RunState | None = None,
              job_ids: Collection[str] | None = None, blocked_minutes: float | None = None) -> StatusReport:
@@ -211,7 +211,7 @@ def evaluate(job_name: str, jobs: Sequence[Job], *, now: datetime, progress: Pro
     return StatusReport(job_name, now, tuple(lines), finished_at=finished_at).adding(alerts)
 
 
-def stall_facts(progress: Progress, log_path: str | os.PathLike[str] | None, started: datetime | None, now: datetime,
+def stall_facts(progress: LogProgress, log_path: str | os.PathLike[str] | None, started: datetime | None, now: datetime,
                 stall_minutes: float) -> dict[str, object] | None:
     """The `stalled` alert's headline and facts when the log has had no new iteration line for over `stall_minutes`
     since the later of `started` (the task's start) and the last line (`_stalled_for`); None while it has."""
@@ -310,7 +310,7 @@ def _never_starts_words(never: Sequence[Job], queued: bool) -> tuple[str, str]:
             + (", the training's other job goes on." if queued else ", then launch again (`bsops launch EXP`)."))
 
 
-def _stalled_for(progress: Progress, started: datetime | None, now: datetime) -> timedelta | None:
+def _stalled_for(progress: LogProgress, started: datetime | None, now: datetime) -> timedelta | None:
     """How long there has certainly been no progress: since the later of the job's start and the
     earliest moment known to follow the last iteration line. Errs towards no alarm."""
     marks = [m for m in (started, progress.seen_after if progress.last_iteration else None) if m]
