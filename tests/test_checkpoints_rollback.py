@@ -44,7 +44,7 @@ def exp(trainings: Path, tmp_path: Path):
 
 def test_rollback_sets_aside_records_and_every_command_reads_the_skip(exp, trainings: Path) -> None:
     checkpoints = Path(exp.paths.checkpoints)
-    result = CliRunner().invoke(main, ["rollback", "run", "--to", "50", "--skip", "91-100", "--trainings-dir", str(trainings)])
+    result = CliRunner().invoke(main, ["rollback", "run", "--step", "50", "--skip", "91-100", "--trainings-dir", str(trainings)])
     assert result.exit_code == 0, result.output
     assert layout.latest_step(checkpoints) == 50 and [c.step for c in layout.list_checkpoints(checkpoints)] == [50]
     [aside] = [p for p in checkpoints.iterdir() if p.name.startswith("rolled-back-")]
@@ -70,10 +70,10 @@ def test_rollback_sets_aside_records_and_every_command_reads_the_skip(exp, train
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--to", "60"], "not a complete checkpoint"),
-    (["--to", "50", "--skip", "40-60"], "must come after --to 50"),
-    (["--to", "50", "--skip", "60-x"], "expected START-END"),
-    (["--to", "50", "--skip", "60-999999"], "end by the last step"),
+    (["--step", "60"], "not a complete checkpoint"),
+    (["--step", "50", "--skip", "40-60"], "must come after --step 50"),
+    (["--step", "50", "--skip", "60-x"], "expected START-END"),
+    (["--step", "50", "--skip", "60-999999"], "end by the last step"),
 ])
 def test_bad_requests_are_refused_and_nothing_moves(exp, trainings: Path, args: list[str], message: str) -> None:
     before = sorted(p.name for p in Path(exp.paths.checkpoints).iterdir())
@@ -85,10 +85,10 @@ def test_bad_requests_are_refused_and_nothing_moves(exp, trainings: Path, args: 
 
 def test_a_training_task_still_running_is_not_rolled_back_under(exp, trainings: Path) -> None:
     ledger.append(Path(exp.paths.output) / ledger.LEDGER_NAME, ledger.TaskRecord("begin", "9_1", "n1", 120, 1.0))
-    refused = CliRunner().invoke(main, ["rollback", "run", "--to", "50", "--trainings-dir", str(trainings)])
+    refused = CliRunner().invoke(main, ["rollback", "run", "--step", "50", "--trainings-dir", str(trainings)])
     assert refused.exit_code == 2 and "9_1 began at iteration 120 and has not ended" in refused.output
     assert layout.latest_step(Path(exp.paths.checkpoints)) == 120
-    forced = CliRunner().invoke(main, ["rollback", "run", "--to", "100", "--force", "--trainings-dir", str(trainings)])
+    forced = CliRunner().invoke(main, ["rollback", "run", "--step", "100", "--force", "--trainings-dir", str(trainings)])
     assert forced.exit_code == 0 and "set aside (nothing deleted): global_step120" in forced.output
 
 
@@ -164,7 +164,7 @@ def test_a_latest_that_is_a_link_is_refused_without_quoting_what_it_points_to(ex
     (checkpoints / layout.LATEST).unlink()
     (checkpoints / layout.LATEST).symlink_to(tmp_path / "outside.txt")
     before = sorted(p.name for p in checkpoints.iterdir())
-    for command in (["rollback", "run", "--to", "50"], ["backup", "run"], ["info", "run"]):  # backup names the run
+    for command in (["rollback", "run", "--step", "50"], ["backup", "run"], ["info", "run"]):  # backup names the run
         result = CliRunner().invoke(main, [*command, "--trainings-dir", str(trainings)])
         assert "TOPSECRET" not in result.output and "Traceback" not in result.output, result.output
         assert f"{checkpoints / layout.LATEST}" in result.output and "symbolic link" in result.output, result.output
@@ -177,14 +177,14 @@ def test_a_target_that_is_a_link_is_refused(exp, trainings: Path, tmp_path: Path
     checkpoints = Path(exp.paths.checkpoints)
     os.rename(checkpoints / "global_step50", tmp_path / "elsewhere")
     (checkpoints / "global_step50").symlink_to(tmp_path / "elsewhere")
-    result = CliRunner().invoke(main, ["rollback", "run", "--to", "50", "--trainings-dir", str(trainings)])
-    assert result.exit_code == 2 and "--to 50: refused" in result.output and "symbolic link" in result.output
+    result = CliRunner().invoke(main, ["rollback", "run", "--step", "50", "--trainings-dir", str(trainings)])
+    assert result.exit_code == 2 and "--step 50: refused" in result.output and "symbolic link" in result.output
     assert layout.latest_step(checkpoints) == 120 and rollbacks.read(Path(exp.paths.output)) == []
 
 
 def test_a_torn_ledger_line_stops_a_rollback_naming_the_line(exp, trainings: Path) -> None:
     with open(Path(exp.paths.output) / ledger.LEDGER_NAME, "ab") as handle:
         handle.write(b'{"event": "begin", "job_id": "9_1", "nodes": "n1", "iter')
-    result = CliRunner().invoke(main, ["rollback", "run", "--to", "50", "--trainings-dir", str(trainings)])
+    result = CliRunner().invoke(main, ["rollback", "run", "--step", "50", "--trainings-dir", str(trainings)])
     assert result.exit_code == 2 and f"{Path(exp.paths.output) / ledger.LEDGER_NAME}:1: cut short" in result.output
     assert layout.latest_step(Path(exp.paths.checkpoints)) == 120

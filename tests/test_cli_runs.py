@@ -142,8 +142,30 @@ def test_rollback_names_a_run_by_its_folder_and_says_how_to_relaunch_that_folder
     run = _run(trainings, "small", tmp_path / "out run")  # a launch --local --out run: no experiment puts it there
     for step in (10, 20):
         _saved(run, step)
-    result = CliRunner().invoke(main, ["rollback", "--run", str(run), "--to", "10", "--skip", "11-12"])
+    result = CliRunner().invoke(main, ["rollback", "--run", str(run), "--step", "10", "--skip", "11-12"])
     assert result.exit_code == 0, result.output
     assert (run / "checkpoints" / "latest").read_text().strip() == "global_step10"
     assert f"relaunch with: bsops launch small --local --out '{run}'" in result.output
     assert open_run(str(run)).experiment.train.skip_iterations == ["11-12"]  # what every view and the relaunch read
+
+
+def test_a_run_named_by_its_folder_takes_overrides_after_it_and_an_old_option_name_says_its_new_one(trainings,
+                                                                                                    tmp_path):
+    run = _run(trainings, "small", tmp_path / "out run")
+    for step in (10, 20):
+        _saved(run, step)
+    store = tmp_path / "store"
+    # --run DIR KEY=VALUE: the assignment is an override, not the name of the experiment the run must have recorded
+    planned = CliRunner().invoke(main, ["backup", "--run", str(run), "--dry-run", f"backup.dest={store}",
+                                        "--trainings-dir", str(trainings)])
+    assert planned.exit_code == 0, planned.output
+    assert "would copy global_step10" in planned.output and "would copy global_step20" in planned.output
+    assert not store.exists()  # a dry run writes nothing
+    unknown = CliRunner().invoke(main, ["backup", "--run", str(run), "--dry-run", "backup.dset=x",
+                                        "--trainings-dir", str(trainings)])
+    assert unknown.exit_code == 2 and "backup.dset" in unknown.output and "unknown key" in unknown.output
+    # rollback --to (last release's name) is read as --step, and says so once on stderr
+    result = CliRunner().invoke(main, ["rollback", "--run", str(run), "--to=10"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("note: bsops rollback --to is now --step") == 1
+    assert (run / "checkpoints" / "latest").read_text().strip() == "global_step10"

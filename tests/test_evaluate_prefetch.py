@@ -1,4 +1,4 @@
-"""Offline standard tasks (ops/evaluate/prefetch.py): `bsops eval --prefetch --from MIRROR` builds eval.tasks' datasets
+"""Offline standard tasks (ops/evaluate/prefetch.py): `bsops eval --prefetch --mirror MIRROR` builds eval.tasks' datasets
 into eval.hf_cache from a local source (no network), checks they load offline and records them; before it, the task
 is missing offline with one line naming it and the prefetch command; after it, the task runs offline."""
 
@@ -51,7 +51,7 @@ def test_prefetch_from_a_local_source_then_the_task_runs_offline(trainings, tmp_
     [(task, why)] = missing.items()
     assert task == str(folder / "hub.yaml") and "bsops eval ev --prefetch" in why and "\n" not in why
 
-    fetched = CliRunner().invoke(main, ["eval", "ev", "--prefetch", "--from", str(_mirror(tmp_path / "mirror",
+    fetched = CliRunner().invoke(main, ["eval", "ev", "--prefetch", "--mirror", str(_mirror(tmp_path / "mirror",
                                                                                           "bsops-test/last_word")),
                                         "--trainings-dir", str(trainings)])
     assert fetched.exit_code == 0, fetched.output
@@ -85,7 +85,7 @@ def test_prefetch_of_a_registered_task_from_a_local_mirror_then_lm_evals_lambada
 
     _setup(trainings, tmp_path, ["lambada_openai"])
     mirror = _mirror(tmp_path / "mirror", "EleutherAI/lambada_openai", "default")
-    fetched = CliRunner().invoke(main, ["eval", "ev", "--prefetch", "--from", str(mirror),
+    fetched = CliRunner().invoke(main, ["eval", "ev", "--prefetch", "--mirror", str(mirror),
                                         "--trainings-dir", str(trainings)])
     assert fetched.exit_code == 0, fetched.output
     manifest = json.loads((tmp_path / "hf" / prefetch.MANIFEST).read_text())

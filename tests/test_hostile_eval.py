@@ -4,7 +4,7 @@
 - lm-eval is never broken by bsops: with bigscience_ops unimportable, lm-eval's own models work and `--model bsops`
   says why in one line; every `--model_args` error is one line, no traceback (BROKEN_BSOPS, MODEL_ARGS);
 - a run's files never point elsewhere: checkpoints of another run id are refused naming both ids, results and
-  request caches of another run are reported and never counted, and `--prefetch --from DIR` reads nothing outside
+  request caches of another run are reported and never counted, and `--prefetch --mirror DIR` reads nothing outside
   DIR and leaves nothing in the shared cache when it refuses (RUN_IDS, MIRRORS);
 - values as typed: eval's overrides of what the run recorded are refused, the others recorded (OVERRIDES);
 - never silent: corrupt source lines fail the source and alert, each kind of eval failure has its own cooldown,
@@ -293,7 +293,7 @@ MIRRORS = {  # task -> (its dataset_path, dataset_name, what to plant in the mir
 
 @pytest.fixture(scope="module")
 def refused_prefetch(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One `bsops eval --prefetch --from DIR` over a task file per MIRRORS row, each leading out of DIR its own way,
+    """One `bsops eval --prefetch --mirror DIR` over a task file per MIRRORS row, each leading out of DIR its own way,
     into a shared cache that holds another team's dataset already (one child process for all the rows)."""
     tmp_path = tmp_path_factory.mktemp("prefetch")
     trainings = tmp_path / "trainings"
@@ -317,7 +317,7 @@ def refused_prefetch(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (cache / "datasets" / "team" / "kept.arrow").write_text("another team's")
     before = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
     _experiment(trainings, tmp_path / "run", f"tasks: {json.dumps(names)}, hf_cache: {json.dumps(str(cache))}")
-    done = _eval(trainings, "--prefetch", "--from", str(mirror))
+    done = _eval(trainings, "--prefetch", "--mirror", str(mirror))
     return {"done": done, "cache": cache, "before": before, "outside": outside}
 
 

@@ -184,14 +184,14 @@ def test_the_next_step_names_the_experiment_checkpoint_and_skip_range(tmp_path):
     exact = health.advise(spike, "tr1 13B", tmp_path)
     # The checkpoint saved at 240 already holds that iteration's update: the target is the one before.
     assert "`bsops samples 'tr1 13B' --iteration 240`" in exact.next_step
-    assert "`bsops rollback 'tr1 13B' --to 200 --skip 201-240`" in exact.next_step
+    assert "`bsops rollback 'tr1 13B' --step 200 --skip 201-240`" in exact.next_step
     assert exact.headline == "read iteration 240's samples, roll back to 200, skip 201-240 if it stays: loss spike"
     nan = health.advise(dataclasses.replace(spike, kind="nan", iteration=150, headline="roll back: NaN loss at "
                                             "iteration 150"), "tr1-13B", tmp_path)
     assert nan.headline == "roll back to 100, skip 101-150: NaN loss at iteration 150"
-    assert "`bsops rollback tr1-13B --to 100 --skip 101-150`" in nan.next_step
+    assert "`bsops rollback tr1-13B --step 100 --skip 101-150`" in nan.next_step
     early = health.advise(dataclasses.replace(nan, iteration=90), "tr1-13B", tmp_path)
-    assert "no complete checkpoint before iteration 90" in early.next_step and "--to" not in early.next_step
+    assert "no complete checkpoint before iteration 90" in early.next_step and "--step" not in early.next_step
     slow = health.Finding("slow", 240, "slow", "exclude it", "find and exclude the slow node: 30% at iteration 240")
     assert health.advise(slow, "tr1-13B", tmp_path) == slow
 
@@ -285,9 +285,9 @@ def test_the_alert_for_an_experiments_spike_says_the_exact_commands(tmp_path, tr
     assert mail["Subject"] == ("[ALERT] spiky: read iteration 280's samples, roll back to 250, skip 251-280 if it "
                                "stays: loss spike")
     todo = mail.get_content().replace("\r\n", "\n").split("What to do:\n", 1)[1]
-    assert "`bsops samples spiky --iteration 280`" in todo and "`bsops rollback spiky --to 250 --skip 251-280`" in todo
+    assert "`bsops samples spiky --iteration 280`" in todo and "`bsops rollback spiky --step 250 --skip 251-280`" in todo
     assert "EXP" not in todo and "STEP" not in todo and "A-B" not in todo
-    assert "bsops rollback spiky --to 250" in alert.message  # `bsops status` prints it too
+    assert "bsops rollback spiky --step 250" in alert.message  # `bsops status` prints it too
 
 
 def test_the_watchdog_skips_health_when_switched_off(tmp_path):
@@ -353,7 +353,7 @@ def test_an_eval_metric_that_falls_is_an_alert_with_the_rollback_and_a_bad_resul
     body = mail.get_content().replace("\r\n", "\n")
     todo = body.split("What to do:\n", 1)[1]
     assert "`bsops samples evals --iteration N` for N from 201 to 300" in todo
-    assert "`bsops rollback evals --to 200 --skip 201-300`" in todo and "EXP" not in todo
+    assert "`bsops rollback evals --step 200 --skip 201-300`" in todo and "EXP" not in todo
     assert str(output / "eval" / "global_step250.json") in body
     assert watch(now + timedelta(minutes=10)).exit_code == status.EXIT_ALERT and len(inbox.messages) == 1  # cooldown
     (output / "eval" / "global_step250.json").unlink()
@@ -372,7 +372,7 @@ def test_an_eval_metric_that_falls_is_an_alert_with_the_rollback_and_a_bad_resul
 def test_an_eval_drop_finding_without_a_checkpoint_to_roll_back_to(tmp_path):
     found = health.eval_drop(300, 300, "t/ppl", float("nan"), 12.0, 200, 1.0, "run", tmp_path)
     assert found.kind == "eval-drop" and found.iteration == 300
-    assert "no complete checkpoint at or before step 200" in found.next_step and "--to" not in found.next_step
+    assert "no complete checkpoint at or before step 200" in found.next_step and "--step" not in found.next_step
 
 
 def test_an_eval_alert_without_words_of_its_own_takes_its_kinds():

@@ -123,7 +123,7 @@ def test_a_rollback_is_refused_while_the_run_trains(trainings: Path, held) -> No
 
     run, pid = held
     (trainings / "busy.yaml").write_text(tiny_yaml(run))
-    result = CliRunner().invoke(main, ["rollback", "busy", "--to", "10", "--trainings-dir", str(trainings)])
+    result = CliRunner().invoke(main, ["rollback", "busy", "--step", "10", "--trainings-dir", str(trainings)])
     assert result.exit_code == 2 and f"in use by bsops launch --local (pid {pid} on " in result.output
 
 

@@ -224,7 +224,7 @@ def test_a_finished_run_is_finished_though_its_last_iteration_is_not_logged(exp)
 
 
 def test_after_a_rollback_info_shows_the_live_iteration(exp):
-    """rollback --to 100 of a finished run: iteration 100 (not 221, not finished) until a task runs again, then the
+    """rollback --step 100 of a finished run: iteration 100 (not 221, not finished) until a task runs again, then the
     relaunch's iterations; the abandoned lines are never the last line."""
     import time
 

@@ -150,7 +150,7 @@ def test_a_blend_names_each_samples_dataset(exp, tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(iteration=29), "trains iterations 1 to 28"),
     (dict(iteration=5, ranks=[1]), "--rank: got 1"),
-    (dict(iteration=5, micro_batches=[9]), "--micro-batch: got 9"),
+    (dict(iteration=5, micro_batches=[9]), "--micro-batch-index: got 9"),
     (dict(iteration=12, dp=3), "not a multiple of micro batch size"),
 ])
 def test_bad_requests_name_the_value(exp, kwargs, message):
@@ -170,7 +170,7 @@ def test_cli_json_filters_and_a_synthetic_run_is_one_error_line(trainings, tmp_p
     exp = load_experiment("small", trainings)
     (run / "logs").mkdir(parents=True)
     (run / "logs" / "main_log.txt").write_text("\n".join(_log((0, 2, 1, False))) + "\n")
-    result = CliRunner().invoke(main, ["samples", "small", "--iteration", "7", "--rank", "1", "--micro-batch", "2",
+    result = CliRunner().invoke(main, ["samples", "small", "--iteration", "7", "--rank", "1", "--micro-batch-index", "2",
                                        "--json", "--trainings-dir", str(trainings)])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
@@ -207,7 +207,7 @@ def test_a_start_line_no_task_can_have_is_reported_and_skipped(trainings, tmp_pa
     huge = TaskLayout("small", 1000, 1, 2, 2, 1, False, 28, 5).line().replace("DP=2", "DP=" + "9" * 5000)
     (run / "logs").mkdir(parents=True)
     (run / "logs" / "main_log.txt").write_text("\n".join([*_log((0, 2, 1, False)), zero, huge]) + "\n")
-    argv = ["samples", "small", "--iteration", "7", "--rank", "0", "--micro-batch", "0", "--trainings-dir",
+    argv = ["samples", "small", "--iteration", "7", "--rank", "0", "--micro-batch-index", "0", "--trainings-dir",
             str(trainings)]
     result = CliRunner().invoke(main, [*argv, "--json", "--no-text"])
     assert result.exit_code == 0, result.output
@@ -308,7 +308,7 @@ def _trained_log(exp, start: int, last: int, mtime: float) -> Path:
 
 
 def test_right_after_a_rollback_the_skip_range_is_what_the_relaunch_will_do(exp):
-    """rollback --to 10 --skip 12-14 of a run that trained 20: until the relaunch has trained past them, 12-14 'will
+    """rollback --step 10 --skip 12-14 of a run that trained 20: until the relaunch has trained past them, 12-14 'will
     be skipped at the relaunch'; iterations the abandoned branch trained are predictions again."""
     import time
 

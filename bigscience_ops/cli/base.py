@@ -60,11 +60,37 @@ def dashed_overrides(args: list[str]) -> list[str]:
     return out
 
 
+RENAMED = {
+    "rollback": {"--to": "--step"},  # a checkpoint is chosen by --step everywhere
+    "eval": {"--from": "--mirror"},  # --from names a run to start from (warm-start); this is a dataset mirror
+    "samples": {"--micro-batch": "--micro-batch-index"},  # beside --micro-batch-size, which is a size
+}
+"""Option names of the last release, per command, and their new names (docs/VOCABULARY.md): each is still accepted
+this release, and says its new name on stderr. Gone in the next release."""
+
+
+def renamed_options(args: list[str]) -> list[str]:
+    """`args` with the old option names of RENAMED (as `--old VALUE` or `--old=VALUE`) spelled the new way, each
+    old name used said in one line on stderr; nothing after `--` is touched."""
+    command = next((a for a in args if not a.startswith("-")), None)
+    renamed = RENAMED.get(command or "", {})
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        old, equals, value = arg.partition("=")
+        if old in renamed:
+            click.echo(f"note: bsops {command} {old} is now {renamed[old]}; {old} goes in the next release", err=True)
+            arg = renamed[old] + equals + value
+        out.append(arg)
+    return out
+
+
 class _Group(click.Group):
     """Turns library errors and a command's bad arguments into one clear line and exit code 2, with no traceback."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        return super().parse_args(ctx, dashed_overrides(args))
+        return super().parse_args(ctx, renamed_options(dashed_overrides(args)))
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -265,18 +291,24 @@ run_option = click.option(
          "given as EXP is read the same way.")
 
 
+_ASSIGNMENT = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)+=", re.DOTALL)
+
+
 def open_run_saying(exp: str | None, run: Path | None, trainings_dir: Path | None, err: bool = False,
-                    say_folder: bool = True, overrides: tuple[str, ...] = (), fallback: bool = False):
+                    say_folder: bool = True, overrides: tuple[str, ...] | None = None, fallback: bool = False):
     """The run EXP (a name, a YAML file or a run folder) or --run names, as the run recorded itself with its
     experiment file's settings today (run.open, which is opening.open_run: the one way a command reads a run), and
     what a command says of it: which run folder it is (on
     stderr with `err`: where stdout is the data; not at all without `say_folder`) and, in one line on stderr, where
     the experiment file now differs from the run's record in a field that changes the data order or the model: the
     run is shown as recorded. With `fallback` (the watchdog, the hourly jobs), a record that cannot be read is said in
-    one line and the run is read as its experiment file says today."""
+    one line and the run is read as its experiment file says today. `overrides`: those of a command that takes them
+    (None: it takes none); with --run, an EXP that is a SECTION.KEY=VALUE is the first of them, not a name."""
     from bigscience_ops import run as runs
 
-    opened = runs.open(exp, trainings_dir, run, overrides, fallback=fallback)
+    if overrides is not None and run is not None and exp is not None and _ASSIGNMENT.match(exp):
+        exp, overrides = None, (exp, *overrides)
+    opened = runs.open(exp, trainings_dir, run, overrides or (), fallback=fallback)
     if opened.record_problem is not None:
         click.echo(f"note: {opened.record_problem}; the run is read as {opened.yaml} says today", err=True)
     if say_folder:

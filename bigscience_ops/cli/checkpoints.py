@@ -132,15 +132,15 @@ def warm_start_command(source: str, exp: str, trainings_dir: Path | None) -> Non
 @click.argument("exp", type=TEXT, required=False)
 @run_option
 @trainings_option
-@click.option("--to", "to_step", type=click.IntRange(min=0), required=True,
+@click.option("--step", "to_step", type=click.IntRange(min=0), required=True,
               help="The step to go back to: a complete checkpoint at or before the one `latest` names.")
 @click.option("--skip", type=TEXT, default=None, metavar="A-B",
-              help="Iterations A to B (after --to) to step over when the run trains them again: their data is "
+              help="Iterations A to B (after --step) to step over when the run trains them again: their data is "
                    "consumed, no update is made (Megatron's --skip-train-iteration-range).")
 @click.option("--force", is_flag=True, help="Roll back although the ledger shows a task that began and never ended.")
 def rollback_command(exp: str | None, run: Path | None, trainings_dir: Path | None, to_step: int, skip: str | None,
                      force: bool) -> None:
-    """Move EXP's run back to global_step<TO>, setting the later checkpoints aside (nothing is deleted).
+    """Move EXP's run back to global_step<STEP>, setting the later checkpoints aside (nothing is deleted).
 
     `latest` names the target afterwards; the later checkpoints move into
     <checkpoints>/rolled-back-<time>/, which retention never touches; the event and the skipped range

@@ -81,7 +81,7 @@ class _EvalCommand(click.Command):
               help="Download the datasets of eval.tasks' lm-eval tasks into eval.hf_cache and check that they load "
                    "offline (run it where there is network, e.g. a login node); the eval job then reads them there "
                    "with HF_DATASETS_OFFLINE=1.")
-@click.option("--from", "source", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+@click.option("--mirror", "source", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="With --prefetch: build the datasets from this local mirror (DIR/<dataset_path>/...) instead of "
                    "downloading them.")
 @click.option("--log-samples", is_flag=True,
@@ -117,7 +117,7 @@ def eval_command(exp: str | None, run: Path | None, which: Which, source: Path |
 
     With --prefetch (on a machine with network): lm-eval's registered tasks' datasets into eval.hf_cache, checked
     offline and recorded in <eval.hf_cache>/bsops-prefetch.json; the eval job reads that cache offline. Its progress
-    is printed as it goes, and it stops at eval.prefetch_minutes. With --from DIR, nothing a task names is read
+    is printed as it goes, and it stops at eval.prefetch_minutes. With --mirror DIR, nothing a task names is read
     from outside DIR (links included), and nothing is copied when one would be.
 
     A checkpoint is scored only for the run it belongs to: when the run folder and the checkpoints folder both
@@ -136,7 +136,7 @@ def eval_command(exp: str | None, run: Path | None, which: Which, source: Path |
     """
     chosen = which.chosen()
     if source is not None and chosen != "--prefetch":
-        raise click.UsageError("--from goes with --prefetch")
+        raise click.UsageError("--mirror goes with --prefetch")
     for flag, given in (("--log-samples", kept.log_samples), ("--keep-cache", kept.keep_cache)):
         if given and chosen in ("--next", "--prefetch"):
             raise click.UsageError(f"{flag} goes with --step or --latest")

@@ -19,7 +19,7 @@ from bigscience_ops.cli.base import TEXT, main, open_run_saying, run_option, tra
 @click.option("--iteration", "-i", type=click.IntRange(min=1), required=True, help="The training iteration (1-based).")
 @click.option("--rank", "ranks", type=click.IntRange(min=0), multiple=True,
               help="Only this data-parallel rank (repeatable; default: every rank).")
-@click.option("--micro-batch", "micro_batches", type=click.IntRange(min=0), multiple=True,
+@click.option("--micro-batch-index", "micro_batches", type=click.IntRange(min=0), multiple=True,
               help="Only this micro-batch of each rank (repeatable; default: all).")
 @click.option("--dp", type=click.IntRange(min=1), default=None,
               help="Data-parallel size to assume instead of the one main_log.txt records for the iteration.")

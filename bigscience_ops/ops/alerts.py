@@ -248,7 +248,7 @@ _register_all({
 _HEALTH = "training health: {finding}"
 _register_all({
     "health-nan": ("roll back: NaN loss",
-                   "roll back to the last good checkpoint and skip the data since (`bsops rollback EXP --to STEP "
+                   "roll back to the last good checkpoint and skip the data since (`bsops rollback EXP --step STEP "
                    "--skip A-B`)", _HEALTH),
     "health-skipped": ("look for a spike, roll back if it goes on: steps skipped",
                        "overflowing steps train nothing: look for a loss or grad-norm spike, and roll back if it "
@@ -258,7 +258,7 @@ _register_all({
                           "or train in bf16", _HEALTH),
     "health-loss-spike": ("read the samples, roll back if it stays: loss spike",
                           "look at the samples of the iteration (`bsops samples EXP --iteration N`); if the loss "
-                          "does not come back, roll back and skip them (`bsops rollback EXP --to STEP --skip A-B`)",
+                          "does not come back, roll back and skip them (`bsops rollback EXP --step STEP --skip A-B`)",
                           _HEALTH),
     "health-grad-norm": ("watch the loss: grad norm explosion",
                          "a loss spike usually follows: watch the next lines, roll back if the loss jumps", _HEALTH),
@@ -275,7 +275,7 @@ _register_all({
     "eval-drop": ("read the samples, roll back if it stays: an eval metric fell",
                   "An evaluation metric fell below the run's best so far by more than its eval.alert_drop margin: "
                   "read the samples trained on since the best checkpoint (`bsops samples EXP --iteration N`); if the "
-                  "next evaluation does not come back, roll back to it (`bsops rollback EXP --to STEP --skip A-B`).",
+                  "next evaluation does not come back, roll back to it (`bsops rollback EXP --step STEP --skip A-B`).",
                   "evaluation: {finding}"),
 }, subject="metric")
 _register_all({

@@ -226,7 +226,7 @@ def _check_segment(segment: list[Entry], settings: HealthConfig, found: list[Fin
                 note("loss-spike", f"lm loss {s.lm_loss:.4f} against {level:.4f}, the median of the last "
                                    f"{settings.min_window} lines (robust score {score:.1f} over {len(losses)} lines)",
                      f"if the loss does not come back within a few lines, roll back before iteration {s.iteration} "
-                     f"and skip its data (bsops rollback EXP --to STEP --skip A-B)")
+                     f"and skip its data (bsops rollback EXP --step STEP --skip A-B)")
         norms = [h.grad_norm for h in history if h.grad_norm is not None and math.isfinite(h.grad_norm)]
         if s.grad_norm is not None and len(norms) >= settings.min_window:
             median = statistics.median(norms)
@@ -286,7 +286,7 @@ def eval_drop(step: int, iteration: int, metric: str, value: float, best: float,
         headline = f"read the samples since step {best_step}, roll back if it stays: {metric} fell at step {step}"
     else:
         rollback = (f"roll back to the last complete checkpoint at or before the best one and skip the iterations "
-                    f"since: `bsops rollback {exp} --to {target} --skip {target + 1}-{step}`")
+                    f"since: `bsops rollback {exp} --step {target} --skip {target + 1}-{step}`")
         headline = (f"read the samples since step {best_step}, roll back to {target} if it stays: {metric} fell at "
                     f"step {step}")
     next_step = (f"read the samples the run trained on since its best checkpoint ({samples}; start where main_log.txt's "
@@ -309,7 +309,7 @@ def advise(finding: Finding, experiment: str | None, checkpoints: Path | None) -
         target = "roll back"
     else:
         rollback = (f"roll back to the last complete checkpoint before it and skip the iterations since: "
-                    f"`bsops rollback {exp} --to {step} --skip {step + 1}-{n}`")
+                    f"`bsops rollback {exp} --step {step} --skip {step + 1}-{n}`")
         target = f"roll back to {step}, skip {step + 1}-{n}"
     what = finding.headline.split(": ", 1)[-1]
     if finding.kind == "nan":

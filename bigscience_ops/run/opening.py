@@ -191,10 +191,12 @@ def _load(exp: str, trainings_dir: Path | None, overrides: Sequence[str]) -> tup
 
 def _settings_source(name: str, trainings_dir: Path | None, overrides: Sequence[str]) -> tuple[Experiment, dict] | str:
     """The experiment file of the recorded name (and its origins), or why none loads here (the run is then opened
-    without settings)."""
+    without settings). An override of the command line that is refused is the command's error, said as it is."""
     try:
         return config.load_with_origins(name, trainings_dir, overrides)
-    except ConfigError:
+    except ConfigError as exc:
+        if exc.source == config.COMMAND_LINE:
+            raise
         return (f"alert channels, Hub, backup and eval settings come from the experiment file, never from a run's "
                 f"record, and no experiment file of {name!r} loads here (`bsops show {name}` says why)")
 

@@ -57,9 +57,9 @@ def rollback(exp: Experiment, to_step: int, skip: str | None = None, now: float 
     target = next((c for c in layout.list_checkpoints(checkpoints) if c.step == to_step), None)
     refusal = target.refusal() if target is not None else None
     if refusal is not None:  # a global_stepN that is a link is never a rollback's target
-        raise RollbackError(f"--to {to_step}: refused: {refusal}")
+        raise RollbackError(f"--step {to_step}: refused: {refusal}")
     if to_step not in complete:
-        raise RollbackError(f"--to {to_step}: not a complete checkpoint of {checkpoints}; the complete ones up to "
+        raise RollbackError(f"--step {to_step}: not a complete checkpoint of {checkpoints}; the complete ones up to "
                             f"latest (global_step{latest}) are {sorted(complete) or 'none'}")
     if skip is not None:
         _check_skip(skip, to_step, run_schedule(exp).train_iters)
@@ -87,6 +87,6 @@ def _check_skip(skip: str, to_step: int, train_iters: int) -> None:
     except ValueError as exc:
         raise RollbackError(f"--skip {skip!r}: {exc}") from None
     if start <= to_step or end > train_iters:
-        raise RollbackError(f"--skip {skip!r}: the skipped iterations must come after --to {to_step} (the run trains "
+        raise RollbackError(f"--skip {skip!r}: the skipped iterations must come after --step {to_step} (the run trains "
                             f"them again from there) and end by the last step, {train_iters}")
 

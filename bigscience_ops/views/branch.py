@@ -1,6 +1,6 @@
 """A run's live branch after its rollbacks: the iteration it has trained, read from its folder (no torch).
 
-`bsops rollback --to S` moves `latest` back to global_step S and sets the later checkpoints aside
+`bsops rollback --step S` moves `latest` back to global_step S and sets the later checkpoints aside
 (checkpoints/rollback.py, recorded in rollbacks.jsonl): what the run trained after S before the rollback is
 an abandoned branch, and the relaunch trains those iterations again from S. The views show the live branch:
 

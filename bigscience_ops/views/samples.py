@@ -298,7 +298,7 @@ def iteration_samples(exp: Experiment, iteration: int, *, dp: int | None = None,
     count = gbs // per_step
     ranks = sorted(set(range(layout.data) if ranks is None else ranks))
     chosen = sorted(set(range(count) if micro_batches is None else micro_batches))
-    for name, values, limit in (("--rank", ranks, layout.data), ("--micro-batch", chosen, count)):
+    for name, values, limit in (("--rank", ranks, layout.data), ("--micro-batch-index", chosen, count)):
         if any(not 0 <= v < limit for v in values):
             raise SamplesError(f"{name}: got {', '.join(map(str, values))}; iteration {iteration} has 0 to {limit - 1} "
                                f"(DP {layout.data}, {count} micro-batches of {layout.micro_batch_size} per rank)")

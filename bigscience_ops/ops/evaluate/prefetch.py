@@ -1,4 +1,4 @@
-"""`bsops eval EXP --prefetch [--from DIR]`: the datasets of eval.tasks into the shared cache eval.hf_cache, on a
+"""`bsops eval EXP --prefetch [--mirror DIR]`: the datasets of eval.tasks into the shared cache eval.hf_cache, on a
 machine with network (a login node, the `prepost` partition), so the eval job reads them offline on a compute node.
 
 `prefetch(exp, source)` starts this module twice in a fresh interpreter (`datasets` and huggingface_hub read their
@@ -11,7 +11,7 @@ rows per split, when), replaced whole.
 
 Which datasets: every lm-eval task eval.tasks names (a group's or tag's member tasks included, from lm-eval's own
 task index) and every task file whose dataset_path is not one of `datasets`' local file formats (json, csv, ...:
-those read their data_files, nothing to fetch). With `--from DIR` nothing is downloaded: DIR is a local mirror
+those read their data_files, nothing to fetch). With `--mirror DIR` nothing is downloaded: DIR is a local mirror
 holding each dataset's files as its repo does (DIR/EleutherAI/lambada_openai/..., a config's in a sub-folder of
 its name when there is one), built into the cache under the dataset's own name, so that the offline load by name
 finds it (tests, and sites that copy datasets in by hand).
@@ -113,7 +113,7 @@ def prefetch(exp: Any, source: Path | None = None, log: Callable[[str], None] = 
     argv = [sys.executable, "-m", __name__, wanted.argument()]
     limit = exp.eval.prefetch_minutes * 60 if deadline_s is None else deadline_s
     deadline = time.monotonic() + limit
-    steps = [("fetch", [*argv, "--fetch"] + ([f"--from={source}"] if source else []), False),
+    steps = [("fetch", [*argv, "--fetch"] + ([f"--mirror={source}"] if source else []), False),
              ("verify", [*argv, "--verify"], True)]
     try:
         for what, args, offline in steps:
@@ -269,22 +269,22 @@ def mirror_folder(source: Path, task: str, path: str, name: str | None) -> Path:
     try:
         resolved = folder.resolve()
     except (OSError, RuntimeError) as exc:  # a loop of links
-        raise PrefetchError(f"--from {source}: {task}: dataset_path {shown} cannot be resolved ({exc}); {allowed}") from None
+        raise PrefetchError(f"--mirror {source}: {task}: dataset_path {shown} cannot be resolved ({exc}); {allowed}") from None
     if not resolved.is_relative_to(root):
-        raise PrefetchError(f"--from {source}: {task}: dataset_path {shown} leads to {resolved}, outside the mirror; "
+        raise PrefetchError(f"--mirror {source}: {task}: dataset_path {shown} leads to {resolved}, outside the mirror; "
                             f"{allowed}")
     if not resolved.is_dir():
-        raise PrefetchError(f"--from {source}: no folder {shown} holding the dataset's files")
+        raise PrefetchError(f"--mirror {source}: no folder {shown} holding the dataset's files")
     for entry in _below(resolved, task):
         try:
             target = entry.resolve()
         except (OSError, RuntimeError):
             target = entry  # a loop of links: refused below as no plain file
         if not target.is_relative_to(root):
-            raise PrefetchError(f"--from {source}: {task}: {entry} leads to {target}, outside the mirror; {allowed}")
+            raise PrefetchError(f"--mirror {source}: {task}: {entry} leads to {target}, outside the mirror; {allowed}")
         mode = target.stat().st_mode if target.exists() else 0
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            raise PrefetchError(f"--from {source}: {task}: {entry} is not a plain file or folder (a FIFO, a device or "
+            raise PrefetchError(f"--mirror {source}: {task}: {entry} is not a plain file or folder (a FIFO, a device or "
                                 f"a broken link); {allowed}")
     return resolved
 
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
     parser.add_argument("--wanted", required=True, help="Wanted.argument()'s JSON")
-    parser.add_argument("--from", dest="source", type=Path, default=None)
+    parser.add_argument("--mirror", dest="source", type=Path, default=None)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--fetch", action="store_true")
     mode.add_argument("--verify", action="store_true")
