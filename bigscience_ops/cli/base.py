@@ -132,7 +132,7 @@ def main() -> None:
 
 
 verbose_option = click.option(
-    "--verbose", is_flag=True, expose_value=False, callback=_set_verbose,
+    "-v", "--verbose", is_flag=True, expose_value=False, callback=_set_verbose,
     help="Under an error from Slurm, also print the command that failed, its exit code and its stderr.")
 
 
