@@ -156,7 +156,7 @@ def outputs_folder(experiment_file: Path) -> Path:
 
 
 def run_folder_note(experiment_file: Path, exp: Experiment) -> str:
-    """`run folder: PATH (why)`: where exp's run is and which part of the rule (README "Where paths resolve")
+    """`run folder: PATH (why)`: where exp's run is and which part of the rule (docs/OPERATOR.md, "Where paths resolve")
     put it there; every command that reads or writes a run prints it."""
     out, name, experiment_file = Path(exp.paths.output), Path(experiment_file).name, Path(experiment_file).resolve()
     project = project_folder(experiment_file)

@@ -321,7 +321,7 @@ def test_bundled_experiments_stay_reachable_beside_a_local_trainings_folder(tmp_
     with pytest.raises(ConfigError, match=r"base: got 'nosuch'; no such experiment"):
         load_experiment("broken")
 
-    # The run folder each one uses, and the rule that chose it (README "Where paths resolve").
+    # The run folder each one uses, and the rule that chose it (docs/OPERATOR.md, "Where paths resolve").
     assert run_folder_note(local / "myrun.yaml", load_experiment("myrun")) == (
         f"run folder: {tmp_path}/runs/myrun (relative paths of {local}/myrun.yaml resolve against {tmp_path})")
     assert run_folder_note(bundled / "tr1-13B-short.yaml", load_experiment("tr1-13B-short")) == (

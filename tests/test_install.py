@@ -138,7 +138,7 @@ def _bsops(bin_dir: Path, cwd: Path, env: dict, *args: str, code: int = 0) -> su
 
 
 def test_everyday_use_in_a_fresh_folder_with_and_without_slurm(installed, tmp_path: Path, slurm_cluster) -> None:
-    """The README's "Everyday use" walked as a new user would, in a folder of their own against the wheel: the
+    """docs/OPERATOR.md's "Everyday use" walked as a new user would, in a folder of their own against the wheel: the
     bundled experiments stay reachable after `bsops new`, the new file's blanks are a to-do render refuses,
     a dry run and the on-call check work without Slurm (one line naming SLURM_CONF, at once) and with it,
     every run command names its run folder, cron jobs go to the user's folder, info reads the run."""

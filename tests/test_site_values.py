@@ -80,7 +80,7 @@ def test_a_new_experiment_lists_what_a_job_needs_and_nothing_else(tmp_path: Path
 
 
 def test_bundled_experiments_a_rehearsal_and_an_incomplete_one() -> None:
-    for name in ("tr1-13B", "tr8-104B"):  # the README's: complete wherever they run
+    for name in ("tr1-13B", "tr8-104B"):  # the seed runs': complete wherever they run
         assert missing_site_values(load_experiment(name), cluster=STRICT).blanks == [], name
     assert missing_site_values(load_experiment("tiny"), cluster=ANYWHERE).blanks == []
     # tiny is a CPU rehearsal: no env_setup or alert address needed, even on Slurm; a cluster without a

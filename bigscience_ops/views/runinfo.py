@@ -231,7 +231,7 @@ def info_text(info: RunInfo, now: float | None = None) -> str:
     now = time.time() if now is None else now
     lines = [f"run {info.name}: {info.run_folder}"]
     if not info.run_folder.is_dir():
-        lines[0] += " (no such folder: this run was not launched from here; paths resolve as the README's"
+        lines[0] += " (no such folder: this run was not launched from here; paths resolve as docs/OPERATOR.md's"
         lines[0] += " 'Where paths resolve' says)"
     last = info.last
     if info.iteration is None:

@@ -53,7 +53,7 @@ class RunState:
     warm_start: bool = False
     """Whether the latest checkpoint is a warm start's weights-only global_step0 (checkpoints/warm_start.py)."""
     kill_switch: str | None = None
-    """checkpoint.kill_switch_path when that file exists: the run was stopped on purpose (README "Everyday use")."""
+    """checkpoint.kill_switch_path when that file exists: the run was stopped on purpose (docs/OPERATOR.md, "Everyday use")."""
     problems: tuple[Problem, ...] = field(default=(), compare=False)
     """What of the run's files could not be read (file, line, what): each file is an alert of the watchdog's."""
     set_aside: tuple[SetAside, ...] = field(default=(), compare=False)
