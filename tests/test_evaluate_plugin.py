@@ -33,3 +33,46 @@ def test_a_run_without_a_checkpoint_is_refused_naming_its_folder(tmp_path, monke
     (tmp_path / "trainings" / "ev.yaml").write_text(f"base: tiny\npaths: {{output: {tmp_path / 'run'}}}\n")
     with pytest.raises(EvalError, match=str(tmp_path / "run" / "checkpoints")):
         plugin.BsopsModel(run="ev", trainings_dir=str(tmp_path / "trainings"))
+
+
+@pytest.mark.parametrize(("given", "precision", "chosen"), [
+    (None, "bf16", None), ("auto", "bf16", "training"), ("float32", "bf16", "fp32"), ("bfloat16", "bf16", "training"),
+    ("float16", "fp16", "training"), ("half", "fp16", "training"), ("training", "fp32", "training"),
+    ("fp32", "bf16", "fp32"),
+])
+def test_lm_evals_dtype_names_are_the_training_precision_or_fp32(given, precision, chosen):
+    from types import SimpleNamespace
+
+    from bigscience_ops.ops.evaluate import plugin
+
+    assert plugin.dtype_choice(SimpleNamespace(train=SimpleNamespace(precision=precision)), given) == chosen
+
+
+@pytest.mark.parametrize(("given", "precision"), [("bfloat16", "fp32"), ("float16", "bf16"), ("int8", "bf16"), (3, "bf16")])
+def test_a_dtype_the_run_did_not_train_in_is_refused_naming_what_is_allowed(given, precision):
+    from types import SimpleNamespace
+
+    from bigscience_ops.ops.evaluate import EvalError, plugin
+
+    with pytest.raises(EvalError, match=rf"dtype={given!r}: allowed: auto \(the training precision, {precision}\)"):
+        plugin.dtype_choice(SimpleNamespace(train=SimpleNamespace(precision=precision)), given)
+
+
+def test_batch_size_auto_is_refused_and_a_number_is_taken():
+    from bigscience_ops.ops.evaluate import EvalError, plugin
+
+    assert plugin.batch_size_choice(None, 8) == 8 and plugin.batch_size_choice("4", 8) == 4
+    assert plugin.batch_size_choice(2, 8) == 2
+    for refused in ("auto", "auto:4", 0, "-1", True):
+        with pytest.raises(EvalError, match="does not search a batch size; allowed: a whole number >= 1"):
+            plugin.batch_size_choice(refused, 8)
+
+
+def test_a_device_other_than_where_the_ranks_score_is_refused():
+    from bigscience_ops.ops.evaluate import EvalError, plugin
+
+    plugin.device_check(None, "cpu")
+    plugin.device_check("cpu", "cpu")
+    plugin.device_check("cuda:0", "cuda")
+    with pytest.raises(EvalError, match=r"--device cuda:0: this run scores on cpu .*allowed: cpu, or leave it out"):
+        plugin.device_check("cuda:0", "cpu")

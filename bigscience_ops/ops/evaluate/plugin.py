@@ -75,14 +75,56 @@ def _layout_arg(name: str, value: Any) -> int | None:
     return value
 
 
-def _request(run: Any, step: Any, tensor: Any, pipeline: Any, dtype: Any, trainings_dir: Any) -> tuple[Any, Any]:
-    """(the run's experiment, the checkpoint to score) of `--model_args`, every value checked before torch is
-    imported; anything wrong is one EvalError naming the argument, its value and what is allowed."""
+LM_EVAL_DTYPES = {"auto": "training", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+"""lm-eval's dtype names (its hf model's) and bsops' own: auto is the training precision."""
+
+
+def dtype_choice(exp: Any, dtype: Any) -> str | None:
+    """eval.dtype's value for `--model_args dtype=` (None: eval.dtype). bsops scores in the training precision or in
+    fp32: lm-eval's bfloat16 or float16 is the training precision when the run trained in it, and refused otherwise."""
+    if dtype in (None, "training", "fp32"):
+        return dtype
+    named = LM_EVAL_DTYPES.get(dtype) if isinstance(dtype, str) else None
+    if named in ("training", "fp32"):
+        return named
+    trained = exp.train.precision
+    if named is not None and named == trained:
+        return "training"
+    own = {"bf16": ", bfloat16", "fp16": ", float16"}.get(trained, "")
+    raise EvalError(f"--model_args dtype={dtype!r}: allowed: auto (the training precision, {trained}), float32{own}; "
+                    "bsops' own names: training, fp32")
+
+
+def batch_size_choice(batch_size: Any, default: int) -> int:
+    """The batch size of `--batch_size`: a whole number; nothing given is eval.batch_size (`default`). lm-eval's
+    `auto` searches the largest size that fits, which bsops does not: it is refused rather than silently `default`."""
+    if batch_size is None:
+        return default
+    if isinstance(batch_size, str) and batch_size.isdigit():
+        batch_size = int(batch_size)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise EvalError(f"--batch_size {batch_size}: bsops does not search a batch size; allowed: a whole number >= 1 "
+                        f"(left out: eval.batch_size, {default})")
+    return batch_size
+
+
+def device_check(device: Any, actual: str) -> None:
+    """`--device` must name where the ranks score (`actual`: cpu, or cuda for the local rank's GPU): bsops places
+    each rank itself, so another device is refused rather than ignored."""
+    if device is None:
+        return
+    kind = str(device).split(":", 1)[0]
+    if kind != actual:
+        raise EvalError(f"--device {device}: this run scores on {actual} (each rank on its local GPU when the run's "
+                        f"slurm.device is gpu and one is visible, else the CPU); allowed: {actual}, or leave it out")
+
+
+def _request(run: Any, step: Any, tensor: Any, pipeline: Any, dtype: Any, trainings_dir: Any) -> tuple[Any, Any, Any]:
+    """(the run's experiment, the checkpoint to score, eval.dtype's value) of `--model_args`, every value checked
+    before torch is imported; anything wrong is one EvalError naming the argument, its value and what is allowed."""
     from bigscience_ops.errors import BsopsError
     from bigscience_ops.ops.evaluate import launcher
 
-    if dtype not in (None, "training", "fp32"):
-        raise EvalError(f"--model_args dtype={dtype!r}: allowed: training, fp32")
     if not isinstance(run, str) or not run.strip():
         raise EvalError(f"--model_args run={run!r}: allowed: an experiment name or YAML file, or a run folder")
     tensor, pipeline = _layout_arg("tensor", tensor), _layout_arg("pipeline", pipeline)
@@ -90,7 +132,8 @@ def _request(run: Any, step: Any, tensor: Any, pipeline: Any, dtype: Any, traini
         step = int(step)
     try:
         exp = load_run(run, None if trainings_dir is None else str(trainings_dir))
-        return exp, launcher.checkpoint(exp, _step(exp, step), tensor, pipeline)
+        chosen = dtype_choice(exp, dtype)
+        return exp, launcher.checkpoint(exp, _step(exp, step), tensor, pipeline), chosen
     except EvalError:
         raise
     except BsopsError as exc:
@@ -113,7 +156,8 @@ def _standalone() -> None:
 
 class BsopsModel(BsopsLM):
     """lm-eval's `--model bsops`: model_args run=RUN, step=N|latest, tensor, pipeline (another layout), dtype
-    (training|fp32: eval.dtype), trainings_dir; batch_size (an int; default eval.batch_size)."""
+    (lm-eval's auto|float32|bfloat16|float16, or training|fp32: eval.dtype), trainings_dir; batch_size (a whole
+    number; default eval.batch_size); device (checked: where the ranks score)."""
 
     def __init__(self, run: str, step: Any = "latest", tensor: int | None = None, pipeline: int | None = None,
                  dtype: str | None = None, trainings_dir: str | None = None, batch_size: Any = None,
@@ -121,12 +165,14 @@ class BsopsModel(BsopsLM):
         if unknown:
             raise EvalError(f"--model_args {', '.join(sorted(unknown))}: not known to --model {NAME}; allowed: run, "
                             "step, tensor, pipeline, dtype, trainings_dir")
-        exp, target = _request(run, step, tensor, pipeline, dtype, trainings_dir)
+        exp, target, dtype = _request(run, step, tensor, pipeline, dtype, trainings_dir)
+        size = batch_size_choice(batch_size, exp.eval.batch_size)
         import torch  # torch only once the request is known to be sound
         import torch.distributed as dist
 
         from bigscience_ops.ops.evaluate import scorer as scoring
 
+        device_check(device, "cuda" if exp.slurm.device == "gpu" and torch.cuda.is_available() else "cpu")
         _standalone()
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world != target.world_size:
@@ -140,9 +186,6 @@ class BsopsModel(BsopsLM):
             dist.destroy_process_group()
             sys.stdout.flush()
             os._exit(0)
-        if isinstance(batch_size, str) and batch_size.isdigit():
-            batch_size = int(batch_size)
-        size = batch_size if isinstance(batch_size, int) and batch_size > 0 else exp.eval.batch_size
         super().__init__(built, experiment_tokenizer(exp), batch_size=size, log=lambda line: print(line, flush=True))
         self.experiment, self.target = exp, target
         atexit.register(self.close)
