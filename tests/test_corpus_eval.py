@@ -93,7 +93,6 @@ def test_task_yaml_files_load_with_lm_eval(tmp_path, monkeypatch):
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    configs = []
     for file, task in TASKS.items():
         cfg = load_yaml(EVAL / file)
         assert cfg["task"] == task and cfg["dataset_path"] == "json"
@@ -101,8 +100,8 @@ def test_task_yaml_files_load_with_lm_eval(tmp_path, monkeypatch):
         assert list(files) == [cfg["test_split"]] and not Path(files["test"]).is_absolute()
         assert (EVAL / files["test"]).is_file()
         assert "not a benchmark" in (EVAL / file).read_text()
-        configs.append({**cfg, "dataset_kwargs": {"data_files": {"test": str(EVAL / files["test"])}}})
-    loaded = TaskManager(include_defaults=False).load(configs)["tasks"]
+    monkeypatch.chdir(tmp_path)  # lm-eval's own loader, by the tasks' names, from a folder that is not theirs
+    loaded = TaskManager(include_path=str(EVAL), include_defaults=False).load(list(TASKS.values()))["tasks"]
     assert sorted(loaded) == sorted(TASKS.values())
 
     last_word = loaded["kjv_last_word"]
@@ -118,3 +117,17 @@ def test_task_yaml_files_load_with_lm_eval(tmp_path, monkeypatch):
     for instance in two_choice.instances:
         context, continuation = instance.arguments
         assert context == instance.doc["context"] and continuation[1:] in instance.doc["choices"]
+
+
+def test_bsops_trusts_its_bundled_task_files_code_and_no_copy_of_them(tmp_path):
+    from bigscience_ops import resources
+    from bigscience_ops.ops.evaluate import driver, taskfiles
+
+    bundled = resources.bundled("corpus") / "eval" / "kjv_two_choice.yaml"
+    config = driver.task_config(bundled, str(tmp_path / "cache"))  # eval.trust_task_code left false
+    assert callable(config["custom_dataset"]) and config["dataset_kwargs"]["data_files"] == {
+        "test": str(bundled.parent / "kjv_two_choice.jsonl")}
+    copy = tmp_path / "kjv_two_choice.yaml"
+    copy.write_text(bundled.read_text())
+    with pytest.raises(taskfiles.TaskFileError, match="a !function tag .* unless the experiment says"):
+        taskfiles.load(copy)

@@ -402,7 +402,7 @@ def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, mod
     from bigscience_ops.ops.evaluate import launcher
 
     exp, target, _, scorer = model
-    bundled = resources.bundled("corpus") / "eval"  # lm-eval reads data_files against the folder it runs in
+    bundled = resources.bundled("corpus") / "eval"
     two_choice = tmp_path / "two_choice.yaml"
     two_choice.write_text(TWO_CHOICE.replace("data/", f"{Path(runs['tasks'][1]).parent / 'data'}/"), encoding="utf-8")
     tasks = [str(bundled / "kjv_last_word.yaml"), str(two_choice)]
@@ -414,10 +414,13 @@ def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, mod
     out = tmp_path / "out"
     lm_eval_script = Path(sys.executable).with_name("lm_eval")  # not `-m bigscience_ops...`: lm-eval's own command
     argv = launcher.torchrun_argv(2, [str(lm_eval_script), "run", "--model", "bsops",
-                                      "--model_args", f"run={record},step={target.step}", "--tasks", *tasks,
+                                      "--model_args", f"run={record},step={target.step}",
+                                      "--include_path", str(bundled), "--tasks", "kjv_last_word", str(two_choice),
                                       "--num_fewshot", "3", "--limit", "20", "--batch_size", "4", "--log_samples",
                                       "--output_path", str(out), "--use_cache", str(out / "requests")])
-    done = subprocess.run(argv, cwd=bundled, capture_output=True, text=True, timeout=600,
+    elsewhere = tmp_path / "elsewhere"  # a bundled task by its name, from a folder that is not its own
+    elsewhere.mkdir()
+    done = subprocess.run(argv, cwd=elsewhere, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
                                "HF_DATASETS_CACHE": str(tmp_path / "datasets")})
     assert done.returncode == 0, done.stderr[-3000:]

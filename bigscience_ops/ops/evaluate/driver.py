@@ -76,6 +76,7 @@ def task_config(path: str | os.PathLike[str], cache_dir: str | None = None, trus
     from bigscience_ops.ops.evaluate import taskfiles
 
     path = Path(path)
+    trust = taskfiles.trusted(path, trust)
     config = taskfiles.load(path, trust=trust)
     taskfiles.check_metrics(config, path, trust)
     kwargs = config.get("dataset_kwargs")

@@ -167,10 +167,21 @@ def _inside(path: Path, folder: Path) -> bool:
     return real == folder or folder in real.parents
 
 
+def trusted(path: str | os.PathLike[str], trust: bool) -> bool:
+    """Whether the task file `path` may name Python: with eval.trust_task_code (`trust`), or when it is one of bsops'
+    bundled task files (corpus/eval/ of a bundled corpus folder: bsops' own code, as its package is)."""
+    from bigscience_ops import resources
+
+    folder = Path(os.path.realpath(Path(path).parent))
+    return trust or any(folder == Path(os.path.realpath(place / "eval")) for place in resources.candidates("corpus"))
+
+
 def load(path: str | os.PathLike[str], *, trust: bool = False) -> dict:
     """The task file `path` as lm-eval's config dict, includes merged (see the module docstring); `!function` tags
-    are FunctionRefs (only when `trust`). Raises TaskFileError naming the file and what is wrong."""
+    are FunctionRefs (only when `trusted`: `trust`, or a bundled task file). Raises TaskFileError naming the file and
+    what is wrong."""
     path = Path(path)
+    trust = trusted(path, trust)
     folder = Path(os.path.realpath(path.parent))
     seen: list[Path] = []
 
