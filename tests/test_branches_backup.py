@@ -86,11 +86,15 @@ def test_a_copy_missing_a_file_or_holding_another_fails_its_re_read(trainings: P
     store = backup.run_backup(exp).store
     assert backup_store.verify(store, "global_step10") == [] and backup_store.is_backed_up(store, "global_step10")
     copy = store / "global_step10"
-    (copy / "layer_01-model_states.pt").unlink()
+    listed = list(json.loads(backup_store.manifest_path(store, "global_step10").read_text())["files"])
+    first, last = listed[0], listed[-1]  # one gone, and one past it damaged: both named, not the first alone
+    (copy / first).unlink()
+    (copy / last).write_bytes((copy / last).read_bytes() + b"x")
     (copy / "stray.pt").write_bytes(b"x")
     bad = backup_store.verify(store, "global_step10")
-    assert len(bad) == 2
-    assert bad[0].startswith(str(copy / "layer_01-model_states.pt")) and bad[1].startswith(str(copy / "stray.pt"))
+    assert len(bad) == 3 and len(listed) > 2
+    assert bad[0] == f"{copy / first}: missing" and bad[1].startswith(f"{copy / last}: size ")
+    assert bad[2].startswith(str(copy / "stray.pt"))
     assert not backup_store.is_backed_up(store, "global_step10")
     [none] = backup_store.verify(store, "global_step99")
     assert none.startswith(str(backup_store.manifest_path(store, "global_step99")))
