@@ -360,11 +360,13 @@ def prepare(group: Group, fresh: bool) -> None:
 
 
 def temp_root(group: Group) -> Path:
-    """Where the mutants' tests make their tmp_path folders: in memory (/dev/shm) where there is one. Each mutant's
-    pytest session deletes the folders of a session three before it, and deleting a survivor's thousands of files
-    on disk took 0.3 to 0.6 s of CPU a mutant."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else WORK
+    """Where the mutants' tests make their tmp_path folders: in memory where there is room. Each mutant's pytest
+    session deletes the folders of a session three before it, and deleting a survivor's thousands of files on disk
+    took 0.3 to 0.6 s of CPU a mutant. /dev/shm itself cannot be used: bsops refuses a run folder under /dev (a
+    system folder), and the tests make runs there; the shm folder of /run/user/UID (systemd's, a tmpfs) can, else
+    the disk under WORK."""
+    runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}")
+    base = runtime if runtime.is_dir() and os.access(runtime, os.W_OK) else WORK
     return base / f"bsops-mutation-{os.getpid()}-{group.name}"
 
 
