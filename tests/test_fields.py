@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bigscience_ops import fields
+from bigscience_ops.cli import fields
 from bigscience_ops.cli import main
 from bigscience_ops.cli.base import OVERRIDES_HELP, OVERRIDES_LINE, dashed_overrides
 from bigscience_ops.config import load_experiment, to_dict
@@ -26,7 +26,7 @@ def _leaves(value: object, prefix: str = "") -> set[str]:
 
 def test_every_field_of_a_loaded_experiment_is_listed_and_nothing_else() -> None:
     # the leaves of a real experiment as its record writes them, against the rows read off the schema
-    listed = {row.path for row in fields.fields()}
+    listed = {row.path for row in fields.field_rows()}
     record = to_dict(load_experiment("tiny"))
     mapping_fields = {"eval.sources", "eval.references"}  # one value each (a mapping of names), set whole
     leaves = {leaf for leaf in _leaves(record) if not any(leaf.startswith(f"{m}.") for m in mapping_fields)}
@@ -37,18 +37,18 @@ def test_every_field_of_a_loaded_experiment_is_listed_and_nothing_else() -> None
 
 
 def test_a_row_carries_the_schemas_default_bounds_and_doc() -> None:
-    [row] = [r for r in fields.fields("alerts") if r.path == "alerts.cooldown_minutes"]
+    [row] = [r for r in fields.field_rows("alerts") if r.path == "alerts.cooldown_minutes"]
     assert row.default == str(AlertsConfig.cooldown_minutes) and row.type == "int"
     assert row.bounds == ">= 1, <= 525600" and "between two emails" in row.doc and row.settable
-    [name] = [r for r in fields.fields() if r.path == "name"]
+    [name] = [r for r in fields.field_rows() if r.path == "name"]
     assert not name.settable
-    assert {r.default for r in fields.fields("model") if r.path == "model.num_layers"} == {"required"}
+    assert {r.default for r in fields.field_rows("model") if r.path == "model.num_layers"} == {"required"}
 
 
 def test_a_section_inside_a_section_and_an_unknown_one() -> None:
-    assert {r.path.rpartition(".")[0] for r in fields.fields("alerts.health")} == {"alerts.health"}
+    assert {r.path.rpartition(".")[0] for r in fields.field_rows("alerts.health")} == {"alerts.health"}
     with pytest.raises(fields.FieldsError, match=r"no section 'alert' .*allowed: .*alerts"):
-        fields.fields("alert")
+        fields.field_rows("alert")
     result = CliRunner().invoke(main, ["fields", "train.seed"])
     assert result.exit_code == 2 and "no section 'train.seed'" in result.output
 
@@ -58,13 +58,13 @@ def test_the_command_prints_text_json_and_the_docs_table() -> None:
     text = runner.invoke(main, ["fields", "train"])
     assert text.exit_code == 0 and "train.seed: int = 42  [>= 0, < 4294967296]\n" in text.output
     rows = json.loads(runner.invoke(main, ["fields", "--json"]).output)
-    assert [r["path"] for r in rows] == [r.path for r in fields.fields()]
+    assert [r["path"] for r in rows] == [r.path for r in fields.field_rows()]
     both = runner.invoke(main, ["fields", "--json", "--markdown"])
     assert both.exit_code == 2 and "allowed: one of them" in both.output
 
 
 def test_docs_fields_is_the_schema_as_it_is() -> None:
-    assert DOCS.read_text(encoding="utf-8") == fields.markdown(fields.fields()), \
+    assert DOCS.read_text(encoding="utf-8") == fields.markdown_table(fields.field_rows()), \
         "docs/FIELDS.md is out of date: bsops fields --markdown > docs/FIELDS.md"
 
 

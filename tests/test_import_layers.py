@@ -67,7 +67,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.derivation",
         "bigscience_ops.config",
         "bigscience_ops.site_values",
-        "bigscience_ops.fields",  # the schema's fields listed, with what the command line may not set (config's)
     ]),
     ("run schedule: what a run is, computed once", [
         "bigscience_ops.run_schedule",

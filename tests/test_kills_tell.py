@@ -337,14 +337,14 @@ def test_an_event_is_told_once_beside_the_conditions_and_never_recovers(plain_se
     inbox, port = plain_server
     outbox, state = plain_outbox(port), tmp_path / "state.json"
     event = Alert("checkpoint-set-aside:global_step10@1790000000", "global_step10 set aside")
-    first = notify.notify(_report(0).adding([event]), outbox, state, experiment="tr1-13B", now=T0)
+    first = notify.notify(_report(0).adding([event]), outbox, state, experiment="tr1-13B", now=T0, cooldown_minutes=60)
     assert [set(n.conditions) for n in first] == [{"not-scheduled", event.condition}]
     recorded = json.loads(state.read_text())
     [told] = recorded["events"].values()
     assert "since" not in told and told["sent"]["email"] == T0.isoformat()
     later = T0 + timedelta(hours=2)
     again = notify.notify(dataclasses.replace(_report(0).adding([event]), checked_at=later), outbox, state,
-                          experiment="tr1-13B", now=later)
+                          experiment="tr1-13B", now=later, cooldown_minutes=60)  # past the cooldown: sent again
     assert [n.conditions for n in again] == [("not-scheduled",)]
     assert notify.told_events(state, "tr1-13B-round3") == {event.condition}
     cleared = notify.notify(status.StatusReport("tr1-13B-round3", later, ()), outbox, state, experiment="tr1-13B",
@@ -633,10 +633,12 @@ def _active(state: Path) -> dict:
     return json.loads(state.read_text())["active"]
 
 
-def test_a_cooldown_of_zero_repeats_at_once_and_the_default_hour_repeats_on_the_hour(plain_server,
-                                                                                     tmp_path: Path) -> None:
-    inbox, port = plain_server
-    outbox, hour = plain_outbox(port), T0 + timedelta(minutes=60)
+def test_a_cooldown_of_zero_repeats_at_once_and_the_default_repeats_after_the_schemas_cooldown(plain_server,
+                                                                                               tmp_path: Path) -> None:
+    from bigscience_ops.schema import AlertsConfig
+
+    inbox, port = plain_server  # the default is alerts.cooldown_minutes' own (240), never a second one typed here
+    outbox, hour = plain_outbox(port), T0 + timedelta(minutes=AlertsConfig.cooldown_minutes)
     for _ in range(2):
         assert len(notify.notify(_report(0), outbox, tmp_path / "zero.json", cooldown_minutes=0, now=T0)) == 1
         assert notify.notify_job(outbox, tmp_path / "zero-job.json", "backup", "disk full", cooldown_minutes=0,
