@@ -426,7 +426,7 @@ def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, mod
     assert done.returncode == 0, done.stderr[-3000:]
     [written] = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
     plugin = json.loads(Path(written).read_text())
-    assert plugin["config"]["bsops_layout"] == {"tensor": 1, "pipeline": 2}
+    assert plugin["config"]["bsops_layout"] == {"tensor": 1, "pipeline": 2} and plugin["config"]["bsops_device"] == "cpu"
     assert plugin["n-shot"] == {"kjv_last_word": 3, "t_two_choice": 3}
     for task, metrics in theirs["results"].items():
         for key, value in metrics.items():

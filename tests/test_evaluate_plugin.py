@@ -72,7 +72,11 @@ def test_a_device_other_than_where_the_ranks_score_is_refused():
     from bigscience_ops.ops.evaluate import EvalError, plugin
 
     plugin.device_check(None, "cpu")
+    plugin.device_check("cuda:0", "cpu")  # lm-eval's own default when --device is left out: taken as none given
     plugin.device_check("cpu", "cpu")
     plugin.device_check("cuda:0", "cuda")
-    with pytest.raises(EvalError, match=r"--device cuda:0: this run scores on cpu .*allowed: cpu, or leave it out"):
-        plugin.device_check("cuda:0", "cpu")
+    for other in ("cuda:1", "cuda", "mps"):
+        with pytest.raises(EvalError, match=rf"--device {other}: this run scores on cpu .*allowed: cpu, or leave it"):
+            plugin.device_check(other, "cpu")
+    with pytest.raises(EvalError, match=r"--device cpu: this run scores on cuda"):
+        plugin.device_check("cpu", "cuda")

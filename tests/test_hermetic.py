@@ -43,6 +43,7 @@ def _what_a_user_keeps(checkout: Path) -> None:
                                                       "skip": "151-160", "set_aside": ""}) + "\n")
     (run / "kill-switch").touch()
     (checkout / "trainings" / "mine.yaml").write_text("base: tiny\ndescription: a user's own\n")
+    (checkout / "cron" / "cron.hourly").mkdir(parents=True)  # a cron folder of their own beside the code
     (checkout / "cron" / "cron.hourly" / "mine-slurm-status.slurm").write_text("#!/bin/bash\ntrue\n")
 
 

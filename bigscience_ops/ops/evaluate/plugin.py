@@ -108,10 +108,16 @@ def batch_size_choice(batch_size: Any, default: int) -> int:
     return batch_size
 
 
+LM_EVAL_DEFAULT_DEVICE = "cuda:0"
+"""What lm-eval 0.4.13 hands a model as its device when --device is left out (its EvaluatorConfig's default), and
+writes into the results whatever the model used: bsops cannot tell it from a --device cuda:0 given, so it is taken
+as none given. The results' `bsops_device` says where the ranks scored."""
+
+
 def device_check(device: Any, actual: str) -> None:
     """`--device` must name where the ranks score (`actual`: cpu, or cuda for the local rank's GPU): bsops places
     each rank itself, so another device is refused rather than ignored."""
-    if device is None:
+    if device is None or device == LM_EVAL_DEFAULT_DEVICE:
         return
     kind = str(device).split(":", 1)[0]
     if kind != actual:
@@ -172,7 +178,8 @@ class BsopsModel(BsopsLM):
 
         from bigscience_ops.ops.evaluate import scorer as scoring
 
-        device_check(device, "cuda" if exp.slurm.device == "gpu" and torch.cuda.is_available() else "cpu")
+        scored_on = "cuda" if exp.slurm.device == "gpu" and torch.cuda.is_available() else "cpu"
+        device_check(device, scored_on)
         _standalone()
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world != target.world_size:
@@ -187,7 +194,7 @@ class BsopsModel(BsopsLM):
             sys.stdout.flush()
             os._exit(0)
         super().__init__(built, experiment_tokenizer(exp), batch_size=size, log=lambda line: print(line, flush=True))
-        self.experiment, self.target = exp, target
+        self.experiment, self.target, self.scored_on = exp, target, scored_on
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -201,7 +208,7 @@ class BsopsModel(BsopsLM):
     def get_model_info(self) -> dict:
         return {**super().get_model_info(), "bsops_run": str(self.target.path.parent), "bsops_tag": self.target.tag,
                 "bsops_layout": {"tensor": self.target.tensor, "pipeline": self.target.pipeline},
-                "bsops_dtype": str(self.scorer.dtype).removeprefix("torch.")}
+                "bsops_dtype": str(self.scorer.dtype).removeprefix("torch."), "bsops_device": self.scored_on}
 
 
 if NAME not in model_registry:  # (the .pth hook registered the same placeholder when lm_eval.models was imported)
