@@ -199,9 +199,17 @@ harness.PytestRunner.warm_up = warm_up
 # Importing starts no thread (no tensor op has run), so forking after it is as safe as before it.
 import torch  # noqa: E402,F401
 
-from mutmut.__main__ import cli
+import os
+import mutmut.__main__ as mutmut_main
 
-cli()
+if os.environ.get("BSOPS_MUTATION_GENERATE_ONLY"):
+    def generated_only(*, mutant_names):
+        # the mutants made and the stats collected (which tests call each function): stop before any mutant runs
+        raise SystemExit(0)
+
+    mutmut_main.collect_source_file_mutation_data = generated_only
+
+mutmut_main.cli()
 """
 """mutmut with three changes: a string literal holding a space is not mutated; a mutant's tests run those that killed a
 mutant of the same function first, then the rest fastest first; torch is imported before the workers are forked."""
@@ -370,12 +378,13 @@ def temp_root(group: Group) -> Path:
     return base / f"bsops-mutation-{os.getpid()}-{group.name}"
 
 
-def run_mutmut(group: Group, names: list[str]) -> int:
-    """`mutmut run` in the group's folder (names: only those mutants); its exit code."""
+def run_mutmut(group: Group, names: list[str], generate_only: bool = False) -> int:
+    """`mutmut run` in the group's folder (names: only those mutants; `generate_only`: make the mutants and collect
+    the stats, run none); its exit code."""
     temp = temp_root(group)
     temp.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-           "PYTEST_DEBUG_TEMPROOT": str(temp)}
+           "PYTEST_DEBUG_TEMPROOT": str(temp), **({"BSOPS_MUTATION_GENERATE_ONLY": "1"} if generate_only else {})}
     argv = [sys.executable, "run_mutmut.py", "run", "--max-children", str(MAX_CHILDREN), *names]
     try:
         return subprocess.run(argv, cwd=work(group), env=env, timeout=RUN_LIMIT_S).returncode
@@ -531,8 +540,16 @@ def main() -> int:
                 os.chdir(REPO)
                 code = run_mutmut(group, names) if names else 0
             else:
+                # Made first, then run all but those the allow-list calls equivalent: no test can kill them, and
+                # each would run every test that calls its function (a survivor's whole selection) to say so.
                 prepare(group, fresh=True)
-                code = run_mutmut(group, [])
+                code = run_mutmut(group, [], generate_only=True)
+                made = load_results(group)
+                os.chdir(REPO)
+                names = [m.name for m in made if not (allowed_why(m) or "").startswith(EQUIVALENT)]
+                print(f"{group.name}: {len(made)} mutants made, {len(made) - len(names)} equivalent by the "
+                      f"allow-list (counted, not run), {len(names)} to run", flush=True)
+                code = code or run_mutmut(group, names)
             print(f"\n{group.name}: mutmut exited {code} after {time.monotonic() - started:.0f} s", flush=True)
     mutants = [m for group in groups for m in load_results(group)
                if not args.only or fnmatch.fnmatchcase(m.name, args.only)]
