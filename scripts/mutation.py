@@ -1,6 +1,6 @@
 """Mutation score of the code that can lose data or silence an alert (issue 51), with mutmut 3.
 
-    .venv/bin/python scripts/mutation.py             # a fresh run: every mutant, then the report (~20 min, 2 cores)
+    .venv/bin/python scripts/mutation.py             # a fresh run, then the report (30 min on 2 cores)
     .venv/bin/python scripts/mutation.py --report    # the report of the last run, without running anything
     .venv/bin/python scripts/mutation.py --retest    # keep the last run, test again the mutants that were not killed
 
@@ -211,8 +211,9 @@ if os.environ.get("BSOPS_MUTATION_GENERATE_ONLY"):
 
 mutmut_main.cli()
 """
-"""mutmut with three changes: a string literal holding a space is not mutated; a mutant's tests run those that killed a
-mutant of the same function first, then the rest fastest first; torch is imported before the workers are forked."""
+"""mutmut with these changes: a string literal holding a space is not mutated; a mutant's tests run in the order of
+their expected cost to kill it (time over kills of its function so far); torch is imported and the heap frozen before
+the workers fork; with BSOPS_MUTATION_GENERATE_ONLY the mutants are made and the stats collected, and none runs."""
 
 # ------------------------------------------------------------------------------------------------------- allow-list
 # (file, function, the line as it was, the line as the mutant has it) -> why no test kills it. Lines are compared

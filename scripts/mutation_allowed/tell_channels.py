@@ -2,11 +2,6 @@
 runs this file with allow, ALLOWED, EQUIVALENT and NOT_WORTH given): each survivor that no test should kill, with
 why. The older lines of email.py and webhook.py are in tell.py."""
 
-_LOG = 'log = Path(teller.logs) / "main_log.txt" if teller.logs else None'
-allow("ops/tell/job_alerts.py", "tell_job", EQUIVALENT + "notify.default_state_path keeps the state beside the log: "
-      "only the log's folder is read, never its name",
-      *[(_LOG, _LOG.replace('"main_log.txt"', name)) for name in ('"XXmain_log.txtXX"', '"MAIN_LOG.TXT"')])
-
 # --- email.py
 _SMTP = "super().__init__(host, port, timeout=deadline.seconds, **options)  # type: ignore[arg-type]"
 allow("ops/tell/email.py", "_Smtp.__init__", EQUIVALENT + "the connection is made by _get_socket with the "
