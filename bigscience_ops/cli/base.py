@@ -34,7 +34,9 @@ def echo_detail(exc: BaseException) -> None:
         click.echo(scrub(detail()), err=True)
 
 
-_DASHED_FIELD = re.compile(r"--([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)+)(=.*)?", re.DOTALL)
+_FIELD_PATH = r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)+"
+"""A dotted field path as the command line names one (SECTION.KEY, at least one dot)."""
+_DASHED_FIELD = re.compile(rf"--({_FIELD_PATH})(=.*)?", re.DOTALL)
 """`--train.seed=7` or `--train.seed 7`: a field path with at least one dot (no option of bsops has one)."""
 
 
@@ -291,7 +293,7 @@ run_option = click.option(
          "given as EXP is read the same way.")
 
 
-_ASSIGNMENT = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)+=", re.DOTALL)
+_ASSIGNMENT = re.compile(rf"{_FIELD_PATH}=", re.DOTALL)
 
 
 def open_run_saying(exp: str | None, run: Path | None, trainings_dir: Path | None, err: bool = False,
