@@ -12,7 +12,7 @@ Checks (each a row or rows of pass/fail with its figures; `--only` picks some):
   eval        `bsops eval` of the bf16 ZeRO-0 run's last checkpoint against lm-eval's own `hf` backend on
               `bsops convert`'s export, both in bf16, on tiny's bundled tasks: at most 2% of the answers differ
               (bf16 rounding flips near-ties), the other metrics within 1e-2 relative
-  kernels     the kernel tests (tests/test_kernels_*.py) compiled for the GPU, 8 pytest-xdist workers
+  kernels     the kernel tests (tests/kernels/test_kernels_*.py) compiled for the GPU, 8 pytest-xdist workers
   throughput  benchmarks/train_throughput.py at gpt2-124m and 760m: the trainer against the plain PyTorch
               loop and the compiled plain loop (figures: each one's MFU and the trainer's ratios)
 
@@ -280,7 +280,7 @@ def check_kernels(args, deadline: float) -> list[Row]:
     start = time.time()
     env = {**os.environ, "TRITON_INTERPRET": "0", "BSOPS_KERNEL_DEVICE": "cuda"}
     proc = run([sys.executable, "-m", "pytest", "-q", "--noconftest", "-o", "addopts=", "-p", "no:cacheprovider",
-                "-n", "8", *[str(p) for p in sorted((REPO / "tests").glob("test_kernels_*.py"))]],
+                "-n", "8", *[str(p) for p in sorted((REPO / "tests" / "kernels").glob("test_kernels_*.py"))]],
                cwd=REPO, timeout=max(30.0, min(240.0, deadline - time.time())), log=args.out / "logs" / "kernels.txt",
                env=env)
     summary = next((line for line in reversed(proc.stdout.splitlines()) if " passed" in line or " failed" in line), "")

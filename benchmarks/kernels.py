@@ -213,7 +213,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (Triton kernels, CUDA timers and memory stats); "
               "none is visible here, so nothing was measured. The kernels' correctness on CPU is tested "
-              "by tests/test_kernels_*.py under TRITON_INTERPRET=1.")
+              "by tests/kernels/test_kernels_*.py under TRITON_INTERPRET=1.")
         return 0
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
     if unknown:

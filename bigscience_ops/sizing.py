@@ -322,7 +322,7 @@ class CheckpointSize:
     bf16 optimizer at any stage; without ZeRO that optimizer's state of DP rank 0 is written into the
     model-states file as well). The tied word embedding is in the optimizer of both stages that hold it.
     records: the engine-state files, every rank's `rng_state_NNN.pt`, bsops.json, manifest.json. Checked against every run
-    of the configurations matrix (tests/test_trainer_matrix_*.py: fp32, bf16 and fp16 x ZeRO-0 and 1 x
+    of the configurations matrix (tests/trainer/test_trainer_matrix_*.py: fp32, bf16 and fp16 x ZeRO-0 and 1 x
     PP, TP, DP; within 2%).
     """
 

@@ -159,7 +159,7 @@ def check_precision(t: TrainConfig, slurm: SlurmConfig, source: str) -> None:
 
 
 def check_resumable(t: TrainConfig, p: ParallelConfig, slurm: SlurmConfig, source: str) -> None:
-    """Every task resumes the last one's checkpoint (tests/test_trainer_matrix_*.py launch each precision x ZeRO x
+    """Every task resumes the last one's checkpoint (tests/trainer/test_trainer_matrix_*.py launch each precision x ZeRO x
     layout). A node phase changes DP between tasks: without ZeRO, DeepSpeed's bf16 optimizer still keeps its state
     in per-DP-rank partitions, which load only at the DP size that wrote them and which the universal converter
     takes only from ZeRO's optimizer (checkpoints/universal.py), so the first phase change would fail at resume."""

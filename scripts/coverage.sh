@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Coverage of the suite (or of the tests given) with every Python process it starts measured: the CLI run as a
 # process, pytest-xdist workers, trainer ranks, torchrun workers, local and Slurm job scripts (.coveragerc).
-# Usage: bash scripts/coverage.sh [pytest args]     e.g. bash scripts/coverage.sh tests/test_ops_backup.py -n 0
+# Usage: bash scripts/coverage.sh [pytest args]     e.g. bash scripts/coverage.sh tests/ops/test_ops_backup.py -n 0
 # Prints lines and branches for the modules that guard data or alerts (GUARDED below) and for the whole package,
 # then coverage's own report of those modules with the missing lines and branches. Exits with pytest's status.
 # Like scripts/test.sh, the tests run on two workers unless the arguments say otherwise (-n 0, -n N).

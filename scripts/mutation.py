@@ -19,7 +19,7 @@ checkout's plus a [tool.mutmut] section written here, so the checkout's own conf
 copies mutmut makes (mutants/) never sit where a test or a tool scans the checkout.
 
 Each mutant that survives is printed with its file, line and change. A survivor is either killed by a test
-(tests/test_kills_*.py) or listed in ALLOWED with why no test can or should kill it (an equivalent mutant: no
+(tests/*/test_kills_*.py) or listed in ALLOWED with why no test can or should kill it (an equivalent mutant: no
 behaviour changes; or one not worth a test, and why). The kill rate is the killed mutants over those that are not equivalent (an allow-list line saying
 no behaviour changes: no test can kill it); the run exits 1 when it is under KILL_RATE_MIN
 or a survivor is in neither. mutmut is installed into .venv when it is missing (MUTMUT, a pinned version; not a
@@ -68,37 +68,37 @@ GROUPS = [
     # the watchdog: status, training health hand-off, lifecycle, local runs
     Group("watch",
           ("bigscience_ops/ops/watch/*.py",),
-          ("tests/test_ops_status.py", "tests/test_ops_lifecycle.py", "tests/test_ops_alerts.py",
-           "tests/test_ops_health.py", "tests/test_hostile_queue.py", "tests/test_faults_watchdog.py",
-           "tests/test_branches_watchdog.py", "tests/test_kills_watch.py", "tests/test_kills_status.py")),
+          ("tests/ops/test_ops_status.py", "tests/ops/test_ops_lifecycle.py", "tests/ops/test_ops_alerts.py",
+           "tests/ops/test_ops_health.py", "tests/hostile/test_hostile_queue.py", "tests/faults/test_faults_watchdog.py",
+           "tests/ops/test_branches_watchdog.py", "tests/ops/test_kills_watch.py", "tests/ops/test_kills_status.py")),
     # the alert channels, their texts, the alert state and its cooldowns
     Group("tell",
           ("bigscience_ops/ops/tell/*.py",),
-          ("tests/test_ops_notify.py", "tests/test_ops_channels.py", "tests/test_ops_webhook.py",
-           "tests/test_branches_notify.py", "tests/test_branches_watchdog.py", "tests/test_kills_tell.py",
-           "tests/test_kills_channels.py")),
+          ("tests/ops/test_ops_notify.py", "tests/ops/test_ops_channels.py", "tests/ops/test_ops_webhook.py",
+           "tests/ops/test_branches_notify.py", "tests/ops/test_branches_watchdog.py", "tests/ops/test_kills_tell.py",
+           "tests/ops/test_kills_channels.py")),
     # what is copied, verified and deleted
     Group("backup",
           ("bigscience_ops/checkpoints/retention.py", "bigscience_ops/ops/keep/backup.py",
            "bigscience_ops/ops/keep/store.py"),
-          ("tests/test_ops_backup_trust.py", "tests/test_ops_backup.py", "tests/test_hostile_runfiles.py",
-           "tests/test_branches_backup.py", "tests/test_kills_backup.py", "tests/test_kills_retention.py")),
+          ("tests/ops/test_ops_backup_trust.py", "tests/ops/test_ops_backup.py", "tests/hostile/test_hostile_runfiles.py",
+           "tests/ops/test_branches_backup.py", "tests/ops/test_kills_backup.py", "tests/checkpoints/test_kills_retention.py")),
     # the checkpoint folder: what a checkpoint is (layout, manifest), what a resume takes and sets aside, bsops verify,
     # and the trainer's side of the resume
     Group("checkpoints",
           ("bigscience_ops/checkpoints/layout.py", "bigscience_ops/checkpoints/manifest.py",
            "bigscience_ops/checkpoints/resume.py", "bigscience_ops/checkpoints/set_aside.py",
            "bigscience_ops/checkpoints/audit.py", "bigscience_ops/trainer/checkpointing.py"),
-          ("tests/test_checkpoints_manifest.py", "tests/test_branches_checkpoints.py", "tests/test_kills_resume.py")),
+          ("tests/checkpoints/test_checkpoints_manifest.py", "tests/checkpoints/test_branches_checkpoints.py", "tests/checkpoints/test_kills_resume.py")),
 ]
 DESELECTED = [
     # reads the source of ops/ with ast, and mutmut's copy of each mutated module holds every mutant's code too
-    "tests/test_ops_alerts.py::test_every_kind_raised_is_registered_and_every_registered_kind_is_raised",
+    "tests/ops/test_ops_alerts.py::test_every_kind_raised_is_registered_and_every_registered_kind_is_raised",
     # hang detectors that wait out a deadline (about 2 s each, by design): every mutant of a function they pass
     # through would pay it; what they guard is deadline.py's, and the other tests run the same functions
-    "tests/test_ops_channels.py::test_an_smtp_server_that_drips_its_banner_fails_the_email_alone_within_its_timeout",
-    "tests/test_ops_channels.py::test_an_smtp_server_that_answers_every_command_slowly_is_cut_off_at_the_total",
-    "tests/test_ops_webhook.py::test_a_webhook_answer_that_comes_slowly_but_whole_is_cut_off_at_the_total",
+    "tests/ops/test_ops_channels.py::test_an_smtp_server_that_drips_its_banner_fails_the_email_alone_within_its_timeout",
+    "tests/ops/test_ops_channels.py::test_an_smtp_server_that_answers_every_command_slowly_is_cut_off_at_the_total",
+    "tests/ops/test_ops_webhook.py::test_a_webhook_answer_that_comes_slowly_but_whole_is_cut_off_at_the_total",
 ]
 PYTEST_ARGS = ["-m", "not slow and not slurm", "-p", "no:randomly", "-p", "no:cacheprovider", "-o", "addopts=",
                *(f"--deselect={node}" for node in DESELECTED)]

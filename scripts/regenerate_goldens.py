@@ -8,7 +8,7 @@
 
 A test that rewrote its golden and then compared a run with it would compare the run with itself, so regenerating
 is this command and never a mode of a test (issue 51). It writes through the tests' own functions
-(tests/test_render.py's golden_texts, tests/test_trainer_runs.py's golden_text), so the files are exactly what the
+(tests/launch/test_render.py's golden_texts, tests/trainer/test_trainer_runs.py's golden_text), so the files are exactly what the
 tests read; review the diff (git diff tests/assets) before committing it.
 """
 
@@ -25,7 +25,7 @@ WHAT = ("render", "losses")
 
 
 def regenerate_render(work: Path) -> list[Path]:
-    from tests.test_render import GOLDEN_NAMES, golden_texts
+    from tests.launch.test_render import GOLDEN_NAMES, golden_texts
 
     written = []
     for name in GOLDEN_NAMES:
@@ -37,7 +37,7 @@ def regenerate_render(work: Path) -> list[Path]:
 
 def regenerate_losses(work: Path) -> list[Path]:
     from tests.fixtures_trainer import GOLDEN_SAVE_SCHEDULE, run_ok, scalars, small_experiment, write_run
-    from tests.test_trainer_runs import GOLDEN, golden_text
+    from tests.trainer.test_trainer_runs import GOLDEN, golden_text
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     out = work / "golden"  # the golden_run fixture's experiment (tests/fixtures_trainer.py), trained the same way

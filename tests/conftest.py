@@ -73,7 +73,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures_slurm",
     "tests.fixtures_smtp",
     "tests.fixtures_git",
-    "pytester",  # tests/test_skip_policy.py runs pytest on a test file of its own
+    "pytester",  # tests/project/test_skip_policy.py runs pytest on a test file of its own
 ]
 
 
@@ -144,9 +144,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # --- skips: a test that cannot run fails the run, unless the machine lacks hardware it needs -----------------
 
 ALLOWED_SKIPS: dict[str, str] = {
-    "tests/test_trainer_gpu.py": "needs a CUDA GPU: fp16, NCCL and fused AdamW run only there",
-    "tests/test_kernels_dispatch.py::test_sm_count_is_the_devices": "needs a GPU: the device's SM count",
-    "tests/test_benchmarks_gpu_acceptance.py::test_each_launched_experiment_plans_and_ends_in_its_array[fp16-cpu]":
+    "tests/trainer/test_trainer_gpu.py": "needs a CUDA GPU: fp16, NCCL and fused AdamW run only there",
+    "tests/kernels/test_kernels_dispatch.py::test_sm_count_is_the_devices": "needs a GPU: the device's SM count",
+    "tests/project/test_benchmarks_gpu_acceptance.py::test_each_launched_experiment_plans_and_ends_in_its_array[fp16-cpu]":
         "fp16 on a CPU: the acceptance command skips it",
 }
 """The only skips a run accepts: a test file or test id (parameters included, or not for all of them) -> why. Every

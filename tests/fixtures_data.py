@@ -84,7 +84,7 @@ def read_like_megatron(prefix: str) -> tuple[np.dtype, list[np.ndarray], np.ndar
     return dtype, items, doc_idx
 
 
-# --- hostile inputs (tests/test_hostile_archives.py) ------------------------------------------------
+# --- hostile inputs (tests/hostile/test_hostile_archives.py) ------------------------------------------------
 
 BOMB_LIMIT = 1 << 20  # --max-document-bytes of the bomb runs: a bomb crosses it after 1 MiB of decoding
 

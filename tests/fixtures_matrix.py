@@ -4,7 +4,7 @@ run folder of its own): the resumed launch must log the uninterrupted run's iter
 interval does not depend on the configuration (test_trainer_runs.py stops there; benchmarks/gpu_acceptance.py runs
 every precision x stage as two array tasks through `bsops launch --local`).
 
-One module a precision (tests/test_trainer_matrix_{fp32,bf16,fp16}.py) so that pytest-xdist spreads them over its
+One module a precision (tests/trainer/test_trainer_matrix_{fp32,bf16,fp16}.py) so that pytest-xdist spreads them over its
 workers; each module's twelve launches run two at a time. fp16 cannot be initialized on this CPU (DeepSpeed's CPU
 accelerator says so when oneDNN has no fp16 kernels): its ranks run the trainer under `FP16_ON_CPU`, which lifts
 that one check, so DeepSpeed's real fp16 wrappers (FP16_UnfusedOptimizer, ZeRO's with its loss scaler) train,
@@ -212,7 +212,7 @@ def assert_reshaped_and_warm_started(runs: dict, cells: dict[tuple[int, str], Ce
 
 def matrix_tests(precision: str):
     """A precision's module of the matrix: its runs (a module fixture) and the checks every precision passes, as
-    `cells, test_resumes, test_sizes = matrix_tests("bf16")` at the top of tests/test_trainer_matrix_bf16.py."""
+    `cells, test_resumes, test_sizes = matrix_tests("bf16")` at the top of tests/trainer/test_trainer_matrix_bf16.py."""
     @pytest.fixture(scope="module")
     def cells(tmp_path_factory):
         return matrix_runs(tmp_path_factory, precision)

@@ -192,7 +192,7 @@ def webhook_server(cert: tuple[str, str]) -> Iterator[Hooked]:
 # --- hostile servers: a loopback server whose every connection runs a script of the test's -----------------
 
 DRIP_S = 0.1
-"""How often a dripping server sends its next line: shorter than the limit (tests/test_hostile_network.py's 0.25 s),
+"""How often a dripping server sends its next line: shorter than the limit (tests/hostile/test_hostile_network.py's 0.25 s),
 so that a time per read would never end a drip."""
 
 

@@ -5,7 +5,7 @@
   of its own) and the handle it returns (as submitit's executors differ only in their submission text and command).
   The training's LaunchPlan has two (launch/cluster.py, launch/local.py); every other job is a `ScriptJob`, carried
   out with `SlurmScripts` or `LocalScripts` by `run_job`.
-- `submit`: the one call of sbatch in bsops (tests/test_launch_jobs.py checks it); every executor submits through it.
+- `submit`: the one call of sbatch in bsops (tests/launch/test_launch_jobs.py checks it); every executor submits through it.
 - `SlurmJob`: the handle of a job in the queue, found by name (and, once sbatch answered, by id): queued, running
   or gone, and cancel. The launch check, the eval scheduler, the cron runner and the watchdog ask it, and none of
   them reads squeue's records by name on its own. `processes.LocalJob` is the handle of a job run here.

@@ -13,7 +13,7 @@ from pathlib import Path
 # words split on whitespace, '...' and "..." group, a backslash escapes the next character even
 # inside quotes, an unquoted `#` ends the line, and a quote left open is a fatal error. bsops
 # writes every #SBATCH value with `sbatch_quote` and reads job names back with the same rules;
-# tests/test_cluster_sbatch_parser.py holds both against `sbatch -vv`.
+# tests/cluster/test_cluster_sbatch_parser.py holds both against `sbatch -vv`.
 
 _SBATCH_PLAIN = re.compile(r"[A-Za-z0-9._@+,:/%=&|*\[\]()-]+")
 SBATCH_PREFIX = "#SBATCH"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE.parent / "kjv.jsonl.xz"
-SPLIT = "949,50,1"  # trainings/tiny.yaml data.split; tests/test_corpus_eval.py checks it against tiny's
+SPLIT = "949,50,1"  # trainings/tiny.yaml data.split; tests/evaluate/test_corpus_eval.py checks it against tiny's
 SEED = 32  # issue 32
 LAST_WORD_ITEMS = 200  # one loglikelihood request each
 TWO_CHOICE_ITEMS = 150  # two loglikelihood requests each

@@ -24,7 +24,7 @@ allow("checkpoints/resume.py", "relaunch_refusal", EQUIVALENT + "the Checkpoint 
 _PLAN = ("universal.reshape_plan(ckpt.path, meta, shape, universal.Layout(tensor, pipeline, data, zero_stage), "
          "vocab_size)")
 allow("checkpoints/resume.py", "relaunch_refusal", NOT_WORTH + "what DP and the ZeRO stage allow is "
-      "universal.reshape_plan's, run on real checkpoints by tests/test_checkpoints_universal.py (trainer launches, "
+      "universal.reshape_plan's, run on real checkpoints by tests/checkpoints/test_checkpoints_universal.py (trainer launches, "
       "not in the fast lane); the path only names the checkpoint in its errors",
       (_PLAN, _PLAN.replace("reshape_plan(ckpt.path,", "reshape_plan(None,")),
       (_PLAN, _PLAN.replace("pipeline, data, zero_stage", "pipeline, None, zero_stage")),

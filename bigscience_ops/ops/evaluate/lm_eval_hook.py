@@ -20,7 +20,7 @@ imported (torch broken, a part of bsops missing) is said the same way by `Entry`
 error for the interpreter's last word (sys.excepthook), while a Python caller of `simple_evaluate` still gets the
 exception (EvalError) to catch.
 
-What it costs and what it changes are measured in tests/test_eval_lm_eval_cli.py: the interpreter's start-up with
+What it costs and what it changes are measured in tests/evaluate/test_eval_lm_eval_cli.py: the interpreter's start-up with
 and without the line, lm-eval's own models still found, `bsops` found in a wheel install and an editable one, lm-eval
 working with a broken bsops. A registration that fails (another lm-eval whose registry has changed) is a warning,
 never a failed lm-eval import.

@@ -1,4 +1,4 @@
-"""Re-record the sacct, sinfo and scontrol show config answers tests/test_slurm_output.py reads
+"""Re-record the sacct, sinfo and scontrol show config answers tests/slurm/test_slurm_output.py reads
 (tests/assets/slurm/README.md):
 
 `eval "$(bash scripts/slurm-up.sh)" && PYTHONPATH=. .venv/bin/python tests/assets/slurm/record_answers.py`

@@ -1,5 +1,5 @@
 """Re-record what `bsops eval`'s ranks (ops/evaluate/worker.py under torchrun, launcher.run_local) leave for two
-requests, the result files the command-line tests replay (tests/test_cli_evaluate.py, tests/test_hostile_tasks.py):
+requests, the result files the command-line tests replay (tests/cli/test_cli_evaluate.py, tests/hostile/test_hostile_tasks.py):
 
 `PYTHONPATH=. .venv/bin/python tests/assets/eval/worker/record.py`   (about a minute: trains, then evaluates twice)
 

@@ -1,0 +1,197 @@
+"""`bsops eval` and `bsops cron add --jobs eval` at the command line: refusals, the table, the hourly job's pass.
+
+The ranks never start here: launcher.run_local is a stand-in that leaves what the real ranks left for the same
+request (the result files and exit codes recorded in tests/assets/eval/worker/, its record.py re-records them); the
+evaluation itself is tested with the worker's own tests and, on the Slurm cluster, by tests/cluster/test_cluster_evaluate.py.
+The hourly pass submits to the session's real Slurm cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from bigscience_ops import slurm
+from bigscience_ops.cli import EXIT_ERROR, main
+from bigscience_ops.ops.evaluate import launcher, results, schedule
+from tests.fixtures_experiments import tiny_yaml
+from tests.fixtures_runs import commit_checkpoint
+from tests.fixtures_slurm import SlurmCluster, wait_until
+
+WORKER = Path(__file__).parents[1] / "assets" / "eval" / "worker"
+RECORDED = json.loads((WORKER / "exits.json").read_text())
+"""What the real ranks left (tests/assets/eval/worker/record.py): the step they evaluated, and each request's exit."""
+
+
+def replay_worker(case: str, calls: list[tuple]) -> Callable[..., int]:
+    """A stand-in for launcher.run_local that leaves what the real ranks left for request `case` of the recording:
+    its result file (where the ranks write it, for the step recorded) and its exit code; each call's (step, tensor,
+    pipeline, experiment, keep_cache) is appended to `calls`."""
+    def run_local(exp, step, tensor=None, pipeline=None, trainings_dir=None, experiment=None, env=None,
+                  log_samples=False, keep_cache=False) -> int:
+        calls.append((step, tensor, pipeline, experiment, keep_cache))
+        assert step == RECORDED["step"], f"the recording is of global_step{RECORDED['step']}, not {step}"
+        path = results.result_path(exp, f"global_step{step}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(WORKER / f"{case}.json", path)
+        return RECORDED[case]
+    return run_local
+
+
+def _write(trainings: Path, tmp_path: Path, evaluation: str | None = "sources: {held: HELD}", *extra: str,
+           name: str = "ev") -> str:
+    """NAME.yaml: tiny with its run in tmp_path/run, this eval section and `extra` sections; None: tiny without one (a
+    whole copy, as a base's eval: section cannot be emptied by a mapping that merges into it)."""
+    held = tmp_path / "held.jsonl"
+    held.write_text('{"text": "held out"}\n')
+    if evaluation is None:
+        data = yaml.safe_load((trainings / "tiny.yaml").read_text())
+        data.pop("eval", None)
+        data["paths"] = {"output": str(tmp_path / "run")}
+        (trainings / f"{name}.yaml").write_text(yaml.safe_dump(data))
+        return name
+    section = f"eval: {{{evaluation.replace('HELD', json.dumps(str(held)))}}}\n"
+    (trainings / f"{name}.yaml").write_text(tiny_yaml(tmp_path / "run", section, *extra))
+    return name
+
+
+def _saved(tmp_path: Path, *steps: int, latest: int, meta: bool = True) -> Path:
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for step in steps:
+        (checkpoints / f"global_step{step}").mkdir(parents=True)
+        if meta:
+            (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
+            commit_checkpoint(checkpoints / f"global_step{step}")
+    (checkpoints / "latest").write_text(f"global_step{latest}")
+    return checkpoints
+
+
+def _eval(trainings: Path, *args: str, name: str = "ev"):
+    return CliRunner().invoke(main, ["eval", name, *args, "--trainings-dir", str(trainings)])
+
+
+def _one_error(result) -> str:
+    assert result.exit_code == EXIT_ERROR, result.output
+    assert "Traceback" not in result.output
+    [line] = [line for line in result.output.split("\n") if line.startswith("error: ")]
+    return line
+
+
+def test_nothing_configured_is_refused_naming_the_section(trainings: Path, tmp_path: Path) -> None:
+    _write(trainings, tmp_path, evaluation=None)
+    _saved(tmp_path, 50, latest=50)
+    for args in (["--step", "50"], ["--latest"], ["--next"]):
+        line = _one_error(_eval(trainings, *args))
+        assert "ev.yaml: eval: got {}" in line and "eval.tasks" in line and "eval.sources" in line
+
+
+@pytest.mark.parametrize("args", [[], ["--step", "50", "--latest"], ["--latest", "--next"],
+                                  ["--step", "50", "--alert"], ["--next", "--tensor", "2"],
+                                  ["--next", "--keep-cache"], ["--prefetch", "--log-samples"]])
+def test_exactly_one_of_step_latest_next(args: list[str], trainings: Path, tmp_path: Path) -> None:
+    _write(trainings, tmp_path)
+    assert "eval --help" in _one_error(_eval(trainings, *args))
+
+
+def test_checkpoints_that_cannot_be_evaluated_are_refused(trainings: Path, tmp_path: Path, monkeypatch) -> None:
+    _write(trainings, tmp_path)
+    started = []
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: started.append(a))
+    assert "latest" in _one_error(_eval(trainings, "--latest"))
+    checkpoints = _saved(tmp_path, 50, latest=50)
+    (checkpoints / "global_step60").mkdir()  # no bsops.json
+    (checkpoints / "latest").write_text("global_step60")
+    (checkpoints / "global_step100").mkdir()  # saved before manifests, newer than `latest`: a save in progress
+    (checkpoints / "global_step100" / "bsops.json").write_text(json.dumps({"iteration": 100}))
+    (checkpoints / "global_step110").mkdir()  # a save that commits with a manifest, and has none: never finished
+    (checkpoints / "global_step110" / "bsops.json").write_text(json.dumps({"iteration": 110, "commit": "manifest"}))
+    refusals = {"75": "global_step75", "100": "newer than", "60": "bsops.json", "110": "manifest"}
+    for step, named in refusals.items():
+        assert named in _one_error(_eval(trainings, "--step", step))
+    assert started == []
+
+
+def test_a_finished_evaluation_prints_the_table(trainings: Path, tmp_path: Path, monkeypatch) -> None:
+    _write(trainings, tmp_path, "sources: {held: HELD}, references: {GPT2-XL: {held/bits_per_byte: 1.5}}, "
+                                "alert_drop: {held/bits_per_byte: 0.1, lambada/acc: 0.02}")
+    step = RECORDED["step"]
+    _saved(tmp_path, step, latest=step)
+    calls: list[tuple] = []
+    monkeypatch.setattr(launcher, "run_local", replay_worker("sources", calls))
+    result = _eval(trainings, "--latest", "--tensor", "1", "--pipeline", "1", "--keep-cache")
+    assert result.exit_code == 0, result.output
+    assert calls == [(step, 1, 1, None, True)]  # the ranks read the experiment as the command has it
+    assert launcher.worker_argv("ev", step, keep_cache=True)[-1] == "--keep-cache"  # and are told to keep the cache
+    measured = json.loads((WORKER / "sources.json").read_text())["bsops"]["bits_per_byte"]["held"]["bits_per_byte"]
+    [row] = [line.split() for line in result.output.split("\n") if line.startswith("held/bits_per_byte")]
+    assert row[-2:] == [f"{measured:.4f}", "1.5000"]  # what the ranks measured, beside the reference
+    [warning] = [line for line in result.stderr.splitlines() if line.startswith("warning: eval.alert_drop")]
+    assert "lambada/acc" in warning and "held/bits_per_byte" in warning.split("allowed:")[1]  # the one that cannot fire
+
+    monkeypatch.setattr(launcher, "run_local", lambda *a, **k: 1)  # ranks that crashed (exit 1), no result
+    assert f"global_step{step}" in _one_error(_eval(trainings, "--step", str(step)))
+
+
+@pytest.mark.slurm
+def test_the_hourly_pass_submits_records_and_reports_a_failure(slurm_cluster: SlurmCluster, trainings: Path,
+                                                               tmp_path: Path) -> None:
+    """On the session's Slurm cluster: the eval job goes to a partition that is down (it waits there, never runs);
+    while it waits, a pass submits nothing more; cancelled, it has left the queue without a result: the next pass
+    reports it and submits it once more."""
+    name = f"{slurm_cluster.prefix}-ev"  # the eval job's name, bsops.NAME.eval, is this session's alone
+    _write(trainings, tmp_path, "sources: {held: HELD}", f"slurm: {{partition: {slurm_cluster.down_partition}}}\n",
+           name=name)
+    _saved(tmp_path, 50, latest=50)
+    ledger = tmp_path / "run" / "eval" / "jobs.jsonl"
+    first = _eval(trainings, "--next", "--alert", name=name)
+    assert first.exit_code == 0, first.output
+    [record] = schedule.read_ledger(ledger).records
+    job_id = record.job_id
+    slurm_cluster.submitted.append(job_id)  # cancelled at the end of the session whatever happens
+    [job] = slurm_cluster.jobs(job_id)
+    assert (job.name, job.state, job.reason) == (f"bsops.{name}.eval", "PENDING", "PartitionDown")
+    script = tmp_path / "run" / "eval" / "jobs" / "global_step50.slurm"
+    assert slurm.script_job_name(script) == job.name
+    assert json.loads(script.with_suffix(".experiment.json").read_text())["eval"]["sources"] == {
+        "held": str(tmp_path / "held.jsonl")}
+    assert (tmp_path / "run" / "eval" / "logs").is_dir()  # Slurm writes the log there and makes no folder
+    waiting = _eval(trainings, "--next", "--alert", name=name)
+    assert waiting.exit_code == 0 and len(schedule.read_ledger(ledger).records) == 1, waiting.output
+    slurm.cancel([job_id], timeout=30)
+    wait_until(f"job {job_id} gone from the queue", lambda: not slurm_cluster.jobs(job_id), timeout=30)
+    # The job left the queue without a result: exit 2 naming the step and its log, and it is tried once more.
+    failed = _eval(trainings, "--next", "--alert", name=name)
+    line = _one_error(failed)
+    assert "global_step50" in line and str(tmp_path / "run" / "eval" / "logs" / f"global_step50-{job_id}.out") in line
+    assert "no alert email: alerts.email_to is empty" in failed.output
+    records = schedule.read_ledger(ledger).records
+    again = records[-1].job_id
+    slurm_cluster.submitted.append(again)
+    assert [(r.event, r.job_id) for r in records] == [("submitted", job_id), ("failed", job_id), ("submitted", again)]
+    assert again != job_id and [j.state for j in slurm_cluster.jobs(again)] == ["PENDING"]
+
+
+def test_cron_add_writes_the_eval_scheduler_only_when_asked(trainings: Path, tmp_path: Path) -> None:
+    _write(trainings, tmp_path)
+    cron_dir = tmp_path / "cron"
+    add = ["cron", "add", "ev", "--cron-dir", str(cron_dir), "--trainings-dir", str(trainings)]
+    default = CliRunner().invoke(main, add)
+    assert default.exit_code == 0 and "not adding the eval job" in default.output
+    assert [p.name for p in (cron_dir / "cron.hourly").iterdir()] == ["ev-slurm-status.slurm"]
+    asked = CliRunner().invoke(main, [*add, "--jobs", "eval"])
+    assert asked.exit_code == 0, asked.output
+    job = cron_dir / "cron.hourly" / "ev-eval-next.slurm"
+    assert slurm.script_job_name(job) == "bsops.ev.eval-next"  # not the eval jobs' own name
+    assert f"bsops eval ev --trainings-dir {trainings.resolve()} --next --alert\n" in job.read_text()
+    listed = CliRunner().invoke(main, ["cron", "list", "--cron-dir", str(cron_dir)])
+    assert [line.split()[:2] for line in listed.output.strip().split("\n")] == [["ev", "eval"], ["ev", "status"]]
+
+    _write(trainings, tmp_path, evaluation=None)
+    refused = CliRunner().invoke(main, [*add, "--jobs", "eval", "--cron-dir", str(tmp_path / "c2")])
+    assert "eval.tasks" in _one_error(refused) and not (tmp_path / "c2" / "cron.hourly").exists()
