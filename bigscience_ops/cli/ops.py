@@ -147,7 +147,8 @@ def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bo
     experiment, _ = configured_run(exp, run, trainings_dir, overrides, fallback=True)
 
     def work() -> None:
-        report = backup.run_backup(experiment, dest, dry_run=dry_run, progress=None if dry_run else _ShownProgress())
+        report = backup.run_backup(backup.settings(experiment), dest, dry_run=dry_run,
+                                   progress=None if dry_run else _ShownProgress())
         if dry_run:
             for plan in report.planned:
                 click.echo(f"would copy {plan.ckpt.tag}: {_what(plan)}, {_mb(plan.size)}")

@@ -121,7 +121,7 @@ allow("ops/keep/backup.py", "fingerprint", EQUIVALENT + "a link among a folder's
       "could go into it, so following links or not walks the same folders",
       (_WALK, _WALK.replace("followlinks=False", "followlinks=None")), (_WALK, _WALK.replace(", followlinks=False", ", ")),
       (_WALK, _WALK.replace("followlinks=False", "followlinks=True")))
-_PLAN = "report.planned.append(plan_checkpoint(ckpt, keeps_optimizer(exp, schedule, ckpt.step), source))"
+_PLAN = "report.planned.append(plan_checkpoint(ckpt, keeps_optimizer(run, ckpt.step), source))"
 allow("ops/keep/backup.py", "run_backup", EQUIVALENT + "without `source` the plan takes the fingerprint again, of the "
       "same files a moment later",
       (_PLAN, _PLAN.replace(", source))", ", None))")), (_PLAN, _PLAN.replace(", source))", ", ))")))

@@ -64,7 +64,7 @@ def test_rollback_sets_aside_records_and_every_command_reads_the_skip(exp, train
     rendered = json.loads((Path(exp.paths.output) / "rendered" / "experiment.json").read_text())
     assert render.exit_code == 0 and rendered["train"]["skip_iterations"] == ["91-100"]
     # The backup's retention never sees the set-aside checkpoints.
-    report = backup.run_backup(again)
+    report = backup.run_backup(backup.settings(again))
     assert report.backed_up == ["global_step50"] and report.deleted == []
     assert sorted(p.name for p in aside.iterdir()) == ["global_step100", "global_step120", "global_step120_universal"]
 

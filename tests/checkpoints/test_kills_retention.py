@@ -61,7 +61,7 @@ def test_a_backup_after_a_rollback_keeps_keep_last_checkpoints_up_to_latest(trai
     for step in sorted(ALL):
         _save(scratch, step)
     (scratch / layout.LATEST).write_text("global_step30")
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.failed == {} and report.deleted == ["global_step10"]
     assert sorted(p.name for p in scratch.glob("global_step*")) == [f"global_step{s}" for s in (20, 30, 40, 50)]
 

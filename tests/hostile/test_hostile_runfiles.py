@@ -88,7 +88,7 @@ def exp(trainings: Path, tmp_path: Path):
         ledger.append(out / ledger.LEDGER_NAME, record)
     _save(checkpoints, 40)
     _save(checkpoints, 80)
-    assert backup.run_backup(exp).backed_up == ["global_step40", "global_step80"]
+    assert backup.run_backup(backup.settings(exp)).backed_up == ["global_step40", "global_step80"]
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "main_log.txt").write_text("task 7_1 begins at iteration 0\n  successfully saved checkpoint at iteration"
                                        "      40 to /c (1.0 ms)\ntask 7_2 begins at iteration 40\n")

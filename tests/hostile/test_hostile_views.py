@@ -231,7 +231,7 @@ def _backed_up_run(trainings: Path, tmp_path: Path, record_dest: str | None, fil
         (Path(exp.paths.checkpoints) / f"global_step{step}" / "layer_00-model_states.pt").write_bytes(bytes(step))
         commit_checkpoint(Path(exp.paths.checkpoints) / f"global_step{step}")  # the layer file is the save's
     if file_dest:
-        backup.run_backup(exp)
+        backup.run_backup(backup.settings(exp))
     return run, exp
 
 
@@ -258,8 +258,8 @@ def test_a_store_named_only_by_the_launch_record_is_not_read(trainings: Path, tm
     recorded = load_experiment("late", trainings)
     import dataclasses
 
-    backup.run_backup(dataclasses.replace(recorded, backup=dataclasses.replace(recorded.backup,
-                                                                              dest=str(tmp_path / "store"))))
+    backup.run_backup(backup.settings(dataclasses.replace(recorded, backup=dataclasses.replace(recorded.backup,
+                                                                              dest=str(tmp_path / "store")))))
     result = CliRunner().invoke(main, ["info", str(run), "--trainings-dir", str(trainings), "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout)["backup"]["note"] == "backup.dest is not set"
     page = CliRunner().invoke(main, ["chronicle", str(run), "--trainings-dir", str(trainings)]).stdout

@@ -83,7 +83,7 @@ def _steps(exp: Experiment) -> list[int]:
 def test_a_copy_missing_a_file_or_holding_another_fails_its_re_read(trainings: Path, tmp_path: Path) -> None:
     exp = _experiment(trainings, tmp_path / "run")
     _save(exp, 10)
-    store = backup.run_backup(exp).store
+    store = backup.run_backup(backup.settings(exp)).store
     assert backup_store.verify(store, "global_step10") == [] and backup_store.is_backed_up(store, "global_step10")
     copy = store / "global_step10"
     listed = list(json.loads(backup_store.manifest_path(store, "global_step10").read_text())["files"])
@@ -137,7 +137,7 @@ def test_a_tar_copy_damaged_in_the_store_fails_its_re_read(trainings: Path, tmp_
                                                            count) -> None:
     exp = _experiment(trainings, tmp_path / "run", tar=True)
     _save(exp, 10)
-    store = backup.run_backup(exp).store
+    store = backup.run_backup(backup.settings(exp)).store
     tar = store / "global_step10.tar"
     assert backup_store.verify(store, "global_step10") == []
     with tarfile.open(tar) as archive:
@@ -184,11 +184,11 @@ def test_an_interrupted_copy_damaged_in_the_store_is_dropped_and_copied_again(tr
     vouched = source.read_bytes() if journal == "the source's bytes" else bytes(damaged)
     (staging / backup_store.JOURNAL).write_text(json.dumps({"path": source.name, "size": len(vouched),
                                                       "sha256": _sha(vouched)}) + "\n")
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert list(report.failed) == ["global_step10"] and str(staging / source.name) in report.failed["global_step10"]
     assert not staging.exists() and backup_store.entries(report.store) == [] and report.deleted == []
     assert _steps(exp) == [10]
-    again = backup.run_backup(exp)
+    again = backup.run_backup(backup.settings(exp))
     assert again.backed_up == ["global_step10"] and again.failed == {} and again.resumed == []
     assert backup_store.verify(again.store, "global_step10") == []
     assert (again.store / "global_step10" / source.name).read_bytes() == source.read_bytes()
@@ -204,7 +204,7 @@ def test_a_copy_moved_into_place_without_its_manifest_is_finished(trainings: Pat
     shutil.copytree(folder, final)
     (final / "manifest.json").unlink()  # a weights-only copy: the checkpoint's manifest is not part of it
     (final / "layer_01-model_states.pt").write_bytes(b"cut short")  # never vouched for: copied again
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.resumed == ["global_step10"] and report.backed_up == ["global_step10"]
     assert backup_store.verify(report.store, "global_step10") == [] and list((report.store / backup_store.PARTIAL).iterdir()) == []
     assert (final / "layer_01-model_states.pt").read_bytes() == (folder / "layer_01-model_states.pt").read_bytes()
@@ -217,7 +217,7 @@ def test_a_staged_copy_whose_record_cannot_be_read_is_not_taken_for_this_checkpo
     staging = _staged(exp, 10)
     (staging / backup_store.SOURCE).write_bytes(b"{not json")
     (staging.parent / "global_step10.9").symlink_to(staging)  # a link among the staged folders: passed over
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == ["global_step10"]
     assert backup_store.entries(report.store) == ["global_step10.2"]  # its name is taken by the unreadable one
     assert backup_store.read_manifest(report.store, "global_step10.2")["tag"] == "global_step10"
@@ -230,7 +230,7 @@ def test_a_model_states_file_changed_after_its_save_is_not_rewritten_into_the_st
     exp = _experiment(trainings, tmp_path / "run")
     folder = _save(exp, 10, model_states=True)
     _flip(folder / "mp_rank_00_model_states.pt", 7)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert list(report.failed) == ["global_step10"] and str(folder / "mp_rank_00_model_states.pt") in \
         report.failed["global_step10"]
     assert backup_store.entries(report.store) == [] and list((report.store / backup_store.PARTIAL).iterdir()) == []
@@ -250,13 +250,13 @@ def test_a_fresh_tar_that_fails_its_re_read_is_not_a_copy(trainings: Path, tmp_p
             _flip_first_member(Path(dst))
 
     monkeypatch.setattr(backup.os, "replace", corrupting)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     monkeypatch.setattr(backup.os, "replace", real)
     assert list(report.failed) == ["global_step10"]
     assert str(report.store / "global_step10.tar") in report.failed["global_step10"]
     assert backup_store.entries(report.store) == [] and not (report.store / "global_step10.tar").exists()
     assert list((report.store / backup_store.PARTIAL).iterdir()) == []
-    again = backup.run_backup(exp)
+    again = backup.run_backup(backup.settings(exp))
     assert again.backed_up == ["global_step10"] and backup_store.entries(again.store) == ["global_step10"]
     assert backup_store.verify(again.store, "global_step10") == []
 
@@ -294,7 +294,7 @@ def test_what_changed_since_retentions_decision_is_not_deleted(trainings: Path, 
     exp = _experiment(trainings, tmp_path / "run", keep_optimizer_every=10)
     for step in (10, 20, 30, 40):
         _save(exp, step)
-    store = backup.run_backup(exp).store
+    store = backup.run_backup(backup.settings(exp)).store
     assert backup_store.entries(store) == ["global_step10", "global_step20", "global_step30", "global_step40"]
     exp = _with(exp, keep_last=1)
     real = retention.apply
@@ -305,7 +305,7 @@ def test_what_changed_since_retentions_decision_is_not_deleted(trainings: Path, 
         return real(checkpoints, decision, still_verified)
 
     monkeypatch.setattr(backup.retention, "apply", after_the_decision)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.deleted == deleted and _steps(exp) == left
     assert list(report.left_on_scratch) == (["global_step30"] if meanwhile is _folder_of_30_moved_away else [])
 
@@ -324,7 +324,7 @@ def test_results_of_checkpoints_retention_deleted_count_through_their_copies(tra
     exp = _experiment(trainings, tmp_path / "run", keep_optimizer_every=10, keep_last=1)
     for step in (10, 20, 30):
         _save(exp, step)
-    assert backup.run_backup(exp).deleted == ["global_step10", "global_step20"]
+    assert backup.run_backup(backup.settings(exp)).deleted == ["global_step10", "global_step20"]
     assert _steps(exp) == [30]
     found = [_result(exp, step) for step in (10, 15, 20, 30)]
     assert evaluated.saved_steps(exp) == {10, 20, 30}
@@ -340,7 +340,7 @@ def test_an_unreadable_store_or_run_id_counts_what_is_on_scratch(trainings: Path
     exp = _experiment(trainings, tmp_path / "run", keep_optimizer_every=10, keep_last=1)
     for step in (10, 20):
         _save(exp, step)
-    backup.run_backup(exp)
+    backup.run_backup(backup.settings(exp))
     result = _result(exp, 20)
     (Path(exp.paths.checkpoints) / layout.RUN_ID).write_text("not a run id\n")
     assert evaluated.saved_steps(exp) == {20}
@@ -378,7 +378,7 @@ def test_a_store_manifest_that_is_not_this_backups_is_no_copy(trainings: Path, t
                                                               problems: int) -> None:
     exp = _experiment(trainings, tmp_path / "run")
     _save(exp, 10)
-    store = backup.run_backup(exp).store
+    store = backup.run_backup(backup.settings(exp)).store
     damage(store)
     assert backup_store.read_manifest(store, "global_step10") is None and not backup_store.is_backed_up(store, "global_step10")
     found = backup_store.manifests(store)
@@ -404,8 +404,8 @@ def test_a_journal_with_a_bad_line_before_its_last_is_a_store_problem(trainings:
 def test_what_a_backup_refuses_before_it_starts(trainings: Path, tmp_path: Path) -> None:
     exp = _with(_experiment(trainings, tmp_path / "run"), dest=None)
     with pytest.raises(backup_store.BackupError, match=exp.name):
-        backup.destination(exp, None)
-    assert backup.destination(exp, tmp_path / "to") == tmp_path / "to"
+        backup.destination(backup.settings(exp), None)
+    assert backup.destination(backup.settings(exp), tmp_path / "to") == tmp_path / "to"
     for name in ("", ".", "..", "a/b", "a\0b"):
         with pytest.raises(backup_store.BackupError):
             backup_store.run_store(tmp_path, name, "0" * 32)

@@ -44,7 +44,7 @@ def tarred(trainings: Path, tmp_path: Path):
     exp = load_experiment("tarred", trainings)
     layout.new_run_id(Path(exp.paths.checkpoints))
     _save(Path(exp.paths.checkpoints), 10)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == ["global_step10"] and report.failed == {}
     with tarfile.open(report.store / "global_step10.tar") as archive:
         members = {m.name: archive.extractfile(m).read() for m in archive if m.isfile()}
@@ -96,7 +96,8 @@ def test_a_tar_that_is_not_a_tar_fails_verification_and_a_damaged_tar_never_lets
     _flip_a_byte_of(store / "global_step10.tar", "layer_00-model_states.pt")
     for step in (20, 30):
         _save(scratch, step)
-    report = backup.run_backup(dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, keep_last=1)))
+    keep_one = dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, keep_last=1))
+    report = backup.run_backup(backup.settings(keep_one))
     assert backup_store.is_backed_up(store, "global_step10") and len(backup_store.verify(store, "global_step10")) == 1
     assert report.backed_up == ["global_step20", "global_step30"] and report.deleted == ["global_step20"]
     assert (scratch / "global_step10").is_dir()
@@ -144,7 +145,7 @@ def test_a_weights_only_copy_holds_the_weights_without_the_optimizer_and_verifie
     exp, scratch = weights_only
     _engine_state(scratch, 10, 0.5)
     progress = Counted()
-    report = backup.run_backup(exp, progress=progress)
+    report = backup.run_backup(backup.settings(exp), progress=progress)
     assert report.backed_up == ["global_step10"] and report.failed == {}
     store = report.store
     found = backup_store.read_manifest(store, "global_step10")
@@ -178,7 +179,7 @@ def test_a_model_states_file_changed_after_its_save_is_never_rewritten_into_the_
     torch.save({"module": {"w": torch.full((4, 4), 0.25)}, "optimizer": {"exp_avg": torch.ones(4, 4)},
                 "iteration": 10}, states)  # other weights, the same layout: the same size, another content
     assert states.stat().st_size == size
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == [] and list(report.failed) == ["global_step10"]
     assert str(states) in report.failed["global_step10"]
     assert backup_store.entries(report.store) == [] and not (report.store / "global_step10").exists()
@@ -192,7 +193,7 @@ def stored(trainings: Path, tmp_path: Path):
     exp = load_experiment("kept", trainings)
     layout.new_run_id(Path(exp.paths.checkpoints))
     _save(Path(exp.paths.checkpoints), 10)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == ["global_step10"]
     return report.store, json.loads(backup_store.manifest_path(report.store, "global_step10").read_text())
 
@@ -370,7 +371,7 @@ def test_a_model_states_file_holding_no_dict_is_copied_as_it_is(weights_only) ->
     folder = _engine_state(scratch, 10, 0.5)
     torch.save([torch.ones(2), 3], folder / "mp_rank_00_model_states.pt")
     commit_checkpoint(folder)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == ["global_step10"] and report.failed == {}
     copy = torch.load(report.store / "global_step10" / "mp_rank_00_model_states.pt", weights_only=True)
     assert len(copy) == 2 and torch.equal(copy[0], torch.ones(2)) and copy[1] == 3
@@ -386,7 +387,7 @@ def test_a_model_states_file_the_restricted_loader_refuses_is_reported_with_the_
     commit_checkpoint(folder)
     with pytest.raises(Exception) as refused:
         torch.load(states, map_location="cpu", weights_only=True)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == [] and list(report.failed) == ["global_step10"]
     why = report.failed["global_step10"]
     assert str(states) in why and refused.type.__name__ in why and " ".join(str(refused.value).split())[:40] in why
@@ -469,7 +470,7 @@ def nested(trainings: Path, tmp_path: Path):
 def test_a_copy_interrupted_half_way_is_finished_in_its_own_entry_by_the_next_run(nested) -> None:
     exp, folder = nested
     with pytest.raises(KeyboardInterrupt):
-        backup.run_backup(exp, progress=Interrupted(calls=1))
+        backup.run_backup(backup.settings(exp), progress=Interrupted(calls=1))
     staging = backup_store.run_store(Path(exp.backup.dest), exp.name, layout.run_id(folder.parent)) / \
         backup_store.PARTIAL / "global_step10"
     meta = (folder / layout.META).read_bytes()
@@ -477,7 +478,7 @@ def test_a_copy_interrupted_half_way_is_finished_in_its_own_entry_by_the_next_ru
         {layout.META: {"size": len(meta), "sha256": hashlib.sha256(meta).hexdigest()}}, [])
     (staging / f".{layout.META}.tmp").write_bytes(b"half a file a kill left")
     progress = Interrupted()
-    report = backup.run_backup(exp, progress=progress)
+    report = backup.run_backup(backup.settings(exp), progress=progress)
     assert report.resumed == report.backed_up == ["global_step10"] and report.failed == {}
     assert backup_store.entries(report.store) == ["global_step10"] and backup_store.verify(report.store,
                                                                                          "global_step10") == []
@@ -496,16 +497,16 @@ def test_a_checkpoint_file_past_one_read_chunk_is_copied_whole(nested) -> None:
     big = os.urandom(backup_store.CHUNK + 1000)
     (folder / "big.pt").write_bytes(big)
     commit_checkpoint(folder)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == ["global_step10"] and report.failed == {}
     assert (report.store / "global_step10" / "big.pt").read_bytes() == big
 
 
 def test_a_copy_moved_into_place_without_its_manifest_and_nothing_staged_is_finished_as_resumed(nested) -> None:
     exp, _ = nested
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     backup_store.manifest_path(report.store, "global_step10").unlink()
-    again = backup.run_backup(exp)
+    again = backup.run_backup(backup.settings(exp))
     assert again.resumed == again.backed_up == ["global_step10"]
     assert backup_store.entries(again.store) == ["global_step10"] and backup_store.verify(again.store,
                                                                                         "global_step10") == []
@@ -514,13 +515,13 @@ def test_a_copy_moved_into_place_without_its_manifest_and_nothing_staged_is_fini
 def test_an_interrupted_copy_is_found_past_a_staged_folder_whose_record_cannot_be_read(nested) -> None:
     exp, _ = nested
     with pytest.raises(KeyboardInterrupt):
-        backup.run_backup(exp, progress=Interrupted(calls=1))
+        backup.run_backup(backup.settings(exp), progress=Interrupted(calls=1))
     store = backup_store.run_store(Path(exp.backup.dest), exp.name, layout.run_id(Path(exp.paths.checkpoints)))
     partial = store / backup_store.PARTIAL
     (partial / "global_step10").rename(partial / "global_step10.2")
     (partial / "global_step10").mkdir()
     (partial / "global_step10" / backup_store.SOURCE).write_bytes(b"{not json")
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.resumed == ["global_step10"] and backup_store.entries(report.store) == ["global_step10.2"]
 
 
@@ -538,7 +539,7 @@ def test_a_checkpoint_damaged_after_its_save_is_refused_naming_its_first_bad_fil
     for name in names:
         with open(folder / name, "ab") as handle:
             handle.write(b"x")
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     why = report.failed["global_step10"]
     assert str(folder / sorted(names)[0]) in why
     more = [int(n) for n in re.findall(r"\(and (\d+) more\)", why)]
@@ -560,7 +561,7 @@ def two_saves(trainings: Path, tmp_path: Path):
 
 def test_a_dry_run_writes_nothing_not_the_store_nor_the_run_id_and_says_where_the_copies_would_go(two_saves) -> None:
     exp, checkpoints, dest = two_saves
-    report = backup.run_backup(exp, dry_run=True)
+    report = backup.run_backup(backup.settings(exp), dry_run=True)
     assert not dest.exists() and layout.run_id(checkpoints) is None
     assert report.dest == dest and report.store == dest / "two" / "new-run"
     assert [p.ckpt.tag for p in report.planned] == ["global_step10", "global_step20"] and report.backed_up == []
@@ -568,17 +569,17 @@ def test_a_dry_run_writes_nothing_not_the_store_nor_the_run_id_and_says_where_th
 
 def test_a_dry_run_deletes_nothing_that_retention_would(two_saves) -> None:
     exp, checkpoints, _ = two_saves
-    first = backup.run_backup(exp)  # keep_last unset: both copied, nothing deleted
+    first = backup.run_backup(backup.settings(exp))  # keep_last unset: both copied, nothing deleted
     assert first.backed_up == ["global_step10", "global_step20"] and first.deleted == []
     keep_one = dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, keep_last=1))
-    dry = backup.run_backup(keep_one, dry_run=True)
+    dry = backup.run_backup(backup.settings(keep_one), dry_run=True)
     assert dry.retention is not None and dry.retention.delete == [10]
     assert dry.deleted == [] and (checkpoints / "global_step10").is_dir()
     assert dry.already == ["global_step10", "global_step20"]
     # the store's manifest says whose copy it is
     manifest = backup_store.read_manifest(first.store, "global_step10")
     assert (manifest["run_id"], manifest["experiment"]) == (layout.run_id(checkpoints), "two")
-    real = backup.run_backup(keep_one)
+    real = backup.run_backup(backup.settings(keep_one))
     assert real.deleted == ["global_step10"] and not (checkpoints / "global_step10").exists()
 
 
@@ -586,6 +587,6 @@ def test_a_checkpoint_holding_a_link_is_refused_naming_it_and_the_next_one_is_st
     exp, checkpoints, _ = two_saves
     link = checkpoints / "global_step10" / "more"  # a folder link: the manifest lists files, fingerprint sees it
     link.symlink_to(checkpoints / "global_step20", target_is_directory=True)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert str(link) in report.failed["global_step10"] and "symbolic link" in report.failed["global_step10"]
     assert report.backed_up == ["global_step20"]

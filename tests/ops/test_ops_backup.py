@@ -68,7 +68,7 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
     exp, run = runs[stage]
     src = run / "checkpoints"
     assert [c.step for c in layout.complete_checkpoints(src)] == [10, 18] and run_schedule(exp).train_iters == 18
-    report = backup.run_backup(exp, tmp_path / "store")
+    report = backup.run_backup(backup.settings(exp), tmp_path / "store")
     assert report.backed_up == ["global_step10", "global_step18"] and report.deleted == []
     store = report.store
     assert store == tmp_path / "store" / exp.name / layout.run_id(src)  # the run's own part of the store
@@ -98,7 +98,7 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
     assert backup_store.verify(store, "global_step10") == [] and backup_store.verify(store, "global_step18") == []
 
     # A second run has nothing to do; a corrupted byte is caught by verify.
-    assert backup.run_backup(exp, tmp_path / "store").backed_up == []
+    assert backup.run_backup(backup.settings(exp), tmp_path / "store").backed_up == []
     victim = store / "global_step10" / "layer_01-model_states.pt"
     data = bytearray(victim.read_bytes())
     data[100] ^= 0xFF
@@ -110,7 +110,7 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
 def test_keep_optimizer_every_and_tar(runs, tmp_path: Path) -> None:
     exp, run = runs[1]
     exp = _scratch_copy(exp, run, tmp_path, keep_optimizer_every=10, tar=True)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     store = report.store
     assert report.backed_up == ["global_step10", "global_step18"]
     assert sorted(p.name for p in store.iterdir() if not p.name.startswith(".")) == [
@@ -137,7 +137,7 @@ def copy_then_hang(src, dst, advance, saved=None):
         time.sleep(600)
     return original(src, dst, advance, saved)
 backup._copy_file = copy_then_hang
-backup.run_backup(exp)
+backup.run_backup(backup.settings(exp))
 """
 
 
@@ -161,7 +161,7 @@ def test_kill_9_during_a_backup_then_rerun_completes_and_verifies(runs, tmp_path
     assert staging.is_dir() and not backup_store.read_manifest(store, "global_step10")
     assert len((staging / backup_store.JOURNAL).read_text().splitlines()) == 2
 
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.resumed == ["global_step10"] and report.backed_up == ["global_step10", "global_step18"]
     for tag in report.backed_up:
         assert backup_store.verify(store, tag) == []
@@ -177,25 +177,25 @@ def test_retention_keeps_latest_and_anything_not_verified(runs, tmp_path: Path) 
     (scratch / "global_step12").mkdir()  # a save in progress: newer than latest, never copied nor deleted
     (scratch / "global_step12" / "layer_00-model_states.pt").write_bytes(b"half")
 
-    dry = backup.run_backup(exp, dry_run=True)
+    dry = backup.run_backup(backup.settings(exp), dry_run=True)
     assert [p.ckpt.tag for p in dry.planned] == ["global_step10", "global_step18"] and not store.exists()
     assert dry.retention.delete == [] and dry.deleted == []  # nothing verified yet: nothing may go
     assert not store.exists() and not (tmp_path / "store").exists()  # a dry run writes nothing
 
     # Backed up, then global_step10's backup is lost: retention keeps it on scratch.
     keep_all = dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, keep_last=None))
-    assert backup.run_backup(keep_all).deleted == []
+    assert backup.run_backup(backup.settings(keep_all)).deleted == []
     backup_store.manifest_path(store, "global_step10").unlink()
-    decision = backup._retention(exp, scratch, store, dry_run=True)[0]
+    decision = backup._retention(exp.backup, scratch, store, dry_run=True)[0]
     assert decision.delete == [] and "verified" in decision.keep[10]
 
     # Copied again and verified, but `latest` names it: still kept.
     (scratch / "latest").write_text("global_step10")
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == ["global_step10"] and report.deleted == [] and report.retention.keep[10] == "latest"
 
     (scratch / "latest").write_text("global_step18")
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == [] and report.deleted == ["global_step10"]
     assert sorted(p.name for p in scratch.iterdir()) == [layout.RUN_ID, "global_step12", "global_step18", "latest"]
     assert backup_store.verify(store, "global_step10") == []

@@ -59,12 +59,12 @@ def test_experiments_sharing_a_store_never_count_each_others_copies(make, tmp_pa
     for exp in (first, second):
         for step in (10, 20):
             _save(Path(exp.paths.checkpoints), step)
-    report = backup.run_backup(first)
+    report = backup.run_backup(backup.settings(first))
     assert report.backed_up == ["global_step10", "global_step20"] and report.deleted == ["global_step10"]
     # The second experiment's global_step10 has the same tag: it is copied, not taken as backed up.
-    dry = backup.run_backup(second, dry_run=True)
+    dry = backup.run_backup(backup.settings(second), dry_run=True)
     assert [p.ckpt.tag for p in dry.planned] == ["global_step10", "global_step20"] and dry.retention.delete == []
-    report = backup.run_backup(second)
+    report = backup.run_backup(backup.settings(second))
     assert report.backed_up == ["global_step10", "global_step20"] and report.deleted == ["global_step10"]
     assert first.name in str(report.store) or second.name in str(report.store)
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [backup_store.STORE_MARKER, "first", "second"]
@@ -75,7 +75,7 @@ def test_a_run_restarted_from_scratch_keeps_its_checkpoints_until_they_are_copie
     scratch = Path(exp.paths.checkpoints)
     for step in (10, 20):
         _save(scratch, step)
-    old = backup.run_backup(exp)
+    old = backup.run_backup(backup.settings(exp))
     assert old.deleted == ["global_step10"]
     old_copy = _tree(old.store)
     # Started again from scratch in the same folder: a new run id, new checkpoints with the old tags.
@@ -83,10 +83,10 @@ def test_a_run_restarted_from_scratch_keeps_its_checkpoints_until_they_are_copie
     layout.new_run_id(scratch)
     for step in (10, 20, 30):
         _save(scratch, step)
-    dry = backup.run_backup(exp, dry_run=True)
+    dry = backup.run_backup(backup.settings(exp), dry_run=True)
     assert [p.ckpt.tag for p in dry.planned] == ["global_step10", "global_step20", "global_step30"]
     assert dry.retention.delete == []
-    new = backup.run_backup(exp)
+    new = backup.run_backup(backup.settings(exp))
     assert new.store != old.store and new.backed_up == ["global_step10", "global_step20", "global_step30"]
     assert new.deleted == ["global_step10", "global_step20"] and _tree(old.store) == old_copy
 
@@ -96,13 +96,13 @@ def test_a_checkpoint_saved_again_under_its_tag_is_a_new_copy(make) -> None:
     scratch = Path(exp.paths.checkpoints)
     _save(scratch, 10)
     _save(scratch, 20)
-    first = backup.run_backup(exp)
+    first = backup.run_backup(backup.settings(exp))
     assert first.backed_up == ["global_step10", "global_step20"]
     # A rollback to 10 and a new global_step20 (other weights, same run id): its copy is a new entry.
     shutil.rmtree(scratch / "global_step20")
     _save(scratch, 20)
     _save(scratch, 30)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == ["global_step20", "global_step30"]
     assert backup_store.entries(report.store) == ["global_step10", "global_step20", "global_step20.2", "global_step30"]
     assert backup_store.read_manifest(report.store, "global_step20.2")["tag"] == "global_step20"
@@ -114,12 +114,12 @@ def test_after_a_rollback_nothing_newer_than_latest_is_deleted(make) -> None:
     scratch = Path(exp.paths.checkpoints)
     for step in (10, 20, 30):
         _save(scratch, step)
-    assert backup.run_backup(exp).deleted == ["global_step10", "global_step20"]
+    assert backup.run_backup(backup.settings(exp)).deleted == ["global_step10", "global_step20"]
     (scratch / layout.LATEST).write_text("global_step30")
     _save(scratch, 40)
     _save(scratch, 50)
     (scratch / layout.LATEST).write_text("global_step30")  # rolled back: 40 and 50 set aside
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.deleted == [] and "rollback" in report.retention.keep[40] and "rollback" in report.retention.keep[50]
     assert sorted(c.step for c in layout.list_checkpoints(scratch)) == [30, 40, 50]
 
@@ -128,13 +128,13 @@ def test_a_copy_damaged_in_the_store_does_not_let_its_source_go(make) -> None:
     exp = make("damaged", keep_last=1)
     scratch = Path(exp.paths.checkpoints)
     _save(scratch, 10)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     victim = report.store / "global_step10" / "layer_00-model_states.pt"
     data = bytearray(victim.read_bytes())
     data[7] ^= 0xFF  # same size: only a re-read finds it
     victim.write_bytes(bytes(data))
     _save(scratch, 20)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.retention.delete == [10] and report.deleted == []  # chosen, but its copy failed the re-read
     assert (scratch / "global_step10").is_dir()
 
@@ -208,7 +208,7 @@ def test_destinations_that_are_not_a_store_are_refused(make, tmp_path: Path, wha
         dest.mkdir()
         (dest / "notes.txt").write_text("mine")
     with pytest.raises(backup_store.BackupError, match=expected):
-        backup.run_backup(exp, dest)
+        backup.run_backup(backup.settings(exp), dest)
     assert [c.step for c in layout.list_checkpoints(scratch)] == [10]
 
 
@@ -219,7 +219,7 @@ def test_a_symbolic_link_in_a_checkpoint_is_never_followed(make, tmp_path: Path)
     secret.write_text("not a checkpoint")
     (_save(scratch, 10, latest=False) / "extra.pt").symlink_to(secret)
     _save(scratch, 20)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert list(report.failed) == ["global_step10"] and "symbolic link" in report.failed["global_step10"]
     assert report.backed_up == ["global_step20"] and report.deleted == []
     assert not any("secret" in p.name or p.is_symlink() for p in report.store.rglob("*"))
@@ -243,7 +243,7 @@ def test_a_universal_copy_goes_only_right_after_its_checkpoint_and_only_under_it
         _save(scratch, step)
         _universal(scratch, step)
     orphan = _universal(scratch, 5)  # its checkpoint is gone already: nothing can tell it is covered
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.deleted == ["global_step10", "global_step10_universal", "global_step20", "global_step20_universal"]
     assert sorted(p.name for p in scratch.glob("global_step*")) == [
         "global_step30", "global_step30_universal", "global_step5_universal"]
@@ -253,7 +253,7 @@ def test_a_universal_copy_goes_only_right_after_its_checkpoint_and_only_under_it
     _universal(scratch, 40)
     victim = report.store / "global_step30" / "layer_00-model_states.pt"
     victim.write_bytes(bytes(b ^ 0xFF for b in victim.read_bytes()))
-    again = backup.run_backup(exp)
+    again = backup.run_backup(backup.settings(exp))
     assert again.retention.delete == [30] and again.deleted == []
     assert (scratch / "global_step30").is_dir() and (scratch / "global_step30_universal").is_dir()
 
@@ -284,7 +284,7 @@ def test_a_checkpoint_folder_that_is_a_link_is_neither_copied_nor_deleted(make, 
     real = _save(tmp_path / "other-filesystem", 10, latest=False)
     (scratch / "global_step10").symlink_to(real)
     _save(scratch, 20)
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert list(report.failed) == ["global_step10"] and f"{scratch / 'global_step10'} is a symbolic link" in \
         report.failed["global_step10"]
     assert report.backed_up == ["global_step20"] and report.deleted == []
@@ -397,7 +397,7 @@ def test_a_manifest_that_is_not_this_backups_is_no_copy_and_is_reported(case: st
     exp = make("forged", keep_last=None)
     scratch = Path(exp.paths.checkpoints)
     _save(scratch, 10)
-    first = backup.run_backup(exp)
+    first = backup.run_backup(backup.settings(exp))
     assert first.backed_up == ["global_step10"]
     path = backup_store.manifest_path(first.store, "global_step10")
     manifest = json.loads(path.read_text())
@@ -408,7 +408,7 @@ def test_a_manifest_that_is_not_this_backups_is_no_copy_and_is_reported(case: st
     assert problem.file == str(path)
     assert backup_store.find_copy(first.store, layout.list_checkpoints(scratch)[0], backup.fingerprint(
         layout.list_checkpoints(scratch)[0])) is None
-    again = backup.run_backup(exp)
+    again = backup.run_backup(backup.settings(exp))
     assert again.backed_up == ["global_step10"] and backup_store.entries(again.store) == ["global_step10", "global_step10.2"]
     assert backup_store.verify(again.store, "global_step10.2") == [] and (scratch / "global_step10").is_dir()
     assert backup_store.store_problems(again.store) == [problem]
@@ -440,7 +440,7 @@ def test_a_save_cut_short_never_lets_retention_take_the_state_the_run_resumes_fr
     (scratch / "global_step40").mkdir()
     (scratch / "global_step40" / "layer_00-model_states.pt").write_bytes(b"4.9 of 29.4 MB")
     (scratch / layout.LATEST).write_text("global_step40")
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == ["global_step10", "global_step20"] and report.incomplete == ["global_step40"]
     assert report.deleted == ["global_step10"] and report.retention.keep[20]
     assert (scratch / "global_step20").is_dir() and (scratch / "global_step40" / "layer_00-model_states.pt").is_file()
@@ -455,7 +455,7 @@ def test_a_weights_only_copy_never_makes_the_newest_resumable_checkpoint_deletab
     for step in (10, 20, 30):
         _resumable(scratch, step)
     _flip(scratch / "global_step30" / "layer_01-model_states.pt")
-    report = backup.run_backup(exp)
+    report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == ["global_step10", "global_step20"] and list(report.failed) == ["global_step30"]
     assert "layer_01-model_states.pt does not match its checkpoint's manifest" in report.failed["global_step30"]
     assert report.deleted == ["global_step10"]
@@ -463,7 +463,7 @@ def test_a_weights_only_copy_never_makes_the_newest_resumable_checkpoint_deletab
     whole = dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, keep_optimizer_every=20))
     shutil.rmtree(report.store / "global_step20")  # its weights-only copy goes; the next backup copies it whole
     backup_store.manifest_path(report.store, "global_step20").unlink()
-    again = backup.run_backup(whole)
+    again = backup.run_backup(backup.settings(whole))
     assert again.backed_up == ["global_step20"] and again.deleted == ["global_step20"]
     assert backup_store.read_manifest(again.store, "global_step20")["kind"] == "whole"
     assert "manifest.json" in backup_store.read_manifest(again.store, "global_step20")["files"]  # restored, it is committed

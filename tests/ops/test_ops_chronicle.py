@@ -97,7 +97,7 @@ def test_rollbacks_and_backups_are_in_the_timeline(trainings: Path, tmp_path: Pa
     (trainings / "kept.yaml").write_text(tiny_yaml(tmp_path / "kept", f"backup: {{dest: {str(store)!r}}}\n"))
     exp = load_experiment("kept", trainings)
     _saved(exp, 50, 100)
-    report = backup.run_backup(exp)  # the real backup: verified copies and their manifests
+    report = backup.run_backup(backup.settings(exp))  # the real backup: verified copies and their manifests
     assert report.backed_up == ["global_step50", "global_step100"]
     done = rollback(exp, 50, "51-100", now=T0)
     story = chronicle.markdown(exp, now=T0)

@@ -110,6 +110,8 @@ TAKES_SETTINGS = {
     "ops/tell/notify.py": set(),
     "ops/tell/channels.py": set(),  # the alerts section
     "ops/evaluate/schedule.py": {"job_name", "chooser"},  # an EvalRun; these two make its parts
+    "ops/keep/backup.py": {"settings"},  # a BackupSettings, made by `settings`
+    "ops/keep/store.py": set(),
 }
 
 

@@ -125,7 +125,7 @@ def test_last_backup_is_read_from_the_stores_manifests(trainings: Path, tmp_path
         (checkpoints / f"global_step{step}" / "bsops.json").write_text(json.dumps({"iteration": step}))
         commit_checkpoint(checkpoints / f"global_step{step}")
         (checkpoints / "latest").write_text(f"global_step{step}")
-        report = backup.run_backup(exp)
+        report = backup.run_backup(backup.settings(exp))
     assert report.backed_up == ["global_step10"] and report.already == ["global_step5"]
     info = runinfo.run_info(exp)
     b = info.backup

@@ -50,8 +50,27 @@ from bigscience_ops.ops.keep.store import (
 )
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.untrusted import read_small, write_atomically
-from bigscience_ops.run_schedule import RunSchedule, run_schedule
-from bigscience_ops.schema import Experiment
+from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schema import BackupConfig, Experiment
+
+
+@dataclass(frozen=True)
+class BackupSettings:
+    """What the backup takes of the experiment, taken out once by `settings` (the command, the hourly job)."""
+
+    name: str
+    """The experiment's name: its part of the store, <store>/<name>/<run id>/, and the messages."""
+    checkpoints: Path
+    """paths.checkpoints: the scratch folder copied from, and that retention deletes from."""
+    backup: BackupConfig
+    """The backup section: the store (dest), tar, retention (keep_last, keep_every), keep_optimizer_every."""
+    final_step: int
+    """The run schedule's train_iters: the final step's checkpoint is copied whole."""
+
+
+def settings(exp: Experiment) -> BackupSettings:
+    """The backup's settings from the experiment (the backup section as the experiment file says today)."""
+    return BackupSettings(exp.name, Path(exp.paths.checkpoints), exp.backup, run_schedule(exp).train_iters)
 
 
 @dataclass
@@ -91,12 +110,12 @@ class BackupProgress:
     def end(self, plan: Planned, resumed: bool) -> None: ...
 
 
-def destination(exp: Experiment, to: Path | None) -> Path:
+def destination(run: BackupSettings, to: Path | None) -> Path:
     if to is not None:
         return Path(to)
-    if exp.backup.dest:
-        return Path(exp.backup.dest)
-    raise BackupError(f"no backup destination for {exp.name!r}: set backup.dest in the experiment or pass --to DEST")
+    if run.backup.dest:
+        return Path(run.backup.dest)
+    raise BackupError(f"no backup destination for {run.name!r}: set backup.dest in the experiment or pass --to DEST")
 
 
 def fingerprint(ckpt: Checkpoint) -> dict[str, list[int]]:
@@ -119,10 +138,10 @@ def fingerprint(ckpt: Checkpoint) -> dict[str, list[int]]:
     return dict(sorted(out.items()))
 
 
-def keeps_optimizer(exp: Experiment, schedule: RunSchedule, step: int) -> bool:
+def keeps_optimizer(run: BackupSettings, step: int) -> bool:
     """Whether the backup keeps this step's optimizer states: the final step and every keep_optimizer_every-th."""
-    every = exp.backup.keep_optimizer_every
-    return step == schedule.train_iters or bool(every and step % every == 0)
+    every = run.backup.keep_optimizer_every
+    return step == run.final_step or bool(every and step % every == 0)
 
 
 def plan_checkpoint(ckpt: Checkpoint, whole: bool, source: dict[str, list[int]] | None = None) -> Planned:
@@ -308,27 +327,26 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: BackupProgr
     return resumed
 
 
-def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
+def run_backup(run: BackupSettings, to: Path | None = None, dry_run: bool = False,
                progress: BackupProgress | None = None) -> Report:
     """Back up every complete checkpoint without a copy in the store, then apply scratch retention.
 
     A checkpoint that cannot be copied is in `Report.failed` (the others go on), a folder retention had to
     leave in place in `Report.left_on_scratch`; the CLI reports both as one error.
     """
-    dest = destination(exp, to)
-    scratch = Path(exp.paths.checkpoints)
+    dest = destination(run, to)
+    scratch = run.checkpoints
     if not scratch.is_dir():
-        raise BackupError(f"{scratch} (paths.checkpoints of {exp.name!r}) does not exist: nothing to back up")
+        raise BackupError(f"{scratch} (paths.checkpoints of {run.name!r}) does not exist: nothing to back up")
     if dest.resolve() == scratch.resolve() or scratch.resolve() in dest.resolve().parents:
         raise BackupError(f"backup destination {dest} is inside the checkpoints folder {scratch}; choose another store")
     if dest.resolve() in scratch.resolve().parents:
         raise BackupError(f"backup destination {dest} holds the checkpoints folder {scratch}; choose another store")
     open_store(dest, create=not dry_run)
     run_id = layout.run_id(scratch) if dry_run else layout.ensure_run_id(scratch)
-    store = run_store(dest, exp.name, run_id or "new-run")
+    store = run_store(dest, run.name, run_id or "new-run")
     progress = progress or BackupProgress()
     report = Report(dest, store=store)
-    schedule = run_schedule(exp)
     for ckpt in _candidates(scratch, report):
         refusal = ckpt.refusal()
         if refusal is not None:  # a global_stepN that is a link: neither copied nor deleted
@@ -346,18 +364,18 @@ def run_backup(exp: Experiment, to: Path | None = None, dry_run: bool = False,
         if find_copy(store, ckpt, source):
             report.already.append(ckpt.tag)
             continue
-        report.planned.append(plan_checkpoint(ckpt, keeps_optimizer(exp, schedule, ckpt.step), source))
+        report.planned.append(plan_checkpoint(ckpt, keeps_optimizer(run, ckpt.step), source))
     if not dry_run:
         store.mkdir(parents=True, exist_ok=True)
-        about = {"run_id": run_id, "experiment": exp.name}
+        about = {"run_id": run_id, "experiment": run.name}
         for plan in report.planned:
             try:
-                if _copy_checkpoint(plan, store, exp.backup.tar, progress, about):
+                if _copy_checkpoint(plan, store, run.backup.tar, progress, about):
                     report.resumed.append(plan.ckpt.tag)
                 report.backed_up.append(plan.ckpt.tag)
             except (BackupError, OSError) as exc:
                 report.failed[plan.ckpt.tag] = str(exc)
-    report.retention, applied = _retention(exp, scratch, store, dry_run)
+    report.retention, applied = _retention(run.backup, scratch, store, dry_run)
     report.deleted = applied.deleted
     report.left_on_scratch = dict(applied.refused)
     return report
@@ -406,7 +424,7 @@ def _copy_kind(store: Path, ckpt: Checkpoint) -> str | None:
     return found.get("kind") if found is not None else None
 
 
-def _retention(exp: Experiment, scratch: Path, store: Path, dry_run: bool
+def _retention(kept: BackupConfig, scratch: Path, store: Path, dry_run: bool
                ) -> tuple[retention.Decision, retention.Applied]:
     """Retention over the complete checkpoints (committed manifests): the decision, then what was deleted. The
     newest resumable checkpoint is protected (retention.protect_resumable) whenever anything would go."""
@@ -418,8 +436,7 @@ def _retention(exp: Experiment, scratch: Path, store: Path, dry_run: bool
             retention.Applied()
     kinds = {c.step: _copy_kind(store, c) for c in checkpoints}
     verified = {step for step, kind in kinds.items() if kind is not None}
-    args = ([c.step for c in checkpoints], layout.resume_step(scratch), verified, exp.backup.keep_last,
-            exp.backup.keep_every)
+    args = ([c.step for c in checkpoints], layout.resume_step(scratch), verified, kept.keep_last, kept.keep_every)
     decision = retention.decide(*args)
     if decision.delete:
         def mismatch(ckpt: Checkpoint, found: manifest.Manifest) -> str | None:
