@@ -74,11 +74,11 @@ def convert_command(exp: str | None, run: Path | None, trainings_dir: Path | Non
         click.echo(f"weights in {len(weights)} shards of at most {max_shard_size}: {weights[0]} ... {weights[-1]}, "
                    f"indexed by {convert.WEIGHTS_INDEX}")
     if push:
-        from bigscience_ops.ops.keep.hubsync import publish_folder
+        from bigscience_ops.ops.keep import hubsync
 
         # Every file of the folder (the shards and their index too), one folder per step: global_stepN/.
         convert.check_pushable(result)
-        commit = publish_folder(experiment, result.out, result.tag, remote=remote)
+        commit = hubsync.publish_folder(hubsync.settings(experiment), result.out, result.tag, remote=remote)
         click.echo(f"pushed {result.tag}/ to {experiment.hub.checkpoints_repo or remote}: {commit}")
 
 

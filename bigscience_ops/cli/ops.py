@@ -68,7 +68,7 @@ def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | 
     def work() -> None:
         if not trust_inherited_hub:
             refuse_inherited_hub(opened, trainings_dir)
-        results = hubsync.sync(experiment, kinds, remote, wait_s)
+        results = hubsync.sync(hubsync.settings(experiment), kinds, remote, wait_s)
         for result in results:
             click.echo(result.describe())
         refused = [f"{r.what}/{path}" for r in results for path in r.refused]

@@ -47,7 +47,7 @@ def test_sync_pushes_lfs_objects_and_commits_only_changes(git_lfs, tmp_path: Pat
     (run / "logs" / ".bsops-alerts.json.lock").write_text("")
     exp = hub_experiment(run, remotes)
 
-    results = hubsync.sync(exp)
+    results = hubsync.sync(hubsync.settings(exp))
     assert [r.what for r in results] == ["logs", "tensorboard"]
     assert sorted(results[0].copied) == ["big.dump", "main_log.txt", "notes.txt"]
     assert all(r.commit and r.push_attempts == 1 for r in results)
@@ -59,13 +59,13 @@ def test_sync_pushes_lfs_objects_and_commits_only_changes(git_lfs, tmp_path: Pat
         assert lfs_object(bare, oid).read_bytes() == source.read_bytes()
     assert blob_at(logs, "notes.txt") == (run / "logs" / "notes.txt").read_bytes()
 
-    again = hubsync.sync(exp)
+    again = hubsync.sync(hubsync.settings(exp))
     assert [(r.copied, r.commit, r.push_attempts) for r in again] == [([], None, 0), ([], None, 0)]
     assert git("--git-dir", str(logs), "rev-list", "--count", "main").strip() == "1"
 
     with open(run / "logs" / "main_log.txt", "a") as handle:
         handle.write("iteration 2/ 10 | lm loss: 8.7\n")
-    logs_only = hubsync.sync(exp, what=["logs"])
+    logs_only = hubsync.sync(hubsync.settings(exp), what=["logs"])
     assert logs_only[0].copied == ["main_log.txt"] and logs_only[0].commit
     assert git("--git-dir", str(logs), "rev-parse", "main").strip() == logs_only[0].commit
     oid = lfs_oid(blob_at(logs, "main_log.txt"))
@@ -82,17 +82,17 @@ def test_the_chronicle_goes_to_the_logs_repo_and_changes_only_with_the_run(git_l
     logs = bare_remote(remotes, "bs/tiny-logs")
     _write_run(run)
     exp = hub_experiment(run, remotes)
-    first = hubsync.sync(exp, what=["logs"])[0]
+    first = hubsync.sync(hubsync.settings(exp), what=["logs"])[0]
     assert first.chronicle == "updated" and "CHRONICLE.md updated" in first.describe()
     assert "CHRONICLE.md" not in first.copied and first.push_attempts == 1
     text = blob_at(logs, "CHRONICLE.md").decode()
     assert text.startswith("# tiny: run chronicle") and "written by `bsops hub-sync` from" in text
     assert "Nothing recorded yet" in text and lfs_oid(blob_at(logs, "CHRONICLE.md")) is None  # a plain blob
-    again = hubsync.sync(exp, what=["logs"])[0]
+    again = hubsync.sync(hubsync.settings(exp), what=["logs"])[0]
     assert (again.chronicle, again.commit, again.push_attempts) == (None, None, 0)  # unstamped: unchanged
 
     ledger.append(run / ledger.LEDGER_NAME, ledger.TaskRecord("launch", "4242", "", 0, time.time()))
-    launched = hubsync.sync(exp, what=["logs"])[0]
+    launched = hubsync.sync(hubsync.settings(exp), what=["logs"])[0]
     assert launched.copied == [] and launched.chronicle == "updated" and launched.commit
     assert "launched: job array 4242 submitted" in blob_at(logs, "CHRONICLE.md").decode()
 
@@ -105,7 +105,7 @@ def test_the_chronicle_goes_to_the_logs_repo_and_changes_only_with_the_run(git_l
                    links={"CHRONICLE.md": str(outside / "victim.md")})
     hostile = hub_experiment(tmp_path / "run2", tmp_path / "hostile")
     _write_run(tmp_path / "run2")
-    refused = hubsync.sync(hostile, what=["logs"])[0]
+    refused = hubsync.sync(hubsync.settings(hostile), what=["logs"])[0]
     assert refused.chronicle == "not written: it is a link in the clone" and refused.commit
     assert tree_snapshot(outside) == before
 
@@ -128,16 +128,16 @@ def test_push_retries_and_an_unpushed_commit_goes_next_time(git_lfs, tmp_path: P
     exp = hub_experiment(run, remotes, push_attempts=2)
 
     with pytest.raises(gitlfs.GitError) as failed:
-        hubsync.sync(exp, what=["logs"], backoff_s=0)
+        hubsync.sync(hubsync.settings(exp), what=["logs"], backoff_s=0)
     assert failed.value.returncode not in (0, None) and failed.value.argv[:2] == ["git", "push"]
     assert "refused on purpose" in failed.value.stderr
     assert subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "--verify", "-q", "main"],
                           capture_output=True, timeout=60).returncode != 0
 
     refusals.write_text("1")
-    result = hubsync.sync(exp, what=["logs"], backoff_s=0)[0]
+    result = hubsync.sync(hubsync.settings(exp), what=["logs"], backoff_s=0)[0]
     assert result.copied == [] and result.commit is None and result.push_attempts == 2
-    clone_head = git("rev-parse", "HEAD", cwd=hubsync.clone_path(exp, "logs")).strip()
+    clone_head = git("rev-parse", "HEAD", cwd=hubsync.clone_path(hubsync.settings(exp), "logs")).strip()
     assert git("--git-dir", str(bare), "rev-parse", "main").strip() == clone_head
 
 
@@ -156,7 +156,7 @@ sys.path.insert(0, {repo!r})
 from tests.fixtures_git import hub_experiment
 from bigscience_ops.ops.keep import hubsync
 exp = hub_experiment(Path({run!r}), Path({remotes!r}))
-result = hubsync.sync(exp, what=["logs"], wait_s={wait})[0]
+result = hubsync.sync(hubsync.settings(exp), what=["logs"], wait_s={wait})[0]
 print(json.dumps({{"skipped": result.skipped, "commit": result.commit, "copied": result.copied}}))
 """
 
@@ -208,7 +208,7 @@ def test_overlapping_syncs_and_the_token_never_leaks(git_lfs, tmp_path: Path) ->
     assert first.returncode == 0 and third.returncode == 0, err1 + err3
     assert '"main_log.txt"' in out3 and '"commit": null' not in out3
 
-    clone = hubsync.clone_path(hub_experiment(run, remotes), "logs")
+    clone = hubsync.clone_path(hubsync.settings(hub_experiment(run, remotes)), "logs")
     assert subprocess.run(["git", "fsck", "--strict"], cwd=clone, capture_output=True, timeout=120).returncode == 0
     assert git("status", "--porcelain", cwd=clone) == ""
     assert git("rev-parse", "HEAD", cwd=clone) == git("--git-dir", str(bare), "rev-parse", "main")
@@ -306,35 +306,36 @@ def test_publish_folder_one_folder_per_step_on_one_branch(git_lfs, tmp_path: Pat
     (src / "model.safetensors").write_bytes(os.urandom(3000))
     (src / "config.json").write_text('{"n_layer": 2}\n')
 
-    sha = hubsync.publish_folder(exp, src, "global_step10")
+    sha = hubsync.publish_folder(hubsync.settings(exp), src, "global_step10")
     assert sha == git("--git-dir", str(bare), "rev-parse", "main").strip()
     oid = lfs_oid(blob_at(bare, "global_step10/model.safetensors"))
     assert oid == _sha(src / "model.safetensors") and lfs_object(bare, oid).is_file()
     assert blob_at(bare, "global_step10/config.json") == b'{"n_layer": 2}\n'
-    assert hubsync.publish_folder(exp, src, "global_step10") == "unchanged"
+    assert hubsync.publish_folder(hubsync.settings(exp), src, "global_step10") == "unchanged"
 
     (src / "config.json").write_text('{"n_layer": 2, "step": 20}\n')
-    hubsync.publish_folder(exp, src, "global_step20")
+    hubsync.publish_folder(hubsync.settings(exp), src, "global_step20")
     tree = git("--git-dir", str(bare), "ls-tree", "-r", "--name-only", "main").split()
     assert {"global_step10/config.json", "global_step20/config.json", "global_step20/model.safetensors"} <= set(tree)
     assert git("--git-dir", str(bare), "for-each-ref", "--format=%(refname)").split() == ["refs/heads/main"]
     with pytest.raises(hubsync.HubSyncError):
-        hubsync.publish_folder(exp, src, "../escape")
+        hubsync.publish_folder(hubsync.settings(exp), src, "../escape")
 
 
 def test_remote_choices_are_checked(tmp_path: Path) -> None:
     exp = hub_experiment(tmp_path / "run", tmp_path / "remotes")
     with pytest.raises(hubsync.HubSyncError):
-        hubsync.selected(exp, ["logs", "tensorboard"], "file:///srv/x.git")
+        hubsync.selected(hubsync.settings(exp), ["logs", "tensorboard"], "file:///srv/x.git")
     with pytest.raises(hubsync.HubSyncError):
-        hubsync.selected(exp, ["weights"], None)
+        hubsync.selected(hubsync.settings(exp), ["weights"], None)
     none = dataclasses.replace(exp, hub=dataclasses.replace(exp.hub, logs_repo=None, tensorboard_repo=None))
     with pytest.raises(hubsync.HubSyncError):
-        hubsync.selected(none, None, None)
-    assert hubsync.selected(none, ["logs"], "file:///srv/x.git") == ["logs"]
-    assert hubsync.remote_for(exp, "bs/tiny-logs") == (f"file://{tmp_path / 'remotes'}/bs/tiny-logs.git", False)
+        hubsync.selected(hubsync.settings(none), None, None)
+    assert hubsync.selected(hubsync.settings(none), ["logs"], "file:///srv/x.git") == ["logs"]
+    assert hubsync.remote_for(hubsync.settings(exp), "bs/tiny-logs") == (
+        f"file://{tmp_path / 'remotes'}/bs/tiny-logs.git", False)
     hub = dataclasses.replace(exp, hub=dataclasses.replace(exp.hub, remote_template=None))
-    assert hubsync.remote_for(hub, "bs/tiny-logs")[1] is True
+    assert hubsync.remote_for(hubsync.settings(hub), "bs/tiny-logs")[1] is True
 
 
 def test_config_rejects_a_template_without_repo(trainings: Path) -> None:
@@ -455,11 +456,11 @@ def test_links_in_the_remote_never_take_a_sync_out_of_its_clone(git_lfs, tmp_pat
     before = tree_snapshot(outside)
     exp = hub_experiment(run, remotes)
 
-    result = hubsync.sync(exp, what=["logs"])[0]
+    result = hubsync.sync(hubsync.settings(exp), what=["logs"])[0]
     assert sorted(result.refused) == ["big.dump", "notes.txt", "sub/evil.txt"]
     assert result.copied == ["main_log.txt"] and result.commit and result.push_attempts == 1
     assert tree_snapshot(outside) == before
-    clone = hubsync.clone_path(exp, "logs")
+    clone = hubsync.clone_path(hubsync.settings(exp), "logs")
     assert not any(p.is_symlink() for p in clone.rglob("*"))  # links are checked out as plain files
     assert lfs_oid(blob_at(bare, "main_log.txt")) == _sha(run / "logs" / "main_log.txt")
     assert "refused (a link in the clone)" in result.describe()
@@ -472,7 +473,7 @@ def test_links_in_the_remote_never_take_a_sync_out_of_its_clone(git_lfs, tmp_pat
     assert (clone / "sub").is_symlink()
     (run / "logs" / "notes.txt").write_text("changed\n")
     (run / "logs" / "sub" / "evil.txt").write_text("changed too\n")
-    again = hubsync.sync(exp, what=["logs"])[0]
+    again = hubsync.sync(hubsync.settings(exp), what=["logs"])[0]
     assert sorted(again.refused) == ["big.dump", "notes.txt", "sub/evil.txt"]
     assert tree_snapshot(outside) == before
 
@@ -482,7 +483,7 @@ def test_links_in_the_remote_never_take_a_sync_out_of_its_clone(git_lfs, tmp_pat
     src.mkdir()
     (src / "config.json").write_text("{}\n")
     with pytest.raises(hubsync.HubSyncError) as err:
-        hubsync.publish_folder(exp, src, "global_step10/inner")
+        hubsync.publish_folder(hubsync.settings(exp), src, "global_step10/inner")
     assert "global_step10" in str(err.value) and tree_snapshot(outside) == before
     assert git("--git-dir", str(ckpt), "rev-list", "--count", "main").strip() == "1"
 
@@ -544,7 +545,7 @@ def test_the_eval_result_files_go_to_the_logs_repo_under_eval(git_lfs, tmp_path:
     with open(run / "eval" / "global_step400.json", "wb") as handle:
         handle.truncate(results.MAX_RESULT + 1)  # over what any reader reads: named, not pushed
     exp = hub_experiment(run, remotes)
-    first = hubsync.sync(exp, what=["logs"])[0]
+    first = hubsync.sync(hubsync.settings(exp), what=["logs"])[0]
     assert [c for c in first.copied if c.startswith("eval/")] == ["eval/global_step100.json"] and first.commit
     assert first.too_large == ["eval/global_step400.json"]
     assert blob_at(logs, "eval/global_step100.json") == (run / "eval" / "global_step100.json").read_bytes()

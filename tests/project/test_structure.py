@@ -112,6 +112,8 @@ TAKES_SETTINGS = {
     "ops/evaluate/schedule.py": {"job_name", "chooser"},  # an EvalRun; these two make its parts
     "ops/keep/backup.py": {"settings"},  # a BackupSettings, made by `settings`
     "ops/keep/store.py": set(),
+    "ops/keep/hubsync.py": {"settings"},  # a HubSettings, made by `settings`
+    "ops/keep/gitlfs.py": set(),
 }
 
 

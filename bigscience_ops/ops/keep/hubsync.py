@@ -42,7 +42,7 @@ from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import chronicle, gitlfs
 from bigscience_ops.redact import scrub
 from bigscience_ops.run import log as runlog
-from bigscience_ops.schema import Experiment
+from bigscience_ops.schema import Experiment, HubConfig
 
 WHATS = ("logs", "tensorboard", "codecarbon")
 # Growing files go through LFS from the first byte, so history never holds their full copies.
@@ -52,6 +52,37 @@ ALWAYS_LFS = {"logs": (runlog.LOG_NAME,), "tensorboard": ("*tfevents*",), "codec
 
 class HubSyncError(BsopsError):
     """A sync cannot run as asked: a missing repo setting, a bad --what, an unusable remote."""
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """What the Hub sync takes of the experiment, taken out once by `settings` (the command, the hourly job)."""
+
+    name: str
+    """The experiment's name: in commit messages, errors, and the repo name a --remote push makes up."""
+    hub: HubConfig
+    """The hub section: the repos, where the token goes (host, token_env, remote_template), LFS, pushes."""
+    output: str | None
+    """paths.output: the run folder; the clones are under <output>/hub/, the eval results under <output>/eval/."""
+    logs: str | None
+    """paths.logs: mirrored into the logs repo's clone (with the eval results and CHRONICLE.md)."""
+    tensorboard: str | None
+    """paths.tensorboard: mirrored into the tensorboard repo's clone."""
+    codecarbon: str | None
+    """paths.codecarbon: mirrored into the codecarbon repo's clone."""
+    chronicle: Callable[[], str]
+    """The run's chronicle as CHRONICLE.md holds it (ops/keep/chronicle.py reads the run as `bsops chronicle` does)."""
+
+    def folder(self, what: str) -> Path:
+        """The run's folder of one of WHATS."""
+        return Path(getattr(self, what))
+
+
+def settings(exp: Experiment) -> HubSettings:
+    """The Hub sync's settings from the experiment (the hub section as the experiment file says today)."""
+    paths = exp.paths
+    return HubSettings(exp.name, exp.hub, paths.output, paths.logs, paths.tensorboard, paths.codecarbon,
+                       lambda: chronicle.markdown(exp, writer="`bsops hub-sync`", stamped=False))
 
 
 @dataclass
@@ -87,26 +118,26 @@ class SyncResult:
         return f"{self.what} -> {self.repo}: {len(self.copied)} file(s) copied{told}, {made}{pushed}{refused}{large}"
 
 
-def remote_for(exp: Experiment, repo: str, override: str | None = None) -> tuple[str, bool]:
+def remote_for(run: HubSettings, repo: str, override: str | None = None) -> tuple[str, bool]:
     """(git URL, whether it is the Hub) for one repo; raises ConfigError for a remote hub_remote refuses."""
     if override:
         hub_remote.check_remote(override, "--remote", "hub-sync")
         return override, False
-    if exp.hub.remote_template:
-        url = exp.hub.remote_template.replace("{repo}", repo)
-        hub_remote.check_remote(url, "hub.remote_template", exp.name)
+    if run.hub.remote_template:
+        url = run.hub.remote_template.replace("{repo}", repo)
+        hub_remote.check_remote(url, "hub.remote_template", run.name)
         return url, False
-    url = f"{hub_endpoint(exp)}/{repo}"
-    hub_remote.check_remote(url, f"hub.{repo}", exp.name)
+    url = f"{hub_endpoint(run)}/{repo}"
+    hub_remote.check_remote(url, f"hub.{repo}", run.name)
     return url, True
 
 
-def hub_endpoint(exp: Experiment) -> str:
+def hub_endpoint(run: HubSettings) -> str:
     """https://<hub.host>; HF_ENDPOINT, when set, must name that same place (the token goes nowhere else)."""
-    endpoint = hub_remote.endpoint(exp.hub.host)
+    endpoint = hub_remote.endpoint(run.hub.host)
     env = os.environ.get("HF_ENDPOINT")
     if env and env.rstrip("/").lower() != endpoint:
-        raise HubSyncError(f"HF_ENDPOINT: got {scrub(env)!r} while hub.host is {exp.hub.host!r}; allowed: "
+        raise HubSyncError(f"HF_ENDPOINT: got {scrub(env)!r} while hub.host is {run.hub.host!r}; allowed: "
                            f"{endpoint} or unset: the Hub token goes only to https://<hub.host>, so set hub.host "
                            "in the experiment to use another Hub")
     return endpoint
@@ -119,33 +150,33 @@ SYNC_LIMIT_S = 45 * 60.0
 included: the hourly job's Slurm limit is longer, so a stuck sync still ends in time to send its alert."""
 
 
-def ensure_hub_repo(exp: Experiment, repo: str) -> None:
+def ensure_hub_repo(run: HubSettings, repo: str) -> None:
     """Create the repo on the Hub when missing (private unless hub.private is false)."""
     from huggingface_hub import HfApi  # lazy: only Hub remotes need it
 
-    token = os.environ.get(exp.hub.token_env)
+    token = os.environ.get(run.hub.token_env)
     if not token:
-        raise HubSyncError(f"environment variable {exp.hub.token_env} (hub.token_env) is not set; export a Hub token "
+        raise HubSyncError(f"environment variable {run.hub.token_env} (hub.token_env) is not set; export a Hub token "
                            f"with write access to {repo!r} in it, or set hub.remote_template for another git remote")
-    gitlfs.check_token(exp.hub.token_env, os.environ)
+    gitlfs.check_token(run.hub.token_env, os.environ)
     try:
-        in_time(lambda: HfApi(endpoint=hub_endpoint(exp), token=token).create_repo(
-            repo, private=exp.hub.private, exist_ok=True), Deadline(HUB_API_S), f"creating Hub repo {repo!r}")
+        in_time(lambda: HfApi(endpoint=hub_endpoint(run), token=token).create_repo(
+            repo, private=run.hub.private, exist_ok=True), Deadline(HUB_API_S), f"creating Hub repo {repo!r}")
     except HubSyncError:
         raise
     except Exception as exc:  # huggingface_hub raises many types; the message matters here
-        raise HubSyncError(f"could not create or find Hub repo {repo!r} on {hub_endpoint(exp)}: "
+        raise HubSyncError(f"could not create or find Hub repo {repo!r} on {hub_endpoint(run)}: "
                            f"{scrub(str(exc), [token])}") from None
 
 
-def run_dir(exp: Experiment) -> Path:
-    if not exp.paths.output:
-        raise HubSyncError(f"experiment {exp.name!r} has no paths.output; load it through bsops so paths are derived")
-    return Path(exp.paths.output)
+def run_dir(run: HubSettings) -> Path:
+    if not run.output:
+        raise HubSyncError(f"experiment {run.name!r} has no paths.output; load it through bsops so paths are derived")
+    return Path(run.output)
 
 
-def clone_path(exp: Experiment, what: str) -> Path:
-    return run_dir(exp) / "hub" / what
+def clone_path(run: HubSettings, what: str) -> Path:
+    return run_dir(run) / "hub" / what
 
 
 @contextmanager
@@ -257,7 +288,7 @@ def copy_results(output: Path, clone: Path, links: frozenset[str] = frozenset()
             [f"{prefix}/{name}" for name in oversized])
 
 
-def write_chronicle(exp: Experiment, clone: Path, links: frozenset[str]) -> str | None:
+def write_chronicle(run: HubSettings, clone: Path, links: frozenset[str]) -> str | None:
     """Write the run's chronicle as CHRONICLE.md at the top of the logs clone: `updated` when it changed,
     None when it did not, or why it was not written (a link there, an unreadable record): one line that
     never stops the logs' sync. Unstamped, so it changes only when the run does."""
@@ -265,7 +296,7 @@ def write_chronicle(exp: Experiment, clone: Path, links: frozenset[str]) -> str 
     if _link_at(clone, PurePosixPath(name), links) is not None:
         return "not written: it is a link in the clone"
     try:
-        text = chronicle.markdown(exp, writer="`bsops hub-sync`", stamped=False)
+        text = run.chronicle()
     except (BsopsError, OSError) as exc:
         return f"not written: {scrub(' '.join(str(exc).split()))}"
     target = clone / name
@@ -305,29 +336,29 @@ def _unpushed(git: gitlfs.Git) -> bool:
     return git.out("rev-list", "--count", f"{upstream}..HEAD") != "0"
 
 
-def _commit_and_push(exp: Experiment, git: gitlfs.Git, what: str, message: str, backoff_s: float,
+def _commit_and_push(run: HubSettings, git: gitlfs.Git, what: str, message: str, backoff_s: float,
                      result: SyncResult) -> None:
-    patterns = list(ALWAYS_LFS[what]) + [gitlfs.lfs_pattern_for(p) for p in large_files(git.cwd, exp.hub.lfs_size_mb)]
+    patterns = list(ALWAYS_LFS[what]) + [gitlfs.lfs_pattern_for(p) for p in large_files(git.cwd, run.hub.lfs_size_mb)]
     result.lfs_patterns_added = gitlfs.track(git, patterns)
     result.commit = gitlfs.commit_all(git, message)
     if _unpushed(git):  # this commit, or one an earlier run could not push
-        result.push_attempts = gitlfs.push(git, exp.hub.push_attempts, backoff_s)
+        result.push_attempts = gitlfs.push(git, run.hub.push_attempts, backoff_s)
 
 
-def _open_clone(exp: Experiment, what: str, repo: str, remote: str | None,
+def _open_clone(run: HubSettings, what: str, repo: str, remote: str | None,
                 deadline: float | None = None) -> tuple[gitlfs.Git, str, frozenset[str]]:
     """The clone, its remote and the links its index records, checked (see check_clone); `deadline`
     (time.monotonic()) bounds every git command on it."""
-    url, is_hub = remote_for(exp, repo, remote)
-    path = clone_path(exp, what)
+    url, is_hub = remote_for(run, repo, remote)
+    path = clone_path(run, what)
     if is_hub and not (path / ".git").is_dir():
-        ensure_hub_repo(exp, repo)
+        ensure_hub_repo(run, repo)
     try:
-        git = gitlfs.clone_or_open(url, path, exp.hub.token_env, exp.hub.host, deadline=deadline)
+        git = gitlfs.clone_or_open(url, path, run.hub.token_env, run.hub.host, deadline=deadline)
     except gitlfs.GitError as exc:
-        if url.lower().startswith("https://") and not hub_remote.offers_token(url, exp.hub.host):
+        if url.lower().startswith("https://") and not hub_remote.offers_token(url, run.hub.host):
             raise gitlfs.GitError(exc.argv, exc.returncode, exc.stderr,
-                                  f"the token in hub.token_env goes only to https://{exp.hub.host} (hub.host), not to "
+                                  f"the token in hub.token_env goes only to https://{run.hub.host} (hub.host), not to "
                                   "this remote: set hub.host if it is your Hub") from None
         raise
     links = linked_paths(git)
@@ -335,16 +366,16 @@ def _open_clone(exp: Experiment, what: str, repo: str, remote: str | None,
     return git, url, links
 
 
-def _repo_name(exp: Experiment, what: str, remote: str | None) -> str:
-    repo = getattr(exp.hub, f"{what}_repo")
+def _repo_name(run: HubSettings, what: str, remote: str | None) -> str:
+    repo = getattr(run.hub, f"{what}_repo")
     if repo:
         return repo
     if remote:
-        return f"{exp.name}-{what}"
-    raise HubSyncError(f"hub.{what}_repo is not set for {exp.name!r}; set it in the experiment, or pass --remote URL")
+        return f"{run.name}-{what}"
+    raise HubSyncError(f"hub.{what}_repo is not set for {run.name!r}; set it in the experiment, or pass --remote URL")
 
 
-def selected(exp: Experiment, what: Sequence[str] | None, remote: str | None) -> list[str]:
+def selected(run: HubSettings, what: Sequence[str] | None, remote: str | None) -> list[str]:
     """The kinds to sync: those asked for, else every kind with a configured repo."""
     if what:
         unknown = [w for w in what if w not in WHATS]
@@ -352,9 +383,9 @@ def selected(exp: Experiment, what: Sequence[str] | None, remote: str | None) ->
             raise HubSyncError(f"--what: got {', '.join(unknown)}; allowed: {', '.join(WHATS)}")
         chosen = list(dict.fromkeys(what))
     else:
-        chosen = [w for w in WHATS if getattr(exp.hub, f"{w}_repo")]
+        chosen = [w for w in WHATS if getattr(run.hub, f"{w}_repo")]
         if not chosen:
-            raise HubSyncError(f"{exp.name!r} sets none of hub.logs_repo, hub.tensorboard_repo, hub.codecarbon_repo; "
+            raise HubSyncError(f"{run.name!r} sets none of hub.logs_repo, hub.tensorboard_repo, hub.codecarbon_repo; "
                                "set them, or pass --what with --remote URL")
     if remote and len(chosen) != 1:
         raise HubSyncError(f"--remote pushes one repo: got --what {','.join(chosen) or '(all)'}; pass exactly one of "
@@ -362,38 +393,38 @@ def selected(exp: Experiment, what: Sequence[str] | None, remote: str | None) ->
     return chosen
 
 
-def sync(exp: Experiment, what: Sequence[str] | None = None, remote: str | None = None, wait_s: float = 0.0,
+def sync(run: HubSettings, what: Sequence[str] | None = None, remote: str | None = None, wait_s: float = 0.0,
          backoff_s: float = 10.0, limit_s: float | None = SYNC_LIMIT_S) -> list[SyncResult]:
     """Sync each selected kind; one result per repo. All of it ends within `limit_s` (None: no limit): a git
     command still running then is stopped and its sync fails with a GitError naming it."""
     deadline = None if limit_s is None else time.monotonic() + limit_s
-    return [sync_one(exp, w, remote, wait_s, backoff_s, deadline) for w in selected(exp, what, remote)]
+    return [sync_one(run, w, remote, wait_s, backoff_s, deadline) for w in selected(run, what, remote)]
 
 
-def sync_one(exp: Experiment, what: str, remote: str | None = None, wait_s: float = 0.0,
+def sync_one(run: HubSettings, what: str, remote: str | None = None, wait_s: float = 0.0,
              backoff_s: float = 10.0, deadline: float | None = None) -> SyncResult:
-    repo = _repo_name(exp, what, remote)
-    src = Path(getattr(exp.paths, what))
-    path = clone_path(exp, what)
-    url = remote_for(exp, repo, remote)[0]
+    repo = _repo_name(run, what, remote)
+    src = run.folder(what)
+    path = clone_path(run, what)
+    url = remote_for(run, repo, remote)[0]
     result = SyncResult(what, repo, url, path)
     with locked(path.with_name(f"{what}.lock"), wait_s) as held:
         if not held:
             result.skipped = f"another sync of {path} has held its lock for {wait_s:g} s; this run leaves it alone"
             return result
-        git, result.remote, links = _open_clone(exp, what, repo, remote, deadline)
+        git, result.remote, links = _open_clone(run, what, repo, remote, deadline)
         if src.is_dir():
             result.copied, result.refused = copy_changed(src, path, links)
             if what == "logs":
-                evaluated, refused, result.too_large = copy_results(run_dir(exp), path, links)
+                evaluated, refused, result.too_large = copy_results(run_dir(run), path, links)
                 result.copied += evaluated
                 result.refused += refused
-                result.chronicle = write_chronicle(exp, path, links)
+                result.chronicle = write_chronicle(run, path, links)
         elif not _unpushed(git):
             result.skipped = f"{src} does not exist yet"
             return result
         now = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
-        _commit_and_push(exp, git, what, f"{what} of {exp.name} at {now}: {len(result.copied)} file(s)",
+        _commit_and_push(run, git, what, f"{what} of {run.name} at {now}: {len(result.copied)} file(s)",
                          backoff_s, result)
     return result
 
@@ -406,7 +437,7 @@ def _check_subdir(dest_subdir: str) -> PurePosixPath:
     return sub
 
 
-def publish_folder(experiment: Experiment, src: Path, dest_subdir: str, *, remote: str | None = None,
+def publish_folder(run: HubSettings, src: Path, dest_subdir: str, *, remote: str | None = None,
                    wait_s: float = 600.0, backoff_s: float = 10.0) -> str:
     """Put the files of `src` under `dest_subdir` of hub.checkpoints_repo and push.
 
@@ -417,12 +448,12 @@ def publish_folder(experiment: Experiment, src: Path, dest_subdir: str, *, remot
     src = Path(src)
     if not src.is_dir():
         raise HubSyncError(f"publish: {src} is not a folder")
-    repo = _repo_name(experiment, "checkpoints", remote)
-    path = clone_path(experiment, "checkpoints")
+    repo = _repo_name(run, "checkpoints", remote)
+    path = clone_path(run, "checkpoints")
     with locked(path.with_name("checkpoints.lock"), wait_s) as held:
         if not held:
             raise HubSyncError(f"another upload has held the lock on {path} for {wait_s:g} s; try again when it is done")
-        git, url, links = _open_clone(experiment, "checkpoints", repo, remote)
+        git, url, links = _open_clone(run, "checkpoints", repo, remote)
         link = _link_at(path, sub, links)
         if link is not None:
             raise HubSyncError(f"dest_subdir: got {dest_subdir!r}, but {link} is a link in the clone {path} (committed "
@@ -436,5 +467,5 @@ def publish_folder(experiment: Experiment, src: Path, dest_subdir: str, *, remot
         if result.refused:
             raise HubSyncError(f"publish: {len(result.refused)} file(s) of {src} lie under a link in the clone {path}: "
                                f"{', '.join(result.refused[:5])}; allowed: no link in the remote's {sub}")
-        _commit_and_push(experiment, git, "checkpoints", f"{sub} of {experiment.name}", backoff_s, result)
+        _commit_and_push(run, git, "checkpoints", f"{sub} of {run.name}", backoff_s, result)
     return result.commit or "unchanged"
