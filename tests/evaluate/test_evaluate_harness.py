@@ -425,7 +425,10 @@ def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, mod
                                "HF_DATASETS_CACHE": str(tmp_path / "datasets")})
     assert done.returncode == 0, done.stderr[-3000:]
     [written] = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
+    named = f"{exp.name}__global_step{target.step}"  # --output_path's folder: the run and the step, as lm-eval names
+    assert Path(written).parent == out / named, written  # a Hub model's org__name
     plugin = json.loads(Path(written).read_text())
+    assert plugin["model_name"] == f"{exp.name}/global_step{target.step}" and plugin["model_name_sanitized"] == named
     assert plugin["config"]["bsops_layout"] == {"tensor": 1, "pipeline": 2} and plugin["config"]["bsops_device"] == "cpu"
     assert plugin["n-shot"] == {"kjv_last_word": 3, "t_two_choice": 3}
     for task, metrics in theirs["results"].items():

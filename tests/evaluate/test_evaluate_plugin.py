@@ -80,3 +80,24 @@ def test_a_device_other_than_where_the_ranks_score_is_refused():
             plugin.device_check(other, "cpu")
     with pytest.raises(EvalError, match=r"--device cpu: this run scores on cuda"):
         plugin.device_check("cpu", "cuda")
+
+
+def test_lm_evals_results_and_output_folder_are_named_after_the_run_and_step(monkeypatch, tmp_path):
+    """lm-eval names `--output_path DIR`'s folder after model_args' pretrained= (else a random word): for `--model
+    bsops` it is the checkpoint's run and step; another model's name is lm-eval's own. The real `lm_eval --model
+    bsops --output_path` run is test_evaluate_harness.py's (slow)."""
+    from lm_eval.loggers import EvaluationTracker
+
+    from bigscience_ops.ops.evaluate import plugin, results
+
+    monkeypatch.setattr(plugin.BsopsModel, "last_name", results.model_name("tiny", "global_step221"))
+    names = {}
+    for source, args in (("bsops", {"run": "tiny", "step": "latest"}), ("hf", {"pretrained": "org/gpt2"})):
+        tracker = EvaluationTracker(output_path=str(tmp_path / source))
+        tracker.general_config_tracker.log_experiment_args(model_source=source, model_args=args,
+                                                           system_instruction=None, chat_template=None,
+                                                           fewshot_as_multiturn=False)
+        tracker.save_results_aggregated(results={"results": {}}, samples=None)
+        [folder] = (tmp_path / source).iterdir()
+        names[source] = (tracker.general_config_tracker.model_name, folder.name)
+    assert names == {"bsops": ("tiny/global_step221", "tiny__global_step221"), "hf": ("org/gpt2", "org__gpt2")}

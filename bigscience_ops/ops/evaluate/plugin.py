@@ -35,7 +35,7 @@ from typing import Any
 import lm_eval.models  # noqa: F401 - lm-eval's own models first: get_model imports them only into an empty registry
 from lm_eval.api.registry import model_registry
 
-from bigscience_ops.ops.evaluate import EvalError
+from bigscience_ops.ops.evaluate import EvalError, results
 from bigscience_ops.ops.evaluate.harness import BsopsLM, experiment_tokenizer
 from bigscience_ops.ops.evaluate.lm_eval_hook import NAME, TARGET
 
@@ -165,6 +165,10 @@ class BsopsModel(BsopsLM):
     (lm-eval's auto|float32|bfloat16|float16, or training|fp32: eval.dtype), trainings_dir; batch_size (a whole
     number; default eval.batch_size); device (checked: where the ranks score)."""
 
+    last_name: str | None = None
+    """The model name (results.model_name: the run and the step) of the model built last in this process: what
+    lm-eval's results and its --output_path folder are named after (named_after_the_checkpoint)."""
+
     def __init__(self, run: str, step: Any = "latest", tensor: int | None = None, pipeline: int | None = None,
                  dtype: str | None = None, trainings_dir: str | None = None, batch_size: Any = None,
                  max_batch_size: Any = None, device: Any = None, **unknown: Any) -> None:
@@ -195,6 +199,7 @@ class BsopsModel(BsopsLM):
             os._exit(0)
         super().__init__(built, experiment_tokenizer(exp), batch_size=size, log=lambda line: print(line, flush=True))
         self.experiment, self.target, self.scored_on = exp, target, scored_on
+        BsopsModel.last_name = results.model_name(exp.name, target.tag)
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -210,6 +215,32 @@ class BsopsModel(BsopsLM):
                 "bsops_layout": {"tensor": self.target.tensor, "pipeline": self.target.pipeline},
                 "bsops_dtype": str(self.scorer.dtype).removeprefix("torch."), "bsops_device": self.scored_on}
 
+
+def named_after_the_checkpoint() -> None:
+    """lm-eval names its results (`model_name`) and its `--output_path` folder (`model_name_sanitized`) after
+    model_args' pretrained=/model=/path= value, else a random word (GeneralConfigTracker.log_experiment_args, lm-eval
+    0.4.13): for `--model bsops` they are named after the checkpoint scored instead, the run and the step
+    (results.model_name: `tiny/global_step221`, the folder `tiny__global_step221`). Every other model is named as
+    lm-eval names it."""
+    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
+    from lm_eval.utils import sanitize_model_name
+
+    original = GeneralConfigTracker.log_experiment_args
+    if getattr(original, "bsops_named", False):
+        return
+
+    def log_experiment_args(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        source = kwargs.get("model_source", args[0] if args else None)
+        if source == NAME and BsopsModel.last_name is not None:
+            self.model_name = BsopsModel.last_name
+            self.model_name_sanitized = sanitize_model_name(self.model_name)
+
+    log_experiment_args.bsops_named = True  # type: ignore[attr-defined]
+    GeneralConfigTracker.log_experiment_args = log_experiment_args  # type: ignore[method-assign]
+
+
+named_after_the_checkpoint()
 
 if NAME not in model_registry:  # (the .pth hook registered the same placeholder when lm_eval.models was imported)
     model_registry.register(NAME, target=TARGET)  # by name, so that `python -m` of this file registers no copy

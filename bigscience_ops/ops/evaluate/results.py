@@ -164,6 +164,17 @@ def result_path(exp_or_output: Any, tag: str, limited: bool | None = None) -> Pa
     return Path(output) / FOLDER / (Path(LIMITED, f"{tag}.json") if limited else Path(f"{tag}.json"))
 
 
+LM_EVAL_MODEL = "bsops"
+"""The model name lm-eval's results carry in config.model for bsops' model (its `--model` name)."""
+
+
+def model_name(experiment: str, tag: str) -> str:
+    """The model name a checkpoint's lm-eval results carry (`model_name`), `<experiment>/<tag>`: lm-eval's
+    `--output_path DIR` keeps its results and samples in DIR/<the name sanitized>, `<experiment>__<tag>`, as it
+    keeps a Hub model `org/name`'s in DIR/org__name."""
+    return f"{experiment}/{tag}"
+
+
 def _json_safe(value: Any) -> Any:
     """What json cannot write, as lm-eval's own writer makes it: a numpy scalar as its number, a set as a list,
     anything else as its text."""
