@@ -1,6 +1,6 @@
 """Benchmark: what committing a checkpoint with a manifest costs on top of the save, side by side, and why xxh3_128.
 
-A save is a commit (bigscience_ops/trainer/checkpointer.py): each rank writes its files as DeepSpeed's checkpoint
+A save is a commit (bigscience_ops/trainer/checkpointing.py): each rank writes its files as DeepSpeed's checkpoint
 engine does (torch.save), but through a writer that hashes the bytes as they go by (manifest.HashingWriter), fsyncs
 each, and rank 0 then writes the manifest and `latest` atomically. This runs the plain save and the commit,
 alternating, on the same machine, for two checkpoints:

@@ -380,7 +380,7 @@ def checkpoint_size(exp: Experiment, params: ParamCount, dp: int) -> CheckpointS
 
 def saved_steps(schedule_steps: Sequence[int], train_iters: int, exit_interval: int | None,
                 phase_ends: Sequence[int]) -> list[int]:
-    """Every step the trainer saves at (trainer/stopping.py, checkpointer.py): the save schedule's, the
+    """Every step the trainer saves at (trainer/stopping.py, checkpointing.py): the save schedule's, the
     final step included; each multiple of checkpoint.exit_interval before the end (the task saves and
     exits, the next resumes there); the last step of each node phase but the last (the task saves and
     exits, the next trains at the new size). A step saved twice is written once."""

@@ -5,7 +5,7 @@
     .venv/bin/python scripts/mutation.py --retest    # keep the last run, test again the mutants that were not killed
 
 What it mutates: MODULES (checkpoints' layout, manifest, resume, retention, set-aside records and audit; backup;
-every module of ops/tell and ops/watch; the trainer's resume). What kills a mutant: the fast tests of TESTS
+every module of ops/tell and ops/watch; the trainer's resume and save). What kills a mutant: the fast tests of TESTS
 (never a trainer launch, never Slurm: `-m "not slow and not slurm"`). mutmut 3 first runs those tests once and
 records which of them call each function (a trampoline in front of every mutated function); each mutant then runs
 only the tests that called its function, stopping at the first failure, in a worker forked from a server that
@@ -84,12 +84,13 @@ GROUPS = [
           ("tests/ops/test_ops_backup_trust.py", "tests/ops/test_ops_backup.py", "tests/hostile/test_hostile_runfiles.py",
            "tests/ops/test_branches_backup.py", "tests/ops/test_kills_backup.py", "tests/checkpoints/test_kills_retention.py")),
     # the checkpoint folder: what a checkpoint is (layout, manifest), what a resume takes and sets aside, bsops verify,
-    # and the trainer's side of the resume
+    # and the trainer's side of it: the resume and the save (its commit order, with a stand-in engine)
     Group("checkpoints",
           ("bigscience_ops/checkpoints/layout.py", "bigscience_ops/checkpoints/manifest.py",
            "bigscience_ops/checkpoints/resume.py", "bigscience_ops/checkpoints/set_aside.py",
            "bigscience_ops/checkpoints/audit.py", "bigscience_ops/trainer/checkpointing.py"),
-          ("tests/checkpoints/test_checkpoints_manifest.py", "tests/checkpoints/test_branches_checkpoints.py", "tests/checkpoints/test_kills_resume.py")),
+          ("tests/checkpoints/test_checkpoints_manifest.py", "tests/checkpoints/test_branches_checkpoints.py",
+           "tests/checkpoints/test_kills_resume.py", "tests/trainer/test_trainer_checkpointing.py")),
 ]
 DESELECTED = [
     # reads the source of ops/ with ast, and mutmut's copy of each mutated module holds every mutant's code too

@@ -2,7 +2,7 @@
 `latest`, bsops.json, what each global_stepN holds and whether it is complete.
 
 A checkpoint is complete when its manifest is committed (checkpoints/manifest.py): the trainer writes
-every rank's files, then the manifest, then `latest` (trainer/checkpointer.py). A global_stepN folder
+every rank's files, then the manifest, then `latest` (trainer/checkpointing.py). A global_stepN folder
 without a committed manifest is a save that did not finish; no command resumes from, backs up, counts,
 rolls back to, evaluates or deletes because of it. `latest` names the checkpoint a resume takes first;
 the trainer's resume checks it against its manifest and falls back (checkpoints/resume.py).

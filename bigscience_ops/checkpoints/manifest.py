@@ -1,6 +1,6 @@
 """A checkpoint's manifest: the record that commits a save, and the one thing every reader trusts.
 
-A save is a commit (trainer/checkpointer.py): every rank writes its files, fsyncs each and records its size and
+A save is a commit (trainer/checkpointing.py): every rank writes its files, fsyncs each and records its size and
 content hash (`record_file`); when all ranks are done, rank 0 writes `manifest.json` into the global_stepN folder
 in one atomic step (`commit`: written beside it, fsynced, renamed), and only then points `latest` at the folder.
 A folder without a committed manifest is a save that did not finish: resume, `info`, `runs`, `rollback`, eval,

@@ -12,7 +12,7 @@ classes or attributes differ fails at start-up naming what is missing, never wit
 Saving: DeepSpeed writes every file of a checkpoint through the engine's `checkpoint_engine.save(state, path)`
 (the pipeline's layer files, the engine and optimizer states) and then, on rank 0, `latest` (truncated and
 rewritten, before its peers are done). `save` asks it not to touch `latest` (`save_latest=False`: the trainer
-moves it only after the manifest commits, trainer/checkpointer.py) and stands in for the checkpoint engine's
+moves it only after the manifest commits, trainer/checkpointing.py) and stands in for the checkpoint engine's
 `save` while it runs: each file is written as DeepSpeed's TorchCheckpointEngine writes it (torch.save with its
 `zipfile_serialization`), through a writer that hashes the bytes as they go by (xxh3_128, nothing read back),
 then fsynced. So every rank records the size and hash of its own files at no cost a benchmark can see

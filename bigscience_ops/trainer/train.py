@@ -6,7 +6,7 @@ has seen)`, advanced by the batch size after every applied step (Megatron's Anne
 the step reads Megatron's sample order (data.step_micro_batches). Whether and why to stop is
 decided in one place, before the first iteration and after every one (stopping.py: the end, the
 exit interval, a node phase boundary, the kill switch, SIGUSR1/SIGTERM, the exit duration measured
-from the Slurm job start BSOPS_JOB_START_EPOCH); every stop saves (checkpointer.py), then exits.
+from the Slurm job start BSOPS_JOB_START_EPOCH); every stop saves (checkpointing.Checkpointer), then exits.
 A step whose gradients are not finite (a NaN or inf loss, an overflow) is skipped, not applied, on
 every precision path (DeepSpeed's ZeRO, bf16 and fp16 optimizers do it; pipeline_engine.py guards plain
 fp32): it is logged as Megatron's skipped (and NaN) iteration. Log lines and TensorBoard scalars: metrics.py.
@@ -53,7 +53,6 @@ from bigscience_ops.schema import Experiment
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer import pipeline_engine
-from bigscience_ops.trainer.checkpointer import Checkpointer
 from bigscience_ops.trainer.data import MicroBatchFeed
 from bigscience_ops.trainer.errors import TrainerError
 from bigscience_ops.trainer.faults import Faults, corrupted, raise_if_injected, recorded, slow_down
@@ -211,8 +210,8 @@ class Trainer:
         self.metrics = Metrics(board, _print, train_iters=self.train_iters, log_interval=log.log_interval,
                                flops_per_token=self.flops_per_token, peak_tflops=self.peak_tflops,
                                world_size=dist.get_world_size(), curriculum=self.curriculum is not None)
-        self.checkpointer = Checkpointer(self.checkpoints, self.run_schedule.saves, self.ds_state,
-                                         self._checkpoint_meta, self._manifest_about, self.metrics, self.faults.killer)
+        self.checkpointer = ckpt.Checkpointer(self.checkpoints, self.run_schedule.saves, self.ds_state,
+                                              self._checkpoint_meta, self._manifest_about, self.metrics, self.faults.killer)
 
     def _find_resume(self) -> ckpt.Resume | None:
         """The checkpoint to resume from, checked against this model before anything is built.

@@ -1,5 +1,5 @@
 """Trainer pieces without a distributed launch: resume checks, `latest`, data order, model, log lines and metrics.
-(The save schedule and the save: test_trainer_checkpointer.py; stop reasons: test_trainer_stopping.py.)"""
+(The save schedule and the save: test_trainer_checkpointing.py; stop reasons: test_trainer_stopping.py.)"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""trainer/checkpointer.py: when the trainer saves (the run schedule's save steps, with SaveSchedule's
+"""trainer/checkpointing.py, the save: when the trainer saves (the run schedule's save steps, with SaveSchedule's
 ranges and interval) and the save itself: each rank's RNG state and rank 0's bsops.json written into
 `global_stepN/` before DeepSpeed's engine saves, then the manifest (every file, its size and hash), then
 `latest`; a step never saved twice, a resumed step not saved again.
@@ -19,7 +19,6 @@ import torch.distributed as dist
 from bigscience_ops.checkpoints import layout, manifest, set_aside
 from bigscience_ops.schedules import SaveSchedule
 from bigscience_ops.trainer import checkpointing as ckpt
-from bigscience_ops.trainer.checkpointer import Checkpointer
 from bigscience_ops.trainer.metrics import Metrics
 
 SEED_003 = SaveSchedule(((100, 10), (1000, 18)), 1500)
@@ -65,7 +64,7 @@ class Saving:
                           peak_tflops=None, world_size=1, curriculum=False)
         about = {"run_id": "", "experiment": "tiny", "optimizer": True,
                  "layout": {"tensor": 1, "pipeline": 1, "data": 1, "zero_stage": 0, "precision": "fp32"}}
-        self.checkpointer = Checkpointer(folder, saves, self.engine, self.meta, lambda: about, metrics)
+        self.checkpointer = ckpt.Checkpointer(folder, saves, self.engine, self.meta, lambda: about, metrics)
 
     def meta(self) -> dict:
         self.metas += 1
