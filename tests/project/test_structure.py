@@ -1,6 +1,7 @@
 """The package's shape (issue 39): no library function over 10 parameters, no click command over 12, at most
 20 modules at the top of bigscience_ops/ (the rest live in subpackages named for what they hold), and the on-call
-parts that take their own settings (job alerts, the eval scheduler, message delivery) never take the experiment.
+parts that take their own settings (job alerts, the eval scheduler, message delivery, the backup, the Hub sync)
+never take the experiment.
 
 Every function under bigscience_ops/ is read with `ast`, nested ones and methods too; its parameters are all
 of the def's (positional-only, positional, keyword-only, *args, **kwargs), less `self` and `cls`. A click
