@@ -398,6 +398,10 @@ METRIC_KEY = Charset(r"[A-Za-z0-9._,@+/-]", "a metric as task/metric (lambada_op
                                            "ASCII letters, digits and . _ , @ + - around one /")
 
 
+MAX_FEWSHOT = 1000
+"""Few-shot examples per task at most (lm-eval's own tasks ask 0 to 25; every example lengthens each request)."""
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Downstream evaluation of the run's checkpoints (`bsops eval`, the hourly eval job): lm-evaluation-harness
@@ -416,6 +420,15 @@ class EvalConfig:
     batch_size: int = documented(8, "sequences per forward pass", at_least=1, below=2**16)
     limit: int | None = documented(None, "examples per lm-eval task (lm-eval's --limit), for smoke runs; default: all",
                                    at_least=1, below=10**9)
+    num_fewshot: int | None = documented(
+        None, "few-shot examples per lm-eval task (lm-eval's --num_fewshot), for every task of eval.tasks; default: "
+              "each task's own (0 for most); a task whose config says 0 keeps 0, as lm-eval's rule is",
+        at_least=0, at_most=MAX_FEWSHOT)
+    num_fewshot_per_task: dict[str, int] = documented(
+        factory=dict, doc="few-shot examples by eval.tasks entry ({piqa: 5, /data/tasks/mine.yaml: 3}), over "
+                          "num_fewshot for that entry (a group's or tag's member tasks alike); each in "
+                          f"[0, {MAX_FEWSHOT}]",
+        at_least=0, at_most=MAX_FEWSHOT)
     every_saves: int = documented(1, "the hourly job evaluates every Nth saved checkpoint (and the run's last)",
                                   at_least=1, below=MAX_STEPS)
     alert_drop: dict[str, float] = documented(

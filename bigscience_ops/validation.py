@@ -247,6 +247,9 @@ def check_eval(ev: EvalConfig, source: str) -> None:
         _check(problem is None, source, f"eval.sources.{name}", name, f"source name: {problem}; allowed: {METRIC_NAME.allowed}")
         _check(name not in eval_task_names(ev), source, f"eval.sources.{name}", name,
                "a name no entry of eval.tasks has (a source and a task would share one row of the results)")
+    for task in ev.num_fewshot_per_task:
+        _check(task in ev.tasks, source, f"eval.num_fewshot_per_task.{task}", task,
+               "an entry of eval.tasks, as written there: " + (", ".join(ev.tasks) or "eval.tasks is empty"))
     keyed = [("eval.alert_drop", key) for key in ev.alert_drop]
     keyed += [(f"eval.references.{ref}", key) for ref, values in ev.references.items() for key in values]
     for where, key in keyed:

@@ -3,11 +3,14 @@ option types that refuse hostile values, and the line that says which run folder
 
 from __future__ import annotations
 
+import functools
 import inspect
+import json
 import re
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -66,6 +69,7 @@ RENAMED = {
     "rollback": {"--to": "--step"},  # a checkpoint is chosen by --step everywhere
     "eval": {"--from": "--mirror"},  # --from names a run to start from (warm-start); this is a dataset mirror
     "samples": {"--micro-batch": "--micro-batch-index"},  # beside --micro-batch-size, which is a size
+    "plot": {"--tensorboard-dir": "--from-clone"},  # where to read, as logs --from-clone: not paths.tensorboard
 }
 """Option names of the last release, per command, and their new names (docs/VOCABULARY.md): each is still accepted
 this release, and says its new name on stderr. Gone in the next release."""
@@ -98,7 +102,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except BsopsError as exc:
-            click.echo(f"error: {scrub(str(exc))}", err=True)
+            click.echo(f"error: {scrub(_alias_said(exc, ctx))}", err=True)
             echo_detail(exc)
             ctx.exit(EXIT_ERROR)
         except click.UsageError as exc:  # the arguments of a command: one line, naming the command's help
@@ -236,15 +240,6 @@ def trainings_option(func):
     )(func)
 
 
-def resolve(given, from_experiment=None, default=None):
-    """Option precedence, the one rule of every command: a value given on the command line, else the
-    experiment's, else bsops' default. "Not given" is None or an empty tuple (a repeatable option left out)."""
-    for value in (given, from_experiment):
-        if value is not None and value != ():
-            return value
-    return default
-
-
 OVERRIDES_HELP = """SECTION.KEY=VALUE (also spelled --SECTION.KEY=VALUE) sets any field of the experiment for one command:
 VALUE is one YAML flow value, typed, bounded and checked exactly as in the file. One precedence for every field:
 the command line, then the experiment file, then its bases, then bsops' defaults. A run's record (experiment.json)
@@ -260,9 +255,81 @@ main.help = f"{inspect.cleandoc(main.help or '')}\n\n{OVERRIDES_HELP}"
 def overrides_argument(func):
     """The trailing `[SECTION.KEY=VALUE]...` of a command that loads an experiment (config.load_experiment's
     `overrides`), with OVERRIDES_LINE added to the command's help (the rule itself is said once, in `bsops --help`).
-    Place it below @main.command()."""
+    The command receives the assignments of its field aliases (field_alias_option) after those written out, so a
+    field given both ways is refused as given twice. Place it below @main.command()."""
     func.__doc__ = f"{inspect.cleandoc(func.__doc__ or '')}\n\n{OVERRIDES_LINE}"
-    return click.argument("overrides", nargs=-1, type=TEXT, metavar="[SECTION.KEY=VALUE]...")(func)
+
+    @functools.wraps(func)
+    def with_aliases(*args, **kwargs):
+        given = click.get_current_context().meta.get(ALIASED, [])
+        kwargs["overrides"] = (*kwargs.get("overrides", ()), *(alias.assignment for alias in given))
+        return func(*args, **kwargs)
+
+    return click.argument("overrides", nargs=-1, type=TEXT, metavar="[SECTION.KEY=VALUE]...")(with_aliases)
+
+
+ALIASED = "bsops.aliased"
+"""ctx.meta key: the field aliases given on this command line (Aliased), in order."""
+
+
+@dataclass(frozen=True)
+class Aliased:
+    """One field alias as given: `--to /x` is the assignment `backup.dest="/x"`."""
+
+    flag: str
+    field: str
+    value: str
+    assignment: str
+
+
+class FieldAlias(click.Option):
+    """An option that is another spelling of one experiment field (`field`): its value becomes the assignment
+    `field=VALUE` of the command's overrides, typed, bounded, refused and recorded exactly as that assignment
+    (docs/OVERRIDES.md). A string field takes the value whole (quoted for YAML: `#`, `: ` or `[` stay text); any
+    other field reads it as one YAML flow value, as after `field=`."""
+
+    def __init__(self, *args, field: str, **kwargs) -> None:
+        self.field = field
+        super().__init__(*args, **kwargs)
+
+
+def field_alias_option(field: str, *decls: str, metavar: str = "VALUE", help: str = "", hidden: bool = False):
+    """`--flag VALUE` as the assignment `field=VALUE` of the command's overrides (overrides_argument), said in
+    --help as "Alias of FIELD=METAVAR"; the one way an option sets an experiment field (tests/cli/test_vocabulary.py
+    checks that every option that names a field is one)."""
+
+    def given(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is None:
+            return
+        text = json.dumps(value, ensure_ascii=False) if _is_text_field(field) else value
+        ctx.meta.setdefault(ALIASED, []).append(Aliased(param.opts[0], field, value, f"{field}={text}"))
+
+    said = f"Alias of {field}={metavar}" + (f": {help}" if help else ".")
+    return click.option(*decls, cls=FieldAlias, field=field, type=TEXT, default=None, expose_value=False,
+                        callback=given, metavar=metavar, help=said, hidden=hidden)
+
+
+def _is_text_field(field: str) -> bool:
+    """Whether the experiment field at the dotted path `field` holds a string (str, or str | None)."""
+    import typing
+
+    from bigscience_ops.schema import Experiment
+
+    tp: object = Experiment
+    for name in field.split("."):
+        tp = typing.get_type_hints(tp)[name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = args[0] if len(args) == 1 and typing.get_origin(tp) is not list else tp
+    return tp is str
+
+
+def _alias_said(exc: BsopsError, ctx: click.Context) -> str:
+    """`exc`'s line, naming the option it came from when it refuses the assignment of a field alias."""
+    text = str(exc)
+    for alias in ctx.meta.get(ALIASED, []):
+        if "command line" in str(getattr(exc, "source", "")) and getattr(exc, "field", None) == alias.field:
+            return f"{text} (given as '{alias.flag}' {_shown(alias.value)})"
+    return text
 
 
 def load_experiment(name: str, trainings_dir: Path | None, overrides: tuple[str, ...] = ()):
@@ -273,14 +340,13 @@ def load_experiment(name: str, trainings_dir: Path | None, overrides: tuple[str,
     return config.load_experiment(name, trainings_dir, overrides)
 
 
-def echo_run_folder(name: str, trainings_dir: Path | None, experiment, out: Path | None = None,
-                    err: bool = False) -> None:
+def echo_run_folder(name: str, trainings_dir: Path | None, experiment, err: bool = False) -> None:
     """Say which run folder the command reads or writes, and the rule that put it there: the first line of the
     command's report, or on stderr (`err`) where stdout is the data itself (a log, Markdown, JSON)."""
     from bigscience_ops.experiment_files import experiment_path, run_folder_note
 
-    if out is not None:
-        click.echo(f"run folder: {Path(out).resolve()} (given by --out)", err=err)
+    if any(assignment.startswith("paths.output=") for assignment in experiment.overrides):
+        click.echo(f"run folder: {experiment.paths.output} (paths.output, set on the command line)", err=err)
         return
     experiment_file = experiment_path(name, trainings_dir)
     click.echo(run_folder_note(experiment_file, experiment), err=err)

@@ -15,7 +15,6 @@ from bigscience_ops.cli.base import (
     default_cron_dir,
     load_experiment,
     main,
-    resolve,
     trainings_option,
     verbose_option,
 )
@@ -112,7 +111,7 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
     cron_dir = _cron_dir(cron_dir)
     settings = cronlib.load_settings(cron_dir)
     experiment = load_experiment(exp, trainings_dir)
-    kinds = resolve(given, hourly_jobs.configured(experiment))
+    kinds = given if given is not None else hourly_jobs.configured(experiment)
     if given is None:
         for kind in hourly_jobs.JOBS:
             if kind in kinds:
@@ -174,7 +173,7 @@ def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None) -> None:
     Exits 1 when there was none to remove."""
     from bigscience_ops.ops import hourly_jobs
 
-    kinds = resolve(_kinds(jobs), default=list(hourly_jobs.JOBS))
+    kinds = _kinds(jobs) or list(hourly_jobs.JOBS)
     cron_dir = _cron_dir(cron_dir)
     removed = hourly_jobs.remove(cron_dir, exp, kinds)
     for path in removed:

@@ -18,6 +18,7 @@ from bigscience_ops.cli.base import (
     SafePath,
     echo_detail,
     echo_run_folder,
+    field_alias_option,
     load_experiment,
     main,
     overrides_argument,
@@ -183,11 +184,11 @@ def _warn_incomplete(name: str, site) -> None:
 @click.argument("exp", type=TEXT)
 @overrides_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-@click.option("--nodes", type=click.IntRange(min=1, max=2**20), default=None,
-              help="Plan for this many nodes all along, instead of slurm.nodes or slurm.node_schedule.")
+@field_alias_option("slurm.nodes", "--nodes", metavar="N",
+                    help="this many nodes all along (slurm.node_schedule set aside, as any slurm.nodes given does).")
 @allow_incomplete_option
 @trainings_option
-def plan(exp: str, overrides: tuple[str, ...], as_json: bool, nodes: int | None, allow_incomplete: bool,
+def plan(exp: str, overrides: tuple[str, ...], as_json: bool, allow_incomplete: bool,
          trainings_dir: Path | None) -> None:
     """Plan EXP: parameters, memory, DP size, batch rampup, iterations, LR, tokens, days.
 
@@ -197,14 +198,13 @@ def plan(exp: str, overrides: tuple[str, ...], as_json: bool, nodes: int | None,
     """
     from bigscience_ops.data.preflight import check_data
     from bigscience_ops.experiment_files import experiment_path
-    from bigscience_ops.run.records import Overrides, apply_overrides, as_recorded
+    from bigscience_ops.run.records import as_recorded
     from bigscience_ops.plan import make_plan
     from bigscience_ops.planview import data_check_data, plan_data, plan_text
     from bigscience_ops.site_values import missing_site_values
 
     experiment, inherited = load_with_inherited(exp, trainings_dir, overrides)
     experiment = as_recorded(experiment)  # a rolled-back run's skips included
-    experiment = apply_overrides(experiment, Overrides(nodes_all_along=nodes))
     result = make_plan(experiment)
     data = check_data(experiment, result.dataset_sizes[0])  # the data's pre-flight checks, as a launch makes them
     site = missing_site_values(experiment)
@@ -304,11 +304,11 @@ def render(exp: str, overrides: tuple[str, ...], out: Path | None, allow_incompl
 
 
 
-def _warn_if_the_run_recorded_otherwise(experiment, out: Path | None) -> None:
+def _warn_if_the_run_recorded_otherwise(experiment) -> None:
     """One warning line when the run folder's last launch trained another seed, data or model than this one will."""
     from bigscience_ops.run import opening as run_ref
 
-    folder = Path(out) if out is not None else Path(experiment.paths.output)
+    folder = Path(experiment.paths.output)
     try:
         record, found = run_ref.relaunch_differences(experiment, folder)
     except run_ref.RunRecordError as exc:
@@ -328,15 +328,16 @@ def _warn_if_the_run_recorded_otherwise(experiment, out: Path | None) -> None:
 @click.option("--after-current", is_flag=True,
               help="If a job of EXP is queued, start after its whole array (afterany) instead of refusing.")
 @click.option("--dry-run", is_flag=True, help="Show the run record, queue check and sbatch command; submit nothing.")
-@click.option("--out", type=SafePath(file_okay=False, path_type=Path), default=None,
-              help="With --local: run folder (default: the experiment's paths.output, runs/EXP).")
-@click.option("--tasks", type=click.IntRange(min=1, max=10**6), default=None,
-              help="With --local: array tasks to run (default: slurm.array); each resumes from the last checkpoint.")
+@field_alias_option("paths.output", "--out", metavar="DIR",
+                    help="the run folder; its checkpoints, logs and tensorboard go under it unless EXP sets them.")
+@field_alias_option("slurm.array", "--tasks", metavar="N",
+                    help="array tasks, run one at a time (with --local: here, one after another); each resumes "
+                         "from the last checkpoint.")
 @allow_incomplete_option
 @verbose_option
 @trainings_option
-def launch(exp: str, overrides: tuple[str, ...], local: bool, after_current: bool, dry_run: bool, out: Path | None,
-           tasks: int | None, allow_incomplete: bool, trainings_dir: Path | None) -> None:
+def launch(exp: str, overrides: tuple[str, ...], local: bool, after_current: bool, dry_run: bool,
+           allow_incomplete: bool, trainings_dir: Path | None) -> None:
     """Launch EXP (default: tiny) as a Slurm job array, one task at a time, each resuming.
 
     The plan is checked first and nothing invalid is submitted. A job of EXP already in the queue
@@ -346,16 +347,14 @@ def launch(exp: str, overrides: tuple[str, ...], local: bool, after_current: boo
     from bigscience_ops.launch.local import launch_local
     from bigscience_ops.launch.plan import LaunchOptions
 
-    if not local and (out is not None or tasks is not None):
-        raise click.UsageError("--out and --tasks apply to --local only")
     if local and (after_current or dry_run):
         raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
     if "=" in exp and not Path(exp).exists():  # `bsops launch train.seed=7`: EXP left out, tiny's
         exp, overrides = "tiny", (exp, *overrides)
     experiment = load_experiment(exp, trainings_dir, overrides)
-    echo_run_folder(exp, trainings_dir, experiment, out if local else None)
+    echo_run_folder(exp, trainings_dir, experiment)
     _echo_overrides(experiment)
-    _warn_if_the_run_recorded_otherwise(experiment, out if local else None)
+    _warn_if_the_run_recorded_otherwise(experiment)
     if not local:
         from bigscience_ops.launch import cluster as submit
 
@@ -378,7 +377,7 @@ def launch(exp: str, overrides: tuple[str, ...], local: bool, after_current: boo
         return
     with _data_checked():
         with _console() as console:  # each task's end was told as it came (launch_console.task_end)
-            result = launch_local(experiment, out, tasks, progress=console.feed, allow_incomplete=allow_incomplete)
+            result = launch_local(experiment, progress=console.feed, allow_incomplete=allow_incomplete)
     click.echo(f"run folder: {result.run_dir}")
     click.echo(f"  log:         {result.main_log}")
     click.echo(f"  checkpoints: {result.checkpoints}")

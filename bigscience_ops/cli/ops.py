@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    TEXT, FiniteFloat, SafePath, alert_option, configured_run, main, open_run_saying, overrides_argument, run_alerting,
-    run_option, trainings_option,
+    TEXT, FiniteFloat, alert_option, configured_run, field_alias_option, main, open_run_saying, overrides_argument,
+    run_alerting, run_option, trainings_option,
 )
 
 # Where the token goes and under which name it is read: another team's values send your token to their host.
@@ -120,13 +120,12 @@ def _mb(nbytes: int) -> str:
 @main.command("backup")
 @click.argument("exp", type=TEXT, required=False)
 @run_option
-@click.option("--to", "dest", type=SafePath(file_okay=False, path_type=Path), default=None,
-              help="Backup folder (default: backup.dest of the experiment).")
+@field_alias_option("backup.dest", "--to", metavar="DIR", help="the backup store (a folder bsops made).")
 @click.option("--dry-run", is_flag=True, help="Show what would be copied and deleted; change nothing.")
 @alert_option
 @trainings_option
 @overrides_argument
-def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bool, alert: bool,
+def backup_cmd(exp: str | None, run: Path | None, dry_run: bool, alert: bool,
                trainings_dir: Path | None, overrides: tuple[str, ...]) -> None:
     """Copy EXP's new checkpoints to the backup, verify them, then apply scratch retention.
 
@@ -147,7 +146,7 @@ def backup_cmd(exp: str | None, run: Path | None, dest: Path | None, dry_run: bo
     experiment, _ = configured_run(exp, run, trainings_dir, overrides, fallback=True)
 
     def work() -> None:
-        report = backup.run_backup(backup.settings(experiment), dest, dry_run=dry_run,
+        report = backup.run_backup(backup.settings(experiment), dry_run=dry_run,
                                    progress=None if dry_run else _ShownProgress())
         if dry_run:
             for plan in report.planned:

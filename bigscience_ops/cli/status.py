@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    TEXT, FiniteFloat, SafePath, echo_detail, main, open_run_saying, overrides_argument, resolve, run_option,
+    TEXT, FiniteFloat, SafePath, echo_detail, main, open_run_saying, overrides_argument, run_option,
     trainings_option, verbose_option,
 )
 from bigscience_ops.run import log as runlog
@@ -20,9 +20,12 @@ from bigscience_ops.schema import AlertsConfig
 @click.argument("exp", type=TEXT, required=False)
 @run_option
 @trainings_option
-@click.option("--job-name", type=TEXT, default=None, help="The Slurm job name to watch (compared whole, any length).")
+@click.option("--job-name", type=TEXT, default=None,
+              help="Without EXP: the Slurm job name to watch (compared whole, any length); not a field: a run is "
+                   "watched under the job name it recorded.")
 @click.option("--log", "log_path", type=SafePath(dir_okay=False, path_type=Path), default=None,
-              help="The run's main_log.txt, checked for progress; the watchdog's lines go to watchdog.log beside it.")
+              help="With --job-name: a main_log.txt checked for progress; the watchdog's lines go to watchdog.log "
+                   "beside it. Not a field: a run's log is the one it recorded.")
 @click.option("--cron-dir", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Also check the cron runner chains of this folder (alert when one is gone or late).")
 @click.option("--user", "users", type=TEXT, multiple=True,
@@ -46,8 +49,8 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
     With EXP (an experiment, or a run folder, or --run), the run is read as it recorded itself: its job name,
     main_log.txt and slurm.group; the alert settings (alerts.*: recipients, SMTP server, webhook, stall limit,
     cooldown, training health) are its experiment file's today, changed by SECTION.KEY=VALUE overrides
-    (`bsops status tiny alerts.stall_minutes=30 'alerts.email_to=[me@example.org]'`); --job-name and --log given
-    explicitly win. A record that cannot be read is alerted on, and the run watched as its experiment file says
+    (`bsops status tiny alerts.stall_minutes=30 'alerts.email_to=[me@example.org]'`); --job-name and --log are for a
+    job watched by its name alone, and refused with a run. A record that cannot be read is alerted on, and the run watched as its experiment file says
     today. With EXP the run folder also tells a finished
     training (healthy, announced once) from one that ended without finishing, and the log's recent iteration lines
     are checked for training health (alerts.health: NaN, loss spikes, grad-norm explosions, fp16 loss-scale
@@ -76,6 +79,13 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
             raise
 
     experiment = outbox = state = None
+    if (exp is not None or run is not None) and (job_name is not None or log_path is not None):
+        given = " and ".join(f"{flag} {value}" for flag, value in (("--job-name", job_name), ("--log", log_path))
+                             if value is not None)
+        raise click.UsageError(
+            f"got {given} with a run ({exp or run}); allowed: --job-name and --log without EXP or --run (a job "
+            "watched by its name alone), or a run, watched under the job name and log it recorded (a run not yet "
+            "launched: its slurm.job_name and paths.logs, which SECTION.KEY=VALUE sets)")
     if exp is not None or run is not None:
         from bigscience_ops.ops.watch import lifecycle
 
@@ -90,12 +100,12 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
     elif overrides:
         raise click.UsageError(f"got {' '.join(overrides)} without an experiment; allowed: SECTION.KEY=VALUE after EXP")
     slurm_cfg, alerts = (experiment.slurm, experiment.alerts) if experiment else (None, None)
-    job_name = resolve(job_name, slurm_cfg and slurm_cfg.job_name)
+    job_name = job_name if experiment is None else slurm_cfg.job_name
     if job_name is None:
         raise click.UsageError("give an experiment (EXP) or --job-name")
     settings = watchdog.WatchSettings(
         job_name=job_name, users=users, group=slurm_cfg and slurm_cfg.group,
-        log_path=resolve(log_path, experiment and runlog.main_log(experiment.paths.logs)),
+        log_path=log_path if experiment is None else runlog.main_log(experiment.paths.logs),
         stall_minutes=alerts and alerts.stall_minutes, contact=contact or DEFAULT_CONTACT, outbox=outbox,
         state_path=alert_state, cooldown_minutes=alerts.cooldown_minutes if alerts else AlertsConfig.cooldown_minutes,
         experiment=experiment.name if experiment else None, timeout=timeout, cron_dir=cron_dir,

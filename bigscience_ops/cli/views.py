@@ -53,8 +53,9 @@ def logs_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
 @run_option
 @trainings_option
 @click.option("--out", type=SafePath(dir_okay=False, path_type=Path), required=True, help="The PNG file to write.")
-@click.option("--tensorboard-dir", type=SafePath(file_okay=False, path_type=Path), default=None,
-              help="Read the event files here instead of paths.tensorboard (e.g. a clone of the tensorboard repo).")
+@click.option("--from-clone", "tensorboard_dir", type=SafePath(file_okay=False, path_type=Path), default=None,
+              help="Read the event files from this clone of the tensorboard repo (or any folder of them) instead of "
+                   "the run folder; the run's own folders are unchanged.")
 def plot_command(exp: str | None, run: Path | None, trainings_dir: Path | None, out: Path,
                  tensorboard_dir: Path | None) -> None:
     """Draw EXP's training loss, validation loss, learning rate, batch size and grad norm against tokens.

@@ -42,7 +42,7 @@ def test_hostile_arguments_are_refused_in_one_line(argv: list[str], option: str,
     assert result.exit_code == EXIT_ERROR, result.output
     assert result.stdout == "" and "Traceback" not in result.output
     [line] = result.stderr.splitlines()  # one line, naming the option, the value and what is allowed
-    assert line.startswith("error: ") and option in line and shown in line and ("allowed" in line or "range" in line)
+    assert line.startswith("error: ") and option in line and shown in line and ("allowed" in line or "range" in line or "must be" in line)
 
 
 def test_preprocess_names_the_files_gpt2bpe_needs(tmp_path: Path) -> None:
@@ -53,9 +53,10 @@ def test_preprocess_names_the_files_gpt2bpe_needs(tmp_path: Path) -> None:
 
 
 def test_a_bad_combination_is_one_line_naming_the_help() -> None:
-    result = CliRunner().invoke(main, ["launch", "tiny", "--out", "x"], prog_name="bsops")
+    result = CliRunner().invoke(main, ["launch", "tiny", "--local", "--after-current"], prog_name="bsops")
     assert result.exit_code == EXIT_ERROR
-    assert result.stderr.splitlines()[-1] == "error: --out and --tasks apply to --local only (see bsops launch --help)"
+    assert result.stderr.splitlines()[-1] == ("error: --after-current and --dry-run apply to Slurm launches, not "
+                                              "--local (see bsops launch --help)")
     assert "run folder" not in result.output  # refused before anything is read
 
 
@@ -82,10 +83,23 @@ def test_a_missing_slurm_conf_is_one_line_at_once_and_verbose_adds_the_command(t
         assert ("  command:   squeue" in cron.stderr) == ("--verbose" in argv)
 
 
-def test_option_precedence_is_command_line_then_experiment_then_default() -> None:
-    from bigscience_ops.cli.base import resolve
+def test_a_field_alias_is_its_assignment_one_precedence_for_both() -> None:
+    """`plan --nodes 4` is `plan slurm.nodes=4`: the same plan, the same recorded assignment; given both ways it is
+    refused as a field given twice, and a value the field refuses is refused as the assignment is, naming the flag."""
+    import json
 
-    assert resolve(5, 7, 9) == 5 and resolve(None, 7, 9) == 7 and resolve(None, None, 9) == 9
-    assert resolve((), ("a@x",), ()) == ("a@x",) and resolve(("b@x",), ("a@x",)) == ("b@x",)
-    assert resolve(0.0, 7) == 0.0  # a value given as zero is given
-    assert resolve(None) is None
+    by_flag = CliRunner().invoke(main, ["plan", "tiny", "--json", "--nodes", "2"])
+    by_field = CliRunner().invoke(main, ["plan", "tiny", "--json", "slurm.nodes=2"])
+    assert by_flag.exit_code == by_field.exit_code and by_flag.stdout == by_field.stdout
+    assert json.loads(by_flag.stdout)["overrides"] == ["slurm.nodes=2"]
+    twice = CliRunner().invoke(main, ["plan", "tiny", "--nodes", "2", "slurm.nodes=3"])
+    assert twice.exit_code == EXIT_ERROR and "given twice" in twice.stderr and "(given as '--nodes' '2')" in twice.stderr
+    for value in ("0", "two", "nan", "2\n"):
+        refused = CliRunner().invoke(main, ["plan", "tiny", "--nodes", value])
+        [line] = refused.stderr.splitlines()
+        assert refused.exit_code == EXIT_ERROR and refused.stdout == "" and "--nodes" in line, line
+    # a string field takes the value whole: a `#` or `: ` is part of the folder, not YAML's
+    shown = CliRunner().invoke(main, ["show", "tiny", "--json", "backup.dest=/x #2"])
+    assert shown.exit_code == EXIT_ERROR  # the assignment itself: a comment would cut the folder
+    store = CliRunner().invoke(main, ["backup", "tiny", "--dry-run", "--to", "/nowhere/x #2: y", "backup.dest=/z"])
+    assert store.exit_code == EXIT_ERROR and "backup.dest=\"/nowhere/x #2: y\"" in store.stderr

@@ -119,7 +119,8 @@ def test_run_tasks_passes_on_only_the_options_it_names(tmp_path):
     with pytest.raises(EvalError, match="num_fewshot=-1"):
         driver.run_tasks(_lm(), ["t"], num_fewshot=-1)
     chosen = driver.lm_eval_options({"use_cache": tmp_path / "c"})
-    assert chosen == {"num_fewshot": None, "use_cache": str(tmp_path / "c")}
+    assert chosen == {"num_fewshot": None, "use_cache": str(tmp_path / "c"), "num_fewshot_per_task": None,
+                      "model_name": None, "model_args": None}
 
 
 def test_the_request_cache_lives_beside_the_result_per_precision(tmp_path):

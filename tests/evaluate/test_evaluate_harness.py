@@ -214,7 +214,7 @@ def test_evaluate_writes_the_result_file_and_tensorboard_scalars(model, runs, tm
         driver.evaluate(exp, target.path, target.meta, scorer, lines.append, log_samples=True, keep_cache=True)
     # eval.limit 4: a limited result, kept apart (eval/limited/), lm-eval's per-sample output beside it; the request
     # cache (4 docs x 2 choices) beside where the full result goes, which the same requests answer
-    kept = out / "eval" / "limited" / f"{target.tag}.samples" / "t_two_choice.jsonl"
+    [kept] = (out / "eval" / "limited" / f"{target.tag}.samples").glob("samples_t_two_choice_*.jsonl")  # lm-eval's name
     cache = out / "eval" / f"{target.tag}.requests" / "float32_rank0.db"
     from sqlitedict import SqliteDict
 

@@ -238,8 +238,8 @@ def test_status_command_emails_once_when_slurm_cannot_be_queried(plain_server, t
     log = tmp_path / "logs" / "main_log.txt"
     (tmp_path / "trainings").mkdir()
     (tmp_path / "trainings" / "watched.yaml").write_text(f"base: tiny\npaths: {{output: {tmp_path / 'run'}}}\n")
-    args = ("status", "watched", "--trainings-dir", str(tmp_path / "trainings"), "--job-name", "tr1-13B-round3",
-            "--log", str(log), "--timeout", "1", "alerts.email_to=[oncall@example.org]", "alerts.smtp_host=127.0.0.1",
+    args = ("status", "watched", "--trainings-dir", str(tmp_path / "trainings"), "slurm.job_name=tr1-13B-round3",
+            f"paths.logs={log.parent}", "--timeout", "1", "alerts.email_to=[oncall@example.org]", "alerts.smtp_host=127.0.0.1",
             f"alerts.smtp_port={port}", "alerts.smtp_security=none", "alerts.email_from=bot@example.org")
     env = {"SLURM_CONF": "/nonexistent/slurm.conf"}
     first = bsops(*args, env=env)

@@ -40,7 +40,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,15 +112,28 @@ def run_tasks(lm: Any, tasks: list[str], limit: int | None = None, log: Callable
     or any lm-eval LM), its per-sample output ("samples") only with log_samples, task templates sandboxed unless
     `trust` (taskfiles.py). A task that cannot be loaded (no such name, its data not to be had, a refused or broken
     task file) or whose result carries a name the rules refuse is an EvalError naming it, or, given `missing`,
-    entered there (eval.tasks entry -> one line why) and left out ({} when none is left).
+    entered there (eval.tasks entry -> one line why) and left out ({} when none is left). Offline (HF_DATASETS_OFFLINE
+    or HF_HUB_OFFLINE), a task whose dataset is not in `datasets`' cache is one at once, `datasets` never asked
+    (prefetch.not_cached).
 
-    `options`, simple_evaluate's own, as lm-eval's command line names them (OPTIONS): num_fewshot (an int), and
+    `options` (OPTIONS), simple_evaluate's own as lm-eval's command line names them: num_fewshot (an int) and
     use_cache (a path prefix: lm-eval's request cache, kept in PATH_rank0.db; a request answered there is not
-    scored again)."""
+    scored again); and bsops' own: num_fewshot_per_task (eval.tasks entry -> few-shot examples, over num_fewshot
+    for that entry), model_name and model_args (what `lm_eval --model bsops --model_args` takes to score the same
+    checkpoint). Few-shot examples per task: num_fewshot_per_task's value for its entry, else num_fewshot, else the
+    task's own default; a task whose config says num_fewshot 0 keeps it (lm-eval's rule for --num_fewshot).
+
+    The output also holds what lm-eval's command line adds when it saves its results file (lm_eval_saved): the
+    task_hashes of each task's samples (logged always here; dropped after unless log_samples), model_name
+    (lm-eval's random word when none is given), config.model_args and config.batch_size (lm.batch_size)."""
     chosen = lm_eval_options(options)  # a wrong option before any task is read
+    shots_of = fewshot_choice(chosen.pop("num_fewshot_per_task"), tasks)
+    model_name, model_args = chosen.pop("model_name"), chosen.pop("model_args")
     import lm_eval
+    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
     from lm_eval.tasks import TaskManager
 
+    from bigscience_ops.ops.evaluate import prefetch as fetching
     from bigscience_ops.ops.evaluate import taskfiles
 
     def failed(task: str, message: str) -> None:
@@ -129,6 +142,8 @@ def run_tasks(lm: Any, tasks: list[str], limit: int | None = None, log: Callable
         missing[task] = one_line(message)
         log(f"skipped: {one_line(message)}")
 
+    tracker = GeneralConfigTracker()  # lm-eval's clock of the evaluation, started as its command line starts it
+    default_shots = chosen.pop("num_fewshot")
     with tempfile.TemporaryDirectory(prefix="bsops-eval-datasets-") as cache, _quiet_lm_eval(), \
             taskfiles.sandboxed_templates(trust):
         registered = [t for t in tasks if not is_task_file(t)]
@@ -142,24 +157,94 @@ def run_tasks(lm: Any, tasks: list[str], limit: int | None = None, log: Callable
                                     "registered task, group or tag name (`lm-eval ls tasks`), or a task YAML file "
                                     f"({'/'.join(TASK_FILE_SUFFIXES)})")
                 spec = task_config(task, cache, trust) if is_task_file(task) else task
+                _offline_check(fetching, task, spec, manager, prefetch)
                 made = _build(manager, spec, task, prefetch)
             except EvalError as exc:
                 failed(task, str(exc))
                 continue
+            set_fewshot(made, shots_of.get(task, default_shots), log)
             built += made
             for item in made:
                 owners[_name_of(item)] = task
         if not built:
             return {}
-        out = lm_eval.simple_evaluate(model=lm, tasks=built, limit=limit, task_manager=manager, log_samples=log_samples,
-                                      cache_requests=False, bootstrap_iters=bootstrap_iters, **chosen)
+        out = lm_eval.simple_evaluate(model=lm, tasks=built, limit=limit, task_manager=manager, log_samples=True,
+                                      cache_requests=False, bootstrap_iters=bootstrap_iters, model_args=model_args,
+                                      batch_size=getattr(lm, "batch_size", None), num_fewshot=None, **chosen)
     if out is None:
         raise EvalError("lm-eval returned no results (it returns them on rank 0 only, with LOCAL_RANK 0)")
-    out = {k: v for k, v in dict(out).items() if log_samples or k != "samples"}
+    out = lm_eval_saved(dict(out), tracker, model_name, model_args)
+    if not log_samples:
+        out.pop("samples", None)
     for name, why in refused_names(out).items():
         _drop(out, name)
         failed(owners.get(name, name) if taskfiles.name_problem(name) is None else owners.get(name, "a task"),
                f"eval.tasks: a task's result is refused: {why}")
+    return out
+
+
+def _offline_check(fetching: Any, task: str, spec: str | dict, manager: Any, prefetch: str) -> None:
+    """Offline, an EvalError at once for the first dataset of the eval.tasks entry `task` (its config `spec`, or a
+    registered name) that is not in `datasets`' cache: `datasets` is never asked for it (no request, no retry)."""
+    if not fetching.offline():
+        return
+    for _, path, name, cache_dir in fetching.datasets_of(task, spec, manager):
+        folder = fetching.not_cached(path, cache_dir)
+        if folder is not None:
+            raise EvalError(f"eval.tasks: {task}: its dataset {path}" + (f" ({name})" if name else "") + " is not in "
+                            f"the datasets cache {folder}, and the Hub is offline (HF_DATASETS_OFFLINE or "
+                            f"HF_HUB_OFFLINE): not asked of the Hub; fetch it on a machine with network: {prefetch}")
+
+
+def fewshot_choice(per_task: Mapping[str, int] | None, tasks: list[str]) -> dict[str, int]:
+    """num_fewshot_per_task checked: each key an entry of `tasks`, each value a whole number >= 0."""
+    per_task = dict(per_task or {})
+    for task, shots in per_task.items():
+        if task not in tasks:
+            raise EvalError(f"eval.num_fewshot_per_task: {task}: not an entry of eval.tasks; allowed: "
+                            f"{', '.join(tasks) or 'an entry of eval.tasks'}")
+        if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
+            raise EvalError(f"eval.num_fewshot_per_task: {task}: {shots!r}; allowed: a whole number >= 0")
+    return per_task
+
+
+def set_fewshot(made: list, shots: int | None, log: Callable[[str], None]) -> None:
+    """Each task of `made` (a group's or tag's member tasks too) asks `shots` few-shot examples (None: its own
+    default), as lm-eval's --num_fewshot sets them: a task whose config says 0 keeps 0."""
+    from lm_eval.api.group import Group
+
+    if shots is None:
+        return
+    for item in made:
+        for task in item.get_all_tasks() if isinstance(item, Group) else [item]:
+            if task.get_config("num_fewshot") == 0 and shots != 0:
+                log(f"{task.task_name}: num_fewshot stays 0, as its config says (lm-eval's rule for --num_fewshot)")
+                continue
+            task.set_config(key="num_fewshot", value=shots)
+
+
+def lm_eval_saved(out: dict, tracker: Any, name: str | None, model_args: dict | None) -> dict:
+    """`out` (simple_evaluate's output, its samples logged) with the keys lm-eval's command line adds when it saves
+    a results file (EvaluationTracker.save_results_aggregated, lm-eval 0.4.13): task_hashes (a hash per task of its
+    samples' doc, prompt and target hashes) and GeneralConfigTracker's fields (model_source, model_name,
+    model_name_sanitized, system_instruction, chat_template, total_evaluation_time_seconds, ...); with a `name`, the
+    model is bsops' (config.model `bsops`, model_name `name`)."""
+    from dataclasses import asdict
+
+    from lm_eval.utils import hash_string, sanitize_model_name
+
+    samples = out.get("samples") if isinstance(out.get("samples"), dict) else {}
+    out["task_hashes"] = {task: hash_string("".join(s["doc_hash"] + s["prompt_hash"] + s["target_hash"]
+                                                    for s in rows)) for task, rows in samples.items()}
+    source = results.LM_EVAL_MODEL if name is not None else "CUSTOM"  # lm-eval's word for a model given built
+    tracker.log_experiment_args(model_source=source, model_args=model_args or "", system_instruction=None,
+                                chat_template=None, fewshot_as_multiturn=False)
+    if name is not None:
+        tracker.model_name, tracker.model_name_sanitized = name, sanitize_model_name(name)
+        if isinstance(out.get("config"), dict):
+            out["config"]["model"] = results.LM_EVAL_MODEL
+    tracker.log_end_time()
+    out.update(asdict(tracker))
     return out
 
 
@@ -192,7 +277,8 @@ def refused_names(out: dict) -> dict[str, str]:
 
 
 def _drop(out: dict, name: str) -> None:
-    for section in ("results", "groups", "configs", "versions", "n-shot", "higher_is_better", "n-samples", "samples"):
+    for section in ("results", "groups", "configs", "versions", "n-shot", "higher_is_better", "n-samples", "samples",
+                    "task_hashes"):
         if isinstance(out.get(section), dict):
             out[section].pop(name, None)
     if isinstance(out.get("group_subtasks"), dict):
@@ -266,6 +352,7 @@ def bsops_section(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
                                                             "pipeline": parallel.get("pipeline")}),
         "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
         "bootstrap_iters": exp.eval.bootstrap_iters,
+        "num_fewshot": exp.eval.num_fewshot, "num_fewshot_per_task": dict(exp.eval.num_fewshot_per_task),
         "run_id": results.run_id_of(exp.paths.output, exp.paths.checkpoints), "limit": exp.eval.limit,
         "overrides": list(exp.overrides),
         "bits_per_byte": bits, "missing": missing, "corrupt": list(corrupt), "problems": list(missing.values()),
@@ -323,10 +410,16 @@ def earlier_event_files(folder: str | os.PathLike[str], tag: str, prefix: str = 
 
 
 def write_samples(result_path: Path, samples: dict) -> Path:
-    """lm-eval's per-sample output (`--log_samples`), one JSON line per document, in `<tag>.samples/<task>.jsonl`
-    beside the result file (the folder replaced whole: an earlier evaluation's samples do not stay)."""
+    """lm-eval's per-sample output as its `--log_samples` writes it (EvaluationTracker.save_results_samples, lm-eval
+    0.4.13): per task a file `samples_<task>_<date id>.jsonl` (the date id lm-eval's: the local time in ISO form with
+    `-` for `:`), one JSON line per document with lm-eval's keys (doc_id, doc, target as text, arguments as
+    {gen_args_i: {arg_j: ...}}, resps and filtered_resps as text, filter, metrics, doc_hash, prompt_hash, target_hash
+    and the metrics' values), in `<tag>.samples/` beside the result file (the folder replaced whole: an earlier
+    evaluation's samples do not stay)."""
     import json
     import shutil
+
+    from lm_eval.utils import handle_non_serializable
 
     from bigscience_ops.untrusted import write_atomically
 
@@ -334,23 +427,38 @@ def write_samples(result_path: Path, samples: dict) -> Path:
     fresh = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(parents=True)
+    date_id = datetime.now().isoformat().replace(":", "-")
     for task, rows in samples.items():
         if results.name_problem(task) is not None:
             continue  # refused_names has left it out of the result
-        lines = [json.dumps(row, default=results._json_safe, ensure_ascii=False) for row in rows]
-        write_atomically(fresh / f"{task}.jsonl", ("\n".join(lines) + "\n").encode("utf-8"))
+        lines = [json.dumps(lm_eval_sample(row), default=handle_non_serializable, ensure_ascii=False) for row in rows]
+        write_atomically(fresh / f"samples_{task}_{date_id}.jsonl", "".join(line + "\n" for line in lines).encode())
     shutil.rmtree(folder, ignore_errors=True)
     fresh.rename(folder)
     return folder
 
 
-OPTIONS = ("num_fewshot", "use_cache")
-"""The simple_evaluate options run_tasks passes on (keyword arguments of the same names)."""
+def lm_eval_sample(sample: dict) -> dict:
+    """One of lm-eval's samples as its --log_samples writes it (EvaluationTracker.save_results_samples): arguments as
+    {gen_args_i: {arg_j: value}}, resps and filtered_resps with every leaf as text, target as text; `sample` is left
+    as it was."""
+    from lm_eval.utils import sanitize_list
+
+    row = dict(sample)
+    row["resps"] = sanitize_list(row["resps"])
+    row["filtered_resps"] = sanitize_list(row["filtered_resps"])
+    row["arguments"] = {f"gen_args_{i}": {f"arg_{j}": value for j, value in enumerate(arg)}
+                        for i, arg in enumerate(row["arguments"])}
+    row["target"] = str(row["target"])
+    return row
+
+
+OPTIONS = ("num_fewshot", "use_cache", "num_fewshot_per_task", "model_name", "model_args")
+"""run_tasks' options: the first two simple_evaluate's own (keyword arguments of the same names), then bsops'."""
 
 
 def lm_eval_options(options: dict[str, Any]) -> dict[str, Any]:
-    """simple_evaluate's keyword arguments for run_tasks' `options` (each one of OPTIONS; none given: lm-eval's
-    defaults, and no request cache)."""
+    """run_tasks' `options` checked, each of OPTIONS (none given: lm-eval's defaults, no request cache, None)."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"run_tasks: {', '.join(unknown)}: not an option it passes to lm-eval; allowed: "
@@ -359,7 +467,8 @@ def lm_eval_options(options: dict[str, Any]) -> dict[str, Any]:
     if num_fewshot is not None and (isinstance(num_fewshot, bool) or not isinstance(num_fewshot, int)
                                     or num_fewshot < 0):
         raise EvalError(f"num_fewshot={num_fewshot!r}: allowed: a whole number >= 0")
-    return {"num_fewshot": num_fewshot, "use_cache": None if cache is None else os.fspath(cache)}
+    return {"num_fewshot": num_fewshot, "use_cache": None if cache is None else os.fspath(cache),
+            **{name: options.get(name) for name in OPTIONS[2:]}}
 
 
 def request_cache(result_path: Path, scorer: Any) -> Path:
@@ -389,6 +498,14 @@ def cache_of_run(folder: Path, run_id: str | None, write: bool = True) -> None:
         write_atomically(folder / layout.RUN_ID, (run_id + "\n").encode("utf-8"))
 
 
+def bsops_model_args(exp: Experiment, tag: str, scorer: Scorer) -> dict:
+    """The checkpoint as `lm_eval --model bsops --model_args` names it (the result's config.model_args): the run
+    folder, the step, the layout and eval.dtype it was scored in."""
+    shape = getattr(scorer, "layout", None) or {}
+    return {"run": str(exp.paths.output), "step": layout.step_of(tag), "tensor": shape.get("tensor"),
+            "pipeline": shape.get("pipeline"), "dtype": exp.eval.dtype}
+
+
 class MissingTasks(EvalError):
     """Configured tasks or sources did not run; the result of the others is written (named here)."""
 
@@ -415,7 +532,9 @@ def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
     missing: dict[str, str] = {}
     result = run_tasks(lm, list(exp.eval.tasks), exp.eval.limit, log, log_samples, missing, trust=exp.eval.trust_task_code,
                        bootstrap_iters=exp.eval.bootstrap_iters, prefetch=f"bsops eval {exp.name} --prefetch",
-                       use_cache=cache) if exp.eval.tasks else {}
+                       use_cache=cache, model_name=results.model_name(exp.name, tag),
+                       model_args=bsops_model_args(exp, tag, scorer), num_fewshot=exp.eval.num_fewshot,
+                       num_fewshot_per_task=exp.eval.num_fewshot_per_task) if exp.eval.tasks else {}
     bits, unscored, corrupt = source_bits_per_byte(exp, lm, log)
     missing.update(unscored)
     if not result.get("results") and not bits:

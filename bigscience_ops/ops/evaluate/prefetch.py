@@ -210,50 +210,92 @@ def needs(wanted: Wanted) -> list[tuple[str, str, str | None]]:
     from bigscience_ops.ops.evaluate import taskfiles
     from bigscience_ops.validation import is_task_file
 
-    out: list[tuple[str, str, str | None]] = []
+    manager = None
+    if any(not is_task_file(t) for t in wanted.tasks):
+        from lm_eval.tasks import TaskManager
 
-    def add(task: str, config: dict) -> None:
+        manager = TaskManager()
+    out = []
+    for task in wanted.tasks:
+        spec = taskfiles.load(task, trust=wanted.trust_task_code) if is_task_file(task) else task
+        out += [(owner, path, name) for owner, path, name, _ in datasets_of(task, spec, manager)]
+    return out
+
+
+def datasets_of(task: str, spec: str | dict, manager: Any) -> list[tuple[str, str, str | None, str | None]]:
+    """(task, dataset_path, dataset_name, dataset_kwargs' cache_dir) of each dataset the eval.tasks entry `task`
+    reads through `datasets` by name: `spec` is a task file's config, or a registered task, group or tag name whose
+    member tasks are found in lm-eval's task index (`manager`, a TaskManager)."""
+    out: list[tuple[str, str, str | None, str | None]] = []
+
+    def add(owner: str, config: dict) -> None:
         path = config.get("dataset_path")
         if isinstance(path, str) and path not in LOCAL_BUILDERS and not os.path.isabs(path):
             name = config.get("dataset_name")
-            out.append((task, path, name if isinstance(name, str) else None))
+            kwargs = config.get("dataset_kwargs") if isinstance(config.get("dataset_kwargs"), dict) else {}
+            cache_dir = kwargs.get("cache_dir") if isinstance(kwargs.get("cache_dir"), str) else None
+            out.append((owner, path, name if isinstance(name, str) else None, cache_dir))
 
-    registered = [t for t in wanted.tasks if not is_task_file(t)]
-    for task in wanted.tasks:
-        if is_task_file(task):
-            add(task, taskfiles.load(task, trust=wanted.trust_task_code))
-    if registered:
-        from lm_eval.tasks import TaskManager
-        from lm_eval.tasks._yaml_loader import load_yaml
+    if isinstance(spec, dict):
+        add(task, spec)
+        return out
+    from lm_eval.tasks._yaml_loader import load_yaml
 
-        manager = TaskManager()
-        index = manager.task_index
+    index = manager.task_index
 
-        def expand(name: str, seen: set[str]) -> None:
-            entry = index.get(name)
-            if entry is None or name in seen:
-                if entry is None:
-                    raise PrefetchError(f"eval.tasks: {name}: no such lm-eval task; allowed: a registered task, group "
-                                        "or tag name (`lm-eval ls tasks`)")
-                return
-            seen.add(name)
-            if entry.tags and entry.yaml_path is None:  # a tag: its tasks
-                for member in sorted(entry.tags):
+    def expand(name: str, seen: set[str]) -> None:
+        entry = index.get(name)
+        if entry is None or name in seen:
+            if entry is None:
+                raise PrefetchError(f"eval.tasks: {name}: no such lm-eval task; allowed: a registered task, group "
+                                    "or tag name (`lm-eval ls tasks`)")
+            return
+        seen.add(name)
+        if entry.tags and entry.yaml_path is None:  # a tag: its tasks
+            for member in sorted(entry.tags):
+                expand(member, seen)
+            return
+        config = load_yaml(entry.yaml_path, resolve_func=False) if entry.yaml_path else (entry.cfg or {})
+        if "group" in config and isinstance(config.get("task"), list):
+            for member in config["task"]:
+                if isinstance(member, str):
                     expand(member, seen)
-                return
-            config = load_yaml(entry.yaml_path, resolve_func=False) if entry.yaml_path else (entry.cfg or {})
-            if "group" in config and isinstance(config.get("task"), list):
-                for member in config["task"]:
-                    if isinstance(member, str):
-                        expand(member, seen)
-                    elif isinstance(member, dict) and isinstance(member.get("task"), str) and member["task"] in index:
-                        expand(member["task"], seen)
-                return
-            add(name, config)
+                elif isinstance(member, dict) and isinstance(member.get("task"), str) and member["task"] in index:
+                    expand(member["task"], seen)
+            return
+        add(name, config)
 
-        for task in registered:
-            expand(task, set())
+    expand(spec, set())
     return out
+
+
+def offline() -> bool:
+    """Whether `datasets` is offline (HF_DATASETS_OFFLINE or HF_HUB_OFFLINE, as it read them at import)."""
+    import datasets.config
+
+    return bool(datasets.config.HF_HUB_OFFLINE)
+
+
+def not_cached(path: str, cache_dir: str | None = None) -> Path | None:
+    """The datasets cache folder (`cache_dir`, else HF_DATASETS_CACHE) when the Hub dataset `path` (org/name) is not
+    in it, None when it is or when `path` is no Hub name (a local folder). Offline, `datasets.load_dataset` finds a
+    Hub dataset only there (datasets' CachedDatasetModuleFactory: a folder <org>___<name in snake case>/<config>/
+    <version>/<hash>); this looks the same way, without asking the Hub anything."""
+    import datasets.config
+    from datasets.naming import camelcase_to_snakecase
+
+    if os.path.isdir(path) or path.count("/") > 1 or "://" in path:
+        return None
+    folder = Path(os.path.expanduser(str(cache_dir or datasets.config.HF_DATASETS_CACHE)))
+    parts = path.split("/")
+    parts[-1] = camelcase_to_snakecase(parts[-1])
+    root = folder / "___".join(parts)
+    with contextlib.suppress(OSError):
+        for config in root.iterdir():
+            for version in config.iterdir() if config.is_dir() else ():
+                if version.is_dir() and any(found.is_dir() for found in version.iterdir()):
+                    return None
+    return folder
 
 
 def mirror_folder(source: Path, task: str, path: str, name: str | None) -> Path:

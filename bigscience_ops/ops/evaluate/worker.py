@@ -39,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pipeline", type=int, default=None, help="PP of the evaluation (default: the checkpoint's)")
     parser.add_argument("--cwd", type=Path, default=None, help="folder relative paths are resolved in")
     parser.add_argument("--log-samples", action="store_true",
-                        help="keep lm-eval's per-sample output beside the result (<tag>.samples/<task>.jsonl)")
+                        help="keep lm-eval's per-sample output beside the result (<tag>.samples/"
+                             "samples_<task>_<date>.jsonl, as lm-eval's --log_samples writes them)")
     parser.add_argument("--keep-cache", action="store_true",
                         help="keep lm-eval's request cache beside the result (<tag>.requests/<dtype>_rank0.db) and "
                              "answer the requests it holds from it")
