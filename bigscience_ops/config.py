@@ -19,6 +19,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -186,3 +187,48 @@ def to_dict(exp: Experiment) -> dict:
 def from_dict(data: dict, source: str = "<resolved config>") -> Experiment:
     """Rebuild an experiment from `to_dict` output (a run record) without re-deriving anything."""
     return _checked(data, {}, source, None)
+
+
+# ----------------------------------------------------------------------------- what a launch changes
+
+@dataclass(frozen=True)
+class Overrides:
+    """What a launch changes in the experiment; None (or no skips) leaves the field as the config says."""
+
+    out: Path | None = None
+    """The run folder (`launch --local --out`): paths.* and the kill switch move under it."""
+    skips: tuple[str, ...] = ()
+    """Skip ranges the run's rollbacks recorded, added to train.skip_iterations."""
+    nodes: int | None = None
+    """slurm.nodes: the node count of the phase the run is in (a node schedule)."""
+    array: int | None = None
+    """slurm.array: the tasks left to a node schedule's resubmitted array."""
+    master_port: int | None = None
+    """slurm.master_port: a local launch's free rendezvous port."""
+    nodes_all_along: int | None = None
+    """`plan --nodes N`: N nodes for the whole run, slurm.node_schedule set aside."""
+    command_line: tuple[str, ...] | None = None
+    """The command line's SECTION.KEY=VALUE assignments a command records (`bsops eval`'s, in its results)."""
+
+
+def apply_overrides(exp: Experiment, overrides: Overrides) -> Experiment:
+    """`exp` as a launch (or a view of the run as launched) runs it; the only place a launch changes an experiment."""
+    o = overrides
+    if o.out is not None:
+        out = Path(o.out).resolve()
+        paths = dataclasses.replace(exp.paths, output=str(out), checkpoints=str(out / "checkpoints"),
+                                    tensorboard=str(out / "tensorboard"), logs=str(out / "logs"),
+                                    codecarbon=str(out / "codecarbon"))
+        checkpoint = dataclasses.replace(exp.checkpoint, kill_switch_path=str(out / "kill-switch"))
+        exp = dataclasses.replace(exp, paths=paths, checkpoint=checkpoint)
+    added = [skip for skip in o.skips if skip not in exp.train.skip_iterations]
+    if added:
+        exp = dataclasses.replace(exp, train=dataclasses.replace(
+            exp.train, skip_iterations=[*exp.train.skip_iterations, *dict.fromkeys(added)]))
+    slurm: dict = {k: v for k, v in (("nodes", o.nodes), ("array", o.array), ("master_port", o.master_port))
+                   if v is not None}
+    if o.nodes_all_along is not None:
+        slurm.update(nodes=o.nodes_all_along, node_schedule=[])
+    if o.command_line is not None:
+        exp = dataclasses.replace(exp, overrides=list(o.command_line))
+    return dataclasses.replace(exp, slurm=dataclasses.replace(exp.slurm, **slurm)) if slurm else exp

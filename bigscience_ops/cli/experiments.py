@@ -370,17 +370,29 @@ def launch(exp: str, overrides: tuple[str, ...], local: bool, after_current: boo
         if dry_run:
             click.echo(f"dry run: nothing submitted. The job script:\n\n{launch_plan.rendered.files[launch_plan.rendered.script]}")
             return
-        job_id = submit.submit(launch_plan)
-        click.echo(f"submitted job array {job_id} ({experiment.slurm.array} tasks, one at a time)")
+        job = submit.submit(launch_plan)
         again = " ".join(shlex.quote(word) for word in (exp, *overrides))
-        click.echo(f"watch it with: bsops status {again}    log: {runlog.main_log(experiment.paths.logs)}")
+        _echo_job(job, launch_plan.experiment, f"Slurm job array of {experiment.slurm.array} tasks, one at a time",
+                  f"watch it with: bsops status {again}")
         return
     with _data_checked():
         with _console() as console:  # each task's end was told as it came (launch_console.task_end)
-            result = launch_local(experiment, progress=console.feed, allow_incomplete=allow_incomplete)
-    click.echo(f"run folder: {result.run_dir}")
-    click.echo(f"  log:         {result.main_log}")
-    click.echo(f"  checkpoints: {result.checkpoints}")
-    click.echo(f"  tensorboard: {result.tensorboard}")
-    if not result.finished:
-        click.echo("training not finished: run the same command again to resume")
+            run = launch_local(experiment, progress=console.feed, allow_incomplete=allow_incomplete)
+    _echo_job(run, run.experiment, f"{len(run.tasks)} array task(s) run here, one after another",
+              "training finished" if run.finished else "training not finished: run the same command again to resume")
+
+
+def _echo_job(job, launched, where: str, then: str) -> None:
+    """What a launch started, printed one way whatever ran it: the job (launch/jobs.Job) and the run's folders."""
+    from bigscience_ops import slurm
+
+    try:
+        state = job.state()
+    except slurm.SlurmError as exc:
+        state = f"state unknown ({exc})"
+    click.echo(f"job {job.job_id} ({where}): {'ended' if state == 'gone' else state}")
+    click.echo(f"  run folder:  {launched.paths.output}")
+    click.echo(f"  log:         {job.log}")
+    click.echo(f"  checkpoints: {launched.paths.checkpoints}")
+    click.echo(f"  tensorboard: {launched.paths.tensorboard}")
+    click.echo(then)

@@ -14,6 +14,8 @@ submit the rest of the array at the new size, chained afterany on the old array 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime as dt
 import getpass
 import json
@@ -27,7 +29,7 @@ from bigscience_ops import slurm
 from bigscience_ops.run import ledger
 from bigscience_ops.launch import jobs
 from bigscience_ops.launch import render as rendering
-from bigscience_ops.run import lock as run_lock
+from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import BsopsError, LaunchError
 from bigscience_ops.launch.jobenv import job_environment
 from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
@@ -149,11 +151,7 @@ def plan_launch(exp: Experiment, options: LaunchOptions = LaunchOptions(), *, af
     Missing site values are refused (site_values.IncompleteExperiment) unless options.allow_incomplete;
     a resubmission (options.job) is not checked again.
     """
-    in_use = None if options.job == "resubmission" else run_lock.holder(Path(exp.paths.output))
-    if in_use is not None and not in_use.startswith("Slurm job") and not dry_run:
-        # a local launch or a rollback of this run (a Slurm task of it is the queue check's to judge)
-        raise run_lock.RunInUse(f"the run folder {exp.paths.output} is in use by {in_use}; wait for it to end "
-                                "(or stop it) and launch again")
+    options = dataclasses.replace(options, dry_run=options.dry_run or dry_run)
     plan = build_launch_plan(exp, options, record_dir(exp, now or dt.datetime.now()))
     return SlurmLaunch(plan, check_queue(plan, after_current=after_current, dry_run=dry_run))
 
@@ -173,27 +171,33 @@ class SlurmExecutor:
         Path(plan.experiment.paths.logs).mkdir(parents=True, exist_ok=True)  # sbatch --output needs it
         return script
 
-    def start(self, plan: LaunchPlan, script: Path, started: Started = lambda job, job_id: None) -> str:
+    def claim(self, plan: LaunchPlan) -> contextlib.nullcontext:
+        """Nothing: each array task's job script takes the run's lock on the cluster."""
+        return contextlib.nullcontext()
+
+    def start(self, plan: LaunchPlan, script: Path, started: Started = lambda job, job_id: None) -> jobs.SlurmJob:
         """Submit, record Slurm's answer (sbatch.json) and, unless told not to, start a fresh failure budget."""
         record = plan.record_dir / "sbatch.json"
         argv = self.queue.argv
         exp = plan.experiment
         try:
-            job_id = jobs.submit(script, slurm.SbatchOptions(after_any=self.queue.after), name=exp.slurm.job_name,
-                                 env=job_environment(os.environ, local=False)).job_id or ""
+            job = jobs.submit(script, slurm.SbatchOptions(after_any=self.queue.after), name=exp.slurm.job_name,
+                              env=job_environment(os.environ, local=False),
+                              log=runlog.main_log(exp.paths.logs))
         except slurm.SlurmError as exc:
             record.write_text(json.dumps({"argv": argv, "error": str(exc)}, indent=2) + "\n")
             raise
+        job_id = job.job_id or ""
         record.write_text(json.dumps({"argv": argv, "job_id": job_id, "after": self.queue.after,
                                       "submitted": dt.datetime.now().isoformat(timespec="seconds")}, indent=2) + "\n")
         if self.fresh_budget:
             ledger.mark_launch(Path(plan.experiment.paths.output), job_id)
         started("slurm" if self.fresh_budget else "resubmission", job_id)
-        return job_id
+        return job
 
 
-def submit(launch: SlurmLaunch, *, fresh_budget: bool = True) -> str:
-    """Check the data, write the run record, submit; Slurm's job id."""
+def submit(launch: SlurmLaunch, *, fresh_budget: bool = True) -> jobs.SlurmJob:
+    """Check the data, write the run record, submit; the job array's handle."""
     return execute(launch.plan, SlurmExecutor(launch.queue, fresh_budget))
 
 
@@ -258,6 +262,6 @@ def resubmit_for_phase(exp: Experiment, mismatch: Mismatch, env: Mapping[str, st
     except ValueError:
         remaining = exp.slurm.array
     job_id = submit(plan_launch(exp, LaunchOptions(job="resubmission", array=remaining), after_current=True),
-                    fresh_budget=False)
+                    fresh_budget=False).job_id or ""
     ledger.mark_resize(output, array, mismatch.phase.nodes, mismatch.iteration, job_id)
     return job_id

@@ -6,18 +6,21 @@
   The training's LaunchPlan has two (launch/cluster.py, launch/local.py); every other job is a `ScriptJob`, carried
   out with `SlurmScripts` or `LocalScripts` by `run_job`.
 - `submit`: the one call of sbatch in bsops (tests/launch/test_launch_jobs.py checks it); every executor submits through it.
-- `SlurmJob`: the handle of a job in the queue, found by name (and, once sbatch answered, by id): queued, running
-  or gone, and cancel. The launch check, the eval scheduler, the cron runner and the watchdog ask it, and none of
-  them reads squeue's records by name on its own. `processes.LocalJob` is the handle of a job run here.
+- `Job`: what every executor's `start` returns (submitit's Job): its id, its state (queued, running, gone),
+  cancel, wait, and the path of its log. `SlurmJob` is a job in the queue, found by name (and, once sbatch
+  answered, by id); the launch check, the eval scheduler, the cron runner and the watchdog ask it, and none of them
+  reads squeue's records by name on its own. `processes.LocalJob` is a job run here in a process group, and
+  launch/local.py's `LocalRun` a training's array run here, task after task (gone once `start` returns).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from bigscience_ops import slurm
 from bigscience_ops.launch import processes
@@ -26,8 +29,33 @@ from bigscience_ops.untrusted import write_atomically
 QUEUED, RUNNING, GONE = "queued", "running", "gone"
 """A job's state as its handle tells it: waiting in the queue, running (any task of it), or no longer queued."""
 
+@runtime_checkable
+class Job(Protocol):
+    """A job bsops started, wherever it runs: what `bsops launch`, the eval scheduler and the cron runner ask of it."""
+
+    @property
+    def job_id(self) -> str | None:
+        """Slurm's job id (an array's), the local process group's, or a local run's array id; None before sbatch
+        answered."""
+
+    @property
+    def log(self) -> Path | None:
+        """Where its output goes (a training's: the run's main log); None when it is not known here."""
+
+    def state(self) -> str:
+        """QUEUED, RUNNING or GONE."""
+
+    def cancel(self) -> object:
+        """End it (queued or running); a job already gone is left as it is."""
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until it is GONE; its exit code where this machine knows it (a local job), else None. Raises
+        TimeoutError after `timeout` seconds."""
+
+
 Spec = TypeVar("Spec", contravariant=True)
-Result = TypeVar("Result", covariant=True)
+Result = TypeVar("Result", bound=Job, covariant=True)
+"""What an executor's start returns: a Job, whatever the executor."""
 Started = Callable[[str, str], None]
 """What an executor calls once its job has started: (job kind, job id)."""
 
@@ -62,6 +90,8 @@ class SlurmJob:
     name: str
     users: tuple[str, ...] = ()
     job_id: str | None = None
+    log: Path | None = None
+    """The job's output as submitted (a training's main log), when the submitter knows it."""
 
     def ask(self, query: Query | None = None, timeout: float | None = None) -> Sequence[slurm.Job]:
         """One squeue call for this name and these users (timeout: slurm's default): every record answered
@@ -99,15 +129,25 @@ class SlurmJob:
         cancel = slurm.cancel_pending if pending_only else slurm.cancel_array
         return [i for array in arrays for i in cancel(array, self.name, users, timeout=timeout)]
 
+    def wait(self, timeout: float | None = None, poll_s: float = 10.0) -> None:
+        """Ask the queue every `poll_s` seconds until no task of the job is queued (Slurm keeps no exit code bsops
+        reads: None). Raises TimeoutError after `timeout` seconds, slurm.SlurmError when the queue cannot be asked."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.state() != GONE:
+            if deadline is not None and time.monotonic() + poll_s > deadline:
+                raise TimeoutError(f"job {self.job_id or self.name} still queued or running after {timeout} s")
+            time.sleep(poll_s)
+        return None
+
 
 def submit(script: Path, options: slurm.SbatchOptions = slurm.SbatchOptions(), *, name: str = "",
-           users: Sequence[str] = (), env: Mapping[str, str] | None = None) -> SlurmJob:
+           users: Sequence[str] = (), env: Mapping[str, str] | None = None, log: Path | None = None) -> SlurmJob:
     """sbatch `script` with `options`; the handle of the new job. The one place in bsops that submits to Slurm.
 
     Raises slurm.SlurmError (sbatch's argv, exit code and stderr) when sbatch refuses or does not answer."""
     argv = slurm.sbatch_argv(Path(script), options)
     job_id = slurm.submit(argv, env=env)
-    return SlurmJob(name or slurm.script_job_name(Path(script)), tuple(users), job_id)
+    return SlurmJob(name or slurm.script_job_name(Path(script)), tuple(users), job_id, log)
 
 
 # ----------------------------------------------------------------------------- jobs other than the training
@@ -174,7 +214,7 @@ class LocalScripts:
         with open(output, "ab") as sink:
             proc = processes.start(["bash", str(script)], env=self.env or os.environ, cwd=script.parent,
                                    stdout=sink, stderr=sink)
-        handle = processes.LocalJob(proc, job.name)
+        handle = processes.LocalJob(proc, job.name, output)
         started(job.kind, handle.job_id)
         return handle
 

@@ -24,6 +24,7 @@ them is gone, and the same `bsops launch --local` resumes from that save.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import re
@@ -33,11 +34,12 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from bigscience_ops import slurm
+from bigscience_ops.launch import jobs
 from bigscience_ops.launch import processes
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.run import lock as run_lock
@@ -48,7 +50,7 @@ from bigscience_ops.run.ledger import latest_iteration
 from bigscience_ops.launch.console import stop_line, task_end
 from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
 from bigscience_ops.launch.jobs import Started
-from bigscience_ops.run.records import Overrides, apply_overrides, read_records
+from bigscience_ops.run.records import read_records
 from bigscience_ops.schema import Experiment
 
 
@@ -197,13 +199,38 @@ class LocalTask:
 
 @dataclass(frozen=True)
 class LocalRun:
-    run_dir: Path
+    """A training's array run on this machine, task after task: a Job (jobs.py) that is gone once
+    LocalExecutor.start returns it, with what `bsops launch --local` prints."""
+
+    experiment: Experiment
+    """As the last task ran it: every override applied (its paths under the run folder)."""
     script: Path
     tasks: list[LocalTask]
-    main_log: Path
-    checkpoints: Path
-    tensorboard: Path
     finished: bool
+    array_job_id: str = ""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.experiment.paths.output)
+
+    @property
+    def job_id(self) -> str:
+        return self.array_job_id
+
+    @property
+    def log(self) -> Path:
+        """The run's main log (every task's lines)."""
+        return runlog.main_log(self.experiment.paths.logs)
+
+    def state(self) -> str:
+        return jobs.GONE
+
+    def cancel(self) -> None:
+        """Nothing is left running: the tasks ran while `start` did."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The last task's exit code (0 when none ran)."""
+        return self.tasks[-1].returncode if self.tasks else 0
 
 
 PORTS_FROM = 20000  # below: the well-known and registered ports services are likelier to hold
@@ -282,29 +309,32 @@ def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None
     nothing is written before the plan has been checked.
     """
     options = LaunchOptions(job="local", out=run_dir, master_port=free_port(), allow_incomplete=allow_incomplete)
-    folder = Path(apply_overrides(exp, Overrides(out=run_dir)).paths.output)
-    in_use = run_lock.holder(folder)  # before its records are read: another launch may be writing them
-    if in_use is not None:
-        raise run_lock.RunInUse(f"the run folder {folder} is in use by {in_use}; wait for it to end (or stop it) "
-                                "and run the command again")
     plan = build_launch_plan(exp, options)  # checked before anything is written, the lock file included
-    with run_lock.hold(plan.record_dir, "bsops launch --local") as lock_fd:  # handed to each task: module docstring
-        return execute(plan, LocalExecutor(options, tasks, timeout_s, progress, lock_fd))
+    return execute(plan, LocalExecutor(options, tasks, timeout_s, progress))
 
 
-@dataclass(frozen=True)
+@dataclass
 class LocalExecutor:
-    """Writes the job script and the Slurm shims into the run folder and runs the array's tasks one after another
-    (launch_plan.execute calls the two in order). Each task runs at the node phase of the latest checkpoint:
-    the plan is made again before each task (the run schedule kept), and the script rendered again when the
-    node count changes, as the resubmitted arrays do on a cluster."""
+    """Holds the run folder, writes the job script and the Slurm shims into it and runs the array's tasks one after
+    another (launch_plan.execute calls the three in order). Each task runs at the node phase of the latest
+    checkpoint: the plan is made again before each task (the run schedule kept), and the script rendered again
+    when the node count changes, as the resubmitted arrays do on a cluster."""
 
     options: LaunchOptions
     tasks: int | None = None
     timeout_s: float = 3600
     progress: Callable[[str], None] = lambda line: None
     lock_fd: int | None = None
-    """The descriptor of the run's lock the launch holds (run_lock.hold), which each task's job script inherits."""
+    """The descriptor of the run's lock the launch holds while claimed (run_lock.hold), which each task's job
+    script inherits (the module docstring says why)."""
+
+    @contextlib.contextmanager
+    def claim(self, plan: LaunchPlan) -> Iterator[int]:
+        with run_lock.hold(plan.record_dir, "bsops launch --local") as self.lock_fd:
+            try:
+                yield self.lock_fd
+            finally:
+                self.lock_fd = None
 
     def write(self, plan: LaunchPlan) -> Path:
         out = plan.record_dir
@@ -325,7 +355,8 @@ class LocalExecutor:
         for task in range(1, count + 1):
             if task > 1:  # the node phase of the latest checkpoint; a new script when its node count differs
                 nodes = plan.experiment.slurm.nodes
-                plan = build_launch_plan(plan.experiment, self.options, out, plan.schedule)
+                plan = build_launch_plan(plan.experiment, dataclasses.replace(self.options, holding=True), out,
+                                         plan.schedule)
                 if plan.experiment.slurm.nodes != nodes:
                     script = self.write(plan)
             exp = plan.experiment
@@ -350,8 +381,7 @@ class LocalExecutor:
             if records.kill_switch is not None:  # touched while the task trained: it saved and exited, the run stops
                 self.progress(f"the kill switch {records.kill_switch} exists: no further task is started")
                 break
-        return LocalRun(out, script, results, runlog.main_log(logs), checkpoints, Path(exp.paths.tensorboard),
-                        plan.schedule.finished(read_records(exp).iteration))
+        return LocalRun(exp, script, results, plan.schedule.finished(read_records(exp).iteration), str(array_job_id))
 
 
 def _task_environment(exp: Experiment, out: Path, array_job_id: int, task: int,

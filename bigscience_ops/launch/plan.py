@@ -12,7 +12,7 @@ missing bundled corpus is built), the run record and the job script are written,
 submitted or run.
 
 The experiment is transformed in two places only: the config's own derivation (derivation.derive) and
-`run.records.apply_overrides`, which applies what a launch changes: the run folder (`launch --local --out`),
+`config.apply_overrides`, which applies what a launch changes: the run folder (`launch --local --out`),
 the skips the run's rollbacks recorded, the node count of the phase the latest checkpoint is in,
 the number of array tasks (a node schedule's resubmission) and a local launch's rendezvous port.
 """
@@ -20,21 +20,27 @@ the number of array tasks (a node schedule's resubmission) and a local launch's 
 from __future__ import annotations
 
 import shlex
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from bigscience_ops.launch import render as rendering
-from bigscience_ops.launch.jobs import Executor, Result
+from bigscience_ops.launch.jobs import Job, Started
 from bigscience_ops.data.preflight import DataCheck, check_data
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.node_schedule import Phase
 from bigscience_ops.plan import Plan, make_plan
-from bigscience_ops.run.records import Overrides, RunRecords, apply_overrides, read_records
+from bigscience_ops.config import Overrides, apply_overrides
+from bigscience_ops.run.records import RunRecords, read_records, read_when_free
 from bigscience_ops.run_schedule import RunSchedule, run_schedule
 from bigscience_ops.schema import Experiment
 from bigscience_ops.site_values import SiteCheck, check_complete
 
 JOBS = ("slurm", "local", "resubmission")
+SHARED_WITH = {"slurm": "Slurm job"}
+"""The holder of the run folder a launch of that kind plans beside (run/records.read_when_free): a Slurm launch
+leaves the run's own Slurm tasks to its queue check; a local launch plans beside nothing."""
 
 
 class KillSwitchOn(BsopsError):
@@ -54,6 +60,11 @@ class LaunchOptions:
     array: int | None = None
     master_port: int | None = None
     allow_incomplete: bool = False
+    dry_run: bool = False
+    """Nothing is written or submitted: the run folder is read even while another process holds it."""
+    holding: bool = False
+    """The launch holds the run folder already (a local launch planning its next task): its records are read as
+    they are."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,8 @@ def build_launch_plan(exp: Experiment, options: LaunchOptions = LaunchOptions(),
     if options.job not in JOBS:
         raise ValueError(f"LaunchOptions.job: got {options.job!r}; allowed: {', '.join(JOBS)}")
     located = apply_overrides(exp, Overrides(out=options.out, array=options.array, master_port=options.master_port))
-    records = read_records(located)
+    records = (read_records(located) if options.job == "resubmission" or options.dry_run or options.holding
+               else read_when_free(located, SHARED_WITH.get(options.job)))
     if records.kill_switch is not None:
         raise KillSwitchOn(f"the kill switch {records.kill_switch} exists: every task would end at once without "
                            f"training. Remove it (rm {shlex.quote(records.kill_switch)}) to launch {exp.name} again")
@@ -136,9 +148,26 @@ def _refuse_what_cannot_resume(exp: Experiment, plan) -> None:
 
 # ----------------------------------------------------------------------------- carrying it out
 
-def execute(plan: LaunchPlan, executor: Executor[LaunchPlan, Result]) -> Result:
-    """Check the data, write the run record and script, then submit or run: the same order for every executor.
-    Once the job has started, the launch goes into the user's runs index (runs_index.py; `bsops runs`)."""
+class RunExecutor(Protocol):
+    """Where a launch plan runs (launch/cluster.py's SlurmExecutor, launch/local.py's LocalExecutor): the run's
+    claim, then the same files written in the same order, then the start."""
+
+    def claim(self, plan: LaunchPlan) -> AbstractContextManager[object]:
+        """Held while the launch writes and starts: a local launch's hold on the run folder (run/lock.py); nothing on
+        Slurm, whose array tasks take the run's lock themselves."""
+
+    def write(self, plan: LaunchPlan) -> Path:
+        """Write the run record and the job script; returns the script."""
+
+    def start(self, plan: LaunchPlan, script: Path, started: Started) -> Job:
+        """Submit or run the written job; call `started(kind, job_id)` once it has started."""
+
+
+def execute(plan: LaunchPlan, executor: RunExecutor) -> Job:
+    """Claim the run, check the data, write the run record and script, then submit or run: the same order for every
+    executor. Once the job has started, the launch goes into the user's runs index (runs_index.py; `bsops runs`).
+    The run folder is read once, by build_launch_plan, and written here: a launch goes to run/ twice, never back
+    and forth."""
     from bigscience_ops.run import index as runs_index
     from bigscience_ops.data.corpus import ensure_data  # numpy: only a launch that runs builds data
 
@@ -146,6 +175,7 @@ def execute(plan: LaunchPlan, executor: Executor[LaunchPlan, Result]) -> Result:
         # The job runs already: an index that cannot be written costs its line, never the launch.
         runs_index.record_launch(plan.experiment.name, Path(plan.experiment.paths.output), job, job_id)
 
-    ensure_data(plan.experiment)
-    script = executor.write(plan)
-    return executor.start(plan, script, started)
+    with executor.claim(plan):
+        ensure_data(plan.experiment)
+        script = executor.write(plan)
+        return executor.start(plan, script, started)

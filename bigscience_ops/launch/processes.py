@@ -156,6 +156,8 @@ class LocalJob:
 
     proc: subprocess.Popen
     name: str = ""
+    log: Path | None = None
+    """Where its output goes, when the starter sent it to a file."""
 
     @property
     def job_id(self) -> str:
@@ -170,3 +172,7 @@ class LocalJob:
 
     def stop(self, grace_s: float = 60) -> None:
         stop_tree(self.proc, grace_s)
+
+    def cancel(self, grace_s: float = 60) -> None:
+        """As Slurm's scancel does: the whole group is asked to stop, then killed after `grace_s` (`stop`)."""
+        self.stop(grace_s)

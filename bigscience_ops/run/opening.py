@@ -37,7 +37,8 @@ from bigscience_ops import config
 from bigscience_ops.run import rollbacks
 from bigscience_ops.errors import BsopsError, ConfigError
 from bigscience_ops.experiment_files import check_name
-from bigscience_ops.run.records import EXPERIMENT_JSON, Overrides, apply_overrides
+from bigscience_ops.config import Overrides, apply_overrides
+from bigscience_ops.run.records import EXPERIMENT_JSON
 from bigscience_ops.untrusted import Problem, RecordFileError, excerpt, kind_of, read_small
 from bigscience_ops.schema import Experiment
 

@@ -49,7 +49,7 @@ def test_every_saved_checkpoint_is_evaluated_once_one_job_at_a_time(tmp_path: Pa
     assert added.exit_code == 0, added.output
     hourly = cron_dir / "cron.hourly" / "evcl-eval-next.slurm"
 
-    training = submit.submit(submit.plan_launch(exp))
+    training = submit.submit(submit.plan_launch(exp)).job_id
     slurm_cluster.submitted.append(training)
     name, ledger, most = schedule.job_name(exp), Path(exp.paths.output) / "eval" / schedule.LEDGER_NAME, [0]
 

@@ -42,7 +42,7 @@ def test_tiny_moves_from_one_node_to_two_at_its_phase_boundary(tmp_path: Path, t
 
     launch = submit.plan_launch(exp)
     assert launch.experiment.slurm.nodes == 1 and "--nodes=1" in launch.rendered.files[launch.rendered.script]
-    job_id = submit.submit(launch)
+    job_id = submit.submit(launch).job_id
     slurm_cluster.submitted.append(job_id)
 
     records = Path(exp.paths.output) / ledger.LEDGER_NAME

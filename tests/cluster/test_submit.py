@@ -40,7 +40,7 @@ def test_launch_refuses_overlap_and_chains_on_the_whole_array(experiment, slurm_
     assert plan.queue_note == f"queue checked: 1 job(s) named {experiment.slurm.job_name!r} already queued"
     assert f"--dependency=afterany:{old_id}" in plan.argv
     assert not plan.run_dir.exists(), "planning writes nothing"
-    new_id = submit.submit(plan)
+    new_id = submit.submit(plan).job_id
     slurm_cluster.submitted.append(new_id)
 
     record = json.loads((plan.run_dir / "sbatch.json").read_text())

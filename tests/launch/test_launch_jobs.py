@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -60,6 +61,63 @@ def test_the_checker_finds_a_second_caller(tmp_path: Path, monkeypatch) -> None:
     (fake / "other.py").write_text("from bigscience_ops.slurm import submit as s\n\ns(['sbatch', 'x'])\n")
     monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
     assert _slurm_submit_calls() == {"bigscience_ops/ops/other.py": [3], "bigscience_ops/ops/sneaky.py": [4]}
+
+
+def test_every_executor_returns_one_kind_of_job(tmp_path: Path) -> None:
+    """Five executors start jobs (Slurm and local, for scripts, the training and the evaluation's ranks): each
+    start returns a Job (id, log, state, cancel, wait), so no caller branches on what ran it."""
+    from bigscience_ops.launch.local import LocalRun
+
+    returned = {}
+    for path in sorted((REPO / "bigscience_ops").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and item.name == "start" and item.args.args[:1] \
+                            and item.args.args[0].arg == "self" and node.name not in ("Executor", "RunExecutor"):
+                        returned[node.name] = ast.unparse(item.returns).rsplit(".", 1)[-1]
+    assert len(returned) == 5 and set(returned.values()) == {"SlurmJob", "LocalJob", "LocalRun"}, returned
+    proc = processes.start(["true"], stdout=None, stderr=None)
+    local = processes.LocalJob(proc, "probe", tmp_path / "probe.out")
+    assert local.wait(timeout=30) == 0 and local.state() == jobs.GONE
+    made = [jobs.SlurmJob("probe", (), "7", tmp_path / "log"), local,
+            LocalRun(SimpleNamespace(paths=SimpleNamespace(output=str(tmp_path), logs=str(tmp_path / "logs"))),
+                     tmp_path / "job.sh", [], False, "5")]  # type: ignore[arg-type]
+    for job in made:
+        assert isinstance(job, jobs.Job), job
+    assert (made[0].job_id, made[0].log, made[1].job_id, made[1].log, made[2].job_id, made[2].log.parent) == \
+        ("7", tmp_path / "log", str(proc.pid), tmp_path / "probe.out", "5", tmp_path / "logs")
+    assert made[2].state() == jobs.GONE and made[2].wait() == 0 and made[2].cancel() is None
+    assert not isinstance(object(), jobs.Job)
+
+
+def test_a_slurm_handle_waits_until_its_job_has_left_the_queue(monkeypatch) -> None:
+    def job(state: str) -> slurm.Job:
+        return slurm.Job("11_1", "11", None, "train", "u", state, "None", "p", 1, "", 0, None, None, None, None)
+
+    answers = iter([[job("RUNNING")], [job("PENDING")], []])
+    asked, slept = [], []
+
+    class Clock:  # the handle's time: a sleep moves it on
+        now = 100.0
+
+        @classmethod
+        def monotonic(cls) -> float:
+            return cls.now
+
+        @classmethod
+        def sleep(cls, seconds: float) -> None:
+            slept.append(seconds)
+            cls.now += seconds
+
+    monkeypatch.setattr(slurm, "query_jobs", lambda **kw: asked.append(kw) or next(answers))
+    monkeypatch.setattr(jobs, "time", Clock)
+    assert jobs.SlurmJob("train", (), "11").wait(timeout=None, poll_s=3) is None
+    assert len(asked) == 3 and slept == [3, 3] and asked[0] == {"users": [], "name": "train"}
+    answers = iter([[job("RUNNING")]] * 5)
+    with pytest.raises(TimeoutError, match="job 11 still queued or running after 7 s"):
+        jobs.SlurmJob("train", (), "11").wait(timeout=7, poll_s=3)
+    assert slept[2:] == [3, 3]  # asked at 0, 3 and 6 s; a fourth ask would come after the 7 s
 
 
 def test_the_handle_reads_a_queue_answer() -> None:

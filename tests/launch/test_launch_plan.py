@@ -3,6 +3,7 @@ the command's options; the one override step; the order both executors follow; o
 
 from __future__ import annotations
 
+import contextlib
 import ast
 import dataclasses
 import json
@@ -16,7 +17,8 @@ from bigscience_ops.run import index as runs_index
 from bigscience_ops.config import load_experiment
 from bigscience_ops.launch.jobenv import job_environment
 from bigscience_ops.launch.plan import LaunchOptions, build_launch_plan
-from bigscience_ops.run.records import Overrides, apply_overrides, as_recorded
+from bigscience_ops.config import Overrides, apply_overrides
+from bigscience_ops.run.records import as_recorded
 from bigscience_ops.run.records import EXIT_NOT_TRAINING, read_records
 from tests.fixtures_experiments import tiny_yaml
 
@@ -84,6 +86,12 @@ def test_both_executors_check_the_data_then_write_then_start(exp, monkeypatch) -
     monkeypatch.setattr("bigscience_ops.data.corpus.ensure_data", lambda e: calls.append("data"))
 
     class Recording:
+        @contextlib.contextmanager
+        def claim(self, plan):
+            calls.append("claim")
+            yield
+            calls.append("release")
+
         def write(self, plan):
             calls.append("write")
             return plan.script
@@ -95,7 +103,7 @@ def test_both_executors_check_the_data_then_write_then_start(exp, monkeypatch) -
 
     plan = build_launch_plan(exp, LaunchOptions(job="local", allow_incomplete=True))
     assert launch_plan.execute(plan, Recording()) == plan.script
-    assert calls == ["data", "write", "start"]
+    assert calls == ["claim", "data", "write", "start", "release"]
     [line] = runs_index.read_index().records  # the launch, once its job started: the one place both executors share
     assert (line.experiment, line.folder, line.job, line.job_id) == (exp.name, exp.paths.output, "local", "7")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import node_schedule, plan, sizing
-from bigscience_ops.run.records import Overrides, apply_overrides
+from bigscience_ops.config import Overrides, apply_overrides
 from bigscience_ops.run_schedule import run_schedule
 from bigscience_ops.config import load_experiment
 from bigscience_ops.schema import NodePhase
