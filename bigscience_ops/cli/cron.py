@@ -94,7 +94,7 @@ def cron_status(cron_dir: Path | None) -> None:
 @click.argument("exp", type=TEXT)
 @click.option("--jobs", type=TEXT, default=None, metavar="LIST",
               help="Comma-separated hourly jobs to write (`bsops cron jobs` lists them): status (the watchdog), "
-                   "hub-sync, backup, eval (the eval scheduler: `bsops eval EXP --next`, written only when named). "
+                   "hub-sync, backup, eval (the eval scheduler: `bsops eval next EXP`, written only when named). "
                    "Default: every job whose settings EXP has (hub repos, backup.dest), the opt-in ones left out.")
 @cron_dir_option
 @trainings_option

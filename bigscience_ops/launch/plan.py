@@ -1,15 +1,17 @@
 """One launch, planned once, and carried out by one of two executors in the same order.
 
 `build_launch_plan` makes the immutable LaunchPlan from three things: the experiment as loaded,
-the run folder's records (run_records.py: latest iteration, kill switch, recorded skips) and the
-command's options. It refuses while the kill switch exists, when the plan finds errors, or when
-site values the job needs are missing (site_values.check_complete; `allow_incomplete` lets them
-through, listed in `site`), and renders the job before anything is written.
+the run folder's records (run/records.py: latest iteration, kill switch, recorded skips; read once, and only
+while no other launch, rollback or trainer holds the folder) and the command's options. It refuses while the
+kill switch exists, when the plan finds errors, or when site values the job needs are missing
+(site_values.check_complete; `allow_incomplete` lets them through, listed in `site`), and renders the job
+before anything is written.
 
-`execute` carries a plan out with an Executor (jobs.py's protocol, the one every job bsops starts goes through:
-cluster.SlurmExecutor sends it to Slurm, local.LocalExecutor runs it on this machine), always in this order: the data is checked (a
-missing bundled corpus is built), the run record and the job script are written, then the job is
-submitted or run.
+`execute` carries a plan out with a RunExecutor (cluster.SlurmExecutor sends it to Slurm, local.LocalExecutor
+runs it on this machine), always in this order: the executor claims the run (a local launch holds its folder),
+the data is checked (a missing bundled corpus is built), the run record and the job script are written, then
+the job is submitted or run, and its Job (jobs.py) returned. So a launch goes to the run folder twice, reading
+it to plan and writing it to start, never back and forth.
 
 The experiment is transformed in two places only: the config's own derivation (derivation.derive) and
 `config.apply_overrides`, which applies what a launch changes: the run folder (`launch --local --out`),
