@@ -447,7 +447,8 @@ class EvalConfig:
     time: str = documented("02:00:00", "--time of the eval job", charset=SLURM_TIME)
     trust_task_code: bool = documented(
         False, "task YAML files are code the team trusts: `!function` tags, `include:` outside a task file's folder "
-               "and unsandboxed templates, as lm-eval runs them; default: refused")
+               "(lm-eval's own installed task files are allowed anyway) and unsandboxed templates, as lm-eval runs "
+               "them; default: refused")
     bootstrap_iters: int = documented(
         100000, "resamples for the stderr of bootstrapped metrics (perplexity); lm-eval's default; 0: no stderr",
         at_least=0, below=10**7)

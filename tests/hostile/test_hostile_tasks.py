@@ -250,12 +250,12 @@ def test_bsops_eval_refuses_task_code_before_any_rank_starts_unless_trusted(trai
     started = []
     monkeypatch.setattr(launcher, "run_local", lambda *a, **k: started.append(a) or 1)
     _experiment(trainings, tmp_path, f"tasks: [{json.dumps(str(folder / 'pwn.yaml'))}]")
-    refused = CliRunner().invoke(main, ["eval", "ev", "--step", "50", "--trainings-dir", str(trainings)])
+    refused = CliRunner().invoke(main, ["eval", "run", "ev", "--step", "50", "--trainings-dir", str(trainings)])
     assert refused.exit_code == EXIT_ERROR and started == [] and not (folder / "PWNED").exists()
     [line] = [x for x in refused.output.splitlines() if x.startswith("error: ")]
     assert str(folder / "pwn.yaml") in line and "trust_task_code" in line
     _experiment(trainings, tmp_path, f"tasks: [{json.dumps(str(folder / 'pwn.yaml'))}], trust_task_code: true")
-    CliRunner().invoke(main, ["eval", "ev", "--step", "50", "--trainings-dir", str(trainings)])
+    CliRunner().invoke(main, ["eval", "run", "ev", "--step", "50", "--trainings-dir", str(trainings)])
     assert len(started) == 1  # trusted: the ranks are started (here a stand-in)
 
 
@@ -268,12 +268,12 @@ def test_a_task_left_out_exits_non_zero_shows_why_and_alerts_once_then_recovers(
     # What the real ranks left for lambada_openai offline (tests/assets/eval/worker): the result, then exit 2.
     monkeypatch.setattr(launcher, "run_local", replay_worker("missing-task", []))
     why = json.loads((WORKER / "missing-task.json").read_text())["bsops"]["missing"]["lambada_openai"]
-    here = CliRunner().invoke(main, ["eval", "ev", "--step", str(step), "--trainings-dir", str(trainings)])
+    here = CliRunner().invoke(main, ["eval", "run", "ev", "--step", str(step), "--trainings-dir", str(trainings)])
     assert RECORDED["missing-task"] == here.exit_code == EXIT_ERROR
     assert f"missing at step {step}: lambada_openai: {why}" in here.output.splitlines()  # in the table's lines
     stand_ins = replay_sbatch(replay_squeue(tmp_path / "bin", "squeue.txt"))  # recorded real answers
     monkeypatch.setenv("PATH", f"{stand_ins}:{os.environ['PATH']}")
-    hourly = ["eval", "ev", "--next", "--alert", "--trainings-dir", str(trainings)]
+    hourly = ["eval", "next", "ev", "--alert", "--trainings-dir", str(trainings)]
     first, second = (CliRunner().invoke(main, hourly) for _ in range(2))
     assert first.exit_code == second.exit_code == EXIT_ERROR
     assert len(inbox.messages) == 1  # once per cooldown
@@ -289,3 +289,41 @@ def test_a_task_left_out_exits_non_zero_shows_why_and_alerts_once_then_recovers(
     assert recovered.exit_code == 0, recovered.output
     assert len(inbox.messages) == 2 and "lambada_openai" not in inbox.messages[1]["Subject"]
     assert sbatch_calls(stand_ins) == []  # each checkpoint had its result: no eval job was submitted
+
+
+def test_an_include_of_lm_evals_own_task_file_is_allowed_and_nothing_beside_it(tmp_path: Path, monkeypatch) -> None:
+    """A task file may `include:` a registered task's YAML from lm-eval's installed tasks folder (and that file its
+    neighbours, as arc_challenge includes arc_easy); an include elsewhere, one that leaves that folder through `..`
+    or a link, and a `!function` in the included lm-eval file are refused, naming the file, the include and what is
+    allowed."""
+    lm_eval_tasks = taskfiles.lm_eval_tasks_folder()
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "mine.yaml").write_text(f"include: {lm_eval_tasks / 'arc' / 'arc_challenge.yaml'}\ntask: my_arc\n")
+    config = driver.task_config(folder / "mine.yaml")
+    assert config["task"] == "my_arc" and config["dataset_name"] == "ARC-Challenge"  # arc_challenge's own
+    assert config["dataset_path"] == "allenai/ai2_arc"  # from arc_easy.yaml, which arc_challenge.yaml includes
+    refused = {
+        "elsewhere": _outside(folder),
+        "out of lm-eval's tasks through ..": lm_eval_tasks / ".." / "tasks" / ".." / "__init__.py",
+        "a !function in lm-eval's file": lm_eval_tasks / "hellaswag" / "hellaswag.yaml",
+    }
+    for why, target in refused.items():
+        (folder / "other.yaml").write_text(f"include: {target}\ntask: t\n")
+        with pytest.raises(taskfiles.TaskFileError) as caught:
+            taskfiles.load(folder / "other.yaml")
+        message = str(caught.value)
+        if why == "a !function in lm-eval's file":
+            assert message.startswith(f"{target}: a !function tag") and "eval.trust_task_code" in message, message
+            continue
+        assert message.startswith(f"{folder / 'other.yaml'}: include: {target} is outside the task file's folder "
+                                  f"{folder}; allowed: files in that folder (or below it), or lm-eval's own task "
+                                  f"files in {lm_eval_tasks}, unless"), message
+    fake = tmp_path / "lm_eval" / "tasks"  # an lm-eval tasks folder holding a link that leads out of it
+    (fake / "sub").mkdir(parents=True)
+    (fake / "sub" / "t.yaml").symlink_to(_outside(folder))
+    monkeypatch.setattr(taskfiles, "lm_eval_tasks_folder", lambda: fake)
+    (folder / "linked.yaml").write_text(f"include: {fake / 'sub' / 't.yaml'}\ntask: t\n")
+    with pytest.raises(taskfiles.TaskFileError, match=rf"include: {fake / 'sub' / 't.yaml'} is outside .* or "
+                                                      rf"lm-eval's own task files in {fake}"):
+        taskfiles.load(folder / "linked.yaml")

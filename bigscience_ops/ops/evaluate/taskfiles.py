@@ -10,9 +10,11 @@ in a Jinja environment that is not sandboxed (`{{ cycler.__init__.__globals__.os
 - a task file and each file it includes is a plain file (never read through a link, never a FIFO) of at most
   MAX_TASK_FILE bytes, UTF-8, YAML within typedyaml's limits (nesting, values built with aliases counted per
   use, text once aliases are expanded), at most MAX_FILES files in all;
-- `include:` must stay inside the task file's own folder (below it is fine); `!function` tags are refused:
-  both unless `eval.trust_task_code: true`, which gives lm-eval's own behaviour (an include anywhere, a
-  `!function` imported from the YAML's folder or the Python path);
+- `include:` must stay inside the task file's own folder (below it is fine) or lm-eval's own installed task
+  folder (lm_eval/tasks: a registered task's YAML, `lm_eval_tasks_folder`), each resolved with its links first, so
+  a link never leads out of either; `!function` tags are refused, in an included lm-eval file too: both unless
+  `eval.trust_task_code: true`, which gives lm-eval's own behaviour (an include anywhere, a `!function` imported
+  from the YAML's folder or the Python path);
 - every name that becomes a result's key, a TensorBoard tag or a table row (a task's or group's name, a tag,
   a metric of metric_list, a filter of filter_list, a group's members and aggregated metrics) obeys the rule
   of eval.tasks entries (results.name_problem), wherever it was set;
@@ -167,6 +169,21 @@ def _inside(path: Path, folder: Path) -> bool:
     return real == folder or folder in real.parents
 
 
+def lm_eval_tasks_folder() -> Path | None:
+    """The installed lm-eval's own task folder (lm_eval/tasks, resolved; None without lm-eval), found without
+    importing lm-eval: a task file may `include:` a registered task's YAML from there (`include:
+    .../lm_eval/tasks/lambada/lambada_openai.yaml`, then its own task name and changes), as lm-eval's own task files
+    include each other. What such a file holds is checked as any task file's is (no `!function` unless trusted)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("lm_eval")
+    except (ImportError, ValueError):
+        return None
+    places = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(os.path.realpath(Path(places[0]) / "tasks")) if places else None
+
+
 def trusted(path: str | os.PathLike[str], trust: bool) -> bool:
     """Whether the task file `path` may name Python: with eval.trust_task_code (`trust`), or when it is one of bsops'
     bundled task files (corpus/eval/ of a bundled corpus folder: bsops' own code, as its package is)."""
@@ -183,6 +200,7 @@ def load(path: str | os.PathLike[str], *, trust: bool = False) -> dict:
     path = Path(path)
     trust = trusted(path, trust)
     folder = Path(os.path.realpath(path.parent))
+    lm_eval_tasks = lm_eval_tasks_folder()
     seen: list[Path] = []
 
     def one(file: Path, via: Path | None) -> dict:
@@ -191,9 +209,11 @@ def load(path: str | os.PathLike[str], *, trust: bool = False) -> dict:
         real = Path(os.path.realpath(file))
         if real in seen:
             raise TaskFileError(f"{via}: includes {file}, which includes it again (a loop)")
-        if via is not None and not trust and not _inside(file, folder):
+        if via is not None and not trust and not _inside(file, folder) and not (
+                lm_eval_tasks is not None and _inside(file, lm_eval_tasks)):
+            own = f", or lm-eval's own task files in {lm_eval_tasks}" if lm_eval_tasks is not None else ""
             raise TaskFileError(f"{via}: include: {file} is outside the task file's folder {folder}; allowed: "
-                                f"files in that folder (or below it), unless the experiment says {TRUST}")
+                                f"files in that folder (or below it){own}, unless the experiment says {TRUST}")
         seen.append(real)
         config = _parse(file, trust)
         if "include" not in config:
