@@ -1,8 +1,8 @@
-"""Benchmark: `bsops eval tiny --latest` on the bundled example, and the memory of bits per byte on a 100 MB source.
+"""Benchmark: `bsops eval run tiny --latest` on the bundled example, and the memory of bits per byte on a 100 MB source.
 
 Two measurements, each against what the issue asks (issue 32):
 
-  time     `bsops eval EXP --latest` of the bundled example (corpus/eval/: kjv_last_word and kjv_two_choice
+  time     `bsops eval run EXP --latest` of the bundled example (corpus/eval/: kjv_last_word and kjv_two_choice
            through lm-eval, bits per byte on kjv_epistles and kjv_revelation) on a trained `tiny` run, in tiny's
            own layout (PP=2, two CPU processes), as a fresh `bsops` process: the wall time, `--repeat` times,
            against the limit of a minute on 2 cores, and the CPU time of all its processes (what other work
@@ -87,7 +87,7 @@ def _latest(checkpoints: Path) -> str:
 
 
 def time_eval(run: Path, root: Path, repeat: int, cores: int) -> float:
-    """Median wall time of `bsops eval bench-eval --latest`, bench-eval being tiny with the bundled example."""
+    """Median wall time of `bsops eval run bench-eval --latest`, bench-eval being tiny with the bundled example."""
     env = _offline_env(root)
     checkpoints = run / "checkpoints"
     tag = _latest(checkpoints)
@@ -97,7 +97,7 @@ def time_eval(run: Path, root: Path, repeat: int, cores: int) -> float:
     experiment = {"base": "tiny", "paths": {"output": str(output), "checkpoints": str(checkpoints)}, "eval": EVAL}
     (trainings / "bench-eval.yaml").write_text(json.dumps(experiment, indent=1) + "\n")  # JSON is YAML
     env["BSOPS_TRAININGS"] = str(trainings)
-    argv = _cores([_bsops(), "eval", "bench-eval", "--latest"], cores)
+    argv = _cores([_bsops(), "eval", "run", "bench-eval", "--latest"], cores)
     times = []
     for i in range(repeat):
         shutil.rmtree(output / "eval", ignore_errors=True)
@@ -251,7 +251,7 @@ def main() -> None:
     try:
         if args.only in (None, "time"):
             run = args.run.resolve() if args.run else _train(root, _offline_env(root))
-            print(f"bsops eval --latest of the bundled example on {run} ({args.cores or 'all'} cores, "
+            print(f"bsops eval run --latest of the bundled example on {run} ({args.cores or 'all'} cores, "
                   f"{os.cpu_count()} on the machine):")
             seconds = time_eval(run, root, args.repeat, args.cores)
             print(f"bsops eval: {seconds:.1f} s (median of {args.repeat}; "

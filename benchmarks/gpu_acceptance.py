@@ -231,7 +231,7 @@ def check_eval(args, deadline: float) -> list[Row]:
     logs = args.out / "logs"
     convert = bsops("convert", name, "--out", str(export), "--dtype", "bfloat16", "--overwrite", cwd=project,
                     timeout=timeout, log=logs / "eval-convert.txt")
-    ours = bsops("eval", name, "--latest", cwd=project, timeout=timeout, log=logs / "eval-bsops.txt")
+    ours = bsops("eval", "run", name, "--latest", cwd=project, timeout=timeout, log=logs / "eval-bsops.txt")
     if convert.returncode or ours.returncode:
         return [Row("eval", "bsops eval vs hf (bf16)", False, f"convert exit {convert.returncode}, eval exit "
                     f"{ours.returncode} (logs/eval-*.txt)", time.time() - start)]

@@ -228,7 +228,7 @@ _register_all({
     "run-file-record": ("repair the run's record: experiment.json cannot be read",
                         "The run's record (experiment.json, which each launch writes) cannot be read: the watchdog "
                         "and the hourly jobs read the run as its experiment file says today, and the commands that "
-                        "show the run as recorded (info, chronicle, eval --step) refuse it. Restore the file from "
+                        "show the run as recorded (info, chronicle, eval run) refuse it. Restore the file from "
                         "launches/<time>/ or from the backup, or relaunch (a launch writes it again).", _RUN_FILE),
     "run-file-backup": ("look at the backup store: a manifest or journal cannot be read",
                         "A manifest or journal of the backup store cannot be read: that copy counts as missing (the "
@@ -240,7 +240,7 @@ _register_all({
     "eval-result-file": ("look at the eval results: a result file cannot be read",
                          "A result file of `bsops eval` cannot be read (cut short, damaged or not one bsops wrote): it "
                          "is left out of the eval.alert_drop check, the tables and the plot. Evaluate that checkpoint "
-                         "again (`bsops eval EXP --step N`) to write it anew, or move the file away.",
+                         "again (`bsops eval run EXP --step N`) to write it anew, or move the file away.",
                          "{job} cannot read its evaluation result file {named}"),
 })
 

@@ -37,7 +37,8 @@ class HourlyJob:
     suffix: str
     """The last part of its Slurm name (bsops.<training>.<suffix>) and of its script's file name (<exp>-<suffix>)."""
     command: str
-    """The bsops command it runs (`bsops <command> EXP --trainings-dir DIR <arguments>`)."""
+    """The bsops command it runs (`bsops <command> EXP --trainings-dir DIR <arguments>`): its words, space-separated
+    for a subcommand (`eval next`)."""
     time: str
     """--time: one run must end well before the next; a backup of a large checkpoint may take hours."""
     what: str

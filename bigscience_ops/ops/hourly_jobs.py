@@ -99,7 +99,7 @@ def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, sett
     text = rendering.environment().get_template("hourly-job.slurm.j2").render(
         job_name=job_name, experiment=exp.name,
         trainings_dir=str(Path(trainings_dir).resolve()), time=job.time, what=job.what, about=job.about,
-        command=job.command, arguments=arguments, alert_is_success=job.alert_is_success, optional=optional,
+        command=job.command.split(), arguments=arguments, alert_is_success=job.alert_is_success, optional=optional,
         env_setup=[rendering.Raw(line) for line in settings.env_setup],
         output=rendering.output_option(cron_dir / "logs", "%x-%j.out"),
         workdir=str(Path(workdir or Path.cwd()).resolve()),

@@ -1,18 +1,22 @@
-"""`bsops eval` and `bsops cron add --jobs eval` at the command line: refusals, the table, the hourly job's pass.
+"""`bsops eval` (run, next, prefetch, table) and `bsops cron add --jobs eval` at the command line: refusals, the
+table, the hourly job's pass and its dry run, JSON, and the last release's spelling (`bsops eval EXP --step N`).
 
 The ranks never start here: launcher.run_local is a stand-in that leaves what the real ranks left for the same
 request (the result files and exit codes recorded in tests/assets/eval/worker/, its record.py re-records them); the
 evaluation itself is tested with the worker's own tests and, on the Slurm cluster, by tests/cluster/test_cluster_evaluate.py.
-The hourly pass submits to the session's real Slurm cluster.
+The hourly pass submits to the session's real Slurm cluster; its dry run and an old cron script's pass answer with
+recorded real squeue and sbatch output (tests/fixtures_slurm.py's stand-ins, whose calls are counted).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -22,7 +26,7 @@ from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.ops.evaluate import launcher, results, schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import commit_checkpoint
-from tests.fixtures_slurm import SlurmCluster, wait_until
+from tests.fixtures_slurm import SlurmCluster, replay_sbatch, replay_squeue, sbatch_calls, wait_until
 
 WORKER = Path(__file__).parents[1] / "assets" / "eval" / "worker"
 RECORDED = json.loads((WORKER / "exits.json").read_text())
@@ -34,7 +38,7 @@ def replay_worker(case: str, calls: list[tuple]) -> Callable[..., int]:
     its result file (where the ranks write it, for the step recorded) and its exit code; each call's (step, tensor,
     pipeline, experiment, keep_cache) is appended to `calls`."""
     def run_local(exp, step, tensor=None, pipeline=None, trainings_dir=None, experiment=None, env=None,
-                  log_samples=False, keep_cache=False) -> int:
+                  log_samples=False, keep_cache=False, ranks_stdout_to_stderr=False) -> int:
         calls.append((step, tensor, pipeline, experiment, keep_cache))
         assert step == RECORDED["step"], f"the recording is of global_step{RECORDED['step']}, not {step}"
         path = results.result_path(exp, f"global_step{step}")
@@ -72,7 +76,12 @@ def _saved(tmp_path: Path, *steps: int, latest: int, meta: bool = True) -> Path:
     return checkpoints
 
 
-def _eval(trainings: Path, *args: str, name: str = "ev"):
+def _eval(trainings: Path, subcommand: str, *args: str, name: str = "ev"):
+    return CliRunner().invoke(main, ["eval", subcommand, name, *args, "--trainings-dir", str(trainings)])
+
+
+def _old(trainings: Path, *args: str, name: str = "ev"):
+    """The last release's spelling: `bsops eval EXP --step N` (--latest, --next, --prefetch)."""
     return CliRunner().invoke(main, ["eval", name, *args, "--trainings-dir", str(trainings)])
 
 
@@ -86,24 +95,72 @@ def _one_error(result) -> str:
 def test_nothing_configured_is_refused_naming_the_section(trainings: Path, tmp_path: Path) -> None:
     _write(trainings, tmp_path, evaluation=None)
     _saved(tmp_path, 50, latest=50)
-    for args in (["--step", "50"], ["--latest"], ["--next"]):
+    for args in (["run", "--step", "50"], ["run", "--latest"], ["next"], ["prefetch"]):
         line = _one_error(_eval(trainings, *args))
         assert "ev.yaml: eval: got {}" in line and "eval.tasks" in line and "eval.sources" in line
 
 
-@pytest.mark.parametrize("args", [[], ["--step", "50", "--latest"], ["--latest", "--next"],
-                                  ["--step", "50", "--alert"], ["--next", "--tensor", "2"],
-                                  ["--next", "--keep-cache"], ["--prefetch", "--log-samples"]])
-def test_exactly_one_of_step_latest_next(args: list[str], trainings: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("args", "named"), [
+    (["run"], "exactly one of --step N, --latest"), (["run", "--step", "50", "--latest"], "--step and --latest"),
+    (["run", "--latest", "--alert"], "bsops eval next"), (["next", "--tensor", "2"], "bsops eval run"),
+    (["next", "--keep-cache"], "bsops eval run"), (["prefetch", "--log-samples"], "bsops eval run"),
+    (["table", "--mirror", "m"], "bsops eval prefetch"), (["next", "--alert", "--dry-run"], "--alert and --dry-run"),
+])
+def test_a_subcommand_refuses_what_is_not_its_own(args: list[str], named: str, trainings: Path,
+                                                  tmp_path: Path) -> None:
     _write(trainings, tmp_path)
-    assert "eval --help" in _one_error(_eval(trainings, *args))
+    line = _one_error(_eval(trainings, *args))
+    assert named in line and f"eval {args[0]} --help" in line
+
+
+@pytest.mark.parametrize("first", ["ev", "--run"])
+def test_no_subcommand_is_a_usage_error_naming_the_subcommands(first: str, trainings: Path, tmp_path: Path) -> None:
+    _write(trainings, tmp_path)
+    result = CliRunner().invoke(main, ["eval", first, "x", "--trainings-dir", str(trainings)])
+    line = _one_error(result)
+    assert repr(first) in line or first in line
+    assert "allowed:" in line and "run, next, prefetch, table" in line and "eval --help" in line
+
+
+@pytest.mark.parametrize(("subcommand", "options"), [
+    ("run", {"--step", "--latest", "--tensor", "--pipeline", "--log-samples", "--keep-cache", "--json", "--run",
+             "--trainings-dir"}),
+    ("next", {"--alert", "--dry-run", "--run", "--trainings-dir"}),
+    ("prefetch", {"--mirror", "--run", "--trainings-dir"}),
+    ("table", {"--json", "--run", "--trainings-dir"}),
+])
+def test_each_subcommand_says_its_options(subcommand: str, options: set[str]) -> None:
+    result = CliRunner().invoke(main, ["eval", subcommand, "--help"])
+    assert result.exit_code == 0, result.output
+    assert result.output.split("\n")[0].endswith(f" eval {subcommand} [OPTIONS] [EXP] [SECTION.KEY=VALUE]...")
+    declared = {name for param in main.commands["eval"].commands[subcommand].params
+                if isinstance(param, click.Option) for name in param.opts}
+    assert declared == options and all(name in result.output for name in declared)
+    listed = CliRunner().invoke(main, ["eval", "--help"])
+    assert listed.exit_code == 0 and f"  {subcommand} " in listed.output.split("Commands:")[1]
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    (["--step", "50"], "bsops eval run EXP --step"), (["--latest"], "bsops eval run EXP --latest"),
+    (["--next"], "bsops eval next EXP"), (["--prefetch"], "bsops eval prefetch EXP"),
+])
+def test_the_old_spelling_runs_the_subcommand_and_names_it(old: list[str], new: str, trainings: Path,
+                                                           tmp_path: Path) -> None:
+    """Nothing configured: each old spelling reaches the subcommand it means (its refusal), after one note."""
+    _write(trainings, tmp_path, evaluation=None)
+    _saved(tmp_path, 50, latest=50)
+    result = _old(trainings, *old)
+    assert "ev.yaml: eval: got {}" in _one_error(result)
+    [note] = [line for line in result.stderr.splitlines() if line.startswith("note: bsops eval EXP")]
+    assert f"is now {new};" in note and "next release" in note
+    assert _one_error(_old(trainings, "--latest", "--next")).count("--") >= 2  # two modes: the old refusal
 
 
 def test_checkpoints_that_cannot_be_evaluated_are_refused(trainings: Path, tmp_path: Path, monkeypatch) -> None:
     _write(trainings, tmp_path)
     started = []
     monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: started.append(a))
-    assert "latest" in _one_error(_eval(trainings, "--latest"))
+    assert "latest" in _one_error(_eval(trainings, "run", "--latest"))
     checkpoints = _saved(tmp_path, 50, latest=50)
     (checkpoints / "global_step60").mkdir()  # no bsops.json
     (checkpoints / "latest").write_text("global_step60")
@@ -113,7 +170,7 @@ def test_checkpoints_that_cannot_be_evaluated_are_refused(trainings: Path, tmp_p
     (checkpoints / "global_step110" / "bsops.json").write_text(json.dumps({"iteration": 110, "commit": "manifest"}))
     refusals = {"75": "global_step75", "100": "newer than", "60": "bsops.json", "110": "manifest"}
     for step, named in refusals.items():
-        assert named in _one_error(_eval(trainings, "--step", step))
+        assert named in _one_error(_eval(trainings, "run", "--step", step))
     assert started == []
 
 
@@ -124,7 +181,7 @@ def test_a_finished_evaluation_prints_the_table(trainings: Path, tmp_path: Path,
     _saved(tmp_path, step, latest=step)
     calls: list[tuple] = []
     monkeypatch.setattr(launcher, "run_local", replay_worker("sources", calls))
-    result = _eval(trainings, "--latest", "--tensor", "1", "--pipeline", "1", "--keep-cache")
+    result = _eval(trainings, "run", "--latest", "--tensor", "1", "--pipeline", "1", "--keep-cache")
     assert result.exit_code == 0, result.output
     assert calls == [(step, 1, 1, None, True)]  # the ranks read the experiment as the command has it
     assert launcher.worker_argv("ev", step, keep_cache=True)[-1] == "--keep-cache"  # and are told to keep the cache
@@ -134,8 +191,23 @@ def test_a_finished_evaluation_prints_the_table(trainings: Path, tmp_path: Path,
     [warning] = [line for line in result.stderr.splitlines() if line.startswith("warning: eval.alert_drop")]
     assert "lambada/acc" in warning and "held/bits_per_byte" in warning.split("allowed:")[1]  # the one that cannot fire
 
+    table = _eval(trainings, "table")  # read only: the same table, nothing evaluated
+    assert table.exit_code == 0 and table.stdout.split("\n", 1)[1] == result.stdout.split("\n", 2)[2]
+    assert len(calls) == 1
+
+    as_json = _eval(trainings, "run", "--latest", "--json")  # what the text shows, as one JSON object
+    assert as_json.exit_code == 0, as_json.output
+    shown = json.loads(as_json.stdout)
+    assert (shown["tag"], shown["path"], shown["exit_code"], shown["failed"]) == (
+        f"global_step{step}", str(results.result_path(tmp_path / "run", f"global_step{step}")), 0, False)
+    assert shown["table"]["columns"] == [f"step {step}", "GPT2-XL"]
+    [held] = [r for r in shown["table"]["rows"] if r["metric"] == "held/bits_per_byte"]
+    assert held["values"] == [pytest.approx(measured), 1.5] and not held["higher_is_better"]
+    assert any("lambada/acc" in w for w in shown["warnings"])
+    assert json.loads(_eval(trainings, "table", "--json").stdout)["table"] == shown["table"]
+
     monkeypatch.setattr(launcher, "run_local", lambda *a, **k: 1)  # ranks that crashed (exit 1), no result
-    assert f"global_step{step}" in _one_error(_eval(trainings, "--step", str(step)))
+    assert f"global_step{step}" in _one_error(_eval(trainings, "run", "--step", str(step)))
 
 
 @pytest.mark.slurm
@@ -149,7 +221,7 @@ def test_the_hourly_pass_submits_records_and_reports_a_failure(slurm_cluster: Sl
            name=name)
     _saved(tmp_path, 50, latest=50)
     ledger = tmp_path / "run" / "eval" / "jobs.jsonl"
-    first = _eval(trainings, "--next", "--alert", name=name)
+    first = _eval(trainings, "next", "--alert", name=name)
     assert first.exit_code == 0, first.output
     [record] = schedule.read_ledger(ledger).records
     job_id = record.job_id
@@ -161,12 +233,12 @@ def test_the_hourly_pass_submits_records_and_reports_a_failure(slurm_cluster: Sl
     assert json.loads(script.with_suffix(".experiment.json").read_text())["eval"]["sources"] == {
         "held": str(tmp_path / "held.jsonl")}
     assert (tmp_path / "run" / "eval" / "logs").is_dir()  # Slurm writes the log there and makes no folder
-    waiting = _eval(trainings, "--next", "--alert", name=name)
+    waiting = _eval(trainings, "next", "--alert", name=name)
     assert waiting.exit_code == 0 and len(schedule.read_ledger(ledger).records) == 1, waiting.output
     slurm.cancel([job_id], timeout=30)
     wait_until(f"job {job_id} gone from the queue", lambda: not slurm_cluster.jobs(job_id), timeout=30)
     # The job left the queue without a result: exit 2 naming the step and its log, and it is tried once more.
-    failed = _eval(trainings, "--next", "--alert", name=name)
+    failed = _eval(trainings, "next", "--alert", name=name)
     line = _one_error(failed)
     assert "global_step50" in line and str(tmp_path / "run" / "eval" / "logs" / f"global_step50-{job_id}.out") in line
     assert "no alert email: alerts.email_to is empty" in failed.output
@@ -188,10 +260,51 @@ def test_cron_add_writes_the_eval_scheduler_only_when_asked(trainings: Path, tmp
     assert asked.exit_code == 0, asked.output
     job = cron_dir / "cron.hourly" / "ev-eval-next.slurm"
     assert slurm.script_job_name(job) == "bsops.ev.eval-next"  # not the eval jobs' own name
-    assert f"bsops eval ev --trainings-dir {trainings.resolve()} --next --alert\n" in job.read_text()
+    assert f"bsops eval next ev --trainings-dir {trainings.resolve()} --alert\n" in job.read_text()
     listed = CliRunner().invoke(main, ["cron", "list", "--cron-dir", str(cron_dir)])
     assert [line.split()[:2] for line in listed.output.strip().split("\n")] == [["ev", "eval"], ["ev", "status"]]
 
     _write(trainings, tmp_path, evaluation=None)
     refused = CliRunner().invoke(main, [*add, "--jobs", "eval", "--cron-dir", str(tmp_path / "c2")])
     assert "eval.tasks" in _one_error(refused) and not (tmp_path / "c2" / "cron.hourly").exists()
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(folder.rglob("*"))}
+
+
+def test_a_dry_run_of_the_next_pass_shows_the_job_and_writes_and_submits_nothing(trainings: Path, tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """Against recorded real squeue and sbatch answers: the dry run says which checkpoint and prints the job script,
+    and leaves the run folder as it was with sbatch never called; the real pass then submits that very script."""
+    _write(trainings, tmp_path)
+    _saved(tmp_path, 50, latest=50)
+    bin_dir = replay_sbatch(replay_squeue(tmp_path / "bin", "squeue.txt"))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    before = _files(tmp_path / "run")
+    dry = _eval(trainings, "next", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "dry run: would submit an eval job for global_step50" in dry.stdout
+    assert _files(tmp_path / "run") == before and sbatch_calls(bin_dir) == []  # nothing written, nothing submitted
+    shown_script = dry.stdout.split("The job script:\n\n", 1)[1]
+
+    real = _eval(trainings, "next")
+    assert real.exit_code == 0, real.output
+    assert len(sbatch_calls(bin_dir)) == 1
+    script = tmp_path / "run" / "eval" / "jobs" / "global_step50.slurm"
+    assert script.read_text().rstrip("\n") == shown_script.rstrip("\n")
+
+
+def test_an_hourly_script_of_the_last_release_still_runs(trainings: Path, tmp_path: Path, monkeypatch) -> None:
+    """The line `bsops cron add --jobs eval` wrote before the subcommands, as it is: one pass, one submission, and a
+    note naming the new spelling and how to write the script anew."""
+    _write(trainings, tmp_path)
+    _saved(tmp_path, 50, latest=50)
+    bin_dir = replay_sbatch(replay_squeue(tmp_path / "bin", "squeue.txt"))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    result = CliRunner().invoke(main, ["eval", "ev", "--trainings-dir", str(trainings), "--next", "--alert"])
+    assert result.exit_code == 0, result.output
+    assert len(sbatch_calls(bin_dir)) == 1
+    assert [r.event for r in schedule.read_ledger(tmp_path / "run" / "eval" / "jobs.jsonl").records] == ["submitted"]
+    [note] = [line for line in result.stderr.splitlines() if line.startswith("note:")]
+    assert "bsops eval next EXP" in note and "bsops cron add EXP --jobs eval" in note

@@ -402,7 +402,7 @@ def test_a_trainings_folder_that_is_not_there_is_refused_by_every_command_that_t
     (tmp_path / "a-file").write_text("")
     runner = CliRunner()
     for args in (["plan", "tiny"], ["show", "tiny"], ["render", "tiny"], ["status", "tiny"], ["info", "tiny"],
-                 ["eval", "tiny", "--next"], ["hub-sync", "tiny"], ["backup", "tiny"], ["cron", "add", "tiny"],
+                 ["eval", "next", "tiny"], ["hub-sync", "tiny"], ["backup", "tiny"], ["cron", "add", "tiny"],
                  ["launch", "tiny", "--dry-run"], ["list"], ["data", "verify", "x", "--experiment", "tiny"]):
         for folder in (missing, tmp_path / "a-file"):
             result = runner.invoke(main, [*args, "--trainings-dir", str(folder)])

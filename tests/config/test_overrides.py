@@ -248,12 +248,12 @@ def test_the_hourly_jobs_take_no_overrides_and_read_the_file_each_hour(tmp_path:
 
 
 def test_eval_takes_overrides_of_its_settings_only_and_records_them_for_its_ranks() -> None:
-    from bigscience_ops.ops import eval_modes
+    from bigscience_ops.ops.evaluate import commands
     from bigscience_ops.ops.evaluate import launcher
 
-    refused = run("eval", "tiny", "--latest", "model.hidden_size=512")
+    refused = run("eval", "run", "tiny", "--latest", "model.hidden_size=512")
     assert refused.exit_code == 2 and "model.hidden_size" in refused.stderr and len(refused.stderr.splitlines()) == 1
     given = ["eval.limit=5", "alerts.stall_minutes=9"]
-    eval_modes.check_overrides(given)
-    exp = eval_modes.with_overrides(load_experiment("tiny", None, given), given)
+    commands.check_overrides(given)
+    exp = commands.with_overrides(load_experiment("tiny", None, given), given)
     assert json.loads(launcher.experiment_record(exp))["overrides"] == given

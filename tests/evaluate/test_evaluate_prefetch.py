@@ -1,4 +1,4 @@
-"""Offline standard tasks (ops/evaluate/prefetch.py): `bsops eval --prefetch --mirror MIRROR` builds eval.tasks' datasets
+"""Offline standard tasks (ops/evaluate/prefetch.py): `bsops eval prefetch --mirror MIRROR` builds eval.tasks' datasets
 into eval.hf_cache from a local source (no network), checks they load offline and records them; before it, the task
 is missing offline with one line naming it and the prefetch command; after it, the task runs offline."""
 
@@ -51,7 +51,7 @@ def test_prefetch_from_a_local_source_then_the_task_runs_offline(trainings, tmp_
     [(task, why)] = missing.items()
     assert task == str(folder / "hub.yaml") and "bsops eval ev --prefetch" in why and "\n" not in why
 
-    fetched = CliRunner().invoke(main, ["eval", "ev", "--prefetch", "--mirror", str(_mirror(tmp_path / "mirror",
+    fetched = CliRunner().invoke(main, ["eval", "prefetch", "ev", "--mirror", str(_mirror(tmp_path / "mirror",
                                                                                           "bsops-test/last_word")),
                                         "--trainings-dir", str(trainings)])
     assert fetched.exit_code == 0, fetched.output
@@ -64,7 +64,7 @@ def test_prefetch_from_a_local_source_then_the_task_runs_offline(trainings, tmp_
 
 def test_prefetch_needs_a_cache_and_the_job_reads_it_offline(trainings, tmp_path):
     (trainings / "ev.yaml").write_text(tiny_yaml(tmp_path / "run", "eval: {tasks: [lambada_openai]}\n"))
-    refused = CliRunner().invoke(main, ["eval", "ev", "--prefetch", "--trainings-dir", str(trainings)])
+    refused = CliRunner().invoke(main, ["eval", "prefetch", "ev", "--trainings-dir", str(trainings)])
     assert refused.exit_code == 2 and "eval.hf_cache" in refused.output
     assert prefetch.cache_env(None, offline=True) == {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     env = prefetch.cache_env(tmp_path / "hf", offline=True)
@@ -85,7 +85,7 @@ def test_prefetch_of_a_registered_task_from_a_local_mirror_then_lm_evals_lambada
 
     _setup(trainings, tmp_path, ["lambada_openai"])
     mirror = _mirror(tmp_path / "mirror", "EleutherAI/lambada_openai", "default")
-    fetched = CliRunner().invoke(main, ["eval", "ev", "--prefetch", "--mirror", str(mirror),
+    fetched = CliRunner().invoke(main, ["eval", "prefetch", "ev", "--mirror", str(mirror),
                                         "--trainings-dir", str(trainings)])
     assert fetched.exit_code == 0, fetched.output
     manifest = json.loads((tmp_path / "hf" / prefetch.MANIFEST).read_text())

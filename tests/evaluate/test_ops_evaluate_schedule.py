@@ -60,7 +60,7 @@ def _rec(event: str, job_id: str, step: int, log: str | None = None) -> schedule
 
 
 def _run(exp) -> schedule.EvalRun:
-    """The run as `bsops eval --next` hands it to the scheduler (eval_modes.next_pass), the user `me` watched."""
+    """The run as `bsops eval next` hands it to the scheduler (commands.next_pass), the user `me` watched."""
     return schedule.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
                             jobs.SlurmJob(schedule.job_name(exp), ("me",)), schedule.chooser(exp))
 

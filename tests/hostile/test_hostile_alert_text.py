@@ -183,13 +183,13 @@ def test_a_hostile_value_reaches_mail_and_webhook_quoted_never_live(name: str, e
         if "***ALERT" in line:
             _clean(line, "***ALERT")
 
-    # bsops eval --next --alert: a job of jobs.jsonl that left the queue without its result is mailed.
+    # bsops eval next --alert: a job of jobs.jsonl that left the queue without its result is mailed.
     (run / "eval" / "global_step5.json").unlink()
     jobs = run / "eval" / schedule.LEDGER_NAME
     jobs.write_text(json.dumps({"event": "submitted", "job_id": value[:250], "tag": "global_step5", "step": 5,
                                 "time": 1.0e9, "log": value[:4000]}) + "\n")
     taken = schedule.read_ledger(jobs).records  # a value with a control character is no record: nothing to alert
-    result = CliRunner().invoke(main, ["eval", exp, "--next", "--alert", "--trainings-dir", str(trainings)])
+    result = CliRunner().invoke(main, ["eval", "next", exp, "--alert", "--trainings-dir", str(trainings)])
     assert "Traceback" not in result.output, result.output
     _wait_for(inbox, 1 if taken else 0)
     texts = _delivered(inbox, hooked)

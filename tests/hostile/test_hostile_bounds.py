@@ -1,7 +1,7 @@
 """Every number the loader accepts is one every later stage accepts: each bounded field of the schema at its smallest
 and largest allowed value, on an experiment based on tiny, through `bsops launch --dry-run` (which plans it as
 `bsops plan` does and renders its job as `bsops render` does: build_launch_plan)
-(and `status` for the watchdog's own settings, `eval --next` for the eval section's, whose resolved experiment the
+(and `status` for the watchdog's own settings, `eval next` for the eval section's, whose resolved experiment the
 ranks must load again). Each either works or is refused with an `error:` line, never a traceback, and in seconds
 (a value a later stage takes minutes over is no value to accept)."""
 
@@ -135,7 +135,7 @@ def test_each_bounds_extreme_works_or_is_refused_clearly(path: tuple, which: str
 
 
 def _eval_next_takes(value, path: tuple, monkeypatch: pytest.MonkeyPatch, trainings: Path) -> None:
-    """`bsops eval edge --next` writes the eval job of a complete checkpoint (squeue and sbatch answer with their
+    """`bsops eval next edge` writes the eval job of a complete checkpoint (squeue and sbatch answer with their
     recorded real output), and the resolved experiment it writes beside the script is one the ranks' loader
     (config.from_dict) takes."""
     from bigscience_ops.config import from_dict
@@ -147,9 +147,9 @@ def _eval_next_takes(value, path: tuple, monkeypatch: pytest.MonkeyPatch, traini
     (checkpoint.parent / "latest").write_text("global_step50")
     stand_ins = replay_sbatch(replay_squeue(trainings.parent / "bin", "squeue.txt"))
     monkeypatch.setenv("PATH", f"{stand_ins}:{os.environ['PATH']}")
-    result = CliRunner().invoke(main, ["eval", "edge", "--next", "--trainings-dir", str(trainings)])
+    result = CliRunner().invoke(main, ["eval", "next", "edge", "--trainings-dir", str(trainings)])
     submitted = sbatch_calls(stand_ins)
-    said = f"eval --next with {path} = {value!r}: exit {result.exit_code}\n{result.output}"
+    said = f"eval next with {path} = {value!r}: exit {result.exit_code}\n{result.output}"
     assert result.exception is None or isinstance(result.exception, SystemExit), said
     if result.exit_code != 0:
         assert result.exit_code == 2 and "error:" in result.output, said

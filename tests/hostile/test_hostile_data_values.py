@@ -235,7 +235,7 @@ def _no_run_folder(*names: str) -> Callable[[Ctx, object], None]:
 
 def _missing_trainings_dir(command: str, *more: str) -> Callable[[Ctx], list[str]]:
     def setup(c: Ctx) -> list[str]:
-        return [command, "tiny", *more, "--trainings-dir", str(c.tmp / "no-such-trainings")]
+        return [*command.split(), "tiny", *more, "--trainings-dir", str(c.tmp / "no-such-trainings")]
     return setup
 
 
@@ -322,8 +322,7 @@ ROWS: dict[str, Row] = {
     "plan: a --trainings-dir that is not there": Row(_missing_trainings_dir("plan"), 2),
     "status (the hourly job): a --trainings-dir that is not there": Row(_missing_trainings_dir("status", "--no-email"),
                                                                         2),
-    "eval --next (the hourly job): a --trainings-dir that is not there": Row(_missing_trainings_dir("eval", "--next"),
-                                                                             2),
+    "eval next (the hourly job): a --trainings-dir that is not there": Row(_missing_trainings_dir("eval next"), 2),
     "plan: a $BSOPS_TRAININGS that is not there": Row(_missing_trainings_env, 2),
     "info: a run record naming / as its checkpoints": Row(_record_naming_the_root, 2),
     # a run's files pointing elsewhere

@@ -4,7 +4,7 @@
 - lm-eval is never broken by bsops: with bigscience_ops unimportable, lm-eval's own models work and `--model bsops`
   says why in one line; every `--model_args` error is one line, no traceback (BROKEN_BSOPS, MODEL_ARGS);
 - a run's files never point elsewhere: checkpoints of another run id are refused naming both ids, results and
-  request caches of another run are reported and never counted, and `--prefetch --mirror DIR` reads nothing outside
+  request caches of another run are reported and never counted, and `eval prefetch --mirror DIR` reads nothing outside
   DIR and leaves nothing in the shared cache when it refuses (RUN_IDS, MIRRORS);
 - values as typed: eval's overrides of what the run recorded are refused, the others recorded (OVERRIDES);
 - never silent: corrupt source lines fail the source and alert, each kind of eval failure has its own cooldown,
@@ -74,8 +74,8 @@ def _record(trainings: Path, run: Path, checkpoints: Path) -> None:
     (run / "experiment.json").write_text(launcher.experiment_record(recorded))
 
 
-def _eval(trainings: Path, *args: str):
-    return CliRunner().invoke(main, ["eval", "ev", *args, "--trainings-dir", str(trainings)])
+def _eval(trainings: Path, subcommand: str, *args: str):
+    return CliRunner().invoke(main, ["eval", subcommand, "ev", *args, "--trainings-dir", str(trainings)])
 
 
 def _one_error(result) -> str:
@@ -223,7 +223,7 @@ def test_every_model_args_error_is_one_line_naming_the_value(lm_eval_rows: dict)
 
 def test_bsops_eval_refuses_another_runs_checkpoints_naming_both_ids(trainings: Path, elsewhere: dict) -> None:
     for args in (["--step", "50"], ["--latest"]):
-        line = _one_error(_eval(trainings, *args))
+        line = _one_error(_eval(trainings, "run", *args))
         assert elsewhere["a"] in line and elsewhere["b"] in line and str(elsewhere["other"] / "checkpoints") in line
     assert not (elsewhere["mine"] / "eval").exists()  # nothing evaluated, nothing filed as this run's
 
@@ -231,7 +231,7 @@ def test_bsops_eval_refuses_another_runs_checkpoints_naming_both_ids(trainings: 
 def test_the_hourly_pass_submits_nothing_for_another_runs_checkpoints(trainings: Path, elsewhere: dict,
                                                                       tmp_path: Path, monkeypatch) -> None:
     stand_ins = _recorded_slurm(tmp_path, monkeypatch)
-    line = _one_error(_eval(trainings, "--next"))
+    line = _one_error(_eval(trainings, "next"))
     assert elsewhere["b"] in line and sbatch_calls(stand_ins) == []
 
 
@@ -241,7 +241,7 @@ def test_a_checkpoint_whose_manifest_names_another_run_is_refused(trainings: Pat
     mine = layout.new_run_id(run)
     layout.write_run_id(run / "checkpoints", mine)
     _checkpoint(run / "checkpoints", 50, run_id="f" * 32)  # copied in from another run, manifest and all
-    line = _one_error(_eval(trainings, "--step", "50"))
+    line = _one_error(_eval(trainings, "run", "--step", "50"))
     assert "f" * 32 in line and mine in line
 
 
@@ -276,7 +276,7 @@ def test_another_runs_request_cache_is_refused_before_any_rank_starts(trainings:
     layout.write_run_id(cache, "d" * 32)  # an earlier run's answers, left in the folder
     started = []
     monkeypatch.setattr(launcher, "run_local", lambda *a, **k: started.append(a) or 0)
-    line = _one_error(_eval(trainings, "--step", "50", "--keep-cache"))
+    line = _one_error(_eval(trainings, "run", "--step", "50", "--keep-cache"))
     assert "d" * 32 in line and mine in line and started == []
     with pytest.raises(EvalError, match="d" * 32):  # and the ranks' own check
         driver.cache_of_run(cache, mine)
@@ -293,7 +293,7 @@ MIRRORS = {  # task -> (its dataset_path, dataset_name, what to plant in the mir
 
 @pytest.fixture(scope="module")
 def refused_prefetch(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One `bsops eval --prefetch --mirror DIR` over a task file per MIRRORS row, each leading out of DIR its own way,
+    """One `bsops eval prefetch --mirror DIR` over a task file per MIRRORS row, each leading out of DIR its own way,
     into a shared cache that holds another team's dataset already (one child process for all the rows)."""
     tmp_path = tmp_path_factory.mktemp("prefetch")
     trainings = tmp_path / "trainings"
@@ -317,7 +317,7 @@ def refused_prefetch(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (cache / "datasets" / "team" / "kept.arrow").write_text("another team's")
     before = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
     _experiment(trainings, tmp_path / "run", f"tasks: {json.dumps(names)}, hf_cache: {json.dumps(str(cache))}")
-    done = _eval(trainings, "--prefetch", "--mirror", str(mirror))
+    done = _eval(trainings, "prefetch", "--mirror", str(mirror))
     return {"done": done, "cache": cache, "before": before, "outside": outside}
 
 
@@ -343,7 +343,7 @@ def test_an_override_of_what_the_run_recorded_is_refused(override: str, training
     _checkpoint(tmp_path / "run" / "checkpoints", 50)
     started = []
     monkeypatch.setattr(launcher, "run_local", lambda *a, **k: started.append(a) or 0)
-    line = _one_error(_eval(trainings, "--step", "50", override))
+    line = _one_error(_eval(trainings, "run", "--step", "50", override))
     assert override.partition("=")[0] in line and "allowed" in line and started == []
 
 
@@ -351,14 +351,14 @@ def test_an_override_of_what_the_run_recorded_is_refused(override: str, training
                                       "eval.max_bad_lines=-1"])
 def test_the_new_eval_fields_are_bounded(override: str, trainings: Path, tmp_path: Path) -> None:
     _experiment(trainings, tmp_path / "run")
-    assert override.partition("=")[0].partition(".")[2] in _one_error(_eval(trainings, "--step", "50", override))
+    assert override.partition("=")[0].partition(".")[2] in _one_error(_eval(trainings, "run", "--step", "50", override))
 
 
 def test_the_hourly_passs_overrides_are_recorded_with_the_job(trainings: Path, tmp_path: Path, monkeypatch) -> None:
     _experiment(trainings, tmp_path / "run")
     _checkpoint(tmp_path / "run" / "checkpoints", 50)
     _recorded_slurm(tmp_path, monkeypatch)
-    done = _eval(trainings, "--next", "eval.limit=5", "eval.docs_per_source=10")
+    done = _eval(trainings, "next", "eval.limit=5", "eval.docs_per_source=10")
     assert done.exit_code == 0, done.output
     [record] = schedule.read_ledger(tmp_path / "run" / "eval" / "jobs.jsonl").records
     assert record.overrides == ["eval.limit=5", "eval.docs_per_source=10"]
@@ -369,7 +369,7 @@ def test_the_hourly_passs_overrides_are_recorded_with_the_job(trainings: Path, t
 # ----------------------------------------------------------------------------- never silent
 
 def _hourly(trainings: Path):
-    return _eval(trainings, "--next", "--alert")
+    return _eval(trainings, "next", "--alert")
 
 
 def _recorded_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -3,7 +3,7 @@ log or a cron folder's file name never reaches the terminal raw.
 
 LINKS: each row is written where anyone on the project can write, in the three places the issue found live: the eval
 ledger (eval/jobs.jsonl: a job id and its log), a result file's `missing` reasons (eval/global_stepN.json) and the
-alert state (.bsops-alerts.json: the message a recovery repeats). One `bsops eval EXP --next --alert` pass sends
+alert state (.bsops-alerts.json: the message a recovery repeats). One `bsops eval next EXP --alert` pass sends
 all three to a real SMTP server (aiosmtpd) and a real https webhook. Every delivered subject, body and webhook text is
 then run through a real linkifier (linkify-it-py, the linkify rules of markdown-it and chat renderers, here with
 every top-level domain of any script allowed, as a mail client that knows them all would) and rendered to HTML by
@@ -38,7 +38,7 @@ from markdown_it import MarkdownIt
 
 from bigscience_ops.cli import main
 from bigscience_ops.cli.base import EXIT_PROBLEMS
-from bigscience_ops.ops.eval_modes import FAILURES
+from bigscience_ops.ops.evaluate.commands import FAILURES
 from bigscience_ops.ops.evaluate import schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import replay_sbatch, replay_squeue, sbatch_calls
@@ -169,7 +169,7 @@ def test_a_host_in_a_run_file_is_never_a_link_in_mail_or_webhook(name: str, aler
         "since": since, "message": f"{marker}s {value}", "sent": {"email": since, "webhook": since}}
         for job in recovering}}))
 
-    result = CliRunner().invoke(main, ["eval", "links", "--next", "--alert", "--trainings-dir", str(trainings)])
+    result = CliRunner().invoke(main, ["eval", "next", "links", "--alert", "--trainings-dir", str(trainings)])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     texts = _delivered(inbox, hooked, 2 + len(recovering))  # an alert for the job and one for the tasks
     for part in "jlmws":  # each place the value was written reached the alerts
@@ -185,7 +185,7 @@ def _experiment_named_like_a_host(alerting, trainings: Path, tmp_path: Path, por
     (run / "eval").mkdir()
     (run / "eval" / schedule.LEDGER_NAME).write_text(json.dumps({
         "event": "submitted", "job_id": "41", "tag": "global_step10", "step": 10, "time": 1.0e9}) + "\n")
-    result = CliRunner().invoke(main, ["eval", "okta.evil.support", "--next", "--alert", "--trainings-dir",
+    result = CliRunner().invoke(main, ["eval", "next", "okta.evil.support", "--alert", "--trainings-dir",
                                        str(trainings)])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
 

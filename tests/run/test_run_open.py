@@ -45,8 +45,8 @@ COMMANDS = [
     ["status", "watched", "--timeout", "1", "--no-email", "alerts.stall_minutes=30"],
     ["hub-sync", "watched"],
     ["backup", "watched", "--dry-run"],
-    ["eval", "watched", "--next"],
-    ["eval", "watched", "--prefetch"],
+    ["eval", "next", "watched"],
+    ["eval", "prefetch", "watched"],
     ["info", "watched"],
 ]
 

@@ -7,6 +7,7 @@ tasks/eval_harness did, in the checkpoint's own TP/PP layout (or another one ask
 - launcher.py: the checks before any rank starts, and the torchrun argv (no torch);
 - harness.py, bpb.py, driver.py: rank 0's lm-eval tasks and bits per byte over the Scorer (torch, lm_eval);
 - results.py, schedule.py: result files, tables, alerts, and the hourly job's choice (no torch).
+- commands.py: what each `bsops eval` subcommand (run, next, prefetch, table) does, below the CLI (no torch).
 
 Importing this package imports nothing heavy: `bsops --help`, plan, status and the cron jobs import it.
 """

@@ -1,8 +1,9 @@
-"""What `bsops eval` does in each of its modes, below the CLI: evaluate a checkpoint here (`here`), choose and
-submit the next eval job (`next_pass`, and `next_pass_told`: the hourly job with its failures told), fetch the
-tasks' datasets (`prefetch`). Each is handed the run as run.open gave it (the record, with today's `eval:` and
-`alerts:`), checks first that there is something to evaluate, and returns or tells what to show; the CLI prints it
-and picks the exit code.
+"""What each `bsops eval` subcommand does, below the CLI: `here` (`eval run`: evaluate a checkpoint on this machine),
+`next_pass` and `next_pass_told` (`eval next`: choose and submit the next eval job, the hourly job with its failures
+told; with `dry_run`, say what would be submitted and write, submit and send nothing), `prefetch` (`eval prefetch`:
+fetch the tasks' datasets) and `tabled` (`eval table`: the run's results table, read only). Each is handed the run as
+run.open gave it (the record, with today's `eval:` and `alerts:`), checks first that there is something to do, and
+returns or tells what to show; the CLI prints it and picks the exit code.
 
 The command line's SECTION.KEY=VALUE overrides apply to what an evaluation takes from the experiment file today
 (OVERRIDABLE: the eval, alerts, hub and backup sections) and to which run is read (paths.output); the run's model,
@@ -14,16 +15,19 @@ The hourly job's failures are told by kind (FAILURES), each its own job-failed a
 `eval-sources`, `eval-pass`) with its own cooldown: a new kind of failure is mailed at once, never held back by
 the cooldown of another, and each recovers by itself.
 
-It stands above ops/evaluate and ops/keep (a result counts only for a step the run has a checkpoint of,
-keep/evaluated), as hourly_jobs.py does, and nothing in ops/ imports it. No torch here: the ranks import it.
+Which results of a run count (those of steps it has a checkpoint of, on scratch or in the backup store) is
+ops/keep/evaluated's rule, and ops/keep reads this package's result files: so the tables here take that rule as
+`counted`, handed in by the caller (the CLI passes keep/evaluated.counted), and this package never imports ops/keep.
+No torch here: the ranks import it.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bigscience_ops.errors import BsopsError, ConfigError
 from bigscience_ops.schema import Experiment
@@ -67,9 +71,68 @@ def check_overrides(overrides: Sequence[str]) -> None:
 
 def with_overrides(exp: Experiment, overrides: Sequence[str]) -> Experiment:
     """`exp` recording this command line's overrides (the `overrides` field the ranks' record and results carry)."""
-    from bigscience_ops.run.records import Overrides, apply_overrides
+    from bigscience_ops.config import Overrides, apply_overrides
 
     return apply_overrides(exp, Overrides(command_line=tuple(overrides)))
+
+
+Counting = Callable[[Sequence[Any], Experiment], tuple[list[Any], list[Any]]]
+"""Which of a run's results count, and a problem for each that does not (keep/evaluated.counted's signature: the
+caller hands it in, see above)."""
+
+
+@dataclass(frozen=True)
+class Tabled:
+    """The run's results as the table shows them: the table, and what could not be counted or will never alert."""
+
+    folder: Path
+    """<paths.output>/eval/: where the run's result files are."""
+    table: Any
+    """results.Table: the newest TABLE_STEPS evaluated steps (a limited result marked), references beside."""
+    results: int
+    """How many results count (0: nothing evaluated yet)."""
+    problems: list[str] = field(default_factory=list)
+    """Result files of the run that cannot be read, of another run, or of steps it has no checkpoint of."""
+    warnings: list[str] = field(default_factory=list)
+    live: tuple[Any, ...] = ()
+    """The counted results (results.Result), oldest first as read."""
+
+    def as_json(self) -> dict[str, Any]:
+        """What the text shows, as JSON: the table's columns and rows (a value JSON has no number for, nan or inf,
+        as the text shows it), the problems and warnings."""
+        return {"folder": str(self.folder), "results": self.results, "table": table_json(self.table),
+                "problems": list(self.problems), "warnings": list(self.warnings)}
+
+
+def table_json(table: Any) -> dict[str, Any]:
+    """results.Table as JSON: its columns as the text heads them, a row per metric, the steps left out and missing."""
+    def value(number: float | None) -> float | str | None:
+        return number if number is None or math.isfinite(number) else str(number)
+
+    return {"steps": list(table.steps), "references": list(table.references), "columns": table.columns,
+            "limits": list(table.limits) or [None] * len(table.steps),
+            "rows": [{"metric": row.metric, "higher_is_better": row.higher_is_better,
+                      "values": [value(v) for v in row.values]} for row in table.rows],
+            "left_out": table.left_out,
+            "missing": [{"step": step, "name": name, "why": why} for step, name, why in table.missing]}
+
+
+def tabled(exp: Experiment, counted: Counting, overrides: Sequence[str] = ()) -> Tabled:
+    """The run's results table (`bsops eval table`, and after `here`): the result files of its live branch that
+    `counted` counts, the newest TABLE_STEPS steps with eval.references beside; an eval.alert_drop metric no result
+    measures is a warning (it could never alert). Reads only."""
+    from bigscience_ops.ops.evaluate import results
+
+    check_overrides(overrides)
+    live, problems = results.read_live(exp.paths.output, exp.paths.checkpoints, limited=True)
+    live, uncounted = counted(live, exp)  # a result of a step never saved: named, not tabled
+    measured = {name for result in live for name in result.metrics}
+    warnings = [f"eval.alert_drop: {name} is no metric of this run's results, so it never alerts; allowed: "
+                f"{', '.join(sorted(measured)) or 'none yet'}"
+                for name in sorted(set(exp.eval.alert_drop) - measured)]  # an alert that could never fire: said
+    return Tabled(Path(exp.paths.output) / results.FOLDER, results.table(live, exp.eval.references,
+                                                                          max_steps=TABLE_STEPS),
+                  len(live), [str(p) for p in (*problems, *uncounted)], warnings, tuple(live))
 
 
 @dataclass(frozen=True)
@@ -82,9 +145,8 @@ class Here:
     """The ranks' exit code."""
     written: bool
     """The ranks wrote the step's result file."""
-    table: str = ""
-    problems: list[str] = field(default_factory=list)
-    """Result files of the run that cannot be read, of another run, or of steps it has no checkpoint of."""
+    tabled: Tabled | None = None
+    """The run's results after it (None: the evaluation failed and wrote nothing)."""
     warnings: list[str] = field(default_factory=list)
     left_out: list[str] | None = None
     """The configured tasks or sources the step's result lacks (None: no result of the step to say)."""
@@ -94,17 +156,26 @@ class Here:
         """The evaluation failed or left out a configured task or source."""
         return self.code != 0 or bool(self.left_out)
 
+    def as_json(self) -> dict[str, Any]:
+        """What the text shows, as JSON: the result file, the ranks' exit code, the run's table, what was left out."""
+        shown = self.tabled.as_json() if self.tabled is not None else {"table": None, "problems": [], "warnings": []}
+        return {"tag": self.tag, "path": str(self.path), "exit_code": self.code, "written": self.written,
+                "failed": self.failed, "left_out": self.left_out, "table": shown["table"],
+                "problems": shown["problems"], "warnings": [*shown["warnings"], *self.warnings]}
+
 
 def here(exp: Experiment, source: str, step: int | None, layout: tuple[int | None, int | None],
-         kept: tuple[bool, bool] = (False, False), overrides: Sequence[str] = ()) -> Here:
+         kept: tuple[bool, bool] = (False, False), overrides: Sequence[str] = (), *, counted: Counting,
+         ranks_stdout_to_stderr: bool = False) -> Here:
     """Evaluate global_step`step` (None: the one `latest` names) of `exp` on this machine, in its own TP/PP layout or
     `layout` (tensor, pipeline), keeping lm-eval's samples and request cache as `kept` says (log_samples,
-    keep_cache), the command line's `overrides` recorded; then read the run's results as the table shows them (a
-    limited result marked). Raises EvalError before any rank starts (checkpoints of another run among the reasons)."""
+    keep_cache), the command line's `overrides` recorded; then read the run's results as the table shows them
+    (`tabled`, with `counted`; a limited result marked). With `ranks_stdout_to_stderr` the ranks' lines go to stderr
+    (stdout is the caller's JSON). Raises EvalError before any rank starts (checkpoints of another run among the
+    reasons)."""
     from bigscience_ops.checkpoints import layout as checkpoints
     from bigscience_ops.ops.evaluate import EvalError, launcher, results, taskfiles
     from bigscience_ops.ops.evaluate.prefetch import cache_env
-    from bigscience_ops.ops.keep import evaluated
 
     require_configured(exp, source)
     check_overrides(overrides)
@@ -125,33 +196,30 @@ def here(exp: Experiment, source: str, step: int | None, layout: tuple[int | Non
     hf = cache_env(exp.eval.hf_cache, offline=bool(exp.eval.hf_cache))  # the prefetched cache, offline
     path = results.result_path(exp, tag)  # eval.limit: eval/limited/, apart from the full results
     before = results.stamp(path)
+    quiet = {"ranks_stdout_to_stderr": True} if ranks_stdout_to_stderr else {}
     code = launcher.run_local(exp, step, layout[0], layout[1], env=hf, log_samples=kept[0],
-                              keep_cache=kept[1])  # the ranks read `exp` itself
+                              keep_cache=kept[1], **quiet)  # the ranks read `exp` itself
     written = results.stamp(path) not in (None, before)
     if code != 0 and not written:
         return Here(tag, path, code, False)
-    live, problems = results.read_live(exp.paths.output, exp.paths.checkpoints, limited=True)
-    live, uncounted = evaluated.counted(live, exp)  # a result of a step never saved: named, not tabled
-    problems = [*problems, *uncounted]
-    measured = {name for result in live for name in result.metrics}
-    warnings = [f"eval.alert_drop: {name} is no metric of this run's results, so it never alerts; allowed: "
-                f"{', '.join(sorted(measured)) or 'none yet'}"
-                for name in sorted(set(exp.eval.alert_drop) - measured)]  # an alert that could never fire: said
+    shown = tabled(exp, counted)
+    warnings = []
     if exp.eval.limit is not None:
         warnings.append(f"eval.limit {exp.eval.limit}: a limited result, kept apart in {path.parent}; the table marks "
                         "it, it never replaces the step's full result, and eval.alert_drop never compares it")
     limited = exp.eval.limit is not None
-    mine = next((r for r in live if r.step == step and r.limited == limited), None)
-    return Here(tag, path, code, written, results.table(live, exp.eval.references, max_steps=TABLE_STEPS).text(),
-                [str(p) for p in problems], warnings, sorted(mine.missing) if mine is not None else None)
+    mine = next((r for r in shown.live if r.step == step and r.limited == limited), None)
+    return Here(tag, path, code, written, shown, warnings, sorted(mine.missing) if mine is not None else None)
 
 
 def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir: Path,
-              overrides: Sequence[str] = ()) -> dict[str, str]:
+              overrides: Sequence[str] = (), dry_run: bool = False) -> dict[str, str]:
     """One pass of the hourly eval job: the next checkpoint's eval job submitted (schedule.run_next) unless one of
     the run's is queued or running, its lines told with `echo`, the command line's `overrides` recorded with it.
     Returns what failed, by kind of FAILURES ("job": a failed job; "tasks", "sources": what the newest result left
-    out); {} when nothing did. Raises BsopsError when the pass itself cannot run (the "pass" kind)."""
+    out); {} when nothing did. Raises BsopsError when the pass itself cannot run (the "pass" kind). With `dry_run`,
+    the same decision, the job it would submit rendered and shown (its script's text), and nothing written,
+    recorded or submitted."""
     from bigscience_ops.launch import jobs
     from bigscience_ops.launch.cluster import watched_users
     from bigscience_ops.ops.evaluate import jobscript, launcher, results, schedule
@@ -164,10 +232,15 @@ def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir
     def submit_job(ckpt, folder: Path):
         return jobscript.submit(jobscript.render(exp, ckpt, folder, workdir=workdir), ckpt.tag)
 
+    def preview(ckpt, folder: Path) -> list[str]:
+        job = jobscript.render(exp, ckpt, folder, workdir=workdir)  # rendered only: nothing written
+        return [f"the job {job.name}: its script {job.script} and the experiment its ranks read {job.experiment} "
+                f"(neither written), its log in {job.log_folder}. The job script:", "", job.text.rstrip("\n")]
+
     run = schedule.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
                            jobs.SlurmJob(schedule.job_name(exp), tuple(watched_users(exp))), schedule.chooser(exp),
                            exp.eval.limit is not None, tuple(overrides))
-    report = schedule.run_next(run, submit_job)
+    report = schedule.run_next(run, submit_job, preview=preview if dry_run else None)
     for line in report.lines:
         echo(line)
     newest, _ = results.read_live(run.output, run.checkpoints, limited=run.limited)
@@ -192,24 +265,24 @@ class Told:
 
 
 def next_pass_told(exp: Experiment, source: str, echo: Callable[[str], None], workdir: Path, alert: bool,
-                   overrides: Sequence[str] = ()) -> Told:
+                   overrides: Sequence[str] = (), dry_run: bool = False) -> Told:
     """`next_pass`, its failures told with `alert` as the watchdog tells its alerts: each kind of FAILURES is the
     job-failed alert of job `eval-<kind>` (tell/job_alerts.tell_job: sent at once, then at most once per
     alerts.cooldown_minutes while that kind keeps failing, one recovery when it stops), so a new kind of failure is
-    never held back by another's cooldown."""
+    never held back by another's cooldown. A `dry_run` (next_pass's) tells no one: it must not be given `alert`."""
     from bigscience_ops.ops.tell import job_alerts
     from bigscience_ops.redact import env_secrets, scrub
 
     teller = job_alerts.Teller(exp.name, exp.alerts, exp.paths.logs, (exp.hub.token_env, exp.alerts.smtp_password_env))
     try:
-        found = next_pass(exp, source, echo, workdir, overrides)
+        found = next_pass(exp, source, echo, workdir, overrides, dry_run)
     except (BsopsError, OSError) as exc:
         found = {"pass": str(exc)}
     failures = {kind: scrub(text, env_secrets(teller.secrets)) for kind, text in found.items()}
     lines = [f"error: {text}" for text in failures.values()]
     told = True
-    if alert:
-        command = f"bsops eval {exp.name} --next"
+    if alert and not dry_run:
+        command = f"bsops eval next {exp.name}"
         for kind in FAILURES:
             ok, said = job_alerts.tell_job(teller, f"eval-{kind}", command, failures.get(kind))
             told, lines = told and ok, [*lines, *said]

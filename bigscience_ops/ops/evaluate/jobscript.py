@@ -1,6 +1,6 @@
 """The eval job: templates/eval.slurm.j2 rendered for one checkpoint, and its submission through the Slurm executor.
 
-The job starts the same ranks as `bsops eval --step N` does on one machine (launcher.worker_argv), one torchrun per
+The job starts the same ranks as `bsops eval run --step N` does on one machine (launcher.worker_argv), one torchrun per
 node under srun with the training's rendezvous (templates/train.slurm.j2): TP x PP processes of the config's layout
 over eval.nodes nodes (derived: the processes over slurm.gpus_per_node). The ranks read the experiment the scheduler
 decided with, written resolved beside the script (<tag>.experiment.json, as a launch writes the trainer's
@@ -8,7 +8,7 @@ experiment.json), so an edit of the YAML between the submission and the job's st
 job's partition, account, qos and time are eval.*'s, each falling back to slurm.*'s; the device, CPUs and
 environment set-up are slurm.*'s, and it asks for the GPUs its processes use on each node. The job runs offline
 (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE), reading lm-eval's datasets from eval.hf_cache (HF_HOME, HF_DATASETS_CACHE,
-HF_HUB_CACHE) when it is set: `bsops eval --prefetch` fills it where there is network.
+HF_HUB_CACHE) when it is set: `bsops eval prefetch` fills it where there is network.
 Every value goes through the template environment of render.py: shell values quoted, #SBATCH values written for
 sbatch's own parser, Slurm names checked against their character sets, so `sbatch -vv` reads each as one value.
 """

@@ -256,7 +256,8 @@ def _module_args(worker: list[str]) -> list[str]:
 
 def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = None,
               trainings_dir: Path | str | None = None, experiment: str | None = None,
-              env: dict[str, str] | None = None, log_samples: bool = False, keep_cache: bool = False) -> int:
+              env: dict[str, str] | None = None, log_samples: bool = False, keep_cache: bool = False,
+              ranks_stdout_to_stderr: bool = False) -> int:
     """Evaluate `global_step<step>` of `exp` on this machine: checks first (EvalError), then TP x PP ranks under
     torchrun, their output streamed through (less torchrun's own report of a failed rank: AgentNoise). Returns 0
     when the result file is written, EXIT_ERROR when a rank said why it failed (its one `error: ...` line), else
@@ -265,7 +266,8 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
     No time limit; Ctrl-C (or SIGTERM) stops every rank: torchrun's process group gets SIGTERM, then SIGKILL
     after STOP_GRACE_S, and KeyboardInterrupt is raised again once it has ended. The ranks read `exp` itself
     (written resolved to a temporary experiment.json, as the trainer reads its run's), unless `experiment` names
-    the experiment (a name or YAML file, found with `trainings_dir`).
+    the experiment (a name or YAML file, found with `trainings_dir`). With `ranks_stdout_to_stderr`, the ranks'
+    progress lines go to stderr too (stdout is the command's JSON).
     """
     import tempfile
     import threading
@@ -281,7 +283,8 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
             experiment = str(record[0])
         worker = worker_argv(experiment, step, tensor, pipeline, trainings_dir, Path.cwd(), log_samples, keep_cache)
         ranks = Ranks(f"eval {target.tag}", tuple(torchrun_argv(target.world_size, worker)), record)
-        job = jobs.run_job(ranks, LocalRanks(child_env))  # its own process group: stopped as one
+        stdout = subprocess.STDOUT if ranks_stdout_to_stderr else None  # STDOUT: into the stderr pipe below
+        job = jobs.run_job(ranks, LocalRanks(child_env, stdout))  # its own process group: stopped as one
         noise = AgentNoise(sys.stderr)
         reader = threading.Thread(target=noise.pump, args=(job.proc.stderr,), daemon=True)
         reader.start()
@@ -313,6 +316,8 @@ class LocalRanks:
     AgentNoise; the handle (processes.LocalJob) stops all of it."""
 
     env: dict[str, str]
+    stdout: int | None = None
+    """Where the ranks' stdout goes: None, this process's; subprocess.STDOUT, into the stderr pipe."""
 
     def write(self, job: Ranks) -> Path:
         if job.record is None:
@@ -322,7 +327,7 @@ class LocalRanks:
         return path
 
     def start(self, job: Ranks, script: Path, started: jobs.Started = lambda kind, job_id: None) -> processes.LocalJob:
-        proc = processes.start(job.argv, env=self.env, stderr=subprocess.PIPE, text=True)
+        proc = processes.start(job.argv, env=self.env, stdout=self.stdout, stderr=subprocess.PIPE, text=True)
         handle = processes.LocalJob(proc, job.name)
         started("eval", handle.job_id)
         return handle

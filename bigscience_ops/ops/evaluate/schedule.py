@@ -1,6 +1,6 @@
 """The hourly eval job's decision: which checkpoint to evaluate next, and the ledger of the eval jobs it submitted.
 
-`bsops eval EXP --next` runs this every hour (`bsops cron add EXP --jobs eval`). It evaluates:
+`bsops eval next EXP` runs this every hour (`bsops cron add EXP --jobs eval`). It evaluates:
 - only complete checkpoints: with bsops.json and never newer than the one `latest` names (a newer folder is a save
   in progress; layout.complete_checkpoints);
 - every `eval.every_saves`-th step of the run's save schedule and its final step (`chooser`: a rule of the schedule,
@@ -74,7 +74,7 @@ class JobRecord:
     log: str | None = None
     """The job's Slurm output file."""
     overrides: list[str] = dataclasses.field(default_factory=list)
-    """The SECTION.KEY=VALUE overrides of the `bsops eval --next` that submitted it (what the job evaluates with)."""
+    """The SECTION.KEY=VALUE overrides of the `bsops eval next` that submitted it (what the job evaluates with)."""
 
 
 def _overrides_rule(value: Any) -> str | None:
@@ -298,13 +298,20 @@ class NextReport:
 
 Submitter = Callable[[layout.Checkpoint, Path], tuple[str, Path]]
 """(checkpoint, the eval folder) -> (the new job's id, its log file): renders and sbatches the job."""
+Previewer = Callable[[layout.Checkpoint, Path], Sequence[str]]
+"""(checkpoint, the eval folder) -> lines saying what would be submitted (a dry run: renders, writes nothing)."""
 
 
 def run_next(run: EvalRun, submit: Submitter, *, query: Callable[..., list[slurm.Job]] | None = None,
-             now: Callable[[], float] = time.time) -> NextReport:
+             now: Callable[[], float] = time.time, preview: Previewer | None = None) -> NextReport:
     """One pass: under the run's schedule lock, read the ledger, ask the queue, decide, record the outcomes found, and
     submit the chosen checkpoint's job with `submit`. Raises slurm.SlurmError when the queue cannot be asked (the
-    state is unknown: nothing is decided) and EvalScheduleError when the run's eval folder cannot be used."""
+    state is unknown: nothing is decided) and EvalScheduleError when the run's eval folder cannot be used.
+
+    With `preview`, a dry run: the same reading, asking and deciding, but no lock, no folder, no ledger line and no
+    submission; the outcomes it would record are said as such, and `preview` says what would be submitted."""
+    if preview is not None:
+        return _pass(run, submit, query, now, preview)
     folder = run.folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -316,15 +323,15 @@ def run_next(run: EvalRun, submit: Submitter, *, query: Callable[..., list[slurm
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return NextReport((f"another `bsops eval --next` of this run is deciding now ({folder / LOCK_NAME}): "
+            return NextReport((f"another `bsops eval next` of this run is deciding now ({folder / LOCK_NAME}): "
                                "nothing done",))
         return _pass(run, submit, query, now)
     finally:
         os.close(lock)
 
 
-def _pass(run: EvalRun, submit: Submitter, query: Callable[..., list[slurm.Job]] | None, now: Callable[[], float]
-          ) -> NextReport:
+def _pass(run: EvalRun, submit: Submitter, query: Callable[..., list[slurm.Job]] | None, now: Callable[[], float],
+          preview: Previewer | None = None) -> NextReport:
     path = run.ledger
     checked = read_ledger(path)
     queue = run.job.ask(query)  # before the result files are looked at: see decide
@@ -333,24 +340,30 @@ def _pass(run: EvalRun, submit: Submitter, query: Callable[..., list[slurm.Job]]
     except (layout.CheckpointError, results.ResultError) as exc:
         raise EvalScheduleError(f"cannot choose a checkpoint to evaluate: {exc}") from None
     lines = [f"{path}: {problem} (line passed over)" for problem in checked.problems]
+    would = "(dry run: not recorded) " if preview is not None else ""
     for record in decision.outcomes:
-        append(path, record)
+        if preview is None:
+            append(path, record)
         if record.event == "done":
             done = results.result_path(run.output, record.tag, run.limited)
-            lines.append(f"eval job {record.job_id} of {record.tag} done: {done}")
+            lines.append(f"{would}eval job {record.job_id} of {record.tag} done: {done}")
         else:
             again = ("skipped from now on" if sum(r.tag == record.tag and r.event == "failed"
                                                   for r in (*checked.records, *decision.outcomes)) >= MAX_FAILURES
                      else "tried once more")
-            lines.append(f"eval job {record.job_id} of {record.tag} left the queue without its result: failed "
+            lines.append(f"{would}eval job {record.job_id} of {record.tag} left the queue without its result: failed "
                          f"({again}); log: {record.log or 'not recorded'}")
     for tag, logs in decision.skipped:
         lines.append(f"skipped {tag}: its eval failed {len(logs)} times (logs: {', '.join(logs)}); run "
-                     f"`bsops eval {run.name} --step {layout.step_of(tag)}` to see why")
+                     f"`bsops eval run {run.name} --step {layout.step_of(tag)}` to see why")
     failures = tuple(r for r in decision.outcomes if r.event == "failed")
     record = None
     if decision.submit is None:
         lines.append(decision.reason)
+    elif preview is not None:
+        backlog = f"; {decision.left} more chosen checkpoint(s) wait" if decision.left else ""
+        lines.append(f"dry run: would submit an eval job for {decision.reason}{backlog}; nothing submitted")
+        lines += preview(decision.submit, run.folder)
     else:
         ckpt = decision.submit
         job_id, log = submit(ckpt, run.folder)

@@ -1,5 +1,5 @@
 """An hourly job's run (hub-sync, backup, eval) with its failure told: what `bsops hub-sync --alert`, `bsops backup
---alert` and `bsops eval --next --alert` do around their work.
+--alert` and `bsops eval next --alert` do around their work.
 
 `run_alerting` runs the work, and with `alert` reports the outcome to notify.notify_job (the job-failed alert of
 ops/alerts.py, at most once per cooldown, and one recovery when it works again), whose state is the watchdog's
