@@ -299,6 +299,16 @@ def test_torchruns_own_report_is_left_out():
         assert (out.getvalue(), noise.errors) == (kept, errors)
 
 
+def test_the_ranks_stdout_joins_their_stderr_when_stdout_is_json(tmp_path, capfd):
+    """`bsops eval run --json` (run_local's ranks_stdout_to_stderr): the ranks' lines go into the stderr pipe that
+    AgentNoise passes through to stderr, so stdout holds the command's JSON alone; without it, stdout is theirs."""
+    argv = (sys.executable, "-c", "import sys; print('progress', flush=True); print('error: x', file=sys.stderr)")
+    for joined, piped, own in ((True, {"progress", "error: x"}, ""), (False, {"error: x"}, "progress\n")):
+        job = launcher.LocalRanks(dict(os.environ), joined).start(launcher.Ranks("t", argv), tmp_path)
+        assert set(launcher.LocalRanks.piped(job.proc).read().splitlines()) == piped
+        assert job.proc.wait() == 0 and capfd.readouterr().out == own
+
+
 @pytest.mark.slow
 def test_run_local_under_torchrun(copied, tmp_path, capfd):
     """`bsops eval`'s launch: torchrun starts both ranks, the torn layer ends them with exit 2 (no hang)."""

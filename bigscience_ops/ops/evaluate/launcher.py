@@ -283,10 +283,9 @@ def run_local(exp, step: int, tensor: int | None = None, pipeline: int | None = 
             experiment = str(record[0])
         worker = worker_argv(experiment, step, tensor, pipeline, trainings_dir, Path.cwd(), log_samples, keep_cache)
         ranks = Ranks(f"eval {target.tag}", tuple(torchrun_argv(target.world_size, worker)), record)
-        stdout = subprocess.STDOUT if ranks_stdout_to_stderr else None  # STDOUT: into the stderr pipe below
-        job = jobs.run_job(ranks, LocalRanks(child_env, stdout))  # its own process group: stopped as one
+        job = jobs.run_job(ranks, LocalRanks(child_env, ranks_stdout_to_stderr))  # its own process group: one stop
         noise = AgentNoise(sys.stderr)
-        reader = threading.Thread(target=noise.pump, args=(job.proc.stderr,), daemon=True)
+        reader = threading.Thread(target=noise.pump, args=(LocalRanks.piped(job.proc),), daemon=True)
         reader.start()
         try:
             with processes.raising_on([signal.SIGTERM], _Terminated):
@@ -316,8 +315,8 @@ class LocalRanks:
     AgentNoise; the handle (processes.LocalJob) stops all of it."""
 
     env: dict[str, str]
-    stdout: int | None = None
-    """Where the ranks' stdout goes: None, this process's; subprocess.STDOUT, into the stderr pipe."""
+    stdout_to_stderr: bool = False
+    """The ranks' stdout joins their stderr in the one pipe AgentNoise reads (else it is this process's stdout)."""
 
     def write(self, job: Ranks) -> Path:
         if job.record is None:
@@ -327,10 +326,18 @@ class LocalRanks:
         return path
 
     def start(self, job: Ranks, script: Path, started: jobs.Started = lambda kind, job_id: None) -> processes.LocalJob:
-        proc = processes.start(job.argv, env=self.env, stdout=self.stdout, stderr=subprocess.PIPE, text=True)
+        if self.stdout_to_stderr:  # one pipe for both, stderr into stdout's
+            proc = processes.start(job.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        else:
+            proc = processes.start(job.argv, env=self.env, stderr=subprocess.PIPE, text=True)
         handle = processes.LocalJob(proc, job.name)
         started("eval", handle.job_id)
         return handle
+
+    @staticmethod
+    def piped(proc: subprocess.Popen):
+        """The ranks' pipe `start` made: their stderr, or with stdout_to_stderr both."""
+        return proc.stderr if proc.stderr is not None else proc.stdout
 
 
 EXIT_ERROR = 2
