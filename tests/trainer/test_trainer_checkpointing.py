@@ -33,11 +33,13 @@ class RecordingEngine:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, dict, list[str]]] = []
         self.latest_during: list[str | None] = []
+        self.after_each: list[object] = []  # what the debug kill in a save (BSOPS_KILL_IN_SAVE) handed it
 
     def save(self, folder: Path, tag: str, client_state: dict, after_each=None) -> dict[Path, manifest.FileRecord]:
         held = sorted(p.name for p in (Path(folder) / tag).iterdir())
         self.calls.append((str(folder), tag, client_state, held))
         self.latest_during.append(layout.latest_tag(folder))
+        self.after_each.append(after_each)
         written = Path(folder) / tag / f"mp_rank_{dist.get_rank():02d}_model_states.pt"
         torch.save({"iteration": client_state["iteration"]}, written)
         return {written: manifest.record_file(written)}
@@ -58,13 +60,13 @@ class RecordingBoard:
 class Saving:
     """A Checkpointer over tmp_path/checkpoints with the stand-in engine, and what it was asked for."""
 
-    def __init__(self, folder: Path, saves: SaveSchedule) -> None:
+    def __init__(self, folder: Path, saves: SaveSchedule, fault=lambda iteration: None) -> None:
         self.engine, self.board, self.lines, self.metas = RecordingEngine(), RecordingBoard(), [], 0
         metrics = Metrics(self.board, self.lines.append, train_iters=100, log_interval=1, flops_per_token=1.0,
                           peak_tflops=None, world_size=1, curriculum=False)
         about = {"run_id": "", "experiment": "tiny", "optimizer": True,
                  "layout": {"tensor": 1, "pipeline": 1, "data": 1, "zero_stage": 0, "precision": "fp32"}}
-        self.checkpointer = ckpt.Checkpointer(folder, saves, self.engine, self.meta, lambda: about, metrics)
+        self.checkpointer = ckpt.Checkpointer(folder, saves, self.engine, self.meta, lambda: about, metrics, fault)
 
     def meta(self) -> dict:
         self.metas += 1
@@ -73,7 +75,7 @@ class Saving:
 
 @pytest.fixture
 def saving(tmp_path: Path, single_rank_group: None):
-    return lambda saves: Saving(tmp_path / "checkpoints", saves)
+    return lambda saves, **kw: Saving(tmp_path / "checkpoints", saves, **kw)
 
 
 def test_seed_003_interpretability_schedule_in_one_run():
@@ -127,6 +129,71 @@ def test_a_save_commits_a_manifest_of_every_file_and_then_moves_latest(saving, t
     for rel, rec in found.files.items():
         assert rec == manifest.hash_file(folder / "global_step20" / rel)
     assert [c.step for c in layout.complete_checkpoints(folder)] == [10, 20]
+
+
+def test_the_manifest_holds_what_each_rank_hashed_as_it_wrote_and_rank_0_vouches_for_the_rest(
+        saving, tmp_path: Path) -> None:
+    """A rank's record is of the bytes as it wrote them: a file changed on disk before the commit keeps its rank's
+    record (so the next resume finds it damaged); a file no rank reported (DeepSpeed writes helpers beside the
+    states) is hashed by rank 0 and listed too."""
+    run = saving(SaveSchedule((), 10))
+    plain = run.engine.save
+
+    def changed_after_writing(folder: Path, tag: str, client_state: dict, after_each=None):
+        written = plain(folder, tag, client_state, after_each)
+        [file] = written
+        file.write_bytes(file.read_bytes() + b"changed")
+        (Path(folder) / tag / "zero_to_fp32.py").write_text("# a helper no rank reports\n")
+        return written
+
+    run.engine.save = changed_after_writing
+    run.checkpointer.save(10)
+    path = tmp_path / "checkpoints" / "global_step10"
+    found = manifest.read(path)
+    assert found.files["zero_to_fp32.py"] == manifest.hash_file(path / "zero_to_fp32.py")
+    assert [m.path for m in manifest.verify(path, found).mismatches] == ["mp_rank_00_model_states.pt"]
+
+
+def test_a_file_a_rank_recorded_that_is_gone_or_outside_the_folder_refuses_the_commit(saving, tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    run = saving(SaveSchedule((), 10))
+    run.checkpointer.save(10)
+    plain = run.engine.save
+    stray = tmp_path / "elsewhere.pt"
+
+    def lost(folder: Path, tag: str, client_state: dict, after_each=None):
+        written = plain(folder, tag, client_state, after_each)
+        for file in written:
+            file.unlink()  # recorded, then gone before the commit
+        return written
+
+    def outside(folder: Path, tag: str, client_state: dict, after_each=None):
+        stray.write_bytes(b"states")
+        return {**plain(folder, tag, client_state, after_each), stray: manifest.record_file(stray)}
+
+    for step, save, named in ((20, lost, "mp_rank_00_model_states.pt"), (30, outside, "elsewhere.pt")):
+        run.engine.save = save
+        with pytest.raises(layout.CheckpointError, match=named):
+            run.checkpointer.save(step)
+        assert manifest.read(folder / f"global_step{step}") is None
+    assert layout.latest_tag(folder) == "global_step10"
+
+
+def test_the_debug_kill_in_a_save_reaches_the_engine_at_its_step_only(saving) -> None:
+    def kill(path: Path) -> None: ...
+
+    run = saving(SaveSchedule((), 10), fault=lambda iteration: kill if iteration == 20 else None)
+    run.checkpointer.save(10)
+    run.checkpointer.save(20)
+    assert run.engine.after_each == [None, kill]
+
+
+def test_a_save_is_reported_with_its_folder_and_time(saving, tmp_path: Path) -> None:
+    run = saving(SaveSchedule((), 10))
+    run.checkpointer.save(10)
+    [(step, elapsed)] = [(step, value) for tag, step, value in run.board.scalars if tag == "save-checkpoint-time"]
+    assert step == 10 and 0 <= elapsed < 60
+    assert any(str(tmp_path / "checkpoints") in line and "iteration" in line for line in run.lines)
 
 
 def test_a_save_of_a_step_an_earlier_attempt_left_sets_that_folder_aside(saving, tmp_path: Path) -> None:
