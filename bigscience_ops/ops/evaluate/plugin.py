@@ -22,6 +22,9 @@ model_args=...)` works either way.
 Every value of `--model_args` is checked before torch is imported: a run that cannot be read, a step or layout that
 is no whole number, an unknown key, a checkpoint of another run (launcher.checkpoint compares the run ids) is one
 EvalError naming it, which lm-eval's command line prints as one `error: ...` line (lm_eval_hook.Entry).
+
+lm-eval names its results (`model_name`) and `--output_path DIR`'s folder after the model: for `--model bsops`, after
+the checkpoint scored, `<experiment>/global_stepN` and DIR/<experiment>__global_stepN (named_after_the_checkpoint).
 """
 
 from __future__ import annotations
