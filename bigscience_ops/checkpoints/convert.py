@@ -461,9 +461,11 @@ def _require_file(path: str | None, field: str) -> Path:
 
 def convert(exp, out: Path, step: int | None = None, dtype: str = "float32", overwrite: bool = False,
             progress: Callable[[int, int], None] | None = None,
-            max_shard_size: int | str = MAX_SHARD_SIZE) -> Conversion:
+            max_shard_size: int | str = MAX_SHARD_SIZE, dry_run: bool = False) -> Conversion:
     """Convert experiment `exp`'s checkpoint (`latest`, or `global_step<step>`) into the folder `out`, the weights
-    in safetensors shards of at most `max_shard_size` (bytes, or "5GB"/"500MB" as transformers takes it)."""
+    in safetensors shards of at most `max_shard_size` (bytes, or "5GB"/"500MB" as transformers takes it). With
+    `dry_run`, everything is checked and nothing read past the checkpoint's metadata or written: the Conversion
+    has no files and no parameter count."""
     shard_bytes = parse_size(max_shard_size)
     # What GPT-2 cannot express is refused from the experiment first: no word about steps for an ALiBi run.
     refuse_inexpressible({k: getattr(exp.model, k) for k in REFUSED if hasattr(exp.model, k)})
@@ -486,6 +488,9 @@ def convert(exp, out: Path, step: int | None = None, dtype: str = "float32", ove
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConvertError(f"output folder {out} is not empty; choose a new folder, or pass --overwrite to write "
                            "into it")
+    if dry_run:
+        return Conversion(out=out, tag=tag, iteration=int(meta.get("iteration", layout.step_of(tag))),
+                          config=config, files=[], num_parameters=0)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.iterdir():  # an earlier conversion's weights would shadow (model.safetensors) or join these
         if WEIGHT_FILES.fullmatch(stale.name) and stale.is_file():

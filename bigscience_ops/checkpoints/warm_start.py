@@ -156,10 +156,9 @@ def _layer_files(path: Path) -> dict[int, list[tuple[str, Path]]]:
     return found
 
 
-def build(exp, source: Source, log=lambda line: None) -> WarmStart:
-    """Write global_step0 of EXP's checkpoints folder from `source`, then `latest`."""
-    import torch
-
+def build(exp, source: Source, log=lambda line: None, dry_run: bool = False) -> WarmStart:
+    """Write global_step0 of EXP's checkpoints folder from `source`, then `latest` (`dry_run`: everything checked,
+    the checkpoint it would write returned, nothing written)."""
     from bigscience_ops.sizing import GPTShape
 
     shape = dataclasses.asdict(GPTShape.from_experiment(exp))
@@ -182,6 +181,10 @@ def build(exp, source: Source, log=lambda line: None) -> WarmStart:
     origin = {0: 0, tgt_layers + 1: src_layers + 1} | {i + 1: m + 1 for i, m in enumerate(mapping)}
     tag = "global_step0"
     target = out / tag
+    if dry_run:
+        return WarmStart(source, target, mapping)
+    import torch
+
     tmp = out / f".{tag}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -137,6 +137,23 @@ def main() -> None:
     """
 
 
+def json_option(func):
+    """--json: the command's result as one JSON document on stdout, holding what its text shows (docs/VOCABULARY.md)."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print the result as one JSON document instead of text.")(func)
+
+
+def dry_run_option(func):
+    """--dry-run: say what the command would do; write, send, submit and delete nothing (docs/VOCABULARY.md)."""
+    return click.option("--dry-run", is_flag=True,
+                        help="Say what would be done; write, send, submit and delete nothing.")(func)
+
+
+def echo_json(document: object) -> None:
+    """One JSON document on stdout (paths and other objects as their text)."""
+    click.echo(json.dumps(document, indent=2, default=str))
+
+
 verbose_option = click.option(
     "-v", "--verbose", is_flag=True, expose_value=False, callback=_set_verbose,
     help="Under an error from Slurm, also print the command that failed, its exit code and its stderr.")

@@ -6,13 +6,15 @@ trained shallower run. torch and transformers' formats are imported inside the c
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
 import click
 
 from bigscience_ops.cli.base import (
-    EXIT_PROBLEMS, TEXT, SafePath, echo_run_folder, load_experiment, main, open_run_saying, run_option, trainings_option,
+    EXIT_PROBLEMS, TEXT, SafePath, dry_run_option, echo_run_folder, load_experiment, main, open_run_saying, run_option,
+    trainings_option,
 )
 
 
@@ -34,8 +36,10 @@ from bigscience_ops.cli.base import (
 @click.option("--push", is_flag=True,
               help="Upload the folder to hub.checkpoints_repo as global_stepN/ (one folder per step).")
 @click.option("--remote", type=TEXT, default=None, help="With --push: any git remote URL instead of the Hub.")
+@dry_run_option
 def convert_command(exp: str | None, run: Path | None, trainings_dir: Path | None, step: int | None, out: Path,
-                    dtype: str, overwrite: bool, max_shard_size: str, push: bool, remote: str | None) -> None:
+                    dtype: str, overwrite: bool, max_shard_size: str, push: bool, remote: str | None,
+                    dry_run: bool) -> None:
     """Convert EXP's DeepSpeed checkpoint into a transformers GPT-2 model.
 
     TP shards and pipeline stages are merged and the vocabulary padding removed, one layer at a time;
@@ -63,10 +67,16 @@ def convert_command(exp: str | None, run: Path | None, trainings_dir: Path | Non
             bar.update(done - bar.pos)
 
     result = convert.convert(experiment, out, step=step, dtype=dtype, overwrite=overwrite, progress=progress,
-                             max_shard_size=max_shard_size)
+                             max_shard_size=max_shard_size, dry_run=dry_run)
     if bar is not None:
         bar.render_finish()
     c = result.config
+    if dry_run:
+        pushed = f", then push it to {experiment.hub.checkpoints_repo or remote} as {result.tag}/" if push else ""
+        click.echo(f"dry run: nothing written or pushed; would convert {result.tag} into {result.out}: GPT-2 with "
+                   f"{c['n_layer']} layers, hidden {c['n_embd']}, {c['n_head']} heads, vocabulary {c['vocab_size']} "
+                   f"({dtype}){pushed}")
+        return
     click.echo(f"{result.tag} -> {result.out}: GPT-2 with {c['n_layer']} layers, hidden {c['n_embd']}, "
                f"{c['n_head']} heads, vocabulary {c['vocab_size']}, {result.num_parameters:,} parameters ({dtype})")
     weights = [name for name in result.files if name.endswith(".safetensors")]
@@ -102,7 +112,8 @@ def _rendered(path: Path):
                    "global_stepSTEP (default: the checkpoint 'latest' names).")
 @click.argument("exp", type=TEXT)
 @trainings_option
-def warm_start_command(source: str, exp: str, trainings_dir: Path | None) -> None:
+@dry_run_option
+def warm_start_command(source: str, exp: str, trainings_dir: Path | None, dry_run: bool) -> None:
     """Write step 0 of EXP, a deeper model, from the weights of a shallower run (Gopher G.3.3).
 
     EXP is an experiment name, its YAML file, or a rendered run's experiment.json.
@@ -122,9 +133,9 @@ def warm_start_command(source: str, exp: str, trainings_dir: Path | None) -> Non
         echo_run_folder(exp, trainings_dir, experiment)
     run, step = warm_start.parse_from(source)
     found = warm_start.find_source(warm_start.source_checkpoints(run, trainings_dir), step, source)
-    result = warm_start.build(experiment, found, log=click.echo)
+    result = warm_start.build(experiment, found, log=click.echo, dry_run=dry_run)
     src_layers = found.meta["model"]["num_layers"]
-    click.echo(f"{found.path} ({src_layers} blocks, iteration {found.meta.get('iteration')}) -> {result.target} "
+    click.echo(("dry run: nothing written; would write " if dry_run else "") + f"{found.path} ({src_layers} blocks, iteration {found.meta.get('iteration')}) -> {result.target} "
                f"({len(result.mapping)} blocks from source blocks {result.mapping})")
 
 
@@ -138,8 +149,9 @@ def warm_start_command(source: str, exp: str, trainings_dir: Path | None) -> Non
               help="Iterations A to B (after --step) to step over when the run trains them again: their data is "
                    "consumed, no update is made (Megatron's --skip-train-iteration-range).")
 @click.option("--force", is_flag=True, help="Roll back although the ledger shows a task that began and never ended.")
+@dry_run_option
 def rollback_command(exp: str | None, run: Path | None, trainings_dir: Path | None, to_step: int, skip: str | None,
-                     force: bool) -> None:
+                     force: bool, dry_run: bool) -> None:
     """Move EXP's run back to global_step<STEP>, setting the later checkpoints aside (nothing is deleted).
 
     `latest` names the target afterwards; the later checkpoints move into
@@ -153,15 +165,25 @@ def rollback_command(exp: str | None, run: Path | None, trainings_dir: Path | No
     opened = open_run_saying(exp, run, trainings_dir)
     experiment = opened.experiment
     # The run's lock: a local launch or an array task that trains it now refuses the rollback, naming itself.
-    with run_lock.hold(Path(experiment.paths.output), "bsops rollback"):
+    with contextlib.nullcontext() if dry_run else run_lock.hold(Path(experiment.paths.output), "bsops rollback"):
         task = ledger.running(ledger.read(Path(experiment.paths.output) / ledger.LEDGER_NAME))
         if task is not None and not force:
             raise rollback.RollbackError(
                 f"array task {task.job_id} began at iteration {task.start_iteration} and has not ended: a rollback "
                 "now would race its saves. scancel the job first (or, if it was killed without an end record, pass "
                 "--force)")
-        done = rollback.rollback(experiment, to_step, skip)
+        done = rollback.rollback(experiment, to_step, skip, dry_run=dry_run)
     record = done.record
+    if dry_run:
+        in_use = run_lock.holder(Path(experiment.paths.output))
+        click.echo("dry run: nothing moved or written" + (f" (the run is in use by {in_use}: the rollback would be "
+                                                          "refused now)" if in_use else ""))
+        click.echo(f"latest would go: global_step{record.from_step} -> global_step{record.to_step}")
+        if done.moved:
+            click.echo(f"would set aside (nothing deleted): {', '.join(done.moved)} in {record.set_aside}")
+        if record.skip:
+            click.echo(f"iterations {record.skip} would be stepped over (data consumed, no update)")
+        return
     click.echo(f"latest: global_step{record.from_step} -> global_step{record.to_step}")
     if done.moved:
         click.echo(f"set aside (nothing deleted): {', '.join(done.moved)} in {record.set_aside}")
@@ -193,8 +215,9 @@ def _relaunch(exp: str | None, opened) -> str:
               help="Write the manifest of each checkpoint saved before manifests once its zip archives check out "
                    "(refused while a task of the run trains).")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@dry_run_option
 def verify_command(exp: str | None, run: Path | None, trainings_dir: Path | None, step: int | None, sizes_only: bool,
-                   adopt: bool, as_json: bool) -> None:
+                   adopt: bool, as_json: bool, dry_run: bool) -> None:
     """Check EXP's checkpoints against their manifests: every file there, of its size and content.
 
     One line per checkpoint: verified; damaged (the first file that is not as saved, and how); not committed (a
@@ -219,13 +242,16 @@ def verify_command(exp: str | None, run: Path | None, trainings_dir: Path | None
                                                                           else "")))
 
     def check() -> audit.Audit:
-        return audit.audit(checkpoints, hashes=not sizes_only, adopt=adopt, step=step, progress=shown)
+        return audit.audit(checkpoints, hashes=not sizes_only, adopt=adopt and not dry_run, step=step, progress=shown)
 
-    if adopt:  # writes manifests: never beside a task that trains (and saves) the run
+    if adopt and not dry_run:  # writes manifests: never beside a task that trains (and saves) the run
         with run_lock.hold(Path(experiment.paths.output), "bsops verify --adopt"):
             found = check()
     else:
         found = check()
+    if dry_run and adopt and not as_json:
+        click.echo("dry run: no manifest written; --adopt would write those of the checkpoints saved before "
+                   "manifests whose zip archives check out")
     if as_json:
         click.echo(json.dumps(audit.as_data(found), indent=1))
     else:

@@ -13,6 +13,9 @@ from bigscience_ops.cli.base import (
     SafePath,
     cron_dir_option,
     default_cron_dir,
+    dry_run_option,
+    echo_json,
+    json_option,
     load_experiment,
     main,
     trainings_option,
@@ -58,8 +61,9 @@ def _kinds(jobs: str | None) -> list[str] | None:
               help="Re-arm every N seconds instead of hourly/daily (for testing a chain).")
 @click.option("--scrontab", "use_scrontab", is_flag=True,
               help="Merge the runs into your scrontab as one marked block instead of runner jobs.")
+@dry_run_option
 @verbose_option
-def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab: bool) -> None:
+def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab: bool, dry_run: bool) -> None:
     """Submit the hourly and daily runner jobs, unless their chains are already queued."""
     from bigscience_ops.ops.schedule import cron as cronlib
 
@@ -67,24 +71,35 @@ def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab
     if use_scrontab:
         from bigscience_ops.ops.schedule import scrontab
 
+        if dry_run:
+            block = scrontab.block(cron_dir, cronlib.load_settings(cron_dir))
+            click.echo(f"dry run: nothing written; would merge into your scrontab (its other entries kept):\n{block}",
+                       nl=False)
+            return
         path, installed = scrontab.install(cron_dir)
         click.echo(f"wrote {path}" + ("; merged into your scrontab (your other entries are kept)" if installed else
                                       "; this machine has no scrontab client: on a login node, add this block "
                                       "with `scrontab -e`"))
         return
-    for line in cronlib.install(cron_dir, period_seconds):
+    for line in cronlib.install(cron_dir, period_seconds, dry_run=dry_run):
         click.echo(line)
 
 
 @cron.command("status")
 @cron_dir_option
+@json_option
 @verbose_option
-def cron_status(cron_dir: Path | None) -> None:
+def cron_status(cron_dir: Path | None, as_json: bool) -> None:
     """Show each runner chain and its next run; exit 1 when a chain is missing, forked or missed its period."""
     from bigscience_ops.ops.schedule import cron as cronlib
 
     states = cronlib.chains(_cron_dir(cron_dir))
-    for state in states:
+    if as_json:
+        echo_json([{"chain": state.name, "installed": state.installed, "problems": list(state.problems),
+                    "jobs": [{"job_id": job.job_id, "state": job.state, "reason": job.reason,
+                              "start_time": job.start_time.timestamp() if job.start_time else None}
+                             for job in state.jobs]} for state in states])
+    for state in states if not as_json else ():
         click.echo(state.describe())
     if any(state.problems for state in states):
         sys.exit(EXIT_PROBLEMS)
@@ -98,7 +113,8 @@ def cron_status(cron_dir: Path | None) -> None:
                    "Default: every job whose settings EXP has (hub repos, backup.dest), the opt-in ones left out.")
 @cron_dir_option
 @trainings_option
-def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: Path | None) -> None:
+@dry_run_option
+def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: Path | None, dry_run: bool) -> None:
     """Render EXP's hourly jobs (status watchdog, Hub sync, checkpoint backup, eval scheduler) into cron.hourly/.
 
     Without --jobs, a job whose settings EXP lacks is left out, and the command says which and why; the eval
@@ -127,24 +143,33 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
     folder, workdir = path.parent, outputs_folder(path)  # the jobs resolve EXP's outputs as this command did
     rendered = [hourly_jobs.render(kind, cron_dir, experiment, folder, settings, workdir) for kind in kinds]
     for job in rendered:  # all rendered before any is written: a refused value leaves the folder as it was
-        click.echo(f"wrote {cronlib.write_runner(job)}")
+        click.echo(f"dry run: nothing written; would write {job.path}" if dry_run else f"wrote {cronlib.write_runner(job)}")
     if not (cron_dir / "runners").is_dir():
         click.echo(f"no runner chain in {cron_dir} yet: `bsops cron install` (with the same folder) starts it")
 
 
 @cron.command("jobs")
-def cron_jobs() -> None:
+@json_option
+def cron_jobs(as_json: bool) -> None:
     """List the hourly jobs `bsops cron add --jobs` takes: name, period, time limit, what it is and what it runs."""
     from bigscience_ops.ops import hourly, hourly_jobs
 
+    listed = []
     for job in hourly_jobs.JOBS.values():
         runs = " ".join(["bsops", job.command, "EXP", *("CRON_DIR" if a == hourly.CRON_DIR else a for a in job.arguments)])
+        listed.append({"name": job.name, "period": job.period, "time": job.time, "opt_in": job.opt_in,
+                       "what": job.what, "runs": runs})
+        if as_json:
+            continue
         click.echo(f"{job.name:<10} {job.period:<7} {job.time:<9} {'opt-in ' if job.opt_in else ''}{job.what}: {runs}")
+    if as_json:
+        echo_json(listed)
 
 
 @cron.command("list")
 @cron_dir_option
-def cron_list(cron_dir: Path | None) -> None:
+@json_option
+def cron_list(cron_dir: Path | None, as_json: bool) -> None:
     """List the jobs of the cron folder: experiment, job kind, period and file.
 
     A file's name is shown with its control characters escaped (a line break in it is `\\x0a`); a *.slurm entry
@@ -153,6 +178,10 @@ def cron_list(cron_dir: Path | None) -> None:
     from bigscience_ops.ops.schedule import cron as cronlib
 
     found = hourly_jobs.installed(_cron_dir(cron_dir))
+    if as_json:
+        echo_json([{"experiment": job.experiment, "kind": job.kind, "period": job.period, "path": str(job.path),
+                    "not_run": cronlib.script_problem(job.path)} for job in found])
+        return
     for job in found:
         problem = cronlib.script_problem(job.path)
         refused = f"  (not run: it {problem})" if problem else ""
@@ -167,7 +196,8 @@ def cron_list(cron_dir: Path | None) -> None:
 @click.option("--jobs", type=TEXT, default=None, metavar="LIST",
               help="Comma-separated jobs to remove (`bsops cron jobs` lists them; default: all of EXP's).")
 @cron_dir_option
-def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None) -> None:
+@dry_run_option
+def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None, dry_run: bool) -> None:
     """Remove EXP's jobs that `bsops cron add` wrote (other files of the folder are left alone).
 
     Exits 1 when there was none to remove."""
@@ -175,9 +205,12 @@ def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None) -> None:
 
     kinds = _kinds(jobs) or list(hourly_jobs.JOBS)
     cron_dir = _cron_dir(cron_dir)
-    removed = hourly_jobs.remove(cron_dir, exp, kinds)
+    if dry_run:
+        removed = [job.path for job in hourly_jobs.installed(cron_dir) if job.experiment == exp and job.kind in kinds]
+    else:
+        removed = hourly_jobs.remove(cron_dir, exp, kinds)
     for path in removed:
-        click.echo(f"removed {path}")
+        click.echo(f"dry run: nothing removed; would remove {path}" if dry_run else f"removed {path}")
     if not removed:
         click.echo(f"no {'/'.join(kinds)} job of {exp} in {cron_dir} (bsops cron list shows what is there)")
         sys.exit(EXIT_PROBLEMS)

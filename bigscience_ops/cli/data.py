@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from bigscience_ops.cli.base import EXIT_PROBLEMS, TEXT, FiniteFloat, main, trainings_option
+from bigscience_ops.cli.base import EXIT_PROBLEMS, TEXT, FiniteFloat, dry_run_option, main, trainings_option
 
 if TYPE_CHECKING:
     from bigscience_ops.data.preprocess import Limits
@@ -221,9 +221,10 @@ def _split_keys(values: tuple[str, ...]) -> tuple[str, ...]:
               callback=_no_meaning)
 @click.option("--pad-vocab-size-to", type=int, default=None, hidden=True, expose_value=False, callback=_no_meaning)
 @click.option("--datasets", multiple=True, hidden=True, expose_value=False, callback=_no_meaning)
+@dry_run_option
 def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple[str, ...], tokenizer: TokenizerChoice,
                limits: Limits, append_eod: bool, output_prefix: str, workers: int, strict: bool,
-               log_interval: int) -> None:
+               log_interval: int, dry_run: bool) -> None:
     """Tokenize jsonl documents into Megatron's indexed format (.bin/.idx).
 
     Megatron's tools/preprocess_data.py command lines work as they are (--tokenizer-type,
@@ -270,6 +271,10 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
         more = f" and {len(found.side_files) - 5} more" if len(found.side_files) > 5 else ""
         click.echo(f"note: left out {len(found.side_files)} file(s) bsops wrote (records, problem lists, "
                    f"datasets): {shown}{more}", err=True)
+    if dry_run:
+        _preprocess_dry_run(paths, output_prefix, output_per_input, keys)
+        return
+
     def capped(used: Workers) -> None:
         if used.capped:
             click.echo(f"note: {used.line()}", err=True)
@@ -313,7 +318,21 @@ def preprocess(inputs: tuple[str, ...], output_per_input: bool, json_keys: tuple
         click.echo(f"problems listed in {result.problems_file}")
 
 
-def _merge(prefixes: tuple[str, ...], folder: Path | None, output_prefix: str) -> None:
+def _preprocess_dry_run(paths: list[Path], output_prefix: str, per_input: bool, keys: tuple[str, ...]) -> None:
+    """What preprocess would read and write: the inputs and the datasets (nothing read past their sizes)."""
+    from bigscience_ops.data.shards import output_prefix_for, plan_shards
+
+    shards = plan_shards(paths, output_prefix, per_input)  # two inputs that would share an output: refused here too
+    size = sum(path.stat().st_size for path in paths)
+    outputs = ([output_prefix_for(s.part, k) for s in shards for k in keys] if per_input
+               else [output_prefix_for(output_prefix, k) for k in keys])
+    click.echo(f"dry run: nothing read or written; would tokenize {len(paths)} input file(s), {size / 1e6:.1f} MB, "
+               f"and write ({', '.join(keys)}):")
+    for prefix in outputs:
+        click.echo(f"  {prefix}.bin/.idx")
+
+
+def _merge(prefixes: tuple[str, ...], folder: Path | None, output_prefix: str, dry_run: bool = False) -> None:
     from bigscience_ops.data.indexed import IndexedDataset, prefixes_in
     from bigscience_ops.data.shards import merge_checked
 
@@ -321,6 +340,16 @@ def _merge(prefixes: tuple[str, ...], folder: Path | None, output_prefix: str) -
         prefixes = tuple(prefixes) + tuple(prefixes_in(folder))
     if not prefixes:
         raise click.UsageError("give --input-prefix (repeat, in order) or --input FOLDER")
+    if dry_run:
+        missing = [prefix for prefix in prefixes if not Path(f"{prefix}.idx").is_file()]
+        if missing:
+            raise click.UsageError(f"got --input-prefix {missing[0]} with no {missing[0]}.idx; allowed: the prefix of "
+                                   "an indexed dataset (PREFIX.bin and PREFIX.idx)")
+        click.echo(f"dry run: nothing written; would merge {len(prefixes)} datasets, in this order, into "
+                   f"{output_prefix}.bin/.idx (their tokenizers compared first):")
+        for prefix in prefixes:
+            click.echo(f"  {prefix}")
+        return
     result = merge_checked(list(prefixes), output_prefix)
     for why in result.ignored:
         click.echo(f"note: {why}; not used", err=True)
@@ -352,7 +381,8 @@ def _merge_options(f):
 
 @main.command("merge-datasets")
 @_merge_options
-def merge_datasets_command(prefixes: tuple[str, ...], folder: Path | None, output_prefix: str) -> None:
+@dry_run_option
+def merge_datasets_command(prefixes: tuple[str, ...], folder: Path | None, output_prefix: str, dry_run: bool) -> None:
     """Concatenate indexed datasets (same tokenizer) into one, as Megatron's merge_datasets.py.
 
     The bytes equal those of preprocessing the inputs' jsonl concatenated in the same order:
@@ -362,7 +392,7 @@ def merge_datasets_command(prefixes: tuple[str, ...], folder: Path | None, outpu
     is named in a warning, and only its token dtype is compared. The merged dataset gets its own
     record (OUTPUT_PREFIX.dataset.json): their tokenizer and the largest of their token ids.
     """
-    _merge(prefixes, folder, output_prefix)
+    _merge(prefixes, folder, output_prefix, dry_run)
 
 
 @main.command("merge-data", hidden=True)
@@ -381,10 +411,18 @@ def _clock(seconds: float) -> str:
 @main.command("prepare-corpus")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for the .bin/.idx (default: corpus/build next to the bundled corpus).")
-def prepare_corpus(out_dir: Path | None) -> None:
+@dry_run_option
+def prepare_corpus(out_dir: Path | None, dry_run: bool) -> None:
     """Build the bundled corpus's .bin/.idx (the tiny experiment's data) if missing."""
-    from bigscience_ops.data.corpus import default_build_dir, ensure_bundled_corpus
+    from bigscience_ops.data.corpus import NAME, default_build_dir, ensure_bundled_corpus
+    from bigscience_ops.data.indexed import exists
+    from bigscience_ops.data.shards import output_prefix_for
 
+    if dry_run:
+        prefix = output_prefix_for(str(Path(out_dir or default_build_dir()) / NAME), "text")
+        click.echo(f"dry run: nothing written; {prefix}.bin/.idx " + (
+            "exists (rebuilt if older than the bundled corpus)" if exists(prefix) else "would be built"))
+        return
     prefix = ensure_bundled_corpus(out_dir or default_build_dir())
     click.echo(prefix)
 

@@ -16,9 +16,12 @@ from bigscience_ops.cli.base import (
     EXIT_PROBLEMS,
     TEXT,
     SafePath,
+    dry_run_option,
     echo_detail,
+    echo_json,
     echo_run_folder,
     field_alias_option,
+    json_option,
     load_experiment,
     main,
     overrides_argument,
@@ -37,11 +40,25 @@ allow_incomplete_option = click.option(
 
 @main.command("list")
 @trainings_option
-def list_command(trainings_dir: Path | None) -> None:
+@json_option
+def list_command(trainings_dir: Path | None, as_json: bool) -> None:
     """List the experiments, local ones first, then bsops' bundled ones, with their descriptions."""
     from bigscience_ops.experiment_files import find_experiments
 
     folder = None
+    if as_json:
+        listed = []
+        for found in find_experiments(trainings_dir):
+            entry = {"name": found.name, "path": str(found.path), "bundled": found.bundled,
+                     "hidden_by": str(found.shadowed_by) if found.shadowed_by is not None else None}
+            if found.shadowed_by is None:
+                try:
+                    entry["description"] = load_experiment(str(found.path), trainings_dir).description
+                except BsopsError as exc:
+                    entry["invalid"] = str(exc)
+            listed.append(entry)
+        echo_json(listed)
+        return
     for found in find_experiments(trainings_dir):
         if found.path.parent != folder:
             folder = found.path.parent
@@ -231,7 +248,8 @@ def plan(exp: str, overrides: tuple[str, ...], as_json: bool, allow_incomplete: 
 @click.option("--base", type=TEXT, default="tr1-13B", show_default=True, help="The experiment to start from.")
 @click.option("--trainings-dir", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Folder to write NAME.yaml into (default: $BSOPS_TRAININGS or ./trainings).")
-def new(name: str, base: str, trainings_dir: Path | None) -> None:
+@dry_run_option
+def new(name: str, base: str, trainings_dir: Path | None, dry_run: bool) -> None:
     """Write trainings/NAME.yaml: BASE's model and schedule, with every site-specific value reset.
 
     Account, partition, paths, data, tokenizer, Hub repos and alert addresses belong to a cluster and a
@@ -253,6 +271,9 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
     if path.exists():
         raise click.UsageError(f"{path} exists; choose another NAME or edit it")
     text = new_experiment_text(name, base, trainings_dir)  # the base must exist before anything is written
+    if dry_run:
+        _new_dry_run(path, text, base, trainings_dir)
+        return
     directory.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     try:
@@ -274,6 +295,22 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
         click.echo(line)
 
 
+def _new_dry_run(path: Path, text: str, base: str, trainings_dir: Path | None) -> None:
+    """What `new` would write, checked as it would be (a copy read from a temporary folder), and its blanks."""
+    import tempfile
+
+    from bigscience_ops.site_values import missing_site_values
+
+    with tempfile.TemporaryDirectory(prefix="bsops-new-") as scratch:
+        copy = Path(scratch) / path.name
+        copy.write_text(text, encoding="utf-8")
+        experiment = load_experiment(str(copy), trainings_dir or path.parent)
+    click.echo(f"dry run: nothing written; would write {path}: {base}'s model and schedule, every site-specific "
+               "value reset")
+    for blank in missing_site_values(experiment).blanks:
+        click.echo(f"  to fill in: {blank.line()}")
+
+
 @main.command()
 @click.argument("exp", type=TEXT)
 @overrides_argument
@@ -281,8 +318,9 @@ def new(name: str, base: str, trainings_dir: Path | None) -> None:
               help="Folder for the script, experiment.json and ds_config.json (default: rendered/EXP).")
 @allow_incomplete_option
 @trainings_option
+@dry_run_option
 def render(exp: str, overrides: tuple[str, ...], out: Path | None, allow_incomplete: bool,
-           trainings_dir: Path | None) -> None:
+           trainings_dir: Path | None, dry_run: bool) -> None:
     """Render EXP's Slurm job-array script and DeepSpeed JSON (refused if the plan finds errors, or if site
     values the job needs are missing, unless --allow-incomplete)."""
     from bigscience_ops.launch import render as rendering
@@ -297,6 +335,9 @@ def render(exp: str, overrides: tuple[str, ...], out: Path | None, allow_incompl
         prepared = build_launch_plan(experiment, LaunchOptions(allow_incomplete=allow_incomplete), out)
     _warn_incomplete(experiment.name, prepared.site)
     _echo_data(prepared.data)
+    if dry_run:
+        click.echo(f"dry run: nothing written; would write into {out}: {', '.join(sorted(prepared.rendered.files))}")
+        return
     script = rendering.write(prepared.rendered, out)
     click.echo(f"rendered {script}")
     again = " ".join(shlex.quote(word) for word in (exp, *overrides))
@@ -320,6 +361,19 @@ def _warn_if_the_run_recorded_otherwise(experiment) -> None:
                    "from its checkpoint with the new values (the data order or the model change from there)", err=True)
 
 
+def _local_dry_run(experiment, allow_incomplete: bool) -> None:
+    """What `launch --local` would run: the plan checked and the job rendered as the launch would, nothing written."""
+    from bigscience_ops.launch.plan import LaunchOptions, build_launch_plan
+
+    with _data_checked():
+        prepared = build_launch_plan(experiment, LaunchOptions(job="local", allow_incomplete=allow_incomplete,
+                                                               dry_run=True))
+    _warn_incomplete(experiment.name, prepared.site)
+    _echo_data(prepared.data)
+    click.echo(f"dry run: nothing written or run; would run {experiment.slurm.array} array task(s) here, one after "
+               f"another, in {experiment.paths.output} (files: {', '.join(sorted(prepared.rendered.files))})")
+
+
 @main.command()
 @click.argument("exp", type=TEXT, default="tiny")
 @overrides_argument
@@ -327,7 +381,8 @@ def _warn_if_the_run_recorded_otherwise(experiment) -> None:
               help="Run the rendered job array on this machine with Slurm's environment emulated.")
 @click.option("--after-current", is_flag=True,
               help="If a job of EXP is queued, start after its whole array (afterany) instead of refusing.")
-@click.option("--dry-run", is_flag=True, help="Show the run record, queue check and sbatch command; submit nothing.")
+@click.option("--dry-run", is_flag=True, help="Show the run record, queue check and sbatch command (with --local: the "
+                                               "tasks it would run); write, submit and run nothing.")
 @field_alias_option("paths.output", "--out", metavar="DIR",
                     help="the run folder; its checkpoints, logs and tensorboard go under it unless EXP sets them.")
 @field_alias_option("slurm.array", "--tasks", metavar="N",
@@ -347,14 +402,17 @@ def launch(exp: str, overrides: tuple[str, ...], local: bool, after_current: boo
     from bigscience_ops.launch.local import launch_local
     from bigscience_ops.launch.plan import LaunchOptions
 
-    if local and (after_current or dry_run):
-        raise click.UsageError("--after-current and --dry-run apply to Slurm launches, not --local")
+    if local and after_current:
+        raise click.UsageError("--after-current applies to Slurm launches, not --local")
     if "=" in exp and not Path(exp).exists():  # `bsops launch train.seed=7`: EXP left out, tiny's
         exp, overrides = "tiny", (exp, *overrides)
     experiment = load_experiment(exp, trainings_dir, overrides)
     echo_run_folder(exp, trainings_dir, experiment)
     _echo_overrides(experiment)
     _warn_if_the_run_recorded_otherwise(experiment)
+    if local and dry_run:
+        _local_dry_run(experiment, allow_incomplete)
+        return
     if not local:
         from bigscience_ops.launch import cluster as submit
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    TEXT, FiniteFloat, alert_option, configured_run, field_alias_option, main, open_run_saying, overrides_argument,
-    run_alerting, run_option, trainings_option,
+    TEXT, FiniteFloat, alert_option, configured_run, dry_run_option, field_alias_option, main, open_run_saying,
+    overrides_argument, run_alerting, run_option, trainings_option,
 )
 
 # Where the token goes and under which name it is read: another team's values send your token to their host.
@@ -45,10 +45,12 @@ def refuse_inherited_hub(opened, trainings_dir: Path | None) -> None:
 @click.option("--trust-inherited-hub", is_flag=True,
               help="Sync although hub.host, hub.remote_template or hub.token_env come from a base file.")
 @alert_option
+@dry_run_option
 @trainings_option
 @overrides_argument
 def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | None, wait_s: float,
-             trust_inherited_hub: bool, alert: bool, trainings_dir: Path | None, overrides: tuple[str, ...]) -> None:
+             trust_inherited_hub: bool, alert: bool, dry_run: bool, trainings_dir: Path | None,
+             overrides: tuple[str, ...]) -> None:
     """Push EXP's logs, TensorBoard events and codecarbon records to their Hub repos.
 
     Keeps one git clone per repo under the run folder (hub/<what>/), copies what changed, stores
@@ -68,6 +70,13 @@ def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | 
     def work() -> None:
         if not trust_inherited_hub:
             refuse_inherited_hub(opened, trainings_dir)
+        if dry_run:  # the settings and remotes checked; no clone made or fetched, nothing committed or pushed
+            settings = hubsync.settings(experiment)
+            for kind in hubsync.selected(settings, kinds, remote):
+                url, _ = hubsync.remote_for(settings, hubsync._repo_name(settings, kind, remote), remote)
+                click.echo(f"would sync {kind}: {settings.folder(kind)} -> {url}")
+            click.echo("dry run: nothing cloned, committed or pushed")
+            return
         results = hubsync.sync(hubsync.settings(experiment), kinds, remote, wait_s)
         for result in results:
             click.echo(result.describe())
@@ -79,7 +88,7 @@ def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | 
 
     # A run of some kinds only neither clears nor repeats the alert of a full run.
     job = f"hub-sync --what {','.join(sorted(set(kinds)))}" if kinds else "hub-sync"
-    run_alerting(experiment, alert, job, f"bsops {job} {experiment.name}", work)
+    run_alerting(experiment, alert and not dry_run, job, f"bsops {job} {experiment.name}", work)  # a dry run tells no one
 
 
 class _ShownProgress:
@@ -174,4 +183,4 @@ def backup_cmd(exp: str | None, run: Path | None, dry_run: bool, alert: bool,
             raise backup.BackupError(f"{', '.join(counts)} (the rest was done): {lines}{gone}")
 
     job = "backup --dry-run" if dry_run else "backup"  # a dry run that works says nothing of the backup
-    run_alerting(experiment, alert, job, f"bsops {job} {experiment.name}", work)
+    run_alerting(experiment, alert and not dry_run, job, f"bsops {job} {experiment.name}", work)  # nor tells anyone

@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from bigscience_ops.cli.base import (
-    TEXT, FiniteFloat, SafePath, echo_detail, main, open_run_saying, overrides_argument, run_option,
+    TEXT, FiniteFloat, SafePath, dry_run_option, echo_detail, echo_json, json_option, main, open_run_saying,
+    overrides_argument, run_option,
     trainings_option, verbose_option,
 )
 from bigscience_ops.run import log as runlog
@@ -39,11 +40,14 @@ from bigscience_ops.schema import AlertsConfig
 @click.option("--alert-state", type=SafePath(dir_okay=False, path_type=Path), default=None,
               help="Cooldown state file (default: .bsops-alerts.json next to --log; in $XDG_STATE_HOME/bsops while "
                    "that folder cannot be written).")
+@json_option
+@dry_run_option
 @overrides_argument
 @verbose_option
 def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None, job_name: str | None,
                    log_path: Path | None, cron_dir: Path | None, users: tuple[str, ...], contact: str | None,
-                   timeout: float, no_email: bool, alert_state: Path | None, overrides: tuple[str, ...]) -> None:
+                   timeout: float, no_email: bool, alert_state: Path | None, as_json: bool, dry_run: bool,
+                   overrides: tuple[str, ...]) -> None:
     """Is EXP (or --job-name) running or scheduled? Prints one line per job and ALERT lines.
 
     With EXP (an experiment, or a run folder, or --run), the run is read as it recorded itself: its job name,
@@ -89,14 +93,14 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
     if exp is not None or run is not None:
         from bigscience_ops.ops.watch import lifecycle
 
-        opened = open_run_saying(exp, run, trainings_dir, overrides=overrides, fallback=True)
+        opened = open_run_saying(exp, run, trainings_dir, overrides=overrides, fallback=True, err=as_json)
         experiment = opened.experiment  # the run as recorded, told through today's channels (never a record's)
-        if opened.settings_problem is not None and not no_email:
+        if opened.settings_problem is not None and not no_email and not dry_run:
             click.echo(f"alerts: not sent: {opened.settings_problem}", err=True)
         state = lifecycle.run_state(experiment, timeout=timeout)
         if opened.record_problem is not None:  # a torn record: watched as the file says, and alerted on
             state = dataclasses.replace(state, problems=(*state.problems, opened.record_problem))
-        outbox = None if no_email else channels.outbox_from_alerts(experiment.alerts)
+        outbox = None if no_email or dry_run else channels.outbox_from_alerts(experiment.alerts)
     elif overrides:
         raise click.UsageError(f"got {' '.join(overrides)} without an experiment; allowed: SECTION.KEY=VALUE after EXP")
     slurm_cfg, alerts = (experiment.slurm, experiment.alerts) if experiment else (None, None)
@@ -109,10 +113,22 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
         stall_minutes=alerts and alerts.stall_minutes, contact=contact or DEFAULT_CONTACT, outbox=outbox,
         state_path=alert_state, cooldown_minutes=alerts.cooldown_minutes if alerts else AlertsConfig.cooldown_minutes,
         experiment=experiment.name if experiment else None, timeout=timeout, cron_dir=cron_dir,
-        health=alerts and alerts.health)
+        health=alerts and alerts.health, dry_run=dry_run)
     result = watchdog.watch(settings, run=state, query=query)
-    for line in result.lines:
+    if as_json:
+        echo_json({"job_name": job_name, "experiment": settings.experiment, "exit_code": result.exit_code,
+                   "healthy": result.report.healthy, "finished_at": result.report.finished_at,
+                   "alerts": [{"condition": a.condition, "message": a.message} for a in result.report.alerts],
+                   "sent": [{"kind": n.kind, "subject": n.subject, "channels": list(n.channels), "error": n.error}
+                            for n in result.notices],
+                   "lines": list(result.lines), "dry_run": dry_run})
+    for line in result.lines if not as_json else ():
         click.echo(line)
+    if dry_run and not as_json:
+        told = (f"tell {', '.join(alerts.email_to)} of {len(result.report.alerts)} alert(s) as their cooldown allows, "
+                if alerts is not None and alerts.email_to and result.report.alerts and not no_email else "")
+        click.echo(f"dry run: nothing sent, logged or written; would {told}append these lines to watchdog.log"
+                   f"{' beside ' + str(settings.log_path) if settings.log_path else ''} and keep the alert state")
     for failure in failures:
         echo_detail(failure)
     sys.exit(result.exit_code)

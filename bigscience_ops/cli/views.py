@@ -10,7 +10,10 @@ from pathlib import Path
 
 import click
 
-from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, main, open_run_saying, run_option, trainings_option
+from bigscience_ops.cli.base import (
+    TEXT, FiniteFloat, SafePath, dry_run_option, echo_json, json_option, main, open_run_saying, run_option,
+    trainings_option,
+)
 
 
 @main.command("logs")
@@ -24,17 +27,24 @@ from bigscience_ops.cli.base import TEXT, FiniteFloat, SafePath, main, open_run_
               help="Read main_log.txt from this clone of the logs repo instead of the run folder.")
 @click.option("--interval", type=FiniteFloat(0, 3600, low_open=True, unit="seconds"), default=1.0, show_default=True,
               help="With --follow: seconds between checks for new lines.")
+@json_option
 def logs_command(exp: str | None, run: Path | None, trainings_dir: Path | None, lines: int, follow: bool,
-                 from_clone: Path | None, interval: float) -> None:
+                 from_clone: Path | None, interval: float, as_json: bool) -> None:
     """Print the tail of EXP's main_log.txt (the run folder's, else hub-sync's clone of the logs repo).
 
     The log is printed as text: its escape sequences and control characters (colours, clear-screen, a terminal
     hyperlink, a bidi override) are shown escaped, as `\\x1b[2J`, never passed to the terminal."""
     from bigscience_ops.run import log as runlog
 
+    if as_json and follow:
+        raise click.UsageError("got --json and --follow; allowed: one of them (--json prints the last lines as one "
+                               "document, --follow keeps printing)")
     experiment = open_run_saying(exp, run, trainings_dir, err=True).experiment  # stdout is the log's lines
     path = runlog.find_log(experiment, from_clone)
     last, offset = runlog.tail(path, lines)
+    if as_json:  # the lines as the log holds them: JSON escapes what a terminal would run
+        echo_json({"log": str(path), "lines": list(last)})
+        return
     for line in last:
         click.echo(runlog.for_terminal(line))  # the log's escape sequences shown, never run by the terminal
     if not follow:
@@ -56,8 +66,9 @@ def logs_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
 @click.option("--from-clone", "tensorboard_dir", type=SafePath(file_okay=False, path_type=Path), default=None,
               help="Read the event files from this clone of the tensorboard repo (or any folder of them) instead of "
                    "the run folder; the run's own folders are unchanged.")
+@dry_run_option
 def plot_command(exp: str | None, run: Path | None, trainings_dir: Path | None, out: Path,
-                 tensorboard_dir: Path | None) -> None:
+                 tensorboard_dir: Path | None, dry_run: bool) -> None:
     """Draw EXP's training loss, validation loss, learning rate, batch size and grad norm against tokens.
 
     When the run's checkpoints were evaluated (`bsops eval`: <run>/eval/global_stepN.json), eval panels follow,
@@ -67,9 +78,9 @@ def plot_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
     from bigscience_ops.views import plot
 
     experiment = open_run_saying(exp, run, trainings_dir).experiment
-    result = plot.plot(experiment, out, tensorboard_dir)
+    result = plot.plot(experiment, out, tensorboard_dir, dry_run=dry_run)
     counts = ", ".join(f"{name} {len(s.values)}" for name, s in result.series.items())
-    click.echo(f"{result.out}: points per panel: {counts} (from {len(result.event_files)} event file(s))")
+    click.echo(("dry run: nothing written; would draw " if dry_run else "") + f"{result.out}: points per panel: {counts} (from {len(result.event_files)} event file(s))")
     for problem in result.problems:  # an unreadable eval result file: said, and the plot drawn without it
         click.echo(f"warning: not drawn: {problem}", err=True)
 
@@ -102,14 +113,32 @@ def info_command(exp: str | None, run: Path | None, trainings_dir: Path | None, 
 @trainings_option
 @click.option("--out", type=SafePath(dir_okay=False, path_type=Path), default=None,
               help="Write the Markdown to this file instead of printing it.")
-def chronicle_command(exp: str | None, run: Path | None, trainings_dir: Path | None, out: Path | None) -> None:
+@json_option
+@dry_run_option
+def chronicle_command(exp: str | None, run: Path | None, trainings_dir: Path | None, out: Path | None,
+                      as_json: bool, dry_run: bool) -> None:
     """EXP's run chronicle as Markdown: launches, array tasks with nodes, iterations and exits, saves,
     node phases, failure-budget stops, training-health findings and the alert emails, by day; backups and
     evaluation results as the experiment file's backup and eval settings find them today."""
     from bigscience_ops.ops.keep import chronicle
 
+    if as_json and out is not None:
+        raise click.UsageError(f"got --json and --out {out}; allowed: one of them (--json prints the events, --out "
+                               "writes the Markdown)")
     experiment = configured(open_run_saying(exp, run, trainings_dir, err=out is None))  # stdout: the Markdown
+    if as_json:
+        found = chronicle.read(experiment)
+        echo_json({"experiment": experiment.name, "events": [
+            {"when": e.when, "kind": e.kind, "text": e.text, "details": e.details, "iteration": e.iteration}
+            for e in found.events], "problems": [str(p) for p in found.problems],
+            "evaluations": [{"tag": r.tag, "iteration": r.iteration, "consumed_tokens": r.consumed_tokens,
+                             "metrics": r.metrics} for r in found.evaluations]})
+        return
     text = chronicle.markdown(experiment)
+    if dry_run:
+        click.echo(f"dry run: nothing written; would write {out} ({len(text)} characters of Markdown)"
+                   if out is not None else text, nl=out is not None)
+        return
     if out is None:
         click.echo(text, nl=False)
         return

@@ -40,8 +40,10 @@ class Done:
     moved: list[str]  # tags set aside
 
 
-def rollback(exp: Experiment, to_step: int, skip: str | None = None, now: float | None = None) -> Done:
-    """Move `exp`'s run back to global_step`to_step`; `skip` ("A-B") is stepped over when trained again.
+def rollback(exp: Experiment, to_step: int, skip: str | None = None, now: float | None = None,
+             dry_run: bool = False) -> Done:
+    """Move `exp`'s run back to global_step`to_step`; `skip` ("A-B") is stepped over when trained again. With
+    `dry_run`, everything is checked and what would be done returned, and nothing is moved or written.
 
     The caller makes sure no task of the run is training (the CLI reads the task ledger: ledger.running)."""
     checkpoints = Path(exp.paths.checkpoints)
@@ -66,6 +68,9 @@ def rollback(exp: Experiment, to_step: int, skip: str | None = None, now: float 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     later = [c for c in layout.list_checkpoints(checkpoints) if c.step > to_step]
     aside = checkpoints / f"{SET_ASIDE_PREFIX}{stamp}"
+    if dry_run:
+        return Done(rollbacks.Rollback(time.time() if now is None else now, latest, to_step, skip,
+                                       str(aside) if later else ""), [c.tag for c in later])
     moved = []
     for ckpt in later:
         aside.mkdir(exist_ok=True)

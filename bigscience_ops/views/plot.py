@@ -326,16 +326,19 @@ def _draw_markers(ax, marks: list[Marker]) -> None:
         labelled.add(mark.kind)
 
 
-def plot(exp, out: Path, tensorboard_dir: Path | None = None) -> Plot:
+def plot(exp, out: Path, tensorboard_dir: Path | None = None, dry_run: bool = False) -> Plot:
     """Read `exp`'s TensorBoard events (paths.tensorboard, or `tensorboard_dir`) and write the PNG `out`, the
     run chronicle's events marked on the loss curve (none when the run folder's records cannot be read), the
-    points its rollbacks abandoned drawn apart."""
+    points its rollbacks abandoned drawn apart. With `dry_run`, the curves are read and nothing is drawn or
+    written."""
     directory = Path(tensorboard_dir or exp.paths.tensorboard)
     try:
         cutoffs = rollback_cutoffs(exp)
     except (BsopsError, OSError):
         cutoffs = []
     series, files = read_series(directory, exp.model.seq_length, cutoffs)
+    if dry_run:
+        return Plot(Path(out), series, files)
     try:
         marks = markers(exp, series["training loss"])
     except (BsopsError, OSError):

@@ -55,8 +55,8 @@ def test_preprocess_names_the_files_gpt2bpe_needs(tmp_path: Path) -> None:
 def test_a_bad_combination_is_one_line_naming_the_help() -> None:
     result = CliRunner().invoke(main, ["launch", "tiny", "--local", "--after-current"], prog_name="bsops")
     assert result.exit_code == EXIT_ERROR
-    assert result.stderr.splitlines()[-1] == ("error: --after-current and --dry-run apply to Slurm launches, not "
-                                              "--local (see bsops launch --help)")
+    assert result.stderr.splitlines()[-1] == ("error: --after-current applies to Slurm launches, not --local (see "
+                                              "bsops launch --help)")
     assert "run folder" not in result.output  # refused before anything is read
 
 

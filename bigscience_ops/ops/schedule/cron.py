@@ -370,21 +370,29 @@ def chains(cron_dir: Path, jobs: list | None = None, now: dt.datetime | None = N
     return states
 
 
-def install(cron_dir: Path, period_seconds: int | None = None, periods: tuple[str, ...] = tuple(PERIODS)) -> list[str]:
-    """Write the runners and submit each whose chain is not already queued; returns what was done."""
+def install(cron_dir: Path, period_seconds: int | None = None, periods: tuple[str, ...] = tuple(PERIODS),
+            dry_run: bool = False) -> list[str]:
+    """Write the runners and submit each whose chain is not already queued; returns what was done (`dry_run`: what
+    would be, with nothing written or submitted; the queue is read)."""
     settings = load_settings(cron_dir)
-    for period in periods:
-        (Path(cron_dir) / f"cron.{period}").mkdir(parents=True, exist_ok=True)
+    if not dry_run:
+        for period in periods:
+            (Path(cron_dir) / f"cron.{period}").mkdir(parents=True, exist_ok=True)
     jobs = _my_jobs()
     done = []
     executor = SlurmScripts()
     for period in periods:
-        runner = render_runner(cron_dir, period, settings, period_seconds).as_job()
-        path = executor.write(runner)  # written again, queued or not: the chain's next run reads this one
-        queued = _queued(jobs, runner.name)
-        if queued:
-            done.append(f"{runner.name}: already queued as job {queued[0].job_id}; left as it is")
+        runner = render_runner(cron_dir, period, settings, period_seconds)
+        job = runner.as_job()
+        queued = _queued(jobs, job.name)
+        if dry_run:
+            done.append(f"{job.name}: dry run, nothing written or submitted: would write {runner.path} and " + (
+                f"leave job {queued[0].job_id}, already queued" if queued else "submit it"))
             continue
-        job_id = executor.start(runner, path).job_id
-        done.append(f"{runner.name}: submitted {path} as job {job_id}")
+        path = executor.write(job)  # written again, queued or not: the chain's next run reads this one
+        if queued:
+            done.append(f"{job.name}: already queued as job {queued[0].job_id}; left as it is")
+            continue
+        job_id = executor.start(job, path).job_id
+        done.append(f"{job.name}: submitted {path} as job {job_id}")
     return done

@@ -68,7 +68,7 @@ class WatchResult:
 @dataclass(frozen=True)
 class WatchSettings:
     """What one watchdog run watches and whom it tells. `bsops status` builds it from its options over the
-    experiment's values (cli.base.resolve); the hourly status job runs that command."""
+    experiment's values; the hourly status job runs that command."""
 
     job_name: str
     """The Slurm job name to watch (compared whole, any length)."""
@@ -89,6 +89,8 @@ class WatchSettings:
     """Send the same alert at most once per this many minutes, on each channel."""
     experiment: str | None = None
     """The experiment's name, for the messages (default: the run's, else the job name)."""
+    dry_run: bool = False
+    """Decide only: send nothing, append nothing to watchdog.log, write and move no alert state (`status --dry-run`)."""
     timeout: float = 60.0
     """Seconds each Slurm query (squeue, sacct, the cron chains' squeue) may take."""
     cron_dir: str | os.PathLike[str] | None = None
@@ -134,6 +136,11 @@ def watch(settings: WatchSettings, *, run: RunState | None = None, now: datetime
         report = _with_eval_alerts(report, run.experiment, s.contact, s.experiment or run.experiment.name)
     outbox, log_path = s.outbox, s.log_path
     usual = default_state_path(log_path) if s.state_path is None else Path(s.state_path)
+    if s.dry_run:  # what the run would say; the state is only read (what was told of checkpoints set aside)
+        if run is not None and run.set_aside:
+            told = told_events(usual, s.job_name, outbox.names if outbox is not None else None)
+            report = _with_set_aside_alerts(report, run.set_aside, told, s.contact)
+        return WatchResult(report, (), None, report.lines)
     where = alert_state.place(usual, status.watchdog_log(log_path) if log_path is not None else None, s.job_name, env)
     report = _with_moved_alert(report, where, s.contact)
     if run is not None and run.set_aside:
