@@ -138,3 +138,38 @@ def test_status_json_holds_what_its_text_shows(tmp_path: Path, monkeypatch) -> N
     assert document["exit_code"] == text.exit_code == 2 and document["sent"] == []
     assert [a["condition"] for a in document["alerts"]] == ["slurm-error"]
     assert not (tmp_path / "runs").exists()  # a dry run logs nothing (no watchdog.log) and keeps no alert state
+
+
+def test_a_rollback_dry_run_says_what_it_would_set_aside_and_moves_nothing(trainings: Path, tmp_path: Path) -> None:
+    from bigscience_ops.checkpoints import layout
+    from tests.fixtures_experiments import tiny_yaml
+    from tests.fixtures_runs import commit_checkpoint
+
+    (trainings / "run.yaml").write_text(tiny_yaml(tmp_path / "run"))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for step in (50, 100):
+        folder = checkpoints / f"global_step{step}"
+        folder.mkdir(parents=True)
+        (folder / "layer_00-model_states.pt").write_bytes(b"x" * 100)
+        (folder / layout.META).write_text(json.dumps({"iteration": step}))
+        commit_checkpoint(folder)
+    (checkpoints / layout.LATEST).write_text("global_step100")
+    before = _tree(tmp_path)
+    result = CliRunner().invoke(main, ["rollback", "run", "--step", "50", "--skip", "51-60", "--dry-run",
+                                       "--trainings-dir", str(trainings)])
+    assert result.exit_code == 0, result.output
+    assert "latest would go: global_step100 -> global_step50" in result.stdout
+    assert "would set aside (nothing deleted): global_step100" in result.stdout
+    assert _tree(tmp_path) == before
+
+
+def test_preprocess_and_merge_dry_runs_name_what_they_would_write(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("a.jsonl").write_text('{"text": "hello"}\n{"text": "world"}\n', encoding="utf-8")
+    before = _tree(tmp_path)
+    result = CliRunner().invoke(main, ["preprocess", "--input", "a.jsonl", "--output-prefix", "out", "--tokenizer",
+                                       "gpt2", "--dry-run"])
+    assert result.exit_code == 0 and "  out_text_document.bin/.idx" in result.stdout, result.output
+    merged = CliRunner().invoke(main, ["merge-datasets", "--input-prefix", "none", "--output-prefix", "m", "--dry-run"])
+    assert merged.exit_code == 2 and "none.idx" in merged.stderr  # checked as far as it can be without writing
+    assert _tree(tmp_path) == before
