@@ -39,7 +39,7 @@ def torchrun_shim(folder: Path, body: str) -> str:
 
 
 def launch(exp: Experiment, cluster: SlurmCluster) -> str:
-    job_id = submit.submit(submit.plan_launch(exp))
+    job_id = submit.submit(submit.plan_launch(exp)).job_id
     cluster.submitted.append(job_id)
     return job_id
 

@@ -31,7 +31,7 @@ def test_tiny_array_trains_on_two_nodes_and_resumes(tmp_path: Path, trainings: P
     total = run_schedule(exp).train_iters
     assert 30 < total <= 60
 
-    job_id = submit.submit(submit.plan_launch(exp))
+    job_id = submit.submit(submit.plan_launch(exp)).job_id
     slurm_cluster.submitted.append(job_id)
     wait_until("both array tasks to finish", lambda: not slurm_cluster.jobs(job_id), timeout=600, interval=0.5)
 
