@@ -1,9 +1,9 @@
 """`bsops eval`: one subcommand per thing it does (lm-eval's `run`/`ls`/`validate` habit), the work in
 ops/evaluate/commands.py:
 
-  bsops eval run EXP (--step N | --latest)   evaluate a checkpoint here
+  bsops eval run EXP (--step N | --latest)   evaluate a checkpoint here ([--json] [--dry-run])
   bsops eval next EXP [--alert] [--dry-run]   choose and submit the next eval job (what the hourly eval job runs)
-  bsops eval prefetch EXP [--mirror DIR]      fetch the lm-eval tasks' datasets into the shared cache
+  bsops eval prefetch EXP [--mirror DIR]      fetch the lm-eval tasks' datasets into the shared cache ([--dry-run])
   bsops eval table EXP [--json]               the run's results table, read only
 
 The last release's spelling, one command with exclusive flags (`bsops eval EXP --step N`, `--latest`, `--next`,
@@ -16,15 +16,14 @@ torch and lm_eval are imported by the ranks only (ops/evaluate/worker.py), never
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
 
 from bigscience_ops.cli.base import (
-    EXIT_ERROR, EXIT_PROBLEMS, TEXT, alert_option, configured_run, main, open_run_saying, overrides_argument,
-    run_option, trainings_option,
+    EXIT_ERROR, EXIT_PROBLEMS, TEXT, alert_option, configured_run, dry_run_option, echo_json, json_option, main,
+    open_run_saying, overrides_argument, run_option, trainings_option,
 )
 from bigscience_ops.untrusted import MAX_STEP
 
@@ -118,10 +117,6 @@ def _the_run(func):
     return func
 
 
-json_option = click.option("--json", "as_json", is_flag=True,
-                           help="Print the command's result as JSON instead of text.")
-
-
 @eval_group.command("run", cls=_Subcommand)
 @click.option("--step", type=click.IntRange(min=0, max=MAX_STEP), default=None,
               help="Evaluate the checkpoint global_stepN (complete: its bsops.json there, not newer than `latest`).")
@@ -138,10 +133,11 @@ json_option = click.option("--json", "as_json", is_flag=True,
 @click.option("--pipeline", type=click.IntRange(min=1, max=4096), default=None,
               help="Score in this PP instead of the checkpoint's own.")
 @json_option
+@dry_run_option
 @_the_run
 def run_command(exp: str | None, run: Path | None, step: int | None, latest: bool, log_samples: bool,
-                keep_cache: bool, tensor: int | None, pipeline: int | None, as_json: bool, trainings_dir: Path | None,
-                overrides: tuple[str, ...]) -> None:
+                keep_cache: bool, tensor: int | None, pipeline: int | None, as_json: bool, dry_run: bool,
+                trainings_dir: Path | None, overrides: tuple[str, ...]) -> None:
     """Evaluate one checkpoint of EXP here: exactly one of --step N or --latest.
 
     The checkpoint is scored in its own TP/PP layout (or --tensor/--pipeline) by TP x PP processes under torchrun;
@@ -149,7 +145,8 @@ def run_command(exp: str | None, run: Path | None, step: int | None, latest: boo
     TensorBoard scalars eval/<task>/<metric>, and the run's results table is printed (references beside); with
     --json, all of that as one JSON object on stdout (the ranks' lines then go to stderr). Exit 2 when the
     evaluation could not run, failed or left a configured task or source out (named under the table), 1 when some
-    result file of the run cannot be read.
+    result file of the run cannot be read. With --dry-run, every check made before a rank starts, then which
+    checkpoint, layout and processes it would use and what it would write; nothing is started or written.
 
     A checkpoint is scored only for the run it belongs to: when the run folder and the checkpoints folder both
     record a run id (bsops-run-id) and they differ, the evaluation is refused; a result file or request cache made
@@ -171,6 +168,13 @@ def run_command(exp: str | None, run: Path | None, step: int | None, latest: boo
 
     commands.check_overrides(overrides)  # before the run is read: an override that would change nothing is refused
     experiment, named = _configured(exp, run, trainings_dir, overrides, as_json)
+    if dry_run:
+        plan = commands.would_run(experiment, named, step, (tensor, pipeline), (log_samples, keep_cache), overrides)
+        if as_json:
+            echo_json(plan)
+        else:
+            click.echo("\n".join(commands.would_run_lines(plan)))
+        return
     done = commands.here(experiment, named, step, (tensor, pipeline), (log_samples, keep_cache), overrides,
                          counted=evaluated.counted, ranks_stdout_to_stderr=as_json)
     _show(done, as_json)
@@ -178,8 +182,7 @@ def run_command(exp: str | None, run: Path | None, step: int | None, latest: boo
 
 @eval_group.command("next", cls=_Subcommand)
 @alert_option
-@click.option("--dry-run", is_flag=True,
-              help="Show what would be submitted (the checkpoint, the job script); write, submit and send nothing.")
+@dry_run_option
 @_the_run
 def next_command(exp: str | None, run: Path | None, alert: bool, dry_run: bool, trainings_dir: Path | None,
                  overrides: tuple[str, ...]) -> None:
@@ -217,21 +220,26 @@ def next_command(exp: str | None, run: Path | None, alert: bool, dry_run: bool, 
 @eval_group.command("prefetch", cls=_Subcommand)
 @click.option("--mirror", "source", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Build the datasets from this local mirror (DIR/<dataset_path>/...) instead of downloading them.")
+@dry_run_option
 @_the_run
-def prefetch_command(exp: str | None, run: Path | None, source: Path | None, trainings_dir: Path | None,
-                     overrides: tuple[str, ...]) -> None:
+def prefetch_command(exp: str | None, run: Path | None, source: Path | None, dry_run: bool,
+                     trainings_dir: Path | None, overrides: tuple[str, ...]) -> None:
     """Download the datasets of EXP's eval.tasks (lm-eval's registered tasks) into eval.hf_cache and check that they
     load offline: run it where there is network, e.g. a login node; the eval job then reads them there with
     HF_DATASETS_OFFLINE=1.
 
     What is ready is recorded in <eval.hf_cache>/bsops-prefetch.json. Its progress is printed as it goes, and it
     stops at eval.prefetch_minutes. With --mirror DIR, nothing a task names is read from outside DIR (links
-    included), and nothing is copied when one would be.
+    included), and nothing is copied when one would be. With --dry-run, its checks, then what it would fetch from
+    where into which cache and what the cache records now; nothing is fetched or written.
     """
     from bigscience_ops.ops.evaluate import commands
 
     commands.check_overrides(overrides)
     experiment, named = configured_run(exp, run, trainings_dir, overrides)
+    if dry_run:
+        click.echo("\n".join(commands.would_prefetch(experiment, named, source, overrides)))
+        return
     click.echo(commands.prefetch(experiment, named, source, lambda line: click.echo(line, err=True), overrides))
 
 
@@ -253,7 +261,7 @@ def table_command(exp: str | None, run: Path | None, as_json: bool, trainings_di
     experiment, _ = _configured(exp, run, trainings_dir, overrides, as_json)
     shown = commands.tabled(experiment, evaluated.counted, overrides)
     if as_json:
-        click.echo(json.dumps(shown.as_json(), indent=2, allow_nan=False))
+        echo_json(shown.as_json())
     elif shown.results:
         click.echo(shown.table.text())
     else:
@@ -283,7 +291,7 @@ def _show(done, as_json: bool) -> None:
     never alert (as JSON with `as_json`); exit 2 when it failed or left a configured task out, 1 when a result file
     cannot be read."""
     if as_json:
-        click.echo(json.dumps(done.as_json(), indent=2, allow_nan=False))
+        echo_json(done.as_json())
     if not done.written and done.code != 0:
         click.echo(f"error: the evaluation of {done.tag} failed (exit code {done.code}; the ranks' output above says "
                    "why); no result written", err=True)

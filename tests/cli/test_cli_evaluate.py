@@ -123,10 +123,10 @@ def test_no_subcommand_is_a_usage_error_naming_the_subcommands(first: str, train
 
 
 @pytest.mark.parametrize(("subcommand", "options"), [
-    ("run", {"--step", "--latest", "--tensor", "--pipeline", "--log-samples", "--keep-cache", "--json", "--run",
-             "--trainings-dir"}),
+    ("run", {"--step", "--latest", "--tensor", "--pipeline", "--log-samples", "--keep-cache", "--json", "--dry-run",
+             "--run", "--trainings-dir"}),
     ("next", {"--alert", "--dry-run", "--run", "--trainings-dir"}),
-    ("prefetch", {"--mirror", "--run", "--trainings-dir"}),
+    ("prefetch", {"--mirror", "--dry-run", "--run", "--trainings-dir"}),
     ("table", {"--json", "--run", "--trainings-dir"}),
 ])
 def test_each_subcommand_says_its_options(subcommand: str, options: set[str]) -> None:
@@ -308,3 +308,47 @@ def test_an_hourly_script_of_the_last_release_still_runs(trainings: Path, tmp_pa
     assert [r.event for r in schedule.read_ledger(tmp_path / "run" / "eval" / "jobs.jsonl").records] == ["submitted"]
     [note] = [line for line in result.stderr.splitlines() if line.startswith("note:")]
     assert "bsops eval next EXP" in note and "bsops cron add EXP --jobs eval" in note
+
+
+def test_a_dry_run_of_an_evaluation_checks_says_and_starts_nothing(trainings: Path, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """`eval run --dry-run` makes the checks made before a rank starts (here the checkpoint's bsops.json, which lacks
+    the model's sizes: refused as the evaluation refuses it), then says which checkpoint, layout and files; the
+    ranks never start and nothing is written, text or JSON."""
+    _write(trainings, tmp_path, "sources: {held: HELD}, tasks: [lambada_openai]")
+    step = RECORDED["step"]
+    _saved(tmp_path, step, latest=step)
+    started: list = []
+    monkeypatch.setattr(launcher, "run_local", lambda *a, **k: started.append(a) or 0)
+    before = _files(tmp_path / "run")
+    assert "lacks model sizes" in _one_error(_eval(trainings, "run", "--latest", "--dry-run"))
+
+    folder = tmp_path / "run" / "checkpoints" / f"global_step{step}"
+    asked: list = []  # the checkpoint as launcher.checkpoint answers for a complete one saved in TP=1 PP=2
+    monkeypatch.setattr(launcher, "checkpoint", lambda exp, s, tensor=None, pipeline=None: asked.append(
+        (s, tensor, pipeline)) or launcher.Target(f"global_step{s}", s, folder, {}, 1, 2, tensor or 1, pipeline or 2))
+    text = _eval(trainings, "run", "--latest", "--tensor", "2", "--keep-cache", "--dry-run")
+    assert text.exit_code == 0, text.output
+    result = results.result_path(tmp_path / "run", f"global_step{step}")
+    assert f"would evaluate global_step{step} ({folder}) in TP=2 PP=2: 4 process(es)" in text.stdout
+    assert f"writing {result}\n" in text.stdout and "lambada_openai, held (bits per byte)" in text.stdout
+    assert str(result.with_name(f"global_step{step}.requests")) in text.stdout
+    document = json.loads(_eval(trainings, "run", "--step", str(step), "--dry-run", "--json").stdout)
+    assert (document["tag"], document["tensor"], document["pipeline"], document["processes"]) == (
+        f"global_step{step}", 1, 2, 2)
+    assert (document["result"], document["replaces"], document["tasks"]) == (str(result), False, ["lambada_openai"])
+    assert asked == [(step, 2, None), (step, None, None)]
+    assert started == [] and _files(tmp_path / "run") == before
+
+
+def test_a_dry_run_of_a_prefetch_says_what_and_where_and_fetches_nothing(trainings: Path, tmp_path: Path) -> None:
+    _write(trainings, tmp_path, "tasks: [lambada_openai, piqa]")
+    refused = _eval(trainings, "prefetch", "--dry-run")  # the prefetch's own refusal: no shared cache named
+    assert "eval.hf_cache is not set" in _one_error(refused)
+    cache, mirror = tmp_path / "hf", tmp_path / "mirror"
+    mirror.mkdir()
+    said = _eval(trainings, "prefetch", "--dry-run", "--mirror", str(mirror), f"eval.hf_cache={cache}")
+    assert said.exit_code == 0, said.output
+    assert (f"would fetch the datasets of 2 task(s) (lambada_openai, piqa) from the mirror {mirror} into {cache} "
+            "(made)") in said.stdout
+    assert f"nothing recorded in {cache} yet" in said.stdout and not cache.exists()

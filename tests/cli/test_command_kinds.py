@@ -30,9 +30,8 @@ KINDS = {
 }
 """Every visible command: what it does."""
 
-ELSEWHERE = {"eval run", "eval prefetch"}
-"""Commands whose options another part of issue 49 brings (bsops eval's subcommands): classified, not yet held to
-their kind here."""
+ELSEWHERE: set[str] = set()
+"""Commands classified but not yet held to their kind here (none now: bsops eval's subcommands take theirs)."""
 
 
 def _commands(command: click.Command = main, path: tuple[str, ...] = ()):

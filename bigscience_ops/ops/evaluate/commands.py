@@ -23,6 +23,7 @@ No torch here: the ranks import it.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -173,26 +174,11 @@ def here(exp: Experiment, source: str, step: int | None, layout: tuple[int | Non
     (`tabled`, with `counted`; a limited result marked). With `ranks_stdout_to_stderr` the ranks' lines go to stderr
     (stdout is the caller's JSON). Raises EvalError before any rank starts (checkpoints of another run among the
     reasons)."""
-    from bigscience_ops.checkpoints import layout as checkpoints
-    from bigscience_ops.ops.evaluate import EvalError, launcher, results, taskfiles
+    from bigscience_ops.ops.evaluate import launcher, results
     from bigscience_ops.ops.evaluate.prefetch import cache_env
 
-    require_configured(exp, source)
-    check_overrides(overrides)
-    exp = with_overrides(exp, overrides)
-    taskfiles.check_experiment(exp)  # a refused task file is one line here, before any rank starts
-    run_id = launcher.same_run(exp)
-    if step is None:
-        step = checkpoints.resume_step(Path(exp.paths.checkpoints))  # what `latest` names when it is complete
-        if step is None:
-            raise EvalError(f"{exp.paths.checkpoints}: no complete checkpoint to evaluate yet; allowed: --latest once "
-                            "the run has saved")
+    exp, step = _checked(exp, source, step, kept, overrides)
     tag = f"global_step{step}"
-    if kept[1]:  # another run's request cache: refused before any rank starts (the ranks check it again)
-        from bigscience_ops.ops.evaluate.driver import cache_of_run
-
-        full = results.result_path(exp, tag, limited=False)
-        cache_of_run(full.with_name(full.stem + ".requests"), run_id, write=False)
     hf = cache_env(exp.eval.hf_cache, offline=bool(exp.eval.hf_cache))  # the prefetched cache, offline
     path = results.result_path(exp, tag)  # eval.limit: eval/limited/, apart from the full results
     before = results.stamp(path)
@@ -210,6 +196,63 @@ def here(exp: Experiment, source: str, step: int | None, layout: tuple[int | Non
     limited = exp.eval.limit is not None
     mine = next((r for r in shown.live if r.step == step and r.limited == limited), None)
     return Here(tag, path, code, written, shown, warnings, sorted(mine.missing) if mine is not None else None)
+
+
+def _checked(exp: Experiment, source: str, step: int | None, kept: tuple[bool, bool], overrides: Sequence[str]
+             ) -> tuple[Experiment, int]:
+    """What `here` checks before any rank starts, and its dry run too: something to evaluate, the overrides, the task
+    files, the run's own checkpoints, the step (None: the one `latest` names), another run's request cache. Returns
+    the experiment with its overrides recorded, and the step."""
+    from bigscience_ops.checkpoints import layout as checkpoints
+    from bigscience_ops.ops.evaluate import EvalError, launcher, results, taskfiles
+
+    require_configured(exp, source)
+    check_overrides(overrides)
+    exp = with_overrides(exp, overrides)
+    taskfiles.check_experiment(exp)  # a refused task file is one line here, before any rank starts
+    run_id = launcher.same_run(exp)
+    if step is None:
+        step = checkpoints.resume_step(Path(exp.paths.checkpoints))  # what `latest` names when it is complete
+        if step is None:
+            raise EvalError(f"{exp.paths.checkpoints}: no complete checkpoint to evaluate yet; allowed: --latest once "
+                            "the run has saved")
+    if kept[1]:  # another run's request cache: refused before any rank starts (the ranks check it again)
+        from bigscience_ops.ops.evaluate.driver import cache_of_run
+
+        full = results.result_path(exp, f"global_step{step}", limited=False)
+        cache_of_run(full.with_name(full.stem + ".requests"), run_id, write=False)
+    return exp, step
+
+
+def would_run(exp: Experiment, source: str, step: int | None, layout: tuple[int | None, int | None],
+              kept: tuple[bool, bool] = (False, False), overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """`here`'s dry run: every check it makes before a rank starts (the checkpoint complete and the run's, the
+    layout one the model takes, its layer files there), then what it would do: which checkpoint in which layout on
+    how many processes, what it scores, and what it would write. Starts nothing and writes nothing."""
+    from bigscience_ops.ops.evaluate import launcher, results
+
+    exp, step = _checked(exp, source, step, kept, overrides)
+    target = launcher.checkpoint(exp, step, layout[0], layout[1])
+    path = results.result_path(exp, target.tag)
+    beside = path.with_name(path.stem)
+    return {"tag": target.tag, "checkpoint": str(target.path), "tensor": target.tensor, "pipeline": target.pipeline,
+            "processes": target.tensor * target.pipeline, "tasks": list(exp.eval.tasks),
+            "sources": sorted(exp.eval.sources), "limit": exp.eval.limit, "result": str(path),
+            "replaces": path.exists(), "samples": str(beside) + ".samples" if kept[0] else None,
+            "request_cache": str(beside) + ".requests" if kept[1] else None}
+
+
+def would_run_lines(plan: dict[str, Any]) -> list[str]:
+    """`would_run`'s answer as the text says it."""
+    scored = ", ".join([*plan["tasks"], *(f"{s} (bits per byte)" for s in plan["sources"])])
+    lines = [f"dry run: would evaluate {plan['tag']} ({plan['checkpoint']}) in TP={plan['tensor']} "
+             f"PP={plan['pipeline']}: {plan['processes']} process(es) under torchrun here",
+             f"on: {scored}" + (f" (eval.limit {plan['limit']} examples per task)" if plan["limit"] else ""),
+             f"writing {plan['result']}" + (" (replacing the result there)" if plan["replaces"] else "")]
+    lines += [f"keeping {what} in {plan[key]}" for key, what in (("samples", "lm-eval's per-sample output"),
+                                                                ("request_cache", "lm-eval's request cache"))
+              if plan[key]]
+    return [*lines, "nothing started, nothing written"]
 
 
 def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir: Path,
@@ -290,6 +333,40 @@ def next_pass_told(exp: Experiment, source: str, echo: Callable[[str], None], wo
             ok, said = job_alerts.tell_job(teller, LEGACY_JOB, command, None)
             told, lines = told and ok, [*lines, *said]
     return Told(tuple(lines), failures, told)
+
+
+def would_prefetch(exp: Experiment, source: str, mirror: Path | None, overrides: Sequence[str] = ()) -> list[str]:
+    """`prefetch`'s dry run: its checks (something to evaluate, eval.hf_cache set), then what it would fetch from
+    where into which cache, and what the cache records as ready now. Fetches and writes nothing."""
+    from bigscience_ops.ops.evaluate import prefetch as fetching
+    from bigscience_ops.untrusted import read_small
+
+    require_configured(exp, source)
+    check_overrides(overrides)
+    if not exp.eval.hf_cache:
+        raise fetching.PrefetchError(f"experiment {exp.name}: eval.hf_cache is not set; allowed: a folder shared by "
+                                     "the login and compute nodes (the eval job reads the datasets there, offline)")
+    cache = Path(exp.eval.hf_cache).expanduser().absolute()
+    tasks = list(exp.eval.tasks)
+    lines = [f"dry run: would fetch the datasets of {len(tasks)} task(s) ({', '.join(tasks) or 'none'}) "
+             f"{f'from the mirror {mirror}' if mirror else 'from the network'} into {cache}"
+             f"{'' if cache.exists() else ' (made)'}, check that each loads offline and record them in "
+             f"{cache / fetching.MANIFEST}, within eval.prefetch_minutes ({exp.eval.prefetch_minutes})"]
+    manifest = cache / fetching.MANIFEST
+    try:
+        data = read_small(manifest, 4 << 20)
+        recorded = json.loads(data) if data is not None else None
+    except (OSError, ValueError, BsopsError) as exc:
+        recorded = exc
+    ready = recorded.get("tasks") if isinstance(recorded, dict) else None
+    if recorded is None:
+        lines.append(f"nothing recorded in {cache} yet")
+    elif isinstance(ready, (list, dict)):
+        lines.append(f"{manifest} records {len(ready)} task(s) ready now")
+    else:
+        why = f" ({recorded})" if isinstance(recorded, Exception) else ""
+        lines.append(f"{manifest} cannot be read as a record bsops wrote{why}; it would be written anew")
+    return [*lines, "nothing fetched, nothing written"]
 
 
 def prefetch(exp: Experiment, source: str, mirror: Path | None, echo: Callable[[str], None],
