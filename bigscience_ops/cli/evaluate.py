@@ -122,8 +122,8 @@ def _the_run(func):
               help="Evaluate the checkpoint global_stepN (complete: its bsops.json there, not newer than `latest`).")
 @click.option("--latest", is_flag=True, help="Evaluate the checkpoint `latest` names.")
 @click.option("--log-samples", is_flag=True,
-              help="Keep lm-eval's per-sample output beside the result (<run>/eval/global_stepN.samples/<task>.jsonl), "
-                   "as lm-eval's --log_samples writes it.")
+              help="Keep lm-eval's per-sample output beside the result, as lm-eval's --log_samples writes it "
+                   "(<run>/eval/global_stepN.samples/samples_<task>_<date>.jsonl).")
 @click.option("--keep-cache", is_flag=True,
               help="Keep lm-eval's request cache beside the result (<run>/eval/global_stepN.requests/<dtype>_rank0.db);"
                    " evaluating the step again (more tasks, a larger limit) scores only the requests it has not "
