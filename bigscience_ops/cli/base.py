@@ -312,7 +312,7 @@ class FieldAlias(click.Option):
 
 def field_alias_option(field: str, *decls: str, metavar: str = "VALUE", help: str = "", hidden: bool = False):
     """`--flag VALUE` as the assignment `field=VALUE` of the command's overrides (overrides_argument), said in
-    --help as "Alias of FIELD=METAVAR"; the one way an option sets an experiment field (tests/cli/test_vocabulary.py
+    --help as "Alias of FIELD=METAVAR"; the one way an option sets an experiment field (tests/cli/test_one_precedence.py
     checks that every option that names a field is one)."""
 
     def given(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
