@@ -143,7 +143,8 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
     folder, workdir = path.parent, outputs_folder(path)  # the jobs resolve EXP's outputs as this command did
     rendered = [hourly_jobs.render(kind, cron_dir, experiment, folder, settings, workdir) for kind in kinds]
     for job in rendered:  # all rendered before any is written: a refused value leaves the folder as it was
-        click.echo(f"dry run: nothing written; would write {job.path}" if dry_run else f"wrote {cronlib.write_runner(job)}")
+        click.echo(f"dry run: nothing written; would write {job.path}" if dry_run
+                   else f"wrote {cronlib.write_runner(job)}")
     if not (cron_dir / "runners").is_dir():
         click.echo(f"no runner chain in {cron_dir} yet: `bsops cron install` (with the same folder) starts it")
 

@@ -88,7 +88,8 @@ def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | 
 
     # A run of some kinds only neither clears nor repeats the alert of a full run.
     job = f"hub-sync --what {','.join(sorted(set(kinds)))}" if kinds else "hub-sync"
-    run_alerting(experiment, alert and not dry_run, job, f"bsops {job} {experiment.name}", work)  # a dry run tells no one
+    # A dry run tells no one.
+    run_alerting(experiment, alert and not dry_run, job, f"bsops {job} {experiment.name}", work)
 
 
 class _ShownProgress:

@@ -113,7 +113,7 @@ def _experiment_writes(tree: ast.AST) -> list[str]:
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
             first = node.args[0] if node.args else None
-            if called == "replace" and isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "dataclasses":
+            if called == "replace" and getattr(getattr(func, "value", None), "id", "") == "dataclasses":
                 if not (isinstance(first, ast.Name) and first.id == "state"):
                     found.append(f"line {node.lineno}: dataclasses.replace({ast.unparse(first) if first else ''}, ...)")
             if called in ("apply_overrides", "Overrides"):
