@@ -456,14 +456,14 @@ class EvalConfig:
         "training", "precision the checkpoint is scored in on GPUs: the training's (train.precision) or fp32 (as "
                     "lm-eval's hf model loads an export by default); CPUs score in fp32")
     hf_cache: str | None = documented(
-        None, "shared Hugging Face cache folder for lm-eval's registered tasks' datasets: `bsops eval --prefetch` "
+        None, "shared Hugging Face cache folder for lm-eval's registered tasks' datasets: `bsops eval prefetch` "
               "fills it on a login node, the eval job reads it offline; default: the environment's own cache")
     max_bad_lines: int = documented(
         0, "lines of a source that are not a document (torn, not JSON, no text under text_key) tolerated before the "
            "source fails: it is then left out of the result, the evaluation exits non-zero and the hourly job "
            "alerts; default 0: any such line fails it", at_least=0, below=10**9)
     prefetch_minutes: int = documented(
-        60, "the deadline of `bsops eval --prefetch` (download or mirror copy, then the offline check), in minutes: "
+        60, "the deadline of `bsops eval prefetch` (download or mirror copy, then the offline check), in minutes: "
             "past it the copy is stopped and the command fails", at_least=1, at_most=24 * 60)
 
     @property

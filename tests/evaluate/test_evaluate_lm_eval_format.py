@@ -136,11 +136,11 @@ def test_offline_a_dataset_not_in_the_cache_is_missing_at_once_and_datasets_is_n
     (folder / "hub.yaml").write_text("task: t_hub\n" + GOOD.replace(
         "dataset_path: json\ndataset_kwargs: {data_files: {test: d.jsonl}}", "dataset_path: bsops-test/LastWord"))
     missing: dict[str, str] = {}
-    out = driver.run_tasks(_lm(), [str(folder / "hub.yaml")], missing=missing, prefetch="bsops eval ev --prefetch")
+    out = driver.run_tasks(_lm(), [str(folder / "hub.yaml")], missing=missing, prefetch="bsops eval prefetch ev")
     assert out == {} and asked == []
     why = missing[str(folder / "hub.yaml")]
     assert f"its dataset bsops-test/LastWord is not in the datasets cache {cache / 'datasets'}" in why
-    assert "bsops eval ev --prefetch" in why
+    assert "bsops eval prefetch ev" in why
     # the cache as datasets keeps a dataset it built (<org>___<name in snake case>/<config>/<version>/<hash>): found
     assert prefetch.not_cached("bsops-test/LastWord") == cache / "datasets"
     (cache / "datasets" / "bsops-test___last_word" / "default" / "0.0.0" / "abc").mkdir(parents=True)

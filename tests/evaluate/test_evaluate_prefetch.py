@@ -49,7 +49,7 @@ def test_prefetch_from_a_local_source_then_the_task_runs_offline(trainings, tmp_
     missing: dict[str, str] = {}
     assert driver.run_tasks(_lm(), list(exp.eval.tasks), missing=missing, prefetch=prefetch.command("ev")) == {}
     [(task, why)] = missing.items()
-    assert task == str(folder / "hub.yaml") and "bsops eval ev --prefetch" in why and "\n" not in why
+    assert task == str(folder / "hub.yaml") and "bsops eval prefetch ev" in why and "\n" not in why
 
     fetched = CliRunner().invoke(main, ["eval", "prefetch", "ev", "--mirror", str(_mirror(tmp_path / "mirror",
                                                                                           "bsops-test/last_word")),

@@ -194,11 +194,11 @@ def test_templates_are_sandboxed_and_a_task_that_cannot_run_is_missing_with_why(
                  "dataset_path: json\ndataset_kwargs: {data_files: {test: d.jsonl}}", "dataset_path: EleutherAI/lambada_openai")),
              str(tmp_path / "gone.yaml")]
     missing: dict[str, str] = {}
-    out = driver.run_tasks(lm, tasks, missing=missing, bootstrap_iters=10, prefetch="bsops eval ev --prefetch")
+    out = driver.run_tasks(lm, tasks, missing=missing, bootstrap_iters=10, prefetch="bsops eval prefetch ev")
     assert sorted(out["results"]) == ["t_ok"] and out["config"]["bootstrap_iters"] == 10
     assert sorted(missing) == sorted(tasks[1:]) and not marker.exists()
     assert "SecurityError" in missing[tasks[1]]
-    assert "bsops eval ev --prefetch" in missing[tasks[2]] and "does not exist" in missing[tasks[3]]
+    assert "bsops eval prefetch ev" in missing[tasks[2]] and "does not exist" in missing[tasks[3]]
     assert all(why.isprintable() for why in missing.values())
     with pytest.raises(EvalError, match="gone.yaml"):  # without a `missing` to fill: the first one is an error
         driver.run_tasks(lm, tasks[3:], bootstrap_iters=10)

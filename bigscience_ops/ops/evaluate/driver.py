@@ -106,7 +106,7 @@ def _quiet_lm_eval() -> Iterator[None]:
 
 def run_tasks(lm: Any, tasks: list[str], limit: int | None = None, log: Callable[[str], None] = lambda line: None,
               log_samples: bool = False, missing: dict[str, str] | None = None, *, trust: bool = False,
-              bootstrap_iters: int = BOOTSTRAP_ITERS, prefetch: str = "bsops eval EXP --prefetch",
+              bootstrap_iters: int = BOOTSTRAP_ITERS, prefetch: str = "bsops eval prefetch EXP",
               **options: Any) -> dict:
     """lm-eval's output of simple_evaluate for `tasks` (registered names and task YAML files) on `lm` (a BsopsLM,
     or any lm-eval LM), its per-sample output ("samples") only with log_samples, task templates sandboxed unless
@@ -292,7 +292,7 @@ def one_line(text: str, cap: int = 400) -> str:
     return flat if len(flat) <= cap else flat[:cap - 3] + "..."
 
 
-def _build(manager: Any, spec: str | dict, task: str, prefetch: str = "bsops eval EXP --prefetch") -> list:
+def _build(manager: Any, spec: str | dict, task: str, prefetch: str = "bsops eval prefetch EXP") -> list:
     """The lm-eval Task or Group (or a tag's Tasks) of one eval.tasks entry, its data loaded, as a list; a task
     whose data cannot be had is an EvalError naming it (the cause in one line)."""
     from lm_eval.api.group import Group
@@ -528,10 +528,12 @@ def evaluate(exp: Experiment, checkpoint: Path, meta: dict, scorer: Scorer,
     if cache is not None:
         cache_of_run(cache.parent, results.run_id_of(exp.paths.output, exp.paths.checkpoints))
         log(f"lm-eval's request cache: {cache}_rank0.db")
+    from bigscience_ops.ops.evaluate import prefetch as fetching
+
     lm = build_lm(exp, scorer, log)
     missing: dict[str, str] = {}
     result = run_tasks(lm, list(exp.eval.tasks), exp.eval.limit, log, log_samples, missing, trust=exp.eval.trust_task_code,
-                       bootstrap_iters=exp.eval.bootstrap_iters, prefetch=f"bsops eval {exp.name} --prefetch",
+                       bootstrap_iters=exp.eval.bootstrap_iters, prefetch=fetching.command(exp.name),
                        use_cache=cache, model_name=results.model_name(exp.name, tag),
                        model_args=bsops_model_args(exp, tag, scorer), num_fewshot=exp.eval.num_fewshot,
                        num_fewshot_per_task=exp.eval.num_fewshot_per_task) if exp.eval.tasks else {}

@@ -1,4 +1,4 @@
-"""`bsops eval EXP --prefetch [--mirror DIR]`: the datasets of eval.tasks into the shared cache eval.hf_cache, on a
+"""`bsops eval prefetch EXP [--mirror DIR]`: the datasets of eval.tasks into the shared cache eval.hf_cache, on a
 machine with network (a login node, the `prepost` partition), so the eval job reads them offline on a compute node.
 
 `prefetch(exp, source)` starts this module twice in a fresh interpreter (`datasets` and huggingface_hub read their
@@ -24,7 +24,7 @@ The children's output is passed on line by line as it comes (each dataset as it 
 line saying how much of the cache it has written), and the whole prefetch has one deadline, eval.prefetch_minutes:
 past it the child's process group is stopped and the prefetch fails, naming the deadline.
 
-`cache_env(hf_cache, offline)` is the environment the eval job and `bsops eval --step` give the ranks.
+`cache_env(hf_cache, offline)` is the environment the eval job and `bsops eval run --step` give the ranks.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def cache_env(hf_cache: str | os.PathLike[str] | None, offline: bool) -> dict[st
 
 
 def command(exp_name: str) -> str:
-    return f"bsops eval {exp_name} --prefetch"
+    return f"bsops eval prefetch {exp_name}"
 
 
 def prefetch(exp: Any, source: Path | None = None, log: Callable[[str], None] = print,
