@@ -590,3 +590,22 @@ def test_a_checkpoint_holding_a_link_is_refused_naming_it_and_the_next_one_is_st
     report = backup.run_backup(backup.settings(exp))
     assert str(link) in report.failed["global_step10"] and "symbolic link" in report.failed["global_step10"]
     assert report.backed_up == ["global_step20"]
+
+
+def test_the_final_step_is_copied_whole_and_an_earlier_one_weights_only(trainings: Path, tmp_path: Path) -> None:
+    """The final step comes from the run schedule (BackupSettings.final_step): its copy keeps the optimizer state
+    with no keep_optimizer_every set. (test_ops_backup checks the same on trained checkpoints, in the slow lane.)"""
+    from bigscience_ops.run_schedule import run_schedule
+
+    (trainings / "ending.yaml").write_text(tiny_yaml(tmp_path / "ending", f"backup: {{dest: {tmp_path / 'store'}}}\n"))
+    exp = load_experiment("ending", trainings)
+    final = run_schedule(exp).train_iters
+    assert final > 10 and exp.backup.keep_optimizer_every is None
+    checkpoints = Path(exp.paths.checkpoints)
+    layout.new_run_id(checkpoints)
+    _save(checkpoints, 10, latest=False)
+    _save(checkpoints, final)
+    report = backup.run_backup(backup.settings(exp))
+    assert report.backed_up == ["global_step10", f"global_step{final}"]
+    assert [backup_store.read_manifest(report.store, tag)["kind"] for tag in report.backed_up] == ["weights-only",
+                                                                                                    "whole"]
