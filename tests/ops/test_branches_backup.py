@@ -404,8 +404,8 @@ def test_a_journal_with_a_bad_line_before_its_last_is_a_store_problem(trainings:
 def test_what_a_backup_refuses_before_it_starts(trainings: Path, tmp_path: Path) -> None:
     exp = _with(_experiment(trainings, tmp_path / "run"), dest=None)
     with pytest.raises(backup_store.BackupError, match=exp.name):
-        backup.destination(backup.settings(exp), None)
-    assert backup.destination(backup.settings(exp), tmp_path / "to") == tmp_path / "to"
+        backup.destination(backup.settings(exp))
+    assert backup.destination(backup.settings(_with(exp, dest=str(tmp_path / "to")))) == tmp_path / "to"
     for name in ("", ".", "..", "a/b", "a\0b"):
         with pytest.raises(backup_store.BackupError):
             backup_store.run_store(tmp_path, name, "0" * 32)

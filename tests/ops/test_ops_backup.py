@@ -60,6 +60,11 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _stored_in(exp: Experiment, store: Path) -> Experiment:
+    """`exp` backing up to `store` (what `bsops backup --to STORE` sets)."""
+    return dataclasses.replace(exp, backup=dataclasses.replace(exp.backup, dest=str(store)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1])
 def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, stage: int) -> None:
@@ -68,7 +73,7 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
     exp, run = runs[stage]
     src = run / "checkpoints"
     assert [c.step for c in layout.complete_checkpoints(src)] == [10, 18] and run_schedule(exp).train_iters == 18
-    report = backup.run_backup(backup.settings(exp), tmp_path / "store")
+    report = backup.run_backup(backup.settings(_stored_in(exp, tmp_path / "store")))
     assert report.backed_up == ["global_step10", "global_step18"] and report.deleted == []
     store = report.store
     assert store == tmp_path / "store" / exp.name / layout.run_id(src)  # the run's own part of the store
@@ -98,7 +103,7 @@ def test_weights_only_copy_and_the_final_checkpoint_whole(runs, tmp_path: Path, 
     assert backup_store.verify(store, "global_step10") == [] and backup_store.verify(store, "global_step18") == []
 
     # A second run has nothing to do; a corrupted byte is caught by verify.
-    assert backup.run_backup(backup.settings(exp), tmp_path / "store").backed_up == []
+    assert backup.run_backup(backup.settings(_stored_in(exp, tmp_path / "store"))).backed_up == []
     victim = store / "global_step10" / "layer_01-model_states.pt"
     data = bytearray(victim.read_bytes())
     data[100] ^= 0xFF

@@ -208,7 +208,8 @@ def test_destinations_that_are_not_a_store_are_refused(make, tmp_path: Path, wha
         dest.mkdir()
         (dest / "notes.txt").write_text("mine")
     with pytest.raises(backup_store.BackupError, match=expected):
-        backup.run_backup(backup.settings(exp), dest)
+        backup.run_backup(backup.settings(dataclasses.replace(exp, backup=dataclasses.replace(exp.backup,
+                                                                                           dest=str(dest)))))
     assert [c.step for c in layout.list_checkpoints(scratch)] == [10]
 
 

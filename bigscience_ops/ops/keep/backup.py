@@ -110,9 +110,8 @@ class BackupProgress:
     def end(self, plan: Planned, resumed: bool) -> None: ...
 
 
-def destination(run: BackupSettings, to: Path | None) -> Path:
-    if to is not None:
-        return Path(to)
+def destination(run: BackupSettings) -> Path:
+    """The store: backup.dest (`bsops backup --to DEST` sets it on the command line)."""
     if run.backup.dest:
         return Path(run.backup.dest)
     raise BackupError(f"no backup destination for {run.name!r}: set backup.dest in the experiment or pass --to DEST")
@@ -327,14 +326,14 @@ def _copy_checkpoint(plan: Planned, dest: Path, tar: bool, progress: BackupProgr
     return resumed
 
 
-def run_backup(run: BackupSettings, to: Path | None = None, dry_run: bool = False,
+def run_backup(run: BackupSettings, dry_run: bool = False,
                progress: BackupProgress | None = None) -> Report:
     """Back up every complete checkpoint without a copy in the store, then apply scratch retention.
 
     A checkpoint that cannot be copied is in `Report.failed` (the others go on), a folder retention had to
     leave in place in `Report.left_on_scratch`; the CLI reports both as one error.
     """
-    dest = destination(run, to)
+    dest = destination(run)
     scratch = run.checkpoints
     if not scratch.is_dir():
         raise BackupError(f"{scratch} (paths.checkpoints of {run.name!r}) does not exist: nothing to back up")
