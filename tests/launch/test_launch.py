@@ -147,13 +147,15 @@ slurm: {gpus_per_node: 1, node_schedule: [{nodes: 1}, {nodes: 2, from_iteration:
                            "train.seed=7"], cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "(1 node(s))" in proc.stdout and "(2 node(s))" in proc.stdout
-    # The command line's train.seed=7 (the file's is 1234): recorded, value and assignment, and what the trainer ran.
+    # The command line's train.seed=7 (the file's is 1234): recorded, value and assignment, and what the trainer ran;
+    # --out is the assignment paths.output=RUN, recorded as one.
+    assigned = ["train.seed=7", f'paths.output="{run}"']
     recorded = json.loads((run / "experiment.json").read_text())
-    assert (recorded["train"]["seed"], recorded["overrides"]) == (7, ["train.seed=7"])
-    assert "overrides (command line): train.seed=7\n" in proc.stdout
+    assert (recorded["train"]["seed"], recorded["overrides"]) == (7, assigned)
+    assert f"overrides (command line): train.seed=7 'paths.output=\"{run}\"'\n" in proc.stdout
     trained = json.loads(max((run / "checkpoints").glob("global_step*/bsops.json"), key=lambda p: p.stat().st_mtime)
                          .read_text())["experiment"]
-    assert (trained["train"]["seed"], trained["overrides"]) == (7, ["train.seed=7"])
+    assert (trained["train"]["seed"], trained["overrides"]) == (7, assigned)
     steps = checkpoint_steps_only(run)
     assert 12 in steps and steps[-1] == max(scalars(run / "tensorboard", "lm loss"))
     assert "--nodes=2" in (run / "small.slurm").read_text()
