@@ -125,6 +125,15 @@ def test_install_twice_leaves_one_chain(cron_dir: Path, slurm_cluster) -> None:
     assert all(len(s.jobs) == 1 for s in states) and "next run" in states[0].describe()
 
 
+@pytest.mark.slurm
+def test_install_dry_run_reads_the_queue_and_submits_and_writes_nothing(cron_dir: Path, slurm_cluster) -> None:
+    before = sorted(str(p.relative_to(cron_dir)) for p in cron_dir.rglob("*"))
+    lines = cron.install(cron_dir, period_seconds=3600, dry_run=True)
+    assert len(lines) == len(cron.PERIODS) and all("would write" in line and "submit it" in line for line in lines)
+    assert _runner_jobs(slurm_cluster.prefix) == []
+    assert sorted(str(p.relative_to(cron_dir)) for p in cron_dir.rglob("*")) == before
+
+
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_runner_respawns_and_submits_its_folder(cron_dir: Path, slurm_cluster, tmp_path: Path) -> None:
