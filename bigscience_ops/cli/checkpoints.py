@@ -135,7 +135,7 @@ def warm_start_command(source: str, exp: str, trainings_dir: Path | None, dry_ru
     found = warm_start.find_source(warm_start.source_checkpoints(run, trainings_dir), step, source)
     result = warm_start.build(experiment, found, log=click.echo, dry_run=dry_run)
     src_layers = found.meta["model"]["num_layers"]
-    click.echo(("dry run: nothing written; would write " if dry_run else "") + f"{found.path} ({src_layers} blocks, iteration {found.meta.get('iteration')}) -> {result.target} "
+    click.echo(("dry run: nothing written; would warm-start " if dry_run else "") + f"{found.path} ({src_layers} blocks, iteration {found.meta.get('iteration')}) -> {result.target} "
                f"({len(result.mapping)} blocks from source blocks {result.mapping})")
 
 

@@ -294,6 +294,9 @@ def test_convert_command(runs, trainings, tmp_path, gpt2_files):
     by_folder = CliRunner().invoke(main, ["convert", "--run", str(src), "--out", str(tmp_path / "by-folder")])
     assert by_folder.exit_code == 0, by_folder.output  # the run named by its folder: the model its record holds
     assert (tmp_path / "by-folder" / "model.safetensors").is_file()
+    dry = CliRunner().invoke(main, ["convert", "--run", str(src), "--out", str(tmp_path / "dry"), "--dry-run"])
+    assert dry.exit_code == 0 and "would convert global_step" in dry.stdout, dry.output  # checked, nothing written
+    assert not (tmp_path / "dry").exists()
     other = CliRunner().invoke(main, ["convert", "conv", "--run", str(src), "--trainings-dir", str(trainings),
                                       "--out", str(tmp_path / "other")])
     assert other.exit_code == EXIT_ERROR and "records experiment 'tiny', not 'conv'" in other.stderr

@@ -189,6 +189,10 @@ def test_from_an_experiment_name(source_run, tmp_path):
     assert warm_start.source_checkpoints("shallow", trainings) == src_out / "checkpoints"
     out = tmp_path / "deep"
     write_run(small_experiment(out, model=dict(num_layers=3), parallel=dict(pipeline=1)), out)
+    dry = CliRunner().invoke(main, ["warm-start", "--from", "shallow:16", "--trainings-dir", str(trainings),
+                                    str(out / "experiment.json"), "--dry-run"])
+    assert dry.exit_code == 0 and "would warm-start" in dry.stdout and "[0, 0, 1]" in dry.stdout, dry.output
+    assert not (out / "checkpoints" / "global_step0").exists()
     result = CliRunner().invoke(main, ["warm-start", "--from", "shallow:16", "--trainings-dir", str(trainings),
                                        str(out / "experiment.json")])
     assert result.exit_code == 0, result.output
