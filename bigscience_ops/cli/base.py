@@ -364,9 +364,27 @@ def echo_run_folder(name: str, trainings_dir: Path | None, experiment, err: bool
 
     if any(assignment.startswith("paths.output=") for assignment in experiment.overrides):
         click.echo(f"run folder: {experiment.paths.output} (paths.output, set on the command line)", err=err)
+        _say_folders_kept(experiment)
         return
     experiment_file = experiment_path(name, trainings_dir)
     click.echo(run_folder_note(experiment_file, experiment), err=err)
+
+
+RUN_FOLDERS = ("paths.checkpoints", "paths.tensorboard", "paths.logs", "paths.codecarbon",
+               "checkpoint.kill_switch_path")
+"""Where a run writes besides its folder: derived under paths.output unless the experiment sets them."""
+
+
+def _say_folders_kept(experiment) -> None:
+    """One warning per run folder the experiment sets outside a paths.output the command line moved (`launch --out`):
+    it stays where the file says, and the run writes there."""
+    output = Path(experiment.paths.output)
+    for dotted in RUN_FOLDERS:
+        section, name = dotted.split(".")
+        value = getattr(getattr(experiment, section), name)
+        if value and dotted not in experiment.derived and not Path(value).is_relative_to(output):
+            click.echo(f"warning: {dotted} is {value}, as the experiment sets it, outside the run folder given on the "
+                       f"command line: the run writes there (give {dotted}=... too to move it)", err=True)
 
 
 run_option = click.option(

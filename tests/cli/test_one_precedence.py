@@ -157,3 +157,19 @@ def test_launch_out_and_tasks_are_recorded_as_their_assignments(tmp_path: Path, 
     refused = CliRunner().invoke(main, ["launch", "tiny", "--local", "--out", "/"])
     assert refused.exit_code == 2 and "paths.output" in refused.stderr and "'--out' '/'" in refused.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_folder_the_experiment_sets_outside_launch_out_is_said(tmp_path: Path, monkeypatch) -> None:
+    """--out moves paths.output; a folder the experiment sets itself (here paths.checkpoints) stays where the file
+    says, and the launch says so in one warning naming the field and how to move it too."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trainings").mkdir()
+    (tmp_path / "trainings" / "fixed.yaml").write_text(f"base: tiny\npaths: {{checkpoints: {tmp_path / 'kept'}}}\n")
+    result = CliRunner().invoke(main, ["launch", "fixed", "--trainings-dir", "trainings", "--local", "--dry-run",
+                                       "--out", "elsewhere"])
+    assert result.exit_code == 0, result.output
+    [warning] = [line for line in result.stderr.splitlines() if line.startswith("warning: paths.")]
+    assert f"paths.checkpoints is {tmp_path / 'kept'}" in warning and "paths.checkpoints=..." in warning
+    moved = CliRunner().invoke(main, ["launch", "fixed", "--trainings-dir", "trainings", "--local", "--dry-run",
+                                      "--out", "elsewhere", f"paths.checkpoints={tmp_path / 'elsewhere' / 'c'}"])
+    assert moved.exit_code == 0 and "warning: paths." not in moved.stderr
