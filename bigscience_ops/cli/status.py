@@ -10,14 +10,40 @@ import click
 
 from bigscience_ops.cli.base import (
     TEXT, FiniteFloat, SafePath, dry_run_option, echo_detail, echo_json, json_option, main, open_run_saying,
-    overrides_argument, run_option,
-    trainings_option, verbose_option,
+    overrides_argument, run_option, trainings_option, verbose_option,
 )
 from bigscience_ops.run import log as runlog
 from bigscience_ops.schema import AlertsConfig
 
 
-@main.command("status")
+@dataclasses.dataclass(frozen=True)
+class ByName:
+    """A job watched by its name alone, with no experiment: --job-name and --log (refused with a run)."""
+
+    job_name: str | None = None
+    log_path: Path | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Telling:
+    """What the check does besides printing: email (--no-email: not), log and keep its alert state (--alert-state:
+    where), or none of it (--dry-run)."""
+
+    no_email: bool = False
+    alert_state: Path | None = None
+    dry_run: bool = False
+
+
+class _StatusCommand(click.Command):
+    """Hands the command the options that describe one thing as one value (ByName, Telling)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        for name, group in (("by_name", ByName), ("telling", Telling)):
+            ctx.params[name] = group(**{f.name: ctx.params.pop(f.name) for f in dataclasses.fields(group)})
+        return super().invoke(ctx)
+
+
+@main.command("status", cls=_StatusCommand)
 @click.argument("exp", type=TEXT, required=False)
 @run_option
 @trainings_option
@@ -44,10 +70,9 @@ from bigscience_ops.schema import AlertsConfig
 @dry_run_option
 @overrides_argument
 @verbose_option
-def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None, job_name: str | None,
-                   log_path: Path | None, cron_dir: Path | None, users: tuple[str, ...], contact: str | None,
-                   timeout: float, no_email: bool, alert_state: Path | None, as_json: bool, dry_run: bool,
-                   overrides: tuple[str, ...]) -> None:
+def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None, by_name: ByName,
+                   cron_dir: Path | None, users: tuple[str, ...], contact: str | None, timeout: float,
+                   telling: Telling, as_json: bool, overrides: tuple[str, ...]) -> None:
     """Is EXP (or --job-name) running or scheduled? Prints one line per job and ALERT lines.
 
     With EXP (an experiment, or a run folder, or --run), the run is read as it recorded itself: its job name,
@@ -73,6 +98,8 @@ def status_command(exp: str | None, run: Path | None, trainings_dir: Path | None
     from bigscience_ops.ops.watch import watchdog
     from bigscience_ops.ops.alerts import DEFAULT_CONTACT
 
+    job_name, log_path = by_name.job_name, by_name.log_path
+    no_email, alert_state, dry_run = telling.no_email, telling.alert_state, telling.dry_run
     failures: list[slurm.SlurmError] = []
 
     def query(**kwargs):  # squeue; what failed is kept for --verbose
