@@ -166,7 +166,7 @@ def trainer_saves(root: Path) -> list[float]:
     import re
     import subprocess
 
-    from bigscience_ops.config import load_experiment, to_dict
+    from bigscience_ops.config.loading import load_experiment, to_dict
     from bigscience_ops.launch.local import free_port
     from bigscience_ops.launch.render import deepspeed_config
 

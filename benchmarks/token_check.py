@@ -75,7 +75,7 @@ def measure(shape_name: str, rounds: int, mbs: int | None, device_kind: str) -> 
     import numpy as np
     import torch
 
-    from bigscience_ops.config import load_experiment
+    from bigscience_ops.config.loading import load_experiment
     from bigscience_ops.sizing import GPTShape
     from bigscience_ops.trainer.data import collate
     from bigscience_ops.trainer.model import TransformerBlock

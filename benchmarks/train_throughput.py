@@ -51,7 +51,7 @@ PLAIN, COMPILED, TRAINER = "plain PyTorch loop", "compiled plain loop", "bsops t
 
 def _experiment(name: str, out: Path, device: str, mbs: int | None, gbs: int | None, peak: float | None,
                 kernels: str | None, model_compile: bool):
-    from bigscience_ops.config import load_experiment
+    from bigscience_ops.config.loading import load_experiment
 
     exp = load_experiment("tiny" if name in SHAPES else name, REPO / "trainings")
     paths = dataclasses.replace(exp.paths, output=str(out), checkpoints=str(out / "checkpoints"),

@@ -1,6 +1,6 @@
 """The plan `bsops plan` shows: parameters, memory, DP size, rampup, steps, tokens, days, node counts.
 
-The numbers come first, each computed once: the RunSchedule (run_schedule.py: the schedules the
+The numbers come first, each computed once: the RunSchedule (schedule/run.py: the schedules the
 trainer runs) and the run's sizes (sizing.size_run: parameters, memory per GPU, checkpoint storage,
 days). Then every rule that would fail or mislead a run is checked against them, before a GPU hour
 is spent. Pure Python: no torch.
@@ -12,9 +12,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from bigscience_ops.node_schedule import Phase
-from bigscience_ops.run_schedule import RunSchedule, SkipSpan, run_schedule
-from bigscience_ops.schedules import Increment
+from bigscience_ops.schedule.nodes import Phase
+from bigscience_ops.schedule.run import RunSchedule, SkipSpan, run_schedule
+from bigscience_ops.schedule.batch_lr import Increment
 from bigscience_ops.schema import Experiment
 from bigscience_ops.sizing import GIB, Memory, ParamCount, RunSize, Storage, saved_steps, size_run
 from bigscience_ops.slurm import parse_time_limit

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from bigscience_ops.benchmark_results import Measured, measured_tflops, read_results
-from bigscience_ops.config import to_dict
+from bigscience_ops.config.loading import to_dict
 
 from bigscience_ops.data.preflight import DataCheck
 from bigscience_ops.schema import Experiment

@@ -1,6 +1,6 @@
 """The experiment's sections: frozen dataclasses with their docs, defaults and bounds.
 
-What an experiment IS, field by field; config.py loads a YAML file into these, checks what spans
+What an experiment IS, field by field; config/loading.py loads a YAML file into these, checks what spans
 several fields and derives what was left out. A field's own bounds (`at_least`, `above`, `below`,
 ...) are declared beside it here and checked by typedyaml while the value is read, so the error
 names the field, the value and the allowed range. Imports nothing of the package but typedyaml (and

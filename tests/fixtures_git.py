@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 
 from bigscience_ops.schema import Experiment
 from tests.fixtures_smtp import server_tls

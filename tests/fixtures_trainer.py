@@ -34,7 +34,7 @@ from typing import TypeVar
 import psutil
 import pytest
 
-from bigscience_ops.config import load_experiment, to_dict
+from bigscience_ops.config.loading import load_experiment, to_dict
 from bigscience_ops.launch.local import free_port
 
 from bigscience_ops.schema import DataSource, Experiment, SaveRange

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import config
+from bigscience_ops.config import loading as config
 from bigscience_ops.checkpoints import manifest
 from bigscience_ops.checkpoints.layout import (
     COMMIT_KEY, LATEST, META, complete_checkpoints, list_checkpoints, resume_step, run_id, write_latest, write_meta,

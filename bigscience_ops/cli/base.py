@@ -352,7 +352,7 @@ def _alias_said(exc: BsopsError, ctx: click.Context) -> str:
 def load_experiment(name: str, trainings_dir: Path | None, overrides: tuple[str, ...] = ()):
     """The experiment NAME (or path) with the command line's SECTION.KEY=VALUE `overrides`, loaded without importing
     anything heavy at CLI start."""
-    from bigscience_ops import config
+    from bigscience_ops.config import loading as config
 
     return config.load_experiment(name, trainings_dir, overrides)
 
@@ -360,7 +360,7 @@ def load_experiment(name: str, trainings_dir: Path | None, overrides: tuple[str,
 def echo_run_folder(name: str, trainings_dir: Path | None, experiment, err: bool = False) -> None:
     """Say which run folder the command reads or writes, and the rule that put it there: the first line of the
     command's report, or on stderr (`err`) where stdout is the data itself (a log, Markdown, JSON)."""
-    from bigscience_ops.experiment_files import experiment_path, run_folder_note
+    from bigscience_ops.config.files import experiment_path, run_folder_note
 
     if any(assignment.startswith("paths.output=") for assignment in experiment.overrides):
         click.echo(f"run folder: {experiment.paths.output} (paths.output, set on the command line)", err=err)
@@ -477,7 +477,7 @@ def _elsewhere(name: str) -> None:
 
 
 def default_cron_dir() -> Path:
-    from bigscience_ops.ops.schedule.cron import default_cron_dir as default
+    from bigscience_ops.ops.cron.runner import default_cron_dir as default
 
     return default()
 

@@ -96,7 +96,7 @@ def _rendered(path: Path):
     """A run's resolved experiment.json (what bsops render writes)."""
     import json
 
-    from bigscience_ops.config import from_dict
+    from bigscience_ops.config.loading import from_dict
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

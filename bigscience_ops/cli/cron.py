@@ -44,7 +44,7 @@ def _cron_dir(cron_dir: Path | None) -> Path:
 def _kinds(jobs: str | None) -> list[str] | None:
     """--jobs as a list of hourly_jobs.JOBS, None when not given (a usage error names the value and the allowed
     kinds)."""
-    from bigscience_ops.ops import hourly_jobs
+    from bigscience_ops.ops import hourly_registry as hourly_jobs
 
     if jobs is None:
         return None
@@ -65,11 +65,11 @@ def _kinds(jobs: str | None) -> list[str] | None:
 @verbose_option
 def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab: bool, dry_run: bool) -> None:
     """Submit the hourly and daily runner jobs, unless their chains are already queued."""
-    from bigscience_ops.ops.schedule import cron as cronlib
+    from bigscience_ops.ops.cron import runner as cronlib
 
     cron_dir = _cron_dir(cron_dir)
     if use_scrontab:
-        from bigscience_ops.ops.schedule import scrontab
+        from bigscience_ops.ops.cron import scrontab
 
         if dry_run:
             block = scrontab.block(cron_dir, cronlib.load_settings(cron_dir))
@@ -91,7 +91,7 @@ def cron_install(cron_dir: Path | None, period_seconds: int | None, use_scrontab
 @verbose_option
 def cron_status(cron_dir: Path | None, as_json: bool) -> None:
     """Show each runner chain and its next run; exit 1 when a chain is missing, forked or missed its period."""
-    from bigscience_ops.ops.schedule import cron as cronlib
+    from bigscience_ops.ops.cron import runner as cronlib
 
     states = cronlib.chains(_cron_dir(cron_dir))
     if as_json:
@@ -119,9 +119,9 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
 
     Without --jobs, a job whose settings EXP lacks is left out, and the command says which and why; the eval
     scheduler, which submits eval jobs of its own, is written only when --jobs names it."""
-    from bigscience_ops.experiment_files import experiment_path, outputs_folder
-    from bigscience_ops.ops.schedule import cron as cronlib
-    from bigscience_ops.ops import hourly_jobs
+    from bigscience_ops.config.files import experiment_path, outputs_folder
+    from bigscience_ops.ops.cron import runner as cronlib
+    from bigscience_ops.ops import hourly_registry as hourly_jobs
 
     given = _kinds(jobs)
     cron_dir = _cron_dir(cron_dir)
@@ -153,7 +153,7 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
 @json_option
 def cron_jobs(as_json: bool) -> None:
     """List the hourly jobs `bsops cron add --jobs` takes: name, period, time limit, what it is and what it runs."""
-    from bigscience_ops.ops import hourly, hourly_jobs
+    from bigscience_ops.ops import hourly_job as hourly, hourly_registry as hourly_jobs
 
     listed = []
     for job in hourly_jobs.JOBS.values():
@@ -175,8 +175,8 @@ def cron_list(cron_dir: Path | None, as_json: bool) -> None:
 
     A file's name is shown with its control characters escaped (a line break in it is `\\x0a`); a *.slurm entry
     that is not a plain file (a link, a FIFO, a folder) is listed with why `bsops cron run` does not run it."""
-    from bigscience_ops.ops import hourly_jobs
-    from bigscience_ops.ops.schedule import cron as cronlib
+    from bigscience_ops.ops import hourly_registry as hourly_jobs
+    from bigscience_ops.ops.cron import runner as cronlib
 
     found = hourly_jobs.installed(_cron_dir(cron_dir))
     if as_json:
@@ -202,7 +202,7 @@ def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None, dry_run: bool
     """Remove EXP's jobs that `bsops cron add` wrote (other files of the folder are left alone).
 
     Exits 1 when there was none to remove."""
-    from bigscience_ops.ops import hourly_jobs
+    from bigscience_ops.ops import hourly_registry as hourly_jobs
 
     kinds = _kinds(jobs) or list(hourly_jobs.JOBS)
     cron_dir = _cron_dir(cron_dir)
@@ -235,7 +235,7 @@ def cron_run(period: str, cron_dir: Path | None, runner: Path | None, period_sec
     Only plain files are submitted: a *.slurm that is a link, a FIFO or a folder is refused by name (logged and
     emailed as a failure), and the other jobs still run."""
     from bigscience_ops import slurm
-    from bigscience_ops.ops.schedule import cron as cronlib
+    from bigscience_ops.ops.cron import runner as cronlib
 
     report = cronlib.run_pass(cron_dir or default_cron_dir(), period, None if no_rearm else runner,
                               period_seconds, self_job_id=slurm.TaskEnv.from_env().job_id, rearmed_job=rearmed,

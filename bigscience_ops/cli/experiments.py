@@ -43,7 +43,7 @@ allow_incomplete_option = click.option(
 @json_option
 def list_command(trainings_dir: Path | None, as_json: bool) -> None:
     """List the experiments, local ones first, then bsops' bundled ones, with their descriptions."""
-    from bigscience_ops.experiment_files import find_experiments
+    from bigscience_ops.config.files import find_experiments
 
     folder = None
     if as_json:
@@ -80,7 +80,7 @@ def list_command(trainings_dir: Path | None, as_json: bool) -> None:
 @trainings_option
 def show(exp: str, overrides: tuple[str, ...], as_json: bool, trainings_dir: Path | None) -> None:
     """Show EXP's resolved config: base: merged, derived values filled in and marked."""
-    from bigscience_ops.config import to_dict
+    from bigscience_ops.config.loading import to_dict
     from bigscience_ops.planview import show_text
 
     experiment, inherited = load_with_inherited(exp, trainings_dir, overrides)
@@ -96,9 +96,9 @@ def show(exp: str, overrides: tuple[str, ...], as_json: bool, trainings_dir: Pat
 def load_with_inherited(exp: str, trainings_dir: Path | None, overrides: tuple[str, ...] = ()):
     """EXP as loaded, and the site values it takes from a base file (site_values.inherited_from), from one reading of
     the YAML."""
-    from bigscience_ops.config import load_with_origins
-    from bigscience_ops.experiment_files import experiment_path
-    from bigscience_ops.site_values import inherited_from
+    from bigscience_ops.config.loading import load_with_origins
+    from bigscience_ops.config.files import experiment_path
+    from bigscience_ops.config.site_values import inherited_from
 
     experiment, origins = load_with_origins(exp, trainings_dir, overrides)
     return experiment, inherited_from(origins, experiment_path(exp, trainings_dir))
@@ -108,7 +108,7 @@ def _inherited_lines(exp: str, trainings_dir: Path | None, inherited: dict[str, 
     """The inherited site values, and where to set them: never advice to run the command that wrote the file."""
     if not inherited:
         return []
-    from bigscience_ops.experiment_files import experiment_path
+    from bigscience_ops.config.files import experiment_path
     from bigscience_ops.resources import is_bundled
 
     path = experiment_path(exp, trainings_dir)
@@ -214,11 +214,11 @@ def plan(exp: str, overrides: tuple[str, ...], as_json: bool, allow_incomplete: 
     (with --allow-incomplete only errors count).
     """
     from bigscience_ops.data.preflight import check_data
-    from bigscience_ops.experiment_files import experiment_path
+    from bigscience_ops.config.files import experiment_path
     from bigscience_ops.run.records import as_recorded
     from bigscience_ops.plan import make_plan
     from bigscience_ops.planview import data_check_data, plan_data, plan_text
-    from bigscience_ops.site_values import missing_site_values
+    from bigscience_ops.config.site_values import missing_site_values
 
     experiment, inherited = load_with_inherited(exp, trainings_dir, overrides)
     experiment = as_recorded(experiment)  # a rolled-back run's skips included
@@ -257,8 +257,8 @@ def new(name: str, base: str, trainings_dir: Path | None, dry_run: bool) -> None
     It then lists the fields a job needs that are still blank.
     """
     from bigscience_ops.errors import ConfigError
-    from bigscience_ops.experiment_files import check_name, local_trainings_dir
-    from bigscience_ops.site_values import missing_site_values, new_experiment_text
+    from bigscience_ops.config.files import check_name, local_trainings_dir
+    from bigscience_ops.config.site_values import missing_site_values, new_experiment_text
 
     try:  # the name alone, before any path is built from it (a 300-character name is no file name)
         check_name(name, "NAME")
@@ -299,7 +299,7 @@ def _new_dry_run(path: Path, text: str, base: str, trainings_dir: Path | None) -
     """What `new` would write, checked as it would be (a copy read from a temporary folder), and its blanks."""
     import tempfile
 
-    from bigscience_ops.site_values import missing_site_values
+    from bigscience_ops.config.site_values import missing_site_values
 
     with tempfile.TemporaryDirectory(prefix="bsops-new-") as scratch:
         copy = Path(scratch) / path.name
@@ -324,7 +324,7 @@ def render(exp: str, overrides: tuple[str, ...], out: Path | None, allow_incompl
     """Render EXP's Slurm job-array script and DeepSpeed JSON (refused if the plan finds errors, or if site
     values the job needs are missing, unless --allow-incomplete)."""
     from bigscience_ops.launch import render as rendering
-    from bigscience_ops.launch.plan import LaunchOptions, build_launch_plan
+    from bigscience_ops.launch.launch_plan import LaunchOptions, build_launch_plan
 
     experiment = load_experiment(exp, trainings_dir, overrides)
     echo_run_folder(exp, trainings_dir, experiment)
@@ -363,7 +363,7 @@ def _warn_if_the_run_recorded_otherwise(experiment) -> None:
 
 def _local_dry_run(experiment, allow_incomplete: bool) -> None:
     """What `launch --local` would run: the plan checked and the job rendered as the launch would, nothing written."""
-    from bigscience_ops.launch.plan import LaunchOptions, build_launch_plan
+    from bigscience_ops.launch.launch_plan import LaunchOptions, build_launch_plan
 
     with _data_checked():
         prepared = build_launch_plan(experiment, LaunchOptions(job="local", allow_incomplete=allow_incomplete,
@@ -400,7 +400,7 @@ def launch(exp: str, overrides: tuple[str, ...], local: bool, after_current: boo
     With --local the same job script runs here, its array tasks one after another.
     """
     from bigscience_ops.launch.local import launch_local
-    from bigscience_ops.launch.plan import LaunchOptions
+    from bigscience_ops.launch.launch_plan import LaunchOptions
 
     if local and after_current:
         raise click.UsageError("--after-current applies to Slurm launches, not --local")

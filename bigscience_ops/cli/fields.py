@@ -110,7 +110,7 @@ def _section(hint: Any) -> type | None:
 
 
 def _rows(cls: type, prefix: str) -> list[Field]:
-    from bigscience_ops.config import NOT_OVERRIDDEN  # the config loader: only when the fields are listed
+    from bigscience_ops.config.loading import NOT_OVERRIDDEN  # the config loader: only when the fields are listed
 
     hints = typing.get_type_hints(cls)
     out: list[Field] = []
@@ -150,7 +150,7 @@ def field_rows(section: str | None = None) -> list[Field]:
 
 def markdown_table(rows: list[Field]) -> str:
     """The fields as a Markdown table (docs/FIELDS.md is `bsops fields --markdown`); `|` in a doc is escaped."""
-    from bigscience_ops.config import NOT_OVERRIDDEN
+    from bigscience_ops.config.loading import NOT_OVERRIDDEN
 
     def cell(text: str) -> str:
         return text.replace("\\", "\\\\").replace("|", "\\|")

@@ -19,9 +19,9 @@ TRUSTED_HUB_FIELDS = ("hub.host", "hub.remote_template", "hub.token_env")
 def refuse_inherited_hub(opened, trainings_dir: Path | None) -> None:
     """Raise HubSyncError (exit 2, emailed with --alert) when hub.host, hub.remote_template or hub.token_env of the
     opened run's experiment file come from a base file (its origins, read with it by run.open)."""
-    from bigscience_ops.experiment_files import experiment_path
+    from bigscience_ops.config.files import experiment_path
     from bigscience_ops.ops.keep.hubsync import HubSyncError
-    from bigscience_ops.site_values import inherited_from
+    from bigscience_ops.config.site_values import inherited_from
 
     exp = opened.named
     own = opened.yaml if opened.yaml is not None else experiment_path(exp, trainings_dir)

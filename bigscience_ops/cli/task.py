@@ -24,7 +24,7 @@ def task() -> None:
 
 
 def _resolved(path: Path):
-    from bigscience_ops.config import from_dict
+    from bigscience_ops.config.loading import from_dict
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -161,7 +161,7 @@ def task_end(experiment_json: Path, exit_code: int) -> None:
 
 
 def _finished(exp, iteration: int) -> bool:
-    from bigscience_ops.run_schedule import run_schedule
+    from bigscience_ops.schedule.run import run_schedule
 
     return run_schedule(exp).finished(iteration)
 

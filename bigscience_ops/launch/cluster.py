@@ -32,13 +32,13 @@ from bigscience_ops.launch import render as rendering
 from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import BsopsError, LaunchError
 from bigscience_ops.launch.jobenv import job_environment
-from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
+from bigscience_ops.launch.launch_plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
 from bigscience_ops.launch.jobs import Started
-from bigscience_ops.node_schedule import Phase
+from bigscience_ops.schedule.nodes import Phase
 from bigscience_ops.run.records import read_records
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from bigscience_ops.schema import Experiment
-from bigscience_ops.site_values import SiteCheck
+from bigscience_ops.config.site_values import SiteCheck
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from bigscience_ops.errors import BsopsError, LaunchError
 from bigscience_ops.launch.jobenv import job_environment
 from bigscience_ops.run.ledger import latest_iteration
 from bigscience_ops.launch.console import stop_line, task_end
-from bigscience_ops.launch.plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
+from bigscience_ops.launch.launch_plan import LaunchOptions, LaunchPlan, build_launch_plan, execute
 from bigscience_ops.launch.jobs import Started
 from bigscience_ops.run.records import read_records
 from bigscience_ops.schema import Experiment

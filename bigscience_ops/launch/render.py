@@ -21,7 +21,7 @@ from pathlib import Path
 import jinja2
 
 from bigscience_ops import __version__, slurm
-from bigscience_ops.config import to_dict
+from bigscience_ops.config.loading import to_dict
 from bigscience_ops.schema import PORT_SPREAD, SLURM_CONSTRAINT, SLURM_NAME, SLURM_NAMES, SLURM_NODES, Experiment
 from bigscience_ops.errors import BsopsError, PlanError
 from bigscience_ops.plan import Plan

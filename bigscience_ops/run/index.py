@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.experiment_files import NAME_ALLOWED, check_name
+from bigscience_ops.config.files import NAME_ALLOWED, check_name
 from bigscience_ops.untrusted import (
     MAX_LINE, Checked, Problem, RecordFileError, append_line, build, check_str, check_time, excerpt, json_object,
     open_plain,

@@ -21,7 +21,7 @@ then, for the commands that must not go on without them.
 The record is untrusted input (runfiles.py): it is read only when it is a plain file of at most
 RECORD_LIMIT bytes, and anything else (a link, a folder, torn JSON, a field of the wrong type, another
 experiment's record under --run) is a RunRecordError naming the file and what was expected.
-Reading the YAML never reads the run folder (config.py); this module does, on purpose, for a run.
+Reading the YAML never reads the run folder (config/loading.py); this module does, on purpose, for a run.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigscience_ops import config
+from bigscience_ops.config import loading as config
 from bigscience_ops.run import rollbacks
 from bigscience_ops.errors import BsopsError, ConfigError
-from bigscience_ops.experiment_files import check_name
-from bigscience_ops.config import Overrides, apply_overrides
+from bigscience_ops.config.files import check_name
+from bigscience_ops.config.loading import Overrides, apply_overrides
 from bigscience_ops.run.records import EXPERIMENT_JSON
 from bigscience_ops.untrusted import Problem, RecordFileError, excerpt, kind_of, read_small
 from bigscience_ops.schema import Experiment
@@ -185,7 +185,7 @@ def open_run(exp: str | None = None, trainings_dir: Path | None = None, folder: 
 def _load(exp: str, trainings_dir: Path | None, overrides: Sequence[str]) -> tuple[Path, Experiment, dict]:
     """The experiment file EXP names, the experiment it holds and who set each field: the one load of the YAML a
     command makes."""
-    from bigscience_ops.experiment_files import experiment_path
+    from bigscience_ops.config.files import experiment_path
 
     return (experiment_path(exp, trainings_dir), *config.load_with_origins(exp, trainings_dir, overrides))
 

@@ -2,8 +2,8 @@
 
 Three facts, read here and nowhere else on the launch side: the latest checkpoint's iteration
 (`checkpoints/latest`), whether the run's kill switch file exists, and the skip ranges its
-rollbacks recorded (rollbacks.jsonl). Loading a config never opens a run folder (config.py);
-the launch plan (launch/plan.py) reads these records once (`read_when_free`) and applies them to the
+rollbacks recorded (rollbacks.jsonl). Loading a config never opens a run folder (config/loading.py);
+the launch plan (launch/launch_plan.py) reads these records once (`read_when_free`) and applies them to the
 experiment through config.apply_overrides, the one step where a launch changes an experiment, and the
 job script's task hooks read them at each task's start and end.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from bigscience_ops.run import ledger
 from bigscience_ops.run import lock as run_lock
 from bigscience_ops.run import rollbacks
-from bigscience_ops.config import Overrides, apply_overrides
+from bigscience_ops.config.loading import Overrides, apply_overrides
 from bigscience_ops.schema import Experiment
 
 EXIT_NOT_TRAINING = 3

@@ -23,8 +23,8 @@ from pathlib import Path
 from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.run_schedule import run_schedule
-from bigscience_ops.schedules import parse_skip_ranges
+from bigscience_ops.schedule.run import run_schedule
+from bigscience_ops.schedule.batch_lr import parse_skip_ranges
 from bigscience_ops.schema import Experiment
 
 SET_ASIDE_PREFIX = "rolled-back-"

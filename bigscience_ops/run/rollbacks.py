@@ -19,7 +19,7 @@ from typing import Any
 
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.untrusted import Checked, append_line, build, check_int, check_str, check_time, checked_jsonl, excerpt
-from bigscience_ops.schedules import parse_skip_ranges
+from bigscience_ops.schedule.batch_lr import parse_skip_ranges
 
 RECORD = "rollbacks.jsonl"
 

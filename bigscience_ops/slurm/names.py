@@ -19,7 +19,7 @@ _KIND = re.compile(r"[a-z][a-z-]*")
 
 
 RUNNER_NAMES = ("bsops-cron-hourly", "bsops-cron-daily")
-"""The cron runners' job names (ops/schedule/cron.py, with cron.yaml's default name_prefix): reserved too, so no
+"""The cron runners' job names (ops/cron/runner.py, with cron.yaml's default name_prefix): reserved too, so no
 training is taken for a runner, nor a runner cancelled as an extra chain."""
 
 

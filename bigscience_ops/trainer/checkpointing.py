@@ -43,7 +43,7 @@ from typing import Protocol
 from bigscience_ops.checkpoints import layout, manifest, resume, set_aside
 from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.checkpoints.manifest import Manifest
-from bigscience_ops.schedules import SaveSchedule
+from bigscience_ops.schedule.batch_lr import SaveSchedule
 from bigscience_ops.trainer.metrics import Metrics
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bigscience_ops.run_schedule import RunSchedule
+from bigscience_ops.schedule.run import RunSchedule
 from bigscience_ops.schema import Experiment
 from bigscience_ops.sizing import padded_vocab_size
 

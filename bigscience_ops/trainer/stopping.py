@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bigscience_ops.node_schedule import Phase
+from bigscience_ops.schedule.nodes import Phase
 from bigscience_ops.schema import CheckpointConfig
 
 FINISHED = "training finished"

@@ -45,10 +45,10 @@ from bigscience_ops import sizing
 from bigscience_ops.checkpoints import universal
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.checkpoints.layout import CheckpointError
-from bigscience_ops.config import to_dict
+from bigscience_ops.config.loading import to_dict
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.run_schedule import RunSchedule, run_schedule
-from bigscience_ops.schedules import LRSchedule, in_skip_range
+from bigscience_ops.schedule.run import RunSchedule, run_schedule
+from bigscience_ops.schedule.batch_lr import LRSchedule, in_skip_range
 from bigscience_ops.schema import Experiment
 from bigscience_ops.sizing import GPTShape
 from bigscience_ops.trainer import checkpointing as ckpt
@@ -528,7 +528,7 @@ def run(exp: Experiment, ds_config: dict, synthetic_data: bool = False) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from bigscience_ops.config import from_dict
+    from bigscience_ops.config.loading import from_dict
 
     parser = argparse.ArgumentParser(prog="python -m bigscience_ops.trainer", description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", required=True, type=Path, help="the resolved experiment.json bsops render wrote")

@@ -32,7 +32,7 @@ from bigscience_ops.run import rollbacks
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import chronicle
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from bigscience_ops.untrusted import Problem
 from bigscience_ops.views import branch
 

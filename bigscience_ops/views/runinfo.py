@@ -42,7 +42,7 @@ from bigscience_ops.run.iterations import IterationStats
 from bigscience_ops.ops.evaluate import results as eval_results
 from bigscience_ops.ops.keep import store as backup_store
 from bigscience_ops.ops.keep import evaluated as evaluated_steps
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from bigscience_ops.schema import Experiment
 from bigscience_ops.views import branch
 

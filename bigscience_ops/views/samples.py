@@ -32,8 +32,8 @@ from bigscience_ops.run import rollbacks
 from bigscience_ops.run import log as runlog
 from bigscience_ops.checkpoints import layout as checkpoint_layout
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.run_schedule import RunSchedule, run_schedule
-from bigscience_ops.schedules import in_skip_range, parse_skip_ranges
+from bigscience_ops.schedule.run import RunSchedule, run_schedule
+from bigscience_ops.schedule.batch_lr import in_skip_range, parse_skip_ranges
 from bigscience_ops.schema import Experiment
 from bigscience_ops.trainer.sampling import (
     LayoutLineError, TaskLayout, build_datasets, dataset_sizes, micro_batch_positions, parse_layout_line, seqlen_at,

@@ -24,7 +24,7 @@ import torch
 from click.testing import CliRunner
 
 from bigscience_ops import sizing
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from bigscience_ops.checkpoints import convert
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.schema import DataSource
@@ -546,7 +546,7 @@ PEAK_RSS = """
 import json, sys
 import torch, safetensors.torch
 from bigscience_ops.checkpoints import convert
-from bigscience_ops.config import from_dict
+from bigscience_ops.config.loading import from_dict
 
 def status(field):
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(field + ":"))
@@ -561,7 +561,7 @@ print(json.dumps({"before": before, "peak": status("VmHWM")}))
 def _large_checkpoint(exp, root: Path, layers: int, hidden: int) -> Path:
     """`exp`'s run with its checkpoint replaced by a wider, deeper one (the trainer's own layers, TP=1, random
     weights) in DeepSpeed's per-layer files under `root`; the experiment.json that points at it."""
-    from bigscience_ops.config import to_dict
+    from bigscience_ops.config.loading import to_dict
     from bigscience_ops.sizing import GPTShape
     from bigscience_ops.trainer.model import EmbeddingPipe, FinalNorm, TransformerBlock
 

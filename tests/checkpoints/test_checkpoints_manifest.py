@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from bigscience_ops.checkpoints import audit, layout, manifest, resume, set_aside
 from bigscience_ops.checkpoints.layout import CheckpointError
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.run import lock as run_lock
 from bigscience_ops.trainer import checkpointing
 from tests.fixtures_runs import commit_checkpoint
@@ -278,7 +278,7 @@ def _as_trained(trainings: Path, step: int = 10) -> Path:
     """tiny's checkpoints folder with a committed checkpoint whose bsops.json records tiny's own model and layout."""
     import dataclasses
 
-    from bigscience_ops.config import to_dict
+    from bigscience_ops.config.loading import to_dict
     from bigscience_ops.sizing import GPTShape
 
     exp = load_experiment("tiny", trainings)

@@ -15,7 +15,7 @@ from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.run.rollback import rollback
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.run.records import as_recorded
 from bigscience_ops.ops.keep import backup
 from tests.fixtures_experiments import tiny_yaml
@@ -102,7 +102,7 @@ def test_a_spike_rolled_back_with_its_data_skipped_trains_on_from_the_target(spi
     import numpy as np
 
     from bigscience_ops.ops import health
-    from bigscience_ops.run_schedule import run_schedule
+    from bigscience_ops.schedule.run import run_schedule
     from bigscience_ops.trainer.faults import token_record_path
     from bigscience_ops.views import samples
     from tests.fixtures_trainer import (

@@ -266,7 +266,7 @@ def test_samples_gives_the_token_ids_each_rank_recorded(reshape_runs, iteration)
     """`bsops samples` (views/samples.py) on the run's last experiment.json and main_log.txt gives every recorded
     micro-batch of every rank bit for bit: in the rampup, after a resume with the same DP, and with DP=2 after a DP
     change."""
-    from bigscience_ops.config import from_dict
+    from bigscience_ops.config.loading import from_dict
     from bigscience_ops.trainer.faults import token_record_path
     from bigscience_ops.views import samples
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from bigscience_ops.checkpoints import layout, retention
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.keep import backup
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import commit_checkpoint

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from bigscience_ops import slurm
 from bigscience_ops.cli import EXIT_ERROR, main
-from bigscience_ops.ops.evaluate import launcher, results, schedule
+from bigscience_ops.ops.evaluate import launcher, results, next_eval as schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import commit_checkpoint
 from tests.fixtures_slurm import SlurmCluster, replay_sbatch, replay_squeue, sbatch_calls, wait_until

@@ -15,7 +15,7 @@ from bigscience_ops.run import ledger
 from bigscience_ops.run import lock as run_lock
 from bigscience_ops.run import index as runs_index
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment, to_dict
+from bigscience_ops.config.loading import load_experiment, to_dict
 from bigscience_ops.run.ledger import TaskRecord
 from bigscience_ops.run.opening import open_run
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
 from tests.fixtures_smtp import alerts_yaml
@@ -63,7 +63,7 @@ def test_status_of_an_experiment_alerts_once_then_recovers(watched: Path, slurm_
 
 def test_cron_status_job_runs_the_watchdog(watched: Path, tmp_path: Path, plain_server,
                                           slurm_cluster) -> None:
-    from bigscience_ops.ops.schedule import cron
+    from bigscience_ops.ops.cron import runner as cron
 
     inbox, _ = plain_server
     cron_dir = tmp_path / "cron"

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from bigscience_ops.cli import fields
 from bigscience_ops.cli import main
 from bigscience_ops.cli.base import OVERRIDES_HELP, OVERRIDES_LINE, dashed_overrides
-from bigscience_ops.config import load_experiment, to_dict
+from bigscience_ops.config.loading import load_experiment, to_dict
 from bigscience_ops.schema import AlertsConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "FIELDS.md"

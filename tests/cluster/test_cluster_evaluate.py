@@ -22,8 +22,8 @@ from bigscience_ops import slurm
 from bigscience_ops.launch import cluster as submit
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
-from bigscience_ops.ops.evaluate import results, schedule
+from bigscience_ops.config.loading import load_experiment
+from bigscience_ops.ops.evaluate import results, next_eval as schedule
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 from tests.fixtures_slurm import wait_until
 

@@ -12,7 +12,7 @@ import pytest
 from bigscience_ops import slurm
 from bigscience_ops.run import ledger
 from bigscience_ops.launch import cluster as submit
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.schema import Experiment
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 from tests.fixtures_slurm import SlurmCluster, wait_until
@@ -136,7 +136,7 @@ def test_leftover_tasks_of_a_finished_training_end_at_once_and_cancel_the_rest(
                      f"slurm: {{job_name: {slurm_cluster.prefix}-done, partition: {slurm_cluster.partition}, "
                      f"array: 4, time: '10', failure_budget: 1, env_setup: [{json.dumps(setup)}]}}\n"
                      + alerts_yaml(port))
-    from bigscience_ops.run_schedule import run_schedule
+    from bigscience_ops.schedule.run import run_schedule
 
     final = run_schedule(exp).train_iters
     checkpoints = Path(exp.paths.checkpoints)

@@ -15,9 +15,9 @@ import pytest
 
 from bigscience_ops.run import ledger
 from bigscience_ops.launch import cluster as submit
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.plan import make_plan
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 from tests.fixtures_slurm import wait_until
 

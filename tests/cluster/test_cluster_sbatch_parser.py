@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from bigscience_ops import slurm
 from bigscience_ops.cli import EXIT_ERROR, main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from tests.fixtures_sbatch import sbatch_options  # noqa: F401  (the fixture)
 
 HOSTILE = {

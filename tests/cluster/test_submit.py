@@ -12,7 +12,7 @@ import pytest
 
 from bigscience_ops.run import ledger
 from bigscience_ops.launch import cluster as submit
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import resources
-from bigscience_ops.config import load_experiment, to_dict, from_dict
-from bigscience_ops.derivation import exit_margin_minutes
-from bigscience_ops.experiment_files import list_experiments
+from bigscience_ops.config.loading import load_experiment, to_dict, from_dict
+from bigscience_ops.config.derivation import exit_margin_minutes
+from bigscience_ops.config.files import list_experiments
 from bigscience_ops.errors import ConfigError
 
 
@@ -292,7 +292,7 @@ def test_bundled_tiny_resolves_alike_for_every_install_kind(kind: str, project: 
 def test_bundled_experiments_stay_reachable_beside_a_local_trainings_folder(tmp_path: Path, monkeypatch) -> None:
     """A user's ./trainings is looked in first, then bsops' own: a local file of the same name wins there, and
     `base:` follows the same rule after the folder of the file that names it."""
-    from bigscience_ops.experiment_files import experiment_path, find_experiments, run_folder_note
+    from bigscience_ops.config.files import experiment_path, find_experiments, run_folder_note
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("BSOPS_TRAININGS", raising=False)

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from bigscience_ops.cli import main
-from bigscience_ops.config import COMMAND_LINE, field_origins, from_dict, load_experiment, to_dict
+from bigscience_ops.config.loading import COMMAND_LINE, field_origins, from_dict, load_experiment, to_dict
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.schema import OptimizerConfig
 

@@ -7,7 +7,7 @@ import typing
 from datetime import datetime, timedelta
 
 from bigscience_ops import schema
-from bigscience_ops.ops.schedule.cron import CronSettings
+from bigscience_ops.ops.cron.runner import CronSettings
 
 
 def numeric_fields(cls: type, prefix: str = "") -> dict[str, dict]:

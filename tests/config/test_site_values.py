@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
-from bigscience_ops.site_values import (
+from bigscience_ops.config.loading import load_experiment
+from bigscience_ops.config.site_values import (
     SITE_FIELDS, ClusterRules, IncompleteExperiment, check_complete, missing_site_values,
 )
 
@@ -97,7 +97,7 @@ def test_bundled_experiments_a_rehearsal_and_an_incomplete_one() -> None:
 
 def test_the_cluster_is_asked_and_its_answers_read(slurm_cluster, monkeypatch) -> None:
     from bigscience_ops import slurm
-    from bigscience_ops.site_values import cluster_rules
+    from bigscience_ops.config.site_values import cluster_rules
 
     assert slurm.has_default_partition(slurm.run(slurm.sinfo_partitions_argv(), timeout=30).stdout)  # "bsops*"
     assert not slurm.enforces_accounts(slurm.run(slurm.scontrol_show_config_argv(), timeout=30).stdout)  # none

@@ -1,4 +1,4 @@
-"""validation.py: the rules across an experiment's fields, each a named check, run from one place."""
+"""config/validation.py: the rules across an experiment's fields, each a named check, run from one place."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import validation
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config import validation
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,14 +61,14 @@ def test_an_address_is_one_line_with_an_at_sign() -> None:
 
 
 def test_the_rules_run_from_one_place() -> None:
-    """validate and check_derived are called once each, from config.py's _checked (files and run records alike)."""
+    """validate and check_derived are called once each, from config/loading.py's _checked (files and run records alike)."""
     calls = []
     for path in sorted((REPO / "bigscience_ops").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
                     and node.func.value.id == "validation" and node.func.attr in ("validate", "check_derived"):
                 calls.append((path.name, node.func.attr))
-    assert sorted(calls) == [("config.py", "check_derived"), ("config.py", "validate")]
+    assert sorted(calls) == [("loading.py", "check_derived"), ("loading.py", "validate")]
 
 
 @pytest.mark.parametrize("switch", ["", "/", ".", "{run}", "{run}/checkpoints", "{run}/..", "/dev/null", "{dir}",
@@ -168,7 +168,7 @@ def test_a_run_folder_of_its_own_anywhere_else_is_taken(trainings: Path, tmp_pat
 
 def test_a_run_record_naming_the_root_as_its_folder_is_refused_too() -> None:
     """experiment.json is untrusted: rebuilt from it, the same rule holds."""
-    from bigscience_ops.config import from_dict, to_dict
+    from bigscience_ops.config.loading import from_dict, to_dict
 
     data = to_dict(load_experiment("tiny"))
     data["paths"]["checkpoints"] = "/"

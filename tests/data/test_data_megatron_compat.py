@@ -64,7 +64,7 @@ def test_megatron_and_bsops_spellings_give_identical_bytes(tmp_path, gpt2_files)
 FLAGS = {"--input", "--output-per-input", "--json-keys", "--tokenizer", "--tokenizer-type", "--tokenizer-name-or-path",
          "--vocab-file", "--vocab", "--merge-file", "--merges-file", "--tokenizer-backend", "--cross-check",
          "--special-text", "--append-eod", "--output-prefix", "--workers", "--strict", "--max-document-bytes",
-         "--log-interval", "--dataset-impl", "--keep-newlines", "--help"}
+         "--log-interval", "--dataset-impl", "--keep-newlines", "--dry-run", "--help"}
 # Megatron's, accepted and named in the warning, not shown in --help (--split-sentences is refused).
 HIDDEN_IGNORED = ("--make-vocab-size-divisible-by", "--pad-vocab-size-to", "--datasets")
 

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.data import preflight
 from bigscience_ops.data.corpus import bundled_tokenizer
 from bigscience_ops.data.preprocess import preprocess

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.data.corpus import CORPUS_FILE, TOKENIZER_FILE
 from bigscience_ops.data.gpt_dataset import split_boundaries
 from bigscience_ops.data.indexed import IndexedDataset

@@ -398,7 +398,7 @@ def test_lm_eval_model_bsops_gives_the_numbers_of_bsops_eval_and_of_hf(runs, mod
     from sqlitedict import SqliteDict
 
     from bigscience_ops import resources
-    from bigscience_ops.config import to_dict
+    from bigscience_ops.config.loading import to_dict
     from bigscience_ops.ops.evaluate import launcher
 
     exp, target, _, scorer = model

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.evaluate import EvalError, driver, prefetch, results
 from tests.evaluate.test_eval_lm_eval_cli import TASK
 from tests.evaluate.test_evaluate_bpb import WindowScorer, _lm
@@ -139,8 +139,8 @@ def test_offline_a_dataset_not_in_the_cache_is_missing_at_once_and_datasets_is_n
     out = driver.run_tasks(_lm(), [str(folder / "hub.yaml")], missing=missing, prefetch="bsops eval prefetch ev")
     assert out == {} and asked == []
     why = missing[str(folder / "hub.yaml")]
-    assert f"its dataset bsops-test/LastWord is not in the datasets cache {cache / 'datasets'}" in why
-    assert "bsops eval prefetch ev" in why
+    assert "its dataset bsops-test/LastWord is not in the datasets cache" in why
+    assert why.endswith(f"fetch it on a machine with network: bsops eval prefetch ev (the cache: {cache / 'datasets'})")
     # the cache as datasets keeps a dataset it built (<org>___<name in snake case>/<config>/<version>/<hash>): found
     assert prefetch.not_cached("bsops-test/LastWord") == cache / "datasets"
     (cache / "datasets" / "bsops-test___last_word" / "default" / "0.0.0" / "abc").mkdir(parents=True)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.evaluate import driver, jobscript, prefetch
 from tests.fixtures_experiments import tiny_yaml
 from tests.hostile.test_hostile_tasks import GOOD, offline
@@ -99,7 +99,7 @@ def test_prefetch_of_a_registered_task_from_a_local_mirror_then_lm_evals_lambada
 
 def test_a_relative_cache_resolves_against_the_project_folder(trainings: Path, tmp_path: Path, monkeypatch) -> None:
     """As every other output path: not against the folder a command (the hourly job, a login shell) runs in."""
-    from bigscience_ops.config import load_experiment
+    from bigscience_ops.config.loading import load_experiment
 
     (trainings / "rel.yaml").write_text("base: tiny\neval: {hf_cache: shared/hf-cache}\n")
     monkeypatch.chdir(tmp_path)

@@ -65,7 +65,7 @@ def _copy(golden_run, folder: Path, **trained_model) -> tuple:
     written into its bsops.json's experiment.model; the experiment pointing there, also as `folder`/experiment.json."""
     import dataclasses
 
-    from bigscience_ops.config import to_dict
+    from bigscience_ops.config.loading import to_dict
 
     exp, out, _ = golden_run
     step = layout.latest_step(out / "checkpoints")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.evaluate import driver
 from tests.evaluate.test_ops_evaluate_results import eval_result
 

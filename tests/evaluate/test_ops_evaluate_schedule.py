@@ -1,4 +1,4 @@
-"""The hourly eval job's choice (ops/evaluate/schedule.py) over fake run folders, and the eval job it renders.
+"""The hourly eval job's choice (ops/evaluate/next_eval.py) over fake run folders, and the eval job it renders.
 
 No torch, no cluster: the queue and sbatch are stand-ins, except where sbatch's own #SBATCH reader checks the script.
 """
@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import config, slurm
+from bigscience_ops.config import loading as config
+
+from bigscience_ops import slurm
 from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.launch import jobs
-from bigscience_ops.ops.evaluate import jobscript, schedule
+from bigscience_ops.ops.evaluate import jobscript, next_eval as schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_sbatch import sbatch_options  # noqa: F401  (the fixture)
 from tests.fixtures_runs import commit_checkpoint

@@ -209,7 +209,7 @@ def test_the_watchdog_tells_each_checkpoint_set_aside_once(faults, plain_server)
     aside, naming the file and why; the next pass (its cooldown long over) tells nothing more of it."""
     from datetime import datetime, timedelta
 
-    from bigscience_ops.config import from_dict
+    from bigscience_ops.config.loading import from_dict
     from bigscience_ops.ops.watch import lifecycle, watchdog
     from tests.fixtures_smtp import plain_outbox
 

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from bigscience_ops import slurm
 from bigscience_ops.checkpoints import set_aside
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.tell import alert_state
 from bigscience_ops.ops.watch import lifecycle, watchdog
 from bigscience_ops.run import ledger

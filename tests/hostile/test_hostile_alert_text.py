@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from bigscience_ops.run import ledger
 from bigscience_ops.cli import main
-from bigscience_ops.ops.evaluate import schedule
+from bigscience_ops.ops.evaluate import next_eval as schedule
 from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.ops.watch import watchdog
 from tests.fixtures_experiments import tiny_yaml

@@ -138,7 +138,7 @@ def _eval_next_takes(value, path: tuple, monkeypatch: pytest.MonkeyPatch, traini
     """`bsops eval next edge` writes the eval job of a complete checkpoint (squeue and sbatch answer with their
     recorded real output), and the resolved experiment it writes beside the script is one the ranks' loader
     (config.from_dict) takes."""
-    from bigscience_ops.config import from_dict
+    from bigscience_ops.config.loading import from_dict
 
     checkpoint = trainings.parent / "runs/edge/checkpoints/global_step50"  # where tiny's relative paths resolve
     checkpoint.mkdir(parents=True)

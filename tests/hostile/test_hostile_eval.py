@@ -32,8 +32,8 @@ from click.testing import CliRunner
 
 from bigscience_ops.checkpoints import layout, manifest
 from bigscience_ops.cli import EXIT_ERROR, main
-from bigscience_ops.config import load_experiment
-from bigscience_ops.ops.evaluate import EvalError, driver, launcher, prefetch, results, schedule
+from bigscience_ops.config.loading import load_experiment
+from bigscience_ops.ops.evaluate import EvalError, driver, launcher, prefetch, results, next_eval as schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import LAYOUT
 from tests.fixtures_slurm import recorded_sbatch_ids, replay_sbatch, replay_squeue, sbatch_calls

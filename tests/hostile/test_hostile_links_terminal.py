@@ -39,7 +39,7 @@ from markdown_it import MarkdownIt
 from bigscience_ops.cli import main
 from bigscience_ops.cli.base import EXIT_PROBLEMS
 from bigscience_ops.ops.evaluate.commands import FAILURES
-from bigscience_ops.ops.evaluate import schedule
+from bigscience_ops.ops.evaluate import next_eval as schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import replay_sbatch, replay_squeue, sbatch_calls
 from tests.fixtures_smtp import Hooked, Inbox

@@ -21,12 +21,12 @@ from bigscience_ops import slurm
 from bigscience_ops.run import ledger
 from bigscience_ops.run import log as runlog
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.experiment_files import check_name
+from bigscience_ops.config.files import check_name
 from bigscience_ops.run.iterations import parse_iteration_line
-from bigscience_ops.ops import hourly_jobs
-from bigscience_ops.ops.schedule import cron
+from bigscience_ops.ops import hourly_registry as hourly_jobs
+from bigscience_ops.ops.cron import runner as cron
 from bigscience_ops.ops import health
 from bigscience_ops.ops.watch import status
 from bigscience_ops.views import samples

@@ -29,7 +29,7 @@ from bigscience_ops.run import ledger
 from bigscience_ops.run import rollbacks
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.keep import backup, chronicle
 from bigscience_ops.ops.keep import store as backup_store
 from bigscience_ops.ops.watch import lifecycle, watchdog

@@ -20,11 +20,11 @@ from click.testing import CliRunner
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.plan import make_plan
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.ops import hourly_jobs
-from bigscience_ops.ops.schedule import cron, scrontab
+from bigscience_ops.ops import hourly_registry as hourly_jobs
+from bigscience_ops.ops.cron import runner as cron, scrontab
 
 # A value that would end an #SBATCH line and run a command, and its cousins.
 HOSTILE = {

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from bigscience_ops.run import ledger
 from bigscience_ops.run import index as runs_index
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment, to_dict
+from bigscience_ops.config.loading import load_experiment, to_dict
 from bigscience_ops.run.ledger import TaskRecord
 from bigscience_ops.views import runs as runs_view
 from tests.fixtures_experiments import tiny_yaml

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 from bigscience_ops.launch import local as launch
 from bigscience_ops.run import ledger
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
-from bigscience_ops.config import Overrides, apply_overrides
+from bigscience_ops.config.loading import load_experiment
+from bigscience_ops.config.loading import Overrides, apply_overrides
 from bigscience_ops.plan import make_plan
 from bigscience_ops.ops.keep import chronicle
 from bigscience_ops.views import runinfo

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.launch import plan as launch_plan
+from bigscience_ops.launch import launch_plan
 from bigscience_ops.run import rollbacks
 from bigscience_ops.run import index as runs_index
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.launch.jobenv import job_environment
-from bigscience_ops.launch.plan import LaunchOptions, build_launch_plan
-from bigscience_ops.config import Overrides, apply_overrides
+from bigscience_ops.launch.launch_plan import LaunchOptions, build_launch_plan
+from bigscience_ops.config.loading import Overrides, apply_overrides
 from bigscience_ops.run.records import as_recorded
 from bigscience_ops.run.records import EXIT_NOT_TRAINING, read_records
 from tests.fixtures_experiments import tiny_yaml
@@ -152,7 +152,7 @@ def test_the_kill_switch_is_decided_in_one_function_with_two_callers() -> None:
 
 
 def test_an_experiment_is_transformed_by_derivation_and_the_launch_overrides_only() -> None:
-    """dataclasses.replace on a whole Experiment happens in derivation.py and config.py (apply_overrides) only."""
+    """dataclasses.replace on a whole Experiment happens in config/derivation.py and config/loading.py (apply_overrides) only."""
     places = set()
     for path in sorted((REPO / "bigscience_ops").rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -160,4 +160,4 @@ def test_an_experiment_is_transformed_by_derivation_and_the_launch_overrides_onl
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "replace"
                     and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in ("exp", "experiment")):
                 places.add(str(path.relative_to(REPO)))
-    assert places <= {"bigscience_ops/derivation.py", "bigscience_ops/config.py"}, places
+    assert places <= {"bigscience_ops/config/derivation.py", "bigscience_ops/config/loading.py"}, places

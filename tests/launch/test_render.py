@@ -15,7 +15,7 @@ import pytest
 from bigscience_ops import slurm
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.plan import make_plan
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import PlanError
 from tests.fixtures_render import install_shims
 
@@ -86,7 +86,7 @@ def test_deepspeed_json_from_config(tmp_path: Path) -> None:
 
 
 def test_experiment_json_reloads(tmp_path: Path) -> None:
-    from bigscience_ops.config import from_dict, to_dict
+    from bigscience_ops.config.loading import from_dict, to_dict
 
     exp = load_experiment("tr8-104B")
     data = json.loads(rendering.render(exp, tmp_path, make_plan(exp)).files["experiment.json"])

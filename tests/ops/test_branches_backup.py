@@ -27,7 +27,7 @@ import pytest
 
 from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.checkpoints.layout import Checkpoint
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.evaluate import results
 from bigscience_ops.ops.keep import backup, evaluated
 from bigscience_ops.ops.keep import store as backup_store

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.checkpoints import layout
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.alerts import EXIT_ERROR
 from bigscience_ops.ops.tell import alert_state
 from bigscience_ops.ops.tell.message import NotifyError

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.checkpoints import layout
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.keep import backup
 from bigscience_ops.ops.keep import store as backup_store
 from tests.fixtures_experiments import tiny_yaml
@@ -595,7 +595,7 @@ def test_a_checkpoint_holding_a_link_is_refused_naming_it_and_the_next_one_is_st
 def test_the_final_step_is_copied_whole_and_an_earlier_one_weights_only(trainings: Path, tmp_path: Path) -> None:
     """The final step comes from the run schedule (BackupSettings.final_step): its copy keeps the optimizer state
     with no keep_optimizer_every set. (test_ops_backup checks the same on trained checkpoints, in the slow lane.)"""
-    from bigscience_ops.run_schedule import run_schedule
+    from bigscience_ops.schedule.run import run_schedule
 
     (trainings / "ending.yaml").write_text(tiny_yaml(tmp_path / "ending", f"backup: {{dest: {tmp_path / 'store'}}}\n"))
     exp = load_experiment("ending", trainings)

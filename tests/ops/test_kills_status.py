@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from bigscience_ops import slurm
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.watch import lifecycle, status
 from bigscience_ops.run import ledger
 from tests.fixtures_experiments import tiny_yaml

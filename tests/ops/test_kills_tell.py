@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.ops.alerts import Alert
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.tell import alert_state, alert_text, channels, job_alerts, notify
 from bigscience_ops.ops.tell.message import NotifyError
 from bigscience_ops.ops.watch import status

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import slurm
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.tell import alert_state
 from bigscience_ops.ops.tell.notify import default_state_path
 from bigscience_ops.ops.watch import lifecycle, local_run, status
@@ -183,7 +183,7 @@ def test_every_alert_of_a_watchdog_run_names_its_contact(trainings: Path, tmp_pa
     """A run launched here that stopped before its end, with a torn ledger line and a checkpoint a resume set aside:
     each is an alert, and each says whom to alert."""
     from bigscience_ops.checkpoints import set_aside
-    from bigscience_ops.config import to_dict
+    from bigscience_ops.config.loading import to_dict
     from bigscience_ops.ops.watch import watchdog
 
     (trainings / "local.yaml").write_text(tiny_yaml(tmp_path / "local"))
@@ -218,7 +218,7 @@ def test_every_alert_of_a_watchdog_run_names_its_contact(trainings: Path, tmp_pa
 
 def test_the_watchdogs_mail_names_the_log_and_keeps_the_cooldown(trainings: Path, tmp_path: Path,
                                                                  plain_server) -> None:
-    from bigscience_ops.config import to_dict
+    from bigscience_ops.config.loading import to_dict
     from bigscience_ops.ops.watch import watchdog
     from tests.fixtures_smtp import plain_outbox
 

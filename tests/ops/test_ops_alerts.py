@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import alerts
 from bigscience_ops.ops.alerts import DEFAULT_CONTACT, EXIT_ALERT, Condition, StatusReport, raise_alert

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.checkpoints import layout, retention
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.schema import Experiment
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from bigscience_ops.ops.keep import backup
 from bigscience_ops.ops.keep import store as backup_store
 from tests.fixtures_experiments import tiny_yaml
@@ -129,7 +129,7 @@ _KILLED_BACKUP = """
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-from bigscience_ops.config import from_dict
+from bigscience_ops.config.loading import from_dict
 from bigscience_ops.ops.keep import backup
 from bigscience_ops.ops.keep import store as backup_store
 exp = from_dict(json.loads(Path({exp!r}).read_text()))
@@ -148,7 +148,7 @@ backup.run_backup(backup.settings(exp))
 
 @pytest.mark.slow
 def test_kill_9_during_a_backup_then_rerun_completes_and_verifies(runs, tmp_path: Path) -> None:
-    from bigscience_ops.config import to_dict
+    from bigscience_ops.config.loading import to_dict
 
     exp, run = runs[0]
     exp = _scratch_copy(exp, run, tmp_path)

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from bigscience_ops.checkpoints import layout, retention
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.keep import backup
 from bigscience_ops.ops.keep import store as backup_store
 from tests.fixtures_experiments import tiny_yaml

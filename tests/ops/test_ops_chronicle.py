@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from bigscience_ops.run import ledger
 from bigscience_ops.run import rollbacks
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.run.iterations import IterationStats, iteration_line
 from bigscience_ops.ops.keep import chronicle
 from tests.fixtures_experiments import tiny_yaml

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from bigscience_ops import slurm
-from bigscience_ops.ops.schedule import cron
+from bigscience_ops.ops.cron import runner as cron
 from bigscience_ops.cli import main
 from tests.fixtures_slurm import recorded_terminator, wait_until
 from tests.fixtures_smtp import alerts_yaml

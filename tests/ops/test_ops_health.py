@@ -257,7 +257,7 @@ def test_the_alert_for_an_experiments_spike_says_the_exact_commands(tmp_path, tr
     import json
     from datetime import datetime, timedelta
 
-    from bigscience_ops.config import load_experiment
+    from bigscience_ops.config.loading import load_experiment
     from bigscience_ops.ops.watch import lifecycle, watchdog
     from tests.fixtures_experiments import tiny_yaml
     from tests.fixtures_smtp import plain_outbox
@@ -313,7 +313,7 @@ def test_an_eval_metric_that_falls_is_an_alert_with_the_rollback_and_a_bad_resul
     import json
     from datetime import datetime, timedelta
 
-    from bigscience_ops.config import load_experiment
+    from bigscience_ops.config.loading import load_experiment
     from bigscience_ops.ops.watch import lifecycle, status, watchdog
     from tests.fixtures_experiments import tiny_yaml
     from tests.fixtures_smtp import plain_outbox

@@ -1,4 +1,4 @@
-"""Hourly jobs as plugins (ops/hourly.py): each declared beside its library code and registered once; a job
+"""Hourly jobs as plugins (ops/hourly_job.py): each declared beside its library code and registered once; a job
 declared in this test goes through the real machinery (`bsops cron add`, the runner's pass, the test cluster)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 from bigscience_ops.cli import main
 from bigscience_ops.launch.jobs import GONE, SlurmJob
-from bigscience_ops.ops import hourly_jobs
-from bigscience_ops.ops.schedule import cron
-from bigscience_ops.ops.hourly import HourlyJob, Missing
+from bigscience_ops.ops import hourly_registry as hourly_jobs
+from bigscience_ops.ops.cron import runner as cron
+from bigscience_ops.ops.hourly_job import HourlyJob, Missing
 from bigscience_ops.schema import Experiment
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import wait_until
@@ -39,14 +39,14 @@ def plan_check():
 
 
 def test_the_shipped_jobs_are_declared_beside_their_code() -> None:
-    from bigscience_ops.ops.evaluate import hourly as evaluate
-    from bigscience_ops.ops.keep import hourly as keep
-    from bigscience_ops.ops.watch import hourly as watch
+    from bigscience_ops.ops.evaluate import as_hourly_job as evaluate
+    from bigscience_ops.ops.keep import as_hourly_jobs as keep
+    from bigscience_ops.ops.watch import as_hourly_job as watch
 
     where = {job.name: module.__name__ for module in (watch, keep, evaluate) for job in module.JOBS}
     assert list(where) == list(hourly_jobs.JOBS) == ["status", "hub-sync", "backup", "eval"]
-    assert where == {"status": "bigscience_ops.ops.watch.hourly", "hub-sync": "bigscience_ops.ops.keep.hourly",
-                     "backup": "bigscience_ops.ops.keep.hourly", "eval": "bigscience_ops.ops.evaluate.hourly"}
+    assert where == {"status": "bigscience_ops.ops.watch.as_hourly_job", "hub-sync": "bigscience_ops.ops.keep.as_hourly_jobs",
+                     "backup": "bigscience_ops.ops.keep.as_hourly_jobs", "eval": "bigscience_ops.ops.evaluate.as_hourly_job"}
     assert [j.name for j in hourly_jobs.PLUGINS] == list(hourly_jobs.JOBS)
 
 

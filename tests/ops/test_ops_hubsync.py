@@ -339,7 +339,7 @@ def test_remote_choices_are_checked(tmp_path: Path) -> None:
 
 
 def test_config_rejects_a_template_without_repo(trainings: Path) -> None:
-    from bigscience_ops.config import load_experiment
+    from bigscience_ops.config.loading import load_experiment
 
     (trainings / "mirror.yaml").write_text("base: tiny\nhub: {remote_template: 'file:///srv/mirror.git'}\n")
     with pytest.raises(ConfigError) as err:

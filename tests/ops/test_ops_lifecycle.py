@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.run import ledger
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.ops.watch import lifecycle, status, watchdog
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_smtp import plain_outbox
 from tests.fixtures_status import ITERATION, seed_job
@@ -189,7 +189,7 @@ def test_a_local_run_is_watched_through_its_processes_not_the_queue(exp, plain_s
     import subprocess
     import sys
 
-    from bigscience_ops.config import to_dict
+    from bigscience_ops.config.loading import to_dict
 
     inbox, port = plain_server
     out = Path(exp.paths.output)
@@ -226,7 +226,7 @@ def test_a_local_run_is_watched_through_its_processes_not_the_queue(exp, plain_s
 
 
 def test_a_slurm_launch_after_a_local_one_is_watched_in_the_queue_again(exp) -> None:
-    from bigscience_ops.config import to_dict
+    from bigscience_ops.config.loading import to_dict
 
     out = Path(exp.paths.output)
     out.mkdir(parents=True)

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from bigscience_ops.cli import EXIT_ERROR, main
-from bigscience_ops.ops.schedule import cron, scrontab
+from bigscience_ops.ops.cron import runner as cron, scrontab
 
 FAKE = """#!/bin/bash
 store={store}

@@ -329,7 +329,7 @@ def test_recorded_job_ids_come_from_the_ledger_and_the_launch_records(tmp_path: 
 def test_check_tells_the_runs_jobs_from_look_alikes_by_what_its_folder_recorded(trainings: Path,
                                                                                 tmp_path: Path) -> None:
     from bigscience_ops.run import ledger
-    from bigscience_ops.config import load_experiment
+    from bigscience_ops.config.loading import load_experiment
     from bigscience_ops.ops.watch import lifecycle
     from tests.fixtures_experiments import tiny_yaml
 

@@ -260,7 +260,7 @@ def test_bsops_status_with_a_dripping_webhook_returns_in_time_mails_once_and_rec
     end otherwise, and tests/hang.py fails it), the email goes out once per cooldown, and the alert state says the webhook failed (so the next run tries it again)."""
     from bigscience_ops.run import ledger
     from bigscience_ops.cli import main
-    from bigscience_ops.config import load_experiment
+    from bigscience_ops.config.loading import load_experiment
     from bigscience_ops.ops.tell import email, webhook
 
     inbox, port = plain_server

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops import node_schedule, plan, sizing
-from bigscience_ops.config import Overrides, apply_overrides
-from bigscience_ops.run_schedule import run_schedule
-from bigscience_ops.config import load_experiment
+from bigscience_ops.schedule import nodes as node_schedule
+
+from bigscience_ops import plan, sizing
+from bigscience_ops.config.loading import Overrides, apply_overrides
+from bigscience_ops.schedule.run import run_schedule
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.schema import NodePhase
 from bigscience_ops.errors import ConfigError
 from tests.fixtures_trainer import REPO

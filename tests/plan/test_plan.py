@@ -6,12 +6,12 @@ import dataclasses
 import pytest
 
 from bigscience_ops import sizing
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.plan import make_plan, valid_node_counts
 from bigscience_ops.planview import plan_text
-from bigscience_ops.run_schedule import run_schedule
-from bigscience_ops.schedules import BatchSchedule, Curriculum, LRSchedule
+from bigscience_ops.schedule.run import run_schedule
+from bigscience_ops.schedule.batch_lr import BatchSchedule, Curriculum, LRSchedule
 from bigscience_ops.schema import CurriculumConfig, NodePhase
 from bigscience_ops.sizing import count_parameters, estimate_days, padded_vocab_size
 

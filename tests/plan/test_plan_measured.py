@@ -9,7 +9,7 @@ import pytest
 
 from bigscience_ops import benchmark_results
 from bigscience_ops.benchmark_results import measured_tflops, read_results
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.plan import make_plan
 from bigscience_ops.planview import _duration, measured_on_gpu, plan_text
 from bigscience_ops.trainer.report import peak_tflops_of

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.plan import make_plan
-from bigscience_ops.launch.plan import build_launch_plan
-from bigscience_ops.run_schedule import run_schedule
-from bigscience_ops.schedules import SaveSchedule
+from bigscience_ops.launch.launch_plan import build_launch_plan
+from bigscience_ops.schedule.run import run_schedule
+from bigscience_ops.schedule.batch_lr import SaveSchedule
 from tests.fixtures_runs import commit_checkpoint
 
 
@@ -67,7 +67,7 @@ def test_a_launch_plans_the_experiment_at_its_phase(tmp_path) -> None:
 
 
 def test_a_launch_is_refused_while_the_runs_kill_switch_exists(tmp_path) -> None:
-    from bigscience_ops.launch.plan import KillSwitchOn
+    from bigscience_ops.launch.launch_plan import KillSwitchOn
 
     exp = load_experiment("tr1-13B")
     switch = tmp_path / "kill switch"

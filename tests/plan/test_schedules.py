@@ -1,4 +1,4 @@
-"""bigscience_ops.schedules' curriculum: the ramp counted stretch by stretch (one per length) equals
+"""bigscience_ops.schedule.batch_lr' curriculum: the ramp counted stretch by stretch (one per length) equals
 counting step by step, and the work grows with the number of lengths, never with the steps."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from bigscience_ops.cli import main
-from bigscience_ops.schedules import BatchSchedule, Curriculum
+from bigscience_ops.schedule.batch_lr import BatchSchedule, Curriculum
 
 
 def step_by_step(curriculum: Curriculum, last_step: int) -> list[tuple[int, int, int]]:

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from bigscience_ops import plan, sizing
-from bigscience_ops.run_schedule import run_schedule
-from bigscience_ops.config import load_experiment
+from bigscience_ops.schedule.run import run_schedule
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import ConfigError
 from tests.fixtures_trainer import REPO, run_ok, scalars, small_experiment, write_run
 

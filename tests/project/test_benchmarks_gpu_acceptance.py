@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.run.iterations import IterationStats, iteration_line
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -39,6 +39,8 @@ the table to make one import pass.
 LAYERS: list[tuple[str, list[str]]] = [
     ("ground: knows nothing else of the package", [
         "bigscience_ops",  # the package's face: __version__
+        "bigscience_ops.config",  # the configuration package's face: its docstring only
+        "bigscience_ops.schedule",  # the schedules package's face: its docstring only
         "bigscience_ops.errors",
         "bigscience_ops.redact",
     ]),
@@ -53,23 +55,23 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     ("schema: the experiment's fields, and the arithmetic and formats that read them", [
         "bigscience_ops.schema",
-        "bigscience_ops.schedules",
+        "bigscience_ops.schedule.batch_lr",
         "bigscience_ops.sizing",
-        "bigscience_ops.node_schedule",
+        "bigscience_ops.schedule.nodes",
         "bigscience_ops.hub_remote",
         "bigscience_ops.data",
         "bigscience_ops.data.preflight",  # the data's pre-flight checks: reads data and the schema, never a run folder
         "bigscience_ops.data.dataset_record",  # PREFIX.dataset.json: what a dataset bsops wrote holds (preflight reads it)
     ]),
     ("config loader: an experiment found, read from its file and bases, and checked across fields", [
-        "bigscience_ops.experiment_files",
-        "bigscience_ops.validation",
-        "bigscience_ops.derivation",
-        "bigscience_ops.config",
-        "bigscience_ops.site_values",
+        "bigscience_ops.config.files",
+        "bigscience_ops.config.validation",
+        "bigscience_ops.config.derivation",
+        "bigscience_ops.config.loading",
+        "bigscience_ops.config.site_values",
     ]),
     ("run schedule: what a run is, computed once", [
-        "bigscience_ops.run_schedule",
+        "bigscience_ops.schedule.run",
     ]),
     ("records: what a run's folder holds (checkpoints, task ledger, the records a launch obeys)", [
         "bigscience_ops.checkpoints",
@@ -84,7 +86,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bigscience_ops.launch",  # the package's face (render above is lower: plan uses it)
         "bigscience_ops.launch.processes",  # the local job handle and the one stop of a local job
         "bigscience_ops.launch.jobs",  # the Executor protocol, the one sbatch call, the Slurm job handle
-        "bigscience_ops.launch.plan",
+        "bigscience_ops.launch.launch_plan",
         "bigscience_ops.launch.jobenv",
         "bigscience_ops.launch.local",
         "bigscience_ops.launch.console",

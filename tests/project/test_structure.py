@@ -110,7 +110,7 @@ TAKES_SETTINGS = {
     "ops/tell/job_alerts.py": set(),  # a Teller
     "ops/tell/notify.py": set(),
     "ops/tell/channels.py": set(),  # the alerts section
-    "ops/evaluate/schedule.py": {"job_name", "chooser"},  # an EvalRun; these two make its parts
+    "ops/evaluate/next_eval.py": {"job_name", "chooser"},  # an EvalRun; these two make its parts
     "ops/keep/backup.py": {"settings"},  # a BackupSettings, made by `settings`
     "ops/keep/store.py": set(),
     "ops/keep/hubsync.py": {"settings"},  # a HubSettings, made by `settings`

@@ -10,7 +10,7 @@ import pytest
 from bigscience_ops.run import ledger
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.plan import make_plan
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import BsopsError
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_render import install_shims

@@ -12,7 +12,7 @@ import pytest
 
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.run import lock as run_lock
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.plan import make_plan
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_render import install_shims

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from bigscience_ops.run import rollbacks
 from bigscience_ops.run import opening as run_ref
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment, to_dict
-from bigscience_ops.launch.plan import LaunchOptions, build_launch_plan
+from bigscience_ops.config.loading import load_experiment, to_dict
+from bigscience_ops.launch.launch_plan import LaunchOptions, build_launch_plan
 from bigscience_ops.run.opening import RunRecordError, open_run
 from bigscience_ops.views import samples
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import slurm
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.experiment_files import NAME, check_name
-from bigscience_ops.ops import hourly_jobs
-from bigscience_ops.ops.schedule import cron
+from bigscience_ops.config.files import NAME, check_name
+from bigscience_ops.ops import hourly_registry as hourly_jobs
+from bigscience_ops.ops.cron import runner as cron
 from bigscience_ops.schema import SLURM_JOB_NAME
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops.checkpoints import layout
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from tests.fixtures_trainer import GOLDEN_SAVE_SCHEDULE, concurrently, run_ok, scalars, small_experiment, write_run
 
 pytestmark = pytest.mark.slow  # two real trainer launches

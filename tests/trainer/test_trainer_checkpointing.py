@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from bigscience_ops.checkpoints import layout, manifest, set_aside
-from bigscience_ops.schedules import SaveSchedule
+from bigscience_ops.schedule.batch_lr import SaveSchedule
 from bigscience_ops.trainer import checkpointing as ckpt
 from bigscience_ops.trainer.metrics import Metrics
 

@@ -14,10 +14,10 @@ import math
 import pytest
 import torch
 
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from bigscience_ops.schema import CurriculumConfig, SaveRange
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.schedules import BatchSchedule, Curriculum, LRSchedule, in_skip_range, parse_skip_ranges
+from bigscience_ops.schedule.batch_lr import BatchSchedule, Curriculum, LRSchedule, in_skip_range, parse_skip_ranges
 from bigscience_ops.trainer.data import truncate
 from tests.fixtures_trainer import concurrently, run_ok, scalars, small_experiment, write_run
 
@@ -57,7 +57,7 @@ def test_skip_ranges_parse_merge_and_refuse():
 
 
 def test_config_refusals(tmp_path):
-    from bigscience_ops.config import from_dict, to_dict
+    from bigscience_ops.config.loading import from_dict, to_dict
 
     data = to_dict(small_experiment(tmp_path))
     with pytest.raises(ConfigError, match="train.skip_iterations"):

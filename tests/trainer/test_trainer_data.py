@@ -106,7 +106,7 @@ def test_generated_sequences_pass_the_check_and_the_limit_can_be_given(tmp_path)
 def test_the_trainer_stops_on_a_token_that_changed_after_the_check_with_one_error_line(tmp_path):
     """The issue's: data changed after the launch's check reached the embedding as `IndexError: index out of range
     in self` after 30 s. The rank now stops before its first step with one line naming the token, and exit 2."""
-    from bigscience_ops.run_schedule import run_schedule
+    from bigscience_ops.schedule.run import run_schedule
     from bigscience_ops.trainer.sampling import dataset_sizes, micro_batch_indices
     from tests.fixtures_trainer import launch, write_run
 

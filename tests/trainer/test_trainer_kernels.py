@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.kernels.choice import OPS
 from bigscience_ops.launch.local import free_port
 from bigscience_ops.sizing import GPTShape

@@ -7,7 +7,7 @@ import pytest
 
 from bigscience_ops.schema import NodePhase
 from bigscience_ops import plan
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from tests.fixtures_trainer import launch, run_ok, scalars, small_experiment, write_run
 
 pytestmark = pytest.mark.slow

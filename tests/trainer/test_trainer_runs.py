@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bigscience_ops import sizing
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from tests.fixtures_trainer import (checkpoint_steps, concurrently, launch, run_ok, scalars, small_experiment,
                                      write_run)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bigscience_ops.node_schedule import Phase
+from bigscience_ops.schedule.nodes import Phase
 from bigscience_ops.schema import CheckpointConfig
 from bigscience_ops.trainer import stopping
 from bigscience_ops.trainer.stopping import Stopper

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from bigscience_ops.run import log as runlog
 from bigscience_ops.cli import EXIT_ERROR, main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.views import plot
 from tests.fixtures_experiments import tiny_yaml
 
@@ -181,7 +181,7 @@ def test_plot_marks_the_chronicles_events_on_the_loss_curve(run_exp, tmp_path):
 
     from bigscience_ops.run import ledger
     from bigscience_ops.run import rollbacks
-    from bigscience_ops.run_schedule import run_schedule
+    from bigscience_ops.schedule.run import run_schedule
 
     _write_events(Path(run_exp.paths.tensorboard), {"lm loss": [(8, 9.0), (16, 8.5), (24, 8.1)]})
     out, now = Path(run_exp.paths.output), time.time()
@@ -207,7 +207,7 @@ def test_plot_after_a_rollback_draws_the_live_branch_and_the_abandoned_points_ap
     import time
 
     from bigscience_ops.run import rollbacks
-    from bigscience_ops.run_schedule import run_schedule
+    from bigscience_ops.schedule.run import run_schedule
 
     at = run_schedule(run_exp).batch.consumed_after
     tb = Path(run_exp.paths.tensorboard)

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from bigscience_ops.run import ledger
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.run.iterations import IterationStats, iteration_line, parse_iteration_line
 from bigscience_ops.views import runinfo
 from tests.fixtures_experiments import tiny_yaml

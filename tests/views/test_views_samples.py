@@ -20,9 +20,9 @@ import pytest
 from click.testing import CliRunner
 
 from bigscience_ops.cli import main
-from bigscience_ops.config import load_experiment
+from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.data.indexed import IndexedDataset
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from bigscience_ops.schema import CurriculumConfig, DataSource, NodePhase
 from bigscience_ops.trainer.sampling import TaskLayout, build_datasets, dataset_sizes
 from bigscience_ops.views import samples

@@ -72,7 +72,7 @@ def check_overrides(overrides: Sequence[str]) -> None:
 
 def with_overrides(exp: Experiment, overrides: Sequence[str]) -> Experiment:
     """`exp` recording this command line's overrides (the `overrides` field the ranks' record and results carry)."""
-    from bigscience_ops.config import Overrides, apply_overrides
+    from bigscience_ops.config.loading import Overrides, apply_overrides
 
     return apply_overrides(exp, Overrides(command_line=tuple(overrides)))
 
@@ -265,7 +265,7 @@ def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir
     recorded or submitted."""
     from bigscience_ops.launch import jobs
     from bigscience_ops.launch.cluster import watched_users
-    from bigscience_ops.ops.evaluate import jobscript, launcher, results, schedule
+    from bigscience_ops.ops.evaluate import jobscript, launcher, results, next_eval as schedule
 
     require_configured(exp, source)
     check_overrides(overrides)

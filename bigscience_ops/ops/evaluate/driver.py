@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.ops.evaluate import EvalError, results
-from bigscience_ops.validation import TASK_FILE_SUFFIXES, is_task_file
+from bigscience_ops.config.validation import TASK_FILE_SUFFIXES, is_task_file
 
 if TYPE_CHECKING:
     from bigscience_ops.ops.evaluate.harness import BsopsLM, Scorer
@@ -191,9 +191,10 @@ def _offline_check(fetching: Any, task: str, spec: str | dict, manager: Any, pre
     for _, path, name, cache_dir in fetching.datasets_of(task, spec, manager):
         folder = fetching.not_cached(path, cache_dir)
         if folder is not None:
+            # the command that fixes it before the cache's path: a long path cuts the end of the one-line reason
             raise EvalError(f"eval.tasks: {task}: its dataset {path}" + (f" ({name})" if name else "") + " is not in "
-                            f"the datasets cache {folder}, and the Hub is offline (HF_DATASETS_OFFLINE or "
-                            f"HF_HUB_OFFLINE): not asked of the Hub; fetch it on a machine with network: {prefetch}")
+                            f"the datasets cache, and the Hub is offline (HF_DATASETS_OFFLINE or HF_HUB_OFFLINE): not "
+                            f"asked of the Hub; fetch it on a machine with network: {prefetch} (the cache: {folder})")
 
 
 def fewshot_choice(per_task: Mapping[str, int] | None, tasks: list[str]) -> dict[str, int]:

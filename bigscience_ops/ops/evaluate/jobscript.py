@@ -25,7 +25,7 @@ from bigscience_ops.checkpoints import layout
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.ops.evaluate import launcher
 from bigscience_ops.ops.evaluate.prefetch import cache_env
-from bigscience_ops.ops.evaluate.schedule import job_name
+from bigscience_ops.ops.evaluate.next_eval import job_name
 from bigscience_ops.schema import PORT_SPREAD, Experiment
 
 TEMPLATE = "eval.slurm.j2"

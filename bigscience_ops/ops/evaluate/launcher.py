@@ -216,7 +216,7 @@ def check_layer_files(target: Target, layers) -> None:
 def experiment_record(exp) -> str:
     """The experiment the ranks read (their --experiment file), resolved: an edit of the YAML after this is written
     changes nothing of the evaluation (as the trainer reads its run's experiment.json)."""
-    from bigscience_ops.config import to_dict
+    from bigscience_ops.config.loading import to_dict
 
     return json.dumps(to_dict(exp), indent=1) + "\n"
 

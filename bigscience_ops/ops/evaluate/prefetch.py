@@ -208,7 +208,7 @@ def run_streamed(argv: list[str], env: dict[str, str], deadline: float, log: Cal
 def needs(wanted: Wanted) -> list[tuple[str, str, str | None]]:
     """(task, dataset_path, dataset_name) of each dataset eval.tasks reads through `datasets` by name."""
     from bigscience_ops.ops.evaluate import taskfiles
-    from bigscience_ops.validation import is_task_file
+    from bigscience_ops.config.validation import is_task_file
 
     manager = None
     if any(not is_task_file(t) for t in wanted.tasks):

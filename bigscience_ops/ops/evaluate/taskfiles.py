@@ -239,7 +239,7 @@ def load(path: str | os.PathLike[str], *, trust: bool = False) -> dict:
 def check_experiment(exp: Any) -> None:
     """Every task file of exp's eval.tasks loads under exp's eval.trust_task_code (`bsops eval run --step/--latest`
     asks before any rank starts); TaskFileError for the first that does not."""
-    from bigscience_ops.validation import is_task_file
+    from bigscience_ops.config.validation import is_task_file
 
     for task in exp.eval.tasks:
         if is_task_file(task):

@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load(experiment: str, trainings_dir: Path | None = None):
     """The experiment: a resolved experiment.json (from_dict), or a name or YAML file (load_experiment)."""
-    from bigscience_ops.config import from_dict, load_experiment
+    from bigscience_ops.config.loading import from_dict, load_experiment
 
     if experiment.endswith(".json"):
         path = Path(experiment)

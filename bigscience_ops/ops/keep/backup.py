@@ -50,7 +50,7 @@ from bigscience_ops.ops.keep.store import (
 )
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.untrusted import read_small, write_atomically
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from bigscience_ops.schema import BackupConfig, Experiment
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops.tell.quoting import defang_block
 from bigscience_ops.redact import scrub
-from bigscience_ops.validation import is_email_address
+from bigscience_ops.config.validation import is_email_address
 
 if TYPE_CHECKING:
     from bigscience_ops.schema import AlertsConfig

@@ -33,7 +33,7 @@ from bigscience_ops.checkpoints import layout, set_aside
 from bigscience_ops.checkpoints.set_aside import SetAside
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.untrusted import Problem, open_plain
-from bigscience_ops.run_schedule import run_schedule
+from bigscience_ops.schedule.run import run_schedule
 from bigscience_ops.schema import Experiment
 
 # slurmstepd's line in the job's output file when Slurm ends a job.

@@ -35,7 +35,7 @@ from bigscience_ops.errors import BsopsError
 from bigscience_ops.ops import health
 from bigscience_ops.ops.alerts import DEFAULT_CONTACT, EXIT_ERROR, Alert, StatusReport, condition, raise_alert
 from bigscience_ops.ops.evaluate import results as eval_results
-from bigscience_ops.ops.schedule import cron
+from bigscience_ops.ops.cron import runner as cron
 from bigscience_ops.ops.tell.channels import Outbox
 from bigscience_ops.ops.tell.message import NotifyError
 from bigscience_ops.ops.tell import alert_state

@@ -1,8 +1,8 @@
-"""The watchdog as an hourly job (ops/hourly.py): `bsops status EXP --cron-dir DIR` every hour."""
+"""The watchdog as an hourly job (ops/hourly_job.py): `bsops status EXP --cron-dir DIR` every hour."""
 
 from __future__ import annotations
 
-from bigscience_ops.ops.hourly import CRON_DIR, HourlyJob
+from bigscience_ops.ops.hourly_job import CRON_DIR, HourlyJob
 
 STATUS = HourlyJob(
     "status", "slurm-status", "status", "00:10:00", "watchdog",

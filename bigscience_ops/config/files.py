@@ -9,7 +9,7 @@ Where relative paths resolve, for every command and every install kind: against 
 file's project folder, the folder that holds its trainings/ folder, wherever the command runs from.
 bsops' own experiments, in a bundled trainings/ folder (source checkout, editable or wheel install,
 $BSOPS_DATA_DIR), write their outputs under the current folder (runs/NAME): bsops' folder is no
-place for runs. config.py loads what is found here.
+place for runs. config/loading.py loads what is found here.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ anything that can fail runs; then `bsops cron run` (run_pass) submits every job 
 folder whose previous instance is not still queued, checks that the other chains are alive, and
 logs and emails every failure: a failing query, sbatch or re-arm never ends a chain silently.
 Where the cluster has `scrontab`, the same runs can be entries of the user's scrontab instead
-(ops/schedule/scrontab.py).
+(ops/cron/scrontab.py).
 
 The cron folder is the user's own (`default_cron_dir`: $BSOPS_CRON_DIR, else $XDG_DATA_HOME/bsops/cron,
 else ~/.local/share/bsops/cron), never bsops' installed package. Every runner and job script names

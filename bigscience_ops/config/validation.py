@@ -2,14 +2,14 @@
 
 Each field's own type and bounds are the schema's (typedyaml checks them while building). What is
 here holds across fields: a model TP can split, a batch rampup that reaches its size, one way to
-give each length, save ranges in order, a time limit longer than the exit margin. config.py calls
+give each length, save ranges in order, a time limit longer than the exit margin. config/loading.py calls
 `validate` on every experiment it builds (from YAML or from a run record) and `check_derived` once
 derivation has filled the values left out; nothing else calls them. Each raises ConfigError naming
 the source, the field path, the value and what is allowed; the first broken rule is reported.
 
 What a run breaks on given hardware (memory per GPU, DP, phases against the rampup) is the plan's
 to check (plan.py), and whether a job can run at a site (data, partition, addresses) is
-site_values.py's: both need more than the experiment's own fields.
+config/site_values.py's: both need more than the experiment's own fields.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from bigscience_ops import hub_remote, sizing
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.schedules import parse_skip_ranges
+from bigscience_ops.schedule.batch_lr import parse_skip_ranges
 from bigscience_ops.schema import (
     MAX_STEPS, METRIC_KEY, METRIC_NAME, AlertsConfig, BatchConfig, CheckpointConfig, CurriculumConfig, DataConfig, EvalConfig,
     Experiment, LRScheduleConfig, ModelConfig, OptimizerConfig, ParallelConfig, SlurmConfig, TrainConfig,
@@ -177,7 +177,7 @@ def check_data(data: DataConfig, source: str) -> None:
            and sum(float(s) for s in split) > 0, source, "data.split", data.split,
            "three non-negative numbers such as '949,50,1' (train,valid,test)")
     tok = data.tokenizer
-    # The tokenizer's files are site values: both blank is on plan's to-do list (site_values.py); one of two is wrong.
+    # The tokenizer's files are site values: both blank is on plan's to-do list (config/site_values.py); one of two is wrong.
     if tok.kind == "gpt2-bpe":
         _check((tok.vocab_file is None) == (tok.merges_file is None), source, "data.tokenizer",
                dataclasses.asdict(tok),

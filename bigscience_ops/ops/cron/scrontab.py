@@ -24,7 +24,7 @@ from pathlib import Path
 from bigscience_ops import slurm
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.errors import BsopsError
-from bigscience_ops.ops.schedule.cron import PERIODS, CronSettings, RunnerScript, load_settings, runner_name, write_runner
+from bigscience_ops.ops.cron.runner import PERIODS, CronSettings, RunnerScript, load_settings, runner_name, write_runner
 from bigscience_ops.schema import SLURM_TIME
 from bigscience_ops.typedyaml import PLAIN, check_charset, control_allowed, control_character
 

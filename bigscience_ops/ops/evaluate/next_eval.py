@@ -191,7 +191,7 @@ def chooser(exp: Experiment) -> Callable[[int], bool]:
     of the run's save schedule (run_schedule's save_steps: checkpoint.save_interval or save_schedule), and its final
     step; with 1 (or a schedule that cannot be made), every saved checkpoint, those an exit saved included. A rule of
     the schedule alone: deleting old checkpoint folders never changes which ones are chosen."""
-    from bigscience_ops.run_schedule import run_schedule
+    from bigscience_ops.schedule.run import run_schedule
 
     every = exp.eval.every_saves
     if every <= 1:

@@ -1,6 +1,6 @@
 """The experiment config: typed, frozen dataclasses loaded from trainings/<name>.yaml.
 
-Files are found by name as experiment_files.py says (the local trainings folder, then bsops' own).
+Files are found by name as config/files.py says (the local trainings folder, then bsops' own).
 An experiment may start with `base: <other>` and list only what differs, and a command line may set
 any field with `SECTION.KEY=VALUE` (`overrides`), merged over the file as the file is over its base:
 one precedence, command line > file > bases > defaults, typed and checked alike, the assignments kept
@@ -8,7 +8,7 @@ in the experiment (its `overrides` field, so a run's record says what the comman
 Values are coerced to
 the declared types (`10e6` for an int, `6e-5` for a float), unknown keys are rejected with the
 valid ones, and every error names the file, the field path, the value and what is allowed. The
-rules across fields are validation.py's, the values left out are filled by derivation.py (which also
+rules across fields are config/validation.py's, the values left out are filled by config/derivation.py (which also
 says where relative paths resolve); both run from `_checked`, for an experiment file and a run
 record (experiment.json) alike. Nothing here reads a run folder.
 """
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from bigscience_ops import validation
-from bigscience_ops.derivation import derive
+from bigscience_ops.config import validation
+from bigscience_ops.config.derivation import derive
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.experiment_files import Located, experiment_path, find_base, locate
+from bigscience_ops.config.files import Located, experiment_path, find_base, locate
 from bigscience_ops.schema import Experiment
 from bigscience_ops.typedyaml import build, parse_assignments, read_layers
 
@@ -166,7 +166,7 @@ def _build(found: Located, raw: dict, origins: dict, overrides: Sequence[str]) -
 
 
 def _checked(raw: dict, origins: dict, source: str, roots: tuple[Path, Path | None] | None) -> Experiment:
-    """Typed (typedyaml), its cross-field rules checked (validation.py: the one place they run) and, for an
+    """Typed (typedyaml), its cross-field rules checked (config/validation.py: the one place they run) and, for an
     experiment file, derived (`roots`: where its inputs and outputs resolve); a run record is derived already."""
     exp: Experiment = build(Experiment, raw, "", origins, source)
     validation.validate(exp, source)

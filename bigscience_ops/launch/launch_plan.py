@@ -31,13 +31,13 @@ from bigscience_ops.launch import render as rendering
 from bigscience_ops.launch.jobs import Job, Started
 from bigscience_ops.data.preflight import DataCheck, check_data
 from bigscience_ops.errors import BsopsError, PlanError
-from bigscience_ops.node_schedule import Phase
+from bigscience_ops.schedule.nodes import Phase
 from bigscience_ops.plan import Plan, make_plan
-from bigscience_ops.config import Overrides, apply_overrides
+from bigscience_ops.config.loading import Overrides, apply_overrides
 from bigscience_ops.run.records import RunRecords, read_records, read_when_free
-from bigscience_ops.run_schedule import RunSchedule, run_schedule
+from bigscience_ops.schedule.run import RunSchedule, run_schedule
 from bigscience_ops.schema import Experiment
-from bigscience_ops.site_values import SiteCheck, check_complete
+from bigscience_ops.config.site_values import SiteCheck, check_complete
 
 JOBS = ("slurm", "local", "resubmission")
 SHARED_WITH = {"slurm": "Slurm job"}

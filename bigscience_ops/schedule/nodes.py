@@ -7,7 +7,7 @@ samples through the batch-size rampup), so every step belongs to exactly one pha
 saves and exits at that boundary; the next array task runs at the new size. Without a schedule the
 run is one phase of `slurm.nodes`.
 
-Pure Python (no torch): the run schedule (run_schedule.py) computes the phases once; the plan, the
+Pure Python (no torch): the run schedule (schedule/run.py) computes the phases once; the plan, the
 launch, the task hooks and the trainer read them there.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bigscience_ops.schedules import BatchSchedule
+from bigscience_ops.schedule.batch_lr import BatchSchedule
 from bigscience_ops.schema import SlurmConfig
 
 

@@ -1,7 +1,7 @@
 """The interface of an hourly job: what the cron runner submits every period for one experiment. It stands below
-every folder of ops/ (as alerts.py): the folders declare their jobs with it, and ops/hourly_jobs.py registers them.
+every folder of ops/ (as alerts.py): the folders declare their jobs with it, and ops/hourly_registry.py registers them.
 
-A job is declared beside its library code (ops/watch/hourly.py, ops/keep/hourly.py, ops/evaluate/hourly.py) as one
+A job is declared beside its library code (ops/watch/as_hourly_job.py, ops/keep/as_hourly_jobs.py, ops/evaluate/as_hourly_job.py) as one
 `HourlyJob` value and registered in hourly_jobs.PLUGINS; nothing else names it. A new hourly job is one module
 (its HourlyJob and whatever library code it runs) and one line there. What a job is:
 

@@ -15,8 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
-from bigscience_ops.node_schedule import Phase, NodeScheduleError, next_boundary, node_phases, phase_at
-from bigscience_ops.schedules import (
+from bigscience_ops.schedule.nodes import Phase, NodeScheduleError, next_boundary, node_phases, phase_at
+from bigscience_ops.schedule.batch_lr import (
     BatchSchedule, Curriculum, CurriculumTokens, Increment, LRSchedule, SaveSchedule, parse_skip_ranges,
 )
 from bigscience_ops.schema import Experiment

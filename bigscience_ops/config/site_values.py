@@ -30,8 +30,8 @@ from pathlib import Path
 import yaml
 
 from bigscience_ops import slurm
-from bigscience_ops.config import COMMAND_LINE, field_origins, load_experiment
-from bigscience_ops.experiment_files import experiment_path
+from bigscience_ops.config.loading import COMMAND_LINE, field_origins, load_experiment
+from bigscience_ops.config.files import experiment_path
 from bigscience_ops.errors import BsopsError
 from bigscience_ops.schema import Experiment, TokenizerConfig
 

@@ -1,4 +1,4 @@
-"""The eval scheduler as an hourly job (ops/hourly.py): `bsops eval next EXP --alert` every hour (a script written
+"""The eval scheduler as an hourly job (ops/hourly_job.py): `bsops eval next EXP --alert` every hour (a script written
 before the subcommands says `bsops eval EXP --next --alert`, which still works this release).
 
 It submits the eval jobs themselves, named `bsops.<training job name>.eval` (schedule.job_name); the scheduler is
@@ -7,7 +7,7 @@ Opt-in: it spends GPU hours, which a run that sets eval: for `bsops eval run --s
 
 from __future__ import annotations
 
-from bigscience_ops.ops.hourly import HourlyJob, Missing
+from bigscience_ops.ops.hourly_job import HourlyJob, Missing
 from bigscience_ops.schema import Experiment
 
 

@@ -2,7 +2,7 @@
 whose jobs it registers; nothing in them imports it).
 
 Each job is an `hourly.HourlyJob` declared beside its library code and registered here (PLUGINS): the watchdog
-(ops/watch/hourly.py), the Hub sync and the backup (ops/keep/hourly.py), the eval scheduler (ops/evaluate/hourly.py).
+(ops/watch/as_hourly_job.py), the Hub sync and the backup (ops/keep/as_hourly_jobs.py), the eval scheduler (ops/evaluate/as_hourly_job.py).
 A new one is its module and a line in PLUGINS. One template (templates/hourly-job.slurm.j2) renders them all. Each
 job is named `bsops.<training job name>.<suffix>` (slurm.names): experiment names and slurm.job_name refuse that
 form, so the watchdog never takes an hourly job for a training, nor `cron run` a training for an hourly job. The
@@ -18,11 +18,11 @@ from bigscience_ops import slurm
 from bigscience_ops.launch import render as rendering
 from bigscience_ops.run import log as runlog
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.ops.evaluate import hourly as evaluate_jobs
-from bigscience_ops.ops.hourly import CRON_DIR, HourlyJob, Missing
-from bigscience_ops.ops.keep import hourly as keep_jobs
-from bigscience_ops.ops.schedule.cron import PERIODS, CronSettings, RunnerScript, folder_scripts
-from bigscience_ops.ops.watch import hourly as watch_jobs
+from bigscience_ops.ops.evaluate import as_hourly_job as evaluate_jobs
+from bigscience_ops.ops.hourly_job import CRON_DIR, HourlyJob, Missing
+from bigscience_ops.ops.keep import as_hourly_jobs as keep_jobs
+from bigscience_ops.ops.cron.runner import PERIODS, CronSettings, RunnerScript, folder_scripts
+from bigscience_ops.ops.watch import as_hourly_job as watch_jobs
 from bigscience_ops.schema import Experiment
 
 PLUGINS: tuple[HourlyJob, ...] = (*watch_jobs.JOBS, *keep_jobs.JOBS, *evaluate_jobs.JOBS)

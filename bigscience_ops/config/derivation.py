@@ -26,7 +26,7 @@ from bigscience_ops import sizing
 from bigscience_ops.resources import ResourceError, bundled
 from bigscience_ops.schema import Experiment
 from bigscience_ops.slurm import parse_time_limit
-from bigscience_ops.validation import SIGNAL_SECONDS_MAX, is_task_file
+from bigscience_ops.config.validation import SIGNAL_SECONDS_MAX, is_task_file
 
 
 def exit_margin_minutes(num_params: float) -> int:

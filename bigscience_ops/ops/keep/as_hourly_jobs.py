@@ -1,10 +1,10 @@
-"""The Hub sync and the checkpoint backup as hourly jobs (ops/hourly.py); each runs with --alert: on a
+"""The Hub sync and the checkpoint backup as hourly jobs (ops/hourly_job.py); each runs with --alert: on a
 failure it exits non-zero and emails the experiment's alerts recipients at most once per alerts.cooldown_minutes
 while it keeps failing, then once when it works again (ops/tell/notify.py's cooldown state)."""
 
 from __future__ import annotations
 
-from bigscience_ops.ops.hourly import HourlyJob, Missing
+from bigscience_ops.ops.hourly_job import HourlyJob, Missing
 from bigscience_ops.schema import Experiment
 
 
