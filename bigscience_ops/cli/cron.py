@@ -42,15 +42,15 @@ def _cron_dir(cron_dir: Path | None) -> Path:
 
 
 def _kinds(jobs: str | None) -> list[str] | None:
-    """--jobs as a list of hourly_jobs.JOBS, None when not given (a usage error names the value and the allowed
+    """--jobs as a list of hourly_registry.JOBS, None when not given (a usage error names the value and the allowed
     kinds)."""
-    from bigscience_ops.ops import hourly_registry as hourly_jobs
+    from bigscience_ops.ops import hourly_registry
 
     if jobs is None:
         return None
     kinds = [j.strip() for j in jobs.split(",") if j.strip()]
-    if not kinds or [k for k in kinds if k not in hourly_jobs.JOBS]:
-        raise click.BadParameter(f"got {jobs!r}; allowed: a comma-separated list of {', '.join(hourly_jobs.JOBS)}",
+    if not kinds or [k for k in kinds if k not in hourly_registry.JOBS]:
+        raise click.BadParameter(f"got {jobs!r}; allowed: a comma-separated list of {', '.join(hourly_registry.JOBS)}",
                                  param_hint="--jobs")
     return kinds
 
@@ -121,18 +121,18 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
     scheduler, which submits eval jobs of its own, is written only when --jobs names it."""
     from bigscience_ops.config.files import experiment_path, outputs_folder
     from bigscience_ops.ops.cron import runner as cronlib
-    from bigscience_ops.ops import hourly_registry as hourly_jobs
+    from bigscience_ops.ops import hourly_registry
 
     given = _kinds(jobs)
     cron_dir = _cron_dir(cron_dir)
     settings = cronlib.load_settings(cron_dir)
     experiment = load_experiment(exp, trainings_dir)
-    kinds = given if given is not None else hourly_jobs.configured(experiment)
+    kinds = given if given is not None else hourly_registry.configured(experiment)
     if given is None:
-        for kind in hourly_jobs.JOBS:
+        for kind in hourly_registry.JOBS:
             if kind in kinds:
                 continue
-            missing = hourly_jobs.missing_setting(kind, experiment)
+            missing = hourly_registry.missing_setting(kind, experiment)
             if missing is None:  # an opt-in job EXP has the settings for
                 click.echo(f"not adding the {kind} job: it is written only when asked (--jobs "
                            f"{','.join([*kinds, kind])})")
@@ -141,7 +141,7 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
             click.echo(f"not adding the {kind} job: {field} is not set ({what})")
     path = experiment_path(exp, trainings_dir)
     folder, workdir = path.parent, outputs_folder(path)  # the jobs resolve EXP's outputs as this command did
-    rendered = [hourly_jobs.render(kind, cron_dir, experiment, folder, settings, workdir) for kind in kinds]
+    rendered = [hourly_registry.render(kind, cron_dir, experiment, folder, settings, workdir) for kind in kinds]
     for job in rendered:  # all rendered before any is written: a refused value leaves the folder as it was
         click.echo(f"dry run: nothing written; would write {job.path}" if dry_run
                    else f"wrote {cronlib.write_runner(job)}")
@@ -153,11 +153,11 @@ def cron_add(exp: str, jobs: str | None, cron_dir: Path | None, trainings_dir: P
 @json_option
 def cron_jobs(as_json: bool) -> None:
     """List the hourly jobs `bsops cron add --jobs` takes: name, period, time limit, what it is and what it runs."""
-    from bigscience_ops.ops import hourly_job as hourly, hourly_registry as hourly_jobs
+    from bigscience_ops.ops import hourly_job, hourly_registry
 
     listed = []
-    for job in hourly_jobs.JOBS.values():
-        runs = " ".join(["bsops", job.command, "EXP", *("CRON_DIR" if a == hourly.CRON_DIR else a for a in job.arguments)])
+    for job in hourly_registry.JOBS.values():
+        runs = " ".join(["bsops", job.command, "EXP", *("CRON_DIR" if a == hourly_job.CRON_DIR else a for a in job.arguments)])
         listed.append({"name": job.name, "period": job.period, "time": job.time, "opt_in": job.opt_in,
                        "what": job.what, "runs": runs})
         if as_json:
@@ -175,10 +175,10 @@ def cron_list(cron_dir: Path | None, as_json: bool) -> None:
 
     A file's name is shown with its control characters escaped (a line break in it is `\\x0a`); a *.slurm entry
     that is not a plain file (a link, a FIFO, a folder) is listed with why `bsops cron run` does not run it."""
-    from bigscience_ops.ops import hourly_registry as hourly_jobs
+    from bigscience_ops.ops import hourly_registry
     from bigscience_ops.ops.cron import runner as cronlib
 
-    found = hourly_jobs.installed(_cron_dir(cron_dir))
+    found = hourly_registry.installed(_cron_dir(cron_dir))
     if as_json:
         echo_json([{"experiment": job.experiment, "kind": job.kind, "period": job.period, "path": str(job.path),
                     "not_run": cronlib.script_problem(job.path)} for job in found])
@@ -202,14 +202,14 @@ def cron_remove(exp: str, jobs: str | None, cron_dir: Path | None, dry_run: bool
     """Remove EXP's jobs that `bsops cron add` wrote (other files of the folder are left alone).
 
     Exits 1 when there was none to remove."""
-    from bigscience_ops.ops import hourly_registry as hourly_jobs
+    from bigscience_ops.ops import hourly_registry
 
-    kinds = _kinds(jobs) or list(hourly_jobs.JOBS)
+    kinds = _kinds(jobs) or list(hourly_registry.JOBS)
     cron_dir = _cron_dir(cron_dir)
     if dry_run:
-        removed = [job.path for job in hourly_jobs.installed(cron_dir) if job.experiment == exp and job.kind in kinds]
+        removed = [job.path for job in hourly_registry.installed(cron_dir) if job.experiment == exp and job.kind in kinds]
     else:
-        removed = hourly_jobs.remove(cron_dir, exp, kinds)
+        removed = hourly_registry.remove(cron_dir, exp, kinds)
     for path in removed:
         click.echo(f"dry run: nothing removed; would remove {path}" if dry_run else f"removed {path}")
     if not removed:

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from bigscience_ops import slurm
 from bigscience_ops.cli import EXIT_ERROR, main
-from bigscience_ops.ops.evaluate import launcher, results, next_eval as schedule
+from bigscience_ops.ops.evaluate import launcher, results, next_eval
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import commit_checkpoint
 from tests.fixtures_slurm import SlurmCluster, replay_sbatch, replay_squeue, sbatch_calls, wait_until
@@ -223,7 +223,7 @@ def test_the_hourly_pass_submits_records_and_reports_a_failure(slurm_cluster: Sl
     ledger = tmp_path / "run" / "eval" / "jobs.jsonl"
     first = _eval(trainings, "next", "--alert", name=name)
     assert first.exit_code == 0, first.output
-    [record] = schedule.read_ledger(ledger).records
+    [record] = next_eval.read_ledger(ledger).records
     job_id = record.job_id
     slurm_cluster.submitted.append(job_id)  # cancelled at the end of the session whatever happens
     [job] = slurm_cluster.jobs(job_id)
@@ -234,7 +234,7 @@ def test_the_hourly_pass_submits_records_and_reports_a_failure(slurm_cluster: Sl
         "held": str(tmp_path / "held.jsonl")}
     assert (tmp_path / "run" / "eval" / "logs").is_dir()  # Slurm writes the log there and makes no folder
     waiting = _eval(trainings, "next", "--alert", name=name)
-    assert waiting.exit_code == 0 and len(schedule.read_ledger(ledger).records) == 1, waiting.output
+    assert waiting.exit_code == 0 and len(next_eval.read_ledger(ledger).records) == 1, waiting.output
     slurm.cancel([job_id], timeout=30)
     wait_until(f"job {job_id} gone from the queue", lambda: not slurm_cluster.jobs(job_id), timeout=30)
     # The job left the queue without a result: exit 2 naming the step and its log, and it is tried once more.
@@ -242,7 +242,7 @@ def test_the_hourly_pass_submits_records_and_reports_a_failure(slurm_cluster: Sl
     line = _one_error(failed)
     assert "global_step50" in line and str(tmp_path / "run" / "eval" / "logs" / f"global_step50-{job_id}.out") in line
     assert "no alert email: alerts.email_to is empty" in failed.output
-    records = schedule.read_ledger(ledger).records
+    records = next_eval.read_ledger(ledger).records
     again = records[-1].job_id
     slurm_cluster.submitted.append(again)
     assert [(r.event, r.job_id) for r in records] == [("submitted", job_id), ("failed", job_id), ("submitted", again)]
@@ -305,7 +305,7 @@ def test_an_hourly_script_of_the_last_release_still_runs(trainings: Path, tmp_pa
     result = CliRunner().invoke(main, ["eval", "ev", "--trainings-dir", str(trainings), "--next", "--alert"])
     assert result.exit_code == 0, result.output
     assert len(sbatch_calls(bin_dir)) == 1
-    assert [r.event for r in schedule.read_ledger(tmp_path / "run" / "eval" / "jobs.jsonl").records] == ["submitted"]
+    assert [r.event for r in next_eval.read_ledger(tmp_path / "run" / "eval" / "jobs.jsonl").records] == ["submitted"]
     [note] = [line for line in result.stderr.splitlines() if line.startswith("note:")]
     assert "bsops eval next EXP" in note and "bsops cron add EXP --jobs eval" in note
 

@@ -23,7 +23,7 @@ from bigscience_ops.launch import cluster as submit
 from bigscience_ops.checkpoints import layout
 from bigscience_ops.cli import main
 from bigscience_ops.config.loading import load_experiment
-from bigscience_ops.ops.evaluate import results, next_eval as schedule
+from bigscience_ops.ops.evaluate import results, next_eval
 from tests.fixtures_experiments import SHRUNK_MODEL, tiny_yaml
 from tests.fixtures_slurm import wait_until
 
@@ -51,26 +51,26 @@ def test_every_saved_checkpoint_is_evaluated_once_one_job_at_a_time(tmp_path: Pa
 
     training = submit.submit(submit.plan_launch(exp)).job_id
     slurm_cluster.submitted.append(training)
-    name, ledger, most = schedule.job_name(exp), Path(exp.paths.output) / "eval" / schedule.LEDGER_NAME, [0]
+    name, ledger, most = next_eval.job_name(exp), Path(exp.paths.output) / "eval" / next_eval.LEDGER_NAME, [0]
 
     def hourly_pass() -> bool:
         """One run of the hourly job (as the cron runner starts it, without Slurm); True once all is evaluated."""
         proc = subprocess.run(["bash", str(hourly)], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        ids = [r.job_id for r in schedule.read_ledger(ledger).records if r.event == "submitted"]
+        ids = [r.job_id for r in next_eval.read_ledger(ledger).records if r.event == "submitted"]
         slurm_cluster.submitted.extend(i for i in ids if i not in slurm_cluster.submitted)  # cancelled at the end
         evaluating = [j for j in slurm.query_jobs(timeout=30) if j.name == name]
         most[0] = max(most[0], len(evaluating))
         saved = layout.complete_checkpoints(Path(exp.paths.checkpoints))
-        done = {r.step for r in schedule.read_ledger(ledger).records if r.event == "done"}  # a pass records it
+        done = {r.step for r in next_eval.read_ledger(ledger).records if r.event == "done"}  # a pass records it
         return (not slurm_cluster.jobs(training) and not evaluating and bool(saved)
-                and all(schedule.has_result(Path(exp.paths.output), c.tag) and c.step in done for c in saved))
+                and all(next_eval.has_result(Path(exp.paths.output), c.tag) and c.step in done for c in saved))
 
     wait_until("every saved checkpoint to be evaluated", hourly_pass, timeout=900, interval=3)
 
     saved = layout.complete_checkpoints(Path(exp.paths.checkpoints))
     assert [c.step for c in saved] == [15, 28]  # a save every 15 steps and the final one
-    records = schedule.read_ledger(ledger)
+    records = next_eval.read_ledger(ledger)
     assert records.problems == []
     submitted = [r for r in records.records if r.event == "submitted"]
     assert sorted(r.step for r in submitted) == [15, 28]  # each exactly once

@@ -22,7 +22,7 @@ from bigscience_ops.checkpoints import layout
 from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.launch import jobs
-from bigscience_ops.ops.evaluate import jobscript, next_eval as schedule
+from bigscience_ops.ops.evaluate import jobscript, next_eval
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_sbatch import sbatch_options  # noqa: F401  (the fixture)
 from tests.fixtures_runs import commit_checkpoint
@@ -57,18 +57,18 @@ def _job(job_id: str, name: str, state: str = "RUNNING") -> slurm.Job:
     return slurm.Job(job_id, job_id, None, name, "me", state, "None", "p", 1, "n1", 0, 10, None, None, None)
 
 
-def _rec(event: str, job_id: str, step: int, log: str | None = None) -> schedule.JobRecord:
-    return schedule.JobRecord(event, job_id, f"global_step{step}", step, 1.0, log)
+def _rec(event: str, job_id: str, step: int, log: str | None = None) -> next_eval.JobRecord:
+    return next_eval.JobRecord(event, job_id, f"global_step{step}", step, 1.0, log)
 
 
-def _run(exp) -> schedule.EvalRun:
+def _run(exp) -> next_eval.EvalRun:
     """The run as `bsops eval next` hands it to the scheduler (commands.next_pass), the user `me` watched."""
-    return schedule.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
-                            jobs.SlurmJob(schedule.job_name(exp), ("me",)), schedule.chooser(exp))
+    return next_eval.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
+                            jobs.SlurmJob(next_eval.job_name(exp), ("me",)), next_eval.chooser(exp))
 
 
-def _decide(exp, records=(), queue=()) -> schedule.Decision:
-    return schedule.decide(_run(exp), list(records), list(queue), now=2.0)
+def _decide(exp, records=(), queue=()) -> next_eval.Decision:
+    return next_eval.decide(_run(exp), list(records), list(queue), now=2.0)
 
 
 def test_the_newest_committed_checkpoint(trainings: Path, tmp_path: Path) -> None:
@@ -94,15 +94,15 @@ def test_a_result_of_another_run_is_no_result_and_a_limited_one_is_when_the_run_
     _saved(exp, 50, 100)
     other = eval_result(100)
     other["bsops"]["run_id"] = "c" * 32  # copied in from another run's folder
-    schedule.results.write(schedule.results.result_path(exp, "global_step100"), other)
+    next_eval.results.write(next_eval.results.result_path(exp, "global_step100"), other)
     assert _decide(exp).submit.step == 100
     limited = eval_result(100)
     limited["bsops"]["limit"] = 5
-    schedule.results.write(schedule.results.result_path(exp, "global_step100", limited=True), limited)
+    next_eval.results.write(next_eval.results.result_path(exp, "global_step100", limited=True), limited)
     assert _decide(exp).submit.step == 100  # a limited result is no full one
-    run = schedule.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
-                           jobs.SlurmJob(schedule.job_name(exp), ("me",)), schedule.chooser(exp), limited=True)
-    assert schedule.decide(run, [], [], now=2.0).submit.step == 50  # eval.limit set: it is the step's result
+    run = next_eval.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
+                           jobs.SlurmJob(next_eval.job_name(exp), ("me",)), next_eval.chooser(exp), limited=True)
+    assert next_eval.decide(run, [], [], now=2.0).submit.step == 50  # eval.limit set: it is the step's result
 
 
 def test_a_step_saved_again_after_a_rollback_is_evaluated_again(trainings: Path, tmp_path: Path) -> None:
@@ -129,20 +129,20 @@ def test_every_saves_keeps_every_nth_save_and_the_final_step(trainings: Path, tm
         _result(exp, pick.step)
     assert chosen == [FINAL, 200, 100]
     shutil.rmtree(Path(exp.paths.checkpoints) / "global_step50")  # retention: the choice stays
-    assert [s for s in range(FINAL + 1) if schedule.chooser(exp)(s)] == [100, 200, FINAL]
+    assert [s for s in range(FINAL + 1) if next_eval.chooser(exp)(s)] == [100, 200, FINAL]
     every = _exp(trainings, tmp_path, ", every_saves: 1", name="all")
-    assert all(schedule.chooser(every)(s) for s in (50, 120, 150))
+    assert all(next_eval.chooser(every)(s) for s in (50, 120, 150))
     (trainings / "ranges.yaml").write_text(tiny_yaml(tmp_path / "r", "checkpoint: {save_schedule: [{until: 60, interval: "
                                                      "20}, {until: 221, interval: 70}]}\neval: {every_saves: 2, sources: "
                                                      f"{{held: {json.dumps(str(tmp_path / 'held.jsonl'))}}}}}\n"))
     ranges = load_experiment("ranges", trainings)
-    assert [s for s in range(FINAL + 1) if schedule.chooser(ranges)(s)] == [40, 130, FINAL]
+    assert [s for s in range(FINAL + 1) if next_eval.chooser(ranges)(s)] == [40, 130, FINAL]
 
 
 def test_one_eval_job_of_the_run_at_a_time(trainings: Path, tmp_path: Path) -> None:
     exp = _exp(trainings, tmp_path)
     _saved(exp, 50, 100)
-    name = schedule.job_name(exp)
+    name = next_eval.job_name(exp)
     assert name == "bsops.ev.eval"
     for state in ("PENDING", "RUNNING", "COMPLETING"):
         decision = _decide(exp, queue=[_job("7", name, state)])
@@ -162,7 +162,7 @@ def test_outcomes_of_jobs_that_left_the_queue(trainings: Path, tmp_path: Path) -
         ("done", "1", "global_step150", 2.0), ("failed", "2", "global_step100", 2.0)]
     assert decision.submit.step == 100 and "again" in decision.reason  # one failure: tried once more
     # Still queued: no outcome yet, nothing new submitted.
-    queued = _decide(exp, records[1:], queue=[_job("2", schedule.job_name(exp))])
+    queued = _decide(exp, records[1:], queue=[_job("2", next_eval.job_name(exp))])
     assert queued.outcomes == () and queued.submit is None
     # Twice failed: skipped, the older one goes next.
     twice = [*records, _rec("failed", "2", 100, "/logs/100-2.out"), _rec("submitted", "3", 100, "/logs/100-3.out")]
@@ -172,20 +172,20 @@ def test_outcomes_of_jobs_that_left_the_queue(trainings: Path, tmp_path: Path) -
     assert decision.submit.step == 50
 
 
-def _pass(exp, queue=(), submitted: list | None = None, now: float = 5.0) -> schedule.NextReport:
+def _pass(exp, queue=(), submitted: list | None = None, now: float = 5.0) -> next_eval.NextReport:
     calls = submitted if submitted is not None else []
 
     def submit(ckpt, folder):
         calls.append(ckpt.tag)
-        before = schedule.read_ledger(_run(exp).ledger).records
+        before = next_eval.read_ledger(_run(exp).ledger).records
         job_id = str(101 + sum(r.event == "submitted" for r in before))  # as Slurm's, a new id each time
         return job_id, folder / "logs" / f"{ckpt.tag}-{job_id}.out"
 
     def query(**kwargs):
-        assert kwargs == {"users": ["me"], "name": schedule.job_name(exp)}
+        assert kwargs == {"users": ["me"], "name": next_eval.job_name(exp)}
         return list(queue)
 
-    return schedule.run_next(_run(exp), submit, query=query, now=lambda: now)
+    return next_eval.run_next(_run(exp), submit, query=query, now=lambda: now)
 
 
 def test_a_pass_records_submissions_and_failures(trainings: Path, tmp_path: Path) -> None:
@@ -195,23 +195,23 @@ def test_a_pass_records_submissions_and_failures(trainings: Path, tmp_path: Path
     first = _pass(exp)
     assert first.submitted.tag == "global_step100" and first.failures == () and first.failure_text() is None
     assert [json.loads(line)["event"] for line in ledger.read_text().splitlines()] == ["submitted"]
-    assert _pass(exp, queue=[_job("101", schedule.job_name(exp))]).submitted is None
+    assert _pass(exp, queue=[_job("101", next_eval.job_name(exp))]).submitted is None
     # The job left the queue without its result: failed (named in the alert with its log), then tried once more.
     again = _pass(exp)
     assert [(r.event, r.job_id) for r in again.failures] == [("failed", "101")]
     text = again.failure_text()
     assert "global_step100" in text and str(Path(exp.paths.output) / "eval" / "logs" / "global_step100-101.out") in text
     assert again.submitted.tag == "global_step100"
-    events = [(r.event, r.job_id) for r in schedule.read_ledger(ledger).records]
+    events = [(r.event, r.job_id) for r in next_eval.read_ledger(ledger).records]
     assert events == [("submitted", "101"), ("failed", "101"), ("submitted", "102")]
     # While the retry runs, the alert lasts (its cooldown holds the emails back); once its result lands, it is over
     # (done), and the older checkpoint goes next.
-    waiting = _pass(exp, queue=[_job("102", schedule.job_name(exp))])
+    waiting = _pass(exp, queue=[_job("102", next_eval.job_name(exp))])
     assert waiting.failures == () and "101" in waiting.failure_text() and "102" in waiting.failure_text()
     _result(exp, 100)
     done = _pass(exp)
     assert done.failures == () and done.failure_text() is None and done.submitted.tag == "global_step50"
-    assert [r.event for r in schedule.read_ledger(ledger).records][-2:] == ["done", "submitted"]
+    assert [r.event for r in next_eval.read_ledger(ledger).records][-2:] == ["done", "submitted"]
 
 
 def test_a_torn_ledger_line_is_reported_and_passed_over(trainings: Path, tmp_path: Path) -> None:
@@ -223,7 +223,7 @@ def test_a_torn_ledger_line_is_reported_and_passed_over(trainings: Path, tmp_pat
     ledger.write_text(json.dumps(hostile) + "\n" + '{"event": "subm')
     report = _pass(exp)
     assert len(report.problems) == 2 and report.submitted.tag == "global_step50"
-    assert [r.job_id for r in schedule.read_ledger(ledger).records] == ["101"]  # the cut line was ended first
+    assert [r.job_id for r in next_eval.read_ledger(ledger).records] == ["101"]  # the cut line was ended first
 
 
 def test_a_second_pass_at_once_does_nothing(trainings: Path, tmp_path: Path) -> None:
@@ -234,7 +234,7 @@ def test_a_second_pass_at_once_does_nothing(trainings: Path, tmp_path: Path) -> 
     _saved(exp, 50)
     folder = Path(exp.paths.output) / "eval"
     folder.mkdir(parents=True)
-    fd = os.open(folder / schedule.LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fd = os.open(folder / next_eval.LOCK_NAME, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         calls: list = []
@@ -248,7 +248,7 @@ def test_an_unreadable_run_id_is_an_error(trainings: Path, tmp_path: Path) -> No
     exp = _exp(trainings, tmp_path)
     _saved(exp, 50)
     (Path(exp.paths.output) / "bsops-run-id").write_text("not an id\n")
-    with pytest.raises(schedule.EvalScheduleError, match="bsops-run-id"):
+    with pytest.raises(next_eval.EvalScheduleError, match="bsops-run-id"):
         _pass(exp)
 
 

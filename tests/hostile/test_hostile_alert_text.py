@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from bigscience_ops.run import ledger
 from bigscience_ops.cli import main
-from bigscience_ops.ops.evaluate import next_eval as schedule
+from bigscience_ops.ops.evaluate import next_eval
 from bigscience_ops.ops.tell.quoting import quote_untrusted
 from bigscience_ops.ops.watch import watchdog
 from tests.fixtures_experiments import tiny_yaml
@@ -185,10 +185,10 @@ def test_a_hostile_value_reaches_mail_and_webhook_quoted_never_live(name: str, e
 
     # bsops eval next --alert: a job of jobs.jsonl that left the queue without its result is mailed.
     (run / "eval" / "global_step5.json").unlink()
-    jobs = run / "eval" / schedule.LEDGER_NAME
+    jobs = run / "eval" / next_eval.LEDGER_NAME
     jobs.write_text(json.dumps({"event": "submitted", "job_id": value[:250], "tag": "global_step5", "step": 5,
                                 "time": 1.0e9, "log": value[:4000]}) + "\n")
-    taken = schedule.read_ledger(jobs).records  # a value with a control character is no record: nothing to alert
+    taken = next_eval.read_ledger(jobs).records  # a value with a control character is no record: nothing to alert
     result = CliRunner().invoke(main, ["eval", "next", exp, "--alert", "--trainings-dir", str(trainings)])
     assert "Traceback" not in result.output, result.output
     _wait_for(inbox, 1 if taken else 0)

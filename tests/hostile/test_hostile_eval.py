@@ -33,7 +33,7 @@ from click.testing import CliRunner
 from bigscience_ops.checkpoints import layout, manifest
 from bigscience_ops.cli import EXIT_ERROR, main
 from bigscience_ops.config.loading import load_experiment
-from bigscience_ops.ops.evaluate import EvalError, driver, launcher, prefetch, results, next_eval as schedule
+from bigscience_ops.ops.evaluate import EvalError, driver, launcher, prefetch, results, next_eval
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_runs import LAYOUT
 from tests.fixtures_slurm import recorded_sbatch_ids, replay_sbatch, replay_squeue, sbatch_calls
@@ -262,7 +262,7 @@ def test_a_result_of_another_run_is_named_and_never_counted(trainings: Path, tmp
     [problem] = [p for p in info["problems"] if "global_step100" in p]
     assert "e" * 32 in problem and mine in problem
     run_id = results.run_id_of(run)
-    assert schedule.has_result(run, "global_step50", (), run_id) and not schedule.has_result(run, "global_step100",
+    assert next_eval.has_result(run, "global_step50", (), run_id) and not next_eval.has_result(run, "global_step100",
                                                                                              (), run_id)
 
 
@@ -360,7 +360,7 @@ def test_the_hourly_passs_overrides_are_recorded_with_the_job(trainings: Path, t
     _recorded_slurm(tmp_path, monkeypatch)
     done = _eval(trainings, "next", "eval.limit=5", "eval.docs_per_source=10")
     assert done.exit_code == 0, done.output
-    [record] = schedule.read_ledger(tmp_path / "run" / "eval" / "jobs.jsonl").records
+    [record] = next_eval.read_ledger(tmp_path / "run" / "eval" / "jobs.jsonl").records
     assert record.overrides == ["eval.limit=5", "eval.docs_per_source=10"]
     ranks = json.loads((tmp_path / "run" / "eval" / "jobs" / "global_step50.experiment.json").read_text())
     assert ranks["overrides"] == record.overrides and ranks["eval"]["limit"] == 5  # what the ranks read, and record
@@ -390,7 +390,7 @@ def test_each_kind_of_eval_failure_has_its_own_cooldown(trainings: Path, tmp_pat
     _recorded_slurm(tmp_path, monkeypatch)
     assert _hourly(trainings).exit_code == 0  # the first job submitted
     assert _hourly(trainings).exit_code == EXIT_ERROR  # it left the queue without its result: eval-job; the 2nd sent
-    assert [(r.event, r.job_id) for r in schedule.read_ledger(run / "eval" / "jobs.jsonl").records] == [
+    assert [(r.event, r.job_id) for r in next_eval.read_ledger(run / "eval" / "jobs.jsonl").records] == [
         ("submitted", first), ("failed", first), ("submitted", second)]
     data = eval_result(50, {"other/acc": 0.5})  # the 2nd wrote a result that left a task out: a new kind, told at once
     data["bsops"]["missing"] = {"lambada_openai": "eval.tasks: lambada_openai: not in the cache offline"}

@@ -39,7 +39,7 @@ from markdown_it import MarkdownIt
 from bigscience_ops.cli import main
 from bigscience_ops.cli.base import EXIT_PROBLEMS
 from bigscience_ops.ops.evaluate.commands import FAILURES
-from bigscience_ops.ops.evaluate import next_eval as schedule
+from bigscience_ops.ops.evaluate import next_eval
 from tests.fixtures_experiments import tiny_yaml
 from tests.fixtures_slurm import replay_sbatch, replay_squeue, sbatch_calls
 from tests.fixtures_smtp import Hooked, Inbox
@@ -153,7 +153,7 @@ def test_a_host_in_a_run_file_is_never_a_link_in_mail_or_webhook(name: str, aler
     run = alerting("links")
     # The eval ledger: the job of step 10 left the queue without its result (its id and its log are the value).
     (run / "eval").mkdir()
-    (run / "eval" / schedule.LEDGER_NAME).write_text(json.dumps({
+    (run / "eval" / next_eval.LEDGER_NAME).write_text(json.dumps({
         "event": "submitted", "job_id": f"{marker}j {value}", "tag": "global_step10", "step": 10, "time": 1.0e9,
         "log": f"{marker}l {value}"}) + "\n")
     # The result of step 5 left a source out, for a reason (and under a name) that is the value.
@@ -183,7 +183,7 @@ def _experiment_named_like_a_host(alerting, trainings: Path, tmp_path: Path, por
     ledger, told in a subject and a body that name it."""
     run = alerting("okta.evil.support")
     (run / "eval").mkdir()
-    (run / "eval" / schedule.LEDGER_NAME).write_text(json.dumps({
+    (run / "eval" / next_eval.LEDGER_NAME).write_text(json.dumps({
         "event": "submitted", "job_id": "41", "tag": "global_step10", "step": 10, "time": 1.0e9}) + "\n")
     result = CliRunner().invoke(main, ["eval", "next", "okta.evil.support", "--alert", "--trainings-dir",
                                        str(trainings)])

@@ -25,7 +25,7 @@ from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.config.files import check_name
 from bigscience_ops.run.iterations import parse_iteration_line
-from bigscience_ops.ops import hourly_registry as hourly_jobs
+from bigscience_ops.ops import hourly_registry
 from bigscience_ops.ops.cron import runner as cron
 from bigscience_ops.ops import health
 from bigscience_ops.ops.watch import status
@@ -277,7 +277,7 @@ def hourly_job_is_not_a_training(cluster: Cluster, trainings: Path, tmp_path: Pa
     x = _experiment(trainings, tmp_path, "x", "backup: {dest: /tmp/store}\n")
     exp = _experiment(trainings, tmp_path, "x-backup")
     ledger.mark_launch(Path(exp.paths.output), "5000")
-    cluster.answer(record("7000", hourly_jobs.job_name_of("backup", x)))
+    cluster.answer(record("7000", hourly_registry.job_name_of("backup", x)))
     report = status.check(exp.slurm.job_name, now=NOW, timeout=10, run=_run(exp))
     assert [a.condition for a in report.alerts] == ["not-scheduled"]
 
@@ -287,7 +287,7 @@ def cron_run_submits_x_backup_beside_experiment_x_backup(cluster: Cluster, train
     """The training job of an experiment named x-backup never makes `cron run` skip x's backup as still running."""
     x = _experiment(trainings, tmp_path, "x", "backup: {dest: /tmp/store}\n")
     folder = tmp_path / "cron"
-    cron.write_runner(hourly_jobs.render("backup", folder, x, trainings, cron.CronSettings()))
+    cron.write_runner(hourly_registry.render("backup", folder, x, trainings, cron.CronSettings()))
     cluster.answer(record("5000_1", "x-backup", user=os.environ.get("USER", "u")))
     report = cron.run_pass(folder, "hourly", runner=None, now=datetime.now().astimezone())
     assert report.skipped == [] and [name for name, _ in report.submitted] == ["bsops.x.backup"]
@@ -439,7 +439,7 @@ def cron_folder_holds_a_fifo_script(cluster: Cluster, tmp_path: Path, **_) -> No
     report = cron.run_pass(folder, "hourly", runner=None, now=datetime.now().astimezone())
     assert [Path(what.split(" ", 1)[1]).name for what, _ in report.failed] == ["a-fifo.slurm"]
     assert [name for name, _ in report.submitted] == ["bsops.x.backup"]
-    assert [i.kind for i in hourly_jobs.installed(folder)] == [None, None]  # read by name and head, never blocked
+    assert [i.kind for i in hourly_registry.installed(folder)] == [None, None]  # read by name and head, never blocked
 
 
 def cron_log_and_runner_are_fifos(cluster: Cluster, tmp_path: Path, **_) -> None:

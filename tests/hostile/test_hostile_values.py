@@ -23,7 +23,7 @@ from bigscience_ops.plan import make_plan
 from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.schema import Experiment
 from bigscience_ops.errors import ConfigError
-from bigscience_ops.ops import hourly_registry as hourly_jobs
+from bigscience_ops.ops import hourly_registry
 from bigscience_ops.ops.cron import runner as cron, scrontab
 
 # A value that would end an #SBATCH line and run a command, and its cousins.
@@ -72,7 +72,7 @@ def _render_hourly_job(kind: str, where: str) -> Callable[[str, Path], str]:
             exp = _replace(exp, "slurm.job_name", value)
         else:
             settings = dataclasses.replace(settings, **{where: value})
-        return hourly_jobs.render(kind, tmp_path, exp, tmp_path, settings).text
+        return hourly_registry.render(kind, tmp_path, exp, tmp_path, settings).text
     return render
 
 

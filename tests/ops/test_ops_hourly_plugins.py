@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from bigscience_ops.cli import main
 from bigscience_ops.launch.jobs import GONE, SlurmJob
-from bigscience_ops.ops import hourly_registry as hourly_jobs
+from bigscience_ops.ops import hourly_registry
 from bigscience_ops.ops.cron import runner as cron
 from bigscience_ops.ops.hourly_job import HourlyJob, Missing
 from bigscience_ops.schema import Experiment
@@ -29,13 +29,13 @@ PLAN_CHECK = HourlyJob(
     "plan-check", "plan-check", "plan", "00:05:00", "plan check",
     ("It prints the experiment's plan, so that the cron logs show what the run is meant to be.",),
     needs=_described, arguments=())
-"""The worked example: a new hourly job is this value (in its own module) and its line in hourly_jobs.PLUGINS."""
+"""The worked example: a new hourly job is this value (in its own module) and its line in hourly_registry.PLUGINS."""
 
 
 @pytest.fixture
 def plan_check():
-    yield hourly_jobs.register(PLAN_CHECK)
-    hourly_jobs.unregister(PLAN_CHECK.name)
+    yield hourly_registry.register(PLAN_CHECK)
+    hourly_registry.unregister(PLAN_CHECK.name)
 
 
 def test_the_shipped_jobs_are_declared_beside_their_code() -> None:
@@ -44,10 +44,10 @@ def test_the_shipped_jobs_are_declared_beside_their_code() -> None:
     from bigscience_ops.ops.watch import as_hourly_job as watch
 
     where = {job.name: module.__name__ for module in (watch, keep, evaluate) for job in module.JOBS}
-    assert list(where) == list(hourly_jobs.JOBS) == ["status", "hub-sync", "backup", "eval"]
+    assert list(where) == list(hourly_registry.JOBS) == ["status", "hub-sync", "backup", "eval"]
     assert where == {"status": "bigscience_ops.ops.watch.as_hourly_job", "hub-sync": "bigscience_ops.ops.keep.as_hourly_jobs",
                      "backup": "bigscience_ops.ops.keep.as_hourly_jobs", "eval": "bigscience_ops.ops.evaluate.as_hourly_job"}
-    assert [j.name for j in hourly_jobs.PLUGINS] == list(hourly_jobs.JOBS)
+    assert [j.name for j in hourly_registry.PLUGINS] == list(hourly_registry.JOBS)
 
 
 def test_register_refuses_a_taken_name_or_suffix_and_a_bad_period() -> None:
@@ -56,8 +56,8 @@ def test_register_refuses_a_taken_name_or_suffix_and_a_bad_period() -> None:
     for clash in (dataclasses.replace(PLAN_CHECK, name="backup"), dataclasses.replace(PLAN_CHECK, suffix="hub-sync"),
                   dataclasses.replace(PLAN_CHECK, period="weekly"), dataclasses.replace(PLAN_CHECK, suffix="a.b")):
         with pytest.raises(ValueError):
-            hourly_jobs.register(clash)
-    assert list(hourly_jobs.JOBS) == ["status", "hub-sync", "backup", "eval"]
+            hourly_registry.register(clash)
+    assert list(hourly_registry.JOBS) == ["status", "hub-sync", "backup", "eval"]
 
 
 def test_a_registered_job_is_what_cron_add_list_and_remove_take(plan_check, trainings: Path, tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_a_registered_job_is_what_cron_add_list_and_remove_take(plan_check, trai
     script = cron_dir / "cron.hourly" / "planned-plan-check.slurm"
     assert "#SBATCH --job-name=bsops.planned.plan-check\n" in script.read_text()
     assert subprocess.run(["bash", "-n", str(script)], timeout=30).returncode == 0
-    assert {(i.experiment, i.kind) for i in hourly_jobs.installed(cron_dir)} == {("planned", "status"),
+    assert {(i.experiment, i.kind) for i in hourly_registry.installed(cron_dir)} == {("planned", "status"),
                                                                                  ("planned", "plan-check")}
     refused = runner.invoke(main, ["cron", "add", "bare", "--jobs", "plan-check", *args])
     assert refused.exit_code != 0 and "description" in refused.output

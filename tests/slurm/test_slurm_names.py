@@ -14,7 +14,7 @@ from bigscience_ops import slurm
 from bigscience_ops.config.loading import load_experiment
 from bigscience_ops.errors import ConfigError
 from bigscience_ops.config.files import NAME, check_name
-from bigscience_ops.ops import hourly_registry as hourly_jobs
+from bigscience_ops.ops import hourly_registry
 from bigscience_ops.ops.cron import runner as cron
 from bigscience_ops.schema import SLURM_JOB_NAME
 
@@ -36,7 +36,7 @@ def test_no_experiment_job_name_is_an_hourly_job_name(name: str) -> None:
     assert NAME.fullmatch(name) and SLURM_JOB_NAME.problem(name) is None
     check_name(name, "test")
     hourly = {slurm.hourly_job_name(training, job.suffix) for training in (name, "x")
-              for job in hourly_jobs.JOBS.values()}
+              for job in hourly_registry.JOBS.values()}
     assert name not in hourly and not slurm.is_hourly_job_name(name)
 
 
@@ -64,15 +64,15 @@ def test_rendered_hourly_jobs_carry_the_reserved_names(trainings: Path, tmp_path
     (trainings / "named.yaml").write_text("base: tiny\nslurm: {job_name: tr-named}\n")
     x, named = load_experiment("x", trainings), load_experiment("named", trainings)
     settings = cron.CronSettings()
-    scripts = {kind: hourly_jobs.render(kind, tmp_path, x, trainings, settings) for kind in hourly_jobs.JOBS}
+    scripts = {kind: hourly_registry.render(kind, tmp_path, x, trainings, settings) for kind in hourly_registry.JOBS}
     assert {kind: slurm.script_job_name(_written(s)) for kind, s in scripts.items()} == {
         "status": "bsops.x.slurm-status", "hub-sync": "bsops.x.hub-sync", "backup": "bsops.x.backup",
         "eval": "bsops.x.eval-next"}
     assert sorted(s.path.name for s in scripts.values()) == ["x-backup.slurm", "x-eval-next.slurm", "x-hub-sync.slurm",
                                                               "x-slurm-status.slurm"]  # file names as before
-    status = _written(hourly_jobs.render("status", tmp_path, named, trainings, settings))
+    status = _written(hourly_registry.render("status", tmp_path, named, trainings, settings))
     assert slurm.script_job_name(status) == "bsops.tr-named.slurm-status"
-    assert [(i.experiment, i.kind) for i in hourly_jobs.installed(tmp_path)] == [
+    assert [(i.experiment, i.kind) for i in hourly_registry.installed(tmp_path)] == [
         ("named", "status"), ("x", "backup"), ("x", "eval"), ("x", "hub-sync"), ("x", "status")]
 
 

@@ -257,7 +257,7 @@ def would_run_lines(plan: dict[str, Any]) -> list[str]:
 
 def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir: Path,
               overrides: Sequence[str] = (), dry_run: bool = False) -> dict[str, str]:
-    """One pass of the hourly eval job: the next checkpoint's eval job submitted (schedule.run_next) unless one of
+    """One pass of the hourly eval job: the next checkpoint's eval job submitted (next_eval.run_next) unless one of
     the run's is queued or running, its lines told with `echo`, the command line's `overrides` recorded with it.
     Returns what failed, by kind of FAILURES ("job": a failed job; "tasks", "sources": what the newest result left
     out); {} when nothing did. Raises BsopsError when the pass itself cannot run (the "pass" kind). With `dry_run`,
@@ -265,7 +265,7 @@ def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir
     recorded or submitted."""
     from bigscience_ops.launch import jobs
     from bigscience_ops.launch.cluster import watched_users
-    from bigscience_ops.ops.evaluate import jobscript, launcher, results, next_eval as schedule
+    from bigscience_ops.ops.evaluate import jobscript, launcher, results, next_eval
 
     require_configured(exp, source)
     check_overrides(overrides)
@@ -280,10 +280,10 @@ def next_pass(exp: Experiment, source: str, echo: Callable[[str], None], workdir
         return [f"the job {job.name}: its script {job.script} and the experiment its ranks read {job.experiment} "
                 f"(neither written), its log in {job.log_folder}. The job script:", "", job.text.rstrip("\n")]
 
-    run = schedule.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
-                           jobs.SlurmJob(schedule.job_name(exp), tuple(watched_users(exp))), schedule.chooser(exp),
+    run = next_eval.EvalRun(exp.name, Path(exp.paths.output), Path(exp.paths.checkpoints),
+                           jobs.SlurmJob(next_eval.job_name(exp), tuple(watched_users(exp))), next_eval.chooser(exp),
                            exp.eval.limit is not None, tuple(overrides))
-    report = schedule.run_next(run, submit_job, preview=preview if dry_run else None)
+    report = next_eval.run_next(run, submit_job, preview=preview if dry_run else None)
     for line in report.lines:
         echo(line)
     newest, _ = results.read_live(run.output, run.checkpoints, limited=run.limited)
