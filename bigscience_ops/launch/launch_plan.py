@@ -58,8 +58,8 @@ class LaunchOptions:
     job: str = "slurm"
     """slurm (a job submitted now), local (run on this machine) or resubmission (the next array of a run
     already launched: its site values are not checked again)."""
-    out: Path | None = None
     array: int | None = None
+    """slurm.array of a node schedule's resubmission: the tasks left to the run."""
     master_port: int | None = None
     allow_incomplete: bool = False
     dry_run: bool = False
@@ -107,7 +107,7 @@ def build_launch_plan(exp: Experiment, options: LaunchOptions = LaunchOptions(),
     """
     if options.job not in JOBS:
         raise ValueError(f"LaunchOptions.job: got {options.job!r}; allowed: {', '.join(JOBS)}")
-    located = apply_overrides(exp, Overrides(out=options.out, array=options.array, master_port=options.master_port))
+    located = apply_overrides(exp, Overrides(array=options.array, master_port=options.master_port))
     records = (read_records(located) if options.job == "resubmission" or options.dry_run or options.holding
                else read_when_free(located, SHARED_WITH.get(options.job)))
     if records.kill_switch is not None:

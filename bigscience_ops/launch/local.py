@@ -298,19 +298,18 @@ def _follow(proc: subprocess.Popen, output: Path, progress: Callable[[str], None
     return proc.wait()
 
 
-def launch_local(exp: Experiment, run_dir: Path | None = None, tasks: int | None = None,
-                 timeout_s: float = 3600, progress: Callable[[str], None] = lambda line: None,
+def launch_local(exp: Experiment, timeout_s: float = 3600, progress: Callable[[str], None] = lambda line: None,
                  allow_incomplete: bool = False) -> LocalRun:
-    """Plan the launch (`run_dir`: the run folder instead of paths.output) and run its array tasks here, one after
-    another.
+    """Plan the launch and run its slurm.array tasks here, one after another, in its paths.output (the command
+    line sets both as it sets any field: `--out` and `--tasks` are their aliases).
 
     `progress` receives the iteration, validation and decision lines of each task as they come. An
     experiment without data is refused (site_values.IncompleteExperiment) unless `allow_incomplete`;
     nothing is written before the plan has been checked.
     """
-    options = LaunchOptions(job="local", out=run_dir, master_port=free_port(), allow_incomplete=allow_incomplete)
+    options = LaunchOptions(job="local", master_port=free_port(), allow_incomplete=allow_incomplete)
     plan = build_launch_plan(exp, options)  # checked before anything is written, the lock file included
-    return execute(plan, LocalExecutor(options, tasks, timeout_s, progress))
+    return execute(plan, LocalExecutor(options, timeout_s, progress))
 
 
 @dataclass
@@ -321,7 +320,6 @@ class LocalExecutor:
     when the node count changes, as the resubmitted arrays do on a cluster."""
 
     options: LaunchOptions
-    tasks: int | None = None
     timeout_s: float = 3600
     progress: Callable[[str], None] = lambda line: None
     lock_fd: int | None = None
@@ -350,7 +348,7 @@ class LocalExecutor:
         logs, checkpoints = Path(exp.paths.logs), Path(exp.paths.checkpoints)  # the same for every node phase
         array_job_id = int(time.time()) % 1_000_000
         started("local", str(array_job_id))
-        count = self.tasks or exp.slurm.array
+        count = exp.slurm.array
         results: list[LocalTask] = []
         for task in range(1, count + 1):
             if task > 1:  # the node phase of the latest checkpoint; a new script when its node count differs

@@ -181,7 +181,7 @@ def test_a_rendezvous_port_taken_by_another_program_fails_the_task_at_once(tmp_p
         exp = load_experiment("small", trainings)
         with pytest.raises(launch.LaunchError, match=r"^array task 1/1: failed with exit code 1 after \d+ s: .*EADDRINUSE.*; read "
                                                      r".*small-\d+_1\.out \(every task's lines: "):
-            launch.launch_local(exp, tmp_path / "run", tasks=1, timeout_s=300)
+            launch.launch_local(apply_overrides(exp, Overrides(out=tmp_path / "run", array=1)), timeout_s=300)
     output = next((tmp_path / "run" / "logs").glob("small-*_1.out")).read_text()
     assert "EADDRINUSE" in output
     assert "srun: error: task 0: exited 1; terminating the other tasks (--kill-on-bad-exit)" in output

@@ -41,7 +41,8 @@ def test_a_local_launch_elsewhere_takes_that_folders_records_not_the_configs_run
     _rollback(elsewhere, "61-70")
     (elsewhere / "checkpoints").mkdir()
     (elsewhere / "checkpoints" / "latest").write_text("global_step0")
-    plan = build_launch_plan(exp, LaunchOptions(job="local", out=elsewhere, master_port=12345, allow_incomplete=True))
+    plan = build_launch_plan(apply_overrides(exp, Overrides(out=elsewhere)),
+                             LaunchOptions(job="local", master_port=12345, allow_incomplete=True))
     assert plan.experiment.train.skip_iterations == ["61-70"]
     assert plan.experiment.paths.output == str(elsewhere) and plan.record_dir == elsewhere
     assert plan.experiment.checkpoint.kill_switch_path == str(elsewhere / "kill-switch")

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from bigscience_ops.run import rollbacks
 from bigscience_ops.run import opening as run_ref
 from bigscience_ops.cli import main
-from bigscience_ops.config.loading import load_experiment, to_dict
+from bigscience_ops.config.loading import Overrides, apply_overrides, load_experiment, to_dict
 from bigscience_ops.launch.launch_plan import LaunchOptions, build_launch_plan
 from bigscience_ops.run.opening import RunRecordError, open_run
 from bigscience_ops.views import samples
@@ -182,7 +182,7 @@ def test_launch_local_out_reads_the_out_folders_skips_not_the_default_folders(tr
     exp = load_experiment("small", trainings)
     rollbacks.append(default, rollbacks.Rollback(0.0, 20, 10, "11-12", ""))
     rollbacks.append(out, rollbacks.Rollback(0.0, 20, 10, "14-15", ""))
-    plan = build_launch_plan(exp, LaunchOptions(job="local", out=out, allow_incomplete=True))
+    plan = build_launch_plan(apply_overrides(exp, Overrides(out=out)), LaunchOptions(job="local", allow_incomplete=True))
     assert plan.experiment.train.skip_iterations == ["14-15"] and plan.record_dir == out.resolve()
     assert plan.experiment.paths.checkpoints == str(out.resolve() / "checkpoints")
 
