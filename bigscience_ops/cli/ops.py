@@ -73,7 +73,7 @@ def hub_sync(exp: str | None, run: Path | None, what: str | None, remote: str | 
         if dry_run:  # the settings and remotes checked; no clone made or fetched, nothing committed or pushed
             settings = hubsync.settings(experiment)
             for kind in hubsync.selected(settings, kinds, remote):
-                url, _ = hubsync.remote_for(settings, hubsync._repo_name(settings, kind, remote), remote)
+                url, _ = hubsync.remote_for(settings, hubsync.repo_name(settings, kind, remote), remote)
                 click.echo(f"would sync {kind}: {settings.folder(kind)} -> {url}")
             click.echo("dry run: nothing cloned, committed or pushed")
             return

@@ -366,7 +366,9 @@ def _open_clone(run: HubSettings, what: str, repo: str, remote: str | None,
     return git, url, links
 
 
-def _repo_name(run: HubSettings, what: str, remote: str | None) -> str:
+def repo_name(run: HubSettings, what: str, remote: str | None) -> str:
+    """The Hub repository `what` (logs, checkpoints) goes to: hub.<what>_repo, else named from the run (what
+    `bsops hub-sync --dry-run` names too)."""
     repo = getattr(run.hub, f"{what}_repo")
     if repo:
         return repo
@@ -403,7 +405,7 @@ def sync(run: HubSettings, what: Sequence[str] | None = None, remote: str | None
 
 def sync_one(run: HubSettings, what: str, remote: str | None = None, wait_s: float = 0.0,
              backoff_s: float = 10.0, deadline: float | None = None) -> SyncResult:
-    repo = _repo_name(run, what, remote)
+    repo = repo_name(run, what, remote)
     src = run.folder(what)
     path = clone_path(run, what)
     url = remote_for(run, repo, remote)[0]
@@ -448,7 +450,7 @@ def publish_folder(run: HubSettings, src: Path, dest_subdir: str, *, remote: str
     src = Path(src)
     if not src.is_dir():
         raise HubSyncError(f"publish: {src} is not a folder")
-    repo = _repo_name(run, "checkpoints", remote)
+    repo = repo_name(run, "checkpoints", remote)
     path = clone_path(run, "checkpoints")
     with locked(path.with_name("checkpoints.lock"), wait_s) as held:
         if not held:
