@@ -367,8 +367,8 @@ def _open_clone(run: HubSettings, what: str, repo: str, remote: str | None,
 
 
 def repo_name(run: HubSettings, what: str, remote: str | None) -> str:
-    """The Hub repository `what` (logs, checkpoints) goes to: hub.<what>_repo, else named from the run (what
-    `bsops hub-sync --dry-run` names too)."""
+    """The Hub repository `what` (logs, checkpoints) goes to: hub.<what>_repo, else <run>-<what> under a --remote
+    URL; a HubSyncError without either (`bsops hub-sync --dry-run` names it through here too)."""
     repo = getattr(run.hub, f"{what}_repo")
     if repo:
         return repo
