@@ -11,7 +11,7 @@ That holds for inputs (data.blend prefixes, tokenizer files) and outputs (paths.
 backup.dest, data.cache_dir, eval.hf_cache) alike, so a cron job or an on-call check finds the run the launch
 made. An input under corpus/ that the project folder does not have is the bundled corpus's file (an
 experiment copied from `tiny` trains on it and converts with its tokenizer). bsops' own experiments
-write their outputs under the current folder (experiment_files.outputs_folder). Every path comes
+write their outputs under the current folder (config.files.outputs_folder). Every path comes
 out absolute, so job scripts and experiment.json never depend on the folder a job runs in.
 """
 

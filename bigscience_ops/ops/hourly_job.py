@@ -2,7 +2,7 @@
 every folder of ops/ (as alerts.py): the folders declare their jobs with it, and ops/hourly_registry.py registers them.
 
 A job is declared beside its library code (ops/watch/as_hourly_job.py, ops/keep/as_hourly_jobs.py, ops/evaluate/as_hourly_job.py) as one
-`HourlyJob` value and registered in hourly_jobs.PLUGINS; nothing else names it. A new hourly job is one module
+`HourlyJob` value and registered in hourly_registry.PLUGINS; nothing else names it. A new hourly job is one module
 (its HourlyJob and whatever library code it runs) and one line there. What a job is:
 
 - its name (what `bsops cron add --jobs` takes) and the suffix of its Slurm name, `bsops.<training>.<suffix>`;
@@ -50,7 +50,7 @@ class HourlyJob:
     arguments: tuple[str, ...] = ("--alert",)
     """What follows `bsops <command> EXP --trainings-dir DIR` (CRON_DIR stands for the cron folder)."""
     period: str = "hourly"
-    """Its schedule: the cron folder it goes into, cron.<period>/ (ops/schedule/cron.PERIODS)."""
+    """Its schedule: the cron folder it goes into, cron.<period>/ (ops/cron/runner.PERIODS)."""
     alert_is_success: bool = False
     """Exit code 1 is an alert already emailed: for the runner, the job worked (the watchdog's)."""
     opt_in: bool = False

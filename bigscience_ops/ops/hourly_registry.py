@@ -82,7 +82,7 @@ def render(kind: str, cron_dir: Path, exp: Experiment, trainings_dir: Path, sett
            workdir: Path | None = None) -> RunnerScript:
     """cron.<period>/<exp>-<suffix>.slurm for one of JOBS, named job_name_of(kind, exp); the job runs in `workdir`
     (default: the current folder), the folder exp's relative outputs resolved against
-    (experiment_files.outputs_folder). Raises ConfigError when exp lacks a setting the job needs (its `needs`)."""
+    (config.files.outputs_folder). Raises ConfigError when exp lacks a setting the job needs (its `needs`)."""
     if kind not in JOBS:
         raise ValueError(f"job kind {kind!r}: one of {', '.join(JOBS)}")
     missing = missing_setting(kind, exp)

@@ -12,7 +12,7 @@ where runs are: what a run is (its experiment, job and state) is read from the r
 
 The file is untrusted like a run's records (runfiles.py): it is opened only as a plain file (never
 through a link, never a FIFO), and each line is checked field by field: the experiment by the
-experiment-name rules (experiment_files.check_name), the job id digits with one optional `_digits`
+experiment-name rules (config.files.check_name), the job id digits with one optional `_digits`
 (a Slurm job or array task), the folder an absolute path of printable characters. A torn, huge or
 hostile line is a Problem, skipped and counted; the rest is still listed. Only the newest MAX_READ
 bytes of an index are read (the end of the file: lines are appended); the older lines are counted,
@@ -60,7 +60,7 @@ class Launch:
 
 
 def check_experiment(value: Any) -> str | None:
-    """None when `value` is an experiment name a config could have (experiment_files.check_name), else why not."""
+    """None when `value` is an experiment name a config could have (config.files.check_name), else why not."""
     if not isinstance(value, str):
         return f"got a {type(value).__name__}; expected an experiment name ({NAME_ALLOWED})"
     try:

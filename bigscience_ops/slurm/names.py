@@ -4,7 +4,7 @@ The watchdog, `cron run` and a launch find jobs in the queue by name. An hourly 
 also the training job of an experiment named `x-backup`: that experiment's running training would read
 as x's backup still running (skipped every hour), and its backup as that experiment running. So the
 hourly jobs are named `bsops.<job name>.<kind>` and nothing else may start with `bsops.`:
-experiment names (experiment_files.check_name) and slurm.job_name (schema's job-name character set)
+experiment names (config.files.check_name) and slurm.job_name (schema's job-name character set)
 refuse it. Slurm takes any text as a job name; `.` is in every name character set of bsops, so the
 form needs no new character, and the kind, last and without a dot, makes each hourly name one job's.
 """
