@@ -653,11 +653,45 @@ def test_each_channel_is_told_with_the_env_given_and_an_event_one_channel_missed
     assert hook not in sent and email not in failed and HOOK in failed
     assert state.is_file() and not (tmp_path / ".bsops-alerts.json").exists()  # the state where it was asked to be
     assert (tmp_path / "watchdog.log").read_text().splitlines() == list(first.lines)
+    told_once = _dry_watch(aside, tmp_path, log_path=log, outbox=outbox, state_path=state,
+                           env={HOOK: webhook_server.url})
+    [again] = _of(told_once, "checkpoint-set-aside")  # told by email only: the webhook would still be told
+    assert CONTACT in again.message
     second = _watch(aside, log_path=log, outbox=outbox, state_path=state, env={HOOK: webhook_server.url})
     assert _of(second, "checkpoint-set-aside") and len(webhook_server.posts) == 1 and len(inbox.messages) == 1
     assert second.email_error is None and second.exit_code == 1
+    told_everywhere = _dry_watch(aside, tmp_path, log_path=log, outbox=outbox, state_path=state,
+                                 env={HOOK: webhook_server.url})
+    assert _of(told_everywhere, "checkpoint-set-aside") == []  # the dry run reads what the state says was told
     third = _watch(aside, log_path=log, outbox=outbox, state_path=state, env={HOOK: webhook_server.url})
     assert _of(third, "checkpoint-set-aside") == []  # told on every channel
+    assert len(webhook_server.posts) == 1 and len(inbox.messages) == 1
+
+
+def _dry_watch(run: lifecycle.RunState, folder: Path, **settings):
+    """`bsops status --dry-run`: what the watchdog would say, with nothing sent, logged or written (the folder's
+    files, the alert state among them, are as they were)."""
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    result = _watch(run, dry_run=True, **settings)
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    assert result.notices == () and result.email_error is None
+    assert result.lines == result.report.lines and result.lines
+    return result
+
+
+def test_a_dry_run_without_channels_tells_each_checkpoint_set_aside(run, tmp_path: Path) -> None:
+    aside = _local(run, set_aside=(set_aside_record(1_700_000_000.0, "global_step10", "/aside/one", "no manifest"),))
+    [alert] = _of(_dry_watch(aside, tmp_path, state_path=tmp_path / "state.json"), "checkpoint-set-aside")
+    assert CONTACT in alert.message and "/aside/one" in alert.message
+
+
+def test_a_dry_run_without_a_run_folder_asks_the_queue_and_reads_no_state(tmp_path: Path) -> None:
+    from bigscience_ops.ops.watch import watchdog
+
+    settings = watchdog.WatchSettings(JOB, contact=CONTACT, dry_run=True, state_path=tmp_path / "state.json")
+    result = watchdog.watch(settings, run=None, now=NOW, env={}, query=lambda **kw: [])
+    assert result.notices == () and result.lines == result.report.lines and not list(tmp_path.iterdir())
+    assert [a.kind for a in result.report.alerts] == ["not-scheduled"], result.report.alerts
 
 
 def test_a_mail_without_a_log_names_none(run, tmp_path: Path, plain_server) -> None:
