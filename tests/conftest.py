@@ -109,6 +109,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     readers = {item.path for item in items if SESSION_RUNS.intersection(getattr(item, "fixturenames", ()))}
     for item in items:
         if item.get_closest_marker("slurm"):
+            # Slow as well: the fast loop (-m "not slow", deselected after this hook) never starts the cluster.
+            item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.xdist_group("slurm-cluster"))
         elif item.get_closest_marker("slow") and item.path.stem in JOB_SCRIPT_MODULES:
             item.add_marker(pytest.mark.xdist_group("local-launches"))
