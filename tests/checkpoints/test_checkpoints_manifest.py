@@ -254,7 +254,9 @@ def test_bsops_verify_reports_each_checkpoint_and_exits_1_on_a_damaged_one(train
     assert "Traceback" not in bad.output
 
 
-def test_bsops_verify_adopt_writes_manifests_and_is_refused_while_the_run_trains(trainings: Path) -> None:
+def test_bsops_verify_adopt_writes_manifests_and_is_refused_while_the_run_trains(trainings: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run_lock, "_WAIT_S", 0.2)  # the holder below never lets go: the refusal need not wait long
     checkpoints = Path(load_experiment("tiny", trainings).paths.checkpoints)
     for step in (10, 20):
         _save(checkpoints, step, commit=False, before_manifests=True)

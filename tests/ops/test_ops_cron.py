@@ -321,8 +321,8 @@ def test_the_chain_check_gets_the_status_runs_timeout(tmp_path: Path, monkeypatc
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     cron_dir = tmp_path / "cron"
     (cron_dir / "runners").mkdir(parents=True)
-    with pytest.raises(slurm.SlurmError, match="within 2 s"):
-        cron.chains(cron_dir, timeout=2)
+    with pytest.raises(slurm.SlurmError, match="within 1 s"):
+        cron.chains(cron_dir, timeout=1)
 
 
 def test_the_default_cron_folder_is_the_users(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def test_a_clone_from_a_remote_that_stalls_ends_in_its_time_with_its_helpers(beh
 
 def test_a_command_whose_children_ignore_sigterm_is_killed_whole(tmp_path: Path, monkeypatch) -> None:
     """A child that ignores SIGTERM (what git would do with its lock files) gets SIGKILL after the grace."""
-    monkeypatch.setattr(gitlfs, "STOP_GRACE_S", 1.0)
+    monkeypatch.setattr(gitlfs, "STOP_GRACE_S", 0.3)
     subprocess.run(["git", "init", "--quiet", str(tmp_path / "w")], check=True, timeout=60)
     script = tmp_path / "stubborn.sh"
     script.write_text("#!/bin/sh\ntrap '' TERM\nsleep 300 &\necho $! > \"$BSOPS_TEST_PIDFILE\"\nwait\n")

@@ -23,8 +23,11 @@ HOLD = ("import sys, time; from bigscience_ops.run import lock as run_lock\n"
 
 
 @pytest.fixture
-def held(tmp_path: Path):
-    """The run folder tmp_path/run held by another process (as a running local launch holds it)."""
+def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The run folder tmp_path/run held by another process (as a running local launch holds it) for the whole test:
+    a second holder here waits a tenth of lock.py's moment before it is refused (that wait is for a probe's instant,
+    which this holder never gives back)."""
+    monkeypatch.setattr(run_lock, "_WAIT_S", 0.2)
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
